@@ -1,0 +1,39 @@
+# Every target bootstraps .venv on its own, so `make test` / `make demo` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test lint fmt demo bench bench-full clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check fashiontag_pipeline tests benchmarks
+	$(PY) -m ruff format --check fashiontag_pipeline tests benchmarks
+	$(PY) -m mypy
+
+fmt: $(STAMP)
+	$(PY) -m ruff format fashiontag_pipeline tests benchmarks
+	$(PY) -m ruff check --fix fashiontag_pipeline tests benchmarks
+
+demo: $(STAMP)
+	$(VENV)/bin/fashiontag demo
+
+bench: $(STAMP)
+	$(PY) -m benchmarks --quick
+
+bench-full: $(STAMP)
+	$(PY) -m benchmarks --full
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

@@ -1,0 +1,8 @@
+"""``python -m fashiontag_pipeline`` is the ``fashiontag`` command."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

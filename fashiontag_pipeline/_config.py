@@ -1,0 +1,243 @@
+"""Configuration: small frozen value objects, one source of truth for every option and default.
+
+TOML files decode into the same msgspec Structs the code uses (``configs/*.toml``)::
+
+    [client]
+    base_url = "http://127.0.0.1:8080"
+    language = "en"
+    [client.timeout]
+    connect = 10.0
+    [client.retry]
+    max_attempts = 6
+
+The environment overrides the file: ``FASHIONTAG_BASE_URL``, ``FASHIONTAG_API_KEY``,
+``FASHIONTAG_BULK_API_KEY``; command-line flags override both. Other halves of the package
+(engine, service) keep their own sections in the same file and load them with
+:func:`load_section`, so one file configures a whole deployment.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from ._exceptions import ConfigError
+from ._models import LANGUAGES
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "ClientConfig",
+    "Limits",
+    "RetryPolicy",
+    "Secret",
+    "Timeout",
+    "load_client_config",
+    "load_section",
+]
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8080"
+ENV_BASE_URL = "FASHIONTAG_BASE_URL"
+ENV_API_KEY = "FASHIONTAG_API_KEY"
+ENV_BULK_API_KEY = "FASHIONTAG_BULK_API_KEY"
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_READ_TIMEOUT = 60.0
+DEFAULT_MAX_ATTEMPTS = 6
+DEFAULT_BACKOFF_BASE = 0.2
+DEFAULT_BACKOFF_MAX = 20.0
+DEFAULT_MAX_RETRY_AFTER = 120.0
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_KEEPALIVE = 30.0
+
+_MASK = "********"
+
+
+class Secret:
+    """A string that never shows itself: repr, str and encoding all print a mask.
+
+    Use :meth:`reveal` at the single place the value is needed (the request header).
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError("Secret holds a string")
+        self._value = value
+
+    def reveal(self) -> str:
+        """The secret value. Call only where it must be sent."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Secret('{_MASK}')"
+
+    def __str__(self) -> str:
+        return _MASK
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Secret is not picklable")
+
+
+class Timeout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-request timeouts in seconds (None = no limit)."""
+
+    connect: float | None = DEFAULT_CONNECT_TIMEOUT
+    read: float | None = DEFAULT_READ_TIMEOUT
+    total: float | None = None
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Retries of reads and of writes known not to have been applied.
+
+    Exponential backoff with full jitter: attempt ``n`` (from 1) sleeps a uniform random time in
+    ``[0, min(backoff_max, backoff_base * 2**(n-1))]``, or the service's Retry-After when it
+    sent one (capped at ``max_retry_after``).
+    """
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_base: float = DEFAULT_BACKOFF_BASE
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("retry.max_attempts must be at least 1")
+        if self.backoff_base < 0 or self.backoff_max < 0 or self.max_retry_after < 0:
+            raise ValueError("retry delays must not be negative")
+
+    def backoff(self, attempt: int, rand: float) -> float:
+        """Delay before retry number ``attempt`` (1-based), given ``rand`` uniform in [0, 1)."""
+        ceiling: float = min(self.backoff_max, self.backoff_base * (2.0 ** (attempt - 1)))
+        return ceiling * rand
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Connection pool limits of the client."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    keepalive_expiry: float = DEFAULT_KEEPALIVE
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError("limits.max_connections must be at least 1")
+
+
+class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything a :class:`~fashiontag_pipeline.TaggerClient` needs."""
+
+    base_url: str = DEFAULT_BASE_URL
+    api_key: Secret | None = None
+    bulk_api_key: Secret | None = None
+    language: str = "en"
+    timeout: Timeout = Timeout()
+    retry: RetryPolicy = RetryPolicy()
+    limits: Limits = Limits()
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if self.language not in LANGUAGES:
+            raise ValueError(
+                f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}"
+            )
+
+
+def _dec_hook(type_: type, obj: Any) -> Any:
+    if type_ is Secret:
+        if isinstance(obj, str):
+            return Secret(obj)
+        raise ValueError("expected a string")
+    raise NotImplementedError(f"cannot decode {type_!r}")
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, Secret):
+        return _MASK
+    raise NotImplementedError(f"cannot encode {type(obj)!r}")
+
+
+def to_builtins(value: Any) -> Any:
+    """Plain data for a config value, secrets masked (for printing or summaries)."""
+    return msgspec.to_builtins(value, enc_hook=_enc_hook)
+
+
+T = TypeVar("T")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, turning every failure into a :class:`ConfigError` naming the file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+
+
+def convert(data: Mapping[str, Any], type_: type[T], *, where: str) -> T:
+    """Convert plain data to a config struct; errors name the field (``$.client.retry...``)."""
+    try:
+        return msgspec.convert(data, type_, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        message = str(exc).replace("$", where, 1) if "$" in str(exc) else f"{exc} (in {where})"
+        raise ConfigError(f"invalid configuration: {message}") from None
+
+
+def load_section(path: str | Path | None, section: str, type_: type[T]) -> T:
+    """Decode ``[section]`` of a TOML file (or defaults when there is no file) into ``type_``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        raw = read_toml(path).get(section, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"invalid configuration: [{section}] in {path} must be a table")
+        data = raw
+    return convert(data, type_, where=section)
+
+
+def load_client_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ClientConfig:
+    """Client config from a file's ``[client]`` table, then the environment, then ``overrides``.
+
+    ``overrides`` holds flag values; ``None`` values are ignored so unset flags fall through.
+    """
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    if path is not None:
+        raw = read_toml(path).get("client", {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"invalid configuration: [client] in {path} must be a table")
+        data.update(raw)
+    for key, var in (
+        ("base_url", ENV_BASE_URL),
+        ("api_key", ENV_API_KEY),
+        ("bulk_api_key", ENV_BULK_API_KEY),
+    ):
+        if env.get(var):
+            data[key] = env[var]
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    return convert(data, ClientConfig, where="client")

@@ -1,0 +1,200 @@
+"""Every error the package raises. Nothing foreign (aiohttp, msgspec, OS) leaks out of the public API.
+
+::
+
+    FashiontagError
+    ├── ConfigError                    bad config file, flag or environment value
+    ├── ManifestError                  a manifest that cannot be read at all
+    ├── TransportError                 the service could not be reached or answered garbage
+    │   ├── ConnectError               connection refused/failed: the request was not sent
+    │   ├── TimeoutError_              no answer in time (reads only; see AmbiguousWriteError)
+    │   ├── DecodeError                the body was not the JSON shape the spec promises
+    │   └── AmbiguousWriteError        a POST/PUT was sent but its outcome is unknown
+    └── ServiceError                   the service answered with an error status
+        ├── RequestError               4xx: the request is wrong; retrying will not help
+        │   ├── AuthenticationError    401 (codes 609, 612)
+        │   ├── PermissionDeniedError  403: not a bulk key on a bulk path
+        │   ├── TaskNotFoundError      404
+        │   ├── ResultsNotReadyError   409: results asked while TASK_PROCESSING
+        │   ├── ExpiredError           410
+        │   │   ├── TaskExpiredError       PUT after taskExpireAt
+        │   │   └── ResultsExpiredError    results after resultExpiredAt
+        │   ├── ValidationError        400 (body, limits, STRICT with its failure list)
+        │   ├── PayloadTooLargeError   413
+        │   └── UnsupportedLanguageError  code 826
+        ├── RateLimitedError           429, with retry_after seconds
+        └── ServerError                5xx
+
+Errors carry their context (HTTP status, service code, task id, retry-after) and never an API key:
+no message is built from request headers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._models import FailureItem
+
+__all__ = [
+    "AmbiguousWriteError",
+    "AuthenticationError",
+    "ConfigError",
+    "ConnectError",
+    "DecodeError",
+    "ExpiredError",
+    "FashiontagError",
+    "ManifestError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "RateLimitedError",
+    "RequestError",
+    "ResultsExpiredError",
+    "ResultsNotReadyError",
+    "ServerError",
+    "ServiceError",
+    "TaskExpiredError",
+    "TaskNotFoundError",
+    "TimeoutError_",
+    "TransportError",
+    "UnsupportedLanguageError",
+    "ValidationError",
+]
+
+
+class FashiontagError(Exception):
+    """Root of every error raised by fashiontag_pipeline."""
+
+
+class ConfigError(FashiontagError):
+    """A configuration value is missing or wrong; the message names the field."""
+
+
+class ManifestError(FashiontagError):
+    """A manifest cannot be read at all (not CSV/JSONL, no ``url`` column, unreadable file)."""
+
+
+class TransportError(FashiontagError):
+    """The service could not be reached, or did not answer in a usable way."""
+
+    def __init__(self, message: str, *, method: str = "", path: str = "") -> None:
+        super().__init__(message)
+        self.method = method
+        self.path = path
+
+
+class ConnectError(TransportError):
+    """The connection could not be made: the request was certainly not delivered."""
+
+
+class TimeoutError_(TransportError):
+    """The service did not answer in time."""
+
+
+class DecodeError(TransportError):
+    """The response body was not the JSON shape the spec promises."""
+
+
+class AmbiguousWriteError(TransportError):
+    """A create or append was sent, but whether the service applied it is unknown.
+
+    Raised for timeouts and dropped connections after the request left, and for 5xx answers to
+    a write. The engine resolves it with its idempotency rules (run token in the description,
+    duplicate ids in a task); the client never retries it blindly.
+    """
+
+    def __init__(
+        self, message: str, *, method: str = "", path: str = "", status: int | None = None
+    ) -> None:
+        super().__init__(message, method=method, path=path)
+        self.status = status
+
+
+class ServiceError(FashiontagError):
+    """The service answered with an error status.
+
+    Attributes: ``status`` (HTTP status), ``code`` (service error code when the body has one),
+    ``service_message`` (the service's message), ``method``/``path`` of the request, and
+    ``task_id`` when the request named a task.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: int | None = None,
+        service_message: str = "",
+        method: str = "",
+        path: str = "",
+        task_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.service_message = service_message
+        self.method = method
+        self.path = path
+        self.task_id = task_id
+
+
+class RequestError(ServiceError):
+    """4xx: the request itself is wrong; retrying it unchanged will not help."""
+
+
+class AuthenticationError(RequestError):
+    """401: the API key is missing or unknown."""
+
+
+class PermissionDeniedError(RequestError):
+    """403: the key is not allowed here (a single-mode key on a bulk path)."""
+
+
+class TaskNotFoundError(RequestError):
+    """404: no such task for this key."""
+
+
+class ResultsNotReadyError(RequestError):
+    """409: results were asked for while the task is still TASK_PROCESSING."""
+
+
+class ExpiredError(RequestError):
+    """410: the task or its results have expired."""
+
+
+class TaskExpiredError(ExpiredError):
+    """410 on an append: the task is past taskExpireAt and takes no more images."""
+
+
+class ResultsExpiredError(ExpiredError):
+    """410 on a results read: the results are past resultExpiredAt."""
+
+
+class ValidationError(RequestError):
+    """400: the body or a whole-request limit was refused; ``failure_list`` holds STRICT failures."""
+
+    def __init__(
+        self, message: str, *, failure_list: list[FailureItem] | None = None, **kwargs: object
+    ) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.failure_list: list[FailureItem] = failure_list or []
+
+
+class PayloadTooLargeError(RequestError):
+    """413: the request body is larger than the service accepts."""
+
+
+class UnsupportedLanguageError(RequestError):
+    """Service code 826: the accept-language is not supported. Never retried."""
+
+
+class RateLimitedError(ServiceError):
+    """429: slow down; ``retry_after`` is the service's Retry-After in seconds, if it sent one."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.retry_after = retry_after
+
+
+class ServerError(ServiceError):
+    """5xx: a fault on the service side, usually transient."""

@@ -1,0 +1,444 @@
+"""Wire shapes of the tagging service (spec sections 2.1-2.4 and 4.1-4.6).
+
+Every shape is a msgspec Struct:
+
+* ``rename="camel"`` where the wire is camelCase (``pair_index`` <-> ``pairIndex``);
+* ``omit_defaults=True`` so that what we send carries no unset optional field;
+* unknown fields are ignored when decoding (msgspec's default), so the service may add fields;
+* every optional field has a default (msgspec schema-evolution rule);
+* response structs are ``gc=False``: they never form reference cycles, and a 100-result page
+  decodes measurably faster without GC tracking.
+
+Expiry times come under two spellings (``taskExpiredAt`` in create/append responses,
+``taskExpireAt`` on task resources); both are decoded and :attr:`expires_at` reads either.
+Times stay strings on the wire and are parsed with :func:`parse_time`, which also accepts the
+looser forms a real service may send.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "BulkContext",
+    "BulkTaskRequest",
+    "BulkTaskResponse",
+    "Color",
+    "ColorDetail",
+    "Context",
+    "DetectedObject",
+    "Detection",
+    "ErrorInfo",
+    "FailureItem",
+    "IdName",
+    "Image",
+    "ImageType",
+    "Position",
+    "ResultItem",
+    "ScoredTag",
+    "Tag",
+    "TaggingData",
+    "TaggingRequest",
+    "TaggingResponse",
+    "Task",
+    "TaskCount",
+    "TaskInfo",
+    "TaskListData",
+    "TaskListResponse",
+    "TaskResultsData",
+    "TaskResultsResponse",
+    "TaskStatus",
+    "TaskStatusResponse",
+    "Validation",
+    "format_time",
+    "parse_time",
+]
+
+#: ``status`` value of a successful response. Anything else (``failure``, ``fail``) is a failure.
+STATUS_SUCCESS = "success"
+STATUS_FAILURE = "failure"
+
+#: Spec section 8 limits, shared by the client, the engine and the reference service.
+MAX_REQUESTS_PER_WRITE = 1000
+MAX_PAGE_SIZE = 100
+MAX_DESCRIPTION_LENGTH = 1024
+LANGUAGES = ("en", "ko", "zh", "ja")
+
+
+class Detection(enum.StrEnum):
+    """Detection targets a request may ask for (spec 2.2)."""
+
+    TOP = "TOP"
+    BOTTOM = "BOTTOM"
+    WHOLEBODY = "WHOLEBODY"
+    SWIMWEAR = "SWIMWEAR"
+    SHOES = "SHOES"
+    BAG = "BAG"
+    HAT = "HAT"
+    JEWELRY = "JEWELRY"
+    ACCESSORY = "ACCESSORY"
+
+
+#: Detection used when a request names none: clothing only (spec 2.2 rule 1, 4.2 default).
+CLOTHING_DETECTION: tuple[Detection, ...] = (
+    Detection.TOP,
+    Detection.BOTTOM,
+    Detection.WHOLEBODY,
+    Detection.SWIMWEAR,
+)
+
+
+class TaskStatus(enum.StrEnum):
+    """Task states (spec 3)."""
+
+    PROCESSING = "TASK_PROCESSING"
+    DONE = "TASK_DONE"
+
+
+class ImageType(enum.StrEnum):
+    """How ``image.content`` is to be read (spec 2.1). Bulk mode accepts ``url`` only."""
+
+    URL = "url"
+    BASE64 = "base64"
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Image(msgspec.Struct, omit_defaults=True):
+    """The image of a tagging request."""
+
+    type: ImageType
+    content: str
+
+
+class Context(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Single-mode context: every field optional, ``age`` a string."""
+
+    id: str | None = None
+    detection: list[Detection] | None = None
+    gender: str | None = None
+    brand: str | None = None
+    currency: str | None = None
+    price: str | None = None
+    age: str | None = None
+    keywords: str | None = None
+    product_content_name: str | None = None
+    season: str | None = None
+
+
+class BulkContext(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Bulk-mode context: ``id`` required and unique within a task, ``age`` a list."""
+
+    id: str
+    detection: list[Detection] | None = None
+    gender: str | None = None
+    brand: str | None = None
+    currency: str | None = None
+    price: str | None = None
+    age: list[str] | None = None
+    keywords: str | None = None
+    product_content_name: str | None = None
+    season: str | None = None
+
+
+class SingleTagRequest(msgspec.Struct, omit_defaults=True):
+    """Body of ``POST /tagger/v2/tags``."""
+
+    image: Image
+    context: Context | None = None
+
+
+class TaggingRequest(msgspec.Struct, omit_defaults=True):
+    """One element of a bulk ``taggingRequest`` array."""
+
+    image: Image
+    context: BulkContext
+
+
+class BulkTaskRequest(msgspec.Struct, omit_defaults=True, rename="camel"):
+    """Body of a bulk create (POST) or append (PUT)."""
+
+    tagging_request: list[TaggingRequest]
+    album_name: str | None = None
+    option: list[str] | None = None
+    default_detection: list[Detection] | None = None
+    description: str | None = None
+
+
+# --------------------------------------------------------------------------- tagging result
+
+
+class IdName(msgspec.Struct, omit_defaults=True, gc=False):
+    """An ``{id, name}`` pair (imageinfo, genderInfo, category, info, sleeveLength)."""
+
+    id: str
+    name: str
+
+
+class ScoredTag(msgspec.Struct, omit_defaults=True, gc=False):
+    """An ``{id, name, confidence}`` attribute."""
+
+    id: str
+    name: str
+    confidence: float | None = None
+
+
+#: The 18-colour result is the same shape as any scored attribute.
+Color = ScoredTag
+
+
+class ColorDetail(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
+    """A detailed colour from the >2,000-colour palette."""
+
+    code: str
+    name: str
+    pixel_fraction: float
+
+
+class Position(msgspec.Struct, gc=False):
+    """Bounding-box centre as a ratio of the image size."""
+
+    x: float
+    y: float
+
+
+class Tag(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
+    """One detected bounding box and its attributes (spec 2.3, data.objects[].tags[])."""
+
+    info: list[IdName] = []
+    category: IdName | None = None
+    position: Position | None = None
+    pair_index: int | None = None
+    colors: list[ScoredTag] = []
+    color_details: list[ColorDetail] = []
+    item: ScoredTag | None = None
+    details: list[ScoredTag] = []
+    prints: list[ScoredTag] = []
+    textures: list[ScoredTag] = []
+    looks: list[ScoredTag] = []
+    length: ScoredTag | None = None
+    sleeve_length: IdName | None = None
+    neck_line: ScoredTag | None = None
+    fit: ScoredTag | None = None
+    shape: ScoredTag | None = None
+    heel_height: ScoredTag | None = None
+    toe_type: ScoredTag | None = None
+    heel_shape: ScoredTag | None = None
+    sole_type: ScoredTag | None = None
+    main_materials: list[ScoredTag] = []
+    sub_materials: list[ScoredTag] = []
+
+
+class DetectedObject(msgspec.Struct, omit_defaults=True, gc=False):
+    """One product kind found in the image (CLOTHING, SHOES, BAGS, ...)."""
+
+    type: str
+    tags: list[Tag] = []
+
+
+class TaggingData(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
+    """``data`` of a tagging response."""
+
+    imageinfo: list[IdName] = []
+    gender_info: IdName | None = None
+    objects: list[DetectedObject] = []
+    notmatchedobjects: list[DetectedObject] = []
+
+
+class ErrorInfo(msgspec.Struct, omit_defaults=True, gc=False):
+    """Single-mode error object."""
+
+    code: int
+    message: str = ""
+
+
+class TaggingResponse(msgspec.Struct, omit_defaults=True, gc=False):
+    """Single-mode response, and the ``taggingResult`` of a bulk result."""
+
+    status: str
+    data: TaggingData | None = None
+    error: ErrorInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the service says the analysis succeeded."""
+        return self.status == STATUS_SUCCESS
+
+
+# --------------------------------------------------------------------------- bulk responses
+
+
+class Validation(msgspec.Struct, gc=False):
+    """How many requests of a create/append passed validation."""
+
+    accept: int = 0
+    failure: int = 0
+
+
+class FailureItem(msgspec.Struct, rename="camel", gc=False):
+    """One request that failed validation, echoed back with the reason.
+
+    The echo is kept as plain JSON values: it repeats what was sent, including what made it
+    invalid, so it cannot be held to the request's own types.
+    """
+
+    request: dict[str, Any] = {}
+    error_message: str = ""
+
+    @property
+    def context_id(self) -> str | None:
+        """The echoed ``context.id``, when there is one and it is a string."""
+        context = self.request.get("context")
+        if isinstance(context, dict):
+            value = context.get("id")
+            if isinstance(value, str):
+                return value
+        return None
+
+
+class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
+    """202 body of a bulk create or append."""
+
+    task_id: str
+    album_name: str | None = None
+    task_expired_at: str | None = None
+    task_expire_at: str | None = None
+    validation: Validation = msgspec.field(default_factory=Validation)
+    failure_list: list[FailureItem] = []
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """The task expiry, whichever spelling the service used."""
+        return parse_time(self.task_expired_at or self.task_expire_at)
+
+
+class TaskCount(msgspec.Struct, gc=False):
+    """Per-task request counts."""
+
+    total: int = 0
+    done: int = 0
+    processing: int = 0
+    failure: int = 0
+
+
+class Task(msgspec.Struct, rename="camel", gc=False):
+    """A bulk task resource (spec 2.4)."""
+
+    task_id: str
+    count: TaskCount = msgspec.field(default_factory=TaskCount)
+    description: str | None = None
+    task_status: TaskStatus = TaskStatus.PROCESSING
+    task_expire_at: str | None = None
+    task_expired_at: str | None = None
+    result_expired_at: str | None = None
+    create_date: str | None = None
+    album_name: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once every image of the task is processed and results can be read."""
+        return self.task_status is TaskStatus.DONE
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """The task (append) expiry, whichever spelling the service used."""
+        return parse_time(self.task_expire_at or self.task_expired_at)
+
+    @property
+    def results_expire_at(self) -> datetime | None:
+        """When results stop being readable; None until the task is done."""
+        return parse_time(self.result_expired_at)
+
+
+class TaskListData(msgspec.Struct, gc=False):
+    tasks: list[Task] = []
+
+
+class TaskListResponse(msgspec.Struct, omit_defaults=True, gc=False):
+    """Body of ``GET /tagger/v2.12/bulk``."""
+
+    status: str
+    data: TaskListData | None = None
+    error: str | None = None
+
+
+class TaskStatusResponse(msgspec.Struct, omit_defaults=True, gc=False):
+    """Body of ``GET /tagger/v2.12/bulk/{task}/status``."""
+
+    status: str
+    data: Task | None = None
+    error: str | None = None
+
+
+class TaskInfo(msgspec.Struct, rename="camel", gc=False):
+    total_count: int = 0
+    offset: int = 0
+    size: int = 0
+
+
+class ResultItem(msgspec.Struct, rename="camel", gc=False):
+    """One image's outcome in a results page."""
+
+    id: str
+    tagging_result: TaggingResponse
+
+
+class TaskResultsData(msgspec.Struct, rename="camel", gc=False):
+    task_info: TaskInfo = msgspec.field(default_factory=TaskInfo)
+    results: list[ResultItem] = []
+
+
+class TaskResultsResponse(msgspec.Struct, omit_defaults=True, gc=False):
+    """Body of ``GET /tagger/v2.12/bulk/{task}?offset=&size=``."""
+
+    status: str
+    data: TaskResultsData | None = None
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------- times
+
+_TIME_FORMATS = (
+    "%Y-%m-%dT%H:%M:%S.%f%z",
+    "%Y-%m-%dT%H:%M:%S%z",
+    "%Y-%m-%d %H:%M:%S.%f",
+    "%Y-%m-%d %H:%M:%S",
+)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """Parse a service time (RFC 3339, with or without fraction or zone) to an aware UTC datetime.
+
+    A time without a zone is taken as UTC. ``None`` and the empty string give ``None``; any other
+    unparseable text raises :class:`ValueError` naming it.
+    """
+    if not value:
+        return None
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        for fmt in _TIME_FORMATS:
+            try:
+                parsed = datetime.strptime(text, fmt)
+                break
+            except ValueError:
+                continue
+        else:
+            raise ValueError(f"unrecognised time {value!r}") from None
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def format_time(moment: datetime) -> str:
+    """Format an aware datetime the way the reference service does: ``2026-11-22T03:46:13.123Z``."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"

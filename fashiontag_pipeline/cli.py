@@ -1,0 +1,186 @@
+"""The ``fashiontag`` command line (DESIGN section 4.1).
+
+Subcommands are thin: ``serve`` lives in :mod:`fashiontag_pipeline.service.cli`, ``run`` and
+``demo`` in :mod:`fashiontag_pipeline.engine.cli`; each of those modules offers
+``add_*_arguments(parser)`` and a ``*_command(args) -> int``. ``tag`` and ``tasks`` only need the
+client and live here.
+
+Exit codes: 0 success, 1 a run that ended with an error, 2 bad usage or configuration,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import logging
+import mimetypes
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from ._client import TaggerClient
+from ._config import load_client_config
+from ._exceptions import ConfigError, FashiontagError
+from ._models import LANGUAGES, Context, Detection, Image, ImageType
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def parse_detection(value: str) -> list[Detection]:
+    """``TOP,SHOES`` -> [Detection.TOP, Detection.SHOES]; a clear error names a bad value."""
+    out: list[Detection] = []
+    for part in value.replace("|", ",").split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        try:
+            out.append(Detection(name))
+        except ValueError:
+            allowed = ", ".join(d.value for d in Detection)
+            raise argparse.ArgumentTypeError(
+                f"unknown detection value {part.strip()!r} (allowed: {allowed})"
+            ) from None
+    if not out:
+        raise argparse.ArgumentTypeError("detection needs at least one value")
+    return out
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that talks to the service."""
+    parser.add_argument("--base-url", help="service URL (env FASHIONTAG_BASE_URL)")
+    parser.add_argument("--config", type=Path, help="TOML config file (see configs/)")
+    parser.add_argument("--language", choices=LANGUAGES, help="language of tag names (default en)")
+
+
+def client_config_from_args(args: argparse.Namespace) -> Any:
+    """The client config from --config, the environment, then flags."""
+    return load_client_config(
+        getattr(args, "config", None),
+        overrides={"base_url": args.base_url, "language": args.language},
+    )
+
+
+def _image_from_argument(value: str) -> Image:
+    if value.startswith(("http://", "https://")):
+        return Image(type=ImageType.URL, content=value)
+    if value.startswith("data:image/"):
+        return Image(type=ImageType.BASE64, content=value)
+    path = Path(value)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"cannot read image {value!r}: {err.strerror}") from None
+    mime = mimetypes.guess_type(path.name)[0] or "image/jpeg"
+    ext = mime.split("/", 1)[1] if mime.startswith("image/") else "jpeg"
+    encoded = base64.b64encode(data).decode("ascii")
+    return Image(type=ImageType.BASE64, content=f"data:image/{ext};base64,{encoded}")
+
+
+async def _tag_command(args: argparse.Namespace) -> int:
+    config = client_config_from_args(args)
+    image = _image_from_argument(args.image)
+    context = Context(detection=args.detection) if args.detection else None
+    async with TaggerClient(config=config) as client:
+        response = await client.tag(image, context, language=args.language)
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(response), indent=2) + b"\n")
+    return EXIT_OK if response.ok else EXIT_ERROR
+
+
+async def _tasks_command(args: argparse.Namespace) -> int:
+    config = client_config_from_args(args)
+    async with TaggerClient(config=config) as client:
+        result: Any
+        if args.tasks_command == "list":
+            result = await client.list_tasks()
+        elif args.tasks_command == "status":
+            result = await client.task_status(args.task_id)
+        else:
+            result = await client.task_results(
+                args.task_id, offset=args.offset, size=args.size, language=args.language
+            )
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
+    return EXIT_OK
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fashiontag",
+        description="Tag fashion catalogues through an image tagging service.",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    # The two halves register their own subcommands; imports stay lazy in their modules.
+    from .engine import cli as engine_cli
+    from .service import cli as service_cli
+
+    serve = sub.add_parser("serve", help="run the reference tagging service")
+    service_cli.add_serve_arguments(serve)
+    serve.set_defaults(handler=service_cli.serve_command, is_async=False)
+
+    run = sub.add_parser("run", help="tag every image of one or more manifests (bulk)")
+    engine_cli.add_run_arguments(run)
+    run.set_defaults(handler=engine_cli.run_command, is_async=False)
+
+    tag = sub.add_parser("tag", help="tag one image (single mode)")
+    tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
+    tag.add_argument("--detection", type=parse_detection, help="e.g. TOP,SHOES")
+    add_client_arguments(tag)
+    tag.set_defaults(handler=_tag_command, is_async=True)
+
+    tasks = sub.add_parser("tasks", help="inspect bulk tasks")
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
+    t_list = tasks_sub.add_parser("list", help="list every task of the bulk key")
+    add_client_arguments(t_list)
+    t_status = tasks_sub.add_parser("status", help="one task's status")
+    t_status.add_argument("task_id")
+    add_client_arguments(t_status)
+    t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
+    t_results.add_argument("task_id")
+    t_results.add_argument("--offset", type=int, default=0)
+    t_results.add_argument("--size", type=int, default=100)
+    add_client_arguments(t_results)
+    tasks.set_defaults(handler=_tasks_command, is_async=True)
+
+    demo = sub.add_parser("demo", help="run the whole pipeline on a generated catalogue")
+    engine_cli.add_demo_arguments(demo)
+    demo.set_defaults(handler=engine_cli.demo_command, is_async=False)
+    return parser
+
+
+def configure_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fashiontag`` console script."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    handler: Callable[[argparse.Namespace], Any] = args.handler
+    try:
+        if args.is_async:
+            return int(anyio.run(handler, args))
+        return int(handler(args))
+    except ConfigError as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except FashiontagError as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("fashiontag: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
