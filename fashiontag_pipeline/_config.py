@@ -41,6 +41,12 @@ __all__ = [
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
+
+#: Development keys: what ``fashiontag serve`` accepts and ``run``/``tag``/``tasks`` send when no
+#: key is configured anywhere, so the embedded default works on one machine with no setup.
+#: They are public by design; a real deployment configures its own keys.
+DEV_API_KEY = "dev-api-key"
+DEV_BULK_API_KEY = "dev-bulk-api-key"
 ENV_BASE_URL = "FASHIONTAG_BASE_URL"
 ENV_API_KEY = "FASHIONTAG_API_KEY"
 ENV_BULK_API_KEY = "FASHIONTAG_BULK_API_KEY"
