@@ -1,4 +1,4 @@
-"""fashiontag_pipeline: tag fashion catalogues through an image tagging service, fast and exactly once.
+"""fashiontag_pipeline: tag fashion catalogues through a tagging service, fast and exactly once.
 
 Two halves: the engine (``fashiontag run``), a high-throughput bulk pipeline, and the reference
 service (``fashiontag serve``), a faithful implementation of the service spec. This module is the

@@ -449,8 +449,9 @@ class TaggerClient:
                 result = _Response(resp.status, payload, resp.headers)
         except aiohttp.ClientConnectorError as err:
             self.stats.transport_errors += 1
+            reason = err.os_error.strerror or str(err)
             raise exc.ConnectError(
-                f"{method} {path}: cannot connect to {self.base_url}: {err.os_error.strerror or err}",
+                f"{method} {path}: cannot connect to {self.base_url}: {reason}",
                 method=method,
                 path=path,
             ) from err

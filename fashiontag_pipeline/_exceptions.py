@@ -1,4 +1,4 @@
-"""Every error the package raises. Nothing foreign (aiohttp, msgspec, OS) leaks out of the public API.
+"""Every error the package raises. Nothing foreign (aiohttp, msgspec, OS) leaks out of the API.
 
 ::
 
@@ -171,7 +171,10 @@ class ResultsExpiredError(ExpiredError):
 
 
 class ValidationError(RequestError):
-    """400: the body or a whole-request limit was refused; ``failure_list`` holds STRICT failures."""
+    """400: the body or a whole-request limit was refused.
+
+    ``failure_list`` holds the per-element failures of a STRICT request.
+    """
 
     def __init__(
         self, message: str, *, failure_list: list[FailureItem] | None = None, **kwargs: object

@@ -234,8 +234,11 @@ class Tag(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
     sub_materials: list[ScoredTag] = []
 
 
-class DetectedObject(msgspec.Struct, omit_defaults=True, gc=False):
-    """One product kind found in the image (CLOTHING, SHOES, BAGS, ...)."""
+class DetectedObject(msgspec.Struct, gc=False):
+    """One product kind found in the image (CLOTHING, SHOES, BAGS, ...).
+
+    ``tags`` is always encoded: the spec wants an empty array when nothing matches.
+    """
 
     type: str
     tags: list[Tag] = []

@@ -1,0 +1,101 @@
+"""Configuration: TOML decoding with field-naming errors, environment overrides, secrets."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from fashiontag_pipeline import ConfigError, RetryPolicy, Secret, TaggerClient, load_client_config
+from fashiontag_pipeline._config import to_builtins
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file_or_environment() -> None:
+    config = load_client_config(environ={})
+    assert config.base_url == "http://127.0.0.1:8080"
+    assert config.api_key is None and config.language == "en"
+    assert config.retry == RetryPolicy()
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+[client]
+base_url = "http://file:1"
+api_key = "file-key"
+language = "ko"
+[client.retry]
+max_attempts = 9
+[client.timeout]
+read = 5.5
+""",
+    )
+    config = load_client_config(path, environ={})
+    assert config.base_url == "http://file:1" and config.language == "ko"
+    assert config.retry.max_attempts == 9 and config.timeout.read == 5.5
+    assert config.api_key == Secret("file-key")
+    env = {"FASHIONTAG_BASE_URL": "http://env:2", "FASHIONTAG_BULK_API_KEY": "env-bulk"}
+    config = load_client_config(path, environ=env)
+    assert config.base_url == "http://env:2" and config.bulk_api_key == Secret("env-bulk")
+    config = load_client_config(
+        path, environ=env, overrides={"base_url": "http://flag:3", "language": None}
+    )
+    assert config.base_url == "http://flag:3" and config.language == "ko"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[client]\nretry = { max_attempts = 'many' }", "client.retry.max_attempts"),
+        ("[client]\ntimeout = { conect = 1.0 }", "conect"),
+        ("[client]\nlanguage = 'fr'", "language must be one of"),
+        ("[client]\nbase_url = 'ftp://x'", "base_url must start with http"),
+        ("[client]\nretry = { max_attempts = 0 }", "max_attempts must be at least 1"),
+        ("[client]\napi_key = 42", "client.api_key"),
+        ("client = 3", "[client]"),
+        ("[client\n", "not valid TOML"),
+    ],
+)
+def test_bad_files_give_a_clear_error_naming_the_field(
+    tmp_path: Path, text: str, fragment: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_client_config(path, environ={})
+    assert fragment in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_client_config(tmp_path / "absent.toml", environ={})
+
+
+def test_secrets_are_masked_everywhere(tmp_path: Path) -> None:
+    path = write(tmp_path, '[client]\napi_key = "hunter2-key"\nbulk_api_key = "bulk-hunter2"\n')
+    config = load_client_config(path, environ={})
+    client = TaggerClient(config=config)
+    shown = " ".join(
+        [repr(config), str(config), repr(client), msgspec.json.encode(to_builtins(config)).decode()]
+    )
+    assert "hunter2" not in shown
+    assert "********" in shown
+    assert config.api_key is not None and config.api_key.reveal() == "hunter2-key"
+    with pytest.raises(TypeError):
+        pickle.dumps(config.api_key)
+
+
+def test_shipped_example_configs_decode() -> None:
+    files = sorted(CONFIGS.glob("*.toml"))
+    for path in files:
+        load_client_config(path, environ={})
