@@ -30,9 +30,11 @@ demo: $(STAMP)
 	$(VENV)/bin/fashiontag demo
 
 bench: $(STAMP)
+	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m benchmarks --quick
 
 bench-full: $(STAMP)
+	@$(PY) -c 'import matplotlib' 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
 	$(PY) -m benchmarks --full
 
 clean:
