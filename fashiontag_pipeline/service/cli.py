@@ -1,0 +1,157 @@
+"""``fashiontag serve``: run the reference service until SIGTERM/SIGINT (DESIGN section 4.1).
+
+Settings come from, lowest to highest priority: defaults, the config file's ``[service]``
+table, the environment (``FASHIONTAG_API_KEY`` / ``FASHIONTAG_BULK_API_KEY`` add accepted
+keys), then flags. Fetching is off unless ``--fetch`` (or ``fetch = true``) is given: by
+default images are tagged from their URL text, which needs no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from .._config import ENV_API_KEY, ENV_BULK_API_KEY, load_section
+from .._exceptions import ConfigError
+from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_RESULT_TTL, DEFAULT_TASK_TTL, ServiceConfig
+from .app import running_service as _running_service
+from .faults import FaultSpec
+
+__all__ = ["ServiceConfigFile", "add_serve_arguments", "serve_command"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+class ServiceConfigFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[service]`` table of a config file."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    api_keys: list[str] = []
+    bulk_api_keys: list[str] = []
+    task_ttl: float = DEFAULT_TASK_TTL
+    result_ttl: float = DEFAULT_RESULT_TTL
+    rate: float = 0.0
+    fetch: bool = False
+    faults: str | None = None
+    state: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fashiontag serve``."""
+    parser.add_argument("--host", help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument(
+        "--port", type=int, help=f"port, 0 = any free port (default {DEFAULT_PORT})"
+    )
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="K",
+        help="accepted single-mode key (repeatable; env FASHIONTAG_API_KEY)",
+    )
+    parser.add_argument(
+        "--bulk-api-key",
+        action="append",
+        default=[],
+        metavar="K",
+        help="accepted bulk key (repeatable; env FASHIONTAG_BULK_API_KEY)",
+    )
+    parser.add_argument("--task-ttl", type=float, metavar="SECONDS", help="task expiry (600)")
+    parser.add_argument(
+        "--result-ttl", type=float, metavar="SECONDS", help="result expiry after done (7 days)"
+    )
+    parser.add_argument(
+        "--rate", type=float, metavar="IMAGES_PER_S", help="tagging throughput cap, 0 = none"
+    )
+    parser.add_argument(
+        "--fetch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="download and decode images (default: --no-fetch, tag from the URL text)",
+    )
+    parser.add_argument("--faults", metavar="SPEC", help="e.g. 500=0.05,429=0.02,drop=0.01")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with [service]")
+    parser.add_argument("--state", type=Path, metavar="FILE", help="SQLite file to keep tasks in")
+
+
+def build_config(
+    args: argparse.Namespace, environ: dict[str, str] | None = None
+) -> tuple[ServiceConfig, str, int]:
+    """(config, host, port) from the file, the environment and the flags."""
+    env = dict(os.environ) if environ is None else environ
+    file = load_section(getattr(args, "config", None), "service", ServiceConfigFile)
+    api_keys = list(file.api_keys)
+    bulk_keys = list(file.bulk_api_keys)
+    if env.get(ENV_API_KEY):
+        api_keys.append(env[ENV_API_KEY])
+    if env.get(ENV_BULK_API_KEY):
+        bulk_keys.append(env[ENV_BULK_API_KEY])
+    api_keys += args.api_key
+    bulk_keys += args.bulk_api_key
+    faults_text = args.faults if args.faults is not None else file.faults
+    try:
+        faults = FaultSpec.parse(faults_text) if faults_text else None
+    except ValueError as err:
+        raise ConfigError(f"invalid --faults: {err}") from None
+    state = args.state if args.state is not None else (Path(file.state) if file.state else None)
+
+    def pick(flag: float | None, value: float) -> float:
+        return value if flag is None else flag
+
+    try:
+        config = ServiceConfig(
+            api_keys=tuple(dict.fromkeys(api_keys)),
+            bulk_api_keys=tuple(dict.fromkeys(bulk_keys)),
+            task_ttl=pick(args.task_ttl, file.task_ttl),
+            result_ttl=pick(args.result_ttl, file.result_ttl),
+            rate=pick(args.rate, file.rate),
+            fetch=file.fetch if args.fetch is None else args.fetch,
+            faults=faults,
+            state_path=state,
+            max_body_bytes=file.max_body_bytes,
+        )
+    except ValueError as err:
+        raise ConfigError(f"invalid service configuration: {err}") from None
+    host = args.host or file.host
+    port = file.port if args.port is None else args.port
+    return config, host, port
+
+
+async def _serve(config: ServiceConfig, host: str, port: int) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with _running_service(config, host, port) as service:
+            print(f"listening on {service.url}", flush=True)
+            async for _ in signals:
+                break
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Run the service until SIGTERM/SIGINT; returns the exit code."""
+    config, host, port = build_config(args)
+    if config.uses_dev_keys:
+        print(
+            "fashiontag serve: warning: no API keys configured; accepting the public development "
+            "keys (set --api-key/--bulk-api-key or FASHIONTAG_API_KEY/FASHIONTAG_BULK_API_KEY)",
+            file=sys.stderr,
+        )
+    backend_options: dict[str, object] = {}
+    try:
+        import uvloop  # noqa: F401
+
+        backend_options["use_uvloop"] = True
+    except ImportError:
+        pass
+    try:
+        anyio.run(_serve, config, host, port, backend_options=backend_options)
+    except OSError as err:
+        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return 0

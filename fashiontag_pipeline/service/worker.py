@@ -1,0 +1,106 @@
+"""The background tagger: takes accepted images in acceptance order and tags them.
+
+Throughput is capped by a token bucket at ``rate`` images/s across the service (0 = no cap).
+Without fetch, tagging an image only marks it done (its hash was taken at acceptance), so whole
+runs are completed at once. With fetch, each image is downloaded and measured with bounded
+concurrency, and a failure becomes that image's error code, never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+
+from .analyzer import Analyzer, ImageRejected
+from .store import TaskRecord, TaskStore
+
+__all__ = ["TaggingWorker"]
+
+logger = logging.getLogger("fashiontag_pipeline.service")
+
+SWEEP_INTERVAL = 1.0
+CODE_INTERNAL = 500
+
+
+class TaggingWorker:
+    """Drains :attr:`TaskStore.pending`; run :meth:`run` as one background task."""
+
+    def __init__(
+        self, store: TaskStore, analyzer: Analyzer, *, rate: float, fetch_concurrency: int = 32
+    ) -> None:
+        self.store = store
+        self.analyzer = analyzer
+        self.rate = rate
+        self.fetch_concurrency = fetch_concurrency
+        # Burst of at most ~50 ms of work so the cap holds over short windows too.
+        self._burst = max(1.0, rate * 0.05)
+        self._wake: anyio.Event | None = None
+
+    def _notify(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Tag forever (until cancelled)."""
+        store = self.store
+        store.on_pending = self._notify
+        limiter = anyio.Semaphore(self.fetch_concurrency)
+        tokens = 0.0
+        last = time.monotonic()
+        next_sweep = last + SWEEP_INTERVAL
+        async with anyio.create_task_group() as tg:
+            while True:
+                now = time.monotonic()
+                if now >= next_sweep:
+                    store.sweep()
+                    next_sweep = now + SWEEP_INTERVAL
+                if not store.pending:
+                    self._wake = anyio.Event()
+                    with anyio.move_on_after(SWEEP_INTERVAL):
+                        await self._wake.wait()
+                    self._wake = None
+                    last = time.monotonic()
+                    continue
+                task, start, end, urls = store.pending[0]
+                if self.rate > 0:
+                    now = time.monotonic()
+                    tokens = min(self._burst, tokens + (now - last) * self.rate)
+                    last = now
+                    if tokens < 1.0:
+                        await anyio.sleep((1.0 - tokens) / self.rate)
+                        continue
+                    count = min(int(tokens), end - start)
+                    tokens -= count
+                else:
+                    count = end - start
+                stop = start + count
+                if stop >= end:
+                    store.pending.popleft()
+                else:
+                    store.pending[0] = (task, stop, end, urls[count:] if urls else None)
+                if urls is None:
+                    store.complete_range(task, start, stop)
+                    if self.rate <= 0:
+                        await anyio.lowlevel.checkpoint()
+                else:
+                    for offset, url in enumerate(urls[:count]):
+                        await limiter.acquire()
+                        tg.start_soon(self._fetch_one, limiter, task, start + offset, url)
+
+    async def _fetch_one(
+        self, limiter: anyio.Semaphore, task: TaskRecord, index: int, url: str
+    ) -> None:
+        try:
+            try:
+                analysis = await self.analyzer.from_url(url)
+            except ImageRejected as err:
+                self.store.record(task, index, None, err.code)
+            except Exception:
+                logger.exception("analysis of image %d of task %s failed", index, task.task_id)
+                self.store.record(task, index, None, CODE_INTERNAL)
+            else:
+                self.store.record(task, index, analysis, 0)
+        finally:
+            limiter.release()
