@@ -1,0 +1,197 @@
+"""``fashiontag run`` and ``fashiontag demo`` (DESIGN 4.1).
+
+Each command builds its configuration (file ``[engine]`` table, then flags), runs its own event
+loop (uvloop when importable) and returns an exit code: 0 when every row has an outcome, 1 on a
+fatal error (one line on stderr, state saved), 2 on bad usage, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import msgspec
+
+from .._config import DEV_API_KEY, DEV_BULK_API_KEY, Secret, load_client_config, load_section
+from .._exceptions import ConfigError, FashiontagError
+from .config import EngineConfig, RunSummary
+from .run import RunControl, default_state_path, run_pipeline, summary_json
+
+__all__ = ["add_demo_arguments", "add_run_arguments", "demo_command", "run_command"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+T = TypeVar("T")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fashiontag run``."""
+    from ..cli import add_client_arguments, parse_detection
+
+    parser.add_argument("manifests", nargs="+", metavar="MANIFEST", help="CSV/JSONL(.gz) or -")
+    add_client_arguments(parser)
+    parser.add_argument("--out", type=Path, default=Path("results.jsonl"), help="results file")
+    parser.add_argument("--rejects", type=Path, default=None, help="rejects JSONL file")
+    parser.add_argument("--state", type=Path, default=None, help="state file (resume)")
+    parser.add_argument("--detection", type=parse_detection, help="default detection, TOP,SHOES")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--summary", type=Path, help="write the run summary as JSON here")
+    parser.add_argument("--sink", choices=("jsonl", "sqlite"), help="results sink kind")
+    parser.add_argument("--rotate-images", type=int, help="seal a task after N images")
+    parser.add_argument("--rotate-seconds", type=float, help="seal a task after S seconds")
+    parser.add_argument("--expiry-margin", type=float, help="no write later than expiry - S")
+    parser.add_argument("--linger", type=float, help="max seconds a partial chunk waits")
+    parser.add_argument("--write-concurrency", type=int, help="cap of concurrent writes")
+    parser.add_argument("--page-concurrency", type=int, help="cap of concurrent page reads")
+    parser.add_argument("--give-up-after", type=float, help="seconds of failure before stopping")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The ``[engine]`` table of --config, then flags."""
+    base = load_section(getattr(args, "config", None), "engine", EngineConfig)
+    overrides: dict[str, Any] = {
+        "default_detection": getattr(args, "detection", None),
+        "sink": getattr(args, "sink", None),
+        "rotate_images": getattr(args, "rotate_images", None),
+        "rotate_seconds": getattr(args, "rotate_seconds", None),
+        "expiry_margin": getattr(args, "expiry_margin", None),
+        "linger_seconds": getattr(args, "linger", None),
+        "max_write_concurrency": getattr(args, "write_concurrency", None),
+        "max_page_concurrency": getattr(args, "page_concurrency", None),
+        "give_up_after": getattr(args, "give_up_after", None),
+    }
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if not changes:
+        return base
+    try:
+        return msgspec.structs.replace(base, **changes)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid engine option: {err}") from None
+
+
+def _client_config(args: argparse.Namespace) -> Any:
+    config = load_client_config(
+        getattr(args, "config", None),
+        overrides={"base_url": args.base_url, "language": args.language},
+    )
+    if config.api_key is None and config.bulk_api_key is None:
+        config = msgspec.structs.replace(
+            config, api_key=Secret(DEV_API_KEY), bulk_api_key=Secret(DEV_BULK_API_KEY)
+        )
+    return config
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``fn`` on a fresh event loop (uvloop when importable)."""
+    try:
+        import uvloop  # noqa: F401
+
+        return anyio.run(fn, backend_options={"use_uvloop": True})
+    except ImportError:
+        return anyio.run(fn)
+
+
+async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -> T:
+    """Run ``body``; first SIGINT/SIGTERM stops gracefully, the second aborts."""
+    result: list[T] = []
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    if control.stopping.is_set():
+                        print("fashiontag: second signal, stopping now", file=sys.stderr)
+                        control.abort()
+                    else:
+                        print(
+                            "fashiontag: stopping intake, finishing in-flight writes "
+                            "(signal again to stop now)",
+                            file=sys.stderr,
+                        )
+                        control.stop()
+
+        async def main() -> None:
+            result.append(await body())
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        tg.start_soon(main)
+    return result[0]
+
+
+def format_summary(summary: RunSummary) -> str:
+    status = "complete" if summary.complete else "interrupted" if summary.interrupted else "stopped"
+    lines = [
+        f"run {status} in {summary.elapsed_s:.1f}s ({summary.rows_per_s:,.0f} rows/s)",
+        f"  rows read {summary.rows_read:,}   submitted {summary.submitted:,}   "
+        f"tagged {summary.tagged:,}   failed {summary.failed:,}   rejected {summary.rejected:,}",
+        f"  tasks {summary.tasks}   pages {summary.pages}   retries {summary.retries}   "
+        f"rate limited {summary.rate_limited}   ambiguous writes {summary.ambiguous_writes}",
+        f"  results {summary.out}   rejects {summary.rejects}   state {summary.state}",
+    ]
+    if summary.error:
+        lines.append(f"  error: {summary.error}")
+    return "\n".join(lines)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``fashiontag run``: returns the exit code."""
+    try:
+        engine = engine_config_from_args(args)
+        client = _client_config(args)
+    except (ConfigError, ValueError) as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    out: Path = args.out
+    rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
+    state: Path = args.state or default_state_path(out)
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    control = RunControl()
+
+    async def body() -> RunSummary:
+        return await run_pipeline(
+            args.manifests,
+            client=client,
+            out=out,
+            rejects=rejects,
+            state=state,
+            engine=engine,
+            progress=progress,
+            control=control,
+        )
+
+    try:
+        summary = run_async(lambda: _with_signals(control, body))
+    except FashiontagError as err:
+        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    print(format_summary(summary), file=sys.stderr)
+    if args.summary is not None:
+        args.summary.write_bytes(summary_json(summary))
+    if summary.complete:
+        return EXIT_OK
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_ERROR
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fashiontag demo``."""
+    parser.add_argument("--images", type=int, default=200, help="catalogue size")
+    parser.add_argument("--workdir", type=Path, help="where files go (default: a temp dir)")
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """``fashiontag demo``: the whole pipeline on a generated catalogue."""
+    from .demo import run_demo
+
+    try:
+        return run_async(lambda: run_demo(images=args.images, workdir=args.workdir))
+    except FashiontagError as err:
+        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,94 @@
+"""Flow control shared by the stages: AIMD concurrency and the give-up budget."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import anyio
+
+from .._exceptions import FashiontagError
+
+__all__ = ["AIMDLimiter", "FatalRunError", "RetryBudget"]
+
+
+class FatalRunError(FashiontagError):
+    """The run cannot go on (bad key, service unreachable after the retry budget)."""
+
+
+class AIMDLimiter:
+    """A concurrency limit that grows by one per window of successes and halves on a 429
+    (additive increase, multiplicative decrease), never above ``cap``.
+
+    Not tied to a task: a slot acquired by one task may be released by another."""
+
+    def __init__(self, cap: int, *, start: int | None = None) -> None:
+        self.cap = cap
+        self.window = float(start if start is not None else max(1, min(cap, 4)))
+        self.inflight = 0
+        self.peak = 0
+        self._wake = anyio.Event()
+
+    @property
+    def limit(self) -> int:
+        return max(1, min(self.cap, int(self.window)))
+
+    async def acquire(self) -> None:
+        while self.inflight >= self.limit:
+            wake = self._wake
+            await wake.wait()
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+
+    def release(self) -> None:
+        self.inflight -= 1
+        self._notify()
+
+    def _notify(self) -> None:
+        wake, self._wake = self._wake, anyio.Event()
+        wake.set()
+
+    def success(self) -> None:
+        """Additive increase: +1 per ``window`` successes."""
+        if self.window < self.cap:
+            self.window = min(float(self.cap), self.window + 1.0 / self.window)
+            self._notify()
+
+    def throttled(self) -> None:
+        """Multiplicative decrease."""
+        self.window = max(1.0, math.floor(self.window / 2))
+
+
+class RetryBudget:
+    """Backoff between engine-level retries, and the give-up rule: once failures have gone on
+    for ``give_up_after`` seconds without a success in between, the run stops."""
+
+    def __init__(self, give_up_after: float, *, base: float = 0.05, cap: float = 5.0) -> None:
+        self.give_up_after = give_up_after
+        self.base = base
+        self.cap = cap
+        self.retries = 0
+        self._failing_since: float | None = None
+        self._streak = 0
+        self._random = random.Random()
+
+    def ok(self) -> None:
+        self._failing_since = None
+        self._streak = 0
+
+    async def failed(self, err: BaseException, what: str) -> None:
+        """Count a failure and sleep before the retry; raise FatalRunError when out of budget."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since > self.give_up_after:
+            raise FatalRunError(
+                f"{what}: service unreachable for {self.give_up_after:.0f}s: {err}"
+            ) from err
+        self._streak += 1
+        self.retries += 1
+        delay = min(self.cap, self.base * 2 ** min(self._streak, 10)) * (
+            0.5 + self._random.random() / 2
+        )
+        await anyio.sleep(delay)

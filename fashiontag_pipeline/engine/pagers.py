@@ -1,0 +1,241 @@
+"""Pagers: a bounded pool reading 100-result pages of done tasks into the sinks.
+
+Tasks are drained oldest ``resultExpiredAt`` first. Pages of a task are fetched concurrently
+(up to the adaptive page concurrency) and committed in offset order, each in one transaction
+with the task's ``next_offset``, so a resume reads exactly the pages not yet written. Pages are
+decoded with msgspec straight into :class:`~.sinks.PageRow` (results kept as raw JSON).
+
+When a task is drained, its orphan chunks (writes of unknown fate to a task that expired) are
+settled: ids missing from the task's results are sent again through the writer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import msgspec
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._models import MAX_PAGE_SIZE
+from .batcher import decode_body
+from .config import EngineConfig
+from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .sinks import PageRow, Reject, page_decoder
+from .state import Journal, split_position
+from .tracker import TaskBook, TaskEntry
+from .validate import Item
+
+__all__ = ["ResultPagers"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+STAGE_EXPIRED = "expired"
+
+
+class ResultPagers:
+    """Reads every done task's results into the sinks."""
+
+    def __init__(
+        self,
+        *,
+        client: TaggerClient,
+        journal: Journal,
+        book: TaskBook,
+        config: EngineConfig,
+        budget: RetryBudget,
+        sources: list[str],
+        resend: Callable[[list[Item], int], Awaitable[None]],
+        finished: Callable[[], bool],
+    ) -> None:
+        self.client = client
+        self.journal = journal
+        self.book = book
+        self.config = config
+        self.budget = budget
+        self.sources = sources
+        self.resend = resend
+        self.finished = finished
+        self.slots = AIMDLimiter(config.max_page_concurrency)
+        self._heap: list[tuple[float, int, TaskEntry]] = []
+        self._order = itertools.count()
+        self.pages = 0
+        self.lost_unidentified = 0
+
+    async def add(self, entry: TaskEntry) -> None:
+        """Queue a done (or lost) task for draining."""
+        key = entry.results_expire_at.timestamp() if entry.results_expire_at else float("inf")
+        heapq.heappush(self._heap, (key, next(self._order), entry))
+        self.book.poke()
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            while True:
+                if not self._heap:
+                    if self.finished():
+                        return
+                    changed = self.book.changed
+                    with anyio.move_on_after(1.0):
+                        await changed.wait()
+                    continue
+                _, _, entry = heapq.heappop(self._heap)
+                if entry.state == "lost":
+                    await self._settle(entry, lost=True)
+                    continue
+                if entry.orphans and entry.seen is None:
+                    entry.seen = await self._scan(entry)
+                if entry.next_offset >= entry.total:
+                    await self._drained(entry)
+                    continue
+                for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
+                    await self.slots.acquire()
+                    tg.start_soon(self._page, entry, offset)
+
+    async def _fetch(self, entry: TaskEntry, offset: int) -> list[PageRow] | None:
+        """One page, or None when the task's results have expired."""
+        size = min(MAX_PAGE_SIZE, entry.total - offset)
+        while True:
+            try:
+                raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
+            except exc.ResultsExpiredError:
+                return None
+            except exc.ResultsNotReadyError as err:
+                await self.budget.failed(err, f"results of task {entry.task_id}")
+                continue
+            except exc.RateLimitedError as err:
+                self.slots.throttled()
+                await self.budget.failed(err, f"results of task {entry.task_id}")
+                continue
+            except (exc.TransportError, exc.ServerError) as err:
+                await self.budget.failed(err, f"results of task {entry.task_id}")
+                continue
+            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+                raise FatalRunError(f"the service refused the run: {err}") from err
+            self.budget.ok()
+            self.slots.success()
+            try:
+                page = page_decoder.decode(raw)
+            except msgspec.DecodeError as err:
+                await self.budget.failed(err, f"results of task {entry.task_id}")
+                continue
+            return page.data.results if page.data is not None else []
+
+    async def _scan(self, entry: TaskEntry) -> set[str]:
+        """Ids of the pages a previous attempt already wrote (needed to settle orphans)."""
+        seen: set[str] = set()
+        for offset in range(0, entry.next_offset, MAX_PAGE_SIZE):
+            rows = await self._fetch(entry, offset)
+            if rows is None:
+                break
+            seen.update(r.id for r in rows)
+        return seen
+
+    async def _page(self, entry: TaskEntry, offset: int) -> None:
+        try:
+            rows = await self._fetch(entry, offset)
+            while entry.next_offset != offset and entry.state == "done":
+                await entry.advanced.wait()
+            if entry.state != "done":
+                return
+            if rows is None:
+                await self._expired(entry)
+                return
+            end = min(offset + MAX_PAGE_SIZE, entry.total)
+            if entry.seen is not None:
+                entry.seen.update(r.id for r in rows)
+            await self.journal.commit(
+                page=(entry.task_id, rows),
+                ops=[("UPDATE tasks SET next_offset=? WHERE task_id=?", (end, entry.task_id))],
+                counters={"pages": 1},
+            )
+            self.pages += 1
+            entry.advance(end)
+            if end >= entry.total:
+                await self._drained(entry)
+        finally:
+            self.slots.release()
+
+    async def _rows_of(self, task_id: str, states: tuple[str, ...]) -> list[tuple[int, list]]:  # type: ignore[type-arg]
+        def load() -> list[tuple[int, bytes]]:
+            marks = ",".join("?" * len(states))
+            cur = self.journal.db.db.execute(
+                f"SELECT chunk_id, body FROM chunks WHERE task_id=? AND state IN ({marks})"
+                " AND body IS NOT NULL",
+                (task_id, *states),
+            )
+            return list(cur)
+
+        return [(cid, decode_body(body)) for cid, body in await self.journal.run(load)]
+
+    async def _expired(self, entry: TaskEntry) -> None:
+        """Results expired before they were read: every unread id becomes a reject."""
+        entry.state = "expired"
+        entry.advance(entry.next_offset)
+        rejects: list[Reject] = []
+        if entry.next_offset == 0:
+            for _, rows in await self._rows_of(entry.task_id, ("accepted",)):
+                for pos, request in rows:
+                    src, line = split_position(pos)
+                    rejects.append(
+                        Reject(
+                            request.context.id,
+                            "results expired before they were read",
+                            STAGE_EXPIRED,
+                            line,
+                            self.sources[src],
+                        )
+                    )
+        else:
+            self.lost_unidentified += entry.total - entry.next_offset
+            logger.warning(
+                "results of task %s expired after %d of %d were read",
+                entry.task_id,
+                entry.next_offset,
+                entry.total,
+            )
+        await self.journal.commit(
+            rejects=rejects,
+            ops=[("UPDATE tasks SET state='expired' WHERE task_id=?", (entry.task_id,))],
+        )
+        await self._settle(entry, lost=False)
+
+    async def _drained(self, entry: TaskEntry) -> None:
+        entry.state = "drained"
+        await self.journal.commit(
+            ops=[
+                ("UPDATE tasks SET state='drained' WHERE task_id=?", (entry.task_id,)),
+                (
+                    "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted'",
+                    (entry.task_id,),
+                ),
+            ]
+        )
+        await self._settle(entry, lost=False)
+
+    async def _settle(self, entry: TaskEntry, *, lost: bool) -> None:
+        """Send again the rows of orphan chunks (all chunks of a lost task) that the task's
+        results do not hold."""
+        if entry.orphans or lost:
+            states = ("orphan", "accepted", "pending") if lost else ("orphan",)
+            seen = entry.seen or set()
+            for chunk_id, rows in await self._rows_of(entry.task_id, states):
+                missing: list[Item] = [
+                    (r.context.id, pos, r) for pos, r in rows if r.context.id not in seen
+                ]
+                if missing:
+                    await self.resend(missing, chunk_id)
+                else:
+                    await self.journal.commit(
+                        ops=[("UPDATE chunks SET state='resolved' WHERE chunk_id=?", (chunk_id,))]
+                    )
+                if chunk_id in entry.orphans:
+                    entry.orphans.discard(chunk_id)
+                    self.book.orphans_pending -= 1
+            entry.seen = None
+        if lost:
+            entry.state = "drained"
+        self.book.poke()

@@ -1,0 +1,467 @@
+"""The run: one anyio task group wiring source -> validate -> writer -> tracker -> pagers.
+
+::
+
+    manifests --RowBatch--> validate --[Item]--> TaskWriter --POST/PUT--> service
+                               |                     |                      |
+                             rejects            (sealed tasks)          Tracker (list)
+                                                                           |
+                     sinks <-- Journal <-- ResultPagers <--(done tasks)----+
+
+Streams between stages are bounded (``queue_batches`` batches), so a slow service slows the
+source down instead of filling memory. :func:`run_pipeline` is the Python API; the CLI and the
+benchmark harness both call it, and a long-lived daemon can run one per manifest set with a
+shared client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._config import ClientConfig
+from .batcher import Chunk, OpenTask, TaskWriter, decode_body
+from .config import EngineConfig, RunSummary
+from .flow import FatalRunError, RetryBudget
+from .pagers import ResultPagers
+from .sinks import Reject, RejectSink, open_result_sink
+from .source import ManifestReader, RowBatch, iter_batches, open_manifest
+from .state import Journal, RunState, StateDB, split_position
+from .tracker import TaskBook, TaskEntry, Tracker
+from .validate import STAGE_CLIENT, Item, Validator
+
+__all__ = ["RunControl", "default_state_path", "run_pipeline"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+def default_state_path(out: Path) -> Path:
+    """The state file used when none is given: next to the output."""
+    return out.with_name(out.name + ".state")
+
+
+class RunControl:
+    """Stops a run from outside (signals, a daemon's shutdown).
+
+    :meth:`stop` stops intake, lets in-flight writes finish, saves state and ends the run
+    (a later run with the same state resumes); :meth:`abort` ends it at once (state is
+    consistent at every commit, so this is safe too)."""
+
+    def __init__(self) -> None:
+        self.stopping = anyio.Event()
+        self.aborting = anyio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def abort(self) -> None:
+        self.stopping.set()
+        self.aborting.set()
+
+
+class _Progress:
+    """Live counters shown by the CLI's progress bar."""
+
+    def __init__(self) -> None:
+        self.rows_read = 0
+
+
+def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    for err in group.exceptions:
+        if isinstance(err, BaseExceptionGroup):
+            return _first_error(err)
+        if isinstance(err, exc.FashiontagError):
+            return err
+    return group.exceptions[0]
+
+
+async def run_pipeline(
+    manifests: Sequence[str | Path],
+    *,
+    client: ClientConfig | TaggerClient,
+    out: Path,
+    rejects: Path,
+    state: Path | None = None,
+    engine: EngineConfig = EngineConfig(),  # noqa: B008 - frozen value object
+    progress: bool = False,
+    control: RunControl | None = None,
+) -> RunSummary:
+    """Tag every image of ``manifests`` into ``out`` (results) and ``rejects``; exactly once.
+
+    Re-running with the same ``state`` file resumes an interrupted run. Returns the summary;
+    raises :class:`ManifestError` (before any request) for an unreadable manifest and
+    :class:`FatalRunError` when the run cannot go on (state saved).
+    """
+    started = time.monotonic()
+    names = [str(m) for m in manifests]
+    if not names:
+        raise exc.ManifestError("no manifest given")
+    state_path = state or default_state_path(out)
+    readers: list[ManifestReader] = []
+    try:
+        for i, name in enumerate(names):
+            readers.append(await anyio.to_thread.run_sync(open_manifest, name, i))
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+
+    db = StateDB(state_path)
+    run = db.open_run(names)
+    result_sink = open_result_sink(out, engine.sink)
+    reject_sink = RejectSink(rejects)
+    result_sink.truncate(run.results_checkpoint)
+    reject_sink.truncate(run.rejects_checkpoint)
+    journal = Journal(db, result_sink, reject_sink, fsync_seconds=engine.fsync_seconds)
+    journal.counters = dict(run.counters)
+
+    own_client = isinstance(client, ClientConfig)
+    tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
+    control = control or RunControl()
+    summary = RunSummary(
+        resumed=run.resumed, out=str(out), rejects=str(rejects), state=str(state_path)
+    )
+    live = _Progress()
+    engine_run = _EngineRun(tagger, journal, engine, run, names, readers, control, live, summary)
+    try:
+        if progress:
+            from .progress import show_progress
+
+            async with show_progress(engine_run.snapshot):
+                await engine_run.run()
+        else:
+            await engine_run.run()
+    except BaseExceptionGroup as group:
+        err = _first_error(group)
+        raise err from None
+    finally:
+        for reader in readers:
+            reader.close()
+        if own_client:
+            await tagger.aclose()
+        await anyio.to_thread.run_sync(journal.close)
+        summary.elapsed_s = round(time.monotonic() - started, 3)
+        engine_run.fill(summary)
+    return summary
+
+
+class _EngineRun:
+    def __init__(
+        self,
+        client: TaggerClient,
+        journal: Journal,
+        config: EngineConfig,
+        run: RunState,
+        names: list[str],
+        readers: list[ManifestReader],
+        control: RunControl,
+        live: _Progress,
+        summary: RunSummary,
+    ) -> None:
+        self.client = client
+        self.journal = journal
+        self.config = config
+        self.state = run
+        self.names = names
+        self.readers = readers
+        self.control = control
+        self.live = live
+        self.summary = summary
+        self.budget = RetryBudget(config.give_up_after)
+        self.book = TaskBook()
+        self.validator = Validator()
+        self.orphans_by_task: dict[str, set[int]] = {}
+        self.writer = TaskWriter(
+            client=client,
+            journal=journal,
+            config=config,
+            run_token=run.token,
+            task_seq=run.task_seq,
+            sources=names,
+            budget=self.budget,
+            on_sealed=self._sealed,
+            on_orphan=self._orphan,
+        )
+        self.tracker = Tracker(
+            client=client,
+            journal=journal,
+            book=self.book,
+            config=config,
+            budget=self.budget,
+            on_done=self._done,
+            finished=self._finished,
+        )
+        self.pagers = ResultPagers(
+            client=client,
+            journal=journal,
+            book=self.book,
+            config=config,
+            budget=self.budget,
+            sources=names,
+            resend=self._resend,
+            finished=self._finished,
+        )
+        self.started = time.monotonic()
+        self.rows_read = 0
+        self.complete = False
+        self.interrupted = False
+
+    # -------------------------------------------------------------- wiring callbacks
+
+    async def _sealed(self, task_id: str) -> None:
+        orphans = self.orphans_by_task.pop(task_id, set())
+        self.book.add(TaskEntry(task_id, orphans=orphans))
+
+    def _orphan(self, task_id: str, chunk_id: int) -> None:
+        self.orphans_by_task.setdefault(task_id, set()).add(chunk_id)
+        self.book.orphans_pending += 1
+        entry = self.book.entries.get(task_id)
+        if entry is not None:
+            entry.orphans.add(chunk_id)
+
+    async def _done(self, entry: TaskEntry) -> None:
+        await self.pagers.add(entry)
+
+    async def _resend(self, items: list[Item], chunk_id: int) -> None:
+        for start in range(0, len(items), self.config.chunk_size):
+            part = items[start : start + self.config.chunk_size]
+            await self.writer.dispatch(part, chunk_id=chunk_id if start == 0 else None)
+
+    def _finished(self) -> bool:
+        w = self.writer
+        return (
+            w.intake_done
+            and w.active == 0
+            and self.book.unfinished() == 0
+            and self.book.orphans_pending == 0
+            and not self.orphans_by_task
+        )
+
+    # -------------------------------------------------------------- stages
+
+    async def _source(self, send: anyio.abc.ObjectSendStream[RowBatch]) -> None:
+        async with send:
+            for reader in self.readers:
+                async for batch in iter_batches(reader):
+                    self.rows_read += len(batch.rows)
+                    await send.send(batch)
+
+    async def _validate(
+        self,
+        receive: anyio.abc.ObjectReceiveStream[RowBatch],
+        send: anyio.abc.ObjectSendStream[list[Item]],
+    ) -> None:
+        chunked, validated = self.state.chunked, self.state.validated
+        async with receive, send:
+            async for batch in receive:
+                items, rejects = self.validator.validate(batch, skip_upto=chunked)
+                fresh = [r for pos, r in rejects if pos > validated]
+                last = batch.rows[-1][0]
+                watermark = (batch.source << 40) | last
+                if not items and not fresh and watermark <= validated:
+                    continue
+                keyed = [(ident, pos) for ident, pos, _ in items]
+
+                def make_dup(i: int, first: int, items: list[Item] = items) -> Reject:
+                    _, pos, _ = items[i]
+                    src, line = split_position(first)
+                    return Reject(
+                        items[i][0],
+                        f"duplicate id (first seen at {self.names[src]} line {line})",
+                        STAGE_CLIENT,
+                        pos & ((1 << 40) - 1),
+                        self.names[pos >> 40],
+                    )
+
+                keep = await self.journal.intake(
+                    keyed, fresh, make_dup, max(watermark, validated), validated
+                )
+                if keep:
+                    await send.send([items[i] for i in keep])
+
+    # -------------------------------------------------------------- resume
+
+    async def _reattach(self) -> list[Chunk]:
+        """Load an interrupted run: tasks to track or drain, chunks of unknown fate."""
+
+        def load() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            db = self.journal.db.db
+            tasks = list(
+                db.execute(
+                    "SELECT task_id, seq, token, state, expires_at, results_expire_at, total,"
+                    " next_offset FROM tasks WHERE state NOT IN ('drained', 'expired', 'lost')"
+                )
+            )
+            chunks = list(
+                db.execute(
+                    "SELECT chunk_id, state, task_id, token, body FROM chunks"
+                    " WHERE state IN ('pending', 'orphan') ORDER BY chunk_id"
+                )
+            )
+            return tasks, chunks
+
+        tasks, chunks = await self.journal.run(load)
+        now_wall = time.time()
+        now = time.monotonic()
+        pending: list[Chunk] = []
+        for chunk_id, state, task_id, token, body in chunks:
+            rows = decode_body(body)
+            chunk = Chunk(
+                chunk_id,
+                [r.context.id for _, r in rows],
+                [p for p, _ in rows],
+                [r for _, r in rows],
+            )
+            if state == "orphan":
+                self._orphan(task_id, chunk_id)
+                continue
+            if task_id is None and token is not None:
+                found = await self.writer.find_task(token)
+                if found is not None:
+                    seq = int(token.rsplit("-t", 1)[1])
+                    task = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True)
+                    await self.writer._opened(task, found.task_id, found.expires_at)
+                    task.closing = True
+                    tasks.append((found.task_id, seq, token, "open", None, None, 0, 0))
+                    task_id = found.task_id
+            if task_id is not None:
+                chunk.fate_unknown = True
+                chunk.task_id = task_id
+            pending.append(chunk)
+        for task_id, seq, token, state, expires_at, results_at, total, offset in tasks:
+            if state == "open":
+                if task_id in self.writer.tasks:
+                    continue
+                expires = now + ((expires_at or now_wall) - now_wall)
+                self.writer.tasks[task_id] = OpenTask(
+                    seq=seq,
+                    token=token,
+                    opened=now,
+                    expires=expires,
+                    task_id=task_id,
+                    closing=True,
+                )
+                self.writer.tasks[task_id].created.set()
+            elif state == "sealed":
+                await self._sealed(task_id)
+            elif state == "done":
+                from datetime import UTC, datetime
+
+                entry = TaskEntry(
+                    task_id,
+                    state="done",
+                    total=total,
+                    next_offset=offset,
+                    results_expire_at=datetime.fromtimestamp(results_at, UTC)
+                    if results_at
+                    else None,
+                    orphans=self.orphans_by_task.pop(task_id, set()),
+                )
+                self.book.add(entry)
+                await self.pagers.add(entry)
+        return pending
+
+    # -------------------------------------------------------------- the run
+
+    async def run(self) -> None:
+        q = self.config.queue_batches
+        raw_send, raw_recv = anyio.create_memory_object_stream[RowBatch](q)
+        item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
+        async with anyio.create_task_group() as tg:
+            self.writer._tg = tg
+            pending = await self._reattach() if self.state.resumed else []
+            source_scope = anyio.CancelScope()
+
+            async def source() -> None:
+                with source_scope:
+                    await self._source(raw_send)
+                await raw_send.aclose()
+
+            async def watch() -> None:
+                await self.control.stopping.wait()
+                self.interrupted = True
+                source_scope.cancel()
+                async with anyio.create_task_group() as inner:
+
+                    async def until_idle() -> None:
+                        await self.writer.idle.wait()
+                        inner.cancel_scope.cancel()
+
+                    inner.start_soon(until_idle)
+                    await self.control.aborting.wait()
+                    inner.cancel_scope.cancel()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            self.writer.active += 1  # held until the resumed chunks are dispatched
+            tg.start_soon(self.writer.run, item_recv)
+            for chunk in pending:
+                await self.writer.start(chunk)
+            self.writer.active -= 1
+            tg.start_soon(source)
+            tg.start_soon(self._validate, raw_recv, item_send)
+            for task in list(self.writer.tasks.values()):
+                if task.closing and task.inflight == 0:
+                    await self.writer._maybe_seal(task)
+            tg.start_soon(self._track_and_page, tg)
+
+    async def _track_and_page(self, tg: anyio.abc.TaskGroup) -> None:
+        async with anyio.create_task_group() as inner:
+            inner.start_soon(self.tracker.run)
+            inner.start_soon(self._poke_on_idle)
+            await self.pagers.run()
+        self.complete = self._finished()
+        tg.cancel_scope.cancel()
+
+    async def _poke_on_idle(self) -> None:
+        await self.writer.idle.wait()
+        self.book.poke()
+
+    # -------------------------------------------------------------- reporting
+
+    def snapshot(self) -> dict[str, int]:
+        c = self.journal.counters
+        return {
+            "rows_read": self.rows_read,
+            "submitted": c.get("submitted", 0),
+            "tagged": c.get("tagged", 0) + c.get("failed", 0),
+            "rejected": c.get("rejected", 0),
+            "pages": c.get("pages", 0),
+            "tasks_live": self.book.unfinished() + len(self.writer.tasks) - self._writer_sealed(),
+        }
+
+    def _writer_sealed(self) -> int:
+        return sum(1 for t in self.writer.tasks.values() if t.sealed)
+
+    def fill(self, summary: RunSummary) -> None:
+        c = self.journal.counters
+        summary.rows_read = self.rows_read
+        summary.submitted = c.get("submitted", 0)
+        summary.tagged = c.get("tagged", 0)
+        summary.failed = c.get("failed", 0)
+        summary.rejected = c.get("rejected", 0)
+        summary.tasks = c.get("tasks", 0)
+        summary.pages = c.get("pages", 0)
+        stats = self.client.stats
+        summary.retries = stats.retries + self.budget.retries
+        summary.rate_limited = stats.rate_limited
+        summary.ambiguous_writes = stats.ambiguous_writes
+        summary.complete = self.complete and not self.interrupted
+        summary.interrupted = self.interrupted and not self.complete
+        if summary.elapsed_s > 0:
+            summary.rows_per_s = round(self.rows_read / summary.elapsed_s, 1)
+
+
+def summary_json(summary: RunSummary) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
+
+
+__all__ += ["FatalRunError", "summary_json"]

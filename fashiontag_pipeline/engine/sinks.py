@@ -1,0 +1,222 @@
+"""Sinks: where outcomes go. Results JSONL (default), results SQLite, rejects JSONL.
+
+Sinks are synchronous and confined to the state thread (:class:`~.state.Journal` calls them
+together with the state commit that checkpoints them), so no sink write ever blocks the event
+loop and a sink's checkpoint is always committed in the same transaction as the state it
+reflects. On resume each sink is cut back to its last checkpoint (JSONL: byte length; SQLite:
+rows are keyed by id, so re-writing a page is idempotent).
+
+Result pages are decoded with msgspec into :class:`PageRow`, which keeps ``taggingResult`` as
+raw JSON: the JSONL sink writes those bytes as they came, with no re-encode.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+from .._models import STATUS_SUCCESS, TaggingResponse
+
+__all__ = [
+    "JsonlResultSink",
+    "PageRow",
+    "Reject",
+    "RejectSink",
+    "ResultSink",
+    "SqliteResultSink",
+    "open_result_sink",
+]
+
+
+class PageRow(msgspec.Struct, rename="camel", gc=False):
+    """One result of a page, its tagging result kept as raw JSON."""
+
+    id: str
+    tagging_result: msgspec.Raw
+
+
+class PageData(msgspec.Struct, gc=False):
+    results: list[PageRow] = []
+
+
+class Page(msgspec.Struct, gc=False):
+    """A results page as the pagers decode it (the typed shape is in ``_models``)."""
+
+    status: str
+    data: PageData | None = None
+
+
+class _Status(msgspec.Struct, gc=False):
+    status: str = ""
+
+
+class _OutLine(msgspec.Struct, rename="camel", gc=False):
+    id: str
+    task_id: str
+    tagging_result: msgspec.Raw
+
+
+class Reject(msgspec.Struct, omit_defaults=False, gc=False):
+    """One rejects line (DESIGN 4.2)."""
+
+    id: str | None
+    reason: str
+    stage: str
+    line: int
+    source: str
+
+
+page_decoder = msgspec.json.Decoder(Page)
+_status_decoder = msgspec.json.Decoder(_Status)
+_typed_decoder = msgspec.json.Decoder(TaggingResponse)
+_encoder = msgspec.json.Encoder()
+
+
+def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
+    """(tagged ok, tagging failed) among a page's rows."""
+    ok = 0
+    for row in rows:
+        if _status_decoder.decode(row.tagging_result).status == STATUS_SUCCESS:
+            ok += 1
+    return ok, len(rows) - ok
+
+
+class _AppendFile:
+    """An append-only file with a byte checkpoint."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fh = os.fdopen(fd, "r+b", buffering=1 << 20)
+        self._fh.seek(0, os.SEEK_END)
+
+    def truncate(self, checkpoint: int) -> None:
+        """Cut the file back to ``checkpoint`` bytes (what the state says was committed)."""
+        self._fh.flush()
+        size = self._fh.seek(0, os.SEEK_END)
+        if size > checkpoint:
+            self._fh.truncate(checkpoint)
+        self._fh.seek(checkpoint if size >= checkpoint else size)
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._fh.write(data)
+
+    def checkpoint(self) -> int:
+        return self._fh.tell()
+
+    def flush(self, fsync: bool) -> None:
+        self._fh.flush()
+        if fsync:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.flush()
+            self._fh.close()
+
+
+class ResultSink(Protocol):
+    """Where tagging results go. Called from the state thread only."""
+
+    path: Path
+
+    def write_page(self, task_id: str, rows: list[PageRow]) -> None: ...
+
+    def checkpoint(self) -> int: ...
+
+    def truncate(self, checkpoint: int) -> None: ...
+
+    def flush(self, fsync: bool) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlResultSink(_AppendFile):
+    """Results JSONL: ``{"id", "taskId", "taggingResult"}`` per line, one write per page."""
+
+    def write_page(self, task_id: str, rows: list[PageRow]) -> None:
+        self.write(_encoder.encode_lines([_OutLine(r.id, task_id, r.tagging_result) for r in rows]))
+
+
+class SqliteResultSink:
+    """Results in SQLite: one row per image (id, task, status, category, item, error, JSON).
+
+    Rows are keyed by image id, so a page written twice (after a crash) is written once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"
+            " status TEXT NOT NULL, category TEXT, item TEXT, item_confidence REAL,"
+            " error_code INTEGER, result TEXT NOT NULL)"
+        )
+        self._rows = 0
+
+    def write_page(self, task_id: str, rows: list[PageRow]) -> None:
+        values = []
+        for row in rows:
+            typed = _typed_decoder.decode(row.tagging_result)
+            category = item = None
+            confidence = None
+            if typed.data is not None:
+                for obj in typed.data.objects:
+                    if obj.tags:
+                        tag = obj.tags[0]
+                        category = tag.category.name if tag.category else None
+                        if tag.item is not None:
+                            item, confidence = tag.item.name, tag.item.confidence
+                        break
+            values.append(
+                (
+                    row.id,
+                    task_id,
+                    typed.status,
+                    category,
+                    item,
+                    confidence,
+                    typed.error.code if typed.error else None,
+                    bytes(row.tagging_result).decode(),
+                )
+            )
+        self._db.execute("BEGIN")
+        self._db.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?)", values)
+        self._db.execute("COMMIT")
+        self._rows += len(values)
+
+    def checkpoint(self) -> int:
+        return self._rows
+
+    def truncate(self, checkpoint: int) -> None:
+        # Idempotent by primary key: nothing to cut.
+        return None
+
+    def flush(self, fsync: bool) -> None:
+        return None
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class RejectSink(_AppendFile):
+    """Rejects JSONL: ``{"id", "reason", "stage", "line", "source"}`` per line."""
+
+    def write_rejects(self, rejects: list[Reject]) -> None:
+        if rejects:
+            self.write(_encoder.encode_lines(rejects))
+
+
+def open_result_sink(path: Path, kind: str) -> ResultSink:
+    """The result sink of ``kind`` (``jsonl`` or ``sqlite``) at ``path``."""
+    if kind == "sqlite":
+        return SqliteResultSink(path)
+    return JsonlResultSink(path)

@@ -1,0 +1,240 @@
+"""Source: manifests (CSV with header, or JSONL; plain or gzip; files or stdin) as row batches.
+
+Bytes are read in large chunks in a worker thread (``read1`` returns whatever is available, so
+rows on a slow stdin are delivered as they arrive), cut at the last complete record, and parsed
+in one go: one await per chunk, never per line. Memory is one chunk plus one batch.
+
+The format is detected from the first bytes (after gzip, itself detected from its magic bytes):
+``{`` starts JSONL, anything else must be a CSV header naming ``id`` and ``url``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import anyio
+import msgspec
+
+from .._exceptions import ManifestError
+
+__all__ = ["ManifestReader", "RowBatch", "open_manifest"]
+
+GZIP_MAGIC = b"\x1f\x8b"
+READ_SIZE = 1 << 20
+Kind = Literal["csv", "jsonl"]
+
+_json_decoder = msgspec.json.Decoder()
+
+
+class RowBatch(msgspec.Struct, gc=False):
+    """Rows of one manifest. ``rows`` holds (line, value): for CSV a list of fields, for JSONL
+    the decoded object or, when a line is not JSON, the error text (a ``str``)."""
+
+    source: int
+    name: str
+    kind: str
+    header: list[str]
+    rows: list[tuple[int, Any]]
+
+
+class ManifestReader:
+    """Blocking reader of one manifest; :meth:`read_batch` is called in a worker thread."""
+
+    def __init__(self, path: str, source: int) -> None:
+        self.source = source
+        self.name = "-" if path == "-" else str(path)
+        self._fh: BinaryIO
+        if path == "-":
+            self._fh = sys.stdin.buffer
+            self._owns = False
+        else:
+            try:
+                self._fh = open(Path(path), "rb", buffering=READ_SIZE)  # noqa: SIM115
+            except OSError as err:
+                raise ManifestError(f"cannot read manifest {path}: {err.strerror}") from None
+            self._owns = True
+        self._gunzip: Any = None
+        self._sniffed = False
+        self._head: str | None = None
+        self._pending = b""
+        self._eof = False
+        self._line = 0
+        self.kind: Kind = "csv"
+        self.header: list[str] = []
+
+    def close(self) -> None:
+        if self._owns:
+            self._fh.close()
+
+    # -------------------------------------------------------------- bytes
+
+    def _read_raw(self) -> bytes:
+        read1 = getattr(self._fh, "read1", None)
+        if read1 is not None:
+            return bytes(read1(READ_SIZE))
+        return os.read(self._fh.fileno(), READ_SIZE)
+
+    def _read_bytes(self) -> bytes:
+        """The next decompressed bytes; b"" at end of input."""
+        while True:
+            raw = self._read_raw()
+            if not self._sniffed and raw:
+                self._sniffed = True
+                if raw[:2] == GZIP_MAGIC:
+                    self._gunzip = zlib.decompressobj(wbits=31)
+            if self._gunzip is None:
+                return raw
+            if not raw:
+                return b""
+            out: bytes = self._gunzip.decompress(raw)
+            while self._gunzip.eof and self._gunzip.unused_data:
+                rest = self._gunzip.unused_data  # next member of a multi-member gzip
+                self._gunzip = zlib.decompressobj(wbits=31)
+                out += self._gunzip.decompress(rest)
+            if out:
+                return out
+
+    def _next_records(self) -> bytes | None:
+        """Bytes holding only complete records, or None at end of input."""
+        while True:
+            if self._eof:
+                if self._pending:
+                    data, self._pending = self._pending, b""
+                    return data if data.endswith(b"\n") else data + b"\n"
+                return None
+            chunk = self._read_bytes()
+            if not chunk:
+                self._eof = True
+                continue
+            data = self._pending + chunk
+            cut = data.rfind(b"\n") + 1
+            if self.kind == "csv":
+                # A newline inside a quoted field is not a record boundary: with an odd number
+                # of quotes before it, step back to an earlier newline.
+                while cut > 0 and data.count(b'"', 0, cut) % 2:
+                    cut = data.rfind(b"\n", 0, cut - 1) + 1
+            if cut == 0:
+                self._pending = data
+                continue
+            self._pending = data[cut:]
+            return data[:cut]
+
+    # -------------------------------------------------------------- records
+
+    def open(self) -> None:
+        """Read up to the header and detect the format; ManifestError if it cannot be read."""
+        while True:
+            data = self._next_records()
+            if data is None:
+                raise ManifestError(f"manifest {self.name} is empty")
+            try:
+                text = data.decode("utf-8-sig" if self._line == 0 else "utf-8")
+            except UnicodeDecodeError:
+                raise ManifestError(
+                    f"manifest {self.name} is neither CSV nor JSONL (not UTF-8 text)"
+                ) from None
+            stripped = text.lstrip()
+            if not stripped:
+                self._line += text.count("\n")
+                continue
+            if stripped.startswith("{"):
+                self.kind = "jsonl"
+                self._head = text
+                return
+            self.kind = "csv"
+            lines = text.splitlines(keepends=True)
+            # The header is the first non-empty line.
+            skip = 0
+            while not lines[skip].strip():
+                skip += 1
+            header = next(csv.reader([lines[skip]]))
+            self._line += skip + 1
+            names = [h.strip() for h in header]
+            missing = [c for c in ("id", "url") if c not in names]
+            if missing:
+                raise ManifestError(
+                    f"manifest {self.name} is neither JSONL nor a CSV with a header naming "
+                    f"id and url (missing column: {', '.join(missing)})"
+                )
+            self.header = names
+            self._head = "".join(lines[skip + 1 :])
+            return
+
+    def _parse(self, text: str) -> list[tuple[int, Any]]:
+        rows: list[tuple[int, Any]] = []
+        base = self._line
+        if self.kind == "jsonl":
+            lines = text.split("\n")
+            if lines and not lines[-1]:
+                lines.pop()
+            for i, text_line in enumerate(lines):
+                if not text_line.strip():
+                    continue
+                try:
+                    rows.append((base + i + 1, _json_decoder.decode(text_line)))
+                except msgspec.DecodeError as err:
+                    rows.append((base + i + 1, f"not valid JSON: {err}"))
+            self._line = base + text.count("\n")
+            return rows
+        reader = csv.reader(io.StringIO(text, newline=""))
+        start = 0
+        for fields in reader:
+            line = base + start + 1
+            start = reader.line_num
+            if fields:
+                rows.append((line, fields))
+        self._line = base + reader.line_num
+        return rows
+
+    def read_batch(self) -> RowBatch | None:
+        """The rows of the next chunk (as many as it holds), or None at end of input."""
+        if self._head is not None:
+            text, self._head = self._head, None
+            if not text:
+                return self.read_batch()
+        else:
+            data = self._next_records()
+            if data is None:
+                return None
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = data.decode("utf-8", "replace")
+        return RowBatch(self.source, self.name, self.kind, self.header, self._parse(text))
+
+
+def open_manifest(path: str, source: int) -> ManifestReader:
+    """Open a manifest and read its header (blocking; call in a thread)."""
+    reader = ManifestReader(path, source)
+    try:
+        reader.open()
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+async def iter_batches(reader: ManifestReader) -> AsyncIterator[RowBatch]:
+    """The batches of an opened manifest, each read in a worker thread."""
+    try:
+        while True:
+            batch = await anyio.to_thread.run_sync(reader.read_batch, abandon_on_cancel=True)
+            if batch is None:
+                return
+            if batch.rows:
+                yield batch
+    finally:
+        reader.close()
+
+
+def iter_rows_sync(reader: ManifestReader) -> Iterator[tuple[int, Any]]:
+    """Every row of an opened manifest (tests and tools)."""
+    while (batch := reader.read_batch()) is not None:
+        yield from batch.rows

@@ -1,0 +1,295 @@
+"""State store (SQLite, WAL) and the journal that commits sinks and state together.
+
+Schema::
+
+    meta(key, value)           run token, manifests, watermarks, sink checkpoints, counters
+    tasks(task_id, seq, token, state, expires_at, results_expire_at, total, next_offset)
+                               state: open | sealed | done | drained | expired | lost
+    chunks(chunk_id, state, task_id, token, n, last_pos, body)
+                               state: pending (written ahead, fate unknown) | accepted |
+                               orphan (fate unknown, task no longer writable) | resolved
+    ids(id, pos)               every id taken into the run, with the position of its first row
+
+A row's *position* is ``source_index << 40 | line``, so positions order rows across manifests.
+Two watermarks make resume exact:
+
+* ``V`` (validated): every row at a position <= V has been validated, its id recorded and its
+  client-side reject (if any) written; committed with the rejects and ids of each batch.
+* ``W`` (chunked): every accepted row at a position <= W is in a chunk written ahead of its
+  POST/PUT. Rows in ``(W, V]`` were validated but never chunked: a resume sends them again.
+
+Everything that touches SQLite or a sink runs in one thread at a time (the journal's limiter),
+so the event loop never blocks on disk and every commit is one transaction that moves sink
+checkpoints and state together.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import msgspec
+
+from .sinks import PageRow, Reject, RejectSink, ResultSink, count_outcomes
+
+__all__ = ["POS_SHIFT", "Journal", "RunState", "StateDB", "position", "split_position"]
+
+POS_SHIFT = 40
+T = TypeVar("T")
+
+COUNTERS = ("submitted", "tagged", "failed", "rejected", "tasks", "pages")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, token TEXT NOT NULL, state TEXT NOT NULL,
+    expires_at REAL, results_expire_at REAL, total INTEGER NOT NULL DEFAULT 0,
+    next_offset INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS chunks (
+    chunk_id INTEGER PRIMARY KEY, state TEXT NOT NULL, task_id TEXT, token TEXT,
+    n INTEGER NOT NULL, last_pos INTEGER NOT NULL, body BLOB);
+CREATE INDEX IF NOT EXISTS chunks_task ON chunks (task_id);
+CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+
+def position(source: int, line: int) -> int:
+    """The run-wide position of ``line`` of manifest number ``source``."""
+    return (source << POS_SHIFT) | line
+
+
+def split_position(pos: int) -> tuple[int, int]:
+    """(source index, line) of a position."""
+    return pos >> POS_SHIFT, pos & ((1 << POS_SHIFT) - 1)
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    """What the state file says about the run when it is opened."""
+
+    token: str
+    resumed: bool
+    validated: int
+    chunked: int
+    results_checkpoint: int
+    rejects_checkpoint: int
+    counters: dict[str, int]
+    task_seq: int
+
+
+class StateDB:
+    """The SQLite state file. Not thread-safe: used from one thread at a time (the journal)."""
+
+    def __init__(self, path: Path, *, cache_kib: int = 16384) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        # A bounded page cache keeps memory flat however many ids the run holds.
+        self.db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        self.db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def meta(self, key: str, default: str | None = None) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: object) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+
+    def open_run(self, manifests: Sequence[str]) -> RunState:
+        """Start a run, or load the interrupted run this file holds."""
+        token = self.meta("run_token")
+        if token is None:
+            token = secrets.token_hex(8)
+            self.db.execute("BEGIN IMMEDIATE")
+            self.set_meta("run_token", token)
+            self.set_meta("manifests", msgspec.json.encode(list(manifests)).decode())
+            for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt", "task_seq"):
+                self.set_meta(key, -1 if key in ("validated", "chunked") else 0)
+            for key in COUNTERS:
+                self.set_meta(f"n_{key}", 0)
+            self.db.execute("COMMIT")
+            resumed = False
+        else:
+            resumed = True
+        return RunState(
+            token=token,
+            resumed=resumed,
+            validated=int(self.meta("validated", "-1") or -1),
+            chunked=int(self.meta("chunked", "-1") or -1),
+            results_checkpoint=int(self.meta("results_ckpt", "0") or 0),
+            rejects_checkpoint=int(self.meta("rejects_ckpt", "0") or 0),
+            counters={k: int(self.meta(f"n_{k}", "0") or 0) for k in COUNTERS},
+            task_seq=int(self.meta("task_seq", "0") or 0),
+        )
+
+    def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int]:
+        """For each (id, pos): the position of the id's first row. New ids are inserted (the
+        caller commits), so a returned position equal to ``pos`` means "first seen here"."""
+        first: dict[str, int] = {}
+        ids = [k for k, _ in keyed]
+        for start in range(0, len(ids), 900):
+            part = ids[start : start + 900]
+            marks = ",".join("?" * len(part))
+            for key, pos in self.db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
+                first[key] = pos
+        new: list[tuple[str, int]] = []
+        out: list[int] = []
+        for key, pos in keyed:
+            seen = first.get(key)
+            if seen is None:
+                first[key] = pos
+                new.append((key, pos))
+                seen = pos
+            out.append(seen)
+        if new:
+            self.db.executemany("INSERT INTO ids VALUES (?, ?)", new)
+        return out
+
+
+class Journal:
+    """Owns the state DB and the sinks; every call runs in the one state thread.
+
+    :meth:`commit` writes sink bytes, then in one transaction applies state changes, adds to
+    the counters and records the new sink checkpoints.
+    """
+
+    def __init__(
+        self,
+        db: StateDB,
+        results: ResultSink,
+        rejects: RejectSink,
+        *,
+        fsync_seconds: float = 1.0,
+    ) -> None:
+        self.db = db
+        self.results = results
+        self.rejects = rejects
+        self.fsync_seconds = fsync_seconds
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._limiter = anyio.CapacityLimiter(1)
+        self._last_fsync = time.monotonic()
+        self._closed = False
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in the state thread."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    # -------------------------------------------------------------- thread side
+
+    def _apply(
+        self,
+        page: tuple[str, list[PageRow]] | None,
+        rejects: Sequence[Reject],
+        ops: Sequence[tuple[str, Sequence[Any]]],
+        counters: dict[str, int],
+    ) -> tuple[int, int]:
+        ok = bad = 0
+        if page is not None:
+            task_id, rows = page
+            self.results.write_page(task_id, rows)
+            ok, bad = count_outcomes(rows)
+            counters = dict(counters)
+            counters["tagged"] = counters.get("tagged", 0) + ok
+            counters["failed"] = counters.get("failed", 0) + bad
+        if rejects:
+            self.rejects.write_rejects(list(rejects))
+            counters = dict(counters)
+            counters["rejected"] = counters.get("rejected", 0) + len(rejects)
+        now = time.monotonic()
+        fsync = now - self._last_fsync >= self.fsync_seconds
+        if fsync:
+            self._last_fsync = now
+        self.results.flush(fsync)
+        self.rejects.flush(fsync)
+        db = self.db
+        db.db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in ops:
+                db.db.execute(sql, params)
+            for key, delta in counters.items():
+                if delta:
+                    self.counters[key] = self.counters.get(key, 0) + delta
+                    db.db.execute(
+                        "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = ?",
+                        (delta, f"n_{key}"),
+                    )
+            if page is not None:
+                db.set_meta("results_ckpt", self.results.checkpoint())
+            if rejects:
+                db.set_meta("rejects_ckpt", self.rejects.checkpoint())
+            db.db.execute("COMMIT")
+        except BaseException:
+            db.db.execute("ROLLBACK")
+            raise
+        return ok, bad
+
+    def _intake(
+        self,
+        keyed: Sequence[tuple[str, int]],
+        rejects: list[Reject],
+        make_dup: Callable[[int, int], Reject | None],
+        watermark: int,
+        replay_upto: int,
+    ) -> list[int]:
+        """Dedupe a validated batch, write its rejects and move V, in one transaction."""
+        self.db.db.execute("SAVEPOINT intake")
+        firsts = self.db.dedupe(keyed)
+        self.db.db.execute("RELEASE intake")
+        out: list[int] = []
+        for i, ((_, pos), first) in enumerate(zip(keyed, firsts, strict=True)):
+            if first == pos:
+                out.append(i)
+            elif pos > replay_upto:
+                dup = make_dup(i, first)
+                if dup is not None:
+                    rejects.append(dup)
+        ops = [("INSERT OR REPLACE INTO meta VALUES ('validated', ?)", (str(watermark),))]
+        self._apply(None, rejects, ops, {})
+        return out
+
+    # -------------------------------------------------------------- async side
+
+    async def commit(
+        self,
+        *,
+        page: tuple[str, list[PageRow]] | None = None,
+        rejects: Sequence[Reject] = (),
+        ops: Sequence[tuple[str, Sequence[Any]]] = (),
+        counters: dict[str, int] | None = None,
+    ) -> tuple[int, int]:
+        """Write a results page and/or rejects, apply ``ops``, add ``counters``; one
+        transaction. Returns (tagged, failed) of the page."""
+        return await self.run(self._apply, page, rejects, ops, counters or {})
+
+    async def intake(
+        self,
+        keyed: Sequence[tuple[str, int]],
+        rejects: list[Reject],
+        make_dup: Callable[[int, int], Reject | None],
+        watermark: int,
+        replay_upto: int,
+    ) -> list[int]:
+        """Indexes of ``keyed`` whose row is the first of its id; duplicates become rejects
+        (unless at or below ``replay_upto``, already written by an earlier attempt)."""
+        return await self.run(self._intake, keyed, rejects, make_dup, watermark, replay_upto)
+
+    def close(self) -> None:
+        """Flush and close sinks and state (from any thread, once the loop is done)."""
+        if self._closed:
+            return
+        self._closed = True
+        for sink in (self.results, self.rejects):
+            try:
+                sink.flush(True)
+            finally:
+                sink.close()
+        self.db.close()
