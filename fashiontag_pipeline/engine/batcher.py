@@ -182,6 +182,8 @@ class TaskWriter:
         self._seq = task_seq
         self._tg: TaskGroup | None = None
         self.sent_requests = 0
+        #: PUTs the service refused as expired (410) or unknown (404): 0 in a healthy run.
+        self.refused_writes = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -535,6 +537,7 @@ class TaskWriter:
                 await self.budget.failed(err, f"append to task {task.task_id}")
                 continue
             except (exc.TaskExpiredError, exc.TaskNotFoundError):
+                self.refused_writes += 1
                 task.closing = True
                 if self.current is task:
                     self.current = None

@@ -83,6 +83,7 @@ class RunSummary(msgspec.Struct, kw_only=True):
     retries: int = 0
     rate_limited: int = 0
     ambiguous_writes: int = 0
+    expired_writes: int = 0
     elapsed_s: float = 0.0
     rows_per_s: float = 0.0
     resumed: bool = False

@@ -454,6 +454,7 @@ class _EngineRun:
         summary.retries = stats.retries + self.budget.retries
         summary.rate_limited = stats.rate_limited
         summary.ambiguous_writes = stats.ambiguous_writes
+        summary.expired_writes = self.writer.refused_writes
         summary.complete = self.complete and not self.interrupted
         summary.interrupted = self.interrupted and not self.complete
         if summary.elapsed_s > 0:

@@ -1,0 +1,105 @@
+"""Helpers of the engine tests: manifests, clients that record what they send, outcome checks."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
+from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
+from fashiontag_pipeline._models import MAX_PAGE_SIZE, MAX_REQUESTS_PER_WRITE
+
+
+def client_config(url: str, **kwargs: Any) -> ClientConfig:
+    return ClientConfig(
+        base_url=url,
+        api_key=Secret(DEV_API_KEY),
+        bulk_api_key=Secret(DEV_BULK_API_KEY),
+        retry=RetryPolicy(max_attempts=4, backoff_base=0.01, backoff_max=0.1),
+        **kwargs,
+    )
+
+
+def write_csv(path: Path, n: int, *, start: int = 0, extra: Sequence[str] = ()) -> Path:
+    lines = ["id,url,brand,detection"]
+    lines += [f"p{i},https://img.example/{i}.jpg,acme,TOP|SHOES" for i in range(start, start + n)]
+    lines += list(extra)
+    data = ("\n".join(lines) + "\n").encode()
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Outcomes:
+    results: list[dict[str, Any]]
+    rejects: list[dict[str, Any]]
+    ids: list[str | None] = field(default_factory=list)
+
+
+def read_outcomes(out: Path, rejects: Path) -> Outcomes:
+    results = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    rej = (
+        [json.loads(line) for line in rejects.read_text().splitlines()] if rejects.exists() else []
+    )
+    return Outcomes(results, rej, [r["id"] for r in results])
+
+
+def assert_exactly_once(
+    out: Path, rejects: Path, expected_ids: set[str], *, duplicates: int = 0
+) -> Outcomes:
+    """Every expected id in exactly one line of results or rejects; nothing else (besides
+    ``duplicates`` rejects for duplicate rows)."""
+    o = read_outcomes(out, rejects)
+    result_ids = [r["id"] for r in o.results]
+    assert len(result_ids) == len(set(result_ids)), "an id has two results lines"
+    dup_rejects = [r for r in o.rejects if r["reason"].startswith("duplicate id")]
+    other_rejects = [r["id"] for r in o.rejects if not r["reason"].startswith("duplicate id")]
+    assert len(dup_rejects) == duplicates
+    everything = result_ids + other_rejects
+    assert len(everything) == len(set(everything)), "an id has two outcomes"
+    assert set(everything) == expected_ids
+    for r in o.results:
+        assert set(r) == {"id", "taskId", "taggingResult"}
+        assert r["taggingResult"]["status"] in ("success", "failure")
+    return o
+
+
+class RecordingClient(TaggerClient):
+    """A client that records the size of every write and page it is asked for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.write_sizes: list[int] = []
+        self.page_sizes: list[int] = []
+        self.creates = 0
+
+    async def create_task(self, requests: Any, **kwargs: Any) -> Any:
+        self.write_sizes.append(len(requests))
+        self.creates += 1
+        return await super().create_task(requests, **kwargs)
+
+    async def append_to_task(self, task_id: str, requests: Any, **kwargs: Any) -> Any:
+        self.write_sizes.append(len(requests))
+        return await super().append_to_task(task_id, requests, **kwargs)
+
+    async def task_results_raw(self, task_id: str, **kwargs: Any) -> bytes:
+        self.page_sizes.append(kwargs.get("size", MAX_PAGE_SIZE))
+        return await super().task_results_raw(task_id, **kwargs)
+
+    def assert_limits(self) -> None:
+        assert self.write_sizes and max(self.write_sizes) <= MAX_REQUESTS_PER_WRITE
+        assert not self.page_sizes or max(self.page_sizes) <= MAX_PAGE_SIZE

@@ -1,0 +1,136 @@
+"""Source and validation: formats, gzip, chunk boundaries, fatal manifests, bad rows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from fashiontag_pipeline import ManifestError
+from fashiontag_pipeline.engine import source
+from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
+from fashiontag_pipeline.engine.validate import Validator
+
+
+def _rows(path: Path) -> list[tuple[int, object]]:
+    reader = open_manifest(str(path), 0)
+    try:
+        return list(iter_rows_sync(reader))
+    finally:
+        reader.close()
+
+
+def test_csv_plain_and_gzip_give_the_same_rows(tmp_path: Path) -> None:
+    text = "id,url\na,https://x/a.jpg\nb,https://x/b.jpg\n"
+    plain = tmp_path / "m.csv"
+    plain.write_text(text)
+    packed = tmp_path / "m.bin"  # detected from magic bytes, not the name
+    packed.write_bytes(gzip.compress(text[:10].encode()) + gzip.compress(text[10:].encode()))
+    assert (
+        _rows(plain)
+        == _rows(packed)
+        == [(2, ["a", "https://x/a.jpg"]), (3, ["b", "https://x/b.jpg"])]
+    )
+
+
+def test_jsonl_rows_and_line_numbers(tmp_path: Path) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"id":"a","url":"https://x/a"}\n\nnot json\n{"id":"b","url":"https://x/b"}\n')
+    rows = _rows(p)
+    assert [line for line, _ in rows] == [1, 3, 4]
+    assert isinstance(rows[1][1], str) and "not valid JSON" in rows[1][1]
+
+
+def test_quoted_newline_across_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source, "READ_SIZE", 16)
+    p = tmp_path / "m.csv"
+    p.write_text('id,url,keywords\na,https://x/a,"one\ntwo, three"\nb,https://x/b,z\n')
+    rows = _rows(p)
+    assert rows == [(2, ["a", "https://x/a", "one\ntwo, three"]), (4, ["b", "https://x/b", "z"])]
+
+
+def test_many_rows_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(source, "READ_SIZE", 1000)
+    p = tmp_path / "m.csv.gz"
+    p.write_bytes(
+        gzip.compress(("id,url\n" + "".join(f"i{i},https://x/{i}\n" for i in range(5000))).encode())
+    )
+    rows = _rows(p)
+    assert len(rows) == 5000 and rows[-1] == (5001, ["i4999", "https://x/4999"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"id,link\na,https://x\n", "missing column: url"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "neither CSV nor JSONL"),
+        (b"", "empty"),
+    ],
+)
+def test_unreadable_manifest_is_fatal(tmp_path: Path, content: bytes, message: str) -> None:
+    p = tmp_path / "m.csv"
+    p.write_bytes(content)
+    with pytest.raises(ManifestError, match=message):
+        open_manifest(str(p), 0)
+
+
+def test_missing_file_is_fatal(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="cannot read manifest"):
+        open_manifest(str(tmp_path / "nope.csv"), 0)
+
+
+BAD_CSV_ROWS = {
+    ",https://x/1.jpg,,": "id is missing",
+    "u1,,,": "url is missing",
+    "u2,ftp://x/2.jpg,,": "http:// or https://",
+    "u3,https:///nohost.jpg,,": "not a valid",
+    "u4,https://x/4.jpg,,HATS": "invalid detection value",
+    "u5,https://x/5.jpg": "fields",
+}
+
+
+def test_every_kind_of_bad_csv_row_is_one_reject(tmp_path: Path) -> None:
+    p = tmp_path / "m.csv"
+    p.write_text(
+        "id,url,brand,detection\n" + "\n".join(BAD_CSV_ROWS) + "\nok,https://x/ok.jpg,b,TOP|BAG\n"
+    )
+    reader = open_manifest(str(p), 0)
+    batch = reader.read_batch()
+    reader.close()
+    assert batch is not None
+    items, rejects = Validator().validate(batch)
+    assert [i[0] for i in items] == ["ok"]
+    assert items[0][2].context.detection == ["TOP", "BAG"]
+    assert len(rejects) == len(BAD_CSV_ROWS)
+    for (_, reject), expected in zip(rejects, BAD_CSV_ROWS.values(), strict=True):
+        assert expected in reject.reason and reject.stage == "client"
+    assert [r.line for _, r in rejects] == [2, 3, 4, 5, 6, 7]
+
+
+BAD_JSONL_ROWS = [
+    ({"url": "https://x/1"}, "id is missing"),
+    ({"id": 7, "url": "https://x/1"}, "id must be a string"),
+    ({"id": "j1", "image": {"type": "base64", "content": "data:image/png;base64,AA"}}, "URLs only"),
+    ({"id": "j2", "url": "https://x/2", "price": 10}, "price must be a string"),
+    ({"id": "j3", "url": "https://x/3", "age": [20]}, "age must be a list of strings"),
+    ({"id": "j4", "url": "https://x/4", "detection": "TOP"}, None),
+    ({"id": "j5", "url": "https://x/5", "detection": ["SOCKS"]}, "invalid detection"),
+    ([1, 2], "not a JSON object"),
+]
+
+
+def test_every_kind_of_bad_jsonl_row_is_one_reject(tmp_path: Path) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text("\n".join(json.dumps(obj) for obj, _ in BAD_JSONL_ROWS) + "\n{broken\n")
+    reader = open_manifest(str(p), 0)
+    batch = reader.read_batch()
+    reader.close()
+    assert batch is not None
+    items, rejects = Validator().validate(batch)
+    assert [i[0] for i in items] == ["j4"]
+    expected = [m for _, m in BAD_JSONL_ROWS if m] + ["not valid JSON"]
+    assert len(rejects) == len(expected)
+    for (_, reject), message in zip(rejects, expected, strict=True):
+        assert message in reject.reason
