@@ -229,7 +229,9 @@ def measure_colors(taxonomy: Taxonomy, data: bytes) -> bytes:
         raise ImageRejected(CODE_UNSUPPORTED_FORMAT, f"image could not be decoded: {err}") from None
     except PILImage.DecompressionBombError:
         raise ImageRejected(CODE_TOO_LARGE, "image has too many pixels") from None
-    return _measure_pixels(taxonomy, rgb.width, rgb.height, list(rgb.getdata()))
+    raw = rgb.tobytes()
+    pixels = list(zip(raw[0::3], raw[1::3], raw[2::3], strict=True))
+    return _measure_pixels(taxonomy, rgb.width, rgb.height, pixels)
 
 
 def _measure_pixels(

@@ -307,7 +307,11 @@ async def _log_and_map_errors(
                 ),
             )
         raise
-    except (asyncio.CancelledError, _Dropped):
+    except _Dropped:
+        # The transport is already aborted: aiohttp drops this response quietly.
+        status = -1
+        return web.Response(status=500)
+    except asyncio.CancelledError:
         status = -1
         raise
     except Exception:
