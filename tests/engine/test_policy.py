@@ -1,0 +1,121 @@
+"""Property tests of the writer's decisions (chunking, rotation, expiry) with a fake clock."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.batcher import OpenTask, WritePolicy
+
+configs = st.builds(
+    EngineConfig,
+    chunk_size=st.integers(1, 1000),
+    rotate_images=st.integers(1, 5000),
+    rotate_seconds=st.floats(1.0, 100.0),
+    expiry_margin=st.floats(0.0, 5.0),
+    linger_seconds=st.floats(0.05, 10.0),
+)
+arrivals = st.lists(st.tuples(st.floats(0.0, 3.0), st.integers(1, 2500)), max_size=60)
+
+
+def simulate(config: EngineConfig, events: list[tuple[float, int]], ttl: float) -> dict[str, list]:
+    """Drive the policy like TaskWriter does: rows arrive after gaps; due chunks are written
+    to the open task (POST when none is usable); the fake clock only moves forward."""
+    policy = WritePolicy(config)
+    now = 0.0
+    task: OpenTask | None = None
+    buffered, since = 0, 0.0
+    writes: list[tuple[float, int, int, float]] = []  # (time, task seq, rows, write deadline)
+    tasks: list[OpenTask] = []
+    order: list[int] = []
+    next_row = 0
+
+    def write(n: int) -> None:
+        nonlocal task
+        if task is None or not policy.usable(task, now, n):
+            if task is not None:
+                task.closing = True
+            task = OpenTask(seq=len(tasks), token="t", opened=now, expires=now + ttl)
+            task.task_id = f"task{len(tasks)}"
+            tasks.append(task)
+        writes.append((now, task.seq, n, policy.write_deadline(task)))
+        task.images += n
+        task.expires = now + ttl  # the service extends the expiry on every accepted write
+
+    def advance(to: float) -> None:
+        nonlocal now, buffered, since, task
+        while True:
+            due = min(policy.flush_at(buffered, since, task), policy.close_at(task, buffered))
+            if due > to:
+                break
+            now = max(now, due)
+            if buffered and now >= policy.flush_at(buffered, since, task):
+                write(buffered)
+                buffered = 0
+            if task is not None and now >= policy.close_at(task, buffered):
+                task.closing = True
+                task = None
+        now = to
+
+    for gap, n in events:
+        advance(now + gap)
+        if not buffered:
+            since = now
+        buffered += n
+        order.extend(range(next_row, next_row + n))
+        next_row += n
+        for size in policy.split(buffered):
+            write(size)
+            buffered -= size
+            since = now
+    if buffered:
+        write(buffered)
+    return {"writes": writes, "tasks": tasks, "rows": [next_row]}
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs, arrivals, st.floats(0.5, 600.0))
+def test_chunks_are_bounded_and_lose_nothing(
+    config: EngineConfig, events: list, ttl: float
+) -> None:
+    result = simulate(config, events, ttl)
+    sizes = [n for _, _, n, _ in result["writes"]]
+    assert all(1 <= n <= config.chunk_size for n in sizes)
+    assert sum(sizes) == result["rows"][0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs, arrivals, st.floats(0.5, 600.0))
+def test_rotation_caps_task_size_and_age(config: EngineConfig, events: list, ttl: float) -> None:
+    result = simulate(config, events, ttl)
+    for task in result["tasks"]:
+        assert task.images <= max(config.rotate_images, config.chunk_size)
+        first = min(t for t, seq, _, _ in result["writes"] if seq == task.seq)
+        last = max(t for t, seq, _, _ in result["writes"] if seq == task.seq)
+        assert last - first < config.rotate_seconds or first == last
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs, arrivals, st.floats(0.5, 600.0))
+def test_no_write_to_a_task_after_expiry_minus_margin(
+    config: EngineConfig, events: list, ttl: float
+) -> None:
+    result = simulate(config, events, ttl)
+    previous_deadline: dict[int, float] = {}
+    for when, seq, _, deadline in result["writes"]:
+        if seq in previous_deadline:
+            # A PUT: it must start before the deadline the previous write established.
+            assert when < previous_deadline[seq]
+        previous_deadline[seq] = when + ttl - config.expiry_margin
+        del deadline
+
+
+@given(configs, st.floats(0.0, 1000.0), st.integers(1, 999))
+def test_partial_chunk_is_flushed_before_the_open_task_expires(
+    config: EngineConfig, opened: float, buffered: int
+) -> None:
+    policy = WritePolicy(config)
+    task = OpenTask(seq=0, token="t", opened=opened, expires=opened + 5.0, task_id="x")
+    if buffered < config.chunk_size:
+        assert policy.flush_at(buffered, opened, task) < policy.write_deadline(task)

@@ -1,0 +1,101 @@
+"""Subprocess tests: stdin trickle slower than the task TTL, kill -9 and resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, write_csv
+
+ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
+
+
+def run_args(url: str, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "fashiontag_pipeline",
+        "run",
+        "--base-url",
+        url,
+        "--out",
+        str(out),
+        "--rejects",
+        str(out.with_suffix(".rej")),
+        "--no-progress",
+        *extra,
+    ]
+
+
+async def test_stdin_trickle_slower_than_task_ttl(tmp_path: Path) -> None:
+    """Rows arrive on stdin over ~3x the task TTL: no PUT ever meets an expired task."""
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    ids = [f"t{i}" for i in range(14)]
+    async with running_service(ServiceConfig(task_ttl=1.5)) as svc:
+        args = run_args(svc.url, out, "-", "--summary", str(summary))
+        args += ["--expiry-margin", "0.6", "--linger", "30", "--rotate-seconds", "60"]
+        async with await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        ) as proc:
+            assert proc.stdin is not None
+            await proc.stdin.send(b"id,url\n")
+            for ident in ids:
+                await proc.stdin.send(f"{ident},https://img.example/{ident}.jpg\n".encode())
+                await anyio.sleep(0.3)
+            await proc.stdin.aclose()
+            with anyio.fail_after(30):
+                code = await proc.wait()
+    assert code == 0
+    data = msgspec.json.decode(summary.read_bytes())
+    assert data["expired_writes"] == 0 and data["tasks"] == 1
+    assert_exactly_once(out, out.with_suffix(".rej"), set(ids))
+
+
+async def test_kill_9_at_several_points_then_resume_exactly_once(tmp_path: Path) -> None:
+    n = 12000
+    manifest = write_csv(tmp_path / "m.csv", n, extra=["p5,https://img.example/d.jpg,,"])
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "run.state"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        args += ["--rotate-images", "1500", "--write-concurrency", "2"]
+        killed = []
+        for delay in (0.8, 1.1, 1.3):
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            await anyio.sleep(delay)
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+            killed.append(await proc.wait())
+            await proc.aclose()
+        assert killed.count(-signal.SIGKILL) >= 2, killed
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"complete" in result.stderr
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(n)}, duplicates=1)
+
+
+async def test_sigterm_stops_intake_saves_state_and_resume_completes(tmp_path: Path) -> None:
+    n = 8000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig(rate=8000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--rotate-images", "1000")
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await anyio.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            code = await proc.wait()
+        await proc.aclose()
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert code == 130
+    assert result.returncode == 0, result.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(n)})
