@@ -23,7 +23,7 @@ from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_RESULT_TTL, DEFAULT_TASK_TTL, S
 from .app import running_service as _running_service
 from .faults import FaultSpec
 
-__all__ = ["ServiceConfigFile", "add_serve_arguments", "serve_command"]
+__all__ = ["ServiceConfigFile", "add_serve_arguments", "main", "serve_command"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -155,3 +155,20 @@ def serve_command(args: argparse.Namespace) -> int:
     except OSError as err:
         raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fashiontag_pipeline.service [serve flags]``."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="fashiontag serve", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return serve_command(args)
+    except ConfigError as err:
+        print(f"fashiontag serve: {err}", file=sys.stderr)
+        return 2

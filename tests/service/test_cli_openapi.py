@@ -1,0 +1,130 @@
+"""The ``serve`` command as a subprocess, and schemathesis against /openapi.json."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline import TaggerClient
+from fashiontag_pipeline._config import DEV_BULK_API_KEY
+
+from .conftest import StartService, requests
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def serve_argv(*flags: str) -> list[str]:
+    if importlib.util.find_spec("fashiontag_pipeline.engine.cli") is not None:
+        return [sys.executable, "-m", "fashiontag_pipeline", "serve", *flags]
+    return [sys.executable, "-m", "fashiontag_pipeline.service", *flags]
+
+
+def start_serve(
+    *flags: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        serve_argv(*flags),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("listening on http://127.0.0.1:"), line
+    return proc, line.removeprefix("listening on ")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_serve_prints_listening_and_exits_on_signal(tmp_path: Path, sig: int) -> None:
+    config = tmp_path / "svc.toml"
+    config.write_text("[service]\nport = 0\ntask_ttl = 30\n")
+    proc, url = start_serve(
+        "--config",
+        str(config),
+        "--bulk-api-key",
+        "cli-bulk",
+        "--state",
+        str(tmp_path / "s.db"),
+        env={"FASHIONTAG_API_KEY": "env-single"},
+    )
+    try:
+        async with TaggerClient(url, api_key="env-single", bulk_api_key="cli-bulk") as client:
+            created = await client.create_task(requests(2))
+            assert created.validation.accept == 2
+            assert created.task_expired_at is not None
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        assert "cli-bulk" not in stderr and "env-single" not in stderr
+        assert "development keys" not in stderr
+    finally:
+        stop(proc)
+
+
+async def test_serve_warns_on_dev_keys_and_rejects_bad_flags() -> None:
+    proc, _url = start_serve("--port", "0", "--faults", "500=0.0")
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+        assert "development keys" in stderr and DEV_BULK_API_KEY not in stderr
+    finally:
+        stop(proc)
+    bad = subprocess.run(
+        serve_argv("--port", "0", "--faults", "boom=1"), capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "faults" in bad.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("schemathesis", path=str(VENV_BIN)) is None, reason="schemathesis not installed"
+)
+async def test_schemathesis_against_openapi(start_service: StartService) -> None:
+    service = await start_service(api_keys=(), bulk_api_keys=())
+    result = await anyio.run_process(
+        [
+            str(VENV_BIN / "schemathesis"),
+            "run",
+            f"{service.url}/openapi.json",
+            "-H",
+            f"x-api-key: {DEV_BULK_API_KEY}",
+            "--checks",
+            "not_a_server_error,status_code_conformance,"
+            "content_type_conformance,response_schema_conformance",
+            "--max-examples",
+            "15",
+            "--seed",
+            "1",
+            "--workers",
+            "1",
+            "--generation-database",
+            "none",
+            "--request-timeout",
+            "10",
+            "--phases",
+            "examples,fuzzing",
+        ],
+        check=False,
+    )
+    output = result.stdout.decode() + result.stderr.decode()
+    assert result.returncode == 0, output[-4000:]
