@@ -127,7 +127,8 @@ class WritePolicy:
         if task is not None and not task.closing and task.task_id is not None:
             # Flush while the open task still takes writes, so a slow producer never meets
             # an expired task (the write itself extends the expiry).
-            due = min(due, self.write_deadline(task) - min(self.linger, self.margin) / 2)
+            guard = max(min(self.linger, self.margin) / 2, 0.01)
+            due = min(due, self.write_deadline(task) - guard)
         return due
 
     def close_at(self, task: OpenTask | None, buffered: int) -> float:

@@ -20,7 +20,7 @@ import msgspec
 from .._config import DEV_API_KEY, DEV_BULK_API_KEY, Secret, load_client_config, load_section
 from .._exceptions import ConfigError, FashiontagError
 from .config import EngineConfig, RunSummary
-from .run import RunControl, default_state_path, run_pipeline, summary_json
+from .run import RunControl, default_state_path, first_error, run_pipeline, summary_json
 
 __all__ = ["add_demo_arguments", "add_run_arguments", "demo_command", "run_command"]
 
@@ -101,6 +101,16 @@ def run_async(fn: Callable[[], Awaitable[T]]) -> T:
 async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -> T:
     """Run ``body``; first SIGINT/SIGTERM stops gracefully, the second aborts."""
     result: list[T] = []
+    try:
+        await _signal_group(control, body, result)
+    except BaseExceptionGroup as group:
+        raise first_error(group) from None
+    return result[0]
+
+
+async def _signal_group(
+    control: RunControl, body: Callable[[], Awaitable[T]], result: list[T]
+) -> None:
     async with anyio.create_task_group() as tg:
 
         async def watch() -> None:
@@ -123,7 +133,6 @@ async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -
 
         tg.start_soon(watch)
         tg.start_soon(main)
-    return result[0]
 
 
 def format_summary(summary: RunSummary) -> str:

@@ -74,10 +74,10 @@ class _Progress:
         self.rows_read = 0
 
 
-def _first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     for err in group.exceptions:
         if isinstance(err, BaseExceptionGroup):
-            return _first_error(err)
+            return first_error(err)
         if isinstance(err, exc.FashiontagError):
             return err
     return group.exceptions[0]
@@ -140,7 +140,7 @@ async def run_pipeline(
         else:
             await engine_run.run()
     except BaseExceptionGroup as group:
-        err = _first_error(group)
+        err = first_error(group)
         raise err from None
     finally:
         for reader in readers:

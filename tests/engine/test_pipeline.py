@@ -50,17 +50,17 @@ async def test_faults_exactly_once_and_limits(tmp_path: Path) -> None:
     engine = EngineConfig(
         chunk_size=250, rotate_images=1500, poll_min=0.02, poll_max=0.2, give_up_after=60
     )
-    async with running_service(ServiceConfig(faults=faults)) as svc:
-        async with RecordingClient(config=client_config(svc.url)) as client:
-            summary = await run_pipeline(
-                [manifest], client=client, out=out, rejects=rej, engine=engine
-            )
-            client.assert_limits()
-            # The faults really happened and were survived.
-            assert client.stats.ambiguous_writes > 0 and client.stats.rate_limited > 0
-            # Promise 2: no second task per run token (each description is unique).
-            descriptions = [t.description for t in await client.list_tasks()]
-            assert len(descriptions) == len(set(descriptions)) == summary.tasks
+    async with (
+        running_service(ServiceConfig(faults=faults)) as svc,
+        RecordingClient(config=client_config(svc.url)) as client,
+    ):
+        summary = await run_pipeline([manifest], client=client, out=out, rejects=rej, engine=engine)
+        client.assert_limits()
+        # The faults really happened and were survived.
+        assert client.stats.ambiguous_writes > 0 and client.stats.rate_limited > 0
+        # Promise 2: no second task per run token (each description is unique).
+        descriptions = [t.description for t in await client.list_tasks()]
+        assert len(descriptions) == len(set(descriptions)) == summary.tasks
     assert summary.complete
     assert_exactly_once(out, rej, {f"p{i}" for i in range(n)} | {"zz"}, duplicates=1)
 

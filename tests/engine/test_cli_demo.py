@@ -1,0 +1,43 @@
+"""CLI contract and the demo."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.cli import add_run_arguments, engine_config_from_args, run_command
+from fashiontag_pipeline.engine.demo import run_demo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_example_config_and_flags_build_the_engine_config() -> None:
+    args = _parse("m.csv", "--config", str(ROOT / "configs/engine.toml"), "--rotate-images", "7")
+    config = engine_config_from_args(args)
+    assert isinstance(config, EngineConfig)
+    assert config.rotate_images == 7 and config.expiry_margin == 30.0
+
+
+def test_unreadable_manifest_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "m.csv"
+    bad.write_text("id,link\n1,x\n")
+    code = run_command(_parse(str(bad), "--out", str(tmp_path / "o.jsonl"), "--no-progress"))
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1 and "url" in err
+
+
+async def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert await run_demo(images=30, workdir=tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "run complete" in out and "tagged 30" in out
