@@ -288,10 +288,6 @@ def _measure_pixels(
 # --------------------------------------------------------------------------- synthesis
 
 
-def _conf(rng: random.Random) -> float:
-    return round(rng.random(), 4)
-
-
 class ReferenceAnalyzer:
     """The reference :class:`Analyzer`: measured colours, synthesized everything else."""
 
@@ -359,8 +355,11 @@ class ReferenceAnalyzer:
     def render(self, analysis: Analysis, detection: int, lang: int) -> TaggingResponse:
         tax = self.taxonomy
         h = analysis.content_hash
+        # One generator per image: every product of the scene is synthesized in order for any
+        # detection mask, so a product's tags never depend on what was asked for.
         rng = random.Random(h)
         model = rng.random() < 0.5
+        gender = int(rng.random() * 3)
         groups = self._scene(rng, model)
         measured = _unpack_measurement(analysis.measured) if analysis.measured else None
         wanted: dict[str, list[Tag]] = {}
@@ -371,10 +370,11 @@ class ReferenceAnalyzer:
         clothing_only = detection & ~CLOTHING_MASK == 0
         for slot, group in enumerate(groups):
             otype = tax.object_types[group]
+            tags = self._tags(rng, slot, group, lang, measured)
             if detection & _BIT[group]:
-                wanted[otype].extend(self._tags(h, slot, group, lang, measured))
+                wanted[otype].extend(tags)
             elif clothing_only:
-                unmatched.setdefault(otype, []).extend(self._tags(h, slot, group, lang, measured))
+                unmatched.setdefault(otype, []).extend(tags)
         objects = [
             DetectedObject(type=otype, tags=wanted[otype])
             for otype in _OBJECT_ORDER
@@ -384,7 +384,7 @@ class ReferenceAnalyzer:
             objects = [DetectedObject(type=NO_PRODUCT, tags=[])]
         data = TaggingData(
             imageinfo=[tax.imageinfo[1 if model else 0].id_name(lang)],
-            gender_info=tax.gender[int(rng.random() * 3)].id_name(lang) if model else None,
+            gender_info=tax.gender[gender].id_name(lang) if model else None,
             objects=objects,
             notmatchedobjects=[
                 DetectedObject(type=otype, tags=unmatched[otype])
@@ -425,14 +425,13 @@ class ReferenceAnalyzer:
 
     def _tags(
         self,
-        h: int,
+        rng: random.Random,
         slot: int,
         group: Detection,
         lang: int,
         measured: tuple[list[tuple[int, float]], list[tuple[int, float]], float, float] | None,
     ) -> list[Tag]:
         tax = self.taxonomy
-        rng = random.Random(h ^ ((slot + 1) * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF))
         category = tax.categories[group][int(rng.random() * len(tax.categories[group]))]
         items = tax.items[category.id]
         item = items[int(rng.random() * len(items))]
@@ -520,8 +519,10 @@ class ReferenceAnalyzer:
 
     @staticmethod
     def _one(rng: random.Random, entries: tuple[Entry, ...], lang: int) -> ScoredTag | None:
-        entry = entries[int(rng.random() * len(entries))]
-        conf = _conf(rng)
+        # One draw gives both the entry (integer part) and the confidence (fraction).
+        point = rng.random() * len(entries)
+        entry = entries[int(point)]
+        conf = round(point - int(point), 4)
         if conf < MIN_CONFIDENCE:
             return None
         return ScoredTag(id=entry.id, name=entry.names[lang], confidence=conf)
@@ -535,8 +536,9 @@ class ReferenceAnalyzer:
         out: list[ScoredTag] = []
         seen: set[int] = set()
         for _ in range(1 + int(rng.random() * most)):
-            index = int(rng.random() * len(entries))
-            conf = _conf(rng)
+            point = rng.random() * len(entries)
+            index = int(point)
+            conf = round(point - index, 4)
             if index in seen or conf < MIN_CONFIDENCE:
                 continue
             seen.add(index)
