@@ -92,6 +92,7 @@ def _rotation_args(explicit: str | None, rows: int) -> list[str] | None:
         check=False,
     ).stdout
     for flag in (
+        "--rotate-images",
         "--rotate-rows",
         "--rotate-size",
         "--task-rows",

@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 PY = sys.executable
+#: How the reference service is started (a list so tests can swap it).
+SERVE_CMD = [PY, "-m", "fashiontag_pipeline", "serve"]
 _LISTENING = re.compile(r"listening on (https?://\S+)")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -96,7 +98,7 @@ def running_service(
     Waits for the ``listening on URL`` line on stdout; stdout is drained in a thread
     afterwards so that a chatty service can never block on a full pipe.
     """
-    cmd = [PY, "-m", "fashiontag_pipeline", "serve", "--host", "127.0.0.1", "--port", "0"]
+    cmd = [*SERVE_CMD, "--host", "127.0.0.1", "--port", "0"]
     cmd += ["--rate", _num(rate), "--no-fetch"]
     if faults:
         cmd += ["--faults", faults]
