@@ -95,7 +95,17 @@ def test_secrets_are_masked_everywhere(tmp_path: Path) -> None:
         pickle.dumps(config.api_key)
 
 
-def test_shipped_example_configs_decode() -> None:
+def test_shipped_example_configs_decode_in_every_section() -> None:
+    from fashiontag_pipeline._config import load_section, read_toml
+    from fashiontag_pipeline.engine import EngineConfig
+    from fashiontag_pipeline.service.cli import ServiceConfigFile
+
     files = sorted(CONFIGS.glob("*.toml"))
+    assert files, "configs/ ships example files"
+    sections = {"engine": EngineConfig, "service": ServiceConfigFile}
     for path in files:
         load_client_config(path, environ={})
+        for name in read_toml(path):
+            assert name in {"client", *sections}, f"{path.name}: unknown section [{name}]"
+            if name in sections:
+                load_section(path, name, sections[name])
