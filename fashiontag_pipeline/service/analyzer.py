@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol
 
 import aiohttp
 import anyio
+import msgspec
 
 from .._models import (
     STATUS_FAILURE,
@@ -44,6 +45,7 @@ from .._models import (
     TaggingData,
     TaggingResponse,
 )
+from .fastrender import FastRenderer
 from .taxonomy import Entry, Taxonomy, load_taxonomy
 
 __all__ = [
@@ -89,6 +91,7 @@ FETCH_TIMEOUT = 15.0
 _THUMB = 64
 
 _MEASURE_HEAD = struct.Struct("<BB")
+_encoder = msgspec.json.Encoder()
 
 
 def detection_mask(values: list[Detection] | tuple[Detection, ...] | None, default: int) -> int:
@@ -135,6 +138,9 @@ class Analyzer(Protocol):
     def render(self, analysis: Analysis, detection: int, lang: int) -> TaggingResponse:
         """The tagging response of an analysed image for a detection mask and language index."""
         ...
+
+    # Optional: ``render_json(analysis, detection, lang) -> bytes``, the JSON of ``render``
+    # (the service uses it when present; see :meth:`ReferenceAnalyzer.render_json`).
 
     async def aclose(self) -> None:
         """Release what the analyzer holds (HTTP session). Idempotent."""
@@ -297,6 +303,7 @@ class ReferenceAnalyzer:
         self.taxonomy = taxonomy or load_taxonomy()
         self._fetch_timeout = fetch_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._fast = FastRenderer(self.taxonomy)
 
     # ------------------------------------------------------------------ analysis
 
@@ -351,6 +358,16 @@ class ReferenceAnalyzer:
                 await session.close()
 
     # ------------------------------------------------------------------ rendering
+
+    def render_json(self, analysis: Analysis, detection: int, lang: int) -> bytes:
+        """``msgspec.json.encode(self.render(...))``, ~5x faster (:mod:`.fastrender`).
+
+        A subclass that overrides :meth:`render` gets its own rendering encoded.
+        """
+        if type(self).render is not ReferenceAnalyzer.render:
+            return _encoder.encode(self.render(analysis, detection, lang))
+        measured = _unpack_measurement(analysis.measured) if analysis.measured else None
+        return self._fast.render(analysis.content_hash, measured, detection, lang)
 
     def render(self, analysis: Analysis, detection: int, lang: int) -> TaggingResponse:
         tax = self.taxonomy

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -46,15 +47,12 @@ from .._models import (
     STATUS_FAILURE,
     STATUS_SUCCESS,
     Detection,
-    ResultItem,
-    TaskInfo,
-    TaskResultsData,
-    TaskResultsResponse,
 )
 from .analyzer import (
     CLOTHING_MASK,
     CODE_BAD_TYPE,
     CODE_NO_PREFIX,
+    Analysis,
     Analyzer,
     ImageRejected,
     ReferenceAnalyzer,
@@ -271,6 +269,20 @@ class ServiceState:
             config.faults.dice() if config.faults is not None and config.faults.active else None
         )
         self.inline = config.rate <= 0 and not config.fetch
+        self.render_json = _json_renderer(self.analyzer)
+
+
+def _json_renderer(analyzer: Analyzer) -> Callable[[Analysis, int, int], bytes]:
+    """The analyzer's ``render_json`` when it has one, else its ``render`` encoded."""
+    fast: Callable[[Analysis, int, int], bytes] | None = getattr(analyzer, "render_json", None)
+    if fast is not None:
+        return fast
+    render = analyzer.render
+
+    def encoded(analysis: Analysis, detection: int, lang: int) -> bytes:
+        return _encoder.encode(render(analysis, detection, lang))
+
+    return encoded
 
 
 STATE: web.AppKey[ServiceState] = web.AppKey("fashiontag_state", ServiceState)
@@ -616,7 +628,10 @@ async def handle_tag(request: web.Request) -> web.Response:
             analysis = analyzer.from_text(content)
     except ImageRejected as err:
         return _json(failure_response(err.code, err.message))
-    return _json(analyzer.render(analysis, mask or CLOTHING_MASK, lang))
+    return web.Response(
+        body=state.render_json(analysis, mask or CLOTHING_MASK, lang),
+        content_type="application/json",
+    )
 
 
 async def handle_create(request: web.Request) -> web.Response:
@@ -727,24 +742,37 @@ async def handle_results(request: web.Request) -> web.Response:
             f"task {task.task_id} is still TASK_PROCESSING; results are readable once TASK_DONE",
         )
     lang = _language(request)
-    render = state.analyzer.render
-    results: list[ResultItem] = []
+    end = min(offset + size, task.total)
+    render = state.render_json
+    encode_id = _encoder.encode
     ids, masks = task.ids, task.masks
-    for index in range(offset, min(offset + size, task.total)):
-        outcome = task.outcome(index)
+    hashes, outcomes, measured = task.hashes, task.outcomes, task.measured
+    parts = [
+        b'{"status":"success","data":{"taskInfo":{"totalCount":%d,"offset":%d,"size":%d},'
+        b'"results":[' % (task.total, offset, size)
+    ]
+    append = parts.append
+    sep = b'{"id":'
+    for index in range(offset, end):
+        append(sep)
+        append(encode_id(ids[index]))
+        append(b',"taggingResult":')
+        outcome = outcomes[index] if outcomes is not None else OUTCOME_DONE
         if outcome == OUTCOME_DONE:
-            tagging = render(task.analysis(index), masks[index], lang)
+            analysis = Analysis(hashes[index], measured[index] if measured is not None else None)
+            append(render(analysis, masks[index], lang))
         else:
-            tagging = failure_response(outcome, FAILURE_MESSAGES.get(outcome, "tagging failed"))
-        results.append(ResultItem(id=ids[index], tagging_result=tagging))
-    page = TaskResultsResponse(
-        status=STATUS_SUCCESS,
-        data=TaskResultsData(
-            task_info=TaskInfo(total_count=task.total, offset=offset, size=size),
-            results=results,
-        ),
+            append(_failure_json(outcome))
+        sep = b'},{"id":'
+    append(b"}]}}" if end > offset else b"]}}")
+    return web.Response(body=b"".join(parts), content_type="application/json")
+
+
+@functools.lru_cache(maxsize=64)
+def _failure_json(outcome: int) -> bytes:
+    return _encoder.encode(
+        failure_response(outcome, FAILURE_MESSAGES.get(outcome, "tagging failed"))
     )
-    return _json(page)
 
 
 async def handle_openapi(request: web.Request) -> web.Response:

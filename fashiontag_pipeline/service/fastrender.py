@@ -1,0 +1,491 @@
+"""The reference analyzer's results rendered straight to JSON bytes (the bulk read hot path).
+
+:meth:`ReferenceAnalyzer.render` builds msgspec structs that are then encoded; on a results page
+that costs ~70 us per result, nearly all of it object construction. :class:`FastRenderer` draws
+exactly the same random numbers in exactly the same order, but instead of building structs it
+joins JSON fragments encoded once per language at start-up (``{"id":"C01","name":"top",
+"confidence":`` and the like) and a table of the encoded form of every 4-decimal float in
+[0, 1]. Its output decodes to the same value as ``msgspec.json.encode(render(...))`` (and is
+byte-identical, since the fragments come from the same encoder); ``tests/service`` checks this
+on thousands of random images, detections and languages.
+
+Any change to the synthesis in :mod:`.analyzer` must be mirrored here.
+"""
+
+from __future__ import annotations
+
+import _random
+import random
+import threading
+from bisect import bisect_right as _bisect_right
+from collections.abc import Callable
+from operator import itemgetter
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from .._models import LANGUAGES, Detection
+
+if TYPE_CHECKING:
+    from .taxonomy import Entry, Taxonomy
+
+__all__ = ["FastRenderer"]
+
+_encode = msgspec.json.encode
+_first = itemgetter(0)
+_seed = _random.Random.seed
+_MIN_CONFIDENCE = 0.2
+_OBJECT_ORDER = ("CLOTHING", "SHOES", "BAGS", "HATS", "JEWELRIES", "ACCESSORIES")
+_NO_PRODUCT = "no detected product"
+_DETECTIONS: tuple[Detection, ...] = tuple(Detection)
+_BIT = {d: 1 << i for i, d in enumerate(_DETECTIONS)}
+_CLOTHING = (Detection.TOP, Detection.BOTTOM, Detection.WHOLEBODY, Detection.SWIMWEAR)
+_CLOTHING_MASK = _BIT[Detection.TOP] | _BIT[Detection.BOTTOM]
+_CLOTHING_MASK |= _BIT[Detection.WHOLEBODY] | _BIT[Detection.SWIMWEAR]
+# Group kinds: what a tag of the group carries beyond the common fields.
+_KIND_OTHER, _KIND_CLOTHING, _KIND_CLOTHING_NO_SLEEVE, _KIND_SHOES, _KIND_BAG = range(5)
+_CLOTHING_KINDS = (_KIND_CLOTHING, _KIND_CLOTHING_NO_SLEEVE)
+
+_TOP, _BOTTOM = _DETECTIONS.index(Detection.TOP), _DETECTIONS.index(Detection.BOTTOM)
+_EXTRAS = tuple(_DETECTIONS.index(d) for d in (Detection.SHOES, Detection.BAG, Detection.HAT))
+_PRIMARY = (
+    (0.28, Detection.TOP),
+    (0.46, Detection.BOTTOM),
+    (0.61, Detection.WHOLEBODY),
+    (0.66, Detection.SWIMWEAR),
+    (0.80, Detection.SHOES),
+    (0.90, Detection.BAG),
+    (0.94, Detection.HAT),
+    (0.97, Detection.JEWELRY),
+    (1.01, Detection.ACCESSORY),
+)
+
+_PRIMARY_P = tuple(p for p, _ in _PRIMARY)
+_PRIMARY_GROUP = tuple(_DETECTIONS.index(d) for _, d in _PRIMARY)
+
+#: ``_CONF[k]``: the encoded form of the float ``k / 10000`` (what ``round(x, 4)`` gives for
+#: ``k = round(x * 10000)``) and the closing brace of its object, for k in 0..10000.
+_CONF: list[bytes] = [_encode(k / 10000) + b"}" for k in range(10001)]
+#: ``_FL[k]``: the encoded float ``k / 10000`` for k in 0..20000 (positions reach 1.275).
+_FL: list[bytes] = [_encode(k / 10000) for k in range(20001)]
+_PAIR_INDEX = tuple(b',"pairIndex":%d' % i for i in range(101))
+_FLOATS: dict[float, bytes] = {k / 10000: _encode(k / 10000) for k in range(10001)}
+
+
+def _float(value: float) -> bytes:
+    encoded = _FLOATS.get(value)
+    return encoded if encoded is not None else _encode(value)
+
+
+def _k4(x: float) -> int:
+    """``k`` such that ``round(x, 4) == k / 10000``, for 0 <= x < 2 (exactly; see _many)."""
+    t = x * 10000.0
+    k = int(t + 0.5)
+    if -0.4999 < t - k < 0.4999:
+        return k
+    return round(round(x, 4) * 10000.0)
+
+
+def _conf(x: float) -> bytes:
+    """``_float(round(x, 4)) + b"}"`` for 0 <= x <= 1."""
+    return _CONF[_k4(x)]
+
+
+def _id_name(entry: Entry, lang: int) -> bytes:
+    return _encode({"id": entry.id, "name": entry.names[lang]})
+
+
+def _scored_prefix(entry: Entry, lang: int) -> bytes:
+    # '{"id":"C01","name":"top","confidence":' - the value and '}' follow.
+    return _encode({"id": entry.id, "name": entry.names[lang], "confidence": 0})[:-2]
+
+
+def _scored_list(entries: tuple[Entry, ...], lang: int) -> tuple[bytes, ...]:
+    return tuple(_scored_prefix(e, lang) for e in entries)
+
+
+class _Fragments:
+    """Everything of one language, encoded once."""
+
+    def __init__(self, tax: Taxonomy, lang: int) -> None:
+        self.imageinfo = tuple(_id_name(e, lang) for e in tax.imageinfo)
+        self.gender = tuple(_id_name(e, lang) for e in tax.gender)
+        self.colors = _scored_list(tax.colors, lang)
+        self.materials = _scored_list(tax.materials, lang)
+        self.looks = _scored_list(tax.looks, lang)
+        self.details = _scored_list(tax.details, lang)
+        self.prints = _scored_list(tax.prints, lang)
+        self.textures = _scored_list(tax.textures, lang)
+        self.length = _scored_list(tax.length, lang)
+        self.fit = _scored_list(tax.fit, lang)
+        self.shape = _scored_list(tax.shape, lang)
+        self.neck_line = _scored_list(tax.neck_line, lang)
+        self.heel_height = _scored_list(tax.heel_height, lang)
+        self.toe_type = _scored_list(tax.toe_type, lang)
+        self.heel_shape = _scored_list(tax.heel_shape, lang)
+        self.sole_type = _scored_list(tax.sole_type, lang)
+        self.sleeve_length = tuple(
+            b',"sleeveLength":' + _id_name(e, lang) for e in tax.sleeve_length
+        )
+        # Per group index, per category: ('{"info":[...],"category":{...},"position":{"x":',
+        # the scored prefixes of the category's items).
+        self.categories: tuple[tuple[tuple[bytes, tuple[bytes, ...]], ...], ...] = tuple(
+            tuple(
+                (
+                    b'{"info":['
+                    + _id_name(tax.info[d], lang)
+                    + b'],"category":'
+                    + _id_name(e, lang)
+                    + b',"position":{"x":',
+                    _scored_list(tax.items[e.id], lang),
+                )
+                for e in tax.categories[d]
+            )
+            for d in _DETECTIONS
+        )
+        palette = tax.palette
+        # '{"code":"a1b2c3","name":"...","pixelFraction":'
+        self.palette = tuple(
+            _encode({"code": palette.code(i), "name": palette.name(i, lang), "pixelFraction": 0})[
+                :-2
+            ]
+            for i in range(palette.size)
+        )
+
+
+class FastRenderer:
+    """Renders :class:`.analyzer.ReferenceAnalyzer` results as JSON bytes."""
+
+    def __init__(self, tax: Taxonomy) -> None:
+        self._tax = tax
+        self._langs: list[_Fragments | None] = [None] * len(LANGUAGES)
+        object_type = {d: tax.object_types[d] for d in _DETECTIONS}
+        # Per group index (Detection order): (bit, object type, kind).
+        kinds = dict.fromkeys(_DETECTIONS, _KIND_OTHER)
+        kinds.update(dict.fromkeys(_CLOTHING, _KIND_CLOTHING))
+        kinds[Detection.BOTTOM] = _KIND_CLOTHING_NO_SLEEVE
+        kinds[Detection.SHOES] = _KIND_SHOES
+        kinds[Detection.BAG] = _KIND_BAG
+        self._groups = tuple((_BIT[d], object_type[d], kinds[d]) for d in _DETECTIONS)
+        self._object_type = object_type
+        self._type_key = {
+            otype: _encode({"type": otype, "tags": []})[:-3] for otype in set(_OBJECT_ORDER)
+        }
+        self._no_product = _encode([{"type": _NO_PRODUCT, "tags": []}])
+        self._wanted: dict[int, tuple[str, ...]] = {}
+        self._n_colors = n_colors = len(tax.colors)
+        self._color_pool = tuple(range(n_colors))
+        self._palette_size = tax.palette.size
+        self._local = threading.local()
+
+    def fragments(self, lang: int) -> _Fragments:
+        frags = self._langs[lang]
+        if frags is None:
+            frags = self._langs[lang] = _Fragments(self._tax, lang)
+        return frags
+
+    def _wanted_types(self, detection: int) -> tuple[str, ...]:
+        wanted = self._wanted.get(detection)
+        if wanted is None:
+            present = {self._object_type[d] for d in _DETECTIONS if detection & _BIT[d]}
+            wanted = self._wanted[detection] = tuple(o for o in _OBJECT_ORDER if o in present)
+        return wanted
+
+    def render(
+        self,
+        content_hash: int,
+        measured: tuple[list[tuple[int, float]], list[tuple[int, float]], float, float] | None,
+        detection: int,
+        lang: int,
+    ) -> bytes:
+        """The JSON of ``ReferenceAnalyzer.render`` for an unpacked measurement."""
+        f = self._langs[lang] or self.fragments(lang)
+        local = self._local
+        try:
+            rng: random.Random = local.rng
+        except AttributeError:
+            rng = local.rng = random.Random()
+        # The C-level seed: what random.Random(h) does, minus the Python wrapper.
+        _seed(rng, content_hash)
+        rnd = rng.random
+        model = rnd() < 0.5
+        gender = int(rnd() * 3)
+
+        # ---- the scene (mirrors ReferenceAnalyzer._scene), as group indexes
+        point = rnd()
+        groups: list[int]
+        if point < 0.03:
+            groups = []
+        else:
+            primary = _PRIMARY_GROUP[_bisect_right(_PRIMARY_P, point)]
+            groups = [primary]
+            if model:
+                if primary == _TOP:
+                    if rnd() < 0.7:
+                        groups.append(_BOTTOM)
+                elif primary == _BOTTOM and rnd() < 0.7:
+                    groups.append(_TOP)
+                for extra in _EXTRAS:
+                    if extra not in groups and rnd() < 0.25:
+                        groups.append(extra)
+
+        clothing_only = detection & ~_CLOTHING_MASK == 0
+        wanted: dict[str, list[bytes]] = {}
+        unmatched: dict[str, list[bytes]] = {}
+        group_info = self._groups
+        for slot, group in enumerate(groups):
+            bit, otype, kind = group_info[group]
+            # ---- one product (mirrors ReferenceAnalyzer._tags)
+            categories = f.categories[group]
+            head, items = categories[int(rnd() * len(categories))]
+            item = items[int(rnd() * len(items))]
+            if measured is not None and slot == 0:
+                colors = b",".join(
+                    [f.colors[index] + _float(round(conf, 4)) + b"}" for index, conf in measured[0]]
+                )
+                details = b",".join(
+                    [
+                        f.palette[index] + _float(round(frac, 4)) + b"}"
+                        for index, frac in measured[1]
+                    ]
+                )
+                x, y = measured[2], measured[3]
+            else:
+                # ---- mirrors ReferenceAnalyzer._colors
+                n = 1 + int(rnd() * 3)
+                # random.sample(range(n_colors), n), drawn exactly as the stdlib draws it.
+                getrandbits = rng.getrandbits
+                m = self._n_colors
+                bits = m.bit_length()
+                r = getrandbits(bits)
+                while r >= m:
+                    r = getrandbits(bits)
+                if n == 1:
+                    picks = [r]
+                    shares = [rnd()]
+                else:
+                    pool = list(self._color_pool)
+                    picks = [r]
+                    pool[r] = pool[m - 1]
+                    for i in range(1, n):
+                        m1 = m - i
+                        bits = m1.bit_length()
+                        r = getrandbits(bits)
+                        while r >= m1:
+                            r = getrandbits(bits)
+                        picks.append(pool[r])
+                        pool[r] = pool[m1 - 1]
+                    shares = [rnd(), rnd()] if n == 2 else [rnd(), rnd(), rnd()]
+                    shares.sort(reverse=True)
+                total = sum(shares)
+                color_frags = f.colors
+                conf = shares[0] / total
+                colors = (
+                    color_frags[picks[0]]
+                    + _CONF[_k4(conf if conf > _MIN_CONFIDENCE else _MIN_CONFIDENCE)]
+                )
+                if n > 1:
+                    conf = shares[1] / total
+                    if conf >= _MIN_CONFIDENCE:
+                        colors += b"," + color_frags[picks[1]] + _CONF[_k4(conf)]
+                        if n > 2:
+                            conf = shares[2] / total
+                            if conf >= _MIN_CONFIDENCE:
+                                colors += b"," + color_frags[picks[2]] + _CONF[_k4(conf)]
+                palette = f.palette
+                size = self._palette_size
+                remaining = 1.0
+                parts = []
+                for _ in range(1 + int(rnd() * 4)):
+                    frac = remaining * (0.4 + 0.5 * rnd())
+                    remaining -= frac
+                    parts.append(palette[int(rnd() * size)] + _CONF[_k4(frac)])
+                details = b",".join(parts)
+                x, y = 0.15 + 0.7 * rnd(), 0.15 + 0.7 * rnd()
+            kx = _k4(x)
+            y_part = b',"y":' + _FL[_k4(y)] + b"}"
+            tail = []
+            if colors:
+                tail.append(b',"colors":[' + colors + b"]")
+            if details:
+                tail.append(b',"colorDetails":[' + details + b"]")
+            tail.append(b',"item":' + item + _CONF[_k4(0.05 + 0.94 * rnd())])
+            materials = f.materials
+            main_materials = _many(rnd, materials, 1, 1.0)
+            sub_materials = _many(rnd, materials, 1, 0.4)
+            looks = _many(rnd, f.looks, 2, 1.0)
+            pair = b""
+            twin = False
+            if kind in _CLOTHING_KINDS:
+                tag_details = _many(rnd, f.details, 3, 1.0)
+                prints = _many(rnd, f.prints, 1, 1.0)
+                textures = _many(rnd, f.textures, 2, 0.6)
+                length = _one(rnd, f.length)
+                fit = _one(rnd, f.fit)
+                shape = _one(rnd, f.shape)
+                if tag_details:
+                    tail.append(b',"details":' + tag_details)
+                if prints:
+                    tail.append(b',"prints":' + prints)
+                if textures:
+                    tail.append(b',"textures":' + textures)
+                if looks:
+                    tail.append(b',"looks":' + looks)
+                if length:
+                    tail.append(b',"length":' + length)
+                if kind == _KIND_CLOTHING:
+                    sleeves = f.sleeve_length
+                    tail.append(sleeves[int(rnd() * len(sleeves))])
+                    neck_line = _one(rnd, f.neck_line)
+                    if neck_line:
+                        tail.append(b',"neckLine":' + neck_line)
+                if fit:
+                    tail.append(b',"fit":' + fit)
+                if shape:
+                    tail.append(b',"shape":' + shape)
+            elif kind == _KIND_SHOES:
+                if looks:
+                    tail.append(b',"looks":' + looks)
+                heel_height = _one(rnd, f.heel_height)
+                toe_type = _one(rnd, f.toe_type)
+                heel_shape = _one(rnd, f.heel_shape)
+                sole_type = _one(rnd, f.sole_type)
+                pair = _PAIR_INDEX[int(rnd() * 101)]
+                twin = rnd() < 0.6
+                if heel_height:
+                    tail.append(b',"heelHeight":' + heel_height)
+                if toe_type:
+                    tail.append(b',"toeType":' + toe_type)
+                if heel_shape:
+                    tail.append(b',"heelShape":' + heel_shape)
+                if sole_type:
+                    tail.append(b',"soleType":' + sole_type)
+            elif kind == _KIND_BAG:
+                shape = _one(rnd, f.shape)
+                bag_details = _many(rnd, f.details, 2, 0.5)
+                if bag_details:
+                    tail.append(b',"details":' + bag_details)
+                if looks:
+                    tail.append(b',"looks":' + looks)
+                if shape:
+                    tail.append(b',"shape":' + shape)
+            elif looks:
+                tail.append(b',"looks":' + looks)
+            if main_materials:
+                tail.append(b',"mainMaterials":' + main_materials)
+            if sub_materials:
+                tail.append(b',"subMaterials":' + sub_materials)
+            tail.append(b"}")
+            rest = y_part + pair + b"".join(tail)
+            tags = [head + _FL[kx] + rest]
+            if twin:
+                tags.append(head + _FL[_k4(1.0 - kx / 10000)] + rest)
+            if detection & bit:
+                if otype in wanted:
+                    wanted[otype] += tags
+                else:
+                    wanted[otype] = tags
+            elif clothing_only:
+                if otype in unmatched:
+                    unmatched[otype] += tags
+                else:
+                    unmatched[otype] = tags
+
+        type_key = self._type_key
+        out = [b'{"status":"success","data":{"imageinfo":[', f.imageinfo[1 if model else 0]]
+        if model:
+            out.append(b'],"genderInfo":')
+            out.append(f.gender[gender])
+            out.append(b',"objects":')
+        else:
+            out.append(b'],"objects":')
+        if wanted:
+            sep = b"["
+            for otype in self._wanted.get(detection) or self._wanted_types(detection):
+                out.append(sep)
+                out.append(type_key[otype])
+                found = wanted.get(otype)
+                if found:
+                    out.append(b"[")
+                    out.append(b",".join(found))
+                    out.append(b"]}")
+                else:
+                    out.append(b"[]}")
+                sep = b","
+            out.append(b"]")
+        else:
+            out.append(self._no_product)
+        if unmatched:
+            out.append(b',"notmatchedobjects":')
+            sep = b"["
+            for otype in _OBJECT_ORDER:
+                found = unmatched.get(otype)
+                if found is not None:
+                    out.append(sep)
+                    out.append(type_key[otype])
+                    out.append(b"[")
+                    out.append(b",".join(found))
+                    out.append(b"]}")
+                    sep = b","
+            out.append(b"]")
+        out.append(b"}}")
+        return b"".join(out)
+
+
+def _one(rnd: Callable[[], float], entries: tuple[bytes, ...]) -> bytes:
+    """Mirrors ``ReferenceAnalyzer._one``: b"" when the draw is below the threshold."""
+    point = rnd() * len(entries)
+    index = int(point)
+    # k = round(point - index, 4) * 10000, exactly (see _many).
+    t = (point - index) * 10000.0
+    k = int(t + 0.5)
+    if not -0.4999 < t - k < 0.4999:
+        k = _k4(point - index)
+    if k < 2000:  # conf < MIN_CONFIDENCE
+        return b""
+    return entries[index] + _CONF[k]
+
+
+def _many(rnd: Callable[[], float], entries: tuple[bytes, ...], most: int, chance: float) -> bytes:
+    """Mirrors ``ReferenceAnalyzer._many``: the encoded list, b"" when empty.
+
+    Confidences are handled as integers ``k = round(conf, 4) * 10000``: ``int(t + 0.5)`` of
+    ``t = conf * 10000.0`` is exact unless t lies within float error of a half (a tie, which
+    ``round`` breaks on the exact decimal value); those rare cases go through ``round``. ``k``
+    orders and compares (``k < 2000`` <=> ``conf < 0.2``) exactly as the float does.
+    """
+    if rnd() >= chance:
+        return b""
+    n = len(entries)
+    if most == 1:
+        rnd()  # the count draw: always 1
+        point = rnd() * n
+        index = int(point)
+        t = (point - index) * 10000.0
+        k = int(t + 0.5)
+        if not -0.4999 < t - k < 0.4999:
+            k = _k4(point - index)
+        if k < 2000:
+            return b""
+        return b"[" + entries[index] + _CONF[k] + b"]"
+    picked: list[tuple[int, int]] = []
+    seen: list[int] = []
+    for _ in range(1 + int(rnd() * most)):
+        point = rnd() * n
+        index = int(point)
+        t = (point - index) * 10000.0
+        k = int(t + 0.5)
+        if not -0.4999 < t - k < 0.4999:
+            k = _k4(point - index)
+        if k < 2000 or index in seen:
+            continue
+        seen.append(index)
+        picked.append((k, index))
+    if not picked:
+        return b""
+    if len(picked) == 1:
+        k, index = picked[0]
+        return b"[" + entries[index] + _CONF[k] + b"]"
+    # Stable, like sort(key=-confidence): reverse=True keeps equal items in order.
+    picked.sort(key=_first, reverse=True)
+    return b"[" + b",".join([entries[i] + _CONF[k] for k, i in picked]) + b"]"
