@@ -608,6 +608,10 @@ async def handle_tag(request: web.Request) -> web.Response:
         raise _Reject(400, CODE_BAD_DETECTION, str(err)) from None
     lang = _language(request)
     analyzer = state.analyzer
+    bucket = state.worker.bucket
+    if bucket is not None:
+        # Single-mode tagging counts against --rate like bulk images do.
+        await bucket.acquire()
     try:
         if kind == "base64":
             try:

@@ -16,12 +16,47 @@ import anyio
 from .analyzer import Analyzer, ImageRejected
 from .store import TaskRecord, TaskStore
 
-__all__ = ["TaggingWorker"]
+__all__ = ["TaggingWorker", "TokenBucket"]
 
 logger = logging.getLogger("fashiontag_pipeline.service")
 
 SWEEP_INTERVAL = 1.0
 CODE_INTERNAL = 500
+
+
+class TokenBucket:
+    """``rate`` tokens/s, at most ``burst`` banked. Shared by the bulk worker and single mode."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = 0.0
+        self._last = time.monotonic()
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self._last) * self.rate)
+        self._last = now
+
+    def take_up_to(self, count: int) -> int:
+        """Take as many whole tokens as there are, at most ``count``; 0 when none."""
+        self._refill()
+        taken = min(int(self.tokens), count)
+        if taken <= 0:
+            return 0
+        self.tokens -= taken
+        return taken
+
+    def wait_time(self) -> float:
+        """Seconds until one whole token is banked."""
+        return max(0.0, (1.0 - self.tokens) / self.rate)
+
+    async def acquire(self) -> None:
+        """Take one token, waiting for it (reserved at once: waiters are served in order)."""
+        self._refill()
+        self.tokens -= 1.0
+        if self.tokens < 0.0:
+            await anyio.sleep(-self.tokens / self.rate)
 
 
 class TaggingWorker:
@@ -35,7 +70,9 @@ class TaggingWorker:
         self.rate = rate
         self.fetch_concurrency = fetch_concurrency
         # Burst of at most ~50 ms of work so the cap holds over short windows too.
-        self._burst = max(1.0, rate * 0.05)
+        self.bucket: TokenBucket | None = (
+            TokenBucket(rate, max(1.0, rate * 0.05)) if rate > 0 else None
+        )
         self._wake: anyio.Event | None = None
 
     def _notify(self) -> None:
@@ -47,9 +84,8 @@ class TaggingWorker:
         store = self.store
         store.on_pending = self._notify
         limiter = anyio.Semaphore(self.fetch_concurrency)
-        tokens = 0.0
-        last = time.monotonic()
-        next_sweep = last + SWEEP_INTERVAL
+        bucket = self.bucket
+        next_sweep = time.monotonic() + SWEEP_INTERVAL
         async with anyio.create_task_group() as tg:
             while True:
                 now = time.monotonic()
@@ -61,18 +97,13 @@ class TaggingWorker:
                     with anyio.move_on_after(SWEEP_INTERVAL):
                         await self._wake.wait()
                     self._wake = None
-                    last = time.monotonic()
                     continue
                 task, start, end, urls = store.pending[0]
-                if self.rate > 0:
-                    now = time.monotonic()
-                    tokens = min(self._burst, tokens + (now - last) * self.rate)
-                    last = now
-                    if tokens < 1.0:
-                        await anyio.sleep((1.0 - tokens) / self.rate)
+                if bucket is not None:
+                    count = bucket.take_up_to(end - start)
+                    if not count:
+                        await anyio.sleep(bucket.wait_time())
                         continue
-                    count = min(int(tokens), end - start)
-                    tokens -= count
                 else:
                     count = end - start
                 stop = start + count
@@ -82,7 +113,7 @@ class TaggingWorker:
                     store.pending[0] = (task, stop, end, urls[count:] if urls else None)
                 if urls is None:
                     store.complete_range(task, start, stop)
-                    if self.rate <= 0:
+                    if bucket is None:
                         await anyio.lowlevel.checkpoint()
                 else:
                     for offset, url in enumerate(urls[:count]):

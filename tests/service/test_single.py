@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
+import anyio
 import pytest
 from PIL import Image as PILImage
 
@@ -14,6 +16,7 @@ from fashiontag_pipeline._exceptions import ValidationError
 from fashiontag_pipeline._models import Context, Detection, Image, ImageType
 from fashiontag_pipeline.service import RunningService
 
+from .conftest import requests
 from .test_bulk import raw
 
 SINGLE = "/tagger/v2/tags"
@@ -156,3 +159,40 @@ async def test_detection_rules_single(
                 assert tag.info[0].id == "BOTTOM"
         seen_unmatched = seen_unmatched or bool(bottom.data.notmatchedobjects)
     assert seen_unmatched
+
+
+async def test_single_mode_counts_against_rate(
+    start_service: Callable[..., Awaitable[RunningService]],
+    client_for: Callable[..., TaggerClient],
+) -> None:
+    # 20 images/s, a burst of one: 10 single requests need >= 9 / 20 s.
+    service = await start_service(rate=20.0)
+    client = client_for(service.url)
+    image = Image(type=ImageType.URL, content="https://cdn.test/p/rate.jpg")
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(client.tag, image)
+    assert time.monotonic() - started >= 0.4
+
+    # Bulk and single mode share one bucket: 10 bulk + 10 single images take >= 19 / 20 s.
+    started = time.monotonic()
+    created = await client.create_task(requests(10))
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(client.tag, image)
+    with anyio.fail_after(10):
+        while not (await client.task_status(created.task_id)).done:
+            await anyio.sleep(0.01)
+    assert time.monotonic() - started >= 0.9
+
+
+async def test_single_mode_without_rate_does_not_wait(
+    service: RunningService, client: TaggerClient
+) -> None:
+    assert service.state.worker.bucket is None
+    image = Image(type=ImageType.URL, content="https://cdn.test/p/free.jpg")
+    started = time.monotonic()
+    for _ in range(20):
+        assert (await client.tag(image)).ok
+    assert time.monotonic() - started < 2.0
