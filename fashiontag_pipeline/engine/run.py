@@ -108,7 +108,9 @@ async def run_pipeline(
     readers: list[ManifestReader] = []
     try:
         for i, name in enumerate(names):
-            readers.append(await anyio.to_thread.run_sync(open_manifest, name, i))
+            readers.append(
+                await anyio.to_thread.run_sync(open_manifest, name, i, engine.read_batch_rows)
+            )
     except BaseException:
         for reader in readers:
             reader.close()

@@ -76,11 +76,20 @@ _typed_decoder = msgspec.json.Decoder(TaggingResponse)
 _encoder = msgspec.json.Encoder()
 
 
+_SUCCESS_PREFIX = b'{"status":"' + STATUS_SUCCESS.encode() + b'"'
+
+
 def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
-    """(tagged ok, tagging failed) among a page's rows."""
+    """(tagged ok, tagging failed) among a page's rows.
+
+    A result that starts with ``{"status":"success"`` (how the service renders it) is counted
+    from that prefix; any other shape is decoded (a decode skips nothing it needs)."""
     ok = 0
+    prefix = _SUCCESS_PREFIX
+    decode = _status_decoder.decode
     for row in rows:
-        if _status_decoder.decode(row.tagging_result).status == STATUS_SUCCESS:
+        raw = row.tagging_result
+        if bytes(memoryview(raw)[: len(prefix)]) == prefix or decode(raw).status == STATUS_SUCCESS:
             ok += 1
     return ok, len(rows) - ok
 

@@ -6,6 +6,10 @@ in one go: one await per chunk, never per line. Memory is one chunk plus one bat
 
 The format is detected from the first bytes (after gzip, itself detected from its magic bytes):
 ``{`` starts JSONL, anything else must be a CSV header naming ``id`` and ``url``.
+
+A batch holds at most ``max_rows`` rows (the engine's ``read_batch_rows``): a 1 MiB chunk of a
+CSV is ~14,000 rows, and the bounded streams between stages hold several batches, so capping
+rows (not bytes) is what keeps the memory in flight small and independent of the manifest.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ __all__ = ["ManifestReader", "RowBatch", "open_manifest"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 20
+MAX_ROWS = 2000
 Kind = Literal["csv", "jsonl"]
 
 _json_decoder = msgspec.json.Decoder()
@@ -47,8 +52,9 @@ class RowBatch(msgspec.Struct, gc=False):
 class ManifestReader:
     """Blocking reader of one manifest; :meth:`read_batch` is called in a worker thread."""
 
-    def __init__(self, path: str, source: int) -> None:
+    def __init__(self, path: str, source: int, max_rows: int = MAX_ROWS) -> None:
         self.source = source
+        self.max_rows = max(1, max_rows)
         self.name = "-" if path == "-" else str(path)
         self._fh: BinaryIO
         if path == "-":
@@ -68,6 +74,12 @@ class ManifestReader:
         self._line = 0
         self.kind: Kind = "csv"
         self.header: list[str] = []
+        # The chunk being parsed: a csv reader over it (CSV) or its lines (JSONL), the line
+        # number before the chunk and the line count consumed so far within it.
+        self._csv: Any = None
+        self._lines: list[str] | None = None
+        self._base = 0
+        self._done = 0
 
     def close(self) -> None:
         if self._owns:
@@ -167,52 +179,77 @@ class ManifestReader:
             self._head = "".join(lines[skip + 1 :])
             return
 
-    def _parse(self, text: str) -> list[tuple[int, Any]]:
-        rows: list[tuple[int, Any]] = []
-        base = self._line
+    def _start(self, text: str) -> None:
+        """Begin parsing a chunk of complete records."""
+        self._base = self._line
+        self._done = 0
         if self.kind == "jsonl":
             lines = text.split("\n")
             if lines and not lines[-1]:
                 lines.pop()
-            for i, text_line in enumerate(lines):
+            self._lines = lines
+            self._line = self._base + text.count("\n")
+        else:
+            self._csv = csv.reader(io.StringIO(text, newline=""))
+
+    def _take(self) -> list[tuple[int, Any]]:
+        """Up to ``max_rows`` rows of the chunk being parsed."""
+        rows: list[tuple[int, Any]] = []
+        limit = self.max_rows
+        base = self._base
+        if self._lines is not None:
+            lines, i = self._lines, self._done
+            end = len(lines)
+            while i < end and len(rows) < limit:
+                text_line = lines[i]
+                i += 1
                 if not text_line.strip():
                     continue
                 try:
-                    rows.append((base + i + 1, _json_decoder.decode(text_line)))
+                    rows.append((base + i, _json_decoder.decode(text_line)))
                 except msgspec.DecodeError as err:
-                    rows.append((base + i + 1, f"not valid JSON: {err}"))
-            self._line = base + text.count("\n")
+                    rows.append((base + i, f"not valid JSON: {err}"))
+            self._done = i
+            if i >= end:
+                self._lines = None
             return rows
-        reader = csv.reader(io.StringIO(text, newline=""))
-        start = 0
+        reader = self._csv
+        start = self._done
+        append = rows.append
         for fields in reader:
             line = base + start + 1
             start = reader.line_num
             if fields:
-                rows.append((line, fields))
+                append((line, fields))
+                if len(rows) >= limit:
+                    self._done = start
+                    return rows
         self._line = base + reader.line_num
+        self._csv = None
         return rows
 
     def read_batch(self) -> RowBatch | None:
-        """The rows of the next chunk (as many as it holds), or None at end of input."""
-        if self._head is not None:
-            text, self._head = self._head, None
-            if not text:
-                return self.read_batch()
-        else:
-            data = self._next_records()
-            if data is None:
-                return None
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                text = data.decode("utf-8", "replace")
-        return RowBatch(self.source, self.name, self.kind, self.header, self._parse(text))
+        """The next rows (at most ``max_rows``), or None at end of input."""
+        while self._csv is None and self._lines is None:
+            if self._head is not None:
+                text, self._head = self._head, None
+                if not text:
+                    continue
+            else:
+                data = self._next_records()
+                if data is None:
+                    return None
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = data.decode("utf-8", "replace")
+            self._start(text)
+        return RowBatch(self.source, self.name, self.kind, self.header, self._take())
 
 
-def open_manifest(path: str, source: int) -> ManifestReader:
+def open_manifest(path: str, source: int, max_rows: int = MAX_ROWS) -> ManifestReader:
     """Open a manifest and read its header (blocking; call in a thread)."""
-    reader = ManifestReader(path, source)
+    reader = ManifestReader(path, source, max_rows)
     try:
         reader.open()
     except BaseException:

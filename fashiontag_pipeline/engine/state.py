@@ -133,26 +133,26 @@ class StateDB:
 
     def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int]:
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
-        caller commits), so a returned position equal to ``pos`` means "first seen here"."""
+        caller commits), so a returned position equal to ``pos`` means "first seen here".
+
+        One ``INSERT OR IGNORE`` of the batch's distinct ids does the work; when it inserted
+        every one of them (the common case: ``total_changes`` moved by their number) no id was
+        seen before and nothing is read back. Otherwise the stored positions are read back."""
         first: dict[str, int] = {}
-        ids = [k for k, _ in keyed]
+        setdefault = first.setdefault
+        out = [setdefault(key, pos) for key, pos in keyed]
+        db = self.db
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO ids VALUES (?, ?)", first.items())
+        if db.total_changes - before == len(first):
+            return out
+        ids = list(first)
         for start in range(0, len(ids), 900):
             part = ids[start : start + 900]
             marks = ",".join("?" * len(part))
-            for key, pos in self.db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
+            for key, pos in db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
                 first[key] = pos
-        new: list[tuple[str, int]] = []
-        out: list[int] = []
-        for key, pos in keyed:
-            seen = first.get(key)
-            if seen is None:
-                first[key] = pos
-                new.append((key, pos))
-                seen = pos
-            out.append(seen)
-        if new:
-            self.db.executemany("INSERT INTO ids VALUES (?, ?)", new)
-        return out
+        return [first[key] for key, _ in keyed]
 
 
 class Journal:

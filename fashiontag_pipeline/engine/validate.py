@@ -37,6 +37,7 @@ _CONTEXT_FIELDS = {
 _ALLOWED = {d.value: d for d in Detection}
 _ALLOWED_TEXT = ", ".join(_ALLOWED)
 _MAX_CACHE = 4096
+URL = ImageType.URL
 
 
 class _RowError(Exception):
@@ -91,7 +92,9 @@ class Validator:
             raise _RowError("url must be an http:// or https:// URL (bulk mode takes URLs only)")
         rest = value.split("://", 1)[1]
         host = rest.split("/", 1)[0].split("?", 1)[0]
-        if not host or any(c.isspace() for c in value):
+        # ``str.split()`` cuts at every (Unicode) whitespace: one part equal to the value
+        # means the URL holds none, checked in C rather than per character.
+        if not host or value.split() != [value]:
             raise _RowError("url is not a valid http(s) URL")
         return value
 
@@ -127,11 +130,13 @@ class Validator:
     ) -> tuple[list[Item], list[tuple[int, Reject]]]:
         i_id, i_url, i_det, i_age, extras = self._layout(batch.header)
         width = len(batch.header)
+        plain = not extras and i_det < 0 and i_age < 0  # id and url only: no context fields
         src, name = batch.source, batch.name
+        shifted = position(src, 0)
         items: list[Item] = []
         rejects: list[tuple[int, Reject]] = []
         for line, fields in batch.rows:
-            pos = position(src, line)
+            pos = shifted | line
             if pos <= skip_upto:
                 continue
             ident: str | None = None
@@ -145,19 +150,20 @@ class Validator:
                     ident = None
                     raise _RowError("id is missing")
                 url = self._url(fields[i_url])
-                kwargs: dict[str, Any] = {}
-                for i, field in extras:
-                    value = fields[i]
-                    if value:
-                        kwargs[field] = value
-                if i_det >= 0 and fields[i_det]:
-                    kwargs["detection"] = self._detection(fields[i_det])
-                if i_age >= 0 and fields[i_age]:
-                    kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
-                request = TaggingRequest(
-                    image=Image(type=ImageType.URL, content=url),
-                    context=BulkContext(id=ident, **kwargs),
-                )
+                if plain:
+                    context = BulkContext(ident)
+                else:
+                    kwargs: dict[str, Any] = {}
+                    for i, field in extras:
+                        value = fields[i]
+                        if value:
+                            kwargs[field] = value
+                    if i_det >= 0 and fields[i_det]:
+                        kwargs["detection"] = self._detection(fields[i_det])
+                    if i_age >= 0 and fields[i_age]:
+                        kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
+                    context = BulkContext(ident, **kwargs)
+                request = TaggingRequest(Image(URL, url), context)
             except _RowError as err:
                 rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
                 continue
@@ -168,10 +174,11 @@ class Validator:
         self, batch: RowBatch, skip_upto: int
     ) -> tuple[list[Item], list[tuple[int, Reject]]]:
         src, name = batch.source, batch.name
+        shifted = position(src, 0)
         items: list[Item] = []
         rejects: list[tuple[int, Reject]] = []
         for line, obj in batch.rows:
-            pos = position(src, line)
+            pos = shifted | line
             if pos <= skip_upto:
                 continue
             ident: str | None = None
