@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         "e.g. '--rotate-rows 10000' (default: the mode's rotate_rows if the engine "
         "has such a flag)",
     )
+    p.add_argument(
+        "--snapshot",
+        metavar="REV",
+        help="measure the code of git revision REV (exported with `git archive` into the work "
+        "dir), not the working tree: other people's uncommitted edits cannot leak into a run",
+    )
     p.add_argument("--no-baseline", action="store_true", help="skip the naive baseline runs")
     p.add_argument("--keep-outputs", action="store_true", help="keep results/rejects files")
     return p
@@ -83,7 +92,6 @@ def _parser() -> argparse.ArgumentParser:
 def _rotation_args(explicit: str | None, rows: int) -> list[str] | None:
     if explicit is not None:
         return shlex.split(explicit)
-    import subprocess
 
     helptext = subprocess.run(
         [sys.executable, "-m", "fashiontag_pipeline", "run", "--help"],
@@ -105,8 +113,50 @@ def _rotation_args(explicit: str | None, rows: int) -> list[str] | None:
     return None
 
 
+def _run_snapshot(args: argparse.Namespace, argv: list[str]) -> int:
+    """Export ``args.snapshot`` and re-run this command from there (same venv)."""
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short=12", args.snapshot],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    work = (args.work_dir or args.out_dir / "tmp").resolve()
+    snap = work / f"snapshot-{sha}"
+    if not snap.exists():
+        part = snap.with_name(snap.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", sha], cwd=root, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(part)], input=archive, check=True)
+        part.rename(snap)
+    rest: list[str] = []
+    skip = False
+    own = ("--snapshot", "--out-dir", "--work-dir")  # replaced below
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in own:
+            skip = True
+        elif not a.startswith(tuple(f"{o}=" for o in own)):
+            rest.append(a)
+    rest += ["--out-dir", str(args.out_dir.resolve()), "--work-dir", str(work)]
+    env = dict(os.environ, PYTHONPATH=str(snap), BENCH_COMMIT=sha, BENCH_COMMAND=" ".join(argv))
+    print(f"measuring snapshot {sha} from {snap}", flush=True)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *rest], cwd=snap, env=env, check=False
+    ).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.snapshot:
+        return _run_snapshot(args, argv)
     sizes = FULL if args.mode == "full" else QUICK
     if args.rows:
         n = args.rows
@@ -133,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         keep_outputs=args.keep_outputs,
         log=lambda s: print(s, flush=True),
     )
-    command = "python -m benchmarks " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks " + os.environ.get(
+        "BENCH_COMMAND", " ".join(shlex.quote(a) for a in argv)
     )
     print(f"benchmarks ({args.mode}): {', '.join(names)}; sizes {sizes}", flush=True)
     outcomes: dict[str, Outcome] = {}

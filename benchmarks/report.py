@@ -51,7 +51,9 @@ def machine_info() -> dict[str, Any]:
                 mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
     except OSError:
         pass
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    # A run of ``--snapshot REV`` measures an exported tree: its commit comes from the parent.
+    snapshot = os.environ.get("BENCH_COMMIT")
+    dirty = False if snapshot else bool(_git("status", "--porcelain", "--untracked-files=no"))
     return {
         "cpu": cpu or platform.processor(),
         "cores": os.cpu_count(),
@@ -63,7 +65,8 @@ def machine_info() -> dict[str, Any]:
             d: _version(d)
             for d in ("fashiontag_pipeline", "aiohttp", "msgspec", "anyio", "uvloop", "aiofiles")
         },
-        "commit": _git("rev-parse", "--short=12", "HEAD"),
+        "commit": snapshot or _git("rev-parse", "--short=12", "HEAD"),
+        "snapshot": bool(snapshot),
         "dirty": dirty,
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
@@ -142,7 +145,9 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         f"# Benchmark results ({doc['mode']})",
         "",
-        f"{m['date']} - commit `{m['commit']}`{' (dirty)' if m['dirty'] else ''} - "
+        f"{m['date']} - commit `{m['commit']}`"
+        f"{' (dirty working tree)' if m['dirty'] else ''}"
+        f"{' (measured from a clean export)' if m.get('snapshot') else ''} - "
         f"{m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB - Python {m['python']}, "
         + ", ".join(
             f"{k} {v}" for k, v in m["versions"].items() if v and k != "fashiontag_pipeline"
