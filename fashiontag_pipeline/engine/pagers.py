@@ -22,7 +22,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
-from .batcher import decode_body
+from .batcher import STAGE_SERVER, decode_body
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .sinks import PageRow, Reject, page_decoder
@@ -172,34 +172,66 @@ class ResultPagers:
         return [(cid, decode_body(body)) for cid, body in await self.journal.run(load)]
 
     async def _expired(self, entry: TaskEntry) -> None:
-        """Results expired before they were read: every unread id becomes a reject."""
+        """Results expired before they were all read: every id of the task that has no
+        results line becomes a reject (stage ``expired``), so no loss is silent.
+
+        The task's ids come from the bodies of its accepted chunks (kept in the state store
+        until the task is drained); ids with a results line for the task, and ids the service
+        refused at write time (already rejects), are left out."""
         entry.state = "expired"
-        entry.advance(entry.next_offset)
-        rejects: list[Reject] = []
-        if entry.next_offset == 0:
-            for _, rows in await self._rows_of(entry.task_id, ("accepted",)):
-                for pos, request in rows:
-                    src, line = split_position(pos)
-                    rejects.append(
-                        Reject(
-                            request.context.id,
-                            "results expired before they were read",
-                            STAGE_EXPIRED,
-                            line,
-                            self.sources[src],
-                        )
-                    )
-        else:
-            self.lost_unidentified += entry.total - entry.next_offset
-            logger.warning(
-                "results of task %s expired after %d of %d were read",
-                entry.task_id,
-                entry.next_offset,
-                entry.total,
+        read_upto = entry.next_offset
+        entry.advance(read_upto)
+        task_id = entry.task_id
+        journal = self.journal
+
+        def unread() -> list[tuple[int, str]]:
+            cur = journal.db.db.execute(
+                "SELECT body FROM chunks WHERE task_id=? AND state='accepted'"
+                " AND body IS NOT NULL ORDER BY chunk_id",
+                (task_id,),
             )
-        await self.journal.commit(
+            bodies = [body for (body,) in cur]
+            written = journal.results.task_ids(task_id) if read_upto else set()
+            refused = journal.rejects.ids_of_stage(STAGE_SERVER)
+            out: list[tuple[int, str]] = []
+            for body in bodies:
+                for pos, request in decode_body(body):
+                    ident = request.context.id
+                    if ident not in written and ident not in refused:
+                        out.append((pos, ident))
+            return out
+
+        rejects: list[Reject] = []
+        for pos, ident in await journal.run(unread):
+            src, line = split_position(pos)
+            rejects.append(
+                Reject(
+                    ident,
+                    "results expired before they were read",
+                    STAGE_EXPIRED,
+                    line,
+                    self.sources[src],
+                )
+            )
+        missing = entry.total - read_upto - len(rejects)
+        if missing > 0:
+            self.lost_unidentified += missing
+        logger.warning(
+            "results of task %s expired after %d of %d were read: %d ids written as rejects",
+            task_id,
+            read_upto,
+            entry.total,
+            len(rejects),
+        )
+        await journal.commit(
             rejects=rejects,
-            ops=[("UPDATE tasks SET state='expired' WHERE task_id=?", (entry.task_id,))],
+            ops=[
+                ("UPDATE tasks SET state='expired' WHERE task_id=?", (task_id,)),
+                (
+                    "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted'",
+                    (task_id,),
+                ),
+            ],
         )
         await self._settle(entry, lost=False)
 

@@ -34,7 +34,7 @@ from .flow import FatalRunError, RetryBudget
 from .pagers import ResultPagers
 from .sinks import Reject, RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, open_manifest
-from .state import Journal, RunState, StateDB, split_position
+from .state import Journal, RunState, StateDB, split_position, tune_gc
 from .tracker import TaskBook, TaskEntry, Tracker
 from .validate import STAGE_CLIENT, Item, Validator
 
@@ -133,6 +133,7 @@ async def run_pipeline(
     )
     live = _Progress()
     engine_run = _EngineRun(tagger, journal, engine, run, names, readers, control, live, summary)
+    restore_gc = tune_gc()
     try:
         if progress:
             from .progress import show_progress
@@ -145,6 +146,7 @@ async def run_pipeline(
         err = first_error(group)
         raise err from None
     finally:
+        restore_gc()
         for reader in readers:
             reader.close()
         if own_client:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -70,7 +71,14 @@ class Reject(msgspec.Struct, omit_defaults=False, gc=False):
     source: str
 
 
+class _IdTask(msgspec.Struct, rename="camel", gc=False):
+    id: str
+    task_id: str
+
+
 page_decoder = msgspec.json.Decoder(Page)
+_id_task_decoder = msgspec.json.Decoder(_IdTask)
+_reject_decoder = msgspec.json.Decoder(Reject)
 _status_decoder = msgspec.json.Decoder(_Status)
 _typed_decoder = msgspec.json.Decoder(TaggingResponse)
 _encoder = msgspec.json.Encoder()
@@ -116,6 +124,20 @@ class _AppendFile:
         if data:
             self._fh.write(data)
 
+    def scan(self) -> Iterator[bytes]:
+        """Every complete line written so far (the file is flushed first)."""
+        self._fh.flush()
+        end = self._fh.tell()
+        with open(self.path, "rb") as fh:
+            rest = b""
+            while fh.tell() < end:
+                block = fh.read(min(1 << 20, end - fh.tell()))
+                if not block:
+                    break
+                lines = (rest + block).split(b"\n")
+                rest = lines.pop()
+                yield from lines
+
     def checkpoint(self) -> int:
         return self._fh.tell()
 
@@ -137,6 +159,8 @@ class ResultSink(Protocol):
 
     def write_page(self, task_id: str, rows: list[PageRow]) -> None: ...
 
+    def task_ids(self, task_id: str) -> set[str]: ...
+
     def checkpoint(self) -> int: ...
 
     def truncate(self, checkpoint: int) -> None: ...
@@ -151,6 +175,16 @@ class JsonlResultSink(_AppendFile):
 
     def write_page(self, task_id: str, rows: list[PageRow]) -> None:
         self.write(_encoder.encode_lines([_OutLine(r.id, task_id, r.tagging_result) for r in rows]))
+
+    def task_ids(self, task_id: str) -> set[str]:
+        """Ids of the lines written for ``task_id`` (a scan of the file: only used on the rare
+        path where a task's results expired partway through reading)."""
+        needle = b'"taskId":' + _encoder.encode(task_id)
+        found: set[str] = set()
+        for line in self.scan():
+            if needle in line:
+                found.add(_id_task_decoder.decode(line).id)
+        return found
 
 
 class SqliteResultSink:
@@ -202,6 +236,12 @@ class SqliteResultSink:
         self._db.execute("COMMIT")
         self._rows += len(values)
 
+    def task_ids(self, task_id: str) -> set[str]:
+        """Ids of the rows written for ``task_id``."""
+        return {
+            r[0] for r in self._db.execute("SELECT id FROM results WHERE task_id=?", (task_id,))
+        }
+
     def checkpoint(self) -> int:
         return self._rows
 
@@ -222,6 +262,17 @@ class RejectSink(_AppendFile):
     def write_rejects(self, rejects: list[Reject]) -> None:
         if rejects:
             self.write(_encoder.encode_lines(rejects))
+
+    def ids_of_stage(self, stage: str) -> set[str]:
+        """Ids of the rejects written at ``stage`` (a scan of the file; rare paths only)."""
+        needle = b'"stage":' + _encoder.encode(stage)
+        found: set[str] = set()
+        for line in self.scan():
+            if needle in line:
+                ident = _reject_decoder.decode(line).id
+                if ident is not None:
+                    found.add(ident)
+        return found
 
 
 def open_result_sink(path: Path, kind: str) -> ResultSink:
