@@ -145,7 +145,8 @@ def _run_snapshot(args: argparse.Namespace, argv: list[str]) -> int:
         elif not a.startswith(tuple(f"{o}=" for o in own)):
             rest.append(a)
     rest += ["--out-dir", str(args.out_dir.resolve()), "--work-dir", str(work)]
-    env = dict(os.environ, PYTHONPATH=str(snap), BENCH_COMMIT=sha, BENCH_COMMAND=" ".join(argv))
+    shown = " ".join([*(shlex.quote(a) for a in rest[:-4]), "--snapshot", sha])
+    env = dict(os.environ, PYTHONPATH=str(snap), BENCH_COMMIT=sha, BENCH_COMMAND=shown)
     print(f"measuring snapshot {sha} from {snap}", flush=True)
     return subprocess.run(
         [sys.executable, "-m", "benchmarks", *rest], cwd=snap, env=env, check=False

@@ -57,8 +57,9 @@ def hot_spots(speedscope: Path, top: int = 25) -> dict[str, list[tuple[float, st
                     seen.add(key)
                     incl[key] += weight
     if not total:
-        return {"self": [], "inclusive": []}
+        return {"self": [], "inclusive": [], "total_s": []}
     return {
+        "total_s": [(total, "seconds of samples")],
         "self": [(100 * w / total, k) for k, w in own.most_common(top)],
         "inclusive": [(100 * w / total, k) for k, w in incl.most_common(top * 2)],
     }
@@ -92,7 +93,11 @@ def main() -> int:
     for f in out.glob("run.*"):
         f.unlink()
     spots = hot_spots(out / "engine.speedscope.json", args.top)
-    print(f"\nhot spots of `fashiontag run` on {args.rows:,} rows (share of GIL-held samples)")
+    total = spots["total_s"][0][0] if spots["total_s"] else 0.0
+    print(
+        f"\nhot spots of `fashiontag run` on {args.rows:,} rows: {total:.2f}s of GIL-held "
+        f"samples = {total / args.rows * 1e6:.1f} us/row (shares below are of those samples)"
+    )
     for kind in ("self", "inclusive"):
         print(f"\n-- {kind}")
         for share, name in spots[kind]:
