@@ -8,7 +8,10 @@ fake clock. :class:`TaskWriter` applies them:
 * a write is never started later than ``taskExpiredAt - expiry_margin`` (expiry read from every
   response); a partial chunk is flushed before that moment, and a task near expiry with no
   input is sealed;
-* a task is sealed after ``rotate_images`` images or ``rotate_seconds``, so results flow early;
+* a task is sealed once full or ``rotate_seconds`` old, so results flow early: full is
+  :meth:`WritePolicy.task_limit` images (``rotate_min_images`` for the first tasks, then
+  ``rotate_fraction`` of the images sent before the task, capped by ``rotate_images``) and a
+  full task is sealed at once, as is the open task when the input ends;
 * idempotency: a create carries the run token in its description; after an ambiguous create
   the writer lists tasks and adopts the one with the token, then re-sends the chunk to it as a
   PUT, where ``duplicate context.id`` failures for ids of the chunk count as accepted. An
@@ -76,6 +79,8 @@ class OpenTask:
     closing: bool = False
     sealed: bool = False
     failed: bool = False
+    #: Images after which the task is full (None: ``rotate_images``).
+    limit: int | None = None
     created: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -97,6 +102,8 @@ class WritePolicy:
     def __init__(self, config: EngineConfig) -> None:
         self.chunk_size = config.chunk_size
         self.rotate_images = config.rotate_images
+        self.rotate_min_images = min(config.rotate_min_images, config.rotate_images)
+        self.rotate_fraction = config.rotate_fraction
         self.rotate_seconds = config.rotate_seconds
         self.margin = config.expiry_margin
         self.linger = config.linger_seconds
@@ -109,13 +116,27 @@ class WritePolicy:
         """True while a write to the task may still start (before expiry - margin)."""
         return not task.failed and now < self.write_deadline(task)
 
+    def task_limit(self, sent_before: int) -> int:
+        """Images a new task may hold when ``sent_before`` images went to earlier tasks of the
+        run: ``rotate_fraction`` of them, at least ``rotate_min_images``, at most
+        ``rotate_images`` (see :class:`~.config.EngineConfig`)."""
+        grown = int(sent_before * self.rotate_fraction)
+        return max(self.rotate_min_images, min(grown, self.rotate_images))
+
+    def limit_of(self, task: OpenTask) -> int:
+        return self.rotate_images if task.limit is None else task.limit
+
+    def full(self, task: OpenTask) -> bool:
+        """True when no further chunk may go to the task (seal it now, not at the next chunk)."""
+        return task.images >= self.limit_of(task)
+
     def usable(self, task: OpenTask, now: float, n: int) -> bool:
         """True when a new chunk of ``n`` rows may go to ``task`` (not rotated, not expiring)."""
         if task.closing or not self.writable(task, now):
             return False
         if now - task.opened >= self.rotate_seconds:
             return False
-        return task.images == 0 or task.images + n <= self.rotate_images
+        return task.images == 0 or task.images + n <= self.limit_of(task)
 
     def flush_at(self, buffered: int, since: float, task: OpenTask | None) -> float:
         """When the buffered rows (oldest arrived at ``since``) must be sent."""
@@ -182,6 +203,8 @@ class TaskWriter:
         self.idle = anyio.Event()
         self._seq = task_seq
         self._tg: TaskGroup | None = None
+        #: Images assigned to tasks by this writer (sizes the next task).
+        self.assigned = 0
         self.sent_requests = 0
         #: PUTs the service refused as expired (410) or unknown (404): 0 in a healthy run.
         self.refused_writes = 0
@@ -317,6 +340,9 @@ class TaskWriter:
             if cur is not None and not cur.failed and self.policy.usable(cur, now, n):
                 cur.images += n
                 cur.inflight += 1
+                self.assigned += n
+                if self.policy.full(cur):
+                    await self._close(cur)
                 return cur, False
             if cur is not None:
                 await self._close(cur)
@@ -324,9 +350,14 @@ class TaskWriter:
                     continue
             seq, token = self._new_token()
             task = OpenTask(seq=seq, token=token, opened=now, expires=now + self.default_ttl)
+            task.limit = self.policy.task_limit(self.assigned)
             task.images = n
             task.inflight = 1
+            self.assigned += n
             self.current = task
+            if self.policy.full(task):
+                task.closing = True
+                self.current = None
             return task, True
 
     async def _close(self, task: OpenTask) -> None:

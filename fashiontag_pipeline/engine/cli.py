@@ -44,7 +44,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--summary", type=Path, help="write the run summary as JSON here")
     parser.add_argument("--sink", choices=("jsonl", "sqlite"), help="results sink kind")
-    parser.add_argument("--rotate-images", type=int, help="seal a task after N images")
+    parser.add_argument("--rotate-images", type=int, help="a task holds at most N images")
+    parser.add_argument(
+        "--rotate-min-images", type=int, help="the first tasks hold N images (and at least N)"
+    )
+    parser.add_argument(
+        "--rotate-fraction",
+        type=float,
+        help="a task holds at most F x the images sent before it (within the two bounds)",
+    )
     parser.add_argument("--rotate-seconds", type=float, help="seal a task after S seconds")
     parser.add_argument("--expiry-margin", type=float, help="no write later than expiry - S")
     parser.add_argument("--linger", type=float, help="max seconds a partial chunk waits")
@@ -60,6 +68,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "default_detection": getattr(args, "detection", None),
         "sink": getattr(args, "sink", None),
         "rotate_images": getattr(args, "rotate_images", None),
+        "rotate_min_images": getattr(args, "rotate_min_images", None),
+        "rotate_fraction": getattr(args, "rotate_fraction", None),
         "rotate_seconds": getattr(args, "rotate_seconds", None),
         "expiry_margin": getattr(args, "expiry_margin", None),
         "linger_seconds": getattr(args, "linger", None),
