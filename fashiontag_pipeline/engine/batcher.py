@@ -26,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 import msgspec
@@ -412,7 +413,15 @@ class TaskWriter:
             self.slots.release()
             self._check_idle()
 
-    async def _accept(self, task: OpenTask, chunk: Chunk, response: BulkTaskResponse) -> None:
+    async def _accept(
+        self,
+        task: OpenTask,
+        chunk: Chunk,
+        response: BulkTaskResponse,
+        opened: list[tuple[str, tuple[Any, ...]]] | None = None,
+    ) -> None:
+        """Record an accepted write (and, with ``opened``, the task it created: one
+        transaction)."""
         mine = set(chunk.ids)
         reasons: dict[str, str] = {}
         for failure in response.failure_list:
@@ -428,9 +437,13 @@ class TaskWriter:
         if expiry is not None:
             task.expires = self._expiry(expiry)
         self.sent_requests += 1
+        counters = {"submitted": accepted}
+        if opened:
+            counters["tasks"] = 1
         await self.journal.commit(
             rejects=rejects,
             ops=[
+                *(opened or ()),
                 (
                     "UPDATE chunks SET state='accepted', task_id=? WHERE chunk_id=?",
                     (task.task_id, chunk.chunk_id),
@@ -440,7 +453,7 @@ class TaskWriter:
                     (expiry.timestamp() if expiry else None, task.task_id),
                 ),
             ],
-            counters={"submitted": accepted},
+            counters=counters,
         )
 
     async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
@@ -502,24 +515,31 @@ class TaskWriter:
                 return True
             self.budget.ok()
             self.slots.success()
-            await self._opened(task, response.task_id, response.expires_at)
-            await self._accept(task, chunk, response)
+            opened = self._opened_ops(task, response.task_id, response.expires_at)
+            await self._accept(task, chunk, response, opened)
+            task.created.set()
             return True
 
-    async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
+    def _opened_ops(
+        self, task: OpenTask, task_id: str, expiry: datetime | None
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """Attach a created task; the rows recording it (committed before any other write
+        goes to the task: :attr:`OpenTask.created` is set after)."""
         task.task_id = task_id
         task.expires = self._expiry(expiry)
         self.tasks[task_id] = task
+        return [
+            (
+                "INSERT OR IGNORE INTO tasks (task_id, seq, token, state, expires_at)"
+                " VALUES (?, ?, ?, 'open', ?)",
+                (task_id, task.seq, task.token, expiry.timestamp() if expiry else None),
+            ),
+            ("INSERT OR REPLACE INTO meta VALUES ('task_seq', ?)", (str(self._seq),)),
+        ]
+
+    async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
         await self.journal.commit(
-            ops=[
-                (
-                    "INSERT OR IGNORE INTO tasks (task_id, seq, token, state, expires_at)"
-                    " VALUES (?, ?, ?, 'open', ?)",
-                    (task_id, task.seq, task.token, expiry.timestamp() if expiry else None),
-                ),
-                ("INSERT OR REPLACE INTO meta VALUES ('task_seq', ?)", (str(self._seq),)),
-            ],
-            counters={"tasks": 1},
+            ops=self._opened_ops(task, task_id, expiry), counters={"tasks": 1}
         )
         task.created.set()
 

@@ -263,6 +263,7 @@ class Tracker:
         listed = await self._list()
         now = self.clock()
         done: set[str] = set()
+        finished: list[tuple[TaskEntry, Task]] = []
         counts: dict[str, tuple[int, int]] = {}
         for entry in sealed:
             task = listed.get(entry.task_id)
@@ -280,19 +281,24 @@ class Tracker:
                 continue
             counts[entry.task_id] = (count.total, count.total)
             done.add(entry.task_id)
-            entry.state = "done"
-            entry.total = count.total
-            entry.results_expire_at = task.results_expire_at
-            stamp = entry.results_expire_at.timestamp() if entry.results_expire_at else None
-            await self.journal.commit(
-                ops=[
+            finished.append((entry, task))
+        if finished:
+            # One transaction for every task found done, then the pagers get them.
+            ops = []
+            for entry, task in finished:
+                stamp = task.results_expire_at.timestamp() if task.results_expire_at else None
+                ops.append(
                     (
                         "UPDATE tasks SET state='done', total=?, results_expire_at=?"
                         " WHERE task_id=?",
-                        (entry.total, stamp, entry.task_id),
+                        (task.count.total, stamp, entry.task_id),
                     )
-                ]
-            )
-            await self.on_done(entry)
+                )
+            await self.journal.commit(ops=ops)
+            for entry, task in finished:
+                entry.state = "done"
+                entry.total = task.count.total
+                entry.results_expire_at = task.results_expire_at
+                await self.on_done(entry)
         progressed = self.forecast.observe(now, counts, frozenset(done))
         return bool(done) or progressed

@@ -12,6 +12,8 @@ configs = st.builds(
     EngineConfig,
     chunk_size=st.integers(1, 1000),
     rotate_images=st.integers(1, 5000),
+    rotate_min_images=st.integers(1, 3000),
+    rotate_fraction=st.floats(0.0, 1.0),
     rotate_seconds=st.floats(1.0, 100.0),
     expiry_margin=st.floats(0.0, 5.0),
     linger_seconds=st.floats(0.05, 10.0),
@@ -30,18 +32,24 @@ def simulate(config: EngineConfig, events: list[tuple[float, int]], ttl: float) 
     tasks: list[OpenTask] = []
     order: list[int] = []
     next_row = 0
+    sent = 0
 
     def write(n: int) -> None:
-        nonlocal task
+        nonlocal task, sent
         if task is None or not policy.usable(task, now, n):
             if task is not None:
                 task.closing = True
             task = OpenTask(seq=len(tasks), token="t", opened=now, expires=now + ttl)
             task.task_id = f"task{len(tasks)}"
+            task.limit = policy.task_limit(sent)
             tasks.append(task)
         writes.append((now, task.seq, n, policy.write_deadline(task)))
         task.images += n
+        sent += n
         task.expires = now + ttl  # the service extends the expiry on every accepted write
+        if policy.full(task):
+            task.closing = True  # sealed at once, as TaskWriter does
+            task = None
 
     def advance(to: float) -> None:
         nonlocal now, buffered, since, task
@@ -91,6 +99,7 @@ def test_rotation_caps_task_size_and_age(config: EngineConfig, events: list, ttl
     result = simulate(config, events, ttl)
     for task in result["tasks"]:
         assert task.images <= max(config.rotate_images, config.chunk_size)
+        assert task.limit is not None and task.images <= max(task.limit, config.chunk_size)
         first = min(t for t, seq, _, _ in result["writes"] if seq == task.seq)
         last = max(t for t, seq, _, _ in result["writes"] if seq == task.seq)
         assert last - first < config.rotate_seconds or first == last
