@@ -24,7 +24,7 @@ import anyio
 import msgspec
 
 from ._client import TaggerClient
-from ._config import load_client_config
+from ._config import DEV_API_KEY, DEV_BULK_API_KEY, ClientConfig, Secret, load_client_config
 from ._exceptions import ConfigError, FashiontagError
 from ._models import LANGUAGES, Context, Detection, Image, ImageType
 
@@ -62,12 +62,21 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", choices=LANGUAGES, help="language of tag names (default en)")
 
 
-def client_config_from_args(args: argparse.Namespace) -> Any:
-    """The client config from --config, the environment, then flags."""
-    return load_client_config(
+def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
+    """The client config from --config, the environment, then flags.
+
+    With no key configured anywhere, the public development keys are sent, so every command
+    works against the embedded reference service with no setup (a real service answers 401).
+    """
+    config = load_client_config(
         getattr(args, "config", None),
         overrides={"base_url": args.base_url, "language": args.language},
     )
+    if config.api_key is None and config.bulk_api_key is None:
+        config = msgspec.structs.replace(
+            config, api_key=Secret(DEV_API_KEY), bulk_api_key=Secret(DEV_BULK_API_KEY)
+        )
+    return config
 
 
 def _image_from_argument(value: str) -> Image:
@@ -112,7 +121,15 @@ async def _tasks_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line (top-level options take no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser. Each half's arguments (and so its imports: the whole service package, the
+    engine with SQLite) are registered only when its subcommand is the one invoked, which keeps
+    every run's start-up to what it uses."""
     parser = argparse.ArgumentParser(
         prog="fashiontag",
         description="Tag fashion catalogues through an image tagging service.",
@@ -122,17 +139,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    # The two halves register their own subcommands; imports stay lazy in their modules.
-    from .engine import cli as engine_cli
-    from .service import cli as service_cli
-
     serve = sub.add_parser("serve", help="run the reference tagging service")
-    service_cli.add_serve_arguments(serve)
-    serve.set_defaults(handler=service_cli.serve_command, is_async=False)
+    if command == "serve":
+        from .service import cli as service_cli
+
+        service_cli.add_serve_arguments(serve)
+        serve.set_defaults(handler=service_cli.serve_command, is_async=False)
 
     run = sub.add_parser("run", help="tag every image of one or more manifests (bulk)")
-    engine_cli.add_run_arguments(run)
-    run.set_defaults(handler=engine_cli.run_command, is_async=False)
+    if command == "run":
+        from .engine import cli as engine_cli
+
+        engine_cli.add_run_arguments(run)
+        run.set_defaults(handler=engine_cli.run_command, is_async=False)
 
     tag = sub.add_parser("tag", help="tag one image (single mode)")
     tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
@@ -155,8 +174,11 @@ def _build_parser() -> argparse.ArgumentParser:
     tasks.set_defaults(handler=_tasks_command, is_async=True)
 
     demo = sub.add_parser("demo", help="run the whole pipeline on a generated catalogue")
-    engine_cli.add_demo_arguments(demo)
-    demo.set_defaults(handler=engine_cli.demo_command, is_async=False)
+    if command == "demo":
+        from .engine import cli as engine_cli
+
+        engine_cli.add_demo_arguments(demo)
+        demo.set_defaults(handler=engine_cli.demo_command, is_async=False)
     return parser
 
 
@@ -167,8 +189,9 @@ def configure_logging(verbosity: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fashiontag`` console script."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser(_command_of(arguments))
+    args = parser.parse_args(arguments)
     configure_logging(args.verbose)
     handler: Callable[[argparse.Namespace], Any] = args.handler
     try:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from .._config import DEV_API_KEY, DEV_BULK_API_KEY, Secret, load_client_config, load_section
+from .._config import ClientConfig, load_section
 from .._exceptions import ConfigError, FashiontagError
 from .config import EngineConfig, RunSummary
 from .run import RunControl, default_state_path, first_error, run_pipeline, summary_json
@@ -86,16 +86,10 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise ConfigError(f"invalid engine option: {err}") from None
 
 
-def _client_config(args: argparse.Namespace) -> Any:
-    config = load_client_config(
-        getattr(args, "config", None),
-        overrides={"base_url": args.base_url, "language": args.language},
-    )
-    if config.api_key is None and config.bulk_api_key is None:
-        config = msgspec.structs.replace(
-            config, api_key=Secret(DEV_API_KEY), bulk_api_key=Secret(DEV_BULK_API_KEY)
-        )
-    return config
+def _client_config(args: argparse.Namespace) -> ClientConfig:
+    from ..cli import client_config_from_args
+
+    return client_config_from_args(args)
 
 
 def run_async(fn: Callable[[], Awaitable[T]]) -> T:

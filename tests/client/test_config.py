@@ -109,3 +109,11 @@ def test_shipped_example_configs_decode_in_every_section() -> None:
             assert name in {"client", *sections}, f"{path.name}: unknown section [{name}]"
             if name in sections:
                 load_section(path, name, sections[name])
+
+
+def test_example_engine_config_states_the_defaults() -> None:
+    """configs/engine.toml documents the defaults: it must not drift from the code."""
+    from fashiontag_pipeline._config import load_section
+    from fashiontag_pipeline.engine import EngineConfig
+
+    assert load_section(CONFIGS / "engine.toml", "engine", EngineConfig) == EngineConfig()

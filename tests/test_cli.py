@@ -1,0 +1,98 @@
+"""The client-only commands (`tag`, `tasks`) as a user runs them, against the reference service."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+from PIL import Image as PILImage
+
+from fashiontag_pipeline import BulkContext, Image, ImageType, TaggerClient, TaggingRequest
+from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+ENV = {
+    k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")
+}  # the development keys, as a new user has them
+
+
+async def fashiontag(*args: str) -> tuple[int, bytes, bytes]:
+    result = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", *args], check=False, env=ENV
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+async def test_tag_a_url_and_a_local_file(tmp_path: Path) -> None:
+    picture = tmp_path / "red-dress.png"
+    canvas = PILImage.new("RGB", (240, 320), (250, 250, 250))
+    canvas.paste((200, 20, 30), (60, 60, 180, 280))
+    canvas.save(picture)
+    async with running_service(ServiceConfig()) as svc:
+        code, out, err = await fashiontag(
+            "tag", "https://img.example/look.jpg", "--base-url", svc.url, "--detection", "SHOES"
+        )
+        assert code == 0, err
+        assert msgspec.json.decode(out)["status"] == "success"
+        code, out, err = await fashiontag("tag", str(picture), "--base-url", svc.url)
+        assert code == 0, err
+        body = msgspec.json.decode(out)
+        colors = [
+            c["name"]
+            for obj in body["data"]["objects"]
+            for tag in obj["tags"]
+            for c in tag.get("colors", [])
+        ]
+        assert colors and colors[0] == "red"  # measured from the pixels sent as base64
+
+
+async def test_tag_errors_are_one_clear_line(tmp_path: Path) -> None:
+    async with running_service(ServiceConfig(api_keys=("other",), bulk_api_keys=("b",))) as svc:
+        code, _, err = await fashiontag("tag", str(tmp_path / "absent.png"), "--base-url", svc.url)
+        assert code == 2 and b"cannot read image" in err
+        code, _, err = await fashiontag("tag", "https://img.example/a.jpg", "--base-url", svc.url)
+        assert code == 1 and b"HTTP 401" in err and len(err.strip().splitlines()) == 1
+        assert DEV_API_KEY.encode() not in err
+    code, _, err = await fashiontag("tag", "https://x/a.jpg", "--detection", "SOCKS")
+    assert code == 2 and b"unknown detection value 'SOCKS'" in err
+
+
+async def test_tasks_list_status_and_results() -> None:
+    async with running_service(ServiceConfig()) as svc:
+        async with TaggerClient(svc.url, api_key=DEV_API_KEY, bulk_api_key=DEV_BULK_API_KEY) as c:
+            created = await c.create_task(
+                [
+                    TaggingRequest(
+                        image=Image(type=ImageType.URL, content=f"https://img.example/{i}.jpg"),
+                        context=BulkContext(id=f"sku-{i}"),
+                    )
+                    for i in range(7)
+                ],
+                description="cli test",
+            )
+            with anyio.fail_after(10):
+                while not (await c.task_status(created.task_id)).done:
+                    await anyio.sleep(0.02)
+        code, out, err = await fashiontag("tasks", "list", "--base-url", svc.url)
+        assert code == 0, err
+        assert [t["description"] for t in msgspec.json.decode(out)] == ["cli test"]
+        code, out, _ = await fashiontag("tasks", "status", created.task_id, "--base-url", svc.url)
+        assert msgspec.json.decode(out)["count"]["total"] == 7
+        code, out, _ = await fashiontag(
+            "tasks",
+            "results",
+            created.task_id,
+            "--offset",
+            "5",
+            "--size",
+            "5",
+            "--base-url",
+            svc.url,
+        )
+        page = msgspec.json.decode(out)
+        assert [r["id"] for r in page["results"]] == ["sku-5", "sku-6"]
+        code, _, err = await fashiontag("tasks", "status", "no-such-task", "--base-url", svc.url)
+        assert code == 1 and b"HTTP 404" in err
