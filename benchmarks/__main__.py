@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,7 +125,8 @@ def _run_snapshot(args: argparse.Namespace, argv: list[str]) -> int:
         check=True,
     ).stdout.strip()
     work = (args.work_dir or args.out_dir / "tmp").resolve()
-    snap = work / f"snapshot-{sha}"
+    # Outside the repository, so that linters and test runners never see a second copy.
+    snap = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots" / sha
     if not snap.exists():
         part = snap.with_name(snap.name + ".part")
         shutil.rmtree(part, ignore_errors=True)

@@ -109,7 +109,8 @@ _ROWS: dict[str, list[tuple[str, str, str | None, str]]] = {
         ("capacity / engine rows per s", "capacity_over_engine", None, "x"),
     ],
     "faults": [
-        ("CPU per image with faults", "engine_us_per_image", None, "us"),
+        ("completes, exactly once", "exactly_once", "naive_ok", "yes/no"),
+        ("CPU per image with faults", "engine_us_per_image", "naive_us_per_image", "us"),
         ("CPU overhead vs no faults", "overhead_vs_clean", None, "x"),
         ("wall time with faults", "engine_wall_s", "naive_wall_s", "s"),
     ],
@@ -135,7 +136,14 @@ def _fmt(v: Any) -> str:
 
 
 def _ratio(engine: Any, naive: Any) -> str:
-    if isinstance(engine, int | float) and isinstance(naive, int | float) and engine:
+    numbers = (int, float)
+    if (
+        isinstance(engine, numbers)
+        and isinstance(naive, numbers)
+        and not isinstance(engine, bool)
+        and not isinstance(naive, bool)
+        and engine
+    ):
         return f"{naive / engine:.1f}x"
     return "-"
 

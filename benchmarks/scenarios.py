@@ -502,9 +502,11 @@ def scenario_faults(b: Bench) -> Outcome:
         base = b.baseline(f"naive-faults-{n}", n, 0, faults=RELIABILITY_FAULTS)
         o.runs.append(base)
         o.figures |= {
-            "naive_ok": base.ok,
+            "naive_ok": base.ok and base.out_lines == n,
             "naive_results": base.out_lines,
-            "naive_wall_s": _r(base.wall_s),
+            # A crashed baseline has no meaningful wall time or CPU per image.
+            "naive_wall_s": _r(base.wall_s) if base.ok else None,
+            "naive_us_per_image": _r(base.cpu_us_per_row) if base.ok else None,
             "naive_error": base.stderr_tail.strip().splitlines()[-1] if not base.ok else "",
         }
     o.budget(
