@@ -59,6 +59,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-concurrency", type=int, help="cap of concurrent writes")
     parser.add_argument("--page-concurrency", type=int, help="cap of concurrent page reads")
     parser.add_argument("--give-up-after", type=float, help="seconds of failure before stopping")
+    parser.add_argument(
+        "--single-concurrency",
+        type=int,
+        help="cap of concurrent single-mode requests (local files, data: URIs)",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -76,6 +81,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "max_write_concurrency": getattr(args, "write_concurrency", None),
         "max_page_concurrency": getattr(args, "page_concurrency", None),
         "give_up_after": getattr(args, "give_up_after", None),
+        "single_concurrency": getattr(args, "single_concurrency", None),
     }
     changes = {k: v for k, v in overrides.items() if v is not None}
     if not changes:
@@ -144,7 +150,8 @@ def format_summary(summary: RunSummary) -> str:
     lines = [
         f"run {status} in {summary.elapsed_s:.1f}s ({summary.rows_per_s:,.0f} rows/s)",
         f"  rows read {summary.rows_read:,}   submitted {summary.submitted:,}   "
-        f"tagged {summary.tagged:,}   failed {summary.failed:,}   rejected {summary.rejected:,}",
+        f"tagged {summary.tagged:,}   failed {summary.failed:,}   rejected {summary.rejected:,}"
+        + (f"   single mode {summary.single:,}" if summary.single else ""),
         f"  tasks {summary.tasks}   pages {summary.pages}   retries {summary.retries}   "
         f"rate limited {summary.rate_limited}   ambiguous writes {summary.ambiguous_writes}",
         f"  results {summary.out}   rejects {summary.rejects}   state {summary.state}",

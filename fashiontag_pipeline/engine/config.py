@@ -23,6 +23,7 @@ DEFAULT_ROTATE_FRACTION = 0.02
 DEFAULT_ROTATE_SECONDS = 30.0
 DEFAULT_EXPIRY_MARGIN = 30.0
 DEFAULT_LINGER_SECONDS = 2.0
+DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -70,6 +71,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     * ``give_up_after``: seconds of continuous transport failure after which the run stops
       (state saved) as "service unreachable".
     * ``fsync_seconds``: sinks and state are fsync-ed at most this often (0 = every commit).
+    * ``single_concurrency``: rows that cannot go through bulk (local files, ``data:`` URIs)
+      are tagged one by one on the single endpoint, at most this many at a time.
+    * ``single_max_bytes``: a local image file larger than this is rejected without a request
+      (the service refuses images over 20 MiB).
     """
 
     chunk_size: int = MAX_REQUESTS_PER_WRITE
@@ -89,6 +94,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     queue_batches: int = 8
     default_detection: list[Detection] | None = None
     sink: SinkKind = "jsonl"
+    single_concurrency: int = 8
+    single_max_bytes: int = DEFAULT_SINGLE_MAX_BYTES
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_size <= MAX_REQUESTS_PER_WRITE:
@@ -103,6 +110,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.expiry_margin must be >= 0 and linger_seconds > 0")
         if self.max_write_concurrency < 1 or self.max_page_concurrency < 1:
             raise ValueError("engine concurrency caps must be at least 1")
+        if self.single_concurrency < 1 or self.single_max_bytes < 1:
+            raise ValueError("engine.single_concurrency and single_max_bytes must be positive")
         if not 0 < self.poll_min <= self.poll_max:
             raise ValueError("engine.poll_min must be > 0 and <= poll_max")
 
@@ -122,6 +131,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     rate_limited: int = 0
     ambiguous_writes: int = 0
     expired_writes: int = 0
+    #: Rows routed to the single endpoint (local files, data: URIs) that have an outcome.
+    single: int = 0
     elapsed_s: float = 0.0
     rows_per_s: float = 0.0
     resumed: bool = False

@@ -57,7 +57,7 @@ class _Status(msgspec.Struct, gc=False):
 
 class _OutLine(msgspec.Struct, rename="camel", gc=False):
     id: str
-    task_id: str
+    task_id: str | None  # None (JSON null): a result of the single endpoint
     tagging_result: msgspec.Raw
 
 
@@ -157,7 +157,7 @@ class ResultSink(Protocol):
 
     path: Path
 
-    def write_page(self, task_id: str, rows: list[PageRow]) -> None: ...
+    def write_page(self, task_id: str | None, rows: list[PageRow]) -> None: ...
 
     def task_ids(self, task_id: str) -> set[str]: ...
 
@@ -173,7 +173,7 @@ class ResultSink(Protocol):
 class JsonlResultSink(_AppendFile):
     """Results JSONL: ``{"id", "taskId", "taggingResult"}`` per line, one write per page."""
 
-    def write_page(self, task_id: str, rows: list[PageRow]) -> None:
+    def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
         self.write(_encoder.encode_lines([_OutLine(r.id, task_id, r.tagging_result) for r in rows]))
 
     def task_ids(self, task_id: str) -> set[str]:
@@ -205,7 +205,9 @@ class SqliteResultSink:
         )
         self._rows = 0
 
-    def write_page(self, task_id: str, rows: list[PageRow]) -> None:
+    def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
+        """Single-endpoint results (``task_id`` None) are stored with task_id ''."""
+        task_id = task_id or ""
         values = []
         for row in rows:
             typed = _typed_decoder.decode(row.tagging_result)

@@ -1,0 +1,270 @@
+"""Single-mode route: rows bulk cannot take (local files, ``data:`` URIs) go to the single
+endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
+
+::
+
+    validate --[SingleItem]--> SingleRouter --(<= single_concurrency)--> client.tag --> Journal
+
+* At most ``single_concurrency`` rows are in flight; a local file is read (in a worker thread)
+  only once its row holds a slot, so memory is bounded by the cap x ``single_max_bytes`` (x ~2.3
+  for the base64 copy), whatever the manifest holds.
+* The file is read and checked in the thread: missing, a directory, unreadable, empty or
+  larger than ``single_max_bytes`` is a rejects line (stage ``client``) with that reason; a
+  ``data:`` URI whose base64 does not decode likewise. The ``data:image/<ext>;base64,`` prefix
+  of a file takes ``<ext>`` from the magic bytes (PNG, JPEG, GIF, BMP, TIFF, WEBP), else from
+  the file's suffix.
+* Outcome: a 200 answer (``status`` success or failure) is a results line
+  ``{"id", "taskId": null, "taggingResult"}`` (``taskId`` null marks single mode); a 4xx
+  request error (801/802/804/805/413...) is a rejects line with stage ``server-validation`` and
+  the service's message; transport errors, 429 and 5xx left after the client's own retries are
+  retried under the run's :class:`~.flow.RetryBudget` (the run stops with
+  :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
+  fatal at once.
+* Exactly once: each routed row was written ahead to the ``singles`` table (pending) with the
+  intake that moved the validated watermark over it (see :mod:`.state`); its outcome line and
+  its ``done`` mark are one journal commit. A resume re-tags the pending rows (single tagging
+  is idempotent).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import stat
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._models import Image, ImageType, TaggingResponse
+from .config import EngineConfig
+from .flow import FatalRunError, RetryBudget
+from .sinks import PageRow, Reject
+from .state import Journal
+from .validate import SINGLE_DATA, STAGE_CLIENT, SingleItem, SingleRequest
+
+__all__ = ["SingleRejected", "SingleRouter", "load_image", "sniff_ext"]
+
+STAGE_SERVER = "server-validation"
+
+_body_encoder = msgspec.json.Encoder()
+_body_decoder = msgspec.json.Decoder(SingleRequest)
+_result_encoder = msgspec.json.Encoder()
+
+_PENDING_SQL = "INSERT OR IGNORE INTO singles (pos, state, body) VALUES (?, 'pending', ?)"
+_DONE_SQL = "UPDATE singles SET state='done', body=NULL WHERE pos=?"
+
+_SUFFIXES = {"jpg": "jpeg", "jpe": "jpeg", "tif": "tiff"}
+
+
+class SingleRejected(Exception):
+    """A routed row that has no image to send; the message is the reject reason."""
+
+
+def sniff_ext(data: bytes, path: str) -> str:
+    """The ``<ext>`` of ``data:image/<ext>;base64,``: from the magic bytes, else the suffix."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data.startswith((b"II*\x00", b"MM\x00*")):
+        return "tiff"
+    if data.startswith(b"BM"):
+        return "bmp"
+    suffix = os.path.splitext(path)[1][1:].lower()
+    if suffix.isalnum():
+        return _SUFFIXES.get(suffix, suffix)
+    return "octet-stream"
+
+
+def load_image(request: SingleRequest, max_bytes: int) -> str:
+    """The ``data:image/<ext>;base64,...`` content of a routed row (blocking: run in a
+    thread). Raises :class:`SingleRejected` with the reason when there is nothing to send."""
+    if request.kind == SINGLE_DATA:
+        payload = request.content.partition(",")[2]
+        if len(payload) > (max_bytes + 2) // 3 * 4 + 4:
+            raise SingleRejected(f"data: URI image is larger than {max_bytes} bytes")
+        try:
+            base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise SingleRejected("data: URI base64 content does not decode") from None
+        return request.content
+    path = request.content
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise SingleRejected(f"local path is a directory, not an image file: {path}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SingleRejected(f"local path is not a regular file: {path}")
+        if info.st_size > max_bytes:
+            raise SingleRejected(
+                f"local file is larger than {max_bytes} bytes ({info.st_size}): {path}"
+            )
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise SingleRejected(f"local file not found: {path}") from None
+    except OSError as err:
+        raise SingleRejected(f"local file unreadable ({err.strerror}): {path}") from None
+    if not data:
+        raise SingleRejected(f"local file is empty: {path}")
+    if len(data) > max_bytes:
+        raise SingleRejected(f"local file is larger than {max_bytes} bytes: {path}")
+    ext = sniff_ext(data, path)
+    return f"data:image/{ext};base64," + base64.b64encode(data).decode("ascii")
+
+
+def pending_ops(
+    singles: Sequence[SingleItem], kept: Sequence[int]
+) -> list[tuple[str, Sequence[Any]]]:
+    """Statements writing the routed rows ``singles[i] for i in kept`` ahead (pending)."""
+    return [(_PENDING_SQL, (singles[i][1], _body_encoder.encode(singles[i][2]))) for i in kept]
+
+
+class SingleRouter:
+    """The bounded pool of single-mode requests. :meth:`run` consumes the routed rows of the
+    validator (and, on resume, the rows left pending) until its stream ends."""
+
+    def __init__(
+        self,
+        *,
+        client: TaggerClient,
+        journal: Journal,
+        config: EngineConfig,
+        budget: RetryBudget,
+        on_idle: Callable[[], None],
+    ) -> None:
+        self.client = client
+        self.journal = journal
+        self.config = config
+        self.budget = budget
+        self.on_idle = on_idle
+        self.cap = config.single_concurrency
+        self._slots = anyio.Semaphore(self.cap)
+        self.inflight = 0
+        self.peak = 0
+        self.active = 0
+        self.intake_done = False
+        self.idle = anyio.Event()
+
+    # ------------------------------------------------------------------ resume
+
+    def _load_pending(self) -> list[SingleItem]:
+        db = self.journal.db.db
+        # A state file of an older version has no single counter yet.
+        db.execute("INSERT OR IGNORE INTO meta VALUES ('n_single', '0')")
+        out: list[SingleItem] = []
+        for pos, body in db.execute(
+            "SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos"
+        ):
+            request = _body_decoder.decode(body)
+            out.append((request.context.id or "", pos, request))
+        return out
+
+    async def load_pending(self) -> list[SingleItem]:
+        """Routed rows written ahead whose outcome was never committed."""
+        return await self.journal.run(self._load_pending)
+
+    # ------------------------------------------------------------------ the pool
+
+    async def run(
+        self,
+        items: anyio.abc.ObjectReceiveStream[list[SingleItem]],
+        pending: Sequence[SingleItem] = (),
+    ) -> None:
+        async with anyio.create_task_group() as tg, items:
+            self.active += 1
+            try:
+                for item in pending:
+                    await self._start(tg, item)
+                async for batch in items:
+                    for item in batch:
+                        await self._start(tg, item)
+            finally:
+                self.active -= 1
+                self.intake_done = True
+                self._check_idle()
+
+    async def _start(self, tg: anyio.abc.TaskGroup, item: SingleItem) -> None:
+        await self._slots.acquire()
+        self.active += 1
+        tg.start_soon(self._one, item)
+
+    def _check_idle(self) -> None:
+        if self.intake_done and self.active == 0 and not self.idle.is_set():
+            self.idle.set()
+            self.on_idle()
+
+    async def _one(self, item: SingleItem) -> None:
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+        try:
+            await self._tag(item)
+        finally:
+            self.inflight -= 1
+            self.active -= 1
+            self._slots.release()
+            self._check_idle()
+
+    async def _tag(self, item: SingleItem) -> None:
+        ident, pos, request = item
+        try:
+            content = await anyio.to_thread.run_sync(
+                load_image, request, self.config.single_max_bytes
+            )
+        except SingleRejected as err:
+            await self._reject(item, str(err), STAGE_CLIENT)
+            return
+        image = Image(type=ImageType.BASE64, content=content)
+        del content
+        context = request.context
+        if context.detection is None and self.config.default_detection:
+            context = msgspec.structs.replace(
+                context, detection=list(self.config.default_detection)
+            )
+        while True:
+            try:
+                response = await self.client.tag(image, context)
+            except (
+                exc.AuthenticationError,
+                exc.PermissionDeniedError,
+                exc.UnsupportedLanguageError,
+            ) as err:
+                raise FatalRunError(f"the service refused the run: {err}") from err
+            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
+                await self.budget.failed(err, "single-mode tag")
+                continue
+            except exc.RequestError as err:
+                message = err.service_message or str(err)
+                reason = f"{err.code}: {message}" if err.code is not None else message
+                await self._reject(item, reason, STAGE_SERVER)
+                return
+            except exc.ServiceError as err:  # an unexpected status: transient until proven
+                await self.budget.failed(err, "single-mode tag")
+                continue
+            break
+        self.budget.ok()
+        del image
+        await self._result(ident, pos, response)
+
+    async def _result(self, ident: str, pos: int, response: TaggingResponse) -> None:
+        row = PageRow(ident, msgspec.Raw(_result_encoder.encode(response)))
+        await self.journal.commit(
+            page=(None, [row]), ops=[(_DONE_SQL, (pos,))], counters={"single": 1}
+        )
+
+    async def _reject(self, item: SingleItem, reason: str, stage: str) -> None:
+        ident, pos, request = item
+        await self.journal.commit(
+            rejects=[Reject(ident, reason, stage, request.line, request.source)],
+            ops=[(_DONE_SQL, (pos,))],
+            counters={"single": 1},
+        )

@@ -1,0 +1,285 @@
+"""Single-mode routing: local files and data: URIs go to the single endpoint (base64), against
+the reference service over loopback (it decodes the real pixels sent)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from PIL import Image as PILImage
+
+from fashiontag_pipeline import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.source import open_manifest
+from fashiontag_pipeline.engine.validate import Validator
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, read_outcomes
+from .test_resume_trickle import ENV, run_args
+
+FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0)
+
+
+def red_picture(path: Path) -> Path:
+    """A red rectangle on white (PNG or JPEG from the suffix)."""
+    canvas = PILImage.new("RGB", (240, 320), (250, 250, 250))
+    canvas.paste((200, 20, 30), (60, 60, 180, 280))
+    canvas.save(path)
+    return path
+
+
+def data_uri(path: Path, ext: str = "png") -> str:
+    return f"data:image/{ext};base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def colors_of(result: dict[str, Any]) -> list[str]:
+    data = result["taggingResult"].get("data") or {}
+    return [
+        c["name"]
+        for obj in data.get("objects", [])
+        for tag in obj["tags"]
+        for c in tag.get("colors", [])
+    ]
+
+
+def write_csv_rows(path: Path, rows: list[tuple[str, str]]) -> Path:
+    lines = ["id,url,brand,age"] + [f'{i},"{u}",acme,20s|30s' for i, u in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------- routing rules
+
+
+def test_route_rules_without_a_service(tmp_path: Path) -> None:
+    """Which rows go where, and the client-side reasons of the ones that cannot go anywhere."""
+    p = tmp_path / "m.jsonl"
+    rows = [
+        {"id": "h", "url": "https://x/1.jpg"},
+        {"id": "rel", "url": "imgs/a.png", "age": ["20s", "30s"], "detection": ["TOP"]},
+        {"id": "abs", "url": "/data/a.png"},
+        {"id": "fu", "url": "file:///data/b%20c.png"},
+        {"id": "fl", "image": {"type": "url", "content": "file://localhost/data/d.png"}},
+        {"id": "du", "url": "data:image/png;base64,AAAA"},
+        {"id": "b64", "image": {"type": "base64", "content": "data:image/jpeg;base64,AAAA"}},
+        {"id": "x1", "url": "ftp://x/1.jpg"},
+        {"id": "x2", "url": "file://otherhost/a.png"},
+        {"id": "x3", "url": "data:text/plain;base64,AAAA"},
+        {"id": "x4", "image": {"type": "base64", "content": "AAAA"}},
+        {"id": "x5", "image": {"type": "path", "content": "a.png"}},
+    ]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    reader = open_manifest(str(p), 0)
+    batch = reader.read_batch()
+    reader.close()
+    assert batch is not None
+    items, singles, rejects = Validator(cwd="/work/dir").route(batch)
+    assert [i[0] for i in items] == ["h"]
+    routed = {ident: request for ident, _, request in singles}
+    assert {k: (r.kind, r.content) for k, r in routed.items()} == {
+        "rel": ("file", "/work/dir/imgs/a.png"),
+        "abs": ("file", "/data/a.png"),
+        "fu": ("file", "/data/b c.png"),
+        "fl": ("file", "/data/d.png"),
+        "du": ("data", "data:image/png;base64,AAAA"),
+        "b64": ("data", "data:image/jpeg;base64,AAAA"),
+    }
+    assert routed["rel"].context.age == "20s,30s" and routed["rel"].context.detection == ["TOP"]
+    assert routed["rel"].context.id == "rel" and routed["rel"].line == 2
+    reasons = {r.id: r.reason for _, r in rejects}
+    assert "scheme 'ftp' is not supported" in reasons["x1"]
+    assert "absolute local path" in reasons["x2"]
+    assert "data:image/<ext>;base64,<content>" in reasons["x3"]
+    assert "must begin with data:image/" in reasons["x4"]
+    assert "url or base64" in reasons["x5"]
+    assert all(r.stage == "client" for _, r in rejects)
+    # Bulk-only validation still refuses all of them.
+    assert [i[0] for i in Validator().validate(batch)[0]] == ["h"]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+async def test_mixed_manifests_every_id_once_single_rows_tagged_from_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "imgs").mkdir()
+    png = red_picture(tmp_path / "imgs" / "red.png")
+    jpg = red_picture(tmp_path / "imgs" / "red.jpg")
+    noext = tmp_path / "imgs" / "red-no-suffix"
+    noext.write_bytes(jpg.read_bytes())
+    csv_rows = [(f"h{i}", f"https://img.example/{i}.jpg") for i in range(40)]
+    csv_rows[5:5] = [
+        ("c-abs", str(png)),
+        ("c-rel", "imgs/red.jpg"),
+        ("c-file", jpg.as_uri()),
+        ("c-data", data_uri(png)),
+        ("c-magic", str(noext)),
+    ]
+    csv = write_csv_rows(tmp_path / "m.csv", csv_rows)
+    jsonl = tmp_path / "m.jsonl"
+    jrows = [{"id": f"jh{i}", "url": f"https://img.example/j{i}.jpg"} for i in range(30)]
+    jrows[10:10] = [
+        {"id": "j-b64", "image": {"type": "base64", "content": data_uri(jpg, "jpeg")}},
+        {"id": "j-rel", "url": "imgs/red.png", "gender": "female", "age": ["20s"]},
+        {"id": "j-img", "image": {"type": "url", "content": str(png)}, "detection": ["TOP"]},
+    ]
+    jsonl.write_text("\n".join(json.dumps(r) for r in jrows) + "\n")
+    singles = {"c-abs", "c-rel", "c-file", "c-data", "c-magic", "j-b64", "j-rel", "j-img"}
+    expected = {i for i, _ in csv_rows} | {r["id"] for r in jrows}
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        summary = await run_pipeline(
+            [csv, jsonl], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.single == len(singles)
+    assert summary.tagged + summary.failed == len(expected) and summary.rejected == 0
+    o = assert_exactly_once(out, rej, expected)
+    by_id = {r["id"]: r for r in o.results}
+    for ident in singles:
+        r = by_id[ident]
+        assert r["taskId"] is None, ident
+        assert r["taggingResult"]["status"] == "success", r
+        assert colors_of(r)[:1] == ["red"], (ident, colors_of(r))  # measured from the pixels
+    bulk = [r for r in o.results if r["id"] not in singles]
+    assert all(isinstance(r["taskId"], str) and r["taskId"] for r in bulk)
+    assert summary.submitted == len(bulk)
+
+
+async def test_bad_single_rows_one_specific_outcome_each(tmp_path: Path) -> None:
+    good = red_picture(tmp_path / "ok.png")
+    text = tmp_path / "notes.png"
+    text.write_text("this is not an image\n" * 10)
+    big = tmp_path / "big.png"
+    big.write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(3000))
+    noise = tmp_path / "noise.jpg"  # under the engine's cap, over the service's body limit
+    noise.write_bytes(b"\xff\xd8\xff" + os.urandom(1500))
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    rows = [
+        ("ok", str(good)),
+        ("missing", str(tmp_path / "absent.png")),
+        ("dir", str(tmp_path)),
+        ("text", str(text)),
+        ("bad64", "data:image/png;base64,!!not*base64!!"),
+        ("big", str(big)),
+        ("body413", str(noise)),
+        ("empty", str(empty)),
+        ("h1", "https://img.example/1.jpg"),
+    ]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, single_max_bytes=2500)
+    async with running_service(ServiceConfig(max_body_bytes=2048)) as svc:
+        summary = await run_pipeline(
+            [csv], client=client_config(svc.url), out=out, rejects=rej, engine=engine
+        )
+    assert summary.complete and summary.single == 8
+    o = assert_exactly_once(out, rej, {i for i, _ in rows})
+    results = {r["id"]: r for r in o.results}
+    rejects = {r["id"]: r for r in o.rejects}
+    assert set(results) == {"ok", "text", "h1"}
+    assert results["ok"]["taggingResult"]["status"] == "success"
+    # A non-image file: the service answers 200 with status failure, code 805 (like a bulk
+    # image that cannot be decoded): a results line, not a reject.
+    failure = results["text"]["taggingResult"]
+    assert failure["status"] == "failure" and failure["error"]["code"] == 805
+    assert results["text"]["taskId"] is None
+    expected = {
+        "missing": ("client", "local file not found"),
+        "dir": ("client", "is a directory"),
+        "bad64": ("client", "base64 content does not decode"),
+        "big": ("client", "larger than 2500 bytes"),
+        "empty": ("client", "local file is empty"),
+        "body413": ("server-validation", "809: request body is larger than 2048 bytes"),
+    }
+    for ident, (stage, reason) in expected.items():
+        assert rejects[ident]["stage"] == stage, rejects[ident]
+        assert reason in rejects[ident]["reason"], rejects[ident]
+        assert rejects[ident]["source"] == str(csv) and rejects[ident]["line"] >= 2
+
+
+class CountingClient(TaggerClient):
+    """Counts single-mode calls in flight."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inflight = 0
+        self.peak = 0
+        self.calls = 0
+
+    async def tag(self, *args: Any, **kwargs: Any) -> Any:
+        self.inflight += 1
+        self.calls += 1
+        self.peak = max(self.peak, self.inflight)
+        try:
+            await anyio.sleep(0.02)
+            return await super().tag(*args, **kwargs)
+        finally:
+            self.inflight -= 1
+
+
+async def test_single_concurrency_cap_is_respected(tmp_path: Path) -> None:
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(40)] + [("h", "https://img.example/h.jpg")]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, single_concurrency=3)
+    async with (
+        running_service(ServiceConfig()) as svc,
+        CountingClient(config=client_config(svc.url)) as client,
+    ):
+        summary = await run_pipeline([csv], client=client, out=out, rejects=rej, engine=engine)
+    assert summary.complete and summary.single == 40
+    assert client.calls == 40
+    assert client.peak == 3  # the cap is reached, never passed
+    assert_exactly_once(out, rej, {i for i, _ in rows})
+
+
+async def test_kill_9_with_single_rows_in_flight_then_resume_exactly_once(tmp_path: Path) -> None:
+    pictures = [red_picture(tmp_path / f"red{k}.png") for k in range(4)]
+    rows: list[tuple[str, str]] = []
+    singles: set[str] = set()
+    for i in range(1500):
+        if i % 3 == 1:
+            rows.append((f"s{i}", str(pictures[i % 4])))
+            singles.add(f"s{i}")
+        else:
+            rows.append((f"p{i}", f"https://img.example/{i}.jpg"))
+    rows.append(("p6", "https://img.example/dup.jpg"))
+    manifest = write_csv_rows(tmp_path / "m.csv", rows)
+    out = tmp_path / "out.jsonl"
+    rej = out.with_suffix(".rej")
+    state = tmp_path / "run.state"
+    async with running_service(ServiceConfig(rate=600.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        args += ["--rotate-images", "300", "--single-concurrency", "4"]
+        killed = []
+        singles_done = []
+        for delay in (0.9, 1.1, 1.3):
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            await anyio.sleep(delay)
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+            killed.append(await proc.wait())
+            await proc.aclose()
+            partial = read_outcomes(out, rej)
+            singles_done.append(sum(1 for r in partial.results if r["taskId"] is None))
+        assert killed.count(-signal.SIGKILL) >= 2, killed
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()
+    assert b"complete" in result.stderr
+    o = assert_exactly_once(out, rej, {i for i, _ in rows}, duplicates=1)
+    by_id = {r["id"]: r for r in o.results}
+    assert all(by_id[s]["taskId"] is None for s in singles)
+    # The kills hit the single route partway (single rows were in flight).
+    assert any(0 < n < len(singles) for n in singles_done), singles_done
