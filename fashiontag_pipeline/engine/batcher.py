@@ -41,7 +41,16 @@ from .sinks import Reject
 from .state import Journal, split_position
 from .validate import Item
 
-__all__ = ["Chunk", "OpenTask", "TaskWriter", "WritePolicy", "decode_body", "encode_body"]
+__all__ = [
+    "BODY_SQL",
+    "Chunk",
+    "OpenTask",
+    "TaskWriter",
+    "WritePolicy",
+    "decode_body",
+    "drop_bodies_ops",
+    "encode_body",
+]
 
 STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
@@ -57,6 +66,28 @@ def encode_body(positions: Sequence[int], requests: Sequence[TaggingRequest]) ->
 
 def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
     return _body_decoder.decode(body)
+
+
+#: A chunk's body in a ``SELECT ... FROM chunks``: its ``chunk_bodies`` row (``chunks.body`` in
+#: state files written before bodies had their own table).
+BODY_SQL = (
+    "COALESCE((SELECT b.body FROM chunk_bodies b WHERE b.chunk_id = chunks.chunk_id), chunks.body)"
+)
+
+
+def drop_bodies_ops(task_id: str) -> list[tuple[str, tuple[Any, ...]]]:
+    """Ops that drop the bodies of a task's accepted chunks (the task is drained or expired)."""
+    return [
+        (
+            "DELETE FROM chunk_bodies WHERE chunk_id IN"
+            " (SELECT chunk_id FROM chunks WHERE task_id=? AND state='accepted')",
+            (task_id,),
+        ),
+        (
+            "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted' AND body IS NOT NULL",
+            (task_id,),
+        ),
+    ]
 
 
 def remaining_seconds(expires_at: datetime | None, default: float) -> float:
@@ -295,14 +326,18 @@ class TaskWriter:
         # orphan chunk whose missing rows it carries (so they can never be sent twice).
         db = self.journal.db.db
         db.execute("BEGIN IMMEDIATE")
+        # The body goes to its own table: the chunk's row is updated several times (token,
+        # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
         cur = db.execute(
-            "INSERT INTO chunks (state, n, last_pos, body) VALUES ('pending', ?, ?, ?)",
-            (n, last_pos, body),
+            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?)", (n, last_pos)
         )
+        assert cur.lastrowid is not None
+        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (cur.lastrowid, body))
         if replaces is not None:
             db.execute(
                 "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
             )
+            db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
         else:
             db.execute(
                 "UPDATE meta SET value=? WHERE key='chunked' AND CAST(value AS INTEGER) < ?",

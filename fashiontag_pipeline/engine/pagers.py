@@ -22,7 +22,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
-from .batcher import STAGE_SERVER, decode_body
+from .batcher import BODY_SQL, STAGE_SERVER, decode_body, drop_bodies_ops
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .sinks import PageRow, Reject, page_decoder
@@ -65,6 +65,10 @@ class ResultPagers:
         self._order = itertools.count()
         self.pages = 0
         self.lost_unidentified = 0
+        #: Fetched pages waiting for their turn, per task: offset -> rows (None: expired).
+        self._ready: dict[str, dict[int, list[PageRow] | None]] = {}
+        #: Tasks whose ready pages a page task is committing right now.
+        self._committing: set[str] = set()
 
     async def add(self, entry: TaskEntry) -> None:
         """Queue a done (or lost) task for draining."""
@@ -135,36 +139,71 @@ class ResultPagers:
         return seen
 
     async def _page(self, entry: TaskEntry, offset: int) -> None:
+        """Fetch one page; commit it in offset order.
+
+        A fetched page waits in ``_ready`` (holding its slot, so pages in memory stay bounded
+        by the page concurrency). Whichever page task finds the task's next page ready commits
+        every consecutive ready page in one journal transaction (one thread hand-off, one sink
+        write, one SQLite commit for several pages); the other page tasks wait until their page
+        is committed."""
         try:
             rows = await self._fetch(entry, offset)
-            while entry.next_offset != offset and entry.state == "done":
-                await entry.advanced.wait()
-            if entry.state != "done":
-                return
-            if rows is None:
-                await self._expired(entry)
-                return
-            end = min(offset + MAX_PAGE_SIZE, entry.total)
-            if entry.seen is not None:
-                entry.seen.update(r.id for r in rows)
-            await self.journal.commit(
-                page=(entry.task_id, rows),
-                ops=[("UPDATE tasks SET next_offset=? WHERE task_id=?", (end, entry.task_id))],
-                counters={"pages": 1},
-            )
-            self.pages += 1
-            entry.advance(end)
-            if end >= entry.total:
-                await self._drained(entry)
+            task_id = entry.task_id
+            ready = self._ready.setdefault(task_id, {})
+            ready[offset] = rows
+            while entry.state == "done" and entry.next_offset <= offset:
+                if entry.next_offset in ready and task_id not in self._committing:
+                    await self._commit_ready(entry, ready)
+                else:
+                    await entry.advanced.wait()
         finally:
             self.slots.release()
+
+    async def _commit_ready(self, entry: TaskEntry, ready: dict[int, list[PageRow] | None]) -> None:
+        """Commit the consecutive ready pages from ``entry.next_offset`` (one transaction)."""
+        task_id = entry.task_id
+        self._committing.add(task_id)
+        try:
+            start = entry.next_offset
+            if ready[start] is None:
+                ready.pop(start)
+                self._ready.pop(task_id, None)
+                await self._expired(entry)
+                return
+            rows: list[PageRow] = []
+            end = start
+            pages = 0
+            while end in ready and ready[end] is not None:
+                page = ready.pop(end)
+                assert page is not None
+                rows.extend(page)
+                end = min(end + MAX_PAGE_SIZE, entry.total)
+                pages += 1
+            if entry.seen is not None:
+                entry.seen.update(r.id for r in rows)
+            ops: list[tuple[str, tuple[object, ...]]] = [
+                ("UPDATE tasks SET next_offset=? WHERE task_id=?", (end, task_id))
+            ]
+            drained = end >= entry.total
+            if drained:
+                ops.extend(self._drained_ops(task_id))
+            await self.journal.commit(page=(task_id, rows), ops=ops, counters={"pages": pages})
+            self.pages += pages
+            if drained:
+                entry.state = "drained"
+                self._ready.pop(task_id, None)
+            entry.advance(end)
+            if drained:
+                await self._settle(entry, lost=False)
+        finally:
+            self._committing.discard(task_id)
 
     async def _rows_of(self, task_id: str, states: tuple[str, ...]) -> list[tuple[int, list]]:  # type: ignore[type-arg]
         def load() -> list[tuple[int, bytes]]:
             marks = ",".join("?" * len(states))
             cur = self.journal.db.db.execute(
-                f"SELECT chunk_id, body FROM chunks WHERE task_id=? AND state IN ({marks})"
-                " AND body IS NOT NULL",
+                f"SELECT chunk_id, {BODY_SQL} FROM chunks"
+                f" WHERE task_id=? AND state IN ({marks}) AND {BODY_SQL} IS NOT NULL",
                 (task_id, *states),
             )
             return list(cur)
@@ -186,8 +225,8 @@ class ResultPagers:
 
         def unread() -> list[tuple[int, str]]:
             cur = journal.db.db.execute(
-                "SELECT body FROM chunks WHERE task_id=? AND state='accepted'"
-                " AND body IS NOT NULL ORDER BY chunk_id",
+                f"SELECT {BODY_SQL} FROM chunks WHERE task_id=? AND state='accepted'"
+                f" AND {BODY_SQL} IS NOT NULL ORDER BY chunk_id",
                 (task_id,),
             )
             bodies = [body for (body,) in cur]
@@ -227,25 +266,21 @@ class ResultPagers:
             rejects=rejects,
             ops=[
                 ("UPDATE tasks SET state='expired' WHERE task_id=?", (task_id,)),
-                (
-                    "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted'",
-                    (task_id,),
-                ),
+                *drop_bodies_ops(task_id),
             ],
         )
         await self._settle(entry, lost=False)
 
+    @staticmethod
+    def _drained_ops(task_id: str) -> list[tuple[str, tuple[object, ...]]]:
+        return [
+            ("UPDATE tasks SET state='drained' WHERE task_id=?", (task_id,)),
+            *drop_bodies_ops(task_id),
+        ]
+
     async def _drained(self, entry: TaskEntry) -> None:
         entry.state = "drained"
-        await self.journal.commit(
-            ops=[
-                ("UPDATE tasks SET state='drained' WHERE task_id=?", (entry.task_id,)),
-                (
-                    "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted'",
-                    (entry.task_id,),
-                ),
-            ]
-        )
+        await self.journal.commit(ops=self._drained_ops(entry.task_id))
         await self._settle(entry, lost=False)
 
     async def _settle(self, entry: TaskEntry, *, lost: bool) -> None:
