@@ -7,6 +7,9 @@
                              rejects            (sealed tasks)          Tracker (list)
                                                                            |
                      sinks <-- Journal <-- ResultPagers <--(done tasks)----+
+                                  ^
+    validate --[SingleItem]--> SingleRouter --POST /tagger/v2/tags--> service
+                 (local files, data: URIs; at most ``single_concurrency`` at a time)
 
 Streams between stages are bounded (``queue_batches`` batches), so a slow service slows the
 source down instead of filling memory. :func:`run_pipeline` is the Python API; the CLI and the
@@ -32,11 +35,12 @@ from .batcher import BODY_SQL, Chunk, OpenTask, TaskWriter, decode_body
 from .config import EngineConfig, RunSummary
 from .flow import FatalRunError, RetryBudget
 from .pagers import ResultPagers
+from .single import SingleRouter, pending_ops
 from .sinks import Reject, RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, open_manifest
 from .state import Journal, RunState, StateDB, split_position, tune_gc
 from .tracker import TaskBook, TaskEntry, Tracker
-from .validate import STAGE_CLIENT, Item, Validator
+from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
@@ -213,6 +217,13 @@ class _EngineRun:
             resend=self._resend,
             finished=self._finished,
         )
+        self.single = SingleRouter(
+            client=client,
+            journal=journal,
+            config=config,
+            budget=self.budget,
+            on_idle=self.book.poke,
+        )
         self.started = time.monotonic()
         self.rows_read = 0
         self.complete = False
@@ -247,6 +258,7 @@ class _EngineRun:
             and self.book.unfinished() == 0
             and self.book.orphans_pending == 0
             and not self.orphans_by_task
+            and self.single.idle.is_set()
         )
 
     # -------------------------------------------------------------- stages
@@ -262,23 +274,35 @@ class _EngineRun:
         self,
         receive: anyio.abc.ObjectReceiveStream[RowBatch],
         send: anyio.abc.ObjectSendStream[list[Item]],
+        single_send: anyio.abc.ObjectSendStream[list[SingleItem]],
     ) -> None:
         chunked, validated = self.state.chunked, self.state.validated
-        async with receive, send:
+        async with receive, send, single_send:
             async for batch in receive:
-                items, rejects = self.validator.validate(batch, skip_upto=chunked)
+                items, singles, rejects = self.validator.route(batch, skip_upto=chunked)
                 fresh = [r for pos, r in rejects if pos > validated]
                 last = batch.rows[-1][0]
                 watermark = (batch.source << 40) | last
-                if not items and not fresh and watermark <= validated:
+                if not items and not singles and not fresh and watermark <= validated:
                     continue
                 keyed = [(ident, pos) for ident, pos, _ in items]
+                n_bulk = len(keyed)
+                routed = None
+                if singles:
+                    keyed += [(ident, pos) for ident, pos, _ in singles]
 
-                def make_dup(i: int, first: int, items: list[Item] = items) -> Reject:
-                    _, pos, _ = items[i]
+                    def routed(
+                        keep: list[int], singles: list[SingleItem] = singles, n: int = n_bulk
+                    ) -> list[tuple[str, Any]]:
+                        # Routed rows at or below V were written ahead by an earlier attempt.
+                        new = [i - n for i in keep if i >= n and singles[i - n][1] > validated]
+                        return pending_ops(singles, new)
+
+                def make_dup(i: int, first: int, keyed: list[tuple[str, int]] = keyed) -> Reject:
+                    ident, pos = keyed[i]
                     src, line = split_position(first)
                     return Reject(
-                        items[i][0],
+                        ident,
                         f"duplicate id (first seen at {self.names[src]} line {line})",
                         STAGE_CLIENT,
                         pos & ((1 << 40) - 1),
@@ -286,8 +310,17 @@ class _EngineRun:
                     )
 
                 keep = await self.journal.intake(
-                    keyed, fresh, make_dup, max(watermark, validated), validated
+                    keyed, fresh, make_dup, max(watermark, validated), validated, routed
                 )
+                if singles:
+                    routed_rows = [
+                        singles[i - n_bulk]
+                        for i in keep
+                        if i >= n_bulk and singles[i - n_bulk][1] > validated
+                    ]
+                    keep = [i for i in keep if i < n_bulk]
+                    if routed_rows:
+                        await single_send.send(routed_rows)
                 if keep:
                     await send.send([items[i] for i in keep])
 
@@ -379,9 +412,11 @@ class _EngineRun:
         q = self.config.queue_batches
         raw_send, raw_recv = anyio.create_memory_object_stream[RowBatch](q)
         item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
+        single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         async with anyio.create_task_group() as tg:
             self.writer._tg = tg
             pending = await self._reattach() if self.state.resumed else []
+            pending_singles = await self.single.load_pending()
             source_scope = anyio.CancelScope()
 
             async def source() -> None:
@@ -397,6 +432,7 @@ class _EngineRun:
 
                     async def until_idle() -> None:
                         await self.writer.idle.wait()
+                        await self.single.idle.wait()
                         inner.cancel_scope.cancel()
 
                     inner.start_soon(until_idle)
@@ -411,7 +447,8 @@ class _EngineRun:
                 await self.writer.start(chunk)
             self.writer.active -= 1
             tg.start_soon(source)
-            tg.start_soon(self._validate, raw_recv, item_send)
+            tg.start_soon(self.single.run, single_recv, pending_singles)
+            tg.start_soon(self._validate, raw_recv, item_send, single_send)
             for task in list(self.writer.tasks.values()):
                 if task.closing and task.inflight == 0:
                     await self.writer._maybe_seal(task)
@@ -439,6 +476,7 @@ class _EngineRun:
             "tagged": c.get("tagged", 0) + c.get("failed", 0),
             "rejected": c.get("rejected", 0),
             "pages": c.get("pages", 0),
+            "single": c.get("single", 0),
             "tasks_live": self.book.unfinished() + len(self.writer.tasks) - self._writer_sealed(),
         }
 
@@ -454,6 +492,7 @@ class _EngineRun:
         summary.rejected = c.get("rejected", 0)
         summary.tasks = c.get("tasks", 0)
         summary.pages = c.get("pages", 0)
+        summary.single = c.get("single", 0)
         stats = self.client.stats
         summary.retries = stats.retries + self.budget.retries
         summary.rate_limited = stats.rate_limited

@@ -14,6 +14,8 @@ Schema::
                                ``chunks`` so that state updates rewrite small rows only
                                (``chunks.body`` is only read, from older state files)
     ids(id, pos)               every id taken into the run, with the position of its first row
+    singles(pos, state, body)  rows routed to the single endpoint (local files, data: URIs):
+                               pending (body: the request) | done (outcome written, body NULL)
 
 A row's *position* is ``source_index << 40 | line``, so positions order rows across manifests.
 Two watermarks make resume exact:
@@ -22,6 +24,11 @@ Two watermarks make resume exact:
   client-side reject (if any) written; committed with the rejects and ids of each batch.
 * ``W`` (chunked): every accepted row at a position <= W is in a chunk written ahead of its
   POST/PUT. Rows in ``(W, V]`` were validated but never chunked: a resume sends them again.
+
+Rows routed to the single endpoint are never chunked, so W may pass them: each one is written
+to ``singles`` (pending) in the transaction that moves V over it, and marked done in the
+transaction that writes its outcome. A resume re-tags the pending ones and skips every routed
+row at a position <= V (single tagging is idempotent, so a re-tag is harmless).
 
 Everything that touches SQLite or a sink runs in one thread at a time (the journal's limiter),
 so the event loop never blocks on disk and every commit is one transaction that moves sink
@@ -56,7 +63,7 @@ __all__ = [
 POS_SHIFT = 40
 T = TypeVar("T")
 
-COUNTERS = ("submitted", "tagged", "failed", "rejected", "tasks", "pages")
+COUNTERS = ("submitted", "tagged", "failed", "rejected", "tasks", "pages", "single")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,6 +77,7 @@ CREATE TABLE IF NOT EXISTS chunks (
 CREATE INDEX IF NOT EXISTS chunks_task ON chunks (task_id);
 CREATE TABLE IF NOT EXISTS chunk_bodies (chunk_id INTEGER PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS singles (pos INTEGER PRIMARY KEY, state TEXT NOT NULL, body BLOB);
 """
 
 
@@ -241,7 +249,7 @@ class Journal:
 
     def _apply(
         self,
-        page: tuple[str, list[PageRow]] | None,
+        page: tuple[str | None, list[PageRow]] | None,
         rejects: Sequence[Reject],
         ops: Sequence[tuple[str, Sequence[Any]]],
         counters: dict[str, int],
@@ -293,8 +301,10 @@ class Journal:
         make_dup: Callable[[int, int], Reject | None],
         watermark: int,
         replay_upto: int,
+        routed: Callable[[list[int]], Sequence[tuple[str, Sequence[Any]]]] | None = None,
     ) -> list[int]:
-        """Dedupe a validated batch, write its rejects and move V, in one transaction."""
+        """Dedupe a validated batch, write its rejects and move V, in one transaction
+        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead)."""
         self.db.db.execute("SAVEPOINT intake")
         firsts = self.db.dedupe(keyed)
         self.db.db.execute("RELEASE intake")
@@ -306,7 +316,11 @@ class Journal:
                 dup = make_dup(i, first)
                 if dup is not None:
                     rejects.append(dup)
-        ops = [("INSERT OR REPLACE INTO meta VALUES ('validated', ?)", (str(watermark),))]
+        ops: list[tuple[str, Sequence[Any]]] = [
+            ("INSERT OR REPLACE INTO meta VALUES ('validated', ?)", (str(watermark),))
+        ]
+        if routed is not None:
+            ops.extend(routed(out))
         self._apply(None, rejects, ops, {})
         return out
 
@@ -315,13 +329,14 @@ class Journal:
     async def commit(
         self,
         *,
-        page: tuple[str, list[PageRow]] | None = None,
+        page: tuple[str | None, list[PageRow]] | None = None,
         rejects: Sequence[Reject] = (),
         ops: Sequence[tuple[str, Sequence[Any]]] = (),
         counters: dict[str, int] | None = None,
     ) -> tuple[int, int]:
         """Write a results page and/or rejects, apply ``ops``, add ``counters``; one
-        transaction. Returns (tagged, failed) of the page."""
+        transaction. Returns (tagged, failed) of the page. A page's task id is None for
+        results of the single endpoint."""
         return await self.run(self._apply, page, rejects, ops, counters or {})
 
     async def intake(
@@ -331,10 +346,13 @@ class Journal:
         make_dup: Callable[[int, int], Reject | None],
         watermark: int,
         replay_upto: int,
+        routed: Callable[[list[int]], Sequence[tuple[str, Sequence[Any]]]] | None = None,
     ) -> list[int]:
         """Indexes of ``keyed`` whose row is the first of its id; duplicates become rejects
         (unless at or below ``replay_upto``, already written by an earlier attempt)."""
-        return await self.run(self._intake, keyed, rejects, make_dup, watermark, replay_upto)
+        return await self.run(
+            self._intake, keyed, rejects, make_dup, watermark, replay_upto, routed
+        )
 
     def close(self) -> None:
         """Flush and close sinks and state (from any thread, once the loop is done)."""
