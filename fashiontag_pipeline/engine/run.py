@@ -35,7 +35,7 @@ from .batcher import BODY_SQL, Chunk, OpenTask, TaskWriter, decode_body
 from .config import EngineConfig, RunSummary
 from .flow import FatalRunError, RetryBudget
 from .pagers import ResultPagers
-from .single import SingleRouter, pending_ops
+from .single import SingleRouter, merge_routes, pending_ops, split_routes
 from .sinks import Reject, RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, open_manifest
 from .state import Journal, RunState, StateDB, split_position, tune_gc
@@ -285,18 +285,16 @@ class _EngineRun:
                 watermark = (batch.source << 40) | last
                 if not items and not singles and not fresh and watermark <= validated:
                     continue
-                keyed = [(ident, pos) for ident, pos, _ in items]
-                n_bulk = len(keyed)
+                rows: list[Any] = items
                 routed = None
                 if singles:
-                    keyed += [(ident, pos) for ident, pos, _ in singles]
+                    # Both routes in position order: the first row of an id wins.
+                    rows = merge_routes(items, singles)
 
-                    def routed(
-                        keep: list[int], singles: list[SingleItem] = singles, n: int = n_bulk
-                    ) -> list[tuple[str, Any]]:
-                        # Routed rows at or below V were written ahead by an earlier attempt.
-                        new = [i - n for i in keep if i >= n and singles[i - n][1] > validated]
-                        return pending_ops(singles, new)
+                    def routed(keep: list[int], rows: list[Any] = rows) -> list[tuple[str, Any]]:
+                        return pending_ops(split_routes(rows, keep, validated)[1])
+
+                keyed = [(ident, pos) for ident, pos, _ in rows]
 
                 def make_dup(i: int, first: int, keyed: list[tuple[str, int]] = keyed) -> Reject:
                     ident, pos = keyed[i]
@@ -313,15 +311,12 @@ class _EngineRun:
                     keyed, fresh, make_dup, max(watermark, validated), validated, routed
                 )
                 if singles:
-                    routed_rows = [
-                        singles[i - n_bulk]
-                        for i in keep
-                        if i >= n_bulk and singles[i - n_bulk][1] > validated
-                    ]
-                    keep = [i for i in keep if i < n_bulk]
+                    bulk, routed_rows = split_routes(rows, keep, validated)
                     if routed_rows:
                         await single_send.send(routed_rows)
-                if keep:
+                    if bulk:
+                        await send.send(bulk)
+                elif keep:
                     await send.send([items[i] for i in keep])
 
     # -------------------------------------------------------------- resume

@@ -45,7 +45,7 @@ from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
 from .sinks import PageRow, Reject
 from .state import Journal
-from .validate import SINGLE_DATA, STAGE_CLIENT, SingleItem, SingleRequest
+from .validate import SINGLE_DATA, STAGE_CLIENT, Item, SingleItem, SingleRequest
 
 __all__ = ["SingleRejected", "SingleRouter", "load_image", "sniff_ext"]
 
@@ -122,11 +122,36 @@ def load_image(request: SingleRequest, max_bytes: int) -> str:
     return f"data:image/{ext};base64," + base64.b64encode(data).decode("ascii")
 
 
-def pending_ops(
-    singles: Sequence[SingleItem], kept: Sequence[int]
-) -> list[tuple[str, Sequence[Any]]]:
-    """Statements writing the routed rows ``singles[i] for i in kept`` ahead (pending)."""
-    return [(_PENDING_SQL, (singles[i][1], _body_encoder.encode(singles[i][2]))) for i in kept]
+def pending_ops(singles: Sequence[SingleItem]) -> list[tuple[str, Sequence[Any]]]:
+    """Statements writing routed rows ahead (pending)."""
+    return [(_PENDING_SQL, (pos, _body_encoder.encode(request))) for _, pos, request in singles]
+
+
+def _position(row: tuple[str, int, Any]) -> int:
+    return row[1]
+
+
+def merge_routes(items: list[Item], singles: list[SingleItem]) -> list[Any]:
+    """Bulk and routed rows of a batch in one list, in position order (so that deduplication
+    keeps the first row of an id, whichever route it takes)."""
+    return sorted([*items, *singles], key=_position)
+
+
+def split_routes(
+    rows: list[Any], keep: Sequence[int], validated: int
+) -> tuple[list[Item], list[SingleItem]]:
+    """The kept rows of :func:`merge_routes`'s list, as (bulk items, routed rows); routed rows
+    at positions <= ``validated`` are left out (an earlier attempt wrote them ahead)."""
+    bulk: list[Item] = []
+    singles: list[SingleItem] = []
+    for i in keep:
+        row = rows[i]
+        if isinstance(row[2], SingleRequest):
+            if row[1] > validated:
+                singles.append(row)
+        else:
+            bulk.append(row)
+    return bulk, singles
 
 
 class SingleRouter:

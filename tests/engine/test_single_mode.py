@@ -20,7 +20,7 @@ from fashiontag_pipeline import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.validate import Validator
-from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service import FaultSpec, ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, read_outcomes
 from .test_resume_trickle import ENV, run_args
@@ -118,6 +118,7 @@ async def test_mixed_manifests_every_id_once_single_rows_tagged_from_pixels(
     noext = tmp_path / "imgs" / "red-no-suffix"
     noext.write_bytes(jpg.read_bytes())
     csv_rows = [(f"h{i}", f"https://img.example/{i}.jpg") for i in range(40)]
+    csv_rows[20:20] = [("c-abs", "https://img.example/dup-of-a-single.jpg"), ("h3", str(png))]
     csv_rows[5:5] = [
         ("c-abs", str(png)),
         ("c-rel", "imgs/red.jpg"),
@@ -142,9 +143,11 @@ async def test_mixed_manifests_every_id_once_single_rows_tagged_from_pixels(
             [csv, jsonl], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
         )
     assert summary.complete and summary.single == len(singles)
-    assert summary.tagged + summary.failed == len(expected) and summary.rejected == 0
-    o = assert_exactly_once(out, rej, expected)
+    assert summary.tagged + summary.failed == len(expected)
+    o = assert_exactly_once(out, rej, expected, duplicates=2)  # across both routes
+    assert summary.rejected == 2
     by_id = {r["id"]: r for r in o.results}
+    assert by_id["h3"]["taskId"] is not None  # the first h3 row (bulk) won
     for ident in singles:
         r = by_id[ident]
         assert r["taskId"] is None, ident
@@ -206,6 +209,26 @@ async def test_bad_single_rows_one_specific_outcome_each(tmp_path: Path) -> None
         assert rejects[ident]["stage"] == stage, rejects[ident]
         assert reason in rejects[ident]["reason"], rejects[ident]
         assert rejects[ident]["source"] == str(csv) and rejects[ident]["line"] >= 2
+
+
+async def test_single_rows_survive_service_faults(tmp_path: Path) -> None:
+    """5xx, 429 and drops on the single endpoint: the client's retries, then the run's retry
+    budget; every routed row still ends in exactly one line."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(60)] + [
+        (f"h{i}", f"https://img.example/{i}.jpg") for i in range(60)
+    ]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    faults = FaultSpec.parse("500=0.35,429=0.1:0.01s,drop=0.1", seed=11)
+    async with running_service(ServiceConfig(faults=faults)) as svc:
+        summary = await run_pipeline(
+            [csv], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.single == 60 and summary.rejected == 0
+    assert summary.retries > 0
+    o = assert_exactly_once(out, rej, {i for i, _ in rows})
+    assert sum(1 for r in o.results if r["taskId"] is None) == 60
 
 
 class CountingClient(TaggerClient):
