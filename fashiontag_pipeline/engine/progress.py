@@ -23,7 +23,8 @@ async def show_progress(snapshot: Callable[[], dict[str, int]]) -> AsyncIterator
         SpinnerColumn(),
         TextColumn(
             "read {task.fields[rows_read]:,}  submitted {task.fields[submitted]:,}  "
-            "tagged {task.fields[tagged]:,}  rejected {task.fields[rejected]:,}  "
+            "tagged {task.fields[tagged]:,}  single {task.fields[single]:,}  "
+            "rejected {task.fields[rejected]:,}  "
             "pages {task.fields[pages]:,}  tasks live {task.fields[tasks_live]}"
         ),
         TimeElapsedColumn(),
