@@ -37,6 +37,14 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 STAGE_EXPIRED = "expired"
 
 
+class _NoEvent:
+    def set(self) -> None:
+        return None
+
+
+_NO_EVENT = _NoEvent()
+
+
 class ResultPagers:
     """Reads every done task's results into the sinks."""
 
@@ -69,6 +77,10 @@ class ResultPagers:
         self._ready: dict[str, dict[int, list[PageRow] | None]] = {}
         #: Tasks whose ready pages a page task is committing right now.
         self._committing: set[str] = set()
+        #: Offsets of the pages being fetched, per task.
+        self._fetching: dict[str, set[int]] = {}
+        #: Per task, set when one of its pages is fetched (a committer waits for the next one).
+        self._deposited: dict[str, anyio.Event] = {}
 
     async def add(self, entry: TaskEntry) -> None:
         """Queue a done (or lost) task for draining."""
@@ -146,17 +158,26 @@ class ResultPagers:
         every consecutive ready page in one journal transaction (one thread hand-off, one sink
         write, one SQLite commit for several pages); the other page tasks wait until their page
         is committed."""
+        task_id = entry.task_id
+        fetching = self._fetching.setdefault(task_id, set())
+        fetching.add(offset)
         try:
             rows = await self._fetch(entry, offset)
-            task_id = entry.task_id
             ready = self._ready.setdefault(task_id, {})
             ready[offset] = rows
+            fetching.discard(offset)
+            self._deposited.pop(task_id, _NO_EVENT).set()
             while entry.state == "done" and entry.next_offset <= offset:
                 if entry.next_offset in ready and task_id not in self._committing:
                     await self._commit_ready(entry, ready)
                 else:
                     await entry.advanced.wait()
         finally:
+            fetching.discard(offset)
+            self._deposited.pop(task_id, _NO_EVENT).set()
+            if entry.state != "done":
+                self._ready.pop(task_id, None)
+                self._fetching.pop(task_id, None)
             self.slots.release()
 
     async def _commit_ready(self, entry: TaskEntry, ready: dict[int, list[PageRow] | None]) -> None:
@@ -173,12 +194,21 @@ class ResultPagers:
             rows: list[PageRow] = []
             end = start
             pages = 0
-            while end in ready and ready[end] is not None:
-                page = ready.pop(end)
-                assert page is not None
-                rows.extend(page)
-                end = min(end + MAX_PAGE_SIZE, entry.total)
-                pages += 1
+            while True:
+                while end in ready and ready[end] is not None:
+                    page = ready.pop(end)
+                    assert page is not None
+                    rows.extend(page)
+                    end = min(end + MAX_PAGE_SIZE, entry.total)
+                    pages += 1
+                # The next page is on its way: take it into this commit too (pages fetched
+                # concurrently cost one commit, not one each).
+                if end >= entry.total or end not in self._fetching.get(task_id, ()):
+                    break
+                event = self._deposited.get(task_id)
+                if event is None:
+                    event = self._deposited[task_id] = anyio.Event()
+                await event.wait()
             if entry.seen is not None:
                 entry.seen.update(r.id for r in rows)
             ops: list[tuple[str, tuple[object, ...]]] = [
@@ -192,6 +222,7 @@ class ResultPagers:
             if drained:
                 entry.state = "drained"
                 self._ready.pop(task_id, None)
+                self._fetching.pop(task_id, None)
             entry.advance(end)
             if drained:
                 await self._settle(entry, lost=False)
