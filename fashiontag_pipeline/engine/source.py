@@ -38,9 +38,18 @@ Kind = Literal["csv", "jsonl"]
 _json_decoder = msgspec.json.Decoder()
 
 
+# A ``data:`` URI is a legitimate CSV field (it routes to single mode), and one of an image up
+# to the engine's 20 MiB file cap is ~27 MB of base64: the csv module's default 128 KiB field
+# limit would stop the run on it. The limit is process-wide, so it is only ever raised.
+CSV_FIELD_LIMIT = 64 << 20
+if csv.field_size_limit() < CSV_FIELD_LIMIT:
+    csv.field_size_limit(CSV_FIELD_LIMIT)
+
+
 class RowBatch(msgspec.Struct, gc=False):
     """Rows of one manifest. ``rows`` holds (line, value): for CSV a list of fields, for JSONL
-    the decoded object or, when a line is not JSON, the error text (a ``str``)."""
+    the decoded object; when a line cannot be parsed (not JSON, a CSV row the csv module
+    refuses), the value is the error text (a ``str``) and the row becomes one reject."""
 
     source: int
     name: str
@@ -216,7 +225,13 @@ class ManifestReader:
         reader = self._csv
         start = self._done
         append = rows.append
-        for fields in reader:
+        while True:
+            try:
+                fields: list[str] | str = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as err:
+                fields = f"not a valid CSV row: {err}"
             line = base + start + 1
             start = reader.line_num
             if fields:

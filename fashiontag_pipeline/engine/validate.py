@@ -251,6 +251,8 @@ class Validator:
                 continue
             ident: str | None = None
             try:
+                if isinstance(fields, str):  # the source could not parse this row
+                    raise _RowError(fields)
                 if len(fields) != width:
                     if len(fields) > i_id:
                         ident = fields[i_id] or None

@@ -134,3 +134,33 @@ def test_every_kind_of_bad_jsonl_row_is_one_reject(tmp_path: Path) -> None:
     assert len(rejects) == len(expected)
     for (_, reject), message in zip(rejects, expected, strict=True):
         assert message in reject.reason
+
+
+def test_csv_field_larger_than_the_csv_default_is_read(tmp_path: Path) -> None:
+    """A data: URI of a ~300 KB image is one CSV field, past the csv module's 128 KiB default."""
+    uri = "data:image/png;base64," + "A" * 400_000
+    p = tmp_path / "m.csv"
+    p.write_text(f'id,url\nbig,"{uri}"\nsmall,https://x/s.jpg\n')  # quoted: it has a comma
+    assert _rows(p) == [(2, ["big", uri]), (3, ["small", "https://x/s.jpg"])]
+
+
+def test_csv_row_the_parser_refuses_is_one_reject_and_the_rest_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+
+    p = tmp_path / "m.csv"
+    p.write_text("id,url\na,https://x/a.jpg\nhuge,https://x/" + "h" * 500 + "\nb,https://x/b.jpg\n")
+    previous = csv.field_size_limit(100)  # stands in for a field past the real 64 MiB limit
+    try:
+        reader = open_manifest(str(p), 0)
+        batch = reader.read_batch()
+        reader.close()
+    finally:
+        csv.field_size_limit(previous)
+    assert batch is not None
+    items, rejects = Validator().validate(batch)
+    assert [i[0] for i in items] == ["a", "b"]
+    ((_, reject),) = rejects
+    assert reject.line == 3 and reject.stage == "client"
+    assert reject.reason.startswith("not a valid CSV row: field larger than field limit")
