@@ -8,6 +8,11 @@ task (clamped to ``[poll_min, poll_max]``), so a done task is noticed within a f
 milliseconds without polling fast while nothing can finish. Only while nothing progresses at
 all does the interval back off (x1.6 up to ``poll_max``). A newly sealed task wakes the tracker
 at once (at most one poll per ``poll_min``), so a task done on arrival is not waited for.
+
+The list answers with every task the key has, and a long-lived account keeps days of them
+(results are readable for a week). When the last list carried more than ``LIST_FACTOR`` times
+the tasks being watched and few are watched, the tracker asks for each watched task's status
+instead, concurrently, and lists again every ``LIST_RECHECK`` polls.
 """
 
 from __future__ import annotations
@@ -179,6 +184,11 @@ class CompletionForecast:
         return self.interval
 
 
+LIST_FACTOR = 8
+STATUS_MAX = 16
+LIST_RECHECK = 20
+
+
 class Tracker:
     """Moves sealed tasks to done and hands them to the pagers."""
 
@@ -204,6 +214,9 @@ class Tracker:
         self.clock = clock
         self.forecast = CompletionForecast(config.poll_min, config.poll_max)
         self.polls = 0
+        self.status_polls = 0
+        self._list_size = 0
+        self._since_list = 0
 
     async def run(self) -> None:
         while True:
@@ -249,6 +262,30 @@ class Tracker:
             self.polls += 1
             return {t.task_id: t for t in tasks}
 
+    def _prefer_status(self, watched: int) -> bool:
+        return (
+            watched <= STATUS_MAX
+            and self._list_size > LIST_FACTOR * watched
+            and self._since_list < LIST_RECHECK
+        )
+
+    async def _statuses(self, sealed: list[TaskEntry]) -> dict[str, Task]:
+        """Every watched task's status, concurrently (missing ones are left out)."""
+        found: dict[str, Task] = {}
+
+        async def one(task_id: str) -> None:
+            task = await self._status(task_id)
+            if task is not None:
+                found[task_id] = task
+
+        async with anyio.create_task_group() as tg:
+            for entry in sealed:
+                tg.start_soon(one, entry.task_id)
+        self.polls += 1
+        self.status_polls += 1
+        self._since_list += 1
+        return found
+
     async def _status(self, task_id: str) -> Task | None:
         while True:
             try:
@@ -257,10 +294,17 @@ class Tracker:
                 return None
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
                 await self.budget.failed(err, f"status of task {task_id}")
+            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+                raise FatalRunError(f"the service refused the run: {err}") from err
 
     async def poll(self, sealed: list[TaskEntry]) -> bool:
         """One round: True when some task became done or progressed."""
-        listed = await self._list()
+        if self._prefer_status(len(sealed)):
+            listed = await self._statuses(sealed)
+        else:
+            listed = await self._list()
+            self._list_size = len(listed)
+            self._since_list = 0
         now = self.clock()
         done: set[str] = set()
         finished: list[tuple[TaskEntry, Task]] = []

@@ -87,6 +87,7 @@ class FifoService:
     sizes: dict[str, int]
     clock: list[float]
     lists: int = 0
+    statuses: int = 0
     done_at: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,6 +98,14 @@ class FifoService:
 
     async def list_tasks(self) -> list[Task]:
         self.lists += 1
+        return self._view()
+
+    async def task_status(self, task_id: str) -> Task:
+        self.statuses += 1
+        (task,) = [t for t in self._view() if t.task_id == task_id]
+        return task
+
+    def _view(self) -> list[Task]:
         tagged = self.clock[0] * self.rate
         tasks = []
         for task_id, n in self.sizes.items():
@@ -131,9 +140,11 @@ class VirtualTracker(Tracker):
         self.fake[0] += interval
 
 
-async def run_virtual(sizes: dict[str, int], rate: float) -> tuple[FifoService, dict[str, float]]:
+async def run_virtual(
+    sizes: dict[str, int], rate: float, service_type: type[FifoService] = FifoService
+) -> tuple[FifoService, dict[str, float]]:
     clock = [0.0]
-    service = FifoService(rate, sizes, clock)
+    service = service_type(rate, sizes, clock)
     book = TaskBook()
     for task_id in sizes:
         book.add(TaskEntry(task_id))
@@ -252,3 +263,31 @@ async def test_results_flow_before_the_service_has_tagged_everything(tmp_path: P
     assert_exactly_once(out, rej, {f"p{i}" for i in range(n)})
     assert seen["tagged"] < n, seen
     assert seen["tasks_done"] < seen["tasks"], seen
+
+
+@dataclass
+class CrowdedAccount(FifoService):
+    """An account that also holds 400 old tasks: its list is 400+ entries long."""
+
+    async def list_tasks(self) -> list[Task]:
+        old = [
+            Task(
+                task_id=f"old{i}",
+                count=TaskCount(total=1000, done=1000),
+                task_status=TaskStatus.DONE,
+            )
+            for i in range(400)
+        ]
+        return old + await super().list_tasks()
+
+
+async def test_tracker_asks_statuses_when_the_list_is_mostly_other_tasks() -> None:
+    """Three watched tasks among 400 old ones: after one list the tracker polls statuses (one
+    small request per watched task), lists again only now and then, and still notices each
+    task promptly."""
+    sizes = {f"t{i}": 2000 for i in range(3)}
+    service, noticed = await run_virtual(sizes, 2000.0, CrowdedAccount)
+    assert service.statuses > 0
+    assert service.lists <= 2
+    for task_id, done_at in service.done_at.items():
+        assert 0 <= noticed[task_id] - done_at <= POLL_MIN + 0.02, task_id
