@@ -36,7 +36,7 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import BulkTaskResponse, TaggingRequest, Task
 from .config import EngineConfig
-from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
 from .sinks import Reject
 from .state import Journal, split_position
 from .validate import Item
@@ -506,7 +506,7 @@ class TaskWriter:
         self.on_orphan(chunk.task_id, chunk.chunk_id)
 
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
-        return FatalRunError(f"the service refused the run: {err}")
+        return refused(err)
 
     async def _create(self, task: OpenTask, chunk: Chunk) -> bool:
         """POST the chunk as a new task. True when the chunk is settled."""
@@ -581,18 +581,11 @@ class TaskWriter:
     async def find_task(self, token: str) -> Task | None:
         """The task whose description carries ``token`` (after an ambiguous create)."""
         wanted = self.description(token)
-        while True:
-            try:
-                tasks = await self.client.list_tasks()
-            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
-                await self.budget.failed(err, "list tasks")
-                continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
-                raise self._fatal(err) from err
-            for task in tasks:
-                if task.description == wanted:
-                    return task
-            return None
+        tasks = await self.budget.call("list tasks", self.client.list_tasks)
+        for task in tasks:
+            if task.description == wanted:
+                return task
+        return None
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
         """PUT the chunk to ``task``. True when settled; False to re-target it."""

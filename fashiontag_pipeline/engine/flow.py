@@ -5,16 +5,30 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 
+from .. import _exceptions as exc
 from .._exceptions import FashiontagError
 
-__all__ = ["AIMDLimiter", "FatalRunError", "RetryBudget"]
+__all__ = ["REFUSED", "TRANSIENT", "AIMDLimiter", "FatalRunError", "RetryBudget", "refused"]
+
+T = TypeVar("T")
+
+#: Failures a stage retries under its budget, and refusals that end the run at once.
+TRANSIENT = (exc.TransportError, exc.RateLimitedError, exc.ServerError)
+REFUSED = (exc.AuthenticationError, exc.PermissionDeniedError)
 
 
 class FatalRunError(FashiontagError):
     """The run cannot go on (bad key, service unreachable after the retry budget)."""
+
+
+def refused(err: exc.FashiontagError) -> FatalRunError:
+    """The fatal error for a key the service refuses."""
+    return FatalRunError(f"the service refused the run: {err}")
 
 
 class AIMDLimiter:
@@ -76,6 +90,20 @@ class RetryBudget:
     def ok(self) -> None:
         self._failing_since = None
         self._streak = 0
+
+    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn()`` until it succeeds: transient failures are retried under this budget (which
+        stops the run once spent), a refused key stops it at once."""
+        while True:
+            try:
+                result = await fn()
+            except TRANSIENT as err:
+                await self.failed(err, what)
+                continue
+            except REFUSED as err:
+                raise refused(err) from err
+            self.ok()
+            return result
 
     async def failed(self, err: BaseException, what: str) -> None:
         """Count a failure and sleep before the retry; raise FatalRunError when out of budget."""

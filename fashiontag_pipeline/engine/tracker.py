@@ -28,7 +28,7 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import Task
 from .config import EngineConfig
-from .flow import FatalRunError, RetryBudget
+from .flow import RetryBudget
 from .state import Journal
 
 __all__ = ["CompletionForecast", "TaskBook", "TaskEntry", "Tracker"]
@@ -250,17 +250,9 @@ class Tracker:
                 await changed.wait()
 
     async def _list(self) -> dict[str, Task]:
-        while True:
-            try:
-                tasks = await self.client.list_tasks()
-            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
-                await self.budget.failed(err, "list tasks")
-                continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
-                raise FatalRunError(f"the service refused the run: {err}") from err
-            self.budget.ok()
-            self.polls += 1
-            return {t.task_id: t for t in tasks}
+        tasks = await self.budget.call("list tasks", self.client.list_tasks)
+        self.polls += 1
+        return {t.task_id: t for t in tasks}
 
     def _prefer_status(self, watched: int) -> bool:
         return (
@@ -287,15 +279,13 @@ class Tracker:
         return found
 
     async def _status(self, task_id: str) -> Task | None:
-        while True:
+        async def status() -> Task | None:
             try:
                 return await self.client.task_status(task_id)
             except exc.TaskNotFoundError:
                 return None
-            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
-                await self.budget.failed(err, f"status of task {task_id}")
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
-                raise FatalRunError(f"the service refused the run: {err}") from err
+
+        return await self.budget.call(f"status of task {task_id}", status)
 
     async def poll(self, sealed: list[TaskEntry]) -> bool:
         """One round: True when some task became done or progressed."""
