@@ -143,10 +143,18 @@ class RunState(msgspec.Struct, kw_only=True):
     task_seq: int
 
 
+#: SQLite page cache of the state file. It is the one part of the engine's memory that grows
+#: with the run until its cap (the ids table behind run-wide dedupe), so it is kept small:
+#: 16 MiB made a 1M-row run peak 1.21x a 100k one, 4 MiB 1.07x, for ~4% more CPU. A larger
+#: cache would not help at scale either: 10M random catalogue ids make a ~400 MB B-tree that no
+#: cache holds (the OS page cache serves it), and sequential ids only touch its right edge.
+STATE_CACHE_KIB = 4096
+
+
 class StateDB:
     """The SQLite state file. Not thread-safe: used from one thread at a time (the journal)."""
 
-    def __init__(self, path: Path, *, cache_kib: int = 16384) -> None:
+    def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
