@@ -45,6 +45,16 @@ from .._models import (
     TaggingData,
     TaggingResponse,
 )
+from ._synthesis import (
+    ALL_DETECTIONS,
+    CLOTHING_MASK,
+    DETECTIONS,
+    MIN_CONFIDENCE,
+    NO_PRODUCT,
+    SCENE_PRIMARY,
+)
+from ._synthesis import BIT as _BIT
+from ._synthesis import OBJECT_ORDER as _OBJECT_ORDER
 from .fastrender import FastRenderer
 from .taxonomy import Entry, Taxonomy, load_taxonomy
 
@@ -59,18 +69,6 @@ __all__ = [
     "failure_response",
 ]
 
-DETECTIONS: tuple[Detection, ...] = tuple(Detection)
-_BIT = {d: 1 << i for i, d in enumerate(DETECTIONS)}
-CLOTHING_MASK = (
-    _BIT[Detection.TOP]
-    | _BIT[Detection.BOTTOM]
-    | _BIT[Detection.WHOLEBODY]
-    | _BIT[Detection.SWIMWEAR]
-)
-ALL_DETECTIONS = (1 << len(DETECTIONS)) - 1
-_OBJECT_ORDER = ("CLOTHING", "SHOES", "BAGS", "HATS", "JEWELRIES", "ACCESSORIES")
-NO_PRODUCT = "no detected product"
-MIN_CONFIDENCE = 0.2
 
 # Image checks (DESIGN section 3 error codes).
 CODE_NO_PREFIX = 801
@@ -417,18 +415,7 @@ class ReferenceAnalyzer:
         point = rng.random()
         if point < 0.03:
             return []
-        primary_table = (
-            (0.28, Detection.TOP),
-            (0.46, Detection.BOTTOM),
-            (0.61, Detection.WHOLEBODY),
-            (0.66, Detection.SWIMWEAR),
-            (0.80, Detection.SHOES),
-            (0.90, Detection.BAG),
-            (0.94, Detection.HAT),
-            (0.97, Detection.JEWELRY),
-            (1.01, Detection.ACCESSORY),
-        )
-        primary = next(d for p, d in primary_table if point < p)
+        primary = next(d for p, d in SCENE_PRIMARY if point < p)
         groups = [primary]
         if model:
             if primary is Detection.TOP and rng.random() < 0.7:

@@ -25,6 +25,13 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .._models import LANGUAGES, Detection
+from ._synthesis import BIT as _BIT
+from ._synthesis import CLOTHING_MASK as _CLOTHING_MASK
+from ._synthesis import DETECTIONS as _DETECTIONS
+from ._synthesis import MIN_CONFIDENCE as _MIN_CONFIDENCE
+from ._synthesis import NO_PRODUCT as _NO_PRODUCT
+from ._synthesis import OBJECT_ORDER as _OBJECT_ORDER
+from ._synthesis import SCENE_PRIMARY
 
 if TYPE_CHECKING:
     from .taxonomy import Entry, Taxonomy
@@ -34,31 +41,14 @@ __all__ = ["FastRenderer"]
 _encode = msgspec.json.encode
 _first = itemgetter(0)
 _seed = _random.Random.seed
-_MIN_CONFIDENCE = 0.2
-_OBJECT_ORDER = ("CLOTHING", "SHOES", "BAGS", "HATS", "JEWELRIES", "ACCESSORIES")
-_NO_PRODUCT = "no detected product"
-_DETECTIONS: tuple[Detection, ...] = tuple(Detection)
-_BIT = {d: 1 << i for i, d in enumerate(_DETECTIONS)}
 _CLOTHING = (Detection.TOP, Detection.BOTTOM, Detection.WHOLEBODY, Detection.SWIMWEAR)
-_CLOTHING_MASK = _BIT[Detection.TOP] | _BIT[Detection.BOTTOM]
-_CLOTHING_MASK |= _BIT[Detection.WHOLEBODY] | _BIT[Detection.SWIMWEAR]
 # Group kinds: what a tag of the group carries beyond the common fields.
 _KIND_OTHER, _KIND_CLOTHING, _KIND_CLOTHING_NO_SLEEVE, _KIND_SHOES, _KIND_BAG = range(5)
 _CLOTHING_KINDS = (_KIND_CLOTHING, _KIND_CLOTHING_NO_SLEEVE)
 
 _TOP, _BOTTOM = _DETECTIONS.index(Detection.TOP), _DETECTIONS.index(Detection.BOTTOM)
 _EXTRAS = tuple(_DETECTIONS.index(d) for d in (Detection.SHOES, Detection.BAG, Detection.HAT))
-_PRIMARY = (
-    (0.28, Detection.TOP),
-    (0.46, Detection.BOTTOM),
-    (0.61, Detection.WHOLEBODY),
-    (0.66, Detection.SWIMWEAR),
-    (0.80, Detection.SHOES),
-    (0.90, Detection.BAG),
-    (0.94, Detection.HAT),
-    (0.97, Detection.JEWELRY),
-    (1.01, Detection.ACCESSORY),
-)
+_PRIMARY = SCENE_PRIMARY
 
 _PRIMARY_P = tuple(p for p, _ in _PRIMARY)
 _PRIMARY_GROUP = tuple(_DETECTIONS.index(d) for _, d in _PRIMARY)
