@@ -212,11 +212,8 @@ class TaggerClient:
         response = await self._call(
             "POST", SINGLE_PATH, body=body, key=self._api_key, language=language, retry_all=True
         )
-        decoded = self._decode(_tagging_decoder, response, "POST", SINGLE_PATH)
-        if response.status != 200 and not decoded.ok:
-            # A non-2xx with a tagging-shaped body is mapped like any other error.
-            self._raise_for_status(response, "POST", SINGLE_PATH, None)
-        return decoded
+        # Error statuses are mapped to the exception tree inside _decode.
+        return self._decode(_tagging_decoder, response, "POST", SINGLE_PATH)
 
     async def create_task(
         self,
