@@ -1,0 +1,165 @@
+"""A misbehaving server for the engine tests: a loopback proxy in front of the reference service.
+
+It forwards every request unchanged and then, on cue, behaves as real services have been seen
+to: it forgets a task (drops it from the list, answers 404 for its status, results and PUTs)
+once the service says the task is done or after some of its result pages; it answers a page
+with one row replaced by a copy of another (a duplicate id in place of a row); and it reports
+its clock some seconds ahead of the engine's in the ``Date`` header. Bodies it rewrites are
+re-encoded with other spacing, as a server that is not ours would write them.
+
+Tasks are named by their creation order (1 = the first task created through the proxy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+BULK = "/tagger/v2.12/bulk"
+
+
+@dataclass
+class Misbehaviour:
+    #: Task ordinals forgotten as soon as the service reports them done (before the engine
+    #: has seen them done).
+    forget_when_done: set[int] = field(default_factory=set)
+    #: Task ordinal -> result pages served before the task is forgotten.
+    forget_after_pages: dict[int, int] = field(default_factory=dict)
+    #: Task ordinals whose first result page carries its first row twice (in place of its
+    #: last row).
+    duplicate_in_first_page: set[int] = field(default_factory=set)
+    #: Seconds the proxy's ``Date`` header runs ahead of real time.
+    clock_ahead: float = 0.0
+
+
+class MisbehavingProxy:
+    def __init__(self, upstream: str, rules: Misbehaviour) -> None:
+        self.upstream = upstream
+        self.rules = rules
+        self.created: list[str] = []
+        self.forgotten: set[str] = set()
+        self.pages_served: dict[str, int] = {}
+        self.puts_refused = 0
+        self.url = ""
+        self._session: aiohttp.ClientSession | None = None
+
+    def ordinal(self, task_id: str) -> int | None:
+        try:
+            return self.created.index(task_id) + 1
+        except ValueError:
+            return None
+
+    def _not_found(self) -> web.Response:
+        return web.json_response({"status": "failure", "error": "task not found"}, status=404)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Date": formatdate(time.time() + self.rules.clock_ahead, usegmt=True)}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        path = request.path
+        task_id = None
+        if path.startswith(BULK + "/"):
+            task_id = path[len(BULK) + 1 :].split("/")[0]
+            if task_id in self.forgotten:
+                if request.method == "PUT":
+                    self.puts_refused += 1
+                return self._not_found()
+        body = await request.read()
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() in ("x-api-key", "content-type")
+        }
+        if "accept-language" in request.headers:
+            headers["accept-language"] = request.headers["accept-language"]
+        async with self._session.request(
+            request.method,
+            self.upstream + path,
+            params=request.query,
+            data=body or None,
+            headers=headers,
+        ) as upstream:
+            status = upstream.status
+            payload = await upstream.read()
+            ctype = upstream.headers.get("Content-Type", "application/json")
+        out = self._rewrite(request.method, path, task_id, status, payload)
+        return web.Response(
+            status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
+        )
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        rules = self.rules
+        if status >= 300:
+            return payload
+        if method == "POST" and path == BULK:
+            self.created.append(json.loads(payload)["taskId"])
+            return payload
+        if method == "GET" and path == BULK:
+            data = json.loads(payload)
+            kept = []
+            for task in data["data"]["tasks"]:
+                tid = task["taskId"]
+                if self._forget_if_done(tid, task):
+                    continue
+                if tid not in self.forgotten:
+                    kept.append(task)
+            data["data"]["tasks"] = kept
+            return json.dumps(data).encode()
+        if method == "GET" and task_id is not None and path.endswith("/status"):
+            data = json.loads(payload)
+            if self._forget_if_done(task_id, data["data"]):
+                return json.dumps({"status": "failure", "error": "task not found"}).encode()
+            return payload
+        if method == "GET" and task_id is not None:
+            n = self.ordinal(task_id)
+            served = self.pages_served.get(task_id, 0) + 1
+            self.pages_served[task_id] = served
+            limit = rules.forget_after_pages.get(n or 0)
+            if limit is not None and served >= limit:
+                self.forgotten.add(task_id)
+            data = json.loads(payload)
+            if n in rules.duplicate_in_first_page and data["data"]["taskInfo"]["offset"] == 0:
+                results = data["data"]["results"]
+                if len(results) >= 2:
+                    results[-1] = results[0]
+                    return json.dumps(data).encode()
+            return payload
+        return payload
+
+    def _forget_if_done(self, task_id: str, task: dict[str, Any]) -> bool:
+        n = self.ordinal(task_id)
+        if n in self.rules.forget_when_done and task.get("taskStatus") == "TASK_DONE":
+            self.forgotten.add(task_id)
+        return task_id in self.forgotten
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[MisbehavingProxy]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        self._session = aiohttp.ClientSession()
+        try:
+            yield self
+        finally:
+            await self._session.close()
+            await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def misbehaving(upstream: str, rules: Misbehaviour) -> AsyncIterator[MisbehavingProxy]:
+    async with MisbehavingProxy(upstream, rules).running() as proxy:
+        yield proxy

@@ -1,0 +1,342 @@
+"""Nothing lost, ever: server behaviours nobody staged, and the same command on the next night.
+
+* a task the service forgets (after it is done; in the middle of its result pages);
+* a results page with a duplicate id in place of a row;
+* a bug that drops rows is caught by the end-of-run reconciliation, and a resume repairs it;
+* a server clock running ahead of ours while the producer pauses;
+* the same command on next night's dump (after a completed run, after an interrupted one),
+  and on stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
+from fashiontag_pipeline.engine.pagers import ResultPagers
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, read_outcomes, write_csv
+from .proxy import Misbehaviour, misbehaving
+
+FAST = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.2,
+    fsync_seconds=10.0,
+    rotate_images=1000,
+    rotate_min_images=1000,
+)
+ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
+
+
+def ids_of(n: int, prefix: str = "p") -> set[str]:
+    return {f"{prefix}{i}" for i in range(n)}
+
+
+# ------------------------------------------------------------------ tasks the service forgets
+
+
+async def test_task_forgotten_once_done_has_its_rows_sent_again(tmp_path: Path) -> None:
+    """The service drops task 2 from the list and answers 404 for it as soon as it is done."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(forget_when_done={2})) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+        )
+    assert proxy.forgotten == {proxy.created[1]}
+    assert summary.complete and summary.unsettled == 0
+    assert summary.lost_tasks == 1 and summary.resent == 1000
+    o = assert_exactly_once(out, rej, ids_of(3000))
+    assert proxy.created[1] not in {r["taskId"] for r in o.results}
+
+
+async def test_task_forgotten_between_its_result_pages(tmp_path: Path) -> None:
+    """Task 1 answers 404 after 3 of its 10 pages: the pages written stay, none twice; its
+    other rows go to a new task; the other tasks' pages keep flowing."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(forget_after_pages={1: 3})
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            engine=msgspec.structs.replace(FAST, max_page_concurrency=1),
+        )
+    lost = proxy.created[0]
+    assert proxy.forgotten == {lost}
+    assert summary.complete and summary.lost_tasks == 1
+    o = assert_exactly_once(out, rej, ids_of(3000))
+    from_lost = [r["id"] for r in o.results if r["taskId"] == lost]
+    assert 0 < len(from_lost) < 1000  # pages read before the task was forgotten are kept
+    assert summary.resent == 1000 - len(from_lost)
+
+
+async def test_resume_settles_a_task_lost_before_the_crash(tmp_path: Path) -> None:
+    """A bug (simulated: the resend of a lost task's rows is dropped) leaves rows without an
+    outcome: the run says so and is not complete; the resume sends them."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = tmp_path / "run.state"
+
+    async def dropped(self: ResultPagers, *args: object, **kwargs: object) -> None:
+        return None
+
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(forget_when_done={1})) as proxy,
+    ):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ResultPagers, "_resend_unwritten", dropped)
+            first = await run_pipeline(
+                [manifest],
+                client=client_config(proxy.url),
+                out=out,
+                rejects=rej,
+                state=state,
+                engine=FAST,
+            )
+        assert not first.complete and first.unsettled == 1000
+        with sqlite3.connect(state) as db:
+            (accepted,) = db.execute("SELECT count(*) FROM ids").fetchone()
+        o = read_outcomes(out, rej)
+        assert first.unsettled == accepted - len(o.results) - len(o.rejects)
+        second = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            state=state,
+            engine=FAST,
+        )
+    assert second.complete and second.unsettled == 0
+    assert_exactly_once(out, rej, ids_of(2000))
+
+
+async def test_a_page_with_a_duplicate_id_in_place_of_a_row(tmp_path: Path) -> None:
+    """The first page of task 1 carries its first row twice and misses its last one: one
+    results line per id, and the missing row is sent again."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(duplicate_in_first_page={1})) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.resent == 1
+    o = assert_exactly_once(out, rej, ids_of(2000))
+    assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
+
+
+async def test_interrupted_run_reports_exactly_the_rows_without_outcome(tmp_path: Path) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 6000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = tmp_path / "run.state"
+    control = RunControl()
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        async with anyio.create_task_group() as tg:
+
+            async def stop_soon() -> None:
+                await anyio.sleep(0.8)
+                control.stop()
+
+            tg.start_soon(stop_soon)
+            first = await run_pipeline(
+                [manifest],
+                client=client_config(svc.url),
+                out=out,
+                rejects=rej,
+                state=state,
+                engine=FAST,
+                control=control,
+            )
+        with sqlite3.connect(state) as db:
+            (accepted,) = db.execute("SELECT count(*) FROM ids").fetchone()
+        o = read_outcomes(out, rej)
+        assert not first.complete and first.interrupted
+        assert first.unsettled == accepted - len(o.results) - len(o.rejects) > 0
+        second = await run_pipeline(
+            [manifest],
+            client=client_config(svc.url),
+            out=out,
+            rejects=rej,
+            state=state,
+            engine=FAST,
+        )
+    assert second.complete and second.unsettled == 0
+    assert_exactly_once(out, rej, ids_of(6000))
+
+
+# ------------------------------------------------------------------ the server's clock
+
+
+async def test_server_clock_ahead_and_a_paused_producer(tmp_path: Path) -> None:
+    """The server's clock runs 3 s ahead, tasks live 4 s, the producer pauses 5 s between two
+    rows: no write reaches an expired task, and the skew is measured."""
+    out = tmp_path / "out.jsonl"
+    summary_file = tmp_path / "summary.json"
+    ahead = 3.0
+    config = ServiceConfig(task_ttl=4.0, clock=lambda: time.time() + ahead)
+    async with (
+        running_service(config) as svc,
+        misbehaving(svc.url, Misbehaviour(clock_ahead=ahead)) as proxy,
+    ):
+        args = [*run_args(proxy.url, out), "-", "--summary", str(summary_file)]
+        args += ["--expiry-margin", "0.5", "--linger", "0.2", "--rotate-seconds", "60"]
+        async with await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        ) as proc:
+            assert proc.stdin is not None
+            await proc.stdin.send(b"id,url\nc0,https://img.example/0.jpg\n")
+            await anyio.sleep(5.0)
+            await proc.stdin.send(b"c1,https://img.example/1.jpg\n")
+            await proc.stdin.aclose()
+            with anyio.fail_after(30):
+                code = await proc.wait()
+    assert proxy.puts_refused == 0
+    assert code == 0
+    data = msgspec.json.decode(summary_file.read_bytes())
+    assert data["expired_writes"] == 0
+    assert data["tasks"] == 2
+    assert 2.0 <= data["server_clock_offset_s"] <= 4.2
+    assert_exactly_once(out, out.with_suffix(".rej"), {"c0", "c1"})
+
+
+# ------------------------------------------------------------------ next night's dump
+
+
+def run_args(url: str, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "fashiontag_pipeline",
+        "run",
+        "--base-url",
+        url,
+        "--out",
+        str(out),
+        "--rejects",
+        str(out.with_suffix(".rej")),
+        "--no-progress",
+        *extra,
+    ]
+
+
+def write_night(path: Path, n: int, night: str) -> Path:
+    lines = ["id,url"] + [f"{night}{i},https://img.example/{night}/{i}.jpg" for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def state_dump(path: Path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return list(db.iterdump())
+
+
+async def test_next_nights_dump_on_the_same_path_after_a_completed_run(tmp_path: Path) -> None:
+    dump = tmp_path / "dump.csv"
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(dump))
+        write_night(dump, 3000, "mon")
+        monday = await anyio.run_process(args, check=False, env=ENV)
+        assert monday.returncode == 0, monday.stderr.decode()
+        assert_exactly_once(out, out.with_suffix(".rej"), ids_of(3000, "mon"))
+
+        write_night(dump, 3500, "tue")
+        tuesday = await anyio.run_process(args, check=False, env=ENV)
+        assert tuesday.returncode == 0, tuesday.stderr.decode()
+        assert b"starting a new run" in tuesday.stderr
+        assert_exactly_once(out, out.with_suffix(".rej"), ids_of(3500, "tue"))
+
+        tasks_before = len(svc.store.tasks)
+        again = await anyio.run_process(args, check=False, env=ENV)
+        assert again.returncode == 0, again.stderr.decode()
+        assert b"already complete" in again.stderr
+        assert b"run complete in" not in again.stderr
+        assert len(svc.store.tasks) == tasks_before  # nothing sent
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(3500, "tue"))
+
+
+async def test_next_nights_dump_after_an_interrupted_run_refuses_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    dump = tmp_path / "dump.csv"
+    out = tmp_path / "results.jsonl"
+    state = Path(str(out) + ".state")
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(dump))
+        write_night(dump, 20000, "mon")
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await anyio.sleep(1.5)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        assert state.exists()
+
+        write_night(dump, 5000, "tue")
+        before = (out.read_bytes(), state_dump(state))
+        refused = await anyio.run_process(args, check=False, env=ENV)
+        assert refused.returncode == 2, refused.stderr.decode()
+        message = refused.stderr.decode()
+        assert str(state) in message and "--restart" in message
+        assert (out.read_bytes(), state_dump(state)) == before
+
+        restarted = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
+        assert restarted.returncode == 0, restarted.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(5000, "tue"))
+
+
+async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -> None:
+    """stdin cannot be fingerprinted before it is read: an unfinished run that read stdin is
+    resumed with --resume (same rows again) and refused otherwise."""
+    out = tmp_path / "results.jsonl"
+    dump = write_night(tmp_path / "dump.csv", 12000, "s")
+    data = dump.read_bytes()
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, "-")
+        proc = await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        )
+        assert proc.stdin is not None
+        await proc.stdin.send(data)
+        await anyio.sleep(1.0)
+        # The producer keeps the pipe open: the engine still drains and exits promptly.
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            assert await proc.wait() == 130
+        await proc.stdin.aclose()
+        await proc.aclose()
+
+        with dump.open("rb") as stdin:
+            refused = await anyio.run_process(args, stdin=stdin, check=False, env=ENV)
+        assert refused.returncode == 2, refused.stderr.decode()
+        assert b"--resume" in refused.stderr and b"--restart" in refused.stderr
+
+        with dump.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
