@@ -31,6 +31,7 @@ import anyio
 import msgspec
 
 from . import _exceptions as exc
+from ._clock import ServerClock
 from ._config import ClientConfig, Limits, RetryPolicy, Secret, Timeout
 from ._models import (
     LANGUAGES,
@@ -136,6 +137,8 @@ class TaggerClient:
         self.retry = retry or cfg.retry
         self.limits = limits or cfg.limits
         self.stats = ClientStats()
+        #: The service's clock offset, from responses' ``Date`` (write deadlines use it).
+        self.server_clock = ServerClock()
         self._sleep = sleep or anyio.sleep
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
@@ -436,6 +439,7 @@ class TaggerClient:
             headers["Content-Type"] = "application/json"
         self.stats.requests += 1
         started = time.perf_counter()
+        sent_at = time.time()
         sent = False
         try:
             async with session.request(
@@ -444,6 +448,7 @@ class TaggerClient:
                 sent = True
                 payload = await resp.read()
                 result = _Response(resp.status, payload, resp.headers)
+                self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
         except aiohttp.ClientConnectorError as err:
             self.stats.transport_errors += 1
             reason = err.os_error.strerror or str(err)

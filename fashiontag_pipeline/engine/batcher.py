@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -88,13 +88,6 @@ def drop_bodies_ops(task_id: str) -> list[tuple[str, tuple[Any, ...]]]:
             (task_id,),
         ),
     ]
-
-
-def remaining_seconds(expires_at: datetime | None, default: float) -> float:
-    """Seconds from now (wall clock) until a service expiry time."""
-    if expires_at is None:
-        return default
-    return (expires_at - datetime.now(UTC)).total_seconds()
 
 
 @dataclass(eq=False)
@@ -247,7 +240,8 @@ class TaskWriter:
         return f"fashiontag run {token}"
 
     def _expiry(self, response_expiry: datetime | None) -> float:
-        return self.clock() + remaining_seconds(response_expiry, self.default_ttl)
+        # The service's expiry is in the service's clock (see ServerClock).
+        return self.clock() + self.client.server_clock.remaining(response_expiry, self.default_ttl)
 
     def _new_token(self) -> tuple[int, str]:
         self._seq += 1
@@ -266,8 +260,10 @@ class TaskWriter:
 
     async def run(self, items: anyio.abc.ObjectReceiveStream[list[Item]]) -> None:
         """Consume validated batches until the stream ends; then seal what is open."""
-        async with anyio.create_task_group() as tg, items:
-            self._tg = tg
+        # Sends run in the run's task group (``_tg``), not one of the intake's own: rows sent
+        # again (a forgotten task, rows a task did not return) may come after the intake ends.
+        assert self._tg is not None, "the run's task group is not attached"
+        async with items:
             self.active += 1
             try:
                 await self._intake(items)
@@ -311,19 +307,26 @@ class TaskWriter:
             if cur is not None and now >= self.policy.close_at(cur, len(buffer)):
                 await self._close(cur)
 
-    async def dispatch(self, items: list[Item], *, chunk_id: int | None = None) -> None:
-        """Write a chunk ahead (new rows move the chunked watermark) and start sending it."""
+    async def dispatch(
+        self, items: list[Item], *, chunk_id: int | None = None, resent: bool = False
+    ) -> None:
+        """Write a chunk ahead (new rows move the chunked watermark) and start sending it.
+        ``resent``: rows sent again (in place of chunk ``chunk_id`` when given)."""
         ids = [i for i, _, _ in items]
         positions = [p for _, p, _ in items]
         requests = [r for _, _, r in items]
         body = encode_body(positions, requests)
-        last = max(positions) if chunk_id is None else -1
-        cid = await self.journal.run(self._insert_chunk, len(items), last, body, chunk_id)
+        last = max(positions) if not resent else -1
+        cid = await self.journal.run(
+            self._insert_chunk, len(items), last, body, chunk_id, len(items) if resent else 0
+        )
         await self.start(Chunk(cid, ids, positions, requests))
 
-    def _insert_chunk(self, n: int, last_pos: int, body: bytes, replaces: int | None) -> int:
+    def _insert_chunk(
+        self, n: int, last_pos: int, body: bytes, replaces: int | None, resent: int
+    ) -> int:
         # One transaction: the new chunk, and either the chunked watermark (new rows) or the
-        # orphan chunk whose missing rows it carries (so they can never be sent twice).
+        # chunk whose unsettled rows it carries (so they can never be sent twice).
         db = self.journal.db.db
         db.execute("BEGIN IMMEDIATE")
         # The body goes to its own table: the chunk's row is updated several times (token,
@@ -338,6 +341,12 @@ class TaskWriter:
                 "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
             )
             db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
+        if resent:
+            db.execute(
+                "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = 'n_resent'",
+                (resent,),
+            )
+            self.journal.counters["resent"] = self.journal.counters.get("resent", 0) + resent
         else:
             db.execute(
                 "UPDATE meta SET value=? WHERE key='chunked' AND CAST(value AS INTEGER) < ?",
@@ -472,7 +481,7 @@ class TaskWriter:
         if expiry is not None:
             task.expires = self._expiry(expiry)
         self.sent_requests += 1
-        counters = {"submitted": accepted}
+        counters = {"submitted": accepted, "settled": len(rejects)}
         if opened:
             counters["tasks"] = 1
         await self.journal.commit(
@@ -480,8 +489,8 @@ class TaskWriter:
             ops=[
                 *(opened or ()),
                 (
-                    "UPDATE chunks SET state='accepted', task_id=? WHERE chunk_id=?",
-                    (task.task_id, chunk.chunk_id),
+                    "UPDATE chunks SET state='accepted', task_id=?, n_ok=? WHERE chunk_id=?",
+                    (task.task_id, accepted, chunk.chunk_id),
                 ),
                 (
                     "UPDATE tasks SET expires_at=? WHERE task_id=?",
@@ -493,9 +502,11 @@ class TaskWriter:
 
     async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
         reasons = dict.fromkeys(chunk.ids, message)
+        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
         await self.journal.commit(
-            rejects=self._reject_rows(chunk, reasons, STAGE_SERVER),
+            rejects=rejects,
             ops=[("UPDATE chunks SET state='resolved' WHERE chunk_id=?", (chunk.chunk_id,))],
+            counters={"settled": len(rejects)},
         )
 
     async def _orphan(self, chunk: Chunk) -> None:

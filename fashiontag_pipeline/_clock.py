@@ -1,0 +1,83 @@
+"""The service's clock, as seen from here: an offset estimated from responses' ``Date``.
+
+Expiry times come from the service (``taskExpiredAt``) and are in the service's clock; a
+service whose clock runs minutes ahead of ours expires a task minutes before our clock says
+so. Every response carries ``Date`` (whole seconds), and the response was produced somewhere
+between the moment the request was sent (``t0``) and the moment the answer arrived (``t1``),
+so each one bounds the offset (service time minus ours)::
+
+    Date - t1  <=  offset  <=  Date + 1 - t0
+
+:class:`ServerClock` keeps the intersection of those bounds over the responses seen (a sample
+that does not fit the current bounds means one of the clocks was stepped: the bounds restart
+from it). Write deadlines use the upper bound (the service as far ahead as the evidence
+allows), so an uncertain estimate only makes the engine stop writing to a task earlier. While
+the bounds still contain 0 the evidence agrees with our clock (``Date`` has whole seconds only)
+and no correction is made: the engine's ``expiry_margin`` covers that last second.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+
+__all__ = ["ServerClock"]
+
+
+class ServerClock:
+    """Bounds of the service clock's offset from ours, from ``Date`` headers."""
+
+    def __init__(self) -> None:
+        self.low: float | None = None
+        self.high: float | None = None
+        self.samples = 0
+        self._last_header = ""
+        self._last_date = 0.0
+
+    def observe(self, header: str | None, sent: float, received: float) -> None:
+        """Take one response's ``Date`` (``sent``/``received``: our wall clock, seconds)."""
+        if not header:
+            return
+        if header == self._last_header:
+            date = self._last_date
+        else:
+            try:
+                date = parsedate_to_datetime(header).timestamp()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                return
+            self._last_header, self._last_date = header, date
+        low, high = date - received, date + 1.0 - sent
+        self.samples += 1
+        if self.low is None or self.high is None or low > self.high or high < self.low:
+            self.low, self.high = low, high
+            return
+        self.low = max(self.low, low)
+        self.high = min(self.high, high)
+
+    @property
+    def known(self) -> bool:
+        return self.low is not None
+
+    @property
+    def offset(self) -> float | None:
+        """Best estimate of (service time - our time) in seconds; None before any sample."""
+        if self.low is None or self.high is None:
+            return None
+        return (self.low + self.high) / 2
+
+    @property
+    def correction(self) -> float:
+        """The offset write deadlines use: 0 while the evidence agrees with our clock, else the
+        bound that makes deadlines earliest (the service as far ahead, or as little behind, as
+        the evidence allows)."""
+        if self.low is None or self.high is None or self.low <= 0.0 <= self.high:
+            return 0.0
+        return self.high
+
+    def remaining(self, expires_at: datetime | None, default: float) -> float:
+        """Seconds from now until the service's ``expires_at`` by the service's clock
+        (``default`` when the service gave no time)."""
+        if expires_at is None:
+            return default
+        return expires_at.timestamp() - (time.time() + self.correction)
