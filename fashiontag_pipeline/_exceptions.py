@@ -5,6 +5,8 @@
     FashiontagError
     ├── ConfigError                    bad config file, flag or environment value
     ├── ManifestError                  a manifest that cannot be read at all
+    ├── StateConflictError             a state file that belongs to an unfinished run of
+    │                                  other manifests (nothing is touched)
     ├── TransportError                 the service could not be reached or answered garbage
     │   ├── ConnectError               connection refused/failed: the request was not sent
     │   ├── TimeoutError_              no answer in time (reads only; see AmbiguousWriteError)
@@ -53,6 +55,7 @@ __all__ = [
     "ResultsNotReadyError",
     "ServerError",
     "ServiceError",
+    "StateConflictError",
     "TaskExpiredError",
     "TaskNotFoundError",
     "TimeoutError_",
@@ -72,6 +75,11 @@ class ConfigError(FashiontagError):
 
 class ManifestError(FashiontagError):
     """A manifest cannot be read at all (not CSV/JSONL, no ``url`` column, unreadable file)."""
+
+
+class StateConflictError(FashiontagError):
+    """The state file holds an unfinished run of other manifests (or of stdin, which cannot be
+    checked before it is read); the message names the file and how to go on."""
 
 
 class TransportError(FashiontagError):

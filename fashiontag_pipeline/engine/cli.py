@@ -1,13 +1,16 @@
 """``fashiontag run`` and ``fashiontag demo`` (DESIGN 4.1).
 
 Each command builds its configuration (file ``[engine]`` table, then flags), runs its own event
-loop (uvloop when importable) and returns an exit code: 0 when every row has an outcome, 1 on a
-fatal error (one line on stderr, state saved), 2 on bad usage, 130 when interrupted.
+loop (uvloop when importable) and returns an exit code: 0 when every row has an outcome (or the
+run was already complete), 1 on a fatal error (one line on stderr, state saved), 2 on bad
+usage or a state file of an unfinished run of other manifests (nothing touched), 3 when the run
+ended with rows still lacking an outcome (run it again), 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -18,7 +21,7 @@ import anyio
 import msgspec
 
 from .._config import ClientConfig, load_section
-from .._exceptions import ConfigError, FashiontagError
+from .._exceptions import ConfigError, FashiontagError, StateConflictError
 from .config import EngineConfig, RunSummary
 from .run import RunControl, default_state_path, first_error, run_pipeline, summary_json
 
@@ -27,6 +30,8 @@ __all__ = ["add_demo_arguments", "add_run_arguments", "demo_command", "run_comma
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+#: The run ended, but the state store shows rows without an outcome: run it again.
+EXIT_INCOMPLETE = 3
 EXIT_INTERRUPTED = 130
 T = TypeVar("T")
 
@@ -40,6 +45,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("results.jsonl"), help="results file")
     parser.add_argument("--rejects", type=Path, default=None, help="rejects JSONL file")
     parser.add_argument("--state", type=Path, default=None, help="state file (resume)")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard what the state file holds (even an unfinished run) and start over",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume an unfinished run that read stdin (only if stdin carries the same rows)",
+    )
     parser.add_argument("--detection", type=parse_detection, help="default detection, TOP,SHOES")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--summary", type=Path, help="write the run summary as JSON here")
@@ -146,7 +161,15 @@ async def _signal_group(
 
 
 def format_summary(summary: RunSummary) -> str:
-    status = "complete" if summary.complete else "interrupted" if summary.interrupted else "stopped"
+    status = (
+        "complete"
+        if summary.complete
+        else "interrupted"
+        if summary.interrupted
+        else "incomplete"
+        if summary.unsettled or summary.in_flight
+        else "stopped"
+    )
     lines = [
         f"run {status} in {summary.elapsed_s:.1f}s ({summary.rows_per_s:,.0f} rows/s)",
         f"  rows read {summary.rows_read:,}   submitted {summary.submitted:,}   "
@@ -156,6 +179,20 @@ def format_summary(summary: RunSummary) -> str:
         f"rate limited {summary.rate_limited}   ambiguous writes {summary.ambiguous_writes}",
         f"  results {summary.out}   rejects {summary.rejects}   state {summary.state}",
     ]
+    if summary.lost_tasks or summary.resent:
+        lines.append(
+            f"  tasks forgotten by the service {summary.lost_tasks}   rows sent again "
+            f"{summary.resent:,}"
+        )
+    if summary.server_clock_offset_s:
+        lines.append(f"  service clock offset {summary.server_clock_offset_s:+.1f}s")
+    if not summary.complete and (summary.unsettled or summary.in_flight):
+        what = "; ".join(summary.in_flight)
+        lines.append(
+            f"  {summary.unsettled:,} rows have no outcome yet"
+            + (f" ({what})" if what else "")
+            + ": run the same command again to finish them"
+        )
     if summary.error:
         lines.append(f"  error: {summary.error}")
     return "\n".join(lines)
@@ -185,19 +222,51 @@ def run_command(args: argparse.Namespace) -> int:
             engine=engine,
             progress=progress,
             control=control,
+            restart=args.restart,
+            resume_stdin=args.resume,
         )
 
+    code = _run_and_report(args, lambda: run_async(lambda: _with_signals(control, body)))
+    if code != EXIT_OK and "-" in args.manifests:
+        # A run that stops before stdin ends leaves a worker thread blocked reading it, and
+        # the interpreter would wait for that thread (for the producer to close the pipe) at
+        # exit. Everything is flushed and closed by now: leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> int:
     try:
-        summary = run_async(lambda: _with_signals(control, body))
+        summary = run()
+    except StateConflictError as err:
+        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_USAGE
     except FashiontagError as err:
         print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_ERROR
-    print(format_summary(summary), file=sys.stderr)
+    if summary.opened == "complete":
+        print(
+            f"fashiontag: run {summary.note} (state {summary.state}; results in {summary.out}; "
+            "--restart to run it again)",
+            file=sys.stderr,
+        )
+    else:
+        if summary.opened == "replaced":
+            print(
+                f"fashiontag: {summary.note} (state {summary.state}; {summary.out} and "
+                f"{summary.rejects} are rewritten)",
+                file=sys.stderr,
+            )
+        print(format_summary(summary), file=sys.stderr)
     if args.summary is not None:
         args.summary.write_bytes(summary_json(summary))
     if summary.complete:
         return EXIT_OK
-    return EXIT_INTERRUPTED if summary.interrupted else EXIT_ERROR
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_INCOMPLETE if summary.unsettled or summary.in_flight else EXIT_ERROR
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:

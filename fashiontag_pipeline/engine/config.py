@@ -133,6 +133,21 @@ class RunSummary(msgspec.Struct, kw_only=True):
     expired_writes: int = 0
     #: Rows routed to the single endpoint (local files, data: URIs) that have an outcome.
     single: int = 0
+    #: Rows taken into the run that have no outcome yet (0 when complete), and what is still
+    #: in flight (the end-of-run reconciliation of the state store).
+    unsettled: int = 0
+    in_flight: list[str] = msgspec.field(default_factory=list)
+    #: Tasks the service forgot (404), and rows sent again (theirs, and rows a finished task
+    #: did not return).
+    lost_tasks: int = 0
+    resent: int = 0
+    #: The service's clock minus ours, in seconds, as write deadlines used it (0.0 when the
+    #: service's Date headers agree with our clock; None when none was seen).
+    server_clock_offset_s: float | None = None
+    #: How the state file was opened: new, resumed, replaced (a completed run of other
+    #: manifests, or --restart) or complete (nothing to do); ``note`` says why.
+    opened: str = "new"
+    note: str = ""
     elapsed_s: float = 0.0
     rows_per_s: float = 0.0
     resumed: bool = False

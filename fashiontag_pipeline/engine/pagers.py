@@ -5,8 +5,14 @@ Tasks are drained oldest ``resultExpiredAt`` first. Pages of a task are fetched 
 with the task's ``next_offset``, so a resume reads exactly the pages not yet written. Pages are
 decoded with msgspec straight into :class:`~.sinks.PageRow` (results kept as raw JSON).
 
-When a task is drained, its orphan chunks (writes of unknown fate to a task that expired) are
-settled: ids missing from the task's results are sent again through the writer.
+Every page's rows are checked against the ids already written for the task (a server that
+repeats an id writes it once). When the last page is in, the rows written are counted against
+the rows the service accepted into the task (``chunks.n_ok``); if they differ (a short page, a
+repeated id in place of a row, a task that holds fewer images than it was given) or the task
+has orphan chunks (writes of unknown fate), the task's chunks are read back and every id
+without an outcome is sent again through the writer. A task the service forgets (404 for its
+status or a page: ``lost``) is settled the same way: the rows written stay, the others go to a
+new task, and the other tasks' pages keep flowing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,14 @@ __all__ = ["ResultPagers"]
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
 STAGE_EXPIRED = "expired"
+
+
+class _Lost:
+    """A page the service answered 404 for: the task is forgotten."""
+
+
+LOST = _Lost()
+_Fetched = list[PageRow] | None | _Lost
 
 
 class _NoEvent:
@@ -73,8 +87,9 @@ class ResultPagers:
         self._order = itertools.count()
         self.pages = 0
         self.lost_unidentified = 0
-        #: Fetched pages waiting for their turn, per task: offset -> rows (None: expired).
-        self._ready: dict[str, dict[int, list[PageRow] | None]] = {}
+        #: Fetched pages waiting for their turn, per task: offset -> rows (None: expired,
+        #: LOST: forgotten).
+        self._ready: dict[str, dict[int, _Fetched]] = {}
         #: Tasks whose ready pages a page task is committing right now.
         self._committing: set[str] = set()
         #: Offsets of the pages being fetched, per task.
@@ -99,26 +114,28 @@ class ResultPagers:
                         await changed.wait()
                     continue
                 _, _, entry = heapq.heappop(self._heap)
+                if entry.seen is None:
+                    entry.seen = await self._written(entry)
                 if entry.state == "lost":
-                    await self._settle(entry, lost=True)
+                    await self._settle(entry, ("orphan", "accepted", "pending"))
                     continue
-                if entry.orphans and entry.seen is None:
-                    entry.seen = await self._scan(entry)
                 if entry.next_offset >= entry.total:
-                    await self._drained(entry)
+                    await self._finish(entry)
                     continue
                 for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
                     await self.slots.acquire()
                     tg.start_soon(self._page, entry, offset)
 
-    async def _fetch(self, entry: TaskEntry, offset: int) -> list[PageRow] | None:
-        """One page, or None when the task's results have expired."""
+    async def _fetch(self, entry: TaskEntry, offset: int) -> _Fetched:
+        """One page; None when the task's results have expired, LOST when it is forgotten."""
         size = min(MAX_PAGE_SIZE, entry.total - offset)
         while True:
             try:
                 raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
             except exc.ResultsExpiredError:
                 return None
+            except exc.TaskNotFoundError:
+                return LOST
             except exc.ResultsNotReadyError as err:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
@@ -140,15 +157,13 @@ class ResultPagers:
                 continue
             return page.data.results if page.data is not None else []
 
-    async def _scan(self, entry: TaskEntry) -> set[str]:
-        """Ids of the pages a previous attempt already wrote (needed to settle orphans)."""
-        seen: set[str] = set()
-        for offset in range(0, entry.next_offset, MAX_PAGE_SIZE):
-            rows = await self._fetch(entry, offset)
-            if rows is None:
-                break
-            seen.update(r.id for r in rows)
-        return seen
+    async def _written(self, entry: TaskEntry) -> set[str]:
+        """Ids already written for the task (a resume that had read some of its pages: a scan
+        of the results sink, once per such task)."""
+        if entry.next_offset == 0:
+            return set()
+        results = self.journal.results
+        return await self.journal.run(results.task_ids, entry.task_id)
 
     async def _page(self, entry: TaskEntry, offset: int) -> None:
         """Fetch one page; commit it in offset order.
@@ -163,6 +178,8 @@ class ResultPagers:
         fetching.add(offset)
         try:
             rows = await self._fetch(entry, offset)
+            if entry.state != "done":
+                return  # expired or forgotten meanwhile: the page is not needed
             ready = self._ready.setdefault(task_id, {})
             ready[offset] = rows
             fetching.discard(offset)
@@ -180,24 +197,27 @@ class ResultPagers:
                 self._fetching.pop(task_id, None)
             self.slots.release()
 
-    async def _commit_ready(self, entry: TaskEntry, ready: dict[int, list[PageRow] | None]) -> None:
+    async def _commit_ready(self, entry: TaskEntry, ready: dict[int, _Fetched]) -> None:
         """Commit the consecutive ready pages from ``entry.next_offset`` (one transaction)."""
         task_id = entry.task_id
         self._committing.add(task_id)
         try:
             start = entry.next_offset
-            if ready[start] is None:
+            first = ready[start]
+            if first is None or isinstance(first, _Lost):
                 ready.pop(start)
                 self._ready.pop(task_id, None)
-                await self._expired(entry)
+                if first is None:
+                    await self._expired(entry)
+                else:
+                    await self._forget(entry)
                 return
             rows: list[PageRow] = []
             end = start
             pages = 0
             while True:
-                while end in ready and ready[end] is not None:
-                    page = ready.pop(end)
-                    assert page is not None
+                while end in ready and isinstance(page := ready[end], list):
+                    ready.pop(end)
                     rows.extend(page)
                     end = min(end + MAX_PAGE_SIZE, entry.total)
                     pages += 1
@@ -209,25 +229,102 @@ class ResultPagers:
                 if event is None:
                     event = self._deposited[task_id] = anyio.Event()
                 await event.wait()
-            if entry.seen is not None:
-                entry.seen.update(r.id for r in rows)
+            rows = self._first_of_each_id(entry, rows)
             ops: list[tuple[str, tuple[object, ...]]] = [
                 ("UPDATE tasks SET next_offset=? WHERE task_id=?", (end, task_id))
             ]
             drained = end >= entry.total
-            if drained:
+            # The usual end: every row the service accepted has a line; drain in this commit.
+            quick = drained and await self._all_written(entry)
+            if quick:
                 ops.extend(self._drained_ops(task_id))
             await self.journal.commit(page=(task_id, rows), ops=ops, counters={"pages": pages})
             self.pages += pages
             if drained:
-                entry.state = "drained"
                 self._ready.pop(task_id, None)
                 self._fetching.pop(task_id, None)
+            if quick:
+                self._done_with(entry)
+            elif drained:
+                entry.state = "finishing"
             entry.advance(end)
-            if drained:
-                await self._settle(entry, lost=False)
+            if drained and not quick:
+                await self._finish(entry)
         finally:
             self._committing.discard(task_id)
+
+    @staticmethod
+    def _first_of_each_id(entry: TaskEntry, rows: list[PageRow]) -> list[PageRow]:
+        """The rows whose id has no line for the task yet (a server may repeat an id)."""
+        seen = entry.seen
+        assert seen is not None
+        before = len(seen)
+        seen.update(r.id for r in rows)
+        if len(seen) - before == len(rows):
+            return rows
+        # A repeated id: rebuild, keeping the first row of each id.
+        for r in rows:
+            seen.discard(r.id)
+        out: list[PageRow] = []
+        for r in rows:
+            if r.id not in seen:
+                seen.add(r.id)
+                out.append(r)
+        logger.warning(
+            "task %s: %d results repeated an id already read; kept the first of each",
+            entry.task_id,
+            len(rows) - len(out),
+        )
+        return out
+
+    async def _all_written(self, entry: TaskEntry) -> bool:
+        """True when the task has no orphan chunk and its lines (those written and the page
+        being committed) are as many as the rows the service accepted into it."""
+        if entry.orphans:
+            return False
+        journal = self.journal
+
+        def accepted() -> int | None:
+            row = journal.db.db.execute(
+                "SELECT SUM(n_ok), COUNT(*) - COUNT(n_ok) FROM chunks"
+                " WHERE task_id=? AND state='accepted'",
+                (entry.task_id,),
+            ).fetchone()
+            return None if row[1] else int(row[0] or 0)
+
+        expected = await journal.run(accepted)
+        assert entry.seen is not None
+        return expected == len(entry.seen)
+
+    async def _finish(self, entry: TaskEntry) -> None:
+        """Every page is committed but the count did not settle the task (or a resume found it
+        read to the end): send again the ids without an outcome, then drain it."""
+        if not await self._all_written(entry):
+            await self._settle(entry, ("orphan", "accepted"))
+        await self.journal.commit(ops=self._drained_ops(entry.task_id))
+        self._done_with(entry)
+
+    def _done_with(self, entry: TaskEntry) -> None:
+        entry.state = "drained"
+        entry.seen = None
+        self.book.poke()
+
+    async def _forget(self, entry: TaskEntry) -> None:
+        """The service forgot the task (404) while its pages were being read."""
+        entry.state = "lost"
+        entry.advance(entry.next_offset)
+        logger.warning(
+            "task %s: the service no longer knows it after %d of %d results were read;"
+            " its other rows are sent again",
+            entry.task_id,
+            entry.next_offset,
+            entry.total,
+        )
+        await self.journal.commit(
+            ops=[("UPDATE tasks SET state='lost' WHERE task_id=?", (entry.task_id,))],
+            counters={"lost_tasks": 1},
+        )
+        await self._settle(entry, ("orphan", "accepted", "pending"))
 
     async def _rows_of(self, task_id: str, states: tuple[str, ...]) -> list[tuple[int, list]]:  # type: ignore[type-arg]
         def load() -> list[tuple[int, bytes]]:
@@ -253,6 +350,7 @@ class ResultPagers:
         entry.advance(read_upto)
         task_id = entry.task_id
         journal = self.journal
+        written = entry.seen or set()
 
         def unread() -> list[tuple[int, str]]:
             cur = journal.db.db.execute(
@@ -261,7 +359,6 @@ class ResultPagers:
                 (task_id,),
             )
             bodies = [body for (body,) in cur]
-            written = journal.results.task_ids(task_id) if read_upto else set()
             refused = journal.rejects.ids_of_stage(STAGE_SERVER)
             out: list[tuple[int, str]] = []
             for body in bodies:
@@ -299,8 +396,11 @@ class ResultPagers:
                 ("UPDATE tasks SET state='expired' WHERE task_id=?", (task_id,)),
                 *drop_bodies_ops(task_id),
             ],
+            counters={"settled": len(rejects)},
         )
-        await self._settle(entry, lost=False)
+        if entry.orphans:
+            await self._settle(entry, ("orphan",))
+        self._done_with(entry)
 
     @staticmethod
     def _drained_ops(task_id: str) -> list[tuple[str, tuple[object, ...]]]:
@@ -309,31 +409,34 @@ class ResultPagers:
             *drop_bodies_ops(task_id),
         ]
 
-    async def _drained(self, entry: TaskEntry) -> None:
-        entry.state = "drained"
-        await self.journal.commit(ops=self._drained_ops(entry.task_id))
-        await self._settle(entry, lost=False)
-
-    async def _settle(self, entry: TaskEntry, *, lost: bool) -> None:
-        """Send again the rows of orphan chunks (all chunks of a lost task) that the task's
-        results do not hold."""
-        if entry.orphans or lost:
-            states = ("orphan", "accepted", "pending") if lost else ("orphan",)
-            seen = entry.seen or set()
-            for chunk_id, rows in await self._rows_of(entry.task_id, states):
-                missing: list[Item] = [
-                    (r.context.id, pos, r) for pos, r in rows if r.context.id not in seen
-                ]
-                if missing:
-                    await self.resend(missing, chunk_id)
-                else:
-                    await self.journal.commit(
-                        ops=[("UPDATE chunks SET state='resolved' WHERE chunk_id=?", (chunk_id,))]
-                    )
-                if chunk_id in entry.orphans:
-                    entry.orphans.discard(chunk_id)
-                    self.book.orphans_pending -= 1
-            entry.seen = None
+    async def _settle(self, entry: TaskEntry, states: tuple[str, ...]) -> None:
+        """Send again every row of the task's chunks in ``states`` that has no outcome (no
+        line for the task, not refused by the service). A chunk whose rows are all settled is
+        marked resolved, except an accepted chunk of a task still drained normally (its body
+        goes with the task)."""
+        lost = entry.state == "lost"
+        seen = entry.seen or set()
+        journal = self.journal
+        refused = await journal.run(journal.rejects.ids_of_stage, STAGE_SERVER)
+        for chunk_id, rows in await self._rows_of(entry.task_id, states):
+            missing: list[Item] = [
+                (r.context.id, pos, r)
+                for pos, r in rows
+                if r.context.id not in seen and r.context.id not in refused
+            ]
+            if missing:
+                await self._resend_unwritten(missing, chunk_id)
+            elif lost or chunk_id in entry.orphans:
+                await journal.commit(
+                    ops=[("UPDATE chunks SET state='resolved' WHERE chunk_id=?", (chunk_id,))]
+                )
+            if chunk_id in entry.orphans:
+                entry.orphans.discard(chunk_id)
+                self.book.orphans_pending -= 1
         if lost:
-            entry.state = "drained"
+            self._done_with(entry)
         self.book.poke()
+
+    async def _resend_unwritten(self, items: list[Item], chunk_id: int) -> None:
+        """Hand rows without an outcome back to the writer, in place of ``chunk_id``."""
+        await self.resend(items, chunk_id)

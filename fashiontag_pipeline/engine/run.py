@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,16 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig
+from .._models import format_time
 from .batcher import BODY_SQL, Chunk, OpenTask, TaskWriter, decode_body
 from .config import EngineConfig, RunSummary
 from .flow import FatalRunError, RetryBudget
+from .manifests import fingerprint
 from .pagers import ResultPagers
 from .single import SingleRouter, merge_routes, pending_ops, split_routes
 from .sinks import Reject, RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, open_manifest
-from .state import Journal, RunState, StateDB, split_position, tune_gc
+from .state import Journal, Reconciliation, RunState, StateDB, split_position, tune_gc
 from .tracker import TaskBook, TaskEntry, Tracker
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
@@ -97,18 +100,26 @@ async def run_pipeline(
     engine: EngineConfig = EngineConfig(),  # noqa: B008 - frozen value object
     progress: bool = False,
     control: RunControl | None = None,
+    restart: bool = False,
+    resume_stdin: bool = False,
 ) -> RunSummary:
     """Tag every image of ``manifests`` into ``out`` (results) and ``rejects``; exactly once.
 
-    Re-running with the same ``state`` file resumes an interrupted run. Returns the summary;
-    raises :class:`ManifestError` (before any request) for an unreadable manifest and
-    :class:`FatalRunError` when the run cannot go on (state saved).
+    Re-running with the same ``state`` file resumes an interrupted run of the same manifests
+    (content fingerprints; stdin only with ``resume_stdin``); after a completed run it does
+    nothing for the same manifests and starts a new run for others; ``restart`` discards
+    whatever the state holds. Returns the summary, ``complete`` only when the state store shows
+    every row taken in with an outcome; raises :class:`ManifestError` (before any request) for
+    an unreadable manifest, :class:`StateConflictError` (touching nothing) for an unfinished
+    state of other manifests, and :class:`FatalRunError` when the run cannot go on (state
+    saved).
     """
     started = time.monotonic()
     names = [str(m) for m in manifests]
     if not names:
         raise exc.ManifestError("no manifest given")
     state_path = state or default_state_path(out)
+    prints = [await anyio.to_thread.run_sync(fingerprint, name) for name in names]
     readers: list[ManifestReader] = []
     try:
         for i, name in enumerate(names):
@@ -121,7 +132,18 @@ async def run_pipeline(
         raise
 
     db = StateDB(state_path)
-    run = db.open_run(names)
+    try:
+        run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
+    except BaseException:
+        db.close()
+        for reader in readers:
+            reader.close()
+        raise
+    if run.opened == "complete":
+        db.close()
+        for reader in readers:
+            reader.close()
+        return _already_complete(run, out, rejects, state_path, started)
     result_sink = open_result_sink(out, engine.sink)
     reject_sink = RejectSink(rejects)
     result_sink.truncate(run.results_checkpoint)
@@ -133,7 +155,12 @@ async def run_pipeline(
     tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
     control = control or RunControl()
     summary = RunSummary(
-        resumed=run.resumed, out=str(out), rejects=str(rejects), state=str(state_path)
+        resumed=run.resumed,
+        opened=run.opened,
+        note=run.note,
+        out=str(out),
+        rejects=str(rejects),
+        state=str(state_path),
     )
     live = _Progress()
     engine_run = _EngineRun(tagger, journal, engine, run, names, readers, control, live, summary)
@@ -146,6 +173,7 @@ async def run_pipeline(
                 await engine_run.run()
         else:
             await engine_run.run()
+        await engine_run.reconcile()
     except BaseExceptionGroup as group:
         err = first_error(group)
         raise err from None
@@ -159,6 +187,31 @@ async def run_pipeline(
         summary.elapsed_s = round(time.monotonic() - started, 3)
         engine_run.fill(summary)
     return summary
+
+
+def _already_complete(
+    run: RunState, out: Path, rejects: Path, state: Path, started: float
+) -> RunSummary:
+    """The summary of a run found complete in its state: nothing was done."""
+    c = run.counters
+    return RunSummary(
+        submitted=c.get("submitted", 0),
+        tagged=c.get("tagged", 0),
+        failed=c.get("failed", 0),
+        rejected=c.get("rejected", 0),
+        tasks=c.get("tasks", 0),
+        pages=c.get("pages", 0),
+        single=c.get("single", 0),
+        lost_tasks=c.get("lost_tasks", 0),
+        resent=c.get("resent", 0),
+        complete=True,
+        opened="complete",
+        note=f"already complete (finished at {run.completed_at}): nothing to do",
+        elapsed_s=round(time.monotonic() - started, 3),
+        out=str(out),
+        rejects=str(rejects),
+        state=str(state),
+    )
 
 
 class _EngineRun:
@@ -225,6 +278,7 @@ class _EngineRun:
             on_idle=self.book.poke,
         )
         self.started = time.monotonic()
+        self.reconciliation: Reconciliation | None = None
         self.rows_read = 0
         self.complete = False
         self.interrupted = False
@@ -248,7 +302,7 @@ class _EngineRun:
     async def _resend(self, items: list[Item], chunk_id: int) -> None:
         for start in range(0, len(items), self.config.chunk_size):
             part = items[start : start + self.config.chunk_size]
-            await self.writer.dispatch(part, chunk_id=chunk_id if start == 0 else None)
+            await self.writer.dispatch(part, chunk_id=chunk_id if start == 0 else None, resent=True)
 
     def _finished(self) -> bool:
         w = self.writer
@@ -330,6 +384,8 @@ class _EngineRun:
                 db.execute(
                     "SELECT task_id, seq, token, state, expires_at, results_expire_at, total,"
                     " next_offset FROM tasks WHERE state NOT IN ('drained', 'expired', 'lost')"
+                    " OR (state = 'lost' AND EXISTS (SELECT 1 FROM chunks c"
+                    " WHERE c.task_id = tasks.task_id AND c.state = 'accepted'))"
                 )
             )
             chunks = list(
@@ -341,7 +397,10 @@ class _EngineRun:
             return tasks, chunks
 
         tasks, chunks = await self.journal.run(load)
-        now_wall = time.time()
+        if not self.client.server_clock.known and any(t[3] == "open" for t in tasks):
+            # Open tasks' expiry times are in the service's clock: learn its offset first.
+            await self.budget.call("list tasks", self.client.list_tasks)
+        now_wall = time.time() + self.client.server_clock.correction
         now = time.monotonic()
         pending: list[Chunk] = []
         for chunk_id, state, task_id, token, body in chunks:
@@ -384,12 +443,10 @@ class _EngineRun:
                 self.writer.tasks[task_id].created.set()
             elif state == "sealed":
                 await self._sealed(task_id)
-            elif state == "done":
-                from datetime import UTC, datetime
-
+            elif state in ("done", "lost"):
                 entry = TaskEntry(
                     task_id,
-                    state="done",
+                    state=state,
                     total=total,
                     next_offset=offset,
                     results_expire_at=datetime.fromtimestamp(results_at, UTC)
@@ -478,6 +535,24 @@ class _EngineRun:
     def _writer_sealed(self) -> int:
         return sum(1 for t in self.writer.tasks.values() if t.sealed)
 
+    async def reconcile(self) -> None:
+        """The end-of-run check: complete only when every row taken in has an outcome and
+        nothing is in flight; then the state records it (the same manifests again: nothing to
+        do)."""
+        db = self.journal.db
+        self.reconciliation = await self.journal.run(db.reconcile)
+        done = self.complete and not self.interrupted and self.reconciliation.complete
+        if self.complete and not self.interrupted and not done:
+            logger.error(
+                "run incomplete: %d rows have no outcome (%s)",
+                self.reconciliation.unsettled,
+                "; ".join(self.reconciliation.in_flight) or "counts differ",
+            )
+        self.complete = done
+        if done:
+            stamp = format_time(datetime.now(UTC))
+            await self.journal.run(db.mark_complete, stamp)
+
     def fill(self, summary: RunSummary) -> None:
         c = self.journal.counters
         summary.rows_read = self.rows_read
@@ -495,6 +570,14 @@ class _EngineRun:
         summary.expired_writes = self.writer.refused_writes
         summary.complete = self.complete and not self.interrupted
         summary.interrupted = self.interrupted and not self.complete
+        summary.lost_tasks = c.get("lost_tasks", 0)
+        summary.resent = c.get("resent", 0)
+        if self.reconciliation is not None:
+            summary.unsettled = self.reconciliation.unsettled
+            summary.in_flight = list(self.reconciliation.in_flight)
+        clock = self.client.server_clock
+        if clock.known:
+            summary.server_clock_offset_s = round(clock.correction, 1)
         if summary.elapsed_s > 0:
             summary.rows_per_s = round(self.rows_read / summary.elapsed_s, 1)
 

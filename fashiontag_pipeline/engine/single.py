@@ -291,5 +291,5 @@ class SingleRouter:
         await self.journal.commit(
             rejects=[Reject(ident, reason, stage, request.line, request.source)],
             ops=[(_DONE_SQL, (pos,))],
-            counters={"single": 1},
+            counters={"single": 1, "settled": 1},
         )

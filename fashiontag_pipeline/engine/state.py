@@ -2,12 +2,16 @@
 
 Schema::
 
-    meta(key, value)           run token, manifests, watermarks, sink checkpoints, counters
+    meta(key, value)           run token, manifest fingerprints, watermarks, sink checkpoints,
+                               counters, completed_at (set once the run is reconciled)
     tasks(task_id, seq, token, state, expires_at, results_expire_at, total, next_offset)
                                state: open | sealed | done | drained | expired | lost
-    chunks(chunk_id, state, task_id, token, n, last_pos, body)
+                               (lost: the service forgot it; its chunks are settled by sending
+                               their unwritten rows again, each chunk then ``resolved``)
+    chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok)
                                state: pending (written ahead, fate unknown) | accepted |
-                               orphan (fate unknown, task no longer writable) | resolved
+                               orphan (fate unknown, task no longer writable) | resolved;
+                               n_ok: rows of the chunk the service accepted
     chunk_bodies(chunk_id, body)
                                a chunk's rows ([[position, request], ...]), written once with
                                the chunk and deleted when its task is drained; apart from
@@ -30,6 +34,12 @@ to ``singles`` (pending) in the transaction that moves V over it, and marked don
 transaction that writes its outcome. A resume re-tags the pending ones and skips every routed
 row at a position <= V (single tagging is idempotent, so a re-tag is harmless).
 
+Two counters make the end of a run checkable (:meth:`StateDB.reconcile`): ``accepted`` counts
+the distinct ids taken into the run (in the transaction that records them), ``settled`` the
+outcomes written for them (results lines, and rejects of accepted rows: refused by the
+service, expired, single-mode failures), each in the transaction that writes it. A run is
+complete only when the two are equal and no chunk, task or single row is still in flight.
+
 Everything that touches SQLite or a sink runs in one thread at a time (the journal's limiter),
 so the event loop never blocks on disk and every commit is one transaction that moves sink
 checkpoints and state together.
@@ -48,11 +58,14 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
+from .. import _exceptions as exc
+from .manifests import ManifestPrint, describe, same_manifests
 from .sinks import PageRow, Reject, RejectSink, ResultSink, count_outcomes
 
 __all__ = [
     "POS_SHIFT",
     "Journal",
+    "Reconciliation",
     "RunState",
     "StateDB",
     "position",
@@ -63,7 +76,19 @@ __all__ = [
 POS_SHIFT = 40
 T = TypeVar("T")
 
-COUNTERS = ("submitted", "tagged", "failed", "rejected", "tasks", "pages", "single")
+COUNTERS = (
+    "submitted",
+    "tagged",
+    "failed",
+    "rejected",
+    "tasks",
+    "pages",
+    "single",
+    "accepted",
+    "settled",
+    "resent",
+    "lost_tasks",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -130,17 +155,46 @@ def tune_gc() -> Callable[[], None]:
     return restore
 
 
+_prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
+_TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "meta")
+
+
 class RunState(msgspec.Struct, kw_only=True):
-    """What the state file says about the run when it is opened."""
+    """What the state file says about the run when it is opened.
+
+    ``opened`` says what :meth:`StateDB.open_run` decided: ``new`` (an empty state),
+    ``resumed`` (an unfinished run of the same manifests), ``replaced`` (the state held a
+    completed run of other manifests, or ``--restart``: discarded, a new run starts; ``note``
+    says why) or ``complete`` (the same manifests, already complete: nothing to do)."""
 
     token: str
     resumed: bool
+    opened: str = "new"
+    note: str = ""
+    completed_at: str | None = None
     validated: int
     chunked: int
     results_checkpoint: int
     rejects_checkpoint: int
     counters: dict[str, int]
     task_seq: int
+
+
+class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
+    """The end-of-run check: rows taken into the run without an outcome, and what is still
+    in flight. Complete when both are empty."""
+
+    accepted: int
+    settled: int
+    in_flight: list[str]
+
+    @property
+    def unsettled(self) -> int:
+        return self.accepted - self.settled
+
+    @property
+    def complete(self) -> bool:
+        return self.unsettled == 0 and not self.in_flight
 
 
 #: SQLite page cache of the state file. It is the one part of the engine's memory that grows
@@ -163,6 +217,9 @@ class StateDB:
         # A bounded page cache keeps memory flat however many ids the run holds.
         self.db.execute(f"PRAGMA cache_size=-{cache_kib}")
         self.db.executescript(_SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
+        if "n_ok" not in columns:  # state files written before n_ok
+            self.db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
 
     def close(self) -> None:
         self.db.close()
@@ -174,25 +231,87 @@ class StateDB:
     def set_meta(self, key: str, value: object) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
 
-    def open_run(self, manifests: Sequence[str]) -> RunState:
-        """Start a run, or load the interrupted run this file holds."""
+    def open_run(
+        self, prints: Sequence[ManifestPrint], *, restart: bool = False, resume_stdin: bool = False
+    ) -> RunState:
+        """Start a run, resume the unfinished run of the same manifests, or refuse.
+
+        See :mod:`.manifests` for the rules; a refusal (:class:`StateConflictError`) writes
+        nothing."""
+        prints = list(prints)
         token = self.meta("run_token")
-        if token is None:
-            token = secrets.token_hex(8)
-            self.db.execute("BEGIN IMMEDIATE")
-            self.set_meta("run_token", token)
-            self.set_meta("manifests", msgspec.json.encode(list(manifests)).decode())
-            for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt", "task_seq"):
-                self.set_meta(key, -1 if key in ("validated", "chunked") else 0)
-            for key in COUNTERS:
-                self.set_meta(f"n_{key}", 0)
-            self.db.execute("COMMIT")
-            resumed = False
-        else:
-            resumed = True
+        opened, note = "new", ""
+        if token is not None:
+            stored_text = self.meta("prints")
+            stored = _prints_decoder.decode(stored_text) if stored_text else None
+            completed = self.meta("completed_at")
+            same = stored is not None and same_manifests(stored, prints)
+            stdin = any(p.stdin for p in prints)
+            if restart:
+                opened, note = "replaced", "--restart: the previous state is discarded"
+            elif completed is not None and same and not stdin:
+                return self._run_state(token, opened="complete", completed_at=completed)
+            elif completed is not None:
+                opened = "replaced"
+                note = (
+                    f"the state holds a run completed at {completed}"
+                    + ("" if stdin and same else f" of {describe(stored or [])}")
+                    + ": starting a new run"
+                )
+            elif same and (not stdin or resume_stdin):
+                return self._run_state(token, opened="resumed")
+            else:
+                raise exc.StateConflictError(self._conflict(stored, prints, same))
+            self._wipe()
+        token = secrets.token_hex(8)
+        self.db.execute("BEGIN IMMEDIATE")
+        self.set_meta("run_token", token)
+        self.set_meta("prints", msgspec.json.encode(prints).decode())
+        self.set_meta("manifests", msgspec.json.encode([p.name for p in prints]).decode())
+        for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt", "task_seq"):
+            self.set_meta(key, -1 if key in ("validated", "chunked") else 0)
+        for key in COUNTERS:
+            self.set_meta(f"n_{key}", 0)
+        self.db.execute("COMMIT")
+        return self._run_state(token, opened=opened, note=note)
+
+    def _conflict(
+        self, stored: list[ManifestPrint] | None, prints: list[ManifestPrint], same: bool
+    ) -> str:
+        where = f"state file {self.path}"
+        restart = "pass --restart to discard it and start over (the outputs are rewritten)"
+        if stored is None:
+            return (
+                f"{where} was written by an earlier version that did not record its manifests; "
+                f"{restart}"
+            )
+        if same:
+            return (
+                f"{where} holds an unfinished run that read stdin, which cannot be checked to "
+                "carry the same rows before it is read: pass --resume if stdin carries the same "
+                f"rows again, or {restart}"
+            )
+        return (
+            f"{where} holds an unfinished run of other manifests ({describe(stored)}; now "
+            f"{describe(prints)}): run the same command on those manifests to finish it, or "
+            f"{restart}"
+        )
+
+    def _wipe(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        for table in _TABLES:
+            self.db.execute(f"DELETE FROM {table}")
+        self.db.execute("COMMIT")
+
+    def _run_state(
+        self, token: str, *, opened: str, note: str = "", completed_at: str | None = None
+    ) -> RunState:
         return RunState(
             token=token,
-            resumed=resumed,
+            resumed=opened == "resumed",
+            opened=opened,
+            note=note,
+            completed_at=completed_at,
             validated=int(self.meta("validated", "-1") or -1),
             chunked=int(self.meta("chunked", "-1") or -1),
             results_checkpoint=int(self.meta("results_ckpt", "0") or 0),
@@ -200,6 +319,44 @@ class StateDB:
             counters={k: int(self.meta(f"n_{k}", "0") or 0) for k in COUNTERS},
             task_seq=int(self.meta("task_seq", "0") or 0),
         )
+
+    def reconcile(self) -> Reconciliation:
+        """Rows taken into the run without an outcome, and what is still in flight."""
+        db = self.db
+        in_flight: list[str] = []
+        checks = (
+            (
+                "chunks written but not settled",
+                "SELECT count(*) FROM chunks WHERE state IN ('pending', 'orphan')",
+            ),
+            (
+                "tasks not read to the end",
+                "SELECT count(*) FROM tasks WHERE state IN ('open', 'sealed', 'done')",
+            ),
+            (
+                "chunks of forgotten tasks not sent again",
+                "SELECT count(*) FROM chunks c"
+                " JOIN tasks t ON t.task_id = c.task_id WHERE t.state = 'lost'"
+                " AND c.state = 'accepted'",
+            ),
+            (
+                "single-mode rows without an outcome",
+                "SELECT count(*) FROM singles WHERE state = 'pending'",
+            ),
+        )
+        for what, sql in checks:
+            (n,) = db.execute(sql).fetchone()
+            if n:
+                in_flight.append(f"{n} {what}")
+        return Reconciliation(
+            accepted=int(self.meta("n_accepted", "0") or 0),
+            settled=int(self.meta("n_settled", "0") or 0),
+            in_flight=in_flight,
+        )
+
+    def mark_complete(self, when: str) -> None:
+        """Record that the run is reconciled: the same manifests again have nothing to do."""
+        self.set_meta("completed_at", when)
 
     def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int]:
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
@@ -270,6 +427,7 @@ class Journal:
             counters = dict(counters)
             counters["tagged"] = counters.get("tagged", 0) + ok
             counters["failed"] = counters.get("failed", 0) + bad
+            counters["settled"] = counters.get("settled", 0) + len(rows)
         if rejects:
             self.rejects.write_rejects(list(rejects))
             counters = dict(counters)
@@ -317,9 +475,11 @@ class Journal:
         firsts = self.db.dedupe(keyed)
         self.db.db.execute("RELEASE intake")
         out: list[int] = []
+        fresh = 0
         for i, ((_, pos), first) in enumerate(zip(keyed, firsts, strict=True)):
             if first == pos:
                 out.append(i)
+                fresh += pos > replay_upto  # a replayed row (at or below V) was counted before
             elif pos > replay_upto:
                 dup = make_dup(i, first)
                 if dup is not None:
@@ -329,7 +489,7 @@ class Journal:
         ]
         if routed is not None:
             ops.extend(routed(out))
-        self._apply(None, rejects, ops, {})
+        self._apply(None, rejects, ops, {"accepted": fresh})
         return out
 
     # -------------------------------------------------------------- async side

@@ -17,6 +17,7 @@ instead, concurrently, and lists again every ``LIST_RECHECK`` polls.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from .flow import RetryBudget
 from .state import Journal
 
 __all__ = ["CompletionForecast", "TaskBook", "TaskEntry", "Tracker"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 BACKOFF = 1.6
 #: Weight of the newest rate sample in the smoothed rates.
@@ -83,7 +86,8 @@ class TaskBook:
         return [e for e in self.entries.values() if e.state == "sealed"]
 
     def unfinished(self) -> int:
-        return sum(1 for e in self.entries.values() if e.state in ("sealed", "done"))
+        """Tasks not yet drained (sealed, done, being settled after a loss or expiry)."""
+        return sum(1 for e in self.entries.values() if e.state != "drained")
 
 
 def smooth(old: float, sample: float) -> float:
@@ -304,10 +308,17 @@ class Tracker:
             if task is None:
                 task = await self._status(entry.task_id)
             if task is None:
+                # Forgotten by the service (404): its rows without an outcome are sent again.
                 entry.state = "lost"
-                await self.journal.commit(
-                    ops=[("UPDATE tasks SET state='lost' WHERE task_id=?", (entry.task_id,))]
+                logger.warning(
+                    "task %s: the service no longer knows it; its rows are sent again",
+                    entry.task_id,
                 )
+                await self.journal.commit(
+                    ops=[("UPDATE tasks SET state='lost' WHERE task_id=?", (entry.task_id,))],
+                    counters={"lost_tasks": 1},
+                )
+                await self.on_done(entry)
                 continue
             count = task.count
             if not task.done:
