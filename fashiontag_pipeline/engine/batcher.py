@@ -1,8 +1,8 @@
 """Batcher and task writer: validated rows -> chunks of <= 1,000 -> POST (first) / PUT (rest).
 
 The pure decisions (when a chunk is due, whether a task may still be written, when to seal)
-live in :class:`WritePolicy`, driven by a clock passed in, so property tests check them with a
-fake clock. :class:`TaskWriter` applies them:
+live in :class:`~.policy.WritePolicy`, driven by a clock passed in, so property tests check
+them with a fake clock. :class:`TaskWriter` applies them:
 
 * every chunk is written ahead to the state store (rows, positions) before its request;
 * a write is never started later than ``taskExpiredAt - expiry_margin`` (expiry read from every
@@ -24,171 +24,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._models import BulkTaskResponse, TaggingRequest, Task
+from .._models import BulkTaskResponse, Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
+from .policy import Chunk, OpenTask, WritePolicy, encode_body
 from .sinks import Reject
-from .state import Journal, split_position
+from .state import Journal, changes, split_position
 from .validate import Item
 
-__all__ = [
-    "BODY_SQL",
-    "Chunk",
-    "OpenTask",
-    "TaskWriter",
-    "WritePolicy",
-    "decode_body",
-    "drop_bodies_ops",
-    "encode_body",
-]
+__all__ = ["STAGE_SERVER", "TaskWriter"]
 
 STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
-
-_body_encoder = msgspec.json.Encoder()
-_body_decoder = msgspec.json.Decoder(list[tuple[int, TaggingRequest]])
-
-
-def encode_body(positions: Sequence[int], requests: Sequence[TaggingRequest]) -> bytes:
-    """A chunk as stored ahead of its write: [[position, request], ...]."""
-    return _body_encoder.encode(list(zip(positions, requests, strict=True)))
-
-
-def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
-    return _body_decoder.decode(body)
-
-
-#: A chunk's body in a ``SELECT ... FROM chunks``: its ``chunk_bodies`` row (``chunks.body`` in
-#: state files written before bodies had their own table).
-BODY_SQL = (
-    "COALESCE((SELECT b.body FROM chunk_bodies b WHERE b.chunk_id = chunks.chunk_id), chunks.body)"
-)
-
-
-def drop_bodies_ops(task_id: str) -> list[tuple[str, tuple[Any, ...]]]:
-    """Ops that drop the bodies of a task's accepted chunks (the task is drained or expired)."""
-    return [
-        (
-            "DELETE FROM chunk_bodies WHERE chunk_id IN"
-            " (SELECT chunk_id FROM chunks WHERE task_id=? AND state='accepted')",
-            (task_id,),
-        ),
-        (
-            "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted' AND body IS NOT NULL",
-            (task_id,),
-        ),
-    ]
-
-
-@dataclass(eq=False)
-class OpenTask:
-    """A task the writer may still write to (or is sealing)."""
-
-    seq: int
-    token: str
-    opened: float
-    expires: float
-    task_id: str | None = None
-    images: int = 0
-    inflight: int = 0
-    closing: bool = False
-    sealed: bool = False
-    failed: bool = False
-    #: Images after which the task is full (None: ``rotate_images``).
-    limit: int | None = None
-    created: anyio.Event = field(default_factory=anyio.Event)
-
-
-@dataclass(eq=False)
-class Chunk:
-    """Up to ``chunk_size`` requests, written ahead under ``chunk_id``."""
-
-    chunk_id: int
-    ids: list[str]
-    positions: list[int]
-    requests: list[TaggingRequest]
-    fate_unknown: bool = False
-    task_id: str | None = None
-
-
-class WritePolicy:
-    """The writer's decisions, pure functions of the config and a time ``now``."""
-
-    def __init__(self, config: EngineConfig) -> None:
-        self.chunk_size = config.chunk_size
-        self.rotate_images = config.rotate_images
-        self.rotate_min_images = min(config.rotate_min_images, config.rotate_images)
-        self.rotate_fraction = config.rotate_fraction
-        self.rotate_seconds = config.rotate_seconds
-        self.margin = config.expiry_margin
-        self.linger = config.linger_seconds
-
-    def write_deadline(self, task: OpenTask) -> float:
-        """The last moment a write to ``task`` may start."""
-        return task.expires - self.margin
-
-    def writable(self, task: OpenTask, now: float) -> bool:
-        """True while a write to the task may still start (before expiry - margin)."""
-        return not task.failed and now < self.write_deadline(task)
-
-    def task_limit(self, sent_before: int) -> int:
-        """Images a new task may hold when ``sent_before`` images went to earlier tasks of the
-        run: ``rotate_fraction`` of them, at least ``rotate_min_images``, at most
-        ``rotate_images`` (see :class:`~.config.EngineConfig`)."""
-        grown = int(sent_before * self.rotate_fraction)
-        return max(self.rotate_min_images, min(grown, self.rotate_images))
-
-    def limit_of(self, task: OpenTask) -> int:
-        return self.rotate_images if task.limit is None else task.limit
-
-    def full(self, task: OpenTask) -> bool:
-        """True when no further chunk may go to the task (seal it now, not at the next chunk)."""
-        return task.images >= self.limit_of(task)
-
-    def usable(self, task: OpenTask, now: float, n: int) -> bool:
-        """True when a new chunk of ``n`` rows may go to ``task`` (not rotated, not expiring)."""
-        if task.closing or not self.writable(task, now):
-            return False
-        if now - task.opened >= self.rotate_seconds:
-            return False
-        return task.images == 0 or task.images + n <= self.limit_of(task)
-
-    def flush_at(self, buffered: int, since: float, task: OpenTask | None) -> float:
-        """When the buffered rows (oldest arrived at ``since``) must be sent."""
-        if buffered >= self.chunk_size:
-            return since
-        if buffered == 0:
-            return float("inf")
-        due = since + self.linger
-        if task is not None and not task.closing and task.task_id is not None:
-            # Flush while the open task still takes writes, so a slow producer never meets
-            # an expired task (the write itself extends the expiry).
-            guard = max(min(self.linger, self.margin) / 2, 0.01)
-            due = min(due, self.write_deadline(task) - guard)
-        return due
-
-    def close_at(self, task: OpenTask | None, buffered: int) -> float:
-        """When the open task should be sealed: rotation age, or expiry with nothing to write."""
-        if task is None or task.closing or task.task_id is None:
-            return float("inf")
-        age = task.opened + self.rotate_seconds
-        if buffered == 0:
-            return min(age, self.write_deadline(task))
-        return age
-
-    def split(self, buffered: int) -> list[int]:
-        """Sizes of the full chunks to cut from ``buffered`` rows."""
-        return [self.chunk_size] * (buffered // self.chunk_size)
 
 
 class TaskWriter:
@@ -256,6 +110,38 @@ class TaskWriter:
                 out.append(Reject(ident, reason, stage, line, self.sources[src]))
         return out
 
+    # ------------------------------------------------------------------ life and resume
+
+    def attach(self, task_group: TaskGroup) -> None:
+        """The run's task group, where sends run (they may outlive the intake: rows sent
+        again after a task is lost come after the input ends)."""
+        self._tg = task_group
+
+    def resume_open(self, task_id: str, seq: int, token: str, remaining: float) -> None:
+        """An open task of an interrupted run (``remaining`` seconds until its expiry): only
+        the chunks of unknown fate that went to it are sent to it again, then it is sealed."""
+        if task_id in self.tasks:
+            return
+        now = self.clock()
+        task = OpenTask(seq=seq, token=token, opened=now, expires=now + remaining, task_id=task_id)
+        task.closing = True
+        task.created.set()
+        self.tasks[task_id] = task
+
+    async def adopt(self, token: str, found: Task) -> None:
+        """A task created by an interrupted run's ambiguous create, found by its token: record
+        it (closing, like every task of an interrupted run)."""
+        seq = int(token.rsplit("-t", 1)[1])
+        now = self.clock()
+        task = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True)
+        await self._opened(task, found.task_id, found.expires_at)
+
+    async def seal_idle(self) -> None:
+        """Seal every closing task with no write in flight (after a resume's re-sends)."""
+        for task in list(self.tasks.values()):
+            if task.closing and task.inflight == 0:
+                await self._maybe_seal(task)
+
     # ------------------------------------------------------------------ intake loop
 
     async def run(self, items: anyio.abc.ObjectReceiveStream[list[Item]]) -> None:
@@ -317,44 +203,10 @@ class TaskWriter:
         requests = [r for _, _, r in items]
         body = encode_body(positions, requests)
         last = max(positions) if not resent else -1
-        cid = await self.journal.run(
-            self._insert_chunk, len(items), last, body, chunk_id, len(items) if resent else 0
+        cid = await self.journal.write_ahead(
+            len(items), last, body, chunk_id, len(items) if resent else 0
         )
         await self.start(Chunk(cid, ids, positions, requests))
-
-    def _insert_chunk(
-        self, n: int, last_pos: int, body: bytes, replaces: int | None, resent: int
-    ) -> int:
-        # One transaction: the new chunk, and either the chunked watermark (new rows) or the
-        # chunk whose unsettled rows it carries (so they can never be sent twice).
-        db = self.journal.db.db
-        db.execute("BEGIN IMMEDIATE")
-        # The body goes to its own table: the chunk's row is updated several times (token,
-        # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
-        cur = db.execute(
-            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?)", (n, last_pos)
-        )
-        assert cur.lastrowid is not None
-        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (cur.lastrowid, body))
-        if replaces is not None:
-            db.execute(
-                "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
-            )
-            db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
-        if resent:
-            db.execute(
-                "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = 'n_resent'",
-                (resent,),
-            )
-            self.journal.counters["resent"] = self.journal.counters.get("resent", 0) + resent
-        else:
-            db.execute(
-                "UPDATE meta SET value=? WHERE key='chunked' AND CAST(value AS INTEGER) < ?",
-                (str(last_pos), last_pos),
-            )
-        db.execute("COMMIT")
-        assert cur.lastrowid is not None
-        return cur.lastrowid
 
     async def start(self, chunk: Chunk) -> None:
         """Send a chunk in the background once a write slot is free."""
@@ -414,9 +266,7 @@ class TaskWriter:
     async def _maybe_seal(self, task: OpenTask) -> None:
         if task.closing and task.inflight == 0 and not task.sealed and task.task_id is not None:
             task.sealed = True
-            await self.journal.commit(
-                ops=[("UPDATE tasks SET state='sealed' WHERE task_id=?", (task.task_id,))]
-            )
+            await self.journal.commit(ops=[changes.task_state(task.task_id, "sealed")])
             await self.on_sealed(task.task_id)
 
     def _check_idle(self) -> None:
@@ -462,10 +312,11 @@ class TaskWriter:
         task: OpenTask,
         chunk: Chunk,
         response: BulkTaskResponse,
-        opened: list[tuple[str, tuple[Any, ...]]] | None = None,
+        opened: list[changes.Change] | None = None,
     ) -> None:
         """Record an accepted write (and, with ``opened``, the task it created: one
         transaction)."""
+        assert task.task_id is not None
         mine = set(chunk.ids)
         reasons: dict[str, str] = {}
         for failure in response.failure_list:
@@ -488,14 +339,8 @@ class TaskWriter:
             rejects=rejects,
             ops=[
                 *(opened or ()),
-                (
-                    "UPDATE chunks SET state='accepted', task_id=?, n_ok=? WHERE chunk_id=?",
-                    (task.task_id, accepted, chunk.chunk_id),
-                ),
-                (
-                    "UPDATE tasks SET expires_at=? WHERE task_id=?",
-                    (expiry.timestamp() if expiry else None, task.task_id),
-                ),
+                changes.chunk_accepted(chunk.chunk_id, task.task_id, accepted),
+                changes.task_expiry(task.task_id, expiry.timestamp() if expiry else None),
             ],
             counters=counters,
         )
@@ -505,15 +350,13 @@ class TaskWriter:
         rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
         await self.journal.commit(
             rejects=rejects,
-            ops=[("UPDATE chunks SET state='resolved' WHERE chunk_id=?", (chunk.chunk_id,))],
+            ops=[changes.chunk_state(chunk.chunk_id, "resolved")],
             counters={"settled": len(rejects)},
         )
 
     async def _orphan(self, chunk: Chunk) -> None:
         assert chunk.task_id is not None
-        await self.journal.commit(
-            ops=[("UPDATE chunks SET state='orphan' WHERE chunk_id=?", (chunk.chunk_id,))]
-        )
+        await self.journal.commit(ops=[changes.chunk_state(chunk.chunk_id, "orphan")])
         self.on_orphan(chunk.task_id, chunk.chunk_id)
 
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
@@ -521,14 +364,7 @@ class TaskWriter:
 
     async def _create(self, task: OpenTask, chunk: Chunk) -> bool:
         """POST the chunk as a new task. True when the chunk is settled."""
-        await self.journal.commit(
-            ops=[
-                (
-                    "UPDATE chunks SET task_id=NULL, token=? WHERE chunk_id=?",
-                    (task.token, chunk.chunk_id),
-                )
-            ]
-        )
+        await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
         while True:
             try:
                 response = await self.client.create_task(
@@ -568,20 +404,14 @@ class TaskWriter:
 
     def _opened_ops(
         self, task: OpenTask, task_id: str, expiry: datetime | None
-    ) -> list[tuple[str, tuple[Any, ...]]]:
+    ) -> list[changes.Change]:
         """Attach a created task; the rows recording it (committed before any other write
         goes to the task: :attr:`OpenTask.created` is set after)."""
         task.task_id = task_id
         task.expires = self._expiry(expiry)
         self.tasks[task_id] = task
-        return [
-            (
-                "INSERT OR IGNORE INTO tasks (task_id, seq, token, state, expires_at)"
-                " VALUES (?, ?, ?, 'open', ?)",
-                (task_id, task.seq, task.token, expiry.timestamp() if expiry else None),
-            ),
-            ("INSERT OR REPLACE INTO meta VALUES ('task_seq', ?)", (str(self._seq),)),
-        ]
+        stamp = expiry.timestamp() if expiry else None
+        return changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)
 
     async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
         await self.journal.commit(
@@ -611,14 +441,7 @@ class TaskWriter:
             if chunk.task_id != task.task_id:
                 chunk.task_id = task.task_id
                 chunk.fate_unknown = False
-                await self.journal.commit(
-                    ops=[
-                        (
-                            "UPDATE chunks SET task_id=? WHERE chunk_id=?",
-                            (task.task_id, chunk.chunk_id),
-                        )
-                    ]
-                )
+                await self.journal.commit(ops=[changes.chunk_task(chunk.chunk_id, task.task_id)])
             try:
                 response = await self.client.append_to_task(
                     task.task_id, chunk.requests, default_detection=self.config.default_detection

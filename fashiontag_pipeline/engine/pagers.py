@@ -27,12 +27,13 @@ import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._models import MAX_PAGE_SIZE
-from .batcher import BODY_SQL, STAGE_SERVER, decode_body, drop_bodies_ops
+from .._models import MAX_PAGE_SIZE, TaggingRequest
+from .batcher import STAGE_SERVER
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .policy import decode_body
 from .sinks import PageRow, Reject, page_decoder
-from .state import Journal, split_position
+from .state import Journal, changes, split_position
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
 
@@ -230,14 +231,12 @@ class ResultPagers:
                     event = self._deposited[task_id] = anyio.Event()
                 await event.wait()
             rows = self._first_of_each_id(entry, rows)
-            ops: list[tuple[str, tuple[object, ...]]] = [
-                ("UPDATE tasks SET next_offset=? WHERE task_id=?", (end, task_id))
-            ]
+            ops = [changes.task_read_upto(task_id, end)]
             drained = end >= entry.total
             # The usual end: every row the service accepted has a line; drain in this commit.
             quick = drained and await self._all_written(entry)
             if quick:
-                ops.extend(self._drained_ops(task_id))
+                ops.extend(changes.task_drained(task_id))
             await self.journal.commit(page=(task_id, rows), ops=ops, counters={"pages": pages})
             self.pages += pages
             if drained:
@@ -282,17 +281,7 @@ class ResultPagers:
         being committed) are as many as the rows the service accepted into it."""
         if entry.orphans:
             return False
-        journal = self.journal
-
-        def accepted() -> int | None:
-            row = journal.db.db.execute(
-                "SELECT SUM(n_ok), COUNT(*) - COUNT(n_ok) FROM chunks"
-                " WHERE task_id=? AND state='accepted'",
-                (entry.task_id,),
-            ).fetchone()
-            return None if row[1] else int(row[0] or 0)
-
-        expected = await journal.run(accepted)
+        expected = await self.journal.run(self.journal.db.accepted_rows, entry.task_id)
         assert entry.seen is not None
         return expected == len(entry.seen)
 
@@ -301,7 +290,7 @@ class ResultPagers:
         read to the end): send again the ids without an outcome, then drain it."""
         if not await self._all_written(entry):
             await self._settle(entry, ("orphan", "accepted"))
-        await self.journal.commit(ops=self._drained_ops(entry.task_id))
+        await self.journal.commit(ops=changes.task_drained(entry.task_id))
         self._done_with(entry)
 
     def _done_with(self, entry: TaskEntry) -> None:
@@ -321,22 +310,17 @@ class ResultPagers:
             entry.total,
         )
         await self.journal.commit(
-            ops=[("UPDATE tasks SET state='lost' WHERE task_id=?", (entry.task_id,))],
+            ops=[changes.task_state(entry.task_id, "lost")],
             counters={"lost_tasks": 1},
         )
         await self._settle(entry, ("orphan", "accepted", "pending"))
 
-    async def _rows_of(self, task_id: str, states: tuple[str, ...]) -> list[tuple[int, list]]:  # type: ignore[type-arg]
-        def load() -> list[tuple[int, bytes]]:
-            marks = ",".join("?" * len(states))
-            cur = self.journal.db.db.execute(
-                f"SELECT chunk_id, {BODY_SQL} FROM chunks"
-                f" WHERE task_id=? AND state IN ({marks}) AND {BODY_SQL} IS NOT NULL",
-                (task_id, *states),
-            )
-            return list(cur)
-
-        return [(cid, decode_body(body)) for cid, body in await self.journal.run(load)]
+    async def _rows_of(
+        self, task_id: str, states: tuple[str, ...]
+    ) -> list[tuple[int, list[tuple[int, TaggingRequest]]]]:
+        """The rows of the task's chunks in ``states`` (chunk id, [(position, request)])."""
+        bodies = await self.journal.run(self.journal.db.chunk_bodies, task_id, states)
+        return [(cid, decode_body(body)) for cid, body in bodies]
 
     async def _expired(self, entry: TaskEntry) -> None:
         """Results expired before they were all read: every id of the task that has no
@@ -353,12 +337,7 @@ class ResultPagers:
         written = entry.seen or set()
 
         def unread() -> list[tuple[int, str]]:
-            cur = journal.db.db.execute(
-                f"SELECT {BODY_SQL} FROM chunks WHERE task_id=? AND state='accepted'"
-                f" AND {BODY_SQL} IS NOT NULL ORDER BY chunk_id",
-                (task_id,),
-            )
-            bodies = [body for (body,) in cur]
+            bodies = [body for _, body in journal.db.chunk_bodies(task_id, ("accepted",))]
             refused = journal.rejects.ids_of_stage(STAGE_SERVER)
             out: list[tuple[int, str]] = []
             for body in bodies:
@@ -392,22 +371,12 @@ class ResultPagers:
         )
         await journal.commit(
             rejects=rejects,
-            ops=[
-                ("UPDATE tasks SET state='expired' WHERE task_id=?", (task_id,)),
-                *drop_bodies_ops(task_id),
-            ],
+            ops=changes.task_drained(task_id, "expired"),
             counters={"settled": len(rejects)},
         )
         if entry.orphans:
             await self._settle(entry, ("orphan",))
         self._done_with(entry)
-
-    @staticmethod
-    def _drained_ops(task_id: str) -> list[tuple[str, tuple[object, ...]]]:
-        return [
-            ("UPDATE tasks SET state='drained' WHERE task_id=?", (task_id,)),
-            *drop_bodies_ops(task_id),
-        ]
 
     async def _settle(self, entry: TaskEntry, states: tuple[str, ...]) -> None:
         """Send again every row of the task's chunks in ``states`` that has no outcome (no
@@ -427,9 +396,7 @@ class ResultPagers:
             if missing:
                 await self._resend_unwritten(missing, chunk_id)
             elif lost or chunk_id in entry.orphans:
-                await journal.commit(
-                    ops=[("UPDATE chunks SET state='resolved' WHERE chunk_id=?", (chunk_id,))]
-                )
+                await journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])
             if chunk_id in entry.orphans:
                 entry.orphans.discard(chunk_id)
                 self.book.orphans_pending -= 1

@@ -33,15 +33,17 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig
 from .._models import format_time
-from .batcher import BODY_SQL, Chunk, OpenTask, TaskWriter, decode_body
+from .batcher import TaskWriter
 from .config import EngineConfig, RunSummary
 from .flow import FatalRunError, RetryBudget
+from .gcpolicy import tune_gc
 from .manifests import fingerprint
 from .pagers import ResultPagers
+from .policy import Chunk, decode_body
 from .single import SingleRouter, merge_routes, pending_ops, split_routes
 from .sinks import Reject, RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, open_manifest
-from .state import Journal, Reconciliation, RunState, StateDB, split_position, tune_gc
+from .state import Journal, Reconciliation, RunState, StateDB, split_position
 from .tracker import TaskBook, TaskEntry, Tracker
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
@@ -378,30 +380,13 @@ class _EngineRun:
     async def _reattach(self) -> list[Chunk]:
         """Load an interrupted run: tasks to track or drain, chunks of unknown fate."""
 
-        def load() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-            db = self.journal.db.db
-            tasks = list(
-                db.execute(
-                    "SELECT task_id, seq, token, state, expires_at, results_expire_at, total,"
-                    " next_offset FROM tasks WHERE state NOT IN ('drained', 'expired', 'lost')"
-                    " OR (state = 'lost' AND EXISTS (SELECT 1 FROM chunks c"
-                    " WHERE c.task_id = tasks.task_id AND c.state = 'accepted'))"
-                )
-            )
-            chunks = list(
-                db.execute(
-                    f"SELECT chunk_id, state, task_id, token, {BODY_SQL} FROM chunks"
-                    " WHERE state IN ('pending', 'orphan') ORDER BY chunk_id"
-                )
-            )
-            return tasks, chunks
-
-        tasks, chunks = await self.journal.run(load)
+        db = self.journal.db
+        tasks = await self.journal.run(db.resume_tasks)
+        chunks = await self.journal.run(db.resume_chunks)
         if not self.client.server_clock.known and any(t[3] == "open" for t in tasks):
             # Open tasks' expiry times are in the service's clock: learn its offset first.
             await self.budget.call("list tasks", self.client.list_tasks)
         now_wall = time.time() + self.client.server_clock.correction
-        now = time.monotonic()
         pending: list[Chunk] = []
         for chunk_id, state, task_id, token, body in chunks:
             rows = decode_body(body)
@@ -417,11 +402,7 @@ class _EngineRun:
             if task_id is None and token is not None:
                 found = await self.writer.find_task(token)
                 if found is not None:
-                    seq = int(token.rsplit("-t", 1)[1])
-                    task = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True)
-                    await self.writer._opened(task, found.task_id, found.expires_at)
-                    task.closing = True
-                    tasks.append((found.task_id, seq, token, "open", None, None, 0, 0))
+                    await self.writer.adopt(token, found)
                     task_id = found.task_id
             if task_id is not None:
                 chunk.fate_unknown = True
@@ -429,18 +410,8 @@ class _EngineRun:
             pending.append(chunk)
         for task_id, seq, token, state, expires_at, results_at, total, offset in tasks:
             if state == "open":
-                if task_id in self.writer.tasks:
-                    continue
-                expires = now + ((expires_at or now_wall) - now_wall)
-                self.writer.tasks[task_id] = OpenTask(
-                    seq=seq,
-                    token=token,
-                    opened=now,
-                    expires=expires,
-                    task_id=task_id,
-                    closing=True,
-                )
-                self.writer.tasks[task_id].created.set()
+                remaining = (expires_at or now_wall) - now_wall
+                self.writer.resume_open(task_id, seq, token, remaining)
             elif state == "sealed":
                 await self._sealed(task_id)
             elif state in ("done", "lost"):
@@ -466,7 +437,7 @@ class _EngineRun:
         item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
         single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         async with anyio.create_task_group() as tg:
-            self.writer._tg = tg
+            self.writer.attach(tg)
             pending = await self._reattach() if self.state.resumed else []
             pending_singles = await self.single.load_pending()
             source_scope = anyio.CancelScope()
@@ -501,9 +472,7 @@ class _EngineRun:
             tg.start_soon(source)
             tg.start_soon(self.single.run, single_recv, pending_singles)
             tg.start_soon(self._validate, raw_recv, item_send, single_send)
-            for task in list(self.writer.tasks.values()):
-                if task.closing and task.inflight == 0:
-                    await self.writer._maybe_seal(task)
+            await self.writer.seal_idle()
             tg.start_soon(self._track_and_page, tg)
 
     async def _track_and_page(self, tg: anyio.abc.TaskGroup) -> None:

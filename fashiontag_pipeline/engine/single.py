@@ -44,7 +44,7 @@ from .._models import Image, ImageType, TaggingResponse
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
 from .sinks import PageRow, Reject
-from .state import Journal
+from .state import Journal, changes
 from .validate import SINGLE_DATA, STAGE_CLIENT, Item, SingleItem, SingleRequest
 
 __all__ = ["SingleRejected", "SingleRouter", "load_image", "sniff_ext"]
@@ -55,8 +55,6 @@ _body_encoder = msgspec.json.Encoder()
 _body_decoder = msgspec.json.Decoder(SingleRequest)
 _result_encoder = msgspec.json.Encoder()
 
-_PENDING_SQL = "INSERT OR IGNORE INTO singles (pos, state, body) VALUES (?, 'pending', ?)"
-_DONE_SQL = "UPDATE singles SET state='done', body=NULL WHERE pos=?"
 
 _SUFFIXES = {"jpg": "jpeg", "jpe": "jpeg", "tif": "tiff"}
 
@@ -124,7 +122,9 @@ def load_image(request: SingleRequest, max_bytes: int) -> str:
 
 def pending_ops(singles: Sequence[SingleItem]) -> list[tuple[str, Sequence[Any]]]:
     """Statements writing routed rows ahead (pending)."""
-    return [(_PENDING_SQL, (pos, _body_encoder.encode(request))) for _, pos, request in singles]
+    return [
+        changes.single_pending(pos, _body_encoder.encode(request)) for _, pos, request in singles
+    ]
 
 
 def _position(row: tuple[str, int, Any]) -> int:
@@ -183,13 +183,8 @@ class SingleRouter:
     # ------------------------------------------------------------------ resume
 
     def _load_pending(self) -> list[SingleItem]:
-        db = self.journal.db.db
-        # A state file of an older version has no single counter yet.
-        db.execute("INSERT OR IGNORE INTO meta VALUES ('n_single', '0')")
         out: list[SingleItem] = []
-        for pos, body in db.execute(
-            "SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos"
-        ):
+        for pos, body in self.journal.db.pending_singles():
             request = _body_decoder.decode(body)
             out.append((request.context.id or "", pos, request))
         return out
@@ -283,13 +278,13 @@ class SingleRouter:
     async def _result(self, ident: str, pos: int, response: TaggingResponse) -> None:
         row = PageRow(ident, msgspec.Raw(_result_encoder.encode(response)))
         await self.journal.commit(
-            page=(None, [row]), ops=[(_DONE_SQL, (pos,))], counters={"single": 1}
+            page=(None, [row]), ops=[changes.single_done(pos)], counters={"single": 1}
         )
 
     async def _reject(self, item: SingleItem, reason: str, stage: str) -> None:
         ident, pos, request = item
         await self.journal.commit(
             rejects=[Reject(ident, reason, stage, request.line, request.source)],
-            ops=[(_DONE_SQL, (pos,))],
+            ops=[changes.single_done(pos)],
             counters={"single": 1, "settled": 1},
         )

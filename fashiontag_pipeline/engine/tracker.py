@@ -30,7 +30,7 @@ from .._client import TaggerClient
 from .._models import Task
 from .config import EngineConfig
 from .flow import RetryBudget
-from .state import Journal
+from .state import Journal, changes
 
 __all__ = ["CompletionForecast", "TaskBook", "TaskEntry", "Tracker"]
 
@@ -315,7 +315,7 @@ class Tracker:
                     entry.task_id,
                 )
                 await self.journal.commit(
-                    ops=[("UPDATE tasks SET state='lost' WHERE task_id=?", (entry.task_id,))],
+                    ops=[changes.task_state(entry.task_id, "lost")],
                     counters={"lost_tasks": 1},
                 )
                 await self.on_done(entry)
@@ -332,13 +332,7 @@ class Tracker:
             ops = []
             for entry, task in finished:
                 stamp = task.results_expire_at.timestamp() if task.results_expire_at else None
-                ops.append(
-                    (
-                        "UPDATE tasks SET state='done', total=?, results_expire_at=?"
-                        " WHERE task_id=?",
-                        (task.count.total, stamp, entry.task_id),
-                    )
-                )
+                ops.append(changes.task_done(entry.task_id, task.count.total, stamp))
             await self.journal.commit(ops=ops)
             for entry, task in finished:
                 entry.state = "done"

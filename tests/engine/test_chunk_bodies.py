@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
-from fashiontag_pipeline.engine.batcher import BODY_SQL, decode_body, drop_bodies_ops, encode_body
-from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.engine.policy import decode_body, encode_body
+from fashiontag_pipeline.engine.state import BODY_SQL, StateDB, changes
 
 
 def _body(ident: str, pos: int) -> bytes:
@@ -37,7 +37,7 @@ def test_bodies_read_from_either_place_and_dropped_from_both(tmp_path: Path) -> 
     decoded = [(cid, [(p, r.context.id) for p, r in decode_body(body)]) for cid, body in rows]
     assert decoded == [(1, [(10, "old")]), (2, [(11, "new")])]
 
-    for statement, params in drop_bodies_ops("t1"):
+    for statement, params in changes.task_drained("t1"):
         sql.execute(statement, params)
     assert sql.execute(f"SELECT count(*) FROM chunks WHERE {BODY_SQL} IS NOT NULL").fetchone() == (
         0,

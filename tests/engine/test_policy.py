@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fashiontag_pipeline.engine import EngineConfig
-from fashiontag_pipeline.engine.batcher import OpenTask, WritePolicy
+from fashiontag_pipeline.engine.policy import OpenTask, WritePolicy
 
 configs = st.builds(
     EngineConfig,

@@ -47,34 +47,29 @@ checkpoints and state together.
 
 from __future__ import annotations
 
-import gc
 import secrets
 import sqlite3
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
 import msgspec
 
-from .. import _exceptions as exc
-from .manifests import ManifestPrint, describe, same_manifests
-from .sinks import PageRow, Reject, RejectSink, ResultSink, count_outcomes
+from ... import _exceptions as exc
+from ..manifests import ManifestPrint, describe, same_manifests
 
 __all__ = [
+    "BODY_SQL",
+    "COUNTERS",
     "POS_SHIFT",
-    "Journal",
     "Reconciliation",
     "RunState",
     "StateDB",
     "position",
     "split_position",
-    "tune_gc",
 ]
 
 POS_SHIFT = 40
-T = TypeVar("T")
 
 COUNTERS = (
     "submitted",
@@ -116,44 +111,11 @@ def split_position(pos: int) -> tuple[int, int]:
     return pos >> POS_SHIFT, pos & ((1 << POS_SHIFT) - 1)
 
 
-#: Young-generation threshold of the cyclic GC during a run (Python's default is 700).
-GC_GEN0 = 50_000
-_gc_users = 0
-_gc_saved: tuple[int, int, int] | None = None
-
-
-def tune_gc() -> Callable[[], None]:
-    """Make the cyclic GC cheap for the duration of a run; returns the function that undoes it.
-
-    A run allocates a few container objects per row (row tuples, request structs), which
-    triggers a young collection every 700 allocations and, every 100 of those, a full one that
-    walks every object the interpreter holds (modules, classes: ~100k objects). Freezing what
-    exists at start moves those out of the collector's sight, and a larger young threshold
-    makes collections rare; reference counting still frees everything the run drops (the
-    engine's objects form no cycles), so memory is unchanged. Nested or concurrent runs share
-    one setting, restored when the last one ends."""
-    global _gc_users, _gc_saved
-    if _gc_users == 0:
-        _gc_saved = gc.get_threshold()
-        gc.freeze()
-        gc.set_threshold(max(GC_GEN0, _gc_saved[0]), _gc_saved[1], _gc_saved[2])
-    _gc_users += 1
-    done = False
-
-    def restore() -> None:
-        global _gc_users, _gc_saved
-        nonlocal done
-        if done:
-            return
-        done = True
-        _gc_users -= 1
-        if _gc_users == 0 and _gc_saved is not None:
-            gc.set_threshold(*_gc_saved)
-            gc.unfreeze()
-            _gc_saved = None
-
-    return restore
-
+#: A chunk's body in a ``SELECT ... FROM chunks``: its ``chunk_bodies`` row (``chunks.body`` in
+#: state files written before bodies had their own table).
+BODY_SQL = (
+    "COALESCE((SELECT b.body FROM chunk_bodies b WHERE b.chunk_id = chunks.chunk_id), chunks.body)"
+)
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
 _TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "meta")
@@ -381,155 +343,90 @@ class StateDB:
                 first[key] = pos
         return [first[key] for key, _ in keyed]
 
+    # -------------------------------------------------------------- chunks and resume
 
-class Journal:
-    """Owns the state DB and the sinks; every call runs in the one state thread.
-
-    :meth:`commit` writes sink bytes, then in one transaction applies state changes, adds to
-    the counters and records the new sink checkpoints.
-    """
-
-    def __init__(
-        self,
-        db: StateDB,
-        results: ResultSink,
-        rejects: RejectSink,
-        *,
-        fsync_seconds: float = 1.0,
-    ) -> None:
-        self.db = db
-        self.results = results
-        self.rejects = rejects
-        self.fsync_seconds = fsync_seconds
-        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self._limiter = anyio.CapacityLimiter(1)
-        self._last_fsync = time.monotonic()
-        self._closed = False
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` in the state thread."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
-
-    # -------------------------------------------------------------- thread side
-
-    def _apply(
-        self,
-        page: tuple[str | None, list[PageRow]] | None,
-        rejects: Sequence[Reject],
-        ops: Sequence[tuple[str, Sequence[Any]]],
-        counters: dict[str, int],
-    ) -> tuple[int, int]:
-        ok = bad = 0
-        if page is not None:
-            task_id, rows = page
-            self.results.write_page(task_id, rows)
-            ok, bad = count_outcomes(rows)
-            counters = dict(counters)
-            counters["tagged"] = counters.get("tagged", 0) + ok
-            counters["failed"] = counters.get("failed", 0) + bad
-            counters["settled"] = counters.get("settled", 0) + len(rows)
-        if rejects:
-            self.rejects.write_rejects(list(rejects))
-            counters = dict(counters)
-            counters["rejected"] = counters.get("rejected", 0) + len(rejects)
-        now = time.monotonic()
-        fsync = now - self._last_fsync >= self.fsync_seconds
-        if fsync:
-            self._last_fsync = now
-        self.results.flush(fsync)
-        self.rejects.flush(fsync)
+    def insert_chunk(
+        self, n: int, last_pos: int, body: bytes, replaces: int | None, resent: int
+    ) -> int:
+        """Write a chunk ahead of its request; returns its id. One transaction: the chunk, and
+        either the chunked watermark (W, new rows) or, for rows sent again, the ``resent``
+        counter and the chunk ``replaces`` whose unsettled rows it carries (resolved, so they
+        can never be sent twice)."""
         db = self.db
-        db.db.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, params in ops:
-                db.db.execute(sql, params)
-            for key, delta in counters.items():
-                if delta:
-                    self.counters[key] = self.counters.get(key, 0) + delta
-                    db.db.execute(
-                        "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = ?",
-                        (delta, f"n_{key}"),
-                    )
-            if page is not None:
-                db.set_meta("results_ckpt", self.results.checkpoint())
-            if rejects:
-                db.set_meta("rejects_ckpt", self.rejects.checkpoint())
-            db.db.execute("COMMIT")
-        except BaseException:
-            db.db.execute("ROLLBACK")
-            raise
-        return ok, bad
+        db.execute("BEGIN IMMEDIATE")
+        # The body goes to its own table: the chunk's row is updated several times (token,
+        # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
+        cur = db.execute(
+            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?)", (n, last_pos)
+        )
+        chunk_id = cur.lastrowid
+        assert chunk_id is not None
+        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
+        if replaces is not None:
+            db.execute(
+                "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
+            )
+            db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
+        if resent:
+            db.execute(
+                "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = 'n_resent'",
+                (resent,),
+            )
+        else:
+            db.execute(
+                "UPDATE meta SET value=? WHERE key='chunked' AND CAST(value AS INTEGER) < ?",
+                (str(last_pos), last_pos),
+            )
+        db.execute("COMMIT")
+        return chunk_id
 
-    def _intake(
-        self,
-        keyed: Sequence[tuple[str, int]],
-        rejects: list[Reject],
-        make_dup: Callable[[int, int], Reject | None],
-        watermark: int,
-        replay_upto: int,
-        routed: Callable[[list[int]], Sequence[tuple[str, Sequence[Any]]]] | None = None,
-    ) -> list[int]:
-        """Dedupe a validated batch, write its rejects and move V, in one transaction
-        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead)."""
-        self.db.db.execute("SAVEPOINT intake")
-        firsts = self.db.dedupe(keyed)
-        self.db.db.execute("RELEASE intake")
-        out: list[int] = []
-        fresh = 0
-        for i, ((_, pos), first) in enumerate(zip(keyed, firsts, strict=True)):
-            if first == pos:
-                out.append(i)
-                fresh += pos > replay_upto  # a replayed row (at or below V) was counted before
-            elif pos > replay_upto:
-                dup = make_dup(i, first)
-                if dup is not None:
-                    rejects.append(dup)
-        ops: list[tuple[str, Sequence[Any]]] = [
-            ("INSERT OR REPLACE INTO meta VALUES ('validated', ?)", (str(watermark),))
-        ]
-        if routed is not None:
-            ops.extend(routed(out))
-        self._apply(None, rejects, ops, {"accepted": fresh})
-        return out
-
-    # -------------------------------------------------------------- async side
-
-    async def commit(
-        self,
-        *,
-        page: tuple[str | None, list[PageRow]] | None = None,
-        rejects: Sequence[Reject] = (),
-        ops: Sequence[tuple[str, Sequence[Any]]] = (),
-        counters: dict[str, int] | None = None,
-    ) -> tuple[int, int]:
-        """Write a results page and/or rejects, apply ``ops``, add ``counters``; one
-        transaction. Returns (tagged, failed) of the page. A page's task id is None for
-        results of the single endpoint."""
-        return await self.run(self._apply, page, rejects, ops, counters or {})
-
-    async def intake(
-        self,
-        keyed: Sequence[tuple[str, int]],
-        rejects: list[Reject],
-        make_dup: Callable[[int, int], Reject | None],
-        watermark: int,
-        replay_upto: int,
-        routed: Callable[[list[int]], Sequence[tuple[str, Sequence[Any]]]] | None = None,
-    ) -> list[int]:
-        """Indexes of ``keyed`` whose row is the first of its id; duplicates become rejects
-        (unless at or below ``replay_upto``, already written by an earlier attempt)."""
-        return await self.run(
-            self._intake, keyed, rejects, make_dup, watermark, replay_upto, routed
+    def resume_tasks(self) -> list[tuple[Any, ...]]:
+        """Tasks an interrupted run still has work on: (task_id, seq, token, state,
+        expires_at, results_expire_at, total, next_offset); lost tasks whose chunks were not
+        all settled are among them."""
+        return list(
+            self.db.execute(
+                "SELECT task_id, seq, token, state, expires_at, results_expire_at, total,"
+                " next_offset FROM tasks WHERE state NOT IN ('drained', 'expired', 'lost')"
+                " OR (state = 'lost' AND EXISTS (SELECT 1 FROM chunks c"
+                " WHERE c.task_id = tasks.task_id AND c.state = 'accepted'))"
+            )
         )
 
-    def close(self) -> None:
-        """Flush and close sinks and state (from any thread, once the loop is done)."""
-        if self._closed:
-            return
-        self._closed = True
-        for sink in (self.results, self.rejects):
-            try:
-                sink.flush(True)
-            finally:
-                sink.close()
-        self.db.close()
+    def resume_chunks(self) -> list[tuple[Any, ...]]:
+        """Chunks of unknown fate: (chunk_id, state, task_id, token, body)."""
+        return list(
+            self.db.execute(
+                f"SELECT chunk_id, state, task_id, token, {BODY_SQL} FROM chunks"
+                " WHERE state IN ('pending', 'orphan') ORDER BY chunk_id"
+            )
+        )
+
+    def chunk_bodies(self, task_id: str, states: Sequence[str]) -> list[tuple[int, bytes]]:
+        """(chunk_id, body) of the task's chunks in ``states`` that still have a body."""
+        marks = ",".join("?" * len(states))
+        return list(
+            self.db.execute(
+                f"SELECT chunk_id, {BODY_SQL} FROM chunks"
+                f" WHERE task_id=? AND state IN ({marks}) AND {BODY_SQL} IS NOT NULL"
+                " ORDER BY chunk_id",
+                (task_id, *states),
+            )
+        )
+
+    def accepted_rows(self, task_id: str) -> int | None:
+        """Rows the service accepted into the task (None when a chunk predates the count)."""
+        total, unknown = self.db.execute(
+            "SELECT SUM(n_ok), COUNT(*) - COUNT(n_ok) FROM chunks"
+            " WHERE task_id=? AND state='accepted'",
+            (task_id,),
+        ).fetchone()
+        return None if unknown else int(total or 0)
+
+    def pending_singles(self) -> list[tuple[int, bytes]]:
+        """Rows routed to the single endpoint whose outcome was never committed."""
+        # A state file of an older version has no single counter yet.
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('n_single', '0')")
+        return list(
+            self.db.execute("SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos")
+        )

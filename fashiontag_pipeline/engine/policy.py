@@ -1,0 +1,136 @@
+"""The task writer's data and pure decisions: chunks, open tasks, and :class:`WritePolicy`.
+
+:class:`WritePolicy` answers, from the engine config and a time ``now`` passed in, when a
+partial chunk is due, whether a task may still take a write (never later than
+``taskExpiredAt - expiry_margin``), when a task is full (rotation: ``rotate_min_images`` for
+the first tasks, then ``rotate_fraction`` of the images sent before it, capped by
+``rotate_images``, and at most ``rotate_seconds`` old) and when to seal it. Being pure, it is
+tested with a fake clock (``tests/engine/test_policy.py``). A chunk's body, as written ahead to
+the state store, is ``[[position, request], ...]`` in JSON (:func:`encode_body`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+
+from .._models import TaggingRequest
+from .config import EngineConfig
+
+__all__ = ["Chunk", "OpenTask", "WritePolicy", "decode_body", "encode_body"]
+
+_body_encoder = msgspec.json.Encoder()
+_body_decoder = msgspec.json.Decoder(list[tuple[int, TaggingRequest]])
+
+
+def encode_body(positions: Sequence[int], requests: Sequence[TaggingRequest]) -> bytes:
+    """A chunk as stored ahead of its write: [[position, request], ...]."""
+    return _body_encoder.encode(list(zip(positions, requests, strict=True)))
+
+
+def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
+    return _body_decoder.decode(body)
+
+
+@dataclass(eq=False)
+class OpenTask:
+    """A task the writer may still write to (or is sealing)."""
+
+    seq: int
+    token: str
+    opened: float
+    expires: float
+    task_id: str | None = None
+    images: int = 0
+    inflight: int = 0
+    closing: bool = False
+    sealed: bool = False
+    failed: bool = False
+    #: Images after which the task is full (None: ``rotate_images``).
+    limit: int | None = None
+    created: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Up to ``chunk_size`` requests, written ahead under ``chunk_id``."""
+
+    chunk_id: int
+    ids: list[str]
+    positions: list[int]
+    requests: list[TaggingRequest]
+    fate_unknown: bool = False
+    task_id: str | None = None
+
+
+class WritePolicy:
+    """The writer's decisions, pure functions of the config and a time ``now``."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.chunk_size = config.chunk_size
+        self.rotate_images = config.rotate_images
+        self.rotate_min_images = min(config.rotate_min_images, config.rotate_images)
+        self.rotate_fraction = config.rotate_fraction
+        self.rotate_seconds = config.rotate_seconds
+        self.margin = config.expiry_margin
+        self.linger = config.linger_seconds
+
+    def write_deadline(self, task: OpenTask) -> float:
+        """The last moment a write to ``task`` may start."""
+        return task.expires - self.margin
+
+    def writable(self, task: OpenTask, now: float) -> bool:
+        """True while a write to the task may still start (before expiry - margin)."""
+        return not task.failed and now < self.write_deadline(task)
+
+    def task_limit(self, sent_before: int) -> int:
+        """Images a new task may hold when ``sent_before`` images went to earlier tasks of the
+        run: ``rotate_fraction`` of them, at least ``rotate_min_images``, at most
+        ``rotate_images`` (see :class:`~.config.EngineConfig`)."""
+        grown = int(sent_before * self.rotate_fraction)
+        return max(self.rotate_min_images, min(grown, self.rotate_images))
+
+    def limit_of(self, task: OpenTask) -> int:
+        return self.rotate_images if task.limit is None else task.limit
+
+    def full(self, task: OpenTask) -> bool:
+        """True when no further chunk may go to the task (seal it now, not at the next chunk)."""
+        return task.images >= self.limit_of(task)
+
+    def usable(self, task: OpenTask, now: float, n: int) -> bool:
+        """True when a new chunk of ``n`` rows may go to ``task`` (not rotated, not expiring)."""
+        if task.closing or not self.writable(task, now):
+            return False
+        if now - task.opened >= self.rotate_seconds:
+            return False
+        return task.images == 0 or task.images + n <= self.limit_of(task)
+
+    def flush_at(self, buffered: int, since: float, task: OpenTask | None) -> float:
+        """When the buffered rows (oldest arrived at ``since``) must be sent."""
+        if buffered >= self.chunk_size:
+            return since
+        if buffered == 0:
+            return float("inf")
+        due = since + self.linger
+        if task is not None and not task.closing and task.task_id is not None:
+            # Flush while the open task still takes writes, so a slow producer never meets
+            # an expired task (the write itself extends the expiry).
+            guard = max(min(self.linger, self.margin) / 2, 0.01)
+            due = min(due, self.write_deadline(task) - guard)
+        return due
+
+    def close_at(self, task: OpenTask | None, buffered: int) -> float:
+        """When the open task should be sealed: rotation age, or expiry with nothing to write."""
+        if task is None or task.closing or task.task_id is None:
+            return float("inf")
+        age = task.opened + self.rotate_seconds
+        if buffered == 0:
+            return min(age, self.write_deadline(task))
+        return age
+
+    def split(self, buffered: int) -> list[int]:
+        """Sizes of the full chunks to cut from ``buffered`` rows."""
+        return [self.chunk_size] * (buffered // self.chunk_size)

@@ -1,0 +1,129 @@
+"""Every change a stage makes to the state, as a named value the journal applies.
+
+Stages never write SQL: they build changes with these functions and hand them to
+:meth:`~.journal.Journal.commit`, which applies them in the transaction that also writes the
+sinks. A change is a ``(statement, parameters)`` pair; the statements live here and in
+:mod:`.store` only.
+
+Task states: ``open`` (taking writes) -> ``sealed`` -> ``done`` -> ``drained`` (every result
+written), or ``expired`` (results expired unread: rejects written) or ``lost`` (the service
+forgot it: its chunks are settled by sending their unwritten rows again). Chunk states:
+``pending`` (written ahead, fate unknown) -> ``accepted`` | ``orphan`` (fate unknown, task no
+longer writable) | ``resolved`` (settled some other way: rejected, or re-sent in a new chunk).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+__all__ = [
+    "Change",
+    "chunk_accepted",
+    "chunk_state",
+    "chunk_task",
+    "chunk_token",
+    "single_done",
+    "single_pending",
+    "task_done",
+    "task_drained",
+    "task_expiry",
+    "task_opened",
+    "task_read_upto",
+    "task_state",
+    "validated_upto",
+]
+
+Change = tuple[str, tuple[Any, ...]]
+TaskState = Literal["sealed", "drained", "expired", "lost"]
+ChunkState = Literal["orphan", "resolved"]
+
+
+def validated_upto(watermark: int) -> Change:
+    """Every row at a position <= ``watermark`` is validated (V)."""
+    return ("INSERT OR REPLACE INTO meta VALUES ('validated', ?)", (str(watermark),))
+
+
+def task_opened(
+    task_id: str, seq: int, token: str, expires_at: float | None, task_seq: int
+) -> list[Change]:
+    """A task was created (or adopted after an ambiguous create)."""
+    return [
+        (
+            "INSERT OR IGNORE INTO tasks (task_id, seq, token, state, expires_at)"
+            " VALUES (?, ?, ?, 'open', ?)",
+            (task_id, seq, token, expires_at),
+        ),
+        ("INSERT OR REPLACE INTO meta VALUES ('task_seq', ?)", (str(task_seq),)),
+    ]
+
+
+def task_state(task_id: str, state: TaskState) -> Change:
+    return ("UPDATE tasks SET state=? WHERE task_id=?", (state, task_id))
+
+
+def task_expiry(task_id: str, expires_at: float | None) -> Change:
+    """The service's latest ``taskExpiredAt`` (its clock, epoch seconds)."""
+    return ("UPDATE tasks SET expires_at=? WHERE task_id=?", (expires_at, task_id))
+
+
+def task_done(task_id: str, total: int, results_expire_at: float | None) -> Change:
+    return (
+        "UPDATE tasks SET state='done', total=?, results_expire_at=? WHERE task_id=?",
+        (total, results_expire_at, task_id),
+    )
+
+
+def task_read_upto(task_id: str, offset: int) -> Change:
+    """Result pages before ``offset`` are written."""
+    return ("UPDATE tasks SET next_offset=? WHERE task_id=?", (offset, task_id))
+
+
+def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
+    """The task is finished with (``drained`` or ``expired``): its accepted chunks' bodies
+    are no longer needed."""
+    return [
+        task_state(task_id, state),
+        (
+            "DELETE FROM chunk_bodies WHERE chunk_id IN"
+            " (SELECT chunk_id FROM chunks WHERE task_id=? AND state='accepted')",
+            (task_id,),
+        ),
+        (
+            "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted' AND body IS NOT NULL",
+            (task_id,),
+        ),
+    ]
+
+
+def chunk_token(chunk_id: int, token: str) -> Change:
+    """The chunk is about to create the task whose description carries ``token``."""
+    return ("UPDATE chunks SET task_id=NULL, token=? WHERE chunk_id=?", (token, chunk_id))
+
+
+def chunk_task(chunk_id: int, task_id: str) -> Change:
+    """The chunk is about to be appended to ``task_id``."""
+    return ("UPDATE chunks SET task_id=? WHERE chunk_id=?", (task_id, chunk_id))
+
+
+def chunk_accepted(chunk_id: int, task_id: str, n_ok: int) -> Change:
+    """The service answered the chunk's write: ``n_ok`` of its rows are in the task."""
+    return (
+        "UPDATE chunks SET state='accepted', task_id=?, n_ok=? WHERE chunk_id=?",
+        (task_id, n_ok, chunk_id),
+    )
+
+
+def chunk_state(chunk_id: int, state: ChunkState) -> Change:
+    return ("UPDATE chunks SET state=? WHERE chunk_id=?", (state, chunk_id))
+
+
+def single_pending(pos: int, body: bytes) -> Change:
+    """A row routed to the single endpoint, written ahead of its request."""
+    return (
+        "INSERT OR IGNORE INTO singles (pos, state, body) VALUES (?, 'pending', ?)",
+        (pos, body),
+    )
+
+
+def single_done(pos: int) -> Change:
+    return ("UPDATE singles SET state='done', body=NULL WHERE pos=?", (pos,))
