@@ -36,6 +36,8 @@ class Misbehaviour:
     #: Task ordinals whose first result page carries its first row twice (in place of its
     #: last row).
     duplicate_in_first_page: set[int] = field(default_factory=set)
+    #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
+    forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
     clock_ahead: float = 0.0
 
@@ -69,6 +71,8 @@ class MisbehavingProxy:
         task_id = None
         if path.startswith(BULK + "/"):
             task_id = path[len(BULK) + 1 :].split("/")[0]
+            if request.method == "PUT" and self.ordinal(task_id) in self.rules.forget_at_first_put:
+                self.forgotten.add(task_id)
             if task_id in self.forgotten:
                 if request.method == "PUT":
                     self.puts_refused += 1

@@ -91,6 +91,25 @@ async def test_task_forgotten_between_its_result_pages(tmp_path: Path) -> None:
     assert summary.resent == 1000 - len(from_lost)
 
 
+async def test_task_forgotten_while_it_is_being_written(tmp_path: Path) -> None:
+    """Task 1 answers 404 to its first PUT: that chunk goes to a new task, and the rows the
+    task had accepted are sent again once it is found gone."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, rotate_images=4000, rotate_min_images=4000)
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(forget_at_first_put={1})) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    assert proxy.puts_refused >= 1 and proxy.forgotten == {proxy.created[0]}
+    assert summary.complete and summary.lost_tasks == 1 and summary.resent == 1000
+    o = assert_exactly_once(out, rej, ids_of(4000))
+    assert proxy.created[0] not in {r["taskId"] for r in o.results}
+
+
 async def test_resume_settles_a_task_lost_before_the_crash(tmp_path: Path) -> None:
     """A bug (simulated: the resend of a lost task's rows is dropped) leaves rows without an
     outcome: the run says so and is not complete; the resume sends them."""
