@@ -13,6 +13,7 @@ raw JSON: the JSONL sink writes those bytes as they came, with no re-encode.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,20 +85,28 @@ _typed_decoder = msgspec.json.Decoder(TaggingResponse)
 _encoder = msgspec.json.Encoder()
 
 
-_SUCCESS_PREFIX = b'{"status":"' + STATUS_SUCCESS.encode() + b'"'
+#: A tagging result whose first key is ``status``, with any JSON whitespace (how every server
+#: seen so far writes it: the spec lists it first). Anything else is decoded.
+_STATUS_FIRST = re.compile(rb'\{\s*"status"\s*:\s*"([^"\\]*)"')
+_SUCCESS = STATUS_SUCCESS.encode()
 
 
 def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
     """(tagged ok, tagging failed) among a page's rows.
 
-    A result that starts with ``{"status":"success"`` (how the service renders it) is counted
-    from that prefix; any other shape is decoded (a decode skips nothing it needs)."""
+    A result whose first key is ``status`` is classified from that key alone, whatever the
+    spacing; any other shape (``status`` later in the object) is decoded, which is correct but
+    costs a parse of the row."""
     ok = 0
-    prefix = _SUCCESS_PREFIX
+    head = _STATUS_FIRST.match
     decode = _status_decoder.decode
+    success = _SUCCESS
     for row in rows:
         raw = row.tagging_result
-        if bytes(memoryview(raw)[: len(prefix)]) == prefix or decode(raw).status == STATUS_SUCCESS:
+        found = head(raw)
+        if found is not None:
+            ok += found.group(1) == success
+        elif decode(raw).status == STATUS_SUCCESS:
             ok += 1
     return ok, len(rows) - ok
 
