@@ -299,7 +299,7 @@ class StateDB:
                 "chunks of forgotten tasks not sent again",
                 "SELECT count(*) FROM chunks c"
                 " JOIN tasks t ON t.task_id = c.task_id WHERE t.state = 'lost'"
-                " AND c.state = 'accepted'",
+                " AND c.state IN ('accepted', 'orphan', 'pending')",
             ),
             (
                 "single-mode rows without an outcome",
@@ -389,7 +389,8 @@ class StateDB:
                 "SELECT task_id, seq, token, state, expires_at, results_expire_at, total,"
                 " next_offset FROM tasks WHERE state NOT IN ('drained', 'expired', 'lost')"
                 " OR (state = 'lost' AND EXISTS (SELECT 1 FROM chunks c"
-                " WHERE c.task_id = tasks.task_id AND c.state = 'accepted'))"
+                " WHERE c.task_id = tasks.task_id"
+                " AND c.state IN ('accepted', 'orphan', 'pending')))"
             )
         )
 
