@@ -458,7 +458,10 @@ class TaskWriter:
                 if chunk.fate_unknown:
                     await self._orphan(chunk)
                     return True
+                # Refused, so not applied: the chunk belongs to no task until it is sent again
+                # (were the task found lost meanwhile, its rows must not be re-sent twice).
                 chunk.task_id = None
+                await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
                 return False
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
                 if isinstance(err, exc.RateLimitedError):

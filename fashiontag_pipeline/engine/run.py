@@ -388,7 +388,10 @@ class _EngineRun:
             await self.budget.call("list tasks", self.client.list_tasks)
         now_wall = time.time() + self.client.server_clock.correction
         pending: list[Chunk] = []
+        lost = {t[0] for t in tasks if t[3] == "lost"}
         for chunk_id, state, task_id, token, body in chunks:
+            if state == "pending" and task_id in lost:
+                continue  # settled with its lost task (re-sent once, by the pagers)
             rows = decode_body(body)
             chunk = Chunk(
                 chunk_id,

@@ -19,6 +19,7 @@ from typing import Any, Literal
 __all__ = [
     "Change",
     "chunk_accepted",
+    "chunk_detached",
     "chunk_state",
     "chunk_task",
     "chunk_token",
@@ -103,6 +104,11 @@ def chunk_token(chunk_id: int, token: str) -> Change:
 def chunk_task(chunk_id: int, task_id: str) -> Change:
     """The chunk is about to be appended to ``task_id``."""
     return ("UPDATE chunks SET task_id=? WHERE chunk_id=?", (task_id, chunk_id))
+
+
+def chunk_detached(chunk_id: int) -> Change:
+    """The chunk's write was refused (not applied): it belongs to no task for now."""
+    return ("UPDATE chunks SET task_id=NULL WHERE chunk_id=?", (chunk_id,))
 
 
 def chunk_accepted(chunk_id: int, task_id: str, n_ok: int) -> Change:
