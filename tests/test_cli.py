@@ -187,3 +187,13 @@ async def test_help_shows_defaults_key_flags_and_exit_codes() -> None:
         assert code == 0 and b"--api-key" in out and b"--bulk-api-key" in out, command
     code, out, _ = await fashiontag("--help")
     assert b"exit codes:" in out
+
+
+async def test_an_undecodable_image_error_is_plain_text(tmp_path: Path) -> None:
+    garbage = tmp_path / "photo.png"
+    garbage.write_bytes(b"not an image at all, just text")
+    async with running_service(ServiceConfig()) as svc:
+        code, out, _ = await fashiontag("tag", str(garbage), "--base-url", svc.url)
+    error = msgspec.json.decode(out)["error"]
+    assert code == 1 and error["code"] == 805
+    assert "object at 0x" not in error["message"] and "decoded" in error["message"]
