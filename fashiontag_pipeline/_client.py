@@ -74,6 +74,8 @@ USER_AGENT = "fashiontag_pipeline/0.1"
 CODE_UNSUPPORTED_LANGUAGE = 826
 #: Set (``True``) on the log record of the first failed attempt after a success.
 FIRST_FAILURE = "fashiontag_first_failure"
+#: At most one first-failure warning per this many seconds (the others are logged at info).
+WARN_EVERY = 30.0
 
 T = TypeVar("T")
 
@@ -158,6 +160,7 @@ class TaggerClient:
         # True from a failed attempt until the next answer that is not a failure: the first
         # failure of a streak is a warning (an operator sees it at once), the rest are info.
         self._failing = False
+        self._warned_at = -WARN_EVERY
 
     @classmethod
     def from_config(cls, config: ClientConfig, **overrides: Any) -> TaggerClient:
@@ -458,12 +461,16 @@ class TaggerClient:
             plan = f"retry {attempt} of {self.retry.max_attempts - 1} in {delay:.1f} s"
         if self.base_url not in what:
             what = f"{self.base_url} {what}"
-        if not self._failing:
-            self._failing = True
-            # Marked so that a caller (the run command) can add how long it will keep trying.
+        now = time.monotonic()
+        if not self._failing and now - self._warned_at >= WARN_EVERY:
+            # The first failure after a success is a warning (at most one per WARN_EVERY s, so
+            # a flaky service does not flood a log; -v shows every one). Marked so that a
+            # caller (the run command) can add how long it will keep trying.
+            self._warned_at = now
             logger.warning("%s; %s", what, plan, extra={FIRST_FAILURE: True})
         else:
             logger.info("%s; %s", what, plan)
+        self._failing = True
 
     async def _send(
         self,

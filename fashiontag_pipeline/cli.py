@@ -44,9 +44,9 @@ EXIT_INTERRUPTED = 130
 
 EXIT_CODES = """exit codes:
   0    success (run: every row has an outcome, in the results file or in rejects)
-  1    a run or request that ended with an error (bad key, service unreachable past
-       --give-up-after, HTTP error); one line on stderr, the run's state saved
-  2    bad usage or configuration (unknown flag, bad config value, unreadable manifest)
+  1    a run or request that ended with an error (refused key, service unreachable past
+       --give-up-after, unreadable manifest, HTTP error); one line on stderr, state saved
+  2    bad usage or configuration (unknown flag, bad flag or config value)
   130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume
 """
 

@@ -91,12 +91,13 @@ class RetryBudget:
         self.retries = 0
         self._failing_since: float | None = None
         self._reminded_at = 0.0
+        self._warned_at = -STILL_FAILING_EVERY
         self._streak = 0
         self._random = random.Random()
 
     def ok(self) -> None:
         if self._failing_since is not None:
-            logger.warning(
+            logger.info(
                 "the service answers again after %.0f s of failures (%d retries)",
                 time.monotonic() - self._failing_since,
                 self._streak,
@@ -124,7 +125,13 @@ class RetryBudget:
         reason = " ".join(str(err).split())
         if self._failing_since is None:
             self._failing_since = self._reminded_at = now
-            logger.warning(
+            # A warning for the first streak in STILL_FAILING_EVERY s (a flaky service must
+            # not flood the log: the progress reporter warns when retries pile up).
+            log = logger.info
+            if now - self._warned_at >= STILL_FAILING_EVERY:
+                self._warned_at = now
+                log = logger.warning
+            log(
                 "cannot reach the service (%s: %s); will keep trying for %.0f s "
                 "(give_up_after, --give-up-after), then stop with the state saved",
                 what,
