@@ -290,9 +290,27 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record (like logging's own
+    last-resort handler), so that while the live progress line redirects stderr, a warning
+    is printed above the line instead of through it."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[_CurrentStderr()],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
