@@ -17,6 +17,8 @@ Retry rules
 
 from __future__ import annotations
 
+import contextlib
+import email.utils
 import logging
 import random
 import time
@@ -32,7 +34,15 @@ import msgspec
 
 from . import _exceptions as exc
 from ._clock import ServerClock
-from ._config import ClientConfig, Limits, RetryPolicy, Secret, Timeout
+from ._config import (
+    ClientConfig,
+    Limits,
+    RetryPolicy,
+    Secret,
+    Timeout,
+    key_hint,
+    with_default_keys,
+)
 from ._models import (
     LANGUAGES,
     MAX_DESCRIPTION_LENGTH,
@@ -63,6 +73,10 @@ SINGLE_PATH = "/tagger/v2/tags"
 BULK_PATH = "/tagger/v2.12/bulk"
 USER_AGENT = "fashiontag_pipeline/0.1"
 CODE_UNSUPPORTED_LANGUAGE = 826
+#: Set (``True``) on the log record of the first failed attempt after a success.
+FIRST_FAILURE = "fashiontag_first_failure"
+#: At most one first-failure warning per this many seconds (the others are logged at info).
+WARN_EVERY = 30.0
 
 T = TypeVar("T")
 
@@ -122,6 +136,9 @@ class TaggerClient:
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         cfg = config or ClientConfig()
+        if api_key is None and bulk_api_key is None:
+            # No key anywhere: the development keys, as the CLI sends them.
+            cfg = with_default_keys(cfg)
         self.base_url = (base_url or cfg.base_url).rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
             raise exc.ConfigError(
@@ -143,6 +160,10 @@ class TaggerClient:
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        # True from a failed attempt until the next answer that is not a failure: the first
+        # failure of a streak is a warning (an operator sees it at once), the rest are info.
+        self._failing = False
+        self._warned_at = -WARN_EVERY
 
     @classmethod
     def from_config(cls, config: ClientConfig, **overrides: Any) -> TaggerClient:
@@ -383,9 +404,12 @@ class TaggerClient:
                     raise
                 retryable = retry_all or isinstance(err, exc.ConnectError)
                 if not retryable or last_attempt:
+                    self._note_failure(str(err), None, attempt)
                     raise
                 self.stats.retries += 1
-                await self._sleep(self.retry.backoff(attempt, self._random.random()))
+                delay = self.retry.backoff(attempt, self._random.random())
+                self._note_failure(str(err), delay, attempt)
+                await self._sleep(delay)
                 continue
 
             status = response.status
@@ -400,6 +424,12 @@ class TaggerClient:
                     else self.retry.backoff(attempt, self._random.random())
                 )
                 self.stats.retries += 1
+                self._note_failure(
+                    f"{method} {path}: rate limited (HTTP 429"
+                    + (f", Retry-After {retry_after:g} s)" if retry_after is not None else ")"),
+                    delay,
+                    attempt,
+                )
                 await self._sleep(delay)
                 continue
             if status >= 500:
@@ -414,11 +444,36 @@ class TaggerClient:
                         status=status,
                     )
                 if last_attempt:
+                    self._note_failure(f"{method} {path}: HTTP {status}", None, attempt)
                     self._raise_for_status(response, method, path, task_id)
                 self.stats.retries += 1
-                await self._sleep(self.retry.backoff(attempt, self._random.random()))
+                delay = self.retry.backoff(attempt, self._random.random())
+                self._note_failure(f"{method} {path}: HTTP {status}", delay, attempt)
+                await self._sleep(delay)
                 continue
+            if self._failing:
+                self._failing = False
+                logger.info("the service at %s answers again", self.base_url)
             return response
+
+    def _note_failure(self, what: str, delay: float | None, attempt: int) -> None:
+        """Log a failed attempt: the first of a streak as a warning, the rest at info (-v)."""
+        if delay is None:
+            plan = f"giving up on this request after {attempt} attempt(s)"
+        else:
+            plan = f"retry {attempt} of {self.retry.max_attempts - 1} in {delay:.1f} s"
+        if self.base_url not in what:
+            what = f"{self.base_url} {what}"
+        now = time.monotonic()
+        if not self._failing and now - self._warned_at >= WARN_EVERY:
+            # The first failure after a success is a warning (at most one per WARN_EVERY s, so
+            # a flaky service does not flood a log; -v shows every one). Marked so that a
+            # caller (the run command) can add how long it will keep trying.
+            self._warned_at = now
+            logger.warning("%s; %s", what, plan, extra={FIRST_FAILURE: True})
+        else:
+            logger.info("%s; %s", what, plan)
+        self._failing = True
 
     async def _send(
         self,
@@ -539,9 +594,11 @@ class TaggerClient:
             raise exc.RateLimitedError(text, retry_after=_retry_after(response.headers), **common)
         if status >= 500:
             raise exc.ServerError(text, **common)
-        if status == 401:
-            raise exc.AuthenticationError(text, **common)
-        if status == 403:
+        if status in (401, 403):
+            bulk = path != SINGLE_PATH
+            text += f" ({key_hint(self._bulk_api_key if bulk else self._api_key, bulk=bulk)})"
+            if status == 401:
+                raise exc.AuthenticationError(text, **common)
             raise exc.PermissionDeniedError(text, **common)
         if status == 404:
             raise exc.TaskNotFoundError(text, **common)
@@ -559,19 +616,32 @@ class TaggerClient:
 
 
 def _as_secret(value: str | Secret) -> Secret:
-    return value if isinstance(value, Secret) else Secret(value)
+    return value if isinstance(value, Secret) else Secret(value, source="the caller")
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: Any, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
+
+    A date is turned into seconds against the response's own ``Date`` header when it has one
+    (so a client whose clock differs from the server's still waits the intended time), else
+    against the local clock; a date in the past means no wait."""
     value = headers.get("Retry-After") if headers is not None else None
     if value is None:
         return None
     try:
-        seconds = float(value)
+        return max(0.0, float(value))
     except ValueError:
-        # An HTTP date: fall back to our own backoff rather than parse clocks we do not share.
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, seconds)
+    reference = now if now is not None else time.time()
+    server_date = headers.get("Date")
+    if server_date:
+        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+            reference = email.utils.parsedate_to_datetime(server_date).timestamp()
+    return max(0.0, when - reference)
 
 
 def _parse_error_body(body: bytes) -> tuple[int | None, str, list[FailureItem]]:

@@ -38,6 +38,7 @@ __all__ = [
     "Timeout",
     "load_client_config",
     "load_section",
+    "with_default_keys",
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
@@ -61,20 +62,25 @@ DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_KEEPALIVE = 30.0
 
 _MASK = "********"
+DEV_KEY_SOURCE = "the development default (no key configured)"
 
 
 class Secret:
     """A string that never shows itself: repr, str and encoding all print a mask.
 
     Use :meth:`reveal` at the single place the value is needed (the request header).
+    ``source`` says where the value came from (``--bulk-api-key``, ``FASHIONTAG_API_KEY``,
+    a config file's field, the development default), so that an error about a refused key
+    can tell the user what to fix without showing the key.
     """
 
-    __slots__ = ("_value",)
+    __slots__ = ("_value", "source")
 
-    def __init__(self, value: str) -> None:
+    def __init__(self, value: str, *, source: str | None = None) -> None:
         if not isinstance(value, str):
             raise TypeError("Secret holds a string")
         self._value = value
+        self.source = source
 
     def reveal(self) -> str:
         """The secret value. Call only where it must be sent."""
@@ -155,12 +161,53 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     limits: Limits = Limits()
 
     def __post_init__(self) -> None:
+        # A key given as a plain string (``ClientConfig(api_key="...")``) is wrapped here, so
+        # that it is masked like any other key and the client can rely on a Secret.
+        for name in ("api_key", "bulk_api_key"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                msgspec.structs.force_setattr(
+                    self, name, Secret(value, source=f"ClientConfig({name}=...)")
+                )
+            elif value is not None and not isinstance(value, Secret):
+                raise TypeError(f"{name} must be a str or a Secret")
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
         if self.language not in LANGUAGES:
             raise ValueError(
                 f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}"
             )
+
+
+def with_default_keys(config: ClientConfig) -> ClientConfig:
+    """``config`` with the public development keys when it has no key at all.
+
+    The CLI, :func:`~fashiontag_pipeline.engine.run_pipeline` and
+    :class:`~fashiontag_pipeline.TaggerClient` all apply this rule, so the embedded reference
+    service works with no setup from the command line and from Python alike (a real service
+    answers 401, and the error says the development key was sent and what to set).
+    """
+    if config.api_key is not None or config.bulk_api_key is not None:
+        return config
+    return msgspec.structs.replace(
+        config,
+        api_key=Secret(DEV_API_KEY, source=DEV_KEY_SOURCE),
+        bulk_api_key=Secret(DEV_BULK_API_KEY, source=DEV_KEY_SOURCE),
+    )
+
+
+def key_hint(secret: Secret | None, *, bulk: bool) -> str:
+    """What to tell a user whose key was refused: where the key came from and what to set.
+
+    Never the key itself."""
+    flag, var = ("--bulk-api-key", ENV_BULK_API_KEY) if bulk else ("--api-key", ENV_API_KEY)
+    kind = "bulk key" if bulk else "single-mode key"
+    field = "bulk_api_key" if bulk else "api_key"
+    fix = f"set {var}, {flag} or {field} in [client] to a {kind} the service accepts"
+    if secret is None:
+        return f"no {kind} was sent: {fix}"
+    source = secret.source or "the caller"
+    return f"the {kind} from {source} was refused: {fix}"
 
 
 def _dec_hook(type_: type, obj: Any) -> Any:
@@ -183,6 +230,7 @@ def to_builtins(value: Any) -> Any:
 
 
 T = TypeVar("T")
+KEY_FIELDS = ("api_key", "bulk_api_key")
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -231,11 +279,14 @@ def load_client_config(
     """
     env = os.environ if environ is None else environ
     data: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if path is not None:
         raw = read_toml(path).get("client", {})
         if not isinstance(raw, dict):
             raise ConfigError(f"invalid configuration: [client] in {path} must be a table")
         data.update(raw)
+        for key in KEY_FIELDS:
+            sources[key] = f"{key} in [client] of {path}"
     for key, var in (
         ("base_url", ENV_BASE_URL),
         ("api_key", ENV_API_KEY),
@@ -243,7 +294,14 @@ def load_client_config(
     ):
         if env.get(var):
             data[key] = env[var]
+            sources[key] = var
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
-    return convert(data, ClientConfig, where="client")
+            sources[key] = "--" + key.replace("_", "-")
+    config = convert(data, ClientConfig, where="client")
+    for key in KEY_FIELDS:
+        secret = getattr(config, key)
+        if secret is not None:
+            secret.source = sources.get(key)
+    return config

@@ -24,9 +24,16 @@ import anyio
 import msgspec
 
 from ._client import TaggerClient
-from ._config import DEV_API_KEY, DEV_BULK_API_KEY, ClientConfig, Secret, load_client_config
+from ._config import (
+    DEFAULT_BASE_URL,
+    ENV_API_KEY,
+    ENV_BULK_API_KEY,
+    ClientConfig,
+    load_client_config,
+    with_default_keys,
+)
 from ._exceptions import ConfigError, FashiontagError
-from ._models import LANGUAGES, Context, Detection, Image, ImageType
+from ._models import LANGUAGES, Context, Detection, Image, ImageType, Task
 
 __all__ = ["main"]
 
@@ -34,6 +41,23 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+EXIT_CODES = """exit codes:
+  0    success (run: every row has an outcome, in the results file or in rejects)
+  1    a run or request that ended with an error (refused key, service unreachable past
+       --give-up-after, unreadable manifest, HTTP error); one line on stderr, state saved
+  2    bad usage or configuration (unknown flag, bad flag or config value)
+  130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume
+"""
+
+KEYS_HELP = """keys and URL: flags, then FASHIONTAG_BASE_URL / FASHIONTAG_API_KEY /
+FASHIONTAG_BULK_API_KEY, then the [client] table of --config. With no key anywhere, the
+public development keys of `fashiontag serve` are sent."""
+
+_FLAG_WARNING = (
+    "fashiontag: warning: {flag} is visible to other users of this machine (ps, /proc); "
+    "prefer {var} or a --config file only you can read"
+)
 
 
 def parse_detection(value: str) -> list[Detection]:
@@ -57,9 +81,23 @@ def parse_detection(value: str) -> list[Detection]:
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared by every command that talks to the service."""
-    parser.add_argument("--base-url", help="service URL (env FASHIONTAG_BASE_URL)")
+    parser.add_argument(
+        "--base-url", help=f"service URL (env FASHIONTAG_BASE_URL; default {DEFAULT_BASE_URL})"
+    )
     parser.add_argument("--config", type=Path, help="TOML config file (see configs/)")
     parser.add_argument("--language", choices=LANGUAGES, help="language of tag names (default en)")
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"single-mode key (env {ENV_API_KEY}); visible to other users in ps: prefer the "
+        "variable",
+    )
+    parser.add_argument(
+        "--bulk-api-key",
+        metavar="KEY",
+        help=f"bulk key (env {ENV_BULK_API_KEY}); visible to other users in ps: prefer the "
+        "variable",
+    )
 
 
 def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
@@ -68,15 +106,24 @@ def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
     With no key configured anywhere, the public development keys are sent, so every command
     works against the embedded reference service with no setup (a real service answers 401).
     """
+    api_key = getattr(args, "api_key", None)
+    bulk_api_key = getattr(args, "bulk_api_key", None)
+    for flag, var, value in (
+        ("--api-key", ENV_API_KEY, api_key),
+        ("--bulk-api-key", ENV_BULK_API_KEY, bulk_api_key),
+    ):
+        if value is not None:
+            print(_FLAG_WARNING.format(flag=flag, var=var), file=sys.stderr)
     config = load_client_config(
         getattr(args, "config", None),
-        overrides={"base_url": args.base_url, "language": args.language},
+        overrides={
+            "base_url": args.base_url,
+            "language": args.language,
+            "api_key": api_key,
+            "bulk_api_key": bulk_api_key,
+        },
     )
-    if config.api_key is None and config.bulk_api_key is None:
-        config = msgspec.structs.replace(
-            config, api_key=Secret(DEV_API_KEY), bulk_api_key=Secret(DEV_BULK_API_KEY)
-        )
-    return config
+    return with_default_keys(config)
 
 
 def _image_from_argument(value: str) -> Image:
@@ -105,12 +152,50 @@ async def _tag_command(args: argparse.Namespace) -> int:
     return EXIT_OK if response.ok else EXIT_ERROR
 
 
+def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
+    """``tasks list`` for a person: newest first, one line per task."""
+    ordered = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+    shown = ordered if limit is None else ordered[:limit]
+    rows = [("TASK", "STATUS", "TOTAL", "DONE", "FAILED", "CREATED", "DESCRIPTION")]
+    for t in shown:
+        status = str(t.task_status.value).removeprefix("TASK_")
+        description = " ".join((t.description or "").split())
+        if len(description) > 40:
+            description = description[:39] + "~"
+        rows.append(
+            (
+                t.task_id,
+                status,
+                f"{t.count.total:,}",
+                f"{t.count.done:,}",
+                f"{t.count.failure:,}",
+                (t.create_date or "")[:19].replace("T", " "),
+                description,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+        + "  "
+        + row[-1]
+        for row in rows
+    ]
+    if len(shown) < len(ordered):
+        lines.append(f"({len(ordered) - len(shown)} older tasks not shown; --limit N)")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
 async def _tasks_command(args: argparse.Namespace) -> int:
     config = client_config_from_args(args)
     async with TaggerClient(config=config) as client:
         result: Any
         if args.tasks_command == "list":
-            result = await client.list_tasks()
+            tasks = await client.list_tasks()
+            if not args.json:
+                sys.stdout.write(_task_table(tasks, args.limit))
+                return EXIT_OK
+            tasks = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+            result = tasks if args.limit is None else tasks[: args.limit]
         elif args.tasks_command == "status":
             result = await client.task_status(args.task_id)
         else:
@@ -133,6 +218,8 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fashiontag",
         description="Tag fashion catalogues through an image tagging service.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
@@ -146,30 +233,51 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         service_cli.add_serve_arguments(serve)
         serve.set_defaults(handler=service_cli.serve_command, is_async=False)
 
-    run = sub.add_parser("run", help="tag every image of one or more manifests (bulk)")
+    run = sub.add_parser(
+        "run",
+        help="tag every image of one or more manifests (bulk)",
+        epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if command == "run":
         from .engine import cli as engine_cli
 
         engine_cli.add_run_arguments(run)
         run.set_defaults(handler=engine_cli.run_command, is_async=False)
 
-    tag = sub.add_parser("tag", help="tag one image (single mode)")
+    tag = sub.add_parser(
+        "tag",
+        help="tag one image (single mode)",
+        epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
     tag.add_argument("--detection", type=parse_detection, help="e.g. TOP,SHOES")
     add_client_arguments(tag)
     tag.set_defaults(handler=_tag_command, is_async=True)
 
-    tasks = sub.add_parser("tasks", help="inspect bulk tasks")
+    tasks = sub.add_parser(
+        "tasks",
+        help="inspect bulk tasks",
+        epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
-    t_list = tasks_sub.add_parser("list", help="list every task of the bulk key")
+    t_list = tasks_sub.add_parser(
+        "list", help="the bulk key's tasks, newest first (a table; --json for programs)"
+    )
+    t_list.add_argument("--json", action="store_true", help="JSON array of the tasks")
+    t_list.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="only the N newest tasks"
+    )
     add_client_arguments(t_list)
     t_status = tasks_sub.add_parser("status", help="one task's status")
     t_status.add_argument("task_id")
     add_client_arguments(t_status)
     t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
     t_results.add_argument("task_id")
-    t_results.add_argument("--offset", type=int, default=0)
-    t_results.add_argument("--size", type=int, default=100)
+    t_results.add_argument("--offset", type=int, default=0, help="first result (default 0)")
+    t_results.add_argument("--size", type=int, default=100, help="results, 1-100 (default 100)")
     add_client_arguments(t_results)
     tasks.set_defaults(handler=_tasks_command, is_async=True)
 
@@ -182,9 +290,27 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record (like logging's own
+    last-resort handler), so that while the live progress line redirects stderr, a warning
+    is printed above the line instead of through it."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[_CurrentStderr()],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

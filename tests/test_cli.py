@@ -76,7 +76,7 @@ async def test_tasks_list_status_and_results() -> None:
             with anyio.fail_after(10):
                 while not (await c.task_status(created.task_id)).done:
                     await anyio.sleep(0.02)
-        code, out, err = await fashiontag("tasks", "list", "--base-url", svc.url)
+        code, out, err = await fashiontag("tasks", "list", "--base-url", svc.url, "--json")
         assert code == 0, err
         assert [t["description"] for t in msgspec.json.decode(out)] == ["cli test"]
         code, out, _ = await fashiontag("tasks", "status", created.task_id, "--base-url", svc.url)
@@ -96,3 +96,104 @@ async def test_tasks_list_status_and_results() -> None:
         assert [r["id"] for r in page["results"]] == ["sku-5", "sku-6"]
         code, _, err = await fashiontag("tasks", "status", "no-such-task", "--base-url", svc.url)
         assert code == 1 and b"HTTP 404" in err
+
+
+async def test_tasks_list_is_a_table_newest_first_with_a_limit() -> None:
+    async with running_service(ServiceConfig()) as svc:
+        async with TaggerClient(svc.url) as c:  # no key: the development keys, as the CLI
+            for n in range(3):
+                await c.create_task(
+                    [
+                        TaggingRequest(
+                            image=Image(type=ImageType.URL, content=f"https://img.example/{n}.jpg"),
+                            context=BulkContext(id=f"sku-{n}"),
+                        )
+                    ],
+                    description=f"night {n}",
+                )
+                await anyio.sleep(0.002)  # distinct createDate milliseconds
+        code, out, err = await fashiontag("tasks", "list", "--base-url", svc.url)
+        assert code == 0, err
+        lines = out.decode().splitlines()
+        assert lines[0].split() == [
+            "TASK",
+            "STATUS",
+            "TOTAL",
+            "DONE",
+            "FAILED",
+            "CREATED",
+            "DESCRIPTION",
+        ]
+        assert [line.split()[-1] for line in lines[1:]] == ["2", "1", "0"]  # newest first
+        assert b"{" not in out  # not JSON
+        code, out, _ = await fashiontag("tasks", "list", "--limit", "1", "--base-url", svc.url)
+        lines = out.decode().splitlines()
+        assert len(lines) == 3 and lines[1].endswith("night 2") and "2 older tasks" in lines[2]
+        code, out, _ = await fashiontag(
+            "tasks", "list", "--json", "--limit", "2", "--base-url", svc.url
+        )
+        assert [t["description"] for t in msgspec.json.decode(out)] == ["night 2", "night 1"]
+
+
+async def test_a_refused_key_names_where_it_came_from_and_what_to_set() -> None:
+    async with running_service(ServiceConfig(api_keys=("s",), bulk_api_keys=("b",))) as svc:
+        env = {**ENV, "FASHIONTAG_BULK_API_KEY": "wrong-bulk-secret"}
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", "tasks", "list", "--base-url", svc.url],
+            check=False,
+            env=env,
+        )
+        err = result.stderr.decode()
+        assert result.returncode == 1 and "HTTP 401" in err
+        assert "bulk key from FASHIONTAG_BULK_API_KEY was refused" in err
+        assert "wrong-bulk-secret" not in err
+        code, _, raw = await fashiontag(
+            "tag", "https://img.example/a.jpg", "--api-key", "wrong-single", "--base-url", svc.url
+        )
+        err = raw.decode()
+        assert code == 1 and "single-mode key from --api-key was refused" in err
+        assert "visible to other users" in err and "wrong-single" not in err
+        # No key anywhere: the development key was sent, and the error says so.
+        code, _, raw = await fashiontag("tasks", "list", "--base-url", svc.url)
+        assert code == 1 and "development default" in raw.decode()
+        assert "set FASHIONTAG_BULK_API_KEY" in raw.decode()
+        # A key given by flag is used: these are the keys the service accepts.
+        code, _, raw = await fashiontag(
+            "tasks", "list", "--bulk-api-key", "b", "--base-url", svc.url
+        )
+        assert code == 0, raw
+
+
+async def test_help_shows_defaults_key_flags_and_exit_codes() -> None:
+    code, out, _ = await fashiontag("run", "--help")
+    text = " ".join(out.decode().split())
+    assert code == 0
+    for fragment in (
+        "default: results.jsonl",
+        "default: OUT's name with .rejects.jsonl",
+        "default: OUT.state",
+        "--progress, --no-progress progress on stderr (default: on)",
+        "--progress-interval S",
+        "--api-key KEY",
+        "--bulk-api-key KEY",
+        "visible to other users",
+        "exit codes:",
+        "130 interrupted",
+        "(default 120)",
+    ):
+        assert fragment in text, fragment
+    for command in (["tag"], ["tasks", "list"], ["tasks", "status"], ["tasks", "results"]):
+        code, out, _ = await fashiontag(*command, "--help")
+        assert code == 0 and b"--api-key" in out and b"--bulk-api-key" in out, command
+    code, out, _ = await fashiontag("--help")
+    assert b"exit codes:" in out
+
+
+async def test_an_undecodable_image_error_is_plain_text(tmp_path: Path) -> None:
+    garbage = tmp_path / "photo.png"
+    garbage.write_bytes(b"not an image at all, just text")
+    async with running_service(ServiceConfig()) as svc:
+        code, out, _ = await fashiontag("tag", str(garbage), "--base-url", svc.url)
+    error = msgspec.json.decode(out)["error"]
+    assert code == 1 and error["code"] == 805
+    assert "object at 0x" not in error["message"] and "decoded" in error["message"]

@@ -10,6 +10,7 @@ ended with rows still lacking an outcome (run it again), 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
+from .._client import FIRST_FAILURE
 from .._config import ClientConfig, load_section
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
 from .config import EngineConfig, RunSummary
@@ -34,50 +36,140 @@ EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 EXIT_INTERRUPTED = 130
 T = TypeVar("T")
+_D = EngineConfig()  # the defaults shown in --help
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fashiontag run``."""
     from ..cli import add_client_arguments, parse_detection
 
-    parser.add_argument("manifests", nargs="+", metavar="MANIFEST", help="CSV/JSONL(.gz) or -")
+    parser.add_argument(
+        "manifests",
+        nargs="+",
+        metavar="MANIFEST",
+        help="CSV with a header, JSONL, or a plain list of URLs (one per line), .gz too; "
+        "- reads stdin",
+    )
     add_client_arguments(parser)
-    parser.add_argument("--out", type=Path, default=Path("results.jsonl"), help="results file")
-    parser.add_argument("--rejects", type=Path, default=None, help="rejects JSONL file")
-    parser.add_argument("--state", type=Path, default=None, help="state file (resume)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        default=Path("results.jsonl"),
+        help="results file (default: results.jsonl in the current directory)",
+    )
+    parser.add_argument(
+        "--rejects",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="rejects JSONL file (default: OUT's name with .rejects.jsonl, next to OUT: "
+        "results.rejects.jsonl)",
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="state file; the same command with the same state resumes (default: OUT.state, "
+        "next to OUT)",
+    )
     parser.add_argument(
         "--restart",
         action="store_true",
-        help="discard what the state file holds (even an unfinished run) and start over",
+        help="discard what the state file holds (even an unfinished run of other manifests) "
+        "and start over; the outputs are rewritten",
     )
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="resume an unfinished run that read stdin (only if stdin carries the same rows)",
+        help="resume an unfinished run that read stdin (only if stdin carries the same rows "
+        "again: stdin cannot be fingerprinted before it is read)",
     )
     parser.add_argument("--detection", type=parse_detection, help="default detection, TOP,SHOES")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-    parser.add_argument("--summary", type=Path, help="write the run summary as JSON here")
-    parser.add_argument("--sink", choices=("jsonl", "sqlite"), help="results sink kind")
-    parser.add_argument("--rotate-images", type=int, help="a task holds at most N images")
     parser.add_argument(
-        "--rotate-min-images", type=int, help="the first tasks hold N images (and at least N)"
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr (default: on). On a terminal a live line (percent and ETA "
+        "when the manifests' size is known); otherwise (cron, a log file) one line every "
+        "--progress-interval seconds",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        metavar="S",
+        help="seconds between progress lines when stderr is not a terminal (default 30)",
+    )
+    parser.add_argument(
+        "--summary", type=Path, metavar="FILE", help="write the run summary as JSON here"
+    )
+    parser.add_argument(
+        "--sink", choices=("jsonl", "sqlite"), help="results sink kind (default jsonl)"
+    )
+    parser.add_argument(
+        "--rotate-images",
+        type=int,
+        metavar="N",
+        help=f"a task holds at most N images (default {_D.rotate_images:,})",
+    )
+    parser.add_argument(
+        "--rotate-min-images",
+        type=int,
+        metavar="N",
+        help="the first tasks hold N images, later ones at least N "
+        f"(default {_D.rotate_min_images:,})",
     )
     parser.add_argument(
         "--rotate-fraction",
         type=float,
-        help="a task holds at most F x the images sent before it (within the two bounds)",
+        metavar="F",
+        help="a task holds at most F x the images sent before it (within the two bounds; "
+        f"default {_D.rotate_fraction:g})",
     )
-    parser.add_argument("--rotate-seconds", type=float, help="seal a task after S seconds")
-    parser.add_argument("--expiry-margin", type=float, help="no write later than expiry - S")
-    parser.add_argument("--linger", type=float, help="max seconds a partial chunk waits")
-    parser.add_argument("--write-concurrency", type=int, help="cap of concurrent writes")
-    parser.add_argument("--page-concurrency", type=int, help="cap of concurrent page reads")
-    parser.add_argument("--give-up-after", type=float, help="seconds of failure before stopping")
+    parser.add_argument(
+        "--rotate-seconds",
+        type=float,
+        metavar="S",
+        help=f"seal a task after S seconds (default {_D.rotate_seconds:g})",
+    )
+    parser.add_argument(
+        "--expiry-margin",
+        type=float,
+        metavar="S",
+        help=f"no write later than expiry - S (default {_D.expiry_margin:g})",
+    )
+    parser.add_argument(
+        "--linger",
+        type=float,
+        metavar="S",
+        help=f"max seconds a partial chunk waits (default {_D.linger_seconds:g})",
+    )
+    parser.add_argument(
+        "--write-concurrency",
+        type=int,
+        metavar="N",
+        help=f"cap of concurrent writes (default {_D.max_write_concurrency})",
+    )
+    parser.add_argument(
+        "--page-concurrency",
+        type=int,
+        metavar="N",
+        help=f"cap of concurrent page reads (default {_D.max_page_concurrency})",
+    )
+    parser.add_argument(
+        "--give-up-after",
+        type=float,
+        metavar="S",
+        help="seconds of continuous failure (service unreachable, refusing) before the run "
+        "stops with its state saved (default 120)",
+    )
     parser.add_argument(
         "--single-concurrency",
         type=int,
-        help="cap of concurrent single-mode requests (local files, data: URIs)",
+        metavar="N",
+        help="cap of concurrent single-mode requests (local files, data: URIs; "
+        f"default {_D.single_concurrency})",
     )
 
 
@@ -97,6 +189,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "max_page_concurrency": getattr(args, "page_concurrency", None),
         "give_up_after": getattr(args, "give_up_after", None),
         "single_concurrency": getattr(args, "single_concurrency", None),
+        "progress_seconds": getattr(args, "progress_interval", None),
     }
     changes = {k: v for k, v in overrides.items() if v is not None}
     if not changes:
@@ -198,6 +291,23 @@ def format_summary(summary: RunSummary) -> str:
     return "\n".join(lines)
 
 
+class _KeepTryingHint(logging.Filter):
+    """Adds to the client's first-failure warning how long the run keeps trying, so the
+    operator's first line says what failed and what happens next."""
+
+    def __init__(self, give_up_after: float) -> None:
+        super().__init__()
+        self.give_up_after = give_up_after
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, FIRST_FAILURE, False):
+            record.msg = str(record.msg) + (
+                f"; the run keeps trying for {self.give_up_after:.0f} s (--give-up-after), "
+                "then stops with its state saved"
+            )
+        return True
+
+
 def run_command(args: argparse.Namespace) -> int:
     """``fashiontag run``: returns the exit code."""
     try:
@@ -209,8 +319,12 @@ def run_command(args: argparse.Namespace) -> int:
     out: Path = args.out
     rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
     state: Path = args.state or default_state_path(out)
-    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    # On by default: a live line on a terminal, periodic lines in a log (progress.py decides).
+    progress = args.progress if args.progress is not None else True
     control = RunControl()
+    client_logger = logging.getLogger("fashiontag_pipeline.client")
+    hint = _KeepTryingHint(engine.give_up_after)
+    client_logger.addFilter(hint)
 
     async def body() -> RunSummary:
         return await run_pipeline(
@@ -226,7 +340,10 @@ def run_command(args: argparse.Namespace) -> int:
             resume_stdin=args.resume,
         )
 
-    code = _run_and_report(args, lambda: run_async(lambda: _with_signals(control, body)))
+    try:
+        code = _run_and_report(args, lambda: run_async(lambda: _with_signals(control, body)))
+    finally:
+        client_logger.removeFilter(hint)
     if code != EXIT_OK and "-" in args.manifests:
         # A run that stops before stdin ends leaves a worker thread blocked reading it, and
         # the interpreter would wait for that thread (for the producer to close the pipe) at
@@ -272,7 +389,12 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fashiontag demo``."""
     parser.add_argument("--images", type=int, default=200, help="catalogue size")
-    parser.add_argument("--workdir", type=Path, help="where files go (default: a temp dir)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the images, manifest, results and state go (default: a new folder under "
+        "the system temp dir, kept after the demo and named at the end)",
+    )
 
 
 def demo_command(args: argparse.Namespace) -> int:

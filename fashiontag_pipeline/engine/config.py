@@ -24,6 +24,7 @@ DEFAULT_ROTATE_SECONDS = 30.0
 DEFAULT_EXPIRY_MARGIN = 30.0
 DEFAULT_LINGER_SECONDS = 2.0
 DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
+DEFAULT_PROGRESS_SECONDS = 30.0
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -75,6 +76,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       are tagged one by one on the single endpoint, at most this many at a time.
     * ``single_max_bytes``: a local image file larger than this is rejected without a request
       (the service refuses images over 20 MiB).
+    * ``progress_seconds``: when stderr is not a terminal (cron, a log file), the CLI prints
+      a progress line this often.
     """
 
     chunk_size: int = MAX_REQUESTS_PER_WRITE
@@ -96,6 +99,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     sink: SinkKind = "jsonl"
     single_concurrency: int = 8
     single_max_bytes: int = DEFAULT_SINGLE_MAX_BYTES
+    progress_seconds: float = DEFAULT_PROGRESS_SECONDS
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_size <= MAX_REQUESTS_PER_WRITE:
@@ -112,6 +116,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine concurrency caps must be at least 1")
         if self.single_concurrency < 1 or self.single_max_bytes < 1:
             raise ValueError("engine.single_concurrency and single_max_bytes must be positive")
+        if self.progress_seconds <= 0:
+            raise ValueError("engine.progress_seconds must be positive")
         if not 0 < self.poll_min <= self.poll_max:
             raise ValueError("engine.poll_min must be > 0 and <= poll_max")
 

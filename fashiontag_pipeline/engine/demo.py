@@ -3,7 +3,10 @@
 Generates a small catalogue of product images with Pillow (garment-like shapes in real
 colours), serves them from a loopback HTTP server, starts the reference service in-process
 with fetching on (colours are measured from the real pixels), runs the engine over a manifest
-of those URLs, and prints the summary and a few tagged results.
+of those URLs, and prints the summary, a few tagged results and where the files are.
+
+The files are kept: in ``workdir`` when given, else in a new ``fashiontag-demo-*`` folder
+under the system temp dir, whose path is printed at the end.
 """
 
 from __future__ import annotations
@@ -97,68 +100,76 @@ async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
     """The demo; returns an exit code."""
     from ..service import ServiceConfig, running_service
 
-    with tempfile.TemporaryDirectory(prefix="fashiontag-demo-") as tmp:
-        root = Path(workdir) if workdir is not None else Path(tmp)
-        catalogue = root / "images"
-        print(f"generating {images} product images in {catalogue} ...", file=sys.stderr)
-        rows = await anyio.to_thread.run_sync(make_catalogue, catalogue, images)
+    if workdir is not None:
+        root = Path(workdir)
+    else:
+        root = Path(await anyio.to_thread.run_sync(tempfile.mkdtemp, "", "fashiontag-demo-"))
+    catalogue = root / "images"
+    print(f"generating {images} product images in {catalogue} ...", file=sys.stderr)
+    rows = await anyio.to_thread.run_sync(make_catalogue, catalogue, images)
 
-        app = web.Application()
-        app.router.add_static("/img/", catalogue)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        try:
-            manifest = root / "catalogue.csv"
-            detection = {"shoe": "SHOES", "bag": "BAG"}
-            manifest.write_text(
-                "id,url,brand,detection\n"
-                + "".join(
-                    f"{ident},http://127.0.0.1:{port}/img/{name},demo,"
-                    f"{detection.get(kind, 'TOP|BOTTOM|WHOLEBODY')}\n"
-                    for ident, name, kind in rows
-                )
+    app = web.Application()
+    app.router.add_static("/img/", catalogue)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        manifest = root / "catalogue.csv"
+        detection = {"shoe": "SHOES", "bag": "BAG"}
+        manifest.write_text(
+            "id,url,brand,detection\n"
+            + "".join(
+                f"{ident},http://127.0.0.1:{port}/img/{name},demo,"
+                f"{detection.get(kind, 'TOP|BOTTOM|WHOLEBODY')}\n"
+                for ident, name, kind in rows
             )
-            out, rejects = root / "results.jsonl", root / "rejects.jsonl"
-            for stale in (out, rejects, root / "results.jsonl.state"):
-                stale.unlink(missing_ok=True)
-            async with running_service(ServiceConfig(fetch=True)) as svc:
-                print(f"reference service on {svc.url} (fetching images)", file=sys.stderr)
-                summary = await run_pipeline(
-                    [manifest],
-                    client=ClientConfig(
-                        base_url=svc.url,
-                        api_key=Secret(DEV_API_KEY),
-                        bulk_api_key=Secret(DEV_BULK_API_KEY),
-                    ),
-                    out=out,
-                    rejects=rejects,
-                    engine=EngineConfig(rotate_images=100, poll_min=0.05, poll_max=0.5),
-                    progress=sys.stderr.isatty(),
-                )
-        finally:
-            await runner.cleanup()
-        print(format_summary(summary))
-        print("\na few tagged results:")
-        shown = 0
-        with out.open() as fh:
-            for line in fh:
-                if shown == 3:
-                    break
-                record = json.loads(line)
-                result = record["taggingResult"]
-                tags = [
-                    {
-                        "category": (t.get("category") or {}).get("name"),
-                        "item": (t.get("item") or {}).get("name"),
-                        "colors": [c["name"] for c in t.get("colors", [])],
-                    }
-                    for obj in (result.get("data") or {}).get("objects", [])
-                    for t in obj.get("tags", [])
-                ]
-                if tags:
-                    shown += 1
-                    print(f"  {record['id']}: {result['status']} {json.dumps(tags)[:200]}")
-        return 0 if summary.complete else 1
+        )
+        out, rejects = root / "results.jsonl", root / "rejects.jsonl"
+        for stale in (out, rejects, root / "results.jsonl.state"):
+            stale.unlink(missing_ok=True)
+        async with running_service(ServiceConfig(fetch=True)) as svc:
+            print(f"reference service on {svc.url} (fetching images)", file=sys.stderr)
+            summary = await run_pipeline(
+                [manifest],
+                client=ClientConfig(
+                    base_url=svc.url,
+                    api_key=Secret(DEV_API_KEY),
+                    bulk_api_key=Secret(DEV_BULK_API_KEY),
+                ),
+                out=out,
+                rejects=rejects,
+                engine=EngineConfig(rotate_images=100, poll_min=0.05, poll_max=0.5),
+                progress=sys.stderr.isatty(),
+            )
+    finally:
+        await runner.cleanup()
+    print(format_summary(summary))
+    print("\na few tagged results:")
+    shown = 0
+    with out.open() as fh:
+        for line in fh:
+            if shown == 3:
+                break
+            record = json.loads(line)
+            result = record["taggingResult"]
+            tags = [
+                {
+                    "category": (t.get("category") or {}).get("name"),
+                    "item": (t.get("item") or {}).get("name"),
+                    "colors": [c["name"] for c in t.get("colors", [])],
+                }
+                for obj in (result.get("data") or {}).get("objects", [])
+                for t in obj.get("tags", [])
+            ]
+            if tags:
+                shown += 1
+                print(f"  {record['id']}: {result['status']} {json.dumps(tags)[:200]}")
+    print(
+        f"\nfiles kept in {root}:\n"
+        f"  {out.name} (results), {rejects.name} (rejects), {manifest.name} (manifest), "
+        f"{catalogue.name}/ (the generated images)\n"
+        + ("  (remove the folder when done, or pass --workdir DIR)" if workdir is None else "")
+    )
+    return 0 if summary.complete else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -16,6 +17,11 @@ from .._exceptions import FashiontagError
 __all__ = ["REFUSED", "TRANSIENT", "AIMDLimiter", "FatalRunError", "RetryBudget", "refused"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger("fashiontag_pipeline.engine.flow")
+
+#: While failures go on, a reminder of how long they have lasted at most this often.
+STILL_FAILING_EVERY = 30.0
 
 #: Failures a stage retries under its budget, and refusals that end the run at once.
 TRANSIENT = (exc.TransportError, exc.RateLimitedError, exc.ServerError)
@@ -84,10 +90,18 @@ class RetryBudget:
         self.cap = cap
         self.retries = 0
         self._failing_since: float | None = None
+        self._reminded_at = 0.0
+        self._warned_at = -STILL_FAILING_EVERY
         self._streak = 0
         self._random = random.Random()
 
     def ok(self) -> None:
+        if self._failing_since is not None:
+            logger.info(
+                "the service answers again after %.0f s of failures (%d retries)",
+                time.monotonic() - self._failing_since,
+                self._streak,
+            )
         self._failing_since = None
         self._streak = 0
 
@@ -108,12 +122,38 @@ class RetryBudget:
     async def failed(self, err: BaseException, what: str) -> None:
         """Count a failure and sleep before the retry; raise FatalRunError when out of budget."""
         now = time.monotonic()
+        reason = " ".join(str(err).split())
         if self._failing_since is None:
-            self._failing_since = now
+            self._failing_since = self._reminded_at = now
+            # A warning for the first streak in STILL_FAILING_EVERY s (a flaky service must
+            # not flood the log: the progress reporter warns when retries pile up).
+            log = logger.info
+            if now - self._warned_at >= STILL_FAILING_EVERY:
+                self._warned_at = now
+                log = logger.warning
+            log(
+                "cannot reach the service (%s: %s); will keep trying for %.0f s "
+                "(give_up_after, --give-up-after), then stop with the state saved",
+                what,
+                reason,
+                self.give_up_after,
+            )
         elif now - self._failing_since > self.give_up_after:
             raise FatalRunError(
-                f"{what}: service unreachable for {self.give_up_after:.0f}s: {err}"
+                f"{what}: service unreachable for {self.give_up_after:.0f}s: {reason}"
             ) from err
+        elif now - self._reminded_at >= STILL_FAILING_EVERY:
+            self._reminded_at = now
+            logger.warning(
+                "still failing after %.0f s of %.0f s (%d retries): %s: %s",
+                now - self._failing_since,
+                self.give_up_after,
+                self._streak,
+                what,
+                reason,
+            )
+        else:
+            logger.info("%s failed (%s); retrying", what, reason)
         self._streak += 1
         self.retries += 1
         delay = min(self.cap, self.base * 2 ** min(self._streak, 10)) * (

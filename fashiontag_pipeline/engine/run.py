@@ -42,7 +42,7 @@ from .pagers import ResultPagers
 from .policy import Chunk, decode_body
 from .single import SingleRouter, merge_routes, pending_ops, split_routes
 from .sinks import Reject, RejectSink, open_result_sink
-from .source import ManifestReader, RowBatch, iter_batches, open_manifest
+from .source import ManifestReader, RowBatch, iter_batches, manifests_size, open_manifest
 from .state import Journal, Reconciliation, RunState, StateDB, split_position
 from .tracker import TaskBook, TaskEntry, Tracker
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
@@ -171,7 +171,7 @@ async def run_pipeline(
         if progress:
             from .progress import show_progress
 
-            async with show_progress(engine_run.snapshot):
+            async with show_progress(engine_run.snapshot, interval=engine.progress_seconds):
                 await engine_run.run()
         else:
             await engine_run.run()
@@ -502,6 +502,10 @@ class _EngineRun:
             "pages": c.get("pages", 0),
             "single": c.get("single", 0),
             "tasks_live": self.book.unfinished() + len(self.writer.tasks) - self._writer_sealed(),
+            "retries": self.client.stats.retries + self.budget.retries,
+            "rate_limited": self.client.stats.rate_limited,
+            "bytes_read": sum(r.bytes_read for r in self.readers),
+            "bytes_total": manifests_size(self.readers),
         }
 
     def _writer_sealed(self) -> int:

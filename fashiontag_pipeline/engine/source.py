@@ -5,7 +5,14 @@ rows on a slow stdin are delivered as they arrive), cut at the last complete rec
 in one go: one await per chunk, never per line. Memory is one chunk plus one batch.
 
 The format is detected from the first bytes (after gzip, itself detected from its magic bytes):
-``{`` starts JSONL, anything else must be a CSV header naming ``id`` and ``url``.
+``{`` starts JSONL; an ``http://`` or ``https://`` URL starts a plain URL list (one URL per
+line, no header); anything else must be a CSV header naming ``id`` and ``url``.
+
+A URL list's rows take the URL itself as their id: it is stable (the same image has the same
+id in tonight's dump and tomorrow's, whatever lines were added or removed around it, so
+resumes and incremental runs line up), and a URL listed twice is the same image, so it is
+tagged once and the repeat is a ``duplicate id`` reject. A line number would shift with every
+edit of the list and give the same image a new id each night.
 
 A batch holds at most ``max_rows`` rows (the engine's ``read_batch_rows``): a 1 MiB chunk of a
 CSV is ~14,000 rows, and the bounded streams between stages hold several batches, so capping
@@ -17,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import stat
 import sys
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -28,12 +36,14 @@ import msgspec
 
 from .._exceptions import ManifestError
 
-__all__ = ["ManifestReader", "RowBatch", "open_manifest"]
+__all__ = ["ManifestReader", "RowBatch", "manifests_size", "open_manifest"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 20
 MAX_ROWS = 2000
-Kind = Literal["csv", "jsonl"]
+Kind = Literal["csv", "jsonl", "urls"]
+#: The header a URL list is read with: each row is (url, url), the URL being its own id.
+URL_LIST_HEADER = ["id", "url"]
 
 _json_decoder = msgspec.json.Decoder()
 
@@ -75,6 +85,16 @@ class ManifestReader:
             except OSError as err:
                 raise ManifestError(f"cannot read manifest {path}: {err.strerror}") from None
             self._owns = True
+        #: Bytes read from the file (compressed ones for gzip) and its size when it is a
+        #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
+        self.bytes_read = 0
+        self.size: int | None = None
+        try:
+            info = os.fstat(self._fh.fileno())
+            if stat.S_ISREG(info.st_mode):
+                self.size = info.st_size
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
         self._gunzip: Any = None
         self._sniffed = False
         self._head: str | None = None
@@ -98,9 +118,11 @@ class ManifestReader:
 
     def _read_raw(self) -> bytes:
         read1 = getattr(self._fh, "read1", None)
-        if read1 is not None:
-            return bytes(read1(READ_SIZE))
-        return os.read(self._fh.fileno(), READ_SIZE)
+        data = (
+            bytes(read1(READ_SIZE)) if read1 is not None else os.read(self._fh.fileno(), READ_SIZE)
+        )
+        self.bytes_read += len(data)
+        return data
 
     def _read_bytes(self) -> bytes:
         """The next decompressed bytes; b"" at end of input."""
@@ -169,6 +191,11 @@ class ManifestReader:
                 self.kind = "jsonl"
                 self._head = text
                 return
+            if stripped[:8].lower().startswith(("http://", "https://")):
+                self.kind = "urls"
+                self.header = list(URL_LIST_HEADER)
+                self._head = text
+                return
             self.kind = "csv"
             lines = text.splitlines(keepends=True)
             # The header is the first non-empty line.
@@ -192,7 +219,7 @@ class ManifestReader:
         """Begin parsing a chunk of complete records."""
         self._base = self._line
         self._done = 0
-        if self.kind == "jsonl":
+        if self.kind != "csv":
             lines = text.split("\n")
             if lines and not lines[-1]:
                 lines.pop()
@@ -209,10 +236,15 @@ class ManifestReader:
         if self._lines is not None:
             lines, i = self._lines, self._done
             end = len(lines)
+            urls = self.kind == "urls"
             while i < end and len(rows) < limit:
                 text_line = lines[i]
                 i += 1
                 if not text_line.strip():
+                    continue
+                if urls:
+                    url = text_line.strip()
+                    rows.append((base + i, [url, url]))
                     continue
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
@@ -260,6 +292,12 @@ class ManifestReader:
                     text = data.decode("utf-8", "replace")
             self._start(text)
         return RowBatch(self.source, self.name, self.kind, self.header, self._take())
+
+
+def manifests_size(readers: list[ManifestReader]) -> int:
+    """Total bytes of the manifests, or 0 when one of them has no known size (stdin)."""
+    sizes = [r.size for r in readers]
+    return 0 if any(size is None for size in sizes) else sum(s or 0 for s in sizes)
 
 
 def open_manifest(path: str, source: int, max_rows: int = MAX_ROWS) -> ManifestReader:

@@ -229,7 +229,12 @@ def measure_colors(taxonomy: Taxonomy, data: bytes) -> bytes:
             rgb.thumbnail((_THUMB, _THUMB))
     except ImageRejected:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+    except UnidentifiedImageError:
+        # Pillow's text names the BytesIO it was given (an object repr): say it plainly.
+        raise ImageRejected(
+            CODE_UNSUPPORTED_FORMAT, "image could not be decoded: not an image Pillow can read"
+        ) from None
+    except (OSError, ValueError, SyntaxError) as err:
         raise ImageRejected(CODE_UNSUPPORTED_FORMAT, f"image could not be decoded: {err}") from None
     except PILImage.DecompressionBombError:
         raise ImageRejected(CODE_TOO_LARGE, "image has too many pixels") from None

@@ -371,3 +371,65 @@ async def test_keys_never_appear_in_reprs_errors_tracebacks_or_logs(
     joined = "\n".join(texts)
     assert "GET /tagger/v2.12/bulk" in caplog.text  # the debug lines exist...
     assert KEY not in joined and BULK_KEY not in joined  # ...and hold no key.
+
+
+async def test_retry_after_as_an_http_date_is_honoured(
+    mocked: Any, make_client: Callable[..., TaggerClient]
+) -> None:
+    # RFC 9110 allows an HTTP date; it is read against the response's own Date header.
+    mocked.get(
+        STATUS,
+        status=429,
+        headers={
+            "Retry-After": "Wed, 21 Oct 2026 07:28:12 GMT",
+            "Date": "Wed, 21 Oct 2026 07:28:00 GMT",
+        },
+        body=body({"status": "failure", "error": "slow down"}),
+    )
+    mocked.get(
+        STATUS,
+        status=200,
+        body=body({"status": "success", "data": {"taskId": "t-1", "taskStatus": "TASK_DONE"}}),
+    )
+    sleeps = Sleeps()
+    client = make_client(sleep=sleeps)
+    assert (await client.task_status("t-1")).done
+    assert sleeps.delays == [12.0]
+
+
+async def test_first_failure_of_a_streak_is_a_warning_and_each_retry_is_logged(
+    mocked: Any, make_client: Callable[..., TaggerClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "fashiontag_pipeline")
+    for _ in range(3):
+        mocked.get(STATUS, status=503, body=b"upstream unavailable")
+    ok = body({"status": "success", "data": {"taskId": "t-1", "taskStatus": "TASK_DONE"}})
+    mocked.get(STATUS, status=200, body=ok)
+    mocked.get(STATUS, status=503, body=b"again")
+    mocked.get(STATUS, status=200, body=ok)
+    client = make_client()
+    await client.task_status("t-1")
+    await client.task_status("t-1")
+    records = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warnings = [m for level, m in records if level == "WARNING"]
+    # One warning for the first streak, not one per retry; the second streak, within
+    # WARN_EVERY seconds of the first warning, is logged at info (a flaky service must not
+    # flood a log).
+    assert len(warnings) == 1
+    assert "HTTP 503" in warnings[0] and "retry 1 of 5" in warnings[0] and BASE in warnings[0]
+    assert any(level == "INFO" and "retry 3 of 5" in m for level, m in records)
+    assert [m for level, m in records if "again" in m and level == "INFO"][-1].endswith("again")
+    assert any("answers again" in m for _, m in records)
+    assert all(KEY not in m and BULK_KEY not in m for _, m in records)
+
+
+async def test_a_refused_key_error_names_its_source_never_the_key(
+    mocked: Any, make_client: Callable[..., TaggerClient]
+) -> None:
+    mocked.get(BULK, status=401, body=body({"status": "failure", "error": "authentication failed"}))
+    client = make_client()
+    with pytest.raises(AuthenticationError) as info:
+        await client.list_tasks()
+    text = str(info.value)
+    assert "the bulk key from the caller was refused" in text
+    assert "FASHIONTAG_BULK_API_KEY" in text and BULK_KEY not in text

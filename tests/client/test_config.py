@@ -117,3 +117,36 @@ def test_example_engine_config_states_the_defaults() -> None:
     from fashiontag_pipeline.engine import EngineConfig
 
     assert load_section(CONFIGS / "engine.toml", "engine", EngineConfig) == EngineConfig()
+
+
+def test_a_plain_str_key_is_wrapped_and_masked() -> None:
+    from fashiontag_pipeline import ClientConfig
+
+    config = ClientConfig(api_key="plain-single-key", bulk_api_key="plain-bulk-key")
+    assert isinstance(config.api_key, Secret) and isinstance(config.bulk_api_key, Secret)
+    assert config.bulk_api_key.reveal() == "plain-bulk-key"
+    assert "plain-" not in repr(config) and "plain-" not in str(to_builtins(config))
+    with pytest.raises(TypeError):
+        ClientConfig(api_key=42)  # type: ignore[arg-type]
+
+
+def test_every_key_knows_where_it_came_from(tmp_path: Path) -> None:
+    path = write(tmp_path, '[client]\napi_key = "file-key"\nbulk_api_key = "file-bulk"\n')
+    config = load_client_config(
+        path, environ={"FASHIONTAG_API_KEY": "env-key"}, overrides={"bulk_api_key": "flag"}
+    )
+    assert config.api_key is not None and config.api_key.source == "FASHIONTAG_API_KEY"
+    assert config.bulk_api_key is not None and config.bulk_api_key.source == "--bulk-api-key"
+    config = load_client_config(path, environ={})
+    assert config.api_key is not None and config.api_key.source == f"api_key in [client] of {path}"
+
+
+async def test_library_clients_send_the_development_keys_when_none_is_configured() -> None:
+    from fashiontag_pipeline import ClientConfig
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    async with running_service(ServiceConfig()) as svc:
+        async with TaggerClient(config=ClientConfig(base_url=svc.url)) as client:
+            assert await client.list_tasks() == []
+        async with TaggerClient(svc.url, bulk_api_key="dev-bulk-api-key") as client:
+            assert await client.list_tasks() == []

@@ -1,0 +1,218 @@
+"""What an operator sees from `fashiontag run`, driven as a user runs it: a subprocess whose
+stderr is a pipe (cron, a log file) or a pseudo-terminal, against the reference service on
+loopback (or a closed loopback port)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service.faults import FaultSpec
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (connections are refused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def manifest(tmp_path: Path, rows: int) -> Path:
+    path = tmp_path / "m.csv"
+    path.write_text(
+        "id,url\n" + "".join(f"sku-{i},https://img.example/{i}.jpg\n" for i in range(rows))
+    )
+    return path
+
+
+async def fashiontag(*args: str, cwd: Path | None = None) -> tuple[int, str]:
+    result = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", *args], check=False, env=ENV, cwd=cwd
+    )
+    return result.returncode, result.stderr.decode()
+
+
+async def test_an_unreachable_service_is_reported_at_once_with_how_long_it_is_tried(
+    tmp_path: Path,
+) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    args = [str(manifest(tmp_path, 3)), "--base-url", url, "--out", str(tmp_path / "o.jsonl")]
+    code, err = await fashiontag("run", *args, "--give-up-after", "1")
+    lines = err.splitlines()
+    assert code == 1
+    # The first line names what fails and for how long the run keeps trying; the run's
+    # last line is the fatal error. Before, stderr held only that last line.
+    assert "cannot connect to" in lines[0] and url in lines[0]
+    assert "keeps trying for 1 s (--give-up-after)" in lines[0]
+    assert lines[-1].startswith("fashiontag: ") and "unreachable for 1s" in lines[-1]
+    assert not any(line.startswith("fashiontag: progress") for line in lines)
+
+
+async def test_verbose_logs_every_retry(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    args = [str(manifest(tmp_path, 3)), "--base-url", url, "--out", str(tmp_path / "o.jsonl")]
+    code, err = await fashiontag("-v", "run", *args, "--give-up-after", "1")
+    assert code == 1
+    assert re.search(r"INFO fashiontag_pipeline\.client: .*cannot connect.*retry 2 of 5", err)
+    assert re.search(r"WARNING fashiontag_pipeline\.engine\.flow: cannot reach the service", err)
+
+
+async def test_a_refusing_service_is_reported_at_once(tmp_path: Path) -> None:
+    faults = FaultSpec.parse("429=1:0.05s,seed=3")
+    async with running_service(ServiceConfig(faults=faults)) as svc:
+        args = [str(manifest(tmp_path, 3)), "--base-url", svc.url]
+        code, err = await fashiontag(
+            "run", *args, "--out", str(tmp_path / "o.jsonl"), "--give-up-after", "0.5"
+        )
+    first = err.splitlines()[0]
+    assert code == 1
+    assert "rate limited (HTTP 429, Retry-After 0.05 s)" in first
+    assert "keeps trying for 0 s" in first or "keeps trying for 1 s" in first
+
+
+async def test_periodic_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    async with running_service(ServiceConfig(rate=60)) as svc:  # ~1 s of tagging
+        code, err = await fashiontag(
+            "run",
+            str(manifest(tmp_path, 60)),
+            "--base-url",
+            svc.url,
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--progress-interval",
+            "0.2",
+            "--rotate-min-images",
+            "20",
+        )
+    assert code == 0, err
+    progress = [line for line in err.splitlines() if line.startswith("fashiontag: progress")]
+    assert progress, err
+    assert "read 60" in progress[-1] and "tasks live" in progress[-1]
+    assert "rows done, ETA" in progress[-1]  # the manifest is a file: its size is known
+
+
+def _run_on_a_terminal(argv: list[str], columns: int) -> tuple[int, str]:
+    """Run with stderr on a pseudo-terminal ``columns`` wide; what the terminal shows."""
+    import fcntl
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {**ENV, "TERM": "xterm-256color", "COLUMNS": str(columns)}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, env=env
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 60)
+            if not ready:
+                proc.kill()
+                break
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        code = proc.wait(timeout=60)
+    return code, b"".join(chunks).decode("utf-8", "replace")
+
+
+async def test_progress_line_on_a_terminal_fits_80_columns_with_percent_and_eta(
+    tmp_path: Path,
+) -> None:
+    async with running_service(ServiceConfig(rate=100)) as svc:
+        argv = [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "run",
+            str(manifest(tmp_path, 150)),
+            "--base-url",
+            svc.url,
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--rotate-min-images",
+            "50",
+        ]
+        code, shown = await anyio.to_thread.run_sync(_run_on_a_terminal, argv, 200)
+    assert code == 0, shown
+    text = ANSI.sub("", shown)
+    frames = [f for f in re.split(r"[\r\n]", text) if "%" in f and "/" in f]
+    assert frames, text
+    assert all(len(frame.rstrip()) <= 80 for frame in frames), frames
+    assert any("ETA" in frame for frame in frames)
+    assert "150/150" in frames[-1] and "100.0%" in frames[-1]
+
+
+async def test_a_plain_url_list_is_a_manifest(tmp_path: Path) -> None:
+    urls = tmp_path / "urls.txt"
+    urls.write_text(
+        "https://img.example/a.jpg\n\nhttps://img.example/b,c.jpg\r\nhttps://img.example/a.jpg\n"
+    )
+    async with running_service(ServiceConfig()) as svc:
+        code, err = await fashiontag(
+            "run", str(urls), "--base-url", svc.url, "--out", str(tmp_path / "o.jsonl")
+        )
+    assert code == 0, err
+    results = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in results] == [
+        "https://img.example/a.jpg",
+        "https://img.example/b,c.jpg",
+    ]
+    rejects = [json.loads(x) for x in (tmp_path / "o.rejects.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["line"]) for r in rejects] == [("https://img.example/a.jpg", 4)]
+    assert rejects[0]["reason"].startswith("duplicate id")
+
+
+async def test_demo_keeps_its_files_where_it_says(tmp_path: Path) -> None:
+    result = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", "demo", "--images", "5"],
+        check=False,
+        env={**ENV, "TMPDIR": str(tmp_path)},
+    )
+    out = result.stdout.decode()
+    assert result.returncode == 0, result.stderr
+    match = re.search(r"files kept in (\S+):", out)
+    assert match, out
+    folder = Path(match.group(1))
+    assert folder.parent == tmp_path
+    assert len((folder / "results.jsonl").read_text().splitlines()) == 5
+    assert (folder / "catalogue.csv").is_file()
+
+
+async def test_no_progress_flag_prints_no_progress(tmp_path: Path) -> None:
+    async with running_service(ServiceConfig(rate=60)) as svc:
+        code, err = await fashiontag(
+            "run",
+            str(manifest(tmp_path, 30)),
+            "--base-url",
+            svc.url,
+            "--out",
+            str(tmp_path / "o.jsonl"),
+            "--progress-interval",
+            "0.1",
+            "--no-progress",
+        )
+    assert code == 0 and "fashiontag: progress" not in err
