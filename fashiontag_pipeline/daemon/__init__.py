@@ -6,15 +6,31 @@ One module per piece, each usable and tested on its own (see each module's docst
 from __future__ import annotations
 
 from .config import DaemonConfig, load_daemon_config
+from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer, StatusProvider
 from .inbox import Claim, ClaimLedger, ClaimRecord, Inbox, MemoryClaimLedger, SQLiteClaimLedger
+from .interface import IngestEngine, ManifestOutcome, ManifestRun
+from .metrics import DaemonMetrics
+from .outbox import ManifestOutputs, ManifestSummary, Outbox
 
 __all__ = [
     "Claim",
     "ClaimLedger",
     "ClaimRecord",
     "DaemonConfig",
+    "DaemonMetrics",
+    "DaemonStatus",
+    "Health",
     "Inbox",
+    "IngestEngine",
+    "ManifestOutcome",
+    "ManifestOutputs",
+    "ManifestProgress",
+    "ManifestRun",
+    "ManifestSummary",
     "MemoryClaimLedger",
+    "MonitoringServer",
+    "Outbox",
     "SQLiteClaimLedger",
+    "StatusProvider",
     "load_daemon_config",
 ]
