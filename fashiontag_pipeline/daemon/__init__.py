@@ -9,7 +9,9 @@ from .config import DaemonConfig, load_daemon_config
 from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer, StatusProvider
 from .inbox import Claim, ClaimLedger, ClaimRecord, Inbox, MemoryClaimLedger, SQLiteClaimLedger
 from .interface import IngestEngine, ManifestOutcome, ManifestRun
+from .logs import configure_logging
 from .metrics import DaemonMetrics
+from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
 
 __all__ = [
@@ -32,5 +34,7 @@ __all__ = [
     "Outbox",
     "SQLiteClaimLedger",
     "StatusProvider",
+    "SystemdNotifier",
+    "configure_logging",
     "load_daemon_config",
 ]
