@@ -97,12 +97,13 @@ def test_secrets_are_masked_everywhere(tmp_path: Path) -> None:
 
 def test_shipped_example_configs_decode_in_every_section() -> None:
     from fashiontag_pipeline._config import load_section, read_toml
+    from fashiontag_pipeline.daemon.config import DaemonConfig
     from fashiontag_pipeline.engine import EngineConfig
     from fashiontag_pipeline.service.cli import ServiceConfigFile
 
     files = sorted(CONFIGS.glob("*.toml"))
     assert files, "configs/ ships example files"
-    sections = {"engine": EngineConfig, "service": ServiceConfigFile}
+    sections = {"engine": EngineConfig, "service": ServiceConfigFile, "daemon": DaemonConfig}
     for path in files:
         load_client_config(path, environ={})
         for name in read_toml(path):

@@ -1,0 +1,220 @@
+"""The daemon's HTTP endpoints (``--listen``, default ``127.0.0.1:9464``).
+
+* ``GET /metrics``: Prometheus text format, from the daemon's own registry.
+* ``GET /livez``: 200 while the event loop turns (answering is the proof).
+* ``GET /readyz``: 200 when the state store is writable and the service answers; 503 with
+  ``{"ready": false, "reason": "..."}`` while draining, before the first answer of the
+  service, or once it has been unreachable for ``unreachable_after`` (30 s) seconds.
+* ``GET /status``: JSON of what :class:`StatusProvider` reports (active and queued manifests
+  with progress, recent completions).
+
+The facts behind ``/readyz`` live in :class:`Health`, which the daemon updates as they change
+(a request answered, a state commit failed, SIGTERM received); the server only reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol
+
+import anyio
+import msgspec
+from aiohttp import web
+
+from .config import parse_listen
+from .metrics import CONTENT_TYPE, DaemonMetrics
+from .outbox import ManifestSummary
+
+__all__ = [
+    "DEFAULT_UNREACHABLE_AFTER",
+    "DaemonStatus",
+    "Health",
+    "ManifestProgress",
+    "MonitoringServer",
+    "StatusProvider",
+]
+
+DEFAULT_UNREACHABLE_AFTER = 30.0
+
+
+class Health:
+    """What ``/readyz`` decides from. Call the ``mark_*`` methods as facts change; every call
+    is cheap (no I/O). ``clock`` is monotonic seconds, injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        unreachable_after: float = DEFAULT_UNREACHABLE_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.unreachable_after = unreachable_after
+        self._clock = clock
+        self._draining = False
+        self._store_error: str | None = None
+        self._service_answered = False
+        self._failing_since: float | None = None
+
+    def mark_service_answered(self) -> None:
+        """The service answered a request (any HTTP status: it is reachable)."""
+        self._service_answered = True
+        self._failing_since = None
+
+    def mark_service_unreachable(self) -> None:
+        """A request got no answer (connection refused, timeout). The first of a streak
+        starts the clock; later ones keep it."""
+        if self._failing_since is None:
+            self._failing_since = self._clock()
+
+    def mark_store_writable(self) -> None:
+        """A state commit succeeded."""
+        self._store_error = None
+
+    def mark_store_unwritable(self, reason: str) -> None:
+        """A state commit failed (the daemon is about to exit)."""
+        self._store_error = reason
+
+    def mark_draining(self) -> None:
+        """SIGTERM/SIGINT: the daemon stops taking work; never ready again."""
+        self._draining = True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready, reason)``; the reason is empty when ready."""
+        if self._draining:
+            return False, "draining"
+        if self._store_error is not None:
+            return False, f"state store not writable: {self._store_error}"
+        if self._failing_since is not None:
+            down = self._clock() - self._failing_since
+            if down >= self.unreachable_after:
+                return False, f"service unreachable for {down:.0f} s"
+        if not self._service_answered:
+            return False, "service has not answered yet"
+        return True, ""
+
+
+class ManifestProgress(msgspec.Struct, kw_only=True):
+    """One active or queued manifest, as ``/status`` shows it."""
+
+    manifest: str
+    sha256: str
+    claimed_at: str
+    rows_read: int = 0
+    submitted: int = 0
+    tagged: int = 0
+    failed: int = 0
+    rejected: int = 0
+    pending: int = 0
+
+
+class DaemonStatus(msgspec.Struct, kw_only=True):
+    """The body of ``GET /status``."""
+
+    active: list[ManifestProgress] = msgspec.field(default_factory=list)
+    queued: list[ManifestProgress] = msgspec.field(default_factory=list)
+    recent: list[ManifestSummary] = msgspec.field(default_factory=list)
+    draining: bool = False
+
+
+class StatusProvider(Protocol):
+    """What ``/status`` asks the daemon for (called on the event loop: no blocking I/O)."""
+
+    def status(self) -> DaemonStatus: ...
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(body), status=status, content_type="application/json")
+
+
+class MonitoringServer:
+    """The endpoints on ``listen`` (``HOST:PORT``; port 0 picks a free one; empty: nothing
+    is started). An async context manager: ``async with MonitoringServer(...) as server:``,
+    then :attr:`url` is where it listens (None when disabled)."""
+
+    def __init__(
+        self,
+        listen: str,
+        *,
+        metrics: DaemonMetrics,
+        health: Health,
+        status: StatusProvider,
+    ) -> None:
+        self._address = parse_listen(listen)
+        self.metrics = metrics
+        self.health = health
+        self.status_provider = status
+        self._runner: web.AppRunner | None = None
+        self.url: str | None = None
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application (also usable on its own in tests)."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/status", self._status)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.render())
+        response.headers["Content-Type"] = CONTENT_TYPE
+        return response
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        return _json({"live": True})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ready, reason = self.health.readiness()
+        if ready:
+            return _json({"ready": True})
+        return _json({"ready": False, "reason": reason}, status=503)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        status = self.status_provider.status()
+        status.draining = status.draining or self.health.draining
+        return _json(status)
+
+    async def start(self) -> None:
+        """Start listening (nothing when disabled)."""
+        if self._address is None or self._runner is not None:
+            return
+        host, port = self._address
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        self.url = f"http://{shown}:{bound_port}"
+
+    async def aclose(self) -> None:
+        """Stop listening (idempotent)."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            with anyio.CancelScope(shield=True):
+                await runner.cleanup()
+
+    async def __aenter__(self) -> MonitoringServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

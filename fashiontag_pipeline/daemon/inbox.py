@@ -1,0 +1,573 @@
+"""The inbox: which dropped files are manifests, when they are ready, and how they are claimed.
+
+Layout (one daemon owns an inbox; several daemons sharing one are the lease-based mode of a
+later issue)::
+
+    INBOX/NAME            dropped by a producer (NAME.ready beside it says "complete now")
+    INBOX/.work/NAME      claimed: in flight (resumes after a restart)
+    INBOX/done/NAME       complete (its summary.json exists in the outbox)
+    INBOX/failed/NAME     unreadable, beside NAME.error.json ({"reason": "..."})
+
+Readiness is decided by polling only (``os.scandir`` + ``stat``), so it works on network
+filesystems where inotify sees nothing. A file is ready when ``NAME.ready`` exists, or when
+its size and mtime have not changed for ``settle`` seconds *of our clock*: the file's mtime is
+compared only with itself, never with our clock, so a file server whose clock is off cannot
+make a half-written file look old.
+
+A claim is crash-safe by its order:
+
+1. hash the content (sha256, streamed, in a worker thread), and check that size and mtime did
+   not change while hashing (a producer still writing: not claimed this time);
+2. record the claim in the :class:`ClaimLedger` (the state store), durably;
+3. delete ``NAME.ready`` (a crash here leaves the file in the inbox, which settles and is
+   claimed again: a marker is never left behind to make a *later* file of that name look
+   ready before it is complete);
+4. rename ``INBOX/NAME`` to ``INBOX/.work/NAME`` (atomic on one filesystem).
+
+A crash after 2 leaves a recorded claim whose file is still in the inbox: it is claimed again
+(recording is idempotent by name). A crash after 4 leaves ``.work/NAME``, which
+:meth:`Inbox.recover` reports, first, as a resumed claim. Settling is recorded before the move
+to ``done/`` or ``failed/``, so a crash between the two is finished by :meth:`Inbox.recover`.
+A name is not claimed while ``.work/NAME`` holds an earlier file of that name (it waits for
+it): a rename would otherwise replace a manifest in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from ._files import fsync_dir, write_atomic
+from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
+
+__all__ = [
+    "DONE_DIR",
+    "FAILED_DIR",
+    "MANIFEST_SUFFIXES",
+    "READY_SUFFIX",
+    "WORK_DIR",
+    "Claim",
+    "ClaimLedger",
+    "ClaimRecord",
+    "ClaimStatus",
+    "Inbox",
+    "MemoryClaimLedger",
+    "SQLiteClaimLedger",
+    "is_manifest_name",
+    "manifest_stem",
+]
+
+MANIFEST_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+GZIP_SUFFIX = ".gz"
+READY_SUFFIX = ".ready"
+IGNORED_SUFFIXES = (".part", ".tmp", READY_SUFFIX)
+WORK_DIR = ".work"
+DONE_DIR = "done"
+FAILED_DIR = "failed"
+ERROR_SUFFIX = ".error.json"
+HASH_BLOCK = 1 << 20
+
+#: ``claimed``: in flight. The others are final: ``done``/``failed``/``duplicate`` are the
+#: summary statuses; ``abandoned`` is a recorded claim whose file vanished before it moved to
+#: ``.work`` (an operator removed it).
+ClaimStatus = Literal["claimed", "done", "failed", "duplicate", "abandoned"]
+SettledStatus = Literal["done", "failed", "duplicate"]
+
+
+def is_manifest_name(name: str) -> bool:
+    """Whether a file of this name in the inbox is a manifest (not a marker, temp or hidden)."""
+    if not name or name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
+        return False
+    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
+    return any(base.endswith(s) and len(base) > len(s) for s in MANIFEST_SUFFIXES)
+
+
+def manifest_stem(name: str) -> str:
+    """The name without ``.gz`` and then ``.csv``/``.jsonl``/``.ndjson``: ``a.csv.gz`` -> ``a``."""
+    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
+    for suffix in MANIFEST_SUFFIXES:
+        if base.endswith(suffix) and len(base) > len(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+def _suffix_of(name: str) -> str:
+    return name[len(manifest_stem(name)) :]
+
+
+class ClaimRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What the ledger keeps of one claim. ``claimed_at`` is Unix time (seconds);
+    ``settled_as`` is the path, relative to the inbox, the file was moved to when it settled."""
+
+    name: str
+    sha256: str
+    size: int
+    claimed_at: float
+    status: ClaimStatus = "claimed"
+    settled_as: str = ""
+
+
+class ClaimLedger(Protocol):
+    """The part of the state store the inbox needs. Every write is durable when it returns
+    (the inbox renames files right after), and may raise OSError/sqlite3.Error when the store
+    is unwritable (the daemon then exits non-zero and its supervisor restarts it)."""
+
+    def record_claim(self, record: ClaimRecord) -> None:
+        """Record a claim in flight. Idempotent by name: a claim of ``record.name`` already in
+        flight is replaced (the same file claimed again after a crash, or a new file of that
+        name whose earlier claim never reached ``.work``)."""
+        ...
+
+    def record_settled(self, name: str, status: SettledStatus, settled_as: str) -> None:
+        """Mark the claim of ``name`` in flight as final, moved to ``settled_as``."""
+        ...
+
+    def record_abandoned(self, name: str) -> None:
+        """Mark the claim of ``name`` in flight as abandoned (its file is gone)."""
+        ...
+
+    def lookup(self, name: str) -> ClaimRecord | None:
+        """The latest claim of ``name`` (in flight or final), or None."""
+        ...
+
+    def in_flight(self) -> list[ClaimRecord]:
+        """Every claim in flight, oldest first."""
+        ...
+
+    def find_completed(self, sha256: str) -> ClaimRecord | None:
+        """The earliest claim of this content that completed (status ``done``), or None: a
+        later manifest with the same content is a ``duplicate`` of it."""
+        ...
+
+
+class MemoryClaimLedger:
+    """A :class:`ClaimLedger` in memory (tests, dry runs): nothing survives the process."""
+
+    def __init__(self) -> None:
+        self._records: list[ClaimRecord] = []
+        self._lock = threading.Lock()
+
+    def _index_in_flight(self, name: str) -> int | None:
+        for i in range(len(self._records) - 1, -1, -1):
+            record = self._records[i]
+            if record.name == name and record.status == "claimed":
+                return i
+        return None
+
+    def record_claim(self, record: ClaimRecord) -> None:
+        with self._lock:
+            i = self._index_in_flight(record.name)
+            fresh = msgspec.structs.replace(record, status="claimed", settled_as="")
+            if i is None:
+                self._records.append(fresh)
+            else:
+                self._records[i] = fresh
+
+    def _finish(self, name: str, status: ClaimStatus, settled_as: str) -> None:
+        with self._lock:
+            i = self._index_in_flight(name)
+            if i is None:
+                raise KeyError(f"no claim in flight for {name!r}")
+            self._records[i] = msgspec.structs.replace(
+                self._records[i], status=status, settled_as=settled_as
+            )
+
+    def record_settled(self, name: str, status: SettledStatus, settled_as: str) -> None:
+        self._finish(name, status, settled_as)
+
+    def record_abandoned(self, name: str) -> None:
+        self._finish(name, "abandoned", "")
+
+    def lookup(self, name: str) -> ClaimRecord | None:
+        with self._lock:
+            for record in reversed(self._records):
+                if record.name == name:
+                    return record
+        return None
+
+    def in_flight(self) -> list[ClaimRecord]:
+        with self._lock:
+            return [r for r in self._records if r.status == "claimed"]
+
+    def find_completed(self, sha256: str) -> ClaimRecord | None:
+        with self._lock:
+            for record in self._records:
+                if record.sha256 == sha256 and record.status == "done":
+                    return record
+        return None
+
+
+_LEDGER_SCHEMA = """
+CREATE TABLE IF NOT EXISTS claims (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    claimed_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    settled_as TEXT NOT NULL DEFAULT ''
+);
+CREATE UNIQUE INDEX IF NOT EXISTS claims_in_flight ON claims(name) WHERE status = 'claimed';
+CREATE INDEX IF NOT EXISTS claims_sha256 ON claims(sha256, status);
+"""
+
+
+class SQLiteClaimLedger:
+    """A :class:`ClaimLedger` in a SQLite file (WAL, synchronous=FULL: a recorded claim
+    survives a power cut). The daemon's state store will carry the same table; this one stands
+    alone for the parts built before it. Safe to call from worker threads (one lock)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_LEDGER_SCHEMA)
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        with self._lock:
+            self._db.close()
+
+    def _row(self, row: tuple[str, str, int, float, str, str] | None) -> ClaimRecord | None:
+        if row is None:
+            return None
+        name, sha256, size, claimed_at, status, settled_as = row
+        return ClaimRecord(
+            name=name,
+            sha256=sha256,
+            size=size,
+            claimed_at=claimed_at,
+            status=status,  # type: ignore[arg-type]
+            settled_as=settled_as,
+        )
+
+    _COLUMNS = "name, sha256, size, claimed_at, status, settled_as"
+
+    def record_claim(self, record: ClaimRecord) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "DELETE FROM claims WHERE name = ? AND status = 'claimed'", (record.name,)
+            )
+            self._db.execute(
+                "INSERT INTO claims (name, sha256, size, claimed_at, status) "
+                "VALUES (?, ?, ?, ?, 'claimed')",
+                (record.name, record.sha256, record.size, record.claimed_at),
+            )
+
+    def _finish(self, name: str, status: ClaimStatus, settled_as: str) -> None:
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE claims SET status = ?, settled_as = ? "
+                "WHERE name = ? AND status = 'claimed'",
+                (status, settled_as, name),
+            )
+            if cursor.rowcount != 1:
+                raise KeyError(f"no claim in flight for {name!r}")
+
+    def record_settled(self, name: str, status: SettledStatus, settled_as: str) -> None:
+        self._finish(name, status, settled_as)
+
+    def record_abandoned(self, name: str) -> None:
+        self._finish(name, "abandoned", "")
+
+    def lookup(self, name: str) -> ClaimRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE name = ? ORDER BY id DESC LIMIT 1",
+                (name,),
+            ).fetchone()
+        return self._row(row)
+
+    def in_flight(self) -> list[ClaimRecord]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE status = 'claimed' ORDER BY id"
+            ).fetchall()
+        return [r for r in map(self._row, rows) if r is not None]
+
+    def find_completed(self, sha256: str) -> ClaimRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE sha256 = ? AND status = 'done' "
+                "ORDER BY id LIMIT 1",
+                (sha256,),
+            ).fetchone()
+        return self._row(row)
+
+
+class Claim(msgspec.Struct, frozen=True, kw_only=True):
+    """A manifest the daemon now owns: its file is ``path`` (in ``INBOX/.work``).
+
+    ``resumed`` is true for a claim found in flight at start-up (its outputs may be partly
+    written: the engine resumes it from the state store)."""
+
+    name: str
+    path: str
+    sha256: str
+    size: int
+    claimed_at: float
+    resumed: bool = False
+
+
+@dataclass(slots=True)
+class _Seen:
+    size: int
+    mtime_ns: int
+    since: float
+
+
+def _hash_file(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as fh:
+        while block := fh.read(HASH_BLOCK):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def free_name(folder: Path, name: str, sha256: str, *, companion: str = "") -> str:
+    """A name in ``folder`` that neither this nor its ``companion`` suffix uses: ``name``, then
+    ``STEM.<sha12>SUFFIX``, then ``STEM.<sha12>.2SUFFIX``, ... (never overwrites a file)."""
+    stem, suffix = manifest_stem(name), _suffix_of(name)
+    candidates = [name, f"{stem}.{sha256[:12]}{suffix}"]
+    n = 2
+    while True:
+        for candidate in candidates:
+            if not (folder / candidate).exists() and not (
+                companion and (folder / f"{candidate}{companion}").exists()
+            ):
+                return candidate
+        candidates = [f"{stem}.{sha256[:12]}.{n}{suffix}"]
+        n += 1
+
+
+class Inbox:
+    """Scans ``root`` for ready manifests and claims them (see the module docstring).
+
+    ``clock`` (monotonic seconds) decides settling and is injectable for tests; ``wall_clock``
+    stamps ``claimed_at``. The filesystem calls are blocking: the async methods run them in a
+    worker thread so a slow network filesystem never stalls the event loop.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        ledger: ClaimLedger,
+        settle: float = DEFAULT_SETTLE,
+        scan_interval: float = DEFAULT_SCAN_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.root = Path(root)
+        self.work = self.root / WORK_DIR
+        self.done = self.root / DONE_DIR
+        self.failed = self.root / FAILED_DIR
+        self.ledger = ledger
+        self.settle = settle
+        self.scan_interval = scan_interval
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._seen: dict[str, _Seen] = {}
+
+    def prepare(self) -> None:
+        """Create the inbox's folders (the inbox itself must exist)."""
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"inbox {self.root} is not a folder")
+        for folder in (self.work, self.done, self.failed):
+            folder.mkdir(exist_ok=True)
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def recover(self) -> list[Claim]:
+        """Claims in flight at start-up, oldest first; finishes interrupted moves.
+
+        * ``.work/NAME`` recorded in flight: resumed. Not recorded at all (a claim from a
+          ledger that was lost): hashed and recorded now. Recorded as settled (a crash between
+          recording and moving): moved where the record says.
+        * A claim in flight whose file is in neither ``.work`` nor the inbox: abandoned.
+        """
+        self.prepare()
+        claims: list[Claim] = []
+        with os.scandir(self.work) as entries:
+            work_names = sorted(
+                e.name for e in entries if e.is_file() and not e.name.startswith(".")
+            )
+        for name in work_names:
+            record = self.ledger.lookup(name)
+            if record is not None and record.status in ("done", "failed", "duplicate"):
+                # Settled, but the crash came before the move: finish it (under a free name
+                # if the recorded one was taken since).
+                target = self.root / record.settled_as
+                folder = self.failed if record.status == "failed" else self.done
+                if not record.settled_as or target.exists() or target.parent != folder:
+                    target = folder / free_name(folder, name, record.sha256)
+                os.rename(self.work / name, target)
+                fsync_dir(folder)
+                continue
+            if record is None or record.status != "claimed":
+                sha256, size = _hash_file(self.work / name)
+                record = ClaimRecord(
+                    name=name, sha256=sha256, size=size, claimed_at=self._wall_clock()
+                )
+                self.ledger.record_claim(record)
+            claims.append(
+                Claim(
+                    name=name,
+                    path=str(self.work / name),
+                    sha256=record.sha256,
+                    size=record.size,
+                    claimed_at=record.claimed_at,
+                    resumed=True,
+                )
+            )
+        in_work = set(work_names)
+        for record in self.ledger.in_flight():
+            if record.name not in in_work and not (self.root / record.name).is_file():
+                self.ledger.record_abandoned(record.name)
+        claims.sort(key=lambda c: (c.claimed_at, c.name))
+        return claims
+
+    # -- scanning ------------------------------------------------------------------------
+
+    def scan(self) -> list[Path]:
+        """One poll: the manifests ready now, in the order they became ready (then by name).
+
+        A file is ready when ``NAME.ready`` exists, or its (size, mtime) has been the same on
+        every scan for ``settle`` seconds. Files whose name is in flight in ``.work`` wait.
+        """
+        now = self._clock()
+        names: dict[str, os.stat_result] = {}
+        markers: set[str] = set()
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.endswith(READY_SUFFIX) and not entry.name.startswith("."):
+                    markers.add(entry.name[: -len(READY_SUFFIX)])
+                    continue
+                if not is_manifest_name(entry.name):
+                    continue
+                try:
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    names[entry.name] = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+        for gone in self._seen.keys() - names.keys():
+            del self._seen[gone]
+        ready: list[tuple[float, str]] = []
+        for name, st in names.items():
+            seen = self._seen.get(name)
+            if seen is None or seen.size != st.st_size or seen.mtime_ns != st.st_mtime_ns:
+                seen = _Seen(st.st_size, st.st_mtime_ns, now)
+                self._seen[name] = seen
+            if name in markers or now - seen.since >= self.settle:
+                if (self.work / name).exists():
+                    continue  # an earlier file of this name is in flight
+                ready.append((seen.since, name))
+        ready.sort()
+        return [self.root / name for _, name in ready]
+
+    # -- claiming ------------------------------------------------------------------------
+
+    def claim(self, path: Path) -> Claim | None:
+        """Claim one ready manifest (blocking: see :meth:`aclaim`). None when it changed while
+        being hashed, vanished, or its name is in flight: it is looked at again next scan."""
+        name = path.name
+        try:
+            before = path.stat()
+            sha256, size = _hash_file(path)
+            after = path.stat()
+        except FileNotFoundError:
+            self._seen.pop(name, None)
+            return None
+        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or (
+            size != after.st_size
+        ):
+            self._seen.pop(name, None)  # still being written: settle again
+            return None
+        target = self.work / name
+        if target.exists():
+            return None
+        record = ClaimRecord(name=name, sha256=sha256, size=size, claimed_at=self._wall_clock())
+        self.ledger.record_claim(record)
+        (self.root / f"{name}{READY_SUFFIX}").unlink(missing_ok=True)
+        os.rename(path, target)
+        fsync_dir(self.root)
+        fsync_dir(self.work)
+        self._seen.pop(name, None)
+        return Claim(
+            name=name,
+            path=str(target),
+            sha256=sha256,
+            size=size,
+            claimed_at=record.claimed_at,
+        )
+
+    async def ascan(self) -> list[Path]:
+        """:meth:`scan` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.scan)
+
+    async def aclaim(self, path: Path) -> Claim | None:
+        """:meth:`claim` in a worker thread (hashing a large manifest takes seconds)."""
+        return await anyio.to_thread.run_sync(self.claim, path)
+
+    async def claims(self) -> AsyncIterator[Claim]:
+        """Every claim, forever: those in flight at start-up first, then each ready manifest
+        as scans find it (one scan every ``scan_interval`` seconds). The consumer applies
+        back-pressure (``max_active``) simply by not asking for the next one."""
+        for claim in await anyio.to_thread.run_sync(self.recover):
+            yield claim
+        while True:
+            for path in await self.ascan():
+                claimed = await self.aclaim(path)
+                if claimed is not None:
+                    yield claimed
+            await anyio.sleep(self.scan_interval)
+
+    # -- settling ------------------------------------------------------------------------
+
+    def finish(self, claim: Claim, status: Literal["done", "duplicate"]) -> Path:
+        """Move a complete manifest (its summary written) to ``done/``; returns where."""
+        name = free_name(self.done, claim.name, claim.sha256)
+        self.ledger.record_settled(claim.name, status, f"{DONE_DIR}/{name}")
+        target = self.done / name
+        os.rename(claim.path, target)
+        fsync_dir(self.done)
+        return target
+
+    def fail(self, claim: Claim, reason: str) -> Path:
+        """Move an unreadable manifest to ``failed/`` beside ``NAME.error.json``; returns
+        where. The error file is written first (atomically), so a failed manifest is never
+        found without its reason."""
+        name = free_name(self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX)
+        write_atomic(
+            self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode({"reason": reason}) + b"\n"
+        )
+        self.ledger.record_settled(claim.name, "failed", f"{FAILED_DIR}/{name}")
+        target = self.failed / name
+        os.rename(claim.path, target)
+        fsync_dir(self.failed)
+        return target
+
+    async def afinish(self, claim: Claim, status: Literal["done", "duplicate"]) -> Path:
+        """:meth:`finish` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.finish, claim, status)
+
+    async def afail(self, claim: Claim, reason: str) -> Path:
+        """:meth:`fail` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.fail, claim, reason)

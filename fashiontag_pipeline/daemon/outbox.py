@@ -1,0 +1,202 @@
+"""The outbox: one folder of outputs per manifest, complete exactly when its summary exists.
+
+::
+
+    OUTBOX/STEM/results.jsonl    one line per tagged image (the format of `run --out`)
+    OUTBOX/STEM/rejects.jsonl    one line per row without a result
+    OUTBOX/STEM/summary.json     written last, by atomic rename: the manifest is complete
+    OUTBOX/STEM/.claim           which claim owns the folder (manifest, sha256, claimed_at)
+
+STEM is the manifest's name without ``.gz`` and ``.csv``/``.jsonl``/``.ndjson``. A folder
+belongs to one claim: a resumed claim finds its own folder again by ``.claim``; any other
+claim whose STEM is taken (another content, or the same content dropped again, which is a
+``duplicate`` and must not overwrite the summary it duplicates) gets ``STEM.<sha12>``, then
+``STEM.<sha12>.2``, ... Folders are created with ``mkdir`` (which fails if the name exists), so
+two claims can never share one.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from .._models import format_time
+from ._files import fsync_dir, write_atomic
+from .inbox import Claim, manifest_stem
+
+__all__ = [
+    "CLAIM_FILE",
+    "REJECTS_FILE",
+    "RESULTS_FILE",
+    "SUMMARY_FILE",
+    "ManifestOutputs",
+    "ManifestStatus",
+    "ManifestSummary",
+    "Outbox",
+    "rfc3339",
+]
+
+RESULTS_FILE = "results.jsonl"
+REJECTS_FILE = "rejects.jsonl"
+SUMMARY_FILE = "summary.json"
+CLAIM_FILE = ".claim"
+
+ManifestStatus = Literal["done", "failed", "duplicate"]
+
+
+def rfc3339(unix_time: float) -> str:
+    """Unix time as RFC 3339 UTC with milliseconds: ``2026-11-22T03:46:13.123Z``."""
+    return format_time(datetime.fromtimestamp(unix_time, UTC))
+
+
+class ManifestSummary(msgspec.Struct, kw_only=True):
+    """``summary.json``: ``run --summary``'s counts for this manifest, plus where it came from
+    and how it ended. ``duplicate_of`` names the earlier manifest file for a ``duplicate``;
+    ``reason`` says why for a ``failed`` one."""
+
+    manifest: str
+    sha256: str
+    status: ManifestStatus
+    claimed_at: str
+    finished_at: str
+    rows_read: int = 0
+    submitted: int = 0
+    tagged: int = 0
+    failed: int = 0
+    rejected: int = 0
+    tasks: int = 0
+    pages: int = 0
+    single: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    resent: int = 0
+    elapsed_s: float = 0.0
+    duplicate_of: str | None = None
+    reason: str | None = None
+
+
+class _ClaimMark(msgspec.Struct, frozen=True, kw_only=True):
+    manifest: str
+    sha256: str
+    claimed_at: float
+
+
+_summary_encoder = msgspec.json.Encoder()
+_summary_decoder = msgspec.json.Decoder(ManifestSummary)
+_mark_decoder = msgspec.json.Decoder(_ClaimMark)
+
+
+class ManifestOutputs:
+    """The output folder of one claim."""
+
+    def __init__(self, folder: Path, claim: Claim) -> None:
+        self.folder = folder
+        self.claim = claim
+
+    @property
+    def results(self) -> Path:
+        return self.folder / RESULTS_FILE
+
+    @property
+    def rejects(self) -> Path:
+        return self.folder / REJECTS_FILE
+
+    @property
+    def summary(self) -> Path:
+        return self.folder / SUMMARY_FILE
+
+    def is_complete(self) -> bool:
+        """Whether ``summary.json`` exists (the manifest is complete)."""
+        return self.summary.exists()
+
+    def read_summary(self) -> ManifestSummary | None:
+        """The written summary, or None before it is written."""
+        try:
+            return _summary_decoder.decode(self.summary.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def new_summary(
+        self,
+        status: ManifestStatus,
+        *,
+        finished_at: float,
+        duplicate_of: str | None = None,
+        reason: str | None = None,
+    ) -> ManifestSummary:
+        """A summary of this claim with zero counts (the engine fills its counts in)."""
+        return ManifestSummary(
+            manifest=self.claim.name,
+            sha256=self.claim.sha256,
+            status=status,
+            claimed_at=rfc3339(self.claim.claimed_at),
+            finished_at=rfc3339(finished_at),
+            duplicate_of=duplicate_of,
+            reason=reason,
+        )
+
+    def write_summary(self, summary: ManifestSummary) -> None:
+        """Write ``summary.json`` last: results and rejects are fsync-ed first, and any that
+        were never opened (a failed or duplicate manifest) are created empty, so a consumer
+        that sees the summary always finds all three files whole."""
+        for path in (self.results, self.rejects):
+            with path.open("ab") as fh:
+                os.fsync(fh.fileno())
+        write_atomic(self.summary, _summary_encoder.encode(summary) + b"\n")
+
+
+class Outbox:
+    """Allocates output folders under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def prepare(self) -> None:
+        """Create the outbox folder if needed."""
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def outputs(self, claim: Claim) -> ManifestOutputs:
+        """The folder of this claim: found again when it already has one (a resumed claim),
+        else created under the first free name of ``STEM``, ``STEM.<sha12>``,
+        ``STEM.<sha12>.2``, ..."""
+        mark = _ClaimMark(manifest=claim.name, sha256=claim.sha256, claimed_at=claim.claimed_at)
+        stem = manifest_stem(claim.name)
+        candidates = [stem, f"{stem}.{claim.sha256[:12]}"]
+        n = 2
+        while True:
+            for candidate in candidates:
+                folder = self.root / candidate
+                if self._take(folder, mark):
+                    return ManifestOutputs(folder, claim)
+            candidates = [f"{stem}.{claim.sha256[:12]}.{n}"]
+            n += 1
+
+    def _take(self, folder: Path, mark: _ClaimMark) -> bool:
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            if not folder.is_dir():
+                return False
+            try:
+                owner = _mark_decoder.decode((folder / CLAIM_FILE).read_bytes())
+            except FileNotFoundError:
+                # A crash between mkdir and writing the mark leaves an empty folder: adopt it.
+                # A folder holding anything else is somebody's, not ours.
+                try:
+                    with os.scandir(folder) as entries:
+                        if any(e.name != f".{CLAIM_FILE}.tmp" for e in entries):
+                            return False
+                except OSError:
+                    return False
+                write_atomic(folder / CLAIM_FILE, msgspec.json.encode(mark))
+                return True
+            except msgspec.DecodeError:
+                return False
+            return owner == mark
+        fsync_dir(self.root)
+        write_atomic(folder / CLAIM_FILE, msgspec.json.encode(mark))
+        return True

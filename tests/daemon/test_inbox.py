@@ -1,0 +1,391 @@
+"""The inbox on real files: readiness by marker or settle (injected clock), ignored names,
+crash-safe claims at every step, resume from .work, done/ and failed/ without overwriting."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.daemon import inbox as inbox_module
+from fashiontag_pipeline.daemon.inbox import (
+    Claim,
+    ClaimLedger,
+    ClaimRecord,
+    Inbox,
+    MemoryClaimLedger,
+    SQLiteClaimLedger,
+    is_manifest_name,
+    manifest_stem,
+)
+
+CSV = b"id,url\n1,http://127.0.0.1/a.jpg\n2,http://127.0.0.1/b.jpg\n"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_ledger(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Callable[[], ClaimLedger]]:
+    """A factory of ledgers over one store: each call is the store opened again after a
+    restart (the memory one is simply the same object)."""
+    opened: list[SQLiteClaimLedger] = []
+    memory = MemoryClaimLedger()
+
+    def make() -> ClaimLedger:
+        if request.param == "memory":
+            return memory
+        ledger = SQLiteClaimLedger(tmp_path / "state.sqlite")
+        opened.append(ledger)
+        return ledger
+
+    yield make
+    for ledger in opened:
+        ledger.close()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "inbox"
+    path.mkdir()
+    return path
+
+
+def make_inbox(root: Path, ledger: ClaimLedger, clock: FakeClock, settle: float = 10.0) -> Inbox:
+    inbox = Inbox(root, ledger=ledger, settle=settle, clock=clock, wall_clock=lambda: 1.7e9)
+    inbox.prepare()
+    return inbox
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("cat.csv", True),
+        ("cat.jsonl", True),
+        ("cat.ndjson", True),
+        ("cat.csv.gz", True),
+        ("cat.ndjson.gz", True),
+        (".cat.csv", False),
+        ("cat.csv.part", False),
+        ("cat.csv.tmp", False),
+        ("cat.csv.ready", False),
+        ("cat.txt", False),
+        ("cat.gz", False),
+        (".csv", False),
+        ("cat.csv.gz.part", False),
+    ],
+)
+def test_manifest_names(name: str, expected: bool) -> None:
+    assert is_manifest_name(name) is expected
+
+
+@pytest.mark.parametrize(
+    ("name", "stem"),
+    [("cat.csv", "cat"), ("cat.csv.gz", "cat"), ("a.b.jsonl", "a.b"), ("x.ndjson.gz", "x")],
+)
+def test_manifest_stem(name: str, stem: str) -> None:
+    assert manifest_stem(name) == stem
+
+
+def test_settle_waits_for_size_and_mtime_to_stay_still(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    clock = FakeClock()
+    inbox = make_inbox(root, make_ledger(), clock)
+    path = root / "cat.csv"
+    path.write_bytes(CSV[:10])
+    assert inbox.scan() == []
+    clock.now += 6
+    with path.open("ab") as fh:  # a slow producer is still writing
+        fh.write(CSV[10:20])
+    assert inbox.scan() == []
+    clock.now += 6  # 12 s after the first sight, 6 s after the last change
+    assert inbox.scan() == []
+    with path.open("ab") as fh:
+        fh.write(CSV[20:])
+    os.utime(path, ns=(1, 1))  # same size would not do: mtime changed too
+    assert inbox.scan() == []
+    clock.now += 9.9
+    assert inbox.scan() == []
+    clock.now += 0.1
+    assert inbox.scan() == [path]
+
+
+def test_ready_marker_makes_it_ready_at_once_and_is_deleted_on_claim(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    clock = FakeClock()
+    inbox = make_inbox(root, make_ledger(), clock)
+    (root / "cat.csv").write_bytes(CSV)
+    (root / "cat.csv.ready").touch()
+    (root / "dog.csv").write_bytes(CSV)  # no marker: waits for settle
+    assert inbox.scan() == [root / "cat.csv"]
+    claim = inbox.claim(root / "cat.csv")
+    assert claim is not None
+    assert not (root / "cat.csv.ready").exists()
+    assert not (root / "cat.csv").exists()
+    assert Path(claim.path) == root / ".work" / "cat.csv"
+    assert Path(claim.path).read_bytes() == CSV
+
+
+def test_ignored_names_and_subfolders_never_become_ready(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    clock = FakeClock()
+    inbox = make_inbox(root, make_ledger(), clock, settle=0.0)
+    for name in (".hidden.csv", "cat.csv.part", "cat.csv.tmp", "notes.txt", "dump.gz"):
+        (root / name).write_bytes(CSV)
+    (root / "orphan.csv.ready").touch()  # a marker without its manifest
+    (root / "folder.csv").mkdir()
+    (root / "folder.csv" / "inner.csv").write_bytes(CSV)
+    (root / "folder.csv.ready").touch()
+    clock.now += 100
+    assert inbox.scan() == []
+
+
+def test_claim_hashes_the_content_and_records_before_moving(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    data = gzip.compress(CSV * 1000)
+    (root / "cat.csv.gz").write_bytes(data)
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim == Claim(
+        name="cat.csv.gz",
+        path=str(root / ".work" / "cat.csv.gz"),
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        claimed_at=1.7e9,
+    )
+    [record] = ledger.in_flight()
+    assert (record.name, record.sha256, record.status) == ("cat.csv.gz", claim.sha256, "claimed")
+
+
+def test_a_file_that_changes_while_hashed_is_not_claimed(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    path = root / "cat.csv"
+    path.write_bytes(CSV)
+    real_hash = inbox_module._hash_file
+
+    def hash_while_producer_appends(p: Path) -> tuple[str, int]:
+        result = real_hash(p)
+        with p.open("ab") as fh:
+            fh.write(b"3,http://127.0.0.1/c.jpg\n")
+        return result
+
+    monkeypatch.setattr(inbox_module, "_hash_file", hash_while_producer_appends)
+    assert inbox.scan() == [path]
+    assert inbox.claim(path) is None
+    assert path.exists() and ledger.in_flight() == []
+    monkeypatch.setattr(inbox_module, "_hash_file", real_hash)
+    claim = inbox.claim(path)
+    assert claim is not None
+    assert claim.sha256 == hashlib.sha256(Path(claim.path).read_bytes()).hexdigest()
+
+
+class UnwritableLedger(MemoryClaimLedger):
+    def record_claim(self, record: ClaimRecord) -> None:
+        raise OSError(30, "Read-only file system")
+
+
+def test_an_unwritable_ledger_leaves_the_file_where_it_was(root: Path) -> None:
+    inbox = make_inbox(root, UnwritableLedger(), FakeClock(), settle=0.0)
+    (root / "cat.csv").write_bytes(CSV)
+    (root / "cat.csv.ready").touch()
+    with pytest.raises(OSError):
+        inbox.claim(root / "cat.csv")
+    assert (root / "cat.csv").exists() and (root / "cat.csv.ready").exists()
+    assert list((root / ".work").iterdir()) == []
+
+
+def test_crash_after_recording_before_rename_claims_it_again_once(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    (root / "cat.csv").write_bytes(CSV)
+    (root / "cat.csv.ready").touch()
+
+    def crash(*args: object) -> None:
+        raise KeyboardInterrupt  # the process dies between recording and renaming
+
+    monkeypatch.setattr(inbox_module.os, "rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        inbox.claim(root / "cat.csv")
+    monkeypatch.undo()
+    assert (root / "cat.csv").exists()
+    assert not (root / "cat.csv.ready").exists()  # no stale marker left for a later file
+
+    ledger = make_ledger()  # restart
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    assert inbox.recover() == []
+    assert [r.name for r in ledger.in_flight()] == ["cat.csv"]  # kept: the file is still here
+    [path] = inbox.scan()
+    assert inbox.claim(path) is not None
+    assert [r.name for r in ledger.in_flight()] == ["cat.csv"]  # still one claim
+
+
+async def test_manifests_in_work_at_start_up_resume_first(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    (root / "old.csv").write_bytes(CSV)
+    first = inbox.claim(root / "old.csv")
+    assert first is not None
+    (root / "new.csv").write_bytes(CSV + b"3,http://127.0.0.1/c.jpg\n")
+    (root / "new.csv.ready").touch()
+    (root / ".work" / "lost-ledger.jsonl").write_bytes(b'{"id":"1","url":"http://x/1.jpg"}\n')
+
+    # Restart (real wall clock: the unrecorded one is claimed now, after old.csv).
+    inbox = Inbox(root, ledger=make_ledger(), settle=0.0, scan_interval=0.01)
+    got: list[Claim] = []
+    with anyio.fail_after(10):
+        async for claim in inbox.claims():
+            got.append(claim)
+            if len(got) == 3:
+                break
+    assert [(c.name, c.resumed) for c in got] == [
+        ("old.csv", True),
+        ("lost-ledger.jsonl", True),
+        ("new.csv", False),
+    ]
+    resumed = next(c for c in got if c.name == "old.csv")
+    assert (resumed.sha256, resumed.claimed_at) == (first.sha256, first.claimed_at)
+    unrecorded = next(c for c in got if c.name == "lost-ledger.jsonl")
+    assert (
+        unrecorded.sha256
+        == hashlib.sha256((root / ".work" / "lost-ledger.jsonl").read_bytes()).hexdigest()
+    )
+    assert {r.name for r in inbox.ledger.in_flight()} == {"old.csv", "lost-ledger.jsonl", "new.csv"}
+
+
+def test_a_claim_whose_file_vanished_is_abandoned(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = make_ledger()
+    ledger.record_claim(ClaimRecord(name="gone.csv", sha256="0" * 64, size=1, claimed_at=1.0))
+    inbox = make_inbox(root, ledger, FakeClock())
+    assert inbox.recover() == []
+    assert ledger.in_flight() == []
+    record = ledger.lookup("gone.csv")
+    assert record is not None and record.status == "abandoned"
+
+
+def test_finish_moves_to_done_without_overwriting(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    placed: list[Path] = []
+    for content in (CSV, CSV + b"3,http://127.0.0.1/c.jpg\n", CSV):
+        (root / "cat.csv").write_bytes(content)
+        claim = inbox.claim(root / "cat.csv")
+        assert claim is not None
+        placed.append(inbox.finish(claim, "done" if len(placed) < 2 else "duplicate"))
+    sha = [hashlib.sha256(c).hexdigest()[:12] for c in (CSV, CSV + b"3,http://127.0.0.1/c.jpg\n")]
+    assert [p.name for p in placed] == ["cat.csv", f"cat.{sha[1]}.csv", f"cat.{sha[0]}.csv"]
+    assert placed[0].read_bytes() == CSV and placed[2].read_bytes() == CSV
+    done = ledger.find_completed(hashlib.sha256(CSV).hexdigest())
+    assert done is not None and done.settled_as == "done/cat.csv"
+    # A fourth of the same name and content: counted suffix.
+    (root / "cat.csv").write_bytes(CSV)
+    claim = inbox.claim(root / "cat.csv")
+    assert claim is not None
+    assert inbox.finish(claim, "duplicate").name == f"cat.{sha[0]}.2.csv"
+
+
+def test_fail_moves_to_failed_beside_its_reason(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    (root / "failed" / "bad.csv.error.json").write_text('{"reason": "an earlier one"}')
+    (root / "bad.csv").write_bytes(b"\x00\x01 not a manifest")
+    claim = inbox.claim(root / "bad.csv")
+    assert claim is not None
+    target = inbox.fail(claim, "no url column")
+    assert target.name == f"bad.{claim.sha256[:12]}.csv"
+    assert target.read_bytes() == b"\x00\x01 not a manifest"
+    error = json.loads((root / "failed" / f"{target.name}.error.json").read_text())
+    assert error == {"reason": "no url column"}
+    # The earlier error file is untouched.
+    assert json.loads((root / "failed" / "bad.csv.error.json").read_text()) == {
+        "reason": "an earlier one"
+    }
+    record = ledger.lookup("bad.csv")
+    assert record is not None and record.status == "failed"
+    assert ledger.find_completed(claim.sha256) is None
+
+
+def test_crash_between_settling_and_moving_is_finished_at_start_up(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    (root / "cat.csv").write_bytes(CSV)
+    claim = inbox.claim(root / "cat.csv")
+    assert claim is not None
+
+    def crash(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inbox_module.os, "rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        inbox.finish(claim, "done")
+    monkeypatch.undo()
+    assert Path(claim.path).exists()
+
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)  # restart
+    assert inbox.recover() == []  # settled: not resumed again
+    assert (root / "done" / "cat.csv").read_bytes() == CSV
+    assert not Path(claim.path).exists()
+
+
+def test_a_name_in_flight_blocks_a_new_file_of_that_name(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    (root / "cat.csv").write_bytes(CSV)
+    first = inbox.claim(root / "cat.csv")
+    assert first is not None
+    (root / "cat.csv").write_bytes(b"id,url\n9,http://127.0.0.1/z.jpg\n")
+    (root / "cat.csv.ready").touch()
+    assert inbox.scan() == []
+    assert inbox.claim(root / "cat.csv") is None
+    assert Path(first.path).read_bytes() == CSV  # the manifest in flight is intact
+    inbox.finish(first, "done")
+    assert inbox.scan() == [root / "cat.csv"]
+
+
+def test_sqlite_ledger_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    ledger = SQLiteClaimLedger(path)
+    ledger.record_claim(ClaimRecord(name="a.csv", sha256="a" * 64, size=3, claimed_at=1.5))
+    ledger.record_claim(ClaimRecord(name="b.csv", sha256="b" * 64, size=4, claimed_at=2.5))
+    ledger.record_settled("a.csv", "done", "done/a.csv")
+    ledger.close()
+    ledger = SQLiteClaimLedger(path)
+    try:
+        assert [r.name for r in ledger.in_flight()] == ["b.csv"]
+        found = ledger.find_completed("a" * 64)
+        assert found is not None and (found.settled_as, found.claimed_at) == ("done/a.csv", 1.5)
+        with pytest.raises(KeyError):
+            ledger.record_settled("a.csv", "done", "done/a.csv")  # not in flight any more
+    finally:
+        ledger.close()

@@ -1,0 +1,141 @@
+"""The outbox on real folders: STEM naming, one folder per claim (resume finds its own, other
+content and duplicates get STEM.<sha12>), summary.json written last and whole."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from fashiontag_pipeline.daemon import outbox as outbox_module
+from fashiontag_pipeline.daemon.inbox import Claim
+from fashiontag_pipeline.daemon.interface import ManifestOutcome
+from fashiontag_pipeline.daemon.outbox import ManifestSummary, Outbox, rfc3339
+
+RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def claim_of(name: str, content: bytes, claimed_at: float = 1_700_000_000.25) -> Claim:
+    return Claim(
+        name=name,
+        path=f"/inbox/.work/{name}",
+        sha256=hashlib.sha256(content).hexdigest(),
+        size=len(content),
+        claimed_at=claimed_at,
+    )
+
+
+def test_stem_folder_and_file_names(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "out")
+    outbox.prepare()
+    outputs = outbox.outputs(claim_of("cat.jsonl.gz", b"a"))
+    assert outputs.folder == tmp_path / "out" / "cat"
+    assert outputs.results == outputs.folder / "results.jsonl"
+    assert outputs.rejects == outputs.folder / "rejects.jsonl"
+    assert outputs.summary == outputs.folder / "summary.json"
+
+
+def test_a_resumed_claim_finds_its_own_folder(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path)
+    claim = claim_of("cat.csv", b"a")
+    first = outbox.outputs(claim)
+    first.results.write_bytes(b'{"id":"1"}\n')
+    again = Outbox(tmp_path).outputs(msgspec.structs.replace(claim, resumed=True))
+    assert again.folder == first.folder
+    assert again.results.read_bytes() == b'{"id":"1"}\n'
+
+
+def test_other_content_and_duplicates_never_share_a_folder(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path)
+    a = claim_of("cat.csv", b"a")
+    b = claim_of("cat.csv.gz", b"b")
+    a_again = claim_of("cat.csv", b"a", claimed_at=1_700_000_100.0)  # a duplicate, later
+    a_third = claim_of("cat.ndjson", b"a", claimed_at=1_700_000_200.0)
+    folders = [outbox.outputs(c).folder.name for c in (a, b, a_again, a_third)]
+    assert folders == [
+        "cat",
+        f"cat.{b.sha256[:12]}",
+        f"cat.{a.sha256[:12]}",
+        f"cat.{a.sha256[:12]}.2",
+    ]
+
+
+def test_a_foreign_folder_is_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "notes.txt").write_text("somebody's")
+    claim = claim_of("cat.csv", b"a")
+    assert Outbox(tmp_path).outputs(claim).folder.name == f"cat.{claim.sha256[:12]}"
+    # An empty folder (a crash between mkdir and the claim mark) is adopted.
+    (tmp_path / "dog").mkdir()
+    assert Outbox(tmp_path).outputs(claim_of("dog.csv", b"d")).folder.name == "dog"
+
+
+def test_summary_is_written_last_and_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outputs = Outbox(tmp_path).outputs(claim_of("cat.csv", b"a"))
+    outputs.results.write_bytes(b'{"id":"1"}\n')
+    outcome = ManifestOutcome(status="done", rows_read=3, tagged=1, failed=1, rejected=1, tasks=1)
+    summary = outcome.summary(outputs, finished_at=1_700_000_060.5)
+
+    renames: list[tuple[str, str]] = []
+    real_rename = os.rename
+
+    def recording_rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        renames.append((Path(src).name, Path(dst).name))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(outbox_module.os, "rename", recording_rename)
+    assert not outputs.is_complete()
+    outputs.write_summary(summary)
+    monkeypatch.undo()
+    assert renames == [(".summary.json.tmp", "summary.json")]
+    assert outputs.is_complete()
+    assert outputs.rejects.read_bytes() == b""  # created, empty: all three files exist
+    data = json.loads(outputs.summary.read_text())
+    for field in ("rows_read", "tagged", "failed", "rejected", "tasks"):
+        assert field in data
+    assert data["manifest"] == "cat.csv"
+    assert data["sha256"] == hashlib.sha256(b"a").hexdigest()
+    assert data["status"] == "done"
+    assert data["claimed_at"] == "2023-11-14T22:13:20.250Z"
+    assert data["finished_at"] == "2023-11-14T22:14:20.500Z"
+    assert RFC3339_MS.match(data["finished_at"])
+    assert data["duplicate_of"] is None
+    assert outputs.read_summary() == summary
+    assert sorted(p.name for p in outputs.folder.iterdir()) == [
+        ".claim",
+        "rejects.jsonl",
+        "results.jsonl",
+        "summary.json",
+    ]
+
+
+def test_duplicate_and_failed_summaries(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path)
+    dup = outbox.outputs(claim_of("again.csv", b"a"))
+    dup.write_summary(dup.new_summary("duplicate", finished_at=1e9, duplicate_of="cat.csv"))
+    data = json.loads(dup.summary.read_text())
+    assert (data["status"], data["duplicate_of"], data["tagged"]) == ("duplicate", "cat.csv", 0)
+    assert dup.results.read_bytes() == b""
+
+    bad = outbox.outputs(claim_of("bad.csv", b"x"))
+    outcome = ManifestOutcome(status="failed", reason="no url column")
+    bad.write_summary(outcome.summary(bad, finished_at=1e9))
+    data = json.loads(bad.summary.read_text())
+    assert (data["status"], data["reason"]) == ("failed", "no url column")
+
+
+def test_rfc3339_has_milliseconds_in_utc() -> None:
+    assert rfc3339(0) == "1970-01-01T00:00:00.000Z"
+    assert rfc3339(1_700_000_000.1239) == "2023-11-14T22:13:20.123Z"
+
+
+def test_summary_struct_round_trips() -> None:
+    summary = ManifestSummary(
+        manifest="a.csv", sha256="0" * 64, status="done", claimed_at="x", finished_at="y"
+    )
+    assert msgspec.json.decode(msgspec.json.encode(summary), type=ManifestSummary) == summary
