@@ -25,11 +25,11 @@ from fashiontag_pipeline.service.analyzer import (
     Analysis,
     ImageRejected,
     ReferenceAnalyzer,
-    _pack_measurement,
     content_hash,
     failure_response,
 )
 from fashiontag_pipeline.service.app import FAILURE_MESSAGES
+from fashiontag_pipeline.service.pixels import pack_measurement
 from fashiontag_pipeline.service.store import OUTCOME_DONE
 
 from .conftest import BULK_KEY, StartService
@@ -44,7 +44,7 @@ def random_measurement(rng: random.Random) -> bytes:
     tax = ANALYZER.taxonomy
     colors = [(i, rng.random()) for i in rng.sample(range(len(tax.colors)), rng.randint(1, 3))]
     details = [(rng.randrange(tax.palette.size), rng.random()) for _ in range(rng.randint(1, 5))]
-    return _pack_measurement(colors, details, rng.random(), rng.random())
+    return pack_measurement(colors, details, rng.random(), rng.random())
 
 
 def random_mask(rng: random.Random) -> int:
@@ -70,7 +70,7 @@ def test_fast_render_equals_struct_render_no_fetch_and_fetch() -> None:
 
 
 def test_rounding_ties_and_edges_match_round() -> None:
-    from fashiontag_pipeline.service.fastrender import _k4
+    from fashiontag_pipeline.service._fragments import k4 as _k4
 
     rng = random.Random(7)
     edges = [0.0, 1.0, 0.2, 0.19995, 0.03125, 1 / 32 * 3, 0.00005, 0.99995, 1.275, 1.99994]
