@@ -4,17 +4,18 @@ This is **not** a fashion model. What it does:
 
 * **Colours are measured.** With real pixels (a fetched URL or a base64 image) the image is
   decoded with Pillow, the product is separated from a plain background (the dominant border
-  colour), and the product pixels give the top 1-3 of the 18 named colours (confidence = share
-  of product pixels) and ``colorDetails`` from the 2,032-colour palette (``pixelFraction``).
-  The product's centroid is the tag ``position``.
+  colour), and every product reported gets the colours of its own region of the image: the top
+  1-3 of the 18 named colours (confidence = share of the region's product pixels),
+  ``colorDetails`` from the 2,032-colour palette (``pixelFraction``, largest first) and the
+  region's centroid as the tag ``position``.
 * **Everything else is synthesized** deterministically from a 64-bit hash of the image content
   (the bytes, or the URL text with ``--no-fetch``): category, item, details, looks, prints,
   textures, length, sleeve length, neckline, fit, shape, shoe attributes, materials, pair index
   and gender. The same content always gives the same answer, and every rule of spec 2.3 holds.
 
 What the store keeps per image is an :class:`Analysis`: the content hash plus, when pixels were
-measured, a ~20-byte packed colour measurement. Results are rendered from it on read, so stored
-images cost bytes, not kilobytes. A real model plugs in by implementing :class:`Analyzer`.
+measured, ~20 bytes of packed colour measurement per tag. Results are rendered from it on read,
+so stored images cost bytes, not kilobytes. A real model plugs in by implementing :class:`Analyzer`.
 
 Where the parts live: this module holds the seam and :class:`ReferenceAnalyzer` (download,
 analysis, rendering entry points); :mod:`.pixels` the image checks, decoding and colour
@@ -32,7 +33,7 @@ import anyio
 import msgspec
 
 from .._models import STATUS_FAILURE, Detection, ErrorInfo, TaggingResponse
-from ._synthesis import ALL_DETECTIONS, BIT, CLOTHING_MASK
+from ._synthesis import ALL_DETECTIONS, BIT, CLOTHING_MASK, scene_of
 from .fastrender import FastRenderer
 from .pixels import (
     CODE_BAD_TYPE,
@@ -140,7 +141,8 @@ class ReferenceAnalyzer:
         return Analysis(content_hash(text.encode("utf-8", "surrogatepass")))
 
     def from_bytes(self, data: bytes) -> Analysis:
-        return Analysis(content_hash(data), measure_colors(self.taxonomy, data))
+        h = content_hash(data)
+        return Analysis(h, measure_colors(self.taxonomy, data, scene_of(h)))
 
     async def from_url(self, url: str) -> Analysis:
         data = await self._download(url)

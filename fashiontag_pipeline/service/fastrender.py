@@ -39,6 +39,7 @@ from ._synthesis import MIN_CONFIDENCE as _MIN_CONFIDENCE
 from ._synthesis import NO_PRODUCT as _NO_PRODUCT
 from ._synthesis import OBJECT_ORDER as _OBJECT_ORDER
 from ._synthesis import SCENE_PRIMARY
+from .pixels import Measurement
 
 if TYPE_CHECKING:
     from .taxonomy import Taxonomy
@@ -104,11 +105,11 @@ class FastRenderer:
     def render(
         self,
         content_hash: int,
-        measured: tuple[list[tuple[int, float]], list[tuple[int, float]], float, float] | None,
+        measured: list[Measurement] | None,
         detection: int,
         lang: int,
     ) -> bytes:
-        """The JSON of ``ReferenceAnalyzer.render`` for an unpacked measurement."""
+        """The JSON of ``ReferenceAnalyzer.render`` for unpacked region measurements."""
         f = self._langs[lang] or self.fragments(lang)
         local = self._local
         try:
@@ -121,7 +122,7 @@ class FastRenderer:
         model = rnd() < 0.5
         gender = int(rnd() * 3)
 
-        # ---- the scene (mirrors StructRenderer._scene), as group indexes
+        # ---- the scene (mirrors _synthesis.draw_scene), as group indexes
         point = rnd()
         groups: list[int]
         if point < 0.03:
@@ -143,23 +144,16 @@ class FastRenderer:
         wanted: dict[str, list[bytes]] = {}
         unmatched: dict[str, list[bytes]] = {}
         group_info = self._groups
-        for slot, group in enumerate(groups):
+        last = len(measured) - 1 if measured else -1
+        at = 0  # the measurement of the product's (first) tag; shoes have two
+        for group in groups:
             bit, otype, kind = group_info[group]
             # ---- one product (mirrors StructRenderer._tags)
             categories = f.categories[group]
             head, items = categories[int(rnd() * len(categories))]
             item = items[int(rnd() * len(items))]
-            if measured is not None and slot == 0:
-                colors = b",".join(
-                    [f.colors[index] + _float(round(conf, 4)) + b"}" for index, conf in measured[0]]
-                )
-                details = b",".join(
-                    [
-                        f.palette[index] + _float(round(frac, 4)) + b"}"
-                        for index, frac in measured[1]
-                    ]
-                )
-                x, y = measured[2], measured[3]
+            if measured:
+                colour_part, x, y = _measured(f, measured[at if at < last else last])
             else:
                 # ---- mirrors StructRenderer._colors
                 n = 1 + int(rnd() * 3)
@@ -209,16 +203,22 @@ class FastRenderer:
                 for _ in range(1 + int(rnd() * 4)):
                     frac = remaining * (0.4 + 0.5 * rnd())
                     remaining -= frac
-                    parts.append(palette[int(rnd() * size)] + _CONF[_k4(frac)])
-                details = b",".join(parts)
+                    k = _k4(frac)
+                    parts.append((k, palette[int(rnd() * size)] + _CONF[k]))
+                if len(parts) > 1:
+                    # Largest fraction first; stable, like sort(key=-pixel_fraction).
+                    parts.sort(key=_first, reverse=True)
+                colour_part = (
+                    b',"colors":['
+                    + colors
+                    + b'],"colorDetails":['
+                    + b",".join([part for _, part in parts])
+                    + b"]"
+                )
                 x, y = 0.15 + 0.7 * rnd(), 0.15 + 0.7 * rnd()
             kx = _k4(x)
             y_part = b',"y":' + _FL[_k4(y)] + b"}"
             tail = []
-            if colors:
-                tail.append(b',"colors":[' + colors + b"]")
-            if details:
-                tail.append(b',"colorDetails":[' + details + b"]")
             tail.append(b',"item":' + item + _CONF[_k4(0.05 + 0.94 * rnd())])
             materials = f.materials
             main_materials = _many(rnd, materials, 1, 1.0)
@@ -286,10 +286,20 @@ class FastRenderer:
             if sub_materials:
                 tail.append(b',"subMaterials":' + sub_materials)
             tail.append(b"}")
-            rest = y_part + pair + b"".join(tail)
-            tags = [head + _FL[kx] + rest]
+            rest = b"".join(tail)
+            tags = [head + _FL[kx] + y_part + pair + colour_part + rest]
             if twin:
-                tags.append(head + _FL[_k4(1.0 - kx / 10000)] + rest)
+                if measured:
+                    # The right shoe: colours and position of its own region.
+                    twin_part, x, y = _measured(f, measured[at + 1 if at + 1 < last else last])
+                    tags.append(
+                        head + _FL[_k4(x)] + b',"y":' + _FL[_k4(y)] + b"}" + pair + twin_part + rest
+                    )
+                else:
+                    tags.append(
+                        head + _FL[_k4(1.0 - kx / 10000)] + y_part + pair + colour_part + rest
+                    )
+            at += 2 if kind == _KIND_SHOES else 1
             if detection & bit:
                 if otype in wanted:
                     wanted[otype] += tags
@@ -340,3 +350,25 @@ class FastRenderer:
             out.append(b"]")
         out.append(b"}}")
         return b"".join(out)
+
+
+def _measured(f: _Fragments, measurement: Measurement) -> tuple[bytes, float, float]:
+    """Mirrors ``StructRenderer._measured``: the colours and colorDetails members of a tag (each
+    present when not empty) and the position, from one region's measurement."""
+    named, palette, x, y = measurement
+    part = b""
+    if named:
+        colors = f.colors
+        part = (
+            b',"colors":['
+            + b",".join([colors[index] + _float(round(conf, 4)) + b"}" for index, conf in named])
+            + b"]"
+        )
+    if palette:
+        codes = f.palette
+        part += (
+            b',"colorDetails":['
+            + b",".join([codes[index] + _float(round(frac, 4)) + b"}" for index, frac in palette])
+            + b"]"
+        )
+    return part, x, y

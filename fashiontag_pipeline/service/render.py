@@ -1,11 +1,12 @@
 """The readable renderer: an analysed image's tagging response, built as msgspec structs.
 
-Colours and position of the first product come from the pixel measurement (:mod:`.pixels`)
-when there is one; everything else is synthesized deterministically from the image's 64-bit
-content hash: the scene (which products are in the image), category, item, details, looks,
-prints, textures, length, sleeve length, neckline, fit, shape, shoe attributes, materials, pair
-index and gender. One generator seeded with the hash draws every product of the scene in
-order, for any detection mask, so that a product's tags never depend on what was asked for.
+With pixels, every product's colours and position come from the measurement of its region of
+the image (:mod:`.pixels`); without (``--no-fetch``) they are synthesized too. Everything else
+is synthesized deterministically from the image's 64-bit content hash: the scene (which
+products are in the image), category, item, details, looks, prints, textures, length, sleeve
+length, neckline, fit, shape, shoe attributes, materials, pair index and gender. One generator
+seeded with the hash draws every product of the scene in order, for any detection mask, so
+that a product's tags never depend on what was asked for.
 
 This is the reference (the oracle): :mod:`.fastrender` renders the same responses straight to
 JSON bytes for the results hot path and must stay byte-identical to ``msgspec.json.encode`` of
@@ -34,7 +35,7 @@ from ._synthesis import (
     MIN_CONFIDENCE,
     NO_PRODUCT,
     OBJECT_ORDER,
-    SCENE_PRIMARY,
+    draw_scene,
 )
 from .pixels import Measurement
 from .taxonomy import Entry, Taxonomy
@@ -49,10 +50,10 @@ class StructRenderer:
         self.taxonomy = taxonomy
 
     def render(
-        self, content_hash: int, measured: Measurement | None, detection: int, lang: int
+        self, content_hash: int, measured: list[Measurement] | None, detection: int, lang: int
     ) -> TaggingResponse:
-        """The tagging response of an image: its content hash, unpacked measurement (None
-        without pixels), detection mask and language index."""
+        """The tagging response of an image: its content hash, region measurements (None
+        without pixels; :func:`.pixels.unpack_measurement`), detection mask and language."""
         tax = self.taxonomy
         h = content_hash
         # One generator per image: every product of the scene is synthesized in order for any
@@ -60,16 +61,18 @@ class StructRenderer:
         rng = random.Random(h)
         model = rng.random() < 0.5
         gender = int(rng.random() * 3)
-        groups = self._scene(rng, model)
+        groups = draw_scene(rng, model)
         wanted: dict[str, list[Tag]] = {}
         for d in DETECTIONS:
             if detection & BIT[d]:
                 wanted.setdefault(tax.object_types[d], [])
         unmatched: dict[str, list[Tag]] = {}
         clothing_only = detection & ~CLOTHING_MASK == 0
-        for slot, group in enumerate(groups):
+        at = 0  # the measurement of the product's (first) tag; shoes have two
+        for group in groups:
             otype = tax.object_types[group]
-            tags = self._tags(rng, slot, group, lang, measured)
+            tags = self._tags(rng, group, lang, measured, at)
+            at += 2 if group is Detection.SHOES else 1
             if detection & BIT[group]:
                 wanted[otype].extend(tags)
             elif clothing_only:
@@ -93,44 +96,24 @@ class StructRenderer:
         )
         return TaggingResponse(status=STATUS_SUCCESS, data=data)
 
-    @staticmethod
-    def _scene(rng: random.Random, model: bool) -> list[Detection]:
-        """The products in the image (a function of the content hash only)."""
-        point = rng.random()
-        if point < 0.03:
-            return []
-        primary = next(d for p, d in SCENE_PRIMARY if point < p)
-        groups = [primary]
-        if model:
-            if primary is Detection.TOP and rng.random() < 0.7:
-                groups.append(Detection.BOTTOM)
-            elif primary is Detection.BOTTOM and rng.random() < 0.7:
-                groups.append(Detection.TOP)
-            for extra in (Detection.SHOES, Detection.BAG, Detection.HAT):
-                if extra not in groups and rng.random() < 0.25:
-                    groups.append(extra)
-        return groups
-
     def _tags(
         self,
         rng: random.Random,
-        slot: int,
         group: Detection,
         lang: int,
-        measured: Measurement | None,
+        measured: list[Measurement] | None,
+        at: int,
     ) -> list[Tag]:
         tax = self.taxonomy
         category = tax.categories[group][int(rng.random() * len(tax.categories[group]))]
         items = tax.items[category.id]
         item = items[int(rng.random() * len(items))]
-        if measured is not None and slot == 0:
-            colors = [tax.colors[i].id_name(lang) for i, _ in measured[0]]
-            scored_colors = [
-                ScoredTag(id=c.id, name=c.name, confidence=round(conf, 4))
-                for c, (_, conf) in zip(colors, measured[0], strict=True)
-            ]
-            details = [tax.palette.detail(i, lang, round(f, 4)) for i, f in measured[1]]
-            x, y = measured[2], measured[3]
+        if measured:
+            # Colours and position measured in the product's region (:mod:`.pixels`). A blob
+            # of an older service holds one measurement, used for every product.
+            scored_colors, details, x, y = self._measured(
+                measured[min(at, len(measured) - 1)], lang
+            )
         else:
             scored_colors, details = self._colors(rng, lang)
             x, y = 0.15 + 0.7 * rng.random(), 0.15 + 0.7 * rng.random()
@@ -166,10 +149,17 @@ class StructRenderer:
             tag.sole_type = self._one(rng, tax.sole_type, lang)
             tag.pair_index = int(rng.random() * 101)
             if rng.random() < 0.6:
-                # Both shoes of a pair: same attributes and pairIndex, mirrored position.
+                # Both shoes of a pair: same attributes and pairIndex. Measured, the right shoe
+                # has the colours and position of its own region; synthesized, it mirrors.
                 twin = Tag(**{f: getattr(tag, f) for f in Tag.__struct_fields__})
                 assert tag.position is not None
-                twin.position = Position(x=round(1.0 - tag.position.x, 4), y=tag.position.y)
+                if measured:
+                    twin.colors, twin.color_details, tx, ty = self._measured(
+                        measured[min(at + 1, len(measured) - 1)], lang
+                    )
+                    twin.position = Position(x=round(tx, 4), y=round(ty, 4))
+                else:
+                    twin.position = Position(x=round(1.0 - tag.position.x, 4), y=tag.position.y)
                 return [tag, twin]
         elif group is Detection.BAG:
             tag.shape = self._one(rng, tax.shape, lang)
@@ -203,7 +193,21 @@ class StructRenderer:
             remaining -= frac
             index = int(rng.random() * tax.palette.size)
             details.append(tax.palette.detail(index, lang, round(frac, 4)))
+        # Largest share first (stable: equal fractions keep their draw order).
+        details.sort(key=lambda d: -d.pixel_fraction)
         return colors, details
+
+    def _measured(
+        self, measurement: Measurement, lang: int
+    ) -> tuple[list[ScoredTag], list[ColorDetail], float, float]:
+        tax = self.taxonomy
+        named, palette, x, y = measurement
+        colors = [
+            ScoredTag(id=tax.colors[i].id, name=tax.colors[i].names[lang], confidence=round(c, 4))
+            for i, c in named
+        ]
+        details = [tax.palette.detail(i, lang, round(f, 4)) for i, f in palette]
+        return colors, details, x, y
 
     @staticmethod
     def _one(rng: random.Random, entries: tuple[Entry, ...], lang: int) -> ScoredTag | None:
