@@ -19,7 +19,6 @@ import _random
 import random
 import threading
 from bisect import bisect_right as _bisect_right
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -47,7 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["FastRenderer"]
 
 _encode = msgspec.json.encode
-_first = itemgetter(0)
 _seed = _random.Random.seed
 _CLOTHING = (Detection.TOP, Detection.BOTTOM, Detection.WHOLEBODY, Detection.SWIMWEAR)
 # Group kinds: what a tag of the group carries beyond the common fields.
@@ -200,20 +198,24 @@ class FastRenderer:
                 size = self._palette_size
                 remaining = 1.0
                 parts = []
+                ks = []
+                previous = 10001
+                unsorted = False
                 for _ in range(1 + int(rnd() * 4)):
                     frac = remaining * (0.4 + 0.5 * rnd())
                     remaining -= frac
                     k = _k4(frac)
-                    parts.append((k, palette[int(rnd() * size)] + _CONF[k]))
-                if len(parts) > 1:
+                    if k > previous:
+                        unsorted = True
+                    previous = k
+                    ks.append(k)
+                    parts.append(palette[int(rnd() * size)] + _CONF[k])
+                if unsorted:
                     # Largest fraction first; stable, like sort(key=-pixel_fraction).
-                    parts.sort(key=_first, reverse=True)
+                    order = sorted(range(len(ks)), key=ks.__getitem__, reverse=True)
+                    parts = [parts[i] for i in order]
                 colour_part = (
-                    b',"colors":['
-                    + colors
-                    + b'],"colorDetails":['
-                    + b",".join([part for _, part in parts])
-                    + b"]"
+                    b',"colors":[' + colors + b'],"colorDetails":[' + b",".join(parts) + b"]"
                 )
                 x, y = 0.15 + 0.7 * rnd(), 0.15 + 0.7 * rnd()
             kx = _k4(x)

@@ -58,6 +58,9 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 _THUMB = 64
 
 _MEASURE_HEAD = struct.Struct("<BB")
+_COLOR = struct.Struct("<BH")
+_DETAIL = struct.Struct("<HH")
+_POSITION = struct.Struct("<BB")
 #: Head of the stored form: a mark no single-measurement blob starts with (those start with
 #: their colour count, 1-3), then the number of region measurements.
 _REGIONS_HEAD = struct.Struct("<BB")
@@ -111,10 +114,10 @@ def pack_measurement(
     details = sorted(details, key=lambda d: -round(d[1] * 10000))
     out = bytearray(_MEASURE_HEAD.pack(len(colors), len(details)))
     for index, conf in colors:
-        out += struct.pack("<BH", index, round(conf * 10000))
+        out += _COLOR.pack(index, round(conf * 10000))
     for index, frac in details:
-        out += struct.pack("<HH", index, round(frac * 10000))
-    out += struct.pack("<BB", round(x * 200), round(y * 200))
+        out += _DETAIL.pack(index, round(frac * 10000))
+    out += _POSITION.pack(round(x * 200), round(y * 200))
     return bytes(out)
 
 
@@ -124,19 +127,20 @@ def pack_measurements(measurements: list[bytes]) -> bytes:
 
 
 def _unpack_one(blob: bytes, pos: int) -> tuple[Measurement, int]:
+    # On the results hot path (every fetch-mode result is unpacked when rendered).
     n_colors, n_details = _MEASURE_HEAD.unpack_from(blob, pos)
     pos += 2
     colors = []
     for _ in range(n_colors):
-        index, conf = struct.unpack_from("<BH", blob, pos)
+        index, conf = _COLOR.unpack_from(blob, pos)
         colors.append((index, conf / 10000))
         pos += 3
     details = []
     for _ in range(n_details):
-        index, frac = struct.unpack_from("<HH", blob, pos)
+        index, frac = _DETAIL.unpack_from(blob, pos)
         details.append((index, frac / 10000))
         pos += 4
-    x, y = struct.unpack_from("<BB", blob, pos)
+    x, y = _POSITION.unpack_from(blob, pos)
     return (colors, details, x / 200, y / 200), pos + 2
 
 
