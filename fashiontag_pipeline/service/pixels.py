@@ -267,7 +267,7 @@ def _measure_pixels(
     xs = [i % width for i, m in enumerate(mask) if m]
     ys = [i // width for i, m in enumerate(mask) if m]
     box = (min(xs), min(ys), max(xs) + 1, max(ys) + 1)
-    # Named and palette colour of each 8-level quantised colour, shared by the regions.
+    # Named and palette colour of each colour at 5 bits per channel, shared by the regions.
     lookup: dict[tuple[int, int, int], tuple[int, int]] = {}
     measurements = []
     for left, top, right, bottom in product_regions(scene, box):
