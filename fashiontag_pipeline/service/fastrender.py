@@ -1,6 +1,6 @@
 """The reference analyzer's results rendered straight to JSON bytes (the bulk read hot path).
 
-:meth:`ReferenceAnalyzer.render` builds msgspec structs that are then encoded; on a results page
+:mod:`.render` builds the response as msgspec structs that are then encoded; on a results page
 that costs ~70 us per result, nearly all of it object construction. :class:`FastRenderer` draws
 exactly the same random numbers in exactly the same order, but instead of building structs it
 joins JSON fragments encoded once per language at start-up (``{"id":"C01","name":"top",
@@ -9,7 +9,8 @@ joins JSON fragments encoded once per language at start-up (``{"id":"C01","name"
 byte-identical, since the fragments come from the same encoder); ``tests/service`` checks this
 on thousands of random images, detections and languages.
 
-Any change to the synthesis in :mod:`.analyzer` must be mirrored here.
+Any change to the synthesis in :mod:`.render` must be mirrored here; the fragments and the
+attribute draws it joins are in :mod:`._fragments`.
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ import _random
 import random
 import threading
 from bisect import bisect_right as _bisect_right
-from collections.abc import Callable
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from .._models import LANGUAGES, Detection
+from ._fragments import CONF as _CONF
+from ._fragments import FL as _FL
+from ._fragments import Fragments as _Fragments
+from ._fragments import draw_many as _many
+from ._fragments import draw_one as _one
+from ._fragments import encoded_float as _float
+from ._fragments import k4 as _k4
 from ._synthesis import BIT as _BIT
 from ._synthesis import CLOTHING_MASK as _CLOTHING_MASK
 from ._synthesis import DETECTIONS as _DETECTIONS
@@ -32,14 +38,14 @@ from ._synthesis import MIN_CONFIDENCE as _MIN_CONFIDENCE
 from ._synthesis import NO_PRODUCT as _NO_PRODUCT
 from ._synthesis import OBJECT_ORDER as _OBJECT_ORDER
 from ._synthesis import SCENE_PRIMARY
+from .pixels import Measurement
 
 if TYPE_CHECKING:
-    from .taxonomy import Entry, Taxonomy
+    from .taxonomy import Taxonomy
 
 __all__ = ["FastRenderer"]
 
 _encode = msgspec.json.encode
-_first = itemgetter(0)
 _seed = _random.Random.seed
 _CLOTHING = (Detection.TOP, Detection.BOTTOM, Detection.WHOLEBODY, Detection.SWIMWEAR)
 # Group kinds: what a tag of the group carries beyond the common fields.
@@ -53,94 +59,7 @@ _PRIMARY = SCENE_PRIMARY
 _PRIMARY_P = tuple(p for p, _ in _PRIMARY)
 _PRIMARY_GROUP = tuple(_DETECTIONS.index(d) for _, d in _PRIMARY)
 
-#: ``_CONF[k]``: the encoded form of the float ``k / 10000`` (what ``round(x, 4)`` gives for
-#: ``k = round(x * 10000)``) and the closing brace of its object, for k in 0..10000.
-_CONF: list[bytes] = [_encode(k / 10000) + b"}" for k in range(10001)]
-#: ``_FL[k]``: the encoded float ``k / 10000`` for k in 0..20000 (positions reach 1.275).
-_FL: list[bytes] = [_encode(k / 10000) for k in range(20001)]
 _PAIR_INDEX = tuple(b',"pairIndex":%d' % i for i in range(101))
-_FLOATS: dict[float, bytes] = {k / 10000: _encode(k / 10000) for k in range(10001)}
-
-
-def _float(value: float) -> bytes:
-    encoded = _FLOATS.get(value)
-    return encoded if encoded is not None else _encode(value)
-
-
-def _k4(x: float) -> int:
-    """``k`` such that ``round(x, 4) == k / 10000``, for 0 <= x < 2 (exactly; see _many)."""
-    t = x * 10000.0
-    k = int(t + 0.5)
-    if -0.4999 < t - k < 0.4999:
-        return k
-    return round(round(x, 4) * 10000.0)
-
-
-def _conf(x: float) -> bytes:
-    """``_float(round(x, 4)) + b"}"`` for 0 <= x <= 1."""
-    return _CONF[_k4(x)]
-
-
-def _id_name(entry: Entry, lang: int) -> bytes:
-    return _encode({"id": entry.id, "name": entry.names[lang]})
-
-
-def _scored_prefix(entry: Entry, lang: int) -> bytes:
-    # '{"id":"C01","name":"top","confidence":' - the value and '}' follow.
-    return _encode({"id": entry.id, "name": entry.names[lang], "confidence": 0})[:-2]
-
-
-def _scored_list(entries: tuple[Entry, ...], lang: int) -> tuple[bytes, ...]:
-    return tuple(_scored_prefix(e, lang) for e in entries)
-
-
-class _Fragments:
-    """Everything of one language, encoded once."""
-
-    def __init__(self, tax: Taxonomy, lang: int) -> None:
-        self.imageinfo = tuple(_id_name(e, lang) for e in tax.imageinfo)
-        self.gender = tuple(_id_name(e, lang) for e in tax.gender)
-        self.colors = _scored_list(tax.colors, lang)
-        self.materials = _scored_list(tax.materials, lang)
-        self.looks = _scored_list(tax.looks, lang)
-        self.details = _scored_list(tax.details, lang)
-        self.prints = _scored_list(tax.prints, lang)
-        self.textures = _scored_list(tax.textures, lang)
-        self.length = _scored_list(tax.length, lang)
-        self.fit = _scored_list(tax.fit, lang)
-        self.shape = _scored_list(tax.shape, lang)
-        self.neck_line = _scored_list(tax.neck_line, lang)
-        self.heel_height = _scored_list(tax.heel_height, lang)
-        self.toe_type = _scored_list(tax.toe_type, lang)
-        self.heel_shape = _scored_list(tax.heel_shape, lang)
-        self.sole_type = _scored_list(tax.sole_type, lang)
-        self.sleeve_length = tuple(
-            b',"sleeveLength":' + _id_name(e, lang) for e in tax.sleeve_length
-        )
-        # Per group index, per category: ('{"info":[...],"category":{...},"position":{"x":',
-        # the scored prefixes of the category's items).
-        self.categories: tuple[tuple[tuple[bytes, tuple[bytes, ...]], ...], ...] = tuple(
-            tuple(
-                (
-                    b'{"info":['
-                    + _id_name(tax.info[d], lang)
-                    + b'],"category":'
-                    + _id_name(e, lang)
-                    + b',"position":{"x":',
-                    _scored_list(tax.items[e.id], lang),
-                )
-                for e in tax.categories[d]
-            )
-            for d in _DETECTIONS
-        )
-        palette = tax.palette
-        # '{"code":"a1b2c3","name":"...","pixelFraction":'
-        self.palette = tuple(
-            _encode({"code": palette.code(i), "name": palette.name(i, lang), "pixelFraction": 0})[
-                :-2
-            ]
-            for i in range(palette.size)
-        )
 
 
 class FastRenderer:
@@ -184,11 +103,11 @@ class FastRenderer:
     def render(
         self,
         content_hash: int,
-        measured: tuple[list[tuple[int, float]], list[tuple[int, float]], float, float] | None,
+        measured: list[Measurement] | None,
         detection: int,
         lang: int,
     ) -> bytes:
-        """The JSON of ``ReferenceAnalyzer.render`` for an unpacked measurement."""
+        """The JSON of ``ReferenceAnalyzer.render`` for unpacked region measurements."""
         f = self._langs[lang] or self.fragments(lang)
         local = self._local
         try:
@@ -201,7 +120,7 @@ class FastRenderer:
         model = rnd() < 0.5
         gender = int(rnd() * 3)
 
-        # ---- the scene (mirrors ReferenceAnalyzer._scene), as group indexes
+        # ---- the scene (mirrors _synthesis.draw_scene), as group indexes
         point = rnd()
         groups: list[int]
         if point < 0.03:
@@ -223,25 +142,18 @@ class FastRenderer:
         wanted: dict[str, list[bytes]] = {}
         unmatched: dict[str, list[bytes]] = {}
         group_info = self._groups
-        for slot, group in enumerate(groups):
+        last = len(measured) - 1 if measured else -1
+        at = 0  # the measurement of the product's (first) tag; shoes have two
+        for group in groups:
             bit, otype, kind = group_info[group]
-            # ---- one product (mirrors ReferenceAnalyzer._tags)
+            # ---- one product (mirrors StructRenderer._tags)
             categories = f.categories[group]
             head, items = categories[int(rnd() * len(categories))]
             item = items[int(rnd() * len(items))]
-            if measured is not None and slot == 0:
-                colors = b",".join(
-                    [f.colors[index] + _float(round(conf, 4)) + b"}" for index, conf in measured[0]]
-                )
-                details = b",".join(
-                    [
-                        f.palette[index] + _float(round(frac, 4)) + b"}"
-                        for index, frac in measured[1]
-                    ]
-                )
-                x, y = measured[2], measured[3]
+            if measured:
+                colour_part, x, y = _measured(f, measured[at if at < last else last])
             else:
-                # ---- mirrors ReferenceAnalyzer._colors
+                # ---- mirrors StructRenderer._colors
                 n = 1 + int(rnd() * 3)
                 # random.sample(range(n_colors), n), drawn exactly as the stdlib draws it.
                 getrandbits = rng.getrandbits
@@ -286,19 +198,29 @@ class FastRenderer:
                 size = self._palette_size
                 remaining = 1.0
                 parts = []
+                ks = []
+                previous = 10001
+                unsorted = False
                 for _ in range(1 + int(rnd() * 4)):
                     frac = remaining * (0.4 + 0.5 * rnd())
                     remaining -= frac
-                    parts.append(palette[int(rnd() * size)] + _CONF[_k4(frac)])
-                details = b",".join(parts)
+                    k = _k4(frac)
+                    if k > previous:
+                        unsorted = True
+                    previous = k
+                    ks.append(k)
+                    parts.append(palette[int(rnd() * size)] + _CONF[k])
+                if unsorted:
+                    # Largest fraction first; stable, like sort(key=-pixel_fraction).
+                    order = sorted(range(len(ks)), key=ks.__getitem__, reverse=True)
+                    parts = [parts[i] for i in order]
+                colour_part = (
+                    b',"colors":[' + colors + b'],"colorDetails":[' + b",".join(parts) + b"]"
+                )
                 x, y = 0.15 + 0.7 * rnd(), 0.15 + 0.7 * rnd()
             kx = _k4(x)
             y_part = b',"y":' + _FL[_k4(y)] + b"}"
             tail = []
-            if colors:
-                tail.append(b',"colors":[' + colors + b"]")
-            if details:
-                tail.append(b',"colorDetails":[' + details + b"]")
             tail.append(b',"item":' + item + _CONF[_k4(0.05 + 0.94 * rnd())])
             materials = f.materials
             main_materials = _many(rnd, materials, 1, 1.0)
@@ -366,10 +288,20 @@ class FastRenderer:
             if sub_materials:
                 tail.append(b',"subMaterials":' + sub_materials)
             tail.append(b"}")
-            rest = y_part + pair + b"".join(tail)
-            tags = [head + _FL[kx] + rest]
+            rest = b"".join(tail)
+            tags = [head + _FL[kx] + y_part + pair + colour_part + rest]
             if twin:
-                tags.append(head + _FL[_k4(1.0 - kx / 10000)] + rest)
+                if measured:
+                    # The right shoe: colours and position of its own region.
+                    twin_part, x, y = _measured(f, measured[at + 1 if at + 1 < last else last])
+                    tags.append(
+                        head + _FL[_k4(x)] + b',"y":' + _FL[_k4(y)] + b"}" + pair + twin_part + rest
+                    )
+                else:
+                    tags.append(
+                        head + _FL[_k4(1.0 - kx / 10000)] + y_part + pair + colour_part + rest
+                    )
+            at += 2 if kind == _KIND_SHOES else 1
             if detection & bit:
                 if otype in wanted:
                     wanted[otype] += tags
@@ -422,60 +354,23 @@ class FastRenderer:
         return b"".join(out)
 
 
-def _one(rnd: Callable[[], float], entries: tuple[bytes, ...]) -> bytes:
-    """Mirrors ``ReferenceAnalyzer._one``: b"" when the draw is below the threshold."""
-    point = rnd() * len(entries)
-    index = int(point)
-    # k = round(point - index, 4) * 10000, exactly (see _many).
-    t = (point - index) * 10000.0
-    k = int(t + 0.5)
-    if not -0.4999 < t - k < 0.4999:
-        k = _k4(point - index)
-    if k < 2000:  # conf < MIN_CONFIDENCE
-        return b""
-    return entries[index] + _CONF[k]
-
-
-def _many(rnd: Callable[[], float], entries: tuple[bytes, ...], most: int, chance: float) -> bytes:
-    """Mirrors ``ReferenceAnalyzer._many``: the encoded list, b"" when empty.
-
-    Confidences are handled as integers ``k = round(conf, 4) * 10000``: ``int(t + 0.5)`` of
-    ``t = conf * 10000.0`` is exact unless t lies within float error of a half (a tie, which
-    ``round`` breaks on the exact decimal value); those rare cases go through ``round``. ``k``
-    orders and compares (``k < 2000`` <=> ``conf < 0.2``) exactly as the float does.
-    """
-    if rnd() >= chance:
-        return b""
-    n = len(entries)
-    if most == 1:
-        rnd()  # the count draw: always 1
-        point = rnd() * n
-        index = int(point)
-        t = (point - index) * 10000.0
-        k = int(t + 0.5)
-        if not -0.4999 < t - k < 0.4999:
-            k = _k4(point - index)
-        if k < 2000:
-            return b""
-        return b"[" + entries[index] + _CONF[k] + b"]"
-    picked: list[tuple[int, int]] = []
-    seen: list[int] = []
-    for _ in range(1 + int(rnd() * most)):
-        point = rnd() * n
-        index = int(point)
-        t = (point - index) * 10000.0
-        k = int(t + 0.5)
-        if not -0.4999 < t - k < 0.4999:
-            k = _k4(point - index)
-        if k < 2000 or index in seen:
-            continue
-        seen.append(index)
-        picked.append((k, index))
-    if not picked:
-        return b""
-    if len(picked) == 1:
-        k, index = picked[0]
-        return b"[" + entries[index] + _CONF[k] + b"]"
-    # Stable, like sort(key=-confidence): reverse=True keeps equal items in order.
-    picked.sort(key=_first, reverse=True)
-    return b"[" + b",".join([entries[i] + _CONF[k] for k, i in picked]) + b"]"
+def _measured(f: _Fragments, measurement: Measurement) -> tuple[bytes, float, float]:
+    """Mirrors ``StructRenderer._measured``: the colours and colorDetails members of a tag (each
+    present when not empty) and the position, from one region's measurement."""
+    named, palette, x, y = measurement
+    part = b""
+    if named:
+        colors = f.colors
+        part = (
+            b',"colors":['
+            + b",".join([colors[index] + _float(round(conf, 4)) + b"}" for index, conf in named])
+            + b"]"
+        )
+    if palette:
+        codes = f.palette
+        part += (
+            b',"colorDetails":['
+            + b",".join([codes[index] + _float(round(frac, 4)) + b"}" for index, frac in palette])
+            + b"]"
+        )
+    return part, x, y

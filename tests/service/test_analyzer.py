@@ -49,6 +49,10 @@ def check_tag(tag: Tag) -> None:
         assert s.confidence is not None and 0.2 <= s.confidence <= 1.0, s
     assert tag.color_details
     assert sum(d.pixel_fraction for d in tag.color_details) <= 1.0001
+    fractions = [d.pixel_fraction for d in tag.color_details]
+    assert fractions == sorted(fractions, reverse=True)
+    confidences = [c.confidence or 0.0 for c in tag.colors]
+    assert confidences == sorted(confidences, reverse=True)
     for d in tag.color_details:
         assert len(d.code) == 6 and int(d.code, 16) >= 0 and d.name
     if tag.pair_index is not None:

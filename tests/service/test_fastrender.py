@@ -25,11 +25,11 @@ from fashiontag_pipeline.service.analyzer import (
     Analysis,
     ImageRejected,
     ReferenceAnalyzer,
-    _pack_measurement,
     content_hash,
     failure_response,
 )
 from fashiontag_pipeline.service.app import FAILURE_MESSAGES
+from fashiontag_pipeline.service.pixels import pack_measurement, pack_measurements
 from fashiontag_pipeline.service.store import OUTCOME_DONE
 
 from .conftest import BULK_KEY, StartService
@@ -40,11 +40,22 @@ BULK = "/tagger/v2.12/bulk"
 
 
 def random_measurement(rng: random.Random) -> bytes:
-    """A packed colour measurement like the ones fetch mode stores."""
+    """A packed colour measurement like the ones fetch mode stores: 0-8 region measurements
+    (more or fewer than the scene has tags, too), or one whole-product measurement as services
+    before per-region measurement stored."""
     tax = ANALYZER.taxonomy
-    colors = [(i, rng.random()) for i in rng.sample(range(len(tax.colors)), rng.randint(1, 3))]
-    details = [(rng.randrange(tax.palette.size), rng.random()) for _ in range(rng.randint(1, 5))]
-    return _pack_measurement(colors, details, rng.random(), rng.random())
+
+    def region() -> bytes:
+        n = rng.randint(1, 3)
+        colors = [(i, rng.random()) for i in rng.sample(range(len(tax.colors)), n)]
+        details = [
+            (rng.randrange(tax.palette.size), rng.random()) for _ in range(rng.randint(1, 5))
+        ]
+        return pack_measurement(colors, details, rng.random(), rng.random())
+
+    if rng.random() < 0.2:
+        return region()
+    return pack_measurements([region() for _ in range(rng.randint(0, 8))])
 
 
 def random_mask(rng: random.Random) -> int:
@@ -69,8 +80,21 @@ def test_fast_render_equals_struct_render_no_fetch_and_fetch() -> None:
         assert fast == slow
 
 
+def test_fast_render_equals_struct_render_measured_images() -> None:
+    """Real measurements: figures whose scenes have several products, pairs of shoes and
+    single shoes, each tag with its own region's colours."""
+    from .test_colors import IMAGES
+
+    rng = random.Random(20261123)
+    for data in IMAGES.values():
+        analysis = ANALYZER.from_bytes(data)
+        for mask in (ALL_DETECTIONS, CLOTHING_MASK, rng.randrange(1, ALL_DETECTIONS + 1)):
+            for lang in range(len(LANGUAGES)):
+                assert ANALYZER.render_json(analysis, mask, lang) == slow_json(analysis, mask, lang)
+
+
 def test_rounding_ties_and_edges_match_round() -> None:
-    from fashiontag_pipeline.service.fastrender import _k4
+    from fashiontag_pipeline.service._fragments import k4 as _k4
 
     rng = random.Random(7)
     edges = [0.0, 1.0, 0.2, 0.19995, 0.03125, 1 / 32 * 3, 0.00005, 0.99995, 1.275, 1.99994]
