@@ -19,8 +19,8 @@ import msgspec
 
 from .._config import ENV_API_KEY, ENV_BULK_API_KEY, load_section
 from .._exceptions import ConfigError
-from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_RESULT_TTL, DEFAULT_TASK_TTL, ServiceConfig
 from .app import running_service as _running_service
+from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_RESULT_TTL, DEFAULT_TASK_TTL, ServiceConfig
 from .faults import FaultSpec
 
 __all__ = ["ServiceConfigFile", "add_serve_arguments", "main", "serve_command"]

@@ -29,7 +29,7 @@ from fashiontag_pipeline.service.analyzer import (
     content_hash,
     failure_response,
 )
-from fashiontag_pipeline.service.app import FAILURE_MESSAGES
+from fashiontag_pipeline.service.errors import FAILURE_MESSAGES
 from fashiontag_pipeline.service.store import OUTCOME_DONE
 
 from .conftest import BULK_KEY, StartService
