@@ -14,6 +14,7 @@ from .parsing import parse_detection
 from .store import TaskRecord, iso
 
 __all__ = [
+    "ECHO_MAX_CHARS",
     "MAX_ALBUM_NAME_LENGTH",
     "MAX_ID_LENGTH",
     "MAX_URL_LENGTH",
@@ -28,6 +29,22 @@ __all__ = [
 MAX_ID_LENGTH = 1024
 MAX_URL_LENGTH = 8192
 MAX_ALBUM_NAME_LENGTH = 256
+#: In ``failureList`` echoes: the longest string kept (ids keep up to MAX_ID_LENGTH, so the
+#: engine can still match a failure to its row), and the most array items kept.
+ECHO_MAX_CHARS = 256
+ECHO_MAX_ITEMS = 16
+_ECHO_CONTEXT_FIELDS = (
+    "id",
+    "detection",
+    "gender",
+    "brand",
+    "currency",
+    "price",
+    "age",
+    "keywords",
+    "productContentName",
+    "season",
+)
 
 _STRING_CONTEXT_FIELDS = (
     "gender",
@@ -139,10 +156,48 @@ def _element_error(element: Any, default_mask: int) -> tuple[str | None, str, in
     return image_id, url, mask if mask is not None else default_mask, ""
 
 
+def _echo_value(value: Any, max_chars: int) -> Any:
+    """A scalar as sent (a string cut to ``max_chars`` with a trailing ``…``), an array's first
+    :data:`ECHO_MAX_ITEMS` scalars; anything nested deeper only named (``"<object>"``)."""
+    if isinstance(value, str):
+        return value if len(value) <= max_chars else value[:max_chars] + "\u2026"
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, list):
+        return [
+            _echo_value(v, max_chars) if not isinstance(v, list | dict) else _nested(v)
+            for v in value[:ECHO_MAX_ITEMS]
+        ]
+    return _nested(value)
+
+
+def _nested(value: Any) -> str:
+    return "<array>" if isinstance(value, list) else "<object>"
+
+
 def _echo(element: Any) -> dict[str, Any]:
-    if isinstance(element, dict):
-        return {k: element[k] for k in ("image", "context") if k in element}
-    return {}
+    """The failed element as the spec lists it: image {type, content} and the context fields,
+    long values cut (a failing 15 MB request no longer gets a 15 MB answer)."""
+    if not isinstance(element, dict):
+        return {}
+    echo: dict[str, Any] = {}
+    image = element.get("image")
+    if isinstance(image, dict):
+        echo["image"] = {
+            k: _echo_value(image[k], ECHO_MAX_CHARS) for k in ("type", "content") if k in image
+        }
+    elif "image" in element:
+        echo["image"] = _echo_value(element["image"], ECHO_MAX_CHARS)
+    context = element.get("context")
+    if isinstance(context, dict):
+        echo["context"] = {
+            k: _echo_value(context[k], MAX_ID_LENGTH if k == "id" else ECHO_MAX_CHARS)
+            for k in _ECHO_CONTEXT_FIELDS
+            if k in context
+        }
+    elif "context" in element:
+        echo["context"] = _echo_value(element["context"], ECHO_MAX_CHARS)
+    return echo
 
 
 def validate(

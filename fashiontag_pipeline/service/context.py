@@ -12,10 +12,12 @@ import msgspec
 from aiohttp import web
 
 from .._config import DEV_API_KEY, DEV_BULK_API_KEY
-from .analyzer import Analysis, Analyzer, ReferenceAnalyzer
+from .analyzer import Analysis, Analyzer
 from .config import ServiceConfig
+from .decoding import DecodePool
 from .errors import CODE_AUTH_FAILED, CODE_KEY_REQUIRED, Reject
 from .faults import FaultDice
+from .fetching import FetchingAnalyzer
 from .store import TaskStore
 from .worker import TaggingWorker
 
@@ -56,7 +58,7 @@ class KeyRing:
 
 
 class ServiceState:
-    """What the handlers share: config, keys, store, analyzer, worker, fault dice."""
+    """What the handlers share: config, keys, store, decode pool, analyzer, worker, fault dice."""
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
@@ -68,7 +70,12 @@ class ServiceState:
             result_ttl=config.result_ttl,
             state_path=config.state_path,
         )
-        self.analyzer: Analyzer = config.analyzer or ReferenceAnalyzer()
+        self.decode = DecodePool(config.decode_workers)
+        self.analyzer: Analyzer = config.analyzer or FetchingAnalyzer(
+            decode=self.decode,
+            per_host=config.fetch_per_host,
+            allow_private=config.fetch_allow_private,
+        )
         self.worker = TaggingWorker(
             self.store,
             self.analyzer,

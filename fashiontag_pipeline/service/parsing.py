@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import anyio
 import msgspec
 from aiohttp import web
 
@@ -18,25 +20,43 @@ __all__ = ["language", "parse_detection", "query_int", "read_json"]
 _DETECTION_VALUES = {d.value: d for d in Detection}
 _ALLOWED_DETECTION = ", ".join(d.value for d in Detection)
 
-_encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+_QUERY_INT = re.compile(r"-?[0-9]{1,18}")
+_CLOSE = {"Connection": "close"}
 
 
 async def read_json(request: web.Request) -> Any:
+    """The decoded JSON body: 413 past ``max_body_bytes`` (declared or chunked), 408 when it
+    takes longer than ``body_timeout`` to arrive, 400 (824) when it is not JSON."""
+    config = request.app[STATE].config
+    max_bytes = config.max_body_bytes
+    too_large = Reject(413, 809, f"request body is larger than {max_bytes} bytes", headers=_CLOSE)
     length = request.content_length
-    max_bytes = request.app[STATE].config.max_body_bytes
     if length is not None and length > max_bytes:
-        raise Reject(413, 809, f"request body is larger than {max_bytes} bytes")
+        raise too_large
     try:
-        body = await request.read()
+        with anyio.fail_after(config.body_timeout):
+            body = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise Reject(413, 809, f"request body is larger than {max_bytes} bytes") from None
+        raise too_large from None
+    except TimeoutError:
+        raise Reject(
+            408,
+            CODE_BAD_JSON,
+            f"request body did not arrive within {config.body_timeout:g} s",
+            headers=_CLOSE,
+        ) from None
     if not body:
         raise Reject(400, CODE_BAD_JSON, "request body is empty (JSON expected)")
     try:
         return _decoder.decode(body)
     except msgspec.DecodeError as err:
         raise Reject(400, CODE_BAD_JSON, f"request body is not valid JSON: {err}") from None
+    except RecursionError:
+        # msgspec recurses per nesting level: a deep enough document exhausts the stack.
+        raise Reject(400, CODE_BAD_JSON, "request body is nested too deeply") from None
+    except (UnicodeDecodeError, ValueError):
+        raise Reject(400, CODE_BAD_JSON, "request body is not valid UTF-8 JSON") from None
 
 
 def parse_detection(value: Any, where: str) -> int | None:
@@ -61,10 +81,11 @@ def language(request: web.Request) -> int:
 
 
 def query_int(request: web.Request, name: str, default: int) -> int:
+    """The query parameter ``name`` as a plain decimal integer (``-?[0-9]{1,18}``: no sign
+    ``+``, spaces or ``_`` as Python's ``int`` would take); ``default`` when absent or empty."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise Reject(400, CODE_BAD_JSON, f"{name} must be an integer, got {raw!r}") from None
+    if _QUERY_INT.fullmatch(raw) is None:
+        raise Reject(400, CODE_BAD_JSON, f"{name} must be a decimal integer, got {raw[:32]!r}")
+    return int(raw)

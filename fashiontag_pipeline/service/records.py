@@ -27,6 +27,7 @@ class TaskRecord:
 
     __slots__ = (
         "album_name",
+        "body_cache",
         "created",
         "default_detection",
         "description",
@@ -80,6 +81,8 @@ class TaskRecord:
         self.processed = 0
         self.failures = 0
         self.purged = False
+        #: (what the body depends on, the task's JSON body): the list and status answers.
+        self.body_cache: tuple[tuple[object, ...], bytes] | None = None
 
     @property
     def status(self) -> TaskStatus:
@@ -93,6 +96,11 @@ class TaskRecord:
             self.total - self.processed,
             self.failures,
         )
+
+    def is_live(self, now: float) -> bool:
+        """Still processing or still open for appends. A task that is neither never becomes
+        live again (appends after ``expire_at`` are refused)."""
+        return self.processed < self.total or now < self.expire_at
 
     def analysis(self, index: int) -> Analysis:
         measured = self.measured[index] if self.measured is not None else None

@@ -4,36 +4,51 @@ from __future__ import annotations
 
 import functools
 import secrets
-from typing import Any
 
+import anyio
+import anyio.lowlevel
 import msgspec
 from aiohttp import web
 
-from .._models import MAX_PAGE_SIZE, STATUS_SUCCESS
+from .._models import MAX_PAGE_SIZE
 from .analyzer import CLOTHING_MASK, Analysis, failure_response
 from .bulk_validation import accept, parse_bulk, validate, write_response
+from .config import MAX_LIST_SIZE
 from .context import STATE, ServiceState
-from .errors import CODE_BAD_JSON, CODE_BAD_ROUTE, FAILURE_MESSAGES, Reject, json_response
+from .errors import CODE_BAD_JSON, CODE_BAD_ROUTE, CODE_QUOTA, FAILURE_MESSAGES, Reject
 from .parsing import language, query_int, read_json
 from .store import OUTCOME_DONE, TaskRecord, iso
 
 __all__ = ["handle_append", "handle_create", "handle_list", "handle_results", "handle_status"]
 
 _encoder = msgspec.json.Encoder()
+#: Seconds a create refused for too many live tasks is told to wait.
+LIVE_TASKS_RETRY_AFTER = 30.0
+_LIST_SLICE = 256
 
 
-def _task_body(task: TaskRecord) -> dict[str, Any]:
+def _task_body(task: TaskRecord) -> bytes:
+    """The task's JSON body (list and status), rebuilt only when a count or expiry changed:
+    a list of 1,000 unchanged tasks is a join of cached bytes."""
+    key = (task.total, task.processed, task.failures, task.expire_at, task.result_expire_at)
+    cached = task.body_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]
     total, done, processing, failure = task.counts()
-    return {
-        "taskId": task.task_id,
-        "count": {"total": total, "done": done, "processing": processing, "failure": failure},
-        "description": task.description,
-        "taskStatus": task.status.value,
-        "taskExpireAt": iso(task.expire_at),
-        "resultExpiredAt": iso(task.result_expire_at),
-        "createDate": iso(task.created),
-        "albumName": task.album_name,
-    }
+    body = _encoder.encode(
+        {
+            "taskId": task.task_id,
+            "count": {"total": total, "done": done, "processing": processing, "failure": failure},
+            "description": task.description,
+            "taskStatus": task.status.value,
+            "taskExpireAt": iso(task.expire_at),
+            "resultExpiredAt": iso(task.result_expire_at),
+            "createDate": iso(task.created),
+            "albumName": task.album_name,
+        }
+    )
+    task.body_cache = (key, body)
+    return body
 
 
 async def handle_create(request: web.Request) -> web.Response:
@@ -41,6 +56,15 @@ async def handle_create(request: web.Request) -> web.Response:
     state = request.app[STATE]
     owner = state.keys.identify(request, bulk=True)
     parsed = parse_bulk(await read_json(request))
+    cap = state.config.max_live_tasks
+    if state.store.live_count(owner) >= cap:
+        raise Reject(
+            429,
+            CODE_QUOTA,
+            f"this key has {cap} live tasks (processing or open for appends), the limit: "
+            "append to one of them, or create after some are done and past taskExpireAt",
+            headers={"Retry-After": f"{LIVE_TASKS_RETRY_AFTER:g}"},
+        )
     accepted = validate(state, None, parsed, CLOTHING_MASK)
     if parsed.strict and accepted.failures:
         raise Reject(
@@ -93,11 +117,37 @@ async def handle_append(request: web.Request) -> web.Response:
 
 
 async def handle_list(request: web.Request) -> web.Response:
-    """GET /tagger/v2.12/bulk: every task of the key."""
+    """GET /tagger/v2.12/bulk?offset=&size=: the key's tasks, newest first, one page.
+
+    ``offset`` counts from the newest task (0 = newest), ``size`` is 1 to
+    :data:`MAX_LIST_SIZE` (the default). ``data.taskInfo`` says ``totalCount`` (all the key's
+    tasks), ``offset`` and ``size``, as the results pages do.
+    """
     state = request.app[STATE]
     owner = state.keys.identify(request, bulk=True)
-    tasks = [_task_body(t) for t in state.store.tasks_of(owner)]
-    return json_response({"status": STATUS_SUCCESS, "data": {"tasks": tasks}})
+    offset = query_int(request, "offset", 0)
+    size = query_int(request, "size", MAX_LIST_SIZE)
+    if offset < 0:
+        raise Reject(400, CODE_BAD_JSON, "offset must be >= 0")
+    if not 1 <= size <= MAX_LIST_SIZE:
+        raise Reject(400, CODE_BAD_JSON, f"size must be between 1 and {MAX_LIST_SIZE}")
+    tasks = state.store.tasks_of(owner)
+    total = len(tasks)
+    first = total - 1 - offset  # newest first
+    last = max(first - size, -1)
+    parts = [
+        b'{"status":"success","data":{"taskInfo":{"totalCount":%d,"offset":%d,"size":%d},'
+        b'"tasks":[' % (total, offset, size)
+    ]
+    bodies: list[bytes] = []
+    for n, index in enumerate(range(first, last, -1), 1):
+        bodies.append(_task_body(tasks[index]))
+        if n % _LIST_SLICE == 0:
+            # Tasks whose body changed are re-encoded: let other requests in between slices.
+            await anyio.lowlevel.checkpoint()
+    parts.append(b",".join(bodies))
+    parts.append(b"]}}")
+    return web.Response(body=b"".join(parts), content_type="application/json")
 
 
 async def handle_status(request: web.Request) -> web.Response:
@@ -105,7 +155,10 @@ async def handle_status(request: web.Request) -> web.Response:
     state = request.app[STATE]
     owner = state.keys.identify(request, bulk=True)
     task = _lookup(request, state, owner)
-    return json_response({"status": STATUS_SUCCESS, "data": _task_body(task)})
+    return web.Response(
+        body=b'{"status":"success","data":%s}' % _task_body(task),
+        content_type="application/json",
+    )
 
 
 async def handle_results(request: web.Request) -> web.Response:

@@ -12,20 +12,19 @@ Per task, images are kept in parallel arrays, never as rendered results:
 
 Results are rendered on read from (hash, measurement, mask, language). With a ``state_path``
 every change is written through to SQLite (WAL, :mod:`.journal`) and the store is rebuilt from it
-on start, so a
-restarted service still has every task and result. API keys are never stored: a task's owner is a
-truncated SHA-256 fingerprint of the key.
+on start, so a restarted service still has every task and result. API keys are never stored: a
+task's owner is a truncated SHA-256 fingerprint of the key.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from .analyzer import Analysis
 from .journal import Journal
+from .pending import PendingQueue
 from .records import OUTCOME_DONE, OUTCOME_PENDING, PendingRange, TaskRecord, iso
 
 __all__ = [
@@ -54,7 +53,9 @@ class TaskStore:
         self.result_ttl = result_ttl
         self.tasks: dict[str, TaskRecord] = {}
         self.by_owner: dict[bytes, list[TaskRecord]] = {}
-        self.pending: deque[PendingRange] = deque()
+        # Per owner, the tasks that may still be live (pruned when counted).
+        self._live: dict[bytes, list[TaskRecord]] = {}
+        self.pending = PendingQueue()
         self.on_pending: Callable[[], None] = lambda: None
         self._seq = 0
         self._journal = Journal(state_path) if state_path is not None else None
@@ -71,7 +72,15 @@ class TaskStore:
         return task
 
     def tasks_of(self, owner: bytes) -> list[TaskRecord]:
+        """The owner's tasks in creation order (oldest first)."""
         return self.by_owner.get(owner, [])
+
+    def live_count(self, owner: bytes) -> int:
+        """How many of the owner's tasks are live (:meth:`TaskRecord.is_live`)."""
+        now = self.clock()
+        live = [t for t in self._live.get(owner, ()) if t.is_live(now)]
+        self._live[owner] = live
+        return len(live)
 
     @property
     def image_count(self) -> int:
@@ -102,6 +111,7 @@ class TaskStore:
         )
         self.tasks[task_id] = task
         self.by_owner.setdefault(owner, []).append(task)
+        self._live.setdefault(owner, []).append(task)
         if self._journal is not None:
             self._journal.insert_task(task)
         return task
@@ -232,6 +242,7 @@ class TaskStore:
         for task in journal.load_tasks():
             self.tasks[task.task_id] = task
             self.by_owner.setdefault(task.owner, []).append(task)
+            self._live.setdefault(task.owner, []).append(task)
             self._seq = max(self._seq, task.seq)
             if task.purged:
                 continue
