@@ -33,6 +33,7 @@ import anyio.abc
 from aiohttp import web
 
 from .config import DEFAULT_MAX_BODY_BYTES, ServiceConfig
+from .connections import GuardedSite, http_logger
 from .context import STATE, ServiceState
 from .errors import BULK_PATH, SINGLE_PATH
 from .middleware import fault_middleware, log_and_map_errors
@@ -110,10 +111,17 @@ async def running_service(
 ) -> AsyncIterator[RunningService]:
     """Run the service on ``host:port`` (0 = a free port) for the ``async with`` body."""
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        keepalive_timeout=config.keepalive_timeout,
+        logger=http_logger(),
+    )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = GuardedSite(runner, host, port, app[STATE].connections)
         await site.start()
         actual = port
         for address in runner.addresses:

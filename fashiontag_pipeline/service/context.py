@@ -14,6 +14,7 @@ from aiohttp import web
 from .._config import DEV_API_KEY, DEV_BULK_API_KEY
 from .analyzer import Analysis, Analyzer
 from .config import ServiceConfig
+from .connections import ConnectionGuard
 from .decoding import DecodePool
 from .errors import CODE_AUTH_FAILED, CODE_KEY_REQUIRED, Reject
 from .faults import FaultDice
@@ -71,6 +72,9 @@ class ServiceState:
             state_path=config.state_path,
         )
         self.decode = DecodePool(config.decode_workers)
+        self.connections = ConnectionGuard(
+            max_connections=config.max_connections, header_timeout=config.header_timeout
+        )
         self.analyzer: Analyzer = config.analyzer or FetchingAnalyzer(
             decode=self.decode,
             per_host=config.fetch_per_host,

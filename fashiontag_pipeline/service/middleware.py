@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 from aiohttp import web
 
+from .context import STATE
 from .errors import CODE_BAD_ROUTE, CODE_INTERNAL, CODE_QUOTA, Dropped, Reject, error_response
 from .faults import Fault, FaultDice
 
@@ -26,6 +27,8 @@ async def log_and_map_errors(
 ) -> web.StreamResponse:
     started = time.perf_counter()
     status = 0
+    connections = request.app[STATE].connections
+    connections.request_started(request.transport)
     try:
         response = await handler(request)
         status = response.status
@@ -60,6 +63,7 @@ async def log_and_map_errors(
         logger.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(request.path, Reject(500, CODE_INTERNAL, "internal error"))
     finally:
+        connections.request_finished(request.transport)
         if logger.isEnabledFor(logging.DEBUG):
             # Never headers: they hold the API key.
             logger.debug(
