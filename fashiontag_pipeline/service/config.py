@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_FETCH_PER_HOST",
     "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_KEEPALIVE_TIMEOUT",
+    "DEFAULT_LIST_SIZE",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_LIVE_TASKS",
@@ -40,7 +41,9 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 60.0
 #: Tasks of one key that are still processing or open for appends; the next create gets 429.
 DEFAULT_MAX_LIVE_TASKS = 1000
-#: Tasks per list answer (newest first); ``size`` may ask for 1 to this many.
+#: Tasks per list answer (newest first) when the request has no ``size`` (~30 KB of JSON).
+DEFAULT_LIST_SIZE = 100
+#: The most tasks one list answer may hold (``size`` is 1 to this).
 MAX_LIST_SIZE = 1000
 #: Threads decoding images (base64 and fetched) at once; decoding never runs on the event loop.
 DEFAULT_DECODE_WORKERS = 2

@@ -13,7 +13,7 @@ from aiohttp import web
 from .._models import MAX_PAGE_SIZE
 from .analyzer import CLOTHING_MASK, Analysis, failure_response
 from .bulk_validation import accept, parse_bulk, validate, write_response
-from .config import MAX_LIST_SIZE
+from .config import DEFAULT_LIST_SIZE, MAX_LIST_SIZE
 from .context import STATE, ServiceState
 from .errors import CODE_BAD_JSON, CODE_BAD_ROUTE, CODE_QUOTA, FAILURE_MESSAGES, Reject
 from .parsing import language, query_int, read_json
@@ -120,13 +120,13 @@ async def handle_list(request: web.Request) -> web.Response:
     """GET /tagger/v2.12/bulk?offset=&size=: the key's tasks, newest first, one page.
 
     ``offset`` counts from the newest task (0 = newest), ``size`` is 1 to
-    :data:`MAX_LIST_SIZE` (the default). ``data.taskInfo`` says ``totalCount`` (all the key's
-    tasks), ``offset`` and ``size``, as the results pages do.
+    :data:`MAX_LIST_SIZE` (default :data:`DEFAULT_LIST_SIZE`). ``data.taskInfo`` says
+    ``totalCount`` (all the key's tasks), ``offset`` and ``size``, as the results pages do.
     """
     state = request.app[STATE]
     owner = state.keys.identify(request, bulk=True)
     offset = query_int(request, "offset", 0)
-    size = query_int(request, "size", MAX_LIST_SIZE)
+    size = query_int(request, "size", DEFAULT_LIST_SIZE)
     if offset < 0:
         raise Reject(400, CODE_BAD_JSON, "offset must be >= 0")
     if not 1 <= size <= MAX_LIST_SIZE:
