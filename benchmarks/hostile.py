@@ -90,13 +90,15 @@ class Service:
             self.proc.wait()
 
 
-def _serve_flags(source: Path | None) -> str:
-    env = _env(source)
+def _serve_flags(source: Path | None, work: Path) -> str:
+    # cwd=work as for the service: ``-m`` would otherwise import the package from the cwd.
+    work.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "fashiontag_pipeline", "serve", "--help"],
         capture_output=True,
         text=True,
-        env=env,
+        env=_env(source),
+        cwd=work,
         check=True,
     ).stdout
 
@@ -500,9 +502,8 @@ async def attack_slow_fetch(base: str, seconds: float) -> dict[str, Any]:
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    flags = _serve_flags(args.source)
-    new = "--max-live-tasks" in flags
     work = Path(args.work)
+    new = "--max-live-tasks" in _serve_flags(args.source, work)
     report: dict[str, Any] = {"source": str(args.source or "checkout"), "load": [], "attacks": {}}
     base_flags = ["--no-fetch", "--rate", "0"] + (["--max-live-tasks", "5000"] if new else [])
     seconds = args.attack_seconds

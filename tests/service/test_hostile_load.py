@@ -257,3 +257,27 @@ async def test_private_image_hosts_are_refused_by_default(start_service: StartSe
             assert body["error"]["code"] == 803
             assert "not a public address" in body["error"]["message"], url
         assert hosts.fast_seen == 0
+
+
+def test_serve_options_reach_the_config(tmp_path: Any) -> None:
+    import argparse
+
+    from fashiontag_pipeline.service.cli import add_serve_arguments, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    config, _, _ = build_config(parser.parse_args([]), environ={})
+    assert not config.fetch_allow_private  # serve refuses private hosts by default
+    assert config.keepalive_timeout == 15 and config.max_connections == 1000
+    flags = "--max-connections 7 --keepalive-timeout 2 --header-timeout 3 --body-timeout 4"
+    flags += " --max-live-tasks 5 --decode-workers 1 --fetch-per-host 2 --fetch-allow-private"
+    flags += " --max-body-bytes 4096"
+    config, _, _ = build_config(parser.parse_args(flags.split()), environ={})
+    assert (config.max_connections, config.keepalive_timeout, config.header_timeout) == (7, 2, 3)
+    assert (config.body_timeout, config.max_live_tasks, config.decode_workers) == (4, 5, 1)
+    assert config.fetch_per_host == 2 and config.fetch_allow_private
+    assert config.max_body_bytes == 4096
+    toml = tmp_path / "serve.toml"
+    toml.write_text("[service]\nmax_connections = 9\nheader_timeout = 1.5\n")
+    config, _, _ = build_config(parser.parse_args(["--config", str(toml)]), environ={})
+    assert config.max_connections == 9 and config.header_timeout == 1.5
