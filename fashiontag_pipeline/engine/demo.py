@@ -129,7 +129,7 @@ async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
         out, rejects = root / "results.jsonl", root / "rejects.jsonl"
         for stale in (out, rejects, root / "results.jsonl.state"):
             stale.unlink(missing_ok=True)
-        async with running_service(ServiceConfig(fetch=True)) as svc:
+        async with running_service(ServiceConfig(fetch=True, fetch_allow_private=True)) as svc:
             print(f"reference service on {svc.url} (fetching images)", file=sys.stderr)
             summary = await run_pipeline(
                 [manifest],

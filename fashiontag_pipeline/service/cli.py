@@ -19,8 +19,20 @@ import msgspec
 
 from .._config import ENV_API_KEY, ENV_BULK_API_KEY, load_section
 from .._exceptions import ConfigError
-from .app import DEFAULT_MAX_BODY_BYTES, DEFAULT_RESULT_TTL, DEFAULT_TASK_TTL, ServiceConfig
 from .app import running_service as _running_service
+from .config import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_DECODE_WORKERS,
+    DEFAULT_FETCH_PER_HOST,
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_KEEPALIVE_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_LIVE_TASKS,
+    DEFAULT_RESULT_TTL,
+    DEFAULT_TASK_TTL,
+    ServiceConfig,
+)
 from .faults import FaultSpec
 
 __all__ = ["ServiceConfigFile", "add_serve_arguments", "main", "serve_command"]
@@ -43,6 +55,14 @@ class ServiceConfigFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     faults: str | None = None
     state: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    max_live_tasks: int = DEFAULT_MAX_LIVE_TASKS
+    decode_workers: int = DEFAULT_DECODE_WORKERS
+    fetch_per_host: int = DEFAULT_FETCH_PER_HOST
+    fetch_allow_private: bool = False
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +98,60 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="download and decode images (default: --no-fetch, tag from the URL text)",
     )
+    parser.add_argument(
+        "--fetch-allow-private",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="let --fetch download from loopback/private addresses (default: refused; for tests)",
+    )
+    parser.add_argument(
+        "--fetch-per-host",
+        type=int,
+        metavar="N",
+        help=f"connections to one image host at once (default {DEFAULT_FETCH_PER_HOST})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help=f"open connections; past it the oldest idle one is closed ({DEFAULT_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"idle keep-alive connections are closed after this ({DEFAULT_KEEPALIVE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"request headers must arrive within this ({DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"a request body must arrive within this, else 408 ({DEFAULT_BODY_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        metavar="BYTES",
+        help=f"larger request bodies get 413 ({DEFAULT_MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--max-live-tasks",
+        type=int,
+        metavar="N",
+        help=f"live tasks per key; the next create gets 429 ({DEFAULT_MAX_LIVE_TASKS})",
+    )
+    parser.add_argument(
+        "--decode-workers",
+        type=int,
+        metavar="N",
+        help=f"threads decoding images (default {DEFAULT_DECODE_WORKERS})",
+    )
     parser.add_argument("--faults", metavar="SPEC", help="e.g. 500=0.05,429=0.02,drop=0.01")
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with [service]")
     parser.add_argument("--state", type=Path, metavar="FILE", help="SQLite file to keep tasks in")
@@ -107,6 +181,9 @@ def build_config(
     def pick(flag: float | None, value: float) -> float:
         return value if flag is None else flag
 
+    def pick_int(flag: int | None, value: int) -> int:
+        return value if flag is None else flag
+
     try:
         config = ServiceConfig(
             api_keys=tuple(dict.fromkeys(api_keys)),
@@ -117,7 +194,19 @@ def build_config(
             fetch=file.fetch if args.fetch is None else args.fetch,
             faults=faults,
             state_path=state,
-            max_body_bytes=file.max_body_bytes,
+            max_body_bytes=pick_int(args.max_body_bytes, file.max_body_bytes),
+            max_connections=pick_int(args.max_connections, file.max_connections),
+            keepalive_timeout=pick(args.keepalive_timeout, file.keepalive_timeout),
+            header_timeout=pick(args.header_timeout, file.header_timeout),
+            body_timeout=pick(args.body_timeout, file.body_timeout),
+            max_live_tasks=pick_int(args.max_live_tasks, file.max_live_tasks),
+            decode_workers=pick_int(args.decode_workers, file.decode_workers),
+            fetch_per_host=pick_int(args.fetch_per_host, file.fetch_per_host),
+            fetch_allow_private=(
+                file.fetch_allow_private
+                if args.fetch_allow_private is None
+                else args.fetch_allow_private
+            ),
         )
     except ValueError as err:
         raise ConfigError(f"invalid service configuration: {err}") from None

@@ -21,6 +21,7 @@ from .._models import (
     TaskResultsResponse,
     TaskStatusResponse,
 )
+from .config import DEFAULT_LIST_SIZE, MAX_LIST_SIZE
 
 __all__ = ["openapi_document"]
 
@@ -154,10 +155,26 @@ def openapi_document() -> bytes:
             },
             "get": {
                 "operationId": "listTasks",
-                "summary": "List every task of the key",
+                "summary": "One page of the key's tasks, newest first (data.taskInfo added)",
+                "parameters": [
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "required": False,
+                        "description": "0 = the newest task",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                    {
+                        "name": "size",
+                        "in": "query",
+                        "required": False,
+                        "description": f"default {DEFAULT_LIST_SIZE}",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_SIZE},
+                    },
+                ],
                 "responses": {
                     "200": _json_body(list_resp, "Tasks"),
-                    **_errors("BulkError", ("403", *_COMMON)),
+                    **_errors("BulkError", ("400", "403", *_COMMON)),
                 },
             },
         },

@@ -11,128 +11,30 @@ Per task, images are kept in parallel arrays, never as rendered results:
 * ``measured``  only in fetch mode: the packed colour measurement (~20 bytes) per image.
 
 Results are rendered on read from (hash, measurement, mask, language). With a ``state_path``
-every change is written through to SQLite (WAL) and the store is rebuilt from it on start, so a
-restarted service still has every task and result. API keys are never stored: a task's owner is a
-truncated SHA-256 fingerprint of the key.
+every change is written through to SQLite (WAL, :mod:`.journal`) and the store is rebuilt from it
+on start, so a restarted service still has every task and result. API keys are never stored: a
+task's owner is a truncated SHA-256 fingerprint of the key.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from array import array
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 
-from .._models import TaskStatus, format_time
 from .analyzer import Analysis
+from .journal import Journal
+from .pending import PendingQueue
+from .records import OUTCOME_DONE, OUTCOME_PENDING, PendingRange, TaskRecord, iso
 
-__all__ = ["OUTCOME_DONE", "OUTCOME_PENDING", "PendingRange", "TaskRecord", "TaskStore"]
-
-OUTCOME_PENDING = 0
-OUTCOME_DONE = 1
-_SIGN = 1 << 63
-_WRAP = 1 << 64
-
-
-def _to_signed(value: int) -> int:
-    return value - _WRAP if value >= _SIGN else value
-
-
-def _to_unsigned(value: int) -> int:
-    return value + _WRAP if value < 0 else value
-
-
-def iso(moment: float | None) -> str | None:
-    """Epoch seconds -> the service's RFC 3339 form (None stays None)."""
-    if moment is None:
-        return None
-    return format_time(datetime.fromtimestamp(moment, UTC))
-
-
-class TaskRecord:
-    """One bulk task and its images (see the module docstring for the layout)."""
-
-    __slots__ = (
-        "album_name",
-        "created",
-        "default_detection",
-        "description",
-        "done_at",
-        "expire_at",
-        "failures",
-        "hashes",
-        "id_set",
-        "ids",
-        "masks",
-        "measured",
-        "outcomes",
-        "owner",
-        "processed",
-        "purged",
-        "result_expire_at",
-        "seq",
-        "task_id",
-        "total",
-    )
-
-    def __init__(
-        self,
-        *,
-        task_id: str,
-        owner: bytes,
-        album_name: str,
-        description: str | None,
-        created: float,
-        expire_at: float,
-        default_detection: int,
-        seq: int,
-    ) -> None:
-        self.task_id = task_id
-        self.owner = owner
-        self.album_name = album_name
-        self.description = description
-        self.created = created
-        self.expire_at = expire_at
-        self.default_detection = default_detection
-        self.seq = seq
-        self.done_at: float | None = None
-        self.result_expire_at: float | None = None
-        self.ids: list[str] = []
-        self.id_set: set[str] | None = set()
-        self.hashes = array("Q")
-        self.masks = array("H")
-        self.outcomes: array[int] | None = None
-        self.measured: list[bytes | None] | None = None
-        self.total = 0
-        self.processed = 0
-        self.failures = 0
-        self.purged = False
-
-    @property
-    def status(self) -> TaskStatus:
-        return TaskStatus.DONE if self.processed >= self.total else TaskStatus.PROCESSING
-
-    def counts(self) -> tuple[int, int, int, int]:
-        """(total, done, processing, failure) as DESIGN section 3 defines them."""
-        return (
-            self.total,
-            self.processed - self.failures,
-            self.total - self.processed,
-            self.failures,
-        )
-
-    def analysis(self, index: int) -> Analysis:
-        measured = self.measured[index] if self.measured is not None else None
-        return Analysis(self.hashes[index], measured)
-
-    def outcome(self, index: int) -> int:
-        return self.outcomes[index] if self.outcomes is not None else OUTCOME_DONE
-
-
-#: A run of accepted images waiting for the worker: (task, start, end, urls or None).
-PendingRange = tuple[TaskRecord, int, int, list[str] | None]
+__all__ = [
+    "OUTCOME_DONE",
+    "OUTCOME_PENDING",
+    "PendingRange",
+    "TaskRecord",
+    "TaskStore",
+    "iso",
+]
 
 
 class TaskStore:
@@ -151,10 +53,12 @@ class TaskStore:
         self.result_ttl = result_ttl
         self.tasks: dict[str, TaskRecord] = {}
         self.by_owner: dict[bytes, list[TaskRecord]] = {}
-        self.pending: deque[PendingRange] = deque()
+        # Per owner, the tasks that may still be live (pruned when counted).
+        self._live: dict[bytes, list[TaskRecord]] = {}
+        self.pending = PendingQueue()
         self.on_pending: Callable[[], None] = lambda: None
         self._seq = 0
-        self._journal = _Journal(state_path) if state_path is not None else None
+        self._journal = Journal(state_path) if state_path is not None else None
         if self._journal is not None:
             self._load(self._journal)
 
@@ -168,7 +72,15 @@ class TaskStore:
         return task
 
     def tasks_of(self, owner: bytes) -> list[TaskRecord]:
+        """The owner's tasks in creation order (oldest first)."""
         return self.by_owner.get(owner, [])
+
+    def live_count(self, owner: bytes) -> int:
+        """How many of the owner's tasks are live (:meth:`TaskRecord.is_live`)."""
+        now = self.clock()
+        live = [t for t in self._live.get(owner, ()) if t.is_live(now)]
+        self._live[owner] = live
+        return len(live)
 
     @property
     def image_count(self) -> int:
@@ -199,6 +111,7 @@ class TaskStore:
         )
         self.tasks[task_id] = task
         self.by_owner.setdefault(owner, []).append(task)
+        self._live.setdefault(owner, []).append(task)
         if self._journal is not None:
             self._journal.insert_task(task)
         return task
@@ -325,10 +238,11 @@ class TaskStore:
 
     # ------------------------------------------------------------------ persistence
 
-    def _load(self, journal: _Journal) -> None:
+    def _load(self, journal: Journal) -> None:
         for task in journal.load_tasks():
             self.tasks[task.task_id] = task
             self.by_owner.setdefault(task.owner, []).append(task)
+            self._live.setdefault(task.owner, []).append(task)
             self._seq = max(self._seq, task.seq)
             if task.purged:
                 continue
@@ -360,171 +274,3 @@ class TaskStore:
             task.id_set = set(task.ids) if self.clock() < task.expire_at else None
             if pending_start is not None:
                 self.pending.append((task, pending_start, task.total, pending_urls))
-
-
-class _Journal:
-    """Write-through SQLite mirror of the store."""
-
-    def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(
-            """
-            CREATE TABLE IF NOT EXISTS tasks (
-                task_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, owner BLOB NOT NULL,
-                album_name TEXT NOT NULL, description TEXT, created REAL NOT NULL,
-                expire_at REAL NOT NULL, done_at REAL, result_expire_at REAL,
-                default_detection INTEGER NOT NULL, fetch INTEGER NOT NULL DEFAULT 0,
-                purged INTEGER NOT NULL DEFAULT 0
-            );
-            CREATE TABLE IF NOT EXISTS images (
-                task_id TEXT NOT NULL, idx INTEGER NOT NULL, image_id TEXT NOT NULL,
-                hash INTEGER NOT NULL, mask INTEGER NOT NULL, outcome INTEGER NOT NULL,
-                measured BLOB, url TEXT, PRIMARY KEY (task_id, idx)
-            ) WITHOUT ROWID;
-            """
-        )
-
-    def close(self) -> None:
-        self._db.close()
-
-    def _update_task(self, task: TaskRecord) -> None:
-        self._db.execute(
-            "UPDATE tasks SET expire_at=?, done_at=?, result_expire_at=?, fetch=?, purged=? "
-            "WHERE task_id=?",
-            (
-                task.expire_at,
-                task.done_at,
-                task.result_expire_at,
-                int(task.outcomes is not None),
-                int(task.purged),
-                task.task_id,
-            ),
-        )
-
-    def insert_task(self, task: TaskRecord) -> None:
-        self._db.execute(
-            "INSERT INTO tasks (task_id, seq, owner, album_name, description, created, expire_at,"
-            " done_at, result_expire_at, default_detection) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                task.task_id,
-                task.seq,
-                task.owner,
-                task.album_name,
-                task.description,
-                task.created,
-                task.expire_at,
-                task.done_at,
-                task.result_expire_at,
-                task.default_detection,
-            ),
-        )
-
-    def insert_images(
-        self,
-        task: TaskRecord,
-        start: int,
-        ids: list[str],
-        hashes: list[int],
-        masks: list[int],
-        urls: list[str] | None,
-        processed: bool,
-    ) -> None:
-        outcome = OUTCOME_DONE if processed else OUTCOME_PENDING
-        tid = task.task_id
-        rows: Iterable[tuple[object, ...]]
-        if urls is None:
-            rows = (
-                (tid, start + i, ids[i], _to_signed(hashes[i]), masks[i], outcome, None)
-                for i in range(len(ids))
-            )
-        else:
-            rows = (
-                (tid, start + i, ids[i], _to_signed(hashes[i]), masks[i], outcome, urls[i])
-                for i in range(len(ids))
-            )
-        self._db.execute("BEGIN")
-        try:
-            self._db.executemany(
-                "INSERT INTO images (task_id, idx, image_id, hash, mask, outcome, url)"
-                " VALUES (?,?,?,?,?,?,?)",
-                rows,
-            )
-            self._update_task(task)
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-
-    def complete_range(self, task: TaskRecord, start: int, end: int) -> None:
-        self._db.execute("BEGIN")
-        self._db.execute(
-            "UPDATE images SET outcome=?, url=NULL WHERE task_id=? AND idx>=? AND idx<?",
-            (OUTCOME_DONE, task.task_id, start, end),
-        )
-        self._update_task(task)
-        self._db.execute("COMMIT")
-
-    def record(self, task: TaskRecord, index: int, analysis: Analysis | None, error: int) -> None:
-        self._db.execute("BEGIN")
-        if analysis is not None:
-            self._db.execute(
-                "UPDATE images SET outcome=?, hash=?, measured=?, url=NULL"
-                " WHERE task_id=? AND idx=?",
-                (
-                    OUTCOME_DONE,
-                    _to_signed(analysis.content_hash),
-                    analysis.measured,
-                    task.task_id,
-                    index,
-                ),
-            )
-        else:
-            self._db.execute(
-                "UPDATE images SET outcome=?, url=NULL WHERE task_id=? AND idx=?",
-                (error, task.task_id, index),
-            )
-        self._update_task(task)
-        self._db.execute("COMMIT")
-
-    def purge(self, task: TaskRecord) -> None:
-        self._db.execute("BEGIN")
-        self._db.execute("DELETE FROM images WHERE task_id=?", (task.task_id,))
-        self._update_task(task)
-        self._db.execute("COMMIT")
-
-    def load_tasks(self) -> Iterator[TaskRecord]:
-        cursor = self._db.execute(
-            "SELECT task_id, seq, owner, album_name, description, created, expire_at, done_at,"
-            " result_expire_at, default_detection, fetch, purged FROM tasks ORDER BY seq"
-        )
-        for row in cursor.fetchall():
-            task = TaskRecord(
-                task_id=row[0],
-                owner=bytes(row[2]),
-                album_name=row[3],
-                description=row[4],
-                created=row[5],
-                expire_at=row[6],
-                default_detection=row[9],
-                seq=row[1],
-            )
-            task.done_at = row[7]
-            task.result_expire_at = row[8]
-            if row[10]:
-                task.outcomes = array("H")
-                task.measured = []
-            task.purged = bool(row[11])
-            yield task
-
-    def load_images(
-        self, task_id: str
-    ) -> Iterator[tuple[str, int, int, int, bytes | None, str | None]]:
-        cursor = self._db.execute(
-            "SELECT image_id, hash, mask, outcome, measured, url FROM images WHERE task_id=?"
-            " ORDER BY idx",
-            (task_id,),
-        )
-        for image_id, h, mask, outcome, measured, url in cursor:
-            yield image_id, _to_unsigned(h), mask, outcome, measured, url

@@ -60,10 +60,20 @@ class TokenBucket:
 
 
 class TaggingWorker:
-    """Drains :attr:`TaskStore.pending`; run :meth:`run` as one background task."""
+    """Drains :attr:`TaskStore.pending`; run :meth:`run` as one background task.
+
+    Keys take turns (:class:`~.pending.PendingQueue`), and in fetch mode one key holds at most
+    ``fetch_concurrency // (keys with work + 1)`` of the fetch slots, so a key arriving while
+    another has thousands of slow images in flight finds free slots at once.
+    """
 
     def __init__(
-        self, store: TaskStore, analyzer: Analyzer, *, rate: float, fetch_concurrency: int = 32
+        self,
+        store: TaskStore,
+        analyzer: Analyzer,
+        *,
+        rate: float,
+        fetch_concurrency: int = 32,
     ) -> None:
         self.store = store
         self.analyzer = analyzer
@@ -74,10 +84,16 @@ class TaggingWorker:
             TokenBucket(rate, max(1.0, rate * 0.05)) if rate > 0 else None
         )
         self._wake: anyio.Event | None = None
+        self._in_flight: dict[bytes, int] = {}
 
     def _notify(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+    def _share(self) -> int:
+        """Fetch slots one key may hold now."""
+        owners = len(set(self._in_flight) | self.store.pending.owners())
+        return max(1, self.fetch_concurrency // (owners + 1))
 
     async def run(self) -> None:
         """Tag forever (until cancelled)."""
@@ -92,32 +108,37 @@ class TaggingWorker:
                 if now >= next_sweep:
                     store.sweep()
                     next_sweep = now + SWEEP_INTERVAL
-                if not store.pending:
+                in_flight = self._in_flight
+                share = self._share() if store.pending else 0
+                head = store.pending.head(in_flight, share) if store.pending else None
+                if head is None:
+                    # Nothing to do, or every key with work holds its share of fetch slots.
                     self._wake = anyio.Event()
                     with anyio.move_on_after(SWEEP_INTERVAL):
                         await self._wake.wait()
                     self._wake = None
                     continue
-                task, start, end, urls = store.pending[0]
+                task, start, end, urls = head
+                want = end - start
+                if urls is not None:
+                    want = min(want, share - in_flight.get(task.owner, 0))
                 if bucket is not None:
-                    count = bucket.take_up_to(end - start)
+                    count = bucket.take_up_to(want)
                     if not count:
                         await anyio.sleep(bucket.wait_time())
                         continue
                 else:
-                    count = end - start
-                stop = start + count
-                if stop >= end:
-                    store.pending.popleft()
-                else:
-                    store.pending[0] = (task, stop, end, urls[count:] if urls else None)
+                    count = want
+                store.pending.consume(head, count)
                 if urls is None:
-                    store.complete_range(task, start, stop)
+                    store.complete_range(task, start, start + count)
                     if bucket is None:
                         await anyio.lowlevel.checkpoint()
                 else:
+                    owner = task.owner
                     for offset, url in enumerate(urls[:count]):
                         await limiter.acquire()
+                        self._in_flight[owner] = self._in_flight.get(owner, 0) + 1
                         tg.start_soon(self._fetch_one, limiter, task, start + offset, url)
 
     async def _fetch_one(
@@ -135,3 +156,10 @@ class TaggingWorker:
                 self.store.record(task, index, analysis, 0)
         finally:
             limiter.release()
+            owner = task.owner
+            left = self._in_flight[owner] - 1
+            if left:
+                self._in_flight[owner] = left
+            else:
+                del self._in_flight[owner]
+            self._notify()

@@ -58,6 +58,7 @@ async def start_service() -> AsyncIterator[StartService]:
 
         async def start(**overrides: Any) -> RunningService:
             options: dict[str, Any] = {
+                "fetch_allow_private": True,  # the tests' image servers are on loopback
                 "api_keys": (KEY,),
                 "bulk_api_keys": (BULK_KEY, OTHER_BULK_KEY),
             }

@@ -252,7 +252,8 @@ async def test_list_visibility_and_other_keys(
     a = await mine.create_task(requests(1), description="a")
     b = await mine.create_task(requests(1), description="b")
     c = await other.create_task(requests(1), description="c")
-    assert [t.task_id for t in await mine.list_tasks()] == [a.task_id, b.task_id]
+    # Newest first.
+    assert [t.task_id for t in await mine.list_tasks()] == [b.task_id, a.task_id]
     assert [t.description for t in await other.list_tasks()] == ["c"]
     with pytest.raises(TaskNotFoundError):
         await mine.task_status(c.task_id)

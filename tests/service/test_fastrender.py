@@ -28,7 +28,7 @@ from fashiontag_pipeline.service.analyzer import (
     content_hash,
     failure_response,
 )
-from fashiontag_pipeline.service.app import FAILURE_MESSAGES
+from fashiontag_pipeline.service.errors import FAILURE_MESSAGES
 from fashiontag_pipeline.service.pixels import pack_measurement, pack_measurements
 from fashiontag_pipeline.service.store import OUTCOME_DONE
 

@@ -1,0 +1,196 @@
+"""Image downloads of fetch mode: per-host connection limits, public addresses only, bounded size.
+
+:class:`FetchingAnalyzer` is the :class:`~.analyzer.ReferenceAnalyzer` the service uses when
+none is configured: its :meth:`~FetchingAnalyzer.from_url` downloads with an
+:class:`ImageFetcher` and decodes in the :class:`~.decoding.DecodePool`.
+
+* At most ``per_host`` connections to one host (aiohttp ``limit_per_host``), so requests to a
+  slow host queue behind each other instead of filling the pool for every host.
+* Loopback, private, link-local and other non-global addresses are refused, whether the URL
+  names them or its host name resolves to them (checked at connection time, on every redirect),
+  unless ``allow_private`` (tests serve images from 127.0.0.1). A refused URL fails with 803
+  and says nothing of what is behind it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import aiohttp
+import anyio
+from aiohttp.abc import AbstractResolver, ResolveResult
+from yarl import URL
+
+from .analyzer import FETCH_TIMEOUT, Analysis, ImageRejected, ReferenceAnalyzer
+from .decoding import DecodePool
+from .pixels import CODE_FETCH_FAILED, CODE_FILE_TOO_LARGE, MAX_IMAGE_BYTES
+from .taxonomy import Taxonomy
+
+__all__ = ["FetchingAnalyzer", "ImageFetcher", "PublicOnlyResolver", "is_public_address"]
+
+MAX_REDIRECTS = 5
+#: Connections to all image hosts at once (single mode and the bulk worker together).
+MAX_FETCH_CONNECTIONS = 100
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_REFUSED = "image URL host is not a public address (loopback and private hosts are refused)"
+
+
+def is_public_address(address: str) -> bool:
+    """Whether ``address`` (an IP literal) is a global unicast address."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+class _NonPublicHost(OSError):
+    """Every address of the host is refused."""
+
+
+class PublicOnlyResolver(AbstractResolver):
+    """aiohttp's default resolver, keeping only public addresses."""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        public = [r for r in found if is_public_address(r["host"])]
+        if not public:
+            raise _NonPublicHost(_REFUSED)
+        return public
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class ImageFetcher:
+    """Downloads image bytes (see the module docstring); :class:`ImageRejected` on failure."""
+
+    def __init__(
+        self,
+        *,
+        per_host: int,
+        allow_private: bool = False,
+        timeout: float = FETCH_TIMEOUT,
+        max_bytes: int = MAX_IMAGE_BYTES,
+    ) -> None:
+        self._per_host = per_host
+        self._allow_private = allow_private
+        self._timeout = timeout
+        self._max_bytes = max_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=MAX_FETCH_CONNECTIONS,
+                limit_per_host=self._per_host,
+                resolver=None if self._allow_private else PublicOnlyResolver(),
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                headers={"User-Agent": "fashiontag-reference-service/0.1"},
+            )
+        return self._session
+
+    def _check(self, url: URL) -> None:
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ImageRejected(CODE_FETCH_FAILED, "image URL must be http(s) with a host")
+        if self._allow_private:
+            return
+        host = url.host.strip("[]")
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return  # a name: the resolver checks its addresses
+        if not is_public_address(host):
+            raise ImageRejected(CODE_FETCH_FAILED, _REFUSED)
+
+    async def download(self, url: str) -> bytes:
+        session = self._open()
+        target = URL(url)
+        try:
+            with anyio.fail_after(self._timeout):
+                for _ in range(MAX_REDIRECTS + 1):
+                    self._check(target)
+                    async with session.get(target, allow_redirects=False) as resp:
+                        location = resp.headers.get("Location")
+                        if resp.status in _REDIRECTS and location:
+                            target = resp.url.join(URL(location))
+                            continue
+                        return await self._body(resp)
+        except ImageRejected:
+            raise
+        except TimeoutError:
+            raise ImageRejected(CODE_FETCH_FAILED, "image URL timed out") from None
+        except aiohttp.ClientConnectorError as err:
+            if isinstance(err.os_error, _NonPublicHost):
+                raise ImageRejected(CODE_FETCH_FAILED, _REFUSED) from None
+            raise ImageRejected(
+                CODE_FETCH_FAILED, f"image URL could not be fetched: {type(err).__name__}"
+            ) from None
+        except (aiohttp.ClientError, ValueError, OSError) as err:
+            raise ImageRejected(
+                CODE_FETCH_FAILED, f"image URL could not be fetched: {type(err).__name__}"
+            ) from None
+        raise ImageRejected(CODE_FETCH_FAILED, f"image URL redirected more than {MAX_REDIRECTS}")
+
+    async def _body(self, resp: aiohttp.ClientResponse) -> bytes:
+        if resp.status != 200:
+            raise ImageRejected(CODE_FETCH_FAILED, f"image URL answered HTTP {resp.status}")
+        ctype = resp.headers.get("Content-Type", "")
+        if ctype and not ctype.lower().startswith(("image/", "application/octet-stream")):
+            raise ImageRejected(
+                CODE_FETCH_FAILED, f"image URL returned {ctype.split(';')[0][:64]}, not an image"
+            )
+        if (resp.content_length or 0) > self._max_bytes:
+            raise ImageRejected(CODE_FILE_TOO_LARGE, "image file is too large")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > self._max_bytes:
+                raise ImageRejected(CODE_FILE_TOO_LARGE, "image file is too large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            with anyio.CancelScope(shield=True):
+                await session.close()
+
+
+class FetchingAnalyzer(ReferenceAnalyzer):
+    """The reference analyzer with guarded downloads and pooled decoding."""
+
+    def __init__(
+        self,
+        *,
+        decode: DecodePool,
+        per_host: int,
+        allow_private: bool = False,
+        taxonomy: Taxonomy | None = None,
+        fetch_timeout: float = FETCH_TIMEOUT,
+    ) -> None:
+        super().__init__(taxonomy, fetch_timeout=fetch_timeout)
+        self._decode = decode
+        self._fetcher = ImageFetcher(
+            per_host=per_host, allow_private=allow_private, timeout=fetch_timeout
+        )
+
+    async def from_url(self, url: str) -> Analysis:
+        data = await self._fetcher.download(url)
+        return await self._decode.analyze(self, data)
+
+    async def aclose(self) -> None:
+        await self._fetcher.aclose()
+        await super().aclose()
