@@ -5,8 +5,9 @@ Subcommands are thin: ``serve`` lives in :mod:`fashiontag_pipeline.service.cli`,
 ``add_*_arguments(parser)`` and a ``*_command(args) -> int``. ``tag`` and ``tasks`` only need the
 client and live here.
 
-Exit codes: 0 success, 1 a run that ended with an error, 2 bad usage or configuration,
-130 interrupted.
+Exit codes: 0 success, 1 a run that ended with an error, 2 bad usage or configuration (or a
+state file of an unfinished run of other manifests), 3 a run that ended with rows still lacking
+an outcome, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -46,7 +47,10 @@ EXIT_CODES = """exit codes:
   0    success (run: every row has an outcome, in the results file or in rejects)
   1    a run or request that ended with an error (refused key, service unreachable past
        --give-up-after, unreadable manifest, HTTP error); one line on stderr, state saved
-  2    bad usage or configuration (unknown flag, bad flag or config value)
+  2    bad usage or configuration (unknown flag, bad flag or config value), or a state
+       file that holds an unfinished run of other manifests (nothing touched: finish it, or
+       --restart)
+  3    run: the run ended but the state shows rows without an outcome; run it again
   130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume
 """
 
