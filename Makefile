@@ -21,6 +21,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check fashiontag_pipeline tests benchmarks
 	$(PY) -m ruff format --check fashiontag_pipeline tests benchmarks
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 fmt: $(STAMP)
 	$(PY) -m ruff format fashiontag_pipeline tests benchmarks

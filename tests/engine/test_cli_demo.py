@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fashiontag_pipeline.cli.demo import run_demo
+from fashiontag_pipeline.cli.run import add_run_arguments, engine_config_from_args, run_command
 from fashiontag_pipeline.engine import EngineConfig
-from fashiontag_pipeline.engine.cli import add_run_arguments, engine_config_from_args, run_command
-from fashiontag_pipeline.engine.demo import run_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def serve_argv(*flags: str) -> list[str]:
-    if importlib.util.find_spec("fashiontag_pipeline.engine.cli") is not None:
+    if importlib.util.find_spec("fashiontag_pipeline.cli.run") is not None:
         return [sys.executable, "-m", "fashiontag_pipeline", "serve", *flags]
     return [sys.executable, "-m", "fashiontag_pipeline.service", *flags]
 

@@ -11,6 +11,7 @@ under the system temp dir, whose path is printed at the end.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import random
@@ -23,11 +24,13 @@ from aiohttp import web
 from PIL import Image, ImageDraw
 
 from .._config import DEV_API_KEY, DEV_BULK_API_KEY, ClientConfig, Secret
-from .cli import format_summary
-from .config import EngineConfig
-from .run import run_pipeline
+from .._exceptions import FashiontagError
+from ..engine import EngineConfig, run_pipeline
+from ..service import ServiceConfig, running_service
+from .common import EXIT_ERROR, run_async
+from .run import format_summary
 
-__all__ = ["make_catalogue", "run_demo"]
+__all__ = ["add_demo_arguments", "demo_command", "make_catalogue", "run_demo"]
 
 _COLOURS = [
     (200, 30, 40),
@@ -98,7 +101,6 @@ def make_catalogue(folder: Path, images: int, seed: int = 1) -> list[tuple[str, 
 
 async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
     """The demo; returns an exit code."""
-    from ..service import ServiceConfig, running_service
 
     if workdir is not None:
         root = Path(workdir)
@@ -173,3 +175,23 @@ async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
         + ("  (remove the folder when done, or pass --workdir DIR)" if workdir is None else "")
     )
     return 0 if summary.complete else 1
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fashiontag demo``."""
+    parser.add_argument("--images", type=int, default=200, help="catalogue size")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the images, manifest, results and state go (default: a new folder under "
+        "the system temp dir, kept after the demo and named at the end)",
+    )
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """``fashiontag demo``: the whole pipeline on a generated catalogue."""
+    try:
+        return run_async(lambda: run_demo(images=args.images, workdir=args.workdir))
+    except FashiontagError as err:
+        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,6 +1,6 @@
-"""``fashiontag run`` and ``fashiontag demo`` (DESIGN 4.1).
+"""``fashiontag run`` (DESIGN 4.1): flags, configuration, signals, the summary, the exit code.
 
-Each command builds its configuration (file ``[engine]`` table, then flags), runs its own event
+The command builds its configuration (file ``[engine]`` table, then flags), runs its own event
 loop (uvloop when importable) and returns an exit code: 0 when every row has an outcome (or the
 run was already complete), 1 on a fatal error (one line on stderr, state saved), 2 on bad
 usage or a state file of an unfinished run of other manifests (nothing touched), 3 when the run
@@ -22,27 +22,36 @@ import anyio
 import msgspec
 
 from .._client import FIRST_FAILURE
-from .._config import ClientConfig, load_section
+from .._config import load_section
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
-from .config import EngineConfig, RunSummary
-from .run import RunControl, default_state_path, first_error, run_pipeline, summary_json
+from ..engine.config import EngineConfig, RunSummary
+from ..engine.run import (
+    RunControl,
+    default_state_path,
+    first_error,
+    run_pipeline,
+    summary_json,
+)
+from .common import (
+    EXIT_ERROR,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_client_arguments,
+    client_config_from_args,
+    parse_detection,
+    run_async,
+)
 
-__all__ = ["add_demo_arguments", "add_run_arguments", "demo_command", "run_command"]
+__all__ = ["add_run_arguments", "format_summary", "run_command"]
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-#: The run ended, but the state store shows rows without an outcome: run it again.
-EXIT_INCOMPLETE = 3
-EXIT_INTERRUPTED = 130
 T = TypeVar("T")
 _D = EngineConfig()  # the defaults shown in --help
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fashiontag run``."""
-    from ..cli import add_client_arguments, parse_detection
-
     parser.add_argument(
         "manifests",
         nargs="+",
@@ -200,22 +209,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise ConfigError(f"invalid engine option: {err}") from None
 
 
-def _client_config(args: argparse.Namespace) -> ClientConfig:
-    from ..cli import client_config_from_args
-
-    return client_config_from_args(args)
-
-
-def run_async(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run ``fn`` on a fresh event loop (uvloop when importable)."""
-    try:
-        import uvloop  # noqa: F401
-
-        return anyio.run(fn, backend_options={"use_uvloop": True})
-    except ImportError:
-        return anyio.run(fn)
-
-
 async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -> T:
     """Run ``body``; first SIGINT/SIGTERM stops gracefully, the second aborts."""
     result: list[T] = []
@@ -312,7 +305,7 @@ def run_command(args: argparse.Namespace) -> int:
     """``fashiontag run``: returns the exit code."""
     try:
         engine = engine_config_from_args(args)
-        client = _client_config(args)
+        client = client_config_from_args(args)
     except (ConfigError, ValueError) as err:
         print(f"fashiontag: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -384,25 +377,3 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
     if summary.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_INCOMPLETE if summary.unsettled or summary.in_flight else EXIT_ERROR
-
-
-def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``fashiontag demo``."""
-    parser.add_argument("--images", type=int, default=200, help="catalogue size")
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        help="where the images, manifest, results and state go (default: a new folder under "
-        "the system temp dir, kept after the demo and named at the end)",
-    )
-
-
-def demo_command(args: argparse.Namespace) -> int:
-    """``fashiontag demo``: the whole pipeline on a generated catalogue."""
-    from .demo import run_demo
-
-    try:
-        return run_async(lambda: run_demo(images=args.images, workdir=args.workdir))
-    except FashiontagError as err:
-        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
-        return EXIT_ERROR

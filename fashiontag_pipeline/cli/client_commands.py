@@ -1,0 +1,101 @@
+"""``fashiontag tag`` (one image, single mode) and ``fashiontag tasks`` (inspect bulk tasks):
+the commands that need only the client."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import mimetypes
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .._client import TaggerClient
+from .._exceptions import ConfigError
+from .._models import Context, Image, ImageType, Task
+from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
+
+__all__ = ["tag_command", "tasks_command"]
+
+
+def _image_from_argument(value: str) -> Image:
+    if value.startswith(("http://", "https://")):
+        return Image(type=ImageType.URL, content=value)
+    if value.startswith("data:image/"):
+        return Image(type=ImageType.BASE64, content=value)
+    path = Path(value)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"cannot read image {value!r}: {err.strerror}") from None
+    mime = mimetypes.guess_type(path.name)[0] or "image/jpeg"
+    ext = mime.split("/", 1)[1] if mime.startswith("image/") else "jpeg"
+    encoded = base64.b64encode(data).decode("ascii")
+    return Image(type=ImageType.BASE64, content=f"data:image/{ext};base64,{encoded}")
+
+
+async def tag_command(args: argparse.Namespace) -> int:
+    config = client_config_from_args(args)
+    image = _image_from_argument(args.image)
+    context = Context(detection=args.detection) if args.detection else None
+    async with TaggerClient(config=config) as client:
+        response = await client.tag(image, context, language=args.language)
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(response), indent=2) + b"\n")
+    return EXIT_OK if response.ok else EXIT_ERROR
+
+
+def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
+    """``tasks list`` for a person: newest first, one line per task."""
+    ordered = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+    shown = ordered if limit is None else ordered[:limit]
+    rows = [("TASK", "STATUS", "TOTAL", "DONE", "FAILED", "CREATED", "DESCRIPTION")]
+    for t in shown:
+        status = str(t.task_status.value).removeprefix("TASK_")
+        description = " ".join((t.description or "").split())
+        if len(description) > 40:
+            description = description[:39] + "~"
+        rows.append(
+            (
+                t.task_id,
+                status,
+                f"{t.count.total:,}",
+                f"{t.count.done:,}",
+                f"{t.count.failure:,}",
+                (t.create_date or "")[:19].replace("T", " "),
+                description,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+        + "  "
+        + row[-1]
+        for row in rows
+    ]
+    if len(shown) < len(ordered):
+        lines.append(f"({len(ordered) - len(shown)} older tasks not shown; --limit N)")
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+async def tasks_command(args: argparse.Namespace) -> int:
+    config = client_config_from_args(args)
+    async with TaggerClient(config=config) as client:
+        result: Any
+        if args.tasks_command == "list":
+            tasks = await client.list_tasks()
+            if not args.json:
+                sys.stdout.write(_task_table(tasks, args.limit))
+                return EXIT_OK
+            tasks = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+            result = tasks if args.limit is None else tasks[: args.limit]
+        elif args.tasks_command == "status":
+            result = await client.task_status(args.task_id)
+        else:
+            result = await client.task_results(
+                args.task_id, offset=args.offset, size=args.size, language=args.language
+            )
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
+    return EXIT_OK

@@ -1,0 +1,144 @@
+"""What every subcommand shares: exit codes, help texts, the client flags and their config.
+
+The CLI is the top layer (see the import-linter contracts in ``pyproject.toml``): the engine and
+the service know nothing of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+
+from .._config import (
+    DEFAULT_BASE_URL,
+    ENV_API_KEY,
+    ENV_BULK_API_KEY,
+    ClientConfig,
+    load_client_config,
+    with_default_keys,
+)
+from .._models import LANGUAGES, Detection
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_ERROR",
+    "EXIT_INCOMPLETE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "KEYS_HELP",
+    "add_client_arguments",
+    "client_config_from_args",
+    "parse_detection",
+    "run_async",
+]
+
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+#: The run ended, but the state store shows rows without an outcome: run it again.
+EXIT_INCOMPLETE = 3
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES = """exit codes:
+  0    success (run: every row has an outcome, in the results file or in rejects)
+  1    a run or request that ended with an error (refused key, service unreachable past
+       --give-up-after, unreadable manifest, HTTP error); one line on stderr, state saved
+  2    bad usage or configuration (unknown flag, bad flag or config value), or a state
+       file that holds an unfinished run of other manifests (nothing touched: finish it, or
+       --restart)
+  3    run: the run ended but the state shows rows without an outcome; run it again
+  130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume
+"""
+
+KEYS_HELP = """keys and URL: flags, then FASHIONTAG_BASE_URL / FASHIONTAG_API_KEY /
+FASHIONTAG_BULK_API_KEY, then the [client] table of --config. With no key anywhere, the
+public development keys of `fashiontag serve` are sent."""
+
+_FLAG_WARNING = (
+    "fashiontag: warning: {flag} is visible to other users of this machine (ps, /proc); "
+    "prefer {var} or a --config file only you can read"
+)
+
+
+def parse_detection(value: str) -> list[Detection]:
+    """``TOP,SHOES`` -> [Detection.TOP, Detection.SHOES]; a clear error names a bad value."""
+    out: list[Detection] = []
+    for part in value.replace("|", ",").split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        try:
+            out.append(Detection(name))
+        except ValueError:
+            allowed = ", ".join(d.value for d in Detection)
+            raise argparse.ArgumentTypeError(
+                f"unknown detection value {part.strip()!r} (allowed: {allowed})"
+            ) from None
+    if not out:
+        raise argparse.ArgumentTypeError("detection needs at least one value")
+    return out
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by every command that talks to the service."""
+    parser.add_argument(
+        "--base-url", help=f"service URL (env FASHIONTAG_BASE_URL; default {DEFAULT_BASE_URL})"
+    )
+    parser.add_argument("--config", type=Path, help="TOML config file (see configs/)")
+    parser.add_argument("--language", choices=LANGUAGES, help="language of tag names (default en)")
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help=f"single-mode key (env {ENV_API_KEY}); visible to other users in ps: prefer the "
+        "variable",
+    )
+    parser.add_argument(
+        "--bulk-api-key",
+        metavar="KEY",
+        help=f"bulk key (env {ENV_BULK_API_KEY}); visible to other users in ps: prefer the "
+        "variable",
+    )
+
+
+def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
+    """The client config from --config, the environment, then flags.
+
+    With no key configured anywhere, the public development keys are sent, so every command
+    works against the embedded reference service with no setup (a real service answers 401).
+    """
+    api_key = getattr(args, "api_key", None)
+    bulk_api_key = getattr(args, "bulk_api_key", None)
+    for flag, var, value in (
+        ("--api-key", ENV_API_KEY, api_key),
+        ("--bulk-api-key", ENV_BULK_API_KEY, bulk_api_key),
+    ):
+        if value is not None:
+            print(_FLAG_WARNING.format(flag=flag, var=var), file=sys.stderr)
+    config = load_client_config(
+        getattr(args, "config", None),
+        overrides={
+            "base_url": args.base_url,
+            "language": args.language,
+            "api_key": api_key,
+            "bulk_api_key": bulk_api_key,
+        },
+    )
+    return with_default_keys(config)
+
+
+def run_async(fn: Callable[[], Awaitable[T]]) -> T:
+    """Run ``fn`` on a fresh event loop (uvloop when importable)."""
+    try:
+        import uvloop  # noqa: F401
+
+        return anyio.run(fn, backend_options={"use_uvloop": True})
+    except ImportError:
+        return anyio.run(fn)

@@ -1,0 +1,164 @@
+"""The ``fashiontag`` command line: one parser, thin subcommands.
+
+``serve`` lives in :mod:`fashiontag_pipeline.service.cli` (the service half's own command),
+``run`` in :mod:`.run`, ``demo`` in :mod:`.demo`, ``tag`` and ``tasks`` in
+:mod:`.client_commands`; each offers ``add_*_arguments(parser)`` and ``*_command(args) -> int``.
+Each half's arguments (and imports) are registered only for its own subcommand.
+
+Exit codes: 0 success, 1 a run that ended with an error, 2 bad usage or configuration (or a
+state file of an unfinished run of other manifests), 3 a run that ended with rows still lacking
+an outcome, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from .._exceptions import ConfigError, FashiontagError
+from .client_commands import tag_command, tasks_command
+from .common import (
+    EXIT_CODES,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    KEYS_HELP,
+    add_client_arguments,
+    parse_detection,
+)
+
+__all__ = ["configure_logging", "main"]
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line (top-level options take no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser. Each half's arguments (and so its imports: the whole service package, the
+    engine with SQLite) are registered only when its subcommand is the one invoked, which keeps
+    every run's start-up to what it uses."""
+    parser = argparse.ArgumentParser(
+        prog="fashiontag",
+        description="Tag fashion catalogues through an image tagging service.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the reference tagging service")
+    if command == "serve":
+        from ..service import cli as service_cli
+
+        service_cli.add_serve_arguments(serve)
+        serve.set_defaults(handler=service_cli.serve_command, is_async=False)
+
+    run = sub.add_parser(
+        "run",
+        help="tag every image of one or more manifests (bulk)",
+        epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if command == "run":
+        from . import run as run_cli
+
+        run_cli.add_run_arguments(run)
+        run.set_defaults(handler=run_cli.run_command, is_async=False)
+
+    tag = sub.add_parser(
+        "tag",
+        help="tag one image (single mode)",
+        epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
+    tag.add_argument("--detection", type=parse_detection, help="e.g. TOP,SHOES")
+    add_client_arguments(tag)
+    tag.set_defaults(handler=tag_command, is_async=True)
+
+    tasks = sub.add_parser(
+        "tasks",
+        help="inspect bulk tasks",
+        epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
+    t_list = tasks_sub.add_parser(
+        "list", help="the bulk key's tasks, newest first (a table; --json for programs)"
+    )
+    t_list.add_argument("--json", action="store_true", help="JSON array of the tasks")
+    t_list.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="only the N newest tasks"
+    )
+    add_client_arguments(t_list)
+    t_status = tasks_sub.add_parser("status", help="one task's status")
+    t_status.add_argument("task_id")
+    add_client_arguments(t_status)
+    t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
+    t_results.add_argument("task_id")
+    t_results.add_argument("--offset", type=int, default=0, help="first result (default 0)")
+    t_results.add_argument("--size", type=int, default=100, help="results, 1-100 (default 100)")
+    add_client_arguments(t_results)
+    tasks.set_defaults(handler=tasks_command, is_async=True)
+
+    demo = sub.add_parser("demo", help="run the whole pipeline on a generated catalogue")
+    if command == "demo":
+        from . import demo as demo_cli
+
+        demo_cli.add_demo_arguments(demo)
+        demo.set_defaults(handler=demo_cli.demo_command, is_async=False)
+    return parser
+
+
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record (like logging's own
+    last-resort handler), so that while the live progress line redirects stderr, a warning
+    is printed above the line instead of through it."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def configure_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[_CurrentStderr()],
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fashiontag`` console script."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser(_command_of(arguments))
+    args = parser.parse_args(arguments)
+    configure_logging(args.verbose)
+    handler: Callable[[argparse.Namespace], Any] = args.handler
+    try:
+        if args.is_async:
+            return int(anyio.run(handler, args))
+        return int(handler(args))
+    except ConfigError as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except FashiontagError as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("fashiontag: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
