@@ -19,6 +19,7 @@ shared client.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -37,15 +38,16 @@ from .batcher import TaskWriter
 from .config import EngineConfig, RunSummary
 from .flow import FatalRunError, RetryBudget
 from .gcpolicy import tune_gc
+from .intake import intake
 from .manifests import fingerprint
 from .pagers import ResultPagers
 from .policy import Chunk, decode_body
-from .single import SingleRouter, merge_routes, pending_ops, split_routes
-from .sinks import Reject, RejectSink, open_result_sink
+from .single import SingleRouter
+from .sinks import RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, manifests_size, open_manifest
-from .state import Journal, Reconciliation, RunState, StateDB, split_position
+from .state import Journal, Reconciliation, RunState, StateDB
 from .tracker import TaskBook, TaskEntry, Tracker
-from .validate import STAGE_CLIENT, Item, SingleItem, Validator
+from .validate import Item, SingleItem, Validator
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
@@ -326,55 +328,6 @@ class _EngineRun:
                     self.rows_read += len(batch.rows)
                     await send.send(batch)
 
-    async def _validate(
-        self,
-        receive: anyio.abc.ObjectReceiveStream[RowBatch],
-        send: anyio.abc.ObjectSendStream[list[Item]],
-        single_send: anyio.abc.ObjectSendStream[list[SingleItem]],
-    ) -> None:
-        chunked, validated = self.state.chunked, self.state.validated
-        async with receive, send, single_send:
-            async for batch in receive:
-                items, singles, rejects = self.validator.route(batch, skip_upto=chunked)
-                fresh = [r for pos, r in rejects if pos > validated]
-                last = batch.rows[-1][0]
-                watermark = (batch.source << 40) | last
-                if not items and not singles and not fresh and watermark <= validated:
-                    continue
-                rows: list[Any] = items
-                routed = None
-                if singles:
-                    # Both routes in position order: the first row of an id wins.
-                    rows = merge_routes(items, singles)
-
-                    def routed(keep: list[int], rows: list[Any] = rows) -> list[tuple[str, Any]]:
-                        return pending_ops(split_routes(rows, keep, validated)[1])
-
-                keyed = [(ident, pos) for ident, pos, _ in rows]
-
-                def make_dup(i: int, first: int, keyed: list[tuple[str, int]] = keyed) -> Reject:
-                    ident, pos = keyed[i]
-                    src, line = split_position(first)
-                    return Reject(
-                        ident,
-                        f"duplicate id (first seen at {self.names[src]} line {line})",
-                        STAGE_CLIENT,
-                        pos & ((1 << 40) - 1),
-                        self.names[pos >> 40],
-                    )
-
-                keep = await self.journal.intake(
-                    keyed, fresh, make_dup, max(watermark, validated), validated, routed
-                )
-                if singles:
-                    bulk, routed_rows = split_routes(rows, keep, validated)
-                    if routed_rows:
-                        await single_send.send(routed_rows)
-                    if bulk:
-                        await send.send(bulk)
-                elif keep:
-                    await send.send([items[i] for i in keep])
-
     # -------------------------------------------------------------- resume
 
     async def _reattach(self) -> list[Chunk]:
@@ -474,7 +427,19 @@ class _EngineRun:
             self.writer.active -= 1
             tg.start_soon(source)
             tg.start_soon(self.single.run, single_recv, pending_singles)
-            tg.start_soon(self._validate, raw_recv, item_send, single_send)
+            tg.start_soon(
+                functools.partial(
+                    intake,
+                    validator=self.validator,
+                    journal=self.journal,
+                    names=self.names,
+                    chunked=self.state.chunked,
+                    validated=self.state.validated,
+                ),
+                raw_recv,
+                item_send,
+                single_send,
+            )
             await self.writer.seal_idle()
             tg.start_soon(self._track_and_page, tg)
 
