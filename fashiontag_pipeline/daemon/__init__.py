@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from .config import DaemonConfig, load_daemon_config
 from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer, StatusProvider
-from .inbox import Claim, ClaimLedger, ClaimRecord, Inbox, MemoryClaimLedger, SQLiteClaimLedger
+from .inbox import Claim, Inbox
 from .interface import IngestEngine, ManifestOutcome, ManifestRun
+from .ledger import ClaimLedger, ClaimRecord, MemoryClaimLedger, SQLiteClaimLedger
 from .logs import configure_logging
 from .metrics import DaemonMetrics
 from .notify import SystemdNotifier

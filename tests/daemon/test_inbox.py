@@ -14,15 +14,12 @@ import anyio
 import pytest
 
 from fashiontag_pipeline.daemon import inbox as inbox_module
-from fashiontag_pipeline.daemon.inbox import (
-    Claim,
+from fashiontag_pipeline.daemon.inbox import Claim, Inbox, is_manifest_name, manifest_stem
+from fashiontag_pipeline.daemon.ledger import (
     ClaimLedger,
     ClaimRecord,
-    Inbox,
     MemoryClaimLedger,
     SQLiteClaimLedger,
-    is_manifest_name,
-    manifest_stem,
 )
 
 CSV = b"id,url\n1,http://127.0.0.1/a.jpg\n2,http://127.0.0.1/b.jpg\n"
