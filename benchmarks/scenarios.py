@@ -589,12 +589,12 @@ def scenario_compare(b: Bench) -> Outcome:
     table: list[dict[str, Any]] = []
     for n in b.sizes.compare_rows:
         m = manifest(b.work, n)
-        medians: dict[str, dict[str, Any]] = {}
-        for key, label, maker, foreign in _CLIENTS:
-            if maker == "naive" and not b.with_baseline:
-                continue
-            runs: list[MeasuredRun] = []
-            for i in range(b.repeat):
+        clients = [c for c in _CLIENTS if b.with_baseline or c[2] != "naive"]
+        runs: dict[str, list[MeasuredRun]] = {key: [] for key, *_ in clients}
+        # Rounds of one run per client, so that every client sees the same changes in the
+        # machine's load (other processes on a shared machine come and go).
+        for i in range(b.repeat):
+            for key, label, maker, foreign in clients:
                 tag = f"cmp-{key}-{n}-{i}"
                 with (
                     running_service(b.work) as svc,
@@ -607,7 +607,7 @@ def scenario_compare(b: Bench) -> Outcome:
                         if maker == "async"
                         else b.naive(tag, m, url)
                     )
-                    runs.append(
+                    runs[key].append(
                         b.measure(
                             f"{label} {n:,} #{i + 1}",
                             built,
@@ -616,22 +616,25 @@ def scenario_compare(b: Bench) -> Outcome:
                             naive=maker != "engine",
                         )
                     )
-            o.runs += runs
-            cpu = [r.cpu_us_per_row for r in runs]
+        medians: dict[str, dict[str, Any]] = {}
+        for key, label, _, _ in clients:
+            done = runs[key]
+            o.runs += done
+            cpu = [r.cpu_us_per_row for r in done]
             row = {
                 "rows": n,
                 "client": label,
                 "cpu_us_per_image": round(_median(cpu), 2),
                 "cpu_us_min": round(min(cpu), 2),
                 "cpu_us_max": round(max(cpu), 2),
-                "user_us_per_image": round(_median([r.user_s / n * 1e6 for r in runs]), 2),
-                "sys_us_per_image": round(_median([r.sys_s / n * 1e6 for r in runs]), 2),
-                "wall_s": round(_median([r.wall_s for r in runs]), 2),
-                "peak_rss_mb": round(_median([r.peak_rss_mb for r in runs]), 1),
-                "runs": len(runs),
-                "complete": all(_complete(r) for r in runs),
-                "tagged": [(r.summary or {}).get("tagged") for r in runs],
-                "failed": [(r.summary or {}).get("failed") for r in runs],
+                "user_us_per_image": round(_median([r.user_s / n * 1e6 for r in done]), 2),
+                "sys_us_per_image": round(_median([r.sys_s / n * 1e6 for r in done]), 2),
+                "wall_s": round(_median([r.wall_s for r in done]), 2),
+                "peak_rss_mb": round(_median([r.peak_rss_mb for r in done]), 1),
+                "runs": len(done),
+                "complete": all(_complete(r) for r in done),
+                "tagged": [(r.summary or {}).get("tagged") for r in done],
+                "failed": [(r.summary or {}).get("failed") for r in done],
             }
             table.append(row)
             medians[key] = row
