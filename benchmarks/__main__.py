@@ -27,7 +27,8 @@ DEFAULT_OUT = Path(__file__).parent / "results"
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="Benchmark the engine against the reference service and a naive baseline.",
+        description="Benchmark the engine against the reference service and two baselines "
+        "(a competent async script and a naive sequential one).",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
@@ -54,6 +55,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rows", type=int, help="rows of every scenario (memory: N and 10N) instead of the mode's"
+    )
+    p.add_argument(
+        "--compare-rows",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        metavar="N,N",
+        help="manifest sizes of the compare scenario (default 20000,200000)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per client and size in the compare scenario (median reported)",
     )
     p.add_argument("--rate", type=int, help="service rate R (images/s) of makespan/ttfr")
     p.add_argument(
@@ -171,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             service_rows=n,
             faults_rows=n,
             rotate_rows=max(1000, n // 10),
+            compare_rows=(n,),
         )
+    if args.compare_rows:
+        sizes = dataclasses.replace(sizes, compare_rows=args.compare_rows)
     if args.rate:
         sizes = dataclasses.replace(sizes, rate=args.rate)
     names = args.scenario or list(SCENARIOS)
@@ -184,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         rotation_args=_rotation_args(args.rotation, sizes.rotate_rows),
         with_baseline=not args.no_baseline,
         keep_outputs=args.keep_outputs,
+        repeat=max(1, args.repeat),
         log=lambda s: print(s, flush=True),
     )
     command = "python -m benchmarks " + os.environ.get(
@@ -208,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             cleanup(work)
     md = write_reports(
         args.out_dir,
-        mode=args.mode,
+        # A compare-only run has its own report files: it must not replace quick.* / full.*.
+        mode="compare" if names == ["compare"] else args.mode,
         command=command.strip(),
         outcomes=outcomes,
         docs={n: (SCENARIOS[n].__doc__ or "").strip().splitlines()[0] for n in outcomes},

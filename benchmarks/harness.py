@@ -28,6 +28,7 @@ __all__ = [
     "count_lines",
     "manifest",
     "run_measured",
+    "running_foreign_proxy",
     "running_service",
 ]
 
@@ -114,6 +115,30 @@ def running_service(
     try:
         url = _await_listening(proc, startup_timeout, log)
         yield Service(url=url, proc=proc, rate=rate, faults=faults, log=log)
+    finally:
+        _terminate(proc)
+
+
+@contextmanager
+def running_foreign_proxy(
+    work: Path, upstream: str, *, startup_timeout: float = 60.0
+) -> Iterator[str]:
+    """Start ``python -m benchmarks.foreign`` in front of ``upstream``; yield its URL.
+
+    Its own process: re-encoding every body costs the proxy, never the measured client."""
+    cmd = [PY, "-m", "benchmarks.foreign", "--upstream", upstream, "--port", "0"]
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / f"foreign-{int(time.time() * 1000)}.log"
+    root = str(Path(__file__).resolve().parent.parent)
+    env = _child_env(
+        {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    )
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, bufsize=1
+        )
+    try:
+        yield _await_listening(proc, startup_timeout, log)
     finally:
         _terminate(proc)
 

@@ -172,13 +172,14 @@ def markdown(doc: dict[str, Any]) -> str:
         for bud in sc["budgets"]:
             met = {True: "yes", False: "**no**", None: "n/a"}[bud["met"]]
             lines.append(f"| {bud['budget']} ({name}) | {bud['figure']} | {met} |")
-    lines += [
-        "",
-        "## Engine vs naive baseline (same run)",
-        "",
-        "| scenario | figure | engine | naive | naive / engine |",
-        "|---|---|---|---|---|",
-    ]
+    if any(name != "compare" for name in doc["scenarios"]):
+        lines += [
+            "",
+            "## Engine vs naive baseline (same run)",
+            "",
+            "| scenario | figure | engine | naive | naive / engine |",
+            "|---|---|---|---|---|",
+        ]
     for name, sc in doc["scenarios"].items():
         f = sc["figures"]
         for label, ek, nk, unit in _ROWS.get(name, []):
@@ -202,6 +203,26 @@ def markdown(doc: dict[str, Any]) -> str:
                     lines.append(
                         f"| memory | peak RSS {int(a):,} / {int(b):,} rows | {_fmt(v)}x | - | - |"
                     )
+    side = doc["scenarios"].get("compare", {}).get("figures", {}).get("side_by_side")
+    if side:
+        lines += [
+            "",
+            "## Side by side: engine, async script, naive (compare)",
+            "",
+            "CPU = user+sys of the client process per image (median of the runs; min-max).",
+            "",
+            "| rows | client | CPU us/image | user / sys us | wall s | peak RSS MiB | runs | "
+            "complete |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in side:
+            lines.append(
+                f"| {r['rows']:,} | {r['client']} | **{r['cpu_us_per_image']:.1f}** "
+                f"({r['cpu_us_min']:.1f}-{r['cpu_us_max']:.1f}) | "
+                f"{r['user_us_per_image']:.1f} / {r['sys_us_per_image']:.1f} | "
+                f"{r['wall_s']:.2f} | {r['peak_rss_mb']:.0f} | {r['runs']} | "
+                f"{_fmt(r['complete'])} |"
+            )
     lines += ["", "## Scenario details", ""]
     for name, sc in doc["scenarios"].items():
         lines.append(f"- **{name}**: {sc['doc']}")
@@ -210,6 +231,7 @@ def markdown(doc: dict[str, Any]) -> str:
             for k, v in sc["figures"].items()
             if not any(k in (ek, nk) for _, ek, nk, _ in _ROWS.get(name, []))
             and not k.startswith(("peak_rss_mb_", "rss_ratio_"))
+            and k != "side_by_side"
         }
         if extra:
             lines.append("  " + ", ".join(f"{k}={_fmt(v)}" for k, v in extra.items()))

@@ -13,16 +13,24 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .harness import PY, MeasuredRun, manifest, run_measured, running_service
+from .harness import (
+    PY,
+    MeasuredRun,
+    manifest,
+    run_measured,
+    running_foreign_proxy,
+    running_service,
+)
 
 __all__ = ["FULL", "QUICK", "SCENARIOS", "Bench", "Sizes"]
 
 NAIVE = Path(__file__).parent / "baselines" / "naive.py"
+ASYNC_SCRIPT = Path(__file__).parent / "baselines" / "async_script.py"
 #: The faults of the reliability tests (DESIGN 4.1 ``--faults``).
 RELIABILITY_FAULTS = "500=0.05,429=0.02,drop=0.01,ambiguous=0.02"
 
@@ -46,6 +54,8 @@ class Sizes:
     faults_rows: int
     #: rows per task for the rotation scenario (``ttfr``), as engine flags allow
     rotate_rows: int
+    #: manifest sizes of the side-by-side scenario (``compare``)
+    compare_rows: tuple[int, ...] = (20_000, 200_000)
 
 
 QUICK = Sizes(
@@ -91,6 +101,8 @@ class Bench:
     rotation_args: list[str] | None = None
     with_baseline: bool = True
     keep_outputs: bool = False
+    #: measured runs per client and size in ``compare`` (the median is reported)
+    repeat: int = 1
     log: Callable[[str], None] = print
     #: runs shared between scenarios (e.g. the baseline of ``makespan`` used by ``ttfr``)
     cache: dict[str, MeasuredRun] = field(default_factory=dict)
@@ -131,6 +143,13 @@ class Bench:
     def naive(self, tag: str, manifest_path: Path, url: str) -> tuple[list[str], dict[str, Path]]:
         p = self.paths(tag)
         return [PY, str(NAIVE), str(manifest_path), "--base-url", url, "--out", str(p["out"])], p
+
+    def async_script(
+        self, tag: str, manifest_path: Path, url: str
+    ) -> tuple[list[str], dict[str, Path]]:
+        p = self.paths(tag)
+        cmd = [PY, str(ASYNC_SCRIPT), str(manifest_path), "--base-url", url]
+        return [*cmd, "--out", str(p["out"])], p
 
     def measure(
         self,
@@ -545,7 +564,124 @@ def _distinct_ids(*paths: Path) -> tuple[int, int]:
     return len(seen), dupes
 
 
+#: The clients of ``compare``: (key, label, maker, through the foreign-format proxy).
+_CLIENTS = (
+    ("engine", "engine CLI", "engine", False),
+    ("async", "async script", "async", False),
+    ("naive", "naive script", "naive", False),
+    ("engine_foreign", "engine CLI, foreign formatting", "engine", True),
+    ("async_foreign", "async script, foreign formatting", "async", True),
+)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def scenario_compare(b: Bench) -> Outcome:
+    """0. Side by side: engine, competent async script, naive script (CPU, wall, peak RSS).
+
+    At each of ``compare_rows``; the engine and the async script also run through the
+    foreign-format proxy (:mod:`benchmarks.foreign`)."""
+    o = Outcome()
+    table: list[dict[str, Any]] = []
+    for n in b.sizes.compare_rows:
+        m = manifest(b.work, n)
+        clients = [c for c in _CLIENTS if b.with_baseline or c[2] != "naive"]
+        runs: dict[str, list[MeasuredRun]] = {key: [] for key, *_ in clients}
+        # Rounds of one run per client, so that every client sees the same changes in the
+        # machine's load (other processes on a shared machine come and go).
+        for i in range(b.repeat):
+            for key, label, maker, foreign in clients:
+                tag = f"cmp-{key}-{n}-{i}"
+                with (
+                    running_service(b.work) as svc,
+                    _maybe_foreign(b.work, svc.url, foreign) as url,
+                ):
+                    built = (
+                        b.engine_cli(tag, m, url)
+                        if maker == "engine"
+                        else b.async_script(tag, m, url)
+                        if maker == "async"
+                        else b.naive(tag, m, url)
+                    )
+                    runs[key].append(
+                        b.measure(
+                            f"{label} {n:,} #{i + 1}",
+                            built,
+                            rows=n,
+                            service=svc,
+                            naive=maker != "engine",
+                        )
+                    )
+        medians: dict[str, dict[str, Any]] = {}
+        for key, label, _, _ in clients:
+            done = runs[key]
+            o.runs += done
+            cpu = [r.cpu_us_per_row for r in done]
+            row = {
+                "rows": n,
+                "client": label,
+                "cpu_us_per_image": round(_median(cpu), 2),
+                "cpu_us_min": round(min(cpu), 2),
+                "cpu_us_max": round(max(cpu), 2),
+                "user_us_per_image": round(_median([r.user_s / n * 1e6 for r in done]), 2),
+                "sys_us_per_image": round(_median([r.sys_s / n * 1e6 for r in done]), 2),
+                "wall_s": round(_median([r.wall_s for r in done]), 2),
+                "peak_rss_mb": round(_median([r.peak_rss_mb for r in done]), 1),
+                "runs": len(done),
+                "complete": all(_complete(r) for r in done),
+                "tagged": [(r.summary or {}).get("tagged") for r in done],
+                "failed": [(r.summary or {}).get("failed") for r in done],
+            }
+            table.append(row)
+            medians[key] = row
+        eng, asy = medians["engine"], medians["async"]
+        o.budget(
+            f"engine CPU <= async script CPU ({n:,} rows)",
+            f"engine {eng['cpu_us_per_image']:.1f}, async script "
+            f"{asy['cpu_us_per_image']:.1f} us/image",
+            eng["complete"] and eng["cpu_us_per_image"] <= asy["cpu_us_per_image"],
+        )
+        o.budget(
+            f"CPU <= {BUDGET_CPU_US:g} us/image ({n:,} rows)",
+            f"{eng['cpu_us_per_image']:.1f} us/image",
+            eng["complete"] and eng["cpu_us_per_image"] <= BUDGET_CPU_US,
+        )
+        fe = medians["engine_foreign"]
+        same = fe["complete"] and fe["tagged"] == eng["tagged"] and fe["failed"] == eng["failed"]
+        o.budget(
+            f"same outcomes through the foreign-format proxy ({n:,} rows)",
+            f"tagged {fe['tagged']} / failed {fe['failed']} vs {eng['tagged']} / {eng['failed']}",
+            same,
+        )
+        o.figures[f"foreign_over_plain_cpu_{n}"] = _r(
+            _ratio(fe["cpu_us_per_image"], eng["cpu_us_per_image"])
+        )
+        o.figures[f"engine_over_async_cpu_{n}"] = _r(
+            _ratio(eng["cpu_us_per_image"], asy["cpu_us_per_image"])
+        )
+    o.figures["side_by_side"] = table
+    o.notes.append(
+        "CPU = user+sys of the client process (os.wait4), interpreter start and imports "
+        f"included; median of {b.repeat} run(s) per cell; every run against a fresh service"
+    )
+    return o
+
+
+@contextlib.contextmanager
+def _maybe_foreign(work: Path, upstream: str, foreign: bool) -> Iterator[str]:
+    if not foreign:
+        yield upstream
+        return
+    with running_foreign_proxy(work, upstream) as url:
+        yield url
+
+
 SCENARIOS: dict[str, Callable[[Bench], Outcome]] = {
+    "compare": scenario_compare,
     "cpu": scenario_cpu,
     "makespan": scenario_makespan,
     "ttfr": scenario_ttfr,

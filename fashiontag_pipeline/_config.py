@@ -106,7 +106,11 @@ class Secret:
 
 
 class Timeout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Per-request timeouts in seconds (None = no limit)."""
+    """Per-request timeouts in seconds (None = no limit).
+
+    ``connect``: to open a connection. ``read``: with ``connect``, the deadline of the whole
+    exchange when ``total`` is not set (one timer per request; not a per-read socket timeout).
+    ``total``: the deadline of the whole exchange, connection included."""
 
     connect: float | None = DEFAULT_CONNECT_TIMEOUT
     read: float | None = DEFAULT_READ_TIMEOUT

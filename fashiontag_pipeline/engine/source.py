@@ -107,6 +107,9 @@ class ManifestReader:
         # number before the chunk and the line count consumed so far within it.
         self._csv: Any = None
         self._lines: list[str] | None = None
+        # A CSV chunk with no quote, CR or NUL: its lines, split at commas without the csv
+        # module (the same fields; see _start).
+        self._plain: list[str] | None = None
         self._base = 0
         self._done = 0
 
@@ -225,6 +228,20 @@ class ManifestReader:
                 lines.pop()
             self._lines = lines
             self._line = self._base + text.count("\n")
+        elif (
+            '"' not in text
+            and "\r" not in text
+            and "\x00" not in text
+            and len(text) <= csv.field_size_limit()
+        ):
+            # Without quotes, CRs or NULs (and no field past the csv module's limit) its rows
+            # are exactly the lines split at commas (blank lines give no row), at a fraction of
+            # its cost per row.
+            lines = text.split("\n")
+            if lines and not lines[-1]:
+                lines.pop()
+            self._plain = lines
+            self._line = self._base + text.count("\n")
         else:
             self._csv = csv.reader(io.StringIO(text, newline=""))
 
@@ -254,6 +271,16 @@ class ManifestReader:
             if i >= end:
                 self._lines = None
             return rows
+        if self._plain is not None:
+            start = self._done
+            block = self._plain[start : start + limit]
+            self._done = start + len(block)
+            if self._done >= len(self._plain):
+                self._plain = None
+            first = base + start + 1
+            return [
+                (first + k, text_line.split(",")) for k, text_line in enumerate(block) if text_line
+            ]
         reader = self._csv
         start = self._done
         append = rows.append
@@ -277,7 +304,7 @@ class ManifestReader:
 
     def read_batch(self) -> RowBatch | None:
         """The next rows (at most ``max_rows``), or None at end of input."""
-        while self._csv is None and self._lines is None:
+        while self._csv is None and self._lines is None and self._plain is None:
             if self._head is not None:
                 text, self._head = self._head, None
                 if not text:

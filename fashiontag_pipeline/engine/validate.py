@@ -66,6 +66,10 @@ class SingleRequest(msgspec.Struct, gc=False):
 SingleItem = tuple[str, int, SingleRequest]
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+#: What :meth:`Validator._url` accepts, as one regex: http(s)://, a non-empty host (the text
+#: up to the first / or ?), no whitespace anywhere (``\s`` is exactly what ``str.split()``
+#: cuts at, checked over every code point).
+_PLAIN_URL = re.compile(r"https?://[^/?\s]\S*")
 _BULK_ONLY = "url must be an http:// or https:// URL (bulk mode takes URLs only)"
 _BAD_SCHEME = (
     "url must be an http:// or https:// URL, a file:// URL, a data:image/<ext>;base64, URI"
@@ -238,59 +242,92 @@ class Validator:
     def _validate_csv(
         self, batch: RowBatch, skip_upto: int, singles: list[SingleItem] | None
     ) -> tuple[list[Item], list[tuple[int, Reject]]]:
-        i_id, i_url, i_det, i_age, extras = self._layout(batch.header)
+        layout = self._layout(batch.header)
+        i_id, i_url, i_det, i_age, extras = layout
         width = len(batch.header)
-        plain = not extras and i_det < 0 and i_age < 0  # id and url only: no context fields
-        src, name = batch.source, batch.name
-        shifted = position(src, 0)
+        shifted = position(batch.source, 0)
         items: list[Item] = []
         rejects: list[tuple[int, Reject]] = []
+        row = self._csv_row
+        if extras or i_det >= 0 or i_age >= 0:
+            for line, fields in batch.rows:
+                pos = shifted | line
+                if pos > skip_upto:
+                    row(batch, layout, line, fields, pos, items, rejects, singles)
+            return items, rejects
+        # id and url only (the common manifest): a row whose id is set and whose url is an
+        # http(s) URL with a host and no whitespace (one C-level regex match, the same rule as
+        # _url) becomes its request right here; any other row takes the general path.
+        plain_url = _PLAIN_URL.fullmatch
+        append = items.append
         for line, fields in batch.rows:
             pos = shifted | line
             if pos <= skip_upto:
                 continue
-            ident: str | None = None
-            try:
-                if isinstance(fields, str):  # the source could not parse this row
-                    raise _RowError(fields)
-                if len(fields) != width:
-                    if len(fields) > i_id:
-                        ident = fields[i_id] or None
-                    raise _RowError(f"row has {len(fields)} fields, the header has {width}")
+            if type(fields) is list and len(fields) == width:
                 ident = fields[i_id]
-                if not ident:
-                    ident = None
-                    raise _RowError("id is missing")
-                target: tuple[str, str] | None = None
-                try:
-                    url = self._url(fields[i_url])
-                except _NotHttp as not_http:
-                    target = self._single_target(not_http.args[0], singles is not None)
-                if plain and target is None:
-                    context = BulkContext(ident)
-                else:
-                    kwargs: dict[str, Any] = {}
-                    for i, field in extras:
-                        value = fields[i]
-                        if value:
-                            kwargs[field] = value
-                    if i_det >= 0 and fields[i_det]:
-                        kwargs["detection"] = self._detection(fields[i_det])
-                    if i_age >= 0 and fields[i_age]:
-                        kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
-                    if target is not None:
-                        assert singles is not None
-                        singles.append(
-                            (ident, pos, self._single(target, ident, kwargs, line, name))
-                        )
-                        continue
-                    context = BulkContext(ident, **kwargs)
-                request = TaggingRequest(Image(URL, url), context)
-            except _RowError as err:
-                rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
-                continue
-            items.append((ident, pos, request))
+                url = fields[i_url]
+                if ident and plain_url(url) is not None:
+                    append((ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident))))
+                    continue
+            row(batch, layout, line, fields, pos, items, rejects, singles)
         return items, rejects
+
+    def _csv_row(
+        self,
+        batch: RowBatch,
+        layout: tuple[int, int, int, int, list[tuple[int, str]]],
+        line: int,
+        fields: list[str] | str,
+        pos: int,
+        items: list[Item],
+        rejects: list[tuple[int, Reject]],
+        singles: list[SingleItem] | None,
+    ) -> None:
+        """One CSV row, every rule: appends its item, single-mode item or reject."""
+        i_id, i_url, i_det, i_age, extras = layout
+        width = len(batch.header)
+        plain = not extras and i_det < 0 and i_age < 0  # id and url only: no context fields
+        name = batch.name
+        ident: str | None = None
+        try:
+            if isinstance(fields, str):  # the source could not parse this row
+                raise _RowError(fields)
+            if len(fields) != width:
+                if len(fields) > i_id:
+                    ident = fields[i_id] or None
+                raise _RowError(f"row has {len(fields)} fields, the header has {width}")
+            ident = fields[i_id]
+            if not ident:
+                ident = None
+                raise _RowError("id is missing")
+            target: tuple[str, str] | None = None
+            try:
+                url = self._url(fields[i_url])
+            except _NotHttp as not_http:
+                target = self._single_target(not_http.args[0], singles is not None)
+            if plain and target is None:
+                context = BulkContext(ident)
+            else:
+                kwargs: dict[str, Any] = {}
+                for i, field in extras:
+                    value = fields[i]
+                    if value:
+                        kwargs[field] = value
+                if i_det >= 0 and fields[i_det]:
+                    kwargs["detection"] = self._detection(fields[i_det])
+                if i_age >= 0 and fields[i_age]:
+                    kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
+                if target is not None:
+                    assert singles is not None
+                    singles.append((ident, pos, self._single(target, ident, kwargs, line, name)))
+                    return
+                context = BulkContext(ident, **kwargs)
+            request = TaggingRequest(Image(URL, url), context)
+        except _RowError as err:
+            rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
+            return
+        items.append((ident, pos, request))
 
     def _validate_jsonl(
         self, batch: RowBatch, skip_upto: int, singles: list[SingleItem] | None

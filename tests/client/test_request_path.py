@@ -1,0 +1,87 @@
+"""The client's request path against a real loopback server: URLs as sent, one deadline per
+request (not a per-read socket timer)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline import RetryPolicy, TaggerClient, Timeout
+from fashiontag_pipeline._exceptions import TimeoutError_
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_results_url_path_and_query_as_sent() -> None:
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.Response(body=b'{"status":"success","data":{"results":[]}}')
+
+    async with serving(handler) as url, TaggerClient(url + "/", bulk_api_key="k") as client:
+        await client.task_results_raw("t 1/é", offset=200, size=100)
+        await client.task_results_raw("t-2")
+    assert seen == [
+        "/tagger/v2.12/bulk/t%201%2F%C3%A9?offset=200&size=100",
+        "/tagger/v2.12/bulk/t-2?offset=0&size=100",
+    ]
+
+
+async def test_base_url_with_a_path_prefix() -> None:
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.Response(body=b'{"status":"success","data":{"results":[]}}')
+
+    async with serving(handler) as url, TaggerClient(url + "/api/", bulk_api_key="k") as client:
+        await client.task_results_raw("t-1", offset=5, size=7)
+    assert seen == ["/api/tagger/v2.12/bulk/t-1?offset=5&size=7"]
+
+
+async def test_a_trickling_response_hits_the_request_deadline() -> None:
+    """A body that keeps arriving, each piece well within ``read``, still ends at the one
+    deadline of the request (``connect + read``): a per-read timer would wait forever."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        await resp.prepare(request)
+        with anyio.move_on_after(10):  # bounded: the client gives up long before
+            try:
+                while True:
+                    await resp.write(b" ")
+                    await anyio.sleep(0.02)
+            except ConnectionResetError:  # the client gave up
+                pass
+        return resp
+
+    timeout = Timeout(connect=0.2, read=0.3)
+    retry = RetryPolicy(max_attempts=1)
+    async with (
+        serving(handler) as url,
+        TaggerClient(url, bulk_api_key="k", timeout=timeout, retry=retry) as client,
+    ):
+        with anyio.fail_after(8):
+            with pytest.raises(TimeoutError_):
+                await client.task_results_raw("t-1")
