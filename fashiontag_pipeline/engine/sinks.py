@@ -85,25 +85,33 @@ _typed_decoder = msgspec.json.Decoder(TaggingResponse)
 _encoder = msgspec.json.Encoder()
 
 
-#: A tagging result whose first key is ``status``, with any JSON whitespace (how every server
-#: seen so far writes it: the spec lists it first). Anything else is decoded.
+#: A tagging result whose first key is ``status``, with any JSON whitespace (how the reference
+#: service and the spec order it), or whose last key is (a server that writes keys in another
+#: order, e.g. reversed). Either is the top-level ``status``: a nested object's key can be
+#: neither the first after the opening brace nor followed by the closing brace and the end.
+#: Anything else (``status`` between other keys) is decoded.
 _STATUS_FIRST = re.compile(rb'\{\s*"status"\s*:\s*"([^"\\]*)"')
+_STATUS_LAST = re.compile(rb'"status"\s*:\s*"([^"\\]*)"\s*\}\s*\Z')
+_TAIL = 64
 _SUCCESS = STATUS_SUCCESS.encode()
 
 
 def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
     """(tagged ok, tagging failed) among a page's rows.
 
-    A result whose first key is ``status`` is classified from that key alone, whatever the
-    spacing; any other shape (``status`` later in the object) is decoded, which is correct but
-    costs a parse of the row."""
+    A result whose first or last key is ``status`` is classified from that key alone, whatever
+    the spacing; any other shape is decoded, which is correct but costs a parse of the row."""
     ok = 0
     head = _STATUS_FIRST.match
+    tail = _STATUS_LAST.search
     decode = _status_decoder.decode
     success = _SUCCESS
     for row in rows:
         raw = row.tagging_result
         found = head(raw)
+        if found is None:
+            view = memoryview(raw)
+            found = tail(view[-_TAIL:] if len(view) > _TAIL else view)
         if found is not None:
             ok += found.group(1) == success
         elif decode(raw).status == STATUS_SUCCESS:

@@ -20,7 +20,10 @@ def _row(raw: bytes) -> PageRow:
         (b'{\n  "status": "success",\n  "data": {}\n}', 1),
         (b'{"status":"failure","error":{"code":803,"message":"x"}}', 0),
         (b'{"status": "fail", "error": {"code": 803}}', 0),
-        (b'{"data":{},"status":"success"}', 1),  # status not first: decoded
+        (b'{"data":{},"status":"success"}', 1),  # status last
+        (b'{"data": {}, "status" : "failure" }\n', 0),
+        (b'{"data":{},"status":"success","x":1}', 1),  # status between keys: decoded
+        (b'{"status":"failure","data":{"k":{"status":"success"}}}', 0),
         (b'{"data":{"status":"failure"},"status":"success"}', 1),  # a nested status is not it
         (b'{"error":{"code":803},"data":{"status":"success"},"status":"failure"}', 0),
     ],
