@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, cast
 from urllib.parse import quote
 
 import aiohttp
@@ -62,6 +62,7 @@ from ._models import (
     BulkTaskResponse,
     Context,
     Detection,
+    EncodedRequests,
     FailureItem,
     Image,
     SingleTagRequest,
@@ -250,7 +251,7 @@ class TaggerClient:
 
     async def create_task(
         self,
-        requests: Sequence[TaggingRequest],
+        requests: Sequence[TaggingRequest] | EncodedRequests,
         *,
         description: str | None = None,
         album_name: str | None = None,
@@ -264,7 +265,7 @@ class TaggerClient:
     async def append_to_task(
         self,
         task_id: str,
-        requests: Sequence[TaggingRequest],
+        requests: Sequence[TaggingRequest] | EncodedRequests,
         *,
         default_detection: Sequence[Detection] | None = None,
         strict: bool = False,
@@ -354,23 +355,28 @@ class TaggerClient:
 
     @staticmethod
     def _bulk_body(
-        requests: Sequence[TaggingRequest],
+        requests: Sequence[TaggingRequest] | EncodedRequests,
         description: str | None,
         album_name: str | None,
         default_detection: Sequence[Detection] | None,
         strict: bool,
     ) -> bytes:
-        if not requests:
+        count = requests.size if isinstance(requests, EncodedRequests) else len(requests)
+        if not count:
             raise ValueError("a bulk write needs at least one tagging request")
-        if len(requests) > MAX_REQUESTS_PER_WRITE:
+        if count > MAX_REQUESTS_PER_WRITE:
             raise ValueError(
-                f"a bulk write takes at most {MAX_REQUESTS_PER_WRITE} requests, got {len(requests)}"
+                f"a bulk write takes at most {MAX_REQUESTS_PER_WRITE} requests, got {count}"
             )
         if description is not None and len(description) > MAX_DESCRIPTION_LENGTH:
             raise ValueError(f"description is longer than {MAX_DESCRIPTION_LENGTH} characters")
         return _encoder.encode(
             BulkTaskRequest(
-                tagging_request=list(requests),
+                # Encoded requests are spliced in as they are (msgspec writes a Raw verbatim).
+                tagging_request=cast(
+                    list[TaggingRequest],
+                    requests.raw if isinstance(requests, EncodedRequests) else list(requests),
+                ),
                 album_name=album_name,
                 option=["STRICT"] if strict else None,
                 default_detection=list(default_detection) if default_detection else None,

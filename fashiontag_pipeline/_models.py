@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -32,6 +32,7 @@ __all__ = [
     "Context",
     "DetectedObject",
     "Detection",
+    "EncodedRequests",
     "ErrorInfo",
     "FailureItem",
     "IdName",
@@ -158,6 +159,15 @@ class TaggingRequest(msgspec.Struct, omit_defaults=True):
 
     image: Image
     context: BulkContext
+
+
+class EncodedRequests(NamedTuple):
+    """Tagging requests already encoded as a JSON array (``size`` of them): a bulk write sends
+    these bytes as they are, so a caller that keeps the encoded form (the engine stores it as
+    the chunk written ahead) encodes each request once."""
+
+    raw: msgspec.Raw
+    size: int
 
 
 class BulkTaskRequest(msgspec.Struct, omit_defaults=True, rename="camel"):

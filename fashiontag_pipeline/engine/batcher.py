@@ -201,12 +201,12 @@ class TaskWriter:
         ids = [i for i, _, _ in items]
         positions = [p for _, p, _ in items]
         requests = [r for _, _, r in items]
-        body = encode_body(positions, requests)
+        body, encoded = encode_body(positions, requests)
         last = max(positions) if not resent else -1
         cid = await self.journal.write_ahead(
             len(items), last, body, chunk_id, len(items) if resent else 0
         )
-        await self.start(Chunk(cid, ids, positions, requests))
+        await self.start(Chunk(cid, ids, positions, encoded))
 
     async def start(self, chunk: Chunk) -> None:
         """Send a chunk in the background once a write slot is free."""

@@ -6,7 +6,8 @@ partial chunk is due, whether a task may still take a write (never later than
 the first tasks, then ``rotate_fraction`` of the images sent before it, capped by
 ``rotate_images``, and at most ``rotate_seconds`` old) and when to seal it. Being pure, it is
 tested with a fake clock (``tests/engine/test_policy.py``). A chunk's body, as written ahead to
-the state store, is ``[[position, request], ...]`` in JSON (:func:`encode_body`).
+the state store, is ``{"p": [positions], "r": [requests]}`` in JSON (:func:`encode_body`), and
+the ``r`` bytes are what the bulk write sends: each request is encoded once.
 """
 
 from __future__ import annotations
@@ -17,22 +18,53 @@ from dataclasses import dataclass, field
 import anyio
 import msgspec
 
-from .._models import TaggingRequest
+from .._models import EncodedRequests, TaggingRequest
 from .config import EngineConfig
 
-__all__ = ["Chunk", "OpenTask", "WritePolicy", "decode_body", "encode_body"]
+__all__ = ["Chunk", "OpenTask", "WritePolicy", "chunk_of", "decode_body", "encode_body"]
 
 _body_encoder = msgspec.json.Encoder()
-_body_decoder = msgspec.json.Decoder(list[tuple[int, TaggingRequest]])
+_requests_decoder = msgspec.json.Decoder(list[TaggingRequest])
+_old_body_decoder = msgspec.json.Decoder(list[tuple[int, TaggingRequest]])
 
 
-def encode_body(positions: Sequence[int], requests: Sequence[TaggingRequest]) -> bytes:
-    """A chunk as stored ahead of its write: [[position, request], ...]."""
-    return _body_encoder.encode(list(zip(positions, requests, strict=True)))
+class _Body(msgspec.Struct):
+    p: list[int]
+    r: msgspec.Raw
+
+
+_body_decoder = msgspec.json.Decoder(_Body)
+
+
+def encode_body(
+    positions: Sequence[int], requests: Sequence[TaggingRequest]
+) -> tuple[bytes, EncodedRequests]:
+    """A chunk as stored ahead of its write, ``{"p": [positions], "r": [requests]}``, and its
+    requests as the bulk write sends them: each request is encoded once, for both."""
+    encoded = _body_encoder.encode(requests)
+    body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + b"}"
+    return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
 
 
 def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
-    return _body_decoder.decode(body)
+    """The (position, request) rows of a stored chunk (either format)."""
+    if body[:1] == b"[":  # written by a version that stored [[position, request], ...]
+        return _old_body_decoder.decode(body)
+    stored = _body_decoder.decode(body)
+    return list(zip(stored.p, _requests_decoder.decode(stored.r), strict=True))
+
+
+def chunk_of(chunk_id: int, body: bytes) -> Chunk:
+    """A stored chunk, ready to be sent again (a resume)."""
+    rows = decode_body(body)
+    requests = [r for _, r in rows]
+    encoded = _body_encoder.encode(requests)
+    return Chunk(
+        chunk_id,
+        [r.context.id for r in requests],
+        [p for p, _ in rows],
+        EncodedRequests(msgspec.Raw(encoded), len(requests)),
+    )
 
 
 @dataclass(eq=False)
@@ -61,7 +93,7 @@ class Chunk:
     chunk_id: int
     ids: list[str]
     positions: list[int]
-    requests: list[TaggingRequest]
+    requests: EncodedRequests
     fate_unknown: bool = False
     task_id: str | None = None
 

@@ -41,7 +41,7 @@ from .gcpolicy import tune_gc
 from .intake import intake
 from .manifests import fingerprint
 from .pagers import ResultPagers
-from .policy import Chunk, decode_body
+from .policy import Chunk, chunk_of
 from .single import SingleRouter
 from .sinks import RejectSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, manifests_size, open_manifest
@@ -345,13 +345,7 @@ class _EngineRun:
         for chunk_id, state, task_id, token, body in chunks:
             if state == "pending" and task_id in lost:
                 continue  # settled with its lost task (re-sent once, by the pagers)
-            rows = decode_body(body)
-            chunk = Chunk(
-                chunk_id,
-                [r.context.id for _, r in rows],
-                [p for p, _ in rows],
-                [r for _, r in rows],
-            )
+            chunk = chunk_of(chunk_id, body)
             if state == "orphan":
                 self._orphan(task_id, chunk_id)
                 continue

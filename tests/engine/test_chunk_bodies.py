@@ -12,7 +12,7 @@ from fashiontag_pipeline.engine.state import BODY_SQL, StateDB, changes
 
 def _body(ident: str, pos: int) -> bytes:
     request = TaggingRequest(Image(ImageType.URL, f"https://x/{ident}.jpg"), BulkContext(ident))
-    return encode_body([pos], [request])
+    return encode_body([pos], [request])[0]
 
 
 def test_bodies_read_from_either_place_and_dropped_from_both(tmp_path: Path) -> None:
@@ -45,3 +45,25 @@ def test_bodies_read_from_either_place_and_dropped_from_both(tmp_path: Path) -> 
     assert sql.execute("SELECT count(*) FROM chunk_bodies").fetchone() == (0,)
     assert sql.execute("SELECT count(*) FROM chunks").fetchone() == (2,)
     db.close()
+
+
+def test_a_chunk_is_encoded_once_for_the_state_and_the_write() -> None:
+    """The stored body decodes to its rows, an old-format body too, and the bulk write built
+    from the encoded requests is byte for byte the one built from the request objects."""
+    import msgspec
+
+    from fashiontag_pipeline import TaggerClient
+
+    requests = [
+        TaggingRequest(Image(ImageType.URL, f"https://x/{i}.jpg"), BulkContext(f"id{i}"))
+        for i in range(3)
+    ]
+    body, encoded = encode_body([7, 8, 9], requests)
+    assert [(p, r.context.id) for p, r in decode_body(body)] == [(7, "id0"), (8, "id1"), (9, "id2")]
+    old = msgspec.json.encode([[7, requests[0]]])
+    assert [(p, r.context.id) for p, r in decode_body(old)] == [(7, "id0")]
+    assert encoded.size == 3
+    for description in (None, "fashiontag run t-1"):
+        spliced = TaggerClient._bulk_body(encoded, description, None, None, False)
+        plain = TaggerClient._bulk_body(requests, description, None, None, False)
+        assert spliced == plain
