@@ -69,13 +69,14 @@ from ._models import (
     TaggingRequest,
     TaggingResponse,
     Task,
+    TaskListData,
     TaskListResponse,
     TaskResultsData,
     TaskResultsResponse,
     TaskStatusResponse,
 )
 
-__all__ = ["ClientStats", "TaggerClient"]
+__all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
@@ -92,6 +93,9 @@ T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
 _error_body_decoder = msgspec.json.Decoder(dict[str, Any])
+#: Tasks asked for per list page (the reference service's maximum).
+LIST_PAGE_SIZE = 1000
+
 _failure_list_decoder = msgspec.json.Decoder(list[FailureItem])
 _bulk_response_decoder = msgspec.json.Decoder(BulkTaskResponse)
 _tagging_decoder = msgspec.json.Decoder(TaggingResponse)
@@ -277,12 +281,41 @@ class TaggerClient:
         body = self._bulk_body(requests, None, None, default_detection, strict)
         return await self._write("PUT", self._task_path(task_id), body, task_id=task_id)
 
-    async def list_tasks(self) -> list[Task]:
-        """Every task of the bulk key (``GET /tagger/v2.12/bulk``)."""
-        response = await self._call("GET", BULK_PATH, key=self._bulk_api_key, retry_all=True)
+    async def list_tasks(self, *, offset: int | None = None, size: int | None = None) -> list[Task]:
+        """One page of the bulk key's tasks (``GET /tagger/v2.12/bulk``); without ``offset``
+        and ``size``, the service's default page (the reference service: the 100 newest; a
+        service that does not page: every task). See :meth:`all_tasks`."""
+        return (await self._task_page(offset, size)).tasks
+
+    async def all_tasks(self, *, page_size: int = LIST_PAGE_SIZE) -> list[Task]:
+        """Every task of the bulk key, newest first where the service pages its list: pages of
+        ``page_size`` until the service's ``totalCount`` is reached (a service that gives no
+        count is taken to have answered with every task at once)."""
+        seen: dict[str, Task] = {}
+        offset = 0
+        while True:
+            page = await self._task_page(offset, page_size)
+            fresh = [t for t in page.tasks if t.task_id not in seen]
+            for task in fresh:
+                seen[task.task_id] = task
+            info = page.task_info
+            offset += len(page.tasks)
+            if info is None or info.total_count is None or not fresh:
+                break
+            if offset >= info.total_count or len(page.tasks) < page_size:
+                break
+        return list(seen.values())
+
+    async def _task_page(self, offset: int | None, size: int | None) -> TaskListData:
+        query = ""
+        if offset is not None or size is not None:
+            query = f"?offset={int(offset or 0)}&size={int(size or LIST_PAGE_SIZE)}"
+        response = await self._call(
+            "GET", BULK_PATH, key=self._bulk_api_key, query=query, retry_all=True
+        )
         decoded = self._decode(_list_decoder, response, "GET", BULK_PATH)
         self._check_bulk_status(decoded.status, decoded.error, response, "GET", BULK_PATH, None)
-        return decoded.data.tasks if decoded.data is not None else []
+        return decoded.data if decoded.data is not None else TaskListData()
 
     async def task_status(self, task_id: str) -> Task:
         """One task's status and counts (``GET /tagger/v2.12/bulk/{task}/status``)."""
@@ -392,7 +425,18 @@ class TaggerClient:
         )
         if response.status not in (200, 201, 202):
             self._raise_for_status(response, method, path, task_id)
-        return self._decode(_bulk_response_decoder, response, method, path)
+        try:
+            return self._decode(_bulk_response_decoder, response, method, path)
+        except exc.DecodeError as err:
+            # The write was accepted (2xx) but its answer is unreadable: its outcome (which task,
+            # which rows) is unknown, exactly like a lost answer. Never retried blindly.
+            self.stats.ambiguous_writes += 1
+            raise exc.AmbiguousWriteError(
+                f"{method} {path}: HTTP {response.status} answer could not be read ({err}); "
+                "the write may have been applied",
+                method=method,
+                path=path,
+            ) from err
 
     async def _call(
         self,

@@ -6,7 +6,8 @@
     ├── ConfigError                    bad config file, flag or environment value
     ├── ManifestError                  a manifest that cannot be read at all
     ├── StateConflictError             a state file that belongs to an unfinished run of
-    │                                  other manifests (nothing is touched)
+    │                                  other manifests, or is in use by another run
+    ├── StateError                     a state file that cannot be opened or written
     ├── TransportError                 the service could not be reached or answered garbage
     │   ├── ConnectError               connection refused/failed: the request was not sent
     │   ├── TimeoutError_              no answer in time (reads only; see AmbiguousWriteError)
@@ -56,6 +57,7 @@ __all__ = [
     "ServerError",
     "ServiceError",
     "StateConflictError",
+    "StateError",
     "TaskExpiredError",
     "TaskNotFoundError",
     "TimeoutError_",
@@ -80,6 +82,11 @@ class ManifestError(FashiontagError):
 class StateConflictError(FashiontagError):
     """The state file holds an unfinished run of other manifests (or of stdin, which cannot be
     checked before it is read); the message names the file and how to go on."""
+
+
+class StateError(FashiontagError):
+    """The state file cannot be opened or written (permissions, a full disk, not a state
+    file); the message names the file."""
 
 
 class TransportError(FashiontagError):

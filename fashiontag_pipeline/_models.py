@@ -49,6 +49,7 @@ __all__ = [
     "TaskCount",
     "TaskInfo",
     "TaskListData",
+    "TaskListPage",
     "TaskListResponse",
     "TaskResultsData",
     "TaskResultsResponse",
@@ -368,8 +369,17 @@ class Task(msgspec.Struct, rename="camel", gc=False):
         return parse_time(self.result_expired_at)
 
 
-class TaskListData(msgspec.Struct, gc=False):
+class TaskListPage(msgspec.Struct, rename="camel", gc=False):
+    """``data.taskInfo`` of a paged task list (the reference service's; absent elsewhere)."""
+
+    total_count: int | None = None
+    offset: int = 0
+    size: int = 0
+
+
+class TaskListData(msgspec.Struct, rename="camel", gc=False):
     tasks: list[Task] = []
+    task_info: TaskListPage | None = None
 
 
 class TaskListResponse(msgspec.Struct, omit_defaults=True, gc=False):

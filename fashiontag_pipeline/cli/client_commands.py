@@ -85,7 +85,7 @@ async def tasks_command(args: argparse.Namespace) -> int:
     async with TaggerClient(config=config) as client:
         result: Any
         if args.tasks_command == "list":
-            tasks = await client.list_tasks()
+            tasks = await client.all_tasks()
             if not args.json:
                 sys.stdout.write(_task_table(tasks, args.limit))
                 return EXIT_OK

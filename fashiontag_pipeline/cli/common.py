@@ -138,7 +138,6 @@ def run_async(fn: Callable[[], Awaitable[T]]) -> T:
     """Run ``fn`` on a fresh event loop (uvloop when importable)."""
     try:
         import uvloop  # noqa: F401
-
-        return anyio.run(fn, backend_options={"use_uvloop": True})
     except ImportError:
         return anyio.run(fn)
+    return anyio.run(fn, backend_options={"use_uvloop": True})

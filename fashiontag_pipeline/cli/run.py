@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -274,11 +275,14 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(f"  service clock offset {summary.server_clock_offset_s:+.1f}s")
     if not summary.complete and (summary.unsettled or summary.in_flight):
         what = "; ".join(summary.in_flight)
-        lines.append(
-            f"  {summary.unsettled:,} rows have no outcome yet"
-            + (f" ({what})" if what else "")
-            + ": run the same command again to finish them"
-        )
+        if summary.unsettled < 0:
+            lines.append(f"  the state cannot be trusted: {what}")
+        else:
+            lines.append(
+                f"  {summary.unsettled:,} rows have no outcome yet"
+                + (f" ({what})" if what else "")
+                + ": run the same command again to finish them"
+            )
     if summary.error:
         lines.append(f"  error: {summary.error}")
     return "\n".join(lines)
@@ -355,6 +359,9 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
         return EXIT_USAGE
     except FashiontagError as err:
         print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    except (OSError, sqlite3.Error) as err:  # a disk or file failure mid-run: one line
+        print(f"fashiontag: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_ERROR
     if summary.opened == "complete":
         print(

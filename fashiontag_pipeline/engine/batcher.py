@@ -422,7 +422,7 @@ class TaskWriter:
     async def find_task(self, token: str) -> Task | None:
         """The task whose description carries ``token`` (after an ambiguous create)."""
         wanted = self.description(token)
-        tasks = await self.budget.call("list tasks", self.client.list_tasks)
+        tasks = await self.budget.call("list tasks", self.client.all_tasks)
         for task in tasks:
             if task.description == wanted:
                 return task

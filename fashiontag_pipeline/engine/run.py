@@ -43,7 +43,7 @@ from .manifests import fingerprint
 from .pagers import ResultPagers
 from .policy import Chunk, chunk_of
 from .single import SingleRouter
-from .sinks import RejectSink, open_result_sink
+from .sinks import RejectSink, ResultSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, manifests_size, open_manifest
 from .state import Journal, Reconciliation, RunState, StateDB
 from .tracker import TaskBook, TaskEntry, Tracker
@@ -135,23 +135,26 @@ async def run_pipeline(
             reader.close()
         raise
 
-    db = StateDB(state_path)
+    def close_readers() -> None:
+        for reader in readers:
+            reader.close()
+
+    try:
+        db = StateDB(state_path)
+    except BaseException:
+        close_readers()
+        raise
     try:
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
+        if run.opened == "complete":
+            db.close()
+            close_readers()
+            return _already_complete(run, out, rejects, state_path, started)
+        result_sink, reject_sink = _open_sinks(out, rejects, engine, run)
     except BaseException:
         db.close()
-        for reader in readers:
-            reader.close()
+        close_readers()
         raise
-    if run.opened == "complete":
-        db.close()
-        for reader in readers:
-            reader.close()
-        return _already_complete(run, out, rejects, state_path, started)
-    result_sink = open_result_sink(out, engine.sink)
-    reject_sink = RejectSink(rejects)
-    result_sink.truncate(run.results_checkpoint)
-    reject_sink.truncate(run.rejects_checkpoint)
     journal = Journal(db, result_sink, reject_sink, fsync_seconds=engine.fsync_seconds)
     journal.counters = dict(run.counters)
 
@@ -183,14 +186,34 @@ async def run_pipeline(
         raise err from None
     finally:
         restore_gc()
-        for reader in readers:
-            reader.close()
-        if own_client:
-            await tagger.aclose()
-        await anyio.to_thread.run_sync(journal.close)
+        close_readers()
+        # Shielded: a run cancelled from outside (a caller's timeout, a daemon's drain) still
+        # flushes and closes its sinks and state.
+        with anyio.CancelScope(shield=True):
+            if own_client:
+                await tagger.aclose()
+            await anyio.to_thread.run_sync(journal.close)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         engine_run.fill(summary)
     return summary
+
+
+def _open_sinks(
+    out: Path, rejects: Path, engine: EngineConfig, run: RunState
+) -> tuple[ResultSink, RejectSink]:
+    """The run's outputs, cut back to the state's checkpoints (a resume)."""
+    try:
+        result_sink = open_result_sink(out, engine.sink)
+        try:
+            reject_sink = RejectSink(rejects)
+        except BaseException:
+            result_sink.close()
+            raise
+    except OSError as err:
+        raise exc.StateError(f"cannot open the outputs: {err}") from None
+    result_sink.truncate(run.results_checkpoint)
+    reject_sink.truncate(run.rejects_checkpoint)
+    return result_sink, reject_sink
 
 
 def _already_complete(

@@ -1,7 +1,7 @@
 """Tracker: watches sealed tasks until they are done, with as few requests as possible.
 
-One ``GET /bulk`` (list) covers every live task; a task missing from the list is asked for by
-its status (fallback). The poll schedule is predicted from progress: every poll records each
+One ``GET /bulk`` (list) covers every live task of the run; a task missing from it is asked for
+by its status (fallback). The poll schedule is predicted from progress: every poll records each
 task's processed count (``done + failure``), :class:`CompletionForecast` turns the counts into
 rates and the next poll is scheduled at the predicted completion of the *earliest* finishing
 task (clamped to ``[poll_min, poll_max]``), so a done task is noticed within a few tens of
@@ -9,10 +9,12 @@ milliseconds without polling fast while nothing can finish. Only while nothing p
 all does the interval back off (x1.6 up to ``poll_max``). A newly sealed task wakes the tracker
 at once (at most one poll per ``poll_min``), so a task done on arrival is not waited for.
 
-The list answers with every task the key has, and a long-lived account keeps days of them
-(results are readable for a week). When the last list carried more than ``LIST_FACTOR`` times
-the tasks being watched and few are watched, the tracker asks for each watched task's status
-instead, concurrently, and lists again every ``LIST_RECHECK`` polls.
+The list is one page of the key's newest tasks (``LIST_PAGE_SIZE``; a service that does not
+page answers with every task), and a long-lived account keeps days of them (results are
+readable for a week). A watched task missing from the page is asked for by its status,
+concurrently; only a 404 there marks it lost. When the last list carried more than
+``LIST_FACTOR`` times the tasks being watched and few are watched, the tracker asks for each
+watched task's status instead, concurrently, and lists again every ``LIST_RECHECK`` polls.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from datetime import datetime
 import anyio
 
 from .. import _exceptions as exc
-from .._client import TaggerClient
+from .._client import LIST_PAGE_SIZE, TaggerClient
 from .._models import Task
 from .config import EngineConfig
 from .flow import RetryBudget
@@ -254,9 +256,12 @@ class Tracker:
                 await changed.wait()
 
     async def _list(self) -> dict[str, Task]:
-        tasks = await self.budget.call("list tasks", self.client.list_tasks)
+        tasks = await self.budget.call("list tasks", self._newest_tasks)
         self.polls += 1
         return {t.task_id: t for t in tasks}
+
+    async def _newest_tasks(self) -> list[Task]:
+        return await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
 
     def _prefer_status(self, watched: int) -> bool:
         return (
@@ -267,19 +272,27 @@ class Tracker:
 
     async def _statuses(self, sealed: list[TaskEntry]) -> dict[str, Task]:
         """Every watched task's status, concurrently (missing ones are left out)."""
+        found = await self._status_of([entry.task_id for entry in sealed])
+        self.polls += 1
+        self.status_polls += 1
+        self._since_list += 1
+        return found
+
+    async def _status_of(self, task_ids: list[str]) -> dict[str, Task]:
+        """The status of each task, at most ``STATUS_MAX`` requests at a time; tasks the
+        service does not know (404) are left out."""
         found: dict[str, Task] = {}
+        limiter = anyio.CapacityLimiter(STATUS_MAX)
 
         async def one(task_id: str) -> None:
-            task = await self._status(task_id)
+            async with limiter:
+                task = await self._status(task_id)
             if task is not None:
                 found[task_id] = task
 
         async with anyio.create_task_group() as tg:
-            for entry in sealed:
-                tg.start_soon(one, entry.task_id)
-        self.polls += 1
-        self.status_polls += 1
-        self._since_list += 1
+            for task_id in task_ids:
+                tg.start_soon(one, task_id)
         return found
 
     async def _status(self, task_id: str) -> Task | None:
@@ -299,14 +312,17 @@ class Tracker:
             listed = await self._list()
             self._list_size = len(listed)
             self._since_list = 0
+        # A task missing from the list is asked for by its status (a list is a page of the
+        # newest tasks, and services may drop tasks from it); only a 404 there means lost.
+        missing = [e.task_id for e in sealed if e.task_id not in listed]
+        if missing:
+            listed = {**listed, **await self._status_of(missing)}
         now = self.clock()
         done: set[str] = set()
         finished: list[tuple[TaskEntry, Task]] = []
         counts: dict[str, tuple[int, int]] = {}
         for entry in sealed:
             task = listed.get(entry.task_id)
-            if task is None:
-                task = await self._status(entry.task_id)
             if task is None:
                 # Forgotten by the service (404): its rows without an outcome are sent again.
                 entry.state = "lost"

@@ -85,3 +85,20 @@ async def test_a_trickling_response_hits_the_request_deadline() -> None:
         with anyio.fail_after(8):
             with pytest.raises(TimeoutError_):
                 await client.task_results_raw("t-1")
+
+
+async def test_a_write_answered_2xx_with_an_unreadable_body_is_ambiguous() -> None:
+    """The write was applied, its answer is garbage: never re-sent blindly (a second task)."""
+    from aioresponses import aioresponses
+
+    from fashiontag_pipeline import AmbiguousWriteError, TaggerClient
+    from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+
+    request = TaggingRequest(Image(ImageType.URL, "https://x/1.jpg"), BulkContext("1"))
+    with aioresponses() as mocked:
+        mocked.post("http://svc/tagger/v2.12/bulk", status=202, body=b"<html>proxy</html>")
+        async with TaggerClient("http://svc", api_key="k", bulk_api_key="b") as client:
+            with pytest.raises(AmbiguousWriteError):
+                await client.create_task([request], description="run t1")
+            assert client.stats.ambiguous_writes == 1
+            assert client.stats.requests == 1

@@ -96,7 +96,7 @@ class FifoService:
             end += n / self.rate
             self.done_at[task_id] = end
 
-    async def list_tasks(self) -> list[Task]:
+    async def list_tasks(self, **kwargs: object) -> list[Task]:
         self.lists += 1
         return self._view()
 
@@ -269,7 +269,7 @@ async def test_results_flow_before_the_service_has_tagged_everything(tmp_path: P
 class CrowdedAccount(FifoService):
     """An account that also holds 400 old tasks: its list is 400+ entries long."""
 
-    async def list_tasks(self) -> list[Task]:
+    async def list_tasks(self, **kwargs: object) -> list[Task]:
         old = [
             Task(
                 task_id=f"old{i}",

@@ -262,6 +262,14 @@ def run_args(url: str, out: Path, *extra: str) -> list[str]:
     ]
 
 
+async def results_appear(out: Path, timeout: float = 60.0) -> None:
+    """Until the run has written its first results line (its signal handlers are installed
+    and its state exists by then)."""
+    with anyio.fail_after(timeout):
+        while not (out.exists() and out.stat().st_size > 0):
+            await anyio.sleep(0.05)
+
+
 def write_night(path: Path, n: int, night: str) -> Path:
     lines = ["id,url"] + [f"{night}{i},https://img.example/{night}/{i}.jpg" for i in range(n)]
     path.write_text("\n".join(lines) + "\n")
@@ -308,7 +316,7 @@ async def test_next_nights_dump_after_an_interrupted_run_refuses_and_touches_not
         args = run_args(svc.url, out, str(dump))
         write_night(dump, 20000, "mon")
         proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        await anyio.sleep(1.5)
+        await results_appear(out)  # the run is under way (not a sleep: CI may be slow)
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
         await proc.aclose()
@@ -340,7 +348,7 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
         )
         assert proc.stdin is not None
         await proc.stdin.send(data)
-        await anyio.sleep(1.0)
+        await results_appear(out)
         # The producer keeps the pipe open: the engine still drains and exits promptly.
         proc.send_signal(signal.SIGTERM)
         with anyio.fail_after(15):
@@ -359,3 +367,26 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
             )
         assert resumed.returncode == 0, resumed.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
+
+
+async def test_a_second_run_on_the_same_state_is_refused_while_the_first_runs(
+    tmp_path: Path,
+) -> None:
+    """Two runs on one state file would both resume it and write the same outputs: the
+    second is refused (exit 2, nothing touched); after the first ends, the same command finds
+    the run complete."""
+    manifest = write_csv(tmp_path / "m.csv", 8000)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        first = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await results_appear(out)
+        second = await anyio.run_process(args, check=False, env=ENV)
+        with anyio.fail_after(60):
+            assert await first.wait() == 0
+        await first.aclose()
+        again = await anyio.run_process(args, check=False, env=ENV)
+    assert second.returncode == 2, second.stderr.decode()
+    assert b"in use by another run" in second.stderr
+    assert again.returncode == 0 and b"already complete" in again.stderr
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(8000))

@@ -47,6 +47,8 @@ checkpoints and state together.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import secrets
 import sqlite3
 from collections.abc import Sequence
@@ -167,24 +169,56 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
 STATE_CACHE_KIB = 4096
 
 
+def _lock_exclusively(path: Path) -> int:
+    """An exclusive lock on ``PATH.lock`` for as long as the state is open: two runs on one
+    state file would both resume it and write the same outputs. Released by :meth:`close`, or
+    by the kernel when the process dies (kill -9 leaves no stale lock)."""
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise exc.StateConflictError(
+            f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
+            "wait for that run to end, or give this one another --state"
+        ) from None
+    return fd
+
+
 class StateDB:
     """The SQLite state file. Not thread-safe: used from one thread at a time (the journal)."""
 
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock_exclusively(path)
+        except OSError as err:
+            raise exc.StateError(f"cannot use state file {path}: {err.strerror or err}") from None
+        try:
+            self.db = self._connect(path, cache_kib)
+        except sqlite3.Error as err:
+            os.close(self._lock)
+            raise exc.StateError(f"cannot use state file {path}: {err}") from None
+
+    @staticmethod
+    def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
         # A bounded page cache keeps memory flat however many ids the run holds.
-        self.db.execute(f"PRAGMA cache_size=-{cache_kib}")
-        self.db.executescript(_SCHEMA)
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(chunks)")}
+        db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
-            self.db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
+            db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
+        return db
 
     def close(self) -> None:
-        self.db.close()
+        try:
+            self.db.close()
+        finally:
+            os.close(self._lock)
 
     def meta(self, key: str, default: str | None = None) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -310,11 +344,14 @@ class StateDB:
             (n,) = db.execute(sql).fetchone()
             if n:
                 in_flight.append(f"{n} {what}")
-        return Reconciliation(
-            accepted=int(self.meta("n_accepted", "0") or 0),
-            settled=int(self.meta("n_settled", "0") or 0),
-            in_flight=in_flight,
-        )
+        accepted = int(self.meta("n_accepted", "0") or 0)
+        settled = int(self.meta("n_settled", "0") or 0)
+        if settled > accepted:
+            in_flight.append(
+                f"{settled - accepted} more outcomes recorded than rows taken in: the state is "
+                "damaged (--restart starts over)"
+            )
+        return Reconciliation(accepted=accepted, settled=settled, in_flight=in_flight)
 
     def mark_complete(self, when: str) -> None:
         """Record that the run is reconciled: the same manifests again have nothing to do."""
