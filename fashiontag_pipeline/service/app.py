@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,22 +51,43 @@ __all__ = [
     "running_service",
 ]
 
+logger = logging.getLogger("fashiontag_pipeline.service")
+
 # --------------------------------------------------------------------------- app and runners
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     """Runs the tagging worker for the app's lifetime (aiohttp's cleanup_ctx idiom: the app
-    may be run by aiohttp's own runners, where no anyio task group of ours exists)."""
+    may be run by aiohttp's own runners, where no anyio task group of ours exists). A worker
+    that stops on an error is logged at once and the service answers 503 from then on: it
+    must not go on accepting images that nothing will tag."""
     state = app[STATE]
     worker = asyncio.get_running_loop().create_task(state.worker.run())
+
+    def stopped(task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        err = task.exception()
+        leaf = err
+        while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+            leaf = leaf.exceptions[0]
+        state.broken = f"its tagging worker stopped: {type(leaf).__name__}: {leaf}"
+        logger.error("tagging worker stopped; answering 503 from now on", exc_info=err)
+
+    worker.add_done_callback(stopped)
     try:
         yield
     finally:
         worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
-        await state.analyzer.aclose()
-        state.store.close()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        except Exception:  # already logged by stopped()
+            pass
+        try:
+            await state.analyzer.aclose()
+        finally:
+            state.store.close()
 
 
 def create_app(config: ServiceConfig) -> web.Application:

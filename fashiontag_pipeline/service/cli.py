@@ -64,6 +64,16 @@ class ServiceConfigFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     fetch_per_host: int = DEFAULT_FETCH_PER_HOST
     fetch_allow_private: bool = False
 
+    def __repr__(self) -> str:
+        # Keys never reach a repr (a traceback, a debug print): masked, their number kept.
+        fields = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name in ("api_keys", "bulk_api_keys"):
+                value = ["***"] * len(value)
+            fields.append(f"{name}={value!r}")
+        return f"ServiceConfigFile({', '.join(fields)})"
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fashiontag serve``."""

@@ -63,6 +63,9 @@ class ServiceState:
 
     def __init__(self, config: ServiceConfig) -> None:
         self.config = config
+        #: Why the service can no longer tag (its worker stopped on an error); every request
+        #: is then answered 503 instead of accepting images nobody would tag.
+        self.broken: str | None = None
         self.clock: Callable[[], float] = config.clock or time.time
         self.keys = KeyRing(config.api_keys, config.bulk_api_keys)
         self.store = TaskStore(

@@ -27,9 +27,12 @@ async def log_and_map_errors(
 ) -> web.StreamResponse:
     started = time.perf_counter()
     status = 0
-    connections = request.app[STATE].connections
+    state = request.app[STATE]
+    connections = state.connections
     connections.request_started(request.transport)
     try:
+        if state.broken is not None:
+            raise Reject(503, CODE_INTERNAL, f"the service cannot tag: {state.broken}")
         response = await handler(request)
         status = response.status
         return response

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .analyzer import Analysis
@@ -131,6 +132,7 @@ class TaskStore:
         otherwise they are queued for the worker (``urls`` when they must be downloaded)."""
         start = task.total
         n = len(ids)
+        undo = _Undo.of(task)
         if n:
             task.ids.extend(ids)
             if task.id_set is not None:
@@ -157,7 +159,13 @@ class TaskStore:
                         task.outcomes[i] = OUTCOME_DONE
         self._update_done(task)
         if self._journal is not None:
-            self._journal.insert_images(task, start, ids, hashes, masks, urls, processed)
+            try:
+                self._journal.insert_images(task, start, ids, hashes, masks, urls, processed)
+            except BaseException:
+                # Not saved, so not accepted: the task is as it was (a retried write is then
+                # accepted afresh, never taken for a duplicate of images nobody will tag).
+                undo.restore(task, ids)
+                raise
         if n and not processed:
             self.pending.append((task, start, start + n, urls))
             self.on_pending()
@@ -274,3 +282,47 @@ class TaskStore:
             task.id_set = set(task.ids) if self.clock() < task.expire_at else None
             if pending_start is not None:
                 self.pending.append((task, pending_start, task.total, pending_urls))
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """What :meth:`TaskStore.accept` changes in a task, to put back if saving it fails."""
+
+    images: int
+    outcomes: int | None
+    measured: int | None
+    expire_at: float
+    processed: int
+    done_at: float | None
+    result_expire_at: float | None
+
+    @classmethod
+    def of(cls, task: TaskRecord) -> _Undo:
+        return cls(
+            len(task.ids),
+            None if task.outcomes is None else len(task.outcomes),
+            None if task.measured is None else len(task.measured),
+            task.expire_at,
+            task.processed,
+            task.done_at,
+            task.result_expire_at,
+        )
+
+    def restore(self, task: TaskRecord, ids: list[str]) -> None:
+        n = self.images
+        del task.ids[n:], task.hashes[n:], task.masks[n:]
+        if task.id_set is not None:
+            task.id_set.difference_update(ids)
+        if self.outcomes is None:
+            task.outcomes = None
+        elif task.outcomes is not None:
+            del task.outcomes[self.outcomes :]
+        if self.measured is None:
+            task.measured = None
+        elif task.measured is not None:
+            del task.measured[self.measured :]
+        task.total = n
+        task.expire_at = self.expire_at
+        task.processed = self.processed
+        task.done_at = self.done_at
+        task.result_expire_at = self.result_expire_at

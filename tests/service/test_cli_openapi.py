@@ -128,3 +128,11 @@ async def test_schemathesis_against_openapi(start_service: StartService) -> None
     )
     output = result.stdout.decode() + result.stderr.decode()
     assert result.returncode == 0, output[-4000:]
+
+
+def test_service_config_file_repr_shows_no_key() -> None:
+    from fashiontag_pipeline.service.cli import ServiceConfigFile
+
+    config = ServiceConfigFile(api_keys=["sk-live-canary"], bulk_api_keys=["bk-canary", "x"])
+    text = repr(config)
+    assert "canary" not in text and "api_keys=['***']" in text

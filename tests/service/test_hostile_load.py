@@ -50,6 +50,24 @@ async def test_header_drip_and_idle_connections_are_closed(start_service: StartS
         assert await closed_by_server(idle)
 
 
+async def test_header_timeout_closes_a_drip_whatever_the_keep_alive(
+    start_service: StartService,
+) -> None:
+    """The header timeout alone closes a drip (keep-alive far longer), on a new connection
+    and on one that already served a request."""
+    service = await start_service(header_timeout=0.3, keepalive_timeout=100.0)
+    fresh = await anyio.connect_tcp(service.host, service.port)
+    used = await anyio.connect_tcp(service.host, service.port)
+    async with fresh, used:
+        await used.send(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        with anyio.fail_after(10):
+            assert await used.receive()  # answered, connection kept alive
+        await fresh.send(b"GET /openapi.json HTTP/1.1\r\nHo")
+        await used.send(b"GET /openapi.json HTTP/1.1\r\nHo")
+        assert await closed_by_server(fresh)
+        assert await closed_by_server(used)
+
+
 async def test_connection_limit_evicts_idle_connections(start_service: StartService) -> None:
     service = await start_service(max_connections=4)
     async with contextlib.AsyncExitStack() as stack:

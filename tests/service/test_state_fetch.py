@@ -10,7 +10,7 @@ import anyio
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline import TaggerClient
+from fashiontag_pipeline import AmbiguousWriteError, RetryPolicy, TaggerClient
 from fashiontag_pipeline._models import (
     BulkContext,
     Context,
@@ -183,3 +183,66 @@ async def test_fetch_state_survives_restart(
             after = (await client_for(svc.url).task_results(created.task_id)).results
         assert after == before
         assert after[1].tagging_result.error is not None
+
+
+async def test_an_append_that_cannot_be_saved_is_not_accepted(
+    tmp_path: Path, client_for: Callable[..., TaggerClient]
+) -> None:
+    """A PUT whose images cannot be written to --state answers 5xx and leaves the task as it
+    was: the retried PUT is accepted afresh (not taken for duplicates of images nobody would
+    tag) and the task finishes."""
+    from fashiontag_pipeline.service.journal import Journal
+
+    state = tmp_path / "state.sqlite"
+    config = ServiceConfig(state_path=state, **CONFIG)  # type: ignore[arg-type]
+    async with running_service(config) as svc:
+        client = client_for(svc.url, retry=RetryPolicy(max_attempts=1))
+        created = await client.create_task(requests(2), description="t")
+        failing = Journal.insert_images
+
+        def disk_full(self: Journal, *args: object, **kwargs: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Journal, "insert_images", disk_full)
+            with pytest.raises(AmbiguousWriteError):
+                await client.append_to_task(created.task_id, requests(2, start=2))
+        assert Journal.insert_images is failing
+        again = await client.append_to_task(created.task_id, requests(2, start=2))
+        assert again.validation.accept == 2 and again.failure_list == []
+        with anyio.fail_after(10):
+            while (task := await client.task_status(created.task_id)).task_status != (
+                TaskStatus.DONE
+            ):
+                await anyio.sleep(0.02)
+        assert task.count.total == 4 and task.count.done == 4
+
+
+async def test_a_worker_that_stops_makes_the_service_answer_503(
+    client_for: Callable[..., TaggerClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tagging worker dies on an error: the service says so (503, logged) instead of
+    accepting images that would stay TASK_PROCESSING forever."""
+    from fashiontag_pipeline import ServerError
+    from fashiontag_pipeline.service.store import TaskStore
+
+    config = ServiceConfig(rate=50.0, **CONFIG)  # type: ignore[arg-type]
+    async with running_service(config) as svc:
+        client = client_for(svc.url)
+
+        def broken(self: TaskStore, *args: object, **kwargs: object) -> None:
+            raise RuntimeError("disk on fire")
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(TaskStore, "complete_range", broken)
+            await client.create_task(requests(3), description="t")
+            with anyio.fail_after(10):
+                while svc.state.broken is None:
+                    await anyio.sleep(0.02)
+        with pytest.raises(ServerError) as err:
+            await client.list_tasks()
+        assert err.value.status == 503 and "disk on fire" in str(err.value)
+        with pytest.raises(AmbiguousWriteError):  # a write answered 5xx: outcome unknown
+            await client.create_task(requests(1), description="u")
+        assert not [t for t in svc.store.tasks.values() if t.description == "u"]
+    assert "tagging worker stopped" in caplog.text
