@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from .._client import FIRST_FAILURE
 from .._config import load_section
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
+from .._http import FIRST_FAILURE
 from ..engine.config import EngineConfig, RunSummary
 from ..engine.run import (
     RunControl,

@@ -1,4 +1,4 @@
-"""State store (SQLite, WAL) and the journal that commits sinks and state together.
+"""The state store (SQLite, WAL): schema, the run's identity, watermarks, queries, reconciliation.
 
 Schema::
 
