@@ -1,6 +1,7 @@
-"""The README and docs/ as a new user meets them: every link stays inside the repository, and
-every code block runs as written (the `python` ones as code; the `sh` ones unless marked with
-`<!-- not run by tests: REASON -->`, i.e. where they need a service of your own or minutes)."""
+"""The README and docs/ as a new user meets them: every link of both stays inside the
+repository, and every code block of the README runs as written (the `python` ones as code; the
+`sh` ones unless marked with `<!-- not run by tests: REASON -->`, i.e. where they need a service
+of your own or minutes)."""
 
 from __future__ import annotations
 

@@ -318,11 +318,15 @@ class Inbox:
         for claim in await anyio.to_thread.run_sync(self.recover):
             yield claim
         while True:
-            for path in await self.ascan():
-                claimed = await self.aclaim(path)
-                if claimed is not None:
-                    yield claimed
-            await anyio.sleep(self.scan_interval)
+            # One claim per scan: the consumer may take hours to ask for the next one, and a
+            # file rewritten meanwhile must settle again, so each claim is decided on a scan
+            # made just before it, never on an older one.
+            ready = await self.ascan()
+            claimed = await self.aclaim(ready[0]) if ready else None
+            if claimed is not None:
+                yield claimed
+            else:
+                await anyio.sleep(self.scan_interval)
 
     # -- settling ------------------------------------------------------------------------
 

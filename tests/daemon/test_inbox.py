@@ -386,3 +386,36 @@ def test_sqlite_ledger_survives_reopening(tmp_path: Path) -> None:
             ledger.record_settled("a.csv", "done", "done/a.csv")  # not in flight any more
     finally:
         ledger.close()
+
+
+async def test_a_file_rewritten_while_the_consumer_waits_settles_again(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    """Two files are ready; the consumer takes the first and, much later, asks for the next:
+    the second was rewritten meanwhile, so it is not claimed until it has settled again."""
+    clock = FakeClock()
+    inbox = Inbox(root, ledger=make_ledger(), settle=10.0, clock=clock, scan_interval=0.01)
+    inbox.prepare()
+    (root / "a.csv").write_bytes(CSV)
+    (root / "b.csv").write_bytes(CSV)
+    inbox.scan()
+    clock.now += 11
+    claims = inbox.claims()
+    with anyio.fail_after(10):
+        first = await claims.__anext__()
+    assert first.name == "a.csv"
+    # The producer rewrites b.csv (a new dump, being written) before the next claim is asked.
+    (root / "b.csv").write_bytes(CSV[:12])
+    got: list[Claim] = []
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+
+            async def take() -> None:
+                got.append(await claims.__anext__())
+
+            tg.start_soon(take)
+            await anyio.sleep(0.3)  # scans happen every 10 ms meanwhile
+            assert got == [], "claimed a file that had not settled again"
+            clock.now += 11
+    await claims.aclose()
+    assert got[0].name == "b.csv" and got[0].size == 12
