@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +15,27 @@ from typing import Any
 from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
 from fashiontag_pipeline._models import MAX_PAGE_SIZE, MAX_REQUESTS_PER_WRITE
+
+#: The environment of an engine subprocess: no key variables (the development keys are sent).
+ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
+
+
+def run_args(url: str, out: Path, *extra: str) -> list[str]:
+    """``fashiontag run`` as a subprocess: results to ``out``, rejects beside it (``.rej``)."""
+    return [
+        sys.executable,
+        "-m",
+        "fashiontag_pipeline",
+        "run",
+        "--base-url",
+        url,
+        "--out",
+        str(out),
+        "--rejects",
+        str(out.with_suffix(".rej")),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def client_config(url: str, **kwargs: Any) -> ClientConfig:

@@ -10,11 +10,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.pagers import ResultPagers
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, read_outcomes, write_csv
+from .helpers import ENV, assert_exactly_once, client_config, read_outcomes, run_args, write_csv
 from .proxy import Misbehaviour, misbehaving
 
 FAST = EngineConfig(
@@ -37,7 +35,6 @@ FAST = EngineConfig(
     rotate_images=1000,
     rotate_min_images=1000,
 )
-ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
 
 
 def ids_of(n: int, prefix: str = "p") -> set[str]:
@@ -243,23 +240,6 @@ async def test_server_clock_ahead_and_a_paused_producer(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ next night's dump
-
-
-def run_args(url: str, out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "fashiontag_pipeline",
-        "run",
-        "--base-url",
-        url,
-        "--out",
-        str(out),
-        "--rejects",
-        str(out.with_suffix(".rej")),
-        "--no-progress",
-        *extra,
-    ]
 
 
 async def results_appear(out: Path, timeout: float = 60.0) -> None:

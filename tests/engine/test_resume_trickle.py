@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -13,26 +11,7 @@ import msgspec
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, write_csv
-
-ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
-
-
-def run_args(url: str, out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "fashiontag_pipeline",
-        "run",
-        "--base-url",
-        url,
-        "--out",
-        str(out),
-        "--rejects",
-        str(out.with_suffix(".rej")),
-        "--no-progress",
-        *extra,
-    ]
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
 
 
 async def test_stdin_trickle_slower_than_task_ttl(tmp_path: Path) -> None:
