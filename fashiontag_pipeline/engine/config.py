@@ -42,7 +42,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       ends when the last task is done plus the time to read its results; every other task's
       results are read while later ones are tagged. So the last task's size is the cost of
       rotation, and the number of tasks its overhead (one create each, one entry each in
-      every list call, which returns all tasks of the key).
+      the list the tracker reads).
 
       - ``rotate_min_images`` = 1,000 (one write): the first task is done ~1,000/R after
         the run starts, which bounds the time to first result (0.5 s of tagging at
