@@ -254,16 +254,14 @@ class ResultPagers:
 
     @staticmethod
     def _first_of_each_id(entry: TaskEntry, rows: list[PageRow]) -> list[PageRow]:
-        """The rows whose id has no line for the task yet (a server may repeat an id)."""
+        """The rows whose id has no line for the task yet (a server may repeat an id, in a
+        page or across pages); their ids are added to the task's written ids."""
         seen = entry.seen
         assert seen is not None
-        before = len(seen)
-        seen.update(r.id for r in rows)
-        if len(seen) - before == len(rows):
+        ids = {r.id for r in rows}
+        if len(ids) == len(rows) and seen.isdisjoint(ids):
+            seen |= ids
             return rows
-        # A repeated id: rebuild, keeping the first row of each id.
-        for r in rows:
-            seen.discard(r.id)
         out: list[PageRow] = []
         for r in rows:
             if r.id not in seen:

@@ -36,6 +36,9 @@ class Misbehaviour:
     #: Task ordinals whose first result page carries its first row twice (in place of its
     #: last row).
     duplicate_in_first_page: set[int] = field(default_factory=set)
+    #: Task ordinals whose second result page carries the first page's first row in place of
+    #: its own last row (an id repeated across pages).
+    duplicate_across_pages: set[int] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -50,6 +53,7 @@ class MisbehavingProxy:
         self.forgotten: set[str] = set()
         self.pages_served: dict[str, int] = {}
         self.puts_refused = 0
+        self.first_rows: dict[str, Any] = {}
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
 
@@ -131,11 +135,16 @@ class MisbehavingProxy:
             if limit is not None and served >= limit:
                 self.forgotten.add(task_id)
             data = json.loads(payload)
-            if n in rules.duplicate_in_first_page and data["data"]["taskInfo"]["offset"] == 0:
-                results = data["data"]["results"]
-                if len(results) >= 2:
-                    results[-1] = results[0]
-                    return json.dumps(data).encode()
+            offset = data["data"]["taskInfo"]["offset"]
+            results = data["data"]["results"]
+            if offset == 0 and results:
+                self.first_rows[task_id] = results[0]
+            if n in rules.duplicate_in_first_page and offset == 0 and len(results) >= 2:
+                results[-1] = results[0]
+                return json.dumps(data).encode()
+            if n in rules.duplicate_across_pages and offset == 100 and task_id in self.first_rows:
+                results[-1] = self.first_rows[task_id]
+                return json.dumps(data).encode()
             return payload
         return payload
 

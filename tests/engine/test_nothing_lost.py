@@ -165,6 +165,24 @@ async def test_a_page_with_a_duplicate_id_in_place_of_a_row(tmp_path: Path) -> N
     assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
 
 
+async def test_an_id_repeated_on_a_later_page(tmp_path: Path) -> None:
+    """Task 1's second page repeats the id of its first page's first row in place of its own
+    last row: that id keeps its one line, and the row left out is sent again."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, max_page_concurrency=1)
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(duplicate_across_pages={1})) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    assert summary.complete and summary.resent == 1
+    o = assert_exactly_once(out, rej, ids_of(2000))
+    assert next(r for r in o.results if r["id"] == "p199")["taskId"] != proxy.created[0]
+
+
 async def test_interrupted_run_reports_exactly_the_rows_without_outcome(tmp_path: Path) -> None:
     manifest = write_csv(tmp_path / "m.csv", 6000)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
