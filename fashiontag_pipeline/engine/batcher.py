@@ -266,7 +266,7 @@ class TaskWriter:
     async def _maybe_seal(self, task: OpenTask) -> None:
         if task.closing and task.inflight == 0 and not task.sealed and task.task_id is not None:
             task.sealed = True
-            await self.journal.commit(ops=[changes.task_state(task.task_id, "sealed")])
+            # Not committed: a resume treats an open task the same way (closed, then watched).
             await self.on_sealed(task.task_id)
 
     def _check_idle(self) -> None:

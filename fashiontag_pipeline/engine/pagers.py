@@ -232,6 +232,8 @@ class ResultPagers:
                 await event.wait()
             rows = self._first_of_each_id(entry, rows)
             ops = [changes.task_read_upto(task_id, end)]
+            if start == 0:
+                ops.insert(0, self._done_change(entry))
             drained = end >= entry.total
             # The usual end: every row the service accepted has a line; drain in this commit.
             quick = drained and await self._all_written(entry)
@@ -285,11 +287,21 @@ class ResultPagers:
 
     async def _finish(self, entry: TaskEntry) -> None:
         """Every page is committed but the count did not settle the task (or a resume found it
-        read to the end): send again the ids without an outcome, then drain it."""
+        read to the end, or it holds no result at all): send again the ids without an
+        outcome, then drain it."""
         if not await self._all_written(entry):
             await self._settle(entry, ("orphan", "accepted"))
-        await self.journal.commit(ops=changes.task_drained(entry.task_id))
+        await self.journal.commit(
+            ops=[self._done_change(entry), *changes.task_drained(entry.task_id)]
+        )
         self._done_with(entry)
+
+    @staticmethod
+    def _done_change(entry: TaskEntry) -> changes.Change:
+        """The task is done: its total and result expiry (committed with its first page)."""
+        expiry = entry.results_expire_at
+        stamp = expiry.timestamp() if expiry is not None else None
+        return changes.task_done(entry.task_id, entry.total, stamp)
 
     def _done_with(self, entry: TaskEntry) -> None:
         entry.state = "drained"

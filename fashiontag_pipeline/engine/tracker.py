@@ -344,12 +344,8 @@ class Tracker:
             done.add(entry.task_id)
             finished.append((entry, task))
         if finished:
-            # One transaction for every task found done, then the pagers get them.
-            ops = []
-            for entry, task in finished:
-                stamp = task.results_expire_at.timestamp() if task.results_expire_at else None
-                ops.append(changes.task_done(entry.task_id, task.count.total, stamp))
-            await self.journal.commit(ops=ops)
+            # The pagers record "done" with the task's first page (one commit less per task:
+            # a resume that finds the task still open simply asks for its status again).
             for entry, task in finished:
                 entry.state = "done"
                 entry.total = task.count.total

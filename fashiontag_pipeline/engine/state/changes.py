@@ -5,7 +5,8 @@ Stages never write SQL: they build changes with these functions and hand them to
 sinks. A change is a ``(statement, parameters)`` pair; the statements live here and in
 :mod:`.store` only.
 
-Task states: ``open`` (taking writes) -> ``sealed`` -> ``done`` -> ``drained`` (every result
+Task states: ``open`` (created; sealing it is not recorded: a resume closes and watches every
+open task) -> ``done`` (recorded with its first result page) -> ``drained`` (every result
 written), or ``expired`` (results expired unread: rejects written) or ``lost`` (the service
 forgot it: its chunks are settled by sending their unwritten rows again). Chunk states:
 ``pending`` (written ahead, fate unknown) -> ``accepted`` | ``orphan`` (fate unknown, task no

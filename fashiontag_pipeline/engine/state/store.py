@@ -5,7 +5,8 @@ Schema::
     meta(key, value)           run token, manifest fingerprints, watermarks, sink checkpoints,
                                counters, completed_at (set once the run is reconciled)
     tasks(task_id, seq, token, state, expires_at, results_expire_at, total, next_offset)
-                               state: open | sealed | done | drained | expired | lost
+                               state: open | done | drained | expired | lost
+                               (sealed: only in files of earlier versions)
                                (lost: the service forgot it; its chunks are settled by sending
                                their unwritten rows again, each chunk then ``resolved``)
     chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok)
