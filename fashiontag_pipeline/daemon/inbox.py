@@ -62,6 +62,8 @@ __all__ = [
     "manifest_stem",
 ]
 
+_error_decoder = msgspec.json.Decoder(dict[str, object])
+
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 GZIP_SUFFIX = ".gz"
 READY_SUFFIX = ".ready"
@@ -343,15 +345,34 @@ class Inbox:
         """Move an unreadable manifest to ``failed/`` beside ``NAME.error.json``; returns
         where. The error file is written first (atomically), so a failed manifest is never
         found without its reason."""
-        name = free_name(self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX)
-        write_atomic(
-            self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode({"reason": reason}) + b"\n"
+        name = self._interrupted_failure(claim) or free_name(
+            self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX
         )
+        error = {"reason": reason, "sha256": claim.sha256}
+        write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode(error) + b"\n")
         self.ledger.record_settled(claim.name, "failed", f"{FAILED_DIR}/{name}")
         target = self.failed / name
         os.rename(claim.path, target)
         fsync_dir(self.failed)
         return target
+
+    def _interrupted_failure(self, claim: Claim) -> str | None:
+        """The name an earlier attempt to fail this claim chose (its error file, written first,
+        names the claim's sha256, and no manifest stands beside it): reused, so a crash between
+        the two leaves no error file without its manifest."""
+        stem, suffix = manifest_stem(claim.name), _suffix_of(claim.name)
+        names = [claim.name, f"{stem}.{claim.sha256[:12]}{suffix}"]
+        names += [f"{stem}.{claim.sha256[:12]}.{n}{suffix}" for n in range(2, 10)]
+        for name in names:
+            error = self.failed / f"{name}{ERROR_SUFFIX}"
+            if (self.failed / name).exists() or not error.exists():
+                continue
+            try:
+                if _error_decoder.decode(error.read_bytes()).get("sha256") == claim.sha256:
+                    return name
+            except (OSError, msgspec.DecodeError):
+                continue
+        return None
 
     async def afinish(self, claim: Claim, status: Literal["done", "duplicate"]) -> Path:
         """:meth:`finish` in a worker thread."""

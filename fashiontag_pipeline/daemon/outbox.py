@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+import anyio
 import msgspec
 
 from .._models import format_time
@@ -148,6 +149,10 @@ class ManifestOutputs:
                 os.fsync(fh.fileno())
         write_atomic(self.summary, _summary_encoder.encode(summary) + b"\n")
 
+    async def awrite_summary(self, summary: ManifestSummary) -> None:
+        """:meth:`write_summary` in a worker thread (it fsyncs outputs of any size)."""
+        await anyio.to_thread.run_sync(self.write_summary, summary)
+
 
 class Outbox:
     """Allocates output folders under ``root`` (see the module docstring)."""
@@ -174,6 +179,10 @@ class Outbox:
                     return ManifestOutputs(folder, claim)
             candidates = [f"{stem}.{claim.sha256[:12]}.{n}"]
             n += 1
+
+    async def aoutputs(self, claim: Claim) -> ManifestOutputs:
+        """:meth:`outputs` in a worker thread (it creates and fsyncs folders)."""
+        return await anyio.to_thread.run_sync(self.outputs, claim)
 
     def _take(self, folder: Path, mark: _ClaimMark) -> bool:
         try:

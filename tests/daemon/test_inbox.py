@@ -321,7 +321,7 @@ def test_fail_moves_to_failed_beside_its_reason(
     assert target.name == f"bad.{claim.sha256[:12]}.csv"
     assert target.read_bytes() == b"\x00\x01 not a manifest"
     error = json.loads((root / "failed" / f"{target.name}.error.json").read_text())
-    assert error == {"reason": "no url column"}
+    assert error == {"reason": "no url column", "sha256": claim.sha256}
     # The earlier error file is untouched.
     assert json.loads((root / "failed" / "bad.csv.error.json").read_text()) == {
         "reason": "an earlier one"
@@ -329,6 +329,29 @@ def test_fail_moves_to_failed_beside_its_reason(
     record = ledger.lookup("bad.csv")
     assert record is not None and record.status == "failed"
     assert ledger.find_completed(claim.sha256) is None
+
+
+def test_a_crash_after_the_error_file_reuses_its_name(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    """fail() writes NAME.error.json first; a crash before the manifest moves leaves it alone.
+    The next attempt (after a restart) reuses that name: no error file without its manifest."""
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    (root / "bad.csv").write_bytes(b"\x00\x01 not a manifest")
+    claim = inbox.claim(root / "bad.csv")
+    assert claim is not None
+    with pytest.MonkeyPatch.context() as mp:
+
+        def crash(*args: object) -> None:
+            raise OSError("power cut")
+
+        mp.setattr(inbox.ledger, "record_settled", crash)
+        with pytest.raises(OSError):
+            inbox.fail(claim, "no url column")
+    assert (root / "failed" / "bad.csv.error.json").exists()
+    target = inbox.fail(claim, "no url column")
+    assert target == root / "failed" / "bad.csv"
+    assert sorted(p.name for p in (root / "failed").iterdir()) == ["bad.csv", "bad.csv.error.json"]
 
 
 def test_crash_between_settling_and_moving_is_finished_at_start_up(

@@ -139,3 +139,14 @@ def test_summary_struct_round_trips() -> None:
         manifest="a.csv", sha256="0" * 64, status="done", claimed_at="x", finished_at="y"
     )
     assert msgspec.json.decode(msgspec.json.encode(summary), type=ManifestSummary) == summary
+
+
+async def test_the_async_twins_do_the_file_work_off_the_loop(tmp_path: Path) -> None:
+    """aoutputs/awrite_summary: the same folders and summary, from a worker thread."""
+    outbox = Outbox(tmp_path)
+    outputs = await outbox.aoutputs(claim_of("cat.csv", b"a"))
+    assert outputs.folder == tmp_path / "cat"
+    assert (await outbox.aoutputs(claim_of("cat.csv", b"a"))).folder == outputs.folder
+    summary = ManifestOutcome(status="done", tagged=2).summary(outputs, finished_at=1.7e9)
+    await outputs.awrite_summary(summary)
+    assert outputs.read_summary() == summary and outputs.results.exists()
