@@ -28,19 +28,17 @@ from __future__ import annotations
 import hashlib
 from typing import NamedTuple, Protocol
 
-import aiohttp
 import anyio
 import msgspec
 
 from .._models import STATUS_FAILURE, Detection, ErrorInfo, TaggingResponse
 from ._synthesis import ALL_DETECTIONS, BIT, CLOTHING_MASK, scene_of
+from .decoding import DecodePool
 from .fastrender import FastRenderer
+from .fetching import DEFAULT_FETCH_PER_HOST, FETCH_TIMEOUT, ImageFetcher
 from .pixels import (
     CODE_BAD_TYPE,
-    CODE_FETCH_FAILED,
-    CODE_FILE_TOO_LARGE,
     CODE_NO_PREFIX,
-    MAX_IMAGE_BYTES,
     ImageRejected,
     decode_base64_image,
     measure_colors,
@@ -63,7 +61,6 @@ __all__ = [
     "failure_response",
 ]
 
-FETCH_TIMEOUT = 15.0
 _encoder = msgspec.json.Encoder()
 
 
@@ -127,11 +124,21 @@ class ReferenceAnalyzer:
     """The reference :class:`Analyzer`: measured colours, synthesized everything else."""
 
     def __init__(
-        self, taxonomy: Taxonomy | None = None, *, fetch_timeout: float = FETCH_TIMEOUT
+        self,
+        taxonomy: Taxonomy | None = None,
+        *,
+        fetch_timeout: float = FETCH_TIMEOUT,
+        fetcher: ImageFetcher | None = None,
+        decode: DecodePool | None = None,
     ) -> None:
+        """``fetcher``: how images are downloaded (by default public hosts only, at most
+        ``DEFAULT_FETCH_PER_HOST`` connections per host); ``decode``: the pool that decodes
+        them (by default anyio's worker threads). A subclass keeps both guards."""
         self.taxonomy = taxonomy or load_taxonomy()
-        self._fetch_timeout = fetch_timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._fetcher = fetcher or ImageFetcher(
+            per_host=DEFAULT_FETCH_PER_HOST, timeout=fetch_timeout
+        )
+        self._decode = decode
         self._structs = StructRenderer(self.taxonomy)
         self._fast = FastRenderer(self.taxonomy)
 
@@ -145,48 +152,13 @@ class ReferenceAnalyzer:
         return Analysis(h, measure_colors(self.taxonomy, data, scene_of(h)))
 
     async def from_url(self, url: str) -> Analysis:
-        data = await self._download(url)
+        data = await self._fetcher.download(url)
+        if self._decode is not None:
+            return await self._decode.analyze(self, data)
         return await anyio.to_thread.run_sync(self.from_bytes, data)
 
-    async def _download(self, url: str) -> bytes:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self._fetch_timeout),
-                headers={"User-Agent": "fashiontag-reference-service/0.1"},
-            )
-        try:
-            async with self._session.get(url, allow_redirects=True) as resp:
-                if resp.status != 200:
-                    raise ImageRejected(CODE_FETCH_FAILED, f"image URL answered HTTP {resp.status}")
-                ctype = resp.headers.get("Content-Type", "")
-                if ctype and not ctype.lower().startswith(("image/", "application/octet-stream")):
-                    raise ImageRejected(
-                        CODE_FETCH_FAILED, f"image URL returned {ctype.split(';')[0]}, not an image"
-                    )
-                if (resp.content_length or 0) > MAX_IMAGE_BYTES:
-                    raise ImageRejected(CODE_FILE_TOO_LARGE, "image file is too large")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in resp.content.iter_chunked(65536):
-                    size += len(chunk)
-                    if size > MAX_IMAGE_BYTES:
-                        raise ImageRejected(CODE_FILE_TOO_LARGE, "image file is too large")
-                    chunks.append(chunk)
-                return b"".join(chunks)
-        except ImageRejected:
-            raise
-        except TimeoutError:
-            raise ImageRejected(CODE_FETCH_FAILED, "image URL timed out") from None
-        except (aiohttp.ClientError, ValueError, OSError) as err:
-            raise ImageRejected(
-                CODE_FETCH_FAILED, f"image URL could not be fetched: {type(err).__name__}"
-            ) from None
-
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            with anyio.CancelScope(shield=True):
-                await session.close()
+        await self._fetcher.aclose()
 
     # ------------------------------------------------------------------ rendering
 

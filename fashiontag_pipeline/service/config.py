@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .analyzer import Analyzer
 from .faults import FaultSpec
+from .fetching import DEFAULT_FETCH_PER_HOST
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT",
@@ -48,7 +49,6 @@ MAX_LIST_SIZE = 1000
 #: Threads decoding images (base64 and fetched) at once; decoding never runs on the event loop.
 DEFAULT_DECODE_WORKERS = 2
 #: Connections to one image host at once (fetch mode); the service-wide cap is fetch_concurrency.
-DEFAULT_FETCH_PER_HOST = 8
 
 
 @dataclass(frozen=True, kw_only=True)

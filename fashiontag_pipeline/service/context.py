@@ -12,13 +12,13 @@ import msgspec
 from aiohttp import web
 
 from .._config import DEV_API_KEY, DEV_BULK_API_KEY
-from .analyzer import Analysis, Analyzer
+from .analyzer import Analysis, Analyzer, ReferenceAnalyzer
 from .config import ServiceConfig
 from .connections import ConnectionGuard
 from .decoding import DecodePool
 from .errors import CODE_AUTH_FAILED, CODE_KEY_REQUIRED, Reject
 from .faults import FaultDice
-from .fetching import FetchingAnalyzer
+from .fetching import ImageFetcher
 from .store import TaskStore
 from .worker import TaggingWorker
 
@@ -78,10 +78,11 @@ class ServiceState:
         self.connections = ConnectionGuard(
             max_connections=config.max_connections, header_timeout=config.header_timeout
         )
-        self.analyzer: Analyzer = config.analyzer or FetchingAnalyzer(
+        self.analyzer: Analyzer = config.analyzer or ReferenceAnalyzer(
+            fetcher=ImageFetcher(
+                per_host=config.fetch_per_host, allow_private=config.fetch_allow_private
+            ),
             decode=self.decode,
-            per_host=config.fetch_per_host,
-            allow_private=config.fetch_allow_private,
         )
         self.worker = TaggingWorker(
             self.store,

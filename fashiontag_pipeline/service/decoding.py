@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 import anyio.to_thread
 
-from .analyzer import Analysis, Analyzer
 from .pixels import MAX_PIXELS
+
+if TYPE_CHECKING:
+    from .analyzer import Analysis, Analyzer
 
 __all__ = ["PIXEL_BUDGET", "DecodePool", "decoded_pixels"]
 

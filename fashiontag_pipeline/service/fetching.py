@@ -1,8 +1,8 @@
 """Image downloads of fetch mode: per-host connection limits, public addresses only, bounded size.
 
-:class:`FetchingAnalyzer` is the :class:`~.analyzer.ReferenceAnalyzer` the service uses when
-none is configured: its :meth:`~FetchingAnalyzer.from_url` downloads with an
-:class:`ImageFetcher` and decodes in the :class:`~.decoding.DecodePool`.
+Every download of the reference analyzer (and of any subclass: a plugged-in model keeps the
+guards) goes through an :class:`ImageFetcher`; the service gives it the ``serve`` options and
+decodes in its :class:`~.decoding.DecodePool`.
 
 * At most ``per_host`` connections to one host (aiohttp ``limit_per_host``), so requests to a
   slow host queue behind each other instead of filling the pool for every host.
@@ -22,13 +22,20 @@ import anyio
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from .analyzer import FETCH_TIMEOUT, Analysis, ImageRejected, ReferenceAnalyzer
-from .decoding import DecodePool
-from .pixels import CODE_FETCH_FAILED, CODE_FILE_TOO_LARGE, MAX_IMAGE_BYTES
-from .taxonomy import Taxonomy
+from .pixels import CODE_FETCH_FAILED, CODE_FILE_TOO_LARGE, MAX_IMAGE_BYTES, ImageRejected
 
-__all__ = ["FetchingAnalyzer", "ImageFetcher", "PublicOnlyResolver", "is_public_address"]
+__all__ = [
+    "DEFAULT_FETCH_PER_HOST",
+    "FETCH_TIMEOUT",
+    "ImageFetcher",
+    "PublicOnlyResolver",
+    "is_public_address",
+]
 
+#: Seconds a download may take, redirects included.
+FETCH_TIMEOUT = 15.0
+#: Connections to one image host at once (``serve --fetch-per-host``).
+DEFAULT_FETCH_PER_HOST = 8
 MAX_REDIRECTS = 5
 #: Connections to all image hosts at once (single mode and the bulk worker together).
 MAX_FETCH_CONNECTIONS = 100
@@ -167,30 +174,3 @@ class ImageFetcher:
         if session is not None:
             with anyio.CancelScope(shield=True):
                 await session.close()
-
-
-class FetchingAnalyzer(ReferenceAnalyzer):
-    """The reference analyzer with guarded downloads and pooled decoding."""
-
-    def __init__(
-        self,
-        *,
-        decode: DecodePool,
-        per_host: int,
-        allow_private: bool = False,
-        taxonomy: Taxonomy | None = None,
-        fetch_timeout: float = FETCH_TIMEOUT,
-    ) -> None:
-        super().__init__(taxonomy, fetch_timeout=fetch_timeout)
-        self._decode = decode
-        self._fetcher = ImageFetcher(
-            per_host=per_host, allow_private=allow_private, timeout=fetch_timeout
-        )
-
-    async def from_url(self, url: str) -> Analysis:
-        data = await self._fetcher.download(url)
-        return await self._decode.analyze(self, data)
-
-    async def aclose(self) -> None:
-        await self._fetcher.aclose()
-        await super().aclose()

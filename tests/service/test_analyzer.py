@@ -154,3 +154,22 @@ def test_accept_language() -> None:
     assert parse_accept_language(None) == "en"
     assert parse_accept_language("*") == "en"
     assert parse_accept_language("ko;q=abc, ja") == "ja"
+
+
+async def test_a_plugged_in_analyzer_keeps_the_fetch_guards() -> None:
+    """A subclass of the reference analyzer (a plugged-in model) downloads through the same
+    guarded fetcher: a loopback image host is refused, not fetched."""
+    import pytest
+
+    from fashiontag_pipeline.service import ImageRejected
+
+    class MyModel(ReferenceAnalyzer):
+        pass
+
+    model = MyModel()
+    try:
+        with pytest.raises(ImageRejected) as err:
+            await model.from_url("http://127.0.0.1:9/product.png")
+        assert "not a public address" in str(err.value)
+    finally:
+        await model.aclose()
