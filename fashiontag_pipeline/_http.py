@@ -17,14 +17,12 @@ to aiohttp pre-encoded, and a request has one deadline (:attr:`Timeout.total`, e
 
 from __future__ import annotations
 
-import contextlib
-import email.utils
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import aiohttp
 import anyio
@@ -34,7 +32,8 @@ from yarl import URL
 from . import _exceptions as exc
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout
-from ._models import STATUS_SUCCESS, FailureItem
+from ._models import STATUS_SUCCESS
+from ._responses import Response, error_for, retry_after
 
 __all__ = [
     "BULK_PATH",
@@ -50,7 +49,6 @@ logger = logging.getLogger("fashiontag_pipeline.client")
 SINGLE_PATH = "/tagger/v2/tags"
 BULK_PATH = "/tagger/v2.12/bulk"
 USER_AGENT = "fashiontag_pipeline/0.1"
-CODE_UNSUPPORTED_LANGUAGE = 826
 #: Set (``True``) on the log record of the first failed attempt after a success (the run
 #: command adds how long it keeps trying).
 FIRST_FAILURE = "fashiontag_first_failure"
@@ -58,8 +56,6 @@ FIRST_FAILURE = "fashiontag_first_failure"
 WARN_EVERY = 30.0
 
 T = TypeVar("T")
-
-_error_body_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
 @dataclass(slots=True)
@@ -72,13 +68,6 @@ class ClientStats:
     server_errors: int = 0
     transport_errors: int = 0
     ambiguous_writes: int = 0
-
-
-@dataclass(slots=True, frozen=True)
-class Response:
-    status: int
-    body: bytes
-    headers: Any
 
 
 class HttpExchange:
@@ -344,44 +333,7 @@ class HttpExchange:
         self, response: Response, method: str, path: str, task_id: str | None
     ) -> None:
         """Map an error response to the exception tree. Never returns."""
-        status = response.status
-        code, message, failures = parse_error_body(response.body)
-        where = f"{method} {path}"
-        text = f"{where}: HTTP {status}" + (f" (code {code})" if code is not None else "")
-        if message:
-            text += f": {message}"
-        common: dict[str, Any] = {
-            "status": status,
-            "code": code,
-            "service_message": message,
-            "method": method,
-            "path": path,
-            "task_id": task_id,
-        }
-        if code == CODE_UNSUPPORTED_LANGUAGE:
-            raise exc.UnsupportedLanguageError(text, **common)
-        if status == 429:
-            raise exc.RateLimitedError(text, retry_after=retry_after(response.headers), **common)
-        if status >= 500:
-            raise exc.ServerError(text, **common)
-        if status in (401, 403):
-            text += f" ({self._key_hint(path)})"
-            if status == 401:
-                raise exc.AuthenticationError(text, **common)
-            raise exc.PermissionDeniedError(text, **common)
-        if status == 404:
-            raise exc.TaskNotFoundError(text, **common)
-        if status == 409:
-            raise exc.ResultsNotReadyError(text, **common)
-        if status == 410:
-            if method == "PUT":
-                raise exc.TaskExpiredError(text, **common)
-            raise exc.ResultsExpiredError(text, **common)
-        if status == 413:
-            raise exc.PayloadTooLargeError(text, **common)
-        if status == 400 or status == 422:
-            raise exc.ValidationError(text, failure_list=failures, **common)
-        raise exc.RequestError(text, **common)
+        raise error_for(response, method, path, task_id, self._key_hint(path))
 
 
 def deadline(timeout: Timeout) -> float | None:
@@ -391,57 +343,3 @@ def deadline(timeout: Timeout) -> float | None:
     if timeout.read is None:
         return None
     return timeout.read + (timeout.connect or 0.0)
-
-
-def retry_after(headers: Any, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
-
-    A date is turned into seconds against the response's own ``Date`` header when it has one
-    (so a client whose clock differs from the server's still waits the intended time), else
-    against the local clock; a date in the past means no wait."""
-    value = headers.get("Retry-After") if headers is not None else None
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    reference = now if now is not None else time.time()
-    server_date = headers.get("Date")
-    if server_date:
-        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
-            reference = email.utils.parsedate_to_datetime(server_date).timestamp()
-    return max(0.0, when - reference)
-
-
-def parse_error_body(body: bytes) -> tuple[int | None, str, list[FailureItem]]:
-    """(code, message, failureList) from either error body shape of DESIGN section 3."""
-    try:
-        data = _error_body_decoder.decode(body)
-    except msgspec.DecodeError:
-        snippet = body[:200].decode("utf-8", "replace").strip()
-        return None, snippet, []
-    code: int | None = None
-    message = ""
-    error = data.get("error")
-    if isinstance(error, dict):
-        raw_code = error.get("code")
-        if isinstance(raw_code, int):
-            code = raw_code
-        elif isinstance(raw_code, str) and raw_code.isdigit():
-            code = int(raw_code)
-        message = str(error.get("message", ""))
-    elif isinstance(error, str):
-        message = error
-    failures: list[FailureItem] = []
-    raw_failures = data.get("failureList")
-    if isinstance(raw_failures, list):
-        try:
-            failures = msgspec.convert(raw_failures, list[FailureItem])
-        except msgspec.ValidationError:
-            failures = []
-    return code, message, failures

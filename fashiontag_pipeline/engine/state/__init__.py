@@ -1,6 +1,7 @@
 """The run's state: one SQLite file (WAL) owned by this package, written through the journal.
 
-* :mod:`.store`: the schema, the run's identity (manifest fingerprints: resume, nothing to do,
+* :mod:`.schema`: the tables, positions and watermarks;
+* :mod:`.store`: the run's identity (manifest fingerprints: resume, nothing to do,
   new run or refuse), watermarks, dedupe, the queries a resume needs, and the end-of-run
   reconciliation;
 * :mod:`.changes`: every state change a stage makes, as a named value;
@@ -13,16 +14,8 @@ Nothing outside this package sees the SQLite connection or writes SQL.
 from __future__ import annotations
 
 from .journal import Journal
-from .store import (
-    BODY_SQL,
-    COUNTERS,
-    POS_SHIFT,
-    Reconciliation,
-    RunState,
-    StateDB,
-    position,
-    split_position,
-)
+from .schema import BODY_SQL, COUNTERS, POS_SHIFT, position, split_position
+from .store import Reconciliation, RunState, StateDB
 
 __all__ = [
     "BODY_SQL",

@@ -17,7 +17,8 @@ import anyio
 
 from ..sinks import PageRow, Reject, RejectSink, ResultSink, count_outcomes
 from .changes import Change, validated_upto
-from .store import COUNTERS, StateDB
+from .schema import COUNTERS
+from .store import StateDB
 
 __all__ = ["Journal"]
 

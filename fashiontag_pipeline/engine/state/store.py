@@ -1,49 +1,9 @@
-"""The state store (SQLite, WAL): schema, the run's identity, watermarks, queries, reconciliation.
+"""The state store (SQLite, WAL): the run's identity, watermarks, queries, reconciliation.
 
-Schema::
-
-    meta(key, value)           run token, manifest fingerprints, watermarks, sink checkpoints,
-                               counters, completed_at (set once the run is reconciled)
-    tasks(task_id, seq, token, state, expires_at, results_expire_at, total, next_offset)
-                               state: open | done | drained | expired | lost
-                               (sealed: only in files of earlier versions)
-                               (lost: the service forgot it; its chunks are settled by sending
-                               their unwritten rows again, each chunk then ``resolved``)
-    chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok)
-                               state: pending (written ahead, fate unknown) | accepted |
-                               orphan (fate unknown, task no longer writable) | resolved;
-                               n_ok: rows of the chunk the service accepted
-    chunk_bodies(chunk_id, body)
-                               a chunk's rows ([[position, request], ...]), written once with
-                               the chunk and deleted when its task is drained; apart from
-                               ``chunks`` so that state updates rewrite small rows only
-                               (``chunks.body`` is only read, from older state files)
-    ids(id, pos)               every id taken into the run, with the position of its first row
-    singles(pos, state, body)  rows routed to the single endpoint (local files, data: URIs):
-                               pending (body: the request) | done (outcome written, body NULL)
-
-A row's *position* is ``source_index << 40 | line``, so positions order rows across manifests.
-Two watermarks make resume exact:
-
-* ``V`` (validated): every row at a position <= V has been validated, its id recorded and its
-  client-side reject (if any) written; committed with the rejects and ids of each batch.
-* ``W`` (chunked): every accepted row at a position <= W is in a chunk written ahead of its
-  POST/PUT. Rows in ``(W, V]`` were validated but never chunked: a resume sends them again.
-
-Rows routed to the single endpoint are never chunked, so W may pass them: each one is written
-to ``singles`` (pending) in the transaction that moves V over it, and marked done in the
-transaction that writes its outcome. A resume re-tags the pending ones and skips every routed
-row at a position <= V (single tagging is idempotent, so a re-tag is harmless).
-
-Two counters make the end of a run checkable (:meth:`StateDB.reconcile`): ``accepted`` counts
-the distinct ids taken into the run (in the transaction that records them), ``settled`` the
-outcomes written for them (results lines, and rejects of accepted rows: refused by the
-service, expired, single-mode failures), each in the transaction that writes it. A run is
-complete only when the two are equal and no chunk, task or single row is still in flight.
-
-Everything that touches SQLite or a sink runs in one thread at a time (the journal's limiter),
-so the event loop never blocks on disk and every commit is one transaction that moves sink
-checkpoints and state together.
+The tables, positions and watermarks are described in :mod:`.schema`. Everything that touches
+SQLite or a sink runs in one thread at a time (the journal's limiter), so the event loop never
+blocks on disk and every commit is one transaction that moves sink checkpoints and state
+together. A state file is locked while a run holds it.
 """
 
 from __future__ import annotations
@@ -60,68 +20,11 @@ import msgspec
 
 from ... import _exceptions as exc
 from ..manifests import ManifestPrint, describe, same_manifests
+from .schema import BODY_SQL, COUNTERS, SCHEMA, TABLES
 
-__all__ = [
-    "BODY_SQL",
-    "COUNTERS",
-    "POS_SHIFT",
-    "Reconciliation",
-    "RunState",
-    "StateDB",
-    "position",
-    "split_position",
-]
-
-POS_SHIFT = 40
-
-COUNTERS = (
-    "submitted",
-    "tagged",
-    "failed",
-    "rejected",
-    "tasks",
-    "pages",
-    "single",
-    "accepted",
-    "settled",
-    "resent",
-    "lost_tasks",
-)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY, seq INTEGER NOT NULL, token TEXT NOT NULL, state TEXT NOT NULL,
-    expires_at REAL, results_expire_at REAL, total INTEGER NOT NULL DEFAULT 0,
-    next_offset INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS chunks (
-    chunk_id INTEGER PRIMARY KEY, state TEXT NOT NULL, task_id TEXT, token TEXT,
-    n INTEGER NOT NULL, last_pos INTEGER NOT NULL, body BLOB);
-CREATE INDEX IF NOT EXISTS chunks_task ON chunks (task_id);
-CREATE TABLE IF NOT EXISTS chunk_bodies (chunk_id INTEGER PRIMARY KEY, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS singles (pos INTEGER PRIMARY KEY, state TEXT NOT NULL, body BLOB);
-"""
-
-
-def position(source: int, line: int) -> int:
-    """The run-wide position of ``line`` of manifest number ``source``."""
-    return (source << POS_SHIFT) | line
-
-
-def split_position(pos: int) -> tuple[int, int]:
-    """(source index, line) of a position."""
-    return pos >> POS_SHIFT, pos & ((1 << POS_SHIFT) - 1)
-
-
-#: A chunk's body in a ``SELECT ... FROM chunks``: its ``chunk_bodies`` row (``chunks.body`` in
-#: state files written before bodies had their own table).
-BODY_SQL = (
-    "COALESCE((SELECT b.body FROM chunk_bodies b WHERE b.chunk_id = chunks.chunk_id), chunks.body)"
-)
+__all__ = ["Reconciliation", "RunState", "StateDB"]
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
-_TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "meta")
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -209,7 +112,7 @@ class StateDB:
         db.execute("PRAGMA synchronous=NORMAL")
         # A bounded page cache keeps memory flat however many ids the run holds.
         db.execute(f"PRAGMA cache_size=-{cache_kib}")
-        db.executescript(_SCHEMA)
+        db.executescript(SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
             db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
@@ -296,7 +199,7 @@ class StateDB:
 
     def _wipe(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
-        for table in _TABLES:
+        for table in TABLES:
             self.db.execute(f"DELETE FROM {table}")
         self.db.execute("COMMIT")
 

@@ -1,0 +1,126 @@
+"""HTTP answers as the exception tree: the one table that maps a status, a service code and an
+error body (either shape of the interface) to an exception, and reads ``Retry-After``."""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from . import _exceptions as exc
+from ._models import FailureItem
+
+__all__ = ["Response", "error_for", "parse_error_body", "retry_after"]
+
+CODE_UNSUPPORTED_LANGUAGE = 826
+
+_error_body_decoder = msgspec.json.Decoder(dict[str, Any])
+
+
+@dataclass(slots=True, frozen=True)
+class Response:
+    status: int
+    body: bytes
+    headers: Any
+
+
+def error_for(
+    response: Response, method: str, path: str, task_id: str | None, key_hint: str
+) -> exc.FashiontagError:
+    """The exception for an error answer (``key_hint`` says which key a 401/403 refused)."""
+    status = response.status
+    code, message, failures = parse_error_body(response.body)
+    where = f"{method} {path}"
+    text = f"{where}: HTTP {status}" + (f" (code {code})" if code is not None else "")
+    if message:
+        text += f": {message}"
+    common: dict[str, Any] = {
+        "status": status,
+        "code": code,
+        "service_message": message,
+        "method": method,
+        "path": path,
+        "task_id": task_id,
+    }
+    if code == CODE_UNSUPPORTED_LANGUAGE:
+        return exc.UnsupportedLanguageError(text, **common)
+    if status == 429:
+        return exc.RateLimitedError(text, retry_after=retry_after(response.headers), **common)
+    if status >= 500:
+        return exc.ServerError(text, **common)
+    if status in (401, 403):
+        text += f" ({key_hint})"
+        if status == 401:
+            return exc.AuthenticationError(text, **common)
+        return exc.PermissionDeniedError(text, **common)
+    if status == 404:
+        return exc.TaskNotFoundError(text, **common)
+    if status == 409:
+        return exc.ResultsNotReadyError(text, **common)
+    if status == 410:
+        if method == "PUT":
+            return exc.TaskExpiredError(text, **common)
+        return exc.ResultsExpiredError(text, **common)
+    if status == 413:
+        return exc.PayloadTooLargeError(text, **common)
+    if status == 400 or status == 422:
+        return exc.ValidationError(text, failure_list=failures, **common)
+    return exc.RequestError(text, **common)
+
+
+def retry_after(headers: Any, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
+
+    A date is turned into seconds against the response's own ``Date`` header when it has one
+    (so a client whose clock differs from the server's still waits the intended time), else
+    against the local clock; a date in the past means no wait."""
+    value = headers.get("Retry-After") if headers is not None else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    reference = now if now is not None else time.time()
+    server_date = headers.get("Date")
+    if server_date:
+        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+            reference = email.utils.parsedate_to_datetime(server_date).timestamp()
+    return max(0.0, when - reference)
+
+
+def parse_error_body(body: bytes) -> tuple[int | None, str, list[FailureItem]]:
+    """(code, message, failureList) from either error body shape of DESIGN section 3."""
+    try:
+        data = _error_body_decoder.decode(body)
+    except msgspec.DecodeError:
+        snippet = body[:200].decode("utf-8", "replace").strip()
+        return None, snippet, []
+    code: int | None = None
+    message = ""
+    error = data.get("error")
+    if isinstance(error, dict):
+        raw_code = error.get("code")
+        if isinstance(raw_code, int):
+            code = raw_code
+        elif isinstance(raw_code, str) and raw_code.isdigit():
+            code = int(raw_code)
+        message = str(error.get("message", ""))
+    elif isinstance(error, str):
+        message = error
+    failures: list[FailureItem] = []
+    raw_failures = data.get("failureList")
+    if isinstance(raw_failures, list):
+        try:
+            failures = msgspec.convert(raw_failures, list[FailureItem])
+        except msgspec.ValidationError:
+            failures = []
+    return code, message, failures
