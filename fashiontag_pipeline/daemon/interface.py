@@ -24,38 +24,25 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-import msgspec
-
 from .http import ManifestProgress
 from .inbox import Claim
-from .outbox import ManifestOutputs, ManifestSummary, rfc3339
+from .outbox import ManifestCounts, ManifestOutputs, ManifestSummary, rfc3339
 
 __all__ = ["IngestEngine", "ManifestOutcome", "ManifestRun"]
 
 
-class ManifestOutcome(msgspec.Struct, kw_only=True):
+class ManifestOutcome(ManifestCounts, kw_only=True):
     """How one manifest ended, in the engine's words: ``run --summary``'s counts for its rows
     (``done``), or why it could not be read at all (``failed``: not CSV/JSONL, no id/url
     column, broken gzip; ``reason`` is said to the operator, never holds a key)."""
 
     status: Literal["done", "failed"]
     reason: str | None = None
-    rows_read: int = 0
-    submitted: int = 0
-    tagged: int = 0
-    failed: int = 0
-    rejected: int = 0
-    tasks: int = 0
-    pages: int = 0
-    single: int = 0
-    retries: int = 0
-    rate_limited: int = 0
-    resent: int = 0
-    elapsed_s: float = 0.0
 
     def summary(self, outputs: ManifestOutputs, *, finished_at: float) -> ManifestSummary:
         """The ``summary.json`` of this outcome for ``outputs``' claim."""
         claim = outputs.claim
+        counts = {name: getattr(self, name) for name in ManifestCounts.__struct_fields__}
         return ManifestSummary(
             manifest=claim.name,
             sha256=claim.sha256,
@@ -63,18 +50,7 @@ class ManifestOutcome(msgspec.Struct, kw_only=True):
             claimed_at=rfc3339(claim.claimed_at),
             finished_at=rfc3339(finished_at),
             reason=self.reason,
-            rows_read=self.rows_read,
-            submitted=self.submitted,
-            tagged=self.tagged,
-            failed=self.failed,
-            rejected=self.rejected,
-            tasks=self.tasks,
-            pages=self.pages,
-            single=self.single,
-            retries=self.retries,
-            rate_limited=self.rate_limited,
-            resent=self.resent,
-            elapsed_s=self.elapsed_s,
+            **counts,
         )
 
 

@@ -34,6 +34,8 @@ __all__ = [
     "REJECTS_FILE",
     "RESULTS_FILE",
     "SUMMARY_FILE",
+    "ManifestCounts",
+    "ManifestCounts",
     "ManifestOutputs",
     "ManifestStatus",
     "ManifestSummary",
@@ -54,16 +56,10 @@ def rfc3339(unix_time: float) -> str:
     return format_time(datetime.fromtimestamp(unix_time, UTC))
 
 
-class ManifestSummary(msgspec.Struct, kw_only=True):
-    """``summary.json``: ``run --summary``'s counts for this manifest, plus where it came from
-    and how it ended. ``duplicate_of`` names the earlier manifest file for a ``duplicate``;
-    ``reason`` says why for a ``failed`` one."""
+class ManifestCounts(msgspec.Struct, kw_only=True):
+    """``run --summary``'s counts for one manifest's rows (shared by the engine's outcome and
+    ``summary.json``)."""
 
-    manifest: str
-    sha256: str
-    status: ManifestStatus
-    claimed_at: str
-    finished_at: str
     rows_read: int = 0
     submitted: int = 0
     tagged: int = 0
@@ -76,6 +72,18 @@ class ManifestSummary(msgspec.Struct, kw_only=True):
     rate_limited: int = 0
     resent: int = 0
     elapsed_s: float = 0.0
+
+
+class ManifestSummary(ManifestCounts, kw_only=True):
+    """``summary.json``: the counts for this manifest, plus where it came from and how it
+    ended. ``duplicate_of`` names the earlier manifest file for a ``duplicate``; ``reason``
+    says why for a ``failed`` one."""
+
+    manifest: str
+    sha256: str
+    status: ManifestStatus
+    claimed_at: str
+    finished_at: str
     duplicate_of: str | None = None
     reason: str | None = None
 
