@@ -35,7 +35,6 @@ __all__ = [
     "RESULTS_FILE",
     "SUMMARY_FILE",
     "ManifestCounts",
-    "ManifestCounts",
     "ManifestOutputs",
     "ManifestStatus",
     "ManifestSummary",
