@@ -388,3 +388,33 @@ async def test_a_second_run_on_the_same_state_is_refused_while_the_first_runs(
     assert b"in use by another run" in second.stderr
     assert again.returncode == 0 and b"already complete" in again.stderr
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(8000))
+
+
+async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:
+    """The service forgets tasks 2, 4 and 6 once done; the engine is killed (SIGKILL) just
+    after the first and again after the next are forgotten, in the middle of settling them;
+    the same command then finishes: every id once, none twice."""
+    n = 8000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(forget_when_done={2, 4, 6})
+    async with (
+        running_service(ServiceConfig(rate=4000.0)) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        args = run_args(proxy.url, out, str(manifest), "--rotate-images", "1000")
+        args += ["--rotate-min-images", "1000"]
+        for forgotten in (1, 2):
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            with anyio.fail_after(60):
+                while len(proxy.forgotten) < forgotten and proc.returncode is None:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            await proc.aclose()
+        final = await anyio.run_process(args, check=False, env=ENV)
+    assert final.returncode == 0, final.stderr.decode()
+    assert len(proxy.forgotten) == 3
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert not {r["taskId"] for r in o.results} & proxy.forgotten
