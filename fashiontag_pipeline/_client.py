@@ -122,6 +122,9 @@ class TaggerClient:
             sleep=sleep,
         )
 
+    #: Set once the service refuses the list's paging parameters (see :meth:`_task_page`).
+    _list_unpaged = False
+
     @property
     def stats(self) -> ClientStats:
         """Counters of what the client did (requests, retries, ...)."""
@@ -237,12 +240,22 @@ class TaggerClient:
         return list(seen.values())
 
     async def _task_page(self, offset: int | None, size: int | None) -> TaskListData:
+        """One list answer. A service that refuses the paging parameters (400) is asked
+        without them from then on: its default answer is taken as the whole list."""
         query = ""
-        if offset is not None or size is not None:
+        if (offset is not None or size is not None) and not self._list_unpaged:
             query = f"?offset={int(offset or 0)}&size={int(size or LIST_PAGE_SIZE)}"
-        response = await self._http.call(
-            "GET", BULK_PATH, key=self._bulk_api_key, query=query, retry_all=True
-        )
+        try:
+            response = await self._http.call(
+                "GET", BULK_PATH, key=self._bulk_api_key, query=query, retry_all=True
+            )
+            if query and response.status == 400:
+                self._http.raise_for_status(response, "GET", BULK_PATH, None)
+        except exc.ValidationError:
+            if not query:
+                raise
+            self._list_unpaged = True
+            return await self._task_page(None, None)
         decoded = self._http.decode(_list_decoder, response, "GET", BULK_PATH)
         self._http.check_bulk_status(
             decoded.status, decoded.error, response, "GET", BULK_PATH, None

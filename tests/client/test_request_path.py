@@ -102,3 +102,33 @@ async def test_a_write_answered_2xx_with_an_unreadable_body_is_ambiguous() -> No
                 await client.create_task([request], description="run t1")
             assert client.stats.ambiguous_writes == 1
             assert client.stats.requests == 1
+
+
+async def test_a_service_that_refuses_list_paging_is_asked_without_it() -> None:
+    """A service whose list takes no offset/size (400) gets the plain list from then on."""
+    import re
+
+    from aioresponses import aioresponses
+
+    from fashiontag_pipeline import TaggerClient
+
+    listing = {
+        "status": "success",
+        "data": {
+            "tasks": [
+                {"taskId": "t2", "count": {"total": 1}, "taskStatus": "TASK_DONE"},
+                {"taskId": "t1", "count": {"total": 1}, "taskStatus": "TASK_DONE"},
+            ]
+        },
+    }
+    paged = re.compile(r"^http://svc/tagger/v2\.12/bulk\?offset=.*$")
+    with aioresponses() as mocked:
+        mocked.get(paged, status=400, payload={"status": "failure", "error": "bad param"})
+        mocked.get("http://svc/tagger/v2.12/bulk", payload=listing, repeat=True)
+        async with TaggerClient("http://svc", api_key="k", bulk_api_key="b") as client:
+            assert [t.task_id for t in await client.all_tasks()] == ["t2", "t1"]
+            assert [t.task_id for t in await client.list_tasks(offset=0, size=1000)] == [
+                "t2",
+                "t1",
+            ]
+            assert client.stats.requests == 3  # one refused paged call, then plain ones
