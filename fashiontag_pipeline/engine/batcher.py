@@ -58,7 +58,7 @@ class TaskWriter:
         task_seq: int,
         sources: Sequence[str],
         budget: RetryBudget,
-        on_sealed: Callable[[str], Awaitable[None]],
+        on_sealed: Callable[[str, str], Awaitable[None]],
         on_orphan: Callable[[str, int], None],
         clock: Callable[[], float] = time.monotonic,
         default_ttl: float = 600.0,
@@ -267,7 +267,7 @@ class TaskWriter:
         if task.closing and task.inflight == 0 and not task.sealed and task.task_id is not None:
             task.sealed = True
             # Not committed: a resume treats an open task the same way (closed, then watched).
-            await self.on_sealed(task.task_id)
+            await self.on_sealed(task.task_id, self.description(task.token))
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:

@@ -312,9 +312,9 @@ class _EngineRun:
 
     # -------------------------------------------------------------- wiring callbacks
 
-    async def _sealed(self, task_id: str) -> None:
+    async def _sealed(self, task_id: str, description: str) -> None:
         orphans = self.orphans_by_task.pop(task_id, set())
-        self.book.add(TaskEntry(task_id, orphans=orphans))
+        self.book.add(TaskEntry(task_id, orphans=orphans, description=description))
 
     def _orphan(self, task_id: str, chunk_id: int) -> None:
         self.orphans_by_task.setdefault(task_id, set()).add(chunk_id)
@@ -386,7 +386,7 @@ class _EngineRun:
                 remaining = (expires_at or now_wall) - now_wall
                 self.writer.resume_open(task_id, seq, token, remaining)
             elif state == "sealed":
-                await self._sealed(task_id)
+                await self._sealed(task_id, self.writer.description(token))
             elif state in ("done", "lost"):
                 entry = TaskEntry(
                     task_id,
@@ -397,6 +397,7 @@ class _EngineRun:
                     if results_at
                     else None,
                     orphans=self.orphans_by_task.pop(task_id, set()),
+                    description=self.writer.description(token),
                 )
                 self.book.add(entry)
                 await self.pagers.add(entry)

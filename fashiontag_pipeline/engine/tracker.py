@@ -56,6 +56,9 @@ class TaskEntry:
     results_expire_at: datetime | None = None
     orphans: set[int] = field(default_factory=set)
     seen: set[str] | None = None
+    #: The description the task was created with (it carries the run token): a task of that
+    #: id that says otherwise is not ours (a service that restarted and reused the id).
+    description: str | None = None
     advanced: anyio.Event = field(default_factory=anyio.Event)
 
     def advance(self, offset: int) -> None:
@@ -188,6 +191,12 @@ class CompletionForecast:
         else:
             self.interval = min(max(eta + AIM_LATE, self.poll_min), self.poll_max)
         return self.interval
+
+
+def _ours(entry: TaskEntry, task: Task) -> bool:
+    """False when the service shows, under the task's id, a task with another description
+    (a service that forgot ours and gave its id to another). No description: no evidence."""
+    return not (entry.description and task.description) or task.description == entry.description
 
 
 LIST_FACTOR = 8
@@ -323,6 +332,14 @@ class Tracker:
         counts: dict[str, tuple[int, int]] = {}
         for entry in sealed:
             task = listed.get(entry.task_id)
+            if task is not None and not _ours(entry, task):
+                logger.warning(
+                    "task %s now describes itself as %r, not as this run's task: treated as"
+                    " forgotten",
+                    entry.task_id,
+                    (task.description or "")[:80],
+                )
+                task = None
             if task is None:
                 # Forgotten by the service (404): its rows without an outcome are sent again.
                 entry.state = "lost"

@@ -39,6 +39,9 @@ class Misbehaviour:
     #: Task ordinals whose second result page carries the first page's first row in place of
     #: its own last row (an id repeated across pages).
     duplicate_across_pages: set[int] = field(default_factory=set)
+    #: Task ordinals shown (list and status) with another description, as if the service had
+    #: forgotten ours and given its id to someone else's task.
+    foreign_description: set[int] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -119,6 +122,7 @@ class MisbehavingProxy:
                 if self._forget_if_done(tid, task):
                     continue
                 if tid not in self.forgotten:
+                    self._disguise(tid, task)
                     kept.append(task)
             data["data"]["tasks"] = kept
             return json.dumps(data).encode()
@@ -126,6 +130,8 @@ class MisbehavingProxy:
             data = json.loads(payload)
             if self._forget_if_done(task_id, data["data"]):
                 return json.dumps({"status": "failure", "error": "task not found"}).encode()
+            if self._disguise(task_id, data["data"]):
+                return json.dumps(data).encode()
             return payload
         if method == "GET" and task_id is not None:
             n = self.ordinal(task_id)
@@ -147,6 +153,12 @@ class MisbehavingProxy:
                 return json.dumps(data).encode()
             return payload
         return payload
+
+    def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
+        if self.ordinal(task_id) in self.rules.foreign_description:
+            task["description"] = "somebody else's catalogue"
+            return True
+        return False
 
     def _forget_if_done(self, task_id: str, task: dict[str, Any]) -> bool:
         n = self.ordinal(task_id)

@@ -62,6 +62,24 @@ async def test_task_forgotten_once_done_has_its_rows_sent_again(tmp_path: Path) 
     assert proxy.created[1] not in {r["taskId"] for r in o.results}
 
 
+async def test_a_task_id_that_now_names_another_task_is_not_read(tmp_path: Path) -> None:
+    """Under task 2's id the service now shows another description (it forgot ours and gave
+    the id to someone else's task): its pages are never read as ours, its rows go again."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(foreign_description={2})) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.lost_tasks == 1 and summary.resent == 1000
+    o = assert_exactly_once(out, rej, ids_of(3000))
+    assert proxy.created[1] not in {r["taskId"] for r in o.results}
+    assert proxy.pages_served.get(proxy.created[1], 0) == 0
+
+
 async def test_task_forgotten_between_its_result_pages(tmp_path: Path) -> None:
     """Task 1 answers 404 after 3 of its 10 pages: the pages written stay, none twice; its
     other rows go to a new task; the other tasks' pages keep flowing."""
