@@ -40,10 +40,10 @@ from .flow import FatalRunError, RetryBudget
 from .gcpolicy import tune_gc
 from .intake import intake
 from .manifests import fingerprint
+from .outcome import already_complete, open_sinks
 from .pagers import ResultPagers
-from .policy import Chunk, chunk_of
+from .resume import reattach
 from .single import SingleRouter
-from .sinks import RejectSink, ResultSink, open_result_sink
 from .source import ManifestReader, RowBatch, iter_batches, manifests_size, open_manifest
 from .state import Journal, Reconciliation, RunState, StateDB
 from .tracker import TaskBook, TaskEntry, Tracker
@@ -149,8 +149,8 @@ async def run_pipeline(
         if run.opened == "complete":
             db.close()
             close_readers()
-            return _already_complete(run, out, rejects, state_path, started)
-        result_sink, reject_sink = _open_sinks(out, rejects, engine, run)
+            return already_complete(run, out, rejects, state_path, started)
+        result_sink, reject_sink = open_sinks(out, rejects, engine, run)
     except BaseException:
         db.close()
         close_readers()
@@ -170,7 +170,7 @@ async def run_pipeline(
         state=str(state_path),
     )
     live = _Progress()
-    engine_run = _EngineRun(tagger, journal, engine, run, names, readers, control, live, summary)
+    engine_run = EngineRun(tagger, journal, engine, run, names, readers, control, live, summary)
     restore_gc = tune_gc()
     try:
         if progress:
@@ -198,50 +198,7 @@ async def run_pipeline(
     return summary
 
 
-def _open_sinks(
-    out: Path, rejects: Path, engine: EngineConfig, run: RunState
-) -> tuple[ResultSink, RejectSink]:
-    """The run's outputs, cut back to the state's checkpoints (a resume)."""
-    try:
-        result_sink = open_result_sink(out, engine.sink)
-        try:
-            reject_sink = RejectSink(rejects)
-        except BaseException:
-            result_sink.close()
-            raise
-    except OSError as err:
-        raise exc.StateError(f"cannot open the outputs: {err}") from None
-    result_sink.truncate(run.results_checkpoint)
-    reject_sink.truncate(run.rejects_checkpoint)
-    return result_sink, reject_sink
-
-
-def _already_complete(
-    run: RunState, out: Path, rejects: Path, state: Path, started: float
-) -> RunSummary:
-    """The summary of a run found complete in its state: nothing was done."""
-    c = run.counters
-    return RunSummary(
-        submitted=c.get("submitted", 0),
-        tagged=c.get("tagged", 0),
-        failed=c.get("failed", 0),
-        rejected=c.get("rejected", 0),
-        tasks=c.get("tasks", 0),
-        pages=c.get("pages", 0),
-        single=c.get("single", 0),
-        lost_tasks=c.get("lost_tasks", 0),
-        resent=c.get("resent", 0),
-        complete=True,
-        opened="complete",
-        note=f"already complete (finished at {run.completed_at}): nothing to do",
-        elapsed_s=round(time.monotonic() - started, 3),
-        out=str(out),
-        rejects=str(rejects),
-        state=str(state),
-    )
-
-
-class _EngineRun:
+class EngineRun:
     def __init__(
         self,
         client: TaggerClient,
@@ -275,8 +232,8 @@ class _EngineRun:
             task_seq=run.task_seq,
             sources=names,
             budget=self.budget,
-            on_sealed=self._sealed,
-            on_orphan=self._orphan,
+            on_sealed=self.watch_sealed,
+            on_orphan=self.note_orphan,
         )
         self.tracker = Tracker(
             client=client,
@@ -312,11 +269,14 @@ class _EngineRun:
 
     # -------------------------------------------------------------- wiring callbacks
 
-    async def _sealed(self, task_id: str, description: str) -> None:
+    async def watch_sealed(self, task_id: str, description: str) -> None:
+        """A sealed task: the tracker watches it from now on."""
         orphans = self.orphans_by_task.pop(task_id, set())
         self.book.add(TaskEntry(task_id, orphans=orphans, description=description))
 
-    def _orphan(self, task_id: str, chunk_id: int) -> None:
+    def note_orphan(self, task_id: str, chunk_id: int) -> None:
+        """A chunk of unknown fate whose task no longer takes writes: settled once the
+        task's results are read."""
         self.orphans_by_task.setdefault(task_id, set()).add(chunk_id)
         self.book.orphans_pending += 1
         entry = self.book.entries.get(task_id)
@@ -353,56 +313,6 @@ class _EngineRun:
 
     # -------------------------------------------------------------- resume
 
-    async def _reattach(self) -> list[Chunk]:
-        """Load an interrupted run: tasks to track or drain, chunks of unknown fate."""
-
-        db = self.journal.db
-        tasks = await self.journal.run(db.resume_tasks)
-        chunks = await self.journal.run(db.resume_chunks)
-        if not self.client.server_clock.known and any(t[3] == "open" for t in tasks):
-            # Open tasks' expiry times are in the service's clock: learn its offset first.
-            await self.budget.call("list tasks", self.client.list_tasks)
-        now_wall = time.time() + self.client.server_clock.correction
-        pending: list[Chunk] = []
-        lost = {t[0] for t in tasks if t[3] == "lost"}
-        for chunk_id, state, task_id, token, body in chunks:
-            if state == "pending" and task_id in lost:
-                continue  # settled with its lost task (re-sent once, by the pagers)
-            chunk = chunk_of(chunk_id, body)
-            if state == "orphan":
-                self._orphan(task_id, chunk_id)
-                continue
-            if task_id is None and token is not None:
-                found = await self.writer.find_task(token)
-                if found is not None:
-                    await self.writer.adopt(token, found)
-                    task_id = found.task_id
-            if task_id is not None:
-                chunk.fate_unknown = True
-                chunk.task_id = task_id
-            pending.append(chunk)
-        for task_id, seq, token, state, expires_at, results_at, total, offset in tasks:
-            if state == "open":
-                remaining = (expires_at or now_wall) - now_wall
-                self.writer.resume_open(task_id, seq, token, remaining)
-            elif state == "sealed":
-                await self._sealed(task_id, self.writer.description(token))
-            elif state in ("done", "lost"):
-                entry = TaskEntry(
-                    task_id,
-                    state=state,
-                    total=total,
-                    next_offset=offset,
-                    results_expire_at=datetime.fromtimestamp(results_at, UTC)
-                    if results_at
-                    else None,
-                    orphans=self.orphans_by_task.pop(task_id, set()),
-                    description=self.writer.description(token),
-                )
-                self.book.add(entry)
-                await self.pagers.add(entry)
-        return pending
-
     # -------------------------------------------------------------- the run
 
     async def run(self) -> None:
@@ -412,7 +322,7 @@ class _EngineRun:
         single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         async with anyio.create_task_group() as tg:
             self.writer.attach(tg)
-            pending = await self._reattach() if self.state.resumed else []
+            pending = await reattach(self) if self.state.resumed else []
             pending_singles = await self.single.load_pending()
             source_scope = anyio.CancelScope()
 

@@ -1,0 +1,57 @@
+"""What a run hands back when it does not run: the summary of a run found complete, and the
+outputs opened (cut back to the state's checkpoints) before a run starts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .. import _exceptions as exc
+from .config import EngineConfig, RunSummary
+from .sinks import RejectSink, ResultSink, open_result_sink
+from .state import RunState
+
+__all__ = ["already_complete", "open_sinks"]
+
+
+def open_sinks(
+    out: Path, rejects: Path, engine: EngineConfig, run: RunState
+) -> tuple[ResultSink, RejectSink]:
+    """The run's outputs, cut back to the state's checkpoints (a resume)."""
+    try:
+        result_sink = open_result_sink(out, engine.sink)
+        try:
+            reject_sink = RejectSink(rejects)
+        except BaseException:
+            result_sink.close()
+            raise
+    except OSError as err:
+        raise exc.StateError(f"cannot open the outputs: {err}") from None
+    result_sink.truncate(run.results_checkpoint)
+    reject_sink.truncate(run.rejects_checkpoint)
+    return result_sink, reject_sink
+
+
+def already_complete(
+    run: RunState, out: Path, rejects: Path, state: Path, started: float
+) -> RunSummary:
+    """The summary of a run found complete in its state: nothing was done."""
+    c = run.counters
+    return RunSummary(
+        submitted=c.get("submitted", 0),
+        tagged=c.get("tagged", 0),
+        failed=c.get("failed", 0),
+        rejected=c.get("rejected", 0),
+        tasks=c.get("tasks", 0),
+        pages=c.get("pages", 0),
+        single=c.get("single", 0),
+        lost_tasks=c.get("lost_tasks", 0),
+        resent=c.get("resent", 0),
+        complete=True,
+        opened="complete",
+        note=f"already complete (finished at {run.completed_at}): nothing to do",
+        elapsed_s=round(time.monotonic() - started, 3),
+        out=str(out),
+        rejects=str(rejects),
+        state=str(state),
+    )

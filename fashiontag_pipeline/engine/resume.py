@@ -1,0 +1,70 @@
+"""Resume: what an interrupted run left in flight, loaded back into the stages.
+
+Tasks still open are closed (only the chunks of unknown fate that went to them are sent to them
+again), done tasks go to the pagers, lost tasks whose rows were not all sent again are settled,
+and chunks written ahead but never answered are sent again (to their task when it still takes
+writes, else as orphans settled from their task's results).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from .policy import Chunk, chunk_of
+from .tracker import TaskEntry
+
+if TYPE_CHECKING:
+    from .run import EngineRun
+
+__all__ = ["reattach"]
+
+
+async def reattach(run: EngineRun) -> list[Chunk]:
+    """Load an interrupted run: tasks to track or drain, chunks of unknown fate."""
+
+    db = run.journal.db
+    tasks = await run.journal.run(db.resume_tasks)
+    chunks = await run.journal.run(db.resume_chunks)
+    if not run.client.server_clock.known and any(t[3] == "open" for t in tasks):
+        # Open tasks' expiry times are in the service's clock: learn its offset first.
+        await run.budget.call("list tasks", run.client.list_tasks)
+    now_wall = time.time() + run.client.server_clock.correction
+    pending: list[Chunk] = []
+    lost = {t[0] for t in tasks if t[3] == "lost"}
+    for chunk_id, state, task_id, token, body in chunks:
+        if state == "pending" and task_id in lost:
+            continue  # settled with its lost task (re-sent once, by the pagers)
+        chunk = chunk_of(chunk_id, body)
+        if state == "orphan":
+            run.note_orphan(task_id, chunk_id)
+            continue
+        if task_id is None and token is not None:
+            found = await run.writer.find_task(token)
+            if found is not None:
+                await run.writer.adopt(token, found)
+                task_id = found.task_id
+        if task_id is not None:
+            chunk.fate_unknown = True
+            chunk.task_id = task_id
+        pending.append(chunk)
+    for task_id, seq, token, state, expires_at, results_at, total, offset in tasks:
+        if state == "open":
+            remaining = (expires_at or now_wall) - now_wall
+            run.writer.resume_open(task_id, seq, token, remaining)
+        elif state == "sealed":
+            await run.watch_sealed(task_id, run.writer.description(token))
+        elif state in ("done", "lost"):
+            entry = TaskEntry(
+                task_id,
+                state=state,
+                total=total,
+                next_offset=offset,
+                results_expire_at=datetime.fromtimestamp(results_at, UTC) if results_at else None,
+                orphans=run.orphans_by_task.pop(task_id, set()),
+                description=run.writer.description(token),
+            )
+            run.book.add(entry)
+            await run.pagers.add(entry)
+    return pending
