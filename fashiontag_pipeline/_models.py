@@ -23,6 +23,20 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from ._tagging import STATUS_SUCCESS as STATUS_SUCCESS
+from ._tagging import (  # the tagging response (spec 2.3), re-exported
+    Color,
+    ColorDetail,
+    DetectedObject,
+    ErrorInfo,
+    IdName,
+    Position,
+    ScoredTag,
+    Tag,
+    TaggingData,
+    TaggingResponse,
+)
+
 __all__ = [
     "BulkContext",
     "BulkTaskRequest",
@@ -61,7 +75,6 @@ __all__ = [
 ]
 
 #: ``status`` value of a successful response. Anything else (``failure``, ``fail``) is a failure.
-STATUS_SUCCESS = "success"
 STATUS_FAILURE = "failure"
 
 #: Spec section 8 limits, shared by the client, the engine and the reference service.
@@ -179,109 +192,6 @@ class BulkTaskRequest(msgspec.Struct, omit_defaults=True, rename="camel"):
     option: list[str] | None = None
     default_detection: list[Detection] | None = None
     description: str | None = None
-
-
-# --------------------------------------------------------------------------- tagging result
-
-
-class IdName(msgspec.Struct, omit_defaults=True, gc=False):
-    """An ``{id, name}`` pair (imageinfo, genderInfo, category, info, sleeveLength)."""
-
-    id: str
-    name: str
-
-
-class ScoredTag(msgspec.Struct, omit_defaults=True, gc=False):
-    """An ``{id, name, confidence}`` attribute."""
-
-    id: str
-    name: str
-    confidence: float | None = None
-
-
-#: The 18-colour result is the same shape as any scored attribute.
-Color = ScoredTag
-
-
-class ColorDetail(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
-    """A detailed colour from the >2,000-colour palette."""
-
-    code: str
-    name: str
-    pixel_fraction: float
-
-
-class Position(msgspec.Struct, gc=False):
-    """Bounding-box centre as a ratio of the image size."""
-
-    x: float
-    y: float
-
-
-class Tag(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
-    """One detected bounding box and its attributes (spec 2.3, data.objects[].tags[])."""
-
-    info: list[IdName] = []
-    category: IdName | None = None
-    position: Position | None = None
-    pair_index: int | None = None
-    colors: list[ScoredTag] = []
-    color_details: list[ColorDetail] = []
-    item: ScoredTag | None = None
-    details: list[ScoredTag] = []
-    prints: list[ScoredTag] = []
-    textures: list[ScoredTag] = []
-    looks: list[ScoredTag] = []
-    length: ScoredTag | None = None
-    sleeve_length: IdName | None = None
-    neck_line: ScoredTag | None = None
-    fit: ScoredTag | None = None
-    shape: ScoredTag | None = None
-    heel_height: ScoredTag | None = None
-    toe_type: ScoredTag | None = None
-    heel_shape: ScoredTag | None = None
-    sole_type: ScoredTag | None = None
-    main_materials: list[ScoredTag] = []
-    sub_materials: list[ScoredTag] = []
-
-
-class DetectedObject(msgspec.Struct, gc=False):
-    """One product kind found in the image (CLOTHING, SHOES, BAGS, ...).
-
-    ``tags`` is always encoded: the spec wants an empty array when nothing matches.
-    """
-
-    type: str
-    tags: list[Tag] = []
-
-
-class TaggingData(msgspec.Struct, omit_defaults=True, rename="camel", gc=False):
-    """``data`` of a tagging response."""
-
-    imageinfo: list[IdName] = []
-    gender_info: IdName | None = None
-    objects: list[DetectedObject] = []
-    notmatchedobjects: list[DetectedObject] = []
-
-
-class ErrorInfo(msgspec.Struct, omit_defaults=True, gc=False):
-    """Single-mode error object."""
-
-    code: int
-    message: str = ""
-
-
-class TaggingResponse(msgspec.Struct, omit_defaults=True, gc=False):
-    """Single-mode response, and the ``taggingResult`` of a bulk result."""
-
-    status: str
-    data: TaggingData | None = None
-    error: ErrorInfo | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the service says the analysis succeeded."""
-        return self.status == STATUS_SUCCESS
 
 
 # --------------------------------------------------------------------------- bulk responses
