@@ -436,3 +436,18 @@ async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Pa
     assert len(proxy.forgotten) == 3
     o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert not {r["taskId"] for r in o.results} & proxy.forgotten
+
+
+async def test_a_state_file_that_is_not_a_state_is_a_clear_error(tmp_path: Path) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 10)
+    out = tmp_path / "results.jsonl"
+    state = tmp_path / "results.jsonl.state"
+    state.write_bytes(b"this is not a database, it is a shopping list\n" * 100)
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV
+        )
+    assert result.returncode == 1
+    message = result.stderr.decode()
+    assert f"cannot use state file {state}" in message and "Traceback" not in message
+    assert state.read_bytes().startswith(b"this is not a database")
