@@ -31,7 +31,6 @@ class ServerClock:
     def __init__(self) -> None:
         self.low: float | None = None
         self.high: float | None = None
-        self.samples = 0
         self._last_header = ""
         self._last_date = 0.0
 
@@ -48,7 +47,6 @@ class ServerClock:
                 return
             self._last_header, self._last_date = header, date
         low, high = date - received, date + 1.0 - sent
-        self.samples += 1
         if self.low is None or self.high is None or low > self.high or high < self.low:
             self.low, self.high = low, high
             return
@@ -58,13 +56,6 @@ class ServerClock:
     @property
     def known(self) -> bool:
         return self.low is not None
-
-    @property
-    def offset(self) -> float | None:
-        """Best estimate of (service time - our time) in seconds; None before any sample."""
-        if self.low is None or self.high is None:
-            return None
-        return (self.low + self.high) / 2
 
     @property
     def correction(self) -> float:

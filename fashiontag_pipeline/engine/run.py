@@ -78,13 +78,6 @@ class RunControl:
         self.aborting.set()
 
 
-class _Progress:
-    """Live counters shown by the CLI's progress bar."""
-
-    def __init__(self) -> None:
-        self.rows_read = 0
-
-
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     for err in group.exceptions:
         if isinstance(err, BaseExceptionGroup):
@@ -169,8 +162,7 @@ async def run_pipeline(
         rejects=str(rejects),
         state=str(state_path),
     )
-    live = _Progress()
-    engine_run = EngineRun(tagger, journal, engine, run, names, readers, control, live, summary)
+    engine_run = EngineRun(tagger, journal, engine, run, names, readers, control, summary)
     restore_gc = tune_gc()
     try:
         if progress:
@@ -208,7 +200,6 @@ class EngineRun:
         names: list[str],
         readers: list[ManifestReader],
         control: RunControl,
-        live: _Progress,
         summary: RunSummary,
     ) -> None:
         self.client = client
@@ -218,7 +209,6 @@ class EngineRun:
         self.names = names
         self.readers = readers
         self.control = control
-        self.live = live
         self.summary = summary
         self.budget = RetryBudget(config.give_up_after)
         self.book = TaskBook()

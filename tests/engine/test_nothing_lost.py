@@ -20,12 +20,20 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, RunControl, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.pagers import ResultPagers
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, client_config, read_outcomes, run_args, write_csv
-from .proxy import Misbehaviour, misbehaving
+from .helpers import (
+    ENV,
+    Outcomes,
+    assert_exactly_once,
+    client_config,
+    read_outcomes,
+    run_args,
+    write_csv,
+)
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
 
 FAST = EngineConfig(
     poll_min=0.02,
@@ -41,41 +49,50 @@ def ids_of(n: int, prefix: str = "p") -> set[str]:
     return {f"{prefix}{i}" for i in range(n)}
 
 
+async def run_misbehaving(
+    tmp_path: Path, n: int, rules: Misbehaviour, engine: EngineConfig = FAST
+) -> tuple[RunSummary, MisbehavingProxy, Outcomes]:
+    """A run of ``n`` rows against the reference service behind the misbehaving proxy; every
+    id exactly once in the outputs is asserted."""
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))
+
+
+def rows_without_outcome(state: Path, out: Path, rej: Path) -> int:
+    """Ids the state took in, minus the lines of both outputs."""
+    with sqlite3.connect(state) as db:
+        (accepted,) = db.execute("SELECT count(*) FROM ids").fetchone()
+    o = read_outcomes(out, rej)
+    return int(accepted) - len(o.results) - len(o.rejects)
+
+
 # ------------------------------------------------------------------ tasks the service forgets
 
 
 async def test_task_forgotten_once_done_has_its_rows_sent_again(tmp_path: Path) -> None:
     """The service drops task 2 from the list and answers 404 for it as soon as it is done."""
-    manifest = write_csv(tmp_path / "m.csv", 3000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(forget_when_done={2})) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
-        )
+    rules = Misbehaviour(forget_when_done={2})
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules)
     assert proxy.forgotten == {proxy.created[1]}
     assert summary.complete and summary.unsettled == 0
     assert summary.lost_tasks == 1 and summary.resent == 1000
-    o = assert_exactly_once(out, rej, ids_of(3000))
     assert proxy.created[1] not in {r["taskId"] for r in o.results}
 
 
 async def test_a_task_id_that_now_names_another_task_is_not_read(tmp_path: Path) -> None:
     """Under task 2's id the service now shows another description (it forgot ours and gave
     the id to someone else's task): its pages are never read as ours, its rows go again."""
-    manifest = write_csv(tmp_path / "m.csv", 3000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(foreign_description={2})) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
-        )
+    rules = Misbehaviour(foreign_description={2})
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules)
     assert summary.complete and summary.lost_tasks == 1 and summary.resent == 1000
-    o = assert_exactly_once(out, rej, ids_of(3000))
     assert proxy.created[1] not in {r["taskId"] for r in o.results}
     assert proxy.pages_served.get(proxy.created[1], 0) == 0
 
@@ -83,24 +100,12 @@ async def test_a_task_id_that_now_names_another_task_is_not_read(tmp_path: Path)
 async def test_task_forgotten_between_its_result_pages(tmp_path: Path) -> None:
     """Task 1 answers 404 after 3 of its 10 pages: the pages written stay, none twice; its
     other rows go to a new task; the other tasks' pages keep flowing."""
-    manifest = write_csv(tmp_path / "m.csv", 3000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     rules = Misbehaviour(forget_after_pages={1: 3})
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, rules) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest],
-            client=client_config(proxy.url),
-            out=out,
-            rejects=rej,
-            engine=msgspec.structs.replace(FAST, max_page_concurrency=1),
-        )
+    engine = msgspec.structs.replace(FAST, max_page_concurrency=1)
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, engine)
     lost = proxy.created[0]
     assert proxy.forgotten == {lost}
     assert summary.complete and summary.lost_tasks == 1
-    o = assert_exactly_once(out, rej, ids_of(3000))
     from_lost = [r["id"] for r in o.results if r["taskId"] == lost]
     assert 0 < len(from_lost) < 1000  # pages read before the task was forgotten are kept
     assert summary.resent == 1000 - len(from_lost)
@@ -109,19 +114,11 @@ async def test_task_forgotten_between_its_result_pages(tmp_path: Path) -> None:
 async def test_task_forgotten_while_it_is_being_written(tmp_path: Path) -> None:
     """Task 1 answers 404 to its first PUT: that chunk goes to a new task, and the rows the
     task had accepted are sent again once it is found gone."""
-    manifest = write_csv(tmp_path / "m.csv", 4000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(FAST, rotate_images=4000, rotate_min_images=4000)
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(forget_at_first_put={1})) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
-        )
+    rules = Misbehaviour(forget_at_first_put={1})
+    summary, proxy, o = await run_misbehaving(tmp_path, 4000, rules, engine)
     assert proxy.puts_refused >= 1 and proxy.forgotten == {proxy.created[0]}
     assert summary.complete and summary.lost_tasks == 1 and summary.resent == 1000
-    o = assert_exactly_once(out, rej, ids_of(4000))
     assert proxy.created[0] not in {r["taskId"] for r in o.results}
 
 
@@ -150,10 +147,7 @@ async def test_resume_settles_a_task_lost_before_the_crash(tmp_path: Path) -> No
                 engine=FAST,
             )
         assert not first.complete and first.unsettled == 1000
-        with sqlite3.connect(state) as db:
-            (accepted,) = db.execute("SELECT count(*) FROM ids").fetchone()
-        o = read_outcomes(out, rej)
-        assert first.unsettled == accepted - len(o.results) - len(o.rejects)
+        assert first.unsettled == rows_without_outcome(state, out, rej)
         second = await run_pipeline(
             [manifest],
             client=client_config(proxy.url),
@@ -169,35 +163,19 @@ async def test_resume_settles_a_task_lost_before_the_crash(tmp_path: Path) -> No
 async def test_a_page_with_a_duplicate_id_in_place_of_a_row(tmp_path: Path) -> None:
     """The first page of task 1 carries its first row twice and misses its last one: one
     results line per id, and the missing row is sent again."""
-    manifest = write_csv(tmp_path / "m.csv", 2000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(duplicate_in_first_page={1})) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
-        )
+    rules = Misbehaviour(duplicate_in_first_page={1})
+    summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
     assert summary.complete and summary.resent == 1
-    o = assert_exactly_once(out, rej, ids_of(2000))
     assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
 
 
 async def test_an_id_repeated_on_a_later_page(tmp_path: Path) -> None:
     """Task 1's second page repeats the id of its first page's first row in place of its own
     last row: that id keeps its one line, and the row left out is sent again."""
-    manifest = write_csv(tmp_path / "m.csv", 2000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(FAST, max_page_concurrency=1)
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(duplicate_across_pages={1})) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
-        )
+    rules = Misbehaviour(duplicate_across_pages={1})
+    summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules, engine)
     assert summary.complete and summary.resent == 1
-    o = assert_exactly_once(out, rej, ids_of(2000))
     assert next(r for r in o.results if r["id"] == "p199")["taskId"] != proxy.created[0]
 
 
@@ -223,11 +201,8 @@ async def test_interrupted_run_reports_exactly_the_rows_without_outcome(tmp_path
                 engine=FAST,
                 control=control,
             )
-        with sqlite3.connect(state) as db:
-            (accepted,) = db.execute("SELECT count(*) FROM ids").fetchone()
-        o = read_outcomes(out, rej)
         assert not first.complete and first.interrupted
-        assert first.unsettled == accepted - len(o.results) - len(o.rejects) > 0
+        assert first.unsettled == rows_without_outcome(state, out, rej) > 0
         second = await run_pipeline(
             [manifest],
             client=client_config(svc.url),

@@ -1,0 +1,42 @@
+"""The service's clock offset from Date headers: bounds, steps, and what deadlines use."""
+
+from __future__ import annotations
+
+from email.utils import formatdate
+
+from fashiontag_pipeline._clock import ServerClock
+
+
+def _date(t: float) -> str:
+    return formatdate(t, usegmt=True)
+
+
+def test_a_clock_in_agreement_needs_no_correction() -> None:
+    clock = ServerClock()
+    for t in (1000.2, 1000.7, 1001.4):
+        clock.observe(_date(t), t - 0.01, t + 0.01)
+    assert clock.known and clock.correction == 0.0
+
+
+def test_a_clock_ahead_is_bounded_and_deadlines_use_the_upper_bound() -> None:
+    clock = ServerClock()
+    ahead = 7 * 60.0
+    for t in (1000.05, 1000.55, 1000.95):  # the server's second ticks between these
+        clock.observe(_date(t + ahead), t - 0.01, t + 0.01)
+    assert clock.low is not None and clock.high is not None
+    assert clock.low <= ahead <= clock.high and clock.high - clock.low < 1.1
+    assert clock.correction == clock.high >= ahead
+
+
+def test_a_stepped_clock_restarts_the_bounds() -> None:
+    clock = ServerClock()
+    clock.observe(_date(1000.5), 1000.49, 1000.51)
+    clock.observe(_date(1000.5 + 300), 1000.6, 1000.62)  # the server was set 5 minutes ahead
+    assert clock.low is not None and clock.low > 290
+
+
+def test_no_date_no_evidence() -> None:
+    clock = ServerClock()
+    clock.observe(None, 1.0, 2.0)
+    clock.observe("not a date", 1.0, 2.0)
+    assert not clock.known and clock.correction == 0.0
