@@ -116,6 +116,16 @@ class TaskWriter:
             positions = [p for i, p in zip(chunk.ids, positions, strict=True) if i not in refused]
         return {job: {"submitted": n} for job, n in self.jobs.count_by_job(positions).items()}
 
+    def expiry_headroom(self) -> float | None:
+        """Seconds until the first open task stops taking writes (None: no open task)."""
+        now = self.clock()
+        left = [
+            self.policy.write_deadline(t) - now
+            for t in self.tasks.values()
+            if t.task_id is not None and not t.sealed
+        ]
+        return min(left) if left else None
+
     # ------------------------------------------------------------------ life and resume
 
     def attach(self, task_group: TaskGroup) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -98,6 +99,15 @@ class ResultPagers:
         self._fetching: dict[str, set[int]] = {}
         #: Per task, set when one of its pages is fetched (a committer waits for the next one).
         self._deposited: dict[str, anyio.Event] = {}
+
+    def result_headroom(self) -> float | None:
+        """Seconds until the results of the first done, unread task expire (None: none
+        waits), in the service's clock."""
+        waiting = [e.results_expire_at for _, _, e in self._heap if e.results_expire_at]
+        if not waiting:
+            return None
+        now = time.time() + self.client.server_clock.correction
+        return min(w.timestamp() for w in waiting) - now
 
     async def add(self, entry: TaskEntry) -> None:
         """Queue a done (or lost) task for draining."""
