@@ -143,10 +143,10 @@ def daemon_command(args: argparse.Namespace) -> int:
                     async for signum in received:
                         if control.stopping.is_set():
                             log.warning("second signal: stopping now")
-                            control.abort()
+                            daemon.abort()
                         else:
                             log.info("signal %s: draining", signal.Signals(signum).name)
-                            control.stop()
+                            daemon.stop()
 
             async def body() -> None:
                 await daemon.run()

@@ -107,7 +107,7 @@ class Daemon:
         self.notifier = notifier or SystemdNotifier()
         self.max_pending_rows = max_pending_rows
         self.metrics = DaemonMetrics()
-        self.health = Health()
+        self.health = Health(unreachable_after=config.unreachable_after)
         self.active: dict[str, _Active] = {}
         self.queued: deque[Claim] = deque()
         self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
@@ -261,11 +261,23 @@ class Daemon:
                 await anyio.to_thread.run_sync(closer)
         logger.info("daemon stopped")
 
+    def stop(self) -> None:
+        """Drain (SIGTERM): no more claims or reads; writes in flight finish; then
+        :meth:`run` returns. Says so at once to /readyz and systemd."""
+        if not self.health.draining:
+            self.health.mark_draining()
+            self.notifier.stopping()
+            logger.info("draining: no more claims; finishing the writes in flight")
+        self.control.stop()
+
+    def abort(self) -> None:
+        """Stop now (a second signal): state is consistent at every commit."""
+        self.stop()
+        self.control.abort()
+
     async def _drain_watch(self, engine: Engine) -> None:
         await self.control.stopping.wait()
-        self.health.mark_draining()
-        self.notifier.stopping()
-        logger.info("draining: no more claims; finishing the writes in flight")
+        self.stop()
         with anyio.move_on_after(self.config.drain_timeout) as scope:
             await engine.writer.idle.wait()
         if scope.cancelled_caught:
