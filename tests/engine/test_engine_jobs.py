@@ -53,7 +53,7 @@ async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_pa
                 await engine.outcome(jb)
                 await engine.outcome(jc)
                 engine.close()
-            db.close()
+            db.close()  # closed by the engine already: a no-op
         records = list(svc.store.tasks.values())
     assert_exactly_once(
         tmp_path / "a" / "results.jsonl",
@@ -117,7 +117,7 @@ async def test_a_small_job_behind_a_big_one_is_done_first(tmp_path: Path) -> Non
                 await engine.outcome(jsmall)
                 await engine.outcome(jbig)
                 engine.close()
-            db.close()
+            db.close()  # closed by the engine already: a no-op
         accepted = [i for r in sorted(svc.store.tasks.values(), key=lambda r: r.seq) for i in r.ids]
     # The service tags in acceptance order: count the big job's rows it took before the
     # small job's first one (all 30,000 of them without the bound).
@@ -157,3 +157,32 @@ def test_a_state_of_the_previous_version_becomes_the_job_run(tmp_path: Path) -> 
         assert state.meta("validated") is None  # moved, not copied
     finally:
         state.close()
+
+
+async def test_a_job_submitted_again_after_it_completed_is_answered_from_the_state(
+    tmp_path: Path,
+) -> None:
+    """A daemon that crashed after a job completed but before it wrote the summary submits the
+    job again on restart: it is complete, nothing is read or sent, and its counts are kept."""
+    manifest = write_csv(tmp_path / "a.csv", 500)
+    async with running_service(ServiceConfig()) as svc:
+        for attempt in range(2):
+            db = StateDB(tmp_path / "state")
+            async with TaggerClient(config=client_config(svc.url)) as client:
+                engine = Engine(
+                    client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+                )
+                async with engine:
+                    job = await engine.submit(_spec(tmp_path, "a", manifest))
+                    await engine.outcome(job)
+                    engine.close()
+                db.close()
+            assert job.counters["settled"] == job.counters["accepted"] == 500
+            if attempt == 0:
+                tasks_after_first = len(svc.store.tasks)
+        assert len(svc.store.tasks) == tasks_after_first
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(500)},
+    )
