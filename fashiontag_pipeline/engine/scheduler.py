@@ -52,7 +52,12 @@ class JobSource:
         #: The stage has ended.
         self.done = False
         self._reading: deque[Job] = deque()
+        #: Readers of jobs still being read (a long-lived engine forgets finished ones: a
+        #: reader keeps its last block of rows), and the bytes of those it forgot.
         self._readers: list[ManifestReader] = []
+        self._bytes_done = 0
+        self._size_done = 0
+        self._size_unknown = False
         self._wake = anyio.Event()
         self._scope = anyio.CancelScope()
 
@@ -75,10 +80,26 @@ class JobSource:
             reader.close()
 
     def bytes_read(self) -> int:
-        return sum(r.bytes_read for r in self._readers)
+        return self._bytes_done + sum(r.bytes_read for r in self._readers)
 
     def bytes_total(self) -> int:
-        return manifests_size(self._readers)
+        """Total bytes of every manifest read so far (0 when one has no known size)."""
+        if self._size_unknown:
+            return 0
+        current = manifests_size(self._readers)
+        if self._readers and current == 0:
+            return 0
+        return self._size_done + current
+
+    def _forget(self, reader: ManifestReader) -> None:
+        reader.close()
+        if reader in self._readers:
+            self._readers.remove(reader)
+            self._bytes_done += reader.bytes_read
+            if reader.size is None:
+                self._size_unknown = True
+            else:
+                self._size_done += reader.size
 
     async def run(self, send: anyio.abc.ObjectSendStream[Message]) -> None:
         async with send:
@@ -135,11 +156,11 @@ class JobSource:
                 job.failure = str(err)
                 logger.error("manifest %s broke while read: %s", reader.name, err)
                 for rest in job.readers:
-                    rest.close()
+                    self._forget(rest)
                 job.readers = []
                 return None
             if batch is None:
-                reader.close()
+                self._forget(reader)
                 job.readers.pop(0)
                 continue
             if batch.rows:
