@@ -59,19 +59,20 @@ _OUTCOMES = ("tagged", "failed", "rejected")
 
 
 def op_of(method: str, path: str) -> Op | None:
-    """The metrics ``op`` of a request."""
+    """The metrics ``op`` of a request (paths as the client sends them, query apart)."""
     if path.endswith("/tags"):
         return "single"
-    if path.endswith("/status"):
-        return "status"
-    if "/results" in path:
-        return "results"
     if method == "POST":
         return "create"
     if method == "PUT":
         return "append"
-    if method == "GET" and path.rstrip("/").endswith("/bulk"):
-        return "list"
+    if method == "GET":
+        if path.endswith("/status"):
+            return "status"
+        if path.rstrip("/").endswith("/bulk"):
+            return "list"
+        if "/bulk/" in path:
+            return "results"
     return None
 
 

@@ -135,6 +135,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
     assert samples[("fashiontag_manifests_total", (("status", "failed"),))] == 1
     assert samples[("fashiontag_manifests_total", (("status", "duplicate"),))] == 1
     assert samples[("fashiontag_requests_total", (("code", "202"), ("op", "create")))] >= 1
+    assert samples[("fashiontag_requests_total", (("code", "200"), ("op", "results")))] >= 28
     assert status_code == 200 and len(json.loads(status_text)["recent"]) == 6
     assert ready_code == 200
     # systemd: READY when scanning, WATCHDOG at half of WATCHDOG_USEC, STOPPING on SIGTERM.
@@ -254,3 +255,31 @@ async def test_a_service_outage_is_waited_out_and_readyz_says_why(tmp_path: Path
             daemon.proc.kill()
     assert summary["status"] == "done"
     _assert_once(daemon.outbox / "m", ids)
+
+
+async def test_content_equal_to_a_manifest_in_flight_waits_then_is_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    ids = _ids("p", 6000)
+    data = write_manifest(Path(), ids)
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop_atomic(daemon.inbox, "first.csv", data)
+            with anyio.fail_after(30):
+                while not (daemon.inbox / ".work" / "first.csv").exists():
+                    await anyio.sleep(0.02)
+            _drop_atomic(daemon.inbox, "second.csv", data)
+            second = await daemon.wait_summary("second", timeout=60)
+            first = json.loads((daemon.outbox / "first" / "summary.json").read_text())
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc and daemon.proc.poll() is None:
+                daemon.proc.kill()
+        sent = [i for r in svc.store.tasks.values() for i in r.ids]
+    assert first["status"] == "done" and second["status"] == "duplicate"
+    assert second["duplicate_of"] == "first.csv"
+    assert second["finished_at"] >= first["finished_at"]
+    assert len(sent) == 6000  # the second was never sent
+    _assert_once(daemon.outbox / "first", ids)
