@@ -138,12 +138,23 @@ class ManifestReader:
             if self._gunzip is None:
                 return raw
             if not raw:
+                if not self._gunzip.eof:
+                    # The file ended inside a gzip member: rows are missing, never "the end".
+                    raise ManifestError(
+                        f"manifest {self.name} is a truncated gzip file (it ends after "
+                        f"{self.bytes_read:,} bytes, inside compressed data): rows are missing"
+                    )
                 return b""
-            out: bytes = self._gunzip.decompress(raw)
-            while self._gunzip.eof and self._gunzip.unused_data:
-                rest = self._gunzip.unused_data  # next member of a multi-member gzip
-                self._gunzip = zlib.decompressobj(wbits=31)
-                out += self._gunzip.decompress(rest)
+            try:
+                out: bytes = self._gunzip.decompress(raw)
+                while self._gunzip.eof and self._gunzip.unused_data:
+                    rest = self._gunzip.unused_data  # next member of a multi-member gzip
+                    self._gunzip = zlib.decompressobj(wbits=31)
+                    out += self._gunzip.decompress(rest)
+            except zlib.error as err:
+                raise ManifestError(
+                    f"manifest {self.name} is not valid gzip after {self.bytes_read:,} bytes: {err}"
+                ) from None
             if out:
                 return out
 

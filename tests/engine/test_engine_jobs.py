@@ -186,3 +186,41 @@ async def test_a_job_submitted_again_after_it_completed_is_answered_from_the_sta
         tmp_path / "a" / "rejects.jsonl",
         {f"p{i}" for i in range(500)},
     )
+
+
+async def test_a_manifest_that_breaks_while_read_fails_its_job_alone(tmp_path: Path) -> None:
+    """Without fail_fast (the daemon), a manifest whose gzip breaks partway fails its own job
+    (with the reason; the rows read before the break still get their outcome) while the
+    other job completes."""
+    import gzip
+
+    good = write_csv(tmp_path / "good.csv", 800)
+    rows = "\n".join(["id,url"] + [f"b{i},https://img.example/b{i}.jpg" for i in range(60_000)])
+    packed = gzip.compress(rows.encode())
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes(packed[: len(packed) * 2 // 3])
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=FAST,
+                namespaced=True,
+                fail_fast=False,
+            )
+            async with engine:
+                jb = await engine.submit(_spec(tmp_path, "broken", broken))
+                jg = await engine.submit(_spec(tmp_path, "good", good))
+                await engine.outcome(jb)
+                await engine.outcome(jg)
+                engine.close()
+    assert jb.failure is not None and "broken.csv.gz" in jb.failure
+    assert jb.counters["accepted"] == jb.counters["settled"]
+    assert 0 < jb.rows_read < 60_000
+    assert_exactly_once(
+        tmp_path / "good" / "results.jsonl",
+        tmp_path / "good" / "rejects.jsonl",
+        {f"p{i}" for i in range(800)},
+    )
