@@ -382,6 +382,8 @@ class Daemon:
             summary.failed = c.get("failed", 0)
             summary.rejected = c.get("rejected", 0)
             summary.single = c.get("single", 0)
+            summary.tasks = c.get("tasks", 0)
+            summary.pages = c.get("pages", 0)
             summary.elapsed_s = round(time.monotonic() - active.started, 3)
             await outputs.awrite_summary(summary)
             if job.failure:

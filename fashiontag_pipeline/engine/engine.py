@@ -393,7 +393,7 @@ class Engine:
 
             def finalize() -> None:
                 self.journal.close_job_outputs(job)
-                self.journal.db.job_complete(job.id, stamp)
+                job.counters["tasks"] = self.journal.db.job_complete(job.id, stamp)
 
             await self.journal.run(finalize)
             self.jobs.remove(job)

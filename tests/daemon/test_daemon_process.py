@@ -106,6 +106,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
         assert summaries[stem]["status"] == "done", summaries[stem]
         assert summaries[stem]["rows_read"] == 700
         assert summaries[stem]["tagged"] + summaries[stem]["failed"] == 700
+        assert summaries[stem]["tasks"] >= 1 and summaries[stem]["pages"] >= 7
         _assert_once(daemon.outbox / stem, ids)
     assert summaries["broken"]["status"] == "failed" and summaries["broken"]["reason"]
     assert (daemon.inbox / "failed" / "broken.csv").exists()

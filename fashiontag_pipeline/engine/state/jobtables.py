@@ -148,5 +148,15 @@ class JobTables:
             self.db.execute("DELETE FROM meta WHERE key=?", (key,))
         self.db.execute("COMMIT")
 
-    def job_complete(self, job: int, when: str) -> None:
-        self.db.execute("UPDATE jobs SET state='complete', completed_at=? WHERE job=?", (when, job))
+    def job_complete(self, job: int, when: str) -> int:
+        """Mark the job complete; returns (and records) how many tasks held its rows."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        (tasks,) = db.execute("SELECT count(*) FROM job_tasks WHERE job=?", (job,)).fetchone()
+        db.execute(
+            "UPDATE jobs SET state='complete', completed_at=?, tasks=? WHERE job=?",
+            (when, tasks, job),
+        )
+        db.execute("DELETE FROM job_tasks WHERE job=?", (job,))
+        db.execute("COMMIT")
+        return int(tasks)
