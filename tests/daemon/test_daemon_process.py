@@ -284,3 +284,31 @@ async def test_content_equal_to_a_manifest_in_flight_waits_then_is_a_duplicate(
     assert second["finished_at"] >= first["finished_at"]
     assert len(sent) == 6000  # the second was never sent
     _assert_once(daemon.outbox / "first", ids)
+
+
+async def test_a_small_manifest_dropped_behind_a_big_one_is_done_first(tmp_path: Path) -> None:
+    """Fair interleaving: with --max-pending-rows, a 300-row manifest dropped while a
+    30,000-row one is being tagged (at 3,000 images/s) completes while the big one is still in
+    flight."""
+    big_ids, small_ids = _ids("b", 30_000), _ids("s", 300)
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--max-pending-rows", "3000"]).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), big_ids))
+            with anyio.fail_after(60):
+                while not read_lines(daemon.outbox / "big" / "results.jsonl"):
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            _drop_atomic(daemon.inbox, "small.csv", write_manifest(Path(), small_ids))
+            await daemon.wait_summary("small", timeout=60)
+            big_done_first = (daemon.outbox / "big" / "summary.json").exists()
+            big_lines = len(read_lines(daemon.outbox / "big" / "results.jsonl"))
+            await daemon.wait_summary("big", timeout=120)
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc and daemon.proc.poll() is None:
+                daemon.proc.kill()
+    assert not big_done_first and big_lines < 25_000, big_lines
+    _assert_once(daemon.outbox / "small", small_ids)
+    _assert_once(daemon.outbox / "big", big_ids)
