@@ -40,7 +40,7 @@ from .._client import TaggerClient
 from .._models import format_time
 from .batcher import TaskWriter
 from .config import EngineConfig
-from .flow import RetryBudget
+from .flow import RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
 from .outcome import open_sinks
@@ -58,25 +58,6 @@ from .validate import Item, SingleItem, Validator
 __all__ = ["Engine", "RunControl"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-
-class RunControl:
-    """Stops an engine from outside (signals, a daemon's shutdown).
-
-    :meth:`stop` stops reading, lets in-flight writes finish, saves state and ends the engine
-    (a later one with the same state resumes); :meth:`abort` ends it at once (state is
-    consistent at every commit, so this is safe too)."""
-
-    def __init__(self) -> None:
-        self.stopping = anyio.Event()
-        self.aborting = anyio.Event()
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-    def abort(self) -> None:
-        self.stopping.set()
-        self.aborting.set()
 
 
 class Engine:
