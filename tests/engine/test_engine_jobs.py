@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
@@ -37,14 +38,16 @@ def _spec(tmp: Path, name: str, manifest: Path) -> JobSpec:
 
 
 async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_path: Path) -> None:
-    a = write_csv(tmp_path / "a.csv", 2500)
+    # a is read in 40 batches: b, submitted right after it, is read in between.
+    a = write_csv(tmp_path / "a.csv", 20_000)
     b = write_csv(tmp_path / "b.csv", 1200, extra=["p5,https://img.example/x.jpg,acme,TOP"])
     c = write_csv(tmp_path / "c.csv", 300, start=100)
     async with running_service(ServiceConfig()) as svc:
         db = StateDB(tmp_path / "state")
         state = db.open_engine()
         async with TaggerClient(config=client_config(svc.url)) as client:
-            engine = Engine(client=client, db=db, state=state, config=FAST, namespaced=True)
+            config = msgspec.structs.replace(FAST, read_batch_rows=500, rotate_images=10_000)
+            engine = Engine(client=client, db=db, state=state, config=config, namespaced=True)
             async with engine:
                 ja = await engine.submit(_spec(tmp_path, "a", a))
                 jb = await engine.submit(_spec(tmp_path, "b", b))
@@ -58,7 +61,7 @@ async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_pa
     assert_exactly_once(
         tmp_path / "a" / "results.jsonl",
         tmp_path / "a" / "rejects.jsonl",
-        {f"p{i}" for i in range(2500)},
+        {f"p{i}" for i in range(20_000)},
     )
     assert_exactly_once(
         tmp_path / "b" / "results.jsonl",
@@ -72,8 +75,8 @@ async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_pa
         {f"p{i}" for i in range(100, 400)},
     )
     # Counters per job equal its outputs.
-    assert ja.counters["accepted"] == ja.counters["settled"] == 2500
-    assert ja.counters["tasks"] >= 1 and ja.counters["pages"] >= 25
+    assert ja.counters["accepted"] == ja.counters["settled"] == 20_000
+    assert ja.counters["tasks"] >= 1 and ja.counters["pages"] >= 200
     assert jb.counters["rejected"] == 1 and jb.counters["settled"] == 1200
     # Rows of a and b shared a task: both namespaces appear in one task's ids.
     shared = [
