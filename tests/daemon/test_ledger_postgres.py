@@ -1,0 +1,321 @@
+"""Manifest leases on a real PostgreSQL (DESIGN section 8): disjoint claims under a race,
+takeover of an expired lease with a higher epoch, fenced writes refused once the lease moved,
+a paused keeper that loses its lease, and a server restart in the middle of it all.
+
+Lease lengths are short where a test waits for expiry (waiting longer than a lease always
+works, however slow the machine) and long where a test needs a lease to hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import anyio
+import psycopg
+import pytest
+
+from fashiontag_pipeline import LeaseLostError
+from fashiontag_pipeline.daemon.ledger import (
+    ClaimRecord,
+    Lease,
+    LeaseKeeper,
+    PostgresClaimLedger,
+    afence,
+    fence,
+)
+
+from ..postgres import PostgresCluster
+
+SHORT = 0.2  # a lease a test lets expire
+EXPIRED = 0.5  # how long the test waits for it (database time moves on meanwhile)
+
+
+@pytest.fixture
+def open_ledger(postgres_url: str) -> Iterator[Callable[..., PostgresClaimLedger]]:
+    """Daemons on one database: each call is another daemon (its own owner and pool)."""
+    opened: list[PostgresClaimLedger] = []
+
+    def make(owner: str, lease: float = 30.0) -> PostgresClaimLedger:
+        ledger = PostgresClaimLedger(postgres_url, owner=owner, lease=lease)
+        opened.append(ledger)
+        return ledger
+
+    yield make
+    for ledger in opened:
+        ledger.close()
+
+
+def claim(ledger: PostgresClaimLedger, *names: str) -> None:
+    for i, name in enumerate(names):
+        ledger.record_claim(
+            ClaimRecord(name=name, sha256=f"{i:064x}", size=1, claimed_at=1.7e9 + i)
+        )
+
+
+def checkpoint(conn: psycopg.Connection[tuple[object, ...]], lease: Lease, value: str) -> None:
+    """A stand-in for a manifest's state write (the engine's checkpoint, later)."""
+    conn.execute("CREATE TABLE IF NOT EXISTS checkpoints (claim_id bigint, value text)")
+    conn.execute("INSERT INTO checkpoints VALUES (%s, %s)", (lease.claim_id, value))
+
+
+def checkpoints(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute("SELECT value FROM checkpoints ORDER BY value")]
+
+
+def test_two_daemons_racing_get_disjoint_leases(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    a, b = open_ledger("daemon-a"), open_ledger("daemon-b")
+    names = [f"m{i:03}.csv" for i in range(60)]
+    claim(a, *names)
+    got: dict[str, list[Lease]] = {"daemon-a": [], "daemon-b": []}
+    barrier = threading.Barrier(2)
+
+    def take(ledger: PostgresClaimLedger) -> None:
+        barrier.wait()
+        while leases := ledger.acquire(3):
+            got[ledger.owner].extend(leases)
+
+    threads = [threading.Thread(target=take, args=(ledger,)) for ledger in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    taken_a = {lease.name for lease in got["daemon-a"]}
+    taken_b = {lease.name for lease in got["daemon-b"]}
+    assert taken_a.isdisjoint(taken_b)
+    assert taken_a | taken_b == set(names)
+    assert len(got["daemon-a"]) + len(got["daemon-b"]) == len(names)
+    assert {lease.epoch for leases in got.values() for lease in leases} == {1}
+    assert a.acquire(10) == [] and b.acquire(10) == []  # all held, none expired
+
+
+def test_an_expired_lease_is_taken_over_with_a_higher_epoch_and_fences_the_old_owner(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    a, b = open_ledger("daemon-a", lease=SHORT), open_ledger("daemon-b")
+    claim(a, "cat.csv")
+    [old] = a.acquire()
+    with a.fenced(old) as conn:
+        checkpoint(conn, old, "1 by a")
+    assert b.acquire() == []  # held: not taken
+    time.sleep(EXPIRED)  # a is paused: no renewal
+    [new] = b.acquire()
+    assert (new.claim_id, new.owner, new.epoch) == (old.claim_id, "daemon-b", old.epoch + 1)
+
+    assert a.renew([old]) == {}  # lost
+    with pytest.raises(LeaseLostError) as caught, a.fenced(old) as conn:
+        checkpoint(conn, old, "2 by a (stale)")
+    assert caught.value.manifest == "cat.csv" and caught.value.epoch == old.epoch
+    with pytest.raises(LeaseLostError):
+        a.record_settled("cat.csv", "done", "done/cat.csv", lease=old)
+    assert a.release(old) is False  # cannot give away what it no longer holds
+
+    with b.fenced(new) as conn:
+        checkpoint(conn, new, "2 by b")
+    b.record_settled("cat.csv", "done", "done/cat.csv", lease=new)
+    assert checkpoints(postgres_url) == ["1 by a", "2 by b"]
+    record = b.lookup("cat.csv")
+    assert record is not None and record.status == "done"
+
+
+def test_a_fence_in_the_callers_own_transaction(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    """fence() works in any transaction (the engine's state store will call it in its own)."""
+    a, b = open_ledger("daemon-a", lease=SHORT), open_ledger("daemon-b")
+    claim(a, "cat.csv")
+    [lease] = a.acquire()
+    with psycopg.connect(postgres_url) as conn:
+        fence(conn, lease)
+        checkpoint(conn, lease, "kept")
+        conn.commit()
+        time.sleep(EXPIRED)
+        [_taken] = b.acquire()
+        with pytest.raises(LeaseLostError):
+            fence(conn, lease)
+            checkpoint(conn, lease, "refused")
+        conn.rollback()
+    assert checkpoints(postgres_url) == ["kept"]
+
+
+async def test_afence_on_an_async_connection(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    a = open_ledger("daemon-a")
+    claim(a, "cat.csv")
+    [lease] = a.acquire()
+    async with await psycopg.AsyncConnection.connect(postgres_url) as conn:
+        await afence(conn, lease)
+        await conn.rollback()
+        a.release(lease)
+        with pytest.raises(LeaseLostError):
+            await afence(conn, lease)
+
+
+def test_a_takeover_waits_for_a_fenced_transaction_in_progress(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    """The fence locks the row: a lease that ends while its owner is committing is not taken
+    over until that commit is done, so the taker sees the write (or the writer is refused)."""
+    a, b = open_ledger("daemon-a", lease=SHORT), open_ledger("daemon-b")
+    claim(a, "cat.csv")
+    [old] = a.acquire()
+    with a.fenced(old) as conn:
+        checkpoint(conn, old, "committed while expiring")
+        time.sleep(EXPIRED)  # the lease ends during the transaction
+        assert b.acquire() == []  # skipped (locked), not stolen mid-commit
+    [new] = b.acquire()
+    assert new.epoch == old.epoch + 1
+    assert checkpoints(postgres_url) == ["committed while expiring"]
+
+
+def test_a_released_lease_is_acquired_at_once_by_another(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    a, b = open_ledger("daemon-a"), open_ledger("daemon-b")
+    claim(a, "cat.csv", "dog.csv")
+    first, second = a.acquire(2)
+    assert a.release(first) is True
+    [again] = b.acquire(5)
+    assert (again.name, again.epoch) == (first.name, 2)
+    assert a.renew([first, second]).keys() == {second.claim_id}
+
+
+def test_a_claim_recorded_again_fences_its_old_lease(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    a = open_ledger("daemon-a")
+    claim(a, "cat.csv")
+    [lease] = a.acquire()
+    claim(a, "cat.csv")  # the same name claimed again (the ledger contract: replaced)
+    with pytest.raises(LeaseLostError), a.fenced(lease):
+        pass
+    [fresh] = a.acquire()
+    assert fresh.claim_id != lease.claim_id
+
+
+def test_renewal_extends_in_database_time(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    a = open_ledger("daemon-a", lease=30.0)
+    claim(a, "cat.csv")
+    [lease] = a.acquire()
+    time.sleep(0.05)
+    renewed = a.renew([lease])[lease.claim_id]
+    assert renewed.epoch == lease.epoch and renewed.expires_at > lease.expires_at
+
+
+def test_the_repr_hides_the_password(postgres_cluster: PostgresCluster, postgres_url: str) -> None:
+    # The test server trusts local connections: the password is accepted and ignored.
+    url = postgres_url.replace("postgresql://postgres@", "postgresql://postgres:SECRET-PW@")
+    ledger = PostgresClaimLedger(url, owner="a")
+    try:
+        assert "SECRET-PW" not in repr(ledger)
+    finally:
+        ledger.close()
+
+
+async def test_a_keeper_holds_its_leases_past_their_length(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    a, b = open_ledger("daemon-a", lease=1.5), open_ledger("daemon-b")
+    claim(a, "cat.csv")
+    keeper = LeaseKeeper(a, retry_interval=0.1)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(keeper.run)
+            [lease] = await keeper.acquire()
+            await anyio.sleep(3.5)  # more than two lease lengths: renewed meanwhile
+            assert b.acquire() == []
+            assert not keeper.lost_event(lease).is_set()
+            current = keeper.lease_of(lease.claim_id)
+            assert current is not None and current.expires_at > lease.expires_at
+            with a.fenced(current):
+                pass
+            tg.cancel_scope.cancel()
+
+
+async def test_a_paused_keeper_loses_its_lease_and_cannot_write(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    a, b = open_ledger("daemon-a", lease=0.6), open_ledger("daemon-b")
+    claim(a, "cat.csv")
+    keeper = LeaseKeeper(a, retry_interval=0.1)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(keeper.run)
+            [lease] = await keeper.acquire()
+            tg.cancel_scope.cancel()  # paused: renewals stop (SIGSTOP, a long GC, a partition)
+        await anyio.sleep(1.0)  # past the lease
+        [taken] = b.acquire()
+        assert taken.epoch == lease.epoch + 1
+        async with anyio.create_task_group() as tg:  # resumed (SIGCONT)
+            await tg.start(keeper.run)
+            await keeper.lost_event(lease).wait()
+            tg.cancel_scope.cancel()
+    assert keeper.held() == [] and keeper.lease_of(lease.claim_id) is None
+    with pytest.raises(LeaseLostError), a.fenced(lease) as conn:
+        checkpoint(conn, lease, "stale write")
+    with pytest.raises(LeaseLostError):
+        a.record_settled("cat.csv", "done", "done/cat.csv", lease=lease)
+
+
+async def test_a_keeper_that_cannot_reach_the_database_declares_its_leases_lost(
+    postgres_cluster: PostgresCluster, open_ledger: Callable[..., PostgresClaimLedger]
+) -> None:
+    """No answer for a whole lease: the keeper cannot know whether another daemon took over,
+    so it signals the loss (by its own monotonic clock, from the last renewal it sent)."""
+    a = open_ledger("daemon-a", lease=1.0)
+    claim(a, "cat.csv")
+    keeper = LeaseKeeper(a, retry_interval=0.1)
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                await tg.start(keeper.run)
+                [lease] = await keeper.acquire()
+                await anyio.to_thread.run_sync(postgres_cluster.stop)
+                await keeper.lost_event(lease).wait()
+                tg.cancel_scope.cancel()
+    finally:
+        postgres_cluster.start()
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_postgresql_restart_mid_run_reconnects_and_continues(
+    postgres_cluster: PostgresCluster,
+    open_ledger: Callable[..., PostgresClaimLedger],
+    postgres_url: str,
+    mode: str,
+) -> None:
+    """The server restarts (cleanly, or as a crash) while a daemon holds leases and writes:
+    the keeper renews through it, the ledger reconnects, and nothing committed is lost."""
+    a, b = open_ledger("daemon-a", lease=6.0), open_ledger("daemon-b")
+    claim(a, "cat.csv", "dog.csv")
+    keeper = LeaseKeeper(a, retry_interval=0.1)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            await tg.start(keeper.run)
+            cat, dog = await keeper.acquire(2)
+            with a.fenced(cat) as conn:
+                checkpoint(conn, cat, "before")
+            await anyio.to_thread.run_sync(postgres_cluster.restart, mode)
+            # Writes continue at once on fresh connections.
+            with a.fenced(cat) as conn:
+                checkpoint(conn, cat, "after")
+            a.record_settled("dog.csv", "done", "done/dog.csv", lease=dog)
+            keeper.forget(dog)
+            claim(a, "new.csv")
+            # The keeper renews through the restart: the lease outlives its first length.
+            while (current := keeper.lease_of(cat.claim_id)) is not None and (
+                current.expires_at <= cat.expires_at
+            ):
+                await anyio.sleep(0.1)
+            assert not keeper.lost_event(cat).is_set()
+            assert [lease.name for lease in b.acquire(5)] == ["new.csv"]  # cat is still held
+            tg.cancel_scope.cancel()
+    assert checkpoints(postgres_url) == ["after", "before"]
+    assert [r.name for r in a.in_flight()] == ["cat.csv", "new.csv"]
