@@ -2,8 +2,10 @@
 takeover of an expired lease with a higher epoch, fenced writes refused once the lease moved,
 a paused keeper that loses its lease, and a server restart in the middle of it all.
 
-Lease lengths are short where a test waits for expiry (waiting longer than a lease always
-works, however slow the machine) and long where a test needs a lease to hold.
+Leases are long (30 s) where a test needs one to hold, however slow the machine; a test
+that needs one to end either moves it into the past in the database (:func:`expire`: the
+database's clock passing the lease, without a sleep) or, where real time is the point, waits
+longer than a short lease (which always works, however slow the machine).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from fashiontag_pipeline.daemon.ledger import (
 
 from ..postgres import PostgresCluster
 
-SHORT = 0.2  # a lease a test lets expire
-EXPIRED = 0.5  # how long the test waits for it (database time moves on meanwhile)
+SHORT = 1.0  # a lease a test lets expire in real time
+EXPIRED = 1.5  # how long the test waits for it
 
 
 @pytest.fixture
@@ -51,6 +53,16 @@ def claim(ledger: PostgresClaimLedger, *names: str) -> None:
     for i, name in enumerate(names):
         ledger.record_claim(
             ClaimRecord(name=name, sha256=f"{i:064x}", size=1, claimed_at=1.7e9 + i)
+        )
+
+
+def expire(url: str, lease: Lease) -> None:
+    """The database's clock passes the lease's end (as if its owner were paused that long)."""
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "UPDATE claims SET lease_expires_at = statement_timestamp() - interval '1 s' "
+            "WHERE id = %s",
+            (lease.claim_id,),
         )
 
 
@@ -96,13 +108,13 @@ def test_two_daemons_racing_get_disjoint_leases(
 def test_an_expired_lease_is_taken_over_with_a_higher_epoch_and_fences_the_old_owner(
     open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
 ) -> None:
-    a, b = open_ledger("daemon-a", lease=SHORT), open_ledger("daemon-b")
+    a, b = open_ledger("daemon-a"), open_ledger("daemon-b")
     claim(a, "cat.csv")
     [old] = a.acquire()
     with a.fenced(old) as conn:
         checkpoint(conn, old, "1 by a")
     assert b.acquire() == []  # held: not taken
-    time.sleep(EXPIRED)  # a is paused: no renewal
+    expire(postgres_url, old)  # a is paused past its lease: no renewal
     [new] = b.acquire()
     assert (new.claim_id, new.owner, new.epoch) == (old.claim_id, "daemon-b", old.epoch + 1)
 
@@ -126,14 +138,14 @@ def test_a_fence_in_the_callers_own_transaction(
     open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
 ) -> None:
     """fence() works in any transaction (the engine's state store will call it in its own)."""
-    a, b = open_ledger("daemon-a", lease=SHORT), open_ledger("daemon-b")
+    a, b = open_ledger("daemon-a"), open_ledger("daemon-b")
     claim(a, "cat.csv")
     [lease] = a.acquire()
     with psycopg.connect(postgres_url) as conn:
         fence(conn, lease)
         checkpoint(conn, lease, "kept")
         conn.commit()
-        time.sleep(EXPIRED)
+        expire(postgres_url, lease)
         [_taken] = b.acquire()
         with pytest.raises(LeaseLostError):
             fence(conn, lease)
@@ -222,14 +234,14 @@ def test_the_repr_hides_the_password(postgres_cluster: PostgresCluster, postgres
 async def test_a_keeper_holds_its_leases_past_their_length(
     open_ledger: Callable[..., PostgresClaimLedger],
 ) -> None:
-    a, b = open_ledger("daemon-a", lease=1.5), open_ledger("daemon-b")
+    a, b = open_ledger("daemon-a", lease=3.0), open_ledger("daemon-b")
     claim(a, "cat.csv")
     keeper = LeaseKeeper(a, retry_interval=0.1)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             await tg.start(keeper.run)
             [lease] = await keeper.acquire()
-            await anyio.sleep(3.5)  # more than two lease lengths: renewed meanwhile
+            await anyio.sleep(4.0)  # more than a lease: renewed meanwhile (every second)
             assert b.acquire() == []
             assert not keeper.lost_event(lease).is_set()
             current = keeper.lease_of(lease.claim_id)
