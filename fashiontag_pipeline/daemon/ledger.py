@@ -411,6 +411,7 @@ class PostgresClaimLedger:
             open=False,
             timeout=connect_timeout,
             check=psycopg_pool.ConnectionPool.check_connection,
+            configure=self._configure,
             kwargs={"connect_timeout": max(1, round(connect_timeout)), "autocommit": False},
             name="fashiontag-state",
         )
@@ -422,6 +423,17 @@ class PostgresClaimLedger:
         except BaseException:
             self._pool.close()
             raise
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Each new connection: a transaction left idle for a whole lease is ended by the
+        server. A fenced transaction locks its manifest's row; without this, a daemon paused
+        in the middle of one (SIGSTOP, a partition) would keep the row locked and its
+        manifest could never be taken over. Its commit then fails: nothing of it is kept."""
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (f"{max(1, round(self.lease * 1000))}ms",),
+        )
+        conn.commit()
 
     def __repr__(self) -> str:
         from .._postgres import redact_url

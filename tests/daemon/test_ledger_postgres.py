@@ -10,6 +10,10 @@ longer than a short lease (which always works, however slow the machine).
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -331,3 +335,84 @@ async def test_a_postgresql_restart_mid_run_reconnects_and_continues(
             tg.cancel_scope.cancel()
     assert checkpoints(postgres_url) == ["after", "before"]
     assert [r.name for r in a.in_flight()] == ["cat.csv", "new.csv"]
+
+
+#: A daemon reduced to its writes: it keeps its lease with a LeaseKeeper and commits one
+#: checkpoint after another, each in a fenced transaction that stays open for a while. It never
+#: looks at the keeper's loss signal: only the fence stops it.
+PAUSED_WRITER = """
+import sys, time
+import anyio, anyio.to_thread
+from fashiontag_pipeline import LeaseLostError, StateError
+from fashiontag_pipeline.daemon.ledger import LeaseKeeper, PostgresClaimLedger
+
+ledger = PostgresClaimLedger(sys.argv[1], owner="paused", lease=1.0)
+
+async def main() -> int:
+    keeper = LeaseKeeper(ledger, retry_interval=0.1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(keeper.run)
+        [lease] = await keeper.acquire()
+
+        def write(seq: int) -> None:
+            with ledger.fenced(lease) as conn:
+                conn.execute("INSERT INTO checkpoints VALUES (%s, %s)", (lease.epoch, seq))
+                print(f"writing {seq}", flush=True)
+                time.sleep(0.5)  # still in the transaction (a SIGSTOP lands here)
+
+        seq = 0
+        while True:
+            seq += 1
+            try:
+                await anyio.to_thread.run_sync(write, seq)
+            except LeaseLostError:
+                print("lost", flush=True)
+                tg.cancel_scope.cancel()
+                return 3
+            except StateError:
+                print(f"failed {seq}", flush=True)
+    return 0
+
+code = anyio.run(main)
+ledger.close()
+sys.exit(code)
+"""
+
+
+def test_a_process_stopped_past_its_lease_cannot_write_after_it_continues(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    """SIGSTOP in the middle of a fenced transaction, past the lease; another daemon takes the
+    manifest over (the server ends the stopped one's open transaction, so its row lock does not
+    block the takeover forever); SIGCONT: the stopped process commits nothing more."""
+    b = open_ledger("daemon-b")
+    claim(b, "cat.csv")
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE checkpoints (epoch bigint, seq bigint)")
+    child = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_WRITER, postgres_url], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    try:
+        while not (line := child.stdout.readline()).startswith("writing 3"):
+            assert line, "the writer died before writing"
+        os.kill(child.pid, signal.SIGSTOP)  # inside the transaction of checkpoint 3
+        deadline = time.monotonic() + 30
+        while not (taken := b.acquire()):
+            assert time.monotonic() < deadline, "the stopped writer's lease was never taken over"
+            time.sleep(0.1)
+        [lease] = taken
+        assert (lease.owner, lease.epoch) == ("daemon-b", 2)
+        with b.fenced(lease) as conn:
+            conn.execute("INSERT INTO checkpoints VALUES (%s, %s)", (lease.epoch, 1000))
+        os.kill(child.pid, signal.SIGCONT)
+        rest, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+            child.wait()
+    assert child.returncode == 3 and rest.splitlines()[-1] == "lost"
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute("SELECT epoch, seq FROM checkpoints ORDER BY seq").fetchall()
+    assert rows == [(1, 1), (1, 2), (2, 1000)]  # checkpoint 3 and anything later: never kept
