@@ -75,8 +75,10 @@ class PostgresCluster:
 
     def __init__(self, bin_dir: Path | None = None) -> None:
         self.bin_dir = bin_dir or find_bin_dir()
-        # A short path: a Unix socket path must fit in about 100 bytes.
-        self.root = Path(tempfile.mkdtemp(prefix="ftpg-"))
+        # /tmp when root (the server's user must be able to reach the folder, and TMPDIR may
+        # be private) or when TMPDIR is long: a Unix socket's path must fit in about 100 bytes.
+        parent = None if os.geteuid() != 0 and len(tempfile.gettempdir()) < 60 else "/tmp"
+        self.root = Path(tempfile.mkdtemp(prefix="ftpg-", dir=parent))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self._as_user: pwd.struct_passwd | None = None
