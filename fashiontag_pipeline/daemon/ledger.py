@@ -323,13 +323,15 @@ UPDATE claims SET owner = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND owner = %(owner)s AND epoch = %(epoch)s AND status = 'claimed'
 """
 
-# FOR SHARE, not FOR KEY SHARE: it must conflict with the takeover's UPDATE of epoch (not a key
-# column), so a takeover waits for (or, with SKIP LOCKED, passes over) a fenced transaction.
+# FOR KEY SHARE conflicts with FOR UPDATE only: the takeover's explicit FOR UPDATE (SKIP
+# LOCKED) passes over a fenced transaction in progress, while renewals (UPDATEs of non-key
+# columns, FOR NO KEY UPDATE) go on beside it. FOR SHARE would make every renewal wait for the
+# fenced transactions, and back-to-back commits could starve the renewals until the lease ended.
 _FENCE_SQL = """
 SELECT 1 FROM claims
 WHERE id = %(id)s AND owner = %(owner)s AND epoch = %(epoch)s AND status = 'claimed'
   AND lease_expires_at > statement_timestamp()
-FOR SHARE
+FOR KEY SHARE
 """
 
 
@@ -351,8 +353,9 @@ def fence(conn: psycopg.Connection[Any], lease: Lease) -> None:
     :class:`LeaseLostError` if it does not (the caller's transaction must then roll back).
 
     Call it first in every transaction that writes a manifest's state: it locks the manifest's
-    row (``FOR SHARE``) until the transaction ends, so a takeover cannot slip in between the
-    check and the commit; the taker sees this transaction's writes, or this one is refused.
+    row (``FOR KEY SHARE``) until the transaction ends, so a takeover cannot slip in between
+    the check and the commit; the taker sees this transaction's writes, or this one is refused.
+    Renewals of the lease are not held up by it.
     """
     if conn.execute(_FENCE_SQL, _lease_params(lease)).fetchone() is None:
         raise _lease_lost(lease)

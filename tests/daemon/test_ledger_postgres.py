@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anyio
 import psycopg
@@ -182,11 +183,31 @@ def test_a_takeover_waits_for_a_fenced_transaction_in_progress(
     [old] = a.acquire()
     with a.fenced(old) as conn:
         checkpoint(conn, old, "committed while expiring")
-        time.sleep(EXPIRED)  # the lease ends during the transaction
+        # The lease ends during the transaction (busy, not idle: an idle one would be ended
+        # by the server after a lease, see the SIGSTOP test below).
+        conn.execute("SELECT pg_sleep(%s)", (EXPIRED,))
         assert b.acquire() == []  # skipped (locked), not stolen mid-commit
     [new] = b.acquire()
     assert new.epoch == old.epoch + 1
     assert checkpoints(postgres_url) == ["committed while expiring"]
+
+
+def test_renewals_are_not_held_up_by_a_fenced_transaction_in_progress(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    """A daemon commits back to back; its keeper must still renew (or the lease would end
+    under a busy daemon)."""
+    a = open_ledger("daemon-a")
+    claim(a, "cat.csv")
+    [lease] = a.acquire()
+    renewed: list[dict[int, Lease]] = []
+    with a.fenced(lease) as conn:
+        checkpoint(conn, lease, "open")
+        renewal = threading.Thread(target=lambda: renewed.append(a.renew([lease])))
+        renewal.start()
+        renewal.join(timeout=20)
+        assert renewed, "the renewal waited for the fenced transaction"
+    assert renewed[0].keys() == {lease.claim_id}
 
 
 def test_a_released_lease_is_acquired_at_once_by_another(
@@ -380,7 +401,7 @@ sys.exit(code)
 
 
 def test_a_process_stopped_past_its_lease_cannot_write_after_it_continues(
-    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str, tmp_path: Path
 ) -> None:
     """SIGSTOP in the middle of a fenced transaction, past the lease; another daemon takes the
     manifest over (the server ends the stopped one's open transaction, so its row lock does not
@@ -389,13 +410,20 @@ def test_a_process_stopped_past_its_lease_cannot_write_after_it_continues(
     claim(b, "cat.csv")
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE checkpoints (epoch bigint, seq bigint)")
-    child = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_WRITER, postgres_url], stdout=subprocess.PIPE, text=True
-    )
+    errors = tmp_path / "writer.stderr"
+    with errors.open("w") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-c", PAUSED_WRITER, postgres_url],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     assert child.stdout is not None
     try:
+        seen = []
         while not (line := child.stdout.readline()).startswith("writing 3"):
-            assert line, "the writer died before writing"
+            seen.append(line)
+            assert line, f"the writer stopped early: {seen} {errors.read_text()}"
         os.kill(child.pid, signal.SIGSTOP)  # inside the transaction of checkpoint 3
         deadline = time.monotonic() + 30
         while not (taken := b.acquire()):
@@ -412,6 +440,7 @@ def test_a_process_stopped_past_its_lease_cannot_write_after_it_continues(
             os.kill(child.pid, signal.SIGCONT)
             child.kill()
             child.wait()
+        child.stdout.close()
     assert child.returncode == 3 and rest.splitlines()[-1] == "lost"
     with psycopg.connect(postgres_url) as conn:
         rows = conn.execute("SELECT epoch, seq FROM checkpoints ORDER BY seq").fetchall()
