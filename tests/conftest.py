@@ -1,5 +1,5 @@
 """Fixtures shared by every test folder: a real PostgreSQL (started once per session, only when
-a test asks for it) and a fresh database per test."""
+a test asks for it) and a fresh schema per test."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 
 @pytest.fixture
 def postgres_url(postgres_cluster: PostgresCluster) -> str:
-    """The URL of a new, empty database on the session's server."""
+    """The URL of a new, empty schema on the session's server: the URL's connections see only
+    that schema (its search_path), so to the code under test it is a database of its own."""
     if not postgres_cluster.running:
         postgres_cluster.start()  # an earlier test stopped it and failed before starting it
-    return postgres_cluster.create_database()
+    return postgres_cluster.create_schema()

@@ -68,9 +68,9 @@ def find_bin_dir() -> Path:
 class PostgresCluster:
     """One PostgreSQL server in a temporary folder: start, stop, restart, fresh databases.
 
-    Each :meth:`create_database` gives a new empty database and its URL, so tests never see
-    each other's rows while sharing one server (starting a server costs about a second, a
-    database a few tens of milliseconds).
+    Each :meth:`create_schema` (or :meth:`create_database`) gives a new empty namespace and its
+    URL, so tests never see each other's rows while sharing one server (starting a server costs
+    about a second).
     """
 
     def __init__(self, bin_dir: Path | None = None) -> None:
@@ -87,6 +87,7 @@ class PostgresCluster:
             os.chown(self.root, self._as_user.pw_uid, self._as_user.pw_gid)
         self._names = itertools.count(1)
         self.running = False
+        self._shared: str | None = None
         self._initdb()
 
     # -- the server's life ------------------------------------------------------------------
@@ -157,6 +158,17 @@ class PostgresCluster:
     def url(self, database: str = "postgres") -> str:
         """A ``postgresql://`` URL of a database on this server (over its Unix socket)."""
         return f"postgresql://postgres@/{database}?host={quote(str(self.root), safe='/')}"
+
+    def create_schema(self, prefix: str = "test") -> str:
+        """A new empty schema in the session's shared database; returns a URL whose connections
+        see only it (``search_path``). Much cheaper than a database (milliseconds, against a
+        few hundred under load), and as good for code that names its tables unqualified."""
+        if self._shared is None:
+            self._shared = self.create_database("shared")
+        name = f"{prefix}_{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self._shared, autocommit=True) as conn:
+            conn.execute(f'CREATE SCHEMA "{name}"')
+        return f"{self._shared}&options=-csearch_path%3D{name}"
 
     def create_database(self, prefix: str = "test") -> str:
         """A new empty database; returns its URL."""

@@ -8,13 +8,18 @@ import pytest
 from .postgres import PostgresCluster
 
 
-def test_each_test_gets_its_own_empty_database(postgres_cluster: PostgresCluster) -> None:
-    first, second = postgres_cluster.create_database(), postgres_cluster.create_database()
+@pytest.mark.parametrize("create", ["create_schema", "create_database"])
+def test_each_test_gets_its_own_empty_namespace(
+    postgres_cluster: PostgresCluster, create: str
+) -> None:
+    first, second = getattr(postgres_cluster, create)(), getattr(postgres_cluster, create)()
     assert first != second
     with psycopg.connect(first, autocommit=True) as conn:
         conn.execute("CREATE TABLE t (x int)")
-    with psycopg.connect(second) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS t (x int)")
+    with psycopg.connect(second, autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('t')").fetchone() == (None,)
+        conn.execute("CREATE TABLE t (x int)")  # its own t, not the first one's
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
