@@ -73,8 +73,9 @@ class ClaimRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClaimLedger(Protocol):
     """The part of the state store the inbox needs. Every write is durable when it returns
-    (the inbox renames files right after), and may raise OSError/sqlite3.Error when the store
-    is unwritable (the daemon then exits non-zero and its supervisor restarts it)."""
+    (the inbox renames files right after), and may raise OSError/sqlite3.Error (SQLite) or
+    StateError (PostgreSQL) when the store is unwritable (the daemon then exits non-zero and
+    its supervisor restarts it)."""
 
     def record_claim(self, record: ClaimRecord) -> None:
         """Record a claim in flight. Idempotent by name: a claim of ``record.name`` already in
