@@ -23,7 +23,7 @@ them with a fake clock. :class:`TaskWriter` applies them:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 
 import anyio
@@ -34,9 +34,10 @@ from .._client import TaggerClient
 from .._models import BulkTaskResponse, Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
+from .jobs import Jobs
 from .policy import Chunk, OpenTask, WritePolicy, encode_body
-from .sinks import Reject
-from .state import Journal, changes, split_position
+from .state import JobReject, Journal, changes
+from .tracker import TaskBook
 from .validate import Item
 
 __all__ = ["STAGE_SERVER", "TaskWriter"]
@@ -56,10 +57,9 @@ class TaskWriter:
         config: EngineConfig,
         run_token: str,
         task_seq: int,
-        sources: Sequence[str],
+        jobs: Jobs,
+        book: TaskBook,
         budget: RetryBudget,
-        on_sealed: Callable[[str, str], Awaitable[None]],
-        on_orphan: Callable[[str, int], None],
         clock: Callable[[], float] = time.monotonic,
         default_ttl: float = 600.0,
     ) -> None:
@@ -68,10 +68,9 @@ class TaskWriter:
         self.config = config
         self.policy = WritePolicy(config)
         self.run_token = run_token
-        self.sources = list(sources)
+        self.jobs = jobs
+        self.book = book
         self.budget = budget
-        self.on_sealed = on_sealed
-        self.on_orphan = on_orphan
         self.clock = clock
         self.default_ttl = default_ttl
         self.slots = AIMDLimiter(config.max_write_concurrency)
@@ -101,14 +100,31 @@ class TaskWriter:
         self._seq += 1
         return self._seq, f"{self.run_token}-t{self._seq}"
 
-    def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[Reject]:
-        out: list[Reject] = []
+    def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[JobReject]:
+        out: list[JobReject] = []
+        jobs = self.jobs
         for ident, pos in zip(chunk.ids, chunk.positions, strict=True):
             reason = ids.get(ident)
             if reason is not None:
-                src, line = split_position(pos)
-                out.append(Reject(ident, reason, stage, line, self.sources[src]))
+                out.append(jobs.reject(pos, jobs.original(ident), reason, stage))
         return out
+
+    def _submitted(self, chunk: Chunk, refused: dict[str, str]) -> dict[int, dict[str, int]]:
+        """Rows of the chunk the service took, per job."""
+        positions = chunk.positions
+        if refused:
+            positions = [p for i, p in zip(chunk.ids, positions, strict=True) if i not in refused]
+        return {job: {"submitted": n} for job, n in self.jobs.count_by_job(positions).items()}
+
+    def expiry_headroom(self) -> float | None:
+        """Seconds until the first open task stops taking writes (None: no open task)."""
+        now = self.clock()
+        left = [
+            self.policy.write_deadline(t) - now
+            for t in self.tasks.values()
+            if t.task_id is not None and not t.sealed
+        ]
+        return min(left) if left else None
 
     # ------------------------------------------------------------------ life and resume
 
@@ -177,6 +193,7 @@ class TaskWriter:
                     batch = await items.receive()
                 except anyio.EndOfStream:
                     eof = True
+            idle = batch is not None and not batch
             if batch:
                 if not buffer:
                     since = self.clock()
@@ -186,11 +203,13 @@ class TaskWriter:
                 await self.dispatch(head)
                 since = self.clock()
             now = self.clock()
-            if buffer and (eof or now >= self.policy.flush_at(len(buffer), since, self.current)):
+            due_now = now >= self.policy.flush_at(len(buffer), since, self.current)
+            if buffer and (eof or idle or due_now):
                 await self.dispatch(buffer)
                 buffer = []
             cur = self.current
-            if cur is not None and now >= self.policy.close_at(cur, len(buffer)):
+            if cur is not None and (idle or now >= self.policy.close_at(cur, len(buffer))):
+                # Nothing more to read for now (idle): seal, so the rows sent get results.
                 await self._close(cur)
 
     async def dispatch(
@@ -202,11 +221,20 @@ class TaskWriter:
         positions = [p for _, p, _ in items]
         requests = [r for _, _, r in items]
         body, encoded = encode_body(positions, requests)
-        last = max(positions) if not resent else -1
+        last = max(positions)
+        marks = [] if resent else self.jobs.marks(positions)
         cid = await self.journal.write_ahead(
-            len(items), last, body, chunk_id, len(items) if resent else 0
+            len(items), last, body, chunk_id, len(items) if resent else 0, marks
         )
         await self.start(Chunk(cid, ids, positions, encoded))
+
+    async def resend(self, items: list[Item], chunk_id: int) -> None:
+        """Send again rows without an outcome, in place of chunk ``chunk_id`` (a lost task,
+        rows a task did not return, orphans)."""
+        size = self.config.chunk_size
+        for start in range(0, len(items), size):
+            part = items[start : start + size]
+            await self.dispatch(part, chunk_id=chunk_id if start == 0 else None, resent=True)
 
     async def start(self, chunk: Chunk) -> None:
         """Send a chunk in the background once a write slot is free."""
@@ -266,8 +294,9 @@ class TaskWriter:
     async def _maybe_seal(self, task: OpenTask) -> None:
         if task.closing and task.inflight == 0 and not task.sealed and task.task_id is not None:
             task.sealed = True
+            self.tasks.pop(task.task_id, None)
             # Not committed: a resume treats an open task the same way (closed, then watched).
-            await self.on_sealed(task.task_id, self.description(task.token))
+            self.book.watch(task.task_id, self.description(task.token))
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:
@@ -332,11 +361,13 @@ class TaskWriter:
         if expiry is not None:
             task.expires = self._expiry(expiry)
         self.sent_requests += 1
-        counters = {"submitted": accepted, "settled": len(rejects)}
+        counters = {"submitted": accepted}
         if opened:
             counters["tasks"] = 1
         await self.journal.commit(
             rejects=rejects,
+            settle=True,
+            by_job=self._submitted(chunk, reasons),
             ops=[
                 *(opened or ()),
                 changes.chunk_accepted(chunk.chunk_id, task.task_id, accepted),
@@ -349,15 +380,13 @@ class TaskWriter:
         reasons = dict.fromkeys(chunk.ids, message)
         rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
         await self.journal.commit(
-            rejects=rejects,
-            ops=[changes.chunk_state(chunk.chunk_id, "resolved")],
-            counters={"settled": len(rejects)},
+            rejects=rejects, settle=True, ops=[changes.chunk_state(chunk.chunk_id, "resolved")]
         )
 
     async def _orphan(self, chunk: Chunk) -> None:
         assert chunk.task_id is not None
         await self.journal.commit(ops=[changes.chunk_state(chunk.chunk_id, "orphan")])
-        self.on_orphan(chunk.task_id, chunk.chunk_id)
+        self.book.orphan(chunk.task_id, chunk.chunk_id)
 
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
         return refused(err)

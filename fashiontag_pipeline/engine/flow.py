@@ -131,13 +131,16 @@ class RetryBudget:
             if now - self._warned_at >= STILL_FAILING_EVERY:
                 self._warned_at = now
                 log = logger.warning
-            log(
-                "cannot reach the service (%s: %s); will keep trying for %.0f s "
-                "(give_up_after, --give-up-after), then stop with the state saved",
-                what,
-                reason,
-                self.give_up_after,
-            )
+            if math.isinf(self.give_up_after):
+                log("cannot reach the service (%s: %s); will keep trying", what, reason)
+            else:
+                log(
+                    "cannot reach the service (%s: %s); will keep trying for %.0f s "
+                    "(give_up_after, --give-up-after), then stop with the state saved",
+                    what,
+                    reason,
+                    self.give_up_after,
+                )
         elif now - self._failing_since > self.give_up_after:
             raise FatalRunError(
                 f"{what}: service unreachable for {self.give_up_after:.0f}s: {reason}"
@@ -145,9 +148,9 @@ class RetryBudget:
         elif now - self._reminded_at >= STILL_FAILING_EVERY:
             self._reminded_at = now
             logger.warning(
-                "still failing after %.0f s of %.0f s (%d retries): %s: %s",
+                "still failing after %.0f s of %s (%d retries): %s: %s",
                 now - self._failing_since,
-                self.give_up_after,
+                "no limit" if math.isinf(self.give_up_after) else f"{self.give_up_after:.0f} s",
                 self._streak,
                 what,
                 reason,
