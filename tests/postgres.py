@@ -23,6 +23,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,24 @@ SETTINGS = {
 }
 
 StopMode = Literal["smart", "fast", "immediate"]
+
+#: The watchdog of a cluster: when the test process is gone (killed, even with SIGKILL, so that
+#: no finalizer ran), it stops the server and deletes its folder. Arguments: the test process's
+#: pid, the folder, the uid and gid to run pg_ctl as (-1: our own), the pg_ctl command line.
+WATCHDOG = """
+import os, shutil, subprocess, sys, time
+pid, root, stop = int(sys.argv[1]), sys.argv[2], sys.argv[5:]
+uid, gid = int(sys.argv[3]), int(sys.argv[4])
+while True:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(1)
+as_user = dict(user=uid, group=gid, extra_groups=[]) if uid >= 0 else {}
+subprocess.run(stop, capture_output=True, timeout=60, **as_user)
+shutil.rmtree(root, ignore_errors=True)
+"""
 
 
 def find_bin_dir() -> Path:
@@ -89,6 +108,7 @@ class PostgresCluster:
         self.running = False
         self._shared: str | None = None
         self._initdb()
+        self._watchdog = self._start_watchdog()
 
     # -- the server's life ------------------------------------------------------------------
 
@@ -105,6 +125,18 @@ class PostgresCluster:
             group=user.pw_gid if user else None,
             extra_groups=[] if user else None,
             env={**os.environ, "LC_ALL": "C", "LANG": "C"},
+        )
+
+    def _start_watchdog(self) -> subprocess.Popen[bytes]:
+        stop = [str(self.bin_dir / "pg_ctl"), "stop", "-w", "-m", "immediate", "-D", str(self.data)]
+        user = self._as_user  # pg_ctl refuses root: the watchdog runs it as the server's user
+        ids = [str(user.pw_uid), str(user.pw_gid)] if user else ["-1", "-1"]
+        return subprocess.Popen(
+            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.root), *ids, *stop],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to the test's process group does not reach it
         )
 
     def _initdb(self) -> None:
@@ -152,6 +184,9 @@ class PostgresCluster:
         if self.running:
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._watchdog.poll() is None:
+            self._watchdog.kill()
+            self._watchdog.wait()
 
     # -- databases --------------------------------------------------------------------------
 
