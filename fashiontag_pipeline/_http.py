@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import aiohttp
 import anyio
 import msgspec
 from yarl import URL
@@ -34,6 +33,11 @@ from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout
 from ._models import STATUS_SUCCESS
 from ._responses import Response, error_for, retry_after
+from ._tls import deferred_trust_store
+
+# aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
+with deferred_trust_store():
+    import aiohttp
 
 __all__ = [
     "BULK_PATH",

@@ -114,6 +114,13 @@ def daemon_command(args: argparse.Namespace) -> int:
     if args.max_pending_rows is not None and args.max_pending_rows < 1:
         print("fashiontag: --max-pending-rows must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    if "://" in config.state_location():
+        print(
+            f"fashiontag: --state {config.state_location()}: a state URL (PostgreSQL) is not "
+            "supported yet; give a file path (default INBOX/.fashiontag-daemon.sqlite)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     inbox, _ = config.require_folders()
     if not inbox.is_dir():
         print(f"fashiontag: inbox {inbox} is not a folder", file=sys.stderr)

@@ -59,19 +59,20 @@ _OUTCOMES = ("tagged", "failed", "rejected")
 
 
 def op_of(method: str, path: str) -> Op | None:
-    """The metrics ``op`` of a request."""
+    """The metrics ``op`` of a request (paths as the client sends them, query apart)."""
     if path.endswith("/tags"):
         return "single"
-    if path.endswith("/status"):
-        return "status"
-    if "/results" in path:
-        return "results"
     if method == "POST":
         return "create"
     if method == "PUT":
         return "append"
-    if method == "GET" and path.rstrip("/").endswith("/bulk"):
-        return "list"
+    if method == "GET":
+        if path.endswith("/status"):
+            return "status"
+        if path.rstrip("/").endswith("/bulk"):
+            return "list"
+        if "/bulk/" in path:
+            return "results"
     return None
 
 
@@ -381,6 +382,8 @@ class Daemon:
             summary.failed = c.get("failed", 0)
             summary.rejected = c.get("rejected", 0)
             summary.single = c.get("single", 0)
+            summary.tasks = c.get("tasks", 0)
+            summary.pages = c.get("pages", 0)
             summary.elapsed_s = round(time.monotonic() - active.started, 3)
             await outputs.awrite_summary(summary)
             if job.failure:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,19 +36,20 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
-from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import format_time
 from .batcher import TaskWriter
 from .config import EngineConfig
-from .flow import RetryBudget
-from .intake import IDLE, Idle, intake
+from .flow import RetryBudget, RunControl
+from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
 from .outcome import open_sinks
 from .pagers import ResultPagers
 from .resume import reattach
+from .scheduler import JobSource
 from .single import SingleRouter
-from .source import ManifestReader, RowBatch, manifests_size, open_manifest
+from .sinks import RejectSink, ResultSink
+from .source import ManifestReader, RowBatch, open_manifest
 from .state import Journal, Reconciliation, RunState, StateDB
 from .state.store import JobRow
 from .tracker import TaskBook, Tracker
@@ -58,25 +58,6 @@ from .validate import Item, SingleItem, Validator
 __all__ = ["Engine", "RunControl"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-
-class RunControl:
-    """Stops an engine from outside (signals, a daemon's shutdown).
-
-    :meth:`stop` stops reading, lets in-flight writes finish, saves state and ends the engine
-    (a later one with the same state resumes); :meth:`abort` ends it at once (state is
-    consistent at every commit, so this is safe too)."""
-
-    def __init__(self) -> None:
-        self.stopping = anyio.Event()
-        self.aborting = anyio.Event()
-
-    def stop(self) -> None:
-        self.stopping.set()
-
-    def abort(self) -> None:
-        self.stopping.set()
-        self.aborting.set()
 
 
 class Engine:
@@ -104,8 +85,6 @@ class Engine:
         self.config = config
         self.state = state
         self.control = control or RunControl()
-        self.fail_fast = fail_fast
-        self.max_pending_rows = max_pending_rows
         self.jobs = Jobs(IdSpace(namespaced))
         self.journal = Journal(db, self.jobs, fsync_seconds=config.fsync_seconds)
         self.journal.counters = dict(state.counters)
@@ -150,20 +129,21 @@ class Engine:
             on_idle=self.book.poke,
         )
         self.started = time.monotonic()
-        self.rows_read = 0
+        self.source = JobSource(
+            book=self.book,
+            pending=self.rows_pending,
+            fail_fast=fail_fast,
+            max_pending_rows=max_pending_rows,
+        )
         #: Every pipeline stage ended with nothing in flight (the engine was closed).
         self.complete = False
         #: Stopped from outside (drain or abort) before it was complete.
         self.interrupted = False
-        self._closing = False
-        self._source_done = False
-        self._reading: deque[Job] = deque()
-        self._readers: list[ManifestReader] = []
-        self._wake = anyio.Event()
+        #: The state store's check at the end (None until the engine has ended).
+        self.reconciliation: Reconciliation | None = None
         self._finalized: dict[int, anyio.Event] = {}
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._source_scope = anyio.CancelScope()
 
     # -------------------------------------------------------------- life
 
@@ -195,13 +175,41 @@ class Engine:
         try:
             return await self._stack.__aexit__(exc_type, exc_value, tb)
         finally:
-            for reader in self._readers:
-                reader.close()
+            self.source.close_readers()
+            # Shielded: an engine cancelled from outside still reconciles, flushes and closes
+            # every open job's outputs and the state store.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._conclude()
+                finally:
+                    await anyio.to_thread.run_sync(self.journal.close)
+
+    async def _conclude(self) -> None:
+        """The end-of-life check (:meth:`StateDB.reconcile`): complete only when every row
+        taken in has an outcome and nothing is in flight; then the state records it (the same
+        manifests again: nothing to do)."""
+        db = self.journal.db
+        try:
+            self.reconciliation = await self.journal.run(db.reconcile)
+        except Exception:
+            logger.exception("the state store cannot be reconciled")
+            self.complete = False
+            return
+        ended = self.complete and not self.interrupted
+        done = ended and self.reconciliation.complete
+        if ended and not done:
+            logger.error(
+                "run incomplete: %d rows have no outcome (%s)",
+                self.reconciliation.unsettled,
+                "; ".join(self.reconciliation.in_flight) or "counts differ",
+            )
+        self.complete = done
+        if done:
+            await self.journal.run(db.mark_complete, format_time(datetime.now(UTC)))
 
     def close(self) -> None:
         """No more jobs: the engine ends once every job in flight is complete."""
-        self._closing = True
-        self._wake.set()
+        self.source.close()
 
     async def wait(self) -> None:
         """Until the engine ends (closed and finished, or stopped from outside). The end
@@ -223,7 +231,7 @@ class Engine:
         for chunk in pending:
             await self.writer.start(chunk)
         self.writer.active -= 1
-        tg.start_soon(self._source, raw_send)
+        tg.start_soon(self.source.run, raw_send)
         tg.start_soon(self.single.run, single_recv, pending_singles)
         tg.start_soon(self._intake, raw_recv, item_send, single_send)
         await self.writer.seal_idle()
@@ -242,7 +250,7 @@ class Engine:
     async def _watch_control(self, tg: anyio.abc.TaskGroup) -> None:
         await self.control.stopping.wait()
         self.interrupted = True
-        self._source_scope.cancel()
+        self.source.cancel()
         async with anyio.create_task_group() as inner:
 
             async def until_idle() -> None:
@@ -272,7 +280,7 @@ class Engine:
         w = self.writer
         book = self.book
         return (
-            self._source_done
+            self.source.done
             and w.intake_done
             and w.active == 0
             and book.unfinished() == 0
@@ -299,7 +307,7 @@ class Engine:
         """Add a job (resumed when the state holds one of ``spec.key``). Its manifests are
         opened first (``readers``: already opened, in order): one that cannot be read raises
         :class:`~fashiontag_pipeline.ManifestError` and nothing is recorded."""
-        if self._closing:
+        if self.source.closing:
             raise RuntimeError("the engine is closed")
         if readers is None:
             readers = []
@@ -327,7 +335,11 @@ class Engine:
             )
             job = self.jobs.by_id.get(row.job)
             if row.state != "open":
-                raise exc.StateError(f"job {spec.key!r} is already {row.state} in the state")
+                # Complete already (a crash after it completed, before its caller recorded
+                # that): nothing to read or send; its counters are in the state.
+                for reader in readers:
+                    reader.close()
+                return await self._completed(row)
             if job is None:
                 job = await self._register(row)
         except BaseException:
@@ -336,10 +348,23 @@ class Engine:
             raise
         for reader, (src, _) in zip(readers, job.row.sources, strict=True):
             reader.source = src
-        job.readers = readers
-        self._readers.extend(readers)
-        self._reading.append(job)
-        self._wake.set()
+        self.source.add(job, readers)
+        return job
+
+    async def _completed(self, row: JobRow) -> Job:
+        """A job the state records as complete, as a finished :class:`Job`."""
+
+        def outputs() -> tuple[ResultSink, RejectSink]:
+            results, rejects = open_sinks(Path(row.results), Path(row.rejects), row.sink, row)
+            results.close()
+            rejects.close()
+            return results, rejects
+
+        job = Job(row, *await anyio.to_thread.run_sync(outputs))
+        job.read_all = True
+        job.settled.set()
+        done = self._finalized[job.id] = anyio.Event()
+        done.set()
         return job
 
     async def _finalize_when_settled(self, job: Job) -> None:
@@ -349,7 +374,7 @@ class Engine:
 
             def finalize() -> None:
                 self.journal.close_job_outputs(job)
-                self.journal.db.job_complete(job.id, stamp)
+                job.counters["tasks"] = self.journal.db.job_complete(job.id, stamp)
 
             await self.journal.run(finalize)
             self.jobs.remove(job)
@@ -367,93 +392,22 @@ class Engine:
     def active_jobs(self) -> list[Job]:
         return list(self.jobs.by_id.values())
 
-    # -------------------------------------------------------------- the source
-
     def rows_pending(self) -> int:
+        """Rows taken in without an outcome yet, over every job."""
         c = self.journal.counters
         return c.get("accepted", 0) - c.get("settled", 0)
 
-    async def _source(self, send: anyio.abc.ObjectSendStream[RowBatch | JobEnd | Idle]) -> None:
-        """Read the jobs' manifests one batch per job in turn (fair interleaving); tell the
-        writer when there is nothing to read (IDLE) and intake when a job is read (JobEnd)."""
-        async with send:
-            with self._source_scope:
-                idle_sent = True
-                while True:
-                    if not self._reading:
-                        if self._closing:
-                            break
-                        if not idle_sent:
-                            await send.send(IDLE)
-                            idle_sent = True
-                        self._wake = anyio.Event()
-                        if self._reading or self._closing:
-                            continue
-                        await self._wake.wait()
-                        continue
-                    if await self._gate(send, idle_sent):
-                        idle_sent = True
-                    job = self._reading.popleft()
-                    batch = await self._read(job)
-                    if batch is None:
-                        await send.send(JobEnd(job.id))
-                        continue
-                    self._reading.append(job)
-                    job.rows_read += len(batch.rows)
-                    self.rows_read += len(batch.rows)
-                    idle_sent = False
-                    await send.send(batch)
-        self._source_done = True
-        self.book.poke()
-
-    async def _gate(
-        self, send: anyio.abc.ObjectSendStream[RowBatch | JobEnd | Idle], idle_sent: bool
-    ) -> bool:
-        """Wait while too many rows are in flight (fairness); True when IDLE was sent."""
-        cap = self.max_pending_rows
-        if cap is None or self.rows_pending() < cap:
-            return False
-        if not idle_sent:
-            await send.send(IDLE)  # seal what is open: those rows get their results
-        while self.rows_pending() >= cap:
-            with anyio.move_on_after(0.5):
-                await self.book.changed.wait()
-        return True
-
-    async def _read(self, job: Job) -> RowBatch | None:
-        """The job's next batch; None when its manifests are read to the end (or broke)."""
-        while job.readers:
-            reader = job.readers[0]
-            try:
-                batch = await anyio.to_thread.run_sync(reader.read_batch, abandon_on_cancel=True)
-            except exc.ManifestError as err:
-                if self.fail_fast:
-                    raise
-                job.failure = str(err)
-                logger.error("manifest %s broke while read: %s", reader.name, err)
-                for rest in job.readers:
-                    rest.close()
-                job.readers = []
-                return None
-            if batch is None:
-                reader.close()
-                job.readers.pop(0)
-                continue
-            if batch.rows:
-                return batch
-        return None
-
     # -------------------------------------------------------------- reporting
 
+    @property
+    def rows_read(self) -> int:
+        return self.source.rows_read
+
     def bytes_read(self) -> int:
-        return sum(r.bytes_read for r in self._readers)
+        return self.source.bytes_read()
 
     def bytes_total(self) -> int:
-        return manifests_size(self._readers)
+        return self.source.bytes_total()
 
     def tasks_live(self) -> int:
         return self.book.unfinished() + len(self.writer.tasks)
-
-    async def reconcile(self) -> Reconciliation:
-        """The state store's end-of-run check (see :meth:`StateDB.reconcile`)."""
-        return await self.journal.run(self.journal.db.reconcile)

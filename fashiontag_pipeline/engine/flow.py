@@ -1,4 +1,5 @@
-"""Flow control shared by the stages: AIMD concurrency and the give-up budget."""
+"""Flow control shared by the stages: AIMD concurrency, the give-up budget, and the control
+that stops an engine from outside."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ import anyio
 from .. import _exceptions as exc
 from .._exceptions import FashiontagError
 
-__all__ = ["REFUSED", "TRANSIENT", "AIMDLimiter", "FatalRunError", "RetryBudget", "refused"]
+__all__ = [
+    "REFUSED",
+    "TRANSIENT",
+    "AIMDLimiter",
+    "FatalRunError",
+    "RetryBudget",
+    "RunControl",
+    "refused",
+]
 
 T = TypeVar("T")
 
@@ -163,3 +172,22 @@ class RetryBudget:
             0.5 + self._random.random() / 2
         )
         await anyio.sleep(delay)
+
+
+class RunControl:
+    """Stops an engine from outside (signals, a daemon's shutdown).
+
+    :meth:`stop` stops reading, lets in-flight writes finish, saves state and ends the engine
+    (a later one with the same state resumes); :meth:`abort` ends it at once (state is
+    consistent at every commit, so this is safe too)."""
+
+    def __init__(self) -> None:
+        self.stopping = anyio.Event()
+        self.aborting = anyio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def abort(self) -> None:
+        self.stopping.set()
+        self.aborting.set()

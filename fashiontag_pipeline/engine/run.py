@@ -13,7 +13,6 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig
-from .._models import format_time
 from .config import EngineConfig, RunSummary
 from .engine import Engine, RunControl
 from .flow import FatalRunError
@@ -131,7 +129,6 @@ async def run_pipeline(
     )
     core = Engine(client=tagger, db=db, state=run, config=engine, control=control)
     spec = JobSpec(key=RUN_JOB, manifests=names, results=out, rejects=rejects, sink=engine.sink)
-    reconciliation: Reconciliation | None = None
     restore_gc = tune_gc()
     try:
         try:
@@ -146,8 +143,6 @@ async def run_pipeline(
                         await core.wait()
                 else:
                     await core.wait()
-            reconciliation = await core.reconcile()
-            await _conclude(core, reconciliation)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
     finally:
@@ -160,7 +155,7 @@ async def run_pipeline(
                 await tagger.aclose()
             await anyio.to_thread.run_sync(core.journal.close)
         summary.elapsed_s = round(time.monotonic() - started, 3)
-        _fill(core, reconciliation, summary)
+        _fill(core, core.reconciliation, summary)
     return summary
 
 
@@ -179,22 +174,6 @@ def _snapshot(core: Engine) -> dict[str, int]:
         "bytes_read": core.bytes_read(),
         "bytes_total": core.bytes_total(),
     }
-
-
-async def _conclude(core: Engine, reconciliation: Reconciliation) -> None:
-    """Complete only when every row taken in has an outcome and nothing is in flight; then the
-    state records it (the same manifests again: nothing to do)."""
-    done = core.complete and not core.interrupted and reconciliation.complete
-    if core.complete and not core.interrupted and not done:
-        logger.error(
-            "run incomplete: %d rows have no outcome (%s)",
-            reconciliation.unsettled,
-            "; ".join(reconciliation.in_flight) or "counts differ",
-        )
-    core.complete = done
-    if done:
-        stamp = format_time(datetime.now(UTC))
-        await core.journal.run(core.journal.db.mark_complete, stamp)
 
 
 def _fill(core: Engine, reconciliation: Reconciliation | None, summary: RunSummary) -> None:

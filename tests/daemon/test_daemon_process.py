@@ -106,6 +106,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
         assert summaries[stem]["status"] == "done", summaries[stem]
         assert summaries[stem]["rows_read"] == 700
         assert summaries[stem]["tagged"] + summaries[stem]["failed"] == 700
+        assert summaries[stem]["tasks"] >= 1 and summaries[stem]["pages"] >= 7
         _assert_once(daemon.outbox / stem, ids)
     assert summaries["broken"]["status"] == "failed" and summaries["broken"]["reason"]
     assert (daemon.inbox / "failed" / "broken.csv").exists()
@@ -135,6 +136,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
     assert samples[("fashiontag_manifests_total", (("status", "failed"),))] == 1
     assert samples[("fashiontag_manifests_total", (("status", "duplicate"),))] == 1
     assert samples[("fashiontag_requests_total", (("code", "202"), ("op", "create")))] >= 1
+    assert samples[("fashiontag_requests_total", (("code", "200"), ("op", "results")))] >= 28
     assert status_code == 200 and len(json.loads(status_text)["recent"]) == 6
     assert ready_code == 200
     # systemd: READY when scanning, WATCHDOG at half of WATCHDOG_USEC, STOPPING on SIGTERM.
@@ -174,9 +176,8 @@ async def test_sigkill_mid_manifest_then_restart_writes_every_id_once(tmp_path: 
                 daemon.proc.kill()
         records = list(svc.store.tasks.values())
     assert big["status"] == small["status"] == "done"
-    # Rows of the two manifests shared tasks (equal ids, made distinct inside them): with a
-    # bound on rows in flight, the small one's rows went in between the big one's.
-    assert any(len({i.split("/")[0] for i in r.ids}) > 1 for r in records)
+    # Equal ids of the two manifests were sent distinct (JOB/ID), each once in its task.
+    assert all(len(r.ids) == len(set(r.ids)) for r in records)
     _assert_once(daemon.outbox / "big", ids_big)
     _assert_once(daemon.outbox / "small", ids_small)
     # The restarted process counts every row of the manifests it completed.
@@ -255,3 +256,59 @@ async def test_a_service_outage_is_waited_out_and_readyz_says_why(tmp_path: Path
             daemon.proc.kill()
     assert summary["status"] == "done"
     _assert_once(daemon.outbox / "m", ids)
+
+
+async def test_content_equal_to_a_manifest_in_flight_waits_then_is_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    ids = _ids("p", 6000)
+    data = write_manifest(Path(), ids)
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop_atomic(daemon.inbox, "first.csv", data)
+            with anyio.fail_after(30):
+                while not (daemon.inbox / ".work" / "first.csv").exists():
+                    await anyio.sleep(0.02)
+            _drop_atomic(daemon.inbox, "second.csv", data)
+            second = await daemon.wait_summary("second", timeout=60)
+            first = json.loads((daemon.outbox / "first" / "summary.json").read_text())
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc and daemon.proc.poll() is None:
+                daemon.proc.kill()
+        sent = [i for r in svc.store.tasks.values() for i in r.ids]
+    assert first["status"] == "done" and second["status"] == "duplicate"
+    assert second["duplicate_of"] == "first.csv"
+    assert second["finished_at"] >= first["finished_at"]
+    assert len(sent) == 6000  # the second was never sent
+    _assert_once(daemon.outbox / "first", ids)
+
+
+async def test_a_small_manifest_dropped_behind_a_big_one_is_done_first(tmp_path: Path) -> None:
+    """Fair interleaving: with --max-pending-rows, a 300-row manifest dropped while a
+    30,000-row one is being tagged (at 3,000 images/s) completes while the big one is still in
+    flight."""
+    big_ids, small_ids = _ids("b", 30_000), _ids("s", 300)
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--max-pending-rows", "3000"]).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), big_ids))
+            with anyio.fail_after(60):
+                while not read_lines(daemon.outbox / "big" / "results.jsonl"):
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            _drop_atomic(daemon.inbox, "small.csv", write_manifest(Path(), small_ids))
+            await daemon.wait_summary("small", timeout=60)
+            big_done_first = (daemon.outbox / "big" / "summary.json").exists()
+            big_lines = len(read_lines(daemon.outbox / "big" / "results.jsonl"))
+            await daemon.wait_summary("big", timeout=120)
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc and daemon.proc.poll() is None:
+                daemon.proc.kill()
+    assert not big_done_first and big_lines < 25_000, big_lines
+    _assert_once(daemon.outbox / "small", small_ids)
+    _assert_once(daemon.outbox / "big", big_ids)

@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
@@ -37,14 +38,16 @@ def _spec(tmp: Path, name: str, manifest: Path) -> JobSpec:
 
 
 async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_path: Path) -> None:
-    a = write_csv(tmp_path / "a.csv", 2500)
+    # a is read in 40 batches: b, submitted right after it, is read in between.
+    a = write_csv(tmp_path / "a.csv", 20_000)
     b = write_csv(tmp_path / "b.csv", 1200, extra=["p5,https://img.example/x.jpg,acme,TOP"])
     c = write_csv(tmp_path / "c.csv", 300, start=100)
     async with running_service(ServiceConfig()) as svc:
         db = StateDB(tmp_path / "state")
         state = db.open_engine()
         async with TaggerClient(config=client_config(svc.url)) as client:
-            engine = Engine(client=client, db=db, state=state, config=FAST, namespaced=True)
+            config = msgspec.structs.replace(FAST, read_batch_rows=500, rotate_images=10_000)
+            engine = Engine(client=client, db=db, state=state, config=config, namespaced=True)
             async with engine:
                 ja = await engine.submit(_spec(tmp_path, "a", a))
                 jb = await engine.submit(_spec(tmp_path, "b", b))
@@ -53,12 +56,12 @@ async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_pa
                 await engine.outcome(jb)
                 await engine.outcome(jc)
                 engine.close()
-            db.close()
+            db.close()  # closed by the engine already: a no-op
         records = list(svc.store.tasks.values())
     assert_exactly_once(
         tmp_path / "a" / "results.jsonl",
         tmp_path / "a" / "rejects.jsonl",
-        {f"p{i}" for i in range(2500)},
+        {f"p{i}" for i in range(20_000)},
     )
     assert_exactly_once(
         tmp_path / "b" / "results.jsonl",
@@ -72,7 +75,8 @@ async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_pa
         {f"p{i}" for i in range(100, 400)},
     )
     # Counters per job equal its outputs.
-    assert ja.counters["accepted"] == ja.counters["settled"] == 2500
+    assert ja.counters["accepted"] == ja.counters["settled"] == 20_000
+    assert ja.counters["tasks"] >= 1 and ja.counters["pages"] >= 200
     assert jb.counters["rejected"] == 1 and jb.counters["settled"] == 1200
     # Rows of a and b shared a task: both namespaces appear in one task's ids.
     shared = [
@@ -117,7 +121,7 @@ async def test_a_small_job_behind_a_big_one_is_done_first(tmp_path: Path) -> Non
                 await engine.outcome(jsmall)
                 await engine.outcome(jbig)
                 engine.close()
-            db.close()
+            db.close()  # closed by the engine already: a no-op
         accepted = [i for r in sorted(svc.store.tasks.values(), key=lambda r: r.seq) for i in r.ids]
     # The service tags in acceptance order: count the big job's rows it took before the
     # small job's first one (all 30,000 of them without the bound).
@@ -157,3 +161,70 @@ def test_a_state_of_the_previous_version_becomes_the_job_run(tmp_path: Path) -> 
         assert state.meta("validated") is None  # moved, not copied
     finally:
         state.close()
+
+
+async def test_a_job_submitted_again_after_it_completed_is_answered_from_the_state(
+    tmp_path: Path,
+) -> None:
+    """A daemon that crashed after a job completed but before it wrote the summary submits the
+    job again on restart: it is complete, nothing is read or sent, and its counts are kept."""
+    manifest = write_csv(tmp_path / "a.csv", 500)
+    async with running_service(ServiceConfig()) as svc:
+        for attempt in range(2):
+            db = StateDB(tmp_path / "state")
+            async with TaggerClient(config=client_config(svc.url)) as client:
+                engine = Engine(
+                    client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+                )
+                async with engine:
+                    job = await engine.submit(_spec(tmp_path, "a", manifest))
+                    await engine.outcome(job)
+                    engine.close()
+                db.close()
+            assert job.counters["settled"] == job.counters["accepted"] == 500
+            if attempt == 0:
+                tasks_after_first = len(svc.store.tasks)
+        assert len(svc.store.tasks) == tasks_after_first
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(500)},
+    )
+
+
+async def test_a_manifest_that_breaks_while_read_fails_its_job_alone(tmp_path: Path) -> None:
+    """Without fail_fast (the daemon), a manifest whose gzip breaks partway fails its own job
+    (with the reason; the rows read before the break still get their outcome) while the
+    other job completes."""
+    import gzip
+
+    good = write_csv(tmp_path / "good.csv", 800)
+    rows = "\n".join(["id,url"] + [f"b{i},https://img.example/b{i}.jpg" for i in range(60_000)])
+    packed = gzip.compress(rows.encode())
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes(packed[: len(packed) * 2 // 3])
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=FAST,
+                namespaced=True,
+                fail_fast=False,
+            )
+            async with engine:
+                jb = await engine.submit(_spec(tmp_path, "broken", broken))
+                jg = await engine.submit(_spec(tmp_path, "good", good))
+                await engine.outcome(jb)
+                await engine.outcome(jg)
+                engine.close()
+    assert jb.failure is not None and "broken.csv.gz" in jb.failure
+    assert jb.counters["accepted"] == jb.counters["settled"]
+    assert 0 < jb.rows_read < 60_000
+    assert_exactly_once(
+        tmp_path / "good" / "results.jsonl",
+        tmp_path / "good" / "rejects.jsonl",
+        {f"p{i}" for i in range(800)},
+    )

@@ -71,6 +71,7 @@ class Journal:
                 per_job[jid] = {k: v for k, v in c.items() if k in JOB_COUNTERS}
         ok = bad = 0
         touched: dict[int, Job] = {}
+        job_tasks: list[tuple[int, str]] = []
         if page is not None:
             task_id, rows = page
             for jid, jrows in jobs.group_rows(rows, page_job).items():
@@ -83,6 +84,9 @@ class Journal:
                 c["tagged"] = c.get("tagged", 0) + j_ok
                 c["failed"] = c.get("failed", 0) + j_bad
                 c["settled"] = c.get("settled", 0) + len(jrows)
+                if task_id is not None:
+                    c["pages"] = c.get("pages", 0) + counters.get("pages", 0)
+                    job_tasks.append((jid, task_id))
                 touched[jid] = target
             counters["tagged"] = counters.get("tagged", 0) + ok
             counters["failed"] = counters.get("failed", 0) + bad
@@ -119,6 +123,8 @@ class Journal:
         try:
             for sql, args in ops:
                 db.db.execute(sql, args)
+            if job_tasks:
+                db.db.executemany("INSERT OR IGNORE INTO job_tasks VALUES (?, ?)", job_tasks)
             for key, delta in counters.items():
                 if delta:
                     db.db.execute(

@@ -12,6 +12,9 @@ Schema::
                                manifest). ``key`` names it (the daemon: the claim), ``sources``
                                its source indexes and names (JSON), the watermarks and sink
                                checkpoints below are per job, and so are its counters
+                               (``pages``: result pages that held its rows; ``tasks``: set
+                               when it completes, from ``job_tasks``)
+    job_tasks(job, task_id)    the tasks whose results held a job's rows (while it runs)
     tasks(task_id, seq, token, state, expires_at, results_expire_at, total, next_offset)
                                state: open | done | drained | expired | lost
                                (sealed: only in files of earlier versions)
@@ -83,7 +86,17 @@ COUNTERS = (
 )
 
 #: The counters kept per job as well as engine-wide.
-JOB_COUNTERS = ("accepted", "settled", "submitted", "tagged", "failed", "rejected", "single")
+JOB_COUNTERS = (
+    "accepted",
+    "settled",
+    "submitted",
+    "tagged",
+    "failed",
+    "rejected",
+    "single",
+    "pages",
+    "tasks",
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -107,7 +120,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     accepted INTEGER NOT NULL DEFAULT 0, settled INTEGER NOT NULL DEFAULT 0,
     submitted INTEGER NOT NULL DEFAULT 0, tagged INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0, rejected INTEGER NOT NULL DEFAULT 0,
-    single INTEGER NOT NULL DEFAULT 0, completed_at TEXT);
+    single INTEGER NOT NULL DEFAULT 0, pages INTEGER NOT NULL DEFAULT 0,
+    tasks INTEGER NOT NULL DEFAULT 0, completed_at TEXT);
+CREATE TABLE IF NOT EXISTS job_tasks (job INTEGER NOT NULL, task_id TEXT NOT NULL,
+    PRIMARY KEY (job, task_id)) WITHOUT ROWID;
 """
 
 
@@ -127,4 +143,4 @@ BODY_SQL = (
     "COALESCE((SELECT b.body FROM chunk_bodies b WHERE b.chunk_id = chunks.chunk_id), chunks.body)"
 )
 
-TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "jobs", "meta")
+TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "jobs", "job_tasks", "meta")

@@ -20,7 +20,8 @@ import msgspec
 
 from ... import _exceptions as exc
 from ..manifests import ManifestPrint, describe, same_manifests
-from .schema import BODY_SQL, COUNTERS, JOB_COUNTERS, SCHEMA, TABLES
+from .jobtables import JobRow, JobTables
+from .schema import BODY_SQL, COUNTERS, SCHEMA, TABLES
 
 __all__ = ["JobRow", "Reconciliation", "RunState", "StateDB"]
 
@@ -42,34 +43,6 @@ class RunState(msgspec.Struct, kw_only=True):
     completed_at: str | None = None
     counters: dict[str, int]
     task_seq: int
-
-
-class JobRow(msgspec.Struct, kw_only=True):
-    """A job as the state file records it (see :mod:`.schema`): its sources as
-    ``[[source index, manifest name], ...]``, watermarks, sink checkpoints and counters."""
-
-    job: int
-    key: str
-    name: str
-    sources: list[tuple[int, str]]
-    results: str
-    rejects: str
-    sink: str
-    state: str
-    validated: int
-    chunked: int
-    results_ckpt: int
-    rejects_ckpt: int
-    counters: dict[str, int]
-    completed_at: str | None = None
-    resumed: bool = False
-
-
-_JOB_COLUMNS = (
-    "job, key, name, sources, results, rejects, sink, state, validated, chunked, results_ckpt,"
-    " rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ", completed_at"
-)
-_sources_decoder = msgspec.json.Decoder(list[tuple[int, str]])
 
 
 class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,7 +86,7 @@ def _lock_exclusively(path: Path) -> int:
     return fd
 
 
-class StateDB:
+class StateDB(JobTables):
     """The SQLite state file. Not thread-safe: used from one thread at a time (the journal)."""
 
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
@@ -143,10 +116,14 @@ class StateDB:
         return db
 
     def close(self) -> None:
+        """Close the file and release its lock (idempotent)."""
+        lock, self._lock = self._lock, -1
+        if lock < 0:
+            return
         try:
             self.db.close()
         finally:
-            os.close(self._lock)
+            os.close(lock)
 
     def meta(self, key: str, default: str | None = None) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -255,100 +232,6 @@ class StateDB:
             self.db.execute("COMMIT")
             return self._run_state(token, opened="new")
         return self._run_state(token, opened="resumed")
-
-    # -------------------------------------------------------------- jobs
-
-    def _job_row(self, row: tuple[Any, ...]) -> JobRow:
-        n = len(JOB_COUNTERS)
-        return JobRow(
-            job=row[0],
-            key=row[1],
-            name=row[2],
-            sources=_sources_decoder.decode(row[3]),
-            results=row[4],
-            rejects=row[5],
-            sink=row[6],
-            state=row[7],
-            validated=row[8],
-            chunked=row[9],
-            results_ckpt=row[10],
-            rejects_ckpt=row[11],
-            counters=dict(zip(JOB_COUNTERS, row[12 : 12 + n], strict=True)),
-            completed_at=row[12 + n],
-        )
-
-    def find_job(self, key: str) -> JobRow | None:
-        self._migrate_run_job()
-        row = self.db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE key=?", (key,)).fetchone()
-        return None if row is None else self._job_row(row)
-
-    def open_jobs(self) -> list[JobRow]:
-        """Jobs not yet complete (a restarted engine resumes them before anything else)."""
-        self._migrate_run_job()
-        rows = self.db.execute(
-            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state='open' ORDER BY job"
-        ).fetchall()
-        return [self._job_row(r) for r in rows]
-
-    def open_job(
-        self, key: str, name: str, manifests: Sequence[str], results: str, rejects: str, sink: str
-    ) -> JobRow:
-        """The job ``key``: resumed (``resumed``) when the state has it, else new, with
-        fresh source indexes. Its output paths are the ones given now."""
-        found = self.find_job(key)
-        if found is not None:
-            if (found.results, found.rejects, found.sink) != (results, rejects, sink):
-                self.db.execute(
-                    "UPDATE jobs SET results=?, rejects=?, sink=? WHERE job=?",
-                    (results, rejects, sink, found.job),
-                )
-                found.results, found.rejects, found.sink = results, rejects, sink
-            found.resumed = True
-            return found
-        self.db.execute("BEGIN IMMEDIATE")
-        first = int(self.meta("next_source", "0") or 0)
-        sources = [(first + i, m) for i, m in enumerate(manifests)]
-        self.set_meta("next_source", first + len(sources))
-        cur = self.db.execute(
-            "INSERT INTO jobs (key, name, sources, results, rejects, sink) VALUES (?,?,?,?,?,?)",
-            (key, name, msgspec.json.encode(sources).decode(), results, rejects, sink),
-        )
-        self.db.execute("COMMIT")
-        job = cur.lastrowid
-        assert job is not None
-        found = self.find_job(key)
-        assert found is not None
-        return found
-
-    def _migrate_run_job(self) -> None:
-        """A state file of a version before jobs: its run becomes the job ``run`` (its
-        watermarks, checkpoints and counters were in ``meta``)."""
-        if self.meta("validated") is None:
-            return
-        names = msgspec.json.decode(self.meta("manifests") or "[]", type=list[str])
-        counters = [int(self.meta(f"n_{k}", "0") or 0) for k in JOB_COUNTERS]
-        self.db.execute("BEGIN IMMEDIATE")
-        self.db.execute(
-            "INSERT OR IGNORE INTO jobs (job, key, name, sources, results, rejects, validated,"
-            " chunked, results_ckpt, rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ")"
-            " VALUES (0, 'run', ?, ?, '', '', ?, ?, ?, ?" + ", ?" * len(JOB_COUNTERS) + ")",
-            (
-                ", ".join(names),
-                msgspec.json.encode(list(enumerate(names))).decode(),
-                int(self.meta("validated", "-1") or -1),
-                int(self.meta("chunked", "-1") or -1),
-                int(self.meta("results_ckpt", "0") or 0),
-                int(self.meta("rejects_ckpt", "0") or 0),
-                *counters,
-            ),
-        )
-        self.set_meta("next_source", len(names))
-        for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
-            self.db.execute("DELETE FROM meta WHERE key=?", (key,))
-        self.db.execute("COMMIT")
-
-    def job_complete(self, job: int, when: str) -> None:
-        self.db.execute("UPDATE jobs SET state='complete', completed_at=? WHERE job=?", (when, job))
 
     def reconcile(self) -> Reconciliation:
         """Rows taken into the run without an outcome, and what is still in flight."""
