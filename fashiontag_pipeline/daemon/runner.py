@@ -338,10 +338,11 @@ class Daemon:
         self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, earlier: str
     ) -> None:
         summary = outputs.new_summary("duplicate", finished_at=time.time(), duplicate_of=earlier)
-        await outputs.awrite_summary(summary)
-        await inbox.afinish(claim, "duplicate")
+        # Counted before the summary appears: whoever sees summary.json sees it counted.
         self.metrics.count_manifest("duplicate")
         self.recent.append(summary)
+        await outputs.awrite_summary(summary)
+        await inbox.afinish(claim, "duplicate")
         logger.info(
             "duplicate manifest: not sent again",
             extra={"manifest": claim.name, "duplicate_of": earlier},
@@ -385,13 +386,13 @@ class Daemon:
             summary.tasks = c.get("tasks", 0)
             summary.pages = c.get("pages", 0)
             summary.elapsed_s = round(time.monotonic() - active.started, 3)
+            self.metrics.count_manifest(status)
+            self.recent.append(summary)
             await outputs.awrite_summary(summary)
             if job.failure:
                 await inbox.afail(claim, job.failure)
             else:
                 await inbox.afinish(claim, "done")
-            self.metrics.count_manifest(status)
-            self.recent.append(summary)
             logger.info(
                 "manifest complete",
                 extra={
@@ -410,8 +411,8 @@ class Daemon:
         self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, reason: str
     ) -> None:
         summary = outputs.new_summary("failed", finished_at=time.time(), reason=reason)
-        await outputs.awrite_summary(summary)
-        await inbox.afail(claim, reason)
         self.metrics.count_manifest("failed")
         self.recent.append(summary)
+        await outputs.awrite_summary(summary)
+        await inbox.afail(claim, reason)
         logger.warning("manifest cannot be read", extra={"manifest": claim.name, "reason": reason})

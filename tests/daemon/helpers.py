@@ -28,9 +28,13 @@ def write_manifest(path: Path, ids: Sequence[str], *, url_tag: str = "") -> byte
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of an output (one being written may end in a partial line)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    text = path.read_text()
+    if not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -149,6 +153,12 @@ class DaemonProcess:
     async def kill(self) -> None:
         self.signal(signal.SIGKILL)
         await self.wait_exit()
+
+    def ensure_dead(self) -> None:
+        """Kill the process if it still runs, and reap it (a test that failed midway)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
     async def stop(self) -> int:
         if self.proc is None or self.proc.poll() is not None:
