@@ -8,6 +8,8 @@
     ├── StateConflictError             a state file that belongs to an unfinished run of
     │                                  other manifests, or is in use by another run
     ├── StateError                     a state file that cannot be opened or written
+    ├── ResultStoreError               a result store (--reuse) that cannot be opened, read
+    │                                  or written (corrupt, not a result store, a full disk)
     ├── TransportError                 the service could not be reached or answered garbage
     │   ├── ConnectError               connection refused/failed: the request was not sent
     │   ├── TimeoutError_              no answer in time (reads only; see AmbiguousWriteError)
@@ -52,6 +54,7 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitedError",
     "RequestError",
+    "ResultStoreError",
     "ResultsExpiredError",
     "ResultsNotReadyError",
     "ServerError",
@@ -87,6 +90,12 @@ class StateConflictError(FashiontagError):
 class StateError(FashiontagError):
     """The state file cannot be opened or written (permissions, a full disk, not a state
     file); the message names the file."""
+
+
+class ResultStoreError(FashiontagError):
+    """The result store of ``--reuse`` cannot be opened, read or written (not a result store,
+    damaged, a newer schema, a full disk); the message names the file. Never silently
+    replaced: a store that cannot be read would otherwise mean a full, billed re-tag."""
 
 
 class TransportError(FashiontagError):
