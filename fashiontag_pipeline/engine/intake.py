@@ -8,6 +8,10 @@ the validated watermark (V) are committed in one transaction before any of its r
 
 On resume, rows at or below the chunked watermark (W) are skipped, and rows up to V were
 validated before: their rejects are not written again.
+
+With ``--reuse`` (``reuse``: a :class:`~.reuse.ReuseHook`), each batch's bulk rows are looked
+up in the result store first; the journal writes the rows answered from it in the batch's
+transaction and hands back only the rows to send.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from .reuse import ReuseHook
 from .single import merge_routes, pending_ops, split_routes
 from .sinks import Reject
 from .source import RowBatch
@@ -37,6 +42,7 @@ async def intake(
     names: list[str],
     chunked: int,
     validated: int,
+    reuse: ReuseHook | None = None,
 ) -> None:
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
     async with receive, send, single_send:
@@ -69,8 +75,9 @@ async def intake(
                     names[pos >> POS_SHIFT],
                 )
 
+            plan = await reuse.plan(rows) if reuse is not None and items else None
             keep = await journal.intake(
-                keyed, fresh, make_dup, max(watermark, validated), validated, routed
+                keyed, fresh, make_dup, max(watermark, validated), validated, routed, plan
             )
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)

@@ -43,6 +43,7 @@ from .manifests import fingerprint
 from .outcome import already_complete, open_sinks
 from .pagers import ResultPagers
 from .resume import reattach
+from .reuse import ReuseHook, open_reuse
 from .single import SingleRouter
 from .source import ManifestReader, RowBatch, iter_batches, manifests_size, open_manifest
 from .state import Journal, Reconciliation, RunState, StateDB
@@ -148,7 +149,21 @@ async def run_pipeline(
         db.close()
         close_readers()
         raise
-    journal = Journal(db, result_sink, reject_sink, fsync_seconds=engine.fsync_seconds)
+    try:
+        reuse = open_reuse(  # --reuse: None without a store
+            engine,
+            language=client.language,
+            db=db.db,
+            resumed=run.resumed,
+            state_path=str(state_path),
+        )
+    except BaseException:
+        result_sink.close()
+        reject_sink.close()
+        db.close()
+        close_readers()
+        raise
+    journal = Journal(db, result_sink, reject_sink, fsync_seconds=engine.fsync_seconds, reuse=reuse)
     journal.counters = dict(run.counters)
 
     own_client = isinstance(client, ClientConfig)
@@ -163,6 +178,7 @@ async def run_pipeline(
         state=str(state_path),
     )
     engine_run = EngineRun(tagger, journal, engine, run, names, readers, control, summary)
+    engine_run.reuse = reuse
     restore_gc = tune_gc()
     try:
         if progress:
@@ -185,6 +201,8 @@ async def run_pipeline(
             if own_client:
                 await tagger.aclose()
             await anyio.to_thread.run_sync(journal.close)
+            if reuse is not None:
+                await anyio.to_thread.run_sync(reuse.close_store)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         engine_run.fill(summary)
     return summary
@@ -256,6 +274,7 @@ class EngineRun:
         self.rows_read = 0
         self.complete = False
         self.interrupted = False
+        self.reuse: ReuseHook | None = None
 
     # -------------------------------------------------------------- wiring callbacks
 
@@ -353,6 +372,7 @@ class EngineRun:
                     names=self.names,
                     chunked=self.state.chunked,
                     validated=self.state.validated,
+                    reuse=self.reuse,
                 ),
                 raw_recv,
                 item_send,
@@ -380,7 +400,7 @@ class EngineRun:
         return {
             "rows_read": self.rows_read,
             "submitted": c.get("submitted", 0),
-            "tagged": c.get("tagged", 0) + c.get("failed", 0),
+            "tagged": c.get("tagged", 0) + c.get("failed", 0) + c.get("reused", 0),
             "rejected": c.get("rejected", 0),
             "pages": c.get("pages", 0),
             "single": c.get("single", 0),
@@ -419,6 +439,7 @@ class EngineRun:
         summary.tagged = c.get("tagged", 0)
         summary.failed = c.get("failed", 0)
         summary.rejected = c.get("rejected", 0)
+        summary.reused = c.get("reused", 0)
         summary.tasks = c.get("tasks", 0)
         summary.pages = c.get("pages", 0)
         summary.single = c.get("single", 0)

@@ -6,6 +6,7 @@
   ``stats`` and ``prune``.
 * :mod:`.hook`: the three calls the engine makes (plan a batch, settle it in the intake
   transaction, store a committed page's results).
+* :mod:`.setup`: opening it for a run (a missing store is created, with a warning).
 * :mod:`.durations`: ``30d``-style durations of ``--reuse-max-age`` and ``prune --older-than``.
 
 The state file's side (rows sent and their fingerprints, where reuse began) is in
@@ -17,6 +18,7 @@ from __future__ import annotations
 from .durations import format_duration, parse_duration
 from .fingerprint import Fingerprinter
 from .hook import IntakePlan, ReuseHook
+from .setup import open_reuse
 from .store import DEFAULT_MAX_AGE, LastRun, ResultStore, StoredResult, StoreStats
 
 __all__ = [
@@ -29,5 +31,6 @@ __all__ = [
     "StoreStats",
     "StoredResult",
     "format_duration",
+    "open_reuse",
     "parse_duration",
 ]

@@ -153,12 +153,16 @@ class ReuseHook:
         hits = self.store.lookup(wanted, newer_than=self.clock() - self.max_age) if wanted else {}
         return IntakePlan(fps, hits)
 
-    def record(self) -> None:
-        """Record the run in the store (``reuse stats``: the last run's hit rate)."""
-        self.store.record_run(
-            started_at=self.started_at,
-            finished_at=self.clock(),
-            looked_up=self.looked_up,
-            reused=self.reused,
-            stored=self.stored,
-        )
+    def close_store(self) -> None:
+        """Record the run in the store (``reuse stats``: the last run's hit rate) and close
+        it. Blocking: call from a worker thread once the run's tasks are done."""
+        try:
+            self.store.record_run(
+                started_at=self.started_at,
+                finished_at=self.clock(),
+                looked_up=self.looked_up,
+                reused=self.reused,
+                stored=self.stored,
+            )
+        finally:
+            self.store.close()

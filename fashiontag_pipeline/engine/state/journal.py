@@ -9,20 +9,40 @@ loop never blocks on disk.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
-from ..sinks import PageRow, Reject, RejectSink, ResultSink, count_outcomes
+from ..sinks import PageRow, Reject, RejectSink, ResultSink, ReusedLine, count_outcomes
 from .changes import Change, validated_upto
 from .schema import COUNTERS
 from .store import StateDB
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "ReuseLedger"]
 
 T = TypeVar("T")
+
+
+class ReuseLedger(Protocol):
+    """What the journal asks of ``--reuse`` (:class:`~..reuse.ReuseHook`), in its thread:
+    which kept rows of a batch are answered from the result store (``settle``, in the intake
+    transaction) and what a committed results page stores (``store_page``)."""
+
+    def settle(
+        self,
+        db: sqlite3.Connection,
+        plan: Any,
+        keyed: Sequence[tuple[str, int]],
+        keep: list[int],
+        replay_upto: int,
+    ) -> tuple[list[int], list[ReusedLine], list[Change]]: ...
+
+    def store_page(
+        self, db: sqlite3.Connection, task_id: str, rows: list[PageRow]
+    ) -> list[Change]: ...
 
 
 class Journal:
@@ -39,11 +59,13 @@ class Journal:
         rejects: RejectSink,
         *,
         fsync_seconds: float = 1.0,
+        reuse: ReuseLedger | None = None,
     ) -> None:
         self.db = db
         self.results = results
         self.rejects = rejects
         self.fsync_seconds = fsync_seconds
+        self.reuse = reuse
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._limiter = anyio.CapacityLimiter(1)
         self._last_fsync = time.monotonic()
@@ -61,10 +83,18 @@ class Journal:
         rejects: Sequence[Reject],
         ops: Sequence[Change],
         counters: dict[str, int],
+        reused: Sequence[ReusedLine] = (),
     ) -> tuple[int, int]:
         ok = bad = 0
+        if reused:  # --reuse: rows answered from the result store (their intake transaction)
+            self.results.write_reused(list(reused))
+            counters = dict(counters)
+            for key in ("reused", "settled"):
+                counters[key] = counters.get(key, 0) + len(reused)
         if page is not None:
             task_id, rows = page
+            if self.reuse is not None and task_id is not None:  # --reuse: store the results
+                ops = [*ops, *self.reuse.store_page(self.db.db, task_id, rows)]
             self.results.write_page(task_id, rows)
             ok, bad = count_outcomes(rows)
             counters = dict(counters)
@@ -93,7 +123,7 @@ class Journal:
                         "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = ?",
                         (delta, f"n_{key}"),
                     )
-            if page is not None:
+            if page is not None or reused:
                 db.set_meta("results_ckpt", self.results.checkpoint())
             if rejects:
                 db.set_meta("rejects_ckpt", self.rejects.checkpoint())
@@ -111,9 +141,12 @@ class Journal:
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
+        plan: Any = None,
     ) -> list[int]:
         """Dedupe a validated batch, write its rejects and move V, in one transaction
-        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead)."""
+        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
+        ``plan``, the ``--reuse`` lookup of the batch: rows answered from the store are
+        written in this transaction and not returned)."""
         self.db.db.execute("SAVEPOINT intake")
         firsts = self.db.dedupe(keyed)
         self.db.db.execute("RELEASE intake")
@@ -128,9 +161,13 @@ class Journal:
                 if dup is not None:
                     rejects.append(dup)
         ops: list[Change] = [validated_upto(watermark)]
+        reused: list[ReusedLine] = []
+        if plan is not None and self.reuse is not None:  # --reuse
+            out, reused, reuse_ops = self.reuse.settle(self.db.db, plan, keyed, out, replay_upto)
+            ops.extend(reuse_ops)
         if routed is not None:
             ops.extend(routed(out))
-        self._apply(None, rejects, ops, {"accepted": fresh})
+        self._apply(None, rejects, ops, {"accepted": fresh}, reused)
         return out
 
     # -------------------------------------------------------------- async side
@@ -156,11 +193,14 @@ class Journal:
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
+        plan: Any = None,
     ) -> list[int]:
-        """Indexes of ``keyed`` whose row is the first of its id; duplicates become rejects
-        (unless at or below ``replay_upto``, already written by an earlier attempt)."""
+        """Indexes of ``keyed`` whose row is the first of its id and is to be sent;
+        duplicates become rejects (unless at or below ``replay_upto``, already written by an
+        earlier attempt); with ``plan`` (``--reuse``), rows answered from the result store are
+        written and left out."""
         return await self.run(
-            self._intake, keyed, rejects, make_dup, watermark, replay_upto, routed
+            self._intake, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
         )
 
     def close(self) -> None:

@@ -40,6 +40,8 @@ the distinct ids taken into the run (in the transaction that records them), ``se
 outcomes written for them (results lines, and rejects of accepted rows: refused by the
 service, expired, single-mode failures), each in the transaction that writes it. A run is
 complete only when the two are equal and no chunk, task or single row is still in flight.
+A row answered from the result store (``--reuse``) is accepted and settled in one intake
+transaction (its ``"reused": true`` line written in it); see :mod:`.reuse_rows`.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ COUNTERS = (
     "settled",
     "resent",
     "lost_tasks",
+    "reused",
 )
 
 SCHEMA = """
