@@ -56,7 +56,7 @@ def test_lookup_put_and_age(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     with ResultStore.open(path) as store:
         assert store.created
-        fps = [i.to_bytes(16, "big") for i in range(LOOKUP_BATCH * 2 + 7)]
+        fps = [i.to_bytes(16, "little") for i in range(LOOKUP_BATCH * 2 + 7)]
         n = store.put([(fp, "task-1", b'{"status":"success"}') for fp in fps[:-1]], stored_at=1000)
         assert n == len(fps) - 1
         # Batched lookups across several IN queries; the missing one is absent.
@@ -77,6 +77,36 @@ def test_lookup_put_and_age(tmp_path: Path) -> None:
         assert stats.last_run is None
         assert again.prune(1500, now=lambda: 3000) == len(fps) - 2
         assert again.stats().rows == 1
+
+
+def test_fingerprints_sharing_a_row_key_never_answer_for_each_other(tmp_path: Path) -> None:
+    a, b = b"\x01" * 8 + b"A" * 8, b"\x01" * 8 + b"B" * 8  # same first 8 bytes: one row key
+    with ResultStore.open(tmp_path / "store.db") as store:
+        store.put([(a, "task-a", b'{"status":"success"}')], stored_at=1.0)
+        assert store.lookup([b], newer_than=0) == {}
+        assert set(store.lookup([a, b], newer_than=0)) == {a}
+        store.put([(b, "task-b", b'{"status":"success"}')], stored_at=2.0)  # replaces a's row
+        assert store.lookup([a], newer_than=0) == {}  # a miss: sent again, never b's answer
+        assert store.lookup([b], newer_than=0)[b].task_id == "task-b"
+
+
+def test_reuse_options_from_a_config_file_and_flags(tmp_path: Path) -> None:
+    from fashiontag_pipeline.cli.main import _build_parser
+    from fashiontag_pipeline.cli.run import engine_config_from_args
+
+    config = tmp_path / "c.toml"
+    config.write_text('[engine]\nreuse = "/var/lib/ft/results.db"\nreuse_max_age = "12h"\n')
+    parser = _build_parser("run")
+    args = parser.parse_args(["run", "m.csv", "--config", str(config)])
+    engine = engine_config_from_args(args)
+    assert engine.reuse == "/var/lib/ft/results.db"
+    assert engine.reuse_max_age_seconds == 12 * 3600
+    args = parser.parse_args(
+        ["run", "m.csv", "--config", str(config), "--reuse", "x.db", "--reuse-max-age", "2d"]
+    )
+    engine = engine_config_from_args(args)
+    assert (engine.reuse, engine.reuse_max_age_seconds) == ("x.db", 2 * DAY)
+    assert EngineConfig().reuse is None and EngineConfig().reuse_max_age_seconds == 30 * DAY
 
 
 @pytest.mark.parametrize(
