@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .harness import byte_compile_package
 from .report import write_reports
 from .scenarios import FULL, QUICK, SCENARIOS, Bench, Outcome, cleanup
 
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         sizes = dataclasses.replace(sizes, compare_rows=args.compare_rows)
     if args.rate:
         sizes = dataclasses.replace(sizes, rate=args.rate)
+    compiled = byte_compile_package()
+    if compiled is not None:
+        print(f"byte-compiled {compiled} (what the measured processes import)", flush=True)
     names = args.scenario or list(SCENARIOS)
     names = [n for n in SCENARIOS if n in names]  # canonical order: later ones reuse earlier
     work = args.work_dir or args.out_dir / "tmp"

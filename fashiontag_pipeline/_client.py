@@ -125,6 +125,11 @@ class TaggerClient:
     #: Set once the service refuses the list's paging parameters (see :meth:`_task_page`).
     _list_unpaged = False
 
+    def set_observer(self, observer: Callable[[str, str, int, float], None] | None) -> None:
+        """Call ``observer(method, path, HTTP status or 0 when no answer came, seconds)`` after
+        every exchange (the daemon's request metrics and readiness)."""
+        self._http.observer = observer
+
     @property
     def stats(self) -> ClientStats:
         """Counters of what the client did (requests, retries, ...)."""

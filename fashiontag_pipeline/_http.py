@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import aiohttp
 import anyio
 import msgspec
 from yarl import URL
@@ -34,6 +33,11 @@ from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout
 from ._models import STATUS_SUCCESS
 from ._responses import Response, error_for, retry_after
+from ._tls import deferred_trust_store
+
+# aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
+with deferred_trust_store():
+    import aiohttp
 
 __all__ = [
     "BULK_PATH",
@@ -106,6 +110,9 @@ class HttpExchange:
         self._warned_at = -WARN_EVERY
         # The base URL in its encoded form: request URLs are this text plus an encoded path.
         self._base_encoded = str(URL(self.base_url))
+        #: Called after every exchange with (method, path, HTTP status or 0 when no answer
+        #: came, seconds): the daemon's request metrics. None: nobody listens.
+        self.observer: Callable[[str, str, int, float], None] | None = None
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
@@ -284,6 +291,10 @@ class HttpExchange:
             cls = exc.TimeoutError_ if isinstance(err, TimeoutError) else exc.TransportError
             raise cls(f"{method} {path} {what}", method=method, path=path) from err
         finally:
+            observer = self.observer
+            if observer is not None:
+                status = resp.status if sent else 0
+                observer(method, path, status, time.perf_counter() - started)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "%s %s%s -> %s in %.1f ms",

@@ -122,6 +122,18 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         reuse_cli.add_reuse_arguments(reuse)
         reuse.set_defaults(handler=reuse_cli.reuse_command, is_async=False)
 
+    daemon = sub.add_parser(
+        "daemon",
+        help="take every manifest dropped into a folder, for weeks (the ingestion daemon)",
+        epilog=KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if command == "daemon":
+        from . import daemon as daemon_cli
+
+        daemon_cli.add_daemon_arguments(daemon)
+        daemon.set_defaults(handler=daemon_cli.daemon_command, is_async=False)
+
     demo = sub.add_parser("demo", help="run the whole pipeline on a generated catalogue")
     if command == "demo":
         from . import demo as demo_cli

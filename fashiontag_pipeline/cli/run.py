@@ -96,7 +96,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="resume an unfinished run that read stdin (only if stdin carries the same rows "
         "again: stdin cannot be fingerprinted before it is read)",
     )
-    parser.add_argument("--detection", type=parse_detection, help="default detection, TOP,SHOES")
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -114,6 +113,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summary", type=Path, metavar="FILE", help="write the run summary as JSON here"
     )
+    add_engine_arguments(parser)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, give_up: bool = True) -> None:
+    """The engine's flags, shared by ``run`` and ``daemon`` (which never gives up: no
+    ``--give-up-after`` there)."""
+    parser.add_argument("--detection", type=parse_detection, help="default detection, TOP,SHOES")
     parser.add_argument(
         "--sink", choices=("jsonl", "sqlite"), help="results sink kind (default jsonl)"
     )
@@ -167,13 +173,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"cap of concurrent page reads (default {_D.max_page_concurrency})",
     )
-    parser.add_argument(
-        "--give-up-after",
-        type=float,
-        metavar="S",
-        help="seconds of continuous failure (service unreachable, refusing) before the run "
-        "stops with its state saved (default 120)",
-    )
+    if give_up:
+        parser.add_argument(
+            "--give-up-after",
+            type=float,
+            metavar="S",
+            help="seconds of continuous failure (service unreachable, refusing) before the run "
+            "stops with its state saved (default 120)",
+        )
     parser.add_argument(
         "--reuse",
         metavar="PATH",

@@ -86,6 +86,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     * ``max_active``: manifests read at the same time (the rest wait, in arrival order).
     * ``drain_timeout``: on SIGTERM, seconds to finish writes in flight before exiting.
     * ``log_format``: ``json`` lines, ``text``, or ``auto`` (text on a terminal).
+    * ``unreachable_after``: ``/readyz`` says 503 once the service has not answered for this
+      many seconds (default 30).
     """
 
     inbox: str | None = None
@@ -97,6 +99,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_active: int = DEFAULT_MAX_ACTIVE
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     log_format: LogFormat = "auto"
+    unreachable_after: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("inbox", "outbox", "state"):
@@ -109,6 +112,10 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"daemon.scan_interval must be > 0 seconds, got {self.scan_interval}")
         if self.max_active < 1:
             raise ValueError(f"daemon.max_active must be at least 1, got {self.max_active}")
+        if self.unreachable_after <= 0:
+            raise ValueError(
+                f"daemon.unreachable_after must be > 0 seconds, got {self.unreachable_after}"
+            )
         if self.drain_timeout < 0:
             raise ValueError(f"daemon.drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
         try:

@@ -23,29 +23,26 @@ them with a fake clock. :class:`TaskWriter` applies them:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import TaskGroup
 
-from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._models import BulkTaskResponse, Task
+from .._models import Task
 from .config import EngineConfig
-from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
+from .flow import AIMDLimiter, RetryBudget
+from .jobs import Jobs
 from .policy import Chunk, OpenTask, WritePolicy, encode_body
-from .sinks import Reject
-from .state import Journal, changes, split_position
+from .state import Journal
+from .tracker import TaskBook
 from .validate import Item
+from .writes import STAGE_SERVER, TaskWrites
 
 __all__ = ["STAGE_SERVER", "TaskWriter"]
 
-STAGE_SERVER = "server-validation"
-DUPLICATE_PREFIX = "duplicate context.id"
 
-
-class TaskWriter:
+class TaskWriter(TaskWrites):
     """Turns validated items into task writes. See the module docstring."""
 
     def __init__(
@@ -56,10 +53,9 @@ class TaskWriter:
         config: EngineConfig,
         run_token: str,
         task_seq: int,
-        sources: Sequence[str],
+        jobs: Jobs,
+        book: TaskBook,
         budget: RetryBudget,
-        on_sealed: Callable[[str, str], Awaitable[None]],
-        on_orphan: Callable[[str, int], None],
         clock: Callable[[], float] = time.monotonic,
         default_ttl: float = 600.0,
     ) -> None:
@@ -68,10 +64,9 @@ class TaskWriter:
         self.config = config
         self.policy = WritePolicy(config)
         self.run_token = run_token
-        self.sources = list(sources)
+        self.jobs = jobs
+        self.book = book
         self.budget = budget
-        self.on_sealed = on_sealed
-        self.on_orphan = on_orphan
         self.clock = clock
         self.default_ttl = default_ttl
         self.slots = AIMDLimiter(config.max_write_concurrency)
@@ -90,25 +85,15 @@ class TaskWriter:
 
     # ------------------------------------------------------------------ helpers
 
-    def description(self, token: str) -> str:
-        return f"fashiontag run {token}"
-
-    def _expiry(self, response_expiry: datetime | None) -> float:
-        # The service's expiry is in the service's clock (see ServerClock).
-        return self.clock() + self.client.server_clock.remaining(response_expiry, self.default_ttl)
-
-    def _new_token(self) -> tuple[int, str]:
-        self._seq += 1
-        return self._seq, f"{self.run_token}-t{self._seq}"
-
-    def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[Reject]:
-        out: list[Reject] = []
-        for ident, pos in zip(chunk.ids, chunk.positions, strict=True):
-            reason = ids.get(ident)
-            if reason is not None:
-                src, line = split_position(pos)
-                out.append(Reject(ident, reason, stage, line, self.sources[src]))
-        return out
+    def expiry_headroom(self) -> float | None:
+        """Seconds until the first open task stops taking writes (None: no open task)."""
+        now = self.clock()
+        left = [
+            self.policy.write_deadline(t) - now
+            for t in self.tasks.values()
+            if t.task_id is not None and not t.sealed
+        ]
+        return min(left) if left else None
 
     # ------------------------------------------------------------------ life and resume
 
@@ -177,6 +162,7 @@ class TaskWriter:
                     batch = await items.receive()
                 except anyio.EndOfStream:
                     eof = True
+            idle = batch is not None and not batch
             if batch:
                 if not buffer:
                     since = self.clock()
@@ -186,11 +172,13 @@ class TaskWriter:
                 await self.dispatch(head)
                 since = self.clock()
             now = self.clock()
-            if buffer and (eof or now >= self.policy.flush_at(len(buffer), since, self.current)):
+            due_now = now >= self.policy.flush_at(len(buffer), since, self.current)
+            if buffer and (eof or idle or due_now):
                 await self.dispatch(buffer)
                 buffer = []
             cur = self.current
-            if cur is not None and now >= self.policy.close_at(cur, len(buffer)):
+            if cur is not None and (idle or now >= self.policy.close_at(cur, len(buffer))):
+                # Nothing more to read for now (idle): seal, so the rows sent get results.
                 await self._close(cur)
 
     async def dispatch(
@@ -202,11 +190,20 @@ class TaskWriter:
         positions = [p for _, p, _ in items]
         requests = [r for _, _, r in items]
         body, encoded = encode_body(positions, requests)
-        last = max(positions) if not resent else -1
+        last = max(positions)
+        marks = [] if resent else self.jobs.marks(positions)
         cid = await self.journal.write_ahead(
-            len(items), last, body, chunk_id, len(items) if resent else 0
+            len(items), last, body, chunk_id, len(items) if resent else 0, marks
         )
         await self.start(Chunk(cid, ids, positions, encoded))
+
+    async def resend(self, items: list[Item], chunk_id: int) -> None:
+        """Send again rows without an outcome, in place of chunk ``chunk_id`` (a lost task,
+        rows a task did not return, orphans)."""
+        size = self.config.chunk_size
+        for start in range(0, len(items), size):
+            part = items[start : start + size]
+            await self.dispatch(part, chunk_id=chunk_id if start == 0 else None, resent=True)
 
     async def start(self, chunk: Chunk) -> None:
         """Send a chunk in the background once a write slot is free."""
@@ -266,8 +263,9 @@ class TaskWriter:
     async def _maybe_seal(self, task: OpenTask) -> None:
         if task.closing and task.inflight == 0 and not task.sealed and task.task_id is not None:
             task.sealed = True
+            self.tasks.pop(task.task_id, None)
             # Not committed: a resume treats an open task the same way (closed, then watched).
-            await self.on_sealed(task.task_id, self.description(task.token))
+            self.book.watch(task.task_id, self.description(task.token))
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:
@@ -306,174 +304,3 @@ class TaskWriter:
             self.active -= 1
             self.slots.release()
             self._check_idle()
-
-    async def _accept(
-        self,
-        task: OpenTask,
-        chunk: Chunk,
-        response: BulkTaskResponse,
-        opened: list[changes.Change] | None = None,
-    ) -> None:
-        """Record an accepted write (and, with ``opened``, the task it created: one
-        transaction)."""
-        assert task.task_id is not None
-        mine = set(chunk.ids)
-        reasons: dict[str, str] = {}
-        for failure in response.failure_list:
-            ident = failure.context_id
-            if ident is None or ident not in mine:
-                continue
-            if failure.error_message.startswith(DUPLICATE_PREFIX):
-                continue  # a retried write: this id is already in the task
-            reasons[ident] = failure.error_message or "refused by the service"
-        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
-        accepted = len(chunk.ids) - len(rejects)
-        expiry = response.expires_at
-        if expiry is not None:
-            task.expires = self._expiry(expiry)
-        self.sent_requests += 1
-        counters = {"submitted": accepted, "settled": len(rejects)}
-        if opened:
-            counters["tasks"] = 1
-        await self.journal.commit(
-            rejects=rejects,
-            ops=[
-                *(opened or ()),
-                changes.chunk_accepted(chunk.chunk_id, task.task_id, accepted),
-                changes.task_expiry(task.task_id, expiry.timestamp() if expiry else None),
-            ],
-            counters=counters,
-        )
-
-    async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
-        reasons = dict.fromkeys(chunk.ids, message)
-        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
-        await self.journal.commit(
-            rejects=rejects,
-            ops=[changes.chunk_state(chunk.chunk_id, "resolved")],
-            counters={"settled": len(rejects)},
-        )
-
-    async def _orphan(self, chunk: Chunk) -> None:
-        assert chunk.task_id is not None
-        await self.journal.commit(ops=[changes.chunk_state(chunk.chunk_id, "orphan")])
-        self.on_orphan(chunk.task_id, chunk.chunk_id)
-
-    def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
-        return refused(err)
-
-    async def _create(self, task: OpenTask, chunk: Chunk) -> bool:
-        """POST the chunk as a new task. True when the chunk is settled."""
-        await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
-        while True:
-            try:
-                response = await self.client.create_task(
-                    chunk.requests,
-                    description=self.description(task.token),
-                    default_detection=self.config.default_detection,
-                )
-            except exc.AmbiguousWriteError as err:
-                await self.budget.failed(err, "create task")
-                adopted = await self.find_task(task.token)
-                if adopted is None:
-                    continue
-                await self._opened(task, adopted.task_id, adopted.expires_at)
-                chunk.fate_unknown = True
-                chunk.task_id = adopted.task_id
-                return False
-            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
-                if isinstance(err, exc.RateLimitedError):
-                    self.slots.throttled()
-                await self.budget.failed(err, "create task")
-                continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
-                raise self._fatal(err) from err
-            except exc.RequestError as err:
-                task.failed = True
-                task.created.set()
-                if self.current is task:
-                    self.current = None
-                await self._reject_chunk(chunk, err.service_message or str(err))
-                return True
-            self.budget.ok()
-            self.slots.success()
-            opened = self._opened_ops(task, response.task_id, response.expires_at)
-            await self._accept(task, chunk, response, opened)
-            task.created.set()
-            return True
-
-    def _opened_ops(
-        self, task: OpenTask, task_id: str, expiry: datetime | None
-    ) -> list[changes.Change]:
-        """Attach a created task; the rows recording it (committed before any other write
-        goes to the task: :attr:`OpenTask.created` is set after)."""
-        task.task_id = task_id
-        task.expires = self._expiry(expiry)
-        self.tasks[task_id] = task
-        stamp = expiry.timestamp() if expiry else None
-        return changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)
-
-    async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
-        await self.journal.commit(
-            ops=self._opened_ops(task, task_id, expiry), counters={"tasks": 1}
-        )
-        task.created.set()
-
-    async def find_task(self, token: str) -> Task | None:
-        """The task whose description carries ``token`` (after an ambiguous create)."""
-        wanted = self.description(token)
-        tasks = await self.budget.call("list tasks", self.client.all_tasks)
-        for task in tasks:
-            if task.description == wanted:
-                return task
-        return None
-
-    async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
-        """PUT the chunk to ``task``. True when settled; False to re-target it."""
-        assert task.task_id is not None
-        while True:
-            if not self.policy.writable(task, self.clock()):
-                task.closing = True
-                if chunk.fate_unknown and chunk.task_id == task.task_id:
-                    await self._orphan(chunk)
-                    return True
-                return False
-            if chunk.task_id != task.task_id:
-                chunk.task_id = task.task_id
-                chunk.fate_unknown = False
-                await self.journal.commit(ops=[changes.chunk_task(chunk.chunk_id, task.task_id)])
-            try:
-                response = await self.client.append_to_task(
-                    task.task_id, chunk.requests, default_detection=self.config.default_detection
-                )
-            except exc.AmbiguousWriteError as err:
-                chunk.fate_unknown = True
-                await self.budget.failed(err, f"append to task {task.task_id}")
-                continue
-            except (exc.TaskExpiredError, exc.TaskNotFoundError):
-                self.refused_writes += 1
-                task.closing = True
-                if self.current is task:
-                    self.current = None
-                if chunk.fate_unknown:
-                    await self._orphan(chunk)
-                    return True
-                # Refused, so not applied: the chunk belongs to no task until it is sent again
-                # (were the task found lost meanwhile, its rows must not be re-sent twice).
-                chunk.task_id = None
-                await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
-                return False
-            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
-                if isinstance(err, exc.RateLimitedError):
-                    self.slots.throttled()
-                await self.budget.failed(err, f"append to task {task.task_id}")
-                continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
-                raise self._fatal(err) from err
-            except exc.RequestError as err:
-                await self._reject_chunk(chunk, err.service_message or str(err))
-                return True
-            self.budget.ok()
-            self.slots.success()
-            await self._accept(task, chunk, response)
-            return True

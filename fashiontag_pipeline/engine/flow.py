@@ -1,4 +1,5 @@
-"""Flow control shared by the stages: AIMD concurrency and the give-up budget."""
+"""Flow control shared by the stages: AIMD concurrency, the give-up budget, and the control
+that stops an engine from outside."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ import anyio
 from .. import _exceptions as exc
 from .._exceptions import FashiontagError
 
-__all__ = ["REFUSED", "TRANSIENT", "AIMDLimiter", "FatalRunError", "RetryBudget", "refused"]
+__all__ = [
+    "REFUSED",
+    "TRANSIENT",
+    "AIMDLimiter",
+    "FatalRunError",
+    "RetryBudget",
+    "RunControl",
+    "refused",
+]
 
 T = TypeVar("T")
 
@@ -131,13 +140,16 @@ class RetryBudget:
             if now - self._warned_at >= STILL_FAILING_EVERY:
                 self._warned_at = now
                 log = logger.warning
-            log(
-                "cannot reach the service (%s: %s); will keep trying for %.0f s "
-                "(give_up_after, --give-up-after), then stop with the state saved",
-                what,
-                reason,
-                self.give_up_after,
-            )
+            if math.isinf(self.give_up_after):
+                log("cannot reach the service (%s: %s); will keep trying", what, reason)
+            else:
+                log(
+                    "cannot reach the service (%s: %s); will keep trying for %.0f s "
+                    "(give_up_after, --give-up-after), then stop with the state saved",
+                    what,
+                    reason,
+                    self.give_up_after,
+                )
         elif now - self._failing_since > self.give_up_after:
             raise FatalRunError(
                 f"{what}: service unreachable for {self.give_up_after:.0f}s: {reason}"
@@ -145,9 +157,9 @@ class RetryBudget:
         elif now - self._reminded_at >= STILL_FAILING_EVERY:
             self._reminded_at = now
             logger.warning(
-                "still failing after %.0f s of %.0f s (%d retries): %s: %s",
+                "still failing after %.0f s of %s (%d retries): %s: %s",
                 now - self._failing_since,
-                self.give_up_after,
+                "no limit" if math.isinf(self.give_up_after) else f"{self.give_up_after:.0f} s",
                 self._streak,
                 what,
                 reason,
@@ -160,3 +172,22 @@ class RetryBudget:
             0.5 + self._random.random() / 2
         )
         await anyio.sleep(delay)
+
+
+class RunControl:
+    """Stops an engine from outside (signals, a daemon's shutdown).
+
+    :meth:`stop` stops reading, lets in-flight writes finish, saves state and ends the engine
+    (a later one with the same state resumes); :meth:`abort` ends it at once (state is
+    consistent at every commit, so this is safe too)."""
+
+    def __init__(self) -> None:
+        self.stopping = anyio.Event()
+        self.aborting = anyio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def abort(self) -> None:
+        self.stopping.set()
+        self.aborting.set()

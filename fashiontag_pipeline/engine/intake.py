@@ -6,8 +6,11 @@ id wins, each later row is a ``duplicate id`` reject), and routed: URL rows to t
 local files and ``data:`` images to the single endpoint. The batch's rejects, its new ids and
 the validated watermark (V) are committed in one transaction before any of its rows is sent.
 
-On resume, rows at or below the chunked watermark (W) are skipped, and rows up to V were
-validated before: their rejects are not written again.
+Each batch belongs to one job (its manifest's), with that job's watermarks: on resume, rows at or
+below the job's chunked watermark (W) are skipped, and rows up to its V were validated before:
+their rejects are not written again. When several jobs may share a task, rows get the ids they
+are sent with (``JOB/ID``) here. :class:`~.jobs.JobEnd` (a job read to the end) and
+:data:`IDLE` (nothing to read right now) pass through.
 
 With ``--reuse`` (``reuse``: a :class:`~.reuse.ReuseHook`), each batch's bulk rows are looked
 up in the result store first; the journal writes the rows answered from it in the batch's
@@ -19,65 +22,104 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import msgspec
 
+from .jobs import JobEnd, Jobs
 from .reuse import ReuseHook
 from .single import merge_routes, pending_ops, split_routes
-from .sinks import Reject
 from .source import RowBatch
-from .state import POS_SHIFT, Journal, split_position
+from .state import POS_SHIFT, JobReject, Journal, split_position
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
-__all__ = ["intake"]
+__all__ = ["IDLE", "Idle", "intake"]
 
-_LINE_MASK = (1 << POS_SHIFT) - 1
+
+class Idle:
+    """The source has nothing to read right now (every job in flight is read to the end):
+    the writer sends what it holds and seals its open task, so results flow."""
+
+
+IDLE = Idle()
+
+_replace = msgspec.structs.replace
+
+
+def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
+    """The rows with the ids they are sent with (``JOB/ID``: see :class:`~.jobs.IdSpace`)."""
+    sent = jobs.ids.sent
+    out: list[Item] = []
+    for ident, pos, request in items:
+        key = sent(job, ident)
+        out.append((key, pos, _replace(request, context=_replace(request.context, id=key))))
+    return out
 
 
 async def intake(
-    receive: anyio.abc.ObjectReceiveStream[RowBatch],
+    receive: anyio.abc.ObjectReceiveStream[RowBatch | JobEnd | Idle],
     send: anyio.abc.ObjectSendStream[list[Item]],
     single_send: anyio.abc.ObjectSendStream[list[SingleItem]],
     *,
     validator: Validator,
     journal: Journal,
-    names: list[str],
-    chunked: int,
-    validated: int,
+    jobs: Jobs,
     reuse: ReuseHook | None = None,
 ) -> None:
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
+    namespaced = jobs.ids.namespaced
     async with receive, send, single_send:
         async for batch in receive:
-            items, singles, rejects = validator.route(batch, skip_upto=chunked)
-            fresh = [r for pos, r in rejects if pos > validated]
+            if isinstance(batch, JobEnd):
+                job_done = jobs.by_id.get(batch.job)
+                if job_done is not None:
+                    job_done.read_all = True
+                    jobs.check([batch.job])
+                continue
+            if isinstance(batch, Idle):
+                await send.send([])
+                continue
+            job = jobs.of_source(batch.source)
+            if job is None:
+                continue  # the job was dropped (failed) while its rows were on their way
+            chunked, validated = job.row.chunked, job.row.validated
+            items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
+            fresh: list[JobReject] = [(job.id, r) for pos, r in client_rejects if pos > validated]
             last = batch.rows[-1][0]
             watermark = (batch.source << POS_SHIFT) | last
             if not items and not singles and not fresh and watermark <= validated:
                 continue
+            if namespaced:
+                items = _namespaced(items, job.id, jobs)
             rows: list[Any] = items
             routed = None
             if singles:
                 # Both routes in position order: the first row of an id wins.
                 rows = merge_routes(items, singles)
 
-                def routed(keep: list[int], rows: list[Any] = rows) -> list[tuple[str, Any]]:
+                def routed(
+                    keep: list[int], rows: list[Any] = rows, validated: int = validated
+                ) -> list[tuple[str, Any]]:
                     return pending_ops(split_routes(rows, keep, validated)[1])
 
             keyed = [(ident, pos) for ident, pos, _ in rows]
+            if namespaced and singles:
+                # Routed rows keep their own ids (no task holds them); their dedupe key is
+                # namespaced like the bulk rows'.
+                routed_at = {pos for _, pos, _ in singles}
+                sent = jobs.ids.sent
+                keyed = [(sent(job.id, i) if p in routed_at else i, p) for i, p in keyed]
 
-            def make_dup(i: int, first: int, keyed: list[tuple[str, int]] = keyed) -> Reject:
+            def make_dup(i: int, first: int, keyed: list[tuple[str, int]] = keyed) -> JobReject:
                 ident, pos = keyed[i]
-                src, line = split_position(first)
-                return Reject(
-                    ident,
-                    f"duplicate id (first seen at {names[src]} line {line})",
-                    STAGE_CLIENT,
-                    pos & _LINE_MASK,
-                    names[pos >> POS_SHIFT],
+                ident = jobs.ids.split(ident)[1]
+                line = split_position(first)[1]
+                name = jobs.source_name(first)
+                return jobs.reject(
+                    pos, ident, f"duplicate id (first seen at {name} line {line})", STAGE_CLIENT
                 )
 
             plan = await reuse.plan(rows) if reuse is not None and items else None
             keep = await journal.intake(
-                keyed, fresh, make_dup, max(watermark, validated), validated, routed, plan
+                job.id, keyed, fresh, make_dup, max(watermark, validated), validated, routed, plan
             )
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)

@@ -1,5 +1,5 @@
-"""What a run hands back when it does not run: the summary of a run found complete, and the
-outputs opened (cut back to the state's checkpoints) before a run starts."""
+"""What a run hands back when it does not run (the summary of a run found complete), and a job's
+outputs opened (cut back to the state's checkpoints) before anything is written to them."""
 
 from __future__ import annotations
 
@@ -7,19 +7,17 @@ import time
 from pathlib import Path
 
 from .. import _exceptions as exc
-from .config import EngineConfig, RunSummary
+from .config import RunSummary
 from .sinks import RejectSink, ResultSink, open_result_sink
-from .state import RunState
+from .state import JobRow, RunState
 
 __all__ = ["already_complete", "open_sinks"]
 
 
-def open_sinks(
-    out: Path, rejects: Path, engine: EngineConfig, run: RunState
-) -> tuple[ResultSink, RejectSink]:
-    """The run's outputs, cut back to the state's checkpoints (a resume)."""
+def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[ResultSink, RejectSink]:
+    """A job's outputs, cut back to the state's checkpoints (a resume). Blocking."""
     try:
-        result_sink = open_result_sink(out, engine.sink)
+        result_sink = open_result_sink(out, sink)
         try:
             reject_sink = RejectSink(rejects)
         except BaseException:
@@ -27,8 +25,8 @@ def open_sinks(
             raise
     except OSError as err:
         raise exc.StateError(f"cannot open the outputs: {err}") from None
-    result_sink.truncate(run.results_checkpoint)
-    reject_sink.truncate(run.rejects_checkpoint)
+    result_sink.truncate(job.results_ckpt)
+    reject_sink.truncate(job.rejects_ckpt)
     return result_sink, reject_sink
 
 

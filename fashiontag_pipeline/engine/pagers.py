@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -31,9 +32,10 @@ from .._models import MAX_PAGE_SIZE, TaggingRequest
 from .batcher import STAGE_SERVER
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .jobs import Jobs
 from .policy import decode_body
-from .sinks import PageRow, Reject, page_decoder
-from .state import Journal, changes, split_position
+from .sinks import PageRow, page_decoder
+from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
 
@@ -71,7 +73,7 @@ class ResultPagers:
         book: TaskBook,
         config: EngineConfig,
         budget: RetryBudget,
-        sources: list[str],
+        jobs: Jobs,
         resend: Callable[[list[Item], int], Awaitable[None]],
         finished: Callable[[], bool],
     ) -> None:
@@ -80,7 +82,7 @@ class ResultPagers:
         self.book = book
         self.config = config
         self.budget = budget
-        self.sources = sources
+        self.jobs = jobs
         self.resend = resend
         self.finished = finished
         self.slots = AIMDLimiter(config.max_page_concurrency)
@@ -97,6 +99,15 @@ class ResultPagers:
         self._fetching: dict[str, set[int]] = {}
         #: Per task, set when one of its pages is fetched (a committer waits for the next one).
         self._deposited: dict[str, anyio.Event] = {}
+
+    def result_headroom(self) -> float | None:
+        """Seconds until the results of the first done, unread task expire (None: none
+        waits), in the service's clock."""
+        waiting = [e.results_expire_at for _, _, e in self._heap if e.results_expire_at]
+        if not waiting:
+            return None
+        now = time.time() + self.client.server_clock.correction
+        return min(w.timestamp() for w in waiting) - now
 
     async def add(self, entry: TaskEntry) -> None:
         """Queue a done (or lost) task for draining."""
@@ -163,8 +174,7 @@ class ResultPagers:
         of the results sink, once per such task)."""
         if entry.next_offset == 0:
             return set()
-        results = self.journal.results
-        return await self.journal.run(results.task_ids, entry.task_id)
+        return await self.journal.run(self.journal.task_ids, entry.task_id)
 
     async def _page(self, entry: TaskEntry, offset: int) -> None:
         """Fetch one page; commit it in offset order.
@@ -304,9 +314,8 @@ class ResultPagers:
         return changes.task_done(entry.task_id, entry.total, stamp)
 
     def _done_with(self, entry: TaskEntry) -> None:
-        entry.state = "drained"
         entry.seen = None
-        self.book.poke()
+        self.book.retire(entry)
 
     async def _forget(self, entry: TaskEntry) -> None:
         """The service forgot the task (404) while its pages were being read."""
@@ -346,29 +355,25 @@ class ResultPagers:
         journal = self.journal
         written = entry.seen or set()
 
+        jobs = self.jobs
+
         def unread() -> list[tuple[int, str]]:
             bodies = [body for _, body in journal.db.chunk_bodies(task_id, ("accepted",))]
-            refused = journal.rejects.ids_of_stage(STAGE_SERVER)
+            refused = journal.refused_ids(STAGE_SERVER)
             out: list[tuple[int, str]] = []
             for body in bodies:
                 for pos, request in decode_body(body):
                     ident = request.context.id
-                    if ident not in written and ident not in refused:
+                    if ident not in written and ident not in refused and jobs.is_open(pos):
                         out.append((pos, ident))
             return out
 
-        rejects: list[Reject] = []
-        for pos, ident in await journal.run(unread):
-            src, line = split_position(pos)
-            rejects.append(
-                Reject(
-                    ident,
-                    "results expired before they were read",
-                    STAGE_EXPIRED,
-                    line,
-                    self.sources[src],
-                )
+        rejects: list[JobReject] = [
+            jobs.reject(
+                pos, jobs.original(ident), "results expired before they were read", STAGE_EXPIRED
             )
+            for pos, ident in await journal.run(unread)
+        ]
         missing = entry.total - read_upto - len(rejects)
         if missing > 0:
             self.lost_unidentified += missing
@@ -380,9 +385,7 @@ class ResultPagers:
             len(rejects),
         )
         await journal.commit(
-            rejects=rejects,
-            ops=changes.task_drained(task_id, "expired"),
-            counters={"settled": len(rejects)},
+            rejects=rejects, settle=True, ops=changes.task_drained(task_id, "expired")
         )
         if entry.orphans:
             await self._settle(entry, ("orphan",))
@@ -396,12 +399,14 @@ class ResultPagers:
         lost = entry.state == "lost"
         seen = entry.seen or set()
         journal = self.journal
-        refused = await journal.run(journal.rejects.ids_of_stage, STAGE_SERVER)
+        refused = await journal.run(journal.refused_ids, STAGE_SERVER)
+        is_open = self.jobs.is_open
         for chunk_id, rows in await self._rows_of(entry.task_id, states):
+            # Rows of a job already complete have their outcome (it completed on them).
             missing: list[Item] = [
                 (r.context.id, pos, r)
                 for pos, r in rows
-                if r.context.id not in seen and r.context.id not in refused
+                if r.context.id not in seen and r.context.id not in refused and is_open(pos)
             ]
             if missing:
                 await self._resend_unwritten(missing, chunk_id)

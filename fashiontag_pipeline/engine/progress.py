@@ -20,8 +20,6 @@ from contextlib import asynccontextmanager
 from typing import TextIO
 
 import anyio
-from rich.console import Console
-from rich.progress import Progress, TextColumn
 
 __all__ = ["PILE_UP", "ProgressLine", "show_progress"]
 
@@ -170,6 +168,10 @@ async def show_progress(
             finally:
                 tg.cancel_scope.cancel()
         return
+
+    # rich (~50 ms of imports) only for the live line: a run in cron or a pipe never needs it.
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn
 
     console = Console(file=out, force_terminal=True)
     width = min(console.width, LINE_WIDTH) - 1

@@ -16,12 +16,12 @@ from .policy import Chunk, chunk_of
 from .tracker import TaskEntry
 
 if TYPE_CHECKING:
-    from .run import EngineRun
+    from .engine import Engine
 
 __all__ = ["reattach"]
 
 
-async def reattach(run: EngineRun) -> list[Chunk]:
+async def reattach(run: Engine) -> list[Chunk]:
     """Load an interrupted run: tasks to track or drain, chunks of unknown fate."""
 
     db = run.journal.db
@@ -38,7 +38,7 @@ async def reattach(run: EngineRun) -> list[Chunk]:
             continue  # settled with its lost task (re-sent once, by the pagers)
         chunk = chunk_of(chunk_id, body)
         if state == "orphan":
-            run.note_orphan(task_id, chunk_id)
+            run.book.orphan(task_id, chunk_id)
             continue
         if task_id is None and token is not None:
             found = await run.writer.find_task(token)
@@ -54,7 +54,7 @@ async def reattach(run: EngineRun) -> list[Chunk]:
             remaining = (expires_at or now_wall) - now_wall
             run.writer.resume_open(task_id, seq, token, remaining)
         elif state == "sealed":
-            await run.watch_sealed(task_id, run.writer.description(token))
+            run.book.watch(task_id, run.writer.description(token))
         elif state in ("done", "lost"):
             entry = TaskEntry(
                 task_id,
@@ -62,7 +62,7 @@ async def reattach(run: EngineRun) -> list[Chunk]:
                 total=total,
                 next_offset=offset,
                 results_expire_at=datetime.fromtimestamp(results_at, UTC) if results_at else None,
-                orphans=run.orphans_by_task.pop(task_id, set()),
+                orphans=run.book.take_orphans(task_id),
                 description=run.writer.description(token),
             )
             run.book.add(entry)

@@ -43,6 +43,7 @@ from .._client import TaggerClient
 from .._models import Image, ImageType, TaggingResponse
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
+from .jobs import Jobs
 from .sinks import PageRow, Reject
 from .state import Journal, changes
 from .validate import SINGLE_DATA, STAGE_CLIENT, Item, SingleItem, SingleRequest
@@ -165,9 +166,11 @@ class SingleRouter:
         journal: Journal,
         config: EngineConfig,
         budget: RetryBudget,
+        jobs: Jobs,
         on_idle: Callable[[], None],
     ) -> None:
         self.client = client
+        self.jobs = jobs
         self.journal = journal
         self.config = config
         self.budget = budget
@@ -275,16 +278,28 @@ class SingleRouter:
         del image
         await self._result(ident, pos, response)
 
+    def _job(self, pos: int) -> int:
+        job = self.jobs.of_pos(pos)
+        return job.id if job is not None else -1
+
     async def _result(self, ident: str, pos: int, response: TaggingResponse) -> None:
         row = PageRow(ident, msgspec.Raw(_result_encoder.encode(response)))
+        job = self._job(pos)
         await self.journal.commit(
-            page=(None, [row]), ops=[changes.single_done(pos)], counters={"single": 1}
+            page=(None, [row]),
+            page_job=job,
+            ops=[changes.single_done(pos)],
+            counters={"single": 1},
+            by_job={job: {"single": 1}},
         )
 
     async def _reject(self, item: SingleItem, reason: str, stage: str) -> None:
         ident, pos, request = item
+        job = self._job(pos)
         await self.journal.commit(
-            rejects=[Reject(ident, reason, stage, request.line, request.source)],
+            rejects=[(job, Reject(ident, reason, stage, request.line, request.source))],
+            settle=True,
             ops=[changes.single_done(pos)],
-            counters={"single": 1, "settled": 1},
+            counters={"single": 1},
+            by_job={job: {"single": 1}},
         )

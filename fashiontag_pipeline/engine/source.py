@@ -27,16 +27,16 @@ import os
 import stat
 import sys
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, overload
 
 import anyio
 import msgspec
 
 from .._exceptions import ManifestError
 
-__all__ = ["ManifestReader", "RowBatch", "manifests_size", "open_manifest"]
+__all__ = ["ManifestReader", "PlainRows", "RowBatch", "manifests_size", "open_manifest"]
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 20
@@ -56,16 +56,66 @@ if csv.field_size_limit() < CSV_FIELD_LIMIT:
     csv.field_size_limit(CSV_FIELD_LIMIT)
 
 
+class PlainRows(Sequence[tuple[int, list[str]]]):
+    """Consecutive CSV lines with no quote, CR or NUL and no blank line: the rows are exactly
+    the lines split at commas, ``first`` being the line number of the first.
+
+    The rows are made when they are read (iteration, indexing), so a validator that can take
+    the lines as one block (:meth:`~.validate.Validator.route`) never builds them."""
+
+    __slots__ = ("first", "lines")
+
+    def __init__(self, first: int, lines: list[str]) -> None:
+        self.first = first
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, list[str]]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int, list[str]]]: ...
+
+    def __getitem__(
+        self, index: int | slice
+    ) -> tuple[int, list[str]] | list[tuple[int, list[str]]]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        n = len(self.lines)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        return self.first + index, self.lines[index].split(",")
+
+    def __iter__(self) -> Iterator[tuple[int, list[str]]]:
+        first = self.first
+        return ((first + k, line.split(",")) for k, line in enumerate(self.lines))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PlainRows):
+            return self.first == other.first and self.lines == other.lines
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PlainRows(first={self.first}, {len(self.lines)} lines)"
+
+
 class RowBatch(msgspec.Struct, gc=False):
     """Rows of one manifest. ``rows`` holds (line, value): for CSV a list of fields, for JSONL
     the decoded object; when a line cannot be parsed (not JSON, a CSV row the csv module
-    refuses), the value is the error text (a ``str``) and the row becomes one reject."""
+    refuses), the value is the error text (a ``str``) and the row becomes one reject. A block
+    of plain CSV lines comes as :class:`PlainRows` (the same rows, made on demand)."""
 
     source: int
     name: str
     kind: str
     header: list[str]
-    rows: list[tuple[int, Any]]
+    rows: Sequence[tuple[int, Any]]
 
 
 class ManifestReader:
@@ -138,12 +188,23 @@ class ManifestReader:
             if self._gunzip is None:
                 return raw
             if not raw:
+                if not self._gunzip.eof:
+                    # The file ended inside a gzip member: rows are missing, never "the end".
+                    raise ManifestError(
+                        f"manifest {self.name} is a truncated gzip file (it ends after "
+                        f"{self.bytes_read:,} bytes, inside compressed data): rows are missing"
+                    )
                 return b""
-            out: bytes = self._gunzip.decompress(raw)
-            while self._gunzip.eof and self._gunzip.unused_data:
-                rest = self._gunzip.unused_data  # next member of a multi-member gzip
-                self._gunzip = zlib.decompressobj(wbits=31)
-                out += self._gunzip.decompress(rest)
+            try:
+                out: bytes = self._gunzip.decompress(raw)
+                while self._gunzip.eof and self._gunzip.unused_data:
+                    rest = self._gunzip.unused_data  # next member of a multi-member gzip
+                    self._gunzip = zlib.decompressobj(wbits=31)
+                    out += self._gunzip.decompress(rest)
+            except zlib.error as err:
+                raise ManifestError(
+                    f"manifest {self.name} is not valid gzip after {self.bytes_read:,} bytes: {err}"
+                ) from None
             if out:
                 return out
 
@@ -245,7 +306,7 @@ class ManifestReader:
         else:
             self._csv = csv.reader(io.StringIO(text, newline=""))
 
-    def _take(self) -> list[tuple[int, Any]]:
+    def _take(self) -> Sequence[tuple[int, Any]]:
         """Up to ``max_rows`` rows of the chunk being parsed."""
         rows: list[tuple[int, Any]] = []
         limit = self.max_rows
@@ -278,6 +339,8 @@ class ManifestReader:
             if self._done >= len(self._plain):
                 self._plain = None
             first = base + start + 1
+            if "" not in block:
+                return PlainRows(first, block)
             return [
                 (first + k, text_line.split(",")) for k, text_line in enumerate(block) if text_line
             ]

@@ -69,7 +69,10 @@ class TaskEntry:
 
 
 class TaskBook:
-    """Every task of the run past the writer: sealed -> done -> drained (or expired/lost)."""
+    """Every task past the writer until it is drained: sealed -> done -> drained (or
+    expired/lost). The writer hands tasks over with :meth:`watch` and chunks of unknown fate
+    with :meth:`orphan`; the pagers :meth:`retire` drained tasks (a long-lived engine keeps
+    only tasks in flight)."""
 
     def __init__(self) -> None:
         self.entries: dict[str, TaskEntry] = {}
@@ -77,6 +80,33 @@ class TaskBook:
         #: Tasks added so far (the tracker polls early for a new one).
         self.added = 0
         self.orphans_pending = 0
+        #: Orphan chunks of tasks not handed over yet.
+        self.orphans_by_task: dict[str, set[int]] = {}
+
+    def watch(self, task_id: str, description: str) -> None:
+        """A sealed task: the tracker watches it from now on."""
+        orphans = self.orphans_by_task.pop(task_id, set())
+        self.add(TaskEntry(task_id, orphans=orphans, description=description))
+
+    def orphan(self, task_id: str, chunk_id: int) -> None:
+        """A chunk of unknown fate whose task no longer takes writes: settled once the
+        task's results are read."""
+        self.orphans_pending += 1
+        entry = self.entries.get(task_id)
+        if entry is not None:
+            entry.orphans.add(chunk_id)
+        else:
+            self.orphans_by_task.setdefault(task_id, set()).add(chunk_id)
+
+    def take_orphans(self, task_id: str) -> set[int]:
+        """The orphan chunks noted for a task before it is added (a resume)."""
+        return self.orphans_by_task.pop(task_id, set())
+
+    def retire(self, entry: TaskEntry) -> None:
+        """A drained task leaves the book."""
+        entry.state = "drained"
+        self.entries.pop(entry.task_id, None)
+        self.poke()
 
     def poke(self) -> None:
         self.changed.set()

@@ -1,26 +1,23 @@
 """Validation: every spec rule a client can check, before a row costs a round trip.
 
-A row becomes a :class:`~fashiontag_pipeline.TaggingRequest` or a reject with a reason:
-``id`` present, a non-empty string; the image an http(s) URL (bulk mode takes URLs only);
-``detection`` values among the nine the spec allows; context fields of the right type
-(strings; ``age`` a list of strings); uniqueness of ids within the run is checked against the
-state store (:meth:`~.state.StateDB.dedupe`), so it holds across resumes without keeping ids in
-memory.
+A row becomes a :class:`~fashiontag_pipeline.TaggingRequest` or a reject with a reason: ``id``
+present, a non-empty string; the image an http(s) URL (bulk mode takes URLs only); ``detection``
+values among the nine the spec allows; context fields of the right type (strings; ``age`` a list
+of strings). The rules for one field are in :mod:`.rules`; this module applies them to a batch of
+CSV or JSONL rows. Uniqueness of ids within the run is checked against the state store
+(:meth:`~.state.StateDB.dedupe`), so it holds across resumes without keeping ids in memory.
 
-Routing (:meth:`Validator.route`, what the engine uses): rows whose image cannot go through
-bulk become :class:`SingleRequest` items for the single endpoint (:mod:`.single`):
+Routing (:meth:`Validator.route`, what the engine uses): rows whose image cannot go through bulk
+(a local path, a ``file:`` URL, a ``data:image/...;base64,`` URI: :func:`.rules.single_target`)
+become :class:`~.rules.SingleRequest` items for the single endpoint (:mod:`.single`); whether the
+file exists and whether the base64 decodes is checked by the single stage (in a thread), not
+here. :meth:`Validator.validate` keeps the bulk-only rules (every non-http(s) image is a reject).
 
-* a ``url`` (CSV column, JSONL ``url`` or ``image: {"type": "url"}``) that is a local path:
-  a value with no URL scheme; a relative path is relative to the current working directory
-  of the run (resolved when the row is validated and stored absolute, so a resume from
-  another directory still reads the same file);
-* a ``file:`` URL naming an absolute path (``file:///path`` or ``file://localhost/path``);
-* a ``data:image/<ext>;base64,<content>`` URI, in ``url`` or as JSONL
-  ``image: {"type": "base64", "content": "data:image/<ext>;base64,..."}``.
-
-http(s) URLs go through bulk as before; any other scheme is a reject. Whether the file exists
-and whether the base64 decodes is checked by the single stage (in a thread), not here.
-:meth:`Validator.validate` keeps the bulk-only rules (every non-http(s) image is a reject).
+Cost: the common manifest has the columns ``id`` and ``url`` only. A block of such lines with no
+quote (:class:`~.source.PlainRows`) is checked with one regex over the whole block and its
+requests are built in one comprehension; a block with any row that breaks a rule, and every
+other layout, is checked row by row (an ``id,url`` row with one regex match, any other row with
+the full rule set). All three give the same items and rejects.
 """
 
 from __future__ import annotations
@@ -28,77 +25,56 @@ from __future__ import annotations
 import os
 import re
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import msgspec
-
-from .._models import BulkContext, Context, Detection, Image, ImageType, TaggingRequest
+from .._models import BulkContext, Image, ImageType, TaggingRequest
+from .rules import (
+    CONTEXT_FIELDS,
+    PLAIN_URL,
+    SINGLE_DATA,
+    SINGLE_FILE,
+    DetectionRule,
+    NotHttp,
+    RowError,
+    SingleRequest,
+    http_url,
+    single_request,
+    single_target,
+)
 from .sinks import Reject
-from .source import RowBatch
+from .source import PlainRows, RowBatch
 from .state import position
 
-__all__ = ["STAGE_CLIENT", "Item", "SingleItem", "SingleRequest", "Validator"]
+__all__ = [
+    "SINGLE_DATA",
+    "SINGLE_FILE",
+    "STAGE_CLIENT",
+    "Item",
+    "SingleItem",
+    "SingleRequest",
+    "Validator",
+]
 
 STAGE_CLIENT = "client"
 
 #: (id, position, request): a row that passed validation.
 Item = tuple[str, int, TaggingRequest]
 
-SINGLE_FILE = "file"
-SINGLE_DATA = "data"
-
-
-class SingleRequest(msgspec.Struct, gc=False):
-    """A row routed to the single endpoint, as written ahead to the state store.
-
-    ``kind`` is ``file`` (``content``: an absolute path) or ``data`` (``content``: the
-    ``data:image/<ext>;base64,`` URI); ``context`` is the single-mode context (``age`` a
-    string); ``line`` and ``source`` locate the row for its rejects line."""
-
-    kind: str
-    content: str
-    context: Context
-    line: int
-    source: str
-
-
 #: (id, position, request): a row routed to the single endpoint.
 SingleItem = tuple[str, int, SingleRequest]
 
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
-#: What :meth:`Validator._url` accepts, as one regex: http(s)://, a non-empty host (the text
-#: up to the first / or ?), no whitespace anywhere (``\s`` is exactly what ``str.split()``
-#: cuts at, checked over every code point).
-_PLAIN_URL = re.compile(r"https?://[^/?\s]\S*")
-_BULK_ONLY = "url must be an http:// or https:// URL (bulk mode takes URLs only)"
-_BAD_SCHEME = (
-    "url must be an http:// or https:// URL, a file:// URL, a data:image/<ext>;base64, URI"
-    " or a local file path (scheme {scheme!r} is not supported)"
-)
-_BAD_DATA = "data: URI must be data:image/<ext>;base64,<content>"
-
-_CONTEXT_FIELDS = {
-    "gender": "gender",
-    "brand": "brand",
-    "currency": "currency",
-    "price": "price",
-    "keywords": "keywords",
-    "productContentName": "product_content_name",
-    "product_content_name": "product_content_name",
-    "season": "season",
-}
-_ALLOWED = {d.value: d for d in Detection}
-_ALLOWED_TEXT = ", ".join(_ALLOWED)
-_MAX_CACHE = 4096
 URL = ImageType.URL
+#: (index of id, index of url, of detection, of age, [(index, context field)]) of a header.
+_Layout = tuple[int, int, int, int, list[tuple[int, str]]]
 
-
-class _RowError(Exception):
-    pass
-
-
-class _NotHttp(Exception):
-    """The image is not an http(s) URL: a reject in bulk-only mode, else maybe routable."""
+#: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
+#: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it (the lines hold exactly one comma
+#: each, so neither field holds one; ``\s`` and ``\n`` as in the per-row rule).
+_ID = r"[^,\n]+"
+_URL = r"https?://[^/?\s,][^\s,]*"
+_PLAIN_BLOCKS = {
+    (0, 1): re.compile(rf"(?:{_ID},{_URL}\n)*"),
+    (1, 0): re.compile(rf"(?:{_URL},{_ID}\n)*"),
+}
 
 
 class Validator:
@@ -107,97 +83,8 @@ class Validator:
     def __init__(self, *, cwd: str | None = None) -> None:
         #: Base of relative local paths (the current working directory by default).
         self.cwd = cwd if cwd is not None else os.getcwd()
-        self._detections: dict[str, list[Detection]] = {}
-        self._layouts: dict[tuple[str, ...], tuple[int, int, int, int, list[tuple[int, str]]]] = {}
-
-    # ------------------------------------------------------------------ rules
-
-    def _detection(self, value: Any) -> list[Detection] | None:
-        if value is None or value == "":
-            return None
-        if isinstance(value, str):
-            cached = self._detections.get(value)
-            if cached is not None:
-                return cached
-            parts = [p.strip() for p in value.split("|")]
-            out = self._detection_list([p for p in parts if p])
-            if len(self._detections) < _MAX_CACHE:
-                self._detections[value] = out
-            return out
-        if isinstance(value, list):
-            return self._detection_list(value)
-        raise _RowError("detection must be a list of strings (CSV: values separated by |)")
-
-    @staticmethod
-    def _detection_list(values: list[Any]) -> list[Detection]:
-        out: list[Detection] = []
-        for v in values:
-            if not isinstance(v, str):
-                raise _RowError("detection values must be strings")
-            d = _ALLOWED.get(v.strip().upper())
-            if d is None:
-                raise _RowError(f"invalid detection value {v!r} (allowed: {_ALLOWED_TEXT})")
-            if d not in out:
-                out.append(d)
-        if not out:
-            return []
-        return out
-
-    @staticmethod
-    def _url(value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise _RowError("url is missing")
-        if not value.startswith(("http://", "https://")):
-            raise _NotHttp(value)
-        rest = value.split("://", 1)[1]
-        host = rest.split("/", 1)[0].split("?", 1)[0]
-        # ``str.split()`` cuts at every (Unicode) whitespace: one part equal to the value
-        # means the URL holds none, checked in C rather than per character.
-        if not host or value.split() != [value]:
-            raise _RowError("url is not a valid http(s) URL")
-        return value
-
-    def _single_target(self, value: str, route: bool) -> tuple[str, str]:
-        """(kind, content) of a non-http(s) image that can go to the single endpoint."""
-        if not route:
-            raise _RowError(_BULK_ONLY)
-        if value.startswith("data:"):
-            head, sep, payload = value.partition(",")
-            ext = head[len("data:image/") : -len(";base64")]
-            if (
-                not sep
-                or not payload
-                or not head.startswith("data:image/")
-                or not head.endswith(";base64")
-                or not ext
-                or "/" in ext
-            ):
-                raise _RowError(_BAD_DATA)
-            return SINGLE_DATA, value
-        if "\x00" in value:
-            raise _RowError("local path contains a NUL character")
-        if value[:5].lower() == "file:":
-            parts = urlsplit(value)
-            path = unquote(parts.path)
-            if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-                raise _RowError("file URL must name an absolute local path (file:///path)")
-            return SINGLE_FILE, path
-        scheme = _SCHEME.match(value)
-        if scheme is not None:
-            raise _RowError(_BAD_SCHEME.format(scheme=scheme.group()[:-1]))
-        return SINGLE_FILE, os.path.join(self.cwd, value)
-
-    def _single(
-        self,
-        target: tuple[str, str],
-        ident: str,
-        kwargs: dict[str, Any],
-        line: int,
-        name: str,
-    ) -> SingleRequest:
-        age = kwargs.pop("age", None)
-        context = Context(id=ident, age=",".join(age) if age else None, **kwargs)
-        return SingleRequest(target[0], target[1], context, line, name)
+        self._detection = DetectionRule()
+        self._layouts: dict[tuple[str, ...], _Layout] = {}
 
     # ------------------------------------------------------------------ batches
 
@@ -223,12 +110,12 @@ class Validator:
             items, rejects = self._validate_csv(batch, skip_upto, singles)
         return items, singles, rejects
 
-    def _layout(self, header: list[str]) -> tuple[int, int, int, int, list[tuple[int, str]]]:
+    def _layout(self, header: list[str]) -> _Layout:
         key = tuple(header)
         layout = self._layouts.get(key)
         if layout is None:
             index = {name: i for i, name in enumerate(header)}
-            extras = [(index[c], f) for c, f in _CONTEXT_FIELDS.items() if c in index]
+            extras = [(index[c], f) for c, f in CONTEXT_FIELDS.items() if c in index]
             layout = (
                 index["id"],
                 index["url"],
@@ -255,12 +142,17 @@ class Validator:
                 if pos > skip_upto:
                     row(batch, layout, line, fields, pos, items, rejects, singles)
             return items, rejects
+        rows = batch.rows
+        if isinstance(rows, PlainRows) and width == 2 and (shifted | rows.first) > skip_upto:
+            block = self._plain_block(rows, i_id, shifted)
+            if block is not None:
+                return block, rejects
         # id and url only (the common manifest): a row whose id is set and whose url is an
         # http(s) URL with a host and no whitespace (one C-level regex match, the same rule as
-        # _url) becomes its request right here; any other row takes the general path.
-        plain_url = _PLAIN_URL.fullmatch
+        # rules.http_url) becomes its request right here; any other row takes the general path.
+        plain_url = PLAIN_URL.fullmatch
         append = items.append
-        for line, fields in batch.rows:
+        for line, fields in rows:
             pos = shifted | line
             if pos <= skip_upto:
                 continue
@@ -273,10 +165,26 @@ class Validator:
             row(batch, layout, line, fields, pos, items, rejects, singles)
         return items, rejects
 
+    @staticmethod
+    def _plain_block(rows: PlainRows, i_id: int, shifted: int) -> list[Item] | None:
+        """The items of a block of ``id,url`` / ``url,id`` lines when every row passes (one
+        regex over the block), else None (the caller checks row by row)."""
+        text = "\n".join(rows.lines) + "\n"
+        if _PLAIN_BLOCKS[i_id, 1 - i_id].fullmatch(text) is None:
+            return None
+        cells = text.replace(",", "\n").split("\n")  # id/url of each line, then "" at the end
+        ids = cells[i_id:-1:2]
+        urls = cells[1 - i_id : -1 : 2]
+        first = shifted | rows.first
+        return [
+            (ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident)))
+            for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
+        ]
+
     def _csv_row(
         self,
         batch: RowBatch,
-        layout: tuple[int, int, int, int, list[tuple[int, str]]],
+        layout: _Layout,
         line: int,
         fields: list[str] | str,
         pos: int,
@@ -292,20 +200,20 @@ class Validator:
         ident: str | None = None
         try:
             if isinstance(fields, str):  # the source could not parse this row
-                raise _RowError(fields)
+                raise RowError(fields)
             if len(fields) != width:
                 if len(fields) > i_id:
                     ident = fields[i_id] or None
-                raise _RowError(f"row has {len(fields)} fields, the header has {width}")
+                raise RowError(f"row has {len(fields)} fields, the header has {width}")
             ident = fields[i_id]
             if not ident:
                 ident = None
-                raise _RowError("id is missing")
+                raise RowError("id is missing")
             target: tuple[str, str] | None = None
             try:
-                url = self._url(fields[i_url])
-            except _NotHttp as not_http:
-                target = self._single_target(not_http.args[0], singles is not None)
+                url = http_url(fields[i_url])
+            except NotHttp as not_http:
+                target = single_target(not_http.args[0], singles is not None, self.cwd)
             if plain and target is None:
                 context = BulkContext(ident)
             else:
@@ -320,11 +228,11 @@ class Validator:
                     kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
                 if target is not None:
                     assert singles is not None
-                    singles.append((ident, pos, self._single(target, ident, kwargs, line, name)))
+                    singles.append((ident, pos, single_request(target, ident, kwargs, line, name)))
                     return
                 context = BulkContext(ident, **kwargs)
             request = TaggingRequest(Image(URL, url), context)
-        except _RowError as err:
+        except RowError as err:
             rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
             return
         items.append((ident, pos, request))
@@ -343,28 +251,28 @@ class Validator:
             ident: str | None = None
             try:
                 if isinstance(obj, str):
-                    raise _RowError(obj)
+                    raise RowError(obj)
                 if not isinstance(obj, dict):
-                    raise _RowError("line is not a JSON object")
+                    raise RowError("line is not a JSON object")
                 raw_id = obj.get("id")
                 if raw_id is None and isinstance(obj.get("context"), dict):
                     raw_id = obj["context"].get("id")
                 if raw_id is None or raw_id == "":
-                    raise _RowError("id is missing")
+                    raise RowError("id is missing")
                 if not isinstance(raw_id, str):
-                    raise _RowError("id must be a string")
+                    raise RowError("id must be a string")
                 ident = raw_id
                 url, target = self._jsonl_image(obj, singles is not None)
                 if target is not None:
                     assert singles is not None
                     kwargs = self._jsonl_context(obj)
-                    singles.append((ident, pos, self._single(target, ident, kwargs, line, name)))
+                    singles.append((ident, pos, single_request(target, ident, kwargs, line, name)))
                     continue
                 request = TaggingRequest(
                     image=Image(type=ImageType.URL, content=url),
                     context=BulkContext(id=ident, **self._jsonl_context(obj)),
                 )
-            except _RowError as err:
+            except RowError as err:
                 rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
                 continue
             items.append((ident, pos, request))
@@ -377,34 +285,34 @@ class Validator:
             raw = obj.get("url")
         else:
             if not isinstance(image, dict):
-                raise _RowError("image must be an object with type and content")
+                raise RowError("image must be an object with type and content")
             kind = image.get("type")
             raw = image.get("content")
             if kind == "base64" and route:
                 if not isinstance(raw, str) or not raw.startswith("data:image/"):
-                    raise _RowError(
+                    raise RowError(
                         "image.content of type base64 must begin with data:image/<ext>;base64,"
                     )
-                return "", self._single_target(raw, route)
+                return "", single_target(raw, route, self.cwd)
             if kind != "url":
                 if route:
-                    raise _RowError("image.type must be url or base64")
-                raise _RowError("image.type must be url (bulk mode takes URLs only)")
+                    raise RowError("image.type must be url or base64")
+                raise RowError("image.type must be url (bulk mode takes URLs only)")
         try:
-            return self._url(raw), None
-        except _NotHttp as not_http:
-            return "", self._single_target(not_http.args[0], route)
+            return http_url(raw), None
+        except NotHttp as not_http:
+            return "", single_target(not_http.args[0], route, self.cwd)
 
     def _jsonl_context(self, obj: dict[str, Any]) -> dict[str, Any]:
         source = obj.get("context") if isinstance(obj.get("context"), dict) else obj
         assert isinstance(source, dict)
         kwargs: dict[str, Any] = {}
-        for column, field in _CONTEXT_FIELDS.items():
+        for column, field in CONTEXT_FIELDS.items():
             value = source.get(column)
             if value is None:
                 continue
             if not isinstance(value, str):
-                raise _RowError(f"{column} must be a string")
+                raise RowError(f"{column} must be a string")
             if value:
                 kwargs[field] = value
         age = source.get("age")
@@ -412,7 +320,7 @@ class Validator:
             if isinstance(age, str):
                 age = [age]
             if not isinstance(age, list) or not all(isinstance(a, str) for a in age):
-                raise _RowError("age must be a list of strings")
+                raise RowError("age must be a list of strings")
             if age:
                 kwargs["age"] = age
         detection = self._detection(source.get("detection"))

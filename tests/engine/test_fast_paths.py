@@ -140,3 +140,74 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
         "https://user@h/x",
         "https://h/\u00e9t\u00e9.jpg",
     }
+
+
+def _batches(path: Path, max_rows: int = 2000) -> list[RowBatch]:
+    reader = open_manifest(str(path), 0, max_rows)
+    try:
+        out = []
+        while (batch := reader.read_batch()) is not None:
+            out.append(batch)
+        return out
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("header", ["id,url", "url,id"])
+@pytest.mark.parametrize("route", [False, True])
+def test_plain_blocks_validate_like_row_by_row(tmp_path: Path, header: str, route: bool) -> None:
+    """Blocks of plain lines (checked with one regex over the block) give the same items and
+    rejects as the same rows checked one by one, whether the block passes whole or not."""
+    urls = [u for u in TRICKY_URLS if "," not in u and "\n" not in u]
+    ids = ["x", " spaced id ", "\u00e9t\u00e9", "a\tb"] + [f"id{i}" for i in range(40)]
+    lines: list[str] = []
+    for ident in ["", *ids]:
+        for url in urls:
+            lines.append(f"{ident},{url}" if header == "id,url" else f"{url},{ident}")
+    # Blocks that pass whole (only good rows), then the tricky rows, then good ones again.
+    good = [f"g{i},https://img.example/{i}.jpg" for i in range(300)]
+    if header == "url,id":
+        good = [",".join(reversed(g.split(","))) for g in good]
+    p = tmp_path / "m.csv"
+    p.write_text(header + "\n" + "\n".join(good + lines + good[:50]) + "\n")
+    batches = _batches(p, max_rows=100)
+    assert all(isinstance(b.rows, source.PlainRows) for b in batches)
+    v = Validator(cwd=str(tmp_path))
+    fast_items: list[object] = []
+    slow_items: list[object] = []
+    fast_rejects: list[object] = []
+    slow_rejects: list[object] = []
+    for b in batches:
+        listed = RowBatch(b.source, b.name, b.kind, b.header, list(b.rows))
+        if route:
+            fi, fs, fr = v.route(b)
+            si, ss, sr = v.route(listed)
+            assert fs == ss
+        else:
+            fi, fr = v.validate(b)
+            si, sr = v.validate(listed)
+        fast_items += fi
+        slow_items += si
+        fast_rejects += fr
+        slow_rejects += sr
+    assert fast_items == slow_items
+    assert fast_rejects == slow_rejects
+    assert len(fast_items) > 350 and len(fast_rejects) > 10
+    # The good blocks did pass whole.
+    first = batches[0].rows
+    assert isinstance(first, source.PlainRows)
+    assert Validator._plain_block(first, header.split(",").index("id"), 0) is not None
+
+
+def test_plain_rows_are_the_rows(tmp_path: Path) -> None:
+    """A block of plain lines reads like the list of rows it stands for."""
+    p = tmp_path / "m.csv"
+    p.write_text("id,url\n" + "".join(f"i{i},https://x/{i}.jpg\n" for i in range(10)))
+    (batch,) = _batches(p)
+    rows = batch.rows
+    assert isinstance(rows, source.PlainRows)
+    listed = [(i + 2, [f"i{i}", f"https://x/{i}.jpg"]) for i in range(10)]
+    assert len(rows) == 10 and list(rows) == listed and rows == listed
+    assert rows[0] == listed[0] and rows[-1] == listed[-1] and rows[2:4] == listed[2:4]
+    with pytest.raises(IndexError):
+        rows[10]

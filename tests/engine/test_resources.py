@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from fashiontag_pipeline.engine import run as run_module
+from fashiontag_pipeline.engine import engine as engine_module
 from fashiontag_pipeline.engine import source
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -86,13 +86,13 @@ async def test_peak_rss_does_not_grow_with_the_manifest(tmp_path: Path) -> None:
 
 def test_every_stage_stream_is_bounded() -> None:
     """Every memory object stream of the run has a finite, non-zero buffer."""
-    tree = ast.parse(Path(run_module.__file__).read_text())
+    tree = ast.parse(Path(engine_module.__file__).read_text())
     calls = [
         node
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and "create_memory_object_stream" in ast.unparse(node.func)
     ]
-    assert calls, "the run wires its stages with memory object streams"
+    assert calls, "the engine wires its stages with memory object streams"
     for call in calls:
         args = [*call.args, *(k.value for k in call.keywords if k.arg == "max_buffer_size")]
         assert args, f"unbounded stream: {ast.unparse(call)}"

@@ -255,7 +255,7 @@ async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(tmp_path: 
                 proc.send_signal(signal.SIGKILL)
             killed.append(await proc.wait())
             await proc.aclose()
-            lines_out.append(len(read_outcomes(out, out.with_suffix(".rej")).results))
+            lines_out.append(out.read_bytes().count(b"\n"))  # whole lines (a kill may cut one)
         assert killed.count(-signal.SIGKILL) == 2, killed
         result = await anyio.run_process(
             [*args, "--summary", str(tmp_path / "s.json")], check=False, env=ENV

@@ -164,3 +164,24 @@ def test_csv_row_the_parser_refuses_is_one_reject_and_the_rest_goes_on(
     ((_, reject),) = rejects
     assert reject.line == 3 and reject.stage == "client"
     assert reject.reason.startswith("not a valid CSV row: field larger than field limit")
+
+
+def test_a_truncated_or_corrupt_gzip_is_an_error_never_a_short_manifest(tmp_path: Path) -> None:
+    """A gzip manifest cut short (a copy that stopped, a full disk) ended the manifest quietly
+    after the rows it held: the run was complete with rows missing. Now it is an error."""
+    rows = "\n".join(["id,url"] + [f"b{i},https://img.example/b{i}.jpg" for i in range(60_000)])
+    packed = gzip.compress(rows.encode())
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(packed[: len(packed) * 2 // 3])
+    reader = open_manifest(str(cut), 0)
+    with pytest.raises(ManifestError, match="truncated gzip"):
+        list(iter_rows_sync(reader))
+    reader.close()
+    bad = tmp_path / "bad.csv.gz"
+    bad.write_bytes(packed[:200] + bytes(64) + packed[264:])
+    with pytest.raises(ManifestError, match="not valid gzip"):
+        reader = open_manifest(str(bad), 0)
+        try:
+            list(iter_rows_sync(reader))
+        finally:
+            reader.close()

@@ -4,10 +4,11 @@
    rows and the stored results found for them; one batched lookup, in parallel with the state
    thread.
 2. :meth:`ReuseHook.settle` (the journal's intake transaction, state thread): of the rows kept
-   by the run-wide dedupe, the fresh ones with a stored result become ``"reused": true``
-   lines written in that transaction (counted ``reused`` and settled: they never reach the
-   service), the others are recorded as pending with their fingerprint and sent. Rows a resume
-   replays are filtered: one answered from the store by the earlier attempt is not sent.
+   by the run-wide dedupe, the fresh ones with a stored result are handed back to the journal,
+   which writes their ``"reused": true`` lines in that transaction (counted ``reused`` and
+   settled: they never reach the service); the others are recorded as pending with their
+   fingerprint and sent. Rows a resume replays are filtered: one answered from the store by
+   the earlier attempt is not sent.
 3. :meth:`ReuseHook.store_page` (the journal's page commit, state thread): the successful
    results of a page whose rows are pending are written to the store, and the rows leave
    ``reuse_pending`` in the page's transaction. The store is written before the state commits,
@@ -25,10 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import anyio
-import msgspec
 
 from ..._models import TaggingRequest
-from ..sinks import PageRow, ReusedLine, success_flags
+from ..sinks import PageRow, success_flags
 from ..state import changes, reuse_rows
 from .durations import DAY
 from .fingerprint import Fingerprinter
@@ -65,7 +65,8 @@ class ReuseHook:
         self.looked_up = 0
         self.reused = 0
         self.stored = 0
-        self.reuse_from: int | None = None
+        #: Per job: its validated watermark when it first used the store (see reuse_rows).
+        self._reuse_from: dict[int, int] = {}
         self._limiter = anyio.CapacityLimiter(1)
 
     # -------------------------------------------------------------- state thread
@@ -75,22 +76,26 @@ class ReuseHook:
         reuse_rows.create(db)
         if not resumed:
             reuse_rows.clear_pending(db)
-        self.reuse_from = reuse_rows.reuse_from(db)
 
     def settle(
         self,
         db: sqlite3.Connection,
+        job: int,
         plan: IntakePlan,
         keyed: Sequence[tuple[str, int]],
         keep: list[int],
         replay_upto: int,
-    ) -> tuple[list[int], list[ReusedLine], list[changes.Change]]:
-        """(rows to send, reused lines, state changes) of the kept rows of a batch."""
+    ) -> tuple[list[int], list[tuple[int, StoredResult]], list[changes.Change]]:
+        """(rows to send, (index, stored result) of the rows answered from the store, state
+        changes) of the kept rows of a batch of ``job``."""
         ops: list[changes.Change] = []
-        if self.reuse_from is None:
-            self.reuse_from = replay_upto
-            ops.append(reuse_rows.reuse_started(replay_upto))
-        floor = self.reuse_from
+        floor = self._reuse_from.get(job)
+        if floor is None:
+            floor = reuse_rows.reuse_from(db, job)
+            if floor is None:
+                floor = replay_upto
+                ops.append(reuse_rows.reuse_started(job, replay_upto))
+            self._reuse_from[job] = floor
         fps = plan.fps
         replayed = [
             keyed[i][0] for i in keep if floor < keyed[i][1] <= replay_upto and fps[i] is not None
@@ -98,7 +103,7 @@ class ReuseHook:
         pending = reuse_rows.pending_fingerprints(db, replayed) if replayed else {}
         hits = plan.hits
         send: list[int] = []
-        lines: list[ReusedLine] = []
+        lines: list[tuple[int, StoredResult]] = []
         misses: list[tuple[str, bytes]] = []
         for i in keep:
             fp = fps[i]
@@ -111,7 +116,7 @@ class ReuseHook:
             else:
                 hit = hits.get(fp)
                 if hit is not None:
-                    lines.append(ReusedLine(ident, hit.task_id, msgspec.Raw(hit.result)))
+                    lines.append((i, hit))
                 else:
                     misses.append((ident, fp))
                     send.append(i)

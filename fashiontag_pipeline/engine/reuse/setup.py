@@ -31,14 +31,16 @@ def open_reuse(
     """The run's :class:`ReuseHook` (None without ``engine.reuse``), its state side ready.
 
     A missing store is created (a warning says so: every row is tagged this time). An
-    unfinished run that used a store is resumed only with a store: without one, the rows it
-    answered from the store could not be told from rows to send
-    (:class:`~fashiontag_pipeline.StateConflictError`, nothing touched)."""
+    unfinished run (a job still open) that used a store is resumed only with a store: without
+    one, the rows it answered from the store could not be told from rows to send
+    (:class:`~fashiontag_pipeline.StateConflictError`, nothing touched). ``resumed``: the state
+    holds earlier work (a long-lived engine's state always may); otherwise the state's pending
+    rows of an earlier run are dropped."""
     if engine.reuse is None:
-        if resumed and reuse_rows.reuse_from(db) is not None:
+        if resumed and reuse_rows.reused_before(db):
             raise exc.StateConflictError(
-                f"state file {state_path} holds an unfinished run started with --reuse: resume "
-                "it with --reuse (the same store), or pass --restart to start over"
+                f"state file {state_path} holds unfinished work started with --reuse: resume "
+                "it with --reuse (the same store), or start over (run: --restart)"
             )
         return None
     store = ResultStore.open(engine.reuse)

@@ -13,14 +13,17 @@ Nothing outside this package sees the SQLite connection or writes SQL.
 
 from __future__ import annotations
 
-from .journal import Journal
-from .schema import BODY_SQL, COUNTERS, POS_SHIFT, position, split_position
-from .store import Reconciliation, RunState, StateDB
+from .journal import JobReject, Journal
+from .schema import BODY_SQL, COUNTERS, JOB_COUNTERS, POS_SHIFT, position, split_position
+from .store import JobRow, Reconciliation, RunState, StateDB
 
 __all__ = [
     "BODY_SQL",
     "COUNTERS",
+    "JOB_COUNTERS",
     "POS_SHIFT",
+    "JobReject",
+    "JobRow",
     "Journal",
     "Reconciliation",
     "RunState",

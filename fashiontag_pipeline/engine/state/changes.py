@@ -40,9 +40,12 @@ TaskState = Literal["sealed", "drained", "expired", "lost"]
 ChunkState = Literal["orphan", "resolved"]
 
 
-def validated_upto(watermark: int) -> Change:
-    """Every row at a position <= ``watermark`` is validated (V)."""
-    return ("INSERT OR REPLACE INTO meta VALUES ('validated', ?)", (str(watermark),))
+def validated_upto(job: int, watermark: int) -> Change:
+    """Every row of ``job`` at a position <= ``watermark`` is validated (its V)."""
+    return (
+        "UPDATE jobs SET validated=? WHERE job=? AND validated < ?",
+        (watermark, job, watermark),
+    )
 
 
 def task_opened(

@@ -12,33 +12,52 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
+import msgspec
 
-from ..sinks import PageRow, Reject, RejectSink, ResultSink, ReusedLine, count_outcomes
+from ..sinks import PageRow, Reject, ReusedLine, count_outcomes
 from .changes import Change, validated_upto
-from .schema import COUNTERS
+from .schema import COUNTERS, JOB_COUNTERS
 from .store import StateDB
 
-__all__ = ["Journal", "ReuseLedger"]
+if TYPE_CHECKING:
+    from ..jobs import Job, Jobs
+
+#: A rejects line and the job whose outputs it goes to.
+JobReject = tuple[int, Reject]
+
+__all__ = ["JobReject", "Journal", "ReuseLedger"]
 
 T = TypeVar("T")
+
+
+class StoredAnswer(Protocol):
+    """A stored result (:class:`~..reuse.StoredResult`)."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def result(self) -> bytes: ...
 
 
 class ReuseLedger(Protocol):
     """What the journal asks of ``--reuse`` (:class:`~..reuse.ReuseHook`), in its thread:
     which kept rows of a batch are answered from the result store (``settle``, in the intake
-    transaction) and what a committed results page stores (``store_page``)."""
+    transaction: rows to send, (index, stored result) of the others, state changes) and what a
+    committed results page stores (``store_page``: the state changes that go with it)."""
 
     def settle(
         self,
         db: sqlite3.Connection,
+        job: int,
         plan: Any,
         keyed: Sequence[tuple[str, int]],
         keep: list[int],
         replay_upto: int,
-    ) -> tuple[list[int], list[ReusedLine], list[Change]]: ...
+    ) -> tuple[list[int], Sequence[tuple[int, StoredAnswer]], list[Change]]: ...
 
     def store_page(
         self, db: sqlite3.Connection, task_id: str, rows: list[PageRow]
@@ -55,16 +74,15 @@ class Journal:
     def __init__(
         self,
         db: StateDB,
-        results: ResultSink,
-        rejects: RejectSink,
+        jobs: Jobs,
         *,
         fsync_seconds: float = 1.0,
         reuse: ReuseLedger | None = None,
     ) -> None:
         self.db = db
-        self.results = results
-        self.rejects = rejects
+        self.jobs = jobs
         self.fsync_seconds = fsync_seconds
+        #: ``--reuse``: the result store's side of intake and page commits (None: off).
         self.reuse = reuse
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._limiter = anyio.CapacityLimiter(1)
@@ -80,72 +98,136 @@ class Journal:
     def _apply(
         self,
         page: tuple[str | None, list[PageRow]] | None,
-        rejects: Sequence[Reject],
+        rejects: Sequence[JobReject],
         ops: Sequence[Change],
         counters: dict[str, int],
-        reused: Sequence[ReusedLine] = (),
-    ) -> tuple[int, int]:
+        by_job: dict[int, dict[str, int]] | None,
+        settle: bool,
+        page_job: int | None,
+        reused: tuple[int, list[ReusedLine]] | None = None,
+    ) -> tuple[int, int, set[int]]:
+        jobs = self.jobs
+        counters = dict(counters)
+        per_job: dict[int, dict[str, int]] = {}
+        for jid, c in (by_job or {}).items():
+            if jid in jobs.by_id:
+                per_job[jid] = {k: v for k, v in c.items() if k in JOB_COUNTERS}
         ok = bad = 0
-        if reused:  # --reuse: rows answered from the result store (their intake transaction)
-            self.results.write_reused(list(reused))
-            counters = dict(counters)
-            for key in ("reused", "settled"):
-                counters[key] = counters.get(key, 0) + len(reused)
+        touched: dict[int, Job] = {}
+        job_tasks: list[tuple[int, str]] = []
+        if reused is not None and reused[1] and reused[0] in jobs.by_id:
+            # --reuse: rows answered from the result store, accepted and settled together.
+            jid, lines = reused
+            target = jobs.by_id[jid]
+            target.results.write_reused(lines)
+            c = per_job.setdefault(jid, {})
+            c["settled"] = c.get("settled", 0) + len(lines)
+            c["reused"] = c.get("reused", 0) + len(lines)
+            counters["settled"] = counters.get("settled", 0) + len(lines)
+            counters["reused"] = counters.get("reused", 0) + len(lines)
+            touched[jid] = target
         if page is not None:
             task_id, rows = page
             if self.reuse is not None and task_id is not None:  # --reuse: store the results
                 ops = [*ops, *self.reuse.store_page(self.db.db, task_id, rows)]
-            self.results.write_page(task_id, rows)
-            ok, bad = count_outcomes(rows)
-            counters = dict(counters)
+            for jid, jrows in jobs.group_rows(rows, page_job).items():
+                target = jobs.by_id[jid]
+                target.results.write_page(task_id, jrows)
+                j_ok, j_bad = count_outcomes(jrows)
+                ok += j_ok
+                bad += j_bad
+                c = per_job.setdefault(jid, {})
+                c["tagged"] = c.get("tagged", 0) + j_ok
+                c["failed"] = c.get("failed", 0) + j_bad
+                c["settled"] = c.get("settled", 0) + len(jrows)
+                if task_id is not None:
+                    c["pages"] = c.get("pages", 0) + counters.get("pages", 0)
+                    job_tasks.append((jid, task_id))
+                touched[jid] = target
             counters["tagged"] = counters.get("tagged", 0) + ok
             counters["failed"] = counters.get("failed", 0) + bad
-            counters["settled"] = counters.get("settled", 0) + len(rows)
+            counters["settled"] = counters.get("settled", 0) + ok + bad
         if rejects:
-            self.rejects.write_rejects(list(rejects))
-            counters = dict(counters)
-            counters["rejected"] = counters.get("rejected", 0) + len(rejects)
+            grouped: dict[int, list[Reject]] = {}
+            for jid, reject in rejects:
+                grouped.setdefault(jid, []).append(reject)
+            written = 0
+            for jid, part in grouped.items():
+                found = jobs.by_id.get(jid)
+                if found is None:
+                    continue  # a row of no job in flight: its job is complete already
+                target = found
+                target.rejects.write_rejects(part)
+                written += len(part)
+                c = per_job.setdefault(jid, {})
+                c["rejected"] = c.get("rejected", 0) + len(part)
+                if settle:
+                    c["settled"] = c.get("settled", 0) + len(part)
+                touched[jid] = target
+            counters["rejected"] = counters.get("rejected", 0) + written
+            if settle:
+                counters["settled"] = counters.get("settled", 0) + written
         now = time.monotonic()
         fsync = now - self._last_fsync >= self.fsync_seconds
         if fsync:
             self._last_fsync = now
-        self.results.flush(fsync)
-        self.rejects.flush(fsync)
+        for target in touched.values():
+            target.results.flush(fsync)
+            target.rejects.flush(fsync)
         db = self.db
         db.db.execute("BEGIN IMMEDIATE")
         try:
-            for sql, params in ops:
-                db.db.execute(sql, params)
+            for sql, args in ops:
+                db.db.execute(sql, args)
+            if job_tasks:
+                db.db.executemany("INSERT OR IGNORE INTO job_tasks VALUES (?, ?)", job_tasks)
             for key, delta in counters.items():
                 if delta:
-                    self.counters[key] = self.counters.get(key, 0) + delta
                     db.db.execute(
                         "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = ?",
                         (delta, f"n_{key}"),
                     )
-            if page is not None or reused:
-                db.set_meta("results_ckpt", self.results.checkpoint())
-            if rejects:
-                db.set_meta("rejects_ckpt", self.rejects.checkpoint())
+            for jid, c in per_job.items():
+                moved = [(k, v) for k, v in c.items() if v]
+                sinks = touched.get(jid)
+                sets = [f"{k} = {k} + ?" for k, _ in moved]
+                params: list[Any] = [v for _, v in moved]
+                if sinks is not None:
+                    sets += ["results_ckpt = ?", "rejects_ckpt = ?"]
+                    params += [sinks.results.checkpoint(), sinks.rejects.checkpoint()]
+                if sets:
+                    db.db.execute(
+                        f"UPDATE jobs SET {', '.join(sets)} WHERE job = ?", (*params, jid)
+                    )
             db.db.execute("COMMIT")
         except BaseException:
             db.db.execute("ROLLBACK")
             raise
-        return ok, bad
+        for key, delta in counters.items():
+            if delta:
+                self.counters[key] = self.counters.get(key, 0) + delta
+        for jid, c in per_job.items():
+            found = jobs.by_id.get(jid)
+            if found is not None:
+                jc = found.counters
+                for key, delta in c.items():
+                    jc[key] = jc.get(key, 0) + delta
+        return ok, bad, set(per_job)
 
     def _intake(
         self,
+        job: int,
         keyed: Sequence[tuple[str, int]],
-        rejects: list[Reject],
-        make_dup: Callable[[int, int], Reject | None],
+        rejects: list[JobReject],
+        make_dup: Callable[[int, int], JobReject | None],
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
         plan: Any = None,
-    ) -> list[int]:
+    ) -> tuple[list[int], set[int]]:
         """Dedupe a validated batch, write its rejects and move V, in one transaction
         (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
-        ``plan``, the ``--reuse`` lookup of the batch: rows answered from the store are
+        ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result store are
         written in this transaction and not returned)."""
         self.db.db.execute("SAVEPOINT intake")
         firsts = self.db.dedupe(keyed)
@@ -160,15 +242,24 @@ class Journal:
                 dup = make_dup(i, first)
                 if dup is not None:
                     rejects.append(dup)
-        ops: list[Change] = [validated_upto(watermark)]
-        reused: list[ReusedLine] = []
+        ops: list[Change] = [validated_upto(job, watermark)]
+        reused: tuple[int, list[ReusedLine]] | None = None
         if plan is not None and self.reuse is not None:  # --reuse
-            out, reused, reuse_ops = self.reuse.settle(self.db.db, plan, keyed, out, replay_upto)
+            out, hits, reuse_ops = self.reuse.settle(self.db.db, job, plan, keyed, out, replay_upto)
             ops.extend(reuse_ops)
+            original = self.jobs.original
+            reused = (
+                job,
+                [
+                    ReusedLine(original(keyed[i][0]), hit.task_id, msgspec.Raw(hit.result))
+                    for i, hit in hits
+                ],
+            )
         if routed is not None:
             ops.extend(routed(out))
-        self._apply(None, rejects, ops, {"accepted": fresh}, reused)
-        return out
+        counters = {"accepted": fresh}
+        touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None, reused)[2]
+        return out, touched
 
     # -------------------------------------------------------------- async side
 
@@ -176,52 +267,97 @@ class Journal:
         self,
         *,
         page: tuple[str | None, list[PageRow]] | None = None,
-        rejects: Sequence[Reject] = (),
+        rejects: Sequence[JobReject] = (),
         ops: Sequence[Change] = (),
         counters: dict[str, int] | None = None,
+        by_job: dict[int, dict[str, int]] | None = None,
+        settle: bool = False,
+        page_job: int | None = None,
     ) -> tuple[int, int]:
         """Write a results page and/or rejects, apply ``ops``, add ``counters``; one
-        transaction. Returns (tagged, failed) of the page. A page's task id is None for
-        results of the single endpoint."""
-        return await self.run(self._apply, page, rejects, ops, counters or {})
+        transaction. Returns (tagged, failed) of the page.
+
+        Each page row goes to its job's results (by its sent id; ``page_job``: all of them
+        are that job's, with their own ids: the single endpoint, whose task id is None), each
+        reject to its job's rejects. ``settle``: the rejects are outcomes of rows taken in
+        (refused by the service, expired, single-mode failures). ``by_job`` adds counters of
+        :data:`JOB_COUNTERS` to jobs' own (``counters`` are engine-wide)."""
+        ok, bad, touched = await self.run(
+            self._apply, page, rejects, ops, counters or {}, by_job, settle, page_job
+        )
+        self.jobs.check(touched)
+        return ok, bad
 
     async def intake(
         self,
+        job: int,
         keyed: Sequence[tuple[str, int]],
-        rejects: list[Reject],
-        make_dup: Callable[[int, int], Reject | None],
+        rejects: list[JobReject],
+        make_dup: Callable[[int, int], JobReject | None],
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
         plan: Any = None,
     ) -> list[int]:
-        """Indexes of ``keyed`` whose row is the first of its id and is to be sent;
-        duplicates become rejects (unless at or below ``replay_upto``, already written by an
-        earlier attempt); with ``plan`` (``--reuse``), rows answered from the result store are
-        written and left out."""
-        return await self.run(
-            self._intake, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
+        """Indexes of ``keyed`` (rows of ``job``) whose row is the first of its id and is to
+        be sent; duplicates become rejects (unless at or below ``replay_upto``, already written
+        by an earlier attempt); with ``plan`` (``--reuse``), rows answered from the result
+        store are written and left out."""
+        keep, touched = await self.run(
+            self._intake, job, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
         )
+        self.jobs.check(touched)
+        return keep
 
-    def close(self) -> None:
-        """Flush and close sinks and state (from any thread, once the loop is done)."""
-        if self._closed:
-            return
-        self._closed = True
-        for sink in (self.results, self.rejects):
+    def close_job_outputs(self, job: Job) -> None:
+        """Flush, fsync and close a job's outputs (thread side)."""
+        for sink in (job.results, job.rejects):
             try:
                 sink.flush(True)
             finally:
                 sink.close()
-        self.db.close()
+
+    def close(self) -> None:
+        """Flush and close every open job's outputs and the state (from any thread, once the
+        loop is done)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for job in list(self.jobs.by_id.values()):
+                self.close_job_outputs(job)
+        finally:
+            self.db.close()
+
+    def task_ids(self, task_id: str) -> set[str]:
+        """Ids (as sent) of the lines written for ``task_id``, in every open job's results
+        (thread side; a scan: only on a resume that had read part of the task)."""
+        out: set[str] = set()
+        for job in self.jobs.by_id.values():
+            out.update(self.jobs.ids.sent(job.id, i) for i in job.results.task_ids(task_id))
+        return out
+
+    def refused_ids(self, stage: str) -> set[str]:
+        """Ids (as sent) of the rejects written at ``stage`` in every open job (thread side;
+        a scan of the rejects: rare paths only)."""
+        out: set[str] = set()
+        for job in self.jobs.by_id.values():
+            out.update(self.jobs.ids.sent(job.id, i) for i in job.rejects.ids_of_stage(stage))
+        return out
 
     async def write_ahead(
-        self, n: int, last_pos: int, body: bytes, replaces: int | None, resent: int
+        self,
+        n: int,
+        last_pos: int,
+        body: bytes,
+        replaces: int | None,
+        resent: int,
+        marks: Sequence[tuple[int, int]] = (),
     ) -> int:
         """Write a chunk ahead of its request (see :meth:`StateDB.insert_chunk`)."""
 
         def insert() -> int:
-            chunk_id = self.db.insert_chunk(n, last_pos, body, replaces, resent)
+            chunk_id = self.db.insert_chunk(n, last_pos, body, replaces, resent, marks)
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
             return chunk_id

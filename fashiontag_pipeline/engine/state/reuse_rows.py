@@ -7,12 +7,13 @@
                                is committed (then its result, if a success, is in the result
                                store and the row leaves this table). Rows that end as rejects
                                stay until the next run of the state starts (it is emptied).
-    meta 'reuse_from'          the validated watermark (V) when the run first used --reuse:
-                               every row at a position above it was looked up in the store
+    meta 'reuse_from.JOB'      per job, its validated watermark (V) when it first used
+                               --reuse: every row of the job at a position above it was
+                               looked up in the store
 
 Why the state needs them. A row answered from the store is written (``"reused": true``) in the
 intake transaction that moves V over it, and is never chunked, so the chunked watermark (W)
-does not pass it. A resume replays the rows in (W, V]: those of them above ``reuse_from`` that
+does not pass it. A resume replays a job's rows in (W, V]: those above its ``reuse_from`` that
 are not in ``reuse_pending`` were answered from the store (their line is written), the others
 were sent and go again. Keeping the fingerprint until the page is committed is what lets the
 page's results be stored without re-reading the chunk bodies (one indexed ``IN`` query per
@@ -34,6 +35,7 @@ __all__ = [
     "pending_rows",
     "reuse_from",
     "reuse_started",
+    "reused_before",
 ]
 
 _IN_BATCH = 400
@@ -53,15 +55,24 @@ def clear_pending(db: sqlite3.Connection) -> None:
     db.execute("DELETE FROM reuse_pending")
 
 
-def reuse_from(db: sqlite3.Connection) -> int | None:
-    """The validated watermark when the run first used ``--reuse`` (None: it never did)."""
-    row = db.execute("SELECT value FROM meta WHERE key='reuse_from'").fetchone()
+def reuse_from(db: sqlite3.Connection, job: int) -> int | None:
+    """The job's validated watermark when it first used ``--reuse`` (None: it never did)."""
+    row = db.execute("SELECT value FROM meta WHERE key=?", (f"reuse_from.{job}",)).fetchone()
     return int(row[0]) if row else None
 
 
-def reuse_started(watermark: int) -> Change:
-    """The run uses ``--reuse`` for rows above ``watermark`` (kept if already recorded)."""
-    return ("INSERT OR IGNORE INTO meta VALUES ('reuse_from', ?)", (str(watermark),))
+def reused_before(db: sqlite3.Connection) -> bool:
+    """Whether a job still open in the state used ``--reuse``."""
+    row = db.execute(
+        "SELECT 1 FROM meta m JOIN jobs j ON m.key = 'reuse_from.' || j.job"
+        " WHERE j.state = 'open' LIMIT 1"
+    )
+    return row.fetchone() is not None
+
+
+def reuse_started(job: int, watermark: int) -> Change:
+    """The job uses ``--reuse`` for rows above ``watermark`` (kept if already recorded)."""
+    return ("INSERT OR IGNORE INTO meta VALUES (?, ?)", (f"reuse_from.{job}", str(watermark)))
 
 
 def pending_rows(rows: Sequence[tuple[str, bytes]]) -> list[Change]:

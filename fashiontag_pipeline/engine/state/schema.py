@@ -2,8 +2,19 @@
 
 Schema::
 
-    meta(key, value)           run token, manifest fingerprints, watermarks, sink checkpoints,
-                               counters, completed_at (set once the run is reconciled)
+    meta(key, value)           engine token, manifest fingerprints (``run``), task sequence,
+                               engine-wide counters (``n_*``), next_source, completed_at
+    jobs(job, key, name, sources, results, rejects, sink, state, validated, chunked,
+         results_ckpt, rejects_ckpt, accepted, settled, submitted, tagged, failed, rejected,
+         single, pages, tasks, completed_at, reused)
+                               one row per job: a set of manifests whose outcomes go to one
+                               pair of outputs (``run``: one job; the daemon: one per
+                               manifest). ``key`` names it (the daemon: the claim), ``sources``
+                               its source indexes and names (JSON), the watermarks and sink
+                               checkpoints below are per job, and so are its counters
+                               (``pages``: result pages that held its rows; ``tasks``: set
+                               when it completes, from ``job_tasks``)
+    job_tasks(job, task_id)    the tasks whose results held a job's rows (while it runs)
     tasks(task_id, seq, token, state, expires_at, results_expire_at, total, next_offset)
                                state: open | done | drained | expired | lost
                                (sealed: only in files of earlier versions)
@@ -23,7 +34,8 @@ Schema::
                                pending (body: the request) | done (outcome written, body NULL)
 
 A row's *position* is ``source_index << 40 | line``, so positions order rows across manifests.
-Two watermarks make resume exact:
+Two watermarks per job make resume exact (a job's sources are read one after the other, so its
+positions only grow; jobs interleave freely):
 
 * ``V`` (validated): every row at a position <= V has been validated, its id recorded and its
   client-side reject (if any) written; committed with the rejects and ids of each batch.
@@ -35,13 +47,15 @@ to ``singles`` (pending) in the transaction that moves V over it, and marked don
 transaction that writes its outcome. A resume re-tags the pending ones and skips every routed
 row at a position <= V (single tagging is idempotent, so a re-tag is harmless).
 
-Two counters make the end of a run checkable (:meth:`StateDB.reconcile`): ``accepted`` counts
+Two counters, per job and engine-wide, make the end of a job and of a run checkable
+(:meth:`StateDB.reconcile`): ``accepted`` counts
 the distinct ids taken into the run (in the transaction that records them), ``settled`` the
 outcomes written for them (results lines, and rejects of accepted rows: refused by the
 service, expired, single-mode failures), each in the transaction that writes it. A run is
-complete only when the two are equal and no chunk, task or single row is still in flight.
-A row answered from the result store (``--reuse``) is accepted and settled in one intake
-transaction (its ``"reused": true`` line written in it); see :mod:`.reuse_rows`.
+complete only when the two are equal and no chunk, task or single row is still in flight; a job
+whose manifests are read to the end is complete when its own two are equal. A row answered
+from the result store (``--reuse``) is accepted and settled in one intake transaction (its
+``"reused": true`` line written in it); see :mod:`.reuse_rows`.
 """
 
 from __future__ import annotations
@@ -49,6 +63,7 @@ from __future__ import annotations
 __all__ = [
     "BODY_SQL",
     "COUNTERS",
+    "JOB_COUNTERS",
     "POS_SHIFT",
     "SCHEMA",
     "TABLES",
@@ -73,6 +88,20 @@ COUNTERS = (
     "reused",
 )
 
+#: The counters kept per job as well as engine-wide.
+JOB_COUNTERS = (
+    "accepted",
+    "settled",
+    "submitted",
+    "tagged",
+    "failed",
+    "rejected",
+    "single",
+    "pages",
+    "tasks",
+    "reused",
+)
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tasks (
@@ -86,6 +115,20 @@ CREATE INDEX IF NOT EXISTS chunks_task ON chunks (task_id);
 CREATE TABLE IF NOT EXISTS chunk_bodies (chunk_id INTEGER PRIMARY KEY, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS singles (pos INTEGER PRIMARY KEY, state TEXT NOT NULL, body BLOB);
+CREATE TABLE IF NOT EXISTS jobs (
+    job INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, name TEXT NOT NULL,
+    sources TEXT NOT NULL, results TEXT NOT NULL, rejects TEXT NOT NULL,
+    sink TEXT NOT NULL DEFAULT 'jsonl', state TEXT NOT NULL DEFAULT 'open',
+    validated INTEGER NOT NULL DEFAULT -1, chunked INTEGER NOT NULL DEFAULT -1,
+    results_ckpt INTEGER NOT NULL DEFAULT 0, rejects_ckpt INTEGER NOT NULL DEFAULT 0,
+    accepted INTEGER NOT NULL DEFAULT 0, settled INTEGER NOT NULL DEFAULT 0,
+    submitted INTEGER NOT NULL DEFAULT 0, tagged INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0, rejected INTEGER NOT NULL DEFAULT 0,
+    single INTEGER NOT NULL DEFAULT 0, pages INTEGER NOT NULL DEFAULT 0,
+    tasks INTEGER NOT NULL DEFAULT 0, completed_at TEXT,
+    reused INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS job_tasks (job INTEGER NOT NULL, task_id TEXT NOT NULL,
+    PRIMARY KEY (job, task_id)) WITHOUT ROWID;
 """
 
 
@@ -105,4 +148,4 @@ BODY_SQL = (
     "COALESCE((SELECT b.body FROM chunk_bodies b WHERE b.chunk_id = chunks.chunk_id), chunks.body)"
 )
 
-TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "meta")
+TABLES = ("tasks", "chunks", "chunk_bodies", "ids", "singles", "jobs", "job_tasks", "meta")

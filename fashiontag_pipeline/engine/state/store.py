@@ -20,9 +20,10 @@ import msgspec
 
 from ... import _exceptions as exc
 from ..manifests import ManifestPrint, describe, same_manifests
+from .jobtables import JobRow, JobTables
 from .schema import BODY_SQL, COUNTERS, SCHEMA, TABLES
 
-__all__ = ["Reconciliation", "RunState", "StateDB"]
+__all__ = ["JobRow", "Reconciliation", "RunState", "StateDB"]
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
 
@@ -40,10 +41,6 @@ class RunState(msgspec.Struct, kw_only=True):
     opened: str = "new"
     note: str = ""
     completed_at: str | None = None
-    validated: int
-    chunked: int
-    results_checkpoint: int
-    rejects_checkpoint: int
     counters: dict[str, int]
     task_seq: int
 
@@ -89,7 +86,7 @@ def _lock_exclusively(path: Path) -> int:
     return fd
 
 
-class StateDB:
+class StateDB(JobTables):
     """The SQLite state file. Not thread-safe: used from one thread at a time (the journal)."""
 
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
@@ -116,13 +113,20 @@ class StateDB:
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
             db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+        if "reused" not in columns:  # state files written before --reuse
+            db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
         return db
 
     def close(self) -> None:
+        """Close the file and release its lock (idempotent)."""
+        lock, self._lock = self._lock, -1
+        if lock < 0:
+            return
         try:
             self.db.close()
         finally:
-            os.close(self._lock)
+            os.close(lock)
 
     def meta(self, key: str, default: str | None = None) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
@@ -168,8 +172,8 @@ class StateDB:
         self.set_meta("run_token", token)
         self.set_meta("prints", msgspec.json.encode(prints).decode())
         self.set_meta("manifests", msgspec.json.encode([p.name for p in prints]).decode())
-        for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt", "task_seq"):
-            self.set_meta(key, -1 if key in ("validated", "chunked") else 0)
+        self.set_meta("task_seq", 0)
+        self.set_meta("next_source", 0)
         for key in COUNTERS:
             self.set_meta(f"n_{key}", 0)
         self.db.execute("COMMIT")
@@ -212,13 +216,25 @@ class StateDB:
             opened=opened,
             note=note,
             completed_at=completed_at,
-            validated=int(self.meta("validated", "-1") or -1),
-            chunked=int(self.meta("chunked", "-1") or -1),
-            results_checkpoint=int(self.meta("results_ckpt", "0") or 0),
-            rejects_checkpoint=int(self.meta("rejects_ckpt", "0") or 0),
             counters={k: int(self.meta(f"n_{k}", "0") or 0) for k in COUNTERS},
             task_seq=int(self.meta("task_seq", "0") or 0),
         )
+
+    def open_engine(self) -> RunState:
+        """The state of a long-lived engine (the daemon): one token for its whole life, jobs
+        added as they come, never complete as a whole."""
+        token = self.meta("run_token")
+        if token is None:
+            token = secrets.token_hex(8)
+            self.db.execute("BEGIN IMMEDIATE")
+            self.set_meta("run_token", token)
+            self.set_meta("task_seq", 0)
+            self.set_meta("next_source", 0)
+            for key in COUNTERS:
+                self.set_meta(f"n_{key}", 0)
+            self.db.execute("COMMIT")
+            return self._run_state(token, opened="new")
+        return self._run_state(token, opened="resumed")
 
     def reconcile(self) -> Reconciliation:
         """Rows taken into the run without an outcome, and what is still in flight."""
@@ -287,12 +303,19 @@ class StateDB:
     # -------------------------------------------------------------- chunks and resume
 
     def insert_chunk(
-        self, n: int, last_pos: int, body: bytes, replaces: int | None, resent: int
+        self,
+        n: int,
+        last_pos: int,
+        body: bytes,
+        replaces: int | None,
+        resent: int,
+        marks: Sequence[tuple[int, int]] = (),
     ) -> int:
         """Write a chunk ahead of its request; returns its id. One transaction: the chunk, and
-        either the chunked watermark (W, new rows) or, for rows sent again, the ``resent``
-        counter and the chunk ``replaces`` whose unsettled rows it carries (resolved, so they
-        can never be sent twice)."""
+        either the chunked watermarks (W) of the jobs whose new rows it carries (``marks``:
+        (job, last position)), or, for rows sent again, the ``resent`` counter and the chunk
+        ``replaces`` whose unsettled rows it carries (resolved, so they can never be sent
+        twice)."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         # The body goes to its own table: the chunk's row is updated several times (token,
@@ -314,9 +337,9 @@ class StateDB:
                 (resent,),
             )
         else:
-            db.execute(
-                "UPDATE meta SET value=? WHERE key='chunked' AND CAST(value AS INTEGER) < ?",
-                (str(last_pos), last_pos),
+            db.executemany(
+                "UPDATE jobs SET chunked=? WHERE job=? AND chunked < ?",
+                [(pos, job, pos) for job, pos in marks],
             )
         db.execute("COMMIT")
         return chunk_id

@@ -1,0 +1,85 @@
+"""A trust store loaded when TLS is first used, not when aiohttp is imported.
+
+aiohttp builds its two default SSL contexts at import time, and each loads the system's CA
+bundle: ~35 ms of CPU in every process (a sixth of the engine's start-up), spent even when the
+service is an ``http://`` URL and no TLS connection is ever made. While aiohttp is imported
+under :func:`deferred_trust_store`, a context's "load the default trust store" calls
+(``load_default_certs``, ``set_default_verify_paths``) are recorded on the context instead,
+and replayed, under a lock, just before that context first wraps a connection or is asked
+what it trusts. Verification is unchanged: the same certificates are trusted, with the same
+verify mode and hostname checks, from the first handshake on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["deferred_trust_store", "trust_pending"]
+
+#: The methods that load the default trust store (deferred), and those that need it loaded.
+_LOADERS = ("load_default_certs", "set_default_verify_paths")
+_USERS = ("wrap_bio", "wrap_socket", "cert_store_stats", "get_ca_certs")
+_PENDING = "_fashiontag_deferred_trust"
+_lock = threading.Lock()
+
+
+def trust_pending(context: ssl.SSLContext) -> bool:
+    """True while ``context`` holds a deferred trust store not loaded yet."""
+    return bool(context.__dict__.get(_PENDING))
+
+
+def _load(context: ssl.SSLContext) -> None:
+    """Replay the deferred loads of ``context`` once and drop its first-use hooks."""
+    with _lock:
+        pending = context.__dict__.pop(_PENDING, None)
+        for name in _USERS:
+            context.__dict__.pop(name, None)
+        for load in pending or ():
+            load()
+
+
+def _defer(context: ssl.SSLContext, load: Callable[[], None]) -> None:
+    with _lock:
+        pending = context.__dict__.setdefault(_PENDING, [])
+        pending.append(load)
+        if len(pending) > 1:
+            return
+        for name in _USERS:
+            real = getattr(type(context), name)
+
+            def first_use(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                _load(context)
+                return _real(context, *args, **kwargs)
+
+            # An instance attribute shadows the class's method for this context only.
+            context.__dict__[name] = first_use
+
+
+@contextlib.contextmanager
+def deferred_trust_store() -> Iterator[None]:
+    """Within the block, a new ``ssl.SSLContext`` (``ssl.create_default_context()`` too) loads
+    its default trust store on first use. Meant for one import at start-up (aiohttp's)."""
+    cls = ssl.SSLContext
+    own = {name: cls.__dict__.get(name) for name in _LOADERS}
+    real = {name: getattr(cls, name) for name in _LOADERS}
+
+    def load_default_certs(self: ssl.SSLContext, purpose: Any = ssl.Purpose.SERVER_AUTH) -> None:
+        _defer(self, lambda: real["load_default_certs"](self, purpose))
+
+    def set_default_verify_paths(self: ssl.SSLContext) -> None:
+        _defer(self, lambda: real["set_default_verify_paths"](self))
+
+    setattr(cls, "load_default_certs", load_default_certs)  # noqa: B010
+    setattr(cls, "set_default_verify_paths", set_default_verify_paths)  # noqa: B010
+    try:
+        yield
+    finally:
+        for name, method in own.items():
+            if method is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, method)

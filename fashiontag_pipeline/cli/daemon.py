@@ -1,0 +1,190 @@
+"""``fashiontag daemon``: the ingestion daemon (flags, config, signals, logging).
+
+The daemon's parts live in :mod:`fashiontag_pipeline.daemon`; this module turns the command
+line and the ``[daemon]`` / ``[client]`` / ``[engine]`` tables of ``--config`` into a
+:class:`~fashiontag_pipeline.daemon.runner.Daemon` and runs it until SIGTERM or SIGINT (the
+first drains and exits 0; a second stops at once, state consistent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sqlite3
+import sys
+from typing import Any
+
+import anyio
+import msgspec
+
+from .._exceptions import ConfigError, FashiontagError, StateConflictError
+from ..daemon.config import DaemonConfig, load_daemon_config
+from ..daemon.logs import configure_logging
+from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
+from ..engine.engine import RunControl
+from .common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_client_arguments,
+    client_config_from_args,
+    run_async,
+)
+from .run import add_engine_arguments, engine_config_from_args
+
+__all__ = ["add_daemon_arguments", "daemon_command"]
+
+
+def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``fashiontag daemon`` (each overrides its ``[daemon]`` field)."""
+    parser.add_argument("--inbox", metavar="DIR", help="folder manifests are dropped into")
+    parser.add_argument("--outbox", metavar="DIR", help="folder outputs are written to")
+    parser.add_argument(
+        "--state", metavar="FILE", help="state store (default INBOX/.fashiontag-daemon.sqlite)"
+    )
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="/metrics /livez /readyz /status (default 127.0.0.1:9464; empty: off)",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        metavar="S",
+        help="a file without NAME.ready is ready once unchanged for S seconds (default 10)",
+    )
+    parser.add_argument(
+        "--scan-interval", type=float, metavar="S", help="seconds between scans (default 2)"
+    )
+    parser.add_argument(
+        "--max-active", type=int, metavar="N", help="manifests tagged at once (default 8)"
+    )
+    parser.add_argument(
+        "--max-pending-rows",
+        type=int,
+        metavar="N",
+        help="rows in flight before reading waits: a manifest dropped behind a big one reaches "
+        f"the service within seconds (default {DEFAULT_MAX_PENDING_ROWS:,})",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="S",
+        help="on SIGTERM, seconds to finish writes in flight (default 30)",
+    )
+    parser.add_argument(
+        "--log-format", choices=("json", "text", "auto"), help="log lines (default auto)"
+    )
+    add_client_arguments(parser)
+    add_engine_arguments(parser, give_up=False)
+
+
+def daemon_config_from_args(args: argparse.Namespace) -> DaemonConfig:
+    base = load_daemon_config(getattr(args, "config", None))
+    overrides: dict[str, Any] = {
+        "inbox": args.inbox,
+        "outbox": args.outbox,
+        "state": args.state,
+        "listen": args.listen,
+        "settle": args.settle,
+        "scan_interval": args.scan_interval,
+        "max_active": args.max_active,
+        "drain_timeout": args.drain_timeout,
+        "log_format": args.log_format,
+    }
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        config = msgspec.structs.replace(base, **changes) if changes else base
+        config.require_folders()
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid daemon option: {err}") from None
+    return config
+
+
+def daemon_command(args: argparse.Namespace) -> int:
+    """``fashiontag daemon``: returns the exit code (0 after a drain)."""
+    try:
+        config = daemon_config_from_args(args)
+        client = client_config_from_args(args)
+        engine = engine_config_from_args(args)
+    except (ConfigError, ValueError) as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.max_pending_rows is not None and args.max_pending_rows < 1:
+        print("fashiontag: --max-pending-rows must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if "://" in config.state_location():
+        print(
+            f"fashiontag: --state {config.state_location()}: a state URL (PostgreSQL) is not "
+            "supported yet; give a file path (default INBOX/.fashiontag-daemon.sqlite)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    inbox, _ = config.require_folders()
+    if not inbox.is_dir():
+        print(f"fashiontag: inbox {inbox} is not a folder", file=sys.stderr)
+        return EXIT_USAGE
+    level = logging.INFO if args.verbose < 2 else logging.DEBUG
+    configure_logging(
+        log_format=config.log_format,
+        level=level,
+        secrets=[client.api_key, client.bulk_api_key],
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    control = RunControl()
+    daemon = Daemon(
+        config,
+        client=client,
+        engine=engine,
+        control=control,
+        max_pending_rows=args.max_pending_rows or DEFAULT_MAX_PENDING_ROWS,
+    )
+    log = logging.getLogger("fashiontag_pipeline.daemon")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                    async for signum in received:
+                        if control.stopping.is_set():
+                            log.warning("second signal: stopping now")
+                            daemon.abort()
+                        else:
+                            log.info("signal %s: draining", signal.Signals(signum).name)
+                            daemon.stop()
+
+            async def body() -> None:
+                await daemon.run()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(signals)
+            tg.start_soon(body)
+
+    try:
+        run_async(main)
+    except BaseExceptionGroup as group:
+        return _report(_first(group), log)
+    except (FashiontagError, OSError, sqlite3.Error) as err:
+        return _report(err, log)
+    return EXIT_OK
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    first: BaseException = group.exceptions[0]
+    if isinstance(first, BaseExceptionGroup):
+        return _first(first)
+    return first
+
+
+def _report(err: BaseException, log: logging.Logger) -> int:
+    if isinstance(err, KeyboardInterrupt):
+        return EXIT_OK
+    message = " ".join(str(err).split())
+    log.error("daemon stopped on an error", extra={"error": f"{type(err).__name__}: {message}"})
+    if isinstance(err, StateConflictError):
+        return EXIT_USAGE
+    if isinstance(err, (FashiontagError, OSError, sqlite3.Error)):
+        return EXIT_ERROR
+    raise err

@@ -1,0 +1,435 @@
+"""The daemon itself: the inbox, the outbox and the monitoring around one long-lived engine.
+
+One :class:`~fashiontag_pipeline.engine.engine.Engine` (namespaced ids, a bound on rows in
+flight for fairness, no give-up: outages are waited out) takes every claimed manifest as a job
+of its own. For each claim, at most ``max_active`` at a time, in arrival order:
+
+1. content already completed (same sha256): ``summary.json`` says ``duplicate`` at once; content
+   equal to a manifest still in flight waits for it, then is a duplicate;
+2. otherwise its output folder is taken (:class:`~.outbox.Outbox`), the engine opens it as a job
+   (a claim found in ``.work`` at start-up resumes its job from the state store), and when every
+   row has its outcome the summary is written last and the manifest moves to ``done/``; a
+   manifest that cannot be read moves to ``failed/`` with its reason.
+
+Metrics count rows as they are written and, when a manifest completes, top its counts up to
+exactly its rows with an outcome (a manifest resumed after a restart counts all of its rows in
+the new process). SIGTERM (``control.stop()``) stops claiming and reading, lets writes in flight
+finish, flushes outputs and state, and returns; manifests in flight resume on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import anyio
+import anyio.abc
+import msgspec
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._config import ClientConfig
+from ..engine import EngineConfig
+from ..engine.engine import Engine, RunControl
+from ..engine.jobs import Job, JobSpec
+from ..engine.reuse import ReuseHook, open_reuse
+from ..engine.state import StateDB
+from .config import DaemonConfig
+from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer
+from .inbox import Claim, Inbox
+from .ledger import SQLiteClaimLedger
+from .metrics import DaemonMetrics, Op
+from .notify import SystemdNotifier
+from .outbox import ManifestOutputs, ManifestSummary, Outbox, rfc3339
+
+__all__ = ["DEFAULT_MAX_PENDING_ROWS", "Daemon", "op_of"]
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
+
+#: Rows taken in without an outcome before the source waits (fairness: a manifest dropped
+#: behind a big one reaches the service within seconds; the reference service tags ~10k/s).
+DEFAULT_MAX_PENDING_ROWS = 20_000
+#: Completed manifests kept for ``/status``.
+RECENT = 20
+_OUTCOMES = ("tagged", "failed", "rejected", "reused")
+
+
+def op_of(method: str, path: str) -> Op | None:
+    """The metrics ``op`` of a request (paths as the client sends them, query apart)."""
+    if path.endswith("/tags"):
+        return "single"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "append"
+    if method == "GET":
+        if path.endswith("/status"):
+            return "status"
+        if path.rstrip("/").endswith("/bulk"):
+            return "list"
+        if "/bulk/" in path:
+            return "results"
+    return None
+
+
+@dataclass(eq=False)
+class _Active:
+    claim: Claim
+    job: Job | None = None
+    #: Rows already counted in the metrics, by outcome.
+    counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
+    baseline: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
+    started: float = field(default_factory=time.monotonic)
+
+
+class Daemon:
+    """``fashiontag daemon``: see the module docstring. :meth:`run` returns after a drain."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        client: ClientConfig,
+        engine: EngineConfig,
+        control: RunControl | None = None,
+        notifier: SystemdNotifier | None = None,
+        max_pending_rows: int | None = DEFAULT_MAX_PENDING_ROWS,
+    ) -> None:
+        self.config = config
+        self.inbox_path, self.outbox_path = config.require_folders()
+        self.client_config = client
+        # The daemon never gives up on the service: outages are waited out with backoff.
+        self.engine_config = msgspec.structs.replace(engine, give_up_after=math.inf)
+        self.control = control or RunControl()
+        self.notifier = notifier or SystemdNotifier()
+        self.max_pending_rows = max_pending_rows
+        self.metrics = DaemonMetrics()
+        self.health = Health(unreachable_after=config.unreachable_after)
+        self.active: dict[str, _Active] = {}
+        self.queued: deque[Claim] = deque()
+        self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
+        self._in_flight_sha: dict[str, anyio.Event] = {}
+        self._engine: Engine | None = None
+        #: Where the monitoring endpoints listen (None: disabled or not started).
+        self.url: str | None = None
+        self.started = anyio.Event()
+
+    # -------------------------------------------------------------- /status
+
+    def status(self) -> DaemonStatus:
+        return DaemonStatus(
+            active=[self._progress(a) for a in self.active.values()],
+            queued=[
+                ManifestProgress(manifest=c.name, sha256=c.sha256, claimed_at=rfc3339(c.claimed_at))
+                for c in self.queued
+            ],
+            recent=list(self.recent),
+            draining=self.health.draining,
+        )
+
+    @staticmethod
+    def _progress(active: _Active) -> ManifestProgress:
+        claim, job = active.claim, active.job
+        c = job.counters if job is not None else {}
+        return ManifestProgress(
+            manifest=claim.name,
+            sha256=claim.sha256,
+            claimed_at=rfc3339(claim.claimed_at),
+            rows_read=job.rows_read if job is not None else 0,
+            submitted=c.get("submitted", 0),
+            tagged=c.get("tagged", 0),
+            failed=c.get("failed", 0),
+            rejected=c.get("rejected", 0),
+            pending=job.pending() if job is not None else 0,
+        )
+
+    # -------------------------------------------------------------- observation
+
+    def _observe(self, method: str, path: str, status: int, seconds: float) -> None:
+        if status == 0:
+            self.health.mark_service_unreachable()
+            return
+        self.health.mark_service_answered()
+        op = op_of(method, path)
+        if op is not None:
+            self.metrics.observe_request(op, status, seconds)
+
+    def _count_rows(self, active: _Active, *, final: bool) -> None:
+        """Rows written since the last count; ``final``: up to every row of the manifest."""
+        job = active.job
+        if job is None:
+            return
+        for outcome in _OUTCOMES:
+            now = job.counters.get(outcome, 0)
+            target = now if final else now - active.baseline[outcome]
+            delta = target - active.counted[outcome]
+            if delta > 0:
+                self.metrics.count_rows(outcome, delta)  # type: ignore[arg-type]
+                active.counted[outcome] += delta
+
+    async def _report(self, client: TaggerClient) -> None:
+        """Gauges and row counters, once a second."""
+        retries = 0
+        while True:
+            engine = self._engine
+            if engine is not None:
+                for active in list(self.active.values()):
+                    self._count_rows(active, final=False)
+                stats = client.stats
+                total = stats.retries + engine.budget.retries
+                self.metrics.count_retries(total - retries)
+                retries = total
+                self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
+                self.metrics.set_engine(
+                    tasks_live=engine.tasks_live(),
+                    rows_pending=max(0, engine.rows_pending()),
+                    oldest_pending_seconds=self._oldest_pending(),
+                    task_expiry_headroom_seconds=engine.writer.expiry_headroom(),
+                    result_expiry_headroom_seconds=engine.pagers.result_headroom(),
+                )
+            await anyio.sleep(1.0)
+
+    def _oldest_pending(self) -> float | None:
+        now = time.monotonic()
+        ages = [now - a.started for a in self.active.values() if a.job and a.job.pending() > 0]
+        return max(ages) if ages else None
+
+    # -------------------------------------------------------------- the life
+
+    async def run(self) -> None:
+        """Until drained (``control.stop()``): claim, tag, settle."""
+        inbox_dir, outbox_dir = self.inbox_path, self.outbox_path
+        state_path = self.config.state_location()
+        await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
+        db = await anyio.to_thread.run_sync(StateDB, Path(state_path))
+        try:
+            ledger = SQLiteClaimLedger(state_path)
+        except BaseException:
+            db.close()
+            raise
+        inbox = Inbox(
+            inbox_dir,
+            ledger=ledger,
+            settle=self.config.settle,
+            scan_interval=self.config.scan_interval,
+        )
+        outbox = Outbox(outbox_dir)
+        engine: Engine | None = None
+        reuse: ReuseHook | None = None
+        try:
+            await anyio.to_thread.run_sync(inbox.prepare)
+            state = await anyio.to_thread.run_sync(db.open_engine)
+            reuse = await anyio.to_thread.run_sync(self._open_reuse, db, state_path)
+            async with TaggerClient(config=self.client_config) as client:
+                client.set_observer(self._observe)
+                engine = Engine(
+                    client=client,
+                    db=db,
+                    state=state,
+                    config=self.engine_config,
+                    namespaced=True,
+                    control=self.control,
+                    fail_fast=False,
+                    max_pending_rows=self.max_pending_rows,
+                    reuse=reuse,
+                )
+                self._engine = engine
+                async with (
+                    MonitoringServer(
+                        self.config.listen, metrics=self.metrics, health=self.health, status=self
+                    ) as server,
+                    engine,
+                ):
+                    self.url = server.url
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._report, client)
+                        tg.start_soon(self.notifier.run_watchdog)
+                        tg.start_soon(self._drain_watch, engine)
+                        self.notifier.ready(f"watching {inbox_dir}")
+                        self.started.set()
+                        logger.info(
+                            "daemon started",
+                            extra={"inbox": str(inbox_dir), "outbox": str(outbox_dir)},
+                        )
+                        await self._claim_loop(tg, inbox, outbox, engine)
+        finally:
+            self._engine = None
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(ledger.close)
+                # Every open job's outputs flushed and closed, then the state store.
+                closer = engine.journal.close if engine is not None else db.close
+                await anyio.to_thread.run_sync(closer)
+                if reuse is not None:
+                    await anyio.to_thread.run_sync(reuse.close_store)
+        logger.info("daemon stopped")
+
+    def _open_reuse(self, db: StateDB, state_path: str | Path) -> ReuseHook | None:
+        """``--reuse``: the result store every manifest shares (None without one). The state
+        is long-lived: rows sent and not yet read back stay pending across restarts."""
+        return open_reuse(
+            self.engine_config,
+            language=self.client_config.language,
+            db=db.db,
+            resumed=True,
+            state_path=str(state_path),
+        )
+
+    def stop(self) -> None:
+        """Drain (SIGTERM): no more claims or reads; writes in flight finish; then
+        :meth:`run` returns. Says so at once to /readyz and systemd."""
+        if not self.health.draining:
+            self.health.mark_draining()
+            self.notifier.stopping()
+            logger.info("draining: no more claims; finishing the writes in flight")
+        self.control.stop()
+
+    def abort(self) -> None:
+        """Stop now (a second signal): state is consistent at every commit."""
+        self.stop()
+        self.control.abort()
+
+    async def _drain_watch(self, engine: Engine) -> None:
+        await self.control.stopping.wait()
+        self.stop()
+        with anyio.move_on_after(self.config.drain_timeout) as scope:
+            await engine.writer.idle.wait()
+        if scope.cancelled_caught:
+            logger.warning("drain timeout: stopping with writes in flight (they resume)")
+            self.control.abort()
+
+    async def _claim_loop(
+        self, tg: anyio.abc.TaskGroup, inbox: Inbox, outbox: Outbox, engine: Engine
+    ) -> None:
+        slots = anyio.Semaphore(self.config.max_active)
+        claims = inbox.claims()
+        try:
+            while not self.control.stopping.is_set():
+                await slots.acquire()
+                try:
+                    claim = await claims.__anext__()
+                except BaseException:
+                    slots.release()
+                    raise
+                tg.start_soon(self._manifest, claim, slots, outbox, inbox, engine)
+        finally:
+            aclose = getattr(claims, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _manifest(
+        self,
+        claim: Claim,
+        slots: anyio.Semaphore,
+        outbox: Outbox,
+        inbox: Inbox,
+        engine: Engine,
+    ) -> None:
+        try:
+            # Same content as a manifest in flight: wait for it, then it is a duplicate.
+            while (event := self._in_flight_sha.get(claim.sha256)) is not None:
+                self.queued.append(claim)
+                try:
+                    await event.wait()
+                finally:
+                    self.queued.remove(claim)
+            earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
+            outputs = await outbox.aoutputs(claim)
+            if earlier is not None:
+                await self._duplicate(claim, outputs, inbox, earlier.name)
+                return
+            done = self._in_flight_sha[claim.sha256] = anyio.Event()
+            try:
+                await self._tag(claim, outputs, inbox, engine)
+            finally:
+                del self._in_flight_sha[claim.sha256]
+                done.set()
+        finally:
+            slots.release()
+
+    async def _duplicate(
+        self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, earlier: str
+    ) -> None:
+        summary = outputs.new_summary("duplicate", finished_at=time.time(), duplicate_of=earlier)
+        await outputs.awrite_summary(summary)
+        await inbox.afinish(claim, "duplicate")
+        self.metrics.count_manifest("duplicate")
+        self.recent.append(summary)
+        logger.info(
+            "duplicate manifest: not sent again",
+            extra={"manifest": claim.name, "duplicate_of": earlier},
+        )
+
+    async def _tag(
+        self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, engine: Engine
+    ) -> None:
+        active = _Active(claim)
+        self.active[claim.name] = active
+        try:
+            spec = JobSpec(
+                key=f"{claim.name}@{claim.sha256}@{claim.claimed_at!r}",
+                name=claim.name,
+                manifests=[claim.path],
+                results=outputs.results,
+                rejects=outputs.rejects,
+            )
+            try:
+                job = await engine.submit(spec)
+            except exc.ManifestError as err:
+                await self._failed(claim, outputs, inbox, str(err))
+                return
+            active.job = job
+            active.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
+            logger.info(
+                "manifest claimed" if not claim.resumed else "manifest resumed",
+                extra={"manifest": claim.name, "sha256": claim.sha256, "job": job.id},
+            )
+            await engine.outcome(job)
+            self._count_rows(active, final=True)
+            c = job.counters
+            status: Literal["done", "failed"] = "failed" if job.failure else "done"
+            summary = outputs.new_summary(status, finished_at=time.time(), reason=job.failure)
+            summary.rows_read = job.rows_read
+            summary.submitted = c.get("submitted", 0)
+            summary.tagged = c.get("tagged", 0)
+            summary.failed = c.get("failed", 0)
+            summary.rejected = c.get("rejected", 0)
+            summary.reused = c.get("reused", 0)
+            summary.single = c.get("single", 0)
+            summary.tasks = c.get("tasks", 0)
+            summary.pages = c.get("pages", 0)
+            summary.elapsed_s = round(time.monotonic() - active.started, 3)
+            await outputs.awrite_summary(summary)
+            if job.failure:
+                await inbox.afail(claim, job.failure)
+            else:
+                await inbox.afinish(claim, "done")
+            self.metrics.count_manifest(status)
+            self.recent.append(summary)
+            logger.info(
+                "manifest complete",
+                extra={
+                    "manifest": claim.name,
+                    "status": status,
+                    "rows": summary.tagged + summary.failed + summary.rejected + summary.reused,
+                    "tagged": summary.tagged,
+                    "rejected": summary.rejected,
+                    "elapsed_s": summary.elapsed_s,
+                },
+            )
+        finally:
+            self.active.pop(claim.name, None)
+
+    async def _failed(
+        self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, reason: str
+    ) -> None:
+        summary = outputs.new_summary("failed", finished_at=time.time(), reason=reason)
+        await outputs.awrite_summary(summary)
+        await inbox.afail(claim, reason)
+        self.metrics.count_manifest("failed")
+        self.recent.append(summary)
+        logger.warning("manifest cannot be read", extra={"manifest": claim.name, "reason": reason})

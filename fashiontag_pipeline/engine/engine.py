@@ -1,0 +1,423 @@
+"""The engine: one long-lived pipeline that takes jobs (sets of manifests) as they come.
+
+::
+
+    jobs --RowBatch--> intake --[Item]--> TaskWriter --POST/PUT--> service
+    (round robin,        |   (validate,       |  (chunks, rotation,     |
+     fairness gate)      |    dedupe, route)  |   expiry guard)         |
+                       rejects             TaskBook <--- Tracker (list, status)
+                                              |
+    job outputs <-- Journal <-- ResultPagers <+  (done tasks; Resend -> writer)
+                       ^
+    intake --[SingleItem]--> SingleRouter --POST /tagger/v2/tags--> service
+
+The whole life is one task group (:meth:`Engine.__aenter__` starts every stage in it;
+:meth:`Engine.__aexit__` waits for it). Stages are linked by bounded memory streams (source ->
+intake -> writer, intake -> single router) and by narrow public methods of the objects they
+share: the :class:`~.tracker.TaskBook` of tasks past the writer (:meth:`~.tracker.TaskBook.watch`,
+:meth:`~.tracker.TaskBook.orphan`, :meth:`~.tracker.TaskBook.retire`), the pagers' ``add`` for
+done tasks and the writer's ``resend`` for rows without an outcome. One client session, one task
+rotation, one concurrency budget and one state store serve every job; :meth:`Engine.submit`
+adds a job at any time and :meth:`Engine.outcome` waits until every row of it has its outcome.
+
+``fashiontag run`` is one job (:func:`~.run.run_pipeline`); the daemon submits one job per
+manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import anyio.abc
+
+from .._client import TaggerClient
+from .._models import format_time
+from .batcher import TaskWriter
+from .config import EngineConfig
+from .flow import RetryBudget, RunControl
+from .intake import Idle, intake
+from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
+from .outcome import open_sinks
+from .pagers import ResultPagers
+from .resume import reattach
+from .reuse import ReuseHook
+from .scheduler import JobSource
+from .single import SingleRouter
+from .sinks import RejectSink, ResultSink
+from .source import ManifestReader, RowBatch, open_manifest
+from .state import Journal, Reconciliation, RunState, StateDB
+from .state.store import JobRow
+from .tracker import TaskBook, Tracker
+from .validate import Item, SingleItem, Validator
+
+__all__ = ["Engine", "RunControl"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+class Engine:
+    """The pipeline of :mod:`this module <.engine>`, for as long as the ``async with`` lasts.
+
+    ``namespaced``: several jobs may be in flight, so ids are sent as ``JOB/ID``
+    (:class:`~.jobs.IdSpace`). ``fail_fast``: a manifest that breaks while it is read ends
+    the engine (``run``); otherwise only its job fails (the daemon). ``max_pending_rows``:
+    the source waits while more rows than this are taken in without an outcome, so a job
+    submitted later reaches the service within seconds (None: no bound). ``reuse``: the result
+    store of ``--reuse`` (:class:`~.reuse.ReuseHook`; None: every row is sent)."""
+
+    def __init__(
+        self,
+        *,
+        client: TaggerClient,
+        db: StateDB,
+        state: RunState,
+        config: EngineConfig,
+        namespaced: bool = False,
+        control: RunControl | None = None,
+        fail_fast: bool = True,
+        max_pending_rows: int | None = None,
+        reuse: ReuseHook | None = None,
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.state = state
+        self.control = control or RunControl()
+        self.jobs = Jobs(IdSpace(namespaced))
+        self.reuse = reuse
+        self.journal = Journal(db, self.jobs, fsync_seconds=config.fsync_seconds, reuse=reuse)
+        self.journal.counters = dict(state.counters)
+        self.budget = RetryBudget(config.give_up_after)
+        self.book = TaskBook()
+        self.validator = Validator()
+        self.writer = TaskWriter(
+            client=client,
+            journal=self.journal,
+            config=config,
+            run_token=state.token,
+            task_seq=state.task_seq,
+            jobs=self.jobs,
+            book=self.book,
+            budget=self.budget,
+        )
+        self.pagers = ResultPagers(
+            client=client,
+            journal=self.journal,
+            book=self.book,
+            config=config,
+            budget=self.budget,
+            jobs=self.jobs,
+            resend=self.writer.resend,
+            finished=self.finished,
+        )
+        self.tracker = Tracker(
+            client=client,
+            journal=self.journal,
+            book=self.book,
+            config=config,
+            budget=self.budget,
+            on_done=self.pagers.add,
+            finished=self.finished,
+        )
+        self.single = SingleRouter(
+            client=client,
+            journal=self.journal,
+            config=config,
+            budget=self.budget,
+            jobs=self.jobs,
+            on_idle=self.book.poke,
+        )
+        self.started = time.monotonic()
+        self.source = JobSource(
+            book=self.book,
+            pending=self.rows_pending,
+            fail_fast=fail_fast,
+            max_pending_rows=max_pending_rows,
+        )
+        #: Every pipeline stage ended with nothing in flight (the engine was closed).
+        self.complete = False
+        #: Stopped from outside (drain or abort) before it was complete.
+        self.interrupted = False
+        #: The state store's check at the end (None until the engine has ended).
+        self.reconciliation: Reconciliation | None = None
+        self._finalized: dict[int, anyio.Event] = {}
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -------------------------------------------------------------- life
+
+    async def __aenter__(self) -> Engine:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            for row in await self.journal.run(self.journal.db.open_jobs):
+                await self._register(row)
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            self._tg = tg
+            for job in self.jobs.by_id.values():
+                tg.start_soon(self._finalize_when_settled, job)
+            await self._start(tg)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self.close()
+        assert self._stack is not None
+        try:
+            return await self._stack.__aexit__(exc_type, exc_value, tb)
+        finally:
+            self.source.close_readers()
+            # Shielded: an engine cancelled from outside still reconciles, flushes and closes
+            # every open job's outputs and the state store.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._conclude()
+                finally:
+                    await anyio.to_thread.run_sync(self.journal.close)
+
+    async def _conclude(self) -> None:
+        """The end-of-life check (:meth:`StateDB.reconcile`): complete only when every row
+        taken in has an outcome and nothing is in flight; then the state records it (the same
+        manifests again: nothing to do)."""
+        db = self.journal.db
+        try:
+            self.reconciliation = await self.journal.run(db.reconcile)
+        except Exception:
+            logger.exception("the state store cannot be reconciled")
+            self.complete = False
+            return
+        ended = self.complete and not self.interrupted
+        done = ended and self.reconciliation.complete
+        if ended and not done:
+            logger.error(
+                "run incomplete: %d rows have no outcome (%s)",
+                self.reconciliation.unsettled,
+                "; ".join(self.reconciliation.in_flight) or "counts differ",
+            )
+        self.complete = done
+        if done:
+            await self.journal.run(db.mark_complete, format_time(datetime.now(UTC)))
+
+    def close(self) -> None:
+        """No more jobs: the engine ends once every job in flight is complete."""
+        self.source.close()
+
+    async def wait(self) -> None:
+        """Until the engine ends (closed and finished, or stopped from outside). The end
+        cancels the engine's task group, and with it this wait: the ``async with`` block
+        then exits normally."""
+        await anyio.sleep_forever()
+
+    async def _start(self, tg: anyio.abc.TaskGroup) -> None:
+        q = self.config.queue_batches
+        raw_send, raw_recv = anyio.create_memory_object_stream[RowBatch | JobEnd | Idle](q)
+        item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
+        single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
+        self.writer.attach(tg)
+        pending = await reattach(self) if self.state.resumed else []
+        pending_singles = await self.single.load_pending()
+        tg.start_soon(self._watch_control, tg)
+        self.writer.active += 1  # held until the resumed chunks are dispatched
+        tg.start_soon(self.writer.run, item_recv)
+        for chunk in pending:
+            await self.writer.start(chunk)
+        self.writer.active -= 1
+        tg.start_soon(self.source.run, raw_send)
+        tg.start_soon(self.single.run, single_recv, pending_singles)
+        tg.start_soon(self._intake, raw_recv, item_send, single_send)
+        await self.writer.seal_idle()
+        tg.start_soon(self._track_and_page, tg)
+
+    async def _intake(
+        self,
+        raw: anyio.abc.ObjectReceiveStream[RowBatch | JobEnd | Idle],
+        items: anyio.abc.ObjectSendStream[list[Item]],
+        singles: anyio.abc.ObjectSendStream[list[SingleItem]],
+    ) -> None:
+        await intake(
+            raw,
+            items,
+            singles,
+            validator=self.validator,
+            journal=self.journal,
+            jobs=self.jobs,
+            reuse=self.reuse,
+        )
+
+    async def _watch_control(self, tg: anyio.abc.TaskGroup) -> None:
+        await self.control.stopping.wait()
+        self.interrupted = True
+        self.source.cancel()
+        async with anyio.create_task_group() as inner:
+
+            async def until_idle() -> None:
+                await self.writer.idle.wait()
+                await self.single.idle.wait()
+                inner.cancel_scope.cancel()
+
+            inner.start_soon(until_idle)
+            await self.control.aborting.wait()
+            inner.cancel_scope.cancel()
+        tg.cancel_scope.cancel()
+
+    async def _track_and_page(self, tg: anyio.abc.TaskGroup) -> None:
+        async with anyio.create_task_group() as inner:
+            inner.start_soon(self.tracker.run)
+            inner.start_soon(self._poke_on_idle)
+            await self.pagers.run()
+        self.complete = self.finished()
+        tg.cancel_scope.cancel()
+
+    async def _poke_on_idle(self) -> None:
+        await self.writer.idle.wait()
+        self.book.poke()
+
+    def finished(self) -> bool:
+        """True once the engine is closed, every job read, and nothing is in flight."""
+        w = self.writer
+        book = self.book
+        return (
+            self.source.done
+            and w.intake_done
+            and w.active == 0
+            and book.unfinished() == 0
+            and book.orphans_pending == 0
+            and not book.orphans_by_task
+            and self.single.idle.is_set()
+        )
+
+    # -------------------------------------------------------------- jobs
+
+    async def _register(self, row: JobRow) -> Job:
+        """A job's outputs opened (cut back to its checkpoints) and its completion watched."""
+        results, rejects = await anyio.to_thread.run_sync(
+            open_sinks, Path(row.results), Path(row.rejects), row.sink, row
+        )
+        job = Job(row, results, rejects)
+        self.jobs.add(job)
+        self._finalized[job.id] = anyio.Event()
+        if self._tg is not None:
+            self._tg.start_soon(self._finalize_when_settled, job)
+        return job
+
+    async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None = None) -> Job:
+        """Add a job (resumed when the state holds one of ``spec.key``). Its manifests are
+        opened first (``readers``: already opened, in order): one that cannot be read raises
+        :class:`~fashiontag_pipeline.ManifestError` and nothing is recorded."""
+        if self.source.closing:
+            raise RuntimeError("the engine is closed")
+        if readers is None:
+            readers = []
+            try:
+                for name in spec.manifests:
+                    readers.append(
+                        await anyio.to_thread.run_sync(
+                            open_manifest, name, 0, self.config.read_batch_rows
+                        )
+                    )
+            except BaseException:
+                for reader in readers:
+                    reader.close()
+                raise
+        try:
+            db = self.journal.db
+            row = await self.journal.run(
+                db.open_job,
+                spec.key,
+                spec.name or ", ".join(spec.manifests),
+                list(spec.manifests),
+                str(spec.results),
+                str(spec.rejects),
+                spec.sink,
+            )
+            job = self.jobs.by_id.get(row.job)
+            if row.state != "open":
+                # Complete already (a crash after it completed, before its caller recorded
+                # that): nothing to read or send; its counters are in the state.
+                for reader in readers:
+                    reader.close()
+                return await self._completed(row)
+            if job is None:
+                job = await self._register(row)
+        except BaseException:
+            for reader in readers:
+                reader.close()
+            raise
+        for reader, (src, _) in zip(readers, job.row.sources, strict=True):
+            reader.source = src
+        self.source.add(job, readers)
+        return job
+
+    async def _completed(self, row: JobRow) -> Job:
+        """A job the state records as complete, as a finished :class:`Job`."""
+
+        def outputs() -> tuple[ResultSink, RejectSink]:
+            results, rejects = open_sinks(Path(row.results), Path(row.rejects), row.sink, row)
+            results.close()
+            rejects.close()
+            return results, rejects
+
+        job = Job(row, *await anyio.to_thread.run_sync(outputs))
+        job.read_all = True
+        job.settled.set()
+        done = self._finalized[job.id] = anyio.Event()
+        done.set()
+        return job
+
+    async def _finalize_when_settled(self, job: Job) -> None:
+        await job.settled.wait()
+        with anyio.CancelScope(shield=True):
+            stamp = format_time(datetime.now(UTC))
+
+            def finalize() -> None:
+                self.journal.close_job_outputs(job)
+                job.counters["tasks"] = self.journal.db.job_complete(job.id, stamp)
+
+            await self.journal.run(finalize)
+            self.jobs.remove(job)
+            job.row.state = "complete"
+            job.row.completed_at = stamp
+            self._finalized[job.id].set()
+            self.book.poke()
+
+    async def outcome(self, job: Job) -> Job:
+        """Wait until every row of ``job`` has its outcome written, fsync-ed, and its
+        outputs closed."""
+        await self._finalized[job.id].wait()
+        return job
+
+    def active_jobs(self) -> list[Job]:
+        return list(self.jobs.by_id.values())
+
+    def rows_pending(self) -> int:
+        """Rows taken in without an outcome yet, over every job."""
+        c = self.journal.counters
+        return c.get("accepted", 0) - c.get("settled", 0)
+
+    # -------------------------------------------------------------- reporting
+
+    @property
+    def rows_read(self) -> int:
+        return self.source.rows_read
+
+    def bytes_read(self) -> int:
+        return self.source.bytes_read()
+
+    def bytes_total(self) -> int:
+        return self.source.bytes_total()
+
+    def tasks_live(self) -> int:
+        return self.book.unfinished() + len(self.writer.tasks)

@@ -1,0 +1,199 @@
+"""Jobs: the manifests a long-lived engine takes over time, each with its own outputs.
+
+A *job* is a set of manifests whose outcomes go to one pair of outputs: ``fashiontag run`` is
+one job, the daemon makes one per manifest. Jobs share everything else (the client session,
+the task rotation, the state store): rows of several jobs may share a chunk and a task. Every
+row carries its job in its position (``source << 40 | line``, and each job owns its source
+indexes), so every outcome (a results line, a reject) reaches its own job's outputs.
+
+Ids are made distinct inside a task (:class:`IdSpace`): when several jobs may be in flight
+(the daemon), the id sent to the service is ``JOB/ID``, and outputs carry ``ID`` again. A run of
+one job sends its ids as they are.
+
+A job is complete when its manifests are read to the end and its ``settled`` counter (outcomes
+written) has reached its ``accepted`` counter (distinct ids taken in): :meth:`Jobs.check`
+looks after every commit that touched it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from .sinks import PageRow, Reject, RejectSink, ResultSink
+from .source import ManifestReader
+from .state import POS_SHIFT
+from .state.store import JobRow
+
+__all__ = ["IdSpace", "Job", "JobEnd", "JobSpec", "Jobs"]
+
+_LINE_MASK = (1 << POS_SHIFT) - 1
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a caller hands the engine: ``key`` names the job in the state (the same key
+    again resumes it), ``manifests`` are read in order, outcomes go to ``results`` and
+    ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results)."""
+
+    key: str
+    manifests: Sequence[str]
+    results: Path
+    rejects: Path
+    sink: str = "jsonl"
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """The source read a job's manifests to the end (sent down the line after its last
+    batch)."""
+
+    job: int
+
+
+@dataclass(eq=False)
+class Job:
+    """A job in flight: its state row, its outputs and its readers."""
+
+    row: JobRow
+    results: ResultSink
+    rejects: RejectSink
+    readers: list[ManifestReader] = field(default_factory=list)
+    #: Set once the source read every manifest of the job and intake committed the last row.
+    read_all: bool = False
+    #: Set when every row taken in has its outcome written (or the job failed).
+    settled: anyio.Event = field(default_factory=anyio.Event)
+    #: Why the job's manifests could not be read to the end (None: they could).
+    failure: str | None = None
+    rows_read: int = 0
+
+    @property
+    def id(self) -> int:
+        return self.row.job
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.row.counters
+
+    @property
+    def sources(self) -> dict[int, str]:
+        return dict(self.row.sources)
+
+    def pending(self) -> int:
+        """Rows taken in without an outcome yet."""
+        c = self.row.counters
+        return c["accepted"] - c["settled"]
+
+
+class IdSpace:
+    """How ids are sent to the service: as they are (one job), or ``JOB/ID`` (several)."""
+
+    def __init__(self, namespaced: bool) -> None:
+        self.namespaced = namespaced
+
+    def sent(self, job: int, ident: str) -> str:
+        return f"{job}/{ident}" if self.namespaced else ident
+
+    def split(self, sent: str) -> tuple[int | None, str]:
+        """(job, id) of a sent id; job None when it is not one of ours (namespaced) or when
+        ids are sent as they are."""
+        if not self.namespaced:
+            return None, sent
+        head, sep, ident = sent.partition("/")
+        if not sep or not head.isdigit():
+            return -1, sent
+        return int(head), ident
+
+
+class Jobs:
+    """The jobs in flight: lookup by id and by position, and outcome routing."""
+
+    def __init__(self, ids: IdSpace) -> None:
+        self.ids = ids
+        self.by_id: dict[int, Job] = {}
+        self._by_source: dict[int, Job] = {}
+        #: The one job of an engine that does not namespace ids.
+        self.only: Job | None = None
+
+    def add(self, job: Job) -> None:
+        self.by_id[job.id] = job
+        for src, _ in job.row.sources:
+            self._by_source[src] = job
+        if not self.ids.namespaced:
+            self.only = job
+
+    def remove(self, job: Job) -> None:
+        self.by_id.pop(job.id, None)
+        for src, _ in job.row.sources:
+            self._by_source.pop(src, None)
+
+    def of_source(self, source: int) -> Job | None:
+        return self._by_source.get(source)
+
+    def of_pos(self, pos: int) -> Job | None:
+        return self._by_source.get(pos >> POS_SHIFT)
+
+    def source_name(self, pos: int) -> str:
+        job = self.of_pos(pos)
+        return job.sources.get(pos >> POS_SHIFT, "?") if job is not None else "?"
+
+    def reject(self, pos: int, ident: str | None, reason: str, stage: str) -> tuple[int, Reject]:
+        """The rejects line of the row at ``pos`` (``ident``: its manifest's id, or None), for
+        its job's outputs."""
+        job = self.of_pos(pos)
+        reject = Reject(ident, reason, stage, pos & _LINE_MASK, self.source_name(pos))
+        return (job.id if job is not None else -1), reject
+
+    def group_rows(self, rows: list[PageRow], job: int | None = None) -> dict[int, list[PageRow]]:
+        """A page's rows by job, with the ids of their manifests. ``job`` given: every row is
+        that job's and carries its own id already (the single endpoint). Rows of no job in
+        flight (not ours, or of a job already complete) are left out."""
+        if job is not None:
+            return {job: rows}
+        if not self.ids.namespaced:
+            only = self.only
+            return {only.id: rows} if only is not None else {}
+        out: dict[int, list[PageRow]] = {}
+        split = self.ids.split
+        for r in rows:
+            jid, ident = split(r.id)
+            if jid is not None and jid in self.by_id:
+                out.setdefault(jid, []).append(PageRow(ident, r.tagging_result))
+        return out
+
+    def original(self, sent: str) -> str:
+        """The manifest's id of an id as sent."""
+        return self.ids.split(sent)[1]
+
+    def is_open(self, pos: int) -> bool:
+        return self.of_pos(pos) is not None
+
+    def count_by_job(self, positions: Iterable[int]) -> dict[int, int]:
+        out: dict[int, int] = {}
+        by_source = self._by_source
+        for pos in positions:
+            job = by_source.get(pos >> POS_SHIFT)
+            if job is not None:
+                out[job.id] = out.get(job.id, 0) + 1
+        return out
+
+    def marks(self, positions: Sequence[int]) -> list[tuple[int, int]]:
+        """(job, last position) of each job with rows among ``positions``."""
+        last: dict[int, int] = {}
+        by_source = self._by_source
+        for pos in positions:
+            job = by_source.get(pos >> POS_SHIFT)
+            if job is not None and pos > last.get(job.id, -1):
+                last[job.id] = pos
+        return list(last.items())
+
+    def check(self, job_ids: Iterable[int]) -> None:
+        """Mark settled every job of ``job_ids`` read to the end with no row in flight."""
+        for jid in job_ids:
+            job = self.by_id.get(jid)
+            if job is not None and job.read_all and job.pending() <= 0:
+                job.settled.set()

@@ -1,0 +1,187 @@
+"""The spec's rules for one field of a row, and where an image that is not an http(s) URL goes.
+
+:class:`~.validate.Validator` applies these to every row (CSV or JSONL); each rule either returns
+the value as the request takes it or raises :class:`RowError` with the reason that goes into the
+row's rejects line.
+
+* ``url``: an http(s) URL with a host and no whitespace (:func:`http_url`); anything else raises
+  :class:`NotHttp` so that the caller can route it;
+* where a non-http(s) image goes (:func:`single_target`): a local path (no URL scheme; relative
+  to the run's working directory), a ``file:`` URL naming an absolute path, or a
+  ``data:image/<ext>;base64,<content>`` URI go to the single endpoint as a
+  :class:`SingleRequest`; any other scheme is a reject;
+* ``detection``: values among the nine the spec allows (:class:`DetectionRule`; CSV: separated by
+  ``|``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import msgspec
+
+from .._models import Context, Detection
+
+__all__ = [
+    "CONTEXT_FIELDS",
+    "PLAIN_URL",
+    "SINGLE_DATA",
+    "SINGLE_FILE",
+    "DetectionRule",
+    "NotHttp",
+    "RowError",
+    "SingleRequest",
+    "http_url",
+    "single_request",
+    "single_target",
+]
+
+SINGLE_FILE = "file"
+SINGLE_DATA = "data"
+
+
+class SingleRequest(msgspec.Struct, gc=False):
+    """A row routed to the single endpoint, as written ahead to the state store.
+
+    ``kind`` is ``file`` (``content``: an absolute path) or ``data`` (``content``: the
+    ``data:image/<ext>;base64,`` URI); ``context`` is the single-mode context (``age`` a
+    string); ``line`` and ``source`` locate the row for its rejects line."""
+
+    kind: str
+    content: str
+    context: Context
+    line: int
+    source: str
+
+
+class RowError(Exception):
+    """The row breaks a rule; the message is the reject's reason."""
+
+
+class NotHttp(Exception):
+    """The image is not an http(s) URL: a reject in bulk-only mode, else maybe routable."""
+
+
+#: Context columns (CSV header or JSONL key) -> the request's field.
+CONTEXT_FIELDS = {
+    "gender": "gender",
+    "brand": "brand",
+    "currency": "currency",
+    "price": "price",
+    "keywords": "keywords",
+    "productContentName": "product_content_name",
+    "product_content_name": "product_content_name",
+    "season": "season",
+}
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+#: What :func:`http_url` accepts, as one regex: http(s)://, a non-empty host (the text up to
+#: the first / or ?), no whitespace anywhere (``\s`` is exactly what ``str.split()`` cuts at,
+#: checked over every code point).
+PLAIN_URL = re.compile(r"https?://[^/?\s]\S*")
+_BULK_ONLY = "url must be an http:// or https:// URL (bulk mode takes URLs only)"
+_BAD_SCHEME = (
+    "url must be an http:// or https:// URL, a file:// URL, a data:image/<ext>;base64, URI"
+    " or a local file path (scheme {scheme!r} is not supported)"
+)
+_BAD_DATA = "data: URI must be data:image/<ext>;base64,<content>"
+_ALLOWED = {d.value: d for d in Detection}
+_ALLOWED_TEXT = ", ".join(_ALLOWED)
+_MAX_CACHE = 4096
+
+
+def http_url(value: Any) -> str:
+    """``value`` if it is an http(s) URL with a host and no whitespace; NotHttp for another
+    kind of image (the caller may route it); RowError for a bad or missing URL."""
+    if not isinstance(value, str) or not value:
+        raise RowError("url is missing")
+    if not value.startswith(("http://", "https://")):
+        raise NotHttp(value)
+    rest = value.split("://", 1)[1]
+    host = rest.split("/", 1)[0].split("?", 1)[0]
+    # ``str.split()`` cuts at every (Unicode) whitespace: one part equal to the value means the
+    # URL holds none, checked in C rather than per character.
+    if not host or value.split() != [value]:
+        raise RowError("url is not a valid http(s) URL")
+    return value
+
+
+def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
+    """(kind, content) of a non-http(s) image that can go to the single endpoint; RowError
+    when it cannot (or when ``route`` is off: bulk-only validation)."""
+    if not route:
+        raise RowError(_BULK_ONLY)
+    if value.startswith("data:"):
+        head, sep, payload = value.partition(",")
+        ext = head[len("data:image/") : -len(";base64")]
+        if (
+            not sep
+            or not payload
+            or not head.startswith("data:image/")
+            or not head.endswith(";base64")
+            or not ext
+            or "/" in ext
+        ):
+            raise RowError(_BAD_DATA)
+        return SINGLE_DATA, value
+    if "\x00" in value:
+        raise RowError("local path contains a NUL character")
+    if value[:5].lower() == "file:":
+        parts = urlsplit(value)
+        path = unquote(parts.path)
+        if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+            raise RowError("file URL must name an absolute local path (file:///path)")
+        return SINGLE_FILE, path
+    scheme = _SCHEME.match(value)
+    if scheme is not None:
+        raise RowError(_BAD_SCHEME.format(scheme=scheme.group()[:-1]))
+    return SINGLE_FILE, os.path.join(cwd, value)
+
+
+def single_request(
+    target: tuple[str, str], ident: str, kwargs: dict[str, Any], line: int, name: str
+) -> SingleRequest:
+    """The single-endpoint request of a routed row (its context's ``age`` joined by commas)."""
+    age = kwargs.pop("age", None)
+    context = Context(id=ident, age=",".join(age) if age else None, **kwargs)
+    return SingleRequest(target[0], target[1], context, line, name)
+
+
+class DetectionRule:
+    """``detection`` values, checked against the spec's nine (CSV text parsed once per
+    distinct value: manifests repeat a handful of them)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, list[Detection]] = {}
+
+    def __call__(self, value: Any) -> list[Detection] | None:
+        if value is None or value == "":
+            return None
+        if isinstance(value, str):
+            cached = self._cache.get(value)
+            if cached is not None:
+                return cached
+            parts = [p.strip() for p in value.split("|")]
+            out = self._values([p for p in parts if p])
+            if len(self._cache) < _MAX_CACHE:
+                self._cache[value] = out
+            return out
+        if isinstance(value, list):
+            return self._values(value)
+        raise RowError("detection must be a list of strings (CSV: values separated by |)")
+
+    @staticmethod
+    def _values(values: list[Any]) -> list[Detection]:
+        out: list[Detection] = []
+        for v in values:
+            if not isinstance(v, str):
+                raise RowError("detection values must be strings")
+            d = _ALLOWED.get(v.strip().upper())
+            if d is None:
+                raise RowError(f"invalid detection value {v!r} (allowed: {_ALLOWED_TEXT})")
+            if d not in out:
+                out.append(d)
+        return out

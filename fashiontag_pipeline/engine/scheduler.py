@@ -1,0 +1,168 @@
+"""The source stage of a long-lived engine: jobs' manifests read in turn, fairly.
+
+:class:`JobSource` reads one batch of each job in flight in turn (round robin), so a job
+submitted behind a big one has its rows in the next chunk. With ``max_pending_rows``, reading
+waits while more rows than that are taken in without an outcome: the service tags in
+acceptance order, so this bound is what lets a new job reach the service within seconds. When
+it has nothing to read (or waits on the bound) it sends :data:`~.intake.IDLE`, so the writer
+seals its open task and the rows sent get their results; after a job's last batch it sends
+:class:`~.jobs.JobEnd`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from .. import _exceptions as exc
+from .intake import IDLE, Idle
+from .jobs import Job, JobEnd
+from .source import ManifestReader, RowBatch, manifests_size
+from .tracker import TaskBook
+
+__all__ = ["JobSource"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+Message = RowBatch | JobEnd | Idle
+
+
+class JobSource:
+    """Round-robin reader of the jobs' manifests (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        book: TaskBook,
+        pending: Callable[[], int],
+        fail_fast: bool,
+        max_pending_rows: int | None,
+    ) -> None:
+        self.book = book
+        self.pending = pending
+        self.fail_fast = fail_fast
+        self.max_pending_rows = max_pending_rows
+        self.rows_read = 0
+        #: No more jobs will come: the stage ends once every job is read.
+        self.closing = False
+        #: The stage has ended.
+        self.done = False
+        self._reading: deque[Job] = deque()
+        #: Readers of jobs still being read (a long-lived engine forgets finished ones: a
+        #: reader keeps its last block of rows), and the bytes of those it forgot.
+        self._readers: list[ManifestReader] = []
+        self._bytes_done = 0
+        self._size_done = 0
+        self._size_unknown = False
+        self._wake = anyio.Event()
+        self._scope = anyio.CancelScope()
+
+    def add(self, job: Job, readers: list[ManifestReader]) -> None:
+        job.readers = readers
+        self._readers.extend(readers)
+        self._reading.append(job)
+        self._wake.set()
+
+    def close(self) -> None:
+        self.closing = True
+        self._wake.set()
+
+    def cancel(self) -> None:
+        """Stop reading now (a drain)."""
+        self._scope.cancel()
+
+    def close_readers(self) -> None:
+        for reader in self._readers:
+            reader.close()
+
+    def bytes_read(self) -> int:
+        return self._bytes_done + sum(r.bytes_read for r in self._readers)
+
+    def bytes_total(self) -> int:
+        """Total bytes of every manifest read so far (0 when one has no known size)."""
+        if self._size_unknown:
+            return 0
+        current = manifests_size(self._readers)
+        if self._readers and current == 0:
+            return 0
+        return self._size_done + current
+
+    def _forget(self, reader: ManifestReader) -> None:
+        reader.close()
+        if reader in self._readers:
+            self._readers.remove(reader)
+            self._bytes_done += reader.bytes_read
+            if reader.size is None:
+                self._size_unknown = True
+            else:
+                self._size_done += reader.size
+
+    async def run(self, send: anyio.abc.ObjectSendStream[Message]) -> None:
+        async with send:
+            with self._scope:
+                idle_sent = True
+                while True:
+                    if not self._reading:
+                        if self.closing:
+                            break
+                        if not idle_sent:
+                            await send.send(IDLE)
+                            idle_sent = True
+                        self._wake = anyio.Event()
+                        if self._reading or self.closing:
+                            continue
+                        await self._wake.wait()
+                        continue
+                    if await self._gate(send, idle_sent):
+                        idle_sent = True
+                    job = self._reading.popleft()
+                    batch = await self._read(job)
+                    if batch is None:
+                        await send.send(JobEnd(job.id))
+                        continue
+                    self._reading.append(job)
+                    job.rows_read += len(batch.rows)
+                    self.rows_read += len(batch.rows)
+                    idle_sent = False
+                    await send.send(batch)
+        self.done = True
+        self.book.poke()
+
+    async def _gate(self, send: anyio.abc.ObjectSendStream[Message], idle_sent: bool) -> bool:
+        """Wait while too many rows are in flight (fairness); True when IDLE was sent."""
+        cap = self.max_pending_rows
+        if cap is None or self.pending() < cap:
+            return False
+        if not idle_sent:
+            await send.send(IDLE)  # seal what is open: those rows get their results
+        while self.pending() >= cap:
+            with anyio.move_on_after(0.5):
+                await self.book.changed.wait()
+        return True
+
+    async def _read(self, job: Job) -> RowBatch | None:
+        """The job's next batch; None when its manifests are read to the end (or broke)."""
+        while job.readers:
+            reader = job.readers[0]
+            try:
+                batch = await anyio.to_thread.run_sync(reader.read_batch, abandon_on_cancel=True)
+            except exc.ManifestError as err:
+                if self.fail_fast:
+                    raise
+                job.failure = str(err)
+                logger.error("manifest %s broke while read: %s", reader.name, err)
+                for rest in job.readers:
+                    self._forget(rest)
+                job.readers = []
+                return None
+            if batch is None:
+                self._forget(reader)
+                job.readers.pop(0)
+                continue
+            if batch.rows:
+                return batch
+        return None

@@ -1,0 +1,162 @@
+"""The ``jobs`` table: each job's sources, outputs, watermarks, checkpoints and counters.
+
+:class:`JobTables` is a part of :class:`~.store.StateDB` (same connection, same thread): a
+job is found by its key (the same key again resumes it), created with fresh source indexes,
+listed while open (a restarted engine resumes them first) and marked complete. A state file of
+the version before jobs had one run whose watermarks and counters were in ``meta``: it becomes
+the job ``run``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from .schema import JOB_COUNTERS
+
+__all__ = ["JobRow", "JobTables"]
+
+
+class JobRow(msgspec.Struct, kw_only=True):
+    """A job as the state file records it (see :mod:`.schema`): its sources as
+    ``[[source index, manifest name], ...]``, watermarks, sink checkpoints and counters."""
+
+    job: int
+    key: str
+    name: str
+    sources: list[tuple[int, str]]
+    results: str
+    rejects: str
+    sink: str
+    state: str
+    validated: int
+    chunked: int
+    results_ckpt: int
+    rejects_ckpt: int
+    counters: dict[str, int]
+    completed_at: str | None = None
+    resumed: bool = False
+
+
+_JOB_COLUMNS = (
+    "job, key, name, sources, results, rejects, sink, state, validated, chunked, results_ckpt,"
+    " rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ", completed_at"
+)
+_sources_decoder = msgspec.json.Decoder(list[tuple[int, str]])
+
+
+class JobTables:
+    """The job half of the state store (mixed into :class:`~.store.StateDB`)."""
+
+    db: sqlite3.Connection
+
+    def meta(self, key: str, default: str | None = None) -> str | None:
+        raise NotImplementedError
+
+    def set_meta(self, key: str, value: object) -> None:
+        raise NotImplementedError
+
+    def _job_row(self, row: tuple[Any, ...]) -> JobRow:
+        n = len(JOB_COUNTERS)
+        return JobRow(
+            job=row[0],
+            key=row[1],
+            name=row[2],
+            sources=_sources_decoder.decode(row[3]),
+            results=row[4],
+            rejects=row[5],
+            sink=row[6],
+            state=row[7],
+            validated=row[8],
+            chunked=row[9],
+            results_ckpt=row[10],
+            rejects_ckpt=row[11],
+            counters=dict(zip(JOB_COUNTERS, row[12 : 12 + n], strict=True)),
+            completed_at=row[12 + n],
+        )
+
+    def find_job(self, key: str) -> JobRow | None:
+        self._migrate_run_job()
+        row = self.db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE key=?", (key,)).fetchone()
+        return None if row is None else self._job_row(row)
+
+    def open_jobs(self) -> list[JobRow]:
+        """Jobs not yet complete (a restarted engine resumes them before anything else)."""
+        self._migrate_run_job()
+        rows = self.db.execute(
+            f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state='open' ORDER BY job"
+        ).fetchall()
+        return [self._job_row(r) for r in rows]
+
+    def open_job(
+        self, key: str, name: str, manifests: Sequence[str], results: str, rejects: str, sink: str
+    ) -> JobRow:
+        """The job ``key``: resumed (``resumed``) when the state has it, else new, with
+        fresh source indexes. Its output paths are the ones given now."""
+        found = self.find_job(key)
+        if found is not None:
+            if (found.results, found.rejects, found.sink) != (results, rejects, sink):
+                self.db.execute(
+                    "UPDATE jobs SET results=?, rejects=?, sink=? WHERE job=?",
+                    (results, rejects, sink, found.job),
+                )
+                found.results, found.rejects, found.sink = results, rejects, sink
+            found.resumed = True
+            return found
+        self.db.execute("BEGIN IMMEDIATE")
+        first = int(self.meta("next_source", "0") or 0)
+        sources = [(first + i, m) for i, m in enumerate(manifests)]
+        self.set_meta("next_source", first + len(sources))
+        cur = self.db.execute(
+            "INSERT INTO jobs (key, name, sources, results, rejects, sink) VALUES (?,?,?,?,?,?)",
+            (key, name, msgspec.json.encode(sources).decode(), results, rejects, sink),
+        )
+        self.db.execute("COMMIT")
+        job = cur.lastrowid
+        assert job is not None
+        found = self.find_job(key)
+        assert found is not None
+        return found
+
+    def _migrate_run_job(self) -> None:
+        """A state file of a version before jobs: its run becomes the job ``run`` (its
+        watermarks, checkpoints and counters were in ``meta``)."""
+        if self.meta("validated") is None:
+            return
+        names = msgspec.json.decode(self.meta("manifests") or "[]", type=list[str])
+        counters = [int(self.meta(f"n_{k}", "0") or 0) for k in JOB_COUNTERS]
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.execute(
+            "INSERT OR IGNORE INTO jobs (job, key, name, sources, results, rejects, validated,"
+            " chunked, results_ckpt, rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ")"
+            " VALUES (0, 'run', ?, ?, '', '', ?, ?, ?, ?" + ", ?" * len(JOB_COUNTERS) + ")",
+            (
+                ", ".join(names),
+                msgspec.json.encode(list(enumerate(names))).decode(),
+                int(self.meta("validated", "-1") or -1),
+                int(self.meta("chunked", "-1") or -1),
+                int(self.meta("results_ckpt", "0") or 0),
+                int(self.meta("rejects_ckpt", "0") or 0),
+                *counters,
+            ),
+        )
+        self.set_meta("next_source", len(names))
+        for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
+            self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+        self.db.execute("COMMIT")
+
+    def job_complete(self, job: int, when: str) -> int:
+        """Mark the job complete; returns (and records) how many tasks held its rows."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        (tasks,) = db.execute("SELECT count(*) FROM job_tasks WHERE job=?", (job,)).fetchone()
+        db.execute(
+            "UPDATE jobs SET state='complete', completed_at=?, tasks=? WHERE job=?",
+            (when, tasks, job),
+        )
+        db.execute("DELETE FROM job_tasks WHERE job=?", (job,))
+        db.execute("COMMIT")
+        return int(tasks)

@@ -1,0 +1,246 @@
+"""The task writer's requests and what their answers change: create (POST), append (PUT),
+accept (the chunk's rows in the task, those the service refused as rejects), orphan a chunk of
+unknown fate, adopt a task after an ambiguous create.
+
+:class:`TaskWrites` is the sending half of :class:`~.batcher.TaskWriter` (the other half packs
+chunks and chooses their task); it holds no state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._models import BulkTaskResponse, Task
+from .config import EngineConfig
+from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
+from .jobs import Jobs
+from .policy import Chunk, OpenTask, WritePolicy
+from .state import JobReject, Journal, changes
+from .tracker import TaskBook
+
+__all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites"]
+
+STAGE_SERVER = "server-validation"
+DUPLICATE_PREFIX = "duplicate context.id"
+
+
+class TaskWrites:
+    """Requests to the service for :class:`~.batcher.TaskWriter` (see the module docstring)."""
+
+    client: TaggerClient
+    journal: Journal
+    config: EngineConfig
+    policy: WritePolicy
+    jobs: Jobs
+    book: TaskBook
+    budget: RetryBudget
+    slots: AIMDLimiter
+    tasks: dict[str, OpenTask]
+    current: OpenTask | None
+    clock: Callable[[], float]
+    default_ttl: float
+    refused_writes: int
+    sent_requests: int
+    run_token: str
+    _seq: int
+
+    def description(self, token: str) -> str:
+        return f"fashiontag run {token}"
+
+    def _expiry(self, response_expiry: datetime | None) -> float:
+        # The service's expiry is in the service's clock (see ServerClock).
+        return self.clock() + self.client.server_clock.remaining(response_expiry, self.default_ttl)
+
+    def _new_token(self) -> tuple[int, str]:
+        self._seq += 1
+        return self._seq, f"{self.run_token}-t{self._seq}"
+
+    def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[JobReject]:
+        out: list[JobReject] = []
+        jobs = self.jobs
+        for ident, pos in zip(chunk.ids, chunk.positions, strict=True):
+            reason = ids.get(ident)
+            if reason is not None:
+                out.append(jobs.reject(pos, jobs.original(ident), reason, stage))
+        return out
+
+    def _submitted(self, chunk: Chunk, refused: dict[str, str]) -> dict[int, dict[str, int]]:
+        """Rows of the chunk the service took, per job."""
+        positions = chunk.positions
+        if refused:
+            positions = [p for i, p in zip(chunk.ids, positions, strict=True) if i not in refused]
+        return {job: {"submitted": n} for job, n in self.jobs.count_by_job(positions).items()}
+
+    async def _accept(
+        self,
+        task: OpenTask,
+        chunk: Chunk,
+        response: BulkTaskResponse,
+        opened: list[changes.Change] | None = None,
+    ) -> None:
+        """Record an accepted write (and, with ``opened``, the task it created: one
+        transaction)."""
+        assert task.task_id is not None
+        mine = set(chunk.ids)
+        reasons: dict[str, str] = {}
+        for failure in response.failure_list:
+            ident = failure.context_id
+            if ident is None or ident not in mine:
+                continue
+            if failure.error_message.startswith(DUPLICATE_PREFIX):
+                continue  # a retried write: this id is already in the task
+            reasons[ident] = failure.error_message or "refused by the service"
+        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
+        accepted = len(chunk.ids) - len(rejects)
+        expiry = response.expires_at
+        if expiry is not None:
+            task.expires = self._expiry(expiry)
+        self.sent_requests += 1
+        counters = {"submitted": accepted}
+        if opened:
+            counters["tasks"] = 1
+        await self.journal.commit(
+            rejects=rejects,
+            settle=True,
+            by_job=self._submitted(chunk, reasons),
+            ops=[
+                *(opened or ()),
+                changes.chunk_accepted(chunk.chunk_id, task.task_id, accepted),
+                changes.task_expiry(task.task_id, expiry.timestamp() if expiry else None),
+            ],
+            counters=counters,
+        )
+
+    async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
+        reasons = dict.fromkeys(chunk.ids, message)
+        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
+        await self.journal.commit(
+            rejects=rejects, settle=True, ops=[changes.chunk_state(chunk.chunk_id, "resolved")]
+        )
+
+    async def _orphan(self, chunk: Chunk) -> None:
+        assert chunk.task_id is not None
+        await self.journal.commit(ops=[changes.chunk_state(chunk.chunk_id, "orphan")])
+        self.book.orphan(chunk.task_id, chunk.chunk_id)
+
+    def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
+        return refused(err)
+
+    async def _create(self, task: OpenTask, chunk: Chunk) -> bool:
+        """POST the chunk as a new task. True when the chunk is settled."""
+        await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
+        while True:
+            try:
+                response = await self.client.create_task(
+                    chunk.requests,
+                    description=self.description(task.token),
+                    default_detection=self.config.default_detection,
+                )
+            except exc.AmbiguousWriteError as err:
+                await self.budget.failed(err, "create task")
+                adopted = await self.find_task(task.token)
+                if adopted is None:
+                    continue
+                await self._opened(task, adopted.task_id, adopted.expires_at)
+                chunk.fate_unknown = True
+                chunk.task_id = adopted.task_id
+                return False
+            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
+                if isinstance(err, exc.RateLimitedError):
+                    self.slots.throttled()
+                await self.budget.failed(err, "create task")
+                continue
+            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+                raise self._fatal(err) from err
+            except exc.RequestError as err:
+                task.failed = True
+                task.created.set()
+                if self.current is task:
+                    self.current = None
+                await self._reject_chunk(chunk, err.service_message or str(err))
+                return True
+            self.budget.ok()
+            self.slots.success()
+            opened = self._opened_ops(task, response.task_id, response.expires_at)
+            await self._accept(task, chunk, response, opened)
+            task.created.set()
+            return True
+
+    def _opened_ops(
+        self, task: OpenTask, task_id: str, expiry: datetime | None
+    ) -> list[changes.Change]:
+        """Attach a created task; the rows recording it (committed before any other write
+        goes to the task: :attr:`OpenTask.created` is set after)."""
+        task.task_id = task_id
+        task.expires = self._expiry(expiry)
+        self.tasks[task_id] = task
+        stamp = expiry.timestamp() if expiry else None
+        return changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)
+
+    async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
+        await self.journal.commit(
+            ops=self._opened_ops(task, task_id, expiry), counters={"tasks": 1}
+        )
+        task.created.set()
+
+    async def find_task(self, token: str) -> Task | None:
+        """The task whose description carries ``token`` (after an ambiguous create)."""
+        wanted = self.description(token)
+        tasks = await self.budget.call("list tasks", self.client.all_tasks)
+        for task in tasks:
+            if task.description == wanted:
+                return task
+        return None
+
+    async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
+        """PUT the chunk to ``task``. True when settled; False to re-target it."""
+        assert task.task_id is not None
+        while True:
+            if not self.policy.writable(task, self.clock()):
+                task.closing = True
+                if chunk.fate_unknown and chunk.task_id == task.task_id:
+                    await self._orphan(chunk)
+                    return True
+                return False
+            if chunk.task_id != task.task_id:
+                chunk.task_id = task.task_id
+                chunk.fate_unknown = False
+                await self.journal.commit(ops=[changes.chunk_task(chunk.chunk_id, task.task_id)])
+            try:
+                response = await self.client.append_to_task(
+                    task.task_id, chunk.requests, default_detection=self.config.default_detection
+                )
+            except exc.AmbiguousWriteError as err:
+                chunk.fate_unknown = True
+                await self.budget.failed(err, f"append to task {task.task_id}")
+                continue
+            except (exc.TaskExpiredError, exc.TaskNotFoundError):
+                self.refused_writes += 1
+                task.closing = True
+                if self.current is task:
+                    self.current = None
+                if chunk.fate_unknown:
+                    await self._orphan(chunk)
+                    return True
+                # Refused, so not applied: the chunk belongs to no task until it is sent again
+                # (were the task found lost meanwhile, its rows must not be re-sent twice).
+                chunk.task_id = None
+                await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
+                return False
+            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
+                if isinstance(err, exc.RateLimitedError):
+                    self.slots.throttled()
+                await self.budget.failed(err, f"append to task {task.task_id}")
+                continue
+            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+                raise self._fatal(err) from err
+            except exc.RequestError as err:
+                await self._reject_chunk(chunk, err.service_message or str(err))
+                return True
+            self.budget.ok()
+            self.slots.success()
+            await self._accept(task, chunk, response)
+            return True

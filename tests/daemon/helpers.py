@@ -1,0 +1,157 @@
+"""A real ``fashiontag daemon`` process for the tests, and readers of what it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..engine.helpers import free_port
+
+__all__ = ["DaemonProcess", "metric_samples", "read_lines", "write_manifest"]
+
+
+def write_manifest(path: Path, ids: Sequence[str], *, url_tag: str = "") -> bytes:
+    lines = ["id,url,brand"] + [f"{i},https://img.example/{url_tag}{i}.jpg,acme" for i in ids]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+@dataclass
+class DaemonProcess:
+    """``fashiontag daemon`` on ``inbox``/``outbox`` against ``base_url``, as a subprocess."""
+
+    root: Path
+    base_url: str
+    extra: Sequence[str] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    settle: float = 0.4
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def inbox(self) -> Path:
+        return self.root / "inbox"
+
+    @property
+    def outbox(self) -> Path:
+        return self.root / "outbox"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> DaemonProcess:
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        args = [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "daemon",
+            "--inbox",
+            str(self.inbox),
+            "--outbox",
+            str(self.outbox),
+            "--base-url",
+            self.base_url,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--settle",
+            str(self.settle),
+            "--scan-interval",
+            "0.1",
+            "--log-format",
+            "json",
+            "--linger",
+            "0.05",
+            "--rotate-seconds",
+            "2",
+            *self.extra,
+        ]
+        env = {**os.environ, **self.env}
+        self.stderr_path = self.root / f"daemon-{time.monotonic_ns()}.err"
+        self.stdout_path = self.stderr_path.with_suffix(".out")
+        with self.stderr_path.open("wb") as err, self.stdout_path.open("wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
+        return self
+
+    def logs(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stderr_path.read_text().splitlines() if line]
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(self.url + path) as resp:
+            return resp.status, await resp.text()
+
+    async def wait_ready_endpoint(self, timeout: float = 20.0) -> None:
+        """Until the monitoring endpoints answer."""
+        with anyio.fail_after(timeout):
+            while True:
+                self.check_alive()
+                try:
+                    status, _ = await self.get("/livez")
+                    if status == 200:
+                        return
+                except aiohttp.ClientError:
+                    pass
+                await anyio.sleep(0.05)
+
+    def check_alive(self) -> None:
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None:
+            raise AssertionError(
+                f"daemon exited with {code}: {self.stderr_path.read_text()[-3000:]}"
+            )
+
+    async def wait_summary(self, stem: str, timeout: float = 60.0) -> dict[str, Any]:
+        path = self.outbox / stem / "summary.json"
+        with anyio.fail_after(timeout):
+            while not path.exists():
+                self.check_alive()
+                await anyio.sleep(0.05)
+        return dict(json.loads(path.read_text()))
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    async def wait_exit(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        with anyio.fail_after(timeout):
+            while (code := self.proc.poll()) is None:
+                await anyio.sleep(0.05)
+        return code
+
+    async def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        await self.wait_exit()
+
+    async def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.signal(signal.SIGTERM)
+        return await self.wait_exit()

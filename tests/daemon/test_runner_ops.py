@@ -1,0 +1,53 @@
+"""The metrics op of each request the client sends (names of DESIGN's metrics contract)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fashiontag_pipeline._http import BULK_PATH, SINGLE_PATH
+from fashiontag_pipeline.daemon.runner import op_of
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "op"),
+    [
+        ("POST", BULK_PATH, "create"),
+        ("PUT", f"{BULK_PATH}/t-1", "append"),
+        ("GET", BULK_PATH, "list"),
+        ("GET", f"{BULK_PATH}/t-1/status", "status"),
+        ("GET", f"{BULK_PATH}/t-1", "results"),
+        ("POST", SINGLE_PATH, "single"),
+    ],
+)
+def test_every_request_has_its_op(method: str, path: str, op: str) -> None:
+    assert op_of(method, path) == op
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--outbox", "OUT"], "daemon.inbox is required"),
+        (["--inbox", "IN"], "daemon.outbox is required"),
+        (["--inbox", "missing-folder", "--outbox", "OUT"], "is not a folder"),
+        (["--inbox", "IN", "--outbox", "OUT", "--state", "postgresql://h/db"], "not supported"),
+        (["--inbox", "IN", "--outbox", "OUT", "--max-active", "0"], "max_active"),
+        (["--inbox", "IN", "--outbox", "OUT", "--listen", "nope"], "listen"),
+    ],
+)
+def test_bad_daemon_options_are_one_clear_line_and_exit_2(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "IN").mkdir()
+    argv = [a if a not in ("IN", "OUT", "missing-folder") else str(tmp_path / a) for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fashiontag_pipeline", "daemon", *argv],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr.decode()
+    assert proc.stdout == b""
