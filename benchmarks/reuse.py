@@ -14,7 +14,7 @@ catalogue, which cancels start-up), for tagged rows (night 1) and reused rows (n
 Quick defaults (20,000 rows at 500 images/s: ~40 s of tagging, about a minute in all);
 ``--million`` runs the issue's 1M-row catalogue (at ``--rate 5000`` unless given: ~200 s of
 tagging, ~4 minutes with the manifest and the re-run), or any ``--rows`` / ``--rate``.
-Writes ``benchmarks/results/reuse.json`` and ``reuse.md``.
+Writes ``benchmarks/results/reuse.json`` and ``reuse.md`` (other sizes: ``reuse-N.*``).
 """
 
 from __future__ import annotations
@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     text = report(figures, command.strip())
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "reuse.json").write_text(json.dumps(figures, indent=2) + "\n")
-    (RESULTS / "reuse.md").write_text(text)
+    stem = "reuse" if (rows, rate) == (20_000, 500.0) else f"reuse-{rows}"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(figures, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(text)
     if not args.keep:
         for path in args.work.glob("*.jsonl"):
             path.unlink()
