@@ -4,13 +4,12 @@ fingerprint (:mod:`.fingerprint`), on disk, so an unchanged image is never paid 
 One SQLite file (WAL), its own schema, versioned (``PRAGMA user_version``) and marked as ours
 (``PRAGMA application_id``)::
 
-    results(key INTEGER PRIMARY KEY, fp, task_id, stored_at, result)
-                 key: the fingerprint's first 8 bytes as a signed integer (the rowid:
-                 a lookup is one B-tree descent, and a ~1.6 KB result sits in the row's
-                 own page); fp: the whole 16-byte fingerprint, compared on every hit (two
-                 fingerprints sharing a key cost a miss, never a wrong answer); task_id:
-                 the task that produced the result; stored_at: epoch seconds (indexed, for
-                 prune and stats); result: the raw taggingResult JSON bytes
+    results(fp BLOB UNIQUE, task_id, stored_at, result)
+                 fp: 16-byte fingerprint (its unique index is what a lookup searches; rows
+                 are appended in rowid order, so storing a page's results writes the table
+                 sequentially and only the small index entries land at random places);
+                 task_id: the task that produced the result; stored_at: epoch seconds;
+                 result: the raw taggingResult JSON bytes
     runs(run_id, started_at, finished_at, looked_up, reused, stored)
                  one row per engine run that used the store (``reuse stats``: hit rate)
 
@@ -69,8 +68,8 @@ CACHE_KIB = 4096
 _BUSY_MS = 30_000
 
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS results (key INTEGER PRIMARY KEY, fp BLOB NOT NULL,"
-    " task_id TEXT NOT NULL, stored_at REAL NOT NULL, result BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS results (fp BLOB NOT NULL UNIQUE, task_id TEXT NOT NULL,"
+    " stored_at REAL NOT NULL, result BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS results_stored_at ON results (stored_at)",
     "CREATE TABLE IF NOT EXISTS runs (run_id INTEGER PRIMARY KEY, started_at REAL NOT NULL,"
     " finished_at REAL NOT NULL, looked_up INTEGER NOT NULL, reused INTEGER NOT NULL,"
@@ -112,11 +111,6 @@ class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Clock = Callable[[], float]
-
-
-def _key(fp: bytes) -> int:
-    """The row key of a fingerprint: its first 8 bytes as a signed 64-bit integer."""
-    return int.from_bytes(fp[:8], "big", signed=True)
 
 
 class ResultStore:
@@ -169,6 +163,10 @@ class ResultStore:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
         db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        # WAL with synchronous=NORMAL: no fsync per commit (one per checkpoint). A power loss
+        # may drop the last commits (their rows are tagged again next time), never corrupt the
+        # store.
+        db.execute("PRAGMA synchronous=NORMAL")
         return db
 
     @staticmethod
@@ -235,20 +233,18 @@ class ResultStore:
         """The stored results of ``fps`` stored at or after ``newer_than`` (epoch seconds):
         one query per :data:`LOOKUP_BATCH` fingerprints. Reader connection."""
         found: dict[bytes, StoredResult] = {}
-        keys = list({_key(fp) for fp in fps})
-        wanted = set(fps)
+        unique = list(dict.fromkeys(fps))
         db = self._reader
         try:
-            for start in range(0, len(keys), LOOKUP_BATCH):
-                part = keys[start : start + LOOKUP_BATCH]
+            for start in range(0, len(unique), LOOKUP_BATCH):
+                part = unique[start : start + LOOKUP_BATCH]
                 marks = ",".join("?" * len(part))
                 for fp, task_id, result in db.execute(
-                    f"SELECT fp, task_id, result FROM results WHERE key IN ({marks})"
+                    f"SELECT fp, task_id, result FROM results WHERE fp IN ({marks})"
                     " AND stored_at >= ?",
                     (*part, newer_than),
                 ):
-                    if fp in wanted:
-                        found[fp] = StoredResult(task_id, result)
+                    found[fp] = StoredResult(task_id, result)
         except sqlite3.Error as err:
             raise self._error(self.path, err) from None
         return found
@@ -256,7 +252,7 @@ class ResultStore:
     def put(self, rows: Iterable[tuple[bytes, str, bytes]], *, stored_at: float) -> int:
         """Store ``(fp, task_id, raw result)`` rows, replacing older results of the same
         fingerprints; one transaction. Returns the rows written. Writer connection."""
-        values = [(_key(fp), fp, task_id, stored_at, bytes(result)) for fp, task_id, result in rows]
+        values = [(fp, task_id, stored_at, bytes(result)) for fp, task_id, result in rows]
         if not values:
             return 0
         db = self._writer
@@ -264,8 +260,8 @@ class ResultStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany(
-                    "INSERT OR REPLACE INTO results (key, fp, task_id, stored_at, result)"
-                    " VALUES (?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO results (fp, task_id, stored_at, result)"
+                    " VALUES (?, ?, ?, ?)",
                     values,
                 )
                 db.execute("COMMIT")
