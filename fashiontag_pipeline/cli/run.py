@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -339,6 +340,13 @@ def run_command(args: argparse.Namespace) -> int:
     out: Path = args.out
     rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
     state: Path = args.state or default_state_path(out)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(args.state or "")):
+        print(
+            f"fashiontag: --state {args.state}: a state URL (PostgreSQL) is not supported yet; "
+            "give a file path",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     # On by default: a live line on a terminal, periodic lines in a log (progress.py decides).
     progress = args.progress if args.progress is not None else True
     control = RunControl()

@@ -384,7 +384,9 @@ class Engine:
 
             def finalize() -> None:
                 self.journal.close_job_outputs(job)
-                job.counters["tasks"] = self.journal.db.job_complete(job.id, stamp)
+                job.counters["tasks"] = self.journal.db.job_complete(
+                    job.id, stamp, forget_rows=self.jobs.ids.namespaced
+                )
 
             await self.journal.run(finalize)
             self.jobs.remove(job)

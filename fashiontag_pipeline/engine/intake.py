@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import msgspec
 
 from .jobs import JobEnd, Jobs
 from .reuse import ReuseHook
@@ -41,16 +40,19 @@ class Idle:
 
 IDLE = Idle()
 
-_replace = msgspec.structs.replace
-
 
 def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
-    """The rows with the ids they are sent with (``JOB/ID``: see :class:`~.jobs.IdSpace`)."""
+    """The rows with the ids they are sent with (``JOB/ID``: see :class:`~.jobs.IdSpace`).
+
+    Each request was built for this row alone by the validator, so its context takes the
+    sent id in place (a new struct per row cost ~10% of the daemon's CPU)."""
     sent = jobs.ids.sent
     out: list[Item] = []
+    append = out.append
     for ident, pos, request in items:
         key = sent(job, ident)
-        out.append((key, pos, _replace(request, context=_replace(request.context, id=key))))
+        request.context.id = key
+        append((key, pos, request))
     return out
 
 

@@ -51,3 +51,26 @@ def test_bad_daemon_options_are_one_clear_line_and_exit_2(
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr.decode()
     assert proc.stdout == b""
+
+
+def test_run_refuses_a_state_url_until_it_is_supported(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\na,https://img.example/a.jpg\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "run",
+            str(manifest),
+            "--state",
+            "postgresql://db.example/fashiontag",
+            "--out",
+            str(tmp_path / "out.jsonl"),
+        ],
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and b"not supported yet" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]

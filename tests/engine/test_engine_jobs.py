@@ -58,6 +58,10 @@ async def test_jobs_with_equal_ids_share_tasks_and_keep_their_own_outputs(tmp_pa
                 engine.close()
             db.close()  # closed by the engine already: a no-op
         records = list(svc.store.tasks.values())
+    # A long-lived engine forgets a complete job's ids: its state grows with the rows in
+    # flight, not with every row it ever took.
+    leftover = sqlite3.connect(tmp_path / "state").execute("SELECT count(*) FROM ids").fetchone()
+    assert leftover == (0,)
     assert_exactly_once(
         tmp_path / "a" / "results.jsonl",
         tmp_path / "a" / "rejects.jsonl",

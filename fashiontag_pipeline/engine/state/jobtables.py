@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from .schema import JOB_COUNTERS
+from .schema import JOB_COUNTERS, POS_SHIFT
 
 __all__ = ["JobRow", "JobTables"]
 
@@ -148,10 +148,22 @@ class JobTables:
             self.db.execute("DELETE FROM meta WHERE key=?", (key,))
         self.db.execute("COMMIT")
 
-    def job_complete(self, job: int, when: str) -> int:
-        """Mark the job complete; returns (and records) how many tasks held its rows."""
+    def job_complete(self, job: int, when: str, *, forget_rows: bool = False) -> int:
+        """Mark the job complete; returns (and records) how many tasks held its rows.
+
+        ``forget_rows`` (a long-lived engine, whose ids are ``JOB/ID``): the job's ids and
+        single-mode rows are deleted in the same transaction, so the state of a daemon that
+        runs for weeks grows with the rows in flight, not with every row it ever took."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
+        if forget_rows:
+            db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
+            row = db.execute("SELECT sources FROM jobs WHERE job=?", (job,)).fetchone()
+            for src, _ in _sources_decoder.decode(row[0]) if row else ():
+                db.execute(
+                    "DELETE FROM singles WHERE pos >= ? AND pos < ?",
+                    (src << POS_SHIFT, (src + 1) << POS_SHIFT),
+                )
         (tasks,) = db.execute("SELECT count(*) FROM job_tasks WHERE job=?", (job,)).fetchone()
         db.execute(
             "UPDATE jobs SET state='complete', completed_at=?, tasks=? WHERE job=?",
