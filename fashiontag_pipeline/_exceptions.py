@@ -6,7 +6,9 @@
     ├── ConfigError                    bad config file, flag or environment value
     ├── ManifestError                  a manifest that cannot be read at all
     ├── StateConflictError             a state file that belongs to an unfinished run of
-    │                                  other manifests, or is in use by another run
+    │   │                              other manifests, or is in use by another run
+    │   └── LeaseLostError             a manifest's lease moved to another owner (or ended):
+    │                                  this process may no longer write its state
     ├── StateError                     a state file that cannot be opened or written
     ├── ResultStoreError               a result store (--reuse) that cannot be opened, read
     │                                  or written (corrupt, not a result store, a full disk)
@@ -49,6 +51,7 @@ __all__ = [
     "DecodeError",
     "ExpiredError",
     "FashiontagError",
+    "LeaseLostError",
     "ManifestError",
     "PayloadTooLargeError",
     "PermissionDeniedError",
@@ -85,6 +88,16 @@ class ManifestError(FashiontagError):
 class StateConflictError(FashiontagError):
     """The state file holds an unfinished run of other manifests (or of stdin, which cannot be
     checked before it is read); the message names the file and how to go on."""
+
+
+class LeaseLostError(StateConflictError):
+    """This process no longer holds the lease of a manifest (it ended, or another daemon took
+    it over with a higher epoch): the write was refused and nothing of it was committed."""
+
+    def __init__(self, message: str, *, manifest: str = "", epoch: int = 0) -> None:
+        super().__init__(message)
+        self.manifest = manifest
+        self.epoch = epoch
 
 
 class StateError(FashiontagError):

@@ -19,6 +19,7 @@ import anyio
 import msgspec
 
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
+from .._postgres import redact_url
 from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
@@ -116,8 +117,9 @@ def daemon_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if "://" in config.state_location():
         print(
-            f"fashiontag: --state {config.state_location()}: a state URL (PostgreSQL) is not "
-            "supported yet; give a file path (default INBOX/.fashiontag-daemon.sqlite)",
+            f"fashiontag: --state {redact_url(config.state_location())}: a state URL "
+            "(PostgreSQL) is not supported yet; give a file path "
+            "(default INBOX/.fashiontag-daemon.sqlite)",
             file=sys.stderr,
         )
         return EXIT_USAGE

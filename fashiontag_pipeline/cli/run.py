@@ -26,6 +26,7 @@ import msgspec
 from .._config import load_section
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
 from .._http import FIRST_FAILURE
+from .._postgres import redact_url
 from ..engine.config import EngineConfig, RunSummary
 from ..engine.run import (
     RunControl,
@@ -342,7 +343,8 @@ def run_command(args: argparse.Namespace) -> int:
     state: Path = args.state or default_state_path(out)
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(args.state or "")):
         print(
-            f"fashiontag: --state {args.state}: a state URL (PostgreSQL) is not supported yet; "
+            f"fashiontag: --state {redact_url(str(args.state))}: a state URL (PostgreSQL) is not "
+            "supported yet; "
             "give a file path",
             file=sys.stderr,
         )

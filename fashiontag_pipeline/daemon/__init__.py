@@ -13,6 +13,8 @@ One module per piece, each usable and tested on its own:
 * :mod:`.notify`: systemd ``READY=1`` / ``WATCHDOG=1`` / ``STOPPING=1`` (never blocks).
 * :mod:`.logs`: JSON lines on stderr (text on a terminal), API keys redacted.
 * :mod:`.config`: :class:`~.config.DaemonConfig`, the ``[daemon]`` table.
+* :mod:`.ledger`: the claim ledger (memory, SQLite, PostgreSQL) and, in PostgreSQL, the manifest
+  leases that let several daemons share one state (:class:`~.ledger.LeaseKeeper`).
 * :mod:`.interface`: what the long-lived engine plugs into.
 
 How the engine plugs in (:mod:`.interface`). For each claim, in arrival order and at most
@@ -35,7 +37,15 @@ from .config import DaemonConfig, load_daemon_config
 from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer, StatusProvider
 from .inbox import Claim, Inbox
 from .interface import IngestEngine, ManifestOutcome, ManifestRun
-from .ledger import ClaimLedger, ClaimRecord, MemoryClaimLedger, SQLiteClaimLedger
+from .ledger import (
+    ClaimLedger,
+    ClaimRecord,
+    Lease,
+    LeaseKeeper,
+    MemoryClaimLedger,
+    PostgresClaimLedger,
+    SQLiteClaimLedger,
+)
 from .logs import configure_logging
 from .metrics import DaemonMetrics
 from .notify import SystemdNotifier
@@ -51,6 +61,8 @@ __all__ = [
     "Health",
     "Inbox",
     "IngestEngine",
+    "Lease",
+    "LeaseKeeper",
     "ManifestOutcome",
     "ManifestOutputs",
     "ManifestProgress",
@@ -59,6 +71,7 @@ __all__ = [
     "MemoryClaimLedger",
     "MonitoringServer",
     "Outbox",
+    "PostgresClaimLedger",
     "SQLiteClaimLedger",
     "StatusProvider",
     "SystemdNotifier",

@@ -19,6 +19,7 @@ from fashiontag_pipeline.daemon.ledger import (
     ClaimLedger,
     ClaimRecord,
     MemoryClaimLedger,
+    PostgresClaimLedger,
     SQLiteClaimLedger,
 )
 
@@ -33,19 +34,25 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
 def make_ledger(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Callable[[], ClaimLedger]]:
     """A factory of ledgers over one store: each call is the store opened again after a
-    restart (the memory one is simply the same object)."""
-    opened: list[SQLiteClaimLedger] = []
+    restart (the memory one is simply the same object). PostgreSQL: a real server, a fresh
+    database for the test."""
+    opened: list[SQLiteClaimLedger | PostgresClaimLedger] = []
     memory = MemoryClaimLedger()
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else ""
 
     def make() -> ClaimLedger:
+        ledger: SQLiteClaimLedger | PostgresClaimLedger
         if request.param == "memory":
             return memory
-        ledger = SQLiteClaimLedger(tmp_path / "state.sqlite")
+        if request.param == "postgresql":
+            ledger = PostgresClaimLedger(url)
+        else:
+            ledger = SQLiteClaimLedger(tmp_path / "state.sqlite")
         opened.append(ledger)
         return ledger
 

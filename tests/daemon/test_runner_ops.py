@@ -33,7 +33,10 @@ def test_every_request_has_its_op(method: str, path: str, op: str) -> None:
         (["--outbox", "OUT"], "daemon.inbox is required"),
         (["--inbox", "IN"], "daemon.outbox is required"),
         (["--inbox", "missing-folder", "--outbox", "OUT"], "is not a folder"),
-        (["--inbox", "IN", "--outbox", "OUT", "--state", "postgresql://h/db"], "not supported"),
+        (
+            ["--inbox", "IN", "--outbox", "OUT", "--state", "postgresql://u:s3cret@h/db"],
+            "not supported",
+        ),
         (["--inbox", "IN", "--outbox", "OUT", "--max-active", "0"], "max_active"),
         (["--inbox", "IN", "--outbox", "OUT", "--listen", "nope"], "listen"),
     ],
@@ -50,6 +53,7 @@ def test_bad_daemon_options_are_one_clear_line_and_exit_2(
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr.decode()
+    assert b"s3cret" not in proc.stderr
     assert proc.stdout == b""
 
 
@@ -73,4 +77,5 @@ def test_run_refuses_a_state_url_until_it_is_supported(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert proc.returncode == 2 and b"not supported yet" in proc.stderr
+    assert b"s3cret" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]

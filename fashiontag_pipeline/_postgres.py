@@ -1,0 +1,177 @@
+"""The state in PostgreSQL (``--state postgresql://...``): URLs, connections, versioned schema.
+
+Every table the package keeps in PostgreSQL is created by :data:`MIGRATIONS`, an ordered list of
+SQL steps. The database records the steps it has applied in ``schema_version``; :func:`migrate`
+applies the missing ones, in order, in one transaction, under an advisory lock (several daemons
+starting at once against one new database create the schema once). A database whose version is
+newer than this code knows is refused: an older daemon must not write a schema it does not
+understand.
+
+Versions:
+
+1. ``claims``: the daemon's claim ledger (the table of the SQLite ledger).
+2. manifest leases on ``claims``: ``owner``, ``epoch``, ``lease_expires_at`` (database time).
+
+A URL may carry a password: it never reaches a message, a log or a repr (:func:`redact_url`).
+Driver errors become :class:`~._exceptions.StateError` here, in one place (:func:`state_errors`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, LiteralString, NamedTuple
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ._exceptions import StateError
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "is_postgres_url",
+    "migrate",
+    "redact_url",
+    "schema_version",
+    "state_errors",
+]
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+#: Any constant: the key of the advisory lock that serializes migrations.
+MIGRATION_LOCK = 0x66746167  # "ftag"
+
+
+class Migration(NamedTuple):
+    """One step of the schema: applied once, in order, never edited after release (a change is
+    a new step)."""
+
+    version: int
+    description: str
+    statements: tuple[LiteralString, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "the daemon's claim ledger",
+        (
+            """
+            CREATE TABLE claims (
+                id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                name text NOT NULL,
+                sha256 text NOT NULL,
+                size bigint NOT NULL,
+                claimed_at double precision NOT NULL,
+                status text NOT NULL CHECK (
+                    status IN ('claimed', 'done', 'failed', 'duplicate', 'abandoned')),
+                settled_as text NOT NULL DEFAULT ''
+            )
+            """,
+            "CREATE UNIQUE INDEX claims_in_flight ON claims (name) WHERE status = 'claimed'",
+            "CREATE INDEX claims_sha256 ON claims (sha256, status)",
+        ),
+    ),
+    Migration(
+        2,
+        "manifest leases: owner, epoch, expiry in database time",
+        (
+            """
+            ALTER TABLE claims
+                ADD COLUMN owner text,
+                ADD COLUMN epoch bigint NOT NULL DEFAULT 0,
+                ADD COLUMN lease_expires_at timestamptz
+            """,
+            "CREATE INDEX claims_leasable ON claims (lease_expires_at) WHERE status = 'claimed'",
+        ),
+    ),
+)
+
+#: The version this code writes: the last step's.
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version integer PRIMARY KEY,
+    description text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+def is_postgres_url(text: str) -> bool:
+    """Whether a ``--state`` value names a PostgreSQL database rather than a file."""
+    return text.startswith(URL_SCHEMES)
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (in the authority or as a ``password=`` parameter)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            user, sep, _password = userinfo.partition(":")
+            netloc = f"{user}:***@{hostinfo}" if sep else netloc
+        query = urlencode(
+            [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="/"
+        )
+        return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return "postgresql://***"
+
+
+@contextlib.contextmanager
+def state_errors(url: str, doing: str) -> Iterator[None]:
+    """Turn the driver's errors into :class:`StateError` naming the (redacted) database.
+
+    LeaseLostError and other errors of the package pass through unchanged.
+    """
+    import psycopg
+    import psycopg_pool
+
+    try:
+        yield
+    except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StateError(f"PostgreSQL state {redact_url(url)}: {doing}: {reason}") from exc
+
+
+def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:
+    """The version of the schema in the database (0: none yet)."""
+    row = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
+    if row is None or not row[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+    return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]], *, target: int = SCHEMA_VERSION) -> int:
+    """Bring the schema to ``target`` (the latest by default); returns the version found before.
+
+    One transaction for every missing step, under an advisory lock: concurrent callers wait and
+    then find the work done. Raises StateError when the database is newer than this code.
+    """
+    if not 0 <= target <= SCHEMA_VERSION:
+        raise ValueError(f"no schema version {target}")
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        found = schema_version(conn)
+        if found > SCHEMA_VERSION:
+            raise StateError(
+                f"the PostgreSQL state has schema version {found}; this fashiontag knows up to "
+                f"{SCHEMA_VERSION}: upgrade fashiontag"
+            )
+        conn.execute(_VERSION_TABLE)
+        for step in MIGRATIONS:
+            if found < step.version <= target:
+                for statement in step.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_version (version, description) VALUES (%s, %s)",
+                    (step.version, step.description),
+                )
+    return found

@@ -1,0 +1,104 @@
+"""The PostgreSQL state's schema on a real server: created on first open, migrated by version
+from the previous one with its rows kept, created once by daemons starting together, refused
+when newer than the code; a URL's password never shows."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from fashiontag_pipeline import StateError
+from fashiontag_pipeline._postgres import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    is_postgres_url,
+    migrate,
+    redact_url,
+    schema_version,
+)
+from fashiontag_pipeline.daemon.ledger import ClaimRecord, PostgresClaimLedger
+
+
+def versions(url: str) -> list[int]:
+    with psycopg.connect(url) as conn:
+        return [row[0] for row in conn.execute("SELECT version FROM schema_version ORDER BY 1")]
+
+
+def test_first_open_creates_every_version(postgres_url: str) -> None:
+    PostgresClaimLedger(postgres_url).close()
+    assert versions(postgres_url) == [m.version for m in MIGRATIONS]
+    assert SCHEMA_VERSION == MIGRATIONS[-1].version == 2
+    PostgresClaimLedger(postgres_url).close()  # opening again changes nothing
+    assert versions(postgres_url) == [1, 2]
+
+
+def test_migrates_from_the_previous_version_keeping_its_rows(postgres_url: str) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        assert migrate(conn, target=SCHEMA_VERSION - 1) == 0
+        conn.execute(  # a claim recorded by the previous version (no lease columns)
+            "INSERT INTO claims (name, sha256, size, claimed_at, status) "
+            "VALUES ('old.csv', %s, 10, 1.5, 'claimed')",
+            ("a" * 64,),
+        )
+        conn.commit()
+        assert schema_version(conn) == SCHEMA_VERSION - 1
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            conn.execute("SELECT epoch FROM claims")
+    ledger = PostgresClaimLedger(postgres_url, owner="a")
+    try:
+        assert versions(postgres_url) == [1, 2]
+        assert ledger.in_flight() == [
+            ClaimRecord(name="old.csv", sha256="a" * 64, size=10, claimed_at=1.5)
+        ]
+        [lease] = ledger.acquire(5)  # the old claim is leasable: no owner, epoch 0 -> 1
+        assert (lease.name, lease.owner, lease.epoch) == ("old.csv", "a", 1)
+    finally:
+        ledger.close()
+
+
+def test_daemons_starting_together_create_the_schema_once(postgres_url: str) -> None:
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            PostgresClaimLedger(postgres_url).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert versions(postgres_url) == [1, 2]
+
+
+def test_a_newer_schema_is_refused(postgres_url: str) -> None:
+    PostgresClaimLedger(postgres_url).close()
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("INSERT INTO schema_version (version, description) VALUES (99, 'future')")
+    with pytest.raises(StateError, match="schema version 99"):
+        PostgresClaimLedger(postgres_url)
+
+
+def test_urls_and_their_passwords() -> None:
+    assert is_postgres_url("postgresql://db/x") and is_postgres_url("postgres://db/x")
+    assert not is_postgres_url("state.sqlite")
+    assert redact_url("postgresql://u:SECRET@db:5432/x?sslmode=require") == (
+        "postgresql://u:***@db:5432/x?sslmode=require"
+    )
+    assert "SECRET" not in redact_url("postgresql://db/x?user=u&password=SECRET")
+    assert redact_url("postgresql://u@db/x") == "postgresql://u@db/x"
+
+
+def test_an_unreachable_database_is_a_state_error_without_the_password(tmp_path: object) -> None:
+    url = f"postgresql://u:SECRET-PW@/x?host={tmp_path}/nowhere"
+    with pytest.raises(StateError) as caught:
+        PostgresClaimLedger(url, connect_timeout=1)
+    assert "SECRET-PW" not in str(caught.value)
+    assert "cannot open" in str(caught.value)
