@@ -10,6 +10,8 @@
     │   └── LeaseLostError             a manifest's lease moved to another owner (or ended):
     │                                  this process may no longer write its state
     ├── StateError                     a state file that cannot be opened or written
+    ├── ResultStoreError               a result store (--reuse) that cannot be opened, read
+    │                                  or written (corrupt, not a result store, a full disk)
     ├── TransportError                 the service could not be reached or answered garbage
     │   ├── ConnectError               connection refused/failed: the request was not sent
     │   ├── TimeoutError_              no answer in time (reads only; see AmbiguousWriteError)
@@ -55,6 +57,7 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitedError",
     "RequestError",
+    "ResultStoreError",
     "ResultsExpiredError",
     "ResultsNotReadyError",
     "ServerError",
@@ -100,6 +103,12 @@ class LeaseLostError(StateConflictError):
 class StateError(FashiontagError):
     """The state file cannot be opened or written (permissions, a full disk, not a state
     file); the message names the file."""
+
+
+class ResultStoreError(FashiontagError):
+    """The result store of ``--reuse`` cannot be opened, read or written (not a result store,
+    damaged, a newer schema, a full disk); the message names the file. Never silently
+    replaced: a store that cannot be read would otherwise mean a full, billed re-tag."""
 
 
 class TransportError(FashiontagError):

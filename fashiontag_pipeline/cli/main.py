@@ -110,6 +110,18 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     add_client_arguments(t_results)
     tasks.set_defaults(handler=tasks_command, is_async=True)
 
+    reuse = sub.add_parser(
+        "reuse",
+        help="inspect or trim the result store of run --reuse",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if command == "reuse":
+        from . import reuse as reuse_cli
+
+        reuse_cli.add_reuse_arguments(reuse)
+        reuse.set_defaults(handler=reuse_cli.reuse_command, is_async=False)
+
     daemon = sub.add_parser(
         "daemon",
         help="take every manifest dropped into a folder, for weeks (the ingestion daemon)",

@@ -184,6 +184,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, give_up: bool = Tru
             "stops with its state saved (default 120)",
         )
     parser.add_argument(
+        "--reuse",
+        metavar="PATH",
+        help="result store (SQLite file; created when missing): a row whose request (URL, "
+        "detection, language, context other than id) has a stored successful result is "
+        'written from it ("reused": true) with no request; every successful result is stored',
+    )
+    parser.add_argument(
+        "--reuse-max-age",
+        metavar="DURATION",
+        help="oldest stored result --reuse may stand in with, e.g. 30d, 12h (default "
+        f"{_D.reuse_max_age})",
+    )
+    parser.add_argument(
         "--single-concurrency",
         type=int,
         metavar="N",
@@ -209,6 +222,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "give_up_after": getattr(args, "give_up_after", None),
         "single_concurrency": getattr(args, "single_concurrency", None),
         "progress_seconds": getattr(args, "progress_interval", None),
+        "reuse": getattr(args, "reuse", None),
+        "reuse_max_age": getattr(args, "reuse_max_age", None),
     }
     changes = {k: v for k, v in overrides.items() if v is not None}
     if not changes:
@@ -270,6 +285,7 @@ def format_summary(summary: RunSummary) -> str:
         f"run {status} in {summary.elapsed_s:.1f}s ({summary.rows_per_s:,.0f} rows/s)",
         f"  rows read {summary.rows_read:,}   submitted {summary.submitted:,}   "
         f"tagged {summary.tagged:,}   failed {summary.failed:,}   rejected {summary.rejected:,}"
+        + (f"   reused {summary.reused:,}" if summary.reused else "")
         + (f"   single mode {summary.single:,}" if summary.single else ""),
         f"  tasks {summary.tasks}   pages {summary.pages}   retries {summary.retries}   "
         f"rate limited {summary.rate_limited}   ambiguous writes {summary.ambiguous_writes}",

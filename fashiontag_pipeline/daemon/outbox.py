@@ -64,6 +64,8 @@ class ManifestCounts(msgspec.Struct, kw_only=True):
     tagged: int = 0
     failed: int = 0
     rejected: int = 0
+    #: Rows answered from the result store (``--reuse``), written without a request.
+    reused: int = 0
     tasks: int = 0
     pages: int = 0
     single: int = 0

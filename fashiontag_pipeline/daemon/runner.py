@@ -37,6 +37,7 @@ from .._config import ClientConfig
 from ..engine import EngineConfig
 from ..engine.engine import Engine, RunControl
 from ..engine.jobs import Job, JobSpec
+from ..engine.reuse import ReuseHook, open_reuse
 from ..engine.state import StateDB
 from .config import DaemonConfig
 from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer
@@ -55,7 +56,7 @@ logger = logging.getLogger("fashiontag_pipeline.daemon")
 DEFAULT_MAX_PENDING_ROWS = 20_000
 #: Completed manifests kept for ``/status``.
 RECENT = 20
-_OUTCOMES = ("tagged", "failed", "rejected")
+_OUTCOMES = ("tagged", "failed", "rejected", "reused")
 
 
 def op_of(method: str, path: str) -> Op | None:
@@ -219,9 +220,11 @@ class Daemon:
         )
         outbox = Outbox(outbox_dir)
         engine: Engine | None = None
+        reuse: ReuseHook | None = None
         try:
             await anyio.to_thread.run_sync(inbox.prepare)
             state = await anyio.to_thread.run_sync(db.open_engine)
+            reuse = await anyio.to_thread.run_sync(self._open_reuse, db, state_path)
             async with TaggerClient(config=self.client_config) as client:
                 client.set_observer(self._observe)
                 engine = Engine(
@@ -233,6 +236,7 @@ class Daemon:
                     control=self.control,
                     fail_fast=False,
                     max_pending_rows=self.max_pending_rows,
+                    reuse=reuse,
                 )
                 self._engine = engine
                 async with (
@@ -260,7 +264,20 @@ class Daemon:
                 # Every open job's outputs flushed and closed, then the state store.
                 closer = engine.journal.close if engine is not None else db.close
                 await anyio.to_thread.run_sync(closer)
+                if reuse is not None:
+                    await anyio.to_thread.run_sync(reuse.close_store)
         logger.info("daemon stopped")
+
+    def _open_reuse(self, db: StateDB, state_path: str | Path) -> ReuseHook | None:
+        """``--reuse``: the result store every manifest shares (None without one). The state
+        is long-lived: rows sent and not yet read back stay pending across restarts."""
+        return open_reuse(
+            self.engine_config,
+            language=self.client_config.language,
+            db=db.db,
+            resumed=True,
+            state_path=str(state_path),
+        )
 
     def stop(self) -> None:
         """Drain (SIGTERM): no more claims or reads; writes in flight finish; then
@@ -382,6 +399,7 @@ class Daemon:
             summary.tagged = c.get("tagged", 0)
             summary.failed = c.get("failed", 0)
             summary.rejected = c.get("rejected", 0)
+            summary.reused = c.get("reused", 0)
             summary.single = c.get("single", 0)
             summary.tasks = c.get("tasks", 0)
             summary.pages = c.get("pages", 0)
@@ -398,7 +416,7 @@ class Daemon:
                 extra={
                     "manifest": claim.name,
                     "status": status,
-                    "rows": summary.tagged + summary.failed + summary.rejected,
+                    "rows": summary.tagged + summary.failed + summary.rejected + summary.reused,
                     "tagged": summary.tagged,
                     "rejected": summary.rejected,
                     "elapsed_s": summary.elapsed_s,

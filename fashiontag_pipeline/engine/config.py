@@ -12,6 +12,7 @@ from typing import Literal
 import msgspec
 
 from .._models import MAX_REQUESTS_PER_WRITE, Detection
+from .reuse.durations import parse_duration
 
 __all__ = ["EngineConfig", "RunSummary", "SinkKind"]
 
@@ -25,6 +26,7 @@ DEFAULT_EXPIRY_MARGIN = 30.0
 DEFAULT_LINGER_SECONDS = 2.0
 DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_PROGRESS_SECONDS = 30.0
+DEFAULT_REUSE_MAX_AGE = "30d"
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +80,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       (the service refuses images over 20 MiB).
     * ``progress_seconds``: when stderr is not a terminal (cron, a log file), the CLI prints
       a progress line this often.
+    * ``reuse``: path of the result store (``--reuse``): a row whose request (URL, detection
+      after defaults, language, context fields other than ``id``) has a stored successful
+      result younger than ``reuse_max_age`` is written from the store, ``"reused": true``,
+      without a request; every successful result is stored. None: no store.
+    * ``reuse_max_age``: how old a stored result may be to stand in (``30d``, ``12h``, or
+      seconds).
     """
 
     chunk_size: int = MAX_REQUESTS_PER_WRITE
@@ -100,6 +108,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     single_concurrency: int = 8
     single_max_bytes: int = DEFAULT_SINGLE_MAX_BYTES
     progress_seconds: float = DEFAULT_PROGRESS_SECONDS
+    reuse: str | None = None
+    reuse_max_age: str | float = DEFAULT_REUSE_MAX_AGE
+
+    @property
+    def reuse_max_age_seconds(self) -> float:
+        """``reuse_max_age`` in seconds."""
+        return parse_duration(self.reuse_max_age)
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_size <= MAX_REQUESTS_PER_WRITE:
@@ -120,6 +135,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.progress_seconds must be positive")
         if not 0 < self.poll_min <= self.poll_max:
             raise ValueError("engine.poll_min must be > 0 and <= poll_max")
+        try:
+            parse_duration(self.reuse_max_age)
+        except ValueError as err:
+            raise ValueError(f"engine.reuse_max_age: {err}") from None
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -131,6 +150,8 @@ class RunSummary(msgspec.Struct, kw_only=True):
     tagged: int = 0
     failed: int = 0
     rejected: int = 0
+    #: Rows answered from the result store (``--reuse``): written without a request.
+    reused: int = 0
     tasks: int = 0
     pages: int = 0
     retries: int = 0

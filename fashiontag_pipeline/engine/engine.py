@@ -46,6 +46,7 @@ from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
 from .outcome import open_sinks
 from .pagers import ResultPagers
 from .resume import reattach
+from .reuse import ReuseHook
 from .scheduler import JobSource
 from .single import SingleRouter
 from .sinks import RejectSink, ResultSink
@@ -67,7 +68,8 @@ class Engine:
     (:class:`~.jobs.IdSpace`). ``fail_fast``: a manifest that breaks while it is read ends
     the engine (``run``); otherwise only its job fails (the daemon). ``max_pending_rows``:
     the source waits while more rows than this are taken in without an outcome, so a job
-    submitted later reaches the service within seconds (None: no bound)."""
+    submitted later reaches the service within seconds (None: no bound). ``reuse``: the result
+    store of ``--reuse`` (:class:`~.reuse.ReuseHook`; None: every row is sent)."""
 
     def __init__(
         self,
@@ -80,13 +82,15 @@ class Engine:
         control: RunControl | None = None,
         fail_fast: bool = True,
         max_pending_rows: int | None = None,
+        reuse: ReuseHook | None = None,
     ) -> None:
         self.client = client
         self.config = config
         self.state = state
         self.control = control or RunControl()
         self.jobs = Jobs(IdSpace(namespaced))
-        self.journal = Journal(db, self.jobs, fsync_seconds=config.fsync_seconds)
+        self.reuse = reuse
+        self.journal = Journal(db, self.jobs, fsync_seconds=config.fsync_seconds, reuse=reuse)
         self.journal.counters = dict(state.counters)
         self.budget = RetryBudget(config.give_up_after)
         self.book = TaskBook()
@@ -244,7 +248,13 @@ class Engine:
         singles: anyio.abc.ObjectSendStream[list[SingleItem]],
     ) -> None:
         await intake(
-            raw, items, singles, validator=self.validator, journal=self.journal, jobs=self.jobs
+            raw,
+            items,
+            singles,
+            validator=self.validator,
+            journal=self.journal,
+            jobs=self.jobs,
+            reuse=self.reuse,
         )
 
     async def _watch_control(self, tg: anyio.abc.TaskGroup) -> None:

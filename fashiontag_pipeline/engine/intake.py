@@ -11,6 +11,10 @@ below the job's chunked watermark (W) are skipped, and rows up to its V were val
 their rejects are not written again. When several jobs may share a task, rows get the ids they
 are sent with (``JOB/ID``) here. :class:`~.jobs.JobEnd` (a job read to the end) and
 :data:`IDLE` (nothing to read right now) pass through.
+
+With ``--reuse`` (``reuse``: a :class:`~.reuse.ReuseHook`), each batch's bulk rows are looked
+up in the result store first; the journal writes the rows answered from it in the batch's
+transaction and hands back only the rows to send.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import anyio
 
 from .jobs import JobEnd, Jobs
+from .reuse import ReuseHook
 from .single import merge_routes, pending_ops, split_routes
 from .source import RowBatch
 from .state import POS_SHIFT, JobReject, Journal, split_position
@@ -59,6 +64,7 @@ async def intake(
     validator: Validator,
     journal: Journal,
     jobs: Jobs,
+    reuse: ReuseHook | None = None,
 ) -> None:
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
     namespaced = jobs.ids.namespaced
@@ -113,8 +119,9 @@ async def intake(
                     pos, ident, f"duplicate id (first seen at {name} line {line})", STAGE_CLIENT
                 )
 
+            plan = await reuse.plan(rows) if reuse is not None and items else None
             keep = await journal.intake(
-                job.id, keyed, fresh, make_dup, max(watermark, validated), validated, routed
+                job.id, keyed, fresh, make_dup, max(watermark, validated), validated, routed, plan
             )
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)

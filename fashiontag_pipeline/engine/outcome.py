@@ -40,6 +40,7 @@ def already_complete(
         tagged=c.get("tagged", 0),
         failed=c.get("failed", 0),
         rejected=c.get("rejected", 0),
+        reused=c.get("reused", 0),
         tasks=c.get("tasks", 0),
         pages=c.get("pages", 0),
         single=c.get("single", 0),

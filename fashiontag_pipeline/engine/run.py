@@ -29,6 +29,7 @@ from .gcpolicy import tune_gc
 from .jobs import JobSpec
 from .manifests import fingerprint
 from .outcome import already_complete
+from .reuse import open_reuse
 from .source import ManifestReader, open_manifest
 from .state import Reconciliation, StateDB
 
@@ -112,6 +113,13 @@ async def run_pipeline(
             return already_complete(run, out, rejects, state_path, started)
         # The job's outputs are the ones given now (a resume may name other paths).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
+        reuse = open_reuse(  # --reuse: None without a store
+            engine,
+            language=client.language,
+            db=db.db,
+            resumed=run.resumed,
+            state_path=str(state_path),
+        )
     except BaseException:
         db.close()
         close_readers()
@@ -127,7 +135,7 @@ async def run_pipeline(
         rejects=str(rejects),
         state=str(state_path),
     )
-    core = Engine(client=tagger, db=db, state=run, config=engine, control=control)
+    core = Engine(client=tagger, db=db, state=run, config=engine, control=control, reuse=reuse)
     spec = JobSpec(key=RUN_JOB, manifests=names, results=out, rejects=rejects, sink=engine.sink)
     restore_gc = tune_gc()
     try:
@@ -154,6 +162,8 @@ async def run_pipeline(
             if own_client:
                 await tagger.aclose()
             await anyio.to_thread.run_sync(core.journal.close)
+            if reuse is not None:
+                await anyio.to_thread.run_sync(reuse.close_store)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         _fill(core, core.reconciliation, summary)
     return summary
@@ -164,7 +174,7 @@ def _snapshot(core: Engine) -> dict[str, int]:
     return {
         "rows_read": core.rows_read,
         "submitted": c.get("submitted", 0),
-        "tagged": c.get("tagged", 0) + c.get("failed", 0),
+        "tagged": c.get("tagged", 0) + c.get("failed", 0) + c.get("reused", 0),
         "rejected": c.get("rejected", 0),
         "pages": c.get("pages", 0),
         "single": c.get("single", 0),
@@ -183,6 +193,7 @@ def _fill(core: Engine, reconciliation: Reconciliation | None, summary: RunSumma
     summary.tagged = c.get("tagged", 0)
     summary.failed = c.get("failed", 0)
     summary.rejected = c.get("rejected", 0)
+    summary.reused = c.get("reused", 0)
     summary.tasks = c.get("tasks", 0)
     summary.pages = c.get("pages", 0)
     summary.single = c.get("single", 0)

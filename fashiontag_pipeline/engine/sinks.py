@@ -29,8 +29,10 @@ __all__ = [
     "Reject",
     "RejectSink",
     "ResultSink",
+    "ReusedLine",
     "SqliteResultSink",
     "open_result_sink",
+    "success_flags",
 ]
 
 
@@ -60,6 +62,16 @@ class _OutLine(msgspec.Struct, rename="camel", gc=False):
     id: str
     task_id: str | None  # None (JSON null): a result of the single endpoint
     tagging_result: msgspec.Raw
+
+
+class ReusedLine(msgspec.Struct, rename="camel", gc=False):
+    """A results line of a row answered from the result store (``--reuse``): the row's own
+    id, the task that produced the stored result, and ``"reused": true``."""
+
+    id: str
+    task_id: str
+    tagging_result: msgspec.Raw
+    reused: bool = True
 
 
 class Reject(msgspec.Struct, omit_defaults=False, gc=False):
@@ -101,7 +113,14 @@ def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
 
     A result whose first or last key is ``status`` is classified from that key alone, whatever
     the spacing; any other shape is decoded, which is correct but costs a parse of the row."""
-    ok = 0
+    ok = sum(success_flags(rows))
+    return ok, len(rows) - ok
+
+
+def success_flags(rows: list[PageRow]) -> list[bool]:
+    """Per row of a page: is its tagging result a success (see :func:`count_outcomes`)."""
+    flags: list[bool] = []
+    append = flags.append
     head = _STATUS_FIRST.match
     tail = _STATUS_LAST.search
     decode = _status_decoder.decode
@@ -113,10 +132,10 @@ def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
             view = memoryview(raw)
             found = tail(view[-_TAIL:] if len(view) > _TAIL else view)
         if found is not None:
-            ok += found.group(1) == success
-        elif decode(raw).status == STATUS_SUCCESS:
-            ok += 1
-    return ok, len(rows) - ok
+            append(found.group(1) == success)
+        else:
+            append(decode(raw).status == STATUS_SUCCESS)
+    return flags
 
 
 class _AppendFile:
@@ -176,6 +195,8 @@ class ResultSink(Protocol):
 
     def write_page(self, task_id: str | None, rows: list[PageRow]) -> None: ...
 
+    def write_reused(self, rows: list[ReusedLine]) -> None: ...
+
     def task_ids(self, task_id: str) -> set[str]: ...
 
     def checkpoint(self) -> int: ...
@@ -193,6 +214,11 @@ class JsonlResultSink(_AppendFile):
     def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
         self.write(_encoder.encode_lines([_OutLine(r.id, task_id, r.tagging_result) for r in rows]))
 
+    def write_reused(self, rows: list[ReusedLine]) -> None:
+        """Lines of rows answered from the result store, ``"reused": true``."""
+        if rows:
+            self.write(_encoder.encode_lines(rows))
+
     def task_ids(self, task_id: str) -> set[str]:
         """Ids of the lines written for ``task_id`` (a scan of the file: only used on the rare
         path where a task's results expired partway through reading)."""
@@ -205,7 +231,8 @@ class JsonlResultSink(_AppendFile):
 
 
 class SqliteResultSink:
-    """Results in SQLite: one row per image (id, task, status, category, item, error, JSON).
+    """Results in SQLite: one row per image (id, task, status, category, item, error, JSON,
+    reused: 1 for a row answered from the result store).
 
     Rows are keyed by image id, so a page written twice (after a crash) is written once."""
 
@@ -218,16 +245,25 @@ class SqliteResultSink:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"
             " status TEXT NOT NULL, category TEXT, item TEXT, item_confidence REAL,"
-            " error_code INTEGER, result TEXT NOT NULL)"
+            " error_code INTEGER, result TEXT NOT NULL, reused INTEGER NOT NULL DEFAULT 0)"
         )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+        if "reused" not in columns:  # a results file written before --reuse
+            self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
         self._rows = 0
 
     def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
         """Single-endpoint results (``task_id`` None) are stored with task_id ''."""
-        task_id = task_id or ""
+        self._insert([(row.id, task_id or "", row.tagging_result) for row in rows], reused=0)
+
+    def write_reused(self, rows: list[ReusedLine]) -> None:
+        """Rows answered from the result store: ``reused`` = 1, the original task id."""
+        self._insert([(row.id, row.task_id, row.tagging_result) for row in rows], reused=1)
+
+    def _insert(self, rows: list[tuple[str, str, msgspec.Raw]], *, reused: int) -> None:
         values = []
-        for row in rows:
-            typed = _typed_decoder.decode(row.tagging_result)
+        for ident, task_id, raw in rows:
+            typed = _typed_decoder.decode(raw)
             category = item = None
             confidence = None
             if typed.data is not None:
@@ -240,18 +276,23 @@ class SqliteResultSink:
                         break
             values.append(
                 (
-                    row.id,
+                    ident,
                     task_id,
                     typed.status,
                     category,
                     item,
                     confidence,
                     typed.error.code if typed.error else None,
-                    bytes(row.tagging_result).decode(),
+                    bytes(raw).decode(),
+                    reused,
                 )
             )
         self._db.execute("BEGIN")
-        self._db.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?)", values)
+        self._db.executemany(
+            "INSERT OR REPLACE INTO results (id, task_id, status, category, item,"
+            " item_confidence, error_code, result, reused) VALUES (?,?,?,?,?,?,?,?,?)",
+            values,
+        )
         self._db.execute("COMMIT")
         self._rows += len(values)
 

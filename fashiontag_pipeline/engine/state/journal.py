@@ -9,13 +9,15 @@ loop never blocks on disk.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
+import msgspec
 
-from ..sinks import PageRow, Reject, count_outcomes
+from ..sinks import PageRow, Reject, ReusedLine, count_outcomes
 from .changes import Change, validated_upto
 from .schema import COUNTERS, JOB_COUNTERS
 from .store import StateDB
@@ -26,9 +28,40 @@ if TYPE_CHECKING:
 #: A rejects line and the job whose outputs it goes to.
 JobReject = tuple[int, Reject]
 
-__all__ = ["JobReject", "Journal"]
+__all__ = ["JobReject", "Journal", "ReuseLedger"]
 
 T = TypeVar("T")
+
+
+class StoredAnswer(Protocol):
+    """A stored result (:class:`~..reuse.StoredResult`)."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def result(self) -> bytes: ...
+
+
+class ReuseLedger(Protocol):
+    """What the journal asks of ``--reuse`` (:class:`~..reuse.ReuseHook`), in its thread:
+    which kept rows of a batch are answered from the result store (``settle``, in the intake
+    transaction: rows to send, (index, stored result) of the others, state changes) and what a
+    committed results page stores (``store_page``: the state changes that go with it)."""
+
+    def settle(
+        self,
+        db: sqlite3.Connection,
+        job: int,
+        plan: Any,
+        keyed: Sequence[tuple[str, int]],
+        keep: list[int],
+        replay_upto: int,
+    ) -> tuple[list[int], Sequence[tuple[int, StoredAnswer]], list[Change]]: ...
+
+    def store_page(
+        self, db: sqlite3.Connection, task_id: str, rows: list[PageRow]
+    ) -> list[Change]: ...
 
 
 class Journal:
@@ -38,10 +71,19 @@ class Journal:
     the counters and records the new sink checkpoints.
     """
 
-    def __init__(self, db: StateDB, jobs: Jobs, *, fsync_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        db: StateDB,
+        jobs: Jobs,
+        *,
+        fsync_seconds: float = 1.0,
+        reuse: ReuseLedger | None = None,
+    ) -> None:
         self.db = db
         self.jobs = jobs
         self.fsync_seconds = fsync_seconds
+        #: ``--reuse``: the result store's side of intake and page commits (None: off).
+        self.reuse = reuse
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._limiter = anyio.CapacityLimiter(1)
         self._last_fsync = time.monotonic()
@@ -62,6 +104,7 @@ class Journal:
         by_job: dict[int, dict[str, int]] | None,
         settle: bool,
         page_job: int | None,
+        reused: tuple[int, list[ReusedLine]] | None = None,
     ) -> tuple[int, int, set[int]]:
         jobs = self.jobs
         counters = dict(counters)
@@ -72,8 +115,21 @@ class Journal:
         ok = bad = 0
         touched: dict[int, Job] = {}
         job_tasks: list[tuple[int, str]] = []
+        if reused is not None and reused[1] and reused[0] in jobs.by_id:
+            # --reuse: rows answered from the result store, accepted and settled together.
+            jid, lines = reused
+            target = jobs.by_id[jid]
+            target.results.write_reused(lines)
+            c = per_job.setdefault(jid, {})
+            c["settled"] = c.get("settled", 0) + len(lines)
+            c["reused"] = c.get("reused", 0) + len(lines)
+            counters["settled"] = counters.get("settled", 0) + len(lines)
+            counters["reused"] = counters.get("reused", 0) + len(lines)
+            touched[jid] = target
         if page is not None:
             task_id, rows = page
+            if self.reuse is not None and task_id is not None:  # --reuse: store the results
+                ops = [*ops, *self.reuse.store_page(self.db.db, task_id, rows)]
             for jid, jrows in jobs.group_rows(rows, page_job).items():
                 target = jobs.by_id[jid]
                 target.results.write_page(task_id, jrows)
@@ -167,9 +223,12 @@ class Journal:
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
+        plan: Any = None,
     ) -> tuple[list[int], set[int]]:
         """Dedupe a validated batch, write its rejects and move V, in one transaction
-        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead)."""
+        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
+        ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result store are
+        written in this transaction and not returned)."""
         self.db.db.execute("SAVEPOINT intake")
         firsts = self.db.dedupe(keyed)
         self.db.db.execute("RELEASE intake")
@@ -184,10 +243,22 @@ class Journal:
                 if dup is not None:
                     rejects.append(dup)
         ops: list[Change] = [validated_upto(job, watermark)]
+        reused: tuple[int, list[ReusedLine]] | None = None
+        if plan is not None and self.reuse is not None:  # --reuse
+            out, hits, reuse_ops = self.reuse.settle(self.db.db, job, plan, keyed, out, replay_upto)
+            ops.extend(reuse_ops)
+            original = self.jobs.original
+            reused = (
+                job,
+                [
+                    ReusedLine(original(keyed[i][0]), hit.task_id, msgspec.Raw(hit.result))
+                    for i, hit in hits
+                ],
+            )
         if routed is not None:
             ops.extend(routed(out))
         counters = {"accepted": fresh}
-        touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None)[2]
+        touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None, reused)[2]
         return out, touched
 
     # -------------------------------------------------------------- async side
@@ -226,12 +297,14 @@ class Journal:
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
+        plan: Any = None,
     ) -> list[int]:
-        """Indexes of ``keyed`` (rows of ``job``) whose row is the first of its id;
-        duplicates become rejects (unless at or below ``replay_upto``, already written by an
-        earlier attempt)."""
+        """Indexes of ``keyed`` (rows of ``job``) whose row is the first of its id and is to
+        be sent; duplicates become rejects (unless at or below ``replay_upto``, already written
+        by an earlier attempt); with ``plan`` (``--reuse``), rows answered from the result
+        store are written and left out."""
         keep, touched = await self.run(
-            self._intake, job, keyed, rejects, make_dup, watermark, replay_upto, routed
+            self._intake, job, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
         )
         self.jobs.check(touched)
         return keep

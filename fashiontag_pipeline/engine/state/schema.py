@@ -6,7 +6,7 @@ Schema::
                                engine-wide counters (``n_*``), next_source, completed_at
     jobs(job, key, name, sources, results, rejects, sink, state, validated, chunked,
          results_ckpt, rejects_ckpt, accepted, settled, submitted, tagged, failed, rejected,
-         single, completed_at)
+         single, pages, tasks, completed_at, reused)
                                one row per job: a set of manifests whose outcomes go to one
                                pair of outputs (``run``: one job; the daemon: one per
                                manifest). ``key`` names it (the daemon: the claim), ``sources``
@@ -53,7 +53,9 @@ the distinct ids taken into the run (in the transaction that records them), ``se
 outcomes written for them (results lines, and rejects of accepted rows: refused by the
 service, expired, single-mode failures), each in the transaction that writes it. A run is
 complete only when the two are equal and no chunk, task or single row is still in flight; a job
-whose manifests are read to the end is complete when its own two are equal.
+whose manifests are read to the end is complete when its own two are equal. A row answered
+from the result store (``--reuse``) is accepted and settled in one intake transaction (its
+``"reused": true`` line written in it); see :mod:`.reuse_rows`.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ COUNTERS = (
     "settled",
     "resent",
     "lost_tasks",
+    "reused",
 )
 
 #: The counters kept per job as well as engine-wide.
@@ -96,6 +99,7 @@ JOB_COUNTERS = (
     "single",
     "pages",
     "tasks",
+    "reused",
 )
 
 SCHEMA = """
@@ -121,7 +125,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted INTEGER NOT NULL DEFAULT 0, tagged INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0, rejected INTEGER NOT NULL DEFAULT 0,
     single INTEGER NOT NULL DEFAULT 0, pages INTEGER NOT NULL DEFAULT 0,
-    tasks INTEGER NOT NULL DEFAULT 0, completed_at TEXT);
+    tasks INTEGER NOT NULL DEFAULT 0, completed_at TEXT,
+    reused INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS job_tasks (job INTEGER NOT NULL, task_id TEXT NOT NULL,
     PRIMARY KEY (job, task_id)) WITHOUT ROWID;
 """

@@ -113,6 +113,9 @@ class StateDB(JobTables):
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
             db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+        if "reused" not in columns:  # state files written before --reuse
+            db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
         return db
 
     def close(self) -> None:

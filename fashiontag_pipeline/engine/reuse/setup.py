@@ -1,0 +1,63 @@
+"""Opening ``--reuse`` for a run: the store, the hook, and the state file's side of it."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import TYPE_CHECKING
+
+from ... import _exceptions as exc
+from ..state import reuse_rows
+from .fingerprint import Fingerprinter
+from .hook import ReuseHook
+from .store import ResultStore
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+
+__all__ = ["open_reuse"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+def open_reuse(
+    engine: EngineConfig,
+    *,
+    language: str,
+    db: sqlite3.Connection,
+    resumed: bool,
+    state_path: str,
+) -> ReuseHook | None:
+    """The run's :class:`ReuseHook` (None without ``engine.reuse``), its state side ready.
+
+    A missing store is created (a warning says so: every row is tagged this time). An
+    unfinished run (a job still open) that used a store is resumed only with a store: without
+    one, the rows it answered from the store could not be told from rows to send
+    (:class:`~fashiontag_pipeline.StateConflictError`, nothing touched). ``resumed``: the state
+    holds earlier work (a long-lived engine's state always may); otherwise the state's pending
+    rows of an earlier run are dropped."""
+    if engine.reuse is None:
+        if resumed and reuse_rows.reused_before(db):
+            raise exc.StateConflictError(
+                f"state file {state_path} holds unfinished work started with --reuse: resume "
+                "it with --reuse (the same store), or start over (run: --restart)"
+            )
+        return None
+    store = ResultStore.open(engine.reuse)
+    try:
+        if store.created:
+            logger.warning(
+                "result store %s did not exist: created it (every row is tagged this time, "
+                "and its successful results are stored for the next run)",
+                store.path,
+            )
+        hook = ReuseHook(
+            store,
+            Fingerprinter(language=language, default_detection=engine.default_detection),
+            max_age=engine.reuse_max_age_seconds,
+        )
+        hook.prepare(db, resumed=resumed)
+    except BaseException:
+        store.close()
+        raise
+    return hook

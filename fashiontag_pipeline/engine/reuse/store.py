@@ -1,0 +1,347 @@
+"""The result store of ``--reuse``: successful tagging results kept under their request's
+fingerprint (:mod:`.fingerprint`), on disk, so an unchanged image is never paid for twice.
+
+One SQLite file (WAL), its own schema, versioned (``PRAGMA user_version``) and marked as ours
+(``PRAGMA application_id``)::
+
+    results(fp BLOB UNIQUE, task_id, stored_at, result)
+                 fp: 16-byte fingerprint (its unique index is what a lookup searches; rows
+                 are appended in rowid order, so storing a page's results writes the table
+                 sequentially and only the small index entries land at random places);
+                 task_id: the task that produced the result; stored_at: epoch seconds;
+                 result: the raw taggingResult JSON bytes
+    runs(run_id, started_at, finished_at, looked_up, reused, stored)
+                 one row per engine run that used the store (``reuse stats``: hit rate)
+
+Memory stays flat in the catalogue size: lookups and inserts are batched (one ``IN (...)``
+query per ``LOOKUP_BATCH`` fingerprints), nothing is cached in Python, and SQLite's page cache
+is bounded (``CACHE_KIB``).
+
+Opening (:meth:`ResultStore.open`):
+
+* a missing file (or an empty one) is created, and :attr:`ResultStore.created` says so (the
+  CLI prints it: the first night tags everything);
+* a file that is not a result store (another SQLite file, a damaged one, garbage, a newer
+  schema) raises :class:`~fashiontag_pipeline.ResultStoreError` naming the file. It is never
+  replaced silently: a store that cannot be read would otherwise turn into a full, billed
+  re-tag of the catalogue. Corruption found later (a damaged page read mid-run) raises the
+  same error and the run stops with its state saved.
+
+Two connections: one for lookups (the engine's intake, in a worker thread) and one for writes
+(stored results, run records, prune), so a lookup never waits on a commit (WAL readers do not
+block the writer). Each connection is used from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+
+from ... import _exceptions as exc
+from .durations import DAY
+
+__all__ = [
+    "APPLICATION_ID",
+    "DEFAULT_MAX_AGE",
+    "SCHEMA_VERSION",
+    "LastRun",
+    "ResultStore",
+    "StoreStats",
+    "StoredResult",
+]
+
+#: ``PRAGMA application_id`` of a result store ("FTRS").
+APPLICATION_ID = 0x46545253
+SCHEMA_VERSION = 1
+DEFAULT_MAX_AGE = 30 * DAY
+#: Fingerprints per lookup query (well under SQLite's bound-parameter limit).
+LOOKUP_BATCH = 500
+#: SQLite page cache per connection, in KiB: memory flat however large the store is.
+CACHE_KIB = 4096
+_BUSY_MS = 30_000
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS results (fp BLOB NOT NULL UNIQUE, task_id TEXT NOT NULL,"
+    " stored_at REAL NOT NULL, result BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS results_stored_at ON results (stored_at)",
+    "CREATE TABLE IF NOT EXISTS runs (run_id INTEGER PRIMARY KEY, started_at REAL NOT NULL,"
+    " finished_at REAL NOT NULL, looked_up INTEGER NOT NULL, reused INTEGER NOT NULL,"
+    " stored INTEGER NOT NULL)",
+)
+
+
+class StoredResult(NamedTuple):
+    """A stored result: the task that produced it and its raw taggingResult JSON."""
+
+    task_id: str
+    result: bytes
+
+
+class LastRun(msgspec.Struct, frozen=True, kw_only=True):
+    """What the last run that used the store did with it."""
+
+    started_at: float
+    finished_at: float
+    looked_up: int
+    reused: int
+    stored: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Reused rows / rows looked up (None when it looked nothing up)."""
+        return self.reused / self.looked_up if self.looked_up else None
+
+
+class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
+    """``fashiontag reuse stats``: rows, size on disk, oldest/newest result, the last run."""
+
+    path: str
+    rows: int
+    size_bytes: int
+    oldest: float | None
+    newest: float | None
+    last_run: LastRun | None
+
+
+Clock = Callable[[], float]
+
+
+class ResultStore:
+    """A result store file; see the module docstring. Use :meth:`open`."""
+
+    def __init__(
+        self, path: Path, reader: sqlite3.Connection, writer: sqlite3.Connection, *, created: bool
+    ) -> None:
+        self.path = path
+        self._reader = reader
+        self._writer = writer
+        #: True when :meth:`open` created the file (it did not exist, or was empty).
+        self.created = created
+        self._closed = False
+
+    # -------------------------------------------------------------- opening
+
+    @classmethod
+    def open(cls, path: str | Path, *, create: bool = True) -> ResultStore:
+        """Open the store at ``path``; create it when missing (unless ``create`` is False).
+
+        Raises :class:`~fashiontag_pipeline.ResultStoreError` (naming the file) for a file
+        that is not a readable result store of this version."""
+        path = Path(path)
+        try:
+            created = not path.exists() or path.stat().st_size == 0
+        except OSError as err:
+            raise cls._error(path, err) from None
+        if created and not create:
+            raise exc.ResultStoreError(f"result store {path} does not exist")
+        writer: sqlite3.Connection | None = None
+        try:
+            if created:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            writer = cls._connect(path)
+            cls._prepare(path, writer, created)
+            reader = cls._connect(path)
+        except (sqlite3.Error, OSError) as err:
+            if writer is not None:
+                writer.close()
+            raise cls._error(path, err) from None
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        return cls(path, reader, writer, created=created)
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+        db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        # WAL with synchronous=NORMAL: no fsync per commit (one per checkpoint). A power loss
+        # may drop the last commits (their rows are tagged again next time), never corrupt the
+        # store.
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    @staticmethod
+    def _prepare(path: Path, db: sqlite3.Connection, created: bool) -> None:
+        (app,) = db.execute("PRAGMA application_id").fetchone()
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if app == 0 and version == 0:
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables and not created:
+                raise exc.ResultStoreError(
+                    f"{path} is an SQLite file but not a fashiontag result store: give --reuse "
+                    "another path (it is left untouched)"
+                )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+            return
+        if app != APPLICATION_ID:
+            raise exc.ResultStoreError(
+                f"{path} is not a fashiontag result store (SQLite application id {app:#x}): "
+                "give --reuse another path (it is left untouched)"
+            )
+        if version > SCHEMA_VERSION:
+            raise exc.ResultStoreError(
+                f"result store {path} has schema version {version}, newer than this version of "
+                f"fashiontag reads ({SCHEMA_VERSION}): upgrade fashiontag"
+            )
+        db.execute("PRAGMA journal_mode=WAL")
+        # Reads the schema and the first pages: a damaged header fails here, not mid-run.
+        db.execute("SELECT count(*) FROM runs").fetchone()
+        db.execute("SELECT fp FROM results ORDER BY stored_at DESC LIMIT 1").fetchone()
+
+    @staticmethod
+    def _error(path: Path, err: BaseException) -> exc.ResultStoreError:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        return exc.ResultStoreError(
+            f"result store {path} cannot be used: {reason} (it is left untouched; move it away "
+            "to start an empty store, and every row will be tagged again)"
+        )
+
+    def close(self) -> None:
+        """Close both connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._reader.close()
+        finally:
+            self._writer.close()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------- the engine's calls
+
+    def lookup(self, fps: Sequence[bytes], *, newer_than: float) -> dict[bytes, StoredResult]:
+        """The stored results of ``fps`` stored at or after ``newer_than`` (epoch seconds):
+        one query per :data:`LOOKUP_BATCH` fingerprints. Reader connection."""
+        found: dict[bytes, StoredResult] = {}
+        unique = list(dict.fromkeys(fps))
+        db = self._reader
+        try:
+            for start in range(0, len(unique), LOOKUP_BATCH):
+                part = unique[start : start + LOOKUP_BATCH]
+                marks = ",".join("?" * len(part))
+                for fp, task_id, result in db.execute(
+                    f"SELECT fp, task_id, result FROM results WHERE fp IN ({marks})"
+                    " AND stored_at >= ?",
+                    (*part, newer_than),
+                ):
+                    found[fp] = StoredResult(task_id, result)
+        except sqlite3.Error as err:
+            raise self._error(self.path, err) from None
+        return found
+
+    def put(self, rows: Iterable[tuple[bytes, str, bytes]], *, stored_at: float) -> int:
+        """Store ``(fp, task_id, raw result)`` rows, replacing older results of the same
+        fingerprints; one transaction. Returns the rows written. Writer connection."""
+        values = [(fp, task_id, stored_at, bytes(result)) for fp, task_id, result in rows]
+        if not values:
+            return 0
+        db = self._writer
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(
+                    "INSERT OR REPLACE INTO results (fp, task_id, stored_at, result)"
+                    " VALUES (?, ?, ?, ?)",
+                    values,
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as err:
+            raise self._error(self.path, err) from None
+        return len(values)
+
+    def record_run(
+        self, *, started_at: float, finished_at: float, looked_up: int, reused: int, stored: int
+    ) -> None:
+        """Record what a run did with the store (``reuse stats`` shows the last one)."""
+        try:
+            self._writer.execute(
+                "INSERT INTO runs (started_at, finished_at, looked_up, reused, stored)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (started_at, finished_at, looked_up, reused, stored),
+            )
+        except sqlite3.Error as err:
+            raise self._error(self.path, err) from None
+
+    # -------------------------------------------------------------- operators' calls
+
+    def stats(self) -> StoreStats:
+        """Rows, size on disk (the file and its WAL), oldest/newest result, the last run."""
+        db = self._writer
+        try:
+            (rows,) = db.execute("SELECT count(*) FROM results").fetchone()
+            oldest, newest = db.execute(
+                "SELECT min(stored_at), max(stored_at) FROM results"
+            ).fetchone()
+            last = db.execute(
+                "SELECT started_at, finished_at, looked_up, reused, stored FROM runs"
+                " ORDER BY run_id DESC LIMIT 1"
+            ).fetchone()
+        except sqlite3.Error as err:
+            raise self._error(self.path, err) from None
+        size = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(FileNotFoundError):
+                size += os.stat(f"{self.path}{suffix}").st_size
+        last_run = None
+        if last is not None:
+            started, finished, looked_up, reused, stored = last
+            last_run = LastRun(
+                started_at=started,
+                finished_at=finished,
+                looked_up=looked_up,
+                reused=reused,
+                stored=stored,
+            )
+        return StoreStats(
+            path=str(self.path),
+            rows=rows,
+            size_bytes=size,
+            oldest=oldest,
+            newest=newest,
+            last_run=last_run,
+        )
+
+    def prune(self, older_than: float, *, now: Clock = time.time) -> int:
+        """Delete results stored more than ``older_than`` seconds ago; returns how many.
+        Deletes in bounded transactions (a long prune never holds the write lock for long),
+        then checkpoints the WAL so the space is reusable."""
+        cutoff = now() - older_than
+        db = self._writer
+        deleted = 0
+        try:
+            while True:
+                cur = db.execute(
+                    "DELETE FROM results WHERE rowid IN (SELECT rowid FROM results"
+                    " WHERE stored_at < ? ORDER BY stored_at LIMIT 10000)",
+                    (cutoff,),
+                )
+                deleted += cur.rowcount
+                if cur.rowcount < 10000:
+                    break
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as err:
+            raise self._error(self.path, err) from None
+        return deleted

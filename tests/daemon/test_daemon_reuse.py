@@ -1,0 +1,58 @@
+"""``fashiontag daemon --reuse``: a manifest whose rows were tagged before (under other ids,
+in another manifest) is answered from the result store; summary.json and /metrics count them
+as ``reused``; the service's own task records show they were never sent again."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, metric_samples, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
+
+
+def _drop(inbox: Path, name: str, data: bytes) -> None:
+    tmp = inbox / f".{name}.part"
+    tmp.write_bytes(data)
+    os.rename(tmp, inbox / name)
+
+
+async def test_daemon_reuses_rows_of_an_earlier_manifest(tmp_path: Path) -> None:
+    store = tmp_path / "reuse.db"
+    monday = [f"p{i}" for i in range(300)]
+    # Tuesday: the same 300 images under new ids (renamed), plus 50 new images.
+    tuesday = write_manifest(Path(), [f"p{i}" for i in range(350)]).replace(b"\np", b"\nq")
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--reuse", str(store)]).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "monday.csv", write_manifest(Path(), monday))
+            first = await daemon.wait_summary("monday")
+            before = set(svc.store.tasks)
+            _drop(daemon.inbox, "tuesday.csv", tuesday)
+            second = await daemon.wait_summary("tuesday")
+            _, metrics_text = await daemon.get("/metrics")
+            assert await daemon.stop() == 0
+        finally:
+            if daemon.proc and daemon.proc.poll() is None:
+                daemon.proc.send_signal(signal.SIGKILL)
+        sent = [i for tid, t in svc.store.tasks.items() if tid not in before for i in t.ids]
+    assert first["status"] == "done" and first["reused"] == 0 and first["tagged"] == 300
+    assert second["status"] == "done"
+    assert second["reused"] == 300 and second["tagged"] + second["failed"] == 50
+    # Only the 50 new images reached the service (ids as sent carry the job's namespace).
+    assert sorted(i.split("/", 1)[1] for i in sent) == sorted(f"q{i}" for i in range(300, 350))
+    results = read_lines(daemon.outbox / "tuesday" / "results.jsonl")
+    ids = [r["id"] for r in results]
+    assert len(ids) == len(set(ids)) == 350
+    reused = {r["id"] for r in results if r.get("reused")}
+    assert reused == {f"q{i}" for i in range(300)}  # their own ids, not monday's
+    samples = metric_samples(metrics_text)
+    assert samples[("fashiontag_rows_total", (("outcome", "reused"),))] == 300
+    assert samples[("fashiontag_rows_total", (("outcome", "tagged"),))] == 300 + second["tagged"]

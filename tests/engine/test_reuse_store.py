@@ -1,0 +1,189 @@
+"""The result store of --reuse on its own: fingerprints, lookups, age, damage, stats, prune."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fashiontag_pipeline import ResultStoreError
+from fashiontag_pipeline._models import BulkContext, Detection, Image, ImageType, TaggingRequest
+from fashiontag_pipeline.engine.config import EngineConfig
+from fashiontag_pipeline.engine.reuse import (
+    Fingerprinter,
+    ResultStore,
+    format_duration,
+    parse_duration,
+)
+from fashiontag_pipeline.engine.reuse.store import LOOKUP_BATCH
+
+DAY = 86_400.0
+
+
+def request(
+    ident: str, url: str = "https://img.example/1.jpg", **context: object
+) -> TaggingRequest:
+    return TaggingRequest(Image(ImageType.URL, url), BulkContext(id=ident, **context))  # type: ignore[arg-type]
+
+
+def test_fingerprint_is_the_question_not_the_id() -> None:
+    fp = Fingerprinter(language="en").of
+    assert fp(request("a")) == fp(request("renamed"))  # a renamed product is reused
+    assert fp(request("a")) != fp(request("a", url="https://img.example/2.jpg"))
+    assert fp(request("a", brand="acme")) != fp(request("a", brand="other"))
+    assert fp(request("a", age=["20s"])) != fp(request("a"))
+    assert fp(request("a", season="fw")) != fp(request("a", keywords="fw"))  # fields stay apart
+    # Detection as a set, after defaults: none given means the clothing default.
+    top_shoes = [Detection.TOP, Detection.SHOES]
+    assert fp(request("a", detection=top_shoes)) == fp(request("a", detection=top_shoes[::-1]))
+    assert fp(request("a", detection=top_shoes)) != fp(request("a"))
+    clothing = [Detection.TOP, Detection.BOTTOM, Detection.WHOLEBODY, Detection.SWIMWEAR]
+    assert fp(request("a")) == fp(request("a", detection=clothing))
+    # The run's default detection applies to rows without their own.
+    shoes = Fingerprinter(language="en", default_detection=[Detection.SHOES]).of
+    assert shoes(request("a")) == fp(request("a", detection=[Detection.SHOES]))
+    assert shoes(request("a")) != fp(request("a"))
+    # The language is part of the question.
+    assert Fingerprinter(language="ko").of(request("a")) != fp(request("a"))
+    assert len(fp(request("a"))) == 16
+
+
+def test_lookup_put_and_age(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    with ResultStore.open(path) as store:
+        assert store.created
+        fps = [i.to_bytes(16, "little") for i in range(LOOKUP_BATCH * 2 + 7)]
+        n = store.put([(fp, "task-1", b'{"status":"success"}') for fp in fps[:-1]], stored_at=1000)
+        assert n == len(fps) - 1
+        # Batched lookups across several IN queries; the missing one is absent.
+        found = store.lookup(fps, newer_than=0)
+        assert set(found) == set(fps[:-1])
+        assert found[fps[0]].task_id == "task-1"
+        assert found[fps[0]].result == b'{"status":"success"}'
+        # Too old for the max age: not reused.
+        assert store.lookup(fps[:3], newer_than=1000.5) == {}
+        # A newer result replaces the older one.
+        store.put([(fps[0], "task-2", b'{"status":"success","v":2}')], stored_at=2000)
+        assert store.lookup([fps[0]], newer_than=1500)[fps[0]].task_id == "task-2"
+    with ResultStore.open(path) as again:
+        assert not again.created
+        stats = again.stats()
+        assert stats.rows == len(fps) - 1
+        assert (stats.oldest, stats.newest) == (1000, 2000)
+        assert stats.last_run is None
+        assert again.prune(1500, now=lambda: 3000) == len(fps) - 2
+        assert again.stats().rows == 1
+
+
+def test_fingerprints_sharing_a_prefix_never_answer_for_each_other(tmp_path: Path) -> None:
+    a, b = b"\x01" * 8 + b"A" * 8, b"\x01" * 8 + b"B" * 8
+    with ResultStore.open(tmp_path / "store.db") as store:
+        store.put([(a, "task-a", b'{"status":"success"}')], stored_at=1.0)
+        assert store.lookup([b], newer_than=0) == {}
+        store.put([(b, "task-b", b'{"status":"success"}')], stored_at=2.0)
+        found = store.lookup([a, b], newer_than=0)
+        assert (found[a].task_id, found[b].task_id) == ("task-a", "task-b")
+
+
+def test_reuse_options_from_a_config_file_and_flags(tmp_path: Path) -> None:
+    from fashiontag_pipeline.cli.main import _build_parser
+    from fashiontag_pipeline.cli.run import engine_config_from_args
+
+    config = tmp_path / "c.toml"
+    config.write_text('[engine]\nreuse = "/var/lib/ft/results.db"\nreuse_max_age = "12h"\n')
+    parser = _build_parser("run")
+    args = parser.parse_args(["run", "m.csv", "--config", str(config)])
+    engine = engine_config_from_args(args)
+    assert engine.reuse == "/var/lib/ft/results.db"
+    assert engine.reuse_max_age_seconds == 12 * 3600
+    args = parser.parse_args(
+        ["run", "m.csv", "--config", str(config), "--reuse", "x.db", "--reuse-max-age", "2d"]
+    )
+    engine = engine_config_from_args(args)
+    assert (engine.reuse, engine.reuse_max_age_seconds) == ("x.db", 2 * DAY)
+    assert EngineConfig().reuse is None and EngineConfig().reuse_max_age_seconds == 30 * DAY
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"this is not a database at all" * 200, b"SQLite format 3\x00" + b"\xff" * 4000],
+)
+def test_damaged_store_is_a_clear_error_and_left_alone(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "store.db"
+    path.write_bytes(content)
+    with pytest.raises(ResultStoreError, match=str(path)):
+        ResultStore.open(path)
+    assert path.read_bytes() == content
+
+
+def test_other_sqlite_file_and_newer_schema_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE t (x)")
+    db.commit()
+    db.close()
+    with pytest.raises(ResultStoreError, match="not a fashiontag result store"):
+        ResultStore.open(other)
+    newer = tmp_path / "newer.db"
+    ResultStore.open(newer).close()
+    db = sqlite3.connect(newer)
+    db.execute("PRAGMA user_version=99")
+    db.close()
+    with pytest.raises(ResultStoreError, match="schema version 99"):
+        ResultStore.open(newer)
+
+
+def test_durations() -> None:
+    assert parse_duration("30d") == 30 * DAY
+    assert parse_duration("12h") == 12 * 3600
+    assert parse_duration("1.5h") == 5400
+    assert parse_duration("90") == 90
+    assert parse_duration(7.0) == 7
+    assert format_duration(30 * DAY) == "30d"
+    for bad in ("", "d", "-1d", "3y", "12 hours"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    with pytest.raises(ValueError, match="reuse_max_age"):
+        EngineConfig(reuse_max_age="soon")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fashiontag_pipeline", "reuse", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_stats_and_prune(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    missing = _cli("stats", str(path))
+    assert missing.returncode == 1 and str(path) in missing.stderr
+    assert not path.exists()  # stats never creates a store
+    with ResultStore.open(path) as store:
+        store.put([(b"a" * 16, "t", b"{}"), (b"b" * 16, "t", b"{}")], stored_at=0.0)
+        store.put([(b"c" * 16, "t", b"{}")], stored_at=4e9)  # far in the future: never pruned
+        store.record_run(started_at=10, finished_at=20, looked_up=4, reused=3, stored=1)
+    stats = _cli("stats", str(path), "--json")
+    assert stats.returncode == 0, stats.stderr
+    data = json.loads(stats.stdout)
+    assert data["rows"] == 3 and data["size_bytes"] > 0
+    assert data["last_run"]["hit_rate"] == 0.75
+    text = _cli("stats", str(path))
+    assert "hit rate 75.0%" in text.stdout and "rows 3" in text.stdout
+    pruned = _cli("prune", str(path), "--older-than", "30d")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "pruned 2" in pruned.stdout
+    assert json.loads(_cli("stats", str(path), "--json").stdout)["rows"] == 1
+    bad = _cli("prune", str(path), "--older-than", "soon")
+    assert bad.returncode == 2 and "soon" in bad.stderr
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"x" * 5000)
+    broken = _cli("stats", str(garbage))
+    assert broken.returncode == 1 and str(garbage) in broken.stderr
