@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .policy import Chunk, chunk_of
+from .state import changes
 from .tracker import TaskEntry
 
 if TYPE_CHECKING:
@@ -33,22 +34,43 @@ async def reattach(run: Engine) -> list[Chunk]:
     now_wall = time.time() + run.client.server_clock.correction
     pending: list[Chunk] = []
     lost = {t[0] for t in tasks if t[3] == "lost"}
+    writable = {t[0] for t in tasks if t[3] == "open"}
+    resumed = {t[0] for t in tasks}
+    #: Tasks finished with (drained, expired) that still have a chunk of unknown fate.
+    settle_only: set[str] = set()
     for chunk_id, state, task_id, token, body in chunks:
         if state == "pending" and task_id in lost:
             continue  # settled with its lost task (re-sent once, by the pagers)
-        chunk = chunk_of(chunk_id, body)
-        if state == "orphan":
-            run.book.orphan(task_id, chunk_id)
-            continue
         if task_id is None and token is not None:
             found = await run.writer.find_task(token)
             if found is not None:
                 await run.writer.adopt(token, found)
                 task_id = found.task_id
+                writable.add(task_id)
+                resumed.add(task_id)
+        if state == "pending" and task_id is not None and task_id not in writable:
+            # Its write was in flight to a task that takes no more writes: an orphan, settled
+            # from that task's results. Decided here, before any task is read, so the chunk
+            # is attached to its task before the pagers could finish with it.
+            await run.journal.commit(ops=[changes.chunk_state(chunk_id, "orphan")])
+            state = "orphan"
+        if state == "orphan":
+            run.book.orphan(task_id, chunk_id)
+            if task_id not in resumed:
+                settle_only.add(task_id)
+            continue
+        chunk = chunk_of(chunk_id, body)
         if task_id is not None:
             chunk.fate_unknown = True
             chunk.task_id = task_id
         pending.append(chunk)
+    for task_id in sorted(settle_only):
+        # A task finished with: its results are all written (or expired), so an entry read to
+        # its end settles the chunk against them (ids without a line are sent again).
+        row = await run.journal.run(db.task_row, task_id)
+        if row is None:
+            continue
+        tasks.append((*row[:3], "done", *row[4:6], row[6], row[6]))
     for task_id, seq, token, state, expires_at, results_at, total, offset in tasks:
         if state == "open":
             remaining = (expires_at or now_wall) - now_wall

@@ -426,3 +426,55 @@ async def test_a_state_file_that_is_not_a_state_is_a_clear_error(tmp_path: Path)
     message = result.stderr.decode()
     assert f"cannot use state file {state}" in message and "Traceback" not in message
     assert state.read_bytes().startswith(b"this is not a database")
+
+
+async def test_a_chunk_of_unknown_fate_whose_task_was_drained_is_settled_not_hung(
+    tmp_path: Path,
+) -> None:
+    """A kill can leave a chunk written ahead for a task (its PUT in flight) while a later run
+    drains that task: the chunk's fate is unknown, its task finished. The resume must settle it
+    against the task's written results (nothing sent twice) and end; it waited forever."""
+    from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+    from fashiontag_pipeline.engine.policy import encode_body
+
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = tmp_path / "run.state"
+    engine = EngineConfig(poll_min=0.02, poll_max=0.2, rotate_images=1000)
+    async with running_service(ServiceConfig()) as svc:
+        client = client_config(svc.url)
+        first = await run_pipeline(
+            [manifest], client=client, out=out, rejects=rej, state=state, engine=engine
+        )
+        assert first.complete
+        # The state as such a kill leaves it: a pending chunk of rows p0..p9 (already written)
+        # and p1990..p1999 (also written) for a drained task, and the run not complete.
+        db = sqlite3.connect(state)
+        (task_id,) = db.execute(
+            "SELECT task_id FROM tasks WHERE state='drained' LIMIT 1"
+        ).fetchone()
+        rows = [*range(10), *range(1990, 2000)]
+        requests = [
+            TaggingRequest(
+                Image(ImageType.URL, f"https://img.example/{i}.jpg"), BulkContext(f"p{i}")
+            )
+            for i in rows
+        ]
+        body, _ = encode_body([i + 1 for i in rows], requests)
+        cur = db.execute(
+            "INSERT INTO chunks (state, task_id, n, last_pos) VALUES ('pending', ?, ?, ?)",
+            (task_id, len(rows), 2000),
+        )
+        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (cur.lastrowid, body))
+        db.execute("DELETE FROM meta WHERE key='completed_at'")
+        db.commit()
+        db.close()
+        tasks_before = len(svc.store.tasks)
+        with anyio.fail_after(60):
+            again = await run_pipeline(
+                [manifest], client=client, out=out, rejects=rej, state=state, engine=engine
+            )
+        tasks_after = len(svc.store.tasks)
+    assert again.complete, again
+    assert tasks_after == tasks_before  # every row of the chunk had its outcome: nothing sent
+    assert_exactly_once(out, rej, ids_of(2000))

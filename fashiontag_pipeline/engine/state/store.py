@@ -358,6 +358,15 @@ class StateDB(JobTables):
             )
         )
 
+    def task_row(self, task_id: str) -> tuple[Any, ...] | None:
+        """One task as :meth:`resume_tasks` gives it (any state)."""
+        row = self.db.execute(
+            "SELECT task_id, seq, token, state, expires_at, results_expire_at, total,"
+            " next_offset FROM tasks WHERE task_id=?",
+            (task_id,),
+        ).fetchone()
+        return tuple(row) if row is not None else None
+
     def resume_chunks(self) -> list[tuple[Any, ...]]:
         """Chunks of unknown fate: (chunk_id, state, task_id, token, body)."""
         return list(
