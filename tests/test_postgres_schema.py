@@ -18,7 +18,8 @@ from fashiontag_pipeline._postgres import (
     redact_url,
     schema_version,
 )
-from fashiontag_pipeline.daemon.ledger import ClaimRecord, PostgresClaimLedger
+from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
+from fashiontag_pipeline.daemon.ledger import ClaimRecord
 
 
 def versions(url: str) -> list[int]:

@@ -15,11 +15,11 @@ import pytest
 
 from fashiontag_pipeline.daemon import inbox as inbox_module
 from fashiontag_pipeline.daemon.inbox import Claim, Inbox, is_manifest_name, manifest_stem
+from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
 from fashiontag_pipeline.daemon.ledger import (
     ClaimLedger,
     ClaimRecord,
     MemoryClaimLedger,
-    PostgresClaimLedger,
     SQLiteClaimLedger,
 )
 

@@ -24,14 +24,14 @@ import psycopg
 import pytest
 
 from fashiontag_pipeline import LeaseLostError
-from fashiontag_pipeline.daemon.ledger import (
-    ClaimRecord,
+from fashiontag_pipeline.daemon.leases import (
     Lease,
     LeaseKeeper,
     PostgresClaimLedger,
     afence,
     fence,
 )
+from fashiontag_pipeline.daemon.ledger import ClaimRecord
 
 from ..postgres import PostgresCluster
 
@@ -365,7 +365,7 @@ PAUSED_WRITER = """
 import sys, time
 import anyio, anyio.to_thread
 from fashiontag_pipeline import LeaseLostError, StateError
-from fashiontag_pipeline.daemon.ledger import LeaseKeeper, PostgresClaimLedger
+from fashiontag_pipeline.daemon.leases import LeaseKeeper, PostgresClaimLedger
 
 ledger = PostgresClaimLedger(sys.argv[1], owner="paused", lease=1.0)
 

@@ -1,0 +1,481 @@
+"""Several daemons, one PostgreSQL: the claim ledger there, and manifest leases.
+
+:class:`PostgresClaimLedger` implements the :class:`~.ledger.ClaimLedger` protocol for several
+daemons sharing one PostgreSQL, and adds manifest leases (DESIGN section 8): each claim in
+flight is worked on by the daemon holding its :class:`Lease` (owner, expiry in database time,
+epoch). A daemon takes leases with ``SELECT ... FOR UPDATE SKIP LOCKED`` (never the same
+manifest as another), renews them at a third of their length (:class:`LeaseKeeper`), and writes
+a manifest's state only inside a transaction that first passes :func:`fence`: once the lease
+has ended or another daemon has taken it over (epoch + 1), the write is refused with
+:class:`~fashiontag_pipeline.LeaseLostError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+
+from .._exceptions import LeaseLostError, StateError
+from .ledger import ClaimRecord, ClaimStatus, SettledStatus
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "Lease",
+    "LeaseKeeper",
+    "PostgresClaimLedger",
+    "afence",
+    "default_owner",
+    "fence",
+]
+
+#: How long a manifest's lease lasts unless renewed (``--lease``), in seconds.
+DEFAULT_LEASE = 30.0
+#: How long a call waits for a connection to the database before it fails (a server down).
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """One daemon's right to work on one claimed manifest, until ``expires_at``.
+
+    ``claim_id`` names the claim (a later file of the same name is another claim); ``epoch``
+    grows by one each time the lease changes hands, so a write that checks it (:func:`fence`)
+    is refused once another daemon has taken the manifest over. ``expires_at`` is the
+    database's time (Unix seconds), shown for information: only the database decides expiry.
+    """
+
+    claim_id: int
+    name: str
+    sha256: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+_LEASE_COLUMNS = (
+    "c.id, c.name, c.sha256, c.owner, c.epoch, extract(epoch FROM c.lease_expires_at)::float8"
+)
+
+# The database's clock decides every lease: statement_timestamp() is its time when the statement
+# began (now() would be the transaction's start, early in a long transaction).
+_ACQUIRE_SQL = f"""
+WITH free AS (
+    SELECT id FROM claims
+    WHERE status = 'claimed'
+      AND (owner IS NULL OR lease_expires_at <= statement_timestamp())
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE claims AS c
+SET owner = %(owner)s, epoch = c.epoch + 1,
+    lease_expires_at = statement_timestamp() + make_interval(secs => %(lease)s)
+FROM free WHERE c.id = free.id
+RETURNING {_LEASE_COLUMNS}
+"""
+
+_RENEW_SQL = f"""
+UPDATE claims AS c
+SET lease_expires_at = statement_timestamp() + make_interval(secs => %(lease)s)
+FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS held(id, epoch)
+WHERE c.id = held.id AND c.epoch = held.epoch AND c.owner = %(owner)s
+  AND c.status = 'claimed' AND c.lease_expires_at > statement_timestamp()
+RETURNING {_LEASE_COLUMNS}
+"""
+
+_RELEASE_SQL = """
+UPDATE claims SET owner = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND owner = %(owner)s AND epoch = %(epoch)s AND status = 'claimed'
+"""
+
+# FOR KEY SHARE conflicts with FOR UPDATE only: the takeover's explicit FOR UPDATE (SKIP
+# LOCKED) passes over a fenced transaction in progress, while renewals (UPDATEs of non-key
+# columns, FOR NO KEY UPDATE) go on beside it. FOR SHARE would make every renewal wait for the
+# fenced transactions, and back-to-back commits could starve the renewals until the lease ended.
+_FENCE_SQL = """
+SELECT 1 FROM claims
+WHERE id = %(id)s AND owner = %(owner)s AND epoch = %(epoch)s AND status = 'claimed'
+  AND lease_expires_at > statement_timestamp()
+FOR KEY SHARE
+"""
+
+
+def _lease_params(lease: Lease) -> dict[str, object]:
+    return {"id": lease.claim_id, "owner": lease.owner, "epoch": lease.epoch}
+
+
+def _lease_lost(lease: Lease) -> LeaseLostError:
+    return LeaseLostError(
+        f"lost the lease of {lease.name!r} (epoch {lease.epoch}): it ended or another daemon "
+        "took the manifest over; nothing was written",
+        manifest=lease.name,
+        epoch=lease.epoch,
+    )
+
+
+def fence(conn: psycopg.Connection[Any], lease: Lease) -> None:
+    """Check, inside the caller's transaction, that ``lease`` still holds; raise
+    :class:`LeaseLostError` if it does not (the caller's transaction must then roll back).
+
+    Call it first in every transaction that writes a manifest's state: it locks the manifest's
+    row (``FOR KEY SHARE``) until the transaction ends, so a takeover cannot slip in between
+    the check and the commit; the taker sees this transaction's writes, or this one is refused.
+    Renewals of the lease are not held up by it.
+    """
+    if conn.execute(_FENCE_SQL, _lease_params(lease)).fetchone() is None:
+        raise _lease_lost(lease)
+
+
+async def afence(conn: psycopg.AsyncConnection[Any], lease: Lease) -> None:
+    """:func:`fence` for a transaction on an async connection."""
+    cursor = await conn.execute(_FENCE_SQL, _lease_params(lease))
+    if await cursor.fetchone() is None:
+        raise _lease_lost(lease)
+
+
+def default_owner() -> str:
+    """A name for this process among the daemons sharing a database: host, pid and a random
+    part (a restarted daemon on the same host and pid is a new owner)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class PostgresClaimLedger:
+    """A :class:`ClaimLedger` in PostgreSQL, shared by several daemons, with manifest leases.
+
+    The schema is created or migrated on opening (:func:`~fashiontag_pipeline._postgres.migrate`).
+    Claims are recorded without an owner; a daemon takes work with :meth:`acquire` (a lease
+    per manifest, ``SELECT ... FOR UPDATE SKIP LOCKED``: two daemons never get the same one),
+    keeps it with :meth:`renew` (:class:`LeaseKeeper` does so in the background), and writes
+    under :meth:`fenced` (or :func:`fence` in its own transaction). An expired lease is taken
+    over by the next :meth:`acquire`, by any daemon, with the epoch one higher.
+
+    Calls are synchronous (worker threads, like the SQLite ledger) and thread-safe (a pool of
+    connections). A connection broken by a server restart is replaced on its next use; a call
+    that meets a server that is down raises :class:`StateError` after ``connect_timeout``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        owner: str | None = None,
+        lease: float = DEFAULT_LEASE,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_connections: int = 4,
+    ) -> None:
+        import psycopg_pool
+
+        from .. import _postgres
+
+        if lease <= 0:
+            raise ValueError("the lease must last more than 0 seconds")
+        self._url = url
+        self.owner = owner or default_owner()
+        self.lease = lease
+        self._pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            timeout=connect_timeout,
+            check=psycopg_pool.ConnectionPool.check_connection,
+            configure=self._configure,
+            kwargs={"connect_timeout": max(1, round(connect_timeout)), "autocommit": False},
+            name="fashiontag-state",
+        )
+        try:
+            with _postgres.state_errors(url, "cannot open"):
+                self._pool.open(wait=True, timeout=connect_timeout)
+                with self._pool.connection() as conn:
+                    _postgres.migrate(conn)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Each new connection: a transaction left idle for a whole lease is ended by the
+        server. A fenced transaction locks its manifest's row; without this, a daemon paused
+        in the middle of one (SIGSTOP, a partition) would keep the row locked and its
+        manifest could never be taken over. Its commit then fails: nothing of it is kept."""
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (f"{max(1, round(self.lease * 1000))}ms",),
+        )
+        conn.commit()
+
+    def __repr__(self) -> str:
+        from .._postgres import redact_url
+
+        return f"PostgresClaimLedger({redact_url(self._url)!r}, owner={self.owner!r})"
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+        self._pool.close()
+
+    @contextlib.contextmanager
+    def _transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        from .._postgres import state_errors
+
+        with state_errors(self._url, doing), self._pool.connection() as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def fenced(self, lease: Lease) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction that commits only while ``lease`` holds: it starts with :func:`fence`
+        (raising :class:`LeaseLostError`) and commits when the block ends without error."""
+        with self._transaction(f"write {lease.name!r}") as conn:
+            fence(conn, lease)
+            yield conn
+
+    # -- the ClaimLedger protocol -----------------------------------------------------------
+
+    _COLUMNS = "name, sha256, size, claimed_at, status, settled_as"
+
+    @staticmethod
+    def _record(row: tuple[Any, ...] | None) -> ClaimRecord | None:
+        if row is None:
+            return None
+        name, sha256, size, claimed_at, status, settled_as = row
+        return ClaimRecord(
+            name=name,
+            sha256=sha256,
+            size=size,
+            claimed_at=claimed_at,
+            status=status,
+            settled_as=settled_as,
+        )
+
+    def record_claim(self, record: ClaimRecord) -> None:
+        """Record a claim in flight, without an owner (any daemon may :meth:`acquire` it). A
+        claim of that name in flight is replaced: whoever leased it is fenced out."""
+        with self._transaction(f"record the claim of {record.name!r}") as conn:
+            conn.execute(
+                "DELETE FROM claims WHERE name = %s AND status = 'claimed'", (record.name,)
+            )
+            conn.execute(
+                "INSERT INTO claims (name, sha256, size, claimed_at, status) "
+                "VALUES (%s, %s, %s, %s, 'claimed')",
+                (record.name, record.sha256, record.size, record.claimed_at),
+            )
+
+    def _finish(self, name: str, status: ClaimStatus, settled_as: str, lease: Lease | None) -> None:
+        with self._transaction(f"settle {name!r}") as conn:
+            if lease is not None:
+                fence(conn, lease)
+            cursor = conn.execute(
+                "UPDATE claims SET status = %s, settled_as = %s, owner = NULL, "
+                "lease_expires_at = NULL WHERE name = %s AND status = 'claimed'",
+                (status, settled_as, name),
+            )
+            if cursor.rowcount != 1:
+                raise KeyError(f"no claim in flight for {name!r}")
+
+    def record_settled(
+        self, name: str, status: SettledStatus, settled_as: str, *, lease: Lease | None = None
+    ) -> None:
+        """Mark the claim of ``name`` final. With ``lease``, only while it holds (fenced)."""
+        self._finish(name, status, settled_as, lease)
+
+    def record_abandoned(self, name: str, *, lease: Lease | None = None) -> None:
+        self._finish(name, "abandoned", "", lease)
+
+    def lookup(self, name: str) -> ClaimRecord | None:
+        with self._transaction(f"look up {name!r}") as conn:
+            row = conn.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE name = %s ORDER BY id DESC LIMIT 1",
+                (name,),
+            ).fetchone()
+        return self._record(row)
+
+    def in_flight(self) -> list[ClaimRecord]:
+        with self._transaction("list the claims in flight") as conn:
+            rows = conn.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE status = 'claimed' ORDER BY id"
+            ).fetchall()
+        return [r for r in map(self._record, rows) if r is not None]
+
+    def find_completed(self, sha256: str) -> ClaimRecord | None:
+        with self._transaction("look up a completed manifest") as conn:
+            row = conn.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE sha256 = %s AND status = 'done' "
+                "ORDER BY id LIMIT 1",
+                (sha256,),
+            ).fetchone()
+        return self._record(row)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _lease(row: tuple[Any, ...]) -> Lease:
+        claim_id, name, sha256, owner, epoch, expires_at = row
+        return Lease(
+            claim_id=claim_id,
+            name=name,
+            sha256=sha256,
+            owner=owner,
+            epoch=epoch,
+            expires_at=expires_at,
+        )
+
+    def acquire(self, limit: int = 1, *, lease: float | None = None) -> list[Lease]:
+        """Lease up to ``limit`` claims in flight that nobody holds (never leased, released,
+        or expired), oldest first. Rows another daemon is leasing at this moment are skipped,
+        not waited for, so concurrent callers get disjoint sets. Each lease's epoch is one more
+        than the claim's last."""
+        params = {"limit": limit, "owner": self.owner, "lease": lease or self.lease}
+        with self._transaction("acquire leases") as conn:
+            rows = conn.execute(_ACQUIRE_SQL, params).fetchall()
+        return sorted(map(self._lease, rows), key=lambda held: held.claim_id)
+
+    def renew(self, leases: Sequence[Lease]) -> dict[int, Lease]:
+        """Extend every lease that still holds by :attr:`lease` seconds from now (database
+        time), in one statement. Returns the renewed ones by claim id: a lease missing from the
+        answer is lost (it expired, or another daemon took it over)."""
+        if not leases:
+            return {}
+        params = {
+            "lease": self.lease,
+            "owner": self.owner,
+            "ids": [held.claim_id for held in leases],
+            "epochs": [held.epoch for held in leases],
+        }
+        with self._transaction("renew leases") as conn:
+            rows = conn.execute(_RENEW_SQL, params).fetchall()
+        return {renewed.claim_id: renewed for renewed in map(self._lease, rows)}
+
+    def release(self, lease: Lease) -> bool:
+        """Give the lease up (a daemon draining): another daemon may acquire the manifest at
+        once. False if it was already lost."""
+        with self._transaction(f"release {lease.name!r}") as conn:
+            return conn.execute(_RELEASE_SQL, _lease_params(lease)).rowcount == 1
+
+
+class LeaseKeeper:
+    """Renews a daemon's leases in the background and signals each one it loses.
+
+    Start :meth:`run` in the daemon's task group (``await tg.start(keeper.run)``); take work with
+    :meth:`acquire`; watch :meth:`lost_event` of each lease (cancel that manifest's work when it
+    is set). Every third of the lease, one statement renews all held leases. A lease is lost
+    when the database says so, or when no renewal has succeeded for a whole lease length, as
+    counted on this process's monotonic clock from the moment the last successful renewal was
+    *sent* (the database's expiry is later than that, so the daemon stops no later than the
+    database lets another take over). Writes are safe either way: they are fenced.
+    """
+
+    def __init__(
+        self,
+        ledger: PostgresClaimLedger,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        retry_interval: float = 1.0,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._period = ledger.lease / 3
+        self._retry = min(retry_interval, self._period)
+        self._held: dict[int, Lease] = {}
+        self._deadline: dict[int, float] = {}
+        self._lost: dict[int, anyio.Event] = {}
+
+    def held(self) -> list[Lease]:
+        """The leases held now (with their latest expiry), oldest claim first."""
+        return [self._held[key] for key in sorted(self._held)]
+
+    def lease_of(self, claim_id: int) -> Lease | None:
+        """The current lease of a claim, or None when it is not held (never, lost, released)."""
+        return self._held.get(claim_id)
+
+    def lost_event(self, lease: Lease) -> anyio.Event:
+        """Set when this lease is lost (stays set)."""
+        return self._lost.setdefault(lease.claim_id, anyio.Event())
+
+    def _hold(self, lease: Lease, sent_at: float) -> None:
+        self._held[lease.claim_id] = lease
+        self._deadline[lease.claim_id] = sent_at + self._ledger.lease
+        self._lost[lease.claim_id] = anyio.Event()
+
+    def _lose(self, claim_id: int) -> None:
+        self._held.pop(claim_id, None)
+        self._deadline.pop(claim_id, None)
+        self._lost.setdefault(claim_id, anyio.Event()).set()
+
+    async def acquire(self, limit: int = 1) -> list[Lease]:
+        """Lease up to ``limit`` manifests (:meth:`PostgresClaimLedger.acquire`) and keep them."""
+        sent_at = self._clock()
+        leases = await anyio.to_thread.run_sync(self._ledger.acquire, limit)
+        for lease in leases:
+            self._hold(lease, sent_at)
+        return leases
+
+    async def release(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` and give it up in the database (its work is finished or
+        handed back). Not signalled as lost."""
+        current = self._held.pop(lease.claim_id, lease)
+        self._deadline.pop(lease.claim_id, None)
+        await anyio.to_thread.run_sync(self._ledger.release, current)
+
+    def forget(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` without touching the database (its claim was settled)."""
+        self._held.pop(lease.claim_id, None)
+        self._deadline.pop(lease.claim_id, None)
+
+    def _expire_overdue(self) -> None:
+        now = self._clock()
+        for claim_id, deadline in list(self._deadline.items()):
+            if deadline <= now:
+                self._lose(claim_id)
+
+    async def _renew_once(self) -> bool:
+        """One renewal of every held lease; False if the database could not be asked."""
+        sent = list(self._held.values())
+        if not sent:
+            return True
+        sent_at = self._clock()
+        wait = min(self._deadline.values()) - sent_at
+        renewed: dict[int, Lease] | None = None
+        with anyio.move_on_after(max(wait, 0)):
+            try:
+                renewed = await anyio.to_thread.run_sync(
+                    self._ledger.renew, sent, abandon_on_cancel=True
+                )
+            except StateError:
+                renewed = None
+        if renewed is None:
+            self._expire_overdue()
+            return False
+        for lease in sent:
+            if lease.claim_id not in self._held:
+                continue  # released or forgotten meanwhile
+            fresh = renewed.get(lease.claim_id)
+            if fresh is None:
+                self._lose(lease.claim_id)
+            else:
+                self._held[lease.claim_id] = fresh
+                self._deadline[lease.claim_id] = sent_at + self._ledger.lease
+        return True
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Renew until cancelled: every third of the lease, sooner after a failed attempt, and
+        in time to declare a lease lost at its local deadline. A lease acquired between two
+        renewals is renewed at the next one (a third of the lease later at most)."""
+        task_status.started()
+        while True:
+            ok = await self._renew_once()
+            delay = self._period if ok else self._retry
+            if self._deadline:
+                delay = min(delay, max(min(self._deadline.values()) - self._clock(), 0))
+            await anyio.sleep(delay)
