@@ -337,16 +337,18 @@ class Daemon:
                     await event.wait()
                 finally:
                     self.queued.remove(claim)
-            earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
-            outputs = await outbox.aoutputs(claim)
-            if earlier is not None:
-                await self._duplicate(claim, outputs, inbox, earlier.name)
-                return
+            # Taken before any await: a claim of the same content that comes now waits.
             done = self._in_flight_sha[claim.sha256] = anyio.Event()
             try:
+                earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
+                outputs = await outbox.aoutputs(claim)
+                if earlier is not None:
+                    await self._duplicate(claim, outputs, inbox, earlier.name)
+                    return
                 await self._tag(claim, outputs, inbox, engine)
             finally:
-                del self._in_flight_sha[claim.sha256]
+                if self._in_flight_sha.get(claim.sha256) is done:
+                    del self._in_flight_sha[claim.sha256]
                 done.set()
         finally:
             slots.release()

@@ -136,6 +136,7 @@ class Engine:
         self.source = JobSource(
             book=self.book,
             pending=self.rows_pending,
+            in_flight=self._in_flight,
             fail_fast=fail_fast,
             max_pending_rows=max_pending_rows,
         )
@@ -403,6 +404,17 @@ class Engine:
 
     def active_jobs(self) -> list[Job]:
         return list(self.jobs.by_id.values())
+
+    def _in_flight(self) -> bool:
+        """Whether something under way can still bring rows to an outcome (a write, an open
+        or watched task, a single-mode request)."""
+        w = self.writer
+        return (
+            w.slots.inflight > 0
+            or bool(w.tasks)
+            or self.book.unfinished() > 0
+            or self.single.inflight > 0
+        )
 
     def rows_pending(self) -> int:
         """Rows taken in without an outcome yet, over every job."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from .. import _exceptions as exc
 from .intake import IDLE, Idle
@@ -39,11 +40,13 @@ class JobSource:
         *,
         book: TaskBook,
         pending: Callable[[], int],
+        in_flight: Callable[[], bool],
         fail_fast: bool,
         max_pending_rows: int | None,
     ) -> None:
         self.book = book
         self.pending = pending
+        self.in_flight = in_flight
         self.fail_fast = fail_fast
         self.max_pending_rows = max_pending_rows
         self.rows_read = 0
@@ -139,7 +142,10 @@ class JobSource:
             return False
         if not idle_sent:
             await send.send(IDLE)  # seal what is open: those rows get their results
-        while self.pending() >= cap:
+        # Rows taken in but not yet written ahead (a resume re-reads them: they are only sent
+        # once read again) cannot leave the count while nothing is in flight: then read on.
+        await anyio.lowlevel.checkpoint()
+        while self.pending() >= cap and self.in_flight():
             with anyio.move_on_after(0.5):
                 await self.book.changed.wait()
         return True

@@ -232,3 +232,52 @@ async def test_a_manifest_that_breaks_while_read_fails_its_job_alone(tmp_path: P
         tmp_path / "good" / "rejects.jsonl",
         {f"p{i}" for i in range(800)},
     )
+
+
+async def test_the_fairness_bound_never_blocks_a_resume(tmp_path: Path) -> None:
+    """Rows taken in while the service was down, then a kill: on restart they count as in
+    flight but are only sent once read again. The bound waited for them forever; it now waits
+    only while something under way can bring rows to an outcome."""
+    from .helpers import free_port
+
+    manifest = write_csv(tmp_path / "a.csv", 30_000)
+    spec = _spec(tmp_path, "a", manifest)
+    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
+    db = StateDB(tmp_path / "state")
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+        engine = Engine(
+            client=client,
+            db=db,
+            state=db.open_engine(),
+            config=config,
+            namespaced=True,
+            fail_fast=False,
+            max_pending_rows=5000,
+        )
+        with anyio.move_on_after(2):  # the service is down: then the process is gone
+            async with engine:
+                job = await engine.submit(spec)
+                await engine.outcome(job)
+    assert engine.rows_pending() >= 5000
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=config,
+                namespaced=True,
+                fail_fast=False,
+                max_pending_rows=5000,
+            )
+            async with engine:
+                job = await engine.submit(spec)
+                with anyio.fail_after(60):
+                    await engine.outcome(job)
+                engine.close()
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(30_000)},
+    )
