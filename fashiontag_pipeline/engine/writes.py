@@ -27,6 +27,17 @@ STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
 
 
+def _echoed(echo: str, ids: list[str]) -> str | None:
+    """The chunk's id a shortened echo stands for (a service may cut a long id in its
+    ``failureList``, ending it with an ellipsis); None when none or several match. Without
+    this, the refused row counted as accepted and was sent again for ever."""
+    stem = echo.rstrip("…").rstrip(".")
+    if not stem or stem == echo:
+        return None
+    found = [i for i in ids if i.startswith(stem) and len(i) > len(stem)]
+    return found[0] if len(found) == 1 else None
+
+
 class TaskWrites:
     """Requests to the service for :class:`~.batcher.TaskWriter` (see the module docstring)."""
 
@@ -88,6 +99,8 @@ class TaskWrites:
         reasons: dict[str, str] = {}
         for failure in response.failure_list:
             ident = failure.context_id
+            if ident is not None and ident not in mine:
+                ident = _echoed(ident, chunk.ids)
             if ident is None or ident not in mine:
                 continue
             if failure.error_message.startswith(DUPLICATE_PREFIX):

@@ -281,3 +281,33 @@ async def test_the_fairness_bound_never_blocks_a_resume(tmp_path: Path) -> None:
         tmp_path / "a" / "rejects.jsonl",
         {f"p{i}" for i in range(30_000)},
     )
+
+
+async def test_an_id_the_service_refuses_as_too_long_is_a_reject_not_a_loop(
+    tmp_path: Path,
+) -> None:
+    """With its ``JOB/`` prefix a 1,023-character id is longer than the reference service takes;
+    the service echoes it shortened (with an ellipsis) in ``failureList``. The row was counted
+    as accepted, never returned, and sent again for ever; it is now its reject."""
+    long_id = "x" * 1023
+    manifest = write_csv(
+        tmp_path / "a.csv", 5, extra=[f"{long_id},https://img.example/l.jpg,a,TOP"]
+    )
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            async with engine:
+                job = await engine.submit(_spec(tmp_path, "a", manifest))
+                with anyio.fail_after(30):
+                    await engine.outcome(job)
+                engine.close()
+    o = assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(5)} | {long_id},
+    )
+    (reject,) = o.rejects
+    assert reject["id"] == long_id and "1024" in reject["reason"]
