@@ -146,7 +146,6 @@ class Engine:
         self.interrupted = False
         #: The state store's check at the end (None until the engine has ended).
         self.reconciliation: Reconciliation | None = None
-        self._finalized: dict[int, anyio.Event] = {}
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -309,7 +308,6 @@ class Engine:
         )
         job = Job(row, results, rejects)
         self.jobs.add(job)
-        self._finalized[job.id] = anyio.Event()
         if self._tg is not None:
             self._tg.start_soon(self._finalize_when_settled, job)
         return job
@@ -372,10 +370,11 @@ class Engine:
             return results, rejects
 
         job = Job(row, *await anyio.to_thread.run_sync(outputs))
+        job.failure = row.failure
+        job.rows_read = row.rows_read
         job.read_all = True
         job.settled.set()
-        done = self._finalized[job.id] = anyio.Event()
-        done.set()
+        job.finalized.set()
         return job
 
     async def _finalize_when_settled(self, job: Job) -> None:
@@ -386,20 +385,24 @@ class Engine:
             def finalize() -> None:
                 self.journal.close_job_outputs(job)
                 job.counters["tasks"] = self.journal.db.job_complete(
-                    job.id, stamp, forget_rows=self.jobs.ids.namespaced
+                    job.id,
+                    stamp,
+                    forget_rows=self.jobs.ids.namespaced,
+                    failure=job.failure,
+                    rows_read=job.rows_read,
                 )
 
             await self.journal.run(finalize)
             self.jobs.remove(job)
             job.row.state = "complete"
             job.row.completed_at = stamp
-            self._finalized[job.id].set()
+            job.finalized.set()
             self.book.poke()
 
     async def outcome(self, job: Job) -> Job:
         """Wait until every row of ``job`` has its outcome written, fsync-ed, and its
         outputs closed."""
-        await self._finalized[job.id].wait()
+        await job.finalized.wait()
         return job
 
     def active_jobs(self) -> list[Job]:

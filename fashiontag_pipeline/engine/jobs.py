@@ -67,6 +67,8 @@ class Job:
     read_all: bool = False
     #: Set when every row taken in has its outcome written (or the job failed).
     settled: anyio.Event = field(default_factory=anyio.Event)
+    #: Set once the engine recorded it complete and closed its outputs.
+    finalized: anyio.Event = field(default_factory=anyio.Event)
     #: Why the job's manifests could not be read to the end (None: they could).
     failure: str | None = None
     rows_read: int = 0

@@ -224,9 +224,26 @@ async def test_a_manifest_that_breaks_while_read_fails_its_job_alone(tmp_path: P
                 await engine.outcome(jb)
                 await engine.outcome(jg)
                 engine.close()
+        # Submitted again (a daemon killed after the job completed, before its summary): the
+        # state answers, failure and rows read included.
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=FAST,
+                namespaced=True,
+                fail_fast=False,
+            )
+            async with engine:
+                again = await engine.submit(_spec(tmp_path, "broken", broken))
+                await engine.outcome(again)
+                engine.close()
     assert jb.failure is not None and "broken.csv.gz" in jb.failure
     assert jb.counters["accepted"] == jb.counters["settled"]
     assert 0 < jb.rows_read < 60_000
+    assert again.failure == jb.failure and again.rows_read == jb.rows_read
     assert_exactly_once(
         tmp_path / "good" / "results.jsonl",
         tmp_path / "good" / "rejects.jsonl",

@@ -39,11 +39,15 @@ class JobRow(msgspec.Struct, kw_only=True):
     counters: dict[str, int]
     completed_at: str | None = None
     resumed: bool = False
+    #: Why the job's manifests could not be read to the end (recorded when it completes).
+    failure: str | None = None
+    #: Rows read from its manifests (recorded when it completes).
+    rows_read: int = 0
 
 
 _JOB_COLUMNS = (
     "job, key, name, sources, results, rejects, sink, state, validated, chunked, results_ckpt,"
-    " rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ", completed_at"
+    " rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ", completed_at, failure, rows_read"
 )
 _sources_decoder = msgspec.json.Decoder(list[tuple[int, str]])
 
@@ -76,6 +80,8 @@ class JobTables:
             rejects_ckpt=row[11],
             counters=dict(zip(JOB_COUNTERS, row[12 : 12 + n], strict=True)),
             completed_at=row[12 + n],
+            failure=row[13 + n],
+            rows_read=row[14 + n],
         )
 
     def find_job(self, key: str) -> JobRow | None:
@@ -148,7 +154,15 @@ class JobTables:
             self.db.execute("DELETE FROM meta WHERE key=?", (key,))
         self.db.execute("COMMIT")
 
-    def job_complete(self, job: int, when: str, *, forget_rows: bool = False) -> int:
+    def job_complete(
+        self,
+        job: int,
+        when: str,
+        *,
+        forget_rows: bool = False,
+        failure: str | None = None,
+        rows_read: int = 0,
+    ) -> int:
         """Mark the job complete; returns (and records) how many tasks held its rows.
 
         ``forget_rows`` (a long-lived engine, whose ids are ``JOB/ID``): the job's ids and
@@ -166,8 +180,9 @@ class JobTables:
                 )
         (tasks,) = db.execute("SELECT count(*) FROM job_tasks WHERE job=?", (job,)).fetchone()
         db.execute(
-            "UPDATE jobs SET state='complete', completed_at=?, tasks=? WHERE job=?",
-            (when, tasks, job),
+            "UPDATE jobs SET state='complete', completed_at=?, tasks=?, failure=?, rows_read=?"
+            " WHERE job=?",
+            (when, tasks, failure, rows_read, job),
         )
         db.execute("DELETE FROM job_tasks WHERE job=?", (job,))
         db.execute("COMMIT")

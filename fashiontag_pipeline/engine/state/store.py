@@ -116,6 +116,9 @@ class StateDB(JobTables):
         columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
         if "reused" not in columns:  # state files written before --reuse
             db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        if "failure" not in columns:  # state files written before a job kept its failure
+            db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
+            db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
         return db
 
     def close(self) -> None:
