@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from .policy import Chunk, chunk_of
+from .policy import Chunk, chunk_of, decode_body
 from .state import changes
 from .tracker import TaskEntry
 
@@ -52,8 +52,13 @@ async def reattach(run: Engine) -> list[Chunk]:
             # Its write was in flight to a task that takes no more writes: an orphan, settled
             # from that task's results. Decided here, before any task is read, so the chunk
             # is attached to its task before the pagers could finish with it.
-            await run.journal.commit(ops=[changes.chunk_state(chunk_id, "orphan")])
+            await run.journal.commit(ops=[changes.chunk_orphan(chunk_id, task_id)])
             state = "orphan"
+        if state == "orphan" and task_id is None:
+            # An orphan of a create whose task cannot be found (recorded by token only, by a
+            # version that did not record its task): settled against the outputs themselves.
+            await _settle_taskless(run, chunk_id, body)
+            continue
         if state == "orphan":
             run.book.orphan(task_id, chunk_id)
             if task_id not in resumed:
@@ -90,3 +95,20 @@ async def reattach(run: Engine) -> list[Chunk]:
             run.book.add(entry)
             await run.pagers.add(entry)
     return pending
+
+
+async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:
+    """Rows of a chunk whose task is unknown: those without a line in their job's outputs are
+    sent again (in place of the chunk); the chunk is resolved."""
+    jobs = run.jobs
+    rows = [(pos, r) for pos, r in decode_body(body) if jobs.is_open(pos)]
+    written = await run.journal.run(
+        run.journal.written_among, {jobs.original(r.context.id) for _, r in rows}
+    )
+    missing = [
+        (r.context.id, pos, r) for pos, r in rows if jobs.original(r.context.id) not in written
+    ]
+    if missing:
+        await run.writer.resend(missing, chunk_id)
+    else:
+        await run.journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])

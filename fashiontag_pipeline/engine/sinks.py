@@ -91,6 +91,13 @@ class _IdTask(msgspec.Struct, rename="camel", gc=False):
 
 page_decoder = msgspec.json.Decoder(Page)
 _id_task_decoder = msgspec.json.Decoder(_IdTask)
+
+
+class _Id(msgspec.Struct, gc=False):
+    id: str | None = None
+
+
+_id_decoder = msgspec.json.Decoder(_Id)
 _reject_decoder = msgspec.json.Decoder(Reject)
 _status_decoder = msgspec.json.Decoder(_Status)
 _typed_decoder = msgspec.json.Decoder(TaggingResponse)
@@ -174,6 +181,16 @@ class _AppendFile:
                 rest = lines.pop()
                 yield from lines
 
+    def ids_among(self, ids: set[str]) -> set[str]:
+        """Which of ``ids`` have a line here (a scan of the file; rare paths only)."""
+        found: set[str] = set()
+        for line in self.scan():
+            if line:
+                ident = _id_decoder.decode(line).id
+                if ident in ids:
+                    found.add(ident)
+        return found
+
     def checkpoint(self) -> int:
         return self._fh.tell()
 
@@ -198,6 +215,8 @@ class ResultSink(Protocol):
     def write_reused(self, rows: list[ReusedLine]) -> None: ...
 
     def task_ids(self, task_id: str) -> set[str]: ...
+
+    def ids_among(self, ids: set[str]) -> set[str]: ...
 
     def checkpoint(self) -> int: ...
 
@@ -295,6 +314,19 @@ class SqliteResultSink:
         )
         self._db.execute("COMMIT")
         self._rows += len(values)
+
+    def ids_among(self, ids: set[str]) -> set[str]:
+        """Which of ``ids`` have a row."""
+        found: set[str] = set()
+        wanted = list(ids)
+        for start in range(0, len(wanted), 900):
+            part = wanted[start : start + 900]
+            marks = ",".join("?" * len(part))
+            found.update(
+                r[0]
+                for r in self._db.execute(f"SELECT id FROM results WHERE id IN ({marks})", part)
+            )
+        return found
 
     def task_ids(self, task_id: str) -> set[str]:
         """Ids of the rows written for ``task_id``."""

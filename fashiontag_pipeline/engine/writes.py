@@ -136,7 +136,7 @@ class TaskWrites:
 
     async def _orphan(self, chunk: Chunk) -> None:
         assert chunk.task_id is not None
-        await self.journal.commit(ops=[changes.chunk_state(chunk.chunk_id, "orphan")])
+        await self.journal.commit(ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)])
         self.book.orphan(chunk.task_id, chunk.chunk_id)
 
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:

@@ -478,3 +478,51 @@ async def test_a_chunk_of_unknown_fate_whose_task_was_drained_is_settled_not_hun
     assert again.complete, again
     assert tasks_after == tasks_before  # every row of the chunk had its outcome: nothing sent
     assert_exactly_once(out, rej, ids_of(2000))
+
+
+async def test_an_orphan_chunk_whose_task_is_unknown_is_settled_against_the_outputs(
+    tmp_path: Path,
+) -> None:
+    """A chunk made an orphan after an ambiguous create recorded only the token (not the task
+    the create made): on resume it was noted for "no task" and the run waited for ever. Its
+    rows are now settled against the outputs: those already written stay, the rest are sent."""
+    from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+    from fashiontag_pipeline.engine.policy import encode_body
+
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = tmp_path / "run.state"
+    engine = EngineConfig(poll_min=0.02, poll_max=0.2, rotate_images=1000)
+    async with running_service(ServiceConfig()) as svc:
+        client = client_config(svc.url)
+        first = await run_pipeline(
+            [manifest], client=client, out=out, rejects=rej, state=state, engine=engine
+        )
+        assert first.complete
+        rows = list(range(20))
+        requests = [
+            TaggingRequest(
+                Image(ImageType.URL, f"https://img.example/{i}.jpg"), BulkContext(f"p{i}")
+            )
+            for i in rows
+        ]
+        body, _ = encode_body([i + 1 for i in rows], requests)
+        db = sqlite3.connect(state)
+        cur = db.execute(
+            "INSERT INTO chunks (state, task_id, token, n, last_pos)"
+            " VALUES ('orphan', NULL, 'feedfacefeedface-t9', ?, ?)",
+            (len(rows), 20),
+        )
+        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (cur.lastrowid, body))
+        db.execute("DELETE FROM meta WHERE key='completed_at'")
+        db.commit()
+        db.close()
+        tasks_before = len(svc.store.tasks)
+        with anyio.fail_after(60):
+            again = await run_pipeline(
+                [manifest], client=client, out=out, rejects=rej, state=state, engine=engine
+            )
+        tasks_after = len(svc.store.tasks)
+    assert again.complete, again
+    assert tasks_after == tasks_before
+    assert_exactly_once(out, rej, ids_of(2000))

@@ -21,6 +21,7 @@ __all__ = [
     "Change",
     "chunk_accepted",
     "chunk_detached",
+    "chunk_orphan",
     "chunk_state",
     "chunk_task",
     "chunk_token",
@@ -121,6 +122,12 @@ def chunk_accepted(chunk_id: int, task_id: str, n_ok: int) -> Change:
         "UPDATE chunks SET state='accepted', task_id=?, n_ok=? WHERE chunk_id=?",
         (task_id, n_ok, chunk_id),
     )
+
+
+def chunk_orphan(chunk_id: int, task_id: str) -> Change:
+    """The chunk's fate is unknown and its task takes no more writes: settled from that task's
+    results (its task is recorded: after an ambiguous create the row had only the token)."""
+    return ("UPDATE chunks SET state='orphan', task_id=? WHERE chunk_id=?", (task_id, chunk_id))
 
 
 def chunk_state(chunk_id: int, state: ChunkState) -> Change:

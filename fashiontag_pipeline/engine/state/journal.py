@@ -337,6 +337,14 @@ class Journal:
             out.update(self.jobs.ids.sent(job.id, i) for i in job.results.task_ids(task_id))
         return out
 
+    def written_among(self, ids: set[str]) -> set[str]:
+        """Which of ``ids`` (manifest ids) have a line in an open job's results or rejects
+        (thread side; a scan of the outputs: only for a chunk whose task is unknown)."""
+        found: set[str] = set()
+        for job in self.jobs.by_id.values():
+            found |= job.results.ids_among(ids) | job.rejects.ids_among(ids)
+        return found
+
     def refused_ids(self, stage: str) -> set[str]:
         """Ids (as sent) of the rejects written at ``stage`` in every open job (thread side;
         a scan of the rejects: rare paths only)."""
