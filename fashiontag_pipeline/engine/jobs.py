@@ -101,8 +101,8 @@ class IdSpace:
         return f"{job}/{ident}" if self.namespaced else ident
 
     def split(self, sent: str) -> tuple[int | None, str]:
-        """(job, id) of a sent id; job None when it is not one of ours (namespaced) or when
-        ids are sent as they are."""
+        """(job, id) of a sent id: job None when ids are sent as they are (one job), -1 when
+        a namespaced id is not one of ours (no ``JOB/`` prefix)."""
         if not self.namespaced:
             return None, sent
         head, sep, ident = sent.partition("/")
