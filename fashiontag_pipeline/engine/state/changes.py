@@ -55,11 +55,15 @@ def task_opened(
     """A task was created (or adopted after an ambiguous create)."""
     return [
         (
-            "INSERT OR IGNORE INTO tasks (task_id, seq, token, state, expires_at)"
-            " VALUES (?, ?, ?, 'open', ?)",
+            "INSERT INTO tasks (task_id, seq, token, state, expires_at)"
+            " VALUES (?, ?, ?, 'open', ?) ON CONFLICT DO NOTHING",
             (task_id, seq, token, expires_at),
         ),
-        ("INSERT OR REPLACE INTO meta VALUES ('task_seq', ?)", (str(task_seq),)),
+        (
+            "INSERT INTO meta VALUES ('task_seq', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(task_seq),),
+        ),
     ]
 
 
@@ -137,7 +141,7 @@ def chunk_state(chunk_id: int, state: ChunkState) -> Change:
 def single_pending(pos: int, body: bytes) -> Change:
     """A row routed to the single endpoint, written ahead of its request."""
     return (
-        "INSERT OR IGNORE INTO singles (pos, state, body) VALUES (?, 'pending', ?)",
+        "INSERT INTO singles (pos, state, body) VALUES (?, 'pending', ?) ON CONFLICT DO NOTHING",
         (pos, body),
     )
 

@@ -9,7 +9,6 @@ the job ``run``.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,7 +54,13 @@ _sources_decoder = msgspec.json.Decoder(list[tuple[int, str]])
 class JobTables:
     """The job half of the state store (mixed into :class:`~.store.StateDB`)."""
 
-    db: sqlite3.Connection
+    db: Any
+
+    def begin(self) -> None:
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        raise NotImplementedError
 
     def meta(self, key: str, default: str | None = None) -> str | None:
         raise NotImplementedError
@@ -112,17 +117,15 @@ class JobTables:
                 found.results, found.rejects, found.sink = results, rejects, sink
             found.resumed = True
             return found
-        self.db.execute("BEGIN IMMEDIATE")
+        self.begin()
         first = int(self.meta("next_source", "0") or 0)
         sources = [(first + i, m) for i, m in enumerate(manifests)]
         self.set_meta("next_source", first + len(sources))
-        cur = self.db.execute(
+        self.db.execute(
             "INSERT INTO jobs (key, name, sources, results, rejects, sink) VALUES (?,?,?,?,?,?)",
             (key, name, msgspec.json.encode(sources).decode(), results, rejects, sink),
         )
-        self.db.execute("COMMIT")
-        job = cur.lastrowid
-        assert job is not None
+        self.commit()
         found = self.find_job(key)
         assert found is not None
         return found
@@ -134,11 +137,12 @@ class JobTables:
             return
         names = msgspec.json.decode(self.meta("manifests") or "[]", type=list[str])
         counters = [int(self.meta(f"n_{k}", "0") or 0) for k in JOB_COUNTERS]
-        self.db.execute("BEGIN IMMEDIATE")
+        self.begin()
         self.db.execute(
-            "INSERT OR IGNORE INTO jobs (job, key, name, sources, results, rejects, validated,"
+            "INSERT INTO jobs (job, key, name, sources, results, rejects, validated,"
             " chunked, results_ckpt, rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ")"
-            " VALUES (0, 'run', ?, ?, '', '', ?, ?, ?, ?" + ", ?" * len(JOB_COUNTERS) + ")",
+            " VALUES (0, 'run', ?, ?, '', '', ?, ?, ?, ?" + ", ?" * len(JOB_COUNTERS) + ")"
+            " ON CONFLICT DO NOTHING",
             (
                 ", ".join(names),
                 msgspec.json.encode(list(enumerate(names))).decode(),
@@ -152,7 +156,7 @@ class JobTables:
         self.set_meta("next_source", len(names))
         for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
             self.db.execute("DELETE FROM meta WHERE key=?", (key,))
-        self.db.execute("COMMIT")
+        self.commit()
 
     def job_complete(
         self,
@@ -169,7 +173,7 @@ class JobTables:
         single-mode rows are deleted in the same transaction, so the state of a daemon that
         runs for weeks grows with the rows in flight, not with every row it ever took."""
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
+        self.begin()
         if forget_rows:
             db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
             row = db.execute("SELECT sources FROM jobs WHERE job=?", (job,)).fetchone()
@@ -185,5 +189,5 @@ class JobTables:
             (when, tasks, failure, rows_read, job),
         )
         db.execute("DELETE FROM job_tasks WHERE job=?", (job,))
-        db.execute("COMMIT")
+        self.commit()
         return int(tasks)

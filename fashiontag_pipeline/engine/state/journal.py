@@ -20,7 +20,7 @@ import msgspec
 from ..sinks import PageRow, Reject, ReusedLine, count_outcomes
 from .changes import Change, validated_upto
 from .schema import COUNTERS, JOB_COUNTERS
-from .store import StateDB
+from .store import StateStore
 
 if TYPE_CHECKING:
     from ..jobs import Job, Jobs
@@ -73,7 +73,7 @@ class Journal:
 
     def __init__(
         self,
-        db: StateDB,
+        db: StateStore,
         jobs: Jobs,
         *,
         fsync_seconds: float = 1.0,
@@ -105,6 +105,27 @@ class Journal:
         settle: bool,
         page_job: int | None,
         reused: tuple[int, list[ReusedLine]] | None = None,
+    ) -> tuple[int, int, set[int]]:
+        # The transaction begins before any sink byte is written: a backend that fences its
+        # writes (PostgreSQL, several daemons) refuses here, with nothing written, once the
+        # state was taken over.
+        self.db.begin()
+        try:
+            return self._apply_begun(page, rejects, ops, counters, by_job, settle, page_job, reused)
+        except BaseException:
+            self.db.rollback()
+            raise
+
+    def _apply_begun(
+        self,
+        page: tuple[str | None, list[PageRow]] | None,
+        rejects: Sequence[JobReject],
+        ops: Sequence[Change],
+        counters: dict[str, int],
+        by_job: dict[int, dict[str, int]] | None,
+        settle: bool,
+        page_job: int | None,
+        reused: tuple[int, list[ReusedLine]] | None,
     ) -> tuple[int, int, set[int]]:
         jobs = self.jobs
         counters = dict(counters)
@@ -175,34 +196,29 @@ class Journal:
             target.results.flush(fsync)
             target.rejects.flush(fsync)
         db = self.db
-        db.db.execute("BEGIN IMMEDIATE")
-        try:
-            for sql, args in ops:
-                db.db.execute(sql, args)
-            if job_tasks:
-                db.db.executemany("INSERT OR IGNORE INTO job_tasks VALUES (?, ?)", job_tasks)
-            for key, delta in counters.items():
-                if delta:
-                    db.db.execute(
-                        "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = ?",
-                        (delta, f"n_{key}"),
-                    )
-            for jid, c in per_job.items():
-                moved = [(k, v) for k, v in c.items() if v]
-                sinks = touched.get(jid)
-                sets = [f"{k} = {k} + ?" for k, _ in moved]
-                params: list[Any] = [v for _, v in moved]
-                if sinks is not None:
-                    sets += ["results_ckpt = ?", "rejects_ckpt = ?"]
-                    params += [sinks.results.checkpoint(), sinks.rejects.checkpoint()]
-                if sets:
-                    db.db.execute(
-                        f"UPDATE jobs SET {', '.join(sets)} WHERE job = ?", (*params, jid)
-                    )
-            db.db.execute("COMMIT")
-        except BaseException:
-            db.db.execute("ROLLBACK")
-            raise
+        for sql, args in ops:
+            db.db.execute(sql, args)
+        if job_tasks:
+            db.db.executemany(
+                "INSERT INTO job_tasks VALUES (?, ?) ON CONFLICT DO NOTHING", job_tasks
+            )
+        for key, delta in counters.items():
+            if delta:
+                db.db.execute(
+                    "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT) WHERE key = ?",
+                    (delta, f"n_{key}"),
+                )
+        for jid, c in per_job.items():
+            moved = [(k, v) for k, v in c.items() if v]
+            sinks = touched.get(jid)
+            sets = [f"{k} = {k} + ?" for k, _ in moved]
+            params: list[Any] = [v for _, v in moved]
+            if sinks is not None:
+                sets += ["results_ckpt = ?", "rejects_ckpt = ?"]
+                params += [sinks.results.checkpoint(), sinks.rejects.checkpoint()]
+            if sets:
+                db.db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE job = ?", (*params, jid))
+        db.commit()
         for key, delta in counters.items():
             if delta:
                 self.counters[key] = self.counters.get(key, 0) + delta
@@ -229,9 +245,16 @@ class Journal:
         (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
         ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result store are
         written in this transaction and not returned)."""
-        self.db.db.execute("SAVEPOINT intake")
-        firsts = self.db.dedupe(keyed)
-        self.db.db.execute("RELEASE intake")
+        # The ids are committed on their own: inserting one again is a no-op, so a crash before
+        # the batch's own commit leaves nothing to undo (its rows are read again, at positions
+        # the ids already hold).
+        self.db.begin()
+        try:
+            firsts = self.db.dedupe(keyed)
+            self.db.commit()
+        except BaseException:
+            self.db.rollback()
+            raise
         out: list[int] = []
         fresh = 0
         for i, ((_, pos), first) in enumerate(zip(keyed, firsts, strict=True)):

@@ -1,9 +1,13 @@
-"""The state store (SQLite, WAL): the run's identity, watermarks, queries, reconciliation.
+"""The state store: the run's identity, watermarks, queries, reconciliation.
 
-The tables, positions and watermarks are described in :mod:`.schema`. Everything that touches
-SQLite or a sink runs in one thread at a time (the journal's limiter), so the event loop never
-blocks on disk and every commit is one transaction that moves sink checkpoints and state
-together. A state file is locked while a run holds it.
+The tables, positions and watermarks are described in :mod:`.schema`. :class:`StateStore` holds
+every query; its SQL is the common dialect of SQLite and PostgreSQL (``?`` placeholders,
+``ON CONFLICT``, ``RETURNING``), and a backend supplies the connection and its transactions:
+:class:`StateDB` a SQLite file (WAL, the embedded default), :class:`~.pgstore.PostgresStateDB`
+a schema of a PostgreSQL database. Everything that touches the state or a sink runs in one
+thread at a time (the journal's limiter), so the event loop never blocks on disk and every
+commit is one transaction that moves sink checkpoints and state together. A state is locked
+while a run holds it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ..manifests import ManifestPrint, describe, same_manifests
 from .jobtables import JobRow, JobTables
 from .schema import BODY_SQL, COUNTERS, SCHEMA, TABLES
 
-__all__ = ["JobRow", "Reconciliation", "RunState", "StateDB"]
+__all__ = ["JobRow", "Reconciliation", "RunState", "StateDB", "StateStore"]
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
 
@@ -86,57 +90,38 @@ def _lock_exclusively(path: Path) -> int:
     return fd
 
 
-class StateDB(JobTables):
-    """The SQLite state file. Not thread-safe: used from one thread at a time (the journal)."""
+class StateStore(JobTables):
+    """The queries of the state, whatever holds it. Not thread-safe: used from one thread at a
+    time (the journal). A backend sets :attr:`db` (``execute``/``executemany`` as in
+    :mod:`sqlite3`, ``?`` placeholders) and :attr:`where` (the state's name in messages), and
+    says how a write transaction begins (:meth:`begin`)."""
 
-    def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
-        self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock = _lock_exclusively(path)
-        except OSError as err:
-            raise exc.StateError(f"cannot use state file {path}: {err.strerror or err}") from None
-        try:
-            self.db = self._connect(path, cache_kib)
-        except sqlite3.Error as err:
-            os.close(self._lock)
-            raise exc.StateError(f"cannot use state file {path}: {err}") from None
+    db: Any
+    #: The state's name in messages ("state file PATH", "PostgreSQL state URL").
+    where: str = "state"
 
-    @staticmethod
-    def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
-        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        # A bounded page cache keeps memory flat however many ids the run holds.
-        db.execute(f"PRAGMA cache_size=-{cache_kib}")
-        db.executescript(SCHEMA)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
-        if "n_ok" not in columns:  # state files written before n_ok
-            db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
-        if "reused" not in columns:  # state files written before --reuse
-            db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
-        if "failure" not in columns:  # state files written before a job kept its failure
-            db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
-            db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
-        return db
+    def begin(self) -> None:
+        """Start a write transaction."""
+        self.db.execute("BEGIN")
+
+    def commit(self) -> None:
+        self.db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.db.execute("ROLLBACK")
 
     def close(self) -> None:
-        """Close the file and release its lock (idempotent)."""
-        lock, self._lock = self._lock, -1
-        if lock < 0:
-            return
-        try:
-            self.db.close()
-        finally:
-            os.close(lock)
+        raise NotImplementedError
 
     def meta(self, key: str, default: str | None = None) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else default
 
     def set_meta(self, key: str, value: object) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+        self.db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, str(value)),
+        )
 
     def open_run(
         self, prints: Sequence[ManifestPrint], *, restart: bool = False, resume_stdin: bool = False
@@ -171,7 +156,7 @@ class StateDB(JobTables):
                 raise exc.StateConflictError(self._conflict(stored, prints, same))
             self._wipe()
         token = secrets.token_hex(8)
-        self.db.execute("BEGIN IMMEDIATE")
+        self.begin()
         self.set_meta("run_token", token)
         self.set_meta("prints", msgspec.json.encode(prints).decode())
         self.set_meta("manifests", msgspec.json.encode([p.name for p in prints]).decode())
@@ -179,13 +164,13 @@ class StateDB(JobTables):
         self.set_meta("next_source", 0)
         for key in COUNTERS:
             self.set_meta(f"n_{key}", 0)
-        self.db.execute("COMMIT")
+        self.commit()
         return self._run_state(token, opened=opened, note=note)
 
     def _conflict(
         self, stored: list[ManifestPrint] | None, prints: list[ManifestPrint], same: bool
     ) -> str:
-        where = f"state file {self.path}"
+        where = self.where
         restart = "pass --restart to discard it and start over (the outputs are rewritten)"
         if stored is None:
             return (
@@ -205,10 +190,10 @@ class StateDB(JobTables):
         )
 
     def _wipe(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        self.begin()
         for table in TABLES:
             self.db.execute(f"DELETE FROM {table}")
-        self.db.execute("COMMIT")
+        self.commit()
 
     def _run_state(
         self, token: str, *, opened: str, note: str = "", completed_at: str | None = None
@@ -229,13 +214,13 @@ class StateDB(JobTables):
         token = self.meta("run_token")
         if token is None:
             token = secrets.token_hex(8)
-            self.db.execute("BEGIN IMMEDIATE")
+            self.begin()
             self.set_meta("run_token", token)
             self.set_meta("task_seq", 0)
             self.set_meta("next_source", 0)
             for key in COUNTERS:
                 self.set_meta(f"n_{key}", 0)
-            self.db.execute("COMMIT")
+            self.commit()
             return self._run_state(token, opened="new")
         return self._run_state(token, opened="resumed")
 
@@ -284,24 +269,25 @@ class StateDB(JobTables):
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
         caller commits), so a returned position equal to ``pos`` means "first seen here".
 
-        One ``INSERT OR IGNORE`` of the batch's distinct ids does the work; when it inserted
-        every one of them (the common case: ``total_changes`` moved by their number) no id was
-        seen before and nothing is read back. Otherwise the stored positions are read back."""
+        One insert of the batch's distinct ids, skipping those already there, does the work;
+        when it inserted every one of them (the common case) no id was seen before and nothing
+        is read back. Otherwise the stored positions are read back."""
         first: dict[str, int] = {}
         setdefault = first.setdefault
         out = [setdefault(key, pos) for key, pos in keyed]
-        db = self.db
-        before = db.total_changes
-        db.executemany("INSERT OR IGNORE INTO ids VALUES (?, ?)", first.items())
-        if db.total_changes - before == len(first):
+        if self._insert_new_ids(first) == len(first):
             return out
         ids = list(first)
         for start in range(0, len(ids), 900):
             part = ids[start : start + 900]
             marks = ",".join("?" * len(part))
-            for key, pos in db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
+            for key, pos in self.db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
                 first[key] = pos
         return [first[key] for key, _ in keyed]
+
+    def _insert_new_ids(self, first: dict[str, int]) -> int:
+        """Insert the (id, position) pairs whose id is not there yet; returns how many."""
+        raise NotImplementedError
 
     # -------------------------------------------------------------- chunks and resume
 
@@ -320,14 +306,13 @@ class StateDB(JobTables):
         ``replaces`` whose unsettled rows it carries (resolved, so they can never be sent
         twice)."""
         db = self.db
-        db.execute("BEGIN IMMEDIATE")
+        self.begin()
         # The body goes to its own table: the chunk's row is updated several times (token,
         # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
-        cur = db.execute(
-            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?)", (n, last_pos)
-        )
-        chunk_id = cur.lastrowid
-        assert chunk_id is not None
+        (chunk_id,) = db.execute(
+            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?) RETURNING chunk_id",
+            (n, last_pos),
+        ).fetchone()
         db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
         if replaces is not None:
             db.execute(
@@ -336,7 +321,8 @@ class StateDB(JobTables):
             db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
         if resent:
             db.execute(
-                "UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key = 'n_resent'",
+                "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT)"
+                " WHERE key = 'n_resent'",
                 (resent,),
             )
         else:
@@ -344,7 +330,7 @@ class StateDB(JobTables):
                 "UPDATE jobs SET chunked=? WHERE job=? AND chunked < ?",
                 [(pos, job, pos) for job, pos in marks],
             )
-        db.execute("COMMIT")
+        self.commit()
         return chunk_id
 
     def resume_tasks(self) -> list[tuple[Any, ...]]:
@@ -403,7 +389,64 @@ class StateDB(JobTables):
     def pending_singles(self) -> list[tuple[int, bytes]]:
         """Rows routed to the single endpoint whose outcome was never committed."""
         # A state file of an older version has no single counter yet.
-        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('n_single', '0')")
+        self.db.execute("INSERT INTO meta VALUES ('n_single', '0') ON CONFLICT DO NOTHING")
         return list(
             self.db.execute("SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos")
         )
+
+
+class StateDB(StateStore):
+    """The SQLite state file (WAL), locked while open."""
+
+    def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
+        self.path = path
+        self.where = f"state file {path}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock_exclusively(path)
+        except OSError as err:
+            raise exc.StateError(f"cannot use state file {path}: {err.strerror or err}") from None
+        try:
+            self.db = self._connect(path, cache_kib)
+        except sqlite3.Error as err:
+            os.close(self._lock)
+            raise exc.StateError(f"cannot use state file {path}: {err}") from None
+
+    @staticmethod
+    def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        # A bounded page cache keeps memory flat however many ids the run holds.
+        db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        db.executescript(SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
+        if "n_ok" not in columns:  # state files written before n_ok
+            db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+        if "reused" not in columns:  # state files written before --reuse
+            db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        if "failure" not in columns:  # state files written before a job kept its failure
+            db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
+            db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
+        return db
+
+    def close(self) -> None:
+        """Close the file and release its lock (idempotent)."""
+        lock, self._lock = self._lock, -1
+        if lock < 0:
+            return
+        try:
+            self.db.close()
+        finally:
+            os.close(lock)
+
+    def _insert_new_ids(self, first: dict[str, int]) -> int:
+        db = self.db
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO ids VALUES (?, ?)", first.items())
+        return int(db.total_changes - before)
+
+    def begin(self) -> None:
+        # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
+        self.db.execute("BEGIN IMMEDIATE")
