@@ -331,7 +331,7 @@ class StateStore(JobTables):
                 [(pos, job, pos) for job, pos in marks],
             )
         self.commit()
-        return chunk_id
+        return int(chunk_id)
 
     def resume_tasks(self) -> list[tuple[Any, ...]]:
         """Tasks an interrupted run still has work on: (task_id, seq, token, state,
