@@ -11,6 +11,8 @@ Versions:
 
 1. ``claims``: the daemon's claim ledger (the table of the SQLite ledger).
 2. manifest leases on ``claims``: ``owner``, ``epoch``, ``lease_expires_at`` (database time).
+3. ``states``: the engine states the database holds, each in a schema of its own
+   (:mod:`fashiontag_pipeline.engine.state.pgstore`), with the version of its tables.
 
 A URL may carry a password: it never reaches a message, a log or a repr (:func:`redact_url`).
 Driver errors become :class:`~._exceptions.StateError` here, in one place (:func:`state_errors`).
@@ -86,6 +88,20 @@ MIGRATIONS: tuple[Migration, ...] = (
                 ADD COLUMN lease_expires_at timestamptz
             """,
             "CREATE INDEX claims_leasable ON claims (lease_expires_at) WHERE status = 'claimed'",
+        ),
+    ),
+    Migration(
+        3,
+        "engine states: one schema each, with the version of its tables",
+        (
+            """
+            CREATE TABLE states (
+                name text COLLATE "C" PRIMARY KEY,
+                schema_name text COLLATE "C" NOT NULL UNIQUE,
+                version integer NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now()
+            )
+            """,
         ),
     ),
 )

@@ -21,6 +21,8 @@ from fashiontag_pipeline._postgres import (
 from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
 from fashiontag_pipeline.daemon.ledger import ClaimRecord
 
+ALL = [m.version for m in MIGRATIONS]
+
 
 def versions(url: str) -> list[int]:
     with psycopg.connect(url) as conn:
@@ -30,26 +32,26 @@ def versions(url: str) -> list[int]:
 def test_first_open_creates_every_version(postgres_url: str) -> None:
     PostgresClaimLedger(postgres_url).close()
     assert versions(postgres_url) == [m.version for m in MIGRATIONS]
-    assert SCHEMA_VERSION == MIGRATIONS[-1].version == 2
+    assert SCHEMA_VERSION == MIGRATIONS[-1].version == 3
     PostgresClaimLedger(postgres_url).close()  # opening again changes nothing
-    assert versions(postgres_url) == [1, 2]
+    assert versions(postgres_url) == ALL
 
 
-def test_migrates_from_the_previous_version_keeping_its_rows(postgres_url: str) -> None:
+def test_migrates_from_the_first_version_keeping_its_rows(postgres_url: str) -> None:
     with psycopg.connect(postgres_url) as conn:
-        assert migrate(conn, target=SCHEMA_VERSION - 1) == 0
+        assert migrate(conn, target=1) == 0
         conn.execute(  # a claim recorded by the previous version (no lease columns)
             "INSERT INTO claims (name, sha256, size, claimed_at, status) "
             "VALUES ('old.csv', %s, 10, 1.5, 'claimed')",
             ("a" * 64,),
         )
         conn.commit()
-        assert schema_version(conn) == SCHEMA_VERSION - 1
+        assert schema_version(conn) == 1
         with pytest.raises(psycopg.errors.UndefinedColumn):
             conn.execute("SELECT epoch FROM claims")
     ledger = PostgresClaimLedger(postgres_url, owner="a")
     try:
-        assert versions(postgres_url) == [1, 2]
+        assert versions(postgres_url) == ALL
         assert ledger.in_flight() == [
             ClaimRecord(name="old.csv", sha256="a" * 64, size=10, claimed_at=1.5)
         ]
@@ -76,7 +78,7 @@ def test_daemons_starting_together_create_the_schema_once(postgres_url: str) -> 
     for thread in threads:
         thread.join(timeout=60)
     assert errors == []
-    assert versions(postgres_url) == [1, 2]
+    assert versions(postgres_url) == ALL
 
 
 def test_a_newer_schema_is_refused(postgres_url: str) -> None:

@@ -26,7 +26,7 @@ import msgspec
 from .._config import load_section
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
 from .._http import FIRST_FAILURE
-from .._postgres import redact_url
+from .._postgres import is_postgres_url, redact_url
 from ..engine.config import EngineConfig, RunSummary
 from ..engine.run import (
     RunControl,
@@ -80,11 +80,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--state",
-        type=Path,
-        metavar="FILE",
+        type=_state_location,
+        metavar="FILE|URL",
         default=None,
-        help="state file; the same command with the same state resumes (default: OUT.state, "
-        "next to OUT)",
+        help="state file, or a PostgreSQL URL (postgresql://user@host/db, #name after it names "
+        "the state there; default run); the same command with the same state resumes "
+        "(default: OUT.state, next to OUT)",
     )
     parser.add_argument(
         "--restart",
@@ -330,6 +331,11 @@ class _KeepTryingHint(logging.Filter):
         return True
 
 
+def _state_location(text: str) -> Path | str:
+    """``--state``: a URL (``scheme://...``) stays text, anything else is a file path."""
+    return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else Path(text)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """``fashiontag run``: returns the exit code."""
     try:
@@ -340,12 +346,18 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     out: Path = args.out
     rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
-    state: Path = args.state or default_state_path(out)
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", str(args.state or "")):
+    state: Path | str = args.state or default_state_path(out)
+    if isinstance(state, str) and not is_postgres_url(state):
         print(
-            f"fashiontag: --state {redact_url(str(args.state))}: a state URL (PostgreSQL) is not "
-            "supported yet; "
-            "give a file path",
+            f"fashiontag: --state {redact_url(state)}: not a state this fashiontag can use: give "
+            "a file path or a postgresql:// URL",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if isinstance(state, str) and engine.reuse is not None:
+        print(
+            "fashiontag: --reuse needs a state file (the result store is not kept in PostgreSQL "
+            "yet): give --state a file path, or run without --reuse",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -51,7 +51,7 @@ from .scheduler import JobSource
 from .single import SingleRouter
 from .sinks import RejectSink, ResultSink
 from .source import ManifestReader, RowBatch, open_manifest
-from .state import Journal, Reconciliation, RunState, StateDB
+from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
 from .tracker import TaskBook, Tracker
 from .validate import Item, SingleItem, Validator
@@ -75,7 +75,7 @@ class Engine:
         self,
         *,
         client: TaggerClient,
-        db: StateDB,
+        db: StateStore,
         state: RunState,
         config: EngineConfig,
         namespaced: bool = False,

@@ -31,7 +31,7 @@ def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[Result
 
 
 def already_complete(
-    run: RunState, out: Path, rejects: Path, state: Path, started: float
+    run: RunState, out: Path, rejects: Path, state: str, started: float
 ) -> RunSummary:
     """The summary of a run found complete in its state: nothing was done."""
     c = run.counters
@@ -52,5 +52,5 @@ def already_complete(
         elapsed_s=round(time.monotonic() - started, 3),
         out=str(out),
         rejects=str(rejects),
-        state=str(state),
+        state=state,
     )

@@ -31,7 +31,7 @@ from .manifests import fingerprint
 from .outcome import already_complete
 from .reuse import open_reuse
 from .source import ManifestReader, open_manifest
-from .state import Reconciliation, StateDB
+from .state import Reconciliation, StateDB, StateStore, open_state
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
@@ -61,7 +61,7 @@ async def run_pipeline(
     client: ClientConfig | TaggerClient,
     out: Path,
     rejects: Path,
-    state: Path | None = None,
+    state: Path | str | StateStore | None = None,
     engine: EngineConfig = EngineConfig(),  # noqa: B008 - frozen value object
     progress: bool = False,
     control: RunControl | None = None,
@@ -70,7 +70,9 @@ async def run_pipeline(
 ) -> RunSummary:
     """Tag every image of ``manifests`` into ``out`` (results) and ``rejects``; exactly once.
 
-    Re-running with the same ``state`` file resumes an interrupted run of the same manifests
+    ``state``: a SQLite file, a ``postgresql://`` URL (:mod:`.state.pgstore`) or a state
+    already open (the daemon's fenced PostgreSQL state; closed here). Re-running with the same
+    ``state`` resumes an interrupted run of the same manifests
     (content fingerprints; stdin only with ``resume_stdin``); after a completed run it does
     nothing for the same manifests and starts a new run for others; ``restart`` discards
     whatever the state holds. Returns the summary, ``complete`` only when the state store shows
@@ -83,7 +85,7 @@ async def run_pipeline(
     names = [str(m) for m in manifests]
     if not names:
         raise exc.ManifestError("no manifest given")
-    state_path = state or default_state_path(out)
+    state_path = state if state is not None else default_state_path(out)
     prints = [await anyio.to_thread.run_sync(fingerprint, name) for name in names]
     readers: list[ManifestReader] = []
     try:
@@ -101,24 +103,30 @@ async def run_pipeline(
             reader.close()
 
     try:
-        db = StateDB(state_path)
+        db = state_path if isinstance(state_path, StateStore) else open_state(state_path)
     except BaseException:
         close_readers()
         raise
+    where = db.where
     try:
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
         if run.opened == "complete":
             db.close()
             close_readers()
-            return already_complete(run, out, rejects, state_path, started)
+            return already_complete(run, out, rejects, db.location, started)
         # The job's outputs are the ones given now (a resume may name other paths).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
+        if engine.reuse is not None and not isinstance(db, StateDB):
+            raise exc.ConfigError(
+                f"--reuse needs a state file: {where} is not one (the result store is not kept "
+                "in PostgreSQL yet)"
+            )
         reuse = open_reuse(  # --reuse: None without a store
             engine,
             language=client.language,
             db=db.db,
             resumed=run.resumed,
-            state_path=str(state_path),
+            state_path=str(state_path) if isinstance(db, StateDB) else "",
         )
     except BaseException:
         db.close()
@@ -133,7 +141,7 @@ async def run_pipeline(
         note=run.note,
         out=str(out),
         rejects=str(rejects),
-        state=str(state_path),
+        state=db.location,
     )
     core = Engine(client=tagger, db=db, state=run, config=engine, control=control, reuse=reuse)
     spec = JobSpec(key=RUN_JOB, manifests=names, results=out, rejects=rejects, sink=engine.sink)

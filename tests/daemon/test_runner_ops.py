@@ -57,7 +57,7 @@ def test_bad_daemon_options_are_one_clear_line_and_exit_2(
     assert proc.stdout == b""
 
 
-def test_run_refuses_a_state_url_until_it_is_supported(tmp_path: Path) -> None:
+def test_run_names_a_state_url_it_cannot_use_without_its_password(tmp_path: Path) -> None:
     manifest = tmp_path / "m.csv"
     manifest.write_text("id,url\na,https://img.example/a.jpg\n")
     proc = subprocess.run(
@@ -68,7 +68,7 @@ def test_run_refuses_a_state_url_until_it_is_supported(tmp_path: Path) -> None:
             "run",
             str(manifest),
             "--state",
-            "postgresql://db.example/fashiontag",
+            "postgresql://tagger:s3cret@127.0.0.1:1/fashiontag?connect_timeout=2",
             "--out",
             str(tmp_path / "out.jsonl"),
         ],
@@ -76,6 +76,8 @@ def test_run_refuses_a_state_url_until_it_is_supported(tmp_path: Path) -> None:
         timeout=60,
         cwd=tmp_path,
     )
-    assert proc.returncode == 2 and b"not supported yet" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert b"PostgreSQL state postgresql://tagger:***@127.0.0.1:1/fashiontag" in proc.stderr
+    assert b"cannot open" in proc.stderr
     assert b"s3cret" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]

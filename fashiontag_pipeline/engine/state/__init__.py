@@ -1,4 +1,5 @@
-"""The run's state: one SQLite file (WAL) owned by this package, written through the journal.
+"""The run's state: one SQLite file (WAL), or a schema of a PostgreSQL database
+(:mod:`.pgstore`), owned by this package and written through the journal.
 
 * :mod:`.schema`: the tables, positions and watermarks;
 * :mod:`.store`: the run's identity (manifest fingerprints: resume, nothing to do,
@@ -13,9 +14,30 @@ Nothing outside this package sees the SQLite connection or writes SQL.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..._postgres import is_postgres_url, redact_url
 from .journal import JobReject, Journal
 from .schema import BODY_SQL, COUNTERS, JOB_COUNTERS, POS_SHIFT, position, split_position
-from .store import JobRow, Reconciliation, RunState, StateDB
+from .store import JobRow, Reconciliation, RunState, StateDB, StateStore
+
+
+def open_state(location: str | Path) -> StateStore:
+    """The state at ``location``: a ``postgresql://`` URL (``#name`` names the state in the
+    database), or a SQLite file."""
+    if isinstance(location, str) and is_postgres_url(location):
+        from .pgstore import PostgresStateDB
+
+        return PostgresStateDB(location)
+    return StateDB(Path(location))
+
+
+def describe_state(location: str | Path) -> str:
+    """``location`` as messages and summaries show it (a URL without its password)."""
+    if isinstance(location, str) and is_postgres_url(location):
+        return redact_url(location)
+    return str(location)
+
 
 __all__ = [
     "BODY_SQL",
@@ -28,6 +50,9 @@ __all__ = [
     "Reconciliation",
     "RunState",
     "StateDB",
+    "StateStore",
+    "describe_state",
+    "open_state",
     "position",
     "split_position",
 ]

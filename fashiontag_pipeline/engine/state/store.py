@@ -97,8 +97,10 @@ class StateStore(JobTables):
     says how a write transaction begins (:meth:`begin`)."""
 
     db: Any
-    #: The state's name in messages ("state file PATH", "PostgreSQL state URL").
+    #: The state's name in messages ("state file PATH", "PostgreSQL state URL#NAME").
     where: str = "state"
+    #: Where the state is, as a summary shows it (a path, or the URL without its password).
+    location: str = ""
 
     def begin(self) -> None:
         """Start a write transaction."""
@@ -401,6 +403,7 @@ class StateDB(StateStore):
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
         self.path = path
         self.where = f"state file {path}"
+        self.location = str(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._lock = _lock_exclusively(path)

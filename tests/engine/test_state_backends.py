@@ -1,0 +1,187 @@
+"""The state's contract, on both backends: a SQLite file and a schema of a real PostgreSQL.
+
+Every test here runs twice (``state_location``): a run is tagged exactly once and found
+complete again; a kill -9 resumes; tasks the service forgets are settled; an interrupted run
+counts exactly its rows without an outcome; an unfinished state of other manifests is refused
+untouched; two runs never share a state.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline import StateConflictError
+from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
+from fashiontag_pipeline.engine.state import open_state
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, client_config, read_outcomes, run_args, write_csv
+from .proxy import Misbehaviour, misbehaving
+
+StateAt = Callable[[str], Path | str]
+
+FAST = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.2,
+    fsync_seconds=10.0,
+    rotate_images=1000,
+    rotate_min_images=1000,
+)
+
+
+def ids_of(n: int) -> set[str]:
+    return {f"p{i}" for i in range(n)}
+
+
+def taken_in(state: Path | str) -> int:
+    """Ids the state took in (read through the store, whatever the backend)."""
+    db = open_state(state)
+    try:
+        (n,) = db.db.execute("SELECT count(*) FROM ids").fetchone()
+        return int(n)
+    finally:
+        db.close()
+
+
+async def results_appear(path: Path) -> None:
+    with anyio.fail_after(60):
+        while not path.exists() or path.stat().st_size == 0:
+            await anyio.sleep(0.01)
+
+
+async def test_a_run_is_tagged_once_then_found_complete(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 3500)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = state_location("nightly")
+    async with running_service(ServiceConfig()) as svc:
+        client = client_config(svc.url)
+        first = await run_pipeline(
+            [manifest], client=client, out=out, rejects=rej, state=state, engine=FAST
+        )
+        again = await run_pipeline(
+            [manifest], client=client, out=out, rejects=rej, state=state, engine=FAST
+        )
+        other = write_csv(tmp_path / "next.csv", 500, start=10_000)
+        night2 = await run_pipeline(
+            [other], client=client, out=out, rejects=rej, state=state, engine=FAST
+        )
+    assert first.complete and first.opened == "new" and first.tagged == 3500
+    assert again.opened == "complete" and again.tagged == 3500 and again.submitted == 3500
+    assert night2.complete and night2.opened == "replaced" and night2.tagged == 500
+    assert (first.state == again.state and "#nightly" in first.state) or first.state.endswith(
+        "nightly.state"
+    )
+    assert len(read_outcomes(out, rej).results) == 500
+
+
+async def test_kill_9_mid_run_then_the_same_command_resumes(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    n = 12_000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    state = str(state_location("killed"))
+    async with running_service(ServiceConfig(rate=5000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", state)
+        args += ["--summary", str(tmp_path / "summary.json")]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await results_appear(out)
+        await anyio.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        final = await anyio.run_process(args, check=False, env=ENV)
+    assert final.returncode == 0, final.stderr.decode()
+    summary = json.loads((tmp_path / "summary.json").read_bytes())
+    assert summary["opened"] == "resumed" and summary["state"] == state
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+
+
+async def test_tasks_the_service_forgets_are_settled(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    n = 4000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(forget_when_done={1, 3}, duplicate_across_pages={2})
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            state=state_location("forgetful"),
+            engine=FAST,
+        )
+    assert summary.complete and summary.lost_tasks >= 1
+    o = assert_exactly_once(out, rej, ids_of(n))
+    assert not {r["taskId"] for r in o.results} & proxy.forgotten
+
+
+async def test_an_interrupted_run_counts_its_rows_without_outcome_and_guards_its_state(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 6000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = state_location("interrupted")
+    control = RunControl()
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        client = client_config(svc.url)
+        async with anyio.create_task_group() as tg:
+
+            async def stop_soon() -> None:
+                await anyio.sleep(0.8)
+                control.stop()
+
+            tg.start_soon(stop_soon)
+            first = await run_pipeline(
+                [manifest],
+                client=client,
+                out=out,
+                rejects=rej,
+                state=state,
+                engine=FAST,
+                control=control,
+            )
+        assert first.interrupted and not first.complete
+        o = read_outcomes(out, rej)
+        assert first.unsettled == taken_in(state) - len(o.results) - len(o.rejects) > 0
+        other = write_csv(tmp_path / "other.csv", 10)
+        before = out.read_bytes()
+        with pytest.raises(StateConflictError, match="unfinished run of other manifests"):
+            await run_pipeline([other], client=client, out=out, rejects=rej, state=state)
+        assert out.read_bytes() == before
+        second = await run_pipeline(
+            [manifest], client=client, out=out, rejects=rej, state=state, engine=FAST
+        )
+    assert second.complete and second.opened == "resumed" and second.unsettled == 0
+    assert_exactly_once(out, rej, ids_of(6000))
+
+
+async def test_two_runs_never_share_a_state(tmp_path: Path, state_location: StateAt) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 8000)
+    out = tmp_path / "results.jsonl"
+    state = str(state_location("shared"))
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", state)
+        first = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await results_appear(out)
+        second = await anyio.run_process(args, check=False, env=ENV)
+        with anyio.fail_after(60):
+            assert await first.wait() == 0
+        await first.aclose()
+        again = await anyio.run_process(args, check=False, env=ENV)
+    assert second.returncode == 2, second.stderr.decode()
+    assert b"in use by another run" in second.stderr
+    assert again.returncode == 0 and b"already complete" in again.stderr
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(8000))
