@@ -19,7 +19,7 @@ import anyio
 import msgspec
 
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
-from .._postgres import redact_url
+from .._postgres import is_postgres_url, redact_url
 from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
@@ -42,7 +42,17 @@ def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--inbox", metavar="DIR", help="folder manifests are dropped into")
     parser.add_argument("--outbox", metavar="DIR", help="folder outputs are written to")
     parser.add_argument(
-        "--state", metavar="FILE", help="state store (default INBOX/.fashiontag-daemon.sqlite)"
+        "--state",
+        metavar="FILE|URL",
+        help="state store: a file (default INBOX/.fashiontag-daemon.sqlite), or a PostgreSQL URL "
+        "shared by several daemons on one inbox and outbox",
+    )
+    parser.add_argument(
+        "--lease",
+        type=float,
+        metavar="S",
+        help="with a PostgreSQL state: seconds a manifest's lease lasts unless renewed; a dead "
+        "daemon's manifests are taken over after it (default 30)",
     )
     parser.add_argument(
         "--listen",
@@ -93,6 +103,7 @@ def daemon_config_from_args(args: argparse.Namespace) -> DaemonConfig:
         "max_active": args.max_active,
         "drain_timeout": args.drain_timeout,
         "log_format": args.log_format,
+        "lease": args.lease,
     }
     changes = {k: v for k, v in overrides.items() if v is not None}
     try:
@@ -115,11 +126,18 @@ def daemon_command(args: argparse.Namespace) -> int:
     if args.max_pending_rows is not None and args.max_pending_rows < 1:
         print("fashiontag: --max-pending-rows must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    if "://" in config.state_location():
+    location = config.state_location()
+    if "://" in location and not is_postgres_url(location):
         print(
-            f"fashiontag: --state {redact_url(config.state_location())}: a state URL "
-            "(PostgreSQL) is not supported yet; give a file path "
-            "(default INBOX/.fashiontag-daemon.sqlite)",
+            f"fashiontag: --state {redact_url(location)}: not a state this fashiontag can use: "
+            "give a file path or a postgresql:// URL",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if is_postgres_url(location) and engine.reuse is not None:
+        print(
+            "fashiontag: --reuse needs a state file (the result store is not kept in PostgreSQL "
+            "yet): give --state a file path, or run without --reuse",
             file=sys.stderr,
         )
         return EXIT_USAGE

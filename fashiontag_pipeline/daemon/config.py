@@ -76,8 +76,10 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Everything the daemon needs besides the client and engine sections.
 
     * ``inbox`` / ``outbox``: folders (required, from the file or ``--inbox`` / ``--outbox``).
-    * ``state``: the state store, a file path (or, later, a URL); default
-      ``INBOX/.fashiontag-daemon.sqlite``.
+    * ``state``: the state store, a file path (default ``INBOX/.fashiontag-daemon.sqlite``),
+      or a ``postgresql://`` URL that several daemons on one inbox and outbox share.
+    * ``lease``: with a PostgreSQL state, seconds a manifest's lease lasts unless renewed (a
+      third of it between renewals); a dead daemon's manifests are taken over after it.
     * ``listen``: ``HOST:PORT`` of ``/metrics``, ``/livez``, ``/readyz``, ``/status``; empty
       disables them.
     * ``settle``: a manifest without a ``NAME.ready`` marker is ready once its size and mtime
@@ -100,6 +102,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     drain_timeout: float = DEFAULT_DRAIN_TIMEOUT
     log_format: LogFormat = "auto"
     unreachable_after: float = 30.0
+    lease: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("inbox", "outbox", "state"):
@@ -116,6 +119,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(
                 f"daemon.unreachable_after must be > 0 seconds, got {self.unreachable_after}"
             )
+        if not 0 < self.lease <= 86_400:
+            raise ValueError(f"daemon.lease must be > 0 and <= 86400 seconds, got {self.lease}")
         if self.drain_timeout < 0:
             raise ValueError(f"daemon.drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
         try:

@@ -34,13 +34,14 @@ it): a rename would otherwise replace a manifest in flight.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, cast
 
 import anyio
 import anyio.to_thread
@@ -48,7 +49,7 @@ import msgspec
 
 from ._files import fsync_dir, write_atomic
 from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
-from .ledger import ClaimLedger, ClaimRecord
+from .ledger import ClaimLedger, ClaimRecord, SettledStatus, SharedLedger
 
 __all__ = [
     "DONE_DIR",
@@ -160,8 +161,15 @@ class Inbox:
         scan_interval: float = DEFAULT_SCAN_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        shared_after: float | None = None,
     ) -> None:
         self.root = Path(root)
+        #: Several daemons on this inbox (a PostgreSQL ledger): a claim is the rename into
+        #: ``.work`` (one daemon wins it), recorded after it, only if no claim of that name is
+        #: in flight; start-up leaves the claims in flight to the leases, and repairs only what
+        #: has been left alone for ``shared_after`` seconds (a daemon that died between its
+        #: rename and its record, or between its record and its move).
+        self.shared_after = shared_after
         self.work = self.root / WORK_DIR
         self.done = self.root / DONE_DIR
         self.failed = self.root / FAILED_DIR
@@ -190,6 +198,9 @@ class Inbox:
         * A claim in flight whose file is in neither ``.work`` nor the inbox: abandoned.
         """
         self.prepare()
+        if self.shared_after is not None:
+            self._repair_shared()
+            return []
         claims: list[Claim] = []
         with os.scandir(self.work) as entries:
             work_names = sorted(
@@ -229,6 +240,41 @@ class Inbox:
                 self.ledger.record_abandoned(record.name)
         claims.sort(key=lambda c: (c.claimed_at, c.name))
         return claims
+
+    def _repair_shared(self) -> None:
+        """Start-up beside other daemons: a file in ``.work`` left alone (its ctime, which a
+        rename sets) for ``shared_after`` seconds and not recorded in flight is recorded now,
+        or moved where its settled record says; a claim in flight whose file is gone is
+        abandoned."""
+        assert self.shared_after is not None
+        ledger = cast("SharedLedger", self.ledger)
+        now = self._wall_clock()
+        with os.scandir(self.work) as entries:
+            files = [e for e in entries if e.is_file() and not e.name.startswith(".")]
+        for entry in sorted(files, key=lambda e: e.name):
+            try:
+                if now - entry.stat().st_ctime < self.shared_after:
+                    continue  # another daemon may be between its rename and its record
+            except FileNotFoundError:
+                continue
+            record = self.ledger.lookup(entry.name)
+            if record is not None and record.status == "claimed":
+                continue
+            if record is not None and record.status in ("done", "failed", "duplicate"):
+                folder = self.failed if record.status == "failed" else self.done
+                target = folder / free_name(folder, entry.name, record.sha256)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(self.work / entry.name, target)
+                    fsync_dir(folder)
+                continue
+            sha256, size = _hash_file(self.work / entry.name)
+            ledger.record_claim_if_absent(
+                ClaimRecord(name=entry.name, sha256=sha256, size=size, claimed_at=now)
+            )
+        in_work = {e.name for e in files}
+        for record in self.ledger.in_flight():
+            if record.name not in in_work and not (self.work / record.name).is_file():
+                self.ledger.record_abandoned(record.name)
 
     # -- scanning ------------------------------------------------------------------------
 
@@ -291,6 +337,8 @@ class Inbox:
         if target.exists():
             return None
         record = ClaimRecord(name=name, sha256=sha256, size=size, claimed_at=self._wall_clock())
+        if self.shared_after is not None:
+            return self._claim_shared(path, record)
         self.ledger.record_claim(record)
         (self.root / f"{name}{READY_SUFFIX}").unlink(missing_ok=True)
         os.rename(path, target)
@@ -302,6 +350,27 @@ class Inbox:
             path=str(target),
             sha256=sha256,
             size=size,
+            claimed_at=record.claimed_at,
+        )
+
+    def _claim_shared(self, path: Path, record: ClaimRecord) -> Claim | None:
+        """The rename first: of several daemons, the one whose rename succeeds owns the file;
+        then its record (if the name is not in flight already)."""
+        name = path.name
+        self._seen.pop(name, None)
+        try:
+            os.rename(path, self.work / name)
+        except FileNotFoundError:
+            return None  # another daemon claimed it
+        (self.root / f"{name}{READY_SUFFIX}").unlink(missing_ok=True)
+        fsync_dir(self.root)
+        fsync_dir(self.work)
+        cast("SharedLedger", self.ledger).record_claim_if_absent(record)
+        return Claim(
+            name=name,
+            path=str(self.work / name),
+            sha256=record.sha256,
+            size=record.size,
             claimed_at=record.claimed_at,
         )
 
@@ -332,16 +401,23 @@ class Inbox:
 
     # -- settling ------------------------------------------------------------------------
 
-    def finish(self, claim: Claim, status: Literal["done", "duplicate"]) -> Path:
-        """Move a complete manifest (its summary written) to ``done/``; returns where."""
+    def finish(self, claim: Claim, status: Literal["done", "duplicate"], lease: Any = None) -> Path:
+        """Move a complete manifest (its summary written) to ``done/``; returns where. With a
+        ``lease`` (several daemons), only while it holds."""
         name = free_name(self.done, claim.name, claim.sha256)
-        self.ledger.record_settled(claim.name, status, f"{DONE_DIR}/{name}")
+        self._settle(claim.name, status, f"{DONE_DIR}/{name}", lease)
         target = self.done / name
         os.rename(claim.path, target)
         fsync_dir(self.done)
         return target
 
-    def fail(self, claim: Claim, reason: str) -> Path:
+    def _settle(self, name: str, status: SettledStatus, settled_as: str, lease: Any) -> None:
+        if lease is None:
+            self.ledger.record_settled(name, status, settled_as)
+        else:
+            cast("SharedLedger", self.ledger).record_settled(name, status, settled_as, lease=lease)
+
+    def fail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
         """Move an unreadable manifest to ``failed/`` beside ``NAME.error.json``; returns
         where. The error file is written first (atomically), so a failed manifest is never
         found without its reason."""
@@ -350,7 +426,7 @@ class Inbox:
         )
         error = {"reason": reason, "sha256": claim.sha256}
         write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode(error) + b"\n")
-        self.ledger.record_settled(claim.name, "failed", f"{FAILED_DIR}/{name}")
+        self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
         target = self.failed / name
         os.rename(claim.path, target)
         fsync_dir(self.failed)
@@ -374,10 +450,12 @@ class Inbox:
                 continue
         return None
 
-    async def afinish(self, claim: Claim, status: Literal["done", "duplicate"]) -> Path:
+    async def afinish(
+        self, claim: Claim, status: Literal["done", "duplicate"], lease: Any = None
+    ) -> Path:
         """:meth:`finish` in a worker thread."""
-        return await anyio.to_thread.run_sync(self.finish, claim, status)
+        return await anyio.to_thread.run_sync(self.finish, claim, status, lease)
 
-    async def afail(self, claim: Claim, reason: str) -> Path:
+    async def afail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
         """:meth:`fail` in a worker thread."""
-        return await anyio.to_thread.run_sync(self.fail, claim, reason)
+        return await anyio.to_thread.run_sync(self.fail, claim, reason, lease)

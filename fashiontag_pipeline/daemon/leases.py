@@ -270,6 +270,28 @@ class PostgresClaimLedger:
                 (record.name, record.sha256, record.size, record.claimed_at),
             )
 
+    def record_claim_if_absent(self, record: ClaimRecord) -> bool:
+        """Record a claim in flight unless one of that name is in flight already (several
+        daemons on one inbox: the claim that exists stands, whoever leased it keeps it).
+        Returns whether this one was recorded."""
+        with self._transaction(f"record the claim of {record.name!r}") as conn:
+            cursor = conn.execute(
+                "INSERT INTO claims (name, sha256, size, claimed_at, status) "
+                "VALUES (%s, %s, %s, %s, 'claimed') "
+                "ON CONFLICT (name) WHERE status = 'claimed' DO NOTHING",
+                (record.name, record.sha256, record.size, record.claimed_at),
+            )
+            return cursor.rowcount == 1
+
+    def claim_of(self, lease: Lease) -> ClaimRecord | None:
+        """The claim a lease is on (None once it is settled or replaced)."""
+        with self._transaction(f"look up {lease.name!r}") as conn:
+            row = conn.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE id = %s AND status = 'claimed'",
+                (lease.claim_id,),
+            ).fetchone()
+        return self._record(row)
+
     def _finish(self, name: str, status: ClaimStatus, settled_as: str, lease: Lease | None) -> None:
         with self._transaction(f"settle {name!r}") as conn:
             if lease is not None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import msgspec
 
 if TYPE_CHECKING:
-    pass
+    from .leases import Lease
 
 __all__ = [
     "ClaimLedger",
@@ -26,6 +26,7 @@ __all__ = [
     "MemoryClaimLedger",
     "SQLiteClaimLedger",
     "SettledStatus",
+    "SharedLedger",
 ]
 
 #: ``claimed``: in flight. The others are final: ``done``/``failed``/``duplicate`` are the
@@ -79,6 +80,17 @@ class ClaimLedger(Protocol):
         """The earliest claim of this content that completed (status ``done``), or None: a
         later manifest with the same content is a ``duplicate`` of it."""
         ...
+
+
+class SharedLedger(ClaimLedger, Protocol):
+    """A ledger several daemons share (:class:`~.leases.PostgresClaimLedger`): a claim is
+    recorded only if its name is not in flight, and settled only under its lease."""
+
+    def record_claim_if_absent(self, record: ClaimRecord) -> bool: ...
+
+    def record_settled(
+        self, name: str, status: SettledStatus, settled_as: str, *, lease: Lease | None = None
+    ) -> None: ...
 
 
 class MemoryClaimLedger:

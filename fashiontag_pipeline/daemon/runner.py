@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import anyio.abc
@@ -34,7 +34,8 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig
-from ..engine import EngineConfig
+from .._postgres import is_postgres_url
+from ..engine import EngineConfig, RunSummary
 from ..engine.engine import Engine, RunControl
 from ..engine.jobs import Job, JobSpec
 from ..engine.reuse import ReuseHook, open_reuse
@@ -47,6 +48,9 @@ from .metrics import DaemonMetrics, Op
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox, rfc3339
 
+if TYPE_CHECKING:
+    from .leases import Lease
+
 __all__ = ["DEFAULT_MAX_PENDING_ROWS", "Daemon", "op_of"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
@@ -57,6 +61,8 @@ DEFAULT_MAX_PENDING_ROWS = 20_000
 #: Completed manifests kept for ``/status``.
 RECENT = 20
 _OUTCOMES = ("tagged", "failed", "rejected", "reused")
+#: The counts a summary.json carries (besides rows_read and elapsed_s).
+_COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
 
 
 def op_of(method: str, path: str) -> Op | None:
@@ -85,6 +91,11 @@ class _Active:
     counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
     baseline: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
     started: float = field(default_factory=time.monotonic)
+
+    def watch(self, job: Job) -> None:
+        """The manifest's job, once the engine has it: its counters from now on."""
+        self.job = job
+        self.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
 
 
 class Daemon:
@@ -150,7 +161,7 @@ class Daemon:
 
     # -------------------------------------------------------------- observation
 
-    def _observe(self, method: str, path: str, status: int, seconds: float) -> None:
+    def observe(self, method: str, path: str, status: int, seconds: float) -> None:
         if status == 0:
             self.health.mark_service_unreachable()
             return
@@ -172,19 +183,19 @@ class Daemon:
                 self.metrics.count_rows(outcome, delta)  # type: ignore[arg-type]
                 active.counted[outcome] += delta
 
-    async def _report(self, client: TaggerClient) -> None:
+    async def report(self, client: TaggerClient) -> None:
         """Gauges and row counters, once a second."""
         retries = 0
         while True:
+            for active in list(self.active.values()):
+                self._count_rows(active, final=False)
+            self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
             engine = self._engine
             if engine is not None:
-                for active in list(self.active.values()):
-                    self._count_rows(active, final=False)
                 stats = client.stats
                 total = stats.retries + engine.budget.retries
                 self.metrics.count_retries(total - retries)
                 retries = total
-                self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
                 self.metrics.set_engine(
                     tasks_live=engine.tasks_live(),
                     rows_pending=max(0, engine.rows_pending()),
@@ -205,6 +216,11 @@ class Daemon:
         """Until drained (``control.stop()``): claim, tag, settle."""
         inbox_dir, outbox_dir = self.inbox_path, self.outbox_path
         state_path = self.config.state_location()
+        if is_postgres_url(state_path):  # several daemons, one PostgreSQL
+            from .shared import SharedDaemon
+
+            await SharedDaemon(self, state_path).run()
+            return
         await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
         db = await anyio.to_thread.run_sync(StateDB, Path(state_path))
         try:
@@ -226,7 +242,7 @@ class Daemon:
             state = await anyio.to_thread.run_sync(db.open_engine)
             reuse = await anyio.to_thread.run_sync(self._open_reuse, db, state_path)
             async with TaggerClient(config=self.client_config) as client:
-                client.set_observer(self._observe)
+                client.set_observer(self.observe)
                 engine = Engine(
                     client=client,
                     db=db,
@@ -247,7 +263,7 @@ class Daemon:
                 ):
                     self.url = server.url
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._report, client)
+                        tg.start_soon(self.report, client)
                         tg.start_soon(self.notifier.run_watchdog)
                         tg.start_soon(self._drain_watch, engine)
                         self.notifier.ready(f"watching {inbox_dir}")
@@ -343,7 +359,7 @@ class Daemon:
                 earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
                 outputs = await outbox.aoutputs(claim)
                 if earlier is not None:
-                    await self._duplicate(claim, outputs, inbox, earlier.name)
+                    await self.duplicate(claim, outputs, inbox, earlier.name)
                     return
                 await self._tag(claim, outputs, inbox, engine)
             finally:
@@ -353,15 +369,21 @@ class Daemon:
         finally:
             slots.release()
 
-    async def _duplicate(
-        self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, earlier: str
+    async def duplicate(
+        self,
+        claim: Claim,
+        outputs: ManifestOutputs,
+        inbox: Inbox,
+        earlier: str,
+        *,
+        lease: Lease | None = None,
     ) -> None:
         summary = outputs.new_summary("duplicate", finished_at=time.time(), duplicate_of=earlier)
         # Counted before the summary appears: whoever sees summary.json sees it counted.
         self.metrics.count_manifest("duplicate")
         self.recent.append(summary)
         await outputs.awrite_summary(summary)
-        await inbox.afinish(claim, "duplicate")
+        await inbox.afinish(claim, "duplicate", lease)
         logger.info(
             "duplicate manifest: not sent again",
             extra={"manifest": claim.name, "duplicate_of": earlier},
@@ -383,56 +405,83 @@ class Daemon:
             try:
                 job = await engine.submit(spec)
             except exc.ManifestError as err:
-                await self._failed(claim, outputs, inbox, str(err))
+                await self.failed(claim, outputs, inbox, str(err))
                 return
-            active.job = job
-            active.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
+            active.watch(job)
             logger.info(
                 "manifest claimed" if not claim.resumed else "manifest resumed",
                 extra={"manifest": claim.name, "sha256": claim.sha256, "job": job.id},
             )
             await engine.outcome(job)
-            self._count_rows(active, final=True)
-            c = job.counters
-            status: Literal["done", "failed"] = "failed" if job.failure else "done"
-            summary = outputs.new_summary(status, finished_at=time.time(), reason=job.failure)
-            summary.rows_read = job.rows_read
-            summary.submitted = c.get("submitted", 0)
-            summary.tagged = c.get("tagged", 0)
-            summary.failed = c.get("failed", 0)
-            summary.rejected = c.get("rejected", 0)
-            summary.reused = c.get("reused", 0)
-            summary.single = c.get("single", 0)
-            summary.tasks = c.get("tasks", 0)
-            summary.pages = c.get("pages", 0)
-            summary.elapsed_s = round(time.monotonic() - active.started, 3)
-            self.metrics.count_manifest(status)
-            self.recent.append(summary)
-            await outputs.awrite_summary(summary)
-            if job.failure:
-                await inbox.afail(claim, job.failure)
-            else:
-                await inbox.afinish(claim, "done")
-            logger.info(
-                "manifest complete",
-                extra={
-                    "manifest": claim.name,
-                    "status": status,
-                    "rows": summary.tagged + summary.failed + summary.rejected + summary.reused,
-                    "tagged": summary.tagged,
-                    "rejected": summary.rejected,
-                    "elapsed_s": summary.elapsed_s,
-                },
-            )
+            await self.conclude(active, outputs, inbox)
         finally:
             self.active.pop(claim.name, None)
 
-    async def _failed(
-        self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, reason: str
+    def begin_manifest(self, claim: Claim) -> _Active:
+        """A manifest is being tagged: shown by /status, counted by the metrics."""
+        active = self.active[claim.name] = _Active(claim)
+        return active
+
+    def end_manifest(self, claim: Claim) -> None:
+        self.active.pop(claim.name, None)
+
+    async def conclude(
+        self,
+        active: _Active,
+        outputs: ManifestOutputs,
+        inbox: Inbox,
+        *,
+        summary: RunSummary | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Every row of the manifest has its outcome: its summary is written last, then it
+        moves to ``done/`` (``failed/`` when it could not be read to the end). ``summary``:
+        the counts of a manifest tagged by an engine of its own (several daemons)."""
+        claim, job = active.claim, active.job
+        self._count_rows(active, final=True)
+        c = dict(job.counters) if job is not None else {}
+        rows_read = job.rows_read if job is not None else 0
+        failure = job.failure if job is not None else None
+        if summary is not None:
+            c = {k: getattr(summary, k) for k in _COUNTED}
+            rows_read = summary.rows_read
+        status: Literal["done", "failed"] = "failed" if failure else "done"
+        written = outputs.new_summary(status, finished_at=time.time(), reason=failure)
+        written.rows_read = rows_read
+        for key in _COUNTED:
+            setattr(written, key, c.get(key, 0))
+        written.elapsed_s = round(time.monotonic() - active.started, 3)
+        self.metrics.count_manifest(status)
+        self.recent.append(written)
+        await outputs.awrite_summary(written)
+        if failure:
+            await inbox.afail(claim, failure, lease)
+        else:
+            await inbox.afinish(claim, "done", lease)
+        logger.info(
+            "manifest complete",
+            extra={
+                "manifest": claim.name,
+                "status": status,
+                "rows": written.tagged + written.failed + written.rejected + written.reused,
+                "tagged": written.tagged,
+                "rejected": written.rejected,
+                "elapsed_s": written.elapsed_s,
+            },
+        )
+
+    async def failed(
+        self,
+        claim: Claim,
+        outputs: ManifestOutputs,
+        inbox: Inbox,
+        reason: str,
+        *,
+        lease: Lease | None = None,
     ) -> None:
         summary = outputs.new_summary("failed", finished_at=time.time(), reason=reason)
         self.metrics.count_manifest("failed")
         self.recent.append(summary)
         await outputs.awrite_summary(summary)
-        await inbox.afail(claim, reason)
+        await inbox.afail(claim, reason, lease)
         logger.warning("manifest cannot be read", extra={"manifest": claim.name, "reason": reason})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from .config import EngineConfig, RunSummary
 from .engine import Engine, RunControl
 from .flow import FatalRunError
 from .gcpolicy import tune_gc
-from .jobs import JobSpec
+from .jobs import Job, JobSpec
 from .manifests import fingerprint
 from .outcome import already_complete
 from .reuse import open_reuse
@@ -67,6 +67,7 @@ async def run_pipeline(
     control: RunControl | None = None,
     restart: bool = False,
     resume_stdin: bool = False,
+    watch: Callable[[Job], None] | None = None,
 ) -> RunSummary:
     """Tag every image of ``manifests`` into ``out`` (results) and ``rejects``; exactly once.
 
@@ -149,7 +150,9 @@ async def run_pipeline(
     try:
         try:
             async with core:
-                await core.submit(spec, readers)
+                job = await core.submit(spec, readers)
+                if watch is not None:
+                    watch(job)  # the daemon's live counters of this manifest
                 core.close()
                 if progress:
                     from .progress import show_progress

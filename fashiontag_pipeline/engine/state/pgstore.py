@@ -38,7 +38,13 @@ from .store import StateStore
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["STATE_VERSION", "PostgresStateDB", "split_state_url", "state_schema"]
+__all__ = [
+    "STATE_VERSION",
+    "PostgresStateDB",
+    "drop_state",
+    "split_state_url",
+    "state_schema",
+]
 
 #: The version of a state schema's tables (``states.version``).
 STATE_VERSION = 1
@@ -254,13 +260,19 @@ class PostgresStateDB(StateStore):
             )
         return int(cur.rowcount)
 
-    def drop(self) -> None:
-        """Delete the state (its schema and its entry in ``states``): its work is finished."""
-        from psycopg import sql
 
-        with state_errors(self._url, "drop the state"), self.db.conn.transaction():
-            conn = self.db.conn
-            conn.execute(
-                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))
-            )
-            conn.execute("DELETE FROM states WHERE name = %s", (self.schema,))
+def drop_state(url: str) -> None:
+    """Delete the state ``url`` names (``#name``) from the database: its schema and its entry
+    in ``states``. Nothing happens when it does not exist."""
+    import psycopg
+    from psycopg import sql
+
+    conninfo, name = split_state_url(url)
+    with state_errors(conninfo, "drop a state"), psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT current_schema()").fetchone()
+        if row is None or row[0] is None:
+            return
+        schema = state_schema(str(row[0]), name)
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            conn.execute("DELETE FROM states WHERE name = %s", (schema,))

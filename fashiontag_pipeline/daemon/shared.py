@@ -1,0 +1,373 @@
+"""Several daemons, one PostgreSQL (``--state postgresql://...``): shared work and failover.
+
+Every daemon on the database scans the same inbox. A claim is the rename of a manifest into
+``.work`` (one daemon wins it), recorded in the shared ledger without an owner. Work is then
+taken by lease, not by who claimed: each daemon leases up to ``max_active`` claims in flight
+that nobody holds (``SELECT ... FOR UPDATE SKIP LOCKED``, oldest first: never the same one as
+another daemon), renews its leases every third of ``--lease``, and tags each leased manifest
+with an engine of its own whose state is the schema ``claim_<id>`` of the database
+(:class:`~fashiontag_pipeline.engine.state.pgstore.PostgresStateDB`).
+
+Every write transaction of that state begins with the lease's fence (owner, epoch, expiry in
+database time; the claim's row locked until the commit), and the journal begins it before
+writing a sink byte: a daemon that lost its lease (killed, paused, partitioned) writes nothing
+more, neither state nor output. Its claims are then leased by another daemon, epoch + 1, which
+resumes the state like ``fashiontag run`` resumes a state file: the live tasks are read again
+(nothing the service holds is tagged twice), chunks of unknown fate are settled, and the
+outputs are cut to the last committed checkpoint (replaced by a copy of that prefix, so a
+paused owner that wakes up still holding the old files writes only into files nobody reads).
+
+One engine per manifest, not one for all: rows of several manifests would share tasks, and a
+manifest could then not change hands without the others. A lost connection to the database (a
+server restart) ends the manifests' engines like a crash; their leases run out, and they are
+leased again (by this daemon or another) once the database answers: resumed, nothing lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from ..engine import RunSummary
+from ..engine.engine import RunControl
+from ..engine.jobs import Job
+from ..engine.run import RUN_JOB, first_error, run_pipeline
+from ..engine.state.pgstore import PostgresStateDB, drop_state
+from ._files import fsync_dir
+from .http import MonitoringServer
+from .inbox import Claim, Inbox
+from .leases import Lease, LeaseKeeper, PostgresClaimLedger, fence
+from .outbox import ManifestOutputs, Outbox
+
+if TYPE_CHECKING:
+    from .runner import Daemon
+
+__all__ = ["SharedDaemon", "detach_output"]
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
+
+
+def detach_output(path: Path, keep: int) -> None:
+    """Replace ``path`` with a new file holding its first ``keep`` bytes (a takeover's cut to
+    the last committed checkpoint). A new file, not a truncation: a paused owner that wakes up
+    with the old one open writes into a file that is no longer there."""
+    if not path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.takeover")
+    with path.open("rb") as src, tmp.open("wb") as dst:
+        left = keep
+        while left > 0:
+            block = src.read(min(left, 1 << 20))
+            if not block:
+                break
+            dst.write(block)
+            left -= len(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def claim_state_url(url: str, lease: Lease) -> str:
+    """The state of a claim in the database: ``#claim_<id>``."""
+    return f"{url.partition('#')[0]}#claim_{lease.claim_id}"
+
+
+class SharedDaemon:
+    """The daemon's life on a shared PostgreSQL state (see the module docstring)."""
+
+    def __init__(self, daemon: Daemon, url: str) -> None:
+        self.daemon = daemon
+        self.url = url
+        self.config = daemon.config
+        self.leased: dict[int, Lease] = {}
+        self._wake = anyio.Event()
+        self._acquire_failed = False
+
+    async def run(self) -> None:
+        daemon, config = self.daemon, self.config
+        inbox_dir, outbox_dir = daemon.inbox_path, daemon.outbox_path
+        await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
+        ledger = await anyio.to_thread.run_sync(
+            lambda: PostgresClaimLedger(self.url.partition("#")[0], lease=config.lease)
+        )
+        keeper = LeaseKeeper(ledger)
+        inbox = Inbox(
+            inbox_dir,
+            ledger=ledger,
+            settle=config.settle,
+            scan_interval=config.scan_interval,
+            shared_after=config.lease,
+        )
+        outbox = Outbox(outbox_dir)
+        try:
+            await anyio.to_thread.run_sync(inbox.prepare)
+            async with TaggerClient(config=daemon.client_config) as client:
+                client.set_observer(daemon.observe)
+                async with (
+                    MonitoringServer(
+                        config.listen, metrics=daemon.metrics, health=daemon.health, status=daemon
+                    ) as server,
+                    anyio.create_task_group() as tg,
+                ):
+                    daemon.url = server.url
+                    await tg.start(keeper.run)
+                    tg.start_soon(daemon.report, client)
+                    tg.start_soon(daemon.notifier.run_watchdog)
+                    tg.start_soon(self._claim, inbox)
+                    tg.start_soon(self._drain_watch)
+                    daemon.notifier.ready(f"watching {inbox_dir} (shared)")
+                    daemon.started.set()
+                    logger.info(
+                        "daemon started",
+                        extra={
+                            "inbox": str(inbox_dir),
+                            "outbox": str(outbox_dir),
+                            "owner": ledger.owner,
+                            "lease_s": config.lease,
+                        },
+                    )
+                    await self._lease_loop(tg, ledger, keeper, inbox, outbox, client)
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(ledger.close)
+        logger.info("daemon stopped")
+
+    async def _drain_watch(self) -> None:
+        """After ``drain_timeout`` seconds of a drain, stop at once (writes in flight resume)."""
+        control = self.daemon.control
+        await control.stopping.wait()
+        await anyio.sleep(self.config.drain_timeout)
+        if self.leased:
+            logger.warning("drain timeout: stopping with writes in flight (they resume)")
+            control.abort()
+
+    async def _claim(self, inbox: Inbox) -> None:
+        """Claim every ready manifest (the rename), and wake the lease loop for each."""
+        control = self.daemon.control
+        claims = inbox.claims()
+        try:
+            while not control.stopping.is_set():
+                try:
+                    await claims.__anext__()
+                except exc.StateError as err:
+                    logger.warning("cannot record a claim: %s; retrying", err)
+                    await anyio.sleep(self.config.scan_interval)
+                    claims = inbox.claims()
+                    continue
+                self._wake.set()
+        finally:
+            aclose = getattr(claims, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _lease_loop(
+        self,
+        tg: anyio.abc.TaskGroup,
+        ledger: PostgresClaimLedger,
+        keeper: LeaseKeeper,
+        inbox: Inbox,
+        outbox: Outbox,
+        client: TaggerClient,
+    ) -> None:
+        """Lease free claims up to ``max_active`` (a third of the lease between two tries, at
+        once after a claim); on drain, wait for the leased manifests to stop."""
+        control = self.daemon.control
+        period = min(self.config.scan_interval, self.config.lease / 3)
+        while not control.stopping.is_set():
+            free = self.config.max_active - len(self.leased)
+            if free > 0:
+                try:
+                    leases = await keeper.acquire(free)
+                except exc.StateError as err:
+                    if not self._acquire_failed:
+                        logger.warning("cannot lease manifests: %s; retrying", err)
+                    self._acquire_failed = True
+                    leases = []
+                else:
+                    if self._acquire_failed:
+                        logger.info("the PostgreSQL state answers again")
+                    self._acquire_failed = False
+                for lease in leases:
+                    self.leased[lease.claim_id] = lease
+                    tg.start_soon(self._manifest, lease, ledger, keeper, inbox, outbox, client)
+            with anyio.move_on_after(period):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+        while self.leased:
+            with anyio.move_on_after(0.5):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+
+    async def _manifest(
+        self,
+        lease: Lease,
+        ledger: PostgresClaimLedger,
+        keeper: LeaseKeeper,
+        inbox: Inbox,
+        outbox: Outbox,
+        client: TaggerClient,
+    ) -> None:
+        daemon = self.daemon
+        try:
+            record = await anyio.to_thread.run_sync(ledger.claim_of, lease)
+            if record is None:  # settled or replaced meanwhile
+                keeper.forget(lease)
+                return
+            claim = Claim(
+                name=record.name,
+                path=str(inbox.work / record.name),
+                sha256=record.sha256,
+                size=record.size,
+                claimed_at=record.claimed_at,
+                resumed=lease.epoch > 1,
+            )
+            if not await anyio.to_thread.run_sync(Path(claim.path).is_file):
+                await anyio.to_thread.run_sync(
+                    lambda: ledger.record_abandoned(claim.name, lease=lease)
+                )
+                keeper.forget(lease)
+                logger.warning(
+                    "claimed manifest vanished from .work", extra={"manifest": claim.name}
+                )
+                return
+            outputs = await outbox.aoutputs(claim)
+            earlier = await anyio.to_thread.run_sync(ledger.find_completed, claim.sha256)
+            if earlier is not None:
+                await daemon.duplicate(claim, outputs, inbox, earlier.name, lease=lease)
+                keeper.forget(lease)
+                return
+            if await self._tag(claim, outputs, inbox, lease, keeper, client):
+                keeper.forget(lease)
+                await anyio.to_thread.run_sync(drop_state, claim_state_url(self.url, lease))
+        except exc.LeaseLostError:
+            keeper.forget(lease)
+            logger.warning(
+                "lease lost: another daemon finishes the manifest",
+                extra={"manifest": lease.name, "epoch": lease.epoch},
+            )
+        except exc.StateError as err:
+            keeper.forget(lease)
+            logger.warning(
+                "the PostgreSQL state failed; the manifest resumes when it is leased again",
+                extra={"manifest": lease.name, "reason": str(err)},
+            )
+        finally:
+            self.leased.pop(lease.claim_id, None)
+            self._wake.set()
+
+    async def _tag(
+        self,
+        claim: Claim,
+        outputs: ManifestOutputs,
+        inbox: Inbox,
+        lease: Lease,
+        keeper: LeaseKeeper,
+        client: TaggerClient,
+    ) -> bool:
+        """Tag one leased manifest to the end; True when it is settled (summary written,
+        claim final), False when it stopped before (a drain: its lease is released)."""
+        daemon = self.daemon
+        lost = keeper.lost_event(lease)
+        own = RunControl()
+
+        def fenced(conn: Any) -> None:
+            fence(conn, lease)
+
+        db = await anyio.to_thread.run_sync(
+            lambda: PostgresStateDB(
+                claim_state_url(self.url, lease), fence=fenced, idle_timeout=self.config.lease
+            )
+        )
+        active = daemon.begin_manifest(claim)
+        try:
+            row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
+            if row is not None:  # taken over: cut the outputs to what the state committed
+                await anyio.to_thread.run_sync(detach_output, outputs.results, row.results_ckpt)
+                await anyio.to_thread.run_sync(detach_output, outputs.rejects, row.rejects_ckpt)
+                logger.info(
+                    "manifest taken over" if lease.epoch > 1 else "manifest resumed",
+                    extra={"manifest": claim.name, "epoch": lease.epoch},
+                )
+            else:
+                logger.info(
+                    "manifest claimed", extra={"manifest": claim.name, "sha256": claim.sha256}
+                )
+            try:
+                summary = await self._run(claim, outputs, db, own, lost, active.watch, client)
+            except exc.ManifestError as err:
+                await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
+                return True
+            if lost.is_set():
+                raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
+            if not summary.complete:
+                with contextlib.suppress(exc.StateError):
+                    await keeper.release(lease)
+                logger.info(
+                    "manifest stopped before its end; it resumes when leased again",
+                    extra={"manifest": claim.name},
+                )
+                return False
+            await daemon.conclude(active, outputs, inbox, summary=summary, lease=lease)
+            return True
+        finally:
+            daemon.end_manifest(claim)
+            await anyio.to_thread.run_sync(db.close)
+
+    async def _run(
+        self,
+        claim: Claim,
+        outputs: ManifestOutputs,
+        db: PostgresStateDB,
+        own: RunControl,
+        lost: anyio.Event,
+        watch: Callable[[Job], None],
+        client: TaggerClient,
+    ) -> RunSummary:
+        """The manifest's engine, stopped by a drain and aborted by the lease's loss."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_relay, own, self.daemon.control, lost)
+                summary = await run_pipeline(
+                    [claim.path],
+                    client=client,
+                    out=outputs.results,
+                    rejects=outputs.rejects,
+                    state=db,
+                    engine=self.daemon.engine_config,
+                    control=own,
+                    watch=watch,
+                )
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        return summary
+
+
+async def _relay(own: RunControl, control: RunControl, lost: anyio.Event) -> None:
+    """The daemon's drain (stop, then abort) and the lease's loss (abort: nothing more can be
+    written) reach the manifest's engine."""
+
+    async def drain() -> None:
+        await control.stopping.wait()
+        own.stop()
+        await control.aborting.wait()
+        own.abort()
+
+    async def lose() -> None:
+        await lost.wait()
+        own.abort()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drain)
+        tg.start_soon(lose)

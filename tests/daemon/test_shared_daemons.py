@@ -1,0 +1,189 @@
+"""Several ``fashiontag daemon`` processes, one real PostgreSQL, one inbox and outbox.
+
+Two daemons split the manifests; a daemon killed (SIGKILL) mid-manifest is taken over by the
+other once its lease ends, without tagging again what the service already holds; a daemon
+paused (SIGSTOP) past its lease writes nothing after it wakes (SIGCONT); a PostgreSQL restart
+mid-run loses nothing. Every id of every manifest is written exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from ..postgres import PostgresCluster
+from .helpers import DaemonProcess, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
+
+LEASE = "2"
+
+
+def _ids(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def _assert_once(folder: Path, ids: list[str]) -> None:
+    results = read_lines(folder / "results.jsonl")
+    rejects = read_lines(folder / "rejects.jsonl")
+    got = [r["id"] for r in results] + [r["id"] for r in rejects]
+    assert len(got) == len(set(got)), "an id was written twice"
+    assert set(got) == set(ids)
+
+
+def _drop(inbox: Path, name: str, ids: list[str]) -> None:
+    inbox.mkdir(parents=True, exist_ok=True)
+    tmp = inbox / f".{name}.part"
+    tmp.write_bytes(write_manifest(Path(), ids, url_tag=name))
+    os.rename(tmp, inbox / name)
+
+
+def _daemon(root: Path, service: str, url: str, *extra: str) -> DaemonProcess:
+    args = ["--state", url, "--lease", LEASE, "--max-active", "2", *extra]
+    return DaemonProcess(root, service, extra=args)
+
+
+def _logged(daemon: DaemonProcess, message: str) -> list[dict[str, object]]:
+    return [line for line in daemon.logs() if line.get("event") == message]
+
+
+async def _rows_written(path: Path, at_least: int, *daemons: DaemonProcess) -> None:
+    with anyio.fail_after(90):
+        while len(read_lines(path)) < at_least:
+            for daemon in daemons:
+                daemon.check_alive()
+            await anyio.sleep(0.02)
+
+
+def _claims(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return [
+            (str(name), str(status))
+            for name, status in conn.execute("SELECT name, status FROM claims ORDER BY name")
+        ]
+
+
+def _states(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [str(row[0]) for row in conn.execute("SELECT name FROM states")]
+
+
+async def test_two_daemons_split_the_manifests_and_write_each_id_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    names = [f"m{i}.csv" for i in range(6)]
+    async with running_service(ServiceConfig(rate=6000.0)) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url).start()
+        b = _daemon(tmp_path, svc.url, postgres_url).start()
+        try:
+            await a.wait_ready_endpoint()
+            await b.wait_ready_endpoint()
+            for name in names:
+                _drop(a.inbox, name, _ids(name[:2] + "-", 1500))
+            summaries = [await a.wait_summary(name[:-4], timeout=90) for name in names]
+            assert await a.stop() == 0
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            b.ensure_dead()
+    assert [s["status"] for s in summaries] == ["done"] * 6
+    for name in names:
+        _assert_once(a.outbox / name[:-4], _ids(name[:2] + "-", 1500))
+        assert (a.inbox / "done" / name).exists()
+    tagged_by_a = {line["manifest"] for line in _logged(a, "manifest claimed")}
+    tagged_by_b = {line["manifest"] for line in _logged(b, "manifest claimed")}
+    assert tagged_by_a and tagged_by_b, "one daemon did all the work"
+    assert not tagged_by_a & tagged_by_b
+    assert tagged_by_a | tagged_by_b == set(names)
+    assert _claims(postgres_url) == [(name, "done") for name in names]
+    assert _states(postgres_url) == []  # every manifest's state is dropped once settled
+
+
+async def test_a_killed_daemons_manifest_is_taken_over_without_tagging_twice(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    ids = _ids("k", 15_000)
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            await _rows_written(a.outbox / "big" / "results.jsonl", 2000, a)
+            b = _daemon(tmp_path, svc.url, postgres_url).start()
+            await b.wait_ready_endpoint()
+            await a.kill()
+            summary = await b.wait_summary("big", timeout=90)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+        sent = [i for record in svc.store.tasks.values() for i in record.ids]
+    assert summary["status"] == "done" and summary["tagged"] == len(ids)
+    _assert_once(a.outbox / "big", ids)
+    assert b is not None and _logged(b, "manifest taken over")
+    # Re-attached to the dead daemon's tasks: no row reached the service twice.
+    assert len(sent) == len(set(sent)) == len(ids)
+
+
+async def test_a_paused_daemon_writes_nothing_after_losing_its_lease(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    ids = _ids("s", 15_000)
+    results = tmp_path / "outbox" / "big" / "results.jsonl"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            await _rows_written(results, 2000, a)
+            a.signal(signal.SIGSTOP)
+            b = _daemon(tmp_path, svc.url, postgres_url).start()
+            summary = await b.wait_summary("big", timeout=90)
+            finished = hashlib.sha256(results.read_bytes()).hexdigest()
+            a.signal(signal.SIGCONT)
+            with anyio.fail_after(30):  # the woken daemon notices its lease is gone
+                while not _logged(a, "lease lost: another daemon finishes the manifest"):
+                    a.check_alive()
+                    await anyio.sleep(0.05)
+            await anyio.sleep(1.0)
+            after = hashlib.sha256(results.read_bytes()).hexdigest()
+            assert await a.stop() == 0
+            assert await b.stop() == 0
+        finally:
+            a.signal(signal.SIGCONT) if a.proc and a.proc.poll() is None else None
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done"
+    assert after == finished, "the paused daemon wrote after losing its lease"
+    _assert_once(tmp_path / "outbox" / "big", ids)
+
+
+async def test_a_postgresql_restart_mid_run_loses_nothing(
+    tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
+) -> None:
+    ids = _ids("r", 12_000)
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url).start()
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            await _rows_written(a.outbox / "big" / "results.jsonl", 2000, a)
+            await anyio.to_thread.run_sync(postgres_cluster.restart)
+            summary = await a.wait_summary("big", timeout=120)
+            assert await a.stop() == 0
+        finally:
+            a.ensure_dead()
+    assert summary["status"] == "done"
+    _assert_once(a.outbox / "big", ids)
