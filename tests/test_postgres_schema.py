@@ -20,6 +20,7 @@ from fashiontag_pipeline._postgres import (
 )
 from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
 from fashiontag_pipeline.daemon.ledger import ClaimRecord
+from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB
 
 ALL = [m.version for m in MIGRATIONS]
 
@@ -105,3 +106,47 @@ def test_an_unreachable_database_is_a_state_error_without_the_password(tmp_path:
         PostgresClaimLedger(url, connect_timeout=1)
     assert "SECRET-PW" not in str(caught.value)
     assert "cannot open" in str(caught.value)
+
+
+def test_the_previous_version_is_migrated_for_engine_states_keeping_its_claims(
+    postgres_url: str,
+) -> None:
+    with psycopg.connect(postgres_url) as conn:
+        assert migrate(conn, target=2) == 0
+        conn.execute(  # a claim leased by a daemon of the previous version
+            "INSERT INTO claims (name, sha256, size, claimed_at, status, owner, epoch) "
+            "VALUES ('old.csv', %s, 10, 1.5, 'claimed', 'old-daemon', 3)",
+            ("b" * 64,),
+        )
+        conn.commit()
+    db = PostgresStateDB(postgres_url + "#nightly")
+    try:
+        assert db.open_engine().opened == "new"
+        db.set_meta("probe", 7)
+        assert db.meta("probe") == "7"
+    finally:
+        db.close()
+    assert versions(postgres_url) == ALL
+    with psycopg.connect(postgres_url) as conn:
+        claim = conn.execute("SELECT name, owner, epoch FROM claims").fetchone()
+        states = conn.execute("SELECT name, version FROM states").fetchall()
+    assert claim == ("old.csv", "old-daemon", 3)
+    assert [(name.endswith("_ft_nightly"), version) for name, version in states] == [(True, 1)]
+    again = PostgresStateDB(postgres_url + "#nightly")  # found again, not created twice
+    try:
+        assert again.open_engine().opened == "resumed"
+    finally:
+        again.close()
+
+
+def test_engine_tables_newer_than_this_code_are_refused(postgres_url: str) -> None:
+    PostgresStateDB(postgres_url + "#future").close()
+    with psycopg.connect(postgres_url) as conn:
+        conn.execute("UPDATE states SET version = 99")
+    with pytest.raises(StateError, match="tables of version 99.*upgrade fashiontag"):
+        PostgresStateDB(postgres_url + "#future")
+
+
+def test_a_state_name_that_is_not_a_name_is_a_clear_error(postgres_url: str) -> None:
+    with pytest.raises(StateError, match="state name 'Nightly; DROP'"):
+        PostgresStateDB(postgres_url + "#Nightly; DROP")
