@@ -143,7 +143,7 @@ def test_engine_tables_newer_than_this_code_are_refused(postgres_url: str) -> No
     PostgresStateDB(postgres_url + "#future").close()
     with psycopg.connect(postgres_url) as conn:
         conn.execute("UPDATE states SET version = 99")
-    with pytest.raises(StateError, match="tables of version 99.*upgrade fashiontag"):
+    with pytest.raises(StateError, match=r"tables of version 99.*upgrade fashiontag"):
         PostgresStateDB(postgres_url + "#future")
 
 
