@@ -283,6 +283,17 @@ class PostgresClaimLedger:
             )
             return cursor.rowcount == 1
 
+    def settled_claim_states(self) -> list[int]:
+        """Claims whose engine state is still in the database although they are no longer in
+        flight (a daemon died between settling a manifest and dropping its state)."""
+        with self._transaction("list the engine states") as conn:
+            rows = conn.execute(
+                "SELECT c.id FROM states s JOIN claims c"
+                " ON s.name LIKE '%%claim\\_' || c.id::text"
+                " WHERE c.status <> 'claimed'"
+            ).fetchall()
+        return [int(row[0]) for row in rows]
+
     def claim_of(self, lease: Lease) -> ClaimRecord | None:
         """The claim a lease is on (None once it is settled or replaced)."""
         with self._transaction(f"look up {lease.name!r}") as conn:

@@ -111,6 +111,7 @@ class SharedDaemon:
         outbox = Outbox(outbox_dir)
         try:
             await anyio.to_thread.run_sync(inbox.prepare)
+            await anyio.to_thread.run_sync(self._drop_settled_states, ledger)
             async with TaggerClient(config=daemon.client_config) as client:
                 client.set_observer(daemon.observe)
                 async with (
@@ -142,6 +143,11 @@ class SharedDaemon:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(ledger.close)
         logger.info("daemon stopped")
+
+    def _drop_settled_states(self, ledger: PostgresClaimLedger) -> None:
+        """The states of manifests settled by a daemon that died before dropping them."""
+        for claim_id in ledger.settled_claim_states():
+            drop_state(f"{self.url.partition('#')[0]}#claim_{claim_id}")
 
     async def _drain_watch(self) -> None:
         """After ``drain_timeout`` seconds of a drain, stop at once (writes in flight resume)."""

@@ -445,3 +445,19 @@ def test_a_process_stopped_past_its_lease_cannot_write_after_it_continues(
     with psycopg.connect(postgres_url) as conn:
         rows = conn.execute("SELECT epoch, seq FROM checkpoints ORDER BY seq").fetchall()
     assert rows == [(1, 1), (1, 2), (2, 1000)]  # checkpoint 3 and anything later: never kept
+
+
+def test_states_of_settled_claims_are_found_for_collection(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB, drop_state
+
+    ledger = open_ledger(owner="a")
+    claim(ledger, "m1.csv", "m2.csv")
+    first, second = ledger.acquire(2)
+    for lease in (first, second):
+        PostgresStateDB(f"{postgres_url}#claim_{lease.claim_id}").close()
+    ledger.record_settled("m1.csv", "done", "done/m1.csv", lease=first)
+    assert ledger.settled_claim_states() == [first.claim_id]  # m2 is still in flight
+    drop_state(f"{postgres_url}#claim_{first.claim_id}")
+    assert ledger.settled_claim_states() == []

@@ -187,3 +187,34 @@ async def test_a_postgresql_restart_mid_run_loses_nothing(
             a.ensure_dead()
     assert summary["status"] == "done"
     _assert_once(a.outbox / "big", ids)
+
+
+async def test_a_draining_daemon_hands_its_manifest_over_at_once(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """SIGTERM: writes in flight finish, the lease is released, the daemon exits 0, and the
+    other daemon takes the manifest at once (not after the lease)."""
+    ids = _ids("d", 15_000)
+    results = tmp_path / "outbox" / "big" / "results.jsonl"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url, "--lease", "60").start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            await _rows_written(results, 2000, a)
+            b = _daemon(tmp_path, svc.url, postgres_url, "--lease", "60").start()
+            await b.wait_ready_endpoint()
+            a.signal(signal.SIGTERM)
+            assert await a.wait_exit(timeout=60) == 0
+            summary = await b.wait_summary("big", timeout=40)  # far less than the 60 s lease
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+        sent = [i for record in svc.store.tasks.values() for i in record.ids]
+    assert summary["status"] == "done"
+    assert _logged(a, "manifest stopped before its end; it resumes when leased again")
+    _assert_once(tmp_path / "outbox" / "big", ids)
+    assert len(sent) == len(set(sent)) == len(ids)
