@@ -13,6 +13,8 @@ Versions:
 2. manifest leases on ``claims``: ``owner``, ``epoch``, ``lease_expires_at`` (database time).
 3. ``states``: the engine states the database holds, each in a schema of its own
    (:mod:`fashiontag_pipeline.engine.state.pgstore`), with the version of its tables.
+4. ``reuse_results`` and ``reuse_runs``: the result store of ``--reuse postgresql://...``
+   (:mod:`fashiontag_pipeline.engine.reuse.pgstore`).
 
 A URL may carry a password: it never reaches a message, a log or a repr (:func:`redact_url`).
 Driver errors become :class:`~._exceptions.StateError` here, in one place (:func:`state_errors`).
@@ -100,6 +102,31 @@ MIGRATIONS: tuple[Migration, ...] = (
                 schema_name text COLLATE "C" NOT NULL UNIQUE,
                 version integer NOT NULL,
                 created_at timestamptz NOT NULL DEFAULT now()
+            )
+            """,
+        ),
+    ),
+    Migration(
+        4,
+        "the result store of --reuse",
+        (
+            """
+            CREATE TABLE reuse_results (
+                fp bytea PRIMARY KEY,
+                task_id text NOT NULL,
+                stored_at double precision NOT NULL,
+                result bytea NOT NULL
+            )
+            """,
+            "CREATE INDEX reuse_results_stored_at ON reuse_results (stored_at)",
+            """
+            CREATE TABLE reuse_runs (
+                run_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                started_at double precision NOT NULL,
+                finished_at double precision NOT NULL,
+                looked_up bigint NOT NULL,
+                reused bigint NOT NULL,
+                stored bigint NOT NULL
             )
             """,
         ),

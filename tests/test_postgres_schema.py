@@ -33,7 +33,7 @@ def versions(url: str) -> list[int]:
 def test_first_open_creates_every_version(postgres_url: str) -> None:
     PostgresClaimLedger(postgres_url).close()
     assert versions(postgres_url) == [m.version for m in MIGRATIONS]
-    assert SCHEMA_VERSION == MIGRATIONS[-1].version == 3
+    assert SCHEMA_VERSION == MIGRATIONS[-1].version == 4
     PostgresClaimLedger(postgres_url).close()  # opening again changes nothing
     assert versions(postgres_url) == ALL
 

@@ -134,13 +134,6 @@ def daemon_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if is_postgres_url(location) and engine.reuse is not None:
-        print(
-            "fashiontag: --reuse needs a state file (the result store is not kept in PostgreSQL "
-            "yet): give --state a file path, or run without --reuse",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     inbox, _ = config.require_folders()
     if not inbox.is_dir():
         print(f"fashiontag: inbox {inbox} is not a folder", file=sys.stderr)

@@ -10,6 +10,7 @@ missing or unreadable one is an error (exit 1) naming the file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from datetime import UTC, datetime
 
@@ -17,7 +18,7 @@ import msgspec
 
 from .._exceptions import FashiontagError
 from .._models import format_time
-from ..engine.reuse import ResultStore, StoreStats, parse_duration
+from ..engine.reuse import StoreStats, open_store, parse_duration
 from .common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
 __all__ = ["add_reuse_arguments", "format_stats", "reuse_command"]
@@ -29,10 +30,18 @@ def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
     stats = actions.add_parser(
         "stats", help="rows, size, oldest/newest result, hit rate of the last run"
     )
-    stats.add_argument("store", metavar="STORE", help="result store file (run --reuse STORE)")
+    stats.add_argument(
+        "store",
+        metavar="STORE",
+        help="result store: a file or a postgresql:// URL (run --reuse STORE)",
+    )
     stats.add_argument("--json", action="store_true", help="print the figures as JSON")
     prune = actions.add_parser("prune", help="delete results stored longer ago than a duration")
-    prune.add_argument("store", metavar="STORE", help="result store file (run --reuse STORE)")
+    prune.add_argument(
+        "store",
+        metavar="STORE",
+        help="result store: a file or a postgresql:// URL (run --reuse STORE)",
+    )
     prune.add_argument(
         "--older-than",
         required=True,
@@ -75,7 +84,8 @@ def reuse_command(args: argparse.Namespace) -> int:
             print(f"fashiontag: --older-than: {err}", file=sys.stderr)
             return EXIT_USAGE
     try:
-        with ResultStore.open(args.store, create=False) as store:
+        store = open_store(args.store, create=False)
+        with contextlib.closing(store):
             if older_than is None:
                 stats = store.stats()
                 if args.json:

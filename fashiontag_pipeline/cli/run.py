@@ -186,8 +186,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, give_up: bool = Tru
         )
     parser.add_argument(
         "--reuse",
-        metavar="PATH",
-        help="result store (SQLite file; created when missing): a row whose request (URL, "
+        metavar="PATH|URL",
+        help="result store (a SQLite file, created when missing, or a postgresql:// URL): a row "
+        "whose request (URL, "
         "detection, language, context other than id) has a stored successful result is "
         'written from it ("reused": true) with no request; every successful result is stored',
     )
@@ -351,13 +352,6 @@ def run_command(args: argparse.Namespace) -> int:
         print(
             f"fashiontag: --state {redact_url(state)}: not a state this fashiontag can use: give "
             "a file path or a postgresql:// URL",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    if isinstance(state, str) and engine.reuse is not None:
-        print(
-            "fashiontag: --reuse needs a state file (the result store is not kept in PostgreSQL "
-            "yet): give --state a file path, or run without --reuse",
             file=sys.stderr,
         )
         return EXIT_USAGE

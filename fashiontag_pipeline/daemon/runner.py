@@ -292,7 +292,7 @@ class Daemon:
             language=self.client_config.language,
             db=db.db,
             resumed=True,
-            state_path=str(state_path),
+            state=f"state file {state_path}",
         )
 
     def stop(self) -> None:

@@ -31,7 +31,7 @@ from .manifests import fingerprint
 from .outcome import already_complete
 from .reuse import open_reuse
 from .source import ManifestReader, open_manifest
-from .state import Reconciliation, StateDB, StateStore, open_state
+from .state import Reconciliation, StateStore, open_state
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
@@ -117,17 +117,12 @@ async def run_pipeline(
             return already_complete(run, out, rejects, db.location, started)
         # The job's outputs are the ones given now (a resume may name other paths).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
-        if engine.reuse is not None and not isinstance(db, StateDB):
-            raise exc.ConfigError(
-                f"--reuse needs a state file: {where} is not one (the result store is not kept "
-                "in PostgreSQL yet)"
-            )
         reuse = open_reuse(  # --reuse: None without a store
             engine,
             language=client.language,
             db=db.db,
             resumed=run.resumed,
-            state_path=str(state_path) if isinstance(db, StateDB) else "",
+            state=where,
         )
     except BaseException:
         db.close()

@@ -37,13 +37,6 @@ def test_every_request_has_its_op(method: str, path: str, op: str) -> None:
             ["--inbox", "IN", "--outbox", "OUT", "--state", "mysql://u:s3cret@h/db"],
             "not a state this fashiontag can use",
         ),
-        (
-            [
-                *("--inbox", "IN", "--outbox", "OUT"),
-                *("--state", "postgresql://u:s3cret@h/db", "--reuse", "store.sqlite"),
-            ],
-            "--reuse needs a state file",
-        ),
         (["--inbox", "IN", "--outbox", "OUT", "--lease", "0"], "daemon.lease"),
         (["--inbox", "IN", "--outbox", "OUT", "--max-active", "0"], "max_active"),
         (["--inbox", "IN", "--outbox", "OUT", "--listen", "nope"], "listen"),

@@ -218,3 +218,35 @@ async def test_a_draining_daemon_hands_its_manifest_over_at_once(
     assert _logged(a, "manifest stopped before its end; it resumes when leased again")
     _assert_once(tmp_path / "outbox" / "big", ids)
     assert len(sent) == len(set(sent)) == len(ids)
+
+
+async def test_daemons_share_the_result_store_in_postgresql(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """--reuse with the database's URL: a result one daemon stored answers another's rows."""
+    async with running_service(ServiceConfig()) as svc:
+        reuse = ["--reuse", postgres_url]
+        a = _daemon(tmp_path, svc.url, postgres_url, *reuse).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "monday.csv", _ids("x", 800))
+            monday = await a.wait_summary("monday")
+            assert await a.stop() == 0
+            b = _daemon(tmp_path, svc.url, postgres_url, *reuse).start()
+            await b.wait_ready_endpoint()
+            # Tuesday's dump: the same images under other ids (another file, same requests).
+            tmp = b.inbox / ".tuesday.part"
+            tmp.write_bytes(
+                write_manifest(Path(), _ids("x", 800), url_tag="monday.csv").replace(b"\nx", b"\ny")
+            )
+            os.rename(tmp, b.inbox / "tuesday.csv")
+            tuesday = await b.wait_summary("tuesday")
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert monday["tagged"] == 800 and monday["reused"] == 0
+    assert tuesday["reused"] == 800 and tuesday["submitted"] == 0
+    _assert_once(tmp_path / "outbox" / "tuesday", _ids("y", 800))

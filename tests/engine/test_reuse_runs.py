@@ -7,7 +7,8 @@ import json
 import signal
 import sqlite3
 import subprocess
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -216,13 +217,19 @@ def _a_tagged_line(out: Path) -> bool:
     return out.exists() and any(b'"reused"' not in line for line in out.read_bytes().splitlines())
 
 
-async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(tmp_path: Path) -> None:
+async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(
+    tmp_path: Path, state_location: Callable[[str], Path | str]
+) -> None:
     """Nine rows in ten are in the store; the engine is killed (SIGKILL) once reused lines are
     out while the sent rows still linger in a partial chunk (so a resume replays reused rows:
     validated, never chunked), and again once tagged lines are out; then the same command
-    finishes: every id once, and the service was never asked for a stored row."""
+    finishes: every id once, and the service was never asked for a stored row. Run with the
+    state and the store both in files, and both in PostgreSQL."""
     n = 6000
-    store = tmp_path / "reuse.db"
+    where = state_location("run")
+    store: Path | str = tmp_path / "reuse.db"
+    if isinstance(where, str):  # PostgreSQL: the store in the same database
+        store = where.partition("#")[0]
     known = tmp_path / "known.csv"
     known.write_text(
         "id,url\n" + "".join(f"p{i},https://img.example/{i}.jpg\n" for i in range(n) if i % 10)
@@ -232,7 +239,7 @@ async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(tmp_path: 
         "id,url\n" + "".join(f"p{i},https://img.example/{i}.jpg\n" for i in range(n))
     )
     out = tmp_path / "out.jsonl"
-    state = tmp_path / "run.state"
+    state = where
     async with running_service(ServiceConfig(rate=1500.0)) as svc:
         seed = await anyio.run_process(
             [*run_args(svc.url, tmp_path / "seed.jsonl", str(known)), "--reuse", str(store)],
@@ -240,6 +247,13 @@ async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(tmp_path: 
             env=ENV,
         )
         assert seed.returncode == 0, seed.stderr.decode()
+        stats = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", "reuse", "stats", str(store), "--json"],
+            check=False,
+            env=ENV,
+        )
+        assert stats.returncode == 0, stats.stderr.decode()
+        assert json.loads(stats.stdout)["rows"] == n - n // 10
         before = set(svc.store.tasks)
         args = run_args(svc.url, out, str(manifest), "--state", str(state), "--reuse", str(store))
         args += ["--rotate-images", "1000", "--write-concurrency", "2", "--linger", "1"]

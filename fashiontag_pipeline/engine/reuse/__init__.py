@@ -3,7 +3,8 @@
 * :mod:`.fingerprint`: what makes two requests the same question (URL, detection after
   defaults, language, context fields other than ``id``).
 * :mod:`.store`: the result store file (SQLite, WAL, versioned): batched lookups and inserts,
-  ``stats`` and ``prune``.
+  ``stats`` and ``prune``; :mod:`.pgstore` the same store in PostgreSQL (``--reuse
+  postgresql://...``), shared by daemons on several machines.
 * :mod:`.hook`: the three calls the engine makes (plan a batch, settle it in the intake
   transaction, store a committed page's results).
 * :mod:`.setup`: opening it for a run (a missing store is created, with a warning).
@@ -19,7 +20,15 @@ from .durations import format_duration, parse_duration
 from .fingerprint import Fingerprinter
 from .hook import IntakePlan, ReuseHook
 from .setup import open_reuse
-from .store import DEFAULT_MAX_AGE, LastRun, ResultStore, StoredResult, StoreStats
+from .store import (
+    DEFAULT_MAX_AGE,
+    LastRun,
+    ResultStore,
+    ResultStoreAPI,
+    StoredResult,
+    StoreStats,
+    open_store,
+)
 
 __all__ = [
     "DEFAULT_MAX_AGE",
@@ -27,10 +36,12 @@ __all__ = [
     "IntakePlan",
     "LastRun",
     "ResultStore",
+    "ResultStoreAPI",
     "ReuseHook",
     "StoreStats",
     "StoredResult",
     "format_duration",
     "open_reuse",
+    "open_store",
     "parse_duration",
 ]

@@ -20,7 +20,6 @@ are always sent (a local file may change under the same path).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -32,7 +31,7 @@ from ..sinks import PageRow, success_flags
 from ..state import changes, reuse_rows
 from .durations import DAY
 from .fingerprint import Fingerprinter
-from .store import ResultStore, StoredResult
+from .store import ResultStoreAPI, StoredResult
 
 __all__ = ["IntakePlan", "ReuseHook"]
 
@@ -50,7 +49,7 @@ class ReuseHook:
 
     def __init__(
         self,
-        store: ResultStore,
+        store: ResultStoreAPI,
         fingerprinter: Fingerprinter,
         *,
         max_age: float = 30 * DAY,
@@ -71,7 +70,7 @@ class ReuseHook:
 
     # -------------------------------------------------------------- state thread
 
-    def prepare(self, db: sqlite3.Connection, *, resumed: bool) -> None:
+    def prepare(self, db: Any, *, resumed: bool) -> None:
         """Ready the state file (state thread, before the run starts)."""
         reuse_rows.create(db)
         if not resumed:
@@ -79,7 +78,7 @@ class ReuseHook:
 
     def settle(
         self,
-        db: sqlite3.Connection,
+        db: Any,
         job: int,
         plan: IntakePlan,
         keyed: Sequence[tuple[str, int]],
@@ -125,9 +124,7 @@ class ReuseHook:
         ops.extend(reuse_rows.pending_rows(misses))
         return send, lines, ops
 
-    def store_page(
-        self, db: sqlite3.Connection, task_id: str, rows: list[PageRow]
-    ) -> list[changes.Change]:
+    def store_page(self, db: Any, task_id: str, rows: list[PageRow]) -> list[changes.Change]:
         """Store the page's successful results of pending rows; the state changes that take
         its rows out of ``reuse_pending``."""
         pending = reuse_rows.pending_fingerprints(db, [r.id for r in rows])

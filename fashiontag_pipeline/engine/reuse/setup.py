@@ -1,16 +1,15 @@
-"""Opening ``--reuse`` for a run: the store, the hook, and the state file's side of it."""
+"""Opening ``--reuse`` for a run: the store, the hook, and the state's side of it."""
 
 from __future__ import annotations
 
 import logging
-import sqlite3
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ... import _exceptions as exc
 from ..state import reuse_rows
 from .fingerprint import Fingerprinter
 from .hook import ReuseHook
-from .store import ResultStore
+from .store import open_store
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -24,9 +23,9 @@ def open_reuse(
     engine: EngineConfig,
     *,
     language: str,
-    db: sqlite3.Connection,
+    db: Any,
     resumed: bool,
-    state_path: str,
+    state: str,
 ) -> ReuseHook | None:
     """The run's :class:`ReuseHook` (None without ``engine.reuse``), its state side ready.
 
@@ -35,15 +34,15 @@ def open_reuse(
     one, the rows it answered from the store could not be told from rows to send
     (:class:`~fashiontag_pipeline.StateConflictError`, nothing touched). ``resumed``: the state
     holds earlier work (a long-lived engine's state always may); otherwise the state's pending
-    rows of an earlier run are dropped."""
+    rows of an earlier run are dropped. ``state`` names the state in messages."""
     if engine.reuse is None:
         if resumed and reuse_rows.reused_before(db):
             raise exc.StateConflictError(
-                f"state file {state_path} holds unfinished work started with --reuse: resume "
+                f"{state} holds unfinished work started with --reuse: resume "
                 "it with --reuse (the same store), or start over (run: --restart)"
             )
         return None
-    store = ResultStore.open(engine.reuse)
+    store = open_store(engine.reuse)
     try:
         if store.created:
             logger.warning(

@@ -40,7 +40,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -53,8 +53,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "LastRun",
     "ResultStore",
+    "ResultStoreAPI",
     "StoreStats",
     "StoredResult",
+    "open_store",
 ]
 
 #: ``PRAGMA application_id`` of a result store ("FTRS").
@@ -111,6 +113,43 @@ class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Clock = Callable[[], float]
+
+
+class ResultStoreAPI(Protocol):
+    """What a result store offers, in a file (:class:`ResultStore`) or in PostgreSQL
+    (:class:`~.pgstore.PostgresResultStore`)."""
+
+    @property
+    def path(self) -> object:
+        """Where it is, as messages show it."""
+
+    @property
+    def created(self) -> bool:
+        """Whether it held nothing before this run."""
+
+    def lookup(self, fps: Sequence[bytes], *, newer_than: float) -> dict[bytes, StoredResult]: ...
+
+    def put(self, rows: Iterable[tuple[bytes, str, bytes]], *, stored_at: float) -> int: ...
+
+    def record_run(
+        self, *, started_at: float, finished_at: float, looked_up: int, reused: int, stored: int
+    ) -> None: ...
+
+    def stats(self) -> StoreStats: ...
+
+    def prune(self, older_than: float) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def open_store(location: str | Path, *, create: bool = True) -> ResultStoreAPI:
+    """The result store at ``location``: a ``postgresql://`` URL, or a file."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        from .pgstore import PostgresResultStore
+
+        return PostgresResultStore.open(text, create=create)
+    return ResultStore.open(location, create=create)
 
 
 class ResultStore:

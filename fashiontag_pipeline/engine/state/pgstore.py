@@ -81,6 +81,7 @@ TABLES_DDL: tuple[str, ...] = (
         reused bigint NOT NULL DEFAULT 0, failure text, rows_read bigint NOT NULL DEFAULT 0)""",
     """CREATE TABLE job_tasks (job bigint NOT NULL, task_id text COLLATE "C" NOT NULL,
         PRIMARY KEY (job, task_id))""",
+    'CREATE TABLE reuse_pending (id text COLLATE "C" PRIMARY KEY, fp bytea NOT NULL)',
 )
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")

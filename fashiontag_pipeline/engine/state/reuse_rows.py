@@ -1,4 +1,5 @@
-"""The state file's part of ``--reuse``: fingerprints of sent rows, and where reuse began.
+"""The state's part of ``--reuse``: fingerprints of sent rows, and where reuse began (the SQL
+SQLite and PostgreSQL share).
 
 ::
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from .changes import Change
 
@@ -41,27 +43,29 @@ __all__ = [
 _IN_BATCH = 400
 
 
-def create(db: sqlite3.Connection) -> None:
-    """Create the table (a state file of an earlier version has none) and the counter."""
-    db.execute(
-        "CREATE TABLE IF NOT EXISTS reuse_pending (id TEXT PRIMARY KEY, fp BLOB NOT NULL)"
-        " WITHOUT ROWID"
-    )
-    db.execute("INSERT OR IGNORE INTO meta VALUES ('n_reused', '0')")
+def create(db: Any) -> None:
+    """Create the table (a state file of an earlier version has none; a PostgreSQL state
+    creates it with its tables) and the counter."""
+    if isinstance(db, sqlite3.Connection):
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS reuse_pending (id TEXT PRIMARY KEY, fp BLOB NOT NULL)"
+            " WITHOUT ROWID"
+        )
+    db.execute("INSERT INTO meta VALUES ('n_reused', '0') ON CONFLICT DO NOTHING")
 
 
-def clear_pending(db: sqlite3.Connection) -> None:
+def clear_pending(db: Any) -> None:
     """A new run of the state: rows of an earlier run are not pending."""
     db.execute("DELETE FROM reuse_pending")
 
 
-def reuse_from(db: sqlite3.Connection, job: int) -> int | None:
+def reuse_from(db: Any, job: int) -> int | None:
     """The job's validated watermark when it first used ``--reuse`` (None: it never did)."""
     row = db.execute("SELECT value FROM meta WHERE key=?", (f"reuse_from.{job}",)).fetchone()
     return int(row[0]) if row else None
 
 
-def reused_before(db: sqlite3.Connection) -> bool:
+def reused_before(db: Any) -> bool:
     """Whether a job still open in the state used ``--reuse``."""
     row = db.execute(
         "SELECT 1 FROM meta m JOIN jobs j ON m.key = 'reuse_from.' || j.job"
@@ -72,7 +76,10 @@ def reused_before(db: sqlite3.Connection) -> bool:
 
 def reuse_started(job: int, watermark: int) -> Change:
     """The job uses ``--reuse`` for rows above ``watermark`` (kept if already recorded)."""
-    return ("INSERT OR IGNORE INTO meta VALUES (?, ?)", (f"reuse_from.{job}", str(watermark)))
+    return (
+        "INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING",
+        (f"reuse_from.{job}", str(watermark)),
+    )
 
 
 def pending_rows(rows: Sequence[tuple[str, bytes]]) -> list[Change]:
@@ -82,11 +89,17 @@ def pending_rows(rows: Sequence[tuple[str, bytes]]) -> list[Change]:
         part = rows[start : start + _IN_BATCH]
         marks = ",".join("(?, ?)" for _ in part)
         params = tuple(value for row in part for value in row)
-        out.append((f"INSERT OR REPLACE INTO reuse_pending VALUES {marks}", params))
+        out.append(
+            (
+                f"INSERT INTO reuse_pending VALUES {marks}"
+                " ON CONFLICT (id) DO UPDATE SET fp = excluded.fp",
+                params,
+            )
+        )
     return out
 
 
-def pending_fingerprints(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, bytes]:
+def pending_fingerprints(db: Any, ids: Sequence[str]) -> dict[str, bytes]:
     """The fingerprints of those of ``ids`` that are pending."""
     found: dict[str, bytes] = {}
     for start in range(0, len(ids), _IN_BATCH):

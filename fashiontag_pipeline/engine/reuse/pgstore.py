@@ -1,0 +1,233 @@
+"""The result store of ``--reuse`` in PostgreSQL (``--reuse postgresql://...``).
+
+The same store as :class:`~.store.ResultStore` (the SQLite file), in two tables of the URL's
+schema, created by the package's migrations (:mod:`fashiontag_pipeline._postgres`, version 4)::
+
+    reuse_results(fp bytea PRIMARY KEY, task_id, stored_at, result bytea)
+    reuse_runs(run_id, started_at, finished_at, looked_up, reused, stored)
+
+Several daemons (or runs on several machines) share it: a result stored by one answers the
+others' rows. A lookup is one ``= ANY(array)`` query per batch, a page's results one
+``unnest`` insert (the last result of a fingerprint wins, as in the file). Two connections,
+as the file has: lookups never wait on a commit. Errors become
+:class:`~fashiontag_pipeline.ResultStoreError` naming the URL without its password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ... import _exceptions as exc
+from ..._postgres import migrate, redact_url
+from .store import LOOKUP_BATCH, LastRun, StoredResult, StoreStats
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresResultStore"]
+
+_PRUNE_BATCH = 10_000
+
+
+class PostgresResultStore:
+    """A result store in PostgreSQL; see the module docstring. Use :meth:`open`."""
+
+    def __init__(
+        self,
+        url: str,
+        reader: psycopg.Connection[Any],
+        writer: psycopg.Connection[Any],
+        *,
+        created: bool,
+    ) -> None:
+        #: Where the store is, as messages show it (the URL without its password).
+        self.path = redact_url(url)
+        self._reader = reader
+        self._writer = writer
+        #: True when no run had used the store before (it holds nothing).
+        self.created = created
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PostgresResultStore({self.path!r})"
+
+    @classmethod
+    def open(
+        cls, url: str, *, create: bool = True, connect_timeout: float = 10.0
+    ) -> PostgresResultStore:
+        """Open the store in the database ``url`` names (its tables are created or migrated).
+
+        ``created`` says when it holds nothing yet (no result, no run); with ``create=False``
+        that is an error (``reuse stats`` of a database no run has used)."""
+        import psycopg
+
+        conninfo = url.partition("#")[0]
+        where = redact_url(conninfo)
+        opened: list[psycopg.Connection[Any]] = []
+        try:
+            for _ in range(2):
+                opened.append(
+                    psycopg.connect(
+                        conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
+                    )
+                )
+            writer, reader = opened
+            migrate(writer)
+            row = writer.execute(
+                "SELECT NOT EXISTS (SELECT 1 FROM reuse_results)"
+                " AND NOT EXISTS (SELECT 1 FROM reuse_runs)"
+            ).fetchone()
+            created = bool(row and row[0])
+        except psycopg.Error as err:
+            for conn in opened:
+                conn.close()
+            raise _error(where, err) from None
+        except BaseException:
+            for conn in opened:
+                conn.close()
+            raise
+        if created and not create:
+            for conn in opened:
+                conn.close()
+            raise exc.ResultStoreError(
+                f"result store {where} holds nothing yet: no run has used it (--reuse)"
+            )
+        return cls(conninfo, reader, writer, created=created)
+
+    def close(self) -> None:
+        """Close both connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._reader.close()
+        finally:
+            self._writer.close()
+
+    def __enter__(self) -> PostgresResultStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        import psycopg
+
+        try:
+            yield
+        except psycopg.Error as err:
+            raise _error(self.path, err) from None
+
+    # -------------------------------------------------------------- the engine's calls
+
+    def lookup(self, fps: Sequence[bytes], *, newer_than: float) -> dict[bytes, StoredResult]:
+        """The stored results of ``fps`` stored at or after ``newer_than`` (epoch seconds)."""
+        found: dict[bytes, StoredResult] = {}
+        unique = list(dict.fromkeys(fps))
+        with self._errors():
+            for start in range(0, len(unique), LOOKUP_BATCH):
+                part = unique[start : start + LOOKUP_BATCH]
+                for fp, task_id, result in self._reader.execute(
+                    "SELECT fp, task_id, result FROM reuse_results"
+                    " WHERE fp = ANY(%s::bytea[]) AND stored_at >= %s",
+                    (part, newer_than),
+                ):
+                    found[bytes(fp)] = StoredResult(task_id, bytes(result))
+        return found
+
+    def put(self, rows: Iterable[tuple[bytes, str, bytes]], *, stored_at: float) -> int:
+        """Store ``(fp, task_id, raw result)`` rows, replacing older results of the same
+        fingerprints (within the batch, the last one); one statement. Returns the rows."""
+        latest: dict[bytes, tuple[str, bytes]] = {}
+        for fp, task_id, result in rows:
+            latest[fp] = (task_id, bytes(result))
+        if not latest:
+            return 0
+        with self._errors():
+            self._writer.execute(
+                "INSERT INTO reuse_results (fp, task_id, stored_at, result)"
+                " SELECT fp, task_id, %s, result"
+                " FROM unnest(%s::bytea[], %s::text[], %s::bytea[]) AS r(fp, task_id, result)"
+                " ON CONFLICT (fp) DO UPDATE SET task_id = excluded.task_id,"
+                " stored_at = excluded.stored_at, result = excluded.result",
+                (
+                    stored_at,
+                    list(latest),
+                    [t for t, _ in latest.values()],
+                    [r for _, r in latest.values()],
+                ),
+            )
+        return len(latest)
+
+    def record_run(
+        self, *, started_at: float, finished_at: float, looked_up: int, reused: int, stored: int
+    ) -> None:
+        """Record what a run did with the store (``reuse stats`` shows the last one)."""
+        with self._errors():
+            self._writer.execute(
+                "INSERT INTO reuse_runs (started_at, finished_at, looked_up, reused, stored)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                (started_at, finished_at, looked_up, reused, stored),
+            )
+
+    # -------------------------------------------------------------- operators' calls
+
+    def stats(self) -> StoreStats:
+        """Rows, size on disk (the table, its index and TOAST), oldest/newest, the last run."""
+        db = self._writer
+        with self._errors():
+            row = db.execute(
+                "SELECT count(*), min(stored_at), max(stored_at),"
+                " pg_total_relation_size('reuse_results') FROM reuse_results"
+            ).fetchone()
+            last = db.execute(
+                "SELECT started_at, finished_at, looked_up, reused, stored FROM reuse_runs"
+                " ORDER BY run_id DESC LIMIT 1"
+            ).fetchone()
+        assert row is not None
+        rows, oldest, newest, size = row
+        last_run = None
+        if last is not None:
+            started, finished, looked_up, reused, stored = last
+            last_run = LastRun(
+                started_at=started,
+                finished_at=finished,
+                looked_up=looked_up,
+                reused=reused,
+                stored=stored,
+            )
+        return StoreStats(
+            path=self.path,
+            rows=int(rows),
+            size_bytes=int(size),
+            oldest=oldest,
+            newest=newest,
+            last_run=last_run,
+        )
+
+    def prune(self, older_than: float, *, now: Any = None) -> int:
+        """Delete results stored more than ``older_than`` seconds ago, in bounded
+        transactions; returns how many."""
+        import time
+
+        cutoff = (now or time.time)() - older_than
+        deleted = 0
+        with self._errors():
+            while True:
+                cur = self._writer.execute(
+                    "DELETE FROM reuse_results WHERE fp IN (SELECT fp FROM reuse_results"
+                    " WHERE stored_at < %s ORDER BY stored_at LIMIT %s)",
+                    (cutoff, _PRUNE_BATCH),
+                )
+                deleted += cur.rowcount
+                if cur.rowcount < _PRUNE_BATCH:
+                    break
+        return deleted
+
+
+def _error(where: str, err: BaseException) -> exc.ResultStoreError:
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return exc.ResultStoreError(f"result store {where} cannot be used: {reason}")
