@@ -36,6 +36,7 @@ from types import TracebackType
 import anyio
 import anyio.abc
 
+from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import format_time
 from .batcher import TaskWriter
@@ -195,6 +196,10 @@ class Engine:
         db = self.journal.db
         try:
             self.reconciliation = await self.journal.run(db.reconcile)
+        except exc.StateError as err:  # the store went away (a database restart): one line
+            logger.error("the state store cannot be reconciled: %s", err)
+            self.complete = False
+            return
         except Exception:
             logger.exception("the state store cannot be reconciled")
             self.complete = False

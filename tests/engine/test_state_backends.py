@@ -22,6 +22,7 @@ from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.state import open_state
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..postgres import PostgresCluster
 from .helpers import ENV, assert_exactly_once, client_config, read_outcomes, run_args, write_csv
 from .proxy import Misbehaviour, misbehaving
 
@@ -185,3 +186,27 @@ async def test_two_runs_never_share_a_state(tmp_path: Path, state_location: Stat
     assert b"in use by another run" in second.stderr
     assert again.returncode == 0 and b"already complete" in again.stderr
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(8000))
+
+
+async def test_a_run_whose_database_restarts_stops_clearly_and_the_same_command_resumes(
+    tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
+) -> None:
+    n = 12_000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    state = f"{postgres_url}#restarted"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", state)
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await results_appear(out)
+        await anyio.to_thread.run_sync(postgres_cluster.restart)
+        with anyio.fail_after(60):
+            code = await proc.wait()
+        assert proc.stderr is not None
+        stderr = (await proc.stderr.receive()).decode()
+        await proc.aclose()
+        final = await anyio.run_process(args, check=False, env=ENV)
+    assert code == 1, stderr
+    assert "PostgreSQL state" in stderr and "Traceback" not in stderr
+    assert final.returncode == 0, final.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
