@@ -89,8 +89,10 @@ def task_read_upto(task_id: str, offset: int) -> Change:
 
 
 def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
-    """The task is finished with (``drained`` or ``expired``): its accepted chunks' bodies
-    are no longer needed."""
+    """The task is finished with (``drained`` or ``expired``): its accepted chunks (rows and
+    bodies) are no longer needed and are deleted, so a state that lives for weeks (the
+    daemon's) grows with the tasks in flight, not with every chunk it ever sent. Chunks of
+    unknown fate stay until they are settled."""
     return [
         task_state(task_id, state),
         (
@@ -98,10 +100,7 @@ def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
             " (SELECT chunk_id FROM chunks WHERE task_id=? AND state='accepted')",
             (task_id,),
         ),
-        (
-            "UPDATE chunks SET body=NULL WHERE task_id=? AND state='accepted' AND body IS NOT NULL",
-            (task_id,),
-        ),
+        ("DELETE FROM chunks WHERE task_id=? AND state='accepted'", (task_id,)),
     ]
 
 

@@ -23,7 +23,8 @@ Schema::
     chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok)
                                state: pending (written ahead, fate unknown) | accepted |
                                orphan (fate unknown, task no longer writable) | resolved;
-                               n_ok: rows of the chunk the service accepted
+                               n_ok: rows of the chunk the service accepted; an
+                               accepted chunk is deleted when its task is drained or expired
     chunk_bodies(chunk_id, body)
                                a chunk's rows ({"p": [positions], "r": [requests]}), written
                                once with the chunk and deleted when its task is drained; apart
