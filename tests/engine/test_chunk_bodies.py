@@ -32,7 +32,8 @@ def test_bodies_read_from_either_place_and_dropped_from_both(tmp_path: Path) -> 
     )
     sql.execute("INSERT INTO chunk_bodies VALUES (2, ?)", (_body("new", 11),))
     sql.execute(
-        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos) VALUES (3, 'orphan', 't1', 1, 12)"
+        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
+        " VALUES (3, 'orphan', 't1', 1, 12)"
     )
     sql.execute("INSERT INTO chunk_bodies VALUES (3, ?)", (_body("orphan", 12),))
     rows = sql.execute(
