@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable
 
@@ -51,6 +52,7 @@ class _Lost:
 
 
 LOST = _Lost()
+_row_id = operator.attrgetter("id")
 _Fetched = list[PageRow] | None | _Lost
 
 
@@ -270,7 +272,7 @@ class ResultPagers:
         page or across pages); their ids are added to the task's written ids."""
         seen = entry.seen
         assert seen is not None
-        ids = {r.id for r in rows}
+        ids = set(map(_row_id, rows))
         if len(ids) == len(rows) and seen.isdisjoint(ids):
             seen |= ids
             return rows
