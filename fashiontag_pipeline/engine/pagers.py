@@ -35,7 +35,7 @@ from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
 from .policy import decode_body
-from .sinks import PageRow, page_decoder
+from .sinks import PageRow, decode_page
 from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
@@ -165,11 +165,10 @@ class ResultPagers:
             self.budget.ok()
             self.slots.success()
             try:
-                page = page_decoder.decode(raw)
+                return decode_page(raw)
             except msgspec.DecodeError as err:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
-            return page.data.results if page.data is not None else []
 
     async def _written(self, entry: TaskEntry) -> set[str]:
         """Ids already written for the task (a resume that had read some of its pages: a scan

@@ -32,6 +32,8 @@ __all__ = [
     "ResultSink",
     "ReusedLine",
     "SqliteResultSink",
+    "count_outcomes",
+    "decode_page",
     "open_result_sink",
     "success_flags",
 ]
@@ -119,6 +121,28 @@ _SUCCESS_LAST = re.compile(rb'"status"\s*:\s*"success"\s*\}\s*\Z')
 _TAIL = 64
 _SUCCESS = STATUS_SUCCESS.encode()
 _tagging_result = operator.attrgetter("tagging_result")
+
+
+def decode_page(body: bytes) -> list[PageRow]:
+    """The rows of a results page (msgspec.DecodeError when it is not one).
+
+    A result is kept as the bytes the server sent, so a server that pretty-prints its JSON
+    sends line breaks inside them, and the results JSONL must hold one line per result: in a
+    valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
+    string), so each becomes a space. A page with none (one ``memchr`` over the body) is
+    taken as it is."""
+    page = page_decoder.decode(body)
+    rows = page.data.results if page.data is not None else []
+    if b"\n" in body or b"\r" in body:
+        rows = [_one_line(row) for row in rows]
+    return rows
+
+
+def _one_line(row: PageRow) -> PageRow:
+    raw = bytes(row.tagging_result)
+    if b"\n" not in raw and b"\r" not in raw:
+        return row
+    return PageRow(row.id, msgspec.Raw(raw.replace(b"\r", b" ").replace(b"\n", b" ")))
 
 
 def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine.sinks import PageRow, count_outcomes, success_flags
+from fashiontag_pipeline.engine.sinks import PageRow, count_outcomes, decode_page, success_flags
 
 
 def _row(raw: bytes) -> PageRow:
@@ -62,3 +62,19 @@ def test_a_page_is_counted_as_its_rows_are_one_by_one(first: int) -> None:
             assert count_outcomes([_row(r) for r in page]) == (expected, 2 * n - expected)
             flags = success_flags([_row(r) for r in page])
             assert flags == [bool(alone[first])] * n + [bool(alone[second])] * n
+
+
+def test_a_pretty_printed_page_gives_one_line_results() -> None:
+    body = (
+        b'{\r\n "status": "success",\r\n "data": {"results": [\r\n  {"id": "a",\r\n'
+        b'   "taggingResult": {\r\n    "status": "success",\n    "data": {"k": "x\\ny"}\r\n'
+        b"   }}]}}"
+    )
+    rows = decode_page(body)
+    assert [r.id for r in rows] == ["a"]
+    raw = bytes(rows[0].tagging_result)
+    assert b"\n" not in raw and b"\r" not in raw
+    assert msgspec.json.decode(raw) == {"status": "success", "data": {"k": "x\ny"}}
+    assert count_outcomes(rows) == (1, 0)
+    compact = b'{"status":"success","data":{"results":[{"id":"a","taggingResult":{"s":1}}]}}'
+    assert bytes(decode_page(compact)[0].tagging_result) == b'{"s":1}'
