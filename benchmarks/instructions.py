@@ -11,9 +11,12 @@ archive`` and byte-compiled, like :mod:`benchmarks.ab`) runs ``fashiontag run`` 
 instructions per image between the smallest and the largest size (start-up cancels out).
 
 What it does not see: time in the kernel (system calls, page faults), cache misses, waits for
-the GIL or for another thread. Use it to compare code paths, and :mod:`benchmarks.ab` for the
-CPU seconds. Under valgrind the engine is ~50x slower, so the service is never the
-bottleneck; 20,000 rows take about half a minute per revision. Needs ``valgrind``.
+the GIL or for another thread; and instructions are not all equal (a large ``memcpy`` is one
+``rep movsb`` counted once per byte; interpreted bytecode runs at a lower rate than C
+loops).
+Use it to compare code paths, and :mod:`benchmarks.ab` for the CPU seconds. Under valgrind
+the engine is ~50x slower, so the service is never the bottleneck; 20,000 rows take about
+half a minute per revision. Needs ``valgrind``.
 """
 
 from __future__ import annotations
