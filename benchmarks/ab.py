@@ -1,6 +1,6 @@
-"""Two revisions of the engine and the async script, runs interleaved: before/after on a busy box.
+"""Revisions of the engine and the async script, runs interleaved: before/after on a busy box.
 
-    python -m benchmarks.ab BEFORE AFTER [--rows 20000,200000] [--repeat 5]
+    python -m benchmarks.ab BEFORE AFTER [MORE...] [--rows 20000,200000] [--repeat 5]
 
 Each revision is exported with ``git archive`` (``--no-pyc-before`` leaves the first without
 byte code, as the compare scenario measured it before the harness byte-compiled the package),
@@ -58,7 +58,7 @@ def _export(rev: str, base: Path, *, pyc: bool) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__)
     p.add_argument("before")
-    p.add_argument("after")
+    p.add_argument("after", nargs="+", help="one or more revisions measured beside BEFORE")
     p.add_argument("--rows", default="20000,200000", help="manifest sizes, comma-separated")
     p.add_argument("--repeat", type=int, default=5, help="rounds per size")
     p.add_argument("--no-pyc-before", action="store_true")
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     work: Path = args.work_dir.resolve()
     snaps = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots"
     clients: list[tuple[str, Path | None]] = []
-    for rev, pyc in ((args.before, not args.no_pyc_before), (args.after, True)):
+    revisions = [(args.before, not args.no_pyc_before)] + [(rev, True) for rev in args.after]
+    for rev, pyc in revisions:
         sha, path = _export(rev, snaps, pyc=pyc)
         clients.append((f"engine {sha}{'' if pyc else ' (no byte code)'}", path))
     clients.append(("async script", None))

@@ -1,7 +1,8 @@
 """A reverse proxy that makes the reference service look like a server we did not write.
 
 Every JSON response body is re-encoded the way another implementation might write it: a space
-after every colon and comma, every object's keys in reverse order, and an unknown field
+after every colon and comma (or, with ``indent``, pretty-printed over CRLF-ended lines), every
+object's keys in reverse order, and an unknown field
 (``xForeignField``) added to the objects near the top (the envelope, ``data``, each task or
 result, each ``taggingResult``). Status codes, ``Retry-After`` and non-JSON bodies pass through
 unchanged. Requests are forwarded as they came (method, path, query, body, the headers the
@@ -56,19 +57,24 @@ def _reshape(value: Any, depth: int) -> Any:
     return value
 
 
-def reformat(body: bytes) -> bytes:
+def reformat(body: bytes, indent: int | None = None) -> bytes:
     """``body`` re-encoded with other spacing, reversed key order and an extra field; bodies
-    that are not JSON come back unchanged."""
+    that are not JSON come back unchanged. ``indent``: pretty-printed over several lines (CRLF
+    line ends), as some servers answer."""
     try:
         decoded = json.loads(body)
     except ValueError:
         return body
     # json's default separators are ", " and ": ": the spacing the reference service never uses.
-    return json.dumps(_reshape(decoded, 0), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(_reshape(decoded, 0), ensure_ascii=False, indent=indent)
+    if indent is not None:
+        text = text.replace("\n", "\r\n")
+    return text.encode("utf-8")
 
 
-def create_proxy_app(upstream: str) -> web.Application:
-    """The proxy as an aiohttp application forwarding to ``upstream`` (``http://host:port``)."""
+def create_proxy_app(upstream: str, indent: int | None = None) -> web.Application:
+    """The proxy as an aiohttp application forwarding to ``upstream`` (``http://host:port``);
+    ``indent``: JSON bodies pretty-printed (see :func:`reformat`)."""
     upstream = upstream.rstrip("/")
     session_key = web.AppKey("session", aiohttp.ClientSession)
 
@@ -86,7 +92,7 @@ def create_proxy_app(upstream: str) -> web.Application:
             body = await resp.read()
             back = {k: v for k in _PASSED_BACK if (v := resp.headers.get(k)) is not None}
             if "json" in back.get("content-type", ""):
-                body = reformat(body)
+                body = reformat(body, indent)
             return web.Response(status=resp.status, body=body, headers=back)
 
     app = web.Application(client_max_size=64 << 20)
@@ -96,9 +102,13 @@ def create_proxy_app(upstream: str) -> web.Application:
 
 
 @asynccontextmanager
-async def foreign_proxy(upstream: str, host: str = "127.0.0.1") -> AsyncIterator[str]:
+async def foreign_proxy(
+    upstream: str, host: str = "127.0.0.1", *, indent: int | None = None
+) -> AsyncIterator[str]:
     """Run the proxy on ``host`` (a free port) for the ``async with`` body; yields its URL."""
-    runner = web.AppRunner(create_proxy_app(upstream), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        create_proxy_app(upstream, indent), access_log=None, handle_signals=False
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, 0)
@@ -109,8 +119,10 @@ async def foreign_proxy(upstream: str, host: str = "127.0.0.1") -> AsyncIterator
         await runner.cleanup()
 
 
-async def _serve(upstream: str, host: str, port: int) -> None:
-    runner = web.AppRunner(create_proxy_app(upstream), access_log=None, handle_signals=False)
+async def _serve(upstream: str, host: str, port: int, indent: int | None) -> None:
+    runner = web.AppRunner(
+        create_proxy_app(upstream, indent), access_log=None, handle_signals=False
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -129,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream", required=True, help="the service to forward to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    p.add_argument("--indent", type=int, default=None, help="pretty-print JSON bodies")
     args = p.parse_args(argv)
     try:
         import uvloop  # the proxy's own speed only changes wall times, never the engine's CPU
     except ImportError:
-        asyncio.run(_serve(args.upstream, args.host, args.port))
+        asyncio.run(_serve(args.upstream, args.host, args.port, args.indent))
     else:
-        uvloop.run(_serve(args.upstream, args.host, args.port))
+        uvloop.run(_serve(args.upstream, args.host, args.port, args.indent))
     return 0
 
 

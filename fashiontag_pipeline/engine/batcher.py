@@ -37,7 +37,7 @@ from .policy import Chunk, OpenTask, WritePolicy, encode_body
 from .state import Journal
 from .tracker import TaskBook
 from .validate import Item
-from .writes import STAGE_SERVER, TaskWrites
+from .writes import STAGE_SERVER, TaskWrites, job_marks
 
 __all__ = ["STAGE_SERVER", "TaskWriter"]
 
@@ -186,12 +186,10 @@ class TaskWriter(TaskWrites):
     ) -> None:
         """Write a chunk ahead (new rows move the chunked watermark) and start sending it.
         ``resent``: rows sent again (in place of chunk ``chunk_id`` when given)."""
-        ids = [i for i, _, _ in items]
-        positions = [p for _, p, _ in items]
-        requests = [r for _, _, r in items]
+        ids, positions, requests = (list(column) for column in zip(*items, strict=True))
         body, encoded = encode_body(positions, requests)
         last = max(positions)
-        marks = [] if resent else self.jobs.marks(positions)
+        marks = [] if resent else job_marks(self.jobs, positions)
         cid = await self.journal.write_ahead(
             len(items), last, body, chunk_id, len(items) if resent else 0, marks
         )

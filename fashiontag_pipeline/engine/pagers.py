@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable
 
@@ -34,7 +35,7 @@ from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
 from .policy import decode_body
-from .sinks import PageRow, page_decoder
+from .sinks import PageRow, decode_page
 from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
@@ -51,6 +52,7 @@ class _Lost:
 
 
 LOST = _Lost()
+_row_id = operator.attrgetter("id")
 _Fetched = list[PageRow] | None | _Lost
 
 
@@ -163,11 +165,10 @@ class ResultPagers:
             self.budget.ok()
             self.slots.success()
             try:
-                page = page_decoder.decode(raw)
+                return decode_page(raw)
             except msgspec.DecodeError as err:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
-            return page.data.results if page.data is not None else []
 
     async def _written(self, entry: TaskEntry) -> set[str]:
         """Ids already written for the task (a resume that had read some of its pages: a scan
@@ -270,7 +271,7 @@ class ResultPagers:
         page or across pages); their ids are added to the task's written ids."""
         seen = entry.seen
         assert seen is not None
-        ids = {r.id for r in rows}
+        ids = set(map(_row_id, rows))
         if len(ids) == len(rows) and seen.isdisjoint(ids):
             seen |= ids
             return rows

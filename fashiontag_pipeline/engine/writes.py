@@ -8,7 +8,7 @@ chunks and chooses their task); it holds no state of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from .. import _exceptions as exc
@@ -18,10 +18,10 @@ from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
 from .jobs import Jobs
 from .policy import Chunk, OpenTask, WritePolicy
-from .state import JobReject, Journal, changes
+from .state import POS_SHIFT, JobReject, Journal, changes
 from .tracker import TaskBook
 
-__all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites"]
+__all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "job_marks"]
 
 STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
@@ -36,6 +36,29 @@ def _echoed(echo: str, ids: list[str]) -> str | None:
         return None
     found = [i for i in ids if i.startswith(stem) and len(i) > len(stem)]
     return found[0] if len(found) == 1 else None
+
+
+def _one_source(positions: Sequence[int]) -> bool:
+    """Whether every position is of one manifest (one job): a chunk almost always is, and
+    then the per-job figures below need no loop over its rows in Python (min and max are C)."""
+    return bool(positions) and min(positions) >> POS_SHIFT == max(positions) >> POS_SHIFT
+
+
+def count_by_job(jobs: Jobs, positions: Sequence[int]) -> dict[int, int]:
+    """Rows per job among ``positions`` (:meth:`Jobs.count_by_job`)."""
+    if _one_source(positions):
+        job = jobs.of_pos(positions[0])
+        return {job.id: len(positions)} if job is not None else {}
+    return jobs.count_by_job(positions)
+
+
+def job_marks(jobs: Jobs, positions: Sequence[int]) -> list[tuple[int, int]]:
+    """(job, last position) of each job with rows among ``positions`` (:meth:`Jobs.marks`)."""
+    if _one_source(positions):
+        last = max(positions)
+        job = jobs.of_pos(last)
+        return [(job.id, last)] if job is not None else []
+    return jobs.marks(positions)
 
 
 class TaskWrites:
@@ -71,6 +94,8 @@ class TaskWrites:
 
     def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[JobReject]:
         out: list[JobReject] = []
+        if not ids:
+            return out  # the usual write: the service took every row
         jobs = self.jobs
         for ident, pos in zip(chunk.ids, chunk.positions, strict=True):
             reason = ids.get(ident)
@@ -83,7 +108,7 @@ class TaskWrites:
         positions = chunk.positions
         if refused:
             positions = [p for i, p in zip(chunk.ids, positions, strict=True) if i not in refused]
-        return {job: {"submitted": n} for job, n in self.jobs.count_by_job(positions).items()}
+        return {job: {"submitted": n} for job, n in count_by_job(self.jobs, positions).items()}
 
     async def _accept(
         self,
@@ -95,8 +120,9 @@ class TaskWrites:
         """Record an accepted write (and, with ``opened``, the task it created: one
         transaction)."""
         assert task.task_id is not None
-        mine = set(chunk.ids)
         reasons: dict[str, str] = {}
+        # The chunk's ids as a set only when the service listed failures (rarely).
+        mine = set(chunk.ids) if response.failure_list else set()
         for failure in response.failure_list:
             ident = failure.context_id
             if ident is not None and ident not in mine:

@@ -72,3 +72,22 @@ async def test_outcomes_counted_right_through_foreign_formatting(tmp_path: Path)
     assert summary.tagged == n - len(bad)
     # Results went through as the server sent them (its unknown field included).
     assert all(EXTRA_FIELD in r["taggingResult"] for r in outcomes.results)
+
+
+async def test_a_pretty_printing_server_still_gives_one_line_per_result(tmp_path: Path) -> None:
+    """A server that answers JSON over several lines (CRLF, indented): every result is one
+    results line (a CR or LF in a result is whitespace, written as a space), counted right."""
+    n = 300
+    manifest, bad = _manifest(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    config = ServiceConfig(fetch=True, analyzer=_FailsBadUrls())
+    async with running_service(config) as svc, foreign_proxy(svc.url, indent=2) as url:
+        summary = await run_pipeline(
+            [manifest], client=client_config(url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete
+    raw = out.read_bytes()
+    assert b"\r" not in raw and raw.count(b"\n") == n  # a failed tagging is a results line too
+    outcomes = assert_exactly_once(out, rej, {f"p{i}" for i in range(n)})
+    assert {r["id"] for r in outcomes.results if r["taggingResult"]["status"] == "failure"} == bad
+    assert summary.failed == len(bad) and summary.tagged == n - len(bad)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine.sinks import PageRow, count_outcomes
+from fashiontag_pipeline.engine.sinks import PageRow, count_outcomes, decode_page, success_flags
 
 
 def _row(raw: bytes) -> PageRow:
@@ -32,3 +32,49 @@ def test_count_outcomes_reads_the_top_level_status_whatever_the_spacing(
     raw: bytes, ok: int
 ) -> None:
     assert count_outcomes([_row(raw)]) == (ok, 1 - ok)
+
+
+SHAPES = [
+    b'{"status":"success","data":{}}',
+    b'{ "status" : "success" , "data" : {} }',
+    b'{"status":"failure","error":{"code":803,"message":"x"}}',
+    b'{"data":{},"status":"success"}',
+    b'{"data": {}, "status" : "failure" }\n',
+    b'{"data":{},"status":"success","x":1}',
+    b'{"data":{"status":"failure"},"status":"success"}',
+    b'{"error":{"code":803},"data":{"status":"success"},"status":"failure"}',
+    # Status first and last (a repeated key): the first one counts, as for a row alone.
+    b'{"status":"failure","data":{},"status":"success"}',
+    b'{"status":"success","data":{"pad":"' + b"x" * 200 + b'"}}',
+    b'{"data":{"pad":"' + b"x" * 200 + b'"},"status":"success"}',
+]
+
+
+@pytest.mark.parametrize("first", range(len(SHAPES)))
+def test_a_page_is_counted_as_its_rows_are_one_by_one(first: int) -> None:
+    """A page is classified in one pass when every row says success the same way; any page
+    (mixed shapes, failures, key orders) counts exactly what its rows count alone."""
+    alone = [count_outcomes([_row(raw)])[0] for raw in SHAPES]
+    for second in range(len(SHAPES)):
+        for n in (1, 3):
+            page = [SHAPES[first]] * n + [SHAPES[second]] * n
+            expected = (alone[first] + alone[second]) * n
+            assert count_outcomes([_row(r) for r in page]) == (expected, 2 * n - expected)
+            flags = success_flags([_row(r) for r in page])
+            assert flags == [bool(alone[first])] * n + [bool(alone[second])] * n
+
+
+def test_a_pretty_printed_page_gives_one_line_results() -> None:
+    body = (
+        b'{\r\n "status": "success",\r\n "data": {"results": [\r\n  {"id": "a",\r\n'
+        b'   "taggingResult": {\r\n    "status": "success",\n    "data": {"k": "x\\ny"}\r\n'
+        b"   }}]}}"
+    )
+    rows = decode_page(body)
+    assert [r.id for r in rows] == ["a"]
+    raw = bytes(rows[0].tagging_result)
+    assert b"\n" not in raw and b"\r" not in raw
+    assert msgspec.json.decode(raw) == {"status": "success", "data": {"k": "x\ny"}}
+    assert count_outcomes(rows) == (1, 0)
+    compact = b'{"status":"success","data":{"results":[{"id":"a","taggingResult":{"s":1}}]}}'
+    assert bytes(decode_page(compact)[0].tagging_result) == b'{"s":1}'

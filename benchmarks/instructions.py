@@ -1,0 +1,116 @@
+"""Instructions per image, counted by valgrind: before/after that a busy machine cannot blur.
+
+    python -m benchmarks.instructions REV [REV...] [--rows 1000,20000] [--async-script]
+
+On a shared 2-core machine the CPU time of the same build moves by 10-30% from one run to the
+next (other engineers' tests), more than most changes save. The number of instructions a run
+executes barely moves (+-0.5% between repeats here): each revision (exported with ``git
+archive`` and byte-compiled, like :mod:`benchmarks.ab`) runs ``fashiontag run`` under
+``valgrind --tool=callgrind`` (no cache simulation) against a fresh ``serve --rate 0
+--no-fetch``, at each ``--rows`` size. Printed: total instructions per run, and the marginal
+instructions per image between the smallest and the largest size (start-up cancels out).
+
+What it does not see: time in the kernel (system calls, page faults), cache misses, waits for
+the GIL or for another thread; and instructions are not all equal (a large ``memcpy`` is one
+``rep movsb`` counted once per byte; interpreted bytecode runs at a lower rate than C
+loops).
+Use it to compare code paths, and :mod:`benchmarks.ab` for the CPU seconds. Under valgrind
+the engine is ~50x slower, so the service is never the bottleneck; 20,000 rows take about
+half a minute per revision. Needs ``valgrind``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .ab import ROOT, _export
+from .harness import PY, manifest, running_service
+from .scenarios import ASYNC_SCRIPT
+
+_TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+
+def count(cmd: list[str], env: dict[str, str] | None, work: Path) -> int:
+    """Instructions executed by ``cmd`` (every thread), from callgrind's totals."""
+    out = work / "callgrind.out"
+    out.unlink(missing_ok=True)
+    valgrind = ["valgrind", "--tool=callgrind", "--cache-sim=no", "--branch-sim=no"]
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    subprocess.run(
+        [*valgrind, f"--callgrind-out-file={out}", *cmd],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=full_env,
+    )
+    found = _TOTALS.search(out.read_text(errors="replace"))
+    if found is None:
+        raise RuntimeError(f"no totals in {out}")
+    return int(found.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__)
+    p.add_argument("revisions", nargs="+")
+    p.add_argument("--rows", default="1000,20000", help="manifest sizes, comma-separated")
+    p.add_argument("--async-script", action="store_true", help="count the async script too")
+    p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / "results" / "tmp")
+    args = p.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("valgrind not found", file=sys.stderr)
+        return 2
+    sizes = sorted(int(r) for r in args.rows.split(","))
+    work: Path = args.work_dir.resolve()
+    snaps = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots"
+    clients: list[tuple[str, Path | None]] = []
+    for rev in args.revisions:
+        sha, path = _export(rev, snaps, pyc=True)
+        clients.append((f"engine {sha}", path))
+    if args.async_script:
+        clients.append(("async script", None))
+    runs = work / "runs" / "instructions"
+    runs.mkdir(parents=True, exist_ok=True)
+    neutral = Path(tempfile.mkdtemp(prefix="fashiontag-instr-"))
+    os.chdir(neutral)  # `-m fashiontag_pipeline` must import the export, never the checkout
+    counted: dict[str, dict[int, int]] = {name: {} for name, _ in clients}
+    for rows in sizes:
+        m = manifest(work, rows)
+        for name, path in clients:
+            for f in runs.glob("run.*"):
+                f.unlink()
+            out = runs / "run.out.jsonl"
+            with running_service(runs) as svc:
+                if path is None:
+                    cmd = [PY, str(ASYNC_SCRIPT), str(m), "--base-url", svc.url, "--out", str(out)]
+                    env = None
+                else:
+                    cmd = [PY, "-m", "fashiontag_pipeline", "run", str(m), "--base-url", svc.url]
+                    cmd += ["--out", str(out), "--rejects", str(runs / "run.rejects.jsonl")]
+                    cmd += ["--state", str(runs / "run.state.sqlite"), "--no-progress"]
+                    env = {"PYTHONPATH": str(path)}
+                n = count(cmd, env, runs)
+            counted[name][rows] = n
+            print(f"  {rows:,} {name}: {n / 1e9:.3f} G instructions", flush=True)
+    shutil.rmtree(neutral, ignore_errors=True)
+    small, large = sizes[0], sizes[-1]
+    print("\n| client | " + " | ".join(f"{r:,} rows (G instr)" for r in sizes), end="")
+    print(f" | marginal instr/image ({small:,}->{large:,}) |" if len(sizes) > 1 else " |")
+    print("|---" * (len(sizes) + 1 + (len(sizes) > 1)) + "|")
+    for name, got in counted.items():
+        cells = " | ".join(f"{got[r] / 1e9:.3f}" for r in sizes)
+        per_image = (got[large] - got[small]) / (large - small) if len(sizes) > 1 else None
+        marginal = f" | {per_image:,.0f}" if per_image is not None else ""
+        print(f"| {name} | {cells}{marginal} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

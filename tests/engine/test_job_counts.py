@@ -1,0 +1,48 @@
+"""The writer's per-job figures of a chunk (rows per job, each job's last position) take a
+shortcut when the chunk holds one manifest's rows; they must equal :class:`Jobs`' own."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, cast
+
+from fashiontag_pipeline.engine.jobs import IdSpace, Job, Jobs
+from fashiontag_pipeline.engine.state import POS_SHIFT
+from fashiontag_pipeline.engine.state.jobtables import JobRow
+from fashiontag_pipeline.engine.writes import count_by_job, job_marks
+
+
+def _jobs() -> Jobs:
+    jobs = Jobs(IdSpace(True))
+    for jid, sources in ((1, [0, 1]), (2, [2])):  # source 3 belongs to no job in flight
+        row = JobRow(
+            job=jid,
+            key=f"k{jid}",
+            name=f"j{jid}",
+            sources=[(s, f"m{s}.csv") for s in sources],
+            results="r",
+            rejects="x",
+            sink="jsonl",
+            state="open",
+            validated=-1,
+            chunked=-1,
+            results_ckpt=0,
+            rejects_ckpt=0,
+            counters={},
+        )
+        jobs.add(Job(row, cast(Any, None), cast(Any, None)))
+    return jobs
+
+
+def test_per_job_figures_of_a_chunk_equal_the_general_ones() -> None:
+    jobs = _jobs()
+    rnd = random.Random(7)
+    for _ in range(300):
+        sources = rnd.sample(range(4), rnd.randint(1, 3))
+        positions = [
+            (rnd.choice(sources) << POS_SHIFT) | rnd.randrange(1, 10_000)
+            for _ in range(rnd.randint(1, 40))
+        ]
+        assert count_by_job(jobs, positions) == jobs.count_by_job(positions)
+        assert sorted(job_marks(jobs, positions)) == sorted(jobs.marks(positions))
+    assert count_by_job(jobs, []) == {} and job_marks(jobs, []) == []
