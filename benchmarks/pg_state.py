@@ -1,0 +1,583 @@
+"""``python -m benchmarks.pg_state``: the engine's CPU per image with its state in PostgreSQL
+next to SQLite.
+
+A real PostgreSQL is started the way the tests start one (:class:`tests.postgres.PostgresCluster`:
+the pgserver wheel's binaries, a Unix socket, ``fsync=off``); the reference service runs in its
+own process (``serve --rate 0 --no-fetch``, a fresh one for every run, as in the ``compare``
+scenario). For each size and each round, ``fashiontag run`` runs once with a SQLite state file
+and once with ``--state postgresql://...#run`` (a fresh schema each time), and reports per
+backend:
+
+* the client's CPU per image (user + sys of the engine process from ``os.wait4``, start-up
+  included), wall seconds and peak RSS; median of ``--repeat`` rounds, min-max beside it;
+* for PostgreSQL, the server's CPU over the run: every process of the cluster from
+  ``/proc/PID/stat`` (the postmaster's own and reaped children's time, plus its live children),
+  sampled before and after the run;
+* the ratios PostgreSQL / SQLite.
+
+``--breakdown`` adds one instrumented run per backend (the Python API in a child process, the
+state wrapped): client thread CPU and wall time spent in each kind of state operation (dedupe
+insert, chunk write-ahead, page commit, intake and other commits), with their statement counts.
+``--profile`` records the PostgreSQL run with ``py-spy record --native`` and prints the shares
+of the state's work in it. Results: ``results/pg-state.json`` / ``pg-state.md`` (other sizes:
+``pg-state-N.*``).
+
+    python -m benchmarks.pg_state --rows 20000,200000 --repeat 3 --breakdown --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .harness import PY, MeasuredRun, byte_compile_package, manifest, running_service
+from .scenarios import QUICK, Bench, _median
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+BACKENDS = ("sqlite", "postgresql")
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@contextmanager
+def running_cluster() -> Iterator[Any]:
+    """A PostgreSQL of the tests' harness for the whole invocation."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.postgres import PostgresCluster
+
+    cluster = PostgresCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _postmaster(cluster: Any) -> int:
+    return int((Path(cluster.data) / "postmaster.pid").read_text().split()[0])
+
+
+def _children(ppid: int) -> dict[int, float]:
+    """CPU seconds (user + sys) of the live children of ``ppid``."""
+    out: dict[int, float] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(entry.name)
+        if fields is not None and int(fields[1]) == ppid:
+            out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return out
+
+
+def server_cpu_seconds(cluster: Any) -> tuple[float, set[int]]:
+    """CPU seconds the whole cluster has used so far: the postmaster's own, its reaped
+    children's (backends that ended), and its live children's; with the live children."""
+    pm = _postmaster(cluster)
+    fields = _stat(pm)
+    assert fields is not None, "the postmaster is gone"
+    own = sum(int(f) for f in fields[11:15]) / _CLK_TCK  # utime stime cutime cstime
+    live = _children(pm)
+    return own + sum(live.values()), set(live)
+
+
+def _settle_backends(cluster: Any, before: set[int], timeout: float = 5.0) -> None:
+    """Wait until the client's backend has ended (and been reaped): its CPU then counts in
+    the postmaster's children time."""
+    deadline = time.monotonic() + timeout
+    pm = _postmaster(cluster)
+    while time.monotonic() < deadline and set(_children(pm)) - before:
+        time.sleep(0.05)
+
+
+# --------------------------------------------------------------------------- measured runs
+
+
+def _state_arg(cmd: list[str], location: str) -> list[str]:
+    """``cmd`` with its ``--state`` value replaced."""
+    out = list(cmd)
+    out[out.index("--state") + 1] = location
+    return out
+
+
+def _one_run(
+    bench: Bench, cluster: Any, backend: str, n: int, i: int, m: Path
+) -> tuple[MeasuredRun, float | None]:
+    tag = f"pgs-{backend}-{n}-{i}"
+    with running_service(bench.work) as svc:
+        cmd, paths = bench.engine_cli(tag, m, svc.url)
+        if backend == "postgresql":
+            cmd = _state_arg(cmd, cluster.create_schema("bench") + "#run")
+            before, live = server_cpu_seconds(cluster)
+        run = bench.measure(f"{backend} {n:,} #{i + 1}", (cmd, paths), rows=n, service=svc)
+        server = None
+        if backend == "postgresql":
+            _settle_backends(cluster, live)
+            server = server_cpu_seconds(cluster)[0] - before
+            bench.log(f"    server CPU {server:.2f}s ({server / n * 1e6:.1f} us/row)")
+    return run, server
+
+
+def measure(bench: Bench, cluster: Any, sizes: list[int], repeat: int) -> list[dict[str, Any]]:
+    table: list[dict[str, Any]] = []
+    for n in sizes:
+        m = manifest(bench.work, n)
+        runs: dict[str, list[tuple[MeasuredRun, float | None]]] = {b: [] for b in BACKENDS}
+        # Rounds of one run per backend, so both see the same changes in the machine's load.
+        for i in range(repeat):
+            for backend in BACKENDS:
+                runs[backend].append(_one_run(bench, cluster, backend, n, i, m))
+        cells: dict[str, dict[str, Any]] = {}
+        for backend in BACKENDS:
+            done = [r for r, _ in runs[backend]]
+            cpu = [r.cpu_us_per_row for r in done]
+            servers = [s for _, s in runs[backend] if s is not None]
+            cell: dict[str, Any] = {
+                "rows": n,
+                "backend": backend,
+                "cpu_us_per_image": round(_median(cpu), 2),
+                "cpu_us_min": round(min(cpu), 2),
+                "cpu_us_max": round(max(cpu), 2),
+                "user_us_per_image": round(_median([r.user_s / n * 1e6 for r in done]), 2),
+                "sys_us_per_image": round(_median([r.sys_s / n * 1e6 for r in done]), 2),
+                "wall_s": round(_median([r.wall_s for r in done]), 2),
+                "peak_rss_mb": round(_median([r.peak_rss_mb for r in done]), 1),
+                "service_cpu_us_per_image": round(
+                    _median([(r.service_cpu_s or 0) / n * 1e6 for r in done]), 2
+                ),
+                "server_cpu_us_per_image": round(_median(servers) / n * 1e6, 2)
+                if servers
+                else None,
+                "complete": all(
+                    r.ok and (r.summary or {}).get("complete", True) and r.out_lines == n
+                    for r in done
+                ),
+                "runs": [r.to_json(max_samples=1) for r in done],
+                "server_cpu_s": [round(s, 3) for s in servers],
+            }
+            for run in cell["runs"]:
+                run.pop("samples", None)
+            cells[backend] = cell
+            table.append(cell)
+        sq, pg = cells["sqlite"], cells["postgresql"]
+        for key in ("cpu_us_per_image", "wall_s", "peak_rss_mb"):
+            pg[f"{key}_over_sqlite"] = round(pg[key] / sq[key], 3) if sq[key] else None
+    return table
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def breakdown(bench: Bench, cluster: Any, n: int) -> dict[str, Any]:
+    """One instrumented run per backend (``--drive`` in a child process)."""
+    m = manifest(bench.work, n)
+    out: dict[str, Any] = {}
+    for backend in BACKENDS:
+        tag = f"pgs-breakdown-{backend}-{n}"
+        p = bench.paths(tag)
+        state = str(p["state"])
+        if backend == "postgresql":
+            state = cluster.create_schema("bench") + "#run"
+        report = p["summary"].with_suffix(".kinds.json")
+        with running_service(bench.work) as svc:
+            cmd = [PY, "-m", "benchmarks.pg_state", "--drive", str(m), "--base-url", svc.url]
+            cmd += ["--out", str(p["out"]), "--rejects", str(p["rejects"]), "--state", state]
+            cmd += ["--report", str(report)]
+            bench.log(f"  instrumented {backend} run ({n:,} rows) ...")
+            subprocess.run(cmd, check=True, cwd=ROOT)
+        out[backend] = json.loads(report.read_text())
+        for path in (p["out"], p["rejects"], report):
+            path.unlink(missing_ok=True)
+    return out
+
+
+class _Kinds:
+    """Thread CPU and wall time per kind of state operation (the innermost one running)."""
+
+    def __init__(self) -> None:
+        self.stack = threading.local()
+        self.ops: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0])
+        self.sql: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+
+    def current(self) -> str:
+        stack = getattr(self.stack, "kinds", None)
+        return stack[-1][0] if stack else "other"
+
+    def wrap(self, fn: Callable[..., Any], kind: Callable[..., str] | str) -> Callable[..., Any]:
+        kinds = self
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            name = kind(*args, **kwargs) if callable(kind) else kind
+            stack = getattr(kinds.stack, "kinds", None)
+            if stack is None:
+                stack = kinds.stack.kinds = []
+            # [kind, cpu of nested kinds, wall of nested kinds]
+            stack.append([name, 0.0, 0.0])
+            cpu0, wall0 = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
+                _, inner_cpu, inner_wall = stack.pop()
+                row = kinds.ops[name]
+                row[0] += 1
+                row[1] += cpu - inner_cpu
+                row[2] += wall - inner_wall
+                if stack:
+                    stack[-1][1] += cpu
+                    stack[-1][2] += wall
+
+        return wrapped
+
+
+class _CountingDB:
+    """The state's connection, counting and timing each statement for the current kind."""
+
+    def __init__(self, db: Any, kinds: _Kinds) -> None:
+        self._db = db
+        self._kinds = kinds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def _timed(self, method: str, *args: Any) -> Any:
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        try:
+            return getattr(self._db, method)(*args)
+        finally:
+            row = self._kinds.sql[self._kinds.current()]
+            row[0] += 1
+            row[1] += time.thread_time() - cpu0
+            row[2] += time.perf_counter() - wall0
+
+    def execute(self, *args: Any) -> Any:
+        return self._timed("execute", *args)
+
+    def executemany(self, *args: Any) -> Any:
+        return self._timed("executemany", *args)
+
+
+def _drive(args: argparse.Namespace) -> int:
+    """The instrumented run (a child of :func:`breakdown`): ``run_pipeline`` with the state
+    opened here, its operations wrapped."""
+    import anyio
+
+    from fashiontag_pipeline import ClientConfig, Secret
+    from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
+    from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+    from fashiontag_pipeline.engine.state import open_state
+    from fashiontag_pipeline.engine.state.journal import Journal
+    from fashiontag_pipeline.engine.state.store import StateStore
+
+    kinds = _Kinds()
+
+    def apply_kind(journal: Any, page: Any, *rest: Any) -> str:
+        if page is not None:
+            return "page commit"
+        stack = getattr(kinds.stack, "kinds", None)
+        return "intake commit" if stack else "other commit"
+
+    Journal._intake = kinds.wrap(Journal._intake, "intake (rest)")  # type: ignore[method-assign]
+    Journal._apply = kinds.wrap(Journal._apply, apply_kind)  # type: ignore[method-assign]
+    StateStore.dedupe = kinds.wrap(StateStore.dedupe, "dedupe insert")  # type: ignore[method-assign]
+    StateStore.insert_chunk = kinds.wrap(  # type: ignore[method-assign]
+        StateStore.insert_chunk, "chunk write-ahead"
+    )
+    StateStore.accepted_rows = kinds.wrap(  # type: ignore[method-assign]
+        StateStore.accepted_rows, "accepted_rows query"
+    )
+    cpu0 = time.process_time()
+    if args.state.startswith("postgresql"):
+        import psycopg  # noqa: F401 - what a PostgreSQL state costs at start-up
+    imported = time.process_time() - cpu0
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    store = open_state(args.state)
+    opened = {"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0}
+    store.db = _CountingDB(store.db, kinds)
+    client = ClientConfig(
+        base_url=args.base_url,
+        api_key=Secret(DEV_API_KEY),
+        bulk_api_key=Secret(DEV_BULK_API_KEY),
+    )
+
+    async def main() -> Any:
+        return await run_pipeline(
+            [Path(args.drive)],
+            client=client,
+            out=Path(args.out),
+            rejects=Path(args.rejects),
+            state=store,
+            engine=EngineConfig(),
+        )
+
+    try:
+        import uvloop  # noqa: F401
+
+        options = {"use_uvloop": True}
+    except ImportError:
+        options = {}
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    summary = anyio.run(main, backend_options=options)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    report = {
+        "process_cpu_s": round(cpu, 3),
+        "wall_s": round(wall, 3),
+        "tagged": summary.tagged,
+        "complete": summary.complete,
+        "import_driver_cpu_s": round(imported, 4),
+        "open_cpu_s": round(opened["cpu_s"], 4),
+        "open_wall_s": round(opened["wall_s"], 4),
+        "kinds": {
+            name: {
+                "calls": int(op[0]),
+                "thread_cpu_s": round(op[1], 4),
+                "wall_s": round(op[2], 4),
+                "statements": int(kinds.sql[name][0]),
+                "sql_thread_cpu_s": round(kinds.sql[name][1], 4),
+                "sql_wall_s": round(kinds.sql[name][2], 4),
+            }
+            for name, op in sorted(kinds.ops.items())
+        },
+    }
+    Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+# --------------------------------------------------------------------------- profile
+
+#: Functions that mark a sample as the state's work, innermost first (the first found wins).
+_PROFILE_KINDS = (
+    ("dedupe", "dedupe insert"),
+    ("insert_chunk", "chunk write-ahead"),
+    ("accepted_rows", "accepted_rows query"),
+    ("_apply", "journal commit (_apply)"),
+)
+
+
+def profile(bench: Bench, cluster: Any, n: int, rate: int) -> dict[str, Any]:
+    """``py-spy record --native`` of ``fashiontag run`` with the PostgreSQL state: the shares
+    of the samples per kind of state operation, and the top leaves inside them."""
+    spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
+    if not Path(spy).exists():
+        return {"error": "py-spy not found: pip install -e '.[bench]'"}
+    m = manifest(bench.work, n)
+    out_dir = bench.work / "profile"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {}
+    for backend in BACKENDS:
+        speedscope = out_dir / f"pg-state-{backend}.speedscope.json"
+        with running_service(bench.work) as svc:
+            cmd, p = bench.engine_cli(f"pgs-profile-{backend}-{n}", m, svc.url)
+            if backend == "postgresql":
+                cmd = _state_arg(cmd, cluster.create_schema("bench") + "#run")
+            spy_cmd = [spy, "record", "--native", "-r", str(rate), "-o", str(speedscope)]
+            spy_cmd += ["--format", "speedscope", "--", *cmd]
+            bench.log(f"  py-spy --native {backend} ({n:,} rows) ...")
+            subprocess.run(
+                spy_cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        for path in (p["out"], p["rejects"]):
+            path.unlink(missing_ok=True)
+        result[backend] = _profile_shares(speedscope)
+    return result
+
+
+#: Leaves that are a thread waiting, not using CPU (py-spy --native counts them).
+_WAITS = frozenset({"poll", "epoll_wait", "select", "pthread_cond_timedwait", "pthread_cond_wait"})
+
+
+def _profile_shares(speedscope: Path, top: int = 12) -> dict[str, Any]:
+    doc = json.loads(speedscope.read_text())
+    frames = doc["shared"]["frames"]
+    total = 0.0
+    kinds: collections.Counter[str] = collections.Counter()
+    leaves: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for prof in doc["profiles"]:
+        for stack, weight in zip(prof["samples"], prof["weights"], strict=True):
+            total += weight
+            names = {str(frames[i]["name"]).rsplit(".", 1)[-1] for i in stack}
+            kind = "rest of the engine"
+            for marker, label in _PROFILE_KINDS:
+                if marker in names:
+                    kind = label
+                    break
+            leaf_name = str(frames[stack[-1]]["name"]) if stack else ""
+            if leaf_name in _WAITS:
+                kind = f"waiting ({leaf_name})"
+            kinds[kind] += weight
+            if stack:
+                leaf = frames[stack[-1]]
+                where = Path(str(leaf.get("file", ""))).name
+                leaves[kind][f"{leaf['name']} ({where})"] += weight
+    return {
+        "samples_s": round(total, 3),
+        "shares": {k: round(100 * w / total, 2) for k, w in kinds.most_common()},
+        "seconds": {k: round(w, 3) for k, w in kinds.most_common()},
+        "top_leaves": {
+            k: [(round(100 * w / total, 2), name) for name, w in c.most_common(top)]
+            for k, c in leaves.items()
+            if k != "rest of the engine" and not k.startswith("waiting")
+        },
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def report_md(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Engine state: PostgreSQL next to SQLite",
+        "",
+        f"`{doc['command']}` at commit `{doc['commit']}`; {doc['machine']}.",
+        "",
+        "CPU = user + sys of the `fashiontag run` process (os.wait4), start-up included; server "
+        "= every process of the PostgreSQL cluster (/proc), before/after the run. Median of "
+        f"{doc['repeat']} round(s), min-max in brackets; every run against a fresh "
+        "`serve --rate 0 --no-fetch` and a fresh state.",
+        "",
+        "| rows | state | client CPU us/image | user / sys | wall s | peak RSS MiB "
+        "| PG server CPU us/image | service CPU us/image |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in doc["table"]:
+        server = c["server_cpu_us_per_image"]
+        lines.append(
+            f"| {c['rows']:,} | {c['backend']} | {c['cpu_us_per_image']:.1f} "
+            f"({c['cpu_us_min']:.1f}-{c['cpu_us_max']:.1f}) "
+            f"| {c['user_us_per_image']:.1f} / {c['sys_us_per_image']:.1f} | {c['wall_s']:.2f} "
+            f"| {c['peak_rss_mb']:.0f} | {'-' if server is None else f'{server:.1f}'} "
+            f"| {c['service_cpu_us_per_image']:.1f} |"
+        )
+    lines += ["", "| rows | PG / SQLite: client CPU | wall | peak RSS |", "|---|---|---|---|"]
+    for c in doc["table"]:
+        if c["backend"] == "postgresql":
+            lines.append(
+                f"| {c['rows']:,} | {c['cpu_us_per_image_over_sqlite']:.2f}x "
+                f"| {c['wall_s_over_sqlite']:.2f}x | {c['peak_rss_mb_over_sqlite']:.2f}x |"
+            )
+    if doc.get("breakdown"):
+        n = doc["breakdown_rows"]
+        lines += [
+            "",
+            f"Where the state's time goes ({n:,} rows, one instrumented run per backend, the "
+            "journal thread's CPU per image and wall per image excluding nested kinds; "
+            "statements = round trips for PostgreSQL):",
+            "",
+            "| kind | calls (SQLite / PG) | statements | thread CPU us/image SQLite / PG "
+            "| wall us/image SQLite / PG |",
+            "|---|---|---|---|---|",
+        ]
+        sq, pg = doc["breakdown"]["sqlite"]["kinds"], doc["breakdown"]["postgresql"]["kinds"]
+        for name in sorted(set(sq) | set(pg), key=lambda k: -pg.get(k, {}).get("wall_s", 0)):
+            a, b = sq.get(name, {}), pg.get(name, {})
+            lines.append(
+                f"| {name} | {a.get('calls', 0):,} / {b.get('calls', 0):,} "
+                f"| {a.get('statements', 0):,} / {b.get('statements', 0):,} "
+                f"| {a.get('thread_cpu_s', 0) / n * 1e6:.2f} / "
+                f"{b.get('thread_cpu_s', 0) / n * 1e6:.2f} "
+                f"| {a.get('wall_s', 0) / n * 1e6:.2f} / {b.get('wall_s', 0) / n * 1e6:.2f} |"
+            )
+    if doc.get("profile"):
+        lines += ["", f"py-spy --native ({doc['profile_rows']:,} rows), share of samples:", ""]
+        lines += ["| kind | SQLite | PostgreSQL |", "|---|---|---|"]
+        sq, pg = doc["profile"].get("sqlite", {}), doc["profile"].get("postgresql", {})
+        keys = list(pg.get("shares", {}))
+        for key in keys:
+            lines.append(
+                f"| {key} | {sq.get('seconds', {}).get(key, 0):.2f} s "
+                f"({sq.get('shares', {}).get(key, 0):.1f}%) "
+                f"| {pg['seconds'][key]:.2f} s ({pg['shares'][key]:.1f}%) |"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pg_state", description=__doc__)
+    p.add_argument(
+        "--rows",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[20_000, 200_000],
+        metavar="N[,N...]",
+        help="manifest sizes (default 20000,200000)",
+    )
+    p.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
+    p.add_argument("--breakdown", action="store_true", help="instrumented run per backend")
+    p.add_argument("--profile", action="store_true", help="py-spy --native of both backends")
+    p.add_argument("--detail-rows", type=int, help="rows of --breakdown/--profile (largest)")
+    p.add_argument("--work", type=Path, default=RESULTS / "tmp" / "pg-state")
+    p.add_argument("--name", help="results file stem (default pg-state or pg-state-N)")
+    p.add_argument("--drive", help=argparse.SUPPRESS)
+    for flag in ("--base-url", "--out", "--rejects", "--state", "--report"):
+        p.add_argument(flag, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.drive:
+        return _drive(args)
+    compiled = byte_compile_package()
+    print(f"byte-compiled {compiled}", flush=True)
+    bench = Bench(sizes=QUICK, work=args.work, log=lambda s: print(s, flush=True))
+    command = "python -m benchmarks.pg_state " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
+    doc: dict[str, Any] = {
+        "command": command.strip(),
+        "commit": commit + ("+dirty" if dirty else ""),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f} at start",
+        "repeat": args.repeat,
+    }
+    detail = args.detail_rows or max(args.rows)
+    with running_cluster() as cluster:
+        doc["table"] = measure(bench, cluster, args.rows, max(1, args.repeat))
+        if args.breakdown:
+            doc["breakdown_rows"] = detail
+            doc["breakdown"] = breakdown(bench, cluster, detail)
+        if args.profile:
+            doc["profile_rows"] = detail
+            doc["profile"] = profile(bench, cluster, detail, 250)
+    shutil.rmtree(args.work / "runs", ignore_errors=True)
+    text = report_md(doc)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = args.name or (
+        "pg-state" if sorted(args.rows) == [20_000, 200_000] else f"pg-state-{max(args.rows)}"
+    )
+    (RESULTS / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(text)
+    return 0 if all(c["complete"] for c in doc["table"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
