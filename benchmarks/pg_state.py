@@ -35,20 +35,22 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .ab import _export
 from .harness import PY, MeasuredRun, byte_compile_package, manifest, running_service
 from .scenarios import QUICK, Bench, _median
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-BACKENDS = ("sqlite", "postgresql")
 
 
 # --------------------------------------------------------------------------- the server
@@ -123,41 +125,70 @@ def _state_arg(cmd: list[str], location: str) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One column of the comparison: a backend, and the engine of the checkout or of an
+    exported revision (``source``: imported through ``PYTHONPATH`` from a neutral cwd)."""
+
+    name: str
+    postgres: bool
+    source: Path | None = None
+
+
+@contextmanager
+def _pythonpath(source: Path | None) -> Iterator[None]:
+    """Children started inside import the package from ``source`` (when given)."""
+    if source is None:
+        yield
+        return
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(source)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
 def _one_run(
-    bench: Bench, cluster: Any, backend: str, n: int, i: int, m: Path
+    bench: Bench, cluster: Any, variant: Variant, n: int, i: int, m: Path
 ) -> tuple[MeasuredRun, float | None]:
-    tag = f"pgs-{backend}-{n}-{i}"
-    with running_service(bench.work) as svc:
+    tag = f"pgs-{variant.name.replace('@', '-')}-{n}-{i}"
+    with running_service(bench.work) as svc, _pythonpath(variant.source):
         cmd, paths = bench.engine_cli(tag, m, svc.url)
-        if backend == "postgresql":
+        if variant.postgres:
             cmd = _state_arg(cmd, cluster.create_schema("bench") + "#run")
             before, live = server_cpu_seconds(cluster)
-        run = bench.measure(f"{backend} {n:,} #{i + 1}", (cmd, paths), rows=n, service=svc)
+        run = bench.measure(f"{variant.name} {n:,} #{i + 1}", (cmd, paths), rows=n, service=svc)
         server = None
-        if backend == "postgresql":
+        if variant.postgres:
             _settle_backends(cluster, live)
             server = server_cpu_seconds(cluster)[0] - before
             bench.log(f"    server CPU {server:.2f}s ({server / n * 1e6:.1f} us/row)")
     return run, server
 
 
-def measure(bench: Bench, cluster: Any, sizes: list[int], repeat: int) -> list[dict[str, Any]]:
+def measure(
+    bench: Bench, cluster: Any, variants: list[Variant], sizes: list[int], repeat: int
+) -> list[dict[str, Any]]:
     table: list[dict[str, Any]] = []
     for n in sizes:
         m = manifest(bench.work, n)
-        runs: dict[str, list[tuple[MeasuredRun, float | None]]] = {b: [] for b in BACKENDS}
-        # Rounds of one run per backend, so both see the same changes in the machine's load.
+        runs: dict[str, list[tuple[MeasuredRun, float | None]]] = {v.name: [] for v in variants}
+        # Rounds of one run per variant, so all see the same changes in the machine's load.
         for i in range(repeat):
-            for backend in BACKENDS:
-                runs[backend].append(_one_run(bench, cluster, backend, n, i, m))
-        cells: dict[str, dict[str, Any]] = {}
-        for backend in BACKENDS:
-            done = [r for r, _ in runs[backend]]
+            for variant in variants:
+                runs[variant.name].append(_one_run(bench, cluster, variant, n, i, m))
+        cells: list[dict[str, Any]] = []
+        for variant in variants:
+            done = [r for r, _ in runs[variant.name]]
             cpu = [r.cpu_us_per_row for r in done]
-            servers = [s for _, s in runs[backend] if s is not None]
+            servers = [s for _, s in runs[variant.name] if s is not None]
             cell: dict[str, Any] = {
                 "rows": n,
-                "backend": backend,
+                "backend": variant.name,
                 "cpu_us_per_image": round(_median(cpu), 2),
                 "cpu_us_min": round(min(cpu), 2),
                 "cpu_us_max": round(max(cpu), 2),
@@ -180,35 +211,38 @@ def measure(bench: Bench, cluster: Any, sizes: list[int], repeat: int) -> list[d
             }
             for run in cell["runs"]:
                 run.pop("samples", None)
-            cells[backend] = cell
-            table.append(cell)
-        sq, pg = cells["sqlite"], cells["postgresql"]
-        for key in ("cpu_us_per_image", "wall_s", "peak_rss_mb"):
-            pg[f"{key}_over_sqlite"] = round(pg[key] / sq[key], 3) if sq[key] else None
+            cells.append(cell)
+        sq = cells[0]  # the SQLite state of the checkout
+        for cell in cells[1:]:
+            for key in ("cpu_us_per_image", "wall_s", "peak_rss_mb"):
+                cell[f"{key}_over_sqlite"] = round(cell[key] / sq[key], 3) if sq[key] else None
+        table += cells
     return table
 
 
 # --------------------------------------------------------------------------- breakdown
 
 
-def breakdown(bench: Bench, cluster: Any, n: int) -> dict[str, Any]:
-    """One instrumented run per backend (``--drive`` in a child process)."""
+def breakdown(bench: Bench, cluster: Any, variants: list[Variant], n: int) -> dict[str, Any]:
+    """One instrumented run per variant (``--drive`` in a child process)."""
     m = manifest(bench.work, n)
     out: dict[str, Any] = {}
-    for backend in BACKENDS:
-        tag = f"pgs-breakdown-{backend}-{n}"
+    for variant in variants:
+        tag = f"pgs-breakdown-{variant.name.replace('@', '-')}-{n}"
         p = bench.paths(tag)
         state = str(p["state"])
-        if backend == "postgresql":
+        if variant.postgres:
             state = cluster.create_schema("bench") + "#run"
         report = p["summary"].with_suffix(".kinds.json")
         with running_service(bench.work) as svc:
             cmd = [PY, "-m", "benchmarks.pg_state", "--drive", str(m), "--base-url", svc.url]
             cmd += ["--out", str(p["out"]), "--rejects", str(p["rejects"]), "--state", state]
             cmd += ["--report", str(report)]
-            bench.log(f"  instrumented {backend} run ({n:,} rows) ...")
-            subprocess.run(cmd, check=True, cwd=ROOT)
-        out[backend] = json.loads(report.read_text())
+            bench.log(f"  instrumented {variant.name} run ({n:,} rows) ...")
+            # The exported revision's own copy of this module drives its own engine.
+            with _pythonpath(variant.source):
+                subprocess.run(cmd, check=True, cwd=variant.source or ROOT)
+        out[variant.name] = json.loads(report.read_text())
         for path in (p["out"], p["rejects"], report):
             path.unlink(missing_ok=True)
     return out
@@ -387,7 +421,7 @@ def profile(bench: Bench, cluster: Any, n: int, rate: int) -> dict[str, Any]:
     out_dir = bench.work / "profile"
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}
-    for backend in BACKENDS:
+    for backend in ("sqlite", "postgresql"):
         speedscope = out_dir / f"pg-state-{backend}.speedscope.json"
         with running_service(bench.work) as svc:
             cmd, p = bench.engine_cli(f"pgs-profile-{backend}-{n}", m, svc.url)
@@ -471,35 +505,48 @@ def report_md(doc: dict[str, Any]) -> str:
             f"| {c['peak_rss_mb']:.0f} | {'-' if server is None else f'{server:.1f}'} "
             f"| {c['service_cpu_us_per_image']:.1f} |"
         )
-    lines += ["", "| rows | PG / SQLite: client CPU | wall | peak RSS |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| rows | state | / SQLite: client CPU | wall | peak RSS |",
+        "|---|---|---|---|---|",
+    ]
     for c in doc["table"]:
-        if c["backend"] == "postgresql":
+        if "cpu_us_per_image_over_sqlite" in c:
             lines.append(
-                f"| {c['rows']:,} | {c['cpu_us_per_image_over_sqlite']:.2f}x "
+                f"| {c['rows']:,} | {c['backend']} | {c['cpu_us_per_image_over_sqlite']:.2f}x "
                 f"| {c['wall_s_over_sqlite']:.2f}x | {c['peak_rss_mb_over_sqlite']:.2f}x |"
             )
     if doc.get("breakdown"):
         n = doc["breakdown_rows"]
+        names = list(doc["breakdown"])
+        kinds = [doc["breakdown"][v]["kinds"] for v in names]
+        heads = " / ".join(names)
         lines += [
             "",
-            f"Where the state's time goes ({n:,} rows, one instrumented run per backend, the "
-            "journal thread's CPU per image and wall per image excluding nested kinds; "
-            "statements = round trips for PostgreSQL):",
+            f"Where the state's time goes ({n:,} rows, one instrumented run per variant: the "
+            "journal thread's CPU and wall time per image in each kind of operation, nested "
+            "kinds excluded; statements = execute calls):",
             "",
-            "| kind | calls (SQLite / PG) | statements | thread CPU us/image SQLite / PG "
-            "| wall us/image SQLite / PG |",
+            f"| kind | calls | statements | thread CPU us/image ({heads}) "
+            f"| wall us/image ({heads}) |",
             "|---|---|---|---|---|",
         ]
-        sq, pg = doc["breakdown"]["sqlite"]["kinds"], doc["breakdown"]["postgresql"]["kinds"]
-        for name in sorted(set(sq) | set(pg), key=lambda k: -pg.get(k, {}).get("wall_s", 0)):
-            a, b = sq.get(name, {}), pg.get(name, {})
+        every = sorted(
+            set().union(*kinds), key=lambda k: -max(x.get(k, {}).get("wall_s", 0) for x in kinds)
+        )
+        for name in every:
+            got = [x.get(name, {}) for x in kinds]
+
+            def cells(key: str, scale: float, fmt: str, got: list[dict[str, Any]] = got) -> str:
+                return " / ".join(format(g.get(key, 0) * scale, fmt) for g in got)
+
+            per = 1e6 / n
             lines.append(
-                f"| {name} | {a.get('calls', 0):,} / {b.get('calls', 0):,} "
-                f"| {a.get('statements', 0):,} / {b.get('statements', 0):,} "
-                f"| {a.get('thread_cpu_s', 0) / n * 1e6:.2f} / "
-                f"{b.get('thread_cpu_s', 0) / n * 1e6:.2f} "
-                f"| {a.get('wall_s', 0) / n * 1e6:.2f} / {b.get('wall_s', 0) / n * 1e6:.2f} |"
+                f"| {name} | {cells('calls', 1, ',')} | {cells('statements', 1, ',')} "
+                f"| {cells('thread_cpu_s', per, '.2f')} | {cells('wall_s', per, '.2f')} |"
             )
+        total = [sum(k["thread_cpu_s"] for k in x.values()) / n * 1e6 for x in kinds]
+        lines.append(f"| **all state work** | | | {' / '.join(f'{t:.2f}' for t in total)} | |")
     if doc.get("profile"):
         lines += ["", f"py-spy --native ({doc['profile_rows']:,} rows), share of samples:", ""]
         lines += ["| kind | SQLite | PostgreSQL |", "|---|---|---|"]
@@ -530,6 +577,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--detail-rows", type=int, help="rows of --breakdown/--profile (largest)")
     p.add_argument("--work", type=Path, default=RESULTS / "tmp" / "pg-state")
     p.add_argument("--name", help="results file stem (default pg-state or pg-state-N)")
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure the PostgreSQL state with the engine of git revision REV (exported "
+        "with git archive; rounds interleaved with the checkout's)",
+    )
     p.add_argument("--drive", help=argparse.SUPPRESS)
     for flag in ("--base-url", "--out", "--rejects", "--state", "--report"):
         p.add_argument(flag, help=argparse.SUPPRESS)
@@ -558,12 +611,20 @@ def main(argv: list[str] | None = None) -> int:
         f"load average {os.getloadavg()[0]:.1f} at start",
         "repeat": args.repeat,
     }
+    variants = [Variant("sqlite", False), Variant("postgresql", True)]
+    if args.baseline:
+        snaps = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots"
+        sha, source = _export(args.baseline, snaps, pyc=True)
+        variants.append(Variant(f"postgresql@{sha[:7]}", True, source))
+        doc["baseline"] = sha
+        # `-m fashiontag_pipeline` must not find the checkout through the cwd.
+        os.chdir(tempfile.mkdtemp(prefix="fashiontag-pgstate-"))
     detail = args.detail_rows or max(args.rows)
     with running_cluster() as cluster:
-        doc["table"] = measure(bench, cluster, args.rows, max(1, args.repeat))
+        doc["table"] = measure(bench, cluster, variants, args.rows, max(1, args.repeat))
         if args.breakdown:
             doc["breakdown_rows"] = detail
-            doc["breakdown"] = breakdown(bench, cluster, detail)
+            doc["breakdown"] = breakdown(bench, cluster, variants, detail)
         if args.profile:
             doc["profile_rows"] = detail
             doc["profile"] = profile(bench, cluster, detail, 250)
