@@ -157,9 +157,6 @@ class PostgresStateDB(StateStore):
         self.where = f"PostgreSQL state {self.location}"
         self._fence = fence
         self._closed = False
-        #: The open write transaction's pipeline (see :meth:`begin`), None outside one.
-        self._pipeline: contextlib.ExitStack | None = None
-        self._pipe: psycopg.Pipeline | None = None
         with state_errors(conninfo, "cannot open"):
             conn = psycopg.connect(
                 conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
@@ -231,17 +228,7 @@ class PostgresStateDB(StateStore):
 
     # ------------------------------------------------------------------ transactions
 
-    # A write transaction runs in pipeline mode: its statements go out without waiting for
-    # each answer, and COMMIT waits once for all of them (a page commit was ~10 round trips).
-    # A read (fetchone, rowcount after a sync) waits for what it needs; a fence still checks
-    # the lease before the journal writes any sink byte (its fetch waits). An error of any
-    # statement is raised by the commit (or that read), as a StateError.
-
     def begin(self) -> None:
-        pipeline = contextlib.ExitStack()
-        with state_errors(self._url, "write the state"):
-            self._pipe = pipeline.enter_context(self.db.conn.pipeline())
-        self._pipeline = pipeline
         self.db.execute("BEGIN")
         if self._fence is not None:
             try:
@@ -250,19 +237,7 @@ class PostgresStateDB(StateStore):
                 self.rollback()
                 raise
 
-    def commit(self) -> None:
-        pipeline, self._pipeline, self._pipe = self._pipeline, None, None
-        self.db.execute("COMMIT")
-        if pipeline is not None:
-            with state_errors(self._url, "write the state"):
-                pipeline.close()  # waits for every answer; raises the first error
-
     def rollback(self) -> None:
-        pipeline, self._pipeline, self._pipe = self._pipeline, None, None
-        if pipeline is not None:
-            # What was sent is answered (errors included: the transaction ends below anyway).
-            with contextlib.suppress(Exception):
-                pipeline.close()
         if self.db.conn.closed:
             return  # the transaction went with the connection
         # A connection that broke meanwhile: the server rolled the transaction back.
@@ -283,8 +258,6 @@ class PostgresStateDB(StateStore):
                 " ON CONFLICT DO NOTHING",
                 (list(first), list(first.values())),
             )
-            if self._pipe is not None:
-                self._pipe.sync()  # the count is known once the insert is answered
         return int(cur.rowcount)
 
 
