@@ -255,6 +255,7 @@ class _Kinds:
         self.stack = threading.local()
         self.ops: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0])
         self.sql: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+        self.trips: collections.Counter[str] = collections.Counter()
 
     def current(self) -> str:
         stack = getattr(self.stack, "kinds", None)
@@ -345,9 +346,24 @@ def _drive(args: argparse.Namespace) -> int:
     )
     cpu0 = time.process_time()
     if args.state.startswith("postgresql"):
-        import psycopg  # noqa: F401 - what a PostgreSQL state costs at start-up
+        import psycopg  # what a PostgreSQL state costs at start-up
     imported = time.process_time() - cpu0
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    if args.state.startswith("postgresql"):
+        import psycopg
+
+        def counted(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*a: Any, **k: Any) -> Any:
+                kinds.trips[kinds.current()] += 1
+                return fn(*a, **k)
+
+            return call
+
+        # Every statement the driver sends (ClientCursor inherits these): the round trips.
+        psycopg.Cursor.execute = counted(psycopg.Cursor.execute)  # type: ignore[method-assign]
+        psycopg.Cursor.executemany = counted(  # type: ignore[method-assign]
+            psycopg.Cursor.executemany
+        )
     store = open_state(args.state)
     opened = {"cpu_s": time.process_time() - cpu0, "wall_s": time.perf_counter() - wall0}
     store.db = _CountingDB(store.db, kinds)
@@ -390,6 +406,7 @@ def _drive(args: argparse.Namespace) -> int:
                 "thread_cpu_s": round(op[1], 4),
                 "wall_s": round(op[2], 4),
                 "statements": int(kinds.sql[name][0]),
+                "driver_calls": kinds.trips[name],
                 "sql_thread_cpu_s": round(kinds.sql[name][1], 4),
                 "sql_wall_s": round(kinds.sql[name][2], 4),
             }
@@ -525,11 +542,12 @@ def report_md(doc: dict[str, Any]) -> str:
             "",
             f"Where the state's time goes ({n:,} rows, one instrumented run per variant: the "
             "journal thread's CPU and wall time per image in each kind of operation, nested "
-            "kinds excluded; statements = execute calls):",
+            "kinds excluded; statements = the store's execute calls; psycopg executes = what "
+            "the driver sent, each a round trip):",
             "",
-            f"| kind | calls | statements | thread CPU us/image ({heads}) "
+            f"| kind | calls | statements | psycopg executes | thread CPU us/image ({heads}) "
             f"| wall us/image ({heads}) |",
-            "|---|---|---|---|---|",
+            "|---|---|---|---|---|---|",
         ]
         every = sorted(
             set().union(*kinds), key=lambda k: -max(x.get(k, {}).get("wall_s", 0) for x in kinds)
@@ -543,10 +561,11 @@ def report_md(doc: dict[str, Any]) -> str:
             per = 1e6 / n
             lines.append(
                 f"| {name} | {cells('calls', 1, ',')} | {cells('statements', 1, ',')} "
+                f"| {cells('driver_calls', 1, ',')} "
                 f"| {cells('thread_cpu_s', per, '.2f')} | {cells('wall_s', per, '.2f')} |"
             )
         total = [sum(k["thread_cpu_s"] for k in x.values()) / n * 1e6 for x in kinds]
-        lines.append(f"| **all state work** | | | {' / '.join(f'{t:.2f}' for t in total)} | |")
+        lines.append(f"| **all state work** | | | | {' / '.join(f'{t:.2f}' for t in total)} | |")
     if doc.get("profile"):
         lines += ["", f"py-spy --native ({doc['profile_rows']:,} rows), share of samples:", ""]
         lines += ["| kind | SQLite | PostgreSQL |", "|---|---|---|"]
