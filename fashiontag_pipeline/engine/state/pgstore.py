@@ -129,74 +129,84 @@ class _Deferred:
 _DEFERRED: Any = _Deferred()
 
 
+def _binary(params: Sequence[Any]) -> bool:
+    """Parameters with bytes: they go as binary parameters of their own statement (bound by
+    the client, a chunk body is escaped to twice its size and parsed back by the server)."""
+    return any(isinstance(p, (bytes, bytearray, memoryview)) for p in params)
+
+
 class _Connection:
     """The part of :class:`sqlite3.Connection` the state's queries use, on a psycopg
     connection in autocommit mode (transactions are explicit ``BEGIN``/``COMMIT``, as in the
     SQLite store). Driver errors become :class:`StateError` naming the redacted URL.
 
-    In a write transaction (:meth:`defer`), writes whose answer nobody reads are held and sent
-    with the next statement that must be answered, or with the commit: one execute, one round
-    trip for a whole page commit (``BEGIN; ...; COMMIT``, parameters bound by the client).
-    Each statement sent costs the client ~20 us of psycopg (and a GIL handover while the
-    answer comes); an error of a held write is raised by the statement it was sent with."""
+    In a write transaction (:meth:`hold`), writes whose answer nobody reads (no RETURNING, no
+    bytes) are held and sent in one execute, parameters bound by the client, with the next
+    statement that must be answered, or with ``COMMIT``: a page commit is one statement sent
+    (``BEGIN;...;COMMIT``) where it was ~10. Each statement sent cost the client ~20 us of
+    psycopg and a GIL handover while the answer comes. An error of a held write is raised
+    (as a StateError) by the execute it went with, and the caller rolls back."""
 
     def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:
         self.conn = conn
         self._url = url
         #: SQL and parameters held for the commit; None outside a write transaction.
         self._held: list[tuple[str, Sequence[Any]]] | None = None
-        self._client: psycopg.ClientCursor[Any] | None = None
 
-    def defer(self, first: str | None = None) -> None:
-        """Hold writes from now until :meth:`commit` (``first``: a statement to send first,
-        held too: ``BEGIN``)."""
+    def hold(self, first: str | None = None) -> None:
+        """Hold writes from now until :meth:`commit` (``first``: a statement to hold first:
+        ``BEGIN``)."""
         self._held = [] if first is None else [(first, ())]
 
-    def flush(self, last: str | None = None) -> None:
-        """Send the held writes (and ``last``) in one execute; keep holding the next ones."""
-        held = self._held or []
-        if last is not None:
-            held.append((last, ()))
-        if self._held is not None:
-            self._held = []
-        if not held:
-            return
-        if len(held) == 1 and not held[0][1]:
-            with state_errors(self._url, "write the state"):
-                self.conn.execute(held[0][0])
-            return
-        sql = ";".join(_dialect(statement) for statement, _ in held)
-        params = [value for _, values in held for value in values]
-        with state_errors(self._url, "write the state"):
-            if self._client is None:
-                import psycopg
+    def _send(self, held: list[tuple[str, Sequence[Any]]]) -> psycopg.Cursor[Any]:
+        """One execute of ``held``; the cursor is at the last statement's result."""
+        import psycopg
 
-                self._client = psycopg.ClientCursor(self.conn)
-            self._client.execute(sql, params)
+        with state_errors(self._url, "write the state"):
+            if len(held) == 1:
+                sql, params = held[0]
+                return self.conn.execute(_dialect(sql), params)
+            cur = psycopg.ClientCursor(self.conn)
+            cur.execute(
+                ";".join(_dialect(sql) for sql, _ in held),
+                [value for _, values in held for value in values],
+            )
+            while cur.nextset():
+                pass
+            return cur
+
+    def flush(self) -> None:
+        """Send the held writes now (keep holding the next ones)."""
+        if self._held:
+            held, self._held = self._held, []
+            self._send(held)
 
     def commit(self) -> None:
         """Send the held writes with ``COMMIT``; stop holding."""
-        try:
-            self.flush("COMMIT")
-        finally:
-            self._held = None
+        held, self._held = self._held or [], None
+        self._send([*held, ("COMMIT", ())])
 
     def discard(self) -> None:
         """Drop the held writes (a rollback); stop holding."""
         self._held = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        if self._held is not None:
-            if _deferrable(sql):
-                self._held.append((sql, params))
-                return _DEFERRED  # type: ignore[no-any-return]
+        held = self._held
+        if held is None:
+            return self._send([(sql, params)])
+        if _binary(params):
             self.flush()
-        with state_errors(self._url, "write the state"):
-            return self.conn.execute(_dialect(sql), params)
+            return self._send([(sql, params)])
+        if _deferrable(sql):
+            held.append((sql, params))
+            return _DEFERRED  # type: ignore[no-any-return]
+        self._held = []
+        return self._send([*held, (sql, params)])
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
+        rows = list(rows)
         if self._held is not None:
-            if _deferrable(sql):
+            if _deferrable(sql) and not any(_binary(row) for row in rows):
                 self._held.extend((sql, row) for row in rows)
                 return _DEFERRED  # type: ignore[no-any-return]
             self.flush()
@@ -304,7 +314,7 @@ class PostgresStateDB(StateStore):
 
     def begin(self) -> None:
         if self._fence is None:
-            self.db.defer("BEGIN")  # sent with the first statement that is answered
+            self.db.hold("BEGIN")  # sent with the first statement that is answered
             return
         # Fenced: the lease is checked now, before the journal writes any sink byte.
         self.db.execute("BEGIN")
@@ -313,7 +323,7 @@ class PostgresStateDB(StateStore):
         except BaseException:
             self.rollback()
             raise
-        self.db.defer()
+        self.db.hold()
 
     def commit(self) -> None:
         self.db.commit()
