@@ -223,28 +223,50 @@ def measure(
 # --------------------------------------------------------------------------- breakdown
 
 
-def breakdown(bench: Bench, cluster: Any, variants: list[Variant], n: int) -> dict[str, Any]:
-    """One instrumented run per variant (``--drive`` in a child process)."""
+def breakdown(
+    bench: Bench, cluster: Any, variants: list[Variant], n: int, repeat: int
+) -> dict[str, Any]:
+    """Instrumented runs (``--drive`` in a child process), ``repeat`` rounds of one per
+    variant; every figure is the median of the rounds."""
     m = manifest(bench.work, n)
-    out: dict[str, Any] = {}
-    for variant in variants:
-        tag = f"pgs-breakdown-{variant.name.replace('@', '-')}-{n}"
-        p = bench.paths(tag)
-        state = str(p["state"])
-        if variant.postgres:
-            state = cluster.create_schema("bench") + "#run"
-        report = p["summary"].with_suffix(".kinds.json")
-        with running_service(bench.work) as svc:
-            cmd = [PY, "-m", "benchmarks.pg_state", "--drive", str(m), "--base-url", svc.url]
-            cmd += ["--out", str(p["out"]), "--rejects", str(p["rejects"]), "--state", state]
-            cmd += ["--report", str(report)]
-            bench.log(f"  instrumented {variant.name} run ({n:,} rows) ...")
-            # The exported revision's own copy of this module drives its own engine.
-            with _pythonpath(variant.source):
-                subprocess.run(cmd, check=True, cwd=variant.source or ROOT)
-        out[variant.name] = json.loads(report.read_text())
-        for path in (p["out"], p["rejects"], report):
-            path.unlink(missing_ok=True)
+    got: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    for i in range(repeat):
+        for variant in variants:
+            tag = f"pgs-breakdown-{variant.name.replace('@', '-')}-{n}"
+            p = bench.paths(tag)
+            state = str(p["state"])
+            if variant.postgres:
+                state = cluster.create_schema("bench") + "#run"
+            report = p["summary"].with_suffix(".kinds.json")
+            with running_service(bench.work) as svc:
+                cmd = [PY, "-m", "benchmarks.pg_state", "--drive", str(m), "--base-url", svc.url]
+                cmd += ["--out", str(p["out"]), "--rejects", str(p["rejects"]), "--state", state]
+                cmd += ["--report", str(report)]
+                bench.log(f"  instrumented {variant.name} run ({n:,} rows) #{i + 1} ...")
+                # The exported revision's own copy of this module drives its own engine.
+                with _pythonpath(variant.source):
+                    subprocess.run(cmd, check=True, cwd=variant.source or ROOT)
+            got[variant.name].append(json.loads(report.read_text()))
+            for path in (p["out"], p["rejects"], report):
+                path.unlink(missing_ok=True)
+    return {name: _median_report(reports) for name, reports in got.items()}
+
+
+def _median_report(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each number of several ``--drive`` reports (kinds included)."""
+    out: dict[str, Any] = {"rounds": len(reports)}
+    for key, value in reports[0].items():
+        if key == "kinds":
+            kinds: dict[str, dict[str, float]] = {}
+            for name in sorted({k for r in reports for k in r["kinds"]}):
+                rows = [r["kinds"].get(name, {}) for r in reports]
+                fields = sorted({f for row in rows for f in row})
+                kinds[name] = {f: _median([row.get(f, 0) for row in rows]) for f in fields}
+            out["kinds"] = kinds
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = _median([r[key] for r in reports])
+        else:
+            out[key] = value
     return out
 
 
@@ -540,7 +562,8 @@ def report_md(doc: dict[str, Any]) -> str:
         heads = " / ".join(names)
         lines += [
             "",
-            f"Where the state's time goes ({n:,} rows, one instrumented run per variant: the "
+            f"Where the state's time goes ({n:,} rows, instrumented runs, median of "
+            f"{doc['breakdown'][names[0]].get('rounds', 1)} per variant: the "
             "journal thread's CPU and wall time per image in each kind of operation, nested "
             "kinds excluded; statements = the store's execute calls; psycopg executes = what "
             "the driver sent, each a round trip):",
@@ -599,9 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--baseline",
         metavar="REV",
+        action="append",
+        default=[],
         help="also measure the PostgreSQL state with the engine of git revision REV (exported "
-        "with git archive; rounds interleaved with the checkout's)",
+        "with git archive; rounds interleaved with the checkout's; repeatable)",
     )
+    p.add_argument("--breakdown-repeat", type=int, default=3, help="rounds of --breakdown (median)")
     p.add_argument("--drive", help=argparse.SUPPRESS)
     for flag in ("--base-url", "--out", "--rejects", "--state", "--report"):
         p.add_argument(flag, help=argparse.SUPPRESS)
@@ -631,11 +657,12 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
     }
     variants = [Variant("sqlite", False), Variant("postgresql", True)]
-    if args.baseline:
+    for rev in args.baseline:
         snaps = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots"
-        sha, source = _export(args.baseline, snaps, pyc=True)
+        sha, source = _export(rev, snaps, pyc=True)
         variants.append(Variant(f"postgresql@{sha[:7]}", True, source))
-        doc["baseline"] = sha
+        doc.setdefault("baselines", []).append(sha)
+    if args.baseline:
         # `-m fashiontag_pipeline` must not find the checkout through the cwd.
         os.chdir(tempfile.mkdtemp(prefix="fashiontag-pgstate-"))
     detail = args.detail_rows or max(args.rows)
@@ -643,7 +670,9 @@ def main(argv: list[str] | None = None) -> int:
         doc["table"] = measure(bench, cluster, variants, args.rows, max(1, args.repeat))
         if args.breakdown:
             doc["breakdown_rows"] = detail
-            doc["breakdown"] = breakdown(bench, cluster, variants, detail)
+            doc["breakdown"] = breakdown(
+                bench, cluster, variants, detail, max(1, args.breakdown_repeat)
+            )
         if args.profile:
             doc["profile_rows"] = detail
             doc["profile"] = profile(bench, cluster, detail, 250)
