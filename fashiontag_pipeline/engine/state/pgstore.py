@@ -112,104 +112,20 @@ def _dialect(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
-@functools.lru_cache(maxsize=512)
-def _deferrable(sql: str) -> bool:
-    """A write whose answer nobody reads (no RETURNING): it can wait for the commit."""
-    head = sql.lstrip()[:6].upper()
-    return head in ("UPDATE", "INSERT", "DELETE") and "RETURNING" not in sql.upper()
-
-
-class _Deferred:
-    """What :meth:`_Connection.execute` returns for a write sent with the commit."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise AttributeError(f"a deferred write has no {name} (it is sent with the commit)")
-
-
-_DEFERRED: Any = _Deferred()
-
-
-def _binary(params: Sequence[Any]) -> bool:
-    """Parameters with bytes: they go as binary parameters of their own statement (bound by
-    the client, a chunk body is escaped to twice its size and parsed back by the server)."""
-    return any(isinstance(p, (bytes, bytearray, memoryview)) for p in params)
-
-
 class _Connection:
     """The part of :class:`sqlite3.Connection` the state's queries use, on a psycopg
     connection in autocommit mode (transactions are explicit ``BEGIN``/``COMMIT``, as in the
-    SQLite store). Driver errors become :class:`StateError` naming the redacted URL.
-
-    In a write transaction (:meth:`hold`), writes whose answer nobody reads (no RETURNING, no
-    bytes) are held and sent in one execute, parameters bound by the client, with the next
-    statement that must be answered, or with ``COMMIT``: a page commit is one statement sent
-    (``BEGIN;...;COMMIT``) where it was ~10. Each statement sent cost the client ~20 us of
-    psycopg and a GIL handover while the answer comes. An error of a held write is raised
-    (as a StateError) by the execute it went with, and the caller rolls back."""
+    SQLite store). Driver errors become :class:`StateError` naming the redacted URL."""
 
     def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:
         self.conn = conn
         self._url = url
-        #: SQL and parameters held for the commit; None outside a write transaction.
-        self._held: list[tuple[str, Sequence[Any]]] | None = None
-
-    def hold(self, first: str | None = None) -> None:
-        """Hold writes from now until :meth:`commit` (``first``: a statement to hold first:
-        ``BEGIN``)."""
-        self._held = [] if first is None else [(first, ())]
-
-    def _send(self, held: list[tuple[str, Sequence[Any]]]) -> psycopg.Cursor[Any]:
-        """One execute of ``held``; the cursor is at the last statement's result."""
-        import psycopg
-
-        with state_errors(self._url, "write the state"):
-            if len(held) == 1:
-                sql, params = held[0]
-                return self.conn.execute(_dialect(sql), params)
-            cur = psycopg.ClientCursor(self.conn)
-            cur.execute(
-                ";".join(_dialect(sql) for sql, _ in held),
-                [value for _, values in held for value in values],
-            )
-            while cur.nextset():
-                pass
-            return cur
-
-    def flush(self) -> None:
-        """Send the held writes now (keep holding the next ones)."""
-        if self._held:
-            held, self._held = self._held, []
-            self._send(held)
-
-    def commit(self) -> None:
-        """Send the held writes with ``COMMIT``; stop holding."""
-        held, self._held = self._held or [], None
-        self._send([*held, ("COMMIT", ())])
-
-    def discard(self) -> None:
-        """Drop the held writes (a rollback); stop holding."""
-        self._held = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
-        held = self._held
-        if held is None:
-            return self._send([(sql, params)])
-        if _binary(params):
-            self.flush()
-            return self._send([(sql, params)])
-        if _deferrable(sql):
-            held.append((sql, params))
-            return _DEFERRED  # type: ignore[no-any-return]
-        self._held = []
-        return self._send([*held, (sql, params)])
+        with state_errors(self._url, "write the state"):
+            return self.conn.execute(_dialect(sql), params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> psycopg.Cursor[Any]:
-        rows = list(rows)
-        if self._held is not None:
-            if _deferrable(sql) and not any(_binary(row) for row in rows):
-                self._held.extend((sql, row) for row in rows)
-                return _DEFERRED  # type: ignore[no-any-return]
-            self.flush()
         with state_errors(self._url, "write the state"):
             cur = self.conn.cursor()
             cur.executemany(_dialect(sql), rows)
@@ -313,23 +229,15 @@ class PostgresStateDB(StateStore):
     # ------------------------------------------------------------------ transactions
 
     def begin(self) -> None:
-        if self._fence is None:
-            self.db.hold("BEGIN")  # sent with the first statement that is answered
-            return
-        # Fenced: the lease is checked now, before the journal writes any sink byte.
         self.db.execute("BEGIN")
-        try:
-            self._fence(self.db.conn)
-        except BaseException:
-            self.rollback()
-            raise
-        self.db.hold()
-
-    def commit(self) -> None:
-        self.db.commit()
+        if self._fence is not None:
+            try:
+                self._fence(self.db.conn)
+            except BaseException:
+                self.rollback()
+                raise
 
     def rollback(self) -> None:
-        self.db.discard()
         if self.db.conn.closed:
             return  # the transaction went with the connection
         # A connection that broke meanwhile: the server rolled the transaction back.
@@ -344,7 +252,6 @@ class PostgresStateDB(StateStore):
         self.db.conn.close()
 
     def _insert_new_ids(self, first: dict[str, int]) -> int:
-        self.db.flush()
         with state_errors(self._url, "write the state"):
             cur = self.db.conn.execute(
                 # Binary arrays (%b): the text form quotes each id in Python, ~1 us more per id.
