@@ -517,14 +517,129 @@ def _profile_shares(speedscope: Path, top: int = 12) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- micro
+
+_UPDATE = "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + %s AS TEXT) WHERE key = %s"
+
+
+def micro(cluster: Any, rounds: int = 3) -> list[dict[str, Any]]:
+    """The state's costly statements alone on one connection: this process's CPU (the
+    client) and the backend's (``/proc``; 10 ms ticks, hence the sizes), median of
+    ``rounds``, per unit."""
+    import psycopg
+
+    conn = psycopg.connect(cluster.create_schema("micro"), autocommit=True)
+    backend = conn.info.backend_pid
+
+    def server() -> float:
+        fields = _stat(backend)
+        assert fields is not None
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+    conn.execute("CREATE TABLE meta (key text PRIMARY KEY, value text)")
+    conn.execute("INSERT INTO meta SELECT 'n_' || g, '0' FROM generate_series(0, 4) g")
+    conn.execute('CREATE TABLE ids (id text COLLATE "C" PRIMARY KEY, pos bigint NOT NULL)')
+    conn.execute("CREATE TABLE bodies (chunk_id bigint PRIMARY KEY, body bytea NOT NULL)")
+    conn.execute("CREATE TABLE bodies_ext (chunk_id bigint PRIMARY KEY, body bytea NOT NULL)")
+    conn.execute("ALTER TABLE bodies_ext ALTER COLUMN body SET STORAGE EXTERNAL")
+    batches = [
+        ([f"sku-{b * 2000 + i:09d}" for i in range(2000)], list(range(b * 2000, b * 2000 + 2000)))
+        for b in range(100)
+    ]
+    body = b"".join(
+        b'{"id":"sku-%09d","imageUrl":"https://img.example.com/catalog/%d/%d.jpg"},'
+        % (i, i % 997, i)
+        for i in range(1000)
+    )
+    params = [(1, f"n_{j % 5}") for j in range(10)]
+
+    def separate() -> None:
+        conn.execute("BEGIN")
+        for p in params:
+            conn.execute(_UPDATE, p)
+        conn.execute("COMMIT")
+
+    def pipeline() -> None:
+        with conn.pipeline():
+            separate()
+
+    client = psycopg.ClientCursor(conn)
+    batch = ";".join(["BEGIN", *[_UPDATE] * len(params), "COMMIT"])
+    flat = [v for p in params for v in p]
+
+    def ids(sql: str) -> Callable[[], None]:
+        def run() -> None:
+            conn.execute("TRUNCATE ids")
+            for keys, pos in batches:
+                conn.execute(sql, (keys, pos))
+
+        return run
+
+    def copy_ids() -> None:
+        conn.execute("TRUNCATE ids")
+        for keys, pos in batches:
+            with conn.cursor().copy("COPY ids FROM STDIN") as cp:
+                for row in zip(keys, pos, strict=True):
+                    cp.write_row(row)
+
+    def bodies(table: str) -> Callable[[], None]:
+        def run() -> None:
+            conn.execute(f"TRUNCATE {table}")
+            for i in range(200):
+                conn.execute(f"INSERT INTO {table} VALUES (%s, %s)", (i, body))
+
+        return run
+
+    unnest = "INSERT INTO ids SELECT * FROM unnest(%{0}::text[], %{0}::bigint[])"
+    cases: list[tuple[str, str, int, Callable[[], None]]] = [
+        ("transaction of 10 UPDATEs, one execute each", "tx", 500, separate),
+        ("the same in pipeline mode", "tx", 500, pipeline),
+        ("the same as one client-bound execute", "tx", 500, lambda: client.execute(batch, flat)),
+        ("ids, text arrays (%s), ON CONFLICT", "id", 200_000, ids(unnest.format("s") + _OC)),
+        ("ids, binary arrays (%b), ON CONFLICT", "id", 200_000, ids(unnest.format("b") + _OC)),
+        ("ids, binary arrays, plain INSERT", "id", 200_000, ids(unnest.format("b"))),
+        ("ids, COPY", "id", 200_000, copy_ids),
+        (f"chunk bodies ({len(body) // 1000} KB), pglz", "chunk", 200, bodies("bodies")),
+        ("chunk bodies, STORAGE EXTERNAL", "chunk", 200, bodies("bodies_ext")),
+    ]
+    out = []
+    try:
+        for name, unit, count, fn in cases:
+            got = []
+            for _ in range(rounds):
+                s0, c0 = server(), time.process_time()
+                if unit == "tx":
+                    for _ in range(count):
+                        fn()
+                else:
+                    fn()
+                got.append((time.process_time() - c0, server() - s0))
+            out.append(
+                {
+                    "case": name,
+                    "unit": unit,
+                    "units": count,
+                    "client_us_per_unit": round(_median([c for c, _ in got]) / count * 1e6, 3),
+                    "server_us_per_unit": round(_median([v for _, v in got]) / count * 1e6, 3),
+                }
+            )
+        sizes = conn.execute(
+            "SELECT pg_total_relation_size('bodies'), pg_total_relation_size('bodies_ext')"
+        ).fetchone()
+        out.append({"case": "chunk bodies table sizes (bytes)", "sizes": list(sizes or ())})
+    finally:
+        conn.close()
+    return out
+
+
+_OC = " ON CONFLICT DO NOTHING"
+
+
 # --------------------------------------------------------------------------- report
 
 
-def report_md(doc: dict[str, Any]) -> str:
+def _side_by_side(doc: dict[str, Any]) -> list[str]:
     lines = [
-        "# Engine state: PostgreSQL next to SQLite",
-        "",
-        f"`{doc['command']}` at commit `{doc['commit']}`; {doc['machine']}.",
         "",
         "CPU = user + sys of the `fashiontag run` process (os.wait4), start-up included; server "
         "= every process of the PostgreSQL cluster (/proc), before/after the run. Median of "
@@ -555,6 +670,17 @@ def report_md(doc: dict[str, Any]) -> str:
                 f"| {c['rows']:,} | {c['backend']} | {c['cpu_us_per_image_over_sqlite']:.2f}x "
                 f"| {c['wall_s_over_sqlite']:.2f}x | {c['peak_rss_mb_over_sqlite']:.2f}x |"
             )
+    return lines
+
+
+def report_md(doc: dict[str, Any]) -> str:
+    lines = [
+        "# Engine state: PostgreSQL next to SQLite",
+        "",
+        f"`{doc['command']}` at commit `{doc['commit']}`; {doc['machine']}.",
+    ]
+    if doc["table"]:
+        lines += _side_by_side(doc)
     if doc.get("breakdown"):
         n = doc["breakdown_rows"]
         names = list(doc["breakdown"])
@@ -589,6 +715,23 @@ def report_md(doc: dict[str, Any]) -> str:
             )
         total = [sum(k["thread_cpu_s"] for k in x.values()) / n * 1e6 for x in kinds]
         lines.append(f"| **all state work** | | | | {' / '.join(f'{t:.2f}' for t in total)} | |")
+    if doc.get("micro"):
+        lines += [
+            "",
+            "Statements in isolation (`--micro`: one connection, this process's CPU and the "
+            "backend's, median of 3):",
+            "",
+            "| case | client us | server us | per |",
+            "|---|---|---|---|",
+        ]
+        for m in doc["micro"]:
+            if "unit" in m:
+                lines.append(
+                    f"| {m['case']} | {m['client_us_per_unit']:.2f} "
+                    f"| {m['server_us_per_unit']:.2f} | {m['unit']} |"
+                )
+            else:
+                lines.append(f"| {m['case']} | {m['sizes']} | | |")
     if doc.get("profile"):
         lines += ["", f"py-spy --native ({doc['profile_rows']:,} rows), share of samples:", ""]
         lines += ["| kind | SQLite | PostgreSQL |", "|---|---|---|"]
@@ -613,7 +756,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N[,N...]",
         help="manifest sizes (default 20000,200000)",
     )
-    p.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="rounds (median reported; 0: no side by side)"
+    )
     p.add_argument("--breakdown", action="store_true", help="instrumented run per backend")
     p.add_argument("--profile", action="store_true", help="py-spy --native of both backends")
     p.add_argument("--detail-rows", type=int, help="rows of --breakdown/--profile (largest)")
@@ -628,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         "with git archive; rounds interleaved with the checkout's; repeatable)",
     )
     p.add_argument("--breakdown-repeat", type=int, default=3, help="rounds of --breakdown (median)")
+    p.add_argument("--micro", action="store_true", help="the costly statements in isolation")
     p.add_argument("--drive", help=argparse.SUPPRESS)
     for flag in ("--base-url", "--out", "--rejects", "--state", "--report"):
         p.add_argument(flag, help=argparse.SUPPRESS)
@@ -667,7 +813,10 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(tempfile.mkdtemp(prefix="fashiontag-pgstate-"))
     detail = args.detail_rows or max(args.rows)
     with running_cluster() as cluster:
-        doc["table"] = measure(bench, cluster, variants, args.rows, max(1, args.repeat))
+        # --repeat 0: no side by side (--micro alone, say).
+        doc["table"] = (
+            measure(bench, cluster, variants, args.rows, args.repeat) if args.repeat else []
+        )
         if args.breakdown:
             doc["breakdown_rows"] = detail
             doc["breakdown"] = breakdown(
@@ -676,6 +825,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             doc["profile_rows"] = detail
             doc["profile"] = profile(bench, cluster, detail, 250)
+        if args.micro:
+            bench.log("  statements in isolation ...")
+            doc["micro"] = micro(cluster)
     shutil.rmtree(args.work / "runs", ignore_errors=True)
     text = report_md(doc)
     print(text)
