@@ -255,7 +255,8 @@ class PostgresStateDB(StateStore):
     def _insert_new_ids(self, first: dict[str, int]) -> int:
         with state_errors(self._url, "write the state"):
             cur = self.db.conn.execute(
-                "INSERT INTO ids SELECT * FROM unnest(%s::text[], %s::bigint[])"
+                # Binary arrays (%b): the text form quotes each id in Python, ~1 us more per id.
+                "INSERT INTO ids SELECT * FROM unnest(%b::text[], %b::bigint[])"
                 " ON CONFLICT DO NOTHING",
                 (list(first), list(first.values())),
             )
