@@ -255,16 +255,21 @@ class Journal:
         except BaseException:
             self.db.rollback()
             raise
-        out: list[int] = []
-        fresh = 0
-        for i, ((_, pos), first) in enumerate(zip(keyed, firsts, strict=True)):
-            if first == pos:
-                out.append(i)
-                fresh += pos > replay_upto  # a replayed row (at or below V) was counted before
-            elif pos > replay_upto:
-                dup = make_dup(i, first)
-                if dup is not None:
-                    rejects.append(dup)
+        out: list[int]
+        if firsts is None:  # every row is its id's first (the common case)
+            out = list(range(len(keyed)))
+            fresh = len(keyed) if replay_upto < 0 else sum(p > replay_upto for _, p in keyed)
+        else:
+            out = []
+            fresh = 0
+            for i, ((_, pos), first) in enumerate(zip(keyed, firsts, strict=True)):
+                if first == pos:
+                    out.append(i)
+                    fresh += pos > replay_upto  # a replayed row (at or below V) was counted
+                elif pos > replay_upto:
+                    dup = make_dup(i, first)
+                    if dup is not None:
+                        rejects.append(dup)
         ops: list[Change] = [validated_upto(job, watermark)]
         reused: tuple[int, list[ReusedLine]] | None = None
         if plan is not None and self.reuse is not None:  # --reuse

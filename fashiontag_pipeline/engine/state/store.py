@@ -30,6 +30,7 @@ from .schema import BODY_SQL, COUNTERS, SCHEMA, TABLES
 __all__ = ["JobRow", "Reconciliation", "RunState", "StateDB", "StateStore"]
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
+_ids_encoder = msgspec.json.Encoder()
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -267,18 +268,20 @@ class StateStore(JobTables):
         """Record that the run is reconciled: the same manifests again have nothing to do."""
         self.set_meta("completed_at", when)
 
-    def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int]:
+    def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int] | None:
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
-        caller commits), so a returned position equal to ``pos`` means "first seen here".
+        caller commits), so a returned position equal to ``pos`` means "first seen here";
+        None means that of every row (the common case: no id of the batch was seen before,
+        none is repeated in it).
 
         One insert of the batch's distinct ids, skipping those already there, does the work;
-        when it inserted every one of them (the common case) no id was seen before and nothing
-        is read back. Otherwise the stored positions are read back."""
+        when it inserted every one of them no id was seen before and nothing is read back.
+        Otherwise the stored positions are read back."""
         first: dict[str, int] = {}
         setdefault = first.setdefault
         out = [setdefault(key, pos) for key, pos in keyed]
         if self._insert_new_ids(first) == len(first):
-            return out
+            return None if len(first) == len(keyed) else out
         ids = list(first)
         for start in range(0, len(ids), 900):
             part = ids[start : start + 900]
@@ -445,9 +448,14 @@ class StateDB(StateStore):
             os.close(lock)
 
     def _insert_new_ids(self, first: dict[str, int]) -> int:
+        # One statement over the batch as a JSON object (json_each: its keys and values), not
+        # one execution per id: 1.44 -> 0.34 us an id (sorted ids), 4.4 -> 3.0 (shuffled).
         db = self.db
         before = db.total_changes
-        db.executemany("INSERT OR IGNORE INTO ids VALUES (?, ?)", first.items())
+        db.execute(
+            "INSERT OR IGNORE INTO ids SELECT key, value FROM json_each(?)",
+            (_ids_encoder.encode(first),),
+        )
         return int(db.total_changes - before)
 
     def begin(self) -> None:
