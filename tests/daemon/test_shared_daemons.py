@@ -111,7 +111,7 @@ async def test_a_killed_daemons_manifest_is_taken_over_without_tagging_twice(
     tmp_path: Path, postgres_url: str
 ) -> None:
     ids = _ids("k", 15_000)
-    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+    async with running_service(ServiceConfig(rate=2500.0)) as svc:
         a = _daemon(tmp_path, svc.url, postgres_url).start()
         b: DaemonProcess | None = None
         try:
@@ -140,7 +140,7 @@ async def test_a_paused_daemon_writes_nothing_after_losing_its_lease(
 ) -> None:
     ids = _ids("s", 15_000)
     results = tmp_path / "outbox" / "big" / "results.jsonl"
-    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+    async with running_service(ServiceConfig(rate=2500.0)) as svc:
         a = _daemon(tmp_path, svc.url, postgres_url).start()
         b: DaemonProcess | None = None
         try:
@@ -196,7 +196,7 @@ async def test_a_draining_daemon_hands_its_manifest_over_at_once(
     other daemon takes the manifest at once (not after the lease)."""
     ids = _ids("d", 15_000)
     results = tmp_path / "outbox" / "big" / "results.jsonl"
-    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+    async with running_service(ServiceConfig(rate=2500.0)) as svc:
         a = _daemon(tmp_path, svc.url, postgres_url, "--lease", "60").start()
         b: DaemonProcess | None = None
         try:

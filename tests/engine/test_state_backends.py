@@ -92,7 +92,7 @@ async def test_kill_9_mid_run_then_the_same_command_resumes(
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"
     state = str(state_location("killed"))
-    async with running_service(ServiceConfig(rate=5000.0)) as svc:
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", state)
         args += ["--summary", str(tmp_path / "summary.json")]
         proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
@@ -173,7 +173,8 @@ async def test_two_runs_never_share_a_state(tmp_path: Path, state_location: Stat
     manifest = write_csv(tmp_path / "m.csv", 8000)
     out = tmp_path / "results.jsonl"
     state = str(state_location("shared"))
-    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+    # Slow enough that the first run is still going when the second starts on a loaded machine.
+    async with running_service(ServiceConfig(rate=1500.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", state)
         first = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
         await results_appear(out)
@@ -195,7 +196,7 @@ async def test_a_run_whose_database_restarts_stops_clearly_and_the_same_command_
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"
     state = f"{postgres_url}#restarted"
-    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", state)
         proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
         await results_appear(out)
