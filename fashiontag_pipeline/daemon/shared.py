@@ -13,9 +13,12 @@ database time; the claim's row locked until the commit), and the journal begins 
 writing a sink byte: a daemon that lost its lease (killed, paused, partitioned) writes nothing
 more, neither state nor output. Its claims are then leased by another daemon, epoch + 1, which
 resumes the state like ``fashiontag run`` resumes a state file: the live tasks are read again
-(nothing the service holds is tagged twice), chunks of unknown fate are settled, and the
-outputs are cut to the last committed checkpoint (replaced by a copy of that prefix, so a
-paused owner that wakes up still holding the old files writes only into files nobody reads).
+(nothing the service holds is tagged twice) and chunks of unknown fate are settled. Each
+lease (epoch) writes outputs of its own (``.results.e<epoch>.jsonl`` beside the final file):
+a taker starts its files with the committed prefix of the previous epoch's, and the settled
+epoch's files are renamed to ``results.jsonl`` and ``rejects.jsonl`` before the summary. A
+paused owner that wakes up can only ever write its own epoch's files, which nobody reads.
+Outputs are fsync-ed at every commit (the state commits on another machine).
 
 One engine per manifest, not one for all: rows of several manifests would share tasks, and a
 manifest could then not change hands without the others. A lost connection to the database (a
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
@@ -51,30 +55,57 @@ from .outbox import ManifestOutputs, Outbox
 if TYPE_CHECKING:
     from .runner import Daemon
 
-__all__ = ["SharedDaemon", "detach_output"]
+__all__ = ["SharedDaemon", "copy_prefix", "epoch_outputs", "publish_outputs"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 
-def detach_output(path: Path, keep: int) -> None:
-    """Replace ``path`` with a new file holding its first ``keep`` bytes (a takeover's cut to
-    the last committed checkpoint). A new file, not a truncation: a paused owner that wakes up
-    with the old one open writes into a file that is no longer there."""
-    if not path.exists():
-        return
-    tmp = path.with_name(f".{path.name}.takeover")
-    with path.open("rb") as src, tmp.open("wb") as dst:
+def copy_prefix(src: Path, keep: int, dst: Path) -> None:
+    """Write the first ``keep`` bytes of ``src`` (an earlier owner's output) to ``dst`` (this
+    owner's, new). A source shorter than ``keep`` lost lines the state counts as written: a
+    :class:`StateError`, never a silent gap."""
+    with dst.open("wb") as out:
         left = keep
-        while left > 0:
-            block = src.read(min(left, 1 << 20))
-            if not block:
-                break
-            dst.write(block)
-            left -= len(block)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+        if keep:
+            try:
+                src_fh = src.open("rb")
+            except FileNotFoundError:
+                src_fh = None
+            if src_fh is not None:
+                with src_fh:
+                    while left > 0:
+                        block = src_fh.read(min(left, 1 << 20))
+                        if not block:
+                            break
+                        out.write(block)
+                        left -= len(block)
+        if left:
+            raise exc.StateError(
+                f"{src} holds {keep - left:,} bytes but the state counts {keep:,} written: "
+                "committed lines are missing from it"
+            )
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def epoch_outputs(outputs: ManifestOutputs, epoch: int) -> tuple[Path, Path]:
+    """The files one lease (epoch) writes: hidden beside the final ones, renamed over them
+    when the manifest is settled. A daemon that lost its lease only ever writes its own."""
+    folder = outputs.folder
+    return folder / f".results.e{epoch}.jsonl", folder / f".rejects.e{epoch}.jsonl"
+
+
+def publish_outputs(outputs: ManifestOutputs, epoch: int) -> None:
+    """The settled epoch's files become ``results.jsonl`` and ``rejects.jsonl``; earlier
+    epochs' files are deleted."""
+    results, rejects = epoch_outputs(outputs, epoch)
+    for src, dst in ((results, outputs.results), (rejects, outputs.rejects)):
+        if src.exists():
+            os.replace(src, dst)
+    for stale in outputs.folder.glob(".re*.e*.jsonl"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    fsync_dir(outputs.folder)
 
 
 def claim_state_url(url: str, lease: Lease) -> str:
@@ -89,6 +120,10 @@ class SharedDaemon:
         self.daemon = daemon
         self.url = url
         self.config = daemon.config
+        # The state commits on the database's machine: each commit's output bytes are on this
+        # machine's disk first (fsync per commit), or a takeover after this machine dies could
+        # find fewer lines than the state counts.
+        self.engine_config = msgspec.structs.replace(daemon.engine_config, fsync_seconds=0.0)
         self.leased: dict[int, Lease] = {}
         self._wake = anyio.Event()
         self._acquire_failed = False
@@ -297,10 +332,15 @@ class SharedDaemon:
         )
         active = daemon.begin_manifest(claim)
         try:
+            results, rejects = epoch_outputs(outputs, lease.epoch)
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
-            if row is not None:  # taken over: cut the outputs to what the state committed
-                await anyio.to_thread.run_sync(detach_output, outputs.results, row.results_ckpt)
-                await anyio.to_thread.run_sync(detach_output, outputs.rejects, row.rejects_ckpt)
+            if row is not None:  # taken over: this epoch starts from what the state committed
+                await anyio.to_thread.run_sync(
+                    copy_prefix, Path(row.results), row.results_ckpt, results
+                )
+                await anyio.to_thread.run_sync(
+                    copy_prefix, Path(row.rejects), row.rejects_ckpt, rejects
+                )
                 logger.info(
                     "manifest taken over" if lease.epoch > 1 else "manifest resumed",
                     extra={"manifest": claim.name, "epoch": lease.epoch},
@@ -310,7 +350,9 @@ class SharedDaemon:
                     "manifest claimed", extra={"manifest": claim.name, "sha256": claim.sha256}
                 )
             try:
-                summary = await self._run(claim, outputs, db, own, lost, active.watch, client)
+                summary = await self._run(
+                    claim, (results, rejects), db, own, lost, active.watch, client
+                )
             except exc.ManifestError as err:
                 await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
                 return True
@@ -324,6 +366,7 @@ class SharedDaemon:
                     extra={"manifest": claim.name},
                 )
                 return False
+            await anyio.to_thread.run_sync(publish_outputs, outputs, lease.epoch)
             await daemon.conclude(active, outputs, inbox, summary=summary, lease=lease)
             return True
         finally:
@@ -333,7 +376,7 @@ class SharedDaemon:
     async def _run(
         self,
         claim: Claim,
-        outputs: ManifestOutputs,
+        paths: tuple[Path, Path],
         db: PostgresStateDB,
         own: RunControl,
         lost: anyio.Event,
@@ -347,10 +390,10 @@ class SharedDaemon:
                 summary = await run_pipeline(
                     [claim.path],
                     client=client,
-                    out=outputs.results,
-                    rejects=outputs.rejects,
+                    out=paths[0],
+                    rejects=paths[1],
                     state=db,
-                    engine=self.daemon.engine_config,
+                    engine=self.engine_config,
                     control=own,
                     watch=watch,
                 )

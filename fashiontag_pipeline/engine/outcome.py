@@ -25,8 +25,13 @@ def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[Result
             raise
     except OSError as err:
         raise exc.StateError(f"cannot open the outputs: {err}") from None
-    result_sink.truncate(job.results_ckpt)
-    reject_sink.truncate(job.rejects_ckpt)
+    try:
+        result_sink.truncate(job.results_ckpt)
+        reject_sink.truncate(job.rejects_ckpt)
+    except BaseException:
+        result_sink.close()
+        reject_sink.close()
+        raise
     return result_sink, reject_sink
 
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import msgspec
 
+from .._exceptions import StateError
 from .._models import STATUS_SUCCESS, TaggingResponse
 
 __all__ = [
@@ -212,12 +213,22 @@ class _AppendFile:
         self._fh.seek(0, os.SEEK_END)
 
     def truncate(self, checkpoint: int) -> None:
-        """Cut the file back to ``checkpoint`` bytes (what the state says was committed)."""
+        """Cut the file back to ``checkpoint`` bytes (what the state says was committed).
+
+        A file shorter than that lost lines the state counts as written (a machine that died
+        before they reached the disk, a file replaced by hand): a :class:`StateError`, never a
+        silent gap in the outputs."""
         self._fh.flush()
         size = self._fh.seek(0, os.SEEK_END)
+        if size < checkpoint:
+            raise StateError(
+                f"{self.path} holds {size:,} bytes but the state counts {checkpoint:,} written: "
+                "committed lines are missing from it (lost by the machine, or the file was "
+                "changed); start over with --restart (run) to write it again"
+            )
         if size > checkpoint:
             self._fh.truncate(checkpoint)
-        self._fh.seek(checkpoint if size >= checkpoint else size)
+        self._fh.seek(checkpoint)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
