@@ -199,7 +199,7 @@ class Inbox:
         """
         self.prepare()
         if self.shared_after is not None:
-            self._repair_shared()
+            self.repair_shared()
             return []
         claims: list[Claim] = []
         with os.scandir(self.work) as entries:
@@ -241,11 +241,12 @@ class Inbox:
         claims.sort(key=lambda c: (c.claimed_at, c.name))
         return claims
 
-    def _repair_shared(self) -> None:
-        """Start-up beside other daemons: a file in ``.work`` left alone (its ctime, which a
-        rename sets) for ``shared_after`` seconds and not recorded in flight is recorded now,
-        or moved where its settled record says; a claim in flight whose file is gone is
-        abandoned."""
+    def repair_shared(self) -> None:
+        """Beside other daemons (at start-up, then every ``shared_after`` seconds): a file in
+        ``.work`` left alone (its ctime, which a rename sets) for ``shared_after`` seconds and
+        not recorded in flight is recorded now (a daemon died, or lost the database, between
+        its rename and its record), or, when it is the very content a settled record names,
+        moved where that record says; a claim in flight whose file is gone is abandoned."""
         assert self.shared_after is not None
         ledger = cast("SharedLedger", self.ledger)
         now = self._wall_clock()
@@ -260,14 +261,23 @@ class Inbox:
             record = self.ledger.lookup(entry.name)
             if record is not None and record.status == "claimed":
                 continue
-            if record is not None and record.status in ("done", "failed", "duplicate"):
+            try:
+                sha256, size = _hash_file(self.work / entry.name)
+            except FileNotFoundError:
+                continue
+            if (
+                record is not None
+                and record.status in ("done", "failed", "duplicate")
+                and record.sha256 == sha256
+            ):
+                # This very file was settled, but its move was interrupted: finish it. A file
+                # of another content under a settled name is a new claim (below).
                 folder = self.failed if record.status == "failed" else self.done
                 target = folder / free_name(folder, entry.name, record.sha256)
                 with contextlib.suppress(FileNotFoundError):
                     os.rename(self.work / entry.name, target)
                     fsync_dir(folder)
                 continue
-            sha256, size = _hash_file(self.work / entry.name)
             ledger.record_claim_if_absent(
                 ClaimRecord(name=entry.name, sha256=sha256, size=size, claimed_at=now)
             )

@@ -194,27 +194,39 @@ class Outbox:
         return await anyio.to_thread.run_sync(self.outputs, claim)
 
     def _take(self, folder: Path, mark: _ClaimMark) -> bool:
+        """Whether ``folder`` is this claim's: created now, or marked as its own before.
+
+        The mark is created exclusively (``O_EXCL``): of two daemons on a shared outbox that
+        want the same folder at once, one creates it and the other reads it and moves on. A
+        folder without a mark (a crash between mkdir and the mark) is adopted the same way if
+        it holds nothing else; a folder holding anything else is somebody's, not ours."""
         try:
             folder.mkdir()
+            fsync_dir(self.root)
         except FileExistsError:
             if not folder.is_dir():
                 return False
+        data = msgspec.json.encode(mark)
+        path = folder / CLAIM_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
             try:
-                owner = _mark_decoder.decode((folder / CLAIM_FILE).read_bytes())
-            except FileNotFoundError:
-                # A crash between mkdir and writing the mark leaves an empty folder: adopt it.
-                # A folder holding anything else is somebody's, not ours.
-                try:
-                    with os.scandir(folder) as entries:
-                        if any(e.name != f".{CLAIM_FILE}.tmp" for e in entries):
-                            return False
-                except OSError:
-                    return False
-                write_atomic(folder / CLAIM_FILE, msgspec.json.encode(mark))
-                return True
-            except msgspec.DecodeError:
+                return _mark_decoder.decode(path.read_bytes()) == mark
+            except (OSError, msgspec.DecodeError):
+                return False  # another's mark, being written or damaged: not ours
+        try:
+            try:
+                with os.scandir(folder) as entries:
+                    foreign = any(e.name not in (CLAIM_FILE, f".{CLAIM_FILE}.tmp") for e in entries)
+            except OSError:
+                foreign = True
+            if foreign:
+                os.unlink(path)
                 return False
-            return owner == mark
-        fsync_dir(self.root)
-        write_atomic(folder / CLAIM_FILE, msgspec.json.encode(mark))
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(folder)
         return True

@@ -160,6 +160,7 @@ class SharedDaemon:
                     tg.start_soon(daemon.report, client)
                     tg.start_soon(daemon.notifier.run_watchdog)
                     tg.start_soon(self._claim, inbox)
+                    tg.start_soon(self._repair, inbox)
                     tg.start_soon(self._drain_watch)
                     daemon.notifier.ready(f"watching {inbox_dir} (shared)")
                     daemon.started.set()
@@ -192,6 +193,19 @@ class SharedDaemon:
         if self.leased:
             logger.warning("drain timeout: stopping with writes in flight (they resume)")
             control.abort()
+
+    async def _repair(self, inbox: Inbox) -> None:
+        """Every lease length: claims a daemon renamed but never recorded (it died, or lost
+        the database, in between) are recorded, so no manifest waits in ``.work`` for a
+        restart."""
+        while True:
+            await anyio.sleep(self.config.lease)
+            try:
+                await anyio.to_thread.run_sync(inbox.repair_shared)
+            except exc.StateError as err:
+                logger.warning("cannot repair the claims: %s; retrying", err)
+            else:
+                self._wake.set()
 
     async def _claim(self, inbox: Inbox) -> None:
         """Claim every ready manifest (the rename), and wake the lease loop for each."""

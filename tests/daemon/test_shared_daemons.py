@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
+import threading
 from pathlib import Path
 
 import anyio
 import psycopg
 import pytest
 
+from fashiontag_pipeline.daemon.inbox import Claim, Inbox
+from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
+from fashiontag_pipeline.daemon.ledger import ClaimRecord
+from fashiontag_pipeline.daemon.outbox import Outbox
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from ..postgres import PostgresCluster
@@ -255,3 +261,60 @@ async def test_daemons_share_the_result_store_in_postgresql(
     assert monday["tagged"] == 800 and monday["reused"] == 0
     assert tuesday["reused"] == 800 and tuesday["submitted"] == 0
     _assert_once(tmp_path / "outbox" / "tuesday", _ids("y", 800))
+
+
+def test_repair_moves_only_the_settled_content_and_claims_a_new_one(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A file in .work under a name settled before: the same content was settled (its move
+    was cut short) and is moved; another content is a new claim, never moved untagged."""
+    ledger = PostgresClaimLedger(postgres_url, owner="a")
+    try:
+        (tmp_path / "inbox").mkdir()
+        inbox = Inbox(tmp_path / "inbox", ledger=ledger, shared_after=0.0)
+        inbox.prepare()
+        old = b"id,url\nx1,https://img.example/1.jpg\n"
+        (inbox.work / "a.csv").write_bytes(old)
+        sha = hashlib.sha256(old).hexdigest()
+        ledger.record_claim(ClaimRecord(name="a.csv", sha256=sha, size=len(old), claimed_at=1.0))
+        ledger.record_settled("a.csv", "done", "done/a.csv")
+        inbox.repair_shared()
+        assert (inbox.done / "a.csv").read_bytes() == old  # the interrupted move, finished
+        new = b"id,url\nx2,https://img.example/2.jpg\n"
+        (inbox.work / "a.csv").write_bytes(new)  # Tuesday's a.csv, renamed in, not recorded
+        inbox.repair_shared()
+        assert (inbox.work / "a.csv").read_bytes() == new
+        [claim] = ledger.in_flight()
+        assert claim.sha256 == hashlib.sha256(new).hexdigest()
+    finally:
+        ledger.close()
+
+
+def test_two_daemons_never_share_an_output_folder(tmp_path: Path) -> None:
+    """Manifests of one stem (feed.csv, feed.jsonl) claimed at the same moment by two daemons
+    on one outbox get two folders."""
+    outboxes = [Outbox(tmp_path / "outbox"), Outbox(tmp_path / "outbox")]
+    claims = [
+        Claim(name=name, path=str(tmp_path / name), sha256=f"{i:064x}", size=1, claimed_at=1.0)
+        for i, name in enumerate(("feed.csv", "feed.jsonl"))
+    ]
+    (tmp_path / "outbox").mkdir()
+
+    def take(barrier: threading.Barrier, folders: list[Path], outbox: Outbox, claim: Claim) -> None:
+        barrier.wait()
+        folders.append(outbox.outputs(claim).folder)
+
+    for _ in range(20):
+        barrier = threading.Barrier(2)
+        folders: list[Path] = []
+        threads = [
+            threading.Thread(target=take, args=(barrier, folders, outbox, claim))
+            for outbox, claim in zip(outboxes, claims, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(set(folders)) == 2, folders
+        for folder in folders:
+            shutil.rmtree(folder)
