@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, LiteralString, NamedTuple
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ._exceptions import StateError
 
@@ -151,20 +151,51 @@ def is_postgres_url(text: str) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password (in the authority or as a ``password=`` parameter)."""
+    """The URL without its password (in the authority or as a ``password=`` parameter).
+
+    Everything between ``://`` and the last ``@`` of the authority is the user's part: a
+    password with an unencoded ``/``, ``#`` or ``?`` in it is still masked (a URL parser would
+    end the authority early and show the rest)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "postgresql://***"
+    head, at, tail = rest.rpartition("@")
+    if at:
+        user = head.partition(":")[0] if ":" in head else head
+        rest = f"{user}:***@{tail}" if ":" in head else f"{head}@{tail}"
     try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostinfo = netloc.rpartition("@")
-            user, sep, _password = userinfo.partition(":")
-            netloc = f"{user}:***@{hostinfo}" if sep else netloc
+        parts = urlsplit(f"{scheme}://{rest}")
         query = urlencode(
             [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="/"
         )
-        return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment))
+        return urlunsplit(
+            SplitResult(parts.scheme, parts.netloc, parts.path, query, parts.fragment)
+        )
     except ValueError:
-        return "postgresql://***"
+        return f"{scheme}://***"
+
+
+def _secrets_of(url: str) -> list[str]:
+    """The password of ``url`` as written and decoded (to scrub it from driver messages)."""
+    found: list[str] = []
+    head = url.partition("://")[2].rpartition("@")[0]
+    if ":" in head:
+        found.append(head.partition(":")[2])
+    with contextlib.suppress(ValueError):
+        found += [v for k, v in parse_qsl(urlsplit(url).query) if k == "password"]
+    out: list[str] = []
+    for secret in found:
+        if secret:
+            out += [secret, unquote(secret)]
+    return sorted(set(out), key=len, reverse=True)
+
+
+def scrub(message: str, url: str) -> str:
+    """``message`` with the password of ``url`` (and any quoted token of the URL a parse
+    error repeats) masked."""
+    for secret in _secrets_of(url):
+        message = message.replace(secret, "***")
+    return message
 
 
 @contextlib.contextmanager
@@ -180,7 +211,10 @@ def state_errors(url: str, doing: str) -> Iterator[None]:
         yield
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StateError(f"PostgreSQL state {redact_url(url)}: {doing}: {reason}") from exc
+        # The driver's own error is not chained: libpq's messages may quote the URL.
+        raise StateError(
+            f"PostgreSQL state {redact_url(url)}: {doing}: {scrub(reason, url)}"
+        ) from None
 
 
 def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:

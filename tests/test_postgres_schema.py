@@ -98,6 +98,25 @@ def test_urls_and_their_passwords() -> None:
     )
     assert "SECRET" not in redact_url("postgresql://db/x?user=u&password=SECRET")
     assert redact_url("postgresql://u@db/x") == "postgresql://u@db/x"
+    # A password with characters a URL parser would end the authority at, unencoded.
+    for password in ("se#cr/et?x", "a@b:c"):
+        shown = redact_url(f"postgresql://u:{password}@db/x#nightly")
+        assert (
+            password not in shown
+            and "se#cr" not in shown
+            and shown.startswith("postgresql://u:***@")
+        )
+
+
+def test_a_malformed_url_is_a_state_error_without_the_password(tmp_path: object) -> None:
+    """libpq's parse errors quote the token they could not read: it is masked."""
+    from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB
+
+    for url in ("postgresql://u:s%zzecret@/x", "postgresql:///x?password=SECRET-PW&sslmode=bogus"):
+        with pytest.raises(StateError) as caught:
+            PostgresStateDB(url, connect_timeout=1)
+        assert "zzecret" not in str(caught.value) and "SECRET-PW" not in str(caught.value)
+        assert caught.value.__cause__ is None
 
 
 def test_an_unreachable_database_is_a_state_error_without_the_password(tmp_path: object) -> None:

@@ -134,6 +134,13 @@ def daemon_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    if is_postgres_url(location) and engine.sink != "jsonl":
+        print(
+            "fashiontag: --sink sqlite cannot be shared by several daemons (a manifest changes "
+            "hands by its JSONL outputs): leave --sink at jsonl with a PostgreSQL state",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     inbox, _ = config.require_folders()
     if not inbox.is_dir():
         print(f"fashiontag: inbox {inbox} is not a folder", file=sys.stderr)

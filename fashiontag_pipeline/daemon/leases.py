@@ -455,14 +455,21 @@ class LeaseKeeper:
     async def release(self, lease: Lease) -> None:
         """Stop renewing ``lease`` and give it up in the database (its work is finished or
         handed back). Not signalled as lost."""
-        current = self._held.pop(lease.claim_id, lease)
-        self._deadline.pop(lease.claim_id, None)
+        current = self._held.get(lease.claim_id)
+        if current is None or current.epoch != lease.epoch:
+            current = lease  # held no more, or held again under a newer epoch: not ours
+        else:
+            self._held.pop(lease.claim_id, None)
+            self._deadline.pop(lease.claim_id, None)
         await anyio.to_thread.run_sync(self._ledger.release, current)
 
     def forget(self, lease: Lease) -> None:
-        """Stop renewing ``lease`` without touching the database (its claim was settled)."""
-        self._held.pop(lease.claim_id, None)
-        self._deadline.pop(lease.claim_id, None)
+        """Stop renewing ``lease`` without touching the database (its claim was settled). A
+        newer lease of the same claim (acquired again after this one was lost) is kept."""
+        current = self._held.get(lease.claim_id)
+        if current is not None and current.epoch == lease.epoch:
+            self._held.pop(lease.claim_id, None)
+            self._deadline.pop(lease.claim_id, None)
 
     def _expire_overdue(self) -> None:
         now = self._clock()

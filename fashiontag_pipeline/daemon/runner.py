@@ -422,8 +422,9 @@ class Daemon:
         active = self.active[claim.name] = _Active(claim)
         return active
 
-    def end_manifest(self, claim: Claim) -> None:
-        self.active.pop(claim.name, None)
+    def end_manifest(self, active: _Active) -> None:
+        if self.active.get(active.claim.name) is active:
+            del self.active[active.claim.name]
 
     async def conclude(
         self,

@@ -60,6 +60,10 @@ __all__ = ["SharedDaemon", "copy_prefix", "epoch_outputs", "publish_outputs"]
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 
+#: A manifest that stops on an error this many times in a row (here) fails with the reason.
+MAX_ATTEMPTS = 5
+
+
 def copy_prefix(src: Path, keep: int, dst: Path) -> None:
     """Write the first ``keep`` bytes of ``src`` (an earlier owner's output) to ``dst`` (this
     owner's, new). A source shorter than ``keep`` lost lines the state counts as written: a
@@ -124,9 +128,13 @@ class SharedDaemon:
         # machine's disk first (fsync per commit), or a takeover after this machine dies could
         # find fewer lines than the state counts.
         self.engine_config = msgspec.structs.replace(daemon.engine_config, fsync_seconds=0.0)
-        self.leased: dict[int, Lease] = {}
+        #: The leases being worked on, by (claim, epoch): a claim leased again (its earlier
+        #: lease lost) may overlap the end of the earlier lease's task.
+        self.leased: dict[tuple[int, int], Lease] = {}
         self._wake = anyio.Event()
         self._acquire_failed = False
+        #: Attempts in a row that ended on an error, by claim.
+        self._failures: dict[int, int] = {}
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -254,7 +262,7 @@ class SharedDaemon:
                         logger.info("the PostgreSQL state answers again")
                     self._acquire_failed = False
                 for lease in leases:
-                    self.leased[lease.claim_id] = lease
+                    self.leased[lease.claim_id, lease.epoch] = lease
                     tg.start_soon(self._manifest, lease, ledger, keeper, inbox, outbox, client)
             with anyio.move_on_after(period):
                 await self._wake.wait()
@@ -274,6 +282,8 @@ class SharedDaemon:
         client: TaggerClient,
     ) -> None:
         daemon = self.daemon
+        claim: Claim | None = None
+        outputs: ManifestOutputs | None = None
         try:
             record = await anyio.to_thread.run_sync(ledger.claim_of, lease)
             if record is None:  # settled or replaced meanwhile
@@ -304,6 +314,7 @@ class SharedDaemon:
                 return
             if await self._tag(claim, outputs, inbox, lease, keeper, client):
                 keeper.forget(lease)
+                self._failures.pop(lease.claim_id, None)
                 await anyio.to_thread.run_sync(drop_state, claim_state_url(self.url, lease))
         except exc.LeaseLostError:
             keeper.forget(lease)
@@ -311,14 +322,24 @@ class SharedDaemon:
                 "lease lost: another daemon finishes the manifest",
                 extra={"manifest": lease.name, "epoch": lease.epoch},
             )
-        except exc.StateError as err:
+        except exc.FashiontagError as err:
+            # The database went away (a restart), the result store failed, or this manifest
+            # cannot be kept in the state at all: it is leased again and resumed, up to
+            # MAX_ATTEMPTS times in a row here, then fails with the reason.
             keeper.forget(lease)
+            attempts = self._failures[lease.claim_id] = self._failures.get(lease.claim_id, 0) + 1
             logger.warning(
-                "the PostgreSQL state failed; the manifest resumes when it is leased again",
-                extra={"manifest": lease.name, "reason": str(err)},
+                "the manifest stopped on an error; it resumes when it is leased again",
+                extra={"manifest": lease.name, "reason": str(err), "attempts": attempts},
             )
+            if attempts >= MAX_ATTEMPTS and claim is not None and outputs is not None:
+                with contextlib.suppress(exc.FashiontagError):
+                    await daemon.failed(
+                        claim, outputs, inbox, f"{err} ({attempts} attempts)", lease=lease
+                    )
+                    self._failures.pop(lease.claim_id, None)
         finally:
-            self.leased.pop(lease.claim_id, None)
+            self.leased.pop((lease.claim_id, lease.epoch), None)
             self._wake.set()
 
     async def _tag(
@@ -384,7 +405,7 @@ class SharedDaemon:
             await daemon.conclude(active, outputs, inbox, summary=summary, lease=lease)
             return True
         finally:
-            daemon.end_manifest(claim)
+            daemon.end_manifest(active)
             await anyio.to_thread.run_sync(db.close)
 
     async def _run(

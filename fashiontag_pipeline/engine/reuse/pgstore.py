@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import _exceptions as exc
-from ..._postgres import migrate, redact_url
+from ..._postgres import migrate, redact_url, scrub
 from .store import LOOKUP_BATCH, LastRun, StoredResult, StoreStats
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class PostgresResultStore:
     ) -> None:
         #: Where the store is, as messages show it (the URL without its password).
         self.path = redact_url(url)
+        self._url = url
         self._reader = reader
         self._writer = writer
         #: True when no run had used the store before (it holds nothing).
@@ -83,7 +84,7 @@ class PostgresResultStore:
         except psycopg.Error as err:
             for conn in opened:
                 conn.close()
-            raise _error(where, err) from None
+            raise _error(where, err, conninfo) from None
         except BaseException:
             for conn in opened:
                 conn.close()
@@ -119,7 +120,7 @@ class PostgresResultStore:
         try:
             yield
         except psycopg.Error as err:
-            raise _error(self.path, err) from None
+            raise _error(self.path, err, self._url) from None
 
     # -------------------------------------------------------------- the engine's calls
 
@@ -228,6 +229,6 @@ class PostgresResultStore:
         return deleted
 
 
-def _error(where: str, err: BaseException) -> exc.ResultStoreError:
+def _error(where: str, err: BaseException, url: str) -> exc.ResultStoreError:
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return exc.ResultStoreError(f"result store {where} cannot be used: {reason}")
+    return exc.ResultStoreError(f"result store {where} cannot be used: {scrub(reason, url)}")

@@ -110,10 +110,12 @@ class JobTables:
         found = self.find_job(key)
         if found is not None:
             if (found.results, found.rejects, found.sink) != (results, rejects, sink):
+                self.begin()
                 self.db.execute(
                     "UPDATE jobs SET results=?, rejects=?, sink=? WHERE job=?",
                     (results, rejects, sink, found.job),
                 )
+                self.commit()
                 found.results, found.rejects, found.sink = results, rejects, sink
             found.resumed = True
             return found

@@ -94,16 +94,24 @@ def split_state_url(url: str) -> tuple[str, str]:
     base, _, fragment = url.partition("#")
     name = fragment or "run"
     if not _NAME.fullmatch(name):
+        shown = name if len(name) <= 40 and "@" not in name and ":" not in name else "..."
         raise exc.StateError(
-            f"PostgreSQL state {redact_url(base)}: the state name {name!r} (after #) must be 1 to "
-            "40 lowercase letters, digits or underscores"
+            f"PostgreSQL state {redact_url(base)}: the state name {shown!r} (after #) must be 1 "
+            "to 40 lowercase letters, digits or underscores"
         )
     return base, name
 
 
 def state_schema(base: str, name: str) -> str:
-    """The schema that holds the state ``name`` beside the schema ``base``."""
-    return f"fashiontag_{name}" if base == "public" else f"{base}_ft_{name}"
+    """The schema that holds the state ``name`` beside the schema ``base`` (refused when
+    longer than PostgreSQL's 63-byte names: it would be cut, and two states could meet)."""
+    schema = f"fashiontag_{name}" if base == "public" else f"{base}_ft_{name}"
+    if len(schema.encode()) > 63:
+        raise exc.StateError(
+            f"the state {name!r} beside schema {base!r} needs a schema name longer than "
+            "PostgreSQL's 63 bytes: give a shorter state name (#name)"
+        )
+    return schema
 
 
 @functools.lru_cache(maxsize=512)
@@ -233,7 +241,8 @@ class PostgresStateDB(StateStore):
         self.db.execute("BEGIN")
         if self._fence is not None:
             try:
-                self._fence(self.db.conn)
+                with state_errors(self._url, "check the lease"):
+                    self._fence(self.db.conn)
             except BaseException:
                 self.rollback()
                 raise
@@ -270,7 +279,10 @@ def drop_state(url: str) -> None:
     from psycopg import sql
 
     conninfo, name = split_state_url(url)
-    with state_errors(conninfo, "drop a state"), psycopg.connect(conninfo, autocommit=True) as conn:
+    with (
+        state_errors(conninfo, "drop a state"),
+        psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn,
+    ):
         row = conn.execute("SELECT current_schema()").fetchone()
         if row is None or row[0] is None:
             return

@@ -266,7 +266,13 @@ class StateStore(JobTables):
 
     def mark_complete(self, when: str) -> None:
         """Record that the run is reconciled: the same manifests again have nothing to do."""
-        self.set_meta("completed_at", when)
+        self.begin()  # every write in a transaction: a fenced backend checks its lease there
+        try:
+            self.set_meta("completed_at", when)
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
 
     def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int] | None:
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
@@ -394,7 +400,13 @@ class StateStore(JobTables):
     def pending_singles(self) -> list[tuple[int, bytes]]:
         """Rows routed to the single endpoint whose outcome was never committed."""
         # A state file of an older version has no single counter yet.
-        self.db.execute("INSERT INTO meta VALUES ('n_single', '0') ON CONFLICT DO NOTHING")
+        self.begin()
+        try:
+            self.db.execute("INSERT INTO meta VALUES ('n_single', '0') ON CONFLICT DO NOTHING")
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
         return list(
             self.db.execute("SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos")
         )
