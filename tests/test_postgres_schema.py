@@ -169,3 +169,10 @@ def test_engine_tables_newer_than_this_code_are_refused(postgres_url: str) -> No
 def test_a_state_name_that_is_not_a_name_is_a_clear_error(postgres_url: str) -> None:
     with pytest.raises(StateError, match="state name 'Nightly; DROP'"):
         PostgresStateDB(postgres_url + "#Nightly; DROP")
+
+
+def test_a_run_cannot_name_its_state_after_a_daemons_manifest(postgres_url: str) -> None:
+    from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB
+
+    with pytest.raises(StateError, match="claim_\\* belong to the daemons"):
+        PostgresStateDB(postgres_url + "#claim_7")

@@ -135,6 +135,7 @@ class SharedDaemon:
         self._acquire_failed = False
         #: Attempts in a row that ended on an error, by claim.
         self._failures: dict[int, int] = {}
+        self._ledger: PostgresClaimLedger | None = None
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -143,6 +144,7 @@ class SharedDaemon:
         ledger = await anyio.to_thread.run_sync(
             lambda: PostgresClaimLedger(self.url.partition("#")[0], lease=config.lease)
         )
+        self._ledger = ledger
         keeper = LeaseKeeper(ledger)
         inbox = Inbox(
             inbox_dir,
@@ -188,8 +190,10 @@ class SharedDaemon:
                 await anyio.to_thread.run_sync(ledger.close)
         logger.info("daemon stopped")
 
-    def _drop_settled_states(self, ledger: PostgresClaimLedger) -> None:
+    def _drop_settled_states(self, ledger: PostgresClaimLedger | None) -> None:
         """The states of manifests settled by a daemon that died before dropping them."""
+        if ledger is None:
+            return
         for claim_id in ledger.settled_claim_states():
             drop_state(f"{self.url.partition('#')[0]}#claim_{claim_id}")
 
@@ -205,11 +209,12 @@ class SharedDaemon:
     async def _repair(self, inbox: Inbox) -> None:
         """Every lease length: claims a daemon renamed but never recorded (it died, or lost
         the database, in between) are recorded, so no manifest waits in ``.work`` for a
-        restart."""
+        restart; states of settled claims left behind are dropped."""
         while True:
             await anyio.sleep(self.config.lease)
             try:
                 await anyio.to_thread.run_sync(inbox.repair_shared)
+                await anyio.to_thread.run_sync(self._drop_settled_states, self._ledger)
             except exc.StateError as err:
                 logger.warning("cannot repair the claims: %s; retrying", err)
             else:

@@ -456,7 +456,7 @@ def test_states_of_settled_claims_are_found_for_collection(
     claim(ledger, "m1.csv", "m2.csv")
     first, second = ledger.acquire(2)
     for lease in (first, second):
-        PostgresStateDB(f"{postgres_url}#claim_{lease.claim_id}").close()
+        PostgresStateDB(f"{postgres_url}#claim_{lease.claim_id}", fence=lambda conn: None).close()
     ledger.record_settled("m1.csv", "done", "done/m1.csv", lease=first)
     assert ledger.settled_claim_states() == [first.claim_id]  # m2 is still in flight
     drop_state(f"{postgres_url}#claim_{first.claim_id}")

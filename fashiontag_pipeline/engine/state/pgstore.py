@@ -161,6 +161,11 @@ class PostgresStateDB(StateStore):
         import psycopg
 
         conninfo, self.name = split_state_url(url)
+        if fence is None and self.name.startswith("claim_"):
+            raise exc.StateError(
+                f"PostgreSQL state {redact_url(conninfo)}: state names claim_* belong to the "
+                "daemons' manifests: give this run another name (#name)"
+            )
         self._url = conninfo
         self.location = f"{redact_url(conninfo)}#{self.name}"
         self.where = f"PostgreSQL state {self.location}"
