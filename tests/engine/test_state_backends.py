@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fashiontag_pipeline import StateConflictError
+from fashiontag_pipeline import StateConflictError, StateError
 from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.state import open_state
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -211,3 +211,36 @@ async def test_a_run_whose_database_restarts_stops_clearly_and_the_same_command_
     assert "PostgreSQL state" in stderr and "Traceback" not in stderr
     assert final.returncode == 0, final.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+
+
+async def test_an_output_shorter_than_its_checkpoint_is_an_error_not_a_gap(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    """Lines the state counts as written but the file lost (a machine that died before they
+    reached its disk, a file cut by hand) stop the resume with a clear error."""
+    manifest = write_csv(tmp_path / "m.csv", 6000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = state_location("cut")
+    control = RunControl()
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        client = client_config(svc.url)
+        async with anyio.create_task_group() as tg:
+
+            async def stop_soon() -> None:
+                await anyio.sleep(0.8)
+                control.stop()
+
+            tg.start_soon(stop_soon)
+            first = await run_pipeline(
+                [manifest],
+                client=client,
+                out=out,
+                rejects=rej,
+                state=state,
+                engine=FAST,
+                control=control,
+            )
+        assert first.interrupted and out.stat().st_size > 100
+        out.write_bytes(out.read_bytes()[:100])
+        with pytest.raises(StateError, match="committed lines are missing"):
+            await run_pipeline([manifest], client=client, out=out, rejects=rej, state=state)
