@@ -74,6 +74,9 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
 #: cache holds (the OS page cache serves it), and sequential ids only touch its right edge.
 STATE_CACHE_KIB = 4096
 
+#: WAL pages before SQLite copies them into the state file (its default is 1,000).
+WAL_CHECKPOINT_PAGES = 4000
+
 
 def _lock_exclusively(path: Path) -> int:
     """An exclusive lock on ``PATH.lock`` for as long as the state is open: two runs on one
@@ -425,6 +428,13 @@ class StateDB(StateStore):
         db.execute("PRAGMA synchronous=NORMAL")
         # A bounded page cache keeps memory flat however many ids the run holds.
         db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        # Write volume (200k rows): SQLite builds with SECURE_DELETE (Debian's do) zero every
+        # freed page and write it again, so each chunk body deleted after its task drained went
+        # through the WAL twice; FAST zeroes only what costs no extra page write (WAL 76.9 ->
+        # 52.2 MB). A 16 MB WAL (4,000 pages, not 1,000) lets a checkpoint copy a page that
+        # several commits rewrote once: file writes 30.6 -> 19.6 MB, reads 51 -> 38 MB.
+        db.execute("PRAGMA secure_delete=FAST")
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
         db.executescript(SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
