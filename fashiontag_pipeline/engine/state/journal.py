@@ -245,16 +245,30 @@ class Journal:
         (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
         ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result store are
         written in this transaction and not returned)."""
-        # The ids are committed on their own: inserting one again is a no-op, so a crash before
-        # the batch's own commit leaves nothing to undo (its rows are read again, at positions
-        # the ids already hold).
+        # One transaction: the ids, the rejects and V commit together, so a crash before the
+        # commit leaves nothing (the batch is read again from V). The ids used to commit on
+        # their own, a second transaction per batch for nothing the promise needs.
         self.db.begin()
         try:
-            firsts = self.db.dedupe(keyed)
-            self.db.commit()
+            return self._intake_begun(
+                job, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
+            )
         except BaseException:
             self.db.rollback()
             raise
+
+    def _intake_begun(
+        self,
+        job: int,
+        keyed: Sequence[tuple[str, int]],
+        rejects: list[JobReject],
+        make_dup: Callable[[int, int], JobReject | None],
+        watermark: int,
+        replay_upto: int,
+        routed: Callable[[list[int]], Sequence[Change]] | None,
+        plan: Any,
+    ) -> tuple[list[int], set[int]]:
+        firsts = self.db.dedupe(keyed)
         out: list[int]
         if firsts is None:  # every row is its id's first (the common case)
             out = list(range(len(keyed)))
@@ -286,7 +300,9 @@ class Journal:
         if routed is not None:
             ops.extend(routed(out))
         counters = {"accepted": fresh}
-        touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None, reused)[2]
+        touched = self._apply_begun(
+            None, rejects, ops, counters, {job: counters}, False, None, reused
+        )[2]
         return out, touched
 
     # -------------------------------------------------------------- async side
