@@ -405,11 +405,16 @@ class Journal:
         replaces: int | None,
         resent: int,
         marks: Sequence[tuple[int, int]] = (),
+        *,
+        token: str | None = None,
+        task_id: str | None = None,
     ) -> int:
-        """Write a chunk ahead of its request (see :meth:`StateDB.insert_chunk`)."""
+        """Write a chunk ahead of its request (see :meth:`StateStore.insert_chunk`)."""
 
         def insert() -> int:
-            chunk_id = self.db.insert_chunk(n, last_pos, body, replaces, resent, marks)
+            chunk_id = self.db.insert_chunk(
+                n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id
+            )
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
             return chunk_id

@@ -307,19 +307,24 @@ class StateStore(JobTables):
         replaces: int | None,
         resent: int,
         marks: Sequence[tuple[int, int]] = (),
+        *,
+        token: str | None = None,
+        task_id: str | None = None,
     ) -> int:
-        """Write a chunk ahead of its request; returns its id. One transaction: the chunk, and
-        either the chunked watermarks (W) of the jobs whose new rows it carries (``marks``:
-        (job, last position)), or, for rows sent again, the ``resent`` counter and the chunk
-        ``replaces`` whose unsettled rows it carries (resolved, so they can never be sent
-        twice)."""
+        """Write a chunk ahead of its request; returns its id. One transaction: the chunk
+        (with the ``token`` of the task its request creates, or the ``task_id`` it is appended
+        to), and either the chunked watermarks (W) of the jobs whose new rows it carries
+        (``marks``: (job, last position)), or, for rows sent again, the ``resent`` counter and
+        the chunk ``replaces`` whose unsettled rows it carries (resolved, so they can never be
+        sent twice)."""
         db = self.db
         self.begin()
         # The body goes to its own table: the chunk's row is updated several times (token,
         # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
         (chunk_id,) = db.execute(
-            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?) RETURNING chunk_id",
-            (n, last_pos),
+            "INSERT INTO chunks (state, n, last_pos, token, task_id)"
+            " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
+            (n, last_pos, token, task_id),
         ).fetchone()
         db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
         if replaces is not None:
