@@ -3,7 +3,7 @@
 :meth:`Journal.commit` writes a page's results and/or rejects to the sinks, then in one SQLite
 transaction applies the state changes (:mod:`.changes`), adds to the counters and records the
 sinks' new byte checkpoints, so a resume truncates the outputs to exactly what the state
-knows. Everything runs in one worker thread at a time (a capacity limiter of 1), so the event
+knows. Everything runs in one long-lived thread (:class:`~.worker.StateThread`), so the event
 loop never blocks on disk.
 """
 
@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import anyio
 import msgspec
 
 from ..sinks import PageRow, Reject, ReusedLine, count_outcomes
 from .changes import Change, validated_upto
 from .schema import COUNTERS, JOB_COUNTERS
 from .store import StateStore
+from .worker import StateThread
 
 if TYPE_CHECKING:
     from ..jobs import Job, Jobs
@@ -85,13 +85,13 @@ class Journal:
         #: ``--reuse``: the result store's side of intake and page commits (None: off).
         self.reuse = reuse
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self._limiter = anyio.CapacityLimiter(1)
+        self._thread = StateThread()
         self._last_fsync = time.monotonic()
         self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the state thread."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        return await self._thread.run(fn, *args)
 
     # -------------------------------------------------------------- thread side
 
@@ -367,6 +367,7 @@ class Journal:
         if self._closed:
             return
         self._closed = True
+        self._thread.stop()  # after the calls handed to it
         try:
             for job in list(self.jobs.by_id.values()):
                 self.close_job_outputs(job)

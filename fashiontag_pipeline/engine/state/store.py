@@ -5,7 +5,7 @@ every query; its SQL is the common dialect of SQLite and PostgreSQL (``?`` place
 ``ON CONFLICT``, ``RETURNING``), and a backend supplies the connection and its transactions:
 :class:`StateDB` a SQLite file (WAL, the embedded default), :class:`~.pgstore.PostgresStateDB`
 a schema of a PostgreSQL database. Everything that touches the state or a sink runs in one
-thread at a time (the journal's limiter), so the event loop never blocks on disk and every
+thread at a time (the journal's state thread), so the event loop never blocks on disk and every
 commit is one transaction that moves sink checkpoints and state together. A state is locked
 while a run holds it.
 """
