@@ -5,7 +5,7 @@ an event-loop future resolved with ``call_soon_threadsafe``; the loop never bloc
 A thread of its own rather than ``anyio.to_thread.run_sync`` with a capacity limiter of one:
 that costs a limiter acquire and release, a worker lookup and a task-level cancel scope per
 call: 35-39 us of process CPU a hand-off against 21-22 here (5,000 no-op calls under
-uvloop, both threads counted); a run of 200,000 rows makes ~800.
+uvloop, both threads counted); a run of 200,000 rows makes ~870.
 
 Like ``to_thread.run_sync`` it is not cancellable: a caller cancelled while its call runs
 still waits for it (the call commits or not as a whole, and the caller learns which), then
