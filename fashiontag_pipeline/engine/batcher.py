@@ -190,10 +190,37 @@ class TaskWriter(TaskWrites):
         body, encoded = encode_body(positions, requests)
         last = max(positions)
         marks = [] if resent else job_marks(self.jobs, positions)
-        cid = await self.journal.write_ahead(
-            len(items), last, body, chunk_id, len(items) if resent else 0, marks
-        )
-        await self.start(Chunk(cid, ids, positions, encoded))
+        assert self._tg is not None, "TaskWriter.run is not running"
+        # The task is chosen before the chunk is written ahead, so the write-ahead records it
+        # too (the token of the task it creates, or the task it is appended to): one state
+        # transaction where there were two. Still in dispatch order (chunked watermarks only
+        # grow) and committed before the request is sent.
+        await self.slots.acquire()
+        self.active += 1
+        task: OpenTask | None = None
+        try:
+            task, create = await self._target(len(items))
+            chunk = Chunk(0, ids, positions, encoded)
+            if not create:
+                chunk.task_id = task.task_id
+            chunk.chunk_id = await self.journal.write_ahead(
+                len(items),
+                last,
+                body,
+                chunk_id,
+                len(items) if resent else 0,
+                marks,
+                token=task.token if create else None,
+                task_id=chunk.task_id,
+            )
+        except BaseException:
+            if task is not None:
+                self._unassign(task, create)
+            self.active -= 1
+            self.slots.release()
+            self._check_idle()
+            raise
+        self._tg.start_soon(self._send, chunk, task, create, create)
 
     async def resend(self, items: list[Item], chunk_id: int) -> None:
         """Send again rows without an outcome, in place of chunk ``chunk_id`` (a lost task,
@@ -271,7 +298,21 @@ class TaskWriter(TaskWrites):
 
     # ------------------------------------------------------------------ sending
 
-    async def _send(self, chunk: Chunk, task: OpenTask | None, create: bool) -> None:
+    def _unassign(self, task: OpenTask, create: bool) -> None:
+        """A chunk given ``task`` by :meth:`_target` will not be sent (its write-ahead
+        failed: the run is ending)."""
+        task.inflight -= 1
+        if create:
+            task.failed = True
+            task.created.set()
+            if self.current is task:
+                self.current = None
+
+    async def _send(
+        self, chunk: Chunk, task: OpenTask | None, create: bool, token_written: bool = False
+    ) -> None:
+        """Send ``chunk`` (to ``task``, which it creates when ``create``; None: choose one)
+        until it is settled. ``token_written``: the write-ahead recorded ``task``'s token."""
         try:
             while True:
                 if task is None:
@@ -286,7 +327,7 @@ class TaskWriter(TaskWrites):
                         task, create = await self._target(len(chunk.ids))
                 try:
                     if create:
-                        done = await self._create(task, chunk)
+                        done = await self._create(task, chunk, token_written)
                     else:
                         done = await self._append(task, chunk)
                 finally:
@@ -298,6 +339,7 @@ class TaskWriter(TaskWrites):
                 if done:
                     return
                 task = None
+                token_written = False
         finally:
             self.active -= 1
             self.slots.release()

@@ -168,9 +168,11 @@ class TaskWrites:
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
         return refused(err)
 
-    async def _create(self, task: OpenTask, chunk: Chunk) -> bool:
-        """POST the chunk as a new task. True when the chunk is settled."""
-        await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
+    async def _create(self, task: OpenTask, chunk: Chunk, token_written: bool = False) -> bool:
+        """POST the chunk as a new task. True when the chunk is settled. ``token_written``:
+        the chunk's write-ahead recorded the task's token already."""
+        if not token_written:
+            await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
         while True:
             try:
                 response = await self.client.create_task(

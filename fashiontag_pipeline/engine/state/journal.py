@@ -3,7 +3,7 @@
 :meth:`Journal.commit` writes a page's results and/or rejects to the sinks, then in one SQLite
 transaction applies the state changes (:mod:`.changes`), adds to the counters and records the
 sinks' new byte checkpoints, so a resume truncates the outputs to exactly what the state
-knows. Everything runs in one worker thread at a time (a capacity limiter of 1), so the event
+knows. Everything runs in one long-lived thread (:class:`~.worker.StateThread`), so the event
 loop never blocks on disk.
 """
 
@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import anyio
 import msgspec
 
 from ..sinks import PageRow, Reject, ReusedLine, count_outcomes
 from .changes import Change, validated_upto
 from .schema import COUNTERS, JOB_COUNTERS
 from .store import StateStore
+from .worker import StateThread
 
 if TYPE_CHECKING:
     from ..jobs import Job, Jobs
@@ -85,13 +85,13 @@ class Journal:
         #: ``--reuse``: the result store's side of intake and page commits (None: off).
         self.reuse = reuse
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self._limiter = anyio.CapacityLimiter(1)
+        self._thread = StateThread()
         self._last_fsync = time.monotonic()
         self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the state thread."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        return await self._thread.run(fn, *args)
 
     # -------------------------------------------------------------- thread side
 
@@ -245,16 +245,30 @@ class Journal:
         (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
         ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result store are
         written in this transaction and not returned)."""
-        # The ids are committed on their own: inserting one again is a no-op, so a crash before
-        # the batch's own commit leaves nothing to undo (its rows are read again, at positions
-        # the ids already hold).
+        # One transaction: the ids, the rejects and V commit together, so a crash before the
+        # commit leaves nothing (the batch is read again from V). The ids used to commit on
+        # their own, a second transaction per batch for nothing the promise needs.
         self.db.begin()
         try:
-            firsts = self.db.dedupe(keyed)
-            self.db.commit()
+            return self._intake_begun(
+                job, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
+            )
         except BaseException:
             self.db.rollback()
             raise
+
+    def _intake_begun(
+        self,
+        job: int,
+        keyed: Sequence[tuple[str, int]],
+        rejects: list[JobReject],
+        make_dup: Callable[[int, int], JobReject | None],
+        watermark: int,
+        replay_upto: int,
+        routed: Callable[[list[int]], Sequence[Change]] | None,
+        plan: Any,
+    ) -> tuple[list[int], set[int]]:
+        firsts = self.db.dedupe(keyed)
         out: list[int]
         if firsts is None:  # every row is its id's first (the common case)
             out = list(range(len(keyed)))
@@ -286,7 +300,9 @@ class Journal:
         if routed is not None:
             ops.extend(routed(out))
         counters = {"accepted": fresh}
-        touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None, reused)[2]
+        touched = self._apply_begun(
+            None, rejects, ops, counters, {job: counters}, False, None, reused
+        )[2]
         return out, touched
 
     # -------------------------------------------------------------- async side
@@ -351,6 +367,7 @@ class Journal:
         if self._closed:
             return
         self._closed = True
+        self._thread.stop()  # after the calls handed to it
         try:
             for job in list(self.jobs.by_id.values()):
                 self.close_job_outputs(job)
@@ -389,11 +406,16 @@ class Journal:
         replaces: int | None,
         resent: int,
         marks: Sequence[tuple[int, int]] = (),
+        *,
+        token: str | None = None,
+        task_id: str | None = None,
     ) -> int:
-        """Write a chunk ahead of its request (see :meth:`StateDB.insert_chunk`)."""
+        """Write a chunk ahead of its request (see :meth:`StateStore.insert_chunk`)."""
 
         def insert() -> int:
-            chunk_id = self.db.insert_chunk(n, last_pos, body, replaces, resent, marks)
+            chunk_id = self.db.insert_chunk(
+                n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id
+            )
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
             return chunk_id

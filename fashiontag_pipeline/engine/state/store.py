@@ -5,7 +5,7 @@ every query; its SQL is the common dialect of SQLite and PostgreSQL (``?`` place
 ``ON CONFLICT``, ``RETURNING``), and a backend supplies the connection and its transactions:
 :class:`StateDB` a SQLite file (WAL, the embedded default), :class:`~.pgstore.PostgresStateDB`
 a schema of a PostgreSQL database. Everything that touches the state or a sink runs in one
-thread at a time (the journal's limiter), so the event loop never blocks on disk and every
+thread at a time (the journal's state thread), so the event loop never blocks on disk and every
 commit is one transaction that moves sink checkpoints and state together. A state is locked
 while a run holds it.
 """
@@ -73,6 +73,9 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
 #: cache would not help at scale either: 10M random catalogue ids make a ~400 MB B-tree that no
 #: cache holds (the OS page cache serves it), and sequential ids only touch its right edge.
 STATE_CACHE_KIB = 4096
+
+#: WAL pages before SQLite copies them into the state file (its default is 1,000).
+WAL_CHECKPOINT_PAGES = 4000
 
 
 def _lock_exclusively(path: Path) -> int:
@@ -310,19 +313,24 @@ class StateStore(JobTables):
         replaces: int | None,
         resent: int,
         marks: Sequence[tuple[int, int]] = (),
+        *,
+        token: str | None = None,
+        task_id: str | None = None,
     ) -> int:
-        """Write a chunk ahead of its request; returns its id. One transaction: the chunk, and
-        either the chunked watermarks (W) of the jobs whose new rows it carries (``marks``:
-        (job, last position)), or, for rows sent again, the ``resent`` counter and the chunk
-        ``replaces`` whose unsettled rows it carries (resolved, so they can never be sent
-        twice)."""
+        """Write a chunk ahead of its request; returns its id. One transaction: the chunk
+        (with the ``token`` of the task its request creates, or the ``task_id`` it is appended
+        to), and either the chunked watermarks (W) of the jobs whose new rows it carries
+        (``marks``: (job, last position)), or, for rows sent again, the ``resent`` counter and
+        the chunk ``replaces`` whose unsettled rows it carries (resolved, so they can never be
+        sent twice)."""
         db = self.db
         self.begin()
         # The body goes to its own table: the chunk's row is updated several times (token,
         # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
         (chunk_id,) = db.execute(
-            "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?) RETURNING chunk_id",
-            (n, last_pos),
+            "INSERT INTO chunks (state, n, last_pos, token, task_id)"
+            " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
+            (n, last_pos, token, task_id),
         ).fetchone()
         db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
         if replaces is not None:
@@ -437,6 +445,13 @@ class StateDB(StateStore):
         db.execute("PRAGMA synchronous=NORMAL")
         # A bounded page cache keeps memory flat however many ids the run holds.
         db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        # Write volume (200k rows): SQLite builds with SECURE_DELETE (Debian's do) zero every
+        # freed page and write it again, so each chunk body deleted after its task drained went
+        # through the WAL twice; FAST zeroes only what costs no extra page write (WAL 76.9 ->
+        # 52.2 MB). A 16 MB WAL (4,000 pages, not 1,000) lets a checkpoint copy a page that
+        # several commits rewrote once: file writes 30.6 -> 19.6 MB, reads 51 -> 38 MB.
+        db.execute("PRAGMA secure_delete=FAST")
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
         db.executescript(SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
