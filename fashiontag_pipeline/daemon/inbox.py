@@ -364,14 +364,18 @@ class Inbox:
         )
 
     def _claim_shared(self, path: Path, record: ClaimRecord) -> Claim | None:
-        """The rename first: of several daemons, the one whose rename succeeds owns the file;
-        then its record (if the name is not in flight already)."""
+        """The move first: of several daemons, the one whose move succeeds owns the file;
+        then its record (if the name is not in flight already). The move is a hard link that
+        fails when ``.work`` has the name (a rename would replace a file another daemon moved
+        there a moment before), then the inbox's name is removed."""
         name = path.name
         self._seen.pop(name, None)
         try:
-            os.rename(path, self.work / name)
-        except FileNotFoundError:
-            return None  # another daemon claimed it
+            os.link(path, self.work / name)
+        except (FileNotFoundError, FileExistsError):
+            return None  # another daemon claimed it, or one of that name is in flight
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
         (self.root / f"{name}{READY_SUFFIX}").unlink(missing_ok=True)
         fsync_dir(self.root)
         fsync_dir(self.work)
