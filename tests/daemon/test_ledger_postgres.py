@@ -461,3 +461,21 @@ def test_states_of_settled_claims_are_found_for_collection(
     assert ledger.settled_claim_states() == [first.claim_id]  # m2 is still in flight
     drop_state(f"{postgres_url}#claim_{first.claim_id}")
     assert ledger.settled_claim_states() == []
+
+
+async def test_forgetting_a_lost_lease_keeps_the_newer_lease_of_the_same_claim(
+    open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
+) -> None:
+    """A daemon that leases a claim again (its earlier lease ended) while the earlier lease's
+    task is still ending: that task forgetting or releasing its lease must not drop the new one."""
+    ledger = open_ledger(owner="a")
+    claim(ledger, "m.csv")
+    keeper = LeaseKeeper(ledger)
+    [old] = await keeper.acquire(1)
+    expire(postgres_url, old)
+    [new] = await keeper.acquire(1)
+    assert (new.claim_id, new.epoch) == (old.claim_id, old.epoch + 1)
+    keeper.forget(old)
+    await keeper.release(old)  # refused by the database (an old epoch): nothing changes
+    assert keeper.lease_of(new.claim_id) == new
+    assert ledger.renew([new]).keys() == {new.claim_id}
