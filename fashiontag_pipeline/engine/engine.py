@@ -177,19 +177,26 @@ class Engine:
     ) -> bool | None:
         self.close()
         assert self._stack is not None
+        # The normal end arrives as a cancellation (the task group cancels the caller's wait);
+        # any other exception means a stage died.
+        cancelled = anyio.get_cancelled_exc_class()
+        failed = exc_type is not None and not issubclass(exc_type, cancelled)
         try:
             return await self._stack.__aexit__(exc_type, exc_value, tb)
+        except BaseException as err:
+            failed = failed or not isinstance(err, cancelled)
+            raise
         finally:
             self.source.close_readers()
             # Shielded: an engine cancelled from outside still reconciles, flushes and closes
             # every open job's outputs and the state store.
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._conclude()
+                    await self._conclude(failed=failed)
                 finally:
                     await anyio.to_thread.run_sync(self.journal.close)
 
-    async def _conclude(self) -> None:
+    async def _conclude(self, *, failed: bool = False) -> None:
         """The end-of-life check (:meth:`StateDB.reconcile`): complete only when every row
         taken in has an outcome and nothing is in flight; then the state records it (the same
         manifests again: nothing to do)."""
@@ -204,6 +211,11 @@ class Engine:
             logger.exception("the state store cannot be reconciled")
             self.complete = False
             return
+        if failed:
+            # A stage died (a state write refused, a bug): rows it had not yet taken in are
+            # in no count, so the counts may agree while the manifests are not done. Never
+            # recorded complete: the same command resumes from the state.
+            self.complete = False
         ended = self.complete and not self.interrupted
         done = ended and self.reconciliation.complete
         if ended and not done:

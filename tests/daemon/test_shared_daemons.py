@@ -318,3 +318,27 @@ def test_two_daemons_never_share_an_output_folder(tmp_path: Path) -> None:
         assert len(set(folders)) == 2, folders
         for folder in folders:
             shutil.rmtree(folder)
+
+
+async def test_a_manifest_the_state_cannot_hold_fails_with_its_reason(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """An id holding NUL (JSON allows it; PostgreSQL text cannot store it) stops the manifest
+    on every attempt: after a few it fails with the reason, and the daemon goes on."""
+    async with running_service(ServiceConfig()) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url).start()
+        try:
+            await a.wait_ready_endpoint()
+            a.inbox.mkdir(parents=True, exist_ok=True)
+            tmp = a.inbox / ".bad.part"
+            tmp.write_bytes(b'{"id": "x\\u0000y", "url": "https://img.example/1.jpg"}\n')
+            os.rename(tmp, a.inbox / "bad.jsonl")
+            summary = await a.wait_summary("bad", timeout=90)
+            _drop(a.inbox, "good.csv", _ids("g", 50))
+            good = await a.wait_summary("good", timeout=60)
+            assert await a.stop() == 0
+        finally:
+            a.ensure_dead()
+    assert summary["status"] == "failed" and "attempts" in summary["reason"]
+    assert (a.inbox / "failed" / "bad.jsonl").exists()
+    assert good["status"] == "done" and good["tagged"] == 50

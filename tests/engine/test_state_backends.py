@@ -244,3 +244,35 @@ async def test_an_output_shorter_than_its_checkpoint_is_an_error_not_a_gap(
         out.write_bytes(out.read_bytes()[:100])
         with pytest.raises(StateError, match="committed lines are missing"):
             await run_pipeline([manifest], client=client, out=out, rejects=rej, state=state)
+
+
+async def test_a_run_that_dies_on_a_state_error_is_never_recorded_complete(
+    tmp_path: Path, state_location: StateAt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intake's state write fails before the manifest's rows are taken in: no count has
+    them, so the counts agree. The run must still not be recorded complete: the same command
+    then tags every row (it used to answer "already complete", with the rows never tagged)."""
+    from fashiontag_pipeline.engine.state import Journal
+
+    manifest = tmp_path / "m.jsonl"  # one row: read to its end before the intake fails
+    manifest.write_text('{"id": "p0", "url": "https://img.example/0.jpg"}\n')
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    state = state_location("dies")
+    real = Journal._intake
+
+    def refused(self: Journal, *args: object, **kwargs: object) -> object:
+        raise StateError("the state refused the write (staged)")
+
+    async with running_service(ServiceConfig()) as svc:
+        client = client_config(svc.url)
+        monkeypatch.setattr(Journal, "_intake", refused)
+        with pytest.raises(StateError, match="staged"):
+            await run_pipeline(
+                [manifest], client=client, out=out, rejects=rej, state=state, engine=FAST
+            )
+        monkeypatch.setattr(Journal, "_intake", real)
+        again = await run_pipeline(
+            [manifest], client=client, out=out, rejects=rej, state=state, engine=FAST
+        )
+    assert again.opened != "complete" and again.complete and again.tagged == 1
+    assert_exactly_once(out, rej, ids_of(1))
