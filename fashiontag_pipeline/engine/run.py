@@ -117,8 +117,7 @@ async def run_pipeline(
             return already_complete(run, out, rejects, db.location, started)
         # The job's outputs are the ones given now (a resume may name other paths).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
-        db.begin()  # the state's side of --reuse is prepared in a (fenced) transaction
-        try:
+        with db.transaction():  # the state's side of --reuse, in a (fenced) transaction
             reuse = open_reuse(  # --reuse: None without a store
                 engine,
                 language=client.language,
@@ -126,10 +125,6 @@ async def run_pipeline(
                 resumed=run.resumed,
                 state=where,
             )
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
     except BaseException:
         db.close()
         close_readers()

@@ -9,7 +9,8 @@ the job ``run``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -62,6 +63,21 @@ class JobTables:
     def commit(self) -> None:
         raise NotImplementedError
 
+    def rollback(self) -> None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One write transaction (a fenced backend checks its lease at its start): committed
+        when the block ends, rolled back when it raises."""
+        self.begin()
+        try:
+            yield
+        except BaseException:
+            self.rollback()
+            raise
+        self.commit()
+
     def meta(self, key: str, default: str | None = None) -> str | None:
         raise NotImplementedError
 
@@ -110,24 +126,23 @@ class JobTables:
         found = self.find_job(key)
         if found is not None:
             if (found.results, found.rejects, found.sink) != (results, rejects, sink):
-                self.begin()
-                self.db.execute(
-                    "UPDATE jobs SET results=?, rejects=?, sink=? WHERE job=?",
-                    (results, rejects, sink, found.job),
-                )
-                self.commit()
+                with self.transaction():
+                    self.db.execute(
+                        "UPDATE jobs SET results=?, rejects=?, sink=? WHERE job=?",
+                        (results, rejects, sink, found.job),
+                    )
                 found.results, found.rejects, found.sink = results, rejects, sink
             found.resumed = True
             return found
-        self.begin()
-        first = int(self.meta("next_source", "0") or 0)
-        sources = [(first + i, m) for i, m in enumerate(manifests)]
-        self.set_meta("next_source", first + len(sources))
-        self.db.execute(
-            "INSERT INTO jobs (key, name, sources, results, rejects, sink) VALUES (?,?,?,?,?,?)",
-            (key, name, msgspec.json.encode(sources).decode(), results, rejects, sink),
-        )
-        self.commit()
+        with self.transaction():
+            first = int(self.meta("next_source", "0") or 0)
+            sources = [(first + i, m) for i, m in enumerate(manifests)]
+            self.set_meta("next_source", first + len(sources))
+            self.db.execute(
+                "INSERT INTO jobs (key, name, sources, results, rejects, sink)"
+                " VALUES (?,?,?,?,?,?)",
+                (key, name, msgspec.json.encode(sources).decode(), results, rejects, sink),
+            )
         found = self.find_job(key)
         assert found is not None
         return found
@@ -139,26 +154,25 @@ class JobTables:
             return
         names = msgspec.json.decode(self.meta("manifests") or "[]", type=list[str])
         counters = [int(self.meta(f"n_{k}", "0") or 0) for k in JOB_COUNTERS]
-        self.begin()
-        self.db.execute(
-            "INSERT INTO jobs (job, key, name, sources, results, rejects, validated,"
-            " chunked, results_ckpt, rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ")"
-            " VALUES (0, 'run', ?, ?, '', '', ?, ?, ?, ?" + ", ?" * len(JOB_COUNTERS) + ")"
-            " ON CONFLICT DO NOTHING",
-            (
-                ", ".join(names),
-                msgspec.json.encode(list(enumerate(names))).decode(),
-                int(self.meta("validated", "-1") or -1),
-                int(self.meta("chunked", "-1") or -1),
-                int(self.meta("results_ckpt", "0") or 0),
-                int(self.meta("rejects_ckpt", "0") or 0),
-                *counters,
-            ),
-        )
-        self.set_meta("next_source", len(names))
-        for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
-            self.db.execute("DELETE FROM meta WHERE key=?", (key,))
-        self.commit()
+        with self.transaction():
+            self.db.execute(
+                "INSERT INTO jobs (job, key, name, sources, results, rejects, validated,"
+                " chunked, results_ckpt, rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ")"
+                " VALUES (0, 'run', ?, ?, '', '', ?, ?, ?, ?" + ", ?" * len(JOB_COUNTERS) + ")"
+                " ON CONFLICT DO NOTHING",
+                (
+                    ", ".join(names),
+                    msgspec.json.encode(list(enumerate(names))).decode(),
+                    int(self.meta("validated", "-1") or -1),
+                    int(self.meta("chunked", "-1") or -1),
+                    int(self.meta("results_ckpt", "0") or 0),
+                    int(self.meta("rejects_ckpt", "0") or 0),
+                    *counters,
+                ),
+            )
+            self.set_meta("next_source", len(names))
+            for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
+                self.db.execute("DELETE FROM meta WHERE key=?", (key,))
 
     def job_complete(
         self,
@@ -175,21 +189,20 @@ class JobTables:
         single-mode rows are deleted in the same transaction, so the state of a daemon that
         runs for weeks grows with the rows in flight, not with every row it ever took."""
         db = self.db
-        self.begin()
-        if forget_rows:
-            db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
-            row = db.execute("SELECT sources FROM jobs WHERE job=?", (job,)).fetchone()
-            for src, _ in _sources_decoder.decode(row[0]) if row else ():
-                db.execute(
-                    "DELETE FROM singles WHERE pos >= ? AND pos < ?",
-                    (src << POS_SHIFT, (src + 1) << POS_SHIFT),
-                )
-        (tasks,) = db.execute("SELECT count(*) FROM job_tasks WHERE job=?", (job,)).fetchone()
-        db.execute(
-            "UPDATE jobs SET state='complete', completed_at=?, tasks=?, failure=?, rows_read=?"
-            " WHERE job=?",
-            (when, tasks, failure, rows_read, job),
-        )
-        db.execute("DELETE FROM job_tasks WHERE job=?", (job,))
-        self.commit()
+        with self.transaction():
+            if forget_rows:
+                db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
+                row = db.execute("SELECT sources FROM jobs WHERE job=?", (job,)).fetchone()
+                for src, _ in _sources_decoder.decode(row[0]) if row else ():
+                    db.execute(
+                        "DELETE FROM singles WHERE pos >= ? AND pos < ?",
+                        (src << POS_SHIFT, (src + 1) << POS_SHIFT),
+                    )
+            (tasks,) = db.execute("SELECT count(*) FROM job_tasks WHERE job=?", (job,)).fetchone()
+            db.execute(
+                "UPDATE jobs SET state='complete', completed_at=?, tasks=?, failure=?, rows_read=?"
+                " WHERE job=?",
+                (when, tasks, failure, rows_read, job),
+            )
+            db.execute("DELETE FROM job_tasks WHERE job=?", (job,))
         return int(tasks)

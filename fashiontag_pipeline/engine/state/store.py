@@ -162,15 +162,14 @@ class StateStore(JobTables):
                 raise exc.StateConflictError(self._conflict(stored, prints, same))
             self._wipe()
         token = secrets.token_hex(8)
-        self.begin()
-        self.set_meta("run_token", token)
-        self.set_meta("prints", msgspec.json.encode(prints).decode())
-        self.set_meta("manifests", msgspec.json.encode([p.name for p in prints]).decode())
-        self.set_meta("task_seq", 0)
-        self.set_meta("next_source", 0)
-        for key in COUNTERS:
-            self.set_meta(f"n_{key}", 0)
-        self.commit()
+        with self.transaction():
+            self.set_meta("run_token", token)
+            self.set_meta("prints", msgspec.json.encode(prints).decode())
+            self.set_meta("manifests", msgspec.json.encode([p.name for p in prints]).decode())
+            self.set_meta("task_seq", 0)
+            self.set_meta("next_source", 0)
+            for key in COUNTERS:
+                self.set_meta(f"n_{key}", 0)
         return self._run_state(token, opened=opened, note=note)
 
     def _conflict(
@@ -196,10 +195,9 @@ class StateStore(JobTables):
         )
 
     def _wipe(self) -> None:
-        self.begin()
-        for table in TABLES:
-            self.db.execute(f"DELETE FROM {table}")
-        self.commit()
+        with self.transaction():
+            for table in TABLES:
+                self.db.execute(f"DELETE FROM {table}")
 
     def _run_state(
         self, token: str, *, opened: str, note: str = "", completed_at: str | None = None
@@ -220,13 +218,12 @@ class StateStore(JobTables):
         token = self.meta("run_token")
         if token is None:
             token = secrets.token_hex(8)
-            self.begin()
-            self.set_meta("run_token", token)
-            self.set_meta("task_seq", 0)
-            self.set_meta("next_source", 0)
-            for key in COUNTERS:
-                self.set_meta(f"n_{key}", 0)
-            self.commit()
+            with self.transaction():
+                self.set_meta("run_token", token)
+                self.set_meta("task_seq", 0)
+                self.set_meta("next_source", 0)
+                for key in COUNTERS:
+                    self.set_meta(f"n_{key}", 0)
             return self._run_state(token, opened="new")
         return self._run_state(token, opened="resumed")
 
@@ -269,13 +266,8 @@ class StateStore(JobTables):
 
     def mark_complete(self, when: str) -> None:
         """Record that the run is reconciled: the same manifests again have nothing to do."""
-        self.begin()  # every write in a transaction: a fenced backend checks its lease there
-        try:
+        with self.transaction():  # a fenced backend checks its lease there
             self.set_meta("completed_at", when)
-            self.commit()
-        except BaseException:
-            self.rollback()
-            raise
 
     def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int] | None:
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
@@ -324,32 +316,31 @@ class StateStore(JobTables):
         the chunk ``replaces`` whose unsettled rows it carries (resolved, so they can never be
         sent twice)."""
         db = self.db
-        self.begin()
-        # The body goes to its own table: the chunk's row is updated several times (token,
-        # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
-        (chunk_id,) = db.execute(
-            "INSERT INTO chunks (state, n, last_pos, token, task_id)"
-            " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
-            (n, last_pos, token, task_id),
-        ).fetchone()
-        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
-        if replaces is not None:
-            db.execute(
-                "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
-            )
-            db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
-        if resent:
-            db.execute(
-                "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT)"
-                " WHERE key = 'n_resent'",
-                (resent,),
-            )
-        else:
-            db.executemany(
-                "UPDATE jobs SET chunked=? WHERE job=? AND chunked < ?",
-                [(pos, job, pos) for job, pos in marks],
-            )
-        self.commit()
+        with self.transaction():
+            # The body goes to its own table: the chunk's row is updated several times (token,
+            # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
+            (chunk_id,) = db.execute(
+                "INSERT INTO chunks (state, n, last_pos, token, task_id)"
+                " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
+                (n, last_pos, token, task_id),
+            ).fetchone()
+            db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
+            if replaces is not None:
+                db.execute(
+                    "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
+                )
+                db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
+            if resent:
+                db.execute(
+                    "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT)"
+                    " WHERE key = 'n_resent'",
+                    (resent,),
+                )
+            else:
+                db.executemany(
+                    "UPDATE jobs SET chunked=? WHERE job=? AND chunked < ?",
+                    [(pos, job, pos) for job, pos in marks],
+                )
         return int(chunk_id)
 
     def resume_tasks(self) -> list[tuple[Any, ...]]:
@@ -408,13 +399,8 @@ class StateStore(JobTables):
     def pending_singles(self) -> list[tuple[int, bytes]]:
         """Rows routed to the single endpoint whose outcome was never committed."""
         # A state file of an older version has no single counter yet.
-        self.begin()
-        try:
+        with self.transaction():
             self.db.execute("INSERT INTO meta VALUES ('n_single', '0') ON CONFLICT DO NOTHING")
-            self.commit()
-        except BaseException:
-            self.rollback()
-            raise
         return list(
             self.db.execute("SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos")
         )
