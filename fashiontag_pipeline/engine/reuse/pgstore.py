@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import _exceptions as exc
 from ..._postgres import migrate, redact_url, scrub
-from .store import LOOKUP_BATCH, LastRun, StoredResult, StoreStats
+from .store import LOOKUP_BATCH, StoreConnections, StoredResult, StoreStats, last_run_of
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,8 +31,11 @@ __all__ = ["PostgresResultStore"]
 _PRUNE_BATCH = 10_000
 
 
-class PostgresResultStore:
+class PostgresResultStore(StoreConnections):
     """A result store in PostgreSQL; see the module docstring. Use :meth:`open`."""
+
+    _reader: psycopg.Connection[Any]
+    _writer: psycopg.Connection[Any]
 
     def __init__(
         self,
@@ -96,22 +99,6 @@ class PostgresResultStore:
                 f"result store {where} holds nothing yet: no run has used it (--reuse)"
             )
         return cls(conninfo, reader, writer, created=created)
-
-    def close(self) -> None:
-        """Close both connections (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._reader.close()
-        finally:
-            self._writer.close()
-
-    def __enter__(self) -> PostgresResultStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
@@ -190,23 +177,13 @@ class PostgresResultStore:
             ).fetchone()
         assert row is not None
         rows, oldest, newest, size = row
-        last_run = None
-        if last is not None:
-            started, finished, looked_up, reused, stored = last
-            last_run = LastRun(
-                started_at=started,
-                finished_at=finished,
-                looked_up=looked_up,
-                reused=reused,
-                stored=stored,
-            )
         return StoreStats(
             path=self.path,
             rows=int(rows),
             size_bytes=int(size),
             oldest=oldest,
             newest=newest,
-            last_run=last_run,
+            last_run=last_run_of(last),
         )
 
     def prune(self, older_than: float, *, now: Any = None) -> int:

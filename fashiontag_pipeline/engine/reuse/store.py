@@ -40,7 +40,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, Self
 
 import msgspec
 
@@ -115,6 +115,49 @@ class StoreStats(msgspec.Struct, frozen=True, kw_only=True):
 Clock = Callable[[], float]
 
 
+def last_run_of(row: Sequence[Any] | None) -> LastRun | None:
+    """The last run from a ``SELECT started_at, finished_at, looked_up, reused, stored`` row."""
+    if row is None:
+        return None
+    started, finished, looked_up, reused, stored = row
+    return LastRun(
+        started_at=started,
+        finished_at=finished,
+        looked_up=looked_up,
+        reused=reused,
+        stored=stored,
+    )
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class StoreConnections:
+    """What both result stores share: a reader and a writer connection, closed together
+    (lookups never wait on a commit)."""
+
+    _reader: _Closable
+    _writer: _Closable
+    _closed: bool
+
+    def close(self) -> None:
+        """Close both connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._reader.close()
+        finally:
+            self._writer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class ResultStoreAPI(Protocol):
     """What a result store offers, in a file (:class:`ResultStore`) or in PostgreSQL
     (:class:`~.pgstore.PostgresResultStore`)."""
@@ -152,8 +195,11 @@ def open_store(location: str | Path, *, create: bool = True) -> ResultStoreAPI:
     return ResultStore.open(location, create=create)
 
 
-class ResultStore:
+class ResultStore(StoreConnections):
     """A result store file; see the module docstring. Use :meth:`open`."""
+
+    _reader: sqlite3.Connection
+    _writer: sqlite3.Connection
 
     def __init__(
         self, path: Path, reader: sqlite3.Connection, writer: sqlite3.Connection, *, created: bool
@@ -250,22 +296,6 @@ class ResultStore:
             "to start an empty store, and every row will be tagged again)"
         )
 
-    def close(self) -> None:
-        """Close both connections (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._reader.close()
-        finally:
-            self._writer.close()
-
-    def __enter__(self) -> ResultStore:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     # -------------------------------------------------------------- the engine's calls
 
     def lookup(self, fps: Sequence[bytes], *, newer_than: float) -> dict[bytes, StoredResult]:
@@ -344,23 +374,13 @@ class ResultStore:
         for suffix in ("", "-wal"):
             with contextlib.suppress(FileNotFoundError):
                 size += os.stat(f"{self.path}{suffix}").st_size
-        last_run = None
-        if last is not None:
-            started, finished, looked_up, reused, stored = last
-            last_run = LastRun(
-                started_at=started,
-                finished_at=finished,
-                looked_up=looked_up,
-                reused=reused,
-                stored=stored,
-            )
         return StoreStats(
             path=str(self.path),
             rows=rows,
             size_bytes=size,
             oldest=oldest,
             newest=newest,
-            last_run=last_run,
+            last_run=last_run_of(last),
         )
 
     def prune(self, older_than: float, *, now: Clock = time.time) -> int:
