@@ -20,7 +20,7 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig, RunControl, RunSummary, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.pagers import ResultPagers
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -179,42 +179,6 @@ async def test_an_id_repeated_on_a_later_page(tmp_path: Path) -> None:
     assert next(r for r in o.results if r["id"] == "p199")["taskId"] != proxy.created[0]
 
 
-async def test_interrupted_run_reports_exactly_the_rows_without_outcome(tmp_path: Path) -> None:
-    manifest = write_csv(tmp_path / "m.csv", 6000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    state = tmp_path / "run.state"
-    control = RunControl()
-    async with running_service(ServiceConfig(rate=3000.0)) as svc:
-        async with anyio.create_task_group() as tg:
-
-            async def stop_soon() -> None:
-                await anyio.sleep(0.8)
-                control.stop()
-
-            tg.start_soon(stop_soon)
-            first = await run_pipeline(
-                [manifest],
-                client=client_config(svc.url),
-                out=out,
-                rejects=rej,
-                state=state,
-                engine=FAST,
-                control=control,
-            )
-        assert not first.complete and first.interrupted
-        assert first.unsettled == rows_without_outcome(state, out, rej) > 0
-        second = await run_pipeline(
-            [manifest],
-            client=client_config(svc.url),
-            out=out,
-            rejects=rej,
-            state=state,
-            engine=FAST,
-        )
-    assert second.complete and second.unsettled == 0
-    assert_exactly_once(out, rej, ids_of(6000))
-
-
 # ------------------------------------------------------------------ the server's clock
 
 
@@ -358,29 +322,6 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
             )
         assert resumed.returncode == 0, resumed.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
-
-
-async def test_a_second_run_on_the_same_state_is_refused_while_the_first_runs(
-    tmp_path: Path,
-) -> None:
-    """Two runs on one state file would both resume it and write the same outputs: the
-    second is refused (exit 2, nothing touched); after the first ends, the same command finds
-    the run complete."""
-    manifest = write_csv(tmp_path / "m.csv", 8000)
-    out = tmp_path / "results.jsonl"
-    async with running_service(ServiceConfig(rate=4000.0)) as svc:
-        args = run_args(svc.url, out, str(manifest))
-        first = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        await results_appear(out)
-        second = await anyio.run_process(args, check=False, env=ENV)
-        with anyio.fail_after(60):
-            assert await first.wait() == 0
-        await first.aclose()
-        again = await anyio.run_process(args, check=False, env=ENV)
-    assert second.returncode == 2, second.stderr.decode()
-    assert b"in use by another run" in second.stderr
-    assert again.returncode == 0 and b"already complete" in again.stderr
-    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(8000))
 
 
 async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fashiontag_pipeline import StateConflictError, StateError
-from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
+from fashiontag_pipeline import ClientConfig, StateConflictError, StateError
+from fashiontag_pipeline.engine import EngineConfig, RunControl, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.state import open_state
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -56,6 +56,29 @@ async def results_appear(path: Path) -> None:
     with anyio.fail_after(60):
         while not path.exists() or path.stat().st_size == 0:
             await anyio.sleep(0.01)
+
+
+async def interrupted_run(
+    manifest: Path, client: ClientConfig, out: Path, rej: Path, state: Path | str
+) -> RunSummary:
+    """A run stopped (drained) 0.8 s after it starts: part of its rows have no outcome."""
+    control = RunControl()
+    async with anyio.create_task_group() as tg:
+
+        async def stop_soon() -> None:
+            await anyio.sleep(0.8)
+            control.stop()
+
+        tg.start_soon(stop_soon)
+        return await run_pipeline(
+            [manifest],
+            client=client,
+            out=out,
+            rejects=rej,
+            state=state,
+            engine=FAST,
+            control=control,
+        )
 
 
 async def test_a_run_is_tagged_once_then_found_complete(
@@ -135,25 +158,9 @@ async def test_an_interrupted_run_counts_its_rows_without_outcome_and_guards_its
     manifest = write_csv(tmp_path / "m.csv", 6000)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     state = state_location("interrupted")
-    control = RunControl()
     async with running_service(ServiceConfig(rate=3000.0)) as svc:
         client = client_config(svc.url)
-        async with anyio.create_task_group() as tg:
-
-            async def stop_soon() -> None:
-                await anyio.sleep(0.8)
-                control.stop()
-
-            tg.start_soon(stop_soon)
-            first = await run_pipeline(
-                [manifest],
-                client=client,
-                out=out,
-                rejects=rej,
-                state=state,
-                engine=FAST,
-                control=control,
-            )
+        first = await interrupted_run(manifest, client, out, rej, state)
         assert first.interrupted and not first.complete
         o = read_outcomes(out, rej)
         assert first.unsettled == taken_in(state) - len(o.results) - len(o.rejects) > 0
@@ -221,25 +228,9 @@ async def test_an_output_shorter_than_its_checkpoint_is_an_error_not_a_gap(
     manifest = write_csv(tmp_path / "m.csv", 6000)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     state = state_location("cut")
-    control = RunControl()
     async with running_service(ServiceConfig(rate=3000.0)) as svc:
         client = client_config(svc.url)
-        async with anyio.create_task_group() as tg:
-
-            async def stop_soon() -> None:
-                await anyio.sleep(0.8)
-                control.stop()
-
-            tg.start_soon(stop_soon)
-            first = await run_pipeline(
-                [manifest],
-                client=client,
-                out=out,
-                rejects=rej,
-                state=state,
-                engine=FAST,
-                control=control,
-            )
+        first = await interrupted_run(manifest, client, out, rej, state)
         assert first.interrupted and out.stat().st_size > 100
         out.write_bytes(out.read_bytes()[:100])
         with pytest.raises(StateError, match="committed lines are missing"):
