@@ -112,9 +112,9 @@ def publish_outputs(outputs: ManifestOutputs, epoch: int) -> None:
     fsync_dir(outputs.folder)
 
 
-def claim_state_url(url: str, lease: Lease) -> str:
+def claim_state_url(url: str, claim_id: int) -> str:
     """The state of a claim in the database: ``#claim_<id>``."""
-    return f"{url.partition('#')[0]}#claim_{lease.claim_id}"
+    return f"{url.partition('#')[0]}#claim_{claim_id}"
 
 
 class SharedDaemon:
@@ -195,7 +195,7 @@ class SharedDaemon:
         if ledger is None:
             return
         for claim_id in ledger.settled_claim_states():
-            drop_state(f"{self.url.partition('#')[0]}#claim_{claim_id}")
+            drop_state(claim_state_url(self.url, claim_id))
 
     async def _drain_watch(self) -> None:
         """After ``drain_timeout`` seconds of a drain, stop at once (writes in flight resume)."""
@@ -320,7 +320,9 @@ class SharedDaemon:
             if await self._tag(claim, outputs, inbox, lease, keeper, client):
                 keeper.forget(lease)
                 self._failures.pop(lease.claim_id, None)
-                await anyio.to_thread.run_sync(drop_state, claim_state_url(self.url, lease))
+                await anyio.to_thread.run_sync(
+                    drop_state, claim_state_url(self.url, lease.claim_id)
+                )
         except exc.LeaseLostError:
             keeper.forget(lease)
             logger.warning(
@@ -367,7 +369,9 @@ class SharedDaemon:
 
         db = await anyio.to_thread.run_sync(
             lambda: PostgresStateDB(
-                claim_state_url(self.url, lease), fence=fenced, idle_timeout=self.config.lease
+                claim_state_url(self.url, lease.claim_id),
+                fence=fenced,
+                idle_timeout=self.config.lease,
             )
         )
         active = daemon.begin_manifest(claim)

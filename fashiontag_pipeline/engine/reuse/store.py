@@ -45,6 +45,7 @@ from typing import Any, NamedTuple, Protocol, Self
 import msgspec
 
 from ... import _exceptions as exc
+from ..._postgres import is_postgres_url
 from .durations import DAY
 
 __all__ = [
@@ -187,11 +188,10 @@ class ResultStoreAPI(Protocol):
 
 def open_store(location: str | Path, *, create: bool = True) -> ResultStoreAPI:
     """The result store at ``location``: a ``postgresql://`` URL, or a file."""
-    text = str(location)
-    if text.startswith(("postgresql://", "postgres://")):
+    if is_postgres_url(str(location)):
         from .pgstore import PostgresResultStore
 
-        return PostgresResultStore.open(text, create=create)
+        return PostgresResultStore.open(str(location), create=create)
     return ResultStore.open(location, create=create)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..._postgres import is_postgres_url, redact_url
+from ..._postgres import is_postgres_url
 from .journal import JobReject, Journal
 from .schema import BODY_SQL, COUNTERS, JOB_COUNTERS, POS_SHIFT, position, split_position
 from .store import JobRow, Reconciliation, RunState, StateDB, StateStore
@@ -32,13 +32,6 @@ def open_state(location: str | Path) -> StateStore:
     return StateDB(Path(location))
 
 
-def describe_state(location: str | Path) -> str:
-    """``location`` as messages and summaries show it (a URL without its password)."""
-    if isinstance(location, str) and is_postgres_url(location):
-        return redact_url(location)
-    return str(location)
-
-
 __all__ = [
     "BODY_SQL",
     "COUNTERS",
@@ -51,7 +44,6 @@ __all__ = [
     "RunState",
     "StateDB",
     "StateStore",
-    "describe_state",
     "open_state",
     "position",
     "split_position",
