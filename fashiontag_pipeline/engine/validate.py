@@ -67,13 +67,15 @@ URL = ImageType.URL
 _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
 
 #: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
-#: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it (the lines hold exactly one comma
-#: each, so neither field holds one; ``\s`` and ``\n`` as in the per-row rule).
-_ID = r"[^,\n]+"
-_URL = r"https?://[^/?\s,][^\s,]*"
+#: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
+#: line (an id with no comma, the scheme, a first host character that is not ``/``, ``?`` or
+#: whitespace) and lets the rest of the URL be anything up to the line's end; the caller adds
+#: what it leaves out with two C-level passes over the block: as many commas as lines (so no
+#: URL holds one) and no whitespace in any URL. Character classes that sre matches a byte at a
+#: time (``[^\s,]``: a category test per character) cost 2.5x this split of the work.
 _PLAIN_BLOCKS = {
-    (0, 1): re.compile(rf"(?:{_ID},{_URL}\n)*"),
-    (1, 0): re.compile(rf"(?:{_URL},{_ID}\n)*"),
+    (0, 1): re.compile(r"(?:[^,\n]+,https?://[^/?\s][^\n]*\n)*"),
+    (1, 0): re.compile(r"(?:https?://[^/?\s][^,\n]*,[^\n]+\n)*"),
 }
 
 
@@ -169,12 +171,17 @@ class Validator:
     def _plain_block(rows: PlainRows, i_id: int, shifted: int) -> list[Item] | None:
         """The items of a block of ``id,url`` / ``url,id`` lines when every row passes (one
         regex over the block), else None (the caller checks row by row)."""
-        text = "\n".join(rows.lines) + "\n"
-        if _PLAIN_BLOCKS[i_id, 1 - i_id].fullmatch(text) is None:
+        lines = rows.lines
+        text = "\n".join(lines) + "\n"
+        if text.count(",") != len(lines) or _PLAIN_BLOCKS[i_id, 1 - i_id].fullmatch(text) is None:
             return None
         cells = text.replace(",", "\n").split("\n")  # id/url of each line, then "" at the end
         ids = cells[i_id:-1:2]
         urls = cells[1 - i_id : -1 : 2]
+        # No whitespace in any URL: ``str.split()`` cuts at exactly what ``\s`` matches.
+        joined = "".join(urls)
+        if joined.split(None, 1) != [joined]:
+            return None
         first = shifted | rows.first
         return [
             (ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident)))

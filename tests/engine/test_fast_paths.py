@@ -211,3 +211,38 @@ def test_plain_rows_are_the_rows(tmp_path: Path) -> None:
     assert rows[0] == listed[0] and rows[-1] == listed[-1] and rows[2:4] == listed[2:4]
     with pytest.raises(IndexError):
         rows[10]
+
+
+@pytest.mark.parametrize("header", ["id,url", "url,id"])
+def test_each_bad_line_fails_its_block(header: str) -> None:
+    """The block check splits its work (one regex for each line's shape, a comma count, one
+    whitespace test over all URLs): a block passes whole exactly when every one of its lines
+    passes row by row, for each tricky line alone among good ones, and for pairs of lines
+    whose commas add up to one per line."""
+    i_id = header.split(",").index("id")
+
+    def line(ident: str, url: str) -> str:
+        return f"{ident},{url}" if i_id == 0 else f"{url},{ident}"
+
+    good = [line(f"g{i}", f"https://img.example/{i}.jpg") for i in range(5)]
+    urls = [u for u in TRICKY_URLS if "\n" not in u]
+    urls += ["https://h/a,b", "https://h/a\x1cb", "https://h/a\x85b", "https://h/a\u3000b"]
+    ids = ["x", " spaced ", "a\tb", "", "\u00e9t\u00e9", "a\x1cb"]
+    odd = [line(i, u) for i in ids for u in urls]
+    odd += ["g", "https://h/x", "a,b,https://h/x", "https://h/x,a,b", ",", ",,"]
+    # Commas that add up: a line without one next to a line with two.
+    pairs = [["nocomma", line("a", "https://h/x,y")], ["https://h/x", "a,https://h/y,z"]]
+    blocks = [[*good[:2], o, *good[2:]] for o in odd] + [[*good, *p] for p in pairs]
+    v = Validator()
+    passed = 0
+    for lines in blocks:
+        plain = source.PlainRows(2, lines)
+        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
+        items, rejects = v.validate(listed)
+        whole = Validator._plain_block(plain, i_id, 0)
+        if rejects:
+            assert whole is None, lines
+        else:
+            assert whole == items, lines
+            passed += 1
+    assert passed > 10  # good URLs with odd but valid ids pass whole
