@@ -189,7 +189,7 @@ class TaskWriter(TaskWrites):
         ids, positions, requests = (list(column) for column in zip(*items, strict=True))
         body, encoded = encode_body(positions, requests)
         last = max(positions)
-        marks = [] if resent else job_marks(self.jobs, positions)
+        marks = [] if resent else job_marks(self.jobs, positions, last)
         assert self._tg is not None, "TaskWriter.run is not running"
         # The task is chosen before the chunk is written ahead, so the write-ahead records it
         # too (the token of the task it creates, or the task it is appended to): one state

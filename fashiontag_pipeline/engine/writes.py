@@ -52,10 +52,10 @@ def count_by_job(jobs: Jobs, positions: Sequence[int]) -> dict[int, int]:
     return jobs.count_by_job(positions)
 
 
-def job_marks(jobs: Jobs, positions: Sequence[int]) -> list[tuple[int, int]]:
-    """(job, last position) of each job with rows among ``positions`` (:meth:`Jobs.marks`)."""
-    if _one_source(positions):
-        last = max(positions)
+def job_marks(jobs: Jobs, positions: Sequence[int], last: int) -> list[tuple[int, int]]:
+    """(job, last position) of each job with rows among ``positions`` (:meth:`Jobs.marks`);
+    ``last`` is their largest, which the caller has at hand."""
+    if positions and min(positions) >> POS_SHIFT == last >> POS_SHIFT:  # one manifest
         job = jobs.of_pos(last)
         return [(job.id, last)] if job is not None else []
     return jobs.marks(positions)

@@ -44,5 +44,5 @@ def test_per_job_figures_of_a_chunk_equal_the_general_ones() -> None:
             for _ in range(rnd.randint(1, 40))
         ]
         assert count_by_job(jobs, positions) == jobs.count_by_job(positions)
-        assert sorted(job_marks(jobs, positions)) == sorted(jobs.marks(positions))
-    assert count_by_job(jobs, []) == {} and job_marks(jobs, []) == []
+        assert sorted(job_marks(jobs, positions, max(positions))) == sorted(jobs.marks(positions))
+    assert count_by_job(jobs, []) == {} and job_marks(jobs, [], 0) == []
