@@ -14,7 +14,7 @@ One module per piece, each usable and tested on its own:
 * :mod:`.logs`: JSON lines on stderr (text on a terminal), API keys redacted.
 * :mod:`.config`: :class:`~.config.DaemonConfig`, the ``[daemon]`` table.
 * :mod:`.ledger`: the claim ledger (memory, SQLite, PostgreSQL) and, in PostgreSQL, the manifest
-  leases that let several daemons share one state (:class:`~.leases.LeaseKeeper`).
+  leases that let several daemons share one state (:class:`~.keeper.LeaseKeeper`).
 * :mod:`.interface`: what the long-lived engine plugs into.
 
 How the engine plugs in (:mod:`.interface`). For each claim, in arrival order and at most
@@ -37,7 +37,8 @@ from .config import DaemonConfig, load_daemon_config
 from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer, StatusProvider
 from .inbox import Claim, Inbox
 from .interface import IngestEngine, ManifestOutcome, ManifestRun
-from .leases import Lease, LeaseKeeper, PostgresClaimLedger
+from .keeper import LeaseKeeper
+from .leases import Lease, PostgresClaimLedger
 from .ledger import ClaimLedger, ClaimRecord, MemoryClaimLedger, SQLiteClaimLedger
 from .logs import configure_logging
 from .metrics import DaemonMetrics

@@ -49,7 +49,8 @@ from ..engine.state.pgstore import PostgresStateDB, drop_state
 from ._files import fsync_dir
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
-from .leases import Lease, LeaseKeeper, PostgresClaimLedger, fence
+from .keeper import LeaseKeeper
+from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ import psycopg
 import pytest
 
 from fashiontag_pipeline import LeaseLostError
+from fashiontag_pipeline.daemon.keeper import LeaseKeeper
 from fashiontag_pipeline.daemon.leases import (
     Lease,
-    LeaseKeeper,
     PostgresClaimLedger,
     afence,
     fence,
@@ -365,7 +365,8 @@ PAUSED_WRITER = """
 import sys, time
 import anyio, anyio.to_thread
 from fashiontag_pipeline import LeaseLostError, StateError
-from fashiontag_pipeline.daemon.leases import LeaseKeeper, PostgresClaimLedger
+from fashiontag_pipeline.daemon.keeper import LeaseKeeper
+from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
 
 ledger = PostgresClaimLedger(sys.argv[1], owner="paused", lease=1.0)
 

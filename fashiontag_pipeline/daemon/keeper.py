@@ -1,0 +1,145 @@
+"""A daemon's leases, held: renewed in the background, each one signalled when it is lost.
+
+:class:`LeaseKeeper` keeps the leases a daemon took from the :class:`~.leases.PostgresClaimLedger`
+(where the leases and the fence live) for as long as their work runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from .._exceptions import StateError
+from .leases import Lease, PostgresClaimLedger
+
+__all__ = ["LeaseKeeper"]
+
+
+class LeaseKeeper:
+    """Renews a daemon's leases in the background and signals each one it loses.
+
+    Start :meth:`run` in the daemon's task group (``await tg.start(keeper.run)``); take work with
+    :meth:`acquire`; watch :meth:`lost_event` of each lease (cancel that manifest's work when it
+    is set). Every third of the lease, one statement renews all held leases. A lease is lost
+    when the database says so, or when no renewal has succeeded for a whole lease length, as
+    counted on this process's monotonic clock from the moment the last successful renewal was
+    *sent* (the database's expiry is later than that, so the daemon stops no later than the
+    database lets another take over). Writes are safe either way: they are fenced.
+    """
+
+    def __init__(
+        self,
+        ledger: PostgresClaimLedger,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        retry_interval: float = 1.0,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._period = ledger.lease / 3
+        self._retry = min(retry_interval, self._period)
+        self._held: dict[int, Lease] = {}
+        self._deadline: dict[int, float] = {}
+        self._lost: dict[int, anyio.Event] = {}
+
+    def held(self) -> list[Lease]:
+        """The leases held now (with their latest expiry), oldest claim first."""
+        return [self._held[key] for key in sorted(self._held)]
+
+    def lease_of(self, claim_id: int) -> Lease | None:
+        """The current lease of a claim, or None when it is not held (never, lost, released)."""
+        return self._held.get(claim_id)
+
+    def lost_event(self, lease: Lease) -> anyio.Event:
+        """Set when this lease is lost (stays set)."""
+        return self._lost.setdefault(lease.claim_id, anyio.Event())
+
+    def _hold(self, lease: Lease, sent_at: float) -> None:
+        self._held[lease.claim_id] = lease
+        self._deadline[lease.claim_id] = sent_at + self._ledger.lease
+        self._lost[lease.claim_id] = anyio.Event()
+
+    def _lose(self, claim_id: int) -> None:
+        self._held.pop(claim_id, None)
+        self._deadline.pop(claim_id, None)
+        self._lost.setdefault(claim_id, anyio.Event()).set()
+
+    async def acquire(self, limit: int = 1) -> list[Lease]:
+        """Lease up to ``limit`` manifests (:meth:`PostgresClaimLedger.acquire`) and keep them."""
+        sent_at = self._clock()
+        leases = await anyio.to_thread.run_sync(self._ledger.acquire, limit)
+        for lease in leases:
+            self._hold(lease, sent_at)
+        return leases
+
+    async def release(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` and give it up in the database (its work is finished or
+        handed back). Not signalled as lost."""
+        current = self._held.get(lease.claim_id)
+        if current is None or current.epoch != lease.epoch:
+            current = lease  # held no more, or held again under a newer epoch: not ours
+        else:
+            self._held.pop(lease.claim_id, None)
+            self._deadline.pop(lease.claim_id, None)
+        await anyio.to_thread.run_sync(self._ledger.release, current)
+
+    def forget(self, lease: Lease) -> None:
+        """Stop renewing ``lease`` without touching the database (its claim was settled). A
+        newer lease of the same claim (acquired again after this one was lost) is kept."""
+        current = self._held.get(lease.claim_id)
+        if current is not None and current.epoch == lease.epoch:
+            self._held.pop(lease.claim_id, None)
+            self._deadline.pop(lease.claim_id, None)
+
+    def _expire_overdue(self) -> None:
+        now = self._clock()
+        for claim_id, deadline in list(self._deadline.items()):
+            if deadline <= now:
+                self._lose(claim_id)
+
+    async def _renew_once(self) -> bool:
+        """One renewal of every held lease; False if the database could not be asked."""
+        sent = list(self._held.values())
+        if not sent:
+            return True
+        sent_at = self._clock()
+        wait = min(self._deadline.values()) - sent_at
+        renewed: dict[int, Lease] | None = None
+        with anyio.move_on_after(max(wait, 0)):
+            try:
+                renewed = await anyio.to_thread.run_sync(
+                    self._ledger.renew, sent, abandon_on_cancel=True
+                )
+            except StateError:
+                renewed = None
+        if renewed is None:
+            self._expire_overdue()
+            return False
+        for lease in sent:
+            if lease.claim_id not in self._held:
+                continue  # released or forgotten meanwhile
+            fresh = renewed.get(lease.claim_id)
+            if fresh is None:
+                self._lose(lease.claim_id)
+            else:
+                self._held[lease.claim_id] = fresh
+                self._deadline[lease.claim_id] = sent_at + self._ledger.lease
+        return True
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Renew until cancelled: every third of the lease, sooner after a failed attempt, and
+        in time to declare a lease lost at its local deadline. A lease acquired between two
+        renewals is renewed at the next one (a third of the lease later at most)."""
+        task_status.started()
+        while True:
+            ok = await self._renew_once()
+            delay = self._period if ok else self._retry
+            if self._deadline:
+                delay = min(delay, max(min(self._deadline.values()) - self._clock(), 0))
+            await anyio.sleep(delay)
