@@ -267,3 +267,20 @@ async def test_a_run_that_dies_on_a_state_error_is_never_recorded_complete(
         )
     assert again.opened != "complete" and again.complete and again.tagged == 1
     assert_exactly_once(out, rej, ids_of(1))
+
+
+def test_dedupe_gives_each_row_the_first_position_of_its_id(state_location: StateAt) -> None:
+    """Run-wide dedupe, on both backends: within a batch the first row of an id wins; across
+    batches the position stored first wins; a batch of only new, distinct ids answers None."""
+    db = open_state(state_location("dedupe"))
+    try:
+        with db.transaction():
+            assert db.dedupe([("a", 1), ("b", 2), ("c", 3)]) is None
+        with db.transaction():
+            assert db.dedupe([("d", 4), ("e", 5), ("d", 6), ("e", 7), ("d", 8)]) == [4, 5, 4, 5, 4]
+        with db.transaction():
+            assert db.dedupe([("f", 9), ("b", 10), ("f", 11), ("a", 12)]) == [9, 2, 9, 1]
+        (n,) = db.db.execute("SELECT count(*) FROM ids").fetchone()
+        assert n == 6
+    finally:
+        db.close()

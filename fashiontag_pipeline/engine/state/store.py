@@ -278,11 +278,15 @@ class StateStore(JobTables):
         One insert of the batch's distinct ids, skipping those already there, does the work;
         when it inserted every one of them no id was seen before and nothing is read back.
         Otherwise the stored positions are read back."""
-        first: dict[str, int] = {}
-        setdefault = first.setdefault
-        out = [setdefault(key, pos) for key, pos in keyed]
+        first = dict(keyed)  # in C; right as long as no id repeats within the batch
+        repeated = len(first) < len(keyed)
+        if repeated:  # the first row of each id wins (dict() kept the last)
+            first = {}
+            setdefault = first.setdefault
+            for key, pos in keyed:
+                setdefault(key, pos)
         if self._insert_new_ids(first) == len(first):
-            return None if len(first) == len(keyed) else out
+            return [first[key] for key, _ in keyed] if repeated else None
         ids = list(first)
         for start in range(0, len(ids), 900):
             part = ids[start : start + 900]
