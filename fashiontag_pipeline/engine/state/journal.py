@@ -95,6 +95,20 @@ class Journal:
 
     # -------------------------------------------------------------- thread side
 
+    def _begun(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a transaction begun here and rolled back if it raises; ``fn``
+        commits it itself, so that the in-memory counters move only once it is committed.
+
+        The transaction begins before any sink byte is written: a backend that fences its
+        writes (PostgreSQL, several daemons) refuses here, with nothing written, once the
+        state was taken over."""
+        self.db.begin()
+        try:
+            return fn(*args)
+        except BaseException:
+            self.db.rollback()
+            raise
+
     def _apply(
         self,
         page: tuple[str | None, list[PageRow]] | None,
@@ -105,27 +119,6 @@ class Journal:
         settle: bool,
         page_job: int | None,
         reused: tuple[int, list[ReusedLine]] | None = None,
-    ) -> tuple[int, int, set[int]]:
-        # The transaction begins before any sink byte is written: a backend that fences its
-        # writes (PostgreSQL, several daemons) refuses here, with nothing written, once the
-        # state was taken over.
-        self.db.begin()
-        try:
-            return self._apply_begun(page, rejects, ops, counters, by_job, settle, page_job, reused)
-        except BaseException:
-            self.db.rollback()
-            raise
-
-    def _apply_begun(
-        self,
-        page: tuple[str | None, list[PageRow]] | None,
-        rejects: Sequence[JobReject],
-        ops: Sequence[Change],
-        counters: dict[str, int],
-        by_job: dict[int, dict[str, int]] | None,
-        settle: bool,
-        page_job: int | None,
-        reused: tuple[int, list[ReusedLine]] | None,
     ) -> tuple[int, int, set[int]]:
         jobs = self.jobs
         counters = dict(counters)
@@ -238,36 +231,17 @@ class Journal:
         make_dup: Callable[[int, int], JobReject | None],
         watermark: int,
         replay_upto: int,
-        routed: Callable[[list[int]], Sequence[Change]] | None = None,
-        plan: Any = None,
-    ) -> tuple[list[int], set[int]]:
-        """Dedupe a validated batch, write its rejects and move V, in one transaction
-        (with ``routed(kept indexes)``'s statements: the single-mode rows written ahead; with
-        ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result store are
-        written in this transaction and not returned)."""
-        # One transaction: the ids, the rejects and V commit together, so a crash before the
-        # commit leaves nothing (the batch is read again from V). The ids used to commit on
-        # their own, a second transaction per batch for nothing the promise needs.
-        self.db.begin()
-        try:
-            return self._intake_begun(
-                job, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
-            )
-        except BaseException:
-            self.db.rollback()
-            raise
-
-    def _intake_begun(
-        self,
-        job: int,
-        keyed: Sequence[tuple[str, int]],
-        rejects: list[JobReject],
-        make_dup: Callable[[int, int], JobReject | None],
-        watermark: int,
-        replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None,
         plan: Any,
     ) -> tuple[list[int], set[int]]:
+        """Dedupe a validated batch, write its rejects and move V, in the transaction of
+        :meth:`_begun` (with ``routed(kept indexes)``'s statements: the single-mode rows written
+        ahead; with ``plan``, the ``--reuse`` lookup of the batch: rows answered from the result
+        store are written in this transaction and not returned).
+
+        One transaction: the ids, the rejects and V commit together, so a crash before the
+        commit leaves nothing (the batch is read again from V). The ids used to commit on
+        their own, a second transaction per batch for nothing the promise needs."""
         firsts = self.db.dedupe(keyed)
         out: list[int]
         if firsts is None:  # every row is its id's first (the common case)
@@ -300,9 +274,7 @@ class Journal:
         if routed is not None:
             ops.extend(routed(out))
         counters = {"accepted": fresh}
-        touched = self._apply_begun(
-            None, rejects, ops, counters, {job: counters}, False, None, reused
-        )[2]
+        touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None, reused)[2]
         return out, touched
 
     # -------------------------------------------------------------- async side
@@ -327,7 +299,7 @@ class Journal:
         (refused by the service, expired, single-mode failures). ``by_job`` adds counters of
         :data:`JOB_COUNTERS` to jobs' own (``counters`` are engine-wide)."""
         ok, bad, touched = await self.run(
-            self._apply, page, rejects, ops, counters or {}, by_job, settle, page_job
+            self._begun, self._apply, page, rejects, ops, counters or {}, by_job, settle, page_job
         )
         self.jobs.check(touched)
         return ok, bad
@@ -347,8 +319,19 @@ class Journal:
         be sent; duplicates become rejects (unless at or below ``replay_upto``, already written
         by an earlier attempt); with ``plan`` (``--reuse``), rows answered from the result
         store are written and left out."""
+        keep: list[int]
+        touched: set[int]
         keep, touched = await self.run(
-            self._intake, job, keyed, rejects, make_dup, watermark, replay_upto, routed, plan
+            self._begun,
+            self._intake,
+            job,
+            keyed,
+            rejects,
+            make_dup,
+            watermark,
+            replay_upto,
+            routed,
+            plan,
         )
         self.jobs.check(touched)
         return keep
