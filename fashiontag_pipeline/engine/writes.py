@@ -38,15 +38,16 @@ def _echoed(echo: str, ids: list[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _one_source(positions: Sequence[int]) -> bool:
-    """Whether every position is of one manifest (one job): a chunk almost always is, and
-    then the per-job figures below need no loop over its rows in Python (min and max are C)."""
-    return bool(positions) and min(positions) >> POS_SHIFT == max(positions) >> POS_SHIFT
+def _one_source(positions: Sequence[int], last: int) -> bool:
+    """Whether every position is of one manifest (one job), ``last`` being the largest: a
+    chunk almost always is, and then the per-job figures below need no loop over its rows in
+    Python (min and max are C)."""
+    return bool(positions) and min(positions) >> POS_SHIFT == last >> POS_SHIFT
 
 
 def count_by_job(jobs: Jobs, positions: Sequence[int]) -> dict[int, int]:
     """Rows per job among ``positions`` (:meth:`Jobs.count_by_job`)."""
-    if _one_source(positions):
+    if positions and _one_source(positions, max(positions)):
         job = jobs.of_pos(positions[0])
         return {job.id: len(positions)} if job is not None else {}
     return jobs.count_by_job(positions)
@@ -55,7 +56,7 @@ def count_by_job(jobs: Jobs, positions: Sequence[int]) -> dict[int, int]:
 def job_marks(jobs: Jobs, positions: Sequence[int], last: int) -> list[tuple[int, int]]:
     """(job, last position) of each job with rows among ``positions`` (:meth:`Jobs.marks`);
     ``last`` is their largest, which the caller has at hand."""
-    if positions and min(positions) >> POS_SHIFT == last >> POS_SHIFT:  # one manifest
+    if _one_source(positions, last):
         job = jobs.of_pos(last)
         return [(job.id, last)] if job is not None else []
     return jobs.marks(positions)
