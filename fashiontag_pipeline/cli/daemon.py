@@ -32,7 +32,7 @@ from .common import (
     client_config_from_args,
     run_async,
 )
-from .run import add_engine_arguments, engine_config_from_args
+from .engine_flags import add_engine_arguments, engine_config_from_args
 
 __all__ = ["add_daemon_arguments", "daemon_command"]
 

@@ -35,7 +35,6 @@ it): a rename would otherwise replace a manifest in flight.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -50,6 +49,19 @@ import msgspec
 from ._files import fsync_dir, write_atomic
 from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
 from .ledger import ClaimLedger, ClaimRecord, SettledStatus, SharedLedger
+from .names import (
+    DONE_DIR,
+    ERROR_SUFFIX,
+    FAILED_DIR,
+    MANIFEST_SUFFIXES,
+    READY_SUFFIX,
+    WORK_DIR,
+    free_name,
+    hash_file,
+    is_manifest_name,
+    manifest_stem,
+    suffix_of,
+)
 
 __all__ = [
     "DONE_DIR",
@@ -64,37 +76,6 @@ __all__ = [
 ]
 
 _error_decoder = msgspec.json.Decoder(dict[str, object])
-
-MANIFEST_SUFFIXES = (".csv", ".jsonl", ".ndjson")
-GZIP_SUFFIX = ".gz"
-READY_SUFFIX = ".ready"
-IGNORED_SUFFIXES = (".part", ".tmp", READY_SUFFIX)
-WORK_DIR = ".work"
-DONE_DIR = "done"
-FAILED_DIR = "failed"
-ERROR_SUFFIX = ".error.json"
-HASH_BLOCK = 1 << 20
-
-
-def is_manifest_name(name: str) -> bool:
-    """Whether a file of this name in the inbox is a manifest (not a marker, temp or hidden)."""
-    if not name or name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
-        return False
-    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
-    return any(base.endswith(s) and len(base) > len(s) for s in MANIFEST_SUFFIXES)
-
-
-def manifest_stem(name: str) -> str:
-    """The name without ``.gz`` and then ``.csv``/``.jsonl``/``.ndjson``: ``a.csv.gz`` -> ``a``."""
-    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
-    for suffix in MANIFEST_SUFFIXES:
-        if base.endswith(suffix) and len(base) > len(suffix):
-            return base[: -len(suffix)]
-    return base
-
-
-def _suffix_of(name: str) -> str:
-    return name[len(manifest_stem(name)) :]
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,32 +97,6 @@ class _Seen:
     size: int
     mtime_ns: int
     since: float
-
-
-def _hash_file(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as fh:
-        while block := fh.read(HASH_BLOCK):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
-
-
-def free_name(folder: Path, name: str, sha256: str, *, companion: str = "") -> str:
-    """A name in ``folder`` that neither this nor its ``companion`` suffix uses: ``name``, then
-    ``STEM.<sha12>SUFFIX``, then ``STEM.<sha12>.2SUFFIX``, ... (never overwrites a file)."""
-    stem, suffix = manifest_stem(name), _suffix_of(name)
-    candidates = [name, f"{stem}.{sha256[:12]}{suffix}"]
-    n = 2
-    while True:
-        for candidate in candidates:
-            if not (folder / candidate).exists() and not (
-                companion and (folder / f"{candidate}{companion}").exists()
-            ):
-                return candidate
-        candidates = [f"{stem}.{sha256[:12]}.{n}{suffix}"]
-        n += 1
 
 
 class Inbox:
@@ -219,7 +174,7 @@ class Inbox:
                 fsync_dir(folder)
                 continue
             if record is None or record.status != "claimed":
-                sha256, size = _hash_file(self.work / name)
+                sha256, size = hash_file(self.work / name)
                 record = ClaimRecord(
                     name=name, sha256=sha256, size=size, claimed_at=self._wall_clock()
                 )
@@ -262,7 +217,7 @@ class Inbox:
             if record is not None and record.status == "claimed":
                 continue
             try:
-                sha256, size = _hash_file(self.work / entry.name)
+                sha256, size = hash_file(self.work / entry.name)
             except FileNotFoundError:
                 continue
             if (
@@ -333,7 +288,7 @@ class Inbox:
         name = path.name
         try:
             before = path.stat()
-            sha256, size = _hash_file(path)
+            sha256, size = hash_file(path)
             after = path.stat()
         except FileNotFoundError:
             self._seen.pop(name, None)
@@ -450,7 +405,7 @@ class Inbox:
         """The name an earlier attempt to fail this claim chose (its error file, written first,
         names the claim's sha256, and no manifest stands beside it): reused, so a crash between
         the two leaves no error file without its manifest."""
-        stem, suffix = manifest_stem(claim.name), _suffix_of(claim.name)
+        stem, suffix = manifest_stem(claim.name), suffix_of(claim.name)
         names = [claim.name, f"{stem}.{claim.sha256[:12]}{suffix}"]
         names += [f"{stem}.{claim.sha256[:12]}.{n}{suffix}" for n in range(2, 10)]
         for name in names:

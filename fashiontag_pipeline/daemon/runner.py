@@ -22,8 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -37,16 +35,16 @@ from .._config import ClientConfig
 from .._postgres import is_postgres_url
 from ..engine import EngineConfig, RunSummary
 from ..engine.engine import Engine, RunControl
-from ..engine.jobs import Job, JobSpec
+from ..engine.jobs import JobSpec
 from ..engine.reuse import ReuseHook, open_reuse
 from ..engine.state import StateDB
 from .config import DaemonConfig
-from .http import DaemonStatus, Health, ManifestProgress, MonitoringServer
+from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .ledger import SQLiteClaimLedger
-from .metrics import DaemonMetrics, Op
+from .monitor import ActiveManifest, DaemonMonitor, op_of
 from .notify import SystemdNotifier
-from .outbox import ManifestOutputs, ManifestSummary, Outbox, rfc3339
+from .outbox import ManifestOutputs, Outbox
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -58,47 +56,11 @@ logger = logging.getLogger("fashiontag_pipeline.daemon")
 #: Rows taken in without an outcome before the source waits (fairness: a manifest dropped
 #: behind a big one reaches the service within seconds; the reference service tags ~10k/s).
 DEFAULT_MAX_PENDING_ROWS = 20_000
-#: Completed manifests kept for ``/status``.
-RECENT = 20
-_OUTCOMES = ("tagged", "failed", "rejected", "reused")
 #: The counts a summary.json carries (besides rows_read and elapsed_s).
 _COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
 
 
-def op_of(method: str, path: str) -> Op | None:
-    """The metrics ``op`` of a request (paths as the client sends them, query apart)."""
-    if path.endswith("/tags"):
-        return "single"
-    if method == "POST":
-        return "create"
-    if method == "PUT":
-        return "append"
-    if method == "GET":
-        if path.endswith("/status"):
-            return "status"
-        if path.rstrip("/").endswith("/bulk"):
-            return "list"
-        if "/bulk/" in path:
-            return "results"
-    return None
-
-
-@dataclass(eq=False)
-class _Active:
-    claim: Claim
-    job: Job | None = None
-    #: Rows already counted in the metrics, by outcome.
-    counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
-    baseline: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
-    started: float = field(default_factory=time.monotonic)
-
-    def watch(self, job: Job) -> None:
-        """The manifest's job, once the engine has it: its counters from now on."""
-        self.job = job
-        self.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
-
-
-class Daemon:
+class Daemon(DaemonMonitor):
     """``fashiontag daemon``: see the module docstring. :meth:`run` returns after a drain."""
 
     def __init__(
@@ -111,6 +73,7 @@ class Daemon:
         notifier: SystemdNotifier | None = None,
         max_pending_rows: int | None = DEFAULT_MAX_PENDING_ROWS,
     ) -> None:
+        super().__init__(config)
         self.config = config
         self.inbox_path, self.outbox_path = config.require_folders()
         self.client_config = client
@@ -119,96 +82,10 @@ class Daemon:
         self.control = control or RunControl()
         self.notifier = notifier or SystemdNotifier()
         self.max_pending_rows = max_pending_rows
-        self.metrics = DaemonMetrics()
-        self.health = Health(unreachable_after=config.unreachable_after)
-        self.active: dict[str, _Active] = {}
-        self.queued: deque[Claim] = deque()
-        self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
         self._in_flight_sha: dict[str, anyio.Event] = {}
-        self._engine: Engine | None = None
         #: Where the monitoring endpoints listen (None: disabled or not started).
         self.url: str | None = None
         self.started = anyio.Event()
-
-    # -------------------------------------------------------------- /status
-
-    def status(self) -> DaemonStatus:
-        return DaemonStatus(
-            active=[self._progress(a) for a in self.active.values()],
-            queued=[
-                ManifestProgress(manifest=c.name, sha256=c.sha256, claimed_at=rfc3339(c.claimed_at))
-                for c in self.queued
-            ],
-            recent=list(self.recent),
-            draining=self.health.draining,
-        )
-
-    @staticmethod
-    def _progress(active: _Active) -> ManifestProgress:
-        claim, job = active.claim, active.job
-        c = job.counters if job is not None else {}
-        return ManifestProgress(
-            manifest=claim.name,
-            sha256=claim.sha256,
-            claimed_at=rfc3339(claim.claimed_at),
-            rows_read=job.rows_read if job is not None else 0,
-            submitted=c.get("submitted", 0),
-            tagged=c.get("tagged", 0),
-            failed=c.get("failed", 0),
-            rejected=c.get("rejected", 0),
-            pending=job.pending() if job is not None else 0,
-        )
-
-    # -------------------------------------------------------------- observation
-
-    def observe(self, method: str, path: str, status: int, seconds: float) -> None:
-        if status == 0:
-            self.health.mark_service_unreachable()
-            return
-        self.health.mark_service_answered()
-        op = op_of(method, path)
-        if op is not None:
-            self.metrics.observe_request(op, status, seconds)
-
-    def _count_rows(self, active: _Active, *, final: bool) -> None:
-        """Rows written since the last count; ``final``: up to every row of the manifest."""
-        job = active.job
-        if job is None:
-            return
-        for outcome in _OUTCOMES:
-            now = job.counters.get(outcome, 0)
-            target = now if final else now - active.baseline[outcome]
-            delta = target - active.counted[outcome]
-            if delta > 0:
-                self.metrics.count_rows(outcome, delta)  # type: ignore[arg-type]
-                active.counted[outcome] += delta
-
-    async def report(self, client: TaggerClient) -> None:
-        """Gauges and row counters, once a second."""
-        retries = 0
-        while True:
-            for active in list(self.active.values()):
-                self._count_rows(active, final=False)
-            self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
-            engine = self._engine
-            if engine is not None:
-                stats = client.stats
-                total = stats.retries + engine.budget.retries
-                self.metrics.count_retries(total - retries)
-                retries = total
-                self.metrics.set_engine(
-                    tasks_live=engine.tasks_live(),
-                    rows_pending=max(0, engine.rows_pending()),
-                    oldest_pending_seconds=self._oldest_pending(),
-                    task_expiry_headroom_seconds=engine.writer.expiry_headroom(),
-                    result_expiry_headroom_seconds=engine.pagers.result_headroom(),
-                )
-            await anyio.sleep(1.0)
-
-    def _oldest_pending(self) -> float | None:
-        now = time.monotonic()
-        ages = [now - a.started for a in self.active.values() if a.job and a.job.pending() > 0]
-        return max(ages) if ages else None
 
     # -------------------------------------------------------------- the life
 
@@ -392,7 +269,7 @@ class Daemon:
     async def _tag(
         self, claim: Claim, outputs: ManifestOutputs, inbox: Inbox, engine: Engine
     ) -> None:
-        active = _Active(claim)
+        active = ActiveManifest(claim)
         self.active[claim.name] = active
         try:
             spec = JobSpec(
@@ -417,18 +294,9 @@ class Daemon:
         finally:
             self.active.pop(claim.name, None)
 
-    def begin_manifest(self, claim: Claim) -> _Active:
-        """A manifest is being tagged: shown by /status, counted by the metrics."""
-        active = self.active[claim.name] = _Active(claim)
-        return active
-
-    def end_manifest(self, active: _Active) -> None:
-        if self.active.get(active.claim.name) is active:
-            del self.active[active.claim.name]
-
     async def conclude(
         self,
-        active: _Active,
+        active: ActiveManifest,
         outputs: ManifestOutputs,
         inbox: Inbox,
         *,
@@ -439,7 +307,7 @@ class Daemon:
         moves to ``done/`` (``failed/`` when it could not be read to the end). ``summary``:
         the counts of a manifest tagged by an engine of its own (several daemons)."""
         claim, job = active.claim, active.job
-        self._count_rows(active, final=True)
+        self.count_rows(active, final=True)
         c = dict(job.counters) if job is not None else {}
         rows_read = job.rows_read if job is not None else 0
         failure = job.failure if job is not None else None

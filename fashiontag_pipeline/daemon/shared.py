@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +45,7 @@ from ..engine.engine import RunControl
 from ..engine.jobs import Job
 from ..engine.run import RUN_JOB, first_error, run_pipeline
 from ..engine.state.pgstore import PostgresStateDB, drop_state
-from ._files import fsync_dir
+from .epochs import claim_state_url, copy_prefix, epoch_outputs, publish_outputs
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
@@ -56,66 +55,13 @@ from .outbox import ManifestOutputs, Outbox
 if TYPE_CHECKING:
     from .runner import Daemon
 
-__all__ = ["SharedDaemon", "copy_prefix", "epoch_outputs", "publish_outputs"]
+__all__ = ["SharedDaemon"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 
 #: A manifest that stops on an error this many times in a row (here) fails with the reason.
 MAX_ATTEMPTS = 5
-
-
-def copy_prefix(src: Path, keep: int, dst: Path) -> None:
-    """Write the first ``keep`` bytes of ``src`` (an earlier owner's output) to ``dst`` (this
-    owner's, new). A source shorter than ``keep`` lost lines the state counts as written: a
-    :class:`StateError`, never a silent gap."""
-    with dst.open("wb") as out:
-        left = keep
-        if keep:
-            try:
-                src_fh = src.open("rb")
-            except FileNotFoundError:
-                src_fh = None
-            if src_fh is not None:
-                with src_fh:
-                    while left > 0:
-                        block = src_fh.read(min(left, 1 << 20))
-                        if not block:
-                            break
-                        out.write(block)
-                        left -= len(block)
-        if left:
-            raise exc.StateError(
-                f"{src} holds {keep - left:,} bytes but the state counts {keep:,} written: "
-                "committed lines are missing from it"
-            )
-        out.flush()
-        os.fsync(out.fileno())
-
-
-def epoch_outputs(outputs: ManifestOutputs, epoch: int) -> tuple[Path, Path]:
-    """The files one lease (epoch) writes: hidden beside the final ones, renamed over them
-    when the manifest is settled. A daemon that lost its lease only ever writes its own."""
-    folder = outputs.folder
-    return folder / f".results.e{epoch}.jsonl", folder / f".rejects.e{epoch}.jsonl"
-
-
-def publish_outputs(outputs: ManifestOutputs, epoch: int) -> None:
-    """The settled epoch's files become ``results.jsonl`` and ``rejects.jsonl``; earlier
-    epochs' files are deleted."""
-    results, rejects = epoch_outputs(outputs, epoch)
-    for src, dst in ((results, outputs.results), (rejects, outputs.rejects)):
-        if src.exists():
-            os.replace(src, dst)
-    for stale in outputs.folder.glob(".re*.e*.jsonl"):
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
-    fsync_dir(outputs.folder)
-
-
-def claim_state_url(url: str, claim_id: int) -> str:
-    """The state of a claim in the database: ``#claim_<id>``."""
-    return f"{url.partition('#')[0]}#claim_{claim_id}"
 
 
 class SharedDaemon:

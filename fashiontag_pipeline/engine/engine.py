@@ -44,14 +44,13 @@ from .config import EngineConfig
 from .flow import RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
-from .outcome import open_sinks
+from .outcome import completed_job, finalize_job, open_sinks
 from .pagers import ResultPagers
 from .resume import reattach
 from .reuse import ReuseHook
 from .scheduler import JobSource
 from .single import SingleRouter
-from .sinks import RejectSink, ResultSink
-from .source import ManifestReader, RowBatch, open_manifest
+from .source import ManifestReader, RowBatch, open_manifests
 from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
 from .tracker import TaskBook, Tracker
@@ -336,18 +335,7 @@ class Engine:
         if self.source.closing:
             raise RuntimeError("the engine is closed")
         if readers is None:
-            readers = []
-            try:
-                for name in spec.manifests:
-                    readers.append(
-                        await anyio.to_thread.run_sync(
-                            open_manifest, name, 0, self.config.read_batch_rows
-                        )
-                    )
-            except BaseException:
-                for reader in readers:
-                    reader.close()
-                raise
+            readers = await open_manifests(spec.manifests, self.config.read_batch_rows)
         try:
             db = self.journal.db
             row = await self.journal.run(
@@ -379,37 +367,14 @@ class Engine:
 
     async def _completed(self, row: JobRow) -> Job:
         """A job the state records as complete, as a finished :class:`Job`."""
-
-        def outputs() -> tuple[ResultSink, RejectSink]:
-            results, rejects = open_sinks(Path(row.results), Path(row.rejects), row.sink, row)
-            results.close()
-            rejects.close()
-            return results, rejects
-
-        job = Job(row, *await anyio.to_thread.run_sync(outputs))
-        job.failure = row.failure
-        job.rows_read = row.rows_read
-        job.read_all = True
-        job.settled.set()
-        job.finalized.set()
-        return job
+        return await anyio.to_thread.run_sync(completed_job, row)
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()
         with anyio.CancelScope(shield=True):
             stamp = format_time(datetime.now(UTC))
 
-            def finalize() -> None:
-                self.journal.close_job_outputs(job)
-                job.counters["tasks"] = self.journal.db.job_complete(
-                    job.id,
-                    stamp,
-                    forget_rows=self.jobs.ids.namespaced,
-                    failure=job.failure,
-                    rows_read=job.rows_read,
-                )
-
-            await self.journal.run(finalize)
+            await self.journal.run(finalize_job, self.journal, job, stamp, self.jobs.ids.namespaced)
             self.jobs.remove(job)
             job.row.state = "complete"
             job.row.completed_at = stamp

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import anyio
 
-from .sinks import PageRow, Reject, RejectSink, ResultSink
+from .pages import PageRow
+from .sinks import Reject, RejectSink, ResultSink
 from .source import ManifestReader
 from .state import POS_SHIFT
 from .state.store import JobRow

@@ -1,5 +1,5 @@
-"""What a run hands back when it does not run (the summary of a run found complete), and a job's
-outputs opened (cut back to the state's checkpoints) before anything is written to them."""
+"""A job's outputs opened (cut back to the state's checkpoints) before anything is written to
+them, and closed when the job is complete; what a run or a job found complete hands back."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 
 from .. import _exceptions as exc
 from .config import RunSummary
+from .jobs import Job
 from .sinks import RejectSink, ResultSink, open_result_sink
-from .state import JobRow, RunState
+from .state import JobRow, Journal, RunState
 
-__all__ = ["already_complete", "open_sinks"]
+__all__ = ["already_complete", "completed_job", "finalize_job", "open_sinks"]
 
 
 def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[ResultSink, RejectSink]:
@@ -33,6 +34,30 @@ def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[Result
         reject_sink.close()
         raise
     return result_sink, reject_sink
+
+
+def completed_job(row: JobRow) -> Job:
+    """A job the state records as complete, as a finished :class:`~.jobs.Job` whose outputs
+    are closed (a crash after it completed, before its caller recorded that). Blocking."""
+    results, rejects = open_sinks(Path(row.results), Path(row.rejects), row.sink, row)
+    results.close()
+    rejects.close()
+    job = Job(row, results, rejects)
+    job.failure = row.failure
+    job.rows_read = row.rows_read
+    job.read_all = True
+    job.settled.set()
+    job.finalized.set()
+    return job
+
+
+def finalize_job(journal: Journal, job: Job, stamp: str, forget_rows: bool) -> None:
+    """Every row of ``job`` has its outcome: flush, fsync and close its outputs, then record it
+    complete (``forget_rows``: its ids leave the dedupe table). In the state thread."""
+    journal.close_job_outputs(job)
+    job.counters["tasks"] = journal.db.job_complete(
+        job.id, stamp, forget_rows=forget_rows, failure=job.failure, rows_read=job.rows_read
+    )
 
 
 def already_complete(

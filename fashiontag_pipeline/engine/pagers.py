@@ -3,7 +3,7 @@
 Tasks are drained oldest ``resultExpiredAt`` first. Pages of a task are fetched concurrently
 (up to the adaptive page concurrency) and committed in offset order, each in one transaction
 with the task's ``next_offset``, so a resume reads exactly the pages not yet written. Pages are
-decoded with msgspec straight into :class:`~.sinks.PageRow` (results kept as raw JSON).
+decoded with msgspec straight into :class:`~.pages.PageRow` (results kept as raw JSON).
 
 Every page's rows are checked against the ids already written for the task (a server that
 repeats an id writes it once). When the last page is in, the rows written are counted against
@@ -34,8 +34,8 @@ from .batcher import STAGE_SERVER
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
+from .pages import PageRow, decode_page
 from .policy import decode_body
-from .sinks import PageRow, decode_page
 from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item

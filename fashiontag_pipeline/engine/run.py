@@ -30,7 +30,7 @@ from .jobs import Job, JobSpec
 from .manifests import fingerprint
 from .outcome import already_complete
 from .reuse import open_reuse
-from .source import ManifestReader, open_manifest
+from .source import open_manifests
 from .state import Reconciliation, StateStore, open_state
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
@@ -88,16 +88,7 @@ async def run_pipeline(
         raise exc.ManifestError("no manifest given")
     state_path = state if state is not None else default_state_path(out)
     prints = [await anyio.to_thread.run_sync(fingerprint, name) for name in names]
-    readers: list[ManifestReader] = []
-    try:
-        for i, name in enumerate(names):
-            readers.append(
-                await anyio.to_thread.run_sync(open_manifest, name, i, engine.read_batch_rows)
-            )
-    except BaseException:
-        for reader in readers:
-            reader.close()
-        raise
+    readers = await open_manifests(names, engine.read_batch_rows)
 
     def close_readers() -> None:
         for reader in readers:

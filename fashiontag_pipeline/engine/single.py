@@ -44,7 +44,8 @@ from .._models import Image, ImageType, TaggingResponse
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
 from .jobs import Jobs
-from .sinks import PageRow, Reject
+from .pages import PageRow
+from .sinks import Reject
 from .state import Journal, changes
 from .validate import SINGLE_DATA, STAGE_CLIENT, Item, SingleItem, SingleRequest
 

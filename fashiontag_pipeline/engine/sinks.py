@@ -6,15 +6,14 @@ loop and a sink's checkpoint is always committed in the same transaction as the 
 reflects. On resume each sink is cut back to its last checkpoint (JSONL: byte length; SQLite:
 rows are keyed by id, so re-writing a page is idempotent).
 
-Result pages are decoded with msgspec into :class:`PageRow`, which keeps ``taggingResult`` as
-raw JSON: the JSONL sink writes those bytes as they came, with no re-encode.
+Result pages are decoded (:mod:`.pages`) into :class:`~.pages.PageRow`, which keeps
+``taggingResult`` as raw JSON: the JSONL sink writes those bytes as they came, with no
+re-encode.
 """
 
 from __future__ import annotations
 
-import operator
 import os
-import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,43 +22,18 @@ from typing import Protocol
 import msgspec
 
 from .._exceptions import StateError
-from .._models import STATUS_SUCCESS, TaggingResponse
+from .._models import TaggingResponse
+from .pages import PageRow
 
 __all__ = [
     "JsonlResultSink",
-    "PageRow",
     "Reject",
     "RejectSink",
     "ResultSink",
     "ReusedLine",
     "SqliteResultSink",
-    "count_outcomes",
-    "decode_page",
     "open_result_sink",
-    "success_flags",
 ]
-
-
-class PageRow(msgspec.Struct, rename="camel", gc=False):
-    """One result of a page, its tagging result kept as raw JSON."""
-
-    id: str
-    tagging_result: msgspec.Raw
-
-
-class PageData(msgspec.Struct, gc=False):
-    results: list[PageRow] = []
-
-
-class Page(msgspec.Struct, gc=False):
-    """A results page as the pagers decode it (the typed shape is in ``_models``)."""
-
-    status: str
-    data: PageData | None = None
-
-
-class _Status(msgspec.Struct, gc=False):
-    status: str = ""
 
 
 class _OutLine(msgspec.Struct, rename="camel", gc=False):
@@ -93,7 +67,6 @@ class _IdTask(msgspec.Struct, rename="camel", gc=False):
     task_id: str
 
 
-page_decoder = msgspec.json.Decoder(Page)
 _id_task_decoder = msgspec.json.Decoder(_IdTask)
 
 
@@ -103,102 +76,8 @@ class _Id(msgspec.Struct, gc=False):
 
 _id_decoder = msgspec.json.Decoder(_Id)
 _reject_decoder = msgspec.json.Decoder(Reject)
-_status_decoder = msgspec.json.Decoder(_Status)
 _typed_decoder = msgspec.json.Decoder(TaggingResponse)
 _encoder = msgspec.json.Encoder()
-
-
-#: A tagging result whose first key is ``status``, with any JSON whitespace (how the reference
-#: service and the spec order it), or whose last key is (a server that writes keys in another
-#: order, e.g. reversed). Either is the top-level ``status``: a nested object's key can be
-#: neither the first after the opening brace nor followed by the closing brace and the end.
-#: Anything else (``status`` between other keys) is decoded.
-_STATUS_FIRST = re.compile(rb'\{\s*"status"\s*:\s*"([^"\\]*)"')
-_STATUS_LAST = re.compile(rb'"status"\s*:\s*"([^"\\]*)"\s*\}\s*\Z')
-#: The same two shapes with the value ``success``: a page is classified with one C-level pass
-#: of one of these over its rows (``map``), no Python code per row, whichever the key order.
-_SUCCESS_FIRST = re.compile(rb'\{\s*"status"\s*:\s*"success"')
-#: The first of them without whitespace (how the reference service and most servers write it):
-#: a literal, which sre matches ~25% faster than the same with ``\s*`` between the tokens.
-_SUCCESS_EXACT = re.compile(rb'\{"status":"success"')
-_SUCCESS_LAST = re.compile(rb'"status"\s*:\s*"success"\s*\}\s*\Z')
-_TAIL = 64
-_SUCCESS = STATUS_SUCCESS.encode()
-_tagging_result = operator.attrgetter("tagging_result")
-
-
-def decode_page(body: bytes) -> list[PageRow]:
-    """The rows of a results page (msgspec.DecodeError when it is not one).
-
-    A result is kept as the bytes the server sent, so a server that pretty-prints its JSON
-    sends line breaks inside them, and the results JSONL must hold one line per result: in a
-    valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
-    string), so each becomes a space. A page with none (one ``memchr`` over the body) is
-    taken as it is."""
-    page = page_decoder.decode(body)
-    rows = page.data.results if page.data is not None else []
-    if b"\n" in body or b"\r" in body:
-        rows = [_one_line(row) for row in rows]
-    return rows
-
-
-def _one_line(row: PageRow) -> PageRow:
-    raw = bytes(row.tagging_result)
-    if b"\n" not in raw and b"\r" not in raw:
-        return row
-    return PageRow(row.id, msgspec.Raw(raw.replace(b"\r", b" ").replace(b"\n", b" ")))
-
-
-def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
-    """(tagged ok, tagging failed) among a page's rows.
-
-    A result whose first or last key is ``status`` is classified from that key alone, whatever
-    the spacing; any other shape is decoded, which is correct but costs a parse of the row.
-    A page whose every row says ``success`` in its first key, or every row in its last key,
-    costs one C-level regex pass (see :func:`success_flags`)."""
-    ok = _all_success(list(map(_tagging_result, rows)))
-    if ok is not None:
-        return ok, 0
-    ok = sum(success_flags(rows))
-    return ok, len(rows) - ok
-
-
-def _all_success(raws: list[msgspec.Raw]) -> int | None:
-    """``len(raws)`` when every result's status is ``success`` (the usual page), found with
-    one pass of a regex over the rows; None when some row needs a closer look."""
-    if None not in map(_SUCCESS_EXACT.match, raws) or None not in map(_SUCCESS_FIRST.match, raws):
-        return len(raws)
-    # Keys in another order (status last): the same, from each row's last bytes. A row whose
-    # first key is a status takes that status (as in success_flags), so none may have one.
-    starts = [n - _TAIL if n > _TAIL else 0 for n in map(len, raws)]
-    if None not in map(_SUCCESS_LAST.search, raws, starts) and not any(
-        map(_STATUS_FIRST.match, raws)
-    ):
-        return len(raws)
-    return None
-
-
-def success_flags(rows: list[PageRow]) -> list[bool]:
-    """Per row of a page: is its tagging result a success (see :func:`count_outcomes`)."""
-    raws = list(map(_tagging_result, rows))
-    if _all_success(raws) is not None:
-        return [True] * len(raws)
-    flags: list[bool] = []
-    append = flags.append
-    head = _STATUS_FIRST.match
-    tail = _STATUS_LAST.search
-    decode = _status_decoder.decode
-    success = _SUCCESS
-    for raw in raws:
-        found = head(raw)
-        if found is None:
-            n = len(raw)
-            found = tail(raw, n - _TAIL if n > _TAIL else 0)
-        if found is not None:
-            append(found.group(1) == success)
-        else:
-            append(decode(raw).status == STATUS_SUCCESS)
-    return flags
 
 
 class _AppendFile:

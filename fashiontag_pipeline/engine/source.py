@@ -29,14 +29,22 @@ import sys
 import zlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, overload
+from typing import Any, BinaryIO, Literal
 
 import anyio
 import msgspec
 
 from .._exceptions import ManifestError
+from .rows import PlainRows, RowBatch
 
-__all__ = ["ManifestReader", "PlainRows", "RowBatch", "manifests_size", "open_manifest"]
+__all__ = [
+    "ManifestReader",
+    "PlainRows",
+    "RowBatch",
+    "manifests_size",
+    "open_manifest",
+    "open_manifests",
+]
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 20
@@ -54,68 +62,6 @@ _json_decoder = msgspec.json.Decoder()
 CSV_FIELD_LIMIT = 64 << 20
 if csv.field_size_limit() < CSV_FIELD_LIMIT:
     csv.field_size_limit(CSV_FIELD_LIMIT)
-
-
-class PlainRows(Sequence[tuple[int, list[str]]]):
-    """Consecutive CSV lines with no quote, CR or NUL and no blank line: the rows are exactly
-    the lines split at commas, ``first`` being the line number of the first.
-
-    The rows are made when they are read (iteration, indexing), so a validator that can take
-    the lines as one block (:meth:`~.validate.Validator.route`) never builds them."""
-
-    __slots__ = ("first", "lines")
-
-    def __init__(self, first: int, lines: list[str]) -> None:
-        self.first = first
-        self.lines = lines
-
-    def __len__(self) -> int:
-        return len(self.lines)
-
-    @overload
-    def __getitem__(self, index: int) -> tuple[int, list[str]]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[int, list[str]]]: ...
-
-    def __getitem__(
-        self, index: int | slice
-    ) -> tuple[int, list[str]] | list[tuple[int, list[str]]]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        n = len(self.lines)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(index)
-        return self.first + index, self.lines[index].split(",")
-
-    def __iter__(self) -> Iterator[tuple[int, list[str]]]:
-        first = self.first
-        return ((first + k, line.split(",")) for k, line in enumerate(self.lines))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PlainRows):
-            return self.first == other.first and self.lines == other.lines
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"PlainRows(first={self.first}, {len(self.lines)} lines)"
-
-
-class RowBatch(msgspec.Struct, gc=False):
-    """Rows of one manifest. ``rows`` holds (line, value): for CSV a list of fields, for JSONL
-    the decoded object; when a line cannot be parsed (not JSON, a CSV row the csv module
-    refuses), the value is the error text (a ``str``) and the row becomes one reject. A block
-    of plain CSV lines comes as :class:`PlainRows` (the same rows, made on demand)."""
-
-    source: int
-    name: str
-    kind: str
-    header: list[str]
-    rows: Sequence[tuple[int, Any]]
 
 
 class ManifestReader:
@@ -402,6 +348,20 @@ def open_manifest(path: str, source: int, max_rows: int = MAX_ROWS) -> ManifestR
         reader.close()
         raise
     return reader
+
+
+async def open_manifests(names: Sequence[str], max_rows: int = MAX_ROWS) -> list[ManifestReader]:
+    """Open every manifest in a worker thread, the i-th as source i; none stays open when one
+    cannot be read (its :class:`ManifestError` is raised)."""
+    readers: list[ManifestReader] = []
+    try:
+        for i, name in enumerate(names):
+            readers.append(await anyio.to_thread.run_sync(open_manifest, name, i, max_rows))
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+    return readers
 
 
 async def iter_batches(reader: ManifestReader) -> AsyncIterator[RowBatch]:

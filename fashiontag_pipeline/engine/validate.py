@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
+from .rows import PlainRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
     PLAIN_URL,
@@ -41,7 +42,6 @@ from .rules import (
     single_target,
 )
 from .sinks import Reject
-from .source import PlainRows, RowBatch
 from .state import position
 
 __all__ = [

@@ -187,7 +187,7 @@ def test_a_file_that_changes_while_hashed_is_not_claimed(
     inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
     path = root / "cat.csv"
     path.write_bytes(CSV)
-    real_hash = inbox_module._hash_file
+    real_hash = inbox_module.hash_file
 
     def hash_while_producer_appends(p: Path) -> tuple[str, int]:
         result = real_hash(p)
@@ -195,11 +195,11 @@ def test_a_file_that_changes_while_hashed_is_not_claimed(
             fh.write(b"3,http://127.0.0.1/c.jpg\n")
         return result
 
-    monkeypatch.setattr(inbox_module, "_hash_file", hash_while_producer_appends)
+    monkeypatch.setattr(inbox_module, "hash_file", hash_while_producer_appends)
     assert inbox.scan() == [path]
     assert inbox.claim(path) is None
     assert path.exists() and ledger.in_flight() == []
-    monkeypatch.setattr(inbox_module, "_hash_file", real_hash)
+    monkeypatch.setattr(inbox_module, "hash_file", real_hash)
     claim = inbox.claim(path)
     assert claim is not None
     assert claim.sha256 == hashlib.sha256(Path(claim.path).read_bytes()).hexdigest()

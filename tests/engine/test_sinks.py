@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine.sinks import PageRow, count_outcomes, decode_page, success_flags
+from fashiontag_pipeline.engine.pages import PageRow, count_outcomes, decode_page, success_flags
 
 
 def _row(raw: bytes) -> PageRow:

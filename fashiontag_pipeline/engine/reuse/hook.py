@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import anyio
 
 from ..._models import TaggingRequest
-from ..sinks import PageRow, success_flags
+from ..pages import PageRow, success_flags
 from ..state import changes, reuse_rows
 from .durations import DAY
 from .fingerprint import Fingerprinter

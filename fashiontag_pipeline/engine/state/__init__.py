@@ -19,7 +19,8 @@ from pathlib import Path
 from ..._postgres import is_postgres_url
 from .journal import JobReject, Journal
 from .schema import BODY_SQL, COUNTERS, JOB_COUNTERS, POS_SHIFT, position, split_position
-from .store import JobRow, Reconciliation, RunState, StateDB, StateStore
+from .sqlite import StateDB
+from .store import JobRow, Reconciliation, RunState, StateStore
 
 
 def open_state(location: str | Path) -> StateStore:

@@ -1,6 +1,6 @@
 """The ``jobs`` table: each job's sources, outputs, watermarks, checkpoints and counters.
 
-:class:`JobTables` is a part of :class:`~.store.StateDB` (same connection, same thread): a
+:class:`JobTables` is a part of :class:`~.store.StateStore` (same connection, same thread): a
 job is found by its key (the same key again resumes it), created with fresh source indexes,
 listed while open (a restarted engine resumes them first) and marked complete. A state file of
 the version before jobs had one run whose watermarks and counters were in ``meta``: it becomes
@@ -53,7 +53,7 @@ _sources_decoder = msgspec.json.Decoder(list[tuple[int, str]])
 
 
 class JobTables:
-    """The job half of the state store (mixed into :class:`~.store.StateDB`)."""
+    """The job half of the state store (mixed into :class:`~.store.StateStore`)."""
 
     db: Any
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
-from ..sinks import PageRow, Reject, ReusedLine, count_outcomes
+from ..pages import PageRow, count_outcomes
+from ..sinks import Reject, ReusedLine
 from .changes import Change, validated_upto
 from .schema import COUNTERS, JOB_COUNTERS
 from .store import StateStore

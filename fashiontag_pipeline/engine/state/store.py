@@ -3,21 +3,17 @@
 The tables, positions and watermarks are described in :mod:`.schema`. :class:`StateStore` holds
 every query; its SQL is the common dialect of SQLite and PostgreSQL (``?`` placeholders,
 ``ON CONFLICT``, ``RETURNING``), and a backend supplies the connection and its transactions:
-:class:`StateDB` a SQLite file (WAL, the embedded default), :class:`~.pgstore.PostgresStateDB`
-a schema of a PostgreSQL database. Everything that touches the state or a sink runs in one
-thread at a time (the journal's state thread), so the event loop never blocks on disk and every
-commit is one transaction that moves sink checkpoints and state together. A state is locked
-while a run holds it.
+:class:`~.sqlite.StateDB` a SQLite file (WAL, the embedded default),
+:class:`~.pgstore.PostgresStateDB` a schema of a PostgreSQL database. Everything that
+touches the state or a sink runs in one thread at a time (the journal's state thread), so the
+event loop never blocks on disk and every commit is one transaction that moves sink
+checkpoints and state together. A state is locked while a run holds it.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import secrets
-import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -25,12 +21,11 @@ import msgspec
 from ... import _exceptions as exc
 from ..manifests import ManifestPrint, describe, same_manifests
 from .jobtables import JobRow, JobTables
-from .schema import BODY_SQL, COUNTERS, SCHEMA, TABLES
+from .schema import BODY_SQL, COUNTERS, TABLES
 
-__all__ = ["JobRow", "Reconciliation", "RunState", "StateDB", "StateStore"]
+__all__ = ["JobRow", "Reconciliation", "RunState", "StateStore"]
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
-_ids_encoder = msgspec.json.Encoder()
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -65,33 +60,6 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def complete(self) -> bool:
         return self.unsettled == 0 and not self.in_flight
-
-
-#: SQLite page cache of the state file. It is the one part of the engine's memory that grows
-#: with the run until its cap (the ids table behind run-wide dedupe), so it is kept small:
-#: 16 MiB made a 1M-row run peak 1.21x a 100k one, 4 MiB 1.07x, for ~4% more CPU. A larger
-#: cache would not help at scale either: 10M random catalogue ids make a ~400 MB B-tree that no
-#: cache holds (the OS page cache serves it), and sequential ids only touch its right edge.
-STATE_CACHE_KIB = 4096
-
-#: WAL pages before SQLite copies them into the state file (its default is 1,000).
-WAL_CHECKPOINT_PAGES = 4000
-
-
-def _lock_exclusively(path: Path) -> int:
-    """An exclusive lock on ``PATH.lock`` for as long as the state is open: two runs on one
-    state file would both resume it and write the same outputs. Released by :meth:`close`, or
-    by the kernel when the process dies (kill -9 leaves no stale lock)."""
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise exc.StateConflictError(
-            f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
-            "wait for that run to end, or give this one another --state"
-        ) from None
-    return fd
 
 
 class StateStore(JobTables):
@@ -408,73 +376,3 @@ class StateStore(JobTables):
         return list(
             self.db.execute("SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos")
         )
-
-
-class StateDB(StateStore):
-    """The SQLite state file (WAL), locked while open."""
-
-    def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
-        self.path = path
-        self.where = f"state file {path}"
-        self.location = str(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock = _lock_exclusively(path)
-        except OSError as err:
-            raise exc.StateError(f"cannot use state file {path}: {err.strerror or err}") from None
-        try:
-            self.db = self._connect(path, cache_kib)
-        except sqlite3.Error as err:
-            os.close(self._lock)
-            raise exc.StateError(f"cannot use state file {path}: {err}") from None
-
-    @staticmethod
-    def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
-        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        # A bounded page cache keeps memory flat however many ids the run holds.
-        db.execute(f"PRAGMA cache_size=-{cache_kib}")
-        # Write volume (200k rows): SQLite builds with SECURE_DELETE (Debian's do) zero every
-        # freed page and write it again, so each chunk body deleted after its task drained went
-        # through the WAL twice; FAST zeroes only what costs no extra page write (WAL 76.9 ->
-        # 52.2 MB). A 16 MB WAL (4,000 pages, not 1,000) lets a checkpoint copy a page that
-        # several commits rewrote once: file writes 30.6 -> 19.6 MB, reads 51 -> 38 MB.
-        db.execute("PRAGMA secure_delete=FAST")
-        db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
-        db.executescript(SCHEMA)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
-        if "n_ok" not in columns:  # state files written before n_ok
-            db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
-        if "reused" not in columns:  # state files written before --reuse
-            db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
-        if "failure" not in columns:  # state files written before a job kept its failure
-            db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
-            db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
-        return db
-
-    def close(self) -> None:
-        """Close the file and release its lock (idempotent)."""
-        lock, self._lock = self._lock, -1
-        if lock < 0:
-            return
-        try:
-            self.db.close()
-        finally:
-            os.close(lock)
-
-    def _insert_new_ids(self, first: dict[str, int]) -> int:
-        # One statement over the batch as a JSON object (json_each: its keys and values), not
-        # one execution per id: 1.44 -> 0.34 us an id (sorted ids), 4.4 -> 3.0 (shuffled).
-        db = self.db
-        before = db.total_changes
-        db.execute(
-            "INSERT OR IGNORE INTO ids SELECT key, value FROM json_each(?)",
-            (_ids_encoder.encode(first),),
-        )
-        return int(db.total_changes - before)
-
-    def begin(self) -> None:
-        # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
-        self.db.execute("BEGIN IMMEDIATE")

@@ -1,0 +1,74 @@
+"""A leased manifest's outputs: one pair of files per lease (epoch), published when settled.
+
+Beside several daemons, each lease of a manifest (its epoch) writes files of its own, hidden
+beside the final ones (``.results.e<epoch>.jsonl``). A daemon that takes a manifest over starts
+its files with the committed prefix of the previous epoch's (as many bytes as the state counts
+written), and the settled epoch's files are renamed over ``results.jsonl`` and
+``rejects.jsonl``. A daemon that lost its lease can only ever write its own epoch's files,
+which nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from .. import _exceptions as exc
+from ._files import fsync_dir
+from .outbox import ManifestOutputs
+
+__all__ = ["claim_state_url", "copy_prefix", "epoch_outputs", "publish_outputs"]
+
+
+def copy_prefix(src: Path, keep: int, dst: Path) -> None:
+    """Write the first ``keep`` bytes of ``src`` (an earlier owner's output) to ``dst`` (this
+    owner's, new). A source shorter than ``keep`` lost lines the state counts as written: a
+    :class:`StateError`, never a silent gap."""
+    with dst.open("wb") as out:
+        left = keep
+        if keep:
+            try:
+                src_fh = src.open("rb")
+            except FileNotFoundError:
+                src_fh = None
+            if src_fh is not None:
+                with src_fh:
+                    while left > 0:
+                        block = src_fh.read(min(left, 1 << 20))
+                        if not block:
+                            break
+                        out.write(block)
+                        left -= len(block)
+        if left:
+            raise exc.StateError(
+                f"{src} holds {keep - left:,} bytes but the state counts {keep:,} written: "
+                "committed lines are missing from it"
+            )
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def epoch_outputs(outputs: ManifestOutputs, epoch: int) -> tuple[Path, Path]:
+    """The files one lease (epoch) writes: hidden beside the final ones, renamed over them
+    when the manifest is settled. A daemon that lost its lease only ever writes its own."""
+    folder = outputs.folder
+    return folder / f".results.e{epoch}.jsonl", folder / f".rejects.e{epoch}.jsonl"
+
+
+def publish_outputs(outputs: ManifestOutputs, epoch: int) -> None:
+    """The settled epoch's files become ``results.jsonl`` and ``rejects.jsonl``; earlier
+    epochs' files are deleted."""
+    results, rejects = epoch_outputs(outputs, epoch)
+    for src, dst in ((results, outputs.results), (rejects, outputs.rejects)):
+        if src.exists():
+            os.replace(src, dst)
+    for stale in outputs.folder.glob(".re*.e*.jsonl"):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    fsync_dir(outputs.folder)
+
+
+def claim_state_url(url: str, claim_id: int) -> str:
+    """The state of a claim in the database: ``#claim_<id>``."""
+    return f"{url.partition('#')[0]}#claim_{claim_id}"

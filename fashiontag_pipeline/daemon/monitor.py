@@ -1,0 +1,168 @@
+"""What the daemon shows of itself: ``/status``, the Prometheus metrics, and health.
+
+:class:`DaemonMonitor` is the part of :class:`~.runner.Daemon` that watches: the manifests being
+tagged and queued, the ones completed lately, request timings from the client's observer, and
+a once-a-second report of row counts and engine gauges. Rows are counted as they are written;
+when a manifest completes its counts are topped up to exactly its rows with an outcome (a
+manifest resumed after a restart counts all of its rows in the new process).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+
+from .http import DaemonStatus, Health, ManifestProgress
+from .inbox import Claim
+from .metrics import DaemonMetrics, Op
+from .outbox import ManifestSummary, rfc3339
+
+if TYPE_CHECKING:
+    from .._client import TaggerClient
+    from ..engine.engine import Engine
+    from ..engine.jobs import Job
+    from .config import DaemonConfig
+
+__all__ = ["ActiveManifest", "DaemonMonitor", "op_of"]
+
+#: Completed manifests kept for ``/status``.
+RECENT = 20
+_OUTCOMES = ("tagged", "failed", "rejected", "reused")
+
+
+def op_of(method: str, path: str) -> Op | None:
+    """The metrics ``op`` of a request (paths as the client sends them, query apart)."""
+    if path.endswith("/tags"):
+        return "single"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "append"
+    if method == "GET":
+        if path.endswith("/status"):
+            return "status"
+        if path.rstrip("/").endswith("/bulk"):
+            return "list"
+        if "/bulk/" in path:
+            return "results"
+    return None
+
+
+@dataclass(eq=False)
+class ActiveManifest:
+    claim: Claim
+    job: Job | None = None
+    #: Rows already counted in the metrics, by outcome.
+    counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
+    baseline: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
+    started: float = field(default_factory=time.monotonic)
+
+    def watch(self, job: Job) -> None:
+        """The manifest's job, once the engine has it: its counters from now on."""
+        self.job = job
+        self.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
+
+
+class DaemonMonitor:
+    """The watching half of the daemon (see the module docstring)."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.metrics = DaemonMetrics()
+        self.health = Health(unreachable_after=config.unreachable_after)
+        self.active: dict[str, ActiveManifest] = {}
+        self.queued: deque[Claim] = deque()
+        self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
+        self._engine: Engine | None = None
+
+    # -------------------------------------------------------------- /status
+
+    def status(self) -> DaemonStatus:
+        return DaemonStatus(
+            active=[self._progress(a) for a in self.active.values()],
+            queued=[
+                ManifestProgress(manifest=c.name, sha256=c.sha256, claimed_at=rfc3339(c.claimed_at))
+                for c in self.queued
+            ],
+            recent=list(self.recent),
+            draining=self.health.draining,
+        )
+
+    @staticmethod
+    def _progress(active: ActiveManifest) -> ManifestProgress:
+        claim, job = active.claim, active.job
+        c = job.counters if job is not None else {}
+        return ManifestProgress(
+            manifest=claim.name,
+            sha256=claim.sha256,
+            claimed_at=rfc3339(claim.claimed_at),
+            rows_read=job.rows_read if job is not None else 0,
+            submitted=c.get("submitted", 0),
+            tagged=c.get("tagged", 0),
+            failed=c.get("failed", 0),
+            rejected=c.get("rejected", 0),
+            pending=job.pending() if job is not None else 0,
+        )
+
+    # -------------------------------------------------------------- observation
+
+    def observe(self, method: str, path: str, status: int, seconds: float) -> None:
+        if status == 0:
+            self.health.mark_service_unreachable()
+            return
+        self.health.mark_service_answered()
+        op = op_of(method, path)
+        if op is not None:
+            self.metrics.observe_request(op, status, seconds)
+
+    def count_rows(self, active: ActiveManifest, *, final: bool) -> None:
+        """Rows written since the last count; ``final``: up to every row of the manifest."""
+        job = active.job
+        if job is None:
+            return
+        for outcome in _OUTCOMES:
+            now = job.counters.get(outcome, 0)
+            target = now if final else now - active.baseline[outcome]
+            delta = target - active.counted[outcome]
+            if delta > 0:
+                self.metrics.count_rows(outcome, delta)  # type: ignore[arg-type]
+                active.counted[outcome] += delta
+
+    async def report(self, client: TaggerClient) -> None:
+        """Gauges and row counters, once a second."""
+        retries = 0
+        while True:
+            for active in list(self.active.values()):
+                self.count_rows(active, final=False)
+            self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
+            engine = self._engine
+            if engine is not None:
+                stats = client.stats
+                total = stats.retries + engine.budget.retries
+                self.metrics.count_retries(total - retries)
+                retries = total
+                self.metrics.set_engine(
+                    tasks_live=engine.tasks_live(),
+                    rows_pending=max(0, engine.rows_pending()),
+                    oldest_pending_seconds=self._oldest_pending(),
+                    task_expiry_headroom_seconds=engine.writer.expiry_headroom(),
+                    result_expiry_headroom_seconds=engine.pagers.result_headroom(),
+                )
+            await anyio.sleep(1.0)
+
+    def _oldest_pending(self) -> float | None:
+        now = time.monotonic()
+        ages = [now - a.started for a in self.active.values() if a.job and a.job.pending() > 0]
+        return max(ages) if ages else None
+
+    def begin_manifest(self, claim: Claim) -> ActiveManifest:
+        """A manifest is being tagged: shown by /status, counted by the metrics."""
+        active = self.active[claim.name] = ActiveManifest(claim)
+        return active
+
+    def end_manifest(self, active: ActiveManifest) -> None:
+        if self.active.get(active.claim.name) is active:
+            del self.active[active.claim.name]
