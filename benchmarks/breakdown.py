@@ -1,0 +1,210 @@
+"""Where the engine's CPU goes: the parts a stateless script does not have, per image.
+
+One ``run_pipeline`` in this process against a reference service in its own process
+(``serve --rate 0 --no-fetch``). Each part is timed with the CPU clock of the thread that runs
+it (``time.thread_time``, so waits and the other threads are left out) by wrapping the function
+that does it, and every SQL statement of the state thread is timed the same way:
+
+* exactly-once parts, which the async script has no counterpart of: checking rows before they
+  cost a request (``Validator.route``, building the requests included), the run-wide dedupe
+  of ids and the write-ahead of each chunk (each with its SQL), the outcome count of each
+  page, and the state's other SQL and COMMITs;
+* parts both clients have: decoding result pages and writing the results file.
+
+The process's own CPU (user + sys, start-up excluded: the service and the manifest are ready
+first) is printed too. Wrapping adds a little CPU of its own, so compare the parts with each
+other and across builds, not with the ``compare`` scenario's totals.
+
+    python -m benchmarks.breakdown [--rows 200000] [--sql 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import functools
+import resource
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .harness import manifest, running_service
+
+#: (owner module or class path, attribute, label, exactly-once part?)
+_PARTS = (
+    ("fashiontag_pipeline.engine.validate:Validator", "route", "validate rows", True),
+    ("fashiontag_pipeline.engine.state.store:StateStore", "dedupe", "dedupe ids", True),
+    ("fashiontag_pipeline.engine.state.store:StateStore", "insert_chunk", "write-ahead", True),
+    ("fashiontag_pipeline.engine.state.journal", "count_outcomes", "count outcomes", True),
+    ("fashiontag_pipeline.engine.pagers", "decode_page", "decode pages", False),
+    ("fashiontag_pipeline.engine.sinks:JsonlResultSink", "write_page", "write results", False),
+)
+
+
+class _Timed:
+    """Thread CPU per label. ``inside``: per thread, whether a wrapped part is running (its
+    SQL is then counted in that part, and apart in :attr:`within`)."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.Counter[str] = collections.Counter()
+        self.within: collections.Counter[str] = collections.Counter()
+        self.within_calls: collections.Counter[str] = collections.Counter()
+        self.inside = threading.local()
+
+    def wrap(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        clock = time.thread_time
+        inside = self.inside
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = clock()
+            depth = getattr(inside, "depth", 0)
+            inside.depth = depth + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside.depth = depth
+                self.calls[label] += 1
+                self.seconds[label] += clock() - started
+
+        return timed
+
+
+class _TimedConnection:
+    """A sqlite3 connection whose statements are timed by their text."""
+
+    def __init__(self, db: sqlite3.Connection, timed: _Timed, parts: _Timed) -> None:
+        self._db = db
+        self._timed = timed
+        self._parts = parts
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def _run(self, fn: Callable[..., Any], sql: str, *args: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return fn(sql, *args)
+        finally:
+            label = " ".join(sql.split())[:72]
+            seconds = time.thread_time() - started
+            self._timed.calls[label] += 1
+            self._timed.seconds[label] += seconds
+            if getattr(self._parts.inside, "depth", 0):
+                self._timed.within[label] += seconds
+                self._timed.within_calls[label] += 1
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        return self._run(self._db.execute, sql, *args)
+
+    def executemany(self, sql: str, *args: Any) -> Any:
+        return self._run(self._db.executemany, sql, *args)
+
+
+def _resolve(spec: str) -> Any:
+    module, _, attr = spec.partition(":")
+    __import__(module)
+    owner = sys.modules[module]
+    return getattr(owner, attr) if attr else owner
+
+
+def _instrument(parts: _Timed, sql: _Timed) -> None:
+    for spec, name, label, _ in _PARTS:
+        owner = _resolve(spec)
+        setattr(owner, name, parts.wrap(getattr(owner, name), label))
+    from fashiontag_pipeline.engine.state import sqlite as state_sqlite
+
+    connect = state_sqlite.StateDB._connect
+
+    def timed_connect(path: Path, cache_kib: int) -> Any:
+        return _TimedConnection(connect(path, cache_kib), sql, parts)
+
+    state_sqlite.StateDB._connect = staticmethod(timed_connect)  # type: ignore[method-assign]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.breakdown")
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--sql", type=int, default=12, help="SQL statements to list (most CPU first)")
+    p.add_argument("--work", type=Path, default=Path(__file__).parent / "results" / "tmp")
+    args = p.parse_args()
+    rows: int = args.rows
+    parts, sql = _Timed(), _Timed()
+    _instrument(parts, sql)
+
+    from fashiontag_pipeline import ClientConfig
+    from fashiontag_pipeline.engine.run import run_pipeline
+
+    source = manifest(args.work, rows)
+    with running_service(args.work) as service, tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        client = ClientConfig(base_url=service.url)
+
+        async def run() -> Any:
+            return await run_pipeline(
+                [source],
+                client=client,
+                out=out / "results.jsonl",
+                rejects=out / "rejects.jsonl",
+                state=out / "state.db",
+            )
+
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            import uvloop
+
+            summary = uvloop.run(run())
+        except ImportError:
+            summary = asyncio.run(run())
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    if summary.tagged + summary.failed != rows:
+        print(f"the run did not tag every row: {summary}", file=sys.stderr)
+        return 1
+
+    def us(seconds: float) -> float:
+        return seconds * 1e6 / rows
+
+    user = us(after.ru_utime - before.ru_utime)
+    system = us(after.ru_stime - before.ru_stime)
+    print(f"engine, {rows:,} rows: process CPU {user + system:.2f} us/image")
+    print(f"  (user {user:.2f}, sys {system:.2f}; start-up excluded)\n")
+    commit = "COMMIT"
+    # SQL run by a timed part (dedupe, write-ahead) is counted in that part only.
+    statements = sum(s - sql.within[label] for label, s in sql.seconds.items() if label != commit)
+    commits = sql.seconds[commit] - sql.within[commit]
+    exactly_once = [
+        (label, parts.seconds[label], parts.calls[label]) for _, _, label, own in _PARTS if own
+    ]
+    others = sum(n - sql.within_calls[label] for label, n in sql.calls.items() if label != commit)
+    exactly_once.append(("other state SQL", statements, others))
+    exactly_once.append(("other COMMITs", commits, sql.calls[commit] - sql.within_calls[commit]))
+    shared = [(label, parts.seconds[label], parts.calls[label]) for _, _, label, own in _PARTS]
+    shared = [row for row, (_, _, _, own) in zip(shared, _PARTS, strict=True) if not own]
+    print("| part | us/image | calls |")
+    print("|---|---|---|")
+    for label, seconds, calls in exactly_once:
+        print(f"| {label} | {us(seconds):.2f} | {calls:,} |")
+    total = sum(seconds for _, seconds, _ in exactly_once)
+    print(f"| **exactly-once parts** | **{us(total):.2f}** | |")
+    for label, seconds, calls in shared:
+        print(f"| {label} (the script has it too) | {us(seconds):.2f} | {calls:,} |")
+    print("\nstate SQL by statement (thread CPU):")
+    for label, seconds in sql.seconds.most_common(args.sql):
+        calls = sql.calls[label]
+        print(
+            f"  {us(seconds):6.3f} us/image  {calls:6,} x {seconds / calls * 1e6:7.1f} us  {label}"
+        )
+    print("\n(the statements of dedupe and write-ahead, their COMMITs included, are listed above")
+    print(" and counted in those two parts, not in the other SQL and COMMITs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
