@@ -129,5 +129,7 @@ async def intake(
                     await single_send.send(routed_rows)
                 if bulk:
                     await send.send(bulk)
+            elif len(keep) == len(items):  # every row kept (the usual batch): no copy
+                await send.send(items)
             elif keep:
                 await send.send([items[i] for i in keep])
