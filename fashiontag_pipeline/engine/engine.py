@@ -367,7 +367,7 @@ class Engine:
 
     async def _completed(self, row: JobRow) -> Job:
         """A job the state records as complete, as a finished :class:`Job`."""
-        return await anyio.to_thread.run_sync(completed_job, row)
+        return await completed_job(row)
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()

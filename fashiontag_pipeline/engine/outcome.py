@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import anyio
+
 from .. import _exceptions as exc
 from .config import RunSummary
 from .jobs import Job
@@ -36,13 +38,18 @@ def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[Result
     return result_sink, reject_sink
 
 
-def completed_job(row: JobRow) -> Job:
-    """A job the state records as complete, as a finished :class:`~.jobs.Job` whose outputs
-    are closed (a crash after it completed, before its caller recorded that). Blocking."""
+def _closed_outputs(row: JobRow) -> tuple[ResultSink, RejectSink]:
     results, rejects = open_sinks(Path(row.results), Path(row.rejects), row.sink, row)
     results.close()
     rejects.close()
-    job = Job(row, results, rejects)
+    return results, rejects
+
+
+async def completed_job(row: JobRow) -> Job:
+    """A job the state records as complete, as a finished :class:`~.jobs.Job` whose outputs
+    are closed (a crash after it completed, before its caller recorded that). The files are
+    opened in a worker thread; the job (and its events) is made on the event loop."""
+    job = Job(row, *await anyio.to_thread.run_sync(_closed_outputs, row))
     job.failure = row.failure
     job.rows_read = row.rows_read
     job.read_all = True
