@@ -53,7 +53,6 @@ from .names import (
     DONE_DIR,
     ERROR_SUFFIX,
     FAILED_DIR,
-    MANIFEST_SUFFIXES,
     READY_SUFFIX,
     WORK_DIR,
     free_name,
@@ -63,17 +62,7 @@ from .names import (
     suffix_of,
 )
 
-__all__ = [
-    "DONE_DIR",
-    "FAILED_DIR",
-    "MANIFEST_SUFFIXES",
-    "READY_SUFFIX",
-    "WORK_DIR",
-    "Claim",
-    "Inbox",
-    "is_manifest_name",
-    "manifest_stem",
-]
+__all__ = ["Claim", "Inbox"]
 
 _error_decoder = msgspec.json.Decoder(dict[str, object])
 

@@ -27,7 +27,8 @@ import msgspec
 
 from .._models import format_time
 from ._files import fsync_dir, write_atomic
-from .inbox import Claim, manifest_stem
+from .inbox import Claim
+from .names import manifest_stem
 
 __all__ = [
     "CLAIM_FILE",

@@ -42,14 +42,14 @@ from .config import DaemonConfig
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .ledger import SQLiteClaimLedger
-from .monitor import ActiveManifest, DaemonMonitor, op_of
+from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, Outbox
 
 if TYPE_CHECKING:
     from .leases import Lease
 
-__all__ = ["DEFAULT_MAX_PENDING_ROWS", "Daemon", "op_of"]
+__all__ = ["DEFAULT_MAX_PENDING_ROWS", "Daemon"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 

@@ -48,9 +48,10 @@ from .outcome import completed_job, finalize_job, open_sinks
 from .pagers import ResultPagers
 from .resume import reattach
 from .reuse import ReuseHook
+from .rows import RowBatch
 from .scheduler import JobSource
 from .single import SingleRouter
-from .source import ManifestReader, RowBatch, open_manifests
+from .source import ManifestReader, open_manifests
 from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
 from .tracker import TaskBook, Tracker

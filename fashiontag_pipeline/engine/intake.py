@@ -25,8 +25,8 @@ import anyio
 
 from .jobs import JobEnd, Jobs
 from .reuse import ReuseHook
+from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
-from .source import RowBatch
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 

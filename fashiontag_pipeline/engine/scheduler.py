@@ -22,7 +22,8 @@ import anyio.lowlevel
 from .. import _exceptions as exc
 from .intake import IDLE, Idle
 from .jobs import Job, JobEnd
-from .source import ManifestReader, RowBatch, manifests_size
+from .rows import RowBatch
+from .source import ManifestReader, manifests_size
 from .tracker import TaskBook
 
 __all__ = ["JobSource"]

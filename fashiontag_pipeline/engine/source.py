@@ -39,8 +39,6 @@ from .rows import PlainRows, RowBatch
 
 __all__ = [
     "ManifestReader",
-    "PlainRows",
-    "RowBatch",
     "manifests_size",
     "open_manifest",
     "open_manifests",

@@ -14,7 +14,7 @@ file exists and whether the base64 decodes is checked by the single stage (in a 
 here. :meth:`Validator.validate` keeps the bulk-only rules (every non-http(s) image is a reject).
 
 Cost: the common manifest has the columns ``id`` and ``url`` only. A block of such lines with no
-quote (:class:`~.source.PlainRows`) is checked with one regex over the whole block and its
+quote (:class:`~.rows.PlainRows`) is checked with one regex over the whole block and its
 requests are built in one comprehension; a block with any row that breaks a rule, and every
 other layout, is checked row by row (an ``id,url`` row with one regex match, any other row with
 the full rule set). All three give the same items and rejects.

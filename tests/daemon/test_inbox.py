@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from fashiontag_pipeline.daemon import inbox as inbox_module
-from fashiontag_pipeline.daemon.inbox import Claim, Inbox, is_manifest_name, manifest_stem
+from fashiontag_pipeline.daemon.inbox import Claim, Inbox
 from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
 from fashiontag_pipeline.daemon.ledger import (
     ClaimLedger,
@@ -22,6 +22,7 @@ from fashiontag_pipeline.daemon.ledger import (
     MemoryClaimLedger,
     SQLiteClaimLedger,
 )
+from fashiontag_pipeline.daemon.names import is_manifest_name, manifest_stem
 
 CSV = b"id,url\n1,http://127.0.0.1/a.jpg\n2,http://127.0.0.1/b.jpg\n"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fashiontag_pipeline._http import BULK_PATH, SINGLE_PATH
-from fashiontag_pipeline.daemon.runner import op_of
+from fashiontag_pipeline.daemon.monitor import op_of
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fashiontag_pipeline.cli.demo import run_demo
-from fashiontag_pipeline.cli.run import add_run_arguments, engine_config_from_args, run_command
+from fashiontag_pipeline.cli.engine_flags import engine_config_from_args
+from fashiontag_pipeline.cli.run import add_run_arguments, run_command
 from fashiontag_pipeline.engine import EngineConfig
 
 ROOT = Path(__file__).resolve().parents[2]

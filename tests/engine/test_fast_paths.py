@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from fashiontag_pipeline.engine import source
-from fashiontag_pipeline.engine.source import RowBatch, iter_rows_sync, open_manifest
+from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
+from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 
 TRICKY_URLS = [
@@ -171,7 +172,7 @@ def test_plain_blocks_validate_like_row_by_row(tmp_path: Path, header: str, rout
     p = tmp_path / "m.csv"
     p.write_text(header + "\n" + "\n".join(good + lines + good[:50]) + "\n")
     batches = _batches(p, max_rows=100)
-    assert all(isinstance(b.rows, source.PlainRows) for b in batches)
+    assert all(isinstance(b.rows, PlainRows) for b in batches)
     v = Validator(cwd=str(tmp_path))
     fast_items: list[object] = []
     slow_items: list[object] = []
@@ -195,7 +196,7 @@ def test_plain_blocks_validate_like_row_by_row(tmp_path: Path, header: str, rout
     assert len(fast_items) > 350 and len(fast_rejects) > 10
     # The good blocks did pass whole.
     first = batches[0].rows
-    assert isinstance(first, source.PlainRows)
+    assert isinstance(first, PlainRows)
     assert Validator._plain_block(first, header.split(",").index("id"), 0) is not None
 
 
@@ -205,7 +206,7 @@ def test_plain_rows_are_the_rows(tmp_path: Path) -> None:
     p.write_text("id,url\n" + "".join(f"i{i},https://x/{i}.jpg\n" for i in range(10)))
     (batch,) = _batches(p)
     rows = batch.rows
-    assert isinstance(rows, source.PlainRows)
+    assert isinstance(rows, PlainRows)
     listed = [(i + 2, [f"i{i}", f"https://x/{i}.jpg"]) for i in range(10)]
     assert len(rows) == 10 and list(rows) == listed and rows == listed
     assert rows[0] == listed[0] and rows[-1] == listed[-1] and rows[2:4] == listed[2:4]
@@ -236,7 +237,7 @@ def test_each_bad_line_fails_its_block(header: str) -> None:
     v = Validator()
     passed = 0
     for lines in blocks:
-        plain = source.PlainRows(2, lines)
+        plain = PlainRows(2, lines)
         listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
         items, rejects = v.validate(listed)
         whole = Validator._plain_block(plain, i_id, 0)
