@@ -17,6 +17,14 @@ loops).
 Use it to compare code paths, and :mod:`benchmarks.ab` for the CPU seconds. Under valgrind
 the engine is ~50x slower, so the service is never the bottleneck; 20,000 rows take about
 half a minute per revision. Needs ``valgrind``.
+
+``--functions N`` (with ``--async-script``) also says where the difference is: every run's
+callgrind file is kept, ``callgrind_annotate`` gives each C function's own instructions, and
+the N functions the first revision spends most more on than the async script (and N/3 the other
+way) are printed as marginal instructions per image between the two sizes, each side's figure
+beside the difference. Python code shows as the interpreter loop (``_PyEval_EvalFrameDefault``),
+msgspec's JSON, SQLite, sre, libc: it says which kind of work differs, and py-spy which
+Python functions do it.
 """
 
 from __future__ import annotations
@@ -37,9 +45,10 @@ from .scenarios import ASYNC_SCRIPT
 _TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
-def count(cmd: list[str], env: dict[str, str] | None, work: Path) -> int:
-    """Instructions executed by ``cmd`` (every thread), from callgrind's totals."""
-    out = work / "callgrind.out"
+def count(cmd: list[str], env: dict[str, str] | None, work: Path, keep: Path | None = None) -> int:
+    """Instructions executed by ``cmd`` (every thread), from callgrind's totals (``keep``:
+    where the callgrind file stays, for :func:`by_function`)."""
+    out = keep or work / "callgrind.out"
     out.unlink(missing_ok=True)
     valgrind = ["valgrind", "--tool=callgrind", "--cache-sim=no", "--branch-sim=no"]
     full_env = dict(os.environ)
@@ -57,16 +66,91 @@ def count(cmd: list[str], env: dict[str, str] | None, work: Path) -> int:
     return int(found.group(1))
 
 
+_ANNOTATED = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(.+?)(?: \[([^]]*)\])?$")
+
+
+def by_function(callgrind_file: Path) -> dict[str, int]:
+    """Each function's own instructions in a callgrind file (see :func:`parse_annotated`)."""
+    text = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", str(callgrind_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return parse_annotated(text)
+
+
+def parse_annotated(text: str) -> dict[str, int]:
+    """``callgrind_annotate``'s function lines as {name: instructions}, named ``file:function``
+    without the build directory or the recursion depth (``'2``, summed with the outer calls); a
+    function without debug symbols by its library and address (``libcrypto.so.3:0x29ad80``)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        found = _ANNOTATED.match(line)
+        if found is None or "PROGRAM TOTALS" in line:
+            continue
+        name = re.sub(r"'\d+", "", found.group(2))
+        name = re.sub(r"^.*/(?=[^/]+:)", "", name)  # the file's name, not its build path
+        if name.startswith("???") and found.group(3):  # no symbol: name its library
+            name = f"{Path(found.group(3)).name}:{name[4:]}"
+        out[name] = out.get(name, 0) + int(found.group(1).replace(",", ""))
+    return out
+
+
+def function_table(
+    counted: dict[str, dict[int, dict[str, int]]],
+    first: str,
+    other: str,
+    rows: tuple[int, int],
+    top: int,
+) -> list[str]:
+    """Markdown rows: the ``top`` functions ``first`` spends most more on than ``other``
+    (marginal instructions per image between the two sizes), then ``top // 3`` the other way."""
+    small, large = rows
+
+    def marginal(name: str, fn: str) -> float:
+        got = counted[name]
+        return (got[large].get(fn, 0) - got[small].get(fn, 0)) / (large - small)
+
+    names = set().union(*(counted[n][r] for n in (first, other) for r in rows))
+    diffs = sorted(
+        ((marginal(first, fn), marginal(other, fn), fn) for fn in names),
+        key=lambda d: d[1] - d[0],
+    )
+
+    def line(a: float, b: float, fn: str) -> str:
+        return f"| `{fn}` | {a:,.0f} | {b:,.0f} | {a - b:+,.0f} |"
+
+    more = [line(*d) for d in diffs[:top]]
+    less = [line(*d) for d in reversed(diffs[-max(1, top // 3) :])]
+    return [
+        f"| function | {first} | {other} | difference |",
+        "|---|---|---|---|",
+        *more,
+        "| ... | | | |",
+        *less,
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__)
     p.add_argument("revisions", nargs="+")
     p.add_argument("--rows", default="1000,20000", help="manifest sizes, comma-separated")
     p.add_argument("--async-script", action="store_true", help="count the async script too")
+    p.add_argument(
+        "--functions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --async-script: the N functions the first revision spends most more on",
+    )
     p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / "results" / "tmp")
     args = p.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind not found", file=sys.stderr)
         return 2
+    if args.functions and not args.async_script:
+        p.error("--functions compares with the async script: add --async-script")
     sizes = sorted(int(r) for r in args.rows.split(","))
     work: Path = args.work_dir.resolve()
     snaps = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots"
@@ -81,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     neutral = Path(tempfile.mkdtemp(prefix="fashiontag-instr-"))
     os.chdir(neutral)  # `-m fashiontag_pipeline` must import the export, never the checkout
     counted: dict[str, dict[int, int]] = {name: {} for name, _ in clients}
+    functions: dict[str, dict[int, dict[str, int]]] = {name: {} for name, _ in clients}
     for rows in sizes:
         m = manifest(work, rows)
         for name, path in clients:
@@ -96,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
                     cmd += ["--out", str(out), "--rejects", str(runs / "run.rejects.jsonl")]
                     cmd += ["--state", str(runs / "run.state.sqlite"), "--no-progress"]
                     env = {"PYTHONPATH": str(path)}
-                n = count(cmd, env, runs)
+                keep = None
+                if args.functions:
+                    keep = runs / f"callgrind.{name.replace(' ', '-')}.{rows}.out"
+                n = count(cmd, env, runs, keep)
+                if keep is not None:
+                    functions[name][rows] = by_function(keep)
             counted[name][rows] = n
             print(f"  {rows:,} {name}: {n / 1e9:.3f} G instructions", flush=True)
     shutil.rmtree(neutral, ignore_errors=True)
@@ -109,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         per_image = (got[large] - got[small]) / (large - small) if len(sizes) > 1 else None
         marginal = f" | {per_image:,.0f}" if per_image is not None else ""
         print(f"| {name} | {cells}{marginal} |")
+    if args.functions and len(sizes) > 1:
+        first = clients[0][0]
+        print(f"\nWhere {first} and the async script differ (marginal instructions per image):\n")
+        table = function_table(functions, first, "async script", (small, large), args.functions)
+        print("\n".join(table))
     return 0
 
 

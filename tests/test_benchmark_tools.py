@@ -1,0 +1,40 @@
+"""The benchmark harness's own logic that a wrong figure would hide behind (no valgrind run)."""
+
+from __future__ import annotations
+
+from benchmarks.instructions import function_table, parse_annotated
+
+ANNOTATED = """\
+--------------------------------------------------------------------------------
+2,017,954,802 (100.0%)  PROGRAM TOTALS
+--------------------------------------------------------------------------------
+Ir                    file:function
+--------------------------------------------------------------------------------
+179,437,871 ( 8.89%)  ???:json_skip'2 [/v/site-packages/msgspec/_core.so]
+  2,000,000 ( 0.10%)  ???:json_skip [/v/site-packages/msgspec/_core.so]
+174,394,357 ( 8.64%)  /b/Python/ceval.c:_PyEval_EvalFrameDefault'2 [/r/libpython3.11.so]
+ 33,153,648 ( 1.64%)  ???:0x000000000029ad80 [/usr/lib/x86_64-linux-gnu/libcrypto.so.3]
+"""
+
+
+def test_parse_annotated_names_functions_and_sums_recursion_levels() -> None:
+    assert parse_annotated(ANNOTATED) == {
+        "_core.so:json_skip": 181_437_871,
+        "ceval.c:_PyEval_EvalFrameDefault": 174_394_357,
+        "libcrypto.so.3:0x000000000029ad80": 33_153_648,
+    }
+
+
+def test_function_table_is_marginal_per_image_largest_difference_first() -> None:
+    counted = {
+        "engine": {1000: {"a": 1_000, "b": 5_000, "c": 0}, 3000: {"a": 41_000, "b": 9_000, "c": 0}},
+        "script": {
+            1000: {"a": 1_000, "b": 1_000, "c": 0},
+            3000: {"a": 3_000, "b": 3_000, "c": 8_000},
+        },
+    }
+    rows = function_table(counted, "engine", "script", (1000, 3000), 2)
+    assert rows[2] == "| `a` | 20 | 1 | +19 |"  # (41,000 - 1,000) / 2,000 rows
+    assert rows[3] == "| `b` | 2 | 1 | +1 |"
+    assert rows[4] == "| ... | | | |"
+    assert rows[5] == "| `c` | 0 | 4 | -4 |"  # the one the script spends more on
