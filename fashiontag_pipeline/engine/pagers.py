@@ -5,14 +5,16 @@ Tasks are drained oldest ``resultExpiredAt`` first. Pages of a task are fetched 
 with the task's ``next_offset``, so a resume reads exactly the pages not yet written. Pages are
 decoded with msgspec straight into :class:`~.pages.PageRow` (results kept as raw JSON).
 
-Every page's rows are checked against the ids already written for the task (a server that
-repeats an id writes it once). When the last page is in, the rows written are counted against
-the rows the service accepted into the task (``chunks.n_ok``); if they differ (a short page, a
-repeated id in place of a row, a task that holds fewer images than it was given) or the task
-has orphan chunks (writes of unknown fate), the task's chunks are read back and every id
-without an outcome is sent again through the writer. A task the service forgets (404 for its
-status or a page: ``lost``) is settled the same way: the rows written stay, the others go to a
-new task, and the other tasks' pages keep flowing.
+Every page's rows are checked against the ids written to the task (a result under an id the
+engine never sent it, as from a service that normalizes ids, is no row's outcome: it is left
+out, and the row it stood for is sent again) and against the ids already written for the task
+(a server that repeats an id writes it once). When the last page is in, the rows written are
+counted against the rows the service accepted into the task (``chunks.n_ok``); if they differ
+(a short page, a repeated id in place of a row, a task that holds fewer images than it was
+given) or the task has orphan chunks (writes of unknown fate), the task's chunks are read back
+and every id without an outcome is sent again through the writer. A task the service forgets
+(404 for its status or a page: ``lost``) is settled the same way: the rows written stay, the
+others go to a new task, and the other tasks' pages keep flowing.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
 from .pages import PageRow, decode_page
-from .policy import decode_body
+from .policy import body_ids, decode_body
 from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
@@ -130,6 +132,8 @@ class ResultPagers:
                 _, _, entry = heapq.heappop(self._heap)
                 if entry.seen is None:
                     entry.seen = await self._written(entry)
+                if entry.sent is None and entry.state == "done":
+                    entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
                 if entry.state == "lost":
                     await self._settle(entry, ("orphan", "accepted", "pending"))
                     continue
@@ -169,6 +173,17 @@ class ResultPagers:
             except msgspec.DecodeError as err:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
+
+    def _sent_ids(self, task_id: str) -> set[str] | None:
+        """The ids written to the task, from its chunks' bodies (thread side; None when a
+        chunk of it has no body left, so no id can be called foreign)."""
+        bodies = self.journal.db.sent_bodies(task_id)
+        if bodies is None:
+            return None
+        sent: set[str] = set()
+        for body in bodies:
+            sent.update(body_ids(body))
+        return sent
 
     async def _written(self, entry: TaskEntry) -> set[str]:
         """Ids already written for the task (a resume that had read some of its pages: a scan
@@ -267,24 +282,37 @@ class ResultPagers:
 
     @staticmethod
     def _first_of_each_id(entry: TaskEntry, rows: list[PageRow]) -> list[PageRow]:
-        """The rows whose id has no line for the task yet (a server may repeat an id, in a
-        page or across pages); their ids are added to the task's written ids."""
+        """The rows whose id was written to the task and has no line for it yet (a server
+        may repeat an id, in a page or across pages, or answer under an id it was never given);
+        their ids are added to the task's written ids."""
         seen = entry.seen
+        sent = entry.sent
         assert seen is not None
         ids = set(map(_row_id, rows))
-        if len(ids) == len(rows) and seen.isdisjoint(ids):
+        if len(ids) == len(rows) and seen.isdisjoint(ids) and (sent is None or ids <= sent):
             seen |= ids
             return rows
         out: list[PageRow] = []
+        foreign = 0
         for r in rows:
-            if r.id not in seen:
+            if sent is not None and r.id not in sent:
+                foreign += 1
+            elif r.id not in seen:
                 seen.add(r.id)
                 out.append(r)
-        logger.warning(
-            "task %s: %d results repeated an id already read; kept the first of each",
-            entry.task_id,
-            len(rows) - len(out),
-        )
+        if foreign:
+            logger.warning(
+                "task %s: %d results came under an id never sent to it; left out (the rows"
+                " without a result are sent again)",
+                entry.task_id,
+                foreign,
+            )
+        if len(rows) - len(out) > foreign:
+            logger.warning(
+                "task %s: %d results repeated an id already read; kept the first of each",
+                entry.task_id,
+                len(rows) - len(out) - foreign,
+            )
         return out
 
     async def _all_written(self, entry: TaskEntry) -> bool:
@@ -316,6 +344,7 @@ class ResultPagers:
 
     def _done_with(self, entry: TaskEntry) -> None:
         entry.seen = None
+        entry.sent = None
         self.book.retire(entry)
 
     async def _forget(self, entry: TaskEntry) -> None:

@@ -21,7 +21,15 @@ import msgspec
 from .._models import EncodedRequests, TaggingRequest
 from .config import EngineConfig
 
-__all__ = ["Chunk", "OpenTask", "WritePolicy", "chunk_of", "decode_body", "encode_body"]
+__all__ = [
+    "Chunk",
+    "OpenTask",
+    "WritePolicy",
+    "body_ids",
+    "chunk_of",
+    "decode_body",
+    "encode_body",
+]
 
 _body_encoder = msgspec.json.Encoder()
 _requests_decoder = msgspec.json.Decoder(list[TaggingRequest])
@@ -34,6 +42,22 @@ class _Body(msgspec.Struct):
 
 
 _body_decoder = msgspec.json.Decoder(_Body)
+
+
+class _SentContext(msgspec.Struct, gc=False):
+    id: str
+
+
+class _SentRequest(msgspec.Struct, gc=False):
+    context: _SentContext
+
+
+class _SentBody(msgspec.Struct, gc=False):
+    r: list[_SentRequest]
+
+
+#: A stored body's ids alone: msgspec skips the positions and the images.
+_ids_decoder = msgspec.json.Decoder(_SentBody)
 
 
 def encode_body(
@@ -52,6 +76,13 @@ def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
         return _old_body_decoder.decode(body)
     stored = _body_decoder.decode(body)
     return list(zip(stored.p, _requests_decoder.decode(stored.r), strict=True))
+
+
+def body_ids(body: bytes) -> list[str]:
+    """The ids (as sent) of a stored chunk, decoding nothing else of it."""
+    if body[:1] == b"[":
+        return [request.context.id for _, request in _old_body_decoder.decode(body)]
+    return [request.context.id for request in _ids_decoder.decode(body).r]
 
 
 def chunk_of(chunk_id: int, body: bytes) -> Chunk:

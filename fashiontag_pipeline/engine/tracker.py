@@ -56,6 +56,9 @@ class TaskEntry:
     results_expire_at: datetime | None = None
     orphans: set[int] = field(default_factory=set)
     seen: set[str] | None = None
+    #: The ids written to the task (read when its draining starts; None: unknown, a chunk of
+    #: it was resolved): a result under any other id is none of ours.
+    sent: set[str] | None = None
     #: The description the task was created with (it carries the run token): a task of that
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None

@@ -42,6 +42,9 @@ class Misbehaviour:
     #: Task ordinals shown (list and status) with another description, as if the service had
     #: forgotten ours and given its id to someone else's task.
     foreign_description: set[int] = field(default_factory=set)
+    #: Task ordinals whose first result page gives its last row under an id the engine never
+    #: sent (``ID`` upper-cased, as a service that normalizes ids would).
+    foreign_id_in_first_page: set[int] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -147,6 +150,9 @@ class MisbehavingProxy:
                 self.first_rows[task_id] = results[0]
             if n in rules.duplicate_in_first_page and offset == 0 and len(results) >= 2:
                 results[-1] = results[0]
+                return json.dumps(data).encode()
+            if n in rules.foreign_id_in_first_page and offset == 0 and results:
+                results[-1] = {**results[-1], "id": results[-1]["id"].upper()}
                 return json.dumps(data).encode()
             if n in rules.duplicate_across_pages and offset == 100 and task_id in self.first_rows:
                 results[-1] = self.first_rows[task_id]

@@ -179,6 +179,16 @@ async def test_an_id_repeated_on_a_later_page(tmp_path: Path) -> None:
     assert next(r for r in o.results if r["id"] == "p199")["taskId"] != proxy.created[0]
 
 
+async def test_a_result_under_an_id_never_sent(tmp_path: Path) -> None:
+    """Task 1's first page gives its last row (p99) under an id the engine never sent (P99,
+    as a service that normalizes ids would): no line carries that id, and p99 gets its one
+    outcome."""
+    rules = Misbehaviour(foreign_id_in_first_page={1})
+    summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.resent == 1
+    assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
+
+
 # ------------------------------------------------------------------ the server's clock
 
 

@@ -359,6 +359,19 @@ class StateStore(JobTables):
             )
         )
 
+    def sent_bodies(self, task_id: str) -> list[bytes] | None:
+        """The bodies of every chunk written to the task (the ids it can hold), or None when
+        one of them has none left (a chunk resolved: its rows went elsewhere)."""
+        bodies = [
+            body
+            for (body,) in self.db.execute(
+                f"SELECT {BODY_SQL} FROM chunks WHERE task_id=?", (task_id,)
+            )
+        ]
+        if any(body is None for body in bodies):
+            return None
+        return [bytes(body) for body in bodies]
+
     def accepted_rows(self, task_id: str) -> int | None:
         """Rows the service accepted into the task (None when a chunk predates the count)."""
         total, unknown = self.db.execute(
