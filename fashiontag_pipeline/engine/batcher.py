@@ -182,12 +182,18 @@ class TaskWriter(TaskWrites):
                 await self._close(cur)
 
     async def dispatch(
-        self, items: list[Item], *, chunk_id: int | None = None, resent: bool = False
+        self,
+        items: list[Item],
+        *,
+        chunk_id: int | None = None,
+        resent: bool = False,
+        sends: int = 0,
     ) -> None:
         """Write a chunk ahead (new rows move the chunked watermark) and start sending it.
-        ``resent``: rows sent again (in place of chunk ``chunk_id`` when given)."""
+        ``resent``: rows sent again (in place of chunk ``chunk_id`` when given), ``sends``
+        times before (kept in the chunk's body)."""
         ids, positions, requests = (list(column) for column in zip(*items, strict=True))
-        body, encoded = encode_body(positions, requests)
+        body, encoded = encode_body(positions, requests, sends)
         last = max(positions)
         marks = [] if resent else job_marks(self.jobs, positions, last)
         assert self._tg is not None, "TaskWriter.run is not running"
@@ -222,13 +228,14 @@ class TaskWriter(TaskWrites):
             raise
         self._tg.start_soon(self._send, chunk, task, create, create)
 
-    async def resend(self, items: list[Item], chunk_id: int) -> None:
+    async def resend(self, items: list[Item], chunk_id: int, sends: int) -> None:
         """Send again rows without an outcome, in place of chunk ``chunk_id`` (a lost task,
-        rows a task did not return, orphans)."""
+        rows a task did not return, orphans); they were sent ``sends`` times already."""
         size = self.config.chunk_size
         for start in range(0, len(items), size):
             part = items[start : start + size]
-            await self.dispatch(part, chunk_id=chunk_id if start == 0 else None, resent=True)
+            replaces = chunk_id if start == 0 else None
+            await self.dispatch(part, chunk_id=replaces, resent=True, sends=sends)
 
     async def start(self, chunk: Chunk) -> None:
         """Send a chunk in the background once a write slot is free."""
@@ -269,6 +276,7 @@ class TaskWriter(TaskWrites):
                     continue
             seq, token = self._new_token()
             task = OpenTask(seq=seq, token=token, opened=now, expires=now + self.default_ttl)
+            task.sent = set()
             task.limit = self.policy.task_limit(self.assigned)
             task.images = n
             task.inflight = 1
@@ -290,7 +298,8 @@ class TaskWriter(TaskWrites):
             task.sealed = True
             self.tasks.pop(task.task_id, None)
             # Not committed: a resume treats an open task the same way (closed, then watched).
-            self.book.watch(task.task_id, self.description(task.token))
+            self.book.watch(task.task_id, self.description(task.token), task.sent)
+            task.sent = None
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:

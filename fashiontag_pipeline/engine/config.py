@@ -86,6 +86,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       without a request; every successful result is stored. None: no store.
     * ``reuse_max_age``: how old a stored result may be to stand in (``30d``, ``12h``, or
       seconds).
+    * ``max_sends``: how many times a row is sent to the service in all (its first write and
+      the re-sends after a task that did not return it or was forgotten) before it is written
+      as a reject of stage ``unreturned`` instead of being sent forever.
     """
 
     chunk_size: int = MAX_REQUESTS_PER_WRITE
@@ -110,6 +113,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     progress_seconds: float = DEFAULT_PROGRESS_SECONDS
     reuse: str | None = None
     reuse_max_age: str | float = DEFAULT_REUSE_MAX_AGE
+    max_sends: int = 5
 
     @property
     def reuse_max_age_seconds(self) -> float:
@@ -131,6 +135,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine concurrency caps must be at least 1")
         if self.single_concurrency < 1 or self.single_max_bytes < 1:
             raise ValueError("engine.single_concurrency and single_max_bytes must be positive")
+        if self.max_sends < 1:
+            raise ValueError("engine.max_sends must be at least 1")
         if self.progress_seconds <= 0:
             raise ValueError("engine.progress_seconds must be positive")
         if not 0 < self.poll_min <= self.poll_max:

@@ -50,6 +50,7 @@ from .resume import reattach
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .scheduler import JobSource
+from .settle import TaskSettler
 from .single import SingleRouter
 from .source import ManifestReader, open_manifests
 from .state import Journal, Reconciliation, RunState, StateStore
@@ -106,14 +107,20 @@ class Engine:
             book=self.book,
             budget=self.budget,
         )
+        self.settler = TaskSettler(
+            journal=self.journal,
+            jobs=self.jobs,
+            book=self.book,
+            resend=self.writer.resend,
+            max_sends=config.max_sends,
+        )
         self.pagers = ResultPagers(
             client=client,
             journal=self.journal,
             book=self.book,
             config=config,
             budget=self.budget,
-            jobs=self.jobs,
-            resend=self.writer.resend,
+            settler=self.settler,
             finished=self.finished,
         )
         self.tracker = Tracker(

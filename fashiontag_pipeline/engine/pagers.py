@@ -8,13 +8,13 @@ decoded with msgspec straight into :class:`~.pages.PageRow` (results kept as raw
 Every page's rows are checked against the ids written to the task (a result under an id the
 engine never sent it, as from a service that normalizes ids, is no row's outcome: it is left
 out, and the row it stood for is sent again) and against the ids already written for the task
-(a server that repeats an id writes it once). When the last page is in, the rows written are
-counted against the rows the service accepted into the task (``chunks.n_ok``); if they differ
-(a short page, a repeated id in place of a row, a task that holds fewer images than it was
-given) or the task has orphan chunks (writes of unknown fate), the task's chunks are read back
-and every id without an outcome is sent again through the writer. A task the service forgets
-(404 for its status or a page: ``lost``) is settled the same way: the rows written stay, the
-others go to a new task, and the other tasks' pages keep flowing.
+(a server that repeats an id writes it once). The ids written come from the writer, which keeps
+them for the tasks in flight up to :data:`~.tracker.SENT_IDS_HELD`; past that, and after a
+resume, they are read back from the task's chunks in the state store when its draining starts.
+When the last page is in, the rows written are counted against the rows the service accepted
+into the task (``chunks.n_ok``); the usual task drains in the commit of its last page. Any
+other end (a short count, orphan chunks, expired results, a task the service forgot) goes to
+:class:`~.settle.TaskSettler`, while the other tasks' pages keep flowing.
 """
 
 from __future__ import annotations
@@ -24,29 +24,25 @@ import itertools
 import logging
 import operator
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import anyio
 import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._models import MAX_PAGE_SIZE, TaggingRequest
-from .batcher import STAGE_SERVER
+from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
-from .jobs import Jobs
 from .pages import PageRow, decode_page
-from .policy import body_ids, decode_body
-from .state import JobReject, Journal, changes
+from .policy import body_ids
+from .settle import TaskSettler, done_change
+from .state import Journal, changes
 from .tracker import TaskBook, TaskEntry
-from .validate import Item
 
 __all__ = ["ResultPagers"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-STAGE_EXPIRED = "expired"
 
 
 class _Lost:
@@ -77,8 +73,7 @@ class ResultPagers:
         book: TaskBook,
         config: EngineConfig,
         budget: RetryBudget,
-        jobs: Jobs,
-        resend: Callable[[list[Item], int], Awaitable[None]],
+        settler: TaskSettler,
         finished: Callable[[], bool],
     ) -> None:
         self.client = client
@@ -86,14 +81,12 @@ class ResultPagers:
         self.book = book
         self.config = config
         self.budget = budget
-        self.jobs = jobs
-        self.resend = resend
+        self.settler = settler
         self.finished = finished
         self.slots = AIMDLimiter(config.max_page_concurrency)
         self._heap: list[tuple[float, int, TaskEntry]] = []
         self._order = itertools.count()
         self.pages = 0
-        self.lost_unidentified = 0
         #: Fetched pages waiting for their turn, per task: offset -> rows (None: expired,
         #: LOST: forgotten).
         self._ready: dict[str, dict[int, _Fetched]] = {}
@@ -135,10 +128,10 @@ class ResultPagers:
                 if entry.sent is None and entry.state == "done":
                     entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
                 if entry.state == "lost":
-                    await self._settle(entry, ("orphan", "accepted", "pending"))
+                    await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                     continue
                 if entry.next_offset >= entry.total:
-                    await self._finish(entry)
+                    await self.settler.finish(entry)
                     continue
                 for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
                     await self.slots.acquire()
@@ -235,9 +228,9 @@ class ResultPagers:
                 ready.pop(start)
                 self._ready.pop(task_id, None)
                 if first is None:
-                    await self._expired(entry)
+                    await self.settler.expired(entry)
                 else:
-                    await self._forget(entry)
+                    await self.settler.forget(entry)
                 return
             rows: list[PageRow] = []
             end = start
@@ -259,10 +252,10 @@ class ResultPagers:
             rows = self._first_of_each_id(entry, rows)
             ops = [changes.task_read_upto(task_id, end)]
             if start == 0:
-                ops.insert(0, self._done_change(entry))
+                ops.insert(0, done_change(entry))
             drained = end >= entry.total
             # The usual end: every row the service accepted has a line; drain in this commit.
-            quick = drained and await self._all_written(entry)
+            quick = drained and await self.settler.all_written(entry)
             if quick:
                 ops.extend(changes.task_drained(task_id))
             await self.journal.commit(page=(task_id, rows), ops=ops, counters={"pages": pages})
@@ -271,12 +264,12 @@ class ResultPagers:
                 self._ready.pop(task_id, None)
                 self._fetching.pop(task_id, None)
             if quick:
-                self._done_with(entry)
+                self.settler.done_with(entry)
             elif drained:
                 entry.state = "finishing"
             entry.advance(end)
             if drained and not quick:
-                await self._finish(entry)
+                await self.settler.finish(entry)
         finally:
             self._committing.discard(task_id)
 
@@ -314,141 +307,3 @@ class ResultPagers:
                 len(rows) - len(out) - foreign,
             )
         return out
-
-    async def _all_written(self, entry: TaskEntry) -> bool:
-        """True when the task has no orphan chunk and its lines (those written and the page
-        being committed) are as many as the rows the service accepted into it."""
-        if entry.orphans:
-            return False
-        expected = await self.journal.run(self.journal.db.accepted_rows, entry.task_id)
-        assert entry.seen is not None
-        return expected == len(entry.seen)
-
-    async def _finish(self, entry: TaskEntry) -> None:
-        """Every page is committed but the count did not settle the task (or a resume found it
-        read to the end, or it holds no result at all): send again the ids without an
-        outcome, then drain it."""
-        if not await self._all_written(entry):
-            await self._settle(entry, ("orphan", "accepted"))
-        await self.journal.commit(
-            ops=[self._done_change(entry), *changes.task_drained(entry.task_id)]
-        )
-        self._done_with(entry)
-
-    @staticmethod
-    def _done_change(entry: TaskEntry) -> changes.Change:
-        """The task is done: its total and result expiry (committed with its first page)."""
-        expiry = entry.results_expire_at
-        stamp = expiry.timestamp() if expiry is not None else None
-        return changes.task_done(entry.task_id, entry.total, stamp)
-
-    def _done_with(self, entry: TaskEntry) -> None:
-        entry.seen = None
-        entry.sent = None
-        self.book.retire(entry)
-
-    async def _forget(self, entry: TaskEntry) -> None:
-        """The service forgot the task (404) while its pages were being read."""
-        entry.state = "lost"
-        entry.advance(entry.next_offset)
-        logger.warning(
-            "task %s: the service no longer knows it after %d of %d results were read;"
-            " its other rows are sent again",
-            entry.task_id,
-            entry.next_offset,
-            entry.total,
-        )
-        await self.journal.commit(
-            ops=[changes.task_state(entry.task_id, "lost")],
-            counters={"lost_tasks": 1},
-        )
-        await self._settle(entry, ("orphan", "accepted", "pending"))
-
-    async def _rows_of(
-        self, task_id: str, states: tuple[str, ...]
-    ) -> list[tuple[int, list[tuple[int, TaggingRequest]]]]:
-        """The rows of the task's chunks in ``states`` (chunk id, [(position, request)])."""
-        bodies = await self.journal.run(self.journal.db.chunk_bodies, task_id, states)
-        return [(cid, decode_body(body)) for cid, body in bodies]
-
-    async def _expired(self, entry: TaskEntry) -> None:
-        """Results expired before they were all read: every id of the task that has no
-        results line becomes a reject (stage ``expired``), so no loss is silent.
-
-        The task's ids come from the bodies of its accepted chunks (kept in the state store
-        until the task is drained); ids with a results line for the task, and ids the service
-        refused at write time (already rejects), are left out."""
-        entry.state = "expired"
-        read_upto = entry.next_offset
-        entry.advance(read_upto)
-        task_id = entry.task_id
-        journal = self.journal
-        written = entry.seen or set()
-
-        jobs = self.jobs
-
-        def unread() -> list[tuple[int, str]]:
-            bodies = [body for _, body in journal.db.chunk_bodies(task_id, ("accepted",))]
-            refused = journal.refused_ids(STAGE_SERVER)
-            out: list[tuple[int, str]] = []
-            for body in bodies:
-                for pos, request in decode_body(body):
-                    ident = request.context.id
-                    if ident not in written and ident not in refused and jobs.is_open(pos):
-                        out.append((pos, ident))
-            return out
-
-        rejects: list[JobReject] = [
-            jobs.reject(
-                pos, jobs.original(ident), "results expired before they were read", STAGE_EXPIRED
-            )
-            for pos, ident in await journal.run(unread)
-        ]
-        missing = entry.total - read_upto - len(rejects)
-        if missing > 0:
-            self.lost_unidentified += missing
-        logger.warning(
-            "results of task %s expired after %d of %d were read: %d ids written as rejects",
-            task_id,
-            read_upto,
-            entry.total,
-            len(rejects),
-        )
-        await journal.commit(
-            rejects=rejects, settle=True, ops=changes.task_drained(task_id, "expired")
-        )
-        if entry.orphans:
-            await self._settle(entry, ("orphan",))
-        self._done_with(entry)
-
-    async def _settle(self, entry: TaskEntry, states: tuple[str, ...]) -> None:
-        """Send again every row of the task's chunks in ``states`` that has no outcome (no
-        line for the task, not refused by the service). A chunk whose rows are all settled is
-        marked resolved, except an accepted chunk of a task still drained normally (its body
-        goes with the task)."""
-        lost = entry.state == "lost"
-        seen = entry.seen or set()
-        journal = self.journal
-        refused = await journal.run(journal.refused_ids, STAGE_SERVER)
-        is_open = self.jobs.is_open
-        for chunk_id, rows in await self._rows_of(entry.task_id, states):
-            # Rows of a job already complete have their outcome (it completed on them).
-            missing: list[Item] = [
-                (r.context.id, pos, r)
-                for pos, r in rows
-                if r.context.id not in seen and r.context.id not in refused and is_open(pos)
-            ]
-            if missing:
-                await self._resend_unwritten(missing, chunk_id)
-            elif lost or chunk_id in entry.orphans:
-                await journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])
-            if chunk_id in entry.orphans:
-                entry.orphans.discard(chunk_id)
-                self.book.orphans_pending -= 1
-        if lost:
-            self._done_with(entry)
-        self.book.poke()
-
-    async def _resend_unwritten(self, items: list[Item], chunk_id: int) -> None:
-        """Hand rows without an outcome back to the writer, in place of ``chunk_id``."""
-        await self.resend(items, chunk_id)

@@ -26,6 +26,7 @@ __all__ = [
     "OpenTask",
     "WritePolicy",
     "body_ids",
+    "body_sends",
     "chunk_of",
     "decode_body",
     "encode_body",
@@ -42,6 +43,14 @@ class _Body(msgspec.Struct):
 
 
 _body_decoder = msgspec.json.Decoder(_Body)
+
+
+class _Sends(msgspec.Struct):
+    g: int = 0
+
+
+#: A stored body's send count alone (``g``; absent in a chunk of new rows).
+_sends_decoder = msgspec.json.Decoder(_Sends)
 
 
 class _SentContext(msgspec.Struct, gc=False):
@@ -61,13 +70,22 @@ _ids_decoder = msgspec.json.Decoder(_SentBody)
 
 
 def encode_body(
-    positions: Sequence[int], requests: Sequence[TaggingRequest]
+    positions: Sequence[int], requests: Sequence[TaggingRequest], sends: int = 0
 ) -> tuple[bytes, EncodedRequests]:
-    """A chunk as stored ahead of its write, ``{"p": [positions], "r": [requests]}``, and its
-    requests as the bulk write sends them: each request is encoded once, for both."""
+    """A chunk as stored ahead of its write, ``{"p": [positions], "r": [requests]}`` (and
+    ``"g": sends`` for rows sent ``sends`` times before), and its requests as the bulk write
+    sends them: each request is encoded once, for both."""
     encoded = _body_encoder.encode(requests)
-    body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + b"}"
+    tail = b',"g":%d}' % sends if sends else b"}"
+    body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + tail
     return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
+
+
+def body_sends(body: bytes) -> int:
+    """How many times the rows of a stored chunk were sent before it (0: new rows)."""
+    if body[:1] == b"[":  # written by a version that stored [[position, request], ...]
+        return 0
+    return _sends_decoder.decode(body).g
 
 
 def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
@@ -114,6 +132,9 @@ class OpenTask:
     failed: bool = False
     #: Images after which the task is full (None: ``rotate_images``).
     limit: int | None = None
+    #: Ids written to the task (:meth:`~.tracker.TaskBook.note_sent`); None: not kept (a task
+    #: of an interrupted run, or more ids than the cap).
+    sent: set[str] | None = None
     created: anyio.Event = field(default_factory=anyio.Event)
 
 

@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from .policy import Chunk, chunk_of, decode_body
+from .policy import Chunk, body_sends, chunk_of, decode_body
 from .state import changes
 from .tracker import TaskEntry
 
@@ -109,6 +109,7 @@ async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:
         (r.context.id, pos, r) for pos, r in rows if jobs.original(r.context.id) not in written
     ]
     if missing:
-        await run.writer.resend(missing, chunk_id)
+        # Sent or not (its task is unknown), these rows keep the send count they had.
+        await run.writer.resend(missing, chunk_id, body_sends(body))
     else:
         await run.journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])

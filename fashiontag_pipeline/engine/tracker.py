@@ -43,6 +43,10 @@ BACKOFF = 1.6
 RATE_ALPHA = 0.5
 #: Polls are aimed this long after the predicted completion (a poll just before it is wasted).
 AIM_LATE = 0.01
+#: Ids kept in memory, over every task in flight, for the check that a result came under an id
+#: written to its task (about 100 bytes each). A task whose ids do not fit has its ids read
+#: back from its chunks' bodies in the state store when its draining starts, as after a resume.
+SENT_IDS_HELD = 200_000
 
 
 @dataclass(eq=False)
@@ -56,9 +60,12 @@ class TaskEntry:
     results_expire_at: datetime | None = None
     orphans: set[int] = field(default_factory=set)
     seen: set[str] | None = None
-    #: The ids written to the task (read when its draining starts; None: unknown, a chunk of
-    #: it was resolved): a result under any other id is none of ours.
+    #: The ids written to the task (from the writer, or read from the state store when its
+    #: draining starts; None: unknown, a chunk of it was resolved): a result under any other
+    #: id is none of ours.
     sent: set[str] | None = None
+    #: Ids of ``sent`` counted against the book's :data:`SENT_IDS_HELD` (the writer's).
+    held: int = 0
     #: The description the task was created with (it carries the run token): a task of that
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None
@@ -77,8 +84,11 @@ class TaskBook:
     with :meth:`orphan`; the pagers :meth:`retire` drained tasks (a long-lived engine keeps
     only tasks in flight)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sent_ids_held: int | None = None) -> None:
         self.entries: dict[str, TaskEntry] = {}
+        #: Ids held in memory for open and in-flight tasks (:meth:`note_sent`), and the cap.
+        self.sent_held = 0
+        self.sent_cap = SENT_IDS_HELD if sent_ids_held is None else sent_ids_held
         self.changed = anyio.Event()
         #: Tasks added so far (the tracker polls early for a new one).
         self.added = 0
@@ -86,10 +96,38 @@ class TaskBook:
         #: Orphan chunks of tasks not handed over yet.
         self.orphans_by_task: dict[str, set[int]] = {}
 
-    def watch(self, task_id: str, description: str) -> None:
-        """A sealed task: the tracker watches it from now on."""
+    def watch(self, task_id: str, description: str, sent: set[str] | None = None) -> None:
+        """A sealed task: the tracker watches it from now on. ``sent``: the ids written to it,
+        as :meth:`note_sent` kept them (None: read them back when its draining starts)."""
         orphans = self.orphans_by_task.pop(task_id, set())
-        self.add(TaskEntry(task_id, orphans=orphans, description=description))
+        entry = TaskEntry(task_id, orphans=orphans, description=description, sent=sent)
+        entry.held = len(sent) if sent is not None else 0
+        self.add(entry)
+
+    def note_sent(self, sent: set[str] | None, ids: list[str]) -> set[str] | None:
+        """Add the ids of a write to its task's ``sent`` ids, while every task's ids fit in
+        :attr:`sent_cap`; None once they do not (or were not known already)."""
+        if sent is None:
+            return None
+        before = len(sent)
+        if self.sent_held + len(ids) > self.sent_cap:
+            self.sent_held -= before
+            return None
+        sent.update(ids)
+        self.sent_held += len(sent) - before
+        return sent
+
+    def unnote_sent(self, sent: set[str] | None, ids: list[str]) -> None:
+        """A write its task refused: its ids are not in the task."""
+        if sent is not None:
+            before = len(sent)
+            sent.difference_update(ids)
+            self.sent_held -= before - len(sent)
+
+    def drop_sent(self, sent: set[str] | None) -> None:
+        """A task that was never created: its ids are held no more."""
+        if sent is not None:
+            self.sent_held -= len(sent)
 
     def orphan(self, task_id: str, chunk_id: int) -> None:
         """A chunk of unknown fate whose task no longer takes writes: settled once the
@@ -108,6 +146,9 @@ class TaskBook:
     def retire(self, entry: TaskEntry) -> None:
         """A drained task leaves the book."""
         entry.state = "drained"
+        entry.sent = None
+        self.sent_held -= entry.held
+        entry.held = 0
         self.entries.pop(entry.task_id, None)
         self.poke()
 
@@ -116,6 +157,10 @@ class TaskBook:
         self.changed = anyio.Event()
 
     def add(self, entry: TaskEntry) -> None:
+        old = self.entries.get(entry.task_id)
+        if old is not None and old is not entry:  # the same task again: its ids once
+            self.sent_held -= old.held
+            old.held = 0
         self.entries[entry.task_id] = entry
         self.added += 1
         self.poke()

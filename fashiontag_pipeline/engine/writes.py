@@ -174,6 +174,7 @@ class TaskWrites:
         the chunk's write-ahead recorded the task's token already."""
         if not token_written:
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
+        task.sent = self.book.note_sent(task.sent, chunk.ids)
         while True:
             try:
                 response = await self.client.create_task(
@@ -199,6 +200,8 @@ class TaskWrites:
                 raise self._fatal(err) from err
             except exc.RequestError as err:
                 task.failed = True
+                self.book.drop_sent(task.sent)
+                task.sent = None
                 task.created.set()
                 if self.current is task:
                     self.current = None
@@ -251,6 +254,7 @@ class TaskWrites:
                 chunk.task_id = task.task_id
                 chunk.fate_unknown = False
                 await self.journal.commit(ops=[changes.chunk_task(chunk.chunk_id, task.task_id)])
+            task.sent = self.book.note_sent(task.sent, chunk.ids)
             try:
                 response = await self.client.append_to_task(
                     task.task_id, chunk.requests, default_detection=self.config.default_detection
@@ -270,6 +274,7 @@ class TaskWrites:
                 # Refused, so not applied: the chunk belongs to no task until it is sent again
                 # (were the task found lost meanwhile, its rows must not be re-sent twice).
                 chunk.task_id = None
+                self.book.unnote_sent(task.sent, chunk.ids)
                 await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
                 return False
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:

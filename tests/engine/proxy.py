@@ -45,6 +45,9 @@ class Misbehaviour:
     #: Task ordinals whose first result page gives its last row under an id the engine never
     #: sent (``ID`` upper-cased, as a service that normalizes ids would).
     foreign_id_in_first_page: set[int] = field(default_factory=set)
+    #: Ids whose result every page leaves out (the page comes short), in every task: rows the
+    #: service takes and never returns.
+    never_returned: set[str] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -59,6 +62,7 @@ class MisbehavingProxy:
         self.forgotten: set[str] = set()
         self.pages_served: dict[str, int] = {}
         self.puts_refused = 0
+        self.left_out = 0
         self.first_rows: dict[str, Any] = {}
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
@@ -154,6 +158,13 @@ class MisbehavingProxy:
             if n in rules.foreign_id_in_first_page and offset == 0 and results:
                 results[-1] = {**results[-1], "id": results[-1]["id"].upper()}
                 return json.dumps(data).encode()
+            if rules.never_returned:
+                gone = rules.never_returned
+                kept = [r for r in results if r["id"].rsplit("/", 1)[-1] not in gone]
+                if len(kept) < len(results):
+                    self.left_out += len(results) - len(kept)
+                    data["data"]["results"] = kept
+                    return json.dumps(data).encode()
             if n in rules.duplicate_across_pages and offset == 100 and task_id in self.first_rows:
                 results[-1] = self.first_rows[task_id]
                 return json.dumps(data).encode()

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
-from fashiontag_pipeline.engine.policy import decode_body, encode_body
+from fashiontag_pipeline.engine.policy import body_ids, body_sends, decode_body, encode_body
 from fashiontag_pipeline.engine.state import BODY_SQL, StateDB, changes
 
 
@@ -71,3 +73,17 @@ def test_a_chunk_is_encoded_once_for_the_state_and_the_write() -> None:
         spliced = TaggerClient._bulk_body(encoded, description, None, None, False)
         plain = TaggerClient._bulk_body(requests, description, None, None, False)
         assert spliced == plain
+
+
+def test_a_body_counts_the_sends_before_it() -> None:
+    """New rows carry no count; rows sent again carry theirs, and every reader of a body (rows,
+    ids, sends) reads either kind, and the format of older versions."""
+    request = TaggingRequest(Image(ImageType.URL, "https://x/a.jpg"), BulkContext("a"))
+    new, _ = encode_body([7], [request])
+    again, _ = encode_body([7], [request], sends=3)
+    assert b'"g"' not in new
+    assert (body_sends(new), body_sends(again)) == (0, 3)
+    assert decode_body(new) == decode_body(again) == [(7, request)]
+    assert body_ids(again) == ["a"]
+    old = msgspec.json.encode([[7, request]])
+    assert body_sends(old) == 0 and decode_body(old) == [(7, request)]

@@ -20,8 +20,9 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline, tracker
 from fashiontag_pipeline.engine.pagers import ResultPagers
+from fashiontag_pipeline.engine.settle import TaskSettler
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
@@ -129,7 +130,7 @@ async def test_resume_settles_a_task_lost_before_the_crash(tmp_path: Path) -> No
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     state = tmp_path / "run.state"
 
-    async def dropped(self: ResultPagers, *args: object, **kwargs: object) -> None:
+    async def dropped(self: TaskSettler, *args: object, **kwargs: object) -> None:
         return None
 
     async with (
@@ -137,7 +138,7 @@ async def test_resume_settles_a_task_lost_before_the_crash(tmp_path: Path) -> No
         misbehaving(svc.url, Misbehaviour(forget_when_done={1})) as proxy,
     ):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ResultPagers, "_resend_unwritten", dropped)
+            mp.setattr(TaskSettler, "_resend_unwritten", dropped)
             first = await run_pipeline(
                 [manifest],
                 client=client_config(proxy.url),
@@ -179,14 +180,44 @@ async def test_an_id_repeated_on_a_later_page(tmp_path: Path) -> None:
     assert next(r for r in o.results if r["id"] == "p199")["taskId"] != proxy.created[0]
 
 
-async def test_a_result_under_an_id_never_sent(tmp_path: Path) -> None:
+@pytest.mark.parametrize("held", [None, 0], ids=["ids-in-memory", "ids-from-state"])
+async def test_a_result_under_an_id_never_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: int | None
+) -> None:
     """Task 1's first page gives its last row (p99) under an id the engine never sent (P99,
     as a service that normalizes ids would): no line carries that id, and p99 gets its one
-    outcome."""
+    outcome. Both ways the sent ids are known: kept by the writer, and (no room in memory)
+    read back from the chunks in the state store."""
+    if held is not None:
+        monkeypatch.setattr(tracker, "SENT_IDS_HELD", held)
+    reads: list[str] = []
+    read_back = ResultPagers._sent_ids
+
+    def spy(self: ResultPagers, task_id: str) -> set[str] | None:
+        reads.append(task_id)
+        return read_back(self, task_id)
+
+    monkeypatch.setattr(ResultPagers, "_sent_ids", spy)
     rules = Misbehaviour(foreign_id_in_first_page={1})
     summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
     assert summary.complete and summary.resent == 1
+    assert len(reads) == (0 if held is None else len(proxy.created))
     assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
+
+
+async def test_a_row_the_service_never_returns_ends_as_a_reject(tmp_path: Path) -> None:
+    """The service takes p7 in every task and never returns its result: the row is sent
+    ``max_sends`` times in all, then written as a reject (stage ``unreturned``), and the run
+    ends complete instead of sending it forever."""
+    rules = Misbehaviour(never_returned={"p7"})
+    engine = msgspec.structs.replace(FAST, max_sends=3)
+    with anyio.fail_after(60):
+        summary, proxy, o = await run_misbehaving(tmp_path, 300, rules, engine)
+    assert summary.complete and summary.resent == 2
+    assert proxy.left_out == 3
+    (reject,) = o.rejects
+    assert reject["id"] == "p7" and reject["stage"] == "unreturned"
+    assert "3 times" in reject["reason"]
 
 
 # ------------------------------------------------------------------ the server's clock

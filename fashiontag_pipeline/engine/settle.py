@@ -1,0 +1,221 @@
+"""Settling a task whose results do not account for every row sent to it.
+
+:class:`ResultPagers` reads pages; when a task's reading ends any other way than the usual one
+(every row the service accepted has a line, no chunk of unknown fate), :class:`TaskSettler`
+decides what becomes of the rows without an outcome, from the chunk bodies kept in the state
+store until the task is drained:
+
+* **short** (a short page, a repeated id in place of a row, fewer images than given, orphan
+  chunks): every id without a line for the task and not refused by the service is sent again
+  through the writer (:meth:`TaskSettler.finish`);
+* **forgotten** (404 for the task's status or a page, ``lost``): the rows written stay, the
+  others go to a new task (:meth:`TaskSettler.forget`);
+* **expired** (the results expired before they were all read): every id without a line becomes
+  a reject of stage ``expired``, so no loss is silent (:meth:`TaskSettler.expired`).
+
+A row is sent at most ``max_sends`` times in all: each chunk's body counts the sends before it,
+and rows still without an outcome after the last become rejects of stage ``unreturned`` (a
+service that takes a row and never returns it would otherwise have it sent forever, and the run
+never end).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from .._models import TaggingRequest
+from .batcher import STAGE_SERVER
+from .jobs import Jobs
+from .policy import body_sends, decode_body
+from .state import JobReject, Journal, changes
+from .tracker import TaskBook, TaskEntry
+from .validate import Item
+
+__all__ = ["STAGE_EXPIRED", "STAGE_UNRETURNED", "TaskSettler", "done_change"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+STAGE_EXPIRED = "expired"
+STAGE_UNRETURNED = "unreturned"
+
+
+def done_change(entry: TaskEntry) -> changes.Change:
+    """The task is done: its total and result expiry (committed with its first page)."""
+    expiry = entry.results_expire_at
+    stamp = expiry.timestamp() if expiry is not None else None
+    return changes.task_done(entry.task_id, entry.total, stamp)
+
+
+class TaskSettler:
+    """Gives every row of a task one outcome when its pages alone do not (see the module
+    docstring). ``resend`` hands rows back to the writer in place of a chunk."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        jobs: Jobs,
+        book: TaskBook,
+        resend: Callable[[list[Item], int, int], Awaitable[None]],
+        max_sends: int,
+    ) -> None:
+        self.journal = journal
+        self.jobs = jobs
+        self.book = book
+        self.resend = resend
+        self.max_sends = max_sends
+        #: Results of expired tasks beyond the ids their accepted chunks name.
+        self.lost_unidentified = 0
+
+    async def all_written(self, entry: TaskEntry) -> bool:
+        """True when the task has no orphan chunk and its lines (those written and the page
+        being committed) are as many as the rows the service accepted into it."""
+        if entry.orphans:
+            return False
+        expected = await self.journal.run(self.journal.db.accepted_rows, entry.task_id)
+        assert entry.seen is not None
+        return expected == len(entry.seen)
+
+    def done_with(self, entry: TaskEntry) -> None:
+        entry.seen = None
+        self.book.retire(entry)
+
+    async def finish(self, entry: TaskEntry) -> None:
+        """Every page is committed but the count did not settle the task (or a resume found it
+        read to the end, or it holds no result at all): send again the ids without an
+        outcome, then drain it."""
+        if not await self.all_written(entry):
+            await self.settle(entry, ("orphan", "accepted"))
+        await self.journal.commit(ops=[done_change(entry), *changes.task_drained(entry.task_id)])
+        self.done_with(entry)
+
+    async def forget(self, entry: TaskEntry) -> None:
+        """The service forgot the task (404) while its pages were being read."""
+        entry.state = "lost"
+        entry.advance(entry.next_offset)
+        logger.warning(
+            "task %s: the service no longer knows it after %d of %d results were read;"
+            " its other rows are sent again",
+            entry.task_id,
+            entry.next_offset,
+            entry.total,
+        )
+        await self.journal.commit(
+            ops=[changes.task_state(entry.task_id, "lost")],
+            counters={"lost_tasks": 1},
+        )
+        await self.settle(entry, ("orphan", "accepted", "pending"))
+
+    async def _rows_of(
+        self, task_id: str, states: tuple[str, ...]
+    ) -> list[tuple[int, int, list[tuple[int, TaggingRequest]]]]:
+        """The rows of the task's chunks in ``states``: (chunk id, times its rows have been
+        sent with it, [(position, request)])."""
+        bodies = await self.journal.run(self.journal.db.chunk_bodies, task_id, states)
+        return [(cid, body_sends(body) + 1, decode_body(body)) for cid, body in bodies]
+
+    async def expired(self, entry: TaskEntry) -> None:
+        """Results expired before they were all read: every id of the task that has no
+        results line becomes a reject (stage ``expired``), so no loss is silent.
+
+        The task's ids come from the bodies of its accepted chunks (kept in the state store
+        until the task is drained); ids with a results line for the task, and ids the service
+        refused at write time (already rejects), are left out."""
+        entry.state = "expired"
+        read_upto = entry.next_offset
+        entry.advance(read_upto)
+        task_id = entry.task_id
+        journal = self.journal
+        written = entry.seen or set()
+        jobs = self.jobs
+
+        def unread() -> list[tuple[int, str]]:
+            bodies = [body for _, body in journal.db.chunk_bodies(task_id, ("accepted",))]
+            refused = journal.refused_ids(STAGE_SERVER)
+            out: list[tuple[int, str]] = []
+            for body in bodies:
+                for pos, request in decode_body(body):
+                    ident = request.context.id
+                    if ident not in written and ident not in refused and jobs.is_open(pos):
+                        out.append((pos, ident))
+            return out
+
+        rejects: list[JobReject] = [
+            jobs.reject(
+                pos, jobs.original(ident), "results expired before they were read", STAGE_EXPIRED
+            )
+            for pos, ident in await journal.run(unread)
+        ]
+        missing = max(0, entry.total - read_upto - len(rejects))
+        self.lost_unidentified += missing
+        logger.warning(
+            "results of task %s expired after %d of %d were read: %d ids written as rejects",
+            task_id,
+            read_upto,
+            entry.total,
+            len(rejects),
+        )
+        await journal.commit(
+            rejects=rejects, settle=True, ops=changes.task_drained(task_id, "expired")
+        )
+        if entry.orphans:
+            await self.settle(entry, ("orphan",))
+        self.done_with(entry)
+
+    async def settle(self, entry: TaskEntry, states: tuple[str, ...]) -> None:
+        """Send again every row of the task's chunks in ``states`` that has no outcome (no
+        line for the task, not refused by the service). A chunk whose rows are all settled is
+        marked resolved, except an accepted chunk of a task still drained normally (its body
+        goes with the task)."""
+        lost = entry.state == "lost"
+        seen = entry.seen or set()
+        journal = self.journal
+        refused = await journal.run(journal.refused_ids, STAGE_SERVER)
+        is_open = self.jobs.is_open
+        for chunk_id, sends, rows in await self._rows_of(entry.task_id, states):
+            # Rows of a job already complete have their outcome (it completed on them).
+            missing: list[Item] = [
+                (r.context.id, pos, r)
+                for pos, r in rows
+                if r.context.id not in seen and r.context.id not in refused and is_open(pos)
+            ]
+            if missing and sends >= self.max_sends:
+                await self._unreturned(entry, missing, chunk_id, sends)
+            elif missing:
+                await self._resend_unwritten(missing, chunk_id, sends)
+            elif lost or chunk_id in entry.orphans:
+                await journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])
+            if chunk_id in entry.orphans:
+                entry.orphans.discard(chunk_id)
+                self.book.orphans_pending -= 1
+        if lost:
+            self.done_with(entry)
+        self.book.poke()
+
+    async def _resend_unwritten(self, items: list[Item], chunk_id: int, sends: int) -> None:
+        """Hand rows without an outcome back to the writer, in place of ``chunk_id`` (they
+        were sent ``sends`` times)."""
+        await self.resend(items, chunk_id, sends)
+
+    async def _unreturned(
+        self, entry: TaskEntry, items: list[Item], chunk_id: int, sends: int
+    ) -> None:
+        """Rows sent ``max_sends`` times without a result: rejects (stage ``unreturned``), and
+        their chunk is resolved."""
+        jobs = self.jobs
+        reason = f"sent to the service {sends} times and never returned by it"
+        rejects = [
+            jobs.reject(pos, jobs.original(ident), reason, STAGE_UNRETURNED)
+            for ident, pos, _ in items
+        ]
+        logger.warning(
+            "task %s: %d rows sent %d times were never returned; written as rejects (stage %s)",
+            entry.task_id,
+            len(rejects),
+            sends,
+            STAGE_UNRETURNED,
+        )
+        await self.journal.commit(
+            rejects=rejects, settle=True, ops=[changes.chunk_state(chunk_id, "resolved")]
+        )
