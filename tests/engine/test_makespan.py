@@ -21,8 +21,9 @@ from fashiontag_pipeline import TaggerClient
 from fashiontag_pipeline._models import Task, TaskCount, TaskStatus
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import RetryBudget
+from fashiontag_pipeline.engine.forecast import CompletionForecast
 from fashiontag_pipeline.engine.policy import OpenTask, WritePolicy
-from fashiontag_pipeline.engine.tracker import CompletionForecast, TaskBook, TaskEntry, Tracker
+from fashiontag_pipeline.engine.tracker import TaskBook, TaskEntry, Tracker
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, write_csv
