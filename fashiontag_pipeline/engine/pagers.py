@@ -126,7 +126,11 @@ class ResultPagers:
                 if entry.seen is None:
                     entry.seen = await self._written(entry)
                 if entry.sent is None and entry.state == "done":
-                    entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
+                    if entry.noted is not None:
+                        entry.sent = entry.noted.lookup()
+                        entry.noted = None
+                    else:
+                        entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
                 if entry.state == "lost":
                     await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                     continue
@@ -167,15 +171,15 @@ class ResultPagers:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
 
-    def _sent_ids(self, task_id: str) -> set[str] | None:
+    def _sent_ids(self, task_id: str) -> set[int] | None:
         """The ids written to the task, from its chunks' bodies (thread side; None when a
         chunk of it has no body left, so no id can be called foreign)."""
         bodies = self.journal.db.sent_bodies(task_id)
         if bodies is None:
             return None
-        sent: set[str] = set()
+        sent: set[int] = set()
         for body in bodies:
-            sent.update(body_ids(body))
+            sent.update(map(hash, body_ids(body)))
         return sent
 
     async def _written(self, entry: TaskEntry) -> set[str]:
@@ -282,13 +286,17 @@ class ResultPagers:
         sent = entry.sent
         assert seen is not None
         ids = set(map(_row_id, rows))
-        if len(ids) == len(rows) and seen.isdisjoint(ids) and (sent is None or ids <= sent):
+        if (
+            len(ids) == len(rows)
+            and seen.isdisjoint(ids)
+            and (sent is None or sent.issuperset(map(hash, ids)))
+        ):
             seen |= ids
             return rows
         out: list[PageRow] = []
         foreign = 0
         for r in rows:
-            if sent is not None and r.id not in sent:
+            if sent is not None and hash(r.id) not in sent:
                 foreign += 1
             elif r.id not in seen:
                 seen.add(r.id)

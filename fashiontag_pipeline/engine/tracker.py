@@ -33,16 +33,17 @@ from .._models import Task
 from .config import EngineConfig
 from .flow import RetryBudget
 from .forecast import CompletionForecast
+from .policy import SentIds
 from .state import Journal, changes
 
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
-#: Ids kept in memory, over every task in flight, for the check that a result came under an id
-#: written to its task (about 100 bytes each). A task whose ids do not fit has its ids read
-#: back from its chunks' bodies in the state store when its draining starts, as after a resume.
-SENT_IDS_HELD = 200_000
+#: Ids kept in memory (8 bytes each), over every task in flight, for the check that a result
+#: came under an id written to its task. A task whose ids do not fit has its ids read back from
+#: its chunks' bodies in the state store when its draining starts, as after a resume.
+SENT_IDS_HELD = 500_000
 
 
 @dataclass(eq=False)
@@ -56,11 +57,13 @@ class TaskEntry:
     results_expire_at: datetime | None = None
     orphans: set[int] = field(default_factory=set)
     seen: set[str] | None = None
-    #: The ids written to the task (from the writer, or read from the state store when its
-    #: draining starts; None: unknown, a chunk of it was resolved): a result under any other
-    #: id is none of ours.
-    sent: set[str] | None = None
-    #: Ids of ``sent`` counted against the book's :data:`SENT_IDS_HELD` (the writer's).
+    #: The ids the writer wrote to the task (None: not kept, over the cap or a resume).
+    noted: SentIds | None = None
+    #: Hashes of the ids written to the task, made when its draining starts (from ``noted``,
+    #: or read from the state store; None: unknown, a chunk of it was resolved): a result
+    #: under any other id is none of ours.
+    sent: set[int] | None = None
+    #: Ids of ``noted`` counted against the book's :data:`SENT_IDS_HELD`.
     held: int = 0
     #: The description the task was created with (it carries the run token): a task of that
     #: id that says otherwise is not ours (a service that restarted and reused the id).
@@ -92,38 +95,37 @@ class TaskBook:
         #: Orphan chunks of tasks not handed over yet.
         self.orphans_by_task: dict[str, set[int]] = {}
 
-    def watch(self, task_id: str, description: str, sent: set[str] | None = None) -> None:
-        """A sealed task: the tracker watches it from now on. ``sent``: the ids written to it,
-        as :meth:`note_sent` kept them (None: read them back when its draining starts)."""
+    def watch(self, task_id: str, description: str, noted: SentIds | None = None) -> None:
+        """A sealed task: the tracker watches it from now on. ``noted``: the ids written to
+        it, as :meth:`note_sent` kept them (None: read them back when its draining starts)."""
         orphans = self.orphans_by_task.pop(task_id, set())
-        entry = TaskEntry(task_id, orphans=orphans, description=description, sent=sent)
-        entry.held = len(sent) if sent is not None else 0
+        entry = TaskEntry(task_id, orphans=orphans, description=description, noted=noted)
+        entry.held = len(noted) if noted is not None else 0
         self.add(entry)
 
-    def note_sent(self, sent: set[str] | None, ids: list[str]) -> set[str] | None:
-        """Add the ids of a write to its task's ``sent`` ids, while every task's ids fit in
-        :attr:`sent_cap`; None once they do not (or were not known already)."""
-        if sent is None:
+    def note_sent(self, noted: SentIds | None, ids: list[str]) -> SentIds | None:
+        """Add the ids of a write (once per write) to its task's ids, while every task's ids
+        fit in :attr:`sent_cap`; None once they do not (or were not kept already)."""
+        if noted is None:
             return None
-        before = len(sent)
         if self.sent_held + len(ids) > self.sent_cap:
-            self.sent_held -= before
+            self.sent_held -= len(noted)
             return None
-        sent.update(ids)
-        self.sent_held += len(sent) - before
-        return sent
+        noted.add(ids)
+        self.sent_held += len(ids)
+        return noted
 
-    def unnote_sent(self, sent: set[str] | None, ids: list[str]) -> None:
+    def unnote_sent(self, noted: SentIds | None, ids: list[str]) -> None:
         """A write its task refused: its ids are not in the task."""
-        if sent is not None:
-            before = len(sent)
-            sent.difference_update(ids)
-            self.sent_held -= before - len(sent)
+        if noted is not None:
+            before = len(noted)
+            noted.remove(ids)
+            self.sent_held -= before - len(noted)
 
-    def drop_sent(self, sent: set[str] | None) -> None:
+    def drop_sent(self, noted: SentIds | None) -> None:
         """A task that was never created: its ids are held no more."""
-        if sent is not None:
-            self.sent_held -= len(sent)
+        if noted is not None:
+            self.sent_held -= len(noted)
 
     def orphan(self, task_id: str, chunk_id: int) -> None:
         """A chunk of unknown fate whose task no longer takes writes: settled once the
@@ -142,7 +144,7 @@ class TaskBook:
     def retire(self, entry: TaskEntry) -> None:
         """A drained task leaves the book."""
         entry.state = "drained"
-        entry.sent = None
+        entry.sent = entry.noted = None
         self.sent_held -= entry.held
         entry.held = 0
         self.entries.pop(entry.task_id, None)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from fashiontag_pipeline.engine import engine as engine_module
 from fashiontag_pipeline.engine import source
+from fashiontag_pipeline.engine.policy import SentIds
 from fashiontag_pipeline.engine.tracker import TaskBook
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -132,22 +133,24 @@ def test_ids_kept_for_the_sent_check_stay_under_the_cap(
     exceed the cap over every task, a task past it keeps none, and every id is released
     when its task is drained or never created."""
     book = TaskBook(sent_ids_held=cap)
-    tasks: dict[int, set[str] | None] = {}
+    tasks: dict[int, SentIds | None] = {}
+    written: dict[int, list[list[str]]] = {}
     chunks = count()
     for op, t in ops:
         if op == "send":
             ids = [f"{t}-{next(chunks)}-{i}" for i in range(4)]
-            tasks[t] = book.note_sent(tasks.get(t, set()), ids)
-        elif op == "refuse" and tasks.get(t):
-            sent = tasks[t]
-            assert sent is not None
-            book.unnote_sent(sent, sorted(sent)[:2])
+            tasks[t] = book.note_sent(tasks.get(t, SentIds()), ids)
+            written.setdefault(t, []).append(ids)
+        elif op == "refuse" and tasks.get(t) and written.get(t):
+            book.unnote_sent(tasks[t], written[t].pop())
         elif op == "fail" and t in tasks:
             book.drop_sent(tasks.pop(t))
+            written.pop(t, None)
         elif op == "seal" and t in tasks:
             book.watch(f"task-{t}", "d", tasks.pop(t))
+            written.pop(t, None)
         held = sum(len(s) for s in tasks.values() if s is not None)
-        held += sum(len(e.sent or ()) for e in book.entries.values())
+        held += sum(len(e.noted) for e in book.entries.values() if e.noted is not None)
         assert book.sent_held == held <= cap
     for entry in list(book.entries.values()):
         book.retire(entry)
