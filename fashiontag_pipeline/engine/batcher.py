@@ -33,7 +33,7 @@ from .._models import Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, RetryBudget
 from .jobs import Jobs
-from .policy import Chunk, OpenTask, SentIds, WritePolicy, encode_body
+from .policy import Chunk, OpenTask, WritePolicy, encode_body
 from .state import Journal
 from .tracker import TaskBook
 from .validate import Item
@@ -276,7 +276,6 @@ class TaskWriter(TaskWrites):
                     continue
             seq, token = self._new_token()
             task = OpenTask(seq=seq, token=token, opened=now, expires=now + self.default_ttl)
-            task.sent = SentIds()
             task.limit = self.policy.task_limit(self.assigned)
             task.images = n
             task.inflight = 1
@@ -298,8 +297,7 @@ class TaskWriter(TaskWrites):
             task.sealed = True
             self.tasks.pop(task.task_id, None)
             # Not committed: a resume treats an open task the same way (closed, then watched).
-            self.book.watch(task.task_id, self.description(task.token), task.sent)
-            task.sent = None
+            self.book.watch(task.task_id, self.description(task.token))
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:

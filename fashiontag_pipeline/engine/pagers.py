@@ -8,9 +8,8 @@ decoded with msgspec straight into :class:`~.pages.PageRow` (results kept as raw
 Every page's rows are checked against the ids written to the task (a result under an id the
 engine never sent it, as from a service that normalizes ids, is no row's outcome: it is left
 out, and the row it stood for is sent again) and against the ids already written for the task
-(a server that repeats an id writes it once). The ids written come from the writer, which keeps
-them for the tasks in flight up to :data:`~.tracker.SENT_IDS_HELD`; past that, and after a
-resume, they are read back from the task's chunks in the state store when its draining starts.
+(a server that repeats an id writes it once). The ids written are read back from the task's
+chunks in the state store when its draining starts (exact, and after a resume too).
 When the last page is in, the rows written are counted against the rows the service accepted
 into the task (``chunks.n_ok``); the usual task drains in the commit of its last page. Any
 other end (a short count, orphan chunks, expired results, a task the service forgot) goes to
@@ -126,11 +125,7 @@ class ResultPagers:
                 if entry.seen is None:
                     entry.seen = await self._written(entry)
                 if entry.sent is None and entry.state == "done":
-                    if entry.noted is not None:
-                        entry.sent = entry.noted.lookup()
-                        entry.noted = None
-                    else:
-                        entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
+                    entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
                 if entry.state == "lost":
                     await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                     continue
@@ -171,15 +166,15 @@ class ResultPagers:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
 
-    def _sent_ids(self, task_id: str) -> set[int] | None:
+    def _sent_ids(self, task_id: str) -> set[str] | None:
         """The ids written to the task, from its chunks' bodies (thread side; None when a
         chunk of it has no body left, so no id can be called foreign)."""
         bodies = self.journal.db.sent_bodies(task_id)
         if bodies is None:
             return None
-        sent: set[int] = set()
+        sent: set[str] = set()
         for body in bodies:
-            sent.update(map(hash, body_ids(body)))
+            sent.update(body_ids(body))
         return sent
 
     async def _written(self, entry: TaskEntry) -> set[str]:
@@ -286,17 +281,13 @@ class ResultPagers:
         sent = entry.sent
         assert seen is not None
         ids = set(map(_row_id, rows))
-        if (
-            len(ids) == len(rows)
-            and seen.isdisjoint(ids)
-            and (sent is None or sent.issuperset(map(hash, ids)))
-        ):
+        if len(ids) == len(rows) and seen.isdisjoint(ids) and (sent is None or ids <= sent):
             seen |= ids
             return rows
         out: list[PageRow] = []
         foreign = 0
         for r in rows:
-            if sent is not None and hash(r.id) not in sent:
+            if sent is not None and r.id not in sent:
                 foreign += 1
             elif r.id not in seen:
                 seen.add(r.id)

@@ -12,7 +12,6 @@ the ``r`` bytes are what the bulk write sends: each request is encoded once.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,7 +24,6 @@ from .config import EngineConfig
 __all__ = [
     "Chunk",
     "OpenTask",
-    "SentIds",
     "WritePolicy",
     "body_ids",
     "body_sends",
@@ -118,32 +116,6 @@ def chunk_of(chunk_id: int, body: bytes) -> Chunk:
     )
 
 
-class SentIds:
-    """The ids written to one task, kept as their 64-bit hashes (8 bytes an id: a set of the
-    strings costs ~140, and peak memory must not grow with the manifest). Exact but for a hash
-    collision between a foreign id and one of the task's (odds ~1e-14 for a whole task).
-    :meth:`lookup` makes the set the pagers test pages against when the task is drained
-    (:class:`~.tracker.TaskBook` counts them against its cap)."""
-
-    __slots__ = ("hashes",)
-
-    def __init__(self) -> None:
-        self.hashes = array("q")
-
-    def __len__(self) -> int:
-        return len(self.hashes)
-
-    def add(self, ids: list[str]) -> None:
-        self.hashes.extend(map(hash, ids))
-
-    def remove(self, ids: list[str]) -> None:
-        gone = set(map(hash, ids))
-        self.hashes = array("q", [h for h in self.hashes if h not in gone])
-
-    def lookup(self) -> set[int]:
-        return set(self.hashes)
-
-
 @dataclass(eq=False)
 class OpenTask:
     """A task the writer may still write to (or is sealing)."""
@@ -160,9 +132,6 @@ class OpenTask:
     failed: bool = False
     #: Images after which the task is full (None: ``rotate_images``).
     limit: int | None = None
-    #: Ids written to the task (:meth:`~.tracker.TaskBook.note_sent`); None: not kept (a task
-    #: of an interrupted run, or more ids than the cap).
-    sent: SentIds | None = None
     created: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -176,8 +145,6 @@ class Chunk:
     requests: EncodedRequests
     fate_unknown: bool = False
     task_id: str | None = None
-    #: The task whose kept ids hold this chunk's (:meth:`~.writes.TaskWrites._note`).
-    noted_in: OpenTask | None = None
 
 
 class WritePolicy:

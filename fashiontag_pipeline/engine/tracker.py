@@ -33,17 +33,11 @@ from .._models import Task
 from .config import EngineConfig
 from .flow import RetryBudget
 from .forecast import CompletionForecast
-from .policy import SentIds
 from .state import Journal, changes
 
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-#: Ids kept in memory (8 bytes each), over every task in flight, for the check that a result
-#: came under an id written to its task. A task whose ids do not fit has its ids read back from
-#: its chunks' bodies in the state store when its draining starts, as after a resume.
-SENT_IDS_HELD = 500_000
 
 
 @dataclass(eq=False)
@@ -57,14 +51,9 @@ class TaskEntry:
     results_expire_at: datetime | None = None
     orphans: set[int] = field(default_factory=set)
     seen: set[str] | None = None
-    #: The ids the writer wrote to the task (None: not kept, over the cap or a resume).
-    noted: SentIds | None = None
-    #: Hashes of the ids written to the task, made when its draining starts (from ``noted``,
-    #: or read from the state store; None: unknown, a chunk of it was resolved): a result
-    #: under any other id is none of ours.
-    sent: set[int] | None = None
-    #: Ids of ``noted`` counted against the book's :data:`SENT_IDS_HELD`.
-    held: int = 0
+    #: The ids written to the task (read when its draining starts; None: unknown, a chunk of
+    #: it was resolved): a result under any other id is none of ours.
+    sent: set[str] | None = None
     #: The description the task was created with (it carries the run token): a task of that
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None
@@ -83,11 +72,8 @@ class TaskBook:
     with :meth:`orphan`; the pagers :meth:`retire` drained tasks (a long-lived engine keeps
     only tasks in flight)."""
 
-    def __init__(self, sent_ids_held: int | None = None) -> None:
+    def __init__(self) -> None:
         self.entries: dict[str, TaskEntry] = {}
-        #: Ids held in memory for open and in-flight tasks (:meth:`note_sent`), and the cap.
-        self.sent_held = 0
-        self.sent_cap = SENT_IDS_HELD if sent_ids_held is None else sent_ids_held
         self.changed = anyio.Event()
         #: Tasks added so far (the tracker polls early for a new one).
         self.added = 0
@@ -95,37 +81,10 @@ class TaskBook:
         #: Orphan chunks of tasks not handed over yet.
         self.orphans_by_task: dict[str, set[int]] = {}
 
-    def watch(self, task_id: str, description: str, noted: SentIds | None = None) -> None:
-        """A sealed task: the tracker watches it from now on. ``noted``: the ids written to
-        it, as :meth:`note_sent` kept them (None: read them back when its draining starts)."""
+    def watch(self, task_id: str, description: str) -> None:
+        """A sealed task: the tracker watches it from now on."""
         orphans = self.orphans_by_task.pop(task_id, set())
-        entry = TaskEntry(task_id, orphans=orphans, description=description, noted=noted)
-        entry.held = len(noted) if noted is not None else 0
-        self.add(entry)
-
-    def note_sent(self, noted: SentIds | None, ids: list[str]) -> SentIds | None:
-        """Add the ids of a write (once per write) to its task's ids, while every task's ids
-        fit in :attr:`sent_cap`; None once they do not (or were not kept already)."""
-        if noted is None:
-            return None
-        if self.sent_held + len(ids) > self.sent_cap:
-            self.sent_held -= len(noted)
-            return None
-        noted.add(ids)
-        self.sent_held += len(ids)
-        return noted
-
-    def unnote_sent(self, noted: SentIds | None, ids: list[str]) -> None:
-        """A write its task refused: its ids are not in the task."""
-        if noted is not None:
-            before = len(noted)
-            noted.remove(ids)
-            self.sent_held -= before - len(noted)
-
-    def drop_sent(self, noted: SentIds | None) -> None:
-        """A task that was never created: its ids are held no more."""
-        if noted is not None:
-            self.sent_held -= len(noted)
+        self.add(TaskEntry(task_id, orphans=orphans, description=description))
 
     def orphan(self, task_id: str, chunk_id: int) -> None:
         """A chunk of unknown fate whose task no longer takes writes: settled once the
@@ -144,9 +103,6 @@ class TaskBook:
     def retire(self, entry: TaskEntry) -> None:
         """A drained task leaves the book."""
         entry.state = "drained"
-        entry.sent = entry.noted = None
-        self.sent_held -= entry.held
-        entry.held = 0
         self.entries.pop(entry.task_id, None)
         self.poke()
 
@@ -155,10 +111,6 @@ class TaskBook:
         self.changed = anyio.Event()
 
     def add(self, entry: TaskEntry) -> None:
-        old = self.entries.get(entry.task_id)
-        if old is not None and old is not entry:  # the same task again: its ids once
-            self.sent_held -= old.held
-            old.held = 0
         self.entries[entry.task_id] = entry
         self.added += 1
         self.poke()

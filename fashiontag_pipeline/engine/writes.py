@@ -154,13 +154,6 @@ class TaskWrites:
             counters=counters,
         )
 
-    def _note(self, task: OpenTask, chunk: Chunk) -> None:
-        """Keep the chunk's ids as written to ``task`` (once per chunk and task), for the
-        check of the task's results (see :class:`~.policy.SentIds`)."""
-        if chunk.noted_in is not task:
-            chunk.noted_in = task
-            task.sent = self.book.note_sent(task.sent, chunk.ids)
-
     async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
         reasons = dict.fromkeys(chunk.ids, message)
         rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
@@ -181,7 +174,6 @@ class TaskWrites:
         the chunk's write-ahead recorded the task's token already."""
         if not token_written:
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
-        self._note(task, chunk)
         while True:
             try:
                 response = await self.client.create_task(
@@ -207,8 +199,6 @@ class TaskWrites:
                 raise self._fatal(err) from err
             except exc.RequestError as err:
                 task.failed = True
-                self.book.drop_sent(task.sent)
-                task.sent = None
                 task.created.set()
                 if self.current is task:
                     self.current = None
@@ -261,7 +251,6 @@ class TaskWrites:
                 chunk.task_id = task.task_id
                 chunk.fate_unknown = False
                 await self.journal.commit(ops=[changes.chunk_task(chunk.chunk_id, task.task_id)])
-            self._note(task, chunk)
             try:
                 response = await self.client.append_to_task(
                     task.task_id, chunk.requests, default_detection=self.config.default_detection
@@ -281,8 +270,6 @@ class TaskWrites:
                 # Refused, so not applied: the chunk belongs to no task until it is sent again
                 # (were the task found lost meanwhile, its rows must not be re-sent twice).
                 chunk.task_id = None
-                self.book.unnote_sent(task.sent, chunk.ids)
-                chunk.noted_in = None
                 await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
                 return False
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:

@@ -20,7 +20,7 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline, tracker
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.pagers import ResultPagers
 from fashiontag_pipeline.engine.settle import TaskSettler
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -180,16 +180,12 @@ async def test_an_id_repeated_on_a_later_page(tmp_path: Path) -> None:
     assert next(r for r in o.results if r["id"] == "p199")["taskId"] != proxy.created[0]
 
 
-@pytest.mark.parametrize("held", [None, 0], ids=["ids-in-memory", "ids-from-state"])
 async def test_a_result_under_an_id_never_sent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: int | None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Task 1's first page gives its last row (p99) under an id the engine never sent (P99,
     as a service that normalizes ids would): no line carries that id, and p99 gets its one
-    outcome. Both ways the sent ids are known: kept by the writer, and (no room in memory)
-    read back from the chunks in the state store."""
-    if held is not None:
-        monkeypatch.setattr(tracker, "SENT_IDS_HELD", held)
+    outcome. Each task's sent ids are read back from its chunks in the state store."""
     reads: list[str] = []
     read_back = ResultPagers._sent_ids
 
@@ -201,7 +197,7 @@ async def test_a_result_under_an_id_never_sent(
     rules = Misbehaviour(foreign_id_in_first_page={1})
     summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
     assert summary.complete and summary.resent == 1
-    assert len(reads) == (0 if held is None else len(proxy.created))
+    assert len(reads) == len(proxy.created)
     assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
 
 

@@ -12,17 +12,12 @@ from __future__ import annotations
 import ast
 import os
 import sys
-from itertools import count
 from pathlib import Path
 
 import anyio
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fashiontag_pipeline.engine import engine as engine_module
 from fashiontag_pipeline.engine import source
-from fashiontag_pipeline.engine.policy import SentIds
-from fashiontag_pipeline.engine.tracker import TaskBook
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import write_csv
@@ -116,44 +111,3 @@ def test_source_batches_are_capped_in_rows(tmp_path: Path) -> None:
     finally:
         reader.close()
     assert sum(sizes) == 5000 and max(sizes) <= 300
-
-
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["send", "refuse", "fail", "seal"]), st.integers(0, 3)),
-        max_size=80,
-    ),
-    st.integers(0, 40),
-)
-@settings(max_examples=500)
-def test_ids_kept_for_the_sent_check_stay_under_the_cap(
-    ops: list[tuple[str, int]], cap: int
-) -> None:
-    """The ids the writer keeps per task (to tell a result under an id never sent) never
-    exceed the cap over every task, a task past it keeps none, and every id is released
-    when its task is drained or never created."""
-    book = TaskBook(sent_ids_held=cap)
-    tasks: dict[int, SentIds | None] = {}
-    written: dict[int, list[list[str]]] = {}
-    chunks = count()
-    for op, t in ops:
-        if op == "send":
-            ids = [f"{t}-{next(chunks)}-{i}" for i in range(4)]
-            tasks[t] = book.note_sent(tasks.get(t, SentIds()), ids)
-            written.setdefault(t, []).append(ids)
-        elif op == "refuse" and tasks.get(t) and written.get(t):
-            book.unnote_sent(tasks[t], written[t].pop())
-        elif op == "fail" and t in tasks:
-            book.drop_sent(tasks.pop(t))
-            written.pop(t, None)
-        elif op == "seal" and t in tasks:
-            book.watch(f"task-{t}", "d", tasks.pop(t))
-            written.pop(t, None)
-        held = sum(len(s) for s in tasks.values() if s is not None)
-        held += sum(len(e.noted) for e in book.entries.values() if e.noted is not None)
-        assert book.sent_held == held <= cap
-    for entry in list(book.entries.values()):
-        book.retire(entry)
-    for sent in tasks.values():
-        book.drop_sent(sent)
-    assert book.sent_held == 0
