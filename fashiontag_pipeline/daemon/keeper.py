@@ -58,6 +58,18 @@ class LeaseKeeper:
         """Set when this lease is lost (stays set)."""
         return self._lost.setdefault(lease.claim_id, anyio.Event())
 
+    def overdue(self, lease: Lease) -> bool:
+        """True when the lease is lost, or past its deadline on this process's clock though no
+        renewal has said so yet (a process paused longer than its lease wakes up with its work
+        running before the keeper): it is then declared lost."""
+        if self.lost_event(lease).is_set():
+            return True
+        deadline = self._deadline.get(lease.claim_id)
+        if deadline is not None and deadline <= self._clock():
+            self._lose(lease.claim_id)
+            return True
+        return False
+
     def _hold(self, lease: Lease, sent_at: float) -> None:
         self._held[lease.claim_id] = lease
         self._deadline[lease.claim_id] = sent_at + self._ledger.lease

@@ -347,6 +347,15 @@ class SharedDaemon:
             except exc.ManifestError as err:
                 await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
                 return True
+            except exc.FashiontagError as err:
+                # Woken past its lease (SIGSTOP, a long pause), the engine may meet the state
+                # another daemon finished and dropped before the keeper notices the loss: the
+                # error is the loss's, not the manifest's.
+                if keeper.overdue(lease):
+                    raise exc.LeaseLostError(
+                        f"lost the lease of {claim.name!r}", manifest=claim.name
+                    ) from err
+                raise
             if lost.is_set():
                 raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
             if not summary.complete:

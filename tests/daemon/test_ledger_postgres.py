@@ -301,6 +301,24 @@ async def test_a_paused_keeper_loses_its_lease_and_cannot_write(
         a.record_settled("cat.csv", "done", "done/cat.csv", lease=lease)
 
 
+async def test_a_lease_past_its_deadline_is_overdue_before_the_keeper_wakes(
+    open_ledger: Callable[..., PostgresClaimLedger],
+) -> None:
+    """A process paused past its lease: before the keeper's next renewal has run, the lease
+    already counts as lost (its work may fail on a state another daemon took over first)."""
+    a = open_ledger("daemon-a", lease=3.0)
+    claim(a, "cat.csv")
+    now = [100.0]
+    keeper = LeaseKeeper(a, clock=lambda: now[0], retry_interval=0.1)
+    [lease] = await keeper.acquire()
+    assert not keeper.overdue(lease)
+    now[0] += 2.9
+    assert not keeper.overdue(lease) and not keeper.lost_event(lease).is_set()
+    now[0] += 0.2  # past the lease on this process's clock: no renewal ran meanwhile
+    assert keeper.overdue(lease) and keeper.lost_event(lease).is_set()
+    assert keeper.lease_of(lease.claim_id) is None
+
+
 async def test_a_keeper_that_cannot_reach_the_database_declares_its_leases_lost(
     postgres_cluster: PostgresCluster, open_ledger: Callable[..., PostgresClaimLedger]
 ) -> None:
