@@ -48,6 +48,9 @@ class Misbehaviour:
     #: Ids whose result every page leaves out (the page comes short), in every task: rows the
     #: service takes and never returns.
     never_returned: set[str] = field(default_factory=set)
+    #: Task ordinals whose result pages all come from offset 0, whatever the offset asked (a
+    #: service whose paging is broken).
+    ignore_offset: set[int] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -97,10 +100,13 @@ class MisbehavingProxy:
         }
         if "accept-language" in request.headers:
             headers["accept-language"] = request.headers["accept-language"]
+        params = dict(request.query)
+        if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
+            params.pop("offset", None)
         async with self._session.request(
             request.method,
             self.upstream + path,
-            params=request.query,
+            params=params,
             data=body or None,
             headers=headers,
         ) as upstream:

@@ -201,6 +201,15 @@ async def test_a_result_under_an_id_never_sent(
     assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
 
 
+async def test_a_service_whose_paging_ignores_the_offset(tmp_path: Path) -> None:
+    """Task 1 answers every page with its first 100 results (its paging is broken): the rows
+    past them are never written twice nor lost; they are sent again in a new task."""
+    rules = Misbehaviour(ignore_offset={1})
+    summary, proxy, o = await run_misbehaving(tmp_path, 300, rules)
+    assert summary.complete and summary.resent == 200
+    assert {r["taskId"] for r in o.results if r["id"] == "p250"} != {proxy.created[0]}
+
+
 async def test_a_row_the_service_never_returns_ends_as_a_reject(tmp_path: Path) -> None:
     """The service takes p7 in every task and never returns its result: the row is sent
     ``max_sends`` times in all, then written as a reject (stage ``unreturned``), and the run
