@@ -280,7 +280,11 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
         print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_ERROR
     except (OSError, sqlite3.Error) as err:  # a disk or file failure mid-run: one line
-        print(f"fashiontag: {type(err).__name__}: {err}", file=sys.stderr)
+        print(
+            f"fashiontag: {type(err).__name__}: {err} (what was committed is kept: the same"
+            " command resumes once this is fixed)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     if summary.opened == "complete":
         print(

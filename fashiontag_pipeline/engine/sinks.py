@@ -115,7 +115,10 @@ class _AppendFile:
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:  # a write may take part of the bytes (a signal, a nearly full disk)
-            written = self._fh.write(view)
+            try:
+                written = self._fh.write(view)
+            except OSError as err:  # a full disk, a file size limit: name the file
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
             if not written:
                 raise OSError(f"cannot write to {self.path}")
             view = view[written:]

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import resource
 import signal
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -513,3 +515,35 @@ async def test_an_orphan_chunk_whose_task_is_unknown_is_settled_against_the_outp
     assert again.complete, again
     assert tasks_after == tasks_before
     assert_exactly_once(out, rej, ids_of(2000))
+
+
+# ------------------------------------------------------------------ a full disk
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child: writes past ``limit`` bytes fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+async def test_a_full_disk_stops_the_run_and_the_same_command_finishes_it(tmp_path: Path) -> None:
+    """The results file cannot grow past 1 MB (as on a full disk; CPython ignores SIGXFSZ, so
+    the write fails): the run stops with an error and exit code 1, never 0, and says why; the
+    same command, with room again, resumes and every id ends in exactly one line."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        full = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(
+                args, env=ENV, capture_output=True, preexec_fn=_file_size_limit(1 << 20)
+            )
+        )
+        assert full.returncode == 1, full.stderr.decode()
+        assert f"File too large: '{out}'".encode() in full.stderr
+        assert b"the same command resumes" in full.stderr
+        assert 0 < out.stat().st_size <= 1 << 20
+        again = await anyio.run_process(args, check=False, env=ENV)
+        assert again.returncode == 0, again.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(3000))
