@@ -165,9 +165,11 @@ class TaskSettler:
 
     async def settle(self, entry: TaskEntry, states: tuple[str, ...]) -> None:
         """Send again every row of the task's chunks in ``states`` that has no outcome (no
-        line for the task, not refused by the service). A chunk whose rows are all settled is
-        marked resolved, except an accepted chunk of a task still drained normally (its body
-        goes with the task)."""
+        line for the task, not refused by the service), or write it as an ``unreturned``
+        reject once it has been sent ``max_sends`` times (in the transaction that resolves its
+        chunk: a resume never rejects it twice). A chunk whose rows are all settled is marked
+        resolved, except an accepted chunk of a task still drained normally (its body goes
+        with the task)."""
         lost = entry.state == "lost"
         seen = entry.seen or set()
         journal = self.journal
