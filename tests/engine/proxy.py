@@ -3,9 +3,10 @@
 It forwards every request unchanged and then, on cue, behaves as real services have been seen
 to: it forgets a task (drops it from the list, answers 404 for its status, results and PUTs)
 once the service says the task is done or after some of its result pages; it answers a page
-with one row replaced by a copy of another (a duplicate id in place of a row); and it reports
-its clock some seconds ahead of the engine's in the ``Date`` header. Bodies it rewrites are
-re-encoded with other spacing, as a server that is not ours would write them.
+with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
+it was never given, or without a row it never returns, or from offset 0 whatever was asked;
+and it reports its clock some seconds ahead of the engine's in the ``Date`` header. Bodies it
+rewrites are re-encoded with other spacing, as a server that is not ours would write them.
 
 Tasks are named by their creation order (1 = the first task created through the proxy).
 """

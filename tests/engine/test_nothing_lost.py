@@ -1,11 +1,14 @@
 """Nothing lost, ever: server behaviours nobody staged, and the same command on the next night.
 
 * a task the service forgets (after it is done; in the middle of its result pages);
-* a results page with a duplicate id in place of a row;
+* a results page with a duplicate id in place of a row, or a result under an id never sent;
+* paging that ignores the offset, and a row the service never returns (sent ``max_sends``
+  times, then an ``unreturned`` reject: the run ends);
 * a bug that drops rows is caught by the end-of-run reconciliation, and a resume repairs it;
 * a server clock running ahead of ours while the producer pauses;
 * the same command on next night's dump (after a completed run, after an interrupted one),
-  and on stdin.
+  and on stdin;
+* a full disk (a file size limit): exit 1 with the file named, then the same command finishes.
 """
 
 from __future__ import annotations
