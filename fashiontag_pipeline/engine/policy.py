@@ -26,9 +26,9 @@ __all__ = [
     "OpenTask",
     "WritePolicy",
     "body_ids",
-    "body_sends",
     "chunk_of",
     "decode_body",
+    "decode_chunk",
     "encode_body",
 ]
 
@@ -40,17 +40,11 @@ _old_body_decoder = msgspec.json.Decoder(list[tuple[int, TaggingRequest]])
 class _Body(msgspec.Struct):
     p: list[int]
     r: msgspec.Raw
-
-
-_body_decoder = msgspec.json.Decoder(_Body)
-
-
-class _Sends(msgspec.Struct):
+    #: Times its rows were sent before this chunk (absent in a chunk of new rows).
     g: int = 0
 
 
-#: A stored body's send count alone (``g``; absent in a chunk of new rows).
-_sends_decoder = msgspec.json.Decoder(_Sends)
+_body_decoder = msgspec.json.Decoder(_Body)
 
 
 class _SentContext(msgspec.Struct, gc=False):
@@ -81,19 +75,18 @@ def encode_body(
     return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
 
 
-def body_sends(body: bytes) -> int:
-    """How many times the rows of a stored chunk were sent before it (0: new rows)."""
+def decode_chunk(body: bytes) -> tuple[int, list[tuple[int, TaggingRequest]]]:
+    """A stored chunk (either format), in one pass: how many times its rows were sent before
+    it (0: new rows), and its (position, request) rows."""
     if body[:1] == b"[":  # written by a version that stored [[position, request], ...]
-        return 0
-    return _sends_decoder.decode(body).g
+        return 0, _old_body_decoder.decode(body)
+    stored = _body_decoder.decode(body)
+    return stored.g, list(zip(stored.p, _requests_decoder.decode(stored.r), strict=True))
 
 
 def decode_body(body: bytes) -> list[tuple[int, TaggingRequest]]:
     """The (position, request) rows of a stored chunk (either format)."""
-    if body[:1] == b"[":  # written by a version that stored [[position, request], ...]
-        return _old_body_decoder.decode(body)
-    stored = _body_decoder.decode(body)
-    return list(zip(stored.p, _requests_decoder.decode(stored.r), strict=True))
+    return decode_chunk(body)[1]
 
 
 def body_ids(body: bytes) -> list[str]:

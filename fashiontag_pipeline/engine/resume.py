@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from .policy import Chunk, body_sends, chunk_of, decode_body
+from .policy import Chunk, chunk_of, decode_chunk
 from .state import changes
 from .tracker import TaskEntry
 
@@ -101,7 +101,8 @@ async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:
     """Rows of a chunk whose task is unknown: those without a line in their job's outputs are
     sent again (in place of the chunk); the chunk is resolved."""
     jobs = run.jobs
-    rows = [(pos, r) for pos, r in decode_body(body) if jobs.is_open(pos)]
+    sends, chunk_rows = decode_chunk(body)
+    rows = [(pos, r) for pos, r in chunk_rows if jobs.is_open(pos)]
     written = await run.journal.run(
         run.journal.written_among, {jobs.original(r.context.id) for _, r in rows}
     )
@@ -110,6 +111,6 @@ async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:
     ]
     if missing:
         # Sent or not (its task is unknown), these rows keep the send count they had.
-        await run.writer.resend(missing, chunk_id, body_sends(body))
+        await run.writer.resend(missing, chunk_id, sends)
     else:
         await run.journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])

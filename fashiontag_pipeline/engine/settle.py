@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from .._models import TaggingRequest
 from .batcher import STAGE_SERVER
 from .jobs import Jobs
-from .policy import body_sends, decode_body
+from .policy import decode_body, decode_chunk
 from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
@@ -65,8 +65,6 @@ class TaskSettler:
         self.book = book
         self.resend = resend
         self.max_sends = max_sends
-        #: Results of expired tasks beyond the ids their accepted chunks name.
-        self.lost_unidentified = 0
 
     async def all_written(self, entry: TaskEntry) -> bool:
         """True when the task has no orphan chunk and its lines (those written and the page
@@ -78,7 +76,7 @@ class TaskSettler:
         return expected == len(entry.seen)
 
     def done_with(self, entry: TaskEntry) -> None:
-        entry.seen = None
+        entry.seen = entry.sent = None
         self.book.retire(entry)
 
     async def finish(self, entry: TaskEntry) -> None:
@@ -113,7 +111,8 @@ class TaskSettler:
         """The rows of the task's chunks in ``states``: (chunk id, times its rows have been
         sent with it, [(position, request)])."""
         bodies = await self.journal.run(self.journal.db.chunk_bodies, task_id, states)
-        return [(cid, body_sends(body) + 1, decode_body(body)) for cid, body in bodies]
+        chunks = [(cid, decode_chunk(body)) for cid, body in bodies]
+        return [(cid, sends + 1, rows) for cid, (sends, rows) in chunks]
 
     async def expired(self, entry: TaskEntry) -> None:
         """Results expired before they were all read: every id of the task that has no
@@ -147,8 +146,6 @@ class TaskSettler:
             )
             for pos, ident in await journal.run(unread)
         ]
-        missing = max(0, entry.total - read_upto - len(rejects))
-        self.lost_unidentified += missing
         logger.warning(
             "results of task %s expired after %d of %d were read: %d ids written as rejects",
             task_id,
