@@ -8,8 +8,9 @@ decoded with msgspec straight into :class:`~.pages.PageRow` (results kept as raw
 Every page's rows are checked against the ids written to the task (a result under an id the
 engine never sent it, as from a service that normalizes ids, is no row's outcome: it is left
 out, and the row it stood for is sent again) and against the ids already written for the task
-(a server that repeats an id writes it once). The ids written are read back from the task's
-chunks in the state store when its draining starts (exact, and after a resume too).
+(a server that repeats an id writes it once); a row whose tagging result is not a JSON object
+is left out too (:func:`~.pages.screen`), and sent again. The ids written are read back from
+the task's chunks in the state store when its draining starts (exact, after a resume too).
 When the last page is in, the rows written are counted against the rows the service accepted
 into the task (``chunks.n_ok``); the usual task drains in the commit of its last page. Any
 other end (a short count, orphan chunks, expired results, a task the service forgot) goes to
@@ -24,6 +25,7 @@ import logging
 import operator
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import anyio
 import msgspec
@@ -33,7 +35,7 @@ from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
-from .pages import PageRow, decode_page
+from .pages import PageRow, decode_page, screen
 from .policy import body_ids
 from .settle import TaskSettler, done_change
 from .state import Journal, changes
@@ -50,7 +52,16 @@ class _Lost:
 
 LOST = _Lost()
 _row_id = operator.attrgetter("id")
-_Fetched = list[PageRow] | None | _Lost
+
+
+class _Rows(NamedTuple):
+    """A fetched page: its rows with a tagging result, and whether all are successes."""
+
+    rows: list[PageRow]
+    all_success: bool
+
+
+_Fetched = _Rows | None | _Lost
 
 
 class _NoEvent:
@@ -161,10 +172,20 @@ class ResultPagers:
             self.budget.ok()
             self.slots.success()
             try:
-                return decode_page(raw)
+                decoded = decode_page(raw)
             except msgspec.DecodeError as err:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
+            rows, all_success = screen(decoded)
+            if len(rows) < len(decoded):
+                logger.warning(
+                    "task %s: %d results at offset %d came without a tagging result object;"
+                    " left out (their rows are sent again)",
+                    entry.task_id,
+                    len(decoded) - len(rows),
+                    offset,
+                )
+            return _Rows(rows, all_success)
 
     def _sent_ids(self, task_id: str) -> set[str] | None:
         """The ids written to the task, from its chunks' bodies (thread side; None when a
@@ -232,12 +253,14 @@ class ResultPagers:
                     await self.settler.forget(entry)
                 return
             rows: list[PageRow] = []
+            all_success = True
             end = start
             pages = 0
             while True:
-                while end in ready and isinstance(page := ready[end], list):
+                while end in ready and isinstance(page := ready[end], _Rows):
                     ready.pop(end)
-                    rows.extend(page)
+                    rows.extend(page.rows)
+                    all_success = all_success and page.all_success
                     end = min(end + MAX_PAGE_SIZE, entry.total)
                     pages += 1
                 # The next page is on its way: take it into this commit too (pages fetched
@@ -257,7 +280,9 @@ class ResultPagers:
             quick = drained and await self.settler.all_written(entry)
             if quick:
                 ops.extend(changes.task_drained(task_id))
-            await self.journal.commit(page=(task_id, rows), ops=ops, counters={"pages": pages})
+            await self.journal.commit(
+                page=(task_id, rows), ops=ops, counters={"pages": pages}, all_success=all_success
+            )
             self.pages += pages
             if drained:
                 self._ready.pop(task_id, None)

@@ -5,6 +5,10 @@ JSONL sink writes them with no re-encode). :func:`count_outcomes` and :func:`suc
 tell a success from a failure by the result's ``status`` key, first or last, with any JSON
 spacing: a page whose every row succeeded costs one C-level regex pass, and a row of any other
 shape is decoded, so a server's formatting changes neither the outcome nor, much, the cost.
+
+A row whose tagging result is not a JSON object (``null``, a string, or no ``taggingResult`` at
+all) is no outcome of its image: :func:`screen` leaves it out (the pagers send the row again),
+on the same pass that finds a page all successes, so the usual page pays nothing for it.
 """
 
 from __future__ import annotations
@@ -16,14 +20,26 @@ import msgspec
 
 from .._models import STATUS_SUCCESS
 
-__all__ = ["Page", "PageRow", "count_outcomes", "decode_page", "page_decoder", "success_flags"]
+__all__ = [
+    "Page",
+    "PageRow",
+    "count_outcomes",
+    "decode_page",
+    "page_decoder",
+    "screen",
+    "success_flags",
+]
+
+#: What a row without a ``taggingResult`` holds: no JSON value at all (never an object).
+_NO_RESULT = msgspec.Raw(b"")
 
 
 class PageRow(msgspec.Struct, rename="camel", gc=False):
-    """One result of a page, its tagging result kept as raw JSON."""
+    """One result of a page, its tagging result kept as raw JSON (empty when the server sent
+    none: :func:`screen` leaves such a row out)."""
 
     id: str
-    tagging_result: msgspec.Raw
+    tagging_result: msgspec.Raw = _NO_RESULT
 
 
 class PageData(msgspec.Struct, gc=False):
@@ -115,24 +131,42 @@ def _all_success(raws: list[msgspec.Raw]) -> int | None:
     return None
 
 
+def screen(rows: list[PageRow]) -> tuple[list[PageRow], bool]:
+    """(the rows whose tagging result is a JSON object, True when every row is a success).
+
+    The usual page (every row a success) costs the one regex pass of :func:`count_outcomes`,
+    whose work it saves (see :meth:`~.state.Journal.commit`'s ``all_success``); on any other
+    page each row is classified as :func:`success_flags` does, and a row whose result is not an
+    object (``null``, a string, none at all, or a ``status`` that is not a string) is left
+    out."""
+    raws = list(map(_tagging_result, rows))
+    if _all_success(raws) is not None:
+        return rows, True
+    if None not in map(_status_of, raws):
+        return rows, False
+    return [row for row, raw in zip(rows, raws, strict=True) if _status_of(raw) is not None], False
+
+
+def _status_of(raw: msgspec.Raw) -> bytes | None:
+    """The ``status`` of a tagging result (b"" when it has none), None when it is not one."""
+    found = _STATUS_FIRST.match(raw)
+    if found is None:
+        n = len(raw)
+        found = _STATUS_LAST.search(raw, n - _TAIL if n > _TAIL else 0)
+    if found is not None:
+        status: bytes = found.group(1)
+        return status
+    try:
+        return _status_decoder.decode(raw).status.encode()
+    except msgspec.DecodeError:  # not an object, or its status is not a string
+        return None
+
+
 def success_flags(rows: list[PageRow]) -> list[bool]:
-    """Per row of a page: is its tagging result a success (see :func:`count_outcomes`)."""
+    """Per row of a page: is its tagging result a success (see :func:`count_outcomes`; a row
+    :func:`screen` would leave out is no success)."""
     raws = list(map(_tagging_result, rows))
     if _all_success(raws) is not None:
         return [True] * len(raws)
-    flags: list[bool] = []
-    append = flags.append
-    head = _STATUS_FIRST.match
-    tail = _STATUS_LAST.search
-    decode = _status_decoder.decode
     success = _SUCCESS
-    for raw in raws:
-        found = head(raw)
-        if found is None:
-            n = len(raw)
-            found = tail(raw, n - _TAIL if n > _TAIL else 0)
-        if found is not None:
-            append(found.group(1) == success)
-        else:
-            append(decode(raw).status == STATUS_SUCCESS)
-    return flags
+    return [_status_of(raw) == success for raw in raws]

@@ -4,7 +4,8 @@ It forwards every request unchanged and then, on cue, behaves as real services h
 to: it forgets a task (drops it from the list, answers 404 for its status, results and PUTs)
 once the service says the task is done or after some of its result pages; it answers a page
 with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
-it was never given, or without a row it never returns, or from offset 0 whatever was asked;
+it was never given, or without a row it never returns, or with rows whose tagging result is
+``null`` or missing, or from offset 0 whatever was asked;
 and it reports its clock some seconds ahead of the engine's in the ``Date`` header. Bodies it
 rewrites are re-encoded with other spacing, as a server that is not ours would write them.
 
@@ -52,6 +53,10 @@ class Misbehaviour:
     #: Task ordinals whose result pages all come from offset 0, whatever the offset asked (a
     #: service whose paging is broken).
     ignore_offset: set[int] = field(default_factory=set)
+    #: Task ordinals whose first result page gives its last row with ``null`` for a tagging
+    #: result and its last but one with none at all (a server that answers a row it could
+    #: not tag with no result object).
+    malformed_in_first_page: set[int] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -164,6 +169,10 @@ class MisbehavingProxy:
                 return json.dumps(data).encode()
             if n in rules.foreign_id_in_first_page and offset == 0 and results:
                 results[-1] = {**results[-1], "id": results[-1]["id"].upper()}
+                return json.dumps(data).encode()
+            if n in rules.malformed_in_first_page and offset == 0 and len(results) >= 2:
+                results[-1] = {**results[-1], "taggingResult": None}
+                results[-2] = {"id": results[-2]["id"]}
                 return json.dumps(data).encode()
             if rules.never_returned:
                 gone = rules.never_returned

@@ -1,7 +1,8 @@
 """Nothing lost, ever: server behaviours nobody staged, and the same command on the next night.
 
 * a task the service forgets (after it is done; in the middle of its result pages);
-* a results page with a duplicate id in place of a row, or a result under an id never sent;
+* a results page with a duplicate id in place of a row, or a result under an id never sent, or
+  rows with a ``null`` tagging result or none;
 * paging that ignores the offset, and a row the service never returns (sent ``max_sends``
   times, then an ``unreturned`` reject: the run ends);
 * a bug that drops rows is caught by the end-of-run reconciliation, and a resume repairs it;
@@ -204,6 +205,21 @@ async def test_a_result_under_an_id_never_sent(
     assert summary.complete and summary.resent == 1
     assert len(reads) == len(proxy.created)
     assert next(r for r in o.results if r["id"] == "p99")["taskId"] not in proxy.created[:1]
+
+
+async def test_results_without_a_tagging_result_object_are_sent_again(tmp_path: Path) -> None:
+    """Task 1's first page gives p99 with ``null`` for a tagging result and p98 with none at
+    all: neither stops the run nor becomes a results line; both rows are sent again and get
+    their one real result from a later task."""
+    rules = Misbehaviour(malformed_in_first_page={1})
+    with anyio.fail_after(60):
+        summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.resent == 2
+    assert summary.failed == 0 and summary.tagged == 2000
+    for ident in ("p98", "p99"):
+        (line,) = [r for r in o.results if r["id"] == ident]
+        assert line["taskId"] != proxy.created[0]
+        assert isinstance(line["taggingResult"], dict)
 
 
 async def test_a_service_whose_paging_ignores_the_offset(tmp_path: Path) -> None:

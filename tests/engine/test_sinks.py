@@ -1,11 +1,18 @@
-"""Counting outcomes must not depend on how a server formats its JSON."""
+"""Counting outcomes must not depend on how a server formats its JSON, and a row that carries
+no tagging result object is no outcome."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine.pages import PageRow, count_outcomes, decode_page, success_flags
+from fashiontag_pipeline.engine.pages import (
+    PageRow,
+    count_outcomes,
+    decode_page,
+    screen,
+    success_flags,
+)
 
 
 def _row(raw: bytes) -> PageRow:
@@ -78,3 +85,28 @@ def test_a_pretty_printed_page_gives_one_line_results() -> None:
     assert count_outcomes(rows) == (1, 0)
     compact = b'{"status":"success","data":{"results":[{"id":"a","taggingResult":{"s":1}}]}}'
     assert bytes(decode_page(compact)[0].tagging_result) == b'{"s":1}'
+
+
+def test_rows_without_a_tagging_result_object_are_screened_out() -> None:
+    """``null``, a string, a number, a result with a non-string status and no result at all
+    are no outcome: :func:`screen` leaves them out (the pagers send their rows again), keeps
+    every object as it is, and says whether all it kept are successes."""
+    body = (
+        b'{"status":"success","data":{"results":['
+        b'{"id":"a","taggingResult":{"status":"success","data":{}}},'
+        b'{"id":"b","taggingResult":null},'
+        b'{"id":"c","taggingResult":"tagged"},'
+        b'{"id":"d","taggingResult":7},'
+        b'{"id":"e","taggingResult":{"data":{},"status":3,"x":1}},'
+        b'{"id":"f"},'
+        b'{"id":"g","taggingResult":{"data":{},"error":{"code":803}}},'
+        b'{"id":"h","taggingResult":{"data":{},"status":"failure"}}]}}'
+    )
+    rows = decode_page(body)
+    kept, all_success = screen(rows)
+    assert [r.id for r in kept] == ["a", "g", "h"] and not all_success
+    assert success_flags(rows) == [True] + [False] * 7  # never raises, whatever a row holds
+    assert count_outcomes(kept) == (1, 2)
+    good = [r for r in rows if r.id == "a"] * 3
+    assert screen(good) == (good, True)
+    assert screen([]) == ([], True)

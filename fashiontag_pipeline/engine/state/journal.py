@@ -120,6 +120,7 @@ class Journal:
         settle: bool,
         page_job: int | None,
         reused: tuple[int, list[ReusedLine]] | None = None,
+        all_success: bool = False,
     ) -> tuple[int, int, set[int]]:
         jobs = self.jobs
         counters = dict(counters)
@@ -148,7 +149,7 @@ class Journal:
             for jid, jrows in jobs.group_rows(rows, page_job).items():
                 target = jobs.by_id[jid]
                 target.results.write_page(task_id, jrows)
-                j_ok, j_bad = count_outcomes(jrows)
+                j_ok, j_bad = (len(jrows), 0) if all_success else count_outcomes(jrows)
                 ok += j_ok
                 bad += j_bad
                 c = per_job.setdefault(jid, {})
@@ -290,6 +291,7 @@ class Journal:
         by_job: dict[int, dict[str, int]] | None = None,
         settle: bool = False,
         page_job: int | None = None,
+        all_success: bool = False,
     ) -> tuple[int, int]:
         """Write a results page and/or rejects, apply ``ops``, add ``counters``; one
         transaction. Returns (tagged, failed) of the page.
@@ -298,9 +300,21 @@ class Journal:
         are that job's, with their own ids: the single endpoint, whose task id is None), each
         reject to its job's rejects. ``settle``: the rejects are outcomes of rows taken in
         (refused by the service, expired, single-mode failures). ``by_job`` adds counters of
-        :data:`JOB_COUNTERS` to jobs' own (``counters`` are engine-wide)."""
+        :data:`JOB_COUNTERS` to jobs' own (``counters`` are engine-wide). ``all_success``: the
+        caller found every page row a success (:func:`~..pages.screen`), so they are not
+        classified again."""
         ok, bad, touched = await self.run(
-            self._begun, self._apply, page, rejects, ops, counters or {}, by_job, settle, page_job
+            self._begun,
+            self._apply,
+            page,
+            rejects,
+            ops,
+            counters or {},
+            by_job,
+            settle,
+            page_job,
+            None,
+            all_success,
         )
         self.jobs.check(touched)
         return ok, bad
