@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import operator
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from typing import NamedTuple
 
 import anyio
 import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
@@ -123,29 +125,46 @@ class ResultPagers:
         self.book.poke()
 
     async def run(self) -> None:
+        # A fixed pool of page readers, as many as the page concurrency can ever be (a slot is
+        # taken before a page is handed over, so each page in flight has a reader): a task
+        # started per page (anyio's ``start_soon``) cost ~35 us of CPU each, ~0.35 us/image.
+        send, receive = anyio.create_memory_object_stream[tuple[TaskEntry, int]](math.inf)
         async with anyio.create_task_group() as tg:
-            while True:
-                if not self._heap:
-                    if self.finished():
-                        return
-                    changed = self.book.changed
-                    with anyio.move_on_after(1.0):
-                        await changed.wait()
-                    continue
-                _, _, entry = heapq.heappop(self._heap)
-                if entry.seen is None:
-                    entry.seen = await self._written(entry)
-                if entry.sent is None and entry.state == "done":
-                    entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
-                if entry.state == "lost":
-                    await self.settler.settle(entry, ("orphan", "accepted", "pending"))
-                    continue
-                if entry.next_offset >= entry.total:
-                    await self.settler.finish(entry)
-                    continue
-                for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
-                    await self.slots.acquire()
-                    tg.start_soon(self._page, entry, offset)
+            with receive:
+                for _ in range(self.slots.cap):
+                    tg.start_soon(self._reader, receive.clone())
+            with send:
+                await self._schedule(send)
+
+    async def _reader(self, pages: MemoryObjectReceiveStream[tuple[TaskEntry, int]]) -> None:
+        with pages:
+            async for entry, offset in pages:
+                await self._page(entry, offset)
+
+    async def _schedule(self, pages: MemoryObjectSendStream[tuple[TaskEntry, int]]) -> None:
+        """Hand each done task's pages to the readers, oldest expiry first, until finished."""
+        while True:
+            if not self._heap:
+                if self.finished():
+                    return
+                changed = self.book.changed
+                with anyio.move_on_after(1.0):
+                    await changed.wait()
+                continue
+            _, _, entry = heapq.heappop(self._heap)
+            if entry.seen is None:
+                entry.seen = await self._written(entry)
+            if entry.sent is None and entry.state == "done":
+                entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
+            if entry.state == "lost":
+                await self.settler.settle(entry, ("orphan", "accepted", "pending"))
+                continue
+            if entry.next_offset >= entry.total:
+                await self.settler.finish(entry)
+                continue
+            for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
+                await self.slots.acquire()
+                pages.send_nowait((entry, offset))
 
     async def _fetch(self, entry: TaskEntry, offset: int) -> _Fetched:
         """One page; None when the task's results have expired, LOST when it is forgotten."""
