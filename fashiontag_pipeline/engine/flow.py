@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
+import msgspec
 
 from .. import _exceptions as exc
 from .._exceptions import FashiontagError
@@ -132,6 +133,13 @@ class RetryBudget:
         """Count a failure and sleep before the retry; raise FatalRunError when out of budget."""
         now = time.monotonic()
         reason = " ".join(str(err).split())
+        # An answer that is not the spec's JSON is no outage: say so, not "cannot reach".
+        malformed = isinstance(err, (msgspec.DecodeError, exc.DecodeError))
+        trouble = (
+            "the service answers JSON that is not the spec's shape"
+            if malformed
+            else "cannot reach the service"
+        )
         if self._failing_since is None:
             self._failing_since = self._reminded_at = now
             # A warning for the first streak in STILL_FAILING_EVERY s (a flaky service must
@@ -141,18 +149,20 @@ class RetryBudget:
                 self._warned_at = now
                 log = logger.warning
             if math.isinf(self.give_up_after):
-                log("cannot reach the service (%s: %s); will keep trying", what, reason)
+                log("%s (%s: %s); will keep trying", trouble, what, reason)
             else:
                 log(
-                    "cannot reach the service (%s: %s); will keep trying for %.0f s "
+                    "%s (%s: %s); will keep trying for %.0f s "
                     "(give_up_after, --give-up-after), then stop with the state saved",
+                    trouble,
                     what,
                     reason,
                     self.give_up_after,
                 )
         elif now - self._failing_since > self.give_up_after:
+            state = "answering malformed JSON" if malformed else "unreachable"
             raise FatalRunError(
-                f"{what}: service unreachable for {self.give_up_after:.0f}s: {reason}"
+                f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
             ) from err
         elif now - self._reminded_at >= STILL_FAILING_EVERY:
             self._reminded_at = now

@@ -188,13 +188,16 @@ class ResultPagers:
                 continue
             except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
-            self.budget.ok()
             self.slots.success()
             try:
                 decoded = decode_page(raw)
             except msgspec.DecodeError as err:
+                # Not a success either: the budget's streak goes on, so a page that is never
+                # the spec's shape stops the run after give_up_after instead of being asked
+                # for forever.
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
+            self.budget.ok()
             rows, all_success = screen(decoded)
             if len(rows) < len(decoded):
                 logger.warning(

@@ -5,7 +5,7 @@ to: it forgets a task (drops it from the list, answers 404 for its status, resul
 once the service says the task is done or after some of its result pages; it answers a page
 with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
 it was never given, or without a row it never returns, or with rows whose tagging result is
-``null`` or missing, or from offset 0 whatever was asked;
+``null`` or missing, or with an id that is a number, or from offset 0 whatever was asked;
 and it reports its clock some seconds ahead of the engine's in the ``Date`` header. Bodies it
 rewrites are re-encoded with other spacing, as a server that is not ours would write them.
 
@@ -57,6 +57,9 @@ class Misbehaviour:
     #: result and its last but one with none at all (a server that answers a row it could
     #: not tag with no result object).
     malformed_in_first_page: set[int] = field(default_factory=set)
+    #: Task ordinals whose first result page gives its first row's id as a JSON number, every
+    #: time it is asked for (a page no client can take as the spec's shape).
+    numeric_id_in_first_page: set[int] = field(default_factory=set)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -169,6 +172,9 @@ class MisbehavingProxy:
                 return json.dumps(data).encode()
             if n in rules.foreign_id_in_first_page and offset == 0 and results:
                 results[-1] = {**results[-1], "id": results[-1]["id"].upper()}
+                return json.dumps(data).encode()
+            if n in rules.numeric_id_in_first_page and offset == 0 and results:
+                results[0] = {**results[0], "id": 12345}
                 return json.dumps(data).encode()
             if n in rules.malformed_in_first_page and offset == 0 and len(results) >= 2:
                 results[-1] = {**results[-1], "taggingResult": None}

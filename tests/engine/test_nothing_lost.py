@@ -3,6 +3,8 @@
 * a task the service forgets (after it is done; in the middle of its result pages);
 * a results page with a duplicate id in place of a row, or a result under an id never sent, or
   rows with a ``null`` tagging result or none;
+* a page that is never the spec's shape (the run stops after ``give_up_after``, saying so, and
+  resumes);
 * paging that ignores the offset, and a row the service never returns (sent ``max_sends``
   times, then an ``unreturned`` reject: the run ends);
 * a bug that drops rows is caught by the end-of-run reconciliation, and a resume repairs it;
@@ -220,6 +222,31 @@ async def test_results_without_a_tagging_result_object_are_sent_again(tmp_path: 
         (line,) = [r for r in o.results if r["id"] == ident]
         assert line["taskId"] != proxy.created[0]
         assert isinstance(line["taggingResult"], dict)
+
+
+async def test_a_page_that_is_never_the_specs_shape_stops_the_run_and_a_resume_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Task 1's first page gives an id as a number, however often it is asked for: the run
+    stops after ``give_up_after`` saying the service answers malformed JSON (not that it is
+    unreachable), nothing of that page is written, and the same run against a service that
+    answers well finishes exactly once."""
+    from fashiontag_pipeline.engine import FatalRunError
+
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, give_up_after=1.0)
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(numeric_id_in_first_page={1})) as proxy:
+            with anyio.fail_after(60), pytest.raises(FatalRunError, match="malformed JSON"):
+                await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+                )
+        summary = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=engine
+        )
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(300))
 
 
 async def test_a_service_whose_paging_ignores_the_offset(tmp_path: Path) -> None:
