@@ -186,8 +186,24 @@ class ResultPagers:
             except (exc.TransportError, exc.ServerError) as err:
                 await self.budget.failed(err, f"results of task {entry.task_id}")
                 continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+            except (
+                exc.AuthenticationError,
+                exc.PermissionDeniedError,
+                exc.UnsupportedLanguageError,
+            ) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
+            except exc.RequestError as err:
+                # Asking again will not help (a service that refuses offsets past the end of
+                # a task whose count claims more than it holds): no results there. The task's
+                # rows without a line are found when its last page is in and sent again.
+                logger.warning(
+                    "task %s: the service refused its results page at offset %d (%s); taken"
+                    " as a page with no result (rows without one are sent again)",
+                    entry.task_id,
+                    offset,
+                    err,
+                )
+                return _Rows([], True)
             self.slots.success()
             try:
                 decoded = decode_page(raw)

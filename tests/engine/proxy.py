@@ -5,9 +5,11 @@ to: it forgets a task (drops it from the list, answers 404 for its status, resul
 once the service says the task is done or after some of its result pages; it answers a page
 with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
 it was never given, or without a row it never returns, or with rows whose tagging result is
-``null`` or missing, or with an id that is a number, or from offset 0 whatever was asked;
-and it reports its clock some seconds ahead of the engine's in the ``Date`` header. Bodies it
-rewrites are re-encoded with other spacing, as a server that is not ours would write them.
+``null`` or missing, or with an id that is a number, or from offset 0 whatever was asked; it
+claims more results for a task than it holds, and refuses a page (or those past a task's real
+end) with 400; and it reports its clock some seconds ahead of the engine's in the ``Date``
+header. Bodies it rewrites are re-encoded with other spacing, as a server that is not ours
+would write them.
 
 Tasks are named by their creation order (1 = the first task created through the proxy).
 """
@@ -60,6 +62,13 @@ class Misbehaviour:
     #: Task ordinals whose first result page gives its first row's id as a JSON number, every
     #: time it is asked for (a page no client can take as the spec's shape).
     numeric_id_in_first_page: set[int] = field(default_factory=set)
+    #: Task ordinal -> results its ``count.total`` claims beyond those it holds (list and status).
+    inflate_total: dict[int, int] = field(default_factory=dict)
+    #: Answer a results page past a task's real end with 400 (as a service that checks the
+    #: offset would), instead of the reference service's empty page.
+    refuse_past_end: bool = False
+    #: Task ordinal -> the offset of a results page always refused with 400.
+    refuse_page: dict[int, int] = field(default_factory=dict)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -75,6 +84,8 @@ class MisbehavingProxy:
         self.pages_served: dict[str, int] = {}
         self.puts_refused = 0
         self.left_out = 0
+        self.real_totals: dict[str, int] = {}
+        self.refused_pages = 0
         self.first_rows: dict[str, Any] = {}
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
@@ -110,6 +121,17 @@ class MisbehavingProxy:
         if "accept-language" in request.headers:
             headers["accept-language"] = request.headers["accept-language"]
         params = dict(request.query)
+        real = self.real_totals.get(task_id or "")
+        refused = self.rules.refuse_page.get(self.ordinal(task_id or "") or 0)
+        offset = int(params.get("offset", -1))
+        if request.method == "GET" and (
+            (self.rules.refuse_past_end and real is not None and offset >= real)
+            or (refused is not None and offset == refused and not path.endswith("/status"))
+        ):
+            self.refused_pages += 1
+            return web.json_response(
+                {"status": "failure", "error": "offset is past the task's results"}, status=400
+            )
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)
         async with self._session.request(
@@ -194,6 +216,11 @@ class MisbehavingProxy:
         return payload
 
     def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
+        extra = self.rules.inflate_total.get(self.ordinal(task_id) or 0)
+        if extra and task.get("taskStatus") == "TASK_DONE":
+            self.real_totals[task_id] = task["count"]["total"]
+            task["count"]["total"] += extra
+            return True
         if self.ordinal(task_id) in self.rules.foreign_description:
             task["description"] = "somebody else's catalogue"
             return True

@@ -4,7 +4,8 @@
 * a results page with a duplicate id in place of a row, or a result under an id never sent, or
   rows with a ``null`` tagging result or none;
 * a page that is never the spec's shape (the run stops after ``give_up_after``, saying so, and
-  resumes);
+  resumes); a page always refused with 400, and a count that claims more results than the
+  task holds (pages past its end empty or refused);
 * paging that ignores the offset, and a row the service never returns (sent ``max_sends``
   times, then an ``unreturned`` reject: the run ends);
 * a bug that drops rows is caught by the end-of-run reconciliation, and a resume repairs it;
@@ -247,6 +248,32 @@ async def test_a_page_that_is_never_the_specs_shape_stops_the_run_and_a_resume_e
         )
     assert summary.complete
     assert_exactly_once(out, rej, ids_of(300))
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["empty-pages", "http-400"])
+async def test_a_task_whose_count_claims_more_results_than_it_holds(
+    tmp_path: Path, refuse: bool
+) -> None:
+    """Task 1 says (list and status) it holds 150 results more than it does; the pages past
+    its real end come back empty, or are refused with 400: every row is still written once and
+    the run ends complete, with nothing sent again."""
+    rules = Misbehaviour(inflate_total={1: 150}, refuse_past_end=refuse)
+    with anyio.fail_after(60):
+        summary, proxy, _ = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.tagged == 2000 and summary.resent == 0
+    assert proxy.real_totals
+    assert (proxy.refused_pages > 0) == refuse
+
+
+async def test_a_results_page_the_service_always_refuses(tmp_path: Path) -> None:
+    """Task 1's page at offset 100 is always answered 400: asking again would not help, so the
+    page is taken as empty (a warning says so), its 100 rows are sent again in a new task, and
+    the run ends complete, each row once."""
+    rules = Misbehaviour(refuse_page={1: 100})
+    with anyio.fail_after(60):
+        summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.resent == 100 and proxy.refused_pages == 1
+    assert {r["taskId"] for r in o.results if r["id"] == "p150"} != {proxy.created[0]}
 
 
 async def test_a_service_whose_paging_ignores_the_offset(tmp_path: Path) -> None:
