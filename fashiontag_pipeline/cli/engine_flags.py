@@ -84,6 +84,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, give_up: bool = Tru
             help="seconds of continuous failure (service unreachable, refusing) before the run "
             "stops with its state saved (default 120)",
         )
+        parser.add_argument(
+            "--stall-timeout",
+            type=float,
+            metavar="S",
+            help="seconds with no progress on any task the run waits for (the service holds "
+            f"them processing) before it stops with its state saved (default {_D.stall_timeout:g})",
+        )
     parser.add_argument(
         "--reuse",
         metavar="PATH|URL",
@@ -122,6 +129,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "max_write_concurrency": getattr(args, "write_concurrency", None),
         "max_page_concurrency": getattr(args, "page_concurrency", None),
         "give_up_after": getattr(args, "give_up_after", None),
+        "stall_timeout": getattr(args, "stall_timeout", None),
         "single_concurrency": getattr(args, "single_concurrency", None),
         "progress_seconds": getattr(args, "progress_interval", None),
         "reuse": getattr(args, "reuse", None),

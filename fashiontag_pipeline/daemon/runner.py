@@ -78,7 +78,9 @@ class Daemon(DaemonMonitor):
         self.inbox_path, self.outbox_path = config.require_folders()
         self.client_config = client
         # The daemon never gives up on the service: outages are waited out with backoff.
-        self.engine_config = msgspec.structs.replace(engine, give_up_after=math.inf)
+        self.engine_config = msgspec.structs.replace(
+            engine, give_up_after=math.inf, stall_timeout=math.inf
+        )
         self.control = control or RunControl()
         self.notifier = notifier or SystemdNotifier()
         self.max_pending_rows = max_pending_rows

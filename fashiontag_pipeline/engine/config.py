@@ -73,6 +73,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       ``poll_max`` only while no task progresses.
     * ``give_up_after``: seconds of continuous transport failure after which the run stops
       (state saved) as "service unreachable".
+    * ``stall_timeout``: seconds during which none of the tasks the run waits for progresses
+      (processed counts still, none done) after which the run stops with its state saved (a
+      service that holds a task in TASK_PROCESSING for ever would otherwise keep a nightly
+      job running until someone kills it); the same command resumes. Two hours by default:
+      a task queued behind a large backlog shows no progress for a while, and a false stop
+      costs a resume, not a row. The daemon waits for ever.
     * ``fsync_seconds``: sinks and state are fsync-ed at most this often (0 = every commit).
     * ``single_concurrency``: rows that cannot go through bulk (local files, ``data:`` URIs)
       are tagged one by one on the single endpoint, at most this many at a time.
@@ -103,6 +109,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     poll_min: float = 0.05
     poll_max: float = 5.0
     give_up_after: float = 120.0
+    stall_timeout: float = 7200.0
     fsync_seconds: float = 1.0
     read_batch_rows: int = 2000
     queue_batches: int = 8
@@ -137,6 +144,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.single_concurrency and single_max_bytes must be positive")
         if self.max_sends < 1:
             raise ValueError("engine.max_sends must be at least 1")
+        if not self.stall_timeout > 0:
+            raise ValueError("engine.stall_timeout must be positive (inf: wait for ever)")
         if self.progress_seconds <= 0:
             raise ValueError("engine.progress_seconds must be positive")
         if not 0 < self.poll_min <= self.poll_max:

@@ -31,7 +31,7 @@ from .. import _exceptions as exc
 from .._client import LIST_PAGE_SIZE, TaggerClient
 from .._models import Task
 from .config import EngineConfig
-from .flow import RetryBudget
+from .flow import FatalRunError, RetryBudget
 from .forecast import CompletionForecast
 from .state import Journal, changes
 
@@ -162,11 +162,14 @@ class Tracker:
         self.status_polls = 0
         self._list_size = 0
         self._since_list = 0
+        #: Since when no watched task has progressed (None: none is watched).
+        self._still_since: float | None = None
 
     async def run(self) -> None:
         while True:
             sealed = self.book.sealed()
             if not sealed:
+                self._still_since = None
                 if self.finished():
                     return
                 changed = self.book.changed
@@ -176,7 +179,24 @@ class Tracker:
             started = self.clock()
             added = self.book.added
             progressed = await self.poll(sealed)
+            self._check_stall(progressed, len(sealed))
             await self._sleep(started, self.forecast.next_interval(progressed), added)
+
+    def _check_stall(self, progressed: bool, watched: int) -> None:
+        """Stop the run (FatalRunError, state saved) once no watched task has progressed for
+        ``stall_timeout`` seconds: a service that holds tasks processing for ever must not
+        keep a nightly job running for ever."""
+        now = self.clock()
+        if progressed or self._still_since is None:
+            self._still_since = now
+            return
+        still = now - self._still_since
+        if still >= self.config.stall_timeout:
+            raise FatalRunError(
+                f"the service has processed nothing of the {watched} task(s) this run waits for"
+                f" in {still:.0f} s (stall_timeout, --stall-timeout); stopped with the state"
+                " saved: the same command resumes and reads them once they are done"
+            )
 
     async def _sleep(self, started: float, interval: float, added: int) -> None:
         """Until the forecast poll; sooner (but not within poll_min of the last poll) when a

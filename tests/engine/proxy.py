@@ -6,10 +6,10 @@ once the service says the task is done or after some of its result pages; it ans
 with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
 it was never given, or without a row it never returns, or with rows whose tagging result is
 ``null`` or missing, or with an id that is a number, or from offset 0 whatever was asked; it
-claims more results for a task than it holds, and refuses a page (or those past a task's real
-end) with 400; and it reports its clock some seconds ahead of the engine's in the ``Date``
-header. Bodies it rewrites are re-encoded with other spacing, as a server that is not ours
-would write them.
+holds a task processing for ever, claims more results for a task than it holds, and refuses a
+page (or those past a task's real end) with 400; and it reports its clock some seconds ahead of
+the engine's in the ``Date`` header. Bodies it rewrites are re-encoded with other spacing, as a
+server that is not ours would write them.
 
 Tasks are named by their creation order (1 = the first task created through the proxy).
 """
@@ -67,6 +67,9 @@ class Misbehaviour:
     #: Answer a results page past a task's real end with 400 (as a service that checks the
     #: offset would), instead of the reference service's empty page.
     refuse_past_end: bool = False
+    #: Task ordinals shown (list and status) as processing with nothing processed, for ever
+    #: (a service that holds a task and never tags it).
+    hold_processing: set[int] = field(default_factory=set)
     #: Task ordinal -> the offset of a results page always refused with 400.
     refuse_page: dict[int, int] = field(default_factory=dict)
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
@@ -216,6 +219,11 @@ class MisbehavingProxy:
         return payload
 
     def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
+        if self.ordinal(task_id) in self.rules.hold_processing:
+            count = task["count"]
+            count.update(done=0, failure=0, processing=count["total"])
+            task["taskStatus"] = "TASK_PROCESSING"
+            return True
         extra = self.rules.inflate_total.get(self.ordinal(task_id) or 0)
         if extra and task.get("taskStatus") == "TASK_DONE":
             self.real_totals[task_id] = task["count"]["total"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fashiontag_pipeline import ConfigError
 from fashiontag_pipeline.cli.demo import run_demo
 from fashiontag_pipeline.cli.engine_flags import engine_config_from_args
 from fashiontag_pipeline.cli.run import add_run_arguments, run_command
@@ -26,6 +27,15 @@ def test_example_config_and_flags_build_the_engine_config() -> None:
     config = engine_config_from_args(args)
     assert isinstance(config, EngineConfig)
     assert config.rotate_images == 7 and config.expiry_margin == 30.0
+    assert config.stall_timeout == 7200.0
+    stalled = engine_config_from_args(_parse("m.csv", "--stall-timeout", "90"))
+    assert stalled.stall_timeout == 90.0
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_a_stall_timeout_that_is_not_positive_is_a_clear_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="stall_timeout must be positive"):
+        engine_config_from_args(_parse("m.csv", "--stall-timeout", value))
 
 
 def test_unreadable_manifest_is_a_one_line_error(

@@ -5,7 +5,8 @@
   rows with a ``null`` tagging result or none;
 * a page that is never the spec's shape (the run stops after ``give_up_after``, saying so, and
   resumes); a page always refused with 400, and a count that claims more results than the
-  task holds (pages past its end empty or refused);
+  task holds (pages past its end empty or refused); a task held processing for ever (the run
+  stops after ``stall_timeout`` and resumes);
 * paging that ignores the offset, and a row the service never returns (sent ``max_sends``
   times, then an ``unreturned`` reject: the run ends);
 * a bug that drops rows is caught by the end-of-run reconciliation, and a resume repairs it;
@@ -274,6 +275,31 @@ async def test_a_results_page_the_service_always_refuses(tmp_path: Path) -> None
         summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
     assert summary.complete and summary.resent == 100 and proxy.refused_pages == 1
     assert {r["taskId"] for r in o.results if r["id"] == "p150"} != {proxy.created[0]}
+
+
+async def test_a_task_held_processing_for_ever_stops_the_run_and_a_resume_ends_it(
+    tmp_path: Path,
+) -> None:
+    """The service shows task 1 processing with nothing processed, for ever: after
+    ``stall_timeout`` the run stops (state saved) saying so, instead of running until someone
+    kills it, and the same run against a service that tags finishes exactly once."""
+    from fashiontag_pipeline.engine import FatalRunError
+
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, stall_timeout=1.0)
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(hold_processing={1})) as proxy:
+            with anyio.fail_after(30), pytest.raises(FatalRunError, match="processed nothing"):
+                await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+                )
+        assert len(proxy.created) == 1
+        summary = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=engine
+        )
+    assert summary.complete and summary.resent == 0
+    assert_exactly_once(out, rej, ids_of(300))
 
 
 async def test_a_service_whose_paging_ignores_the_offset(tmp_path: Path) -> None:
