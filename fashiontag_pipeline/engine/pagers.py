@@ -169,6 +169,8 @@ class ResultPagers:
     async def _fetch(self, entry: TaskEntry, offset: int) -> _Fetched:
         """One page; None when the task's results have expired, LOST when it is forgotten."""
         size = min(MAX_PAGE_SIZE, entry.total - offset)
+        what = f"results of task {entry.task_id}"
+        malformed_since: float | None = None
         while True:
             try:
                 raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
@@ -176,15 +178,9 @@ class ResultPagers:
                 return None
             except exc.TaskNotFoundError:
                 return LOST
-            except exc.ResultsNotReadyError as err:
-                await self.budget.failed(err, f"results of task {entry.task_id}")
-                continue
             except exc.RateLimitedError as err:
                 self.slots.throttled()
-                await self.budget.failed(err, f"results of task {entry.task_id}")
-                continue
-            except (exc.TransportError, exc.ServerError) as err:
-                await self.budget.failed(err, f"results of task {entry.task_id}")
+                await self.budget.failed(err, what)
                 continue
             except (
                 exc.AuthenticationError,
@@ -192,10 +188,15 @@ class ResultPagers:
                 exc.UnsupportedLanguageError,
             ) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
-            except exc.RequestError as err:
-                # Asking again will not help (a service that refuses offsets past the end of
-                # a task whose count claims more than it holds): no results there. The task's
-                # rows without a line are found when its last page is in and sent again.
+            except exc.ValidationError as err:
+                if offset == 0:
+                    # Not a page past the end: the service refuses how results are asked for.
+                    raise FatalRunError(
+                        f"the service refuses the results of task {entry.task_id}: {err}"
+                    ) from err
+                # A service that refuses offsets past the end of a task whose count claims
+                # more than it holds: no results there (asking again will not help). The
+                # task's rows without a line are found when its last page is in, sent again.
                 logger.warning(
                     "task %s: the service refused its results page at offset %d (%s); taken"
                     " as a page with no result (rows without one are sent again)",
@@ -204,14 +205,26 @@ class ResultPagers:
                     err,
                 )
                 return _Rows([], True)
+            except (exc.TransportError, exc.ServiceError) as err:
+                # 5xx, 409 (not ready), and any other status: retried under the budget.
+                await self.budget.failed(err, what)
+                continue
             self.slots.success()
             try:
                 decoded = decode_page(raw)
             except msgspec.DecodeError as err:
-                # Not a success either: the budget's streak goes on, so a page that is never
-                # the spec's shape stops the run after give_up_after instead of being asked
-                # for forever.
-                await self.budget.failed(err, f"results of task {entry.task_id}")
+                # Not a success: and the budget's streak is shared (any other answer resets
+                # it), so this page keeps its own, and a page that is never the spec's shape
+                # stops the run after give_up_after instead of being asked for for ever.
+                now = time.monotonic()
+                if malformed_since is None:
+                    malformed_since = now
+                elif now - malformed_since > self.config.give_up_after:
+                    raise FatalRunError(
+                        f"{what} at offset {offset}: the service answered malformed JSON (not"
+                        f" the spec's shape) for {self.config.give_up_after:.0f}s: {err}"
+                    ) from err
+                await self.budget.failed(err, what)
                 continue
             self.budget.ok()
             rows, all_success = screen(decoded)

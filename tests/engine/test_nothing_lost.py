@@ -277,6 +277,31 @@ async def test_a_results_page_the_service_always_refuses(tmp_path: Path) -> None
     assert {r["taskId"] for r in o.results if r["id"] == "p150"} != {proxy.created[0]}
 
 
+async def test_a_first_results_page_refused_stops_the_run_and_a_resume_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Task 1's first page is refused with 400: no task's count can explain that (it is not a
+    page past the end), so asking is what the service refuses. The run stops at once with the
+    state saved, resending nothing, and the same run against a service that answers finishes
+    exactly once."""
+    from fashiontag_pipeline.engine import FatalRunError
+
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(refuse_page={1: 0})) as proxy:
+            with anyio.fail_after(30), pytest.raises(FatalRunError, match="refuses the results"):
+                await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+                )
+        assert proxy.refused_pages == 1
+        summary = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.resent == 0
+    assert_exactly_once(out, rej, ids_of(300))
+
+
 async def test_a_task_held_processing_for_ever_stops_the_run_and_a_resume_ends_it(
     tmp_path: Path,
 ) -> None:
