@@ -162,8 +162,10 @@ class Tracker:
         self.status_polls = 0
         self._list_size = 0
         self._since_list = 0
-        #: Since when no watched task has progressed (None: none is watched).
+        #: Since when no watched task has progressed (None: none is watched), and the tasks
+        #: watched at the last poll.
         self._still_since: float | None = None
+        self._still_ids: frozenset[str] = frozenset()
 
     async def run(self) -> None:
         while True:
@@ -178,22 +180,28 @@ class Tracker:
                 continue
             started = self.clock()
             added = self.book.added
+            retries = self.budget.retries
             progressed = await self.poll(sealed)
-            self._check_stall(progressed, len(sealed))
+            self._check_stall(progressed, sealed, retries)
             await self._sleep(started, self.forecast.next_interval(progressed), added)
 
-    def _check_stall(self, progressed: bool, watched: int) -> None:
+    def _check_stall(self, progressed: bool, sealed: list[TaskEntry], retries: int) -> None:
         """Stop the run (FatalRunError, state saved) once no watched task has progressed for
         ``stall_timeout`` seconds: a service that holds tasks processing for ever must not
-        keep a nightly job running for ever."""
+        keep a nightly job running for ever. An outage is no stall (``give_up_after`` rules
+        it: the budget's ``retries`` moved since ``retries``), nor is a task new to the watch
+        (the rows of a lost task sent again): either starts the stall clock again."""
         now = self.clock()
-        if progressed or self._still_since is None:
+        ids = frozenset(e.task_id for e in sealed)
+        fresh = self.budget.retries != retries or not ids <= self._still_ids
+        self._still_ids = ids
+        if progressed or fresh or self._still_since is None:
             self._still_since = now
             return
         still = now - self._still_since
         if still >= self.config.stall_timeout:
             raise FatalRunError(
-                f"the service has processed nothing of the {watched} task(s) this run waits for"
+                f"the service has processed nothing of the {len(ids)} task(s) this run waits for"
                 f" in {still:.0f} s (stall_timeout, --stall-timeout); stopped with the state"
                 " saved: the same command resumes and reads them once they are done"
             )

@@ -1,11 +1,14 @@
-"""RetryBudget.call: the one rule every read loop of the engine follows."""
+"""RetryBudget.call: the one rule every read loop of the engine follows; and the tracker's stall
+clock, which stops a run whose tasks the service holds for ever."""
 
 from __future__ import annotations
 
 import pytest
 
 from fashiontag_pipeline import AuthenticationError, ServerError, TransportError
+from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.flow import FatalRunError, RetryBudget
+from fashiontag_pipeline.engine.tracker import TaskBook, TaskEntry, Tracker
 
 
 def failing(errors: list[Exception], result: str = "ok") -> tuple[list[int], object]:
@@ -40,3 +43,46 @@ async def test_a_spent_budget_is_fatal_and_names_the_operation() -> None:
     _, fn = failing([TransportError("refused")] * 10)
     with pytest.raises(FatalRunError, match="status of task t1: service unreachable"):
         await budget.call("status of task t1", fn)  # type: ignore[arg-type]
+
+
+def _stall_tracker(clock: list[float]) -> Tracker:
+    async def on_done(entry: TaskEntry) -> None:
+        return None
+
+    return Tracker(
+        client=None,  # type: ignore[arg-type]
+        journal=None,  # type: ignore[arg-type]
+        book=TaskBook(),
+        config=EngineConfig(stall_timeout=100.0),
+        budget=RetryBudget(60),
+        on_done=on_done,
+        finished=lambda: False,
+        clock=lambda: clock[0],
+    )
+
+
+def test_the_stall_clock_counts_only_answered_polls_of_the_same_tasks() -> None:
+    """No watched task progresses: the run stops after ``stall_timeout`` of polls the service
+    answered. A poll that needed retries (an outage: give_up_after rules it) or a task new to
+    the watch (rows of a lost task sent again) starts the clock again; progress does too."""
+    clock = [0.0]
+    tracker = _stall_tracker(clock)
+    a, b = [TaskEntry("a")], [TaskEntry("a"), TaskEntry("b")]
+
+    def poll(
+        at: float, sealed: list[TaskEntry], *, progressed: bool = False, retried: int = 0
+    ) -> None:
+        clock[0] = at
+        before = tracker.budget.retries
+        tracker.budget.retries += retried
+        tracker._check_stall(progressed, sealed, before)
+
+    poll(0, a)
+    poll(60, a)
+    poll(90, a, retried=3)  # an outage ends: the clock starts again at 90
+    poll(150, a)
+    poll(180, b)  # b is new: again at 180
+    poll(250, b, progressed=True)  # at 250
+    poll(349, b)
+    with pytest.raises(FatalRunError, match="processed nothing of the 2 task"):
+        poll(350, b)
