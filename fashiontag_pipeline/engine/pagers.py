@@ -64,6 +64,8 @@ class _Rows(NamedTuple):
 
 
 _Fetched = _Rows | None | _Lost
+#: Answers of a page that asking again rarely cures, after which it is taken as empty.
+PAGE_ATTEMPTS = 4
 
 
 class _NoEvent:
@@ -167,11 +169,19 @@ class ResultPagers:
                 pages.send_nowait((entry, offset))
 
     async def _fetch(self, entry: TaskEntry, offset: int) -> _Fetched:
-        """One page; None when the task's results have expired, LOST when it is forgotten."""
+        """One page; None when the task's results have expired, LOST when it is forgotten.
+
+        An answer that asking again rarely cures (a 4xx other than those with a meaning of
+        their own; a body that is not the spec's JSON) is asked for again ``PAGE_ATTEMPTS``
+        times in all, then taken as a page with no result: the task's rows without a line are
+        sent again when its last page is in (``max_sends`` bounds them). It never stops the run
+        (a long-lived engine serves other manifests) nor holds the page for ever (its slot would
+        hold every other task's pages back)."""
         size = min(MAX_PAGE_SIZE, entry.total - offset)
         what = f"results of task {entry.task_id}"
-        malformed_since: float | None = None
+        unusable = 0
         while True:
+            problem: Exception
             try:
                 raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
             except exc.ResultsExpiredError:
@@ -188,55 +198,42 @@ class ResultPagers:
                 exc.UnsupportedLanguageError,
             ) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
-            except exc.ValidationError as err:
-                if offset == 0:
-                    # Not a page past the end: the service refuses how results are asked for.
-                    raise FatalRunError(
-                        f"the service refuses the results of task {entry.task_id}: {err}"
-                    ) from err
-                # A service that refuses offsets past the end of a task whose count claims
-                # more than it holds: no results there (asking again will not help). The
-                # task's rows without a line are found when its last page is in, sent again.
+            except (exc.ResultsNotReadyError, exc.TransportError, exc.ServerError) as err:
+                await self.budget.failed(err, what)
+                continue
+            except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
+                problem = err
+            else:
+                self.slots.success()
+                try:
+                    decoded = decode_page(raw)
+                except msgspec.DecodeError as err:
+                    problem = err
+                else:
+                    break
+            unusable += 1
+            if unusable >= PAGE_ATTEMPTS:
                 logger.warning(
-                    "task %s: the service refused its results page at offset %d (%s); taken"
-                    " as a page with no result (rows without one are sent again)",
+                    "task %s: its results page at offset %d was refused or malformed %d times"
+                    " (%s); taken as a page with no result (rows without one are sent again)",
                     entry.task_id,
                     offset,
-                    err,
+                    unusable,
+                    " ".join(str(problem).split()),
                 )
                 return _Rows([], True)
-            except (exc.TransportError, exc.ServiceError) as err:
-                # 5xx, 409 (not ready), and any other status: retried under the budget.
-                await self.budget.failed(err, what)
-                continue
-            self.slots.success()
-            try:
-                decoded = decode_page(raw)
-            except msgspec.DecodeError as err:
-                # Not a success: and the budget's streak is shared (any other answer resets
-                # it), so this page keeps its own, and a page that is never the spec's shape
-                # stops the run after give_up_after instead of being asked for for ever.
-                now = time.monotonic()
-                if malformed_since is None:
-                    malformed_since = now
-                elif now - malformed_since > self.config.give_up_after:
-                    raise FatalRunError(
-                        f"{what} at offset {offset}: the service answered malformed JSON (not"
-                        f" the spec's shape) for {self.config.give_up_after:.0f}s: {err}"
-                    ) from err
-                await self.budget.failed(err, what)
-                continue
-            self.budget.ok()
-            rows, all_success = screen(decoded)
-            if len(rows) < len(decoded):
-                logger.warning(
-                    "task %s: %d results at offset %d came without a tagging result object;"
-                    " left out (their rows are sent again)",
-                    entry.task_id,
-                    len(decoded) - len(rows),
-                    offset,
-                )
-            return _Rows(rows, all_success)
+            await self.budget.failed(problem, what)
+        self.budget.ok()
+        rows, all_success = screen(decoded)
+        if len(rows) < len(decoded):
+            logger.warning(
+                "task %s: %d results at offset %d came without a tagging result object;"
+                " left out (their rows are sent again)",
+                entry.task_id,
+                len(decoded) - len(rows),
+                offset,
+            )
+        return _Rows(rows, all_success)
 
     def _sent_ids(self, task_id: str) -> set[str] | None:
         """The ids written to the task, from its chunks' bodies (thread side; None when a
