@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 import anyio
 
@@ -38,6 +39,8 @@ from .state import Journal, changes
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -166,6 +169,9 @@ class Tracker:
         #: watched at the last poll.
         self._still_since: float | None = None
         self._still_ids: frozenset[str] = frozenset()
+        #: The tracker's own requests that needed a retry (other stages' retries are not an
+        #: outage of the polls).
+        self.retried = 0
 
     async def run(self) -> None:
         while True:
@@ -180,20 +186,21 @@ class Tracker:
                 continue
             started = self.clock()
             added = self.book.added
-            retries = self.budget.retries
+            retried = self.retried
             progressed = await self.poll(sealed)
-            self._check_stall(progressed, sealed, retries)
+            self._check_stall(progressed, sealed, retried)
             await self._sleep(started, self.forecast.next_interval(progressed), added)
 
-    def _check_stall(self, progressed: bool, sealed: list[TaskEntry], retries: int) -> None:
+    def _check_stall(self, progressed: bool, sealed: list[TaskEntry], retried: int) -> None:
         """Stop the run (FatalRunError, state saved) once no watched task has progressed for
         ``stall_timeout`` seconds: a service that holds tasks processing for ever must not
         keep a nightly job running for ever. An outage is no stall (``give_up_after`` rules
-        it: the budget's ``retries`` moved since ``retries``), nor is a task new to the watch
-        (the rows of a lost task sent again): either starts the stall clock again."""
+        it: a poll needed retries, :attr:`retried` moved since ``retried``), nor is a task new
+        to the watch (the rows of a lost task sent again): either starts the stall clock
+        again. Other stages' retries do not count: they would hide a stall for ever."""
         now = self.clock()
         ids = frozenset(e.task_id for e in sealed)
-        fresh = self.budget.retries != retries or not ids <= self._still_ids
+        fresh = self.retried != retried or not ids <= self._still_ids
         self._still_ids = ids
         if progressed or fresh or self._still_since is None:
             self._still_since = now
@@ -223,7 +230,7 @@ class Tracker:
                 await changed.wait()
 
     async def _list(self) -> dict[str, Task]:
-        tasks = await self.budget.call("list tasks", self._newest_tasks)
+        tasks = await self._answered("list tasks", self._newest_tasks)
         self.polls += 1
         return {t.task_id: t for t in tasks}
 
@@ -269,7 +276,21 @@ class Tracker:
             except exc.TaskNotFoundError:
                 return None
 
-        return await self.budget.call(f"status of task {task_id}", status)
+        return await self._answered(f"status of task {task_id}", status)
+
+    async def _answered(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``fn()`` under the budget, counting in :attr:`retried` a call that needed retries."""
+        attempts = 0
+
+        async def counted() -> T:
+            nonlocal attempts
+            attempts += 1
+            return await fn()
+
+        result = await self.budget.call(what, counted)
+        if attempts > 1:
+            self.retried += 1
+        return result
 
     async def poll(self, sealed: list[TaskEntry]) -> bool:
         """One round: True when some task became done or progressed."""

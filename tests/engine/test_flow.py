@@ -73,13 +73,14 @@ def test_the_stall_clock_counts_only_answered_polls_of_the_same_tasks() -> None:
         at: float, sealed: list[TaskEntry], *, progressed: bool = False, retried: int = 0
     ) -> None:
         clock[0] = at
-        before = tracker.budget.retries
-        tracker.budget.retries += retried
+        before = tracker.retried
+        tracker.retried += retried
+        tracker.budget.retries += 5  # other stages' retries: no outage of the polls
         tracker._check_stall(progressed, sealed, before)
 
     poll(0, a)
     poll(60, a)
-    poll(90, a, retried=3)  # an outage ends: the clock starts again at 90
+    poll(90, a, retried=1)  # a poll that needed retries (an outage): again at 90
     poll(150, a)
     poll(180, b)  # b is new: again at 180
     poll(250, b, progressed=True)  # at 250
