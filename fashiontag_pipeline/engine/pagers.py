@@ -66,6 +66,11 @@ class _Rows(NamedTuple):
 _Fetched = _Rows | None | _Lost
 #: Answers of a page that asking again rarely cures, after which it is taken as empty.
 PAGE_ATTEMPTS = 4
+#: The pause before the first of those attempts again (doubled for each next one).
+PAGE_RETRY_DELAY = 0.1
+#: Pages in a row taken as empty, with no readable page between them, after which a run that
+#: may give up (``fashiontag run``; not the daemon) stops instead of sending their rows again.
+UNREADABLE_PAGES = 10
 
 
 class _NoEvent:
@@ -110,6 +115,8 @@ class ResultPagers:
         self._fetching: dict[str, set[int]] = {}
         #: Per task, set when one of its pages is fetched (a committer waits for the next one).
         self._deposited: dict[str, anyio.Event] = {}
+        #: Pages taken as empty since the last page that could be read.
+        self._unreadable = 0
 
     def result_headroom(self) -> float | None:
         """Seconds until the results of the first done, unread task expire (None: none
@@ -176,7 +183,9 @@ class ResultPagers:
         times in all, then taken as a page with no result: the task's rows without a line are
         sent again when its last page is in (``max_sends`` bounds them). It never stops the run
         (a long-lived engine serves other manifests) nor holds the page for ever (its slot would
-        hold every other task's pages back)."""
+        hold every other task's pages back). Only when ``UNREADABLE_PAGES`` pages in a row are
+        taken as empty (the service refuses every page: an API change, a proxy in the way) does
+        a run that may give up stop, state saved, rather than send every row again."""
         size = min(MAX_PAGE_SIZE, entry.total - offset)
         what = f"results of task {entry.task_id}"
         unusable = 0
@@ -221,9 +230,24 @@ class ResultPagers:
                     unusable,
                     " ".join(str(problem).split()),
                 )
+                self._unreadable += 1
+                if self._unreadable >= UNREADABLE_PAGES and math.isfinite(
+                    self.config.give_up_after
+                ):
+                    raise FatalRunError(
+                        f"the service refused or garbled {self._unreadable} results pages in a"
+                        f" row, none readable between them (last: {what} at offset {offset}:"
+                        f" {' '.join(str(problem).split())}); stopped with the state saved rather"
+                        " than send their rows again: the same command resumes"
+                    )
                 return _Rows([], True)
-            await self.budget.failed(problem, what)
+            # Not an outage: a short pause of its own, not the budget's growing backoff.
+            logger.info(
+                "%s at offset %d: %s; asking again", what, offset, " ".join(str(problem).split())
+            )
+            await anyio.sleep(PAGE_RETRY_DELAY * 2 ** (unusable - 1))
         self.budget.ok()
+        self._unreadable = 0
         rows, all_success = screen(decoded)
         if len(rows) < len(decoded):
             logger.warning(

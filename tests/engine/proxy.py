@@ -72,6 +72,8 @@ class Misbehaviour:
     hold_processing: set[int] = field(default_factory=set)
     #: Task ordinal -> the offset of a results page always refused with 400.
     refuse_page: dict[int, int] = field(default_factory=dict)
+    #: Every results page of every task refused with 400 (a service whose paging API changed).
+    refuse_all_pages: bool = False
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -130,6 +132,7 @@ class MisbehavingProxy:
         if request.method == "GET" and (
             (self.rules.refuse_past_end and real is not None and offset >= real)
             or (refused is not None and offset == refused and not path.endswith("/status"))
+            or (self.rules.refuse_all_pages and task_id and not path.endswith("/status"))
         ):
             self.refused_pages += 1
             return web.json_response(

@@ -270,6 +270,34 @@ async def test_a_results_page_the_service_always_refuses(tmp_path: Path, offset:
     assert {r["taskId"] for r in o.results if r["id"] == moved} != {proxy.created[0]}
 
 
+async def test_a_service_that_refuses_every_results_page_stops_the_run_before_resending(
+    tmp_path: Path,
+) -> None:
+    """Every results page is refused with 400 (a service whose paging changed): after
+    ``UNREADABLE_PAGES`` pages in a row taken as empty the run stops, state saved, before a
+    single row is sent again (each send is billed); the same command against a service that
+    answers finishes exactly once, sending again only the rows of the pages the first run had
+    committed as empty (at most ``UNREADABLE_PAGES`` pages of them)."""
+    from fashiontag_pipeline.engine import FatalRunError
+    from fashiontag_pipeline.engine.pagers import UNREADABLE_PAGES
+
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(refuse_all_pages=True)) as proxy:
+            with anyio.fail_after(60), pytest.raises(FatalRunError, match="pages in a row"):
+                await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+                )
+        assert len(proxy.created) == 2  # the two tasks of the run: nothing sent again
+        assert proxy.refused_pages >= UNREADABLE_PAGES * PAGE_ATTEMPTS
+        summary = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.resent <= UNREADABLE_PAGES * 100
+    assert_exactly_once(out, rej, ids_of(2000))
+
+
 async def test_a_task_held_processing_for_ever_stops_the_run_and_a_resume_ends_it(
     tmp_path: Path,
 ) -> None:
