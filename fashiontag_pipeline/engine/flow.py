@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
-import msgspec
 
 from .. import _exceptions as exc
 from .._exceptions import FashiontagError
@@ -134,7 +133,7 @@ class RetryBudget:
         now = time.monotonic()
         reason = " ".join(str(err).split())
         # An answer that is not the spec's JSON is no outage: say so, not "cannot reach".
-        malformed = isinstance(err, (msgspec.DecodeError, exc.DecodeError))
+        malformed = isinstance(err, exc.DecodeError)
         trouble = (
             "the service answers JSON that is not the spec's shape"
             if malformed

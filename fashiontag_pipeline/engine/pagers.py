@@ -221,6 +221,7 @@ class ResultPagers:
                 else:
                     break
             unusable += 1
+            reason = " ".join(str(problem).split())
             if unusable >= PAGE_ATTEMPTS:
                 logger.warning(
                     "task %s: its results page at offset %d was refused or malformed %d times"
@@ -228,7 +229,7 @@ class ResultPagers:
                     entry.task_id,
                     offset,
                     unusable,
-                    " ".join(str(problem).split()),
+                    reason,
                 )
                 self._unreadable += 1
                 if self._unreadable >= UNREADABLE_PAGES and math.isfinite(
@@ -237,14 +238,12 @@ class ResultPagers:
                     raise FatalRunError(
                         f"the service refused or garbled {self._unreadable} results pages in a"
                         f" row, none readable between them (last: {what} at offset {offset}:"
-                        f" {' '.join(str(problem).split())}); stopped with the state saved rather"
-                        " than send their rows again: the same command resumes"
+                        f" {reason}); stopped with the state saved rather than send their rows"
+                        " again: the same command resumes"
                     )
                 return _Rows([], True)
             # Not an outage: a short pause of its own, not the budget's growing backoff.
-            logger.info(
-                "%s at offset %d: %s; asking again", what, offset, " ".join(str(problem).split())
-            )
+            logger.info("%s at offset %d: %s; asking again", what, offset, reason)
             await anyio.sleep(PAGE_RETRY_DELAY * 2 ** (unusable - 1))
         self.budget.ok()
         self._unreadable = 0

@@ -142,9 +142,10 @@ def screen(rows: list[PageRow]) -> tuple[list[PageRow], bool]:
     raws = list(map(_tagging_result, rows))
     if _all_success(raws) is not None:
         return rows, True
-    if None not in map(_status_of, raws):
+    statuses = list(map(_status_of, raws))
+    if None not in statuses:
         return rows, False
-    return [row for row, raw in zip(rows, raws, strict=True) if _status_of(raw) is not None], False
+    return [row for row, status in zip(rows, statuses, strict=True) if status is not None], False
 
 
 def _status_of(raw: msgspec.Raw) -> bytes | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fashiontag_pipeline import AuthenticationError, ServerError, TransportError
+from fashiontag_pipeline import AuthenticationError, DecodeError, ServerError, TransportError
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.flow import FatalRunError, RetryBudget
 from fashiontag_pipeline.engine.tracker import TaskBook, TaskEntry, Tracker
@@ -43,6 +43,19 @@ async def test_a_spent_budget_is_fatal_and_names_the_operation() -> None:
     _, fn = failing([TransportError("refused")] * 10)
     with pytest.raises(FatalRunError, match="status of task t1: service unreachable"):
         await budget.call("status of task t1", fn)  # type: ignore[arg-type]
+
+
+async def test_a_budget_spent_on_malformed_answers_says_so_not_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A body that is not the spec's JSON is no outage: the warning and the final error say
+    the service answers malformed JSON, not that it cannot be reached."""
+    budget = RetryBudget(0.01, base=0.02, cap=0.02)
+    _, fn = failing([DecodeError("Expected `str`, got `int`")] * 10)
+    with pytest.raises(FatalRunError, match="list tasks: service answering malformed JSON"):
+        await budget.call("list tasks", fn)  # type: ignore[arg-type]
+    assert "answers JSON that is not the spec's shape" in caplog.text
+    assert "cannot reach" not in caplog.text
 
 
 def _stall_tracker(clock: list[float]) -> Tracker:
