@@ -33,7 +33,7 @@ from .._models import Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, RetryBudget
 from .jobs import Jobs
-from .policy import Chunk, OpenTask, WritePolicy, encode_body
+from .policy import Chunk, OpenTask, WritePolicy, encode_body, encode_ids
 from .state import Journal
 from .tracker import TaskBook
 from .validate import Item
@@ -218,6 +218,7 @@ class TaskWriter(TaskWrites):
                 marks,
                 token=task.token if create else None,
                 task_id=chunk.task_id,
+                ids=encode_ids(ids),
             )
         except BaseException:
             if task is not None:

@@ -38,7 +38,7 @@ from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .pages import PageRow, decode_page, screen
-from .policy import body_ids
+from .policy import body_ids, decode_ids
 from .settle import TaskSettler, done_change
 from .state import Journal, changes
 from .tracker import TaskBook, TaskEntry
@@ -259,14 +259,15 @@ class ResultPagers:
         return _Rows(rows, all_success)
 
     def _sent_ids(self, task_id: str) -> set[str] | None:
-        """The ids written to the task, from its chunks' bodies (thread side; None when a
-        chunk of it has no body left, so no id can be called foreign)."""
-        bodies = self.journal.db.sent_bodies(task_id)
-        if bodies is None:
+        """The ids written to the task, from its chunks' id lists (or bodies, in older state
+        files) (thread side; None when a chunk of it has neither left, so no id can be called
+        foreign)."""
+        chunks = self.journal.db.sent_chunks(task_id)
+        if chunks is None:
             return None
         sent: set[str] = set()
-        for body in bodies:
-            sent.update(body_ids(body))
+        for ids, body in chunks:
+            sent.update(decode_ids(ids) if ids is not None else body_ids(body or b""))
         return sent
 
     async def _written(self, entry: TaskEntry) -> set[str]:

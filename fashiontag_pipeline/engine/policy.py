@@ -29,7 +29,9 @@ __all__ = [
     "chunk_of",
     "decode_body",
     "decode_chunk",
+    "decode_ids",
     "encode_body",
+    "encode_ids",
 ]
 
 _body_encoder = msgspec.json.Encoder()
@@ -73,6 +75,16 @@ def encode_body(
     tail = b',"g":%d}' % sends if sends else b"}"
     body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + tail
     return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
+
+
+def encode_ids(ids: Sequence[str]) -> bytes:
+    """A chunk's ids as stored beside its body (a JSON list: ~16 bytes a row against ~120
+    for the body, read back with :func:`decode_ids` without skipping over the requests)."""
+    return _body_encoder.encode(ids)
+
+
+#: The ids stored by :func:`encode_ids`.
+decode_ids = msgspec.json.Decoder(list[str]).decode
 
 
 def decode_chunk(body: bytes) -> tuple[int, list[tuple[int, TaggingRequest]]]:

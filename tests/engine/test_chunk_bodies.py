@@ -32,12 +32,12 @@ def test_bodies_read_from_either_place_and_dropped_from_both(tmp_path: Path) -> 
         "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
         " VALUES (2, 'accepted', 't1', 1, 11)"
     )
-    sql.execute("INSERT INTO chunk_bodies VALUES (2, ?)", (_body("new", 11),))
+    sql.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (2, ?)", (_body("new", 11),))
     sql.execute(
         "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
         " VALUES (3, 'orphan', 't1', 1, 12)"
     )
-    sql.execute("INSERT INTO chunk_bodies VALUES (3, ?)", (_body("orphan", 12),))
+    sql.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (3, ?)", (_body("orphan", 12),))
     rows = sql.execute(
         f"SELECT chunk_id, {BODY_SQL} FROM chunks WHERE task_id=? AND {BODY_SQL} IS NOT NULL"
         " ORDER BY chunk_id",
@@ -87,3 +87,56 @@ def test_a_body_counts_the_sends_before_it() -> None:
     assert body_ids(again) == ["a"]
     old = msgspec.json.encode([[7, request]])
     assert decode_chunk(old) == (0, [(7, request)]) and decode_body(old) == [(7, request)]
+
+
+def test_a_tasks_sent_ids_come_from_id_lists_or_bodies_of_older_files(tmp_path: Path) -> None:
+    """A chunk written now keeps its ids beside its body (read without the body); a chunk of
+    an older file (body in ``chunks``, or in ``chunk_bodies`` with no ids) gives its body;
+    a task with a chunk that has neither left (resolved) has no known sent ids."""
+    from fashiontag_pipeline.engine.policy import decode_ids, encode_ids
+
+    db = StateDB(tmp_path / "s.state")
+    ids = encode_ids(["fresh"])
+    chunk = db.insert_chunk(1, 10, _body("fresh", 10), None, 0, task_id="t1", ids=ids)
+    sql = db.db
+    sql.execute(
+        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos, body)"
+        " VALUES (50, 'accepted', 't1', 1, 11, ?)",
+        (_body("old", 11),),
+    )
+    sql.execute(
+        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
+        " VALUES (51, 'orphan', 't1', 1, 12)"
+    )
+    sql.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (51, ?)", (_body("older", 12),))
+    got = db.sent_chunks("t1")
+    assert got is not None
+    by_kind = sorted(
+        ("ids", decode_ids(i)) if i is not None else ("body", body_ids(b or b"")) for i, b in got
+    )
+    assert by_kind == [("body", ["old"]), ("body", ["older"]), ("ids", ["fresh"])]
+    assert db.sent_chunks("none") == []
+
+    sql.execute(
+        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
+        " VALUES (52, 'resolved', 't1', 1, 13)"
+    )
+    assert db.sent_chunks("t1") is None
+    assert chunk not in (50, 51, 52)
+    db.close()
+
+
+def test_a_state_file_from_before_chunk_ids_gets_the_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.state"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE chunk_bodies (chunk_id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+    old.execute("INSERT INTO chunk_bodies VALUES (7, x'00')")
+    old.commit()
+    old.close()
+    db = StateDB(path)
+    columns = [row[1] for row in db.db.execute("PRAGMA table_info(chunk_bodies)")]
+    assert columns == ["chunk_id", "body", "ids"]
+    assert db.db.execute("SELECT chunk_id, ids FROM chunk_bodies").fetchall() == [(7, None)]
+    db.close()

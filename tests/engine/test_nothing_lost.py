@@ -574,7 +574,7 @@ async def test_a_chunk_of_unknown_fate_whose_task_was_drained_is_settled_not_hun
             "INSERT INTO chunks (state, task_id, n, last_pos) VALUES ('pending', ?, ?, ?)",
             (task_id, len(rows), 2000),
         )
-        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (cur.lastrowid, body))
+        db.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (cur.lastrowid, body))
         db.execute("DELETE FROM meta WHERE key='completed_at'")
         db.commit()
         db.close()
@@ -622,7 +622,7 @@ async def test_an_orphan_chunk_whose_task_is_unknown_is_settled_against_the_outp
             " VALUES ('orphan', NULL, 'feedfacefeedface-t9', ?, ?)",
             (len(rows), 20),
         )
-        db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (cur.lastrowid, body))
+        db.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (cur.lastrowid, body))
         db.execute("DELETE FROM meta WHERE key='completed_at'")
         db.commit()
         db.close()

@@ -407,12 +407,13 @@ class Journal:
         *,
         token: str | None = None,
         task_id: str | None = None,
+        ids: bytes | None = None,
     ) -> int:
         """Write a chunk ahead of its request (see :meth:`StateStore.insert_chunk`)."""
 
         def insert() -> int:
             chunk_id = self.db.insert_chunk(
-                n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id
+                n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id, ids=ids
             )
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent

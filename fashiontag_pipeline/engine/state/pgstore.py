@@ -150,6 +150,9 @@ class PostgresStateDB(StateStore):
     (seconds): the server ends a transaction idle that long (the lease length).
     """
 
+    #: Version 1 tables keep no ids beside a chunk's body: a task's sent ids come from bodies.
+    chunk_ids = False
+
     def __init__(
         self,
         url: str,

@@ -86,6 +86,9 @@ class StateDB(StateStore):
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
             db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(chunk_bodies)")}
+        if "ids" not in columns:  # state files written before a chunk's ids were kept apart
+            db.execute("ALTER TABLE chunk_bodies ADD COLUMN ids BLOB")
         columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
         if "reused" not in columns:  # state files written before --reuse
             db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")

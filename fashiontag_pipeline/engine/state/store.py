@@ -73,6 +73,10 @@ class StateStore(JobTables):
     where: str = "state"
     #: Where the state is, as a summary shows it (a path, or the URL without its password).
     location: str = ""
+    #: Whether ``chunk_bodies`` keeps each chunk's ids apart (``ids``), so that the ids written
+    #: to a task are read without its bodies (:meth:`sent_chunks`). The PostgreSQL state's
+    #: tables are versioned and have no such column: its bodies are read instead.
+    chunk_ids: bool = True
 
     def begin(self) -> None:
         """Start a write transaction."""
@@ -280,13 +284,15 @@ class StateStore(JobTables):
         *,
         token: str | None = None,
         task_id: str | None = None,
+        ids: bytes | None = None,
     ) -> int:
         """Write a chunk ahead of its request; returns its id. One transaction: the chunk
         (with the ``token`` of the task its request creates, or the ``task_id`` it is appended
-        to), and either the chunked watermarks (W) of the jobs whose new rows it carries
-        (``marks``: (job, last position)), or, for rows sent again, the ``resent`` counter and
-        the chunk ``replaces`` whose unsettled rows it carries (resolved, so they can never be
-        sent twice)."""
+        to; ``ids``, the JSON list of the ids it sends, is kept beside its body), and either
+        the chunked watermarks (W) of the jobs whose new rows it carries (``marks``: (job,
+        last position)), or, for rows sent again, the ``resent`` counter and the chunk
+        ``replaces`` whose unsettled rows it carries (resolved, so they can never be sent
+        twice)."""
         db = self.db
         with self.transaction():
             # The body goes to its own table: the chunk's row is updated several times (token,
@@ -296,7 +302,15 @@ class StateStore(JobTables):
                 " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
                 (n, last_pos, token, task_id),
             ).fetchone()
-            db.execute("INSERT INTO chunk_bodies VALUES (?, ?)", (chunk_id, body))
+            if self.chunk_ids:
+                db.execute(
+                    "INSERT INTO chunk_bodies (chunk_id, body, ids) VALUES (?, ?, ?)",
+                    (chunk_id, body, ids),
+                )
+            else:
+                db.execute(
+                    "INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (chunk_id, body)
+                )
             if replaces is not None:
                 db.execute(
                     "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
@@ -359,18 +373,23 @@ class StateStore(JobTables):
             )
         )
 
-    def sent_bodies(self, task_id: str) -> list[bytes] | None:
-        """The bodies of every chunk written to the task (the ids it can hold), or None when
-        one of them has none left (a chunk resolved: its rows went elsewhere)."""
-        bodies = [
-            body
-            for (body,) in self.db.execute(
-                f"SELECT {BODY_SQL} FROM chunks WHERE task_id=?", (task_id,)
-            )
-        ]
-        if any(body is None for body in bodies):
+    def sent_chunks(self, task_id: str) -> list[tuple[bytes | None, bytes | None]] | None:
+        """Every chunk written to the task (the ids it can hold): (the JSON list of its ids,
+        None) where they were kept apart, else (None, its body); None when a chunk of the task
+        has neither left (a chunk resolved: its rows went elsewhere).
+
+        The ids alone are ~16 bytes a row against ~120 for a body, and decode without
+        skipping over every request (~0.2 us a row less when a task's draining starts)."""
+        ids = "b.ids" if self.chunk_ids else "NULL"
+        rows = self.db.execute(
+            f"SELECT {ids}, CASE WHEN {ids} IS NULL THEN COALESCE(b.body, c.body) END"
+            " FROM chunks c LEFT JOIN chunk_bodies b ON b.chunk_id = c.chunk_id"
+            " WHERE c.task_id=?",
+            (task_id,),
+        ).fetchall()
+        if any(i is None and body is None for i, body in rows):
             return None
-        return [bytes(body) for body in bodies]
+        return [(bytes(i), None) if i is not None else (None, bytes(body)) for i, body in rows]
 
     def accepted_rows(self, task_id: str) -> int | None:
         """Rows the service accepted into the task (None when a chunk predates the count)."""
