@@ -1,13 +1,15 @@
-"""RetryBudget.call: the one rule every read loop of the engine follows; and the tracker's stall
-clock, which stops a run whose tasks the service holds for ever."""
+"""RetryBudget.call: the one rule every read loop of the engine follows; the tracker's stall
+clock, which stops a run whose tasks the service holds for ever; and the AIMD limiter that
+holds the engine's requests to its concurrency."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from fashiontag_pipeline import AuthenticationError, DecodeError, ServerError, TransportError
 from fashiontag_pipeline.engine import EngineConfig
-from fashiontag_pipeline.engine.flow import FatalRunError, RetryBudget
+from fashiontag_pipeline.engine.flow import AIMDLimiter, FatalRunError, RetryBudget
 from fashiontag_pipeline.engine.tracker import TaskBook, TaskEntry, Tracker
 
 
@@ -100,3 +102,39 @@ def test_the_stall_clock_counts_only_answered_polls_of_the_same_tasks() -> None:
     poll(349, b)
     with pytest.raises(FatalRunError, match="processed nothing of the 2 task"):
         poll(350, b)
+
+
+async def test_the_limiter_holds_acquirers_at_its_limit_and_wakes_them_in_turn() -> None:
+    """Slots past the limit wait; each release lets one more in; a success that grows the
+    window lets one in without a release; a waiter cancelled while it waits leaves the count
+    as it was (the next waiter is still woken)."""
+    slots = AIMDLimiter(4, start=2)
+    await slots.acquire()
+    await slots.acquire()
+    got: list[int] = []
+
+    async def take(n: int) -> None:
+        await slots.acquire()
+        got.append(n)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(3):
+            tg.start_soon(take, n)
+        await anyio.wait_all_tasks_blocked()
+        assert got == [] and slots.inflight == 2
+        slots.release()
+        await anyio.wait_all_tasks_blocked()
+        assert len(got) == 1 and slots.inflight == 2
+        slots.success()  # window 2 -> 2.5: still 2 slots
+        await anyio.wait_all_tasks_blocked()
+        assert len(got) == 1
+        slots.success()  # 2.5 -> 2.9
+        slots.success()  # 2.9 -> 3.24: a third slot
+        await anyio.wait_all_tasks_blocked()
+        assert len(got) == 2 and slots.inflight == 3
+        tg.cancel_scope.cancel()  # the last waiter goes
+    assert slots._waiting == 0
+    slots.release()
+    slots.release()
+    await slots.acquire()  # nobody waits: a release woke nothing, the slot is free
+    assert slots.inflight == 2 and slots.peak == 3
