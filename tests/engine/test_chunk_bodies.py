@@ -127,8 +127,14 @@ def test_a_tasks_sent_ids_come_from_id_lists_or_bodies_of_older_files(tmp_path: 
 
 
 def test_a_state_file_from_before_chunk_ids_gets_the_column(tmp_path: Path) -> None:
+    """An older file gets the column (last, NULL in its chunks); a new file has it before the
+    body, where SQLite reads it without walking the body's overflow pages."""
     import sqlite3
 
+    fresh = StateDB(tmp_path / "new.state")
+    columns = [row[1] for row in fresh.db.execute("PRAGMA table_info(chunk_bodies)")]
+    assert columns == ["chunk_id", "ids", "body"]
+    fresh.close()
     path = tmp_path / "old.state"
     old = sqlite3.connect(path)
     old.execute("CREATE TABLE chunk_bodies (chunk_id INTEGER PRIMARY KEY, body BLOB NOT NULL)")

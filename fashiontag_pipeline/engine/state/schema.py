@@ -25,13 +25,16 @@ Schema::
                                orphan (fate unknown, task no longer writable) | resolved;
                                n_ok: rows of the chunk the service accepted; an
                                accepted chunk is deleted when its task is drained or expired
-    chunk_bodies(chunk_id, body, ids)
+    chunk_bodies(chunk_id, ids, body)
                                a chunk's rows ({"p": [positions], "r": [requests]}), written
                                once with the chunk and deleted when its task is drained; apart
                                from ``chunks`` so that state updates rewrite small rows only
                                (``chunks.body`` is only read, from older state files); ``ids``:
                                the ids it sends (a JSON list), so that the ids written to a task
-                               are read without its bodies (NULL in older state files)
+                               are read without its bodies. It comes before ``body``: SQLite
+                               reaches a column stored after a ~120 KB body only by walking the
+                               body's overflow pages (a file of an older version gets it last,
+                               by ALTER TABLE, and NULL in the chunks written before)
     ids(id, pos)               every id taken into the run, with the position of its first row
     singles(pos, state, body)  rows routed to the single endpoint (local files, data: URIs):
                                pending (body: the request) | done (outcome written, body NULL)
@@ -116,7 +119,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     n INTEGER NOT NULL, last_pos INTEGER NOT NULL, body BLOB);
 CREATE INDEX IF NOT EXISTS chunks_task ON chunks (task_id);
 CREATE TABLE IF NOT EXISTS chunk_bodies (
-    chunk_id INTEGER PRIMARY KEY, body BLOB NOT NULL, ids BLOB);
+    chunk_id INTEGER PRIMARY KEY, ids BLOB, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS singles (pos INTEGER PRIMARY KEY, state TEXT NOT NULL, body BLOB);
 CREATE TABLE IF NOT EXISTS jobs (
