@@ -12,8 +12,11 @@ that does it, and every SQL statement of the state thread is timed the same way:
 * parts both clients have: decoding result pages and writing the results file.
 
 The process's own CPU (user + sys, start-up excluded: the service and the manifest are ready
-first) is printed too. Wrapping adds a little CPU of its own, so compare the parts with each
-other and across builds, not with the ``compare`` scenario's totals.
+first) is printed too, and split by thread: the event loop's (HTTP, decoding, validation and
+every stage's coroutines), the state thread's (SQL, commits and the output files), and the
+others' (the manifest reader's worker thread). Wrapping adds a little CPU of its own, so
+compare the parts with each other and across builds, not with the ``compare`` scenario's
+totals.
 
     python -m benchmarks.breakdown [--rows 200000] [--sql 12]
 """
@@ -115,6 +118,21 @@ def _resolve(spec: str) -> Any:
     return getattr(owner, attr) if attr else owner
 
 
+def _instrument_state_thread(seconds: list[float]) -> None:
+    """Record the state thread's CPU when it ends (appended to ``seconds``)."""
+    from fashiontag_pipeline.engine.state import worker
+
+    work = worker.StateThread._work
+
+    def timed_work(self: Any) -> None:
+        try:
+            work(self)
+        finally:
+            seconds.append(time.thread_time())
+
+    worker.StateThread._work = timed_work  # type: ignore[method-assign]
+
+
 def _instrument(parts: _Timed, sql: _Timed) -> None:
     for spec, name, label, _ in _PARTS:
         owner = _resolve(spec)
@@ -138,6 +156,8 @@ def main() -> int:
     rows: int = args.rows
     parts, sql = _Timed(), _Timed()
     _instrument(parts, sql)
+    state_cpu: list[float] = []
+    _instrument_state_thread(state_cpu)
 
     from fashiontag_pipeline import ClientConfig
     from fashiontag_pipeline.engine.run import run_pipeline
@@ -157,6 +177,7 @@ def main() -> int:
             )
 
         before = resource.getrusage(resource.RUSAGE_SELF)
+        loop_before = time.thread_time()
         try:
             import uvloop
 
@@ -164,6 +185,7 @@ def main() -> int:
         except ImportError:
             summary = asyncio.run(run())
         after = resource.getrusage(resource.RUSAGE_SELF)
+        loop_cpu = time.thread_time() - loop_before
     if summary.tagged + summary.failed != rows:
         print(f"the run did not tag every row: {summary}", file=sys.stderr)
         return 1
@@ -174,7 +196,15 @@ def main() -> int:
     user = us(after.ru_utime - before.ru_utime)
     system = us(after.ru_stime - before.ru_stime)
     print(f"engine, {rows:,} rows: process CPU {user + system:.2f} us/image")
-    print(f"  (user {user:.2f}, sys {system:.2f}; start-up excluded)\n")
+    print(f"  (user {user:.2f}, sys {system:.2f}; start-up excluded)")
+    state = sum(state_cpu)
+    others = (
+        (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) - loop_cpu - state
+    )
+    print(
+        f"  by thread: event loop {us(loop_cpu):.2f}, state thread {us(state):.2f},"
+        f" others (manifest reader) {us(others):.2f}\n"
+    )
     commit = "COMMIT"
     # SQL run by a timed part (dedupe, write-ahead) is counted in that part only.
     statements = sum(s - sql.within[label] for label, s in sql.seconds.items() if label != commit)
