@@ -5,6 +5,7 @@ accepted chunks leave the state with it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -18,26 +19,34 @@ def _body(ident: str, pos: int) -> bytes:
     return encode_body([pos], [request])[0]
 
 
+def _chunk_with_body_in_row(sql: Any, chunk_id: int, state: str, ident: str, pos: int) -> None:
+    """A chunk of task t1 as versions before ``chunk_bodies`` wrote it: its body in its row."""
+    sql.execute(
+        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos, body)"
+        " VALUES (?, ?, 't1', 1, ?, ?)",
+        (chunk_id, state, pos, _body(ident, pos)),
+    )
+
+
+def _chunk_with_body_apart(sql: Any, chunk_id: int, state: str, ident: str, pos: int) -> None:
+    """A chunk of task t1 with its body in ``chunk_bodies`` and no ids beside it."""
+    sql.execute(
+        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos) VALUES (?, ?, 't1', 1, ?)",
+        (chunk_id, state, pos),
+    )
+    sql.execute(
+        "INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (chunk_id, _body(ident, pos))
+    )
+
+
 def test_bodies_read_from_either_place_and_dropped_from_both(tmp_path: Path) -> None:
     db = StateDB(tmp_path / "s.state")
     sql = db.db
     # Chunk 1 the old way (body in the chunk row), chunk 2 the new way, both accepted by t1;
     # chunk 3 of unknown fate (an orphan of t1: settled later, so it stays).
-    sql.execute(
-        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos, body)"
-        " VALUES (1, 'accepted', 't1', 1, 10, ?)",
-        (_body("old", 10),),
-    )
-    sql.execute(
-        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
-        " VALUES (2, 'accepted', 't1', 1, 11)"
-    )
-    sql.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (2, ?)", (_body("new", 11),))
-    sql.execute(
-        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
-        " VALUES (3, 'orphan', 't1', 1, 12)"
-    )
-    sql.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (3, ?)", (_body("orphan", 12),))
+    _chunk_with_body_in_row(sql, 1, "accepted", "old", 10)
+    _chunk_with_body_apart(sql, 2, "accepted", "new", 11)
+    _chunk_with_body_apart(sql, 3, "orphan", "orphan", 12)
     rows = sql.execute(
         f"SELECT chunk_id, {BODY_SQL} FROM chunks WHERE task_id=? AND {BODY_SQL} IS NOT NULL"
         " ORDER BY chunk_id",
@@ -99,16 +108,8 @@ def test_a_tasks_sent_ids_come_from_id_lists_or_bodies_of_older_files(tmp_path: 
     ids = encode_ids(["fresh"])
     chunk = db.insert_chunk(1, 10, _body("fresh", 10), None, 0, task_id="t1", ids=ids)
     sql = db.db
-    sql.execute(
-        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos, body)"
-        " VALUES (50, 'accepted', 't1', 1, 11, ?)",
-        (_body("old", 11),),
-    )
-    sql.execute(
-        "INSERT INTO chunks (chunk_id, state, task_id, n, last_pos)"
-        " VALUES (51, 'orphan', 't1', 1, 12)"
-    )
-    sql.execute("INSERT INTO chunk_bodies (chunk_id, body) VALUES (51, ?)", (_body("older", 12),))
+    _chunk_with_body_in_row(sql, 50, "accepted", "old", 11)
+    _chunk_with_body_apart(sql, 51, "orphan", "older", 12)
     got = db.sent_chunks("t1")
     assert got is not None
     by_kind = sorted(
