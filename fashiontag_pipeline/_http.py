@@ -141,6 +141,13 @@ class HttpExchange:
                 skip_auto_headers=("Content-Type",),
                 raise_for_status=False,
             )
+            # aiohttp sends a PUT again, silently, when a reused connection drops before the
+            # answer (HTTP calls PUT idempotent). An append is not: its rows may be in the task
+            # already, and only this layer can say "the write may have been applied"
+            # (AmbiguousWriteError), so that the engine reads the retry's refusals as such.
+            # Reads lose nothing: they are retried here. No public switch exists (aiohttp 3.14).
+            if hasattr(self._session, "_retry_connection"):
+                self._session._retry_connection = False
         return self._session
 
     async def call(

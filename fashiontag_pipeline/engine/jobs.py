@@ -131,6 +131,8 @@ class Jobs:
 
     def remove(self, job: Job) -> None:
         self.by_id.pop(job.id, None)
+        if self.only is job:  # its rows are no longer in flight (see group_rows)
+            self.only = None
         for src, _ in job.row.sources:
             self._by_source.pop(src, None)
 

@@ -37,11 +37,12 @@ from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
-from .pages import PageRow, decode_page, screen
+from .pages import NotAPage, PageRow, decode_page, screen
 from .policy import body_ids, decode_ids
 from .settle import TaskSettler, done_change
 from .state import Journal, changes
 from .tracker import TaskBook, TaskEntry
+from .writes import STAGE_SERVER
 
 __all__ = ["ResultPagers"]
 
@@ -163,8 +164,8 @@ class ResultPagers:
             _, _, entry = heapq.heappop(self._heap)
             if entry.seen is None:
                 entry.seen = await self._written(entry)
-            if entry.sent is None and entry.state == "done":
-                entry.sent = await self.journal.run(self._sent_ids, entry.task_id)
+            if entry.refused is None and entry.state == "done":
+                entry.sent, entry.refused = await self.journal.run(self._sent_ids, entry.task_id)
             if entry.state == "lost":
                 await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                 continue
@@ -216,7 +217,7 @@ class ResultPagers:
                 self.slots.success()
                 try:
                     decoded = decode_page(raw)
-                except msgspec.DecodeError as err:
+                except (msgspec.DecodeError, NotAPage) as err:
                     problem = err
                 else:
                     break
@@ -258,17 +259,25 @@ class ResultPagers:
             )
         return _Rows(rows, all_success)
 
-    def _sent_ids(self, task_id: str) -> set[str] | None:
-        """The ids written to the task, from its chunks' id lists (or bodies, in older state
-        files) (thread side; None when a chunk of it has neither left, so no id can be called
-        foreign)."""
-        chunks = self.journal.db.sent_chunks(task_id)
+    def _sent_ids(self, task_id: str) -> tuple[set[str] | None, frozenset[str]]:
+        """(the ids written to the task, the ids the service refused) (thread side).
+
+        The ids written come from the task's chunks' id lists (or bodies, in older state
+        files); None when a chunk of it has neither left, so no id can be called foreign. The
+        refused ids each have a reject already, so a result under one must not be written too
+        (a service may list a row as refused and still take it); they are read from the
+        rejects, only when a chunk of the task had rows refused (rarely)."""
+        db = self.journal.db
+        refused: frozenset[str] = frozenset()
+        if db.may_have_refused(task_id):
+            refused = frozenset(self.journal.refused_ids(STAGE_SERVER))
+        chunks = db.sent_chunks(task_id)
         if chunks is None:
-            return None
+            return None, refused
         sent: set[str] = set()
         for ids, body in chunks:
             sent.update(decode_ids(ids) if ids is not None else body_ids(body or b""))
-        return sent
+        return sent, refused
 
     async def _written(self, entry: TaskEntry) -> set[str]:
         """Ids already written for the task (a resume that had read some of its pages: a scan
@@ -376,19 +385,34 @@ class ResultPagers:
         their ids are added to the task's written ids."""
         seen = entry.seen
         sent = entry.sent
+        refused = entry.refused
         assert seen is not None
         ids = set(map(_row_id, rows))
-        if len(ids) == len(rows) and seen.isdisjoint(ids) and (sent is None or ids <= sent):
+        if (
+            len(ids) == len(rows)
+            and seen.isdisjoint(ids)
+            and (sent is None or ids <= sent)
+            and (not refused or refused.isdisjoint(ids))
+        ):
             seen |= ids
             return rows
         out: list[PageRow] = []
-        foreign = 0
+        foreign = taken = 0
         for r in rows:
             if sent is not None and r.id not in sent:
                 foreign += 1
+            elif refused and r.id in refused:
+                taken += 1
             elif r.id not in seen:
                 seen.add(r.id)
                 out.append(r)
+        if taken:
+            logger.warning(
+                "task %s: %d results came for rows the service refused when they were written"
+                " (their rejects stand); left out",
+                entry.task_id,
+                taken,
+            )
         if foreign:
             logger.warning(
                 "task %s: %d results came under an id never sent to it; left out (the rows"
@@ -396,10 +420,10 @@ class ResultPagers:
                 entry.task_id,
                 foreign,
             )
-        if len(rows) - len(out) > foreign:
+        if len(rows) - len(out) > foreign + taken:
             logger.warning(
                 "task %s: %d results repeated an id already read; kept the first of each",
                 entry.task_id,
-                len(rows) - len(out) - foreign,
+                len(rows) - len(out) - foreign - taken,
             )
         return out

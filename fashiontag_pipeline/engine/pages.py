@@ -21,6 +21,7 @@ import msgspec
 from .._models import STATUS_SUCCESS
 
 __all__ = [
+    "NotAPage",
     "Page",
     "PageRow",
     "count_outcomes",
@@ -51,6 +52,12 @@ class Page(msgspec.Struct, gc=False):
 
     status: str
     data: PageData | None = None
+    error: str | None = None
+
+
+class NotAPage(ValueError):
+    """A results answer in the spec's shape whose ``status`` is not ``success``: a refusal
+    with HTTP 200 (``{"status":"failure","error":...}``), no page of results."""
 
 
 class _Status(msgspec.Struct, gc=False):
@@ -81,7 +88,9 @@ _tagging_result = operator.attrgetter("tagging_result")
 
 
 def decode_page(body: bytes) -> list[PageRow]:
-    """The rows of a results page (msgspec.DecodeError when it is not one).
+    """The rows of a results page (msgspec.DecodeError when it is not one; :class:`NotAPage`
+    when its ``status`` says it is a refusal: the spec counts any status but ``success`` a
+    failure).
 
     A result is kept as the bytes the server sent, so a server that pretty-prints its JSON
     sends line breaks inside them, and the results JSONL must hold one line per result: in a
@@ -89,6 +98,8 @@ def decode_page(body: bytes) -> list[PageRow]:
     string), so each becomes a space. A page with none (one ``memchr`` over the body) is
     taken as it is."""
     page = page_decoder.decode(body)
+    if page.status != STATUS_SUCCESS:
+        raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
     rows = page.data.results if page.data is not None else []
     if b"\n" in body or b"\r" in body:
         rows = [_one_line(row) for row in rows]

@@ -76,7 +76,7 @@ class TaskSettler:
         return expected == len(entry.seen)
 
     def done_with(self, entry: TaskEntry) -> None:
-        entry.seen = entry.sent = None
+        entry.seen = entry.sent = entry.refused = None
         self.book.retire(entry)
 
     async def finish(self, entry: TaskEntry) -> None:

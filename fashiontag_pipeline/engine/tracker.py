@@ -57,6 +57,9 @@ class TaskEntry:
     #: The ids written to the task (read when its draining starts; None: unknown, a chunk of
     #: it was resolved): a result under any other id is none of ours.
     sent: set[str] | None = None
+    #: Ids the service refused at write time (each has its reject already; read with
+    #: :attr:`sent`, None until then): a result under one is left out.
+    refused: frozenset[str] | None = None
     #: The description the task was created with (it carries the run token): a task of that
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None

@@ -8,6 +8,7 @@ chunks and chooses their task); it holds no state of its own.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -22,6 +23,8 @@ from .state import POS_SHIFT, JobReject, Journal, changes
 from .tracker import TaskBook
 
 __all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "job_marks"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
@@ -133,12 +136,29 @@ class TaskWrites:
             if failure.error_message.startswith(DUPLICATE_PREFIX):
                 continue  # a retried write: this id is already in the task
             reasons[ident] = failure.error_message or "refused by the service"
-        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
-        accepted = len(chunk.ids) - len(rejects)
         expiry = response.expires_at
         if expiry is not None:
             task.expires = self._expiry(expiry)
         self.sent_requests += 1
+        if reasons and chunk.fate_unknown and chunk.task_id == task.task_id:
+            # An earlier try of this write may have been applied: a refusal of its rows may
+            # only say they are in the task already, in words of the service's own (the spec
+            # leaves message texts open). Their outcome comes from the task's results; a row
+            # without one is sent again, where a row really refused is refused for certain.
+            logger.warning(
+                "task %s: %d rows of a write retried after an unanswered try were refused (%s);"
+                " taken as of unknown fate: those the task returns are tagged, the others sent"
+                " again",
+                task.task_id,
+                len(reasons),
+                next(iter(reasons.values())),
+            )
+            if opened:
+                await self.journal.commit(ops=opened, counters={"tasks": 1})
+            await self._orphan(chunk)
+            return
+        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
+        accepted = len(chunk.ids) - len(rejects)
         counters = {"submitted": accepted}
         if opened:
             counters["tasks"] = 1
@@ -280,6 +300,18 @@ class TaskWrites:
             except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
                 raise self._fatal(err) from err
             except exc.RequestError as err:
+                if chunk.fate_unknown:
+                    # An earlier try may have been applied; a service may refuse the retry
+                    # whole (every row a duplicate). Not an outcome: see _accept.
+                    logger.warning(
+                        "task %s: a write retried after an unanswered try was refused (%s);"
+                        " its rows taken as of unknown fate: those the task returns are"
+                        " tagged, the others sent again",
+                        task.task_id,
+                        err.service_message or err,
+                    )
+                    await self._orphan(chunk)
+                    return True
                 await self._reject_chunk(chunk, err.service_message or str(err))
                 return True
             self.budget.ok()

@@ -78,6 +78,24 @@ class Misbehaviour:
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
     clock_ahead: float = 0.0
+    #: The first create (POST) and/or append (PUT) through the proxy is applied by the service,
+    #: then its connection is closed with no answer: the client cannot know it was applied.
+    lose_first_create_answer: bool = False
+    lose_first_put_answer: bool = False
+    #: Write failures the service words ``duplicate context.id ...`` are worded this way
+    #: instead (the spec leaves message texts open), followed by the id.
+    duplicate_wording: str | None = None
+    #: A create or append whose every element failed is refused whole with 400 (its
+    #: ``failureList`` kept), as a service that fails a request with nothing to accept would.
+    refuse_all_failed_with_400: bool = False
+    #: Ids (as in the manifest) the create or append answer lists in its ``failureList`` with a
+    #: reason of its own although the service took them: they come back in the results.
+    refused_but_taken: set[str] = field(default_factory=set)
+    #: Ids (as in the manifest) left out of the first results page that carries them, once.
+    left_out_once: set[str] = field(default_factory=set)
+    #: The first read of each results page is answered 200 with a failure body
+    #: (``{"status":"failure","error":...}``): the spec's shape, not a page.
+    failure_status_first_read: bool = False
 
 
 class MisbehavingProxy:
@@ -92,6 +110,11 @@ class MisbehavingProxy:
         self.real_totals: dict[str, int] = {}
         self.refused_pages = 0
         self.first_rows: dict[str, Any] = {}
+        self.lost_answers: list[str] = []
+        self.refused_with_400 = 0
+        self.failure_pages = 0
+        self._pages_read: set[tuple[str, str]] = set()
+        self._left_out: set[str] = set()
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
 
@@ -138,6 +161,16 @@ class MisbehavingProxy:
             return web.json_response(
                 {"status": "failure", "error": "offset is past the task's results"}, status=400
             )
+        if (
+            self.rules.failure_status_first_read
+            and request.method == "GET"
+            and task_id
+            and not path.endswith("/status")
+            and (task_id, params.get("offset", "0")) not in self._pages_read
+        ):
+            self._pages_read.add((task_id, params.get("offset", "0")))
+            self.failure_pages += 1
+            return web.json_response({"status": "failure", "error": "temporarily unavailable"})
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)
         async with self._session.request(
@@ -151,6 +184,18 @@ class MisbehavingProxy:
             payload = await upstream.read()
             ctype = upstream.headers.get("Content-Type", "application/json")
         out = self._rewrite(request.method, path, task_id, status, payload)
+        if request.method in ("POST", "PUT") and status < 300:
+            kind = "create" if request.method == "POST" else "append"
+            rules = self.rules
+            lose = (
+                rules.lose_first_create_answer if kind == "create" else rules.lose_first_put_answer
+            )
+            if lose and kind not in self.lost_answers:
+                self.lost_answers.append(kind)
+                assert request.transport is not None
+                request.transport.abort()  # applied upstream; the client gets no answer
+                raise ConnectionResetError("answer lost on purpose")
+            status, out = self._reword_failures(body, status, out)
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
         )
@@ -208,6 +253,13 @@ class MisbehavingProxy:
                 results[-1] = {**results[-1], "taggingResult": None}
                 results[-2] = {"id": results[-2]["id"]}
                 return json.dumps(data).encode()
+            if rules.left_out_once:
+                gone = rules.left_out_once - self._left_out
+                kept = [r for r in results if r["id"].rsplit("/", 1)[-1] not in gone]
+                if len(kept) < len(results):
+                    self._left_out |= {r["id"].rsplit("/", 1)[-1] for r in results} & gone
+                    data["data"]["results"] = kept
+                    return json.dumps(data).encode()
             if rules.never_returned:
                 gone = rules.never_returned
                 kept = [r for r in results if r["id"].rsplit("/", 1)[-1] not in gone]
@@ -220,6 +272,42 @@ class MisbehavingProxy:
                 return json.dumps(data).encode()
             return payload
         return payload
+
+    def _reword_failures(self, sent: bytes, status: int, payload: bytes) -> tuple[int, bytes]:
+        """A create or append answer as :attr:`Misbehaviour.duplicate_wording`,
+        :attr:`~Misbehaviour.refused_but_taken` and
+        :attr:`~Misbehaviour.refuse_all_failed_with_400` make it."""
+        rules = self.rules
+        if not (
+            rules.duplicate_wording or rules.refused_but_taken or rules.refuse_all_failed_with_400
+        ):
+            return status, payload
+        data = json.loads(payload)
+        failures = data.setdefault("failureList", [])
+        if rules.duplicate_wording:
+            for f in failures:
+                if f.get("errorMessage", "").startswith("duplicate context.id"):
+                    f["errorMessage"] = f"{rules.duplicate_wording} {f['request']['context']['id']}"
+        listed = {f["request"]["context"]["id"] for f in failures}
+        for request in json.loads(sent)["taggingRequest"]:
+            ident = request["context"]["id"]
+            if ident.rsplit("/", 1)[-1] in rules.refused_but_taken and ident not in listed:
+                failures.append(
+                    {"request": request, "errorMessage": "image URL could not be fetched"}
+                )
+        if (
+            rules.refuse_all_failed_with_400
+            and failures
+            and data.get("validation", {}).get("accept") == 0
+        ):
+            self.refused_with_400 += 1
+            body = {
+                "status": "failure",
+                "error": "no valid tagging request",
+                "failureList": failures,
+            }
+            return 400, json.dumps(body).encode()
+        return status, json.dumps(data).encode()
 
     def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
         if self.ordinal(task_id) in self.rules.hold_processing:

@@ -391,6 +391,16 @@ class StateStore(JobTables):
             return None
         return [(bytes(i), None) if i is not None else (None, bytes(body)) for i, body in rows]
 
+    def may_have_refused(self, task_id: str) -> bool:
+        """Whether a write to the task may have had rows refused by the service (a chunk of it
+        accepted with fewer rows than it sent, or resolved: refused whole, or its rows gone
+        elsewhere). False for the usual task, whose every row was taken."""
+        row = self.db.execute(
+            "SELECT 1 FROM chunks WHERE task_id=? AND (state='resolved' OR n_ok < n) LIMIT 1",
+            (task_id,),
+        ).fetchone()
+        return row is not None
+
     def accepted_rows(self, task_id: str) -> int | None:
         """Rows the service accepted into the task (None when a chunk predates the count)."""
         total, unknown = self.db.execute(

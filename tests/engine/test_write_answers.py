@@ -1,0 +1,102 @@
+"""Answers a real service may give that the reference service never does, each a way the
+engine once lost a row or wrote one twice:
+
+* a write applied but its answer lost, then the retry's duplicate failures worded another way
+  (the spec leaves message texts open), or the retry refused whole with 400;
+* a row the write's answer lists as refused, which the service took anyway and returns;
+* a results page answered 200 with the spec's failure body instead of a page.
+
+Each runs the reference service behind the misbehaving proxy (:mod:`.proxy`) and asserts every
+id exactly once in the outputs, and that the run ends complete.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import Outcomes, assert_exactly_once, client_config, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
+
+#: Tasks of 5,000 rows (a create then PUTs of 1,000), polled fast.
+LONG_TASKS = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.2,
+    fsync_seconds=10.0,
+    rotate_images=5000,
+    rotate_min_images=5000,
+)
+
+
+def ids_of(n: int) -> set[str]:
+    return {f"p{i}" for i in range(n)}
+
+
+async def run_through(
+    tmp_path: Path, n: int, rules: Misbehaviour, engine: EngineConfig = LONG_TASKS
+) -> tuple[RunSummary, MisbehavingProxy, Outcomes]:
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        Misbehaviour(lose_first_put_answer=True, duplicate_wording="Duplicated image id:"),
+        Misbehaviour(lose_first_put_answer=True, refuse_all_failed_with_400=True),
+        Misbehaviour(lose_first_create_answer=True, duplicate_wording="context.id already exists:"),
+        Misbehaviour(lose_first_create_answer=True, refuse_all_failed_with_400=True),
+    ],
+    ids=["put-reworded", "put-400", "create-reworded", "create-400"],
+)
+async def test_a_lost_write_answer_then_a_retry_refused_in_other_words(
+    tmp_path: Path, rules: Misbehaviour
+) -> None:
+    """The service applies a write, its answer is lost, and the retry's rows fail as
+    duplicates worded another way (or the retry is refused whole with 400). Those rows are in
+    the task: each is tagged once, none rejected."""
+    summary, proxy, o = await run_through(tmp_path, 3000, rules)
+    assert proxy.lost_answers
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+
+
+async def test_a_row_refused_at_write_but_returned_has_one_outcome(tmp_path: Path) -> None:
+    """The create's answer lists p0 as refused, yet the service took it and returns it; the
+    last page leaves p999 out once. p0 keeps its reject alone (its result is left out), p999
+    is sent again and tagged: every id once, and the run ends complete."""
+    rules = Misbehaviour(refused_but_taken={"p0"}, left_out_once={"p999"})
+    engine = EngineConfig(
+        poll_min=0.02, poll_max=0.2, linger_seconds=0.2, rotate_images=1000, rotate_min_images=1000
+    )
+    summary, _, o = await run_through(tmp_path, 1000, rules, engine)
+    assert summary.complete and summary.unsettled == 0
+    assert [r["id"] for r in o.rejects] == ["p0"]
+    assert o.rejects[0]["stage"] == "server-validation"
+    assert len(o.results) == 999
+    assert summary.resent == 1
+
+
+async def test_a_results_page_answered_200_with_a_failure_body_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """Every results page is first answered 200 ``{"status":"failure",...}``: no page, and
+    its rows not lost: the page is asked for again and every row tagged."""
+    rules = Misbehaviour(failure_status_first_read=True)
+    summary, proxy, o = await run_through(tmp_path, 2500, rules)
+    assert proxy.failure_pages >= 25
+    assert summary.complete and len(o.results) == 2500 and not o.rejects
+    assert summary.resent == 0
