@@ -338,8 +338,12 @@ class HttpExchange:
         task_id: str | None,
     ) -> None:
         if status != STATUS_SUCCESS:
-            raise exc.RequestError(
-                f"{method} {path}: service said status={status!r}: {error or 'no reason given'}",
+            # A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no
+            # request error of ours can be told from it, and asking again is harmless, so it
+            # is a transient fault of the service (retried under the run's give-up budget).
+            raise exc.ServerError(
+                f"{method} {path}: service answered HTTP {response.status} with"
+                f" status={status!r}: {error or 'no reason given'}",
                 status=response.status,
                 service_message=error or "",
                 method=method,

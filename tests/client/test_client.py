@@ -247,6 +247,25 @@ async def test_retries_stop_at_max_attempts_with_the_last_error(
     assert all(0 <= d <= 1.5 for d in sleeps.delays)
 
 
+@pytest.mark.parametrize("read", ["status", "list"])
+async def test_a_read_answered_200_with_a_failure_body_is_a_transient_server_error(
+    mocked: Any, make_client: Callable[..., TaggerClient], read: str
+) -> None:
+    """The spec's failure body with HTTP 200 on a read (a service that says so while it is
+    busy): a ServerError the engine retries, never a RequestError that stops a run."""
+    failure = body({"status": "failure", "error": "temporarily unavailable"})
+    client = make_client()
+    with pytest.raises(ServerError, match="HTTP 200 with status='failure'") as info:
+        if read == "status":
+            mocked.get(STATUS, status=200, body=failure)
+            await client.task_status("t-1")
+        else:
+            mocked.get(BULK, status=200, body=failure)
+            await client.list_tasks()
+    assert info.value.status == 200
+    assert info.value.service_message == "temporarily unavailable"
+
+
 async def test_rate_limited_error_after_budget_carries_retry_after(
     mocked: Any, make_client: Callable[..., TaggerClient]
 ) -> None:

@@ -96,6 +96,8 @@ class Misbehaviour:
     #: The first read of each results page is answered 200 with a failure body
     #: (``{"status":"failure","error":...}``): the spec's shape, not a page.
     failure_status_first_read: bool = False
+    #: The first N polls (list or status) are answered 200 with a failure body.
+    failure_status_polls: int = 0
 
 
 class MisbehavingProxy:
@@ -113,6 +115,7 @@ class MisbehavingProxy:
         self.lost_answers: list[str] = []
         self.refused_with_400 = 0
         self.failure_pages = 0
+        self.failure_polls = 0
         self._pages_read: set[tuple[str, str]] = set()
         self._left_out: set[str] = set()
         self.url = ""
@@ -170,6 +173,13 @@ class MisbehavingProxy:
         ):
             self._pages_read.add((task_id, params.get("offset", "0")))
             self.failure_pages += 1
+            return web.json_response({"status": "failure", "error": "temporarily unavailable"})
+        if (
+            self.failure_polls < self.rules.failure_status_polls
+            and request.method == "GET"
+            and (path == BULK or path.endswith("/status"))
+        ):
+            self.failure_polls += 1
             return web.json_response({"status": "failure", "error": "temporarily unavailable"})
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)

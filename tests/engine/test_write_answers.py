@@ -4,7 +4,7 @@ engine once lost a row or wrote one twice:
 * a write applied but its answer lost, then the retry's duplicate failures worded another way
   (the spec leaves message texts open), or the retry refused whole with 400;
 * a row the write's answer lists as refused, which the service took anyway and returns;
-* a results page answered 200 with the spec's failure body instead of a page.
+* a results page, or a poll (list, status), answered 200 with the spec's failure body.
 
 Each runs the reference service behind the misbehaving proxy (:mod:`.proxy`) and asserts every
 id exactly once in the outputs, and that the run ends complete.
@@ -100,3 +100,12 @@ async def test_a_results_page_answered_200_with_a_failure_body_is_asked_again(
     assert proxy.failure_pages >= 25
     assert summary.complete and len(o.results) == 2500 and not o.rejects
     assert summary.resent == 0
+
+
+async def test_polls_answered_200_with_a_failure_body_are_asked_again(tmp_path: Path) -> None:
+    """The first polls (list and status) are answered 200 ``{"status":"failure",...}``: a
+    transient fault of the service, asked again; the run does not stop on it."""
+    rules = Misbehaviour(failure_status_polls=4)
+    summary, proxy, o = await run_through(tmp_path, 2500, rules)
+    assert proxy.failure_polls == 4
+    assert summary.complete and len(o.results) == 2500 and not o.rejects
