@@ -91,6 +91,9 @@ class Misbehaviour:
     #: Ids (as in the manifest) the create or append answer lists in its ``failureList`` with a
     #: reason of its own although the service took them: they come back in the results.
     refused_but_taken: set[str] = field(default_factory=set)
+    #: Ids (as in the manifest) every create or append refuses (``failureList``, not taken):
+    #: rows the service finds invalid although the client does not.
+    always_refused: set[str] = field(default_factory=set)
     #: Ids (as in the manifest) left out of the first results page that carries them, once.
     left_out_once: set[str] = field(default_factory=set)
     #: The first read of each results page is answered 200 with a failure body
@@ -146,6 +149,9 @@ class MisbehavingProxy:
                     self.puts_refused += 1
                 return self._not_found()
         body = await request.read()
+        refused_now: list[Any] = []
+        if self.rules.always_refused and request.method in ("POST", "PUT") and body:
+            body, refused_now = self._strip_refused(body)
         headers = {
             k: v for k, v in request.headers.items() if k.lower() in ("x-api-key", "content-type")
         }
@@ -205,6 +211,13 @@ class MisbehavingProxy:
                 assert request.transport is not None
                 request.transport.abort()  # applied upstream; the client gets no answer
                 raise ConnectionResetError("answer lost on purpose")
+            if refused_now:
+                data = json.loads(out)
+                data.setdefault("failureList", []).extend(
+                    {"request": r, "errorMessage": "image URL could not be fetched"}
+                    for r in refused_now
+                )
+                out = json.dumps(data).encode()
             status, out = self._reword_failures(body, status, out)
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
@@ -282,6 +295,18 @@ class MisbehavingProxy:
                 return json.dumps(data).encode()
             return payload
         return payload
+
+    def _strip_refused(self, body: bytes) -> tuple[bytes, list[Any]]:
+        """The write's body without the rows of :attr:`Misbehaviour.always_refused`, and
+        those rows."""
+        data = json.loads(body)
+        requests = data["taggingRequest"]
+        gone = self.rules.always_refused
+        refused = [r for r in requests if r["context"]["id"].rsplit("/", 1)[-1] in gone]
+        if not refused:
+            return body, []
+        data["taggingRequest"] = [r for r in requests if r not in refused]
+        return json.dumps(data).encode(), refused
 
     def _reword_failures(self, sent: bytes, status: int, payload: bytes) -> tuple[int, bytes]:
         """A create or append answer as :attr:`Misbehaviour.duplicate_wording`,

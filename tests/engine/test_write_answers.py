@@ -74,6 +74,23 @@ async def test_a_lost_write_answer_then_a_retry_refused_in_other_words(
     assert len(o.results) == 3000 and not o.rejects
 
 
+async def test_a_row_really_invalid_in_a_retried_write_ends_as_a_reject(tmp_path: Path) -> None:
+    """As above (the first PUT's answer lost, duplicates worded otherwise), and p1500, in
+    that PUT, is a row the service refuses every time. Its refusal in the retry is of unknown
+    fate, so it is sent again, refused again by a write whose answer is certain, and ends as
+    one ``server-validation`` reject; every other row is tagged."""
+    rules = Misbehaviour(
+        lose_first_put_answer=True,
+        duplicate_wording="Duplicated image id:",
+        always_refused={"p1500"},
+    )
+    summary, _, o = await run_through(tmp_path, 3000, rules)
+    assert summary.complete and summary.unsettled == 0
+    assert [(r["id"], r["stage"]) for r in o.rejects] == [("p1500", "server-validation")]
+    assert len(o.results) == 2999
+    assert summary.resent == 1
+
+
 async def test_a_row_refused_at_write_but_returned_has_one_outcome(tmp_path: Path) -> None:
     """The create's answer lists p0 as refused, yet the service took it and returns it; the
     last page leaves p999 out once. p0 keeps its reject alone (its result is left out), p999
