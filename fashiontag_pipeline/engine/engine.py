@@ -46,6 +46,7 @@ from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
 from .outcome import completed_job, finalize_job, open_sinks
 from .pagers import ResultPagers
+from .policy import Chunk
 from .resume import reattach
 from .reuse import ReuseHook
 from .rows import RowBatch
@@ -171,6 +172,10 @@ class Engine:
                 tg.start_soon(self._finalize_when_settled, job)
             await self._start(tg)
         except BaseException:
+            # The stages already started wait for work that will never come: without the
+            # cancel, closing the task group waits for them for ever.
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
             await stack.aclose()
             raise
         self._stack = stack
@@ -251,7 +256,30 @@ class Engine:
         item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
         single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         self.writer.attach(tg)
-        pending = await reattach(self) if self.state.resumed else []
+        pending: list[Chunk] = []
+        if self.state.resumed:
+            # Reattaching may wait on the service (an outage, under the give-up budget): a
+            # stop (SIGTERM, Ctrl-C) must end it as it ends any other wait.
+            found: list[Chunk] | None = None
+            watching = anyio.CancelScope()
+            with anyio.CancelScope() as reattaching:
+
+                async def cancel_on_stop() -> None:
+                    with watching:
+                        await self.control.stopping.wait()
+                        reattaching.cancel()
+
+                tg.start_soon(cancel_on_stop)
+                try:
+                    found = await reattach(self)
+                finally:
+                    watching.cancel()
+            if found is None:
+                logger.warning("stopped while resuming; the same command resumes")
+                self.interrupted = True
+                tg.cancel_scope.cancel()
+                return
+            pending = found
         pending_singles = await self.single.load_pending()
         tg.start_soon(self._watch_control, tg)
         self.writer.active += 1  # held until the resumed chunks are dispatched
