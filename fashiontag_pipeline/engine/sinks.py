@@ -209,7 +209,17 @@ class SqliteResultSink:
     """Results in SQLite: one row per image (id, task, status, category, item, error, JSON,
     reused: 1 for a row answered from the result store).
 
-    Rows are keyed by image id, so a page written twice (after a crash) is written once."""
+    Rows are keyed by image id, so a page written twice (after a crash) is written once. The
+    checkpoint is the largest ``rowid``: rows are only ever added at the end (SQLite gives a
+    new row the largest rowid plus one), so cutting back to a checkpoint deletes exactly the
+    rows written since, and a checkpoint of 0 (a new run) empties the table.
+
+    A results file written before these checkpoints (``PRAGMA user_version`` 0 with rows in
+    it) recorded counts of rows instead, which rowids do not match after a resume: resuming
+    one keeps its rows as they are (as that version did); a new run empties it and marks it."""
+
+    #: ``PRAGMA user_version`` of a results file whose checkpoints are rowids.
+    ROWID_CHECKPOINTS = 1
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -225,7 +235,15 @@ class SqliteResultSink:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reused" not in columns:  # a results file written before --reuse
             self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
-        self._rows = 0
+        self._last = self._last_rowid()
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        self._rowids = version >= self.ROWID_CHECKPOINTS
+        if not self._rowids and self._last == 0:
+            self._mark_rowids()
+
+    def _mark_rowids(self) -> None:
+        self._db.execute(f"PRAGMA user_version = {self.ROWID_CHECKPOINTS}")
+        self._rowids = True
 
     def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
         """Single-endpoint results (``task_id`` None) are stored with task_id ''."""
@@ -269,7 +287,11 @@ class SqliteResultSink:
             values,
         )
         self._db.execute("COMMIT")
-        self._rows += len(values)
+        self._last = self._last_rowid()
+
+    def _last_rowid(self) -> int:
+        (last,) = self._db.execute("SELECT max(rowid) FROM results").fetchone()
+        return int(last or 0)
 
     def ids_among(self, ids: set[str]) -> set[str]:
         """Which of ``ids`` have a row."""
@@ -291,11 +313,16 @@ class SqliteResultSink:
         }
 
     def checkpoint(self) -> int:
-        return self._rows
+        return self._last
 
     def truncate(self, checkpoint: int) -> None:
-        # Idempotent by primary key: nothing to cut.
-        return None
+        """Delete the rows written after ``checkpoint`` (what the state says was committed;
+        0: every row, a new run)."""
+        if not self._rowids and checkpoint > 0:
+            return  # an older file resumed: its checkpoint is a count, not a rowid
+        self._db.execute("DELETE FROM results WHERE rowid > ?", (checkpoint,))
+        self._last = self._last_rowid()
+        self._mark_rowids()
 
     def flush(self, fsync: bool) -> None:
         return None

@@ -127,6 +127,35 @@ async def test_sqlite_sink_one_row_per_image(tmp_path: Path) -> None:
     assert rows == (500, 500) and set(status) <= {("success",), ("failure",)}
 
 
+async def test_sqlite_sink_holds_only_the_new_runs_rows_next_night(tmp_path: Path) -> None:
+    """A completed run with ``sink = "sqlite"``, then next night's dump on the same path (a
+    new run: its outputs are rewritten): the results table holds tonight's rows only, and an
+    id rejected tonight has no row left from last night."""
+    import sqlite3
+
+    manifest = tmp_path / "m.csv"
+    out, rej = tmp_path / "out.db", tmp_path / "rej.jsonl"
+    engine = EngineConfig(sink="sqlite", poll_min=0.02, poll_max=0.2)
+    async with running_service(ServiceConfig()) as svc:
+        write_csv(manifest, 600)
+        first = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=engine
+        )
+        # Tonight: fewer rows, and p5 with a URL the client refuses.
+        lines = manifest.read_text().splitlines()[:301]
+        lines[6] = "p5,ftp://img.example/5.jpg,acme,TOP"
+        manifest.write_text("\n".join(lines) + "\n")
+        second = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=engine
+        )
+    assert first.complete and second.complete and second.tagged + second.failed == 299
+    with sqlite3.connect(out) as db:
+        ids = {r[0] for r in db.execute("SELECT id FROM results")}
+    assert ids == {f"p{i}" for i in range(300)} - {"p5"}
+    o = read_outcomes(tmp_path / "none.jsonl", rej)
+    assert [r["id"] for r in o.rejects] == ["p5"]
+
+
 async def test_several_manifests_and_cross_file_duplicates(tmp_path: Path) -> None:
     a = write_csv(tmp_path / "a.csv", 300)
     b = write_csv(tmp_path / "b.csv", 300, start=200)  # p200..p299 repeat a.csv

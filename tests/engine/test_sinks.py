@@ -1,7 +1,10 @@
 """Counting outcomes must not depend on how a server formats its JSON, and a row that carries
-no tagging result object is no outcome."""
+no tagging result object is no outcome; the SQLite results sink cuts back to its checkpoint."""
 
 from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,6 +16,7 @@ from fashiontag_pipeline.engine.pages import (
     screen,
     success_flags,
 )
+from fashiontag_pipeline.engine.sinks import SqliteResultSink
 
 
 def _row(raw: bytes) -> PageRow:
@@ -110,3 +114,51 @@ def test_rows_without_a_tagging_result_object_are_screened_out() -> None:
     good = [r for r in rows if r.id == "a"] * 3
     assert screen(good) == (good, True)
     assert screen([]) == ([], True)
+
+
+def _sqlite_rows(path: Path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return [r[0] for r in db.execute("SELECT id FROM results ORDER BY rowid")]
+
+
+def _page(*ids: str) -> list[PageRow]:
+    raw = msgspec.Raw(b'{"status":"success","data":{"objects":[]}}')
+    return [PageRow(i, raw) for i in ids]
+
+
+def test_the_sqlite_sink_cuts_back_to_its_checkpoint(tmp_path: Path) -> None:
+    """The checkpoint is the last rowid: a resume deletes exactly the rows written after the
+    one the state recorded, and a checkpoint of 0 (a new run) empties the table."""
+    path = tmp_path / "r.db"
+    sink = SqliteResultSink(path)
+    sink.write_page("t1", _page("a", "b"))
+    committed = sink.checkpoint()
+    sink.write_page("t1", _page("c"))  # written, then the run died before the state commit
+    sink.close()
+    sink = SqliteResultSink(path)
+    sink.truncate(committed)
+    assert _sqlite_rows(path) == ["a", "b"]
+    sink.write_page("t1", _page("c", "d"))
+    assert _sqlite_rows(path) == ["a", "b", "c", "d"] and sink.checkpoint() > committed
+    sink.truncate(0)
+    assert _sqlite_rows(path) == [] and sink.checkpoint() == 0
+    sink.close()
+
+
+def test_an_older_sqlite_results_file_is_resumed_as_it_was_and_emptied_by_a_new_run(
+    tmp_path: Path,
+) -> None:
+    """A file from before rowid checkpoints (user_version 0) holds counts the rowids do not
+    match: a resume keeps its rows; a new run (checkpoint 0) empties it."""
+    path = tmp_path / "r.db"
+    sink = SqliteResultSink(path)
+    sink.write_page("t1", _page("a", "b", "c"))
+    sink.close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 0")
+    sink = SqliteResultSink(path)
+    sink.truncate(1)  # a count of that version's last session, not a rowid
+    assert _sqlite_rows(path) == ["a", "b", "c"]
+    sink.truncate(0)
+    assert _sqlite_rows(path) == []
+    sink.close()
