@@ -212,6 +212,23 @@ class _KeepTryingHint(logging.Filter):
         return True
 
 
+def _same_file(out: Path, rejects: Path, state: Path | str, manifests: list[str]) -> str | None:
+    """Why two of the run's files are one file (None when they are not): two sinks writing
+    one file through two handles overwrite each other's lines, and an output on a manifest or
+    the state destroys it."""
+    named = [("--out", out), ("--rejects", rejects)]
+    if isinstance(state, Path):
+        named.append(("--state", state))
+    named += [("manifest", Path(m)) for m in manifests if m != "-"]
+    seen: dict[str, str] = {}
+    for what, path in named:
+        key = os.path.realpath(path)
+        if key in seen:
+            return f"{seen[key]} and {what} are the same file ({path}): give each its own path"
+        seen[key] = what
+    return None
+
+
 def _state_location(text: str) -> Path | str:
     """``--state``: a URL (``scheme://...``) stays text, anything else is a file path."""
     return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else Path(text)
@@ -234,6 +251,10 @@ def run_command(args: argparse.Namespace) -> int:
             "a file path or a postgresql:// URL",
             file=sys.stderr,
         )
+        return EXIT_USAGE
+    clash = _same_file(out, rejects, state, args.manifests)
+    if clash is not None:
+        print(f"fashiontag: {clash}", file=sys.stderr)
         return EXIT_USAGE
     # On by default: a live line on a terminal, periodic lines in a log (progress.py decides).
     progress = args.progress if args.progress is not None else True

@@ -216,3 +216,24 @@ async def test_no_progress_flag_prints_no_progress(tmp_path: Path) -> None:
             "--no-progress",
         )
     assert code == 0 and "fashiontag: progress" not in err
+
+
+async def test_two_of_the_runs_files_on_one_path_are_refused_before_anything(
+    tmp_path: Path,
+) -> None:
+    """``--out`` and ``--rejects`` on one file (two sinks would overwrite each other's lines),
+    or an output on the manifest or the state: a usage error naming both, nothing written."""
+    m = manifest(tmp_path, 5)
+    url = f"http://127.0.0.1:{closed_port()}"
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
+    for clash, names in (
+        (["--out", str(out), "--rejects", str(out)], "--out and --rejects"),
+        (["--out", str(m)], "--out and manifest"),
+        (["--out", str(out), "--state", str(out)], "--out and --state"),
+        (["--out", str(out), "--rejects", str(tmp_path / "." / "m.csv")], "--rejects and manifest"),
+    ):
+        code, err = await fashiontag("run", str(m), "--base-url", url, *clash, "--no-progress")
+        assert code == 2, err
+        assert f"{names} are the same file" in err
+    assert not out.exists() and not state.exists()
+    assert m.read_text().startswith("id,url\nsku-0,")
