@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,11 +32,43 @@ from .manifests import fingerprint
 from .outcome import already_complete
 from .reuse import open_reuse
 from .source import open_manifests
-from .state import Reconciliation, StateStore, open_state
+from .state import JobRow, Reconciliation, StateStore, open_state
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[str, bool]:
+    """What of a run's committed output is not at the paths given now ("" when all of it is),
+    and whether it is because other paths were given: the recorded file is not where given,
+    or a file is missing or shorter than the state's checkpoint (results in SQLite are only
+    checked to exist)."""
+    if job is None:
+        return "", False
+    problems: list[str] = []
+    elsewhere = False
+    files = (
+        ("results", out, job.results, job.results_ckpt, job.sink != "sqlite"),
+        ("rejects", rejects, job.rejects, job.rejects_ckpt, True),
+    )
+    for what, given, written, ckpt, in_bytes in files:
+        if not written or ckpt <= 0:
+            continue  # nothing committed to it
+        try:
+            size = given.stat().st_size
+        except OSError:
+            size = -1
+        if size >= (ckpt if in_bytes else 1):
+            continue  # the committed lines are there (moved along with the run, or never)
+        if os.path.realpath(given) != os.path.realpath(written):
+            elsewhere = True
+            problems.append(f"its {what} were written to {written}, not {given}")
+        else:
+            state = "is missing" if size < 0 else "holds fewer lines than were committed"
+            problems.append(f"its {what} file {given} {state}")
+    return "; ".join(problems), elsewhere
+
 
 #: The key of ``run``'s one job in its state file.
 RUN_JOB = "run"
@@ -102,11 +135,27 @@ async def run_pipeline(
     where = db.where
     try:
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
+        recorded = db.find_job(RUN_JOB) if run.opened in ("complete", "resumed") else None
+        moved, elsewhere = _outputs_elsewhere(recorded, out, rejects)
         if run.opened == "complete":
             db.close()
             close_readers()
-            return already_complete(run, out, rejects, db.location, started)
-        # The job's outputs are the ones given now (a resume may name other paths).
+            summary = already_complete(run, out, rejects, db.location, started)
+            if moved:
+                # Complete all the same (every row has its line, where it was written): tagging
+                # again costs a request per row, so only --restart does it.
+                summary.note += f"; but {moved}: pass --restart to tag them again"
+            if elsewhere and recorded is not None:  # say where the results are
+                summary.out, summary.rejects = recorded.results, recorded.rejects
+            return summary
+        if elsewhere:  # (lines lost at the same path: the sinks' truncate says so)
+            raise exc.StateConflictError(
+                f"{where} holds an unfinished run, but {moved}: give the paths it writes to"
+                " (or move its files to the paths given) to resume it, or pass --restart to"
+                " start over (every row is tagged again)"
+            )
+        # The job's outputs are the ones given now (a resume may name other paths, once
+        # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
         with db.transaction():  # the state's side of --reuse, in a (fenced) transaction
             reuse = open_reuse(  # --reuse: None without a store

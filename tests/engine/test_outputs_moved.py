@@ -1,0 +1,84 @@
+"""A run's outputs are where the state says it wrote them, or the run says where they are.
+
+* a completed run asked again (cron on an unchanged dump) with its results deleted, or with a
+  new ``--out``: complete (nothing is tagged again without ``--restart``), and the summary
+  says where the results are, or that they are gone;
+* an unfinished run resumed with a new ``--out`` while its lines are in the old file: refused
+  (exit 2, nothing touched) naming the old file, not reported as lines lost by the machine.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, client_config, run_args, write_csv
+
+FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2)
+
+
+async def test_a_completed_run_asked_again_says_where_its_results_are(tmp_path: Path) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "s.state"
+    async with running_service(ServiceConfig()) as svc:
+
+        async def run(results: Path) -> tuple[str, str]:
+            summary = await run_pipeline(
+                [manifest],
+                client=client_config(svc.url),
+                out=results,
+                rejects=rej,
+                state=state,
+                engine=FAST,
+            )
+            assert summary.complete and summary.tagged == 300
+            return summary.note, summary.out
+
+        assert await run(out) == ("", str(out))
+        note, where = await run(out)
+        assert "nothing to do" in note and "but" not in note
+        dated = tmp_path / "out-2026-11-26.jsonl"
+        note, where = await run(dated)
+        assert f"its results were written to {out}, not {dated}" in note
+        assert "--restart" in note and not dated.exists()
+        assert where == str(out)  # where the results are
+        out.unlink()
+        note, where = await run(out)
+        assert f"its results file {out} is missing" in note
+
+
+async def test_an_unfinished_run_resumed_with_another_out_is_refused_naming_its_file(
+    tmp_path: Path,
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        args += ["--rotate-images", "1000", "--rotate-min-images", "1000"]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):  # killed once some results are committed
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        moved = [*args]
+        moved[moved.index("--out") + 1] = str(elsewhere)
+        with anyio.fail_after(60):
+            refused = await anyio.run_process(moved, check=False, env=ENV, stderr=subprocess.PIPE)
+        err = refused.stderr.decode()
+        assert refused.returncode == 2, err
+        assert f"were written to {out}" in err and "lost by the machine" not in err
+        assert not elsewhere.exists()
+        with anyio.fail_after(120):
+            done = await anyio.run_process(args, check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
