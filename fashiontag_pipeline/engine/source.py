@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import stat
 import sys
 import zlib
@@ -52,6 +53,31 @@ Kind = Literal["csv", "jsonl", "urls"]
 URL_LIST_HEADER = ["id", "url"]
 
 _json_decoder = msgspec.json.Decoder()
+
+#: A byte that is not UTF-8, as ``surrogateescape`` keeps it (U+DC80-U+DCFF).
+_STRAY = re.compile("[\udc80-\udcff]")
+
+
+def _decode(data: bytes, encoding: str) -> tuple[str, bool]:
+    """``data`` as text, and whether some bytes are not UTF-8 (kept as lone surrogates, so
+    the rows holding them are found and refused: a replacement character would change an id
+    silently, and two such ids could become one)."""
+    try:
+        return data.decode(encoding), False
+    except UnicodeDecodeError:
+        return data.decode(encoding, "surrogateescape"), True
+
+
+def _stray_reason(value: Any) -> str | None:
+    """Why a parsed row is refused when it holds a byte that is not UTF-8 (None: it holds
+    none)."""
+    texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    for text in texts:
+        found = _STRAY.search(text) if isinstance(text, str) else None
+        if found is not None:
+            byte = ord(found.group()) - 0xDC00
+            return f"not UTF-8 text (byte 0x{byte:02X} in a field): save the manifest as UTF-8"
+    return None
 
 
 # A ``data:`` URI is a legitimate CSV field (it routes to single mode), and one of an image up
@@ -92,6 +118,10 @@ class ManifestReader:
         self._gunzip: Any = None
         self._sniffed = False
         self._head: str | None = None
+        #: The text being parsed came from bytes that are not all UTF-8 (each stray byte kept as
+        #: a lone surrogate): the rows holding one become rejects in :meth:`_take`.
+        self._dirty = False
+        self._head_dirty = False
         self._pending = b""
         self._eof = False
         self._line = 0
@@ -186,16 +216,17 @@ class ManifestReader:
             data = self._next_records()
             if data is None:
                 raise ManifestError(f"manifest {self.name} is empty")
-            try:
-                text = data.decode("utf-8-sig" if self._line == 0 else "utf-8")
-            except UnicodeDecodeError:
-                raise ManifestError(
-                    f"manifest {self.name} is neither CSV nor JSONL (not UTF-8 text)"
-                ) from None
+            text, dirty = _decode(data, "utf-8-sig" if self._line == 0 else "utf-8")
             stripped = text.lstrip()
             if not stripped:
                 self._line += text.count("\n")
                 continue
+            if dirty and _STRAY.search(stripped.split("\n", 1)[0]):
+                raise ManifestError(
+                    f"manifest {self.name} is neither CSV nor JSONL (its first line is not UTF-8"
+                    " text)"
+                )
+            self._head_dirty = dirty
             if stripped.startswith("{"):
                 self.kind = "jsonl"
                 self._head = text
@@ -254,7 +285,14 @@ class ManifestReader:
             self._csv = csv.reader(io.StringIO(text, newline=""))
 
     def _take(self) -> Sequence[tuple[int, Any]]:
-        """Up to ``max_rows`` rows of the chunk being parsed."""
+        """Up to ``max_rows`` rows of the chunk being parsed (a row with bytes that are not
+        UTF-8 is the reason it is refused, never an id or URL with those bytes replaced)."""
+        rows = self._parse()
+        if not self._dirty:
+            return rows
+        return [(line, _stray_reason(value) or value) for line, value in rows]
+
+    def _parse(self) -> Sequence[tuple[int, Any]]:
         rows: list[tuple[int, Any]] = []
         limit = self.max_rows
         base = self._base
@@ -270,6 +308,9 @@ class ManifestReader:
                 if urls:
                     url = text_line.strip()
                     rows.append((base + i, [url, url]))
+                    continue
+                if self._dirty and _STRAY.search(text_line):
+                    rows.append((base + i, [text_line]))  # refused in _take, not decoded
                     continue
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
@@ -317,16 +358,15 @@ class ManifestReader:
         while self._csv is None and self._lines is None and self._plain is None:
             if self._head is not None:
                 text, self._head = self._head, None
+                dirty = self._head_dirty
                 if not text:
                     continue
             else:
                 data = self._next_records()
                 if data is None:
                     return None
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = data.decode("utf-8", "replace")
+                text, dirty = _decode(data, "utf-8")
+            self._dirty = dirty
             self._start(text)
         return RowBatch(self.source, self.name, self.kind, self.header, self._take())
 

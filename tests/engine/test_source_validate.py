@@ -185,3 +185,53 @@ def test_a_truncated_or_corrupt_gzip_is_an_error_never_a_short_manifest(tmp_path
             list(iter_rows_sync(reader))
         finally:
             reader.close()
+
+
+@pytest.mark.parametrize("read_size", [1 << 20, 64])
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "urls"])
+def test_a_row_that_is_not_utf8_is_one_reject_never_a_changed_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int, kind: str
+) -> None:
+    """A manifest exported as Latin-1 in places: each row holding a byte that is not UTF-8 is
+    one reject saying so (a replacement character would change the id silently, and make
+    ``caf\\xe9`` and ``caf\\xe8`` one id), wherever it sits (in the first read or later); the
+    other rows are read as they are."""
+    monkeypatch.setattr(source, "READ_SIZE", read_size)
+    ok = [f"ok{i}" for i in range(30)]
+    bad = ["caf\xe9", "caf\xe8"]
+    names = ok[:3] + bad[:1] + ok[3:20] + bad[1:] + ok[20:]
+
+    def line(name: str) -> bytes:
+        url = f"https://x/{name}.jpg"
+        if kind == "csv":
+            return f"{name},{url}\n".encode("latin-1")
+        if kind == "jsonl":
+            return (json.dumps({"id": name, "url": url}, ensure_ascii=False) + "\n").encode(
+                "latin-1"
+            )
+        return f"https://x/{name}.jpg\n".encode("latin-1")
+
+    head = b"id,url\n" if kind == "csv" else b""
+    p = tmp_path / f"m.{kind}"
+    p.write_bytes(head + b"".join(line(n) for n in names))
+    reader = open_manifest(str(p), 0)
+    items, rejects = [], []
+    while (batch := reader.read_batch()) is not None:
+        i, r = Validator().validate(batch)
+        items += i
+        rejects += r
+    reader.close()
+    expected_ids = ok if kind != "urls" else [f"https://x/{n}.jpg" for n in ok]
+    assert [i[0] for i in items] == expected_ids
+    assert len(rejects) == 2
+    offset = 2 if kind == "csv" else 1
+    assert [r.line for _, r in rejects] == [names.index(b) + offset for b in bad]
+    for (_, reject), byte in zip(rejects, ("E9", "E8"), strict=True):
+        assert f"not UTF-8 text (byte 0x{byte}" in reject.reason and reject.stage == "client"
+
+
+def test_a_csv_whose_header_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "m.csv"
+    p.write_bytes("id,url,r\xe9f\nok,https://x/1.jpg,a\n".encode("latin-1"))
+    with pytest.raises(ManifestError, match="its first line is not UTF-8"):
+        open_manifest(str(p), 0)
