@@ -18,7 +18,10 @@ others' (the manifest reader's worker thread). Wrapping adds a little CPU of its
 compare the parts with each other and across builds, not with the ``compare`` scenario's
 totals.
 
-    python -m benchmarks.breakdown [--rows 200000] [--sql 12]
+    python -m benchmarks.breakdown [--rows 200000] [--sql 12] [--foreign]
+
+``--foreign`` reads through the foreign-format proxy (:mod:`benchmarks.foreign`: other spacing,
+keys in reverse order, unknown fields), to see what a server's formatting costs and where.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import functools
 import resource
 import sqlite3
@@ -37,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .harness import manifest, running_service
+from .harness import manifest, running_foreign_proxy, running_service
 
 #: (owner module or class path, attribute, label, exactly-once part?)
 _PARTS = (
@@ -152,6 +156,11 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--sql", type=int, default=12, help="SQL statements to list (most CPU first)")
     p.add_argument("--work", type=Path, default=Path(__file__).parent / "results" / "tmp")
+    p.add_argument(
+        "--foreign",
+        action="store_true",
+        help="read through the foreign-format proxy (benchmarks.foreign), as compare does",
+    )
     args = p.parse_args()
     rows: int = args.rows
     parts, sql = _Timed(), _Timed()
@@ -163,9 +172,13 @@ def main() -> int:
     from fashiontag_pipeline.engine.run import run_pipeline
 
     source = manifest(args.work, rows)
-    with running_service(args.work) as service, tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        client = ClientConfig(base_url=service.url)
+    with contextlib.ExitStack() as stack:
+        service = stack.enter_context(running_service(args.work))
+        url = service.url
+        if args.foreign:
+            url = stack.enter_context(running_foreign_proxy(args.work, url))
+        out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        client = ClientConfig(base_url=url)
 
         async def run() -> Any:
             return await run_pipeline(
