@@ -47,7 +47,7 @@ from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
 from .outcome import completed_job, finalize_job, open_sinks
 from .pagers import ResultPagers
 from .policy import Chunk
-from .resume import reattach
+from .resume import reattach_unless_stopped
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .scheduler import JobSource
@@ -258,22 +258,7 @@ class Engine:
         self.writer.attach(tg)
         pending: list[Chunk] = []
         if self.state.resumed:
-            # Reattaching may wait on the service (an outage, under the give-up budget): a
-            # stop (SIGTERM, Ctrl-C) must end it as it ends any other wait.
-            found: list[Chunk] | None = None
-            watching = anyio.CancelScope()
-            with anyio.CancelScope() as reattaching:
-
-                async def cancel_on_stop() -> None:
-                    with watching:
-                        await self.control.stopping.wait()
-                        reattaching.cancel()
-
-                tg.start_soon(cancel_on_stop)
-                try:
-                    found = await reattach(self)
-                finally:
-                    watching.cancel()
+            found = await reattach_unless_stopped(self, self.control.stopping, tg)
             if found is None:
                 logger.warning("stopped while resuming; the same command resumes")
                 self.interrupted = True

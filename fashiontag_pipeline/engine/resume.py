@@ -12,6 +12,9 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import anyio
+import anyio.abc
+
 from .policy import Chunk, chunk_of, decode_chunk
 from .state import changes
 from .tracker import TaskEntry
@@ -19,7 +22,32 @@ from .tracker import TaskEntry
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["reattach"]
+__all__ = ["reattach", "reattach_unless_stopped"]
+
+
+async def reattach_unless_stopped(
+    run: Engine, stopping: anyio.Event, tg: anyio.abc.TaskGroup
+) -> list[Chunk] | None:
+    """:func:`reattach`, or None when ``stopping`` is set first (SIGTERM, Ctrl-C).
+
+    Reattaching may wait on the service (an outage, under the give-up budget), so a stop must
+    end it as it ends any other wait. The watcher runs in ``tg`` (the engine's task group) and
+    ends with the reattach."""
+    found: list[Chunk] | None = None
+    watching = anyio.CancelScope()
+    with anyio.CancelScope() as reattaching:
+
+        async def cancel_on_stop() -> None:
+            with watching:
+                await stopping.wait()
+                reattaching.cancel()
+
+        tg.start_soon(cancel_on_stop)
+        try:
+            found = await reattach(run)
+        finally:
+            watching.cancel()
+    return found
 
 
 async def reattach(run: Engine) -> list[Chunk]:
