@@ -82,7 +82,12 @@ class ConfigError(FashiontagError):
 
 
 class ManifestError(FashiontagError):
-    """A manifest cannot be read at all (not CSV/JSONL, no ``url`` column, unreadable file)."""
+    """A manifest cannot be read at all (not CSV/JSONL, no ``url`` column, unreadable file).
+
+    ``mid_run``: found after the run had taken rows of it in (a truncated gzip), so the state
+    holds a run of that very file."""
+
+    mid_run: bool = False
 
 
 class StateConflictError(FashiontagError):

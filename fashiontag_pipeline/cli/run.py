@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import anyio
 
-from .._exceptions import ConfigError, FashiontagError, StateConflictError
+from .._exceptions import ConfigError, FashiontagError, ManifestError, StateConflictError
 from .._http import FIRST_FAILURE
 from .._postgres import is_postgres_url, redact_url
 from ..engine.config import RunSummary
@@ -297,6 +297,17 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
     except StateConflictError as err:
         print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_USAGE
+    except ManifestError as err:
+        # A file broken past its first rows (a truncated download): its repaired copy is
+        # other content, which the state (a run of this one) would refuse with exit 2.
+        hint = (
+            "; the state keeps the rows read before it: once the file is whole, run again"
+            " with --restart"
+            if err.mid_run
+            else ""
+        )
+        print(f"fashiontag: {' '.join(str(err).split())}{hint}", file=sys.stderr)
+        return EXIT_ERROR
     except FashiontagError as err:
         print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_ERROR

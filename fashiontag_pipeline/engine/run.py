@@ -200,6 +200,9 @@ async def run_pipeline(
                     await core.wait()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
+    except exc.ManifestError as err:
+        err.mid_run = True  # past the rows taken in: the state holds a run of this very file
+        raise
     finally:
         restore_gc()
         close_readers()

@@ -237,3 +237,27 @@ async def test_two_of_the_runs_files_on_one_path_are_refused_before_anything(
         assert f"{names} are the same file" in err
     assert not out.exists() and not state.exists()
     assert m.read_text().startswith("id,url\nsku-0,")
+
+
+async def test_a_truncated_gzip_says_how_to_go_on_once_the_file_is_whole(tmp_path: Path) -> None:
+    """A download cut short: the rows before the cut are taken in, the run stops (exit 1)
+    saying what to do once the file is whole (the state holds a run of the cut file, which
+    the whole file no longer matches); that command then tags every row once."""
+    import gzip
+
+    whole = gzip.compress(manifest(tmp_path, 5000).read_bytes())
+    gz = tmp_path / "m.csv.gz"
+    gz.write_bytes(whole[: len(whole) // 2])
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        run = ("run", str(gz), "--base-url", svc.url, "--out", str(out), "--no-progress")
+        code, err = await fashiontag(*run)
+        assert code == 1 and "truncated gzip" in err
+        assert "once the file is whole, run again with --restart" in err
+        gz.write_bytes(whole)
+        code, err = await fashiontag(*run)
+        assert code == 2 and "--restart" in err
+        code, err = await fashiontag(*run, "--restart")
+        assert code == 0, err
+    ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"sku-{i}" for i in range(5000))
