@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import re
 import stat
 import sys
 import zlib
@@ -36,6 +35,7 @@ import anyio
 import msgspec
 
 from .._exceptions import ManifestError
+from . import strays
 from .rows import PlainRows, RowBatch
 
 __all__ = [
@@ -53,31 +53,6 @@ Kind = Literal["csv", "jsonl", "urls"]
 URL_LIST_HEADER = ["id", "url"]
 
 _json_decoder = msgspec.json.Decoder()
-
-#: A byte that is not UTF-8, as ``surrogateescape`` keeps it (U+DC80-U+DCFF).
-_STRAY = re.compile("[\udc80-\udcff]")
-
-
-def _decode(data: bytes, encoding: str) -> tuple[str, bool]:
-    """``data`` as text, and whether some bytes are not UTF-8 (kept as lone surrogates, so
-    the rows holding them are found and refused: a replacement character would change an id
-    silently, and two such ids could become one)."""
-    try:
-        return data.decode(encoding), False
-    except UnicodeDecodeError:
-        return data.decode(encoding, "surrogateescape"), True
-
-
-def _stray_reason(value: Any) -> str | None:
-    """Why a parsed row is refused when it holds a byte that is not UTF-8 (None: it holds
-    none)."""
-    texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    for text in texts:
-        found = _STRAY.search(text) if isinstance(text, str) else None
-        if found is not None:
-            byte = ord(found.group()) - 0xDC00
-            return f"not UTF-8 text (byte 0x{byte:02X} in a field): save the manifest as UTF-8"
-    return None
 
 
 # A ``data:`` URI is a legitimate CSV field (it routes to single mode), and one of an image up
@@ -216,16 +191,11 @@ class ManifestReader:
             data = self._next_records()
             if data is None:
                 raise ManifestError(f"manifest {self.name} is empty")
-            text, dirty = _decode(data, "utf-8-sig" if self._line == 0 else "utf-8")
+            text, dirty = strays.decode(data, "utf-8-sig" if self._line == 0 else "utf-8")
             stripped = text.lstrip()
             if not stripped:
                 self._line += text.count("\n")
                 continue
-            if dirty and _STRAY.search(stripped.split("\n", 1)[0]):
-                raise ManifestError(
-                    f"manifest {self.name} is neither CSV nor JSONL (its first line is not UTF-8"
-                    " text)"
-                )
             self._head_dirty = dirty
             if stripped.startswith("{"):
                 self.kind = "jsonl"
@@ -242,6 +212,11 @@ class ManifestReader:
             skip = 0
             while not lines[skip].strip():
                 skip += 1
+            if dirty and strays.has_stray(lines[skip]):
+                raise ManifestError(
+                    f"manifest {self.name} is neither CSV nor JSONL (its first line is not UTF-8"
+                    " text)"
+                )
             header = next(csv.reader([lines[skip]]))
             self._line += skip + 1
             names = [h.strip() for h in header]
@@ -288,9 +263,9 @@ class ManifestReader:
         """Up to ``max_rows`` rows of the chunk being parsed (a row with bytes that are not
         UTF-8 is the reason it is refused, never an id or URL with those bytes replaced)."""
         rows = self._parse()
-        if not self._dirty:
-            return rows
-        return [(line, _stray_reason(value) or value) for line, value in rows]
+        if not self._dirty or self.kind != "csv":
+            return rows  # (JSONL and URL lines are screened one by one in _parse)
+        return strays.screen_csv(rows, self.header)
 
     def _parse(self) -> Sequence[tuple[int, Any]]:
         rows: list[tuple[int, Any]] = []
@@ -305,12 +280,12 @@ class ManifestReader:
                 i += 1
                 if not text_line.strip():
                     continue
+                if self._dirty and strays.has_stray(text_line):
+                    rows.append((base + i, strays.screen_line(text_line.strip(), self.kind)))
+                    continue
                 if urls:
                     url = text_line.strip()
                     rows.append((base + i, [url, url]))
-                    continue
-                if self._dirty and _STRAY.search(text_line):
-                    rows.append((base + i, [text_line]))  # refused in _take, not decoded
                     continue
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
@@ -365,7 +340,7 @@ class ManifestReader:
                 data = self._next_records()
                 if data is None:
                     return None
-                text, dirty = _decode(data, "utf-8")
+                text, dirty = strays.decode(data, "utf-8")
             self._dirty = dirty
             self._start(text)
         return RowBatch(self.source, self.name, self.kind, self.header, self._take())

@@ -207,6 +207,7 @@ class Validator:
         ident: str | None = None
         try:
             if isinstance(fields, str):  # the source could not parse this row
+                ident = getattr(fields, "ident", None)  # (a BadRow may know its id)
                 raise RowError(fields)
             if len(fields) != width:
                 if len(fields) > i_id:
@@ -258,6 +259,7 @@ class Validator:
             ident: str | None = None
             try:
                 if isinstance(obj, str):
+                    ident = getattr(obj, "ident", None)  # (a BadRow may know its id)
                     raise RowError(obj)
                 if not isinstance(obj, dict):
                     raise RowError("line is not a JSON object")

@@ -192,28 +192,28 @@ def test_a_truncated_or_corrupt_gzip_is_an_error_never_a_short_manifest(tmp_path
 def test_a_row_that_is_not_utf8_is_one_reject_never_a_changed_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int, kind: str
 ) -> None:
-    """A manifest exported as Latin-1 in places: each row holding a byte that is not UTF-8 is
-    one reject saying so (a replacement character would change the id silently, and make
-    ``caf\\xe9`` and ``caf\\xe8`` one id), wherever it sits (in the first read or later); the
-    other rows are read as they are."""
+    """A manifest exported as Latin-1 in places: each row whose id or URL holds a byte that
+    is not UTF-8 is one reject saying so (a replacement character would change the id
+    silently, and make ``caf\xe9`` and ``caf\xe8`` one id), wherever it sits (the first row,
+    the first read or later); its id is kept when only its URL holds the byte. A byte in
+    another field becomes U+FFFD and the row is tagged."""
     monkeypatch.setattr(source, "READ_SIZE", read_size)
-    ok = [f"ok{i}" for i in range(30)]
-    bad = ["caf\xe9", "caf\xe8"]
-    names = ok[:3] + bad[:1] + ok[3:20] + bad[1:] + ok[20:]
+    rows = [("caf\xe9", "x/1", "acme")] + [(f"ok{i}", f"x/ok{i}", "acme") for i in range(10)]
+    rows += [("caf\xe8", "x/2", "acme"), ("ok10", "x/\xe9t\xe9", "acme")]
+    rows += [("ok11", "x/ok11", "Herm\xe8s")] + [(f"ok{i}", f"x/ok{i}", "b") for i in range(12, 20)]
 
-    def line(name: str) -> bytes:
-        url = f"https://x/{name}.jpg"
+    def line(ident: str, path: str, brand: str) -> bytes:
+        url = f"https://{path}.jpg"
         if kind == "csv":
-            return f"{name},{url}\n".encode("latin-1")
+            return f"{ident},{url},{brand}\n".encode("latin-1")
         if kind == "jsonl":
-            return (json.dumps({"id": name, "url": url}, ensure_ascii=False) + "\n").encode(
-                "latin-1"
-            )
-        return f"https://x/{name}.jpg\n".encode("latin-1")
+            obj = {"id": ident, "url": url, "brand": brand}
+            return (json.dumps(obj, ensure_ascii=False) + "\n").encode("latin-1")
+        return f"{url}\n".encode("latin-1")
 
-    head = b"id,url\n" if kind == "csv" else b""
+    head = b"id,url,brand\n" if kind == "csv" else b""
     p = tmp_path / f"m.{kind}"
-    p.write_bytes(head + b"".join(line(n) for n in names))
+    p.write_bytes(head + b"".join(line(*r) for r in rows))
     reader = open_manifest(str(p), 0)
     items, rejects = [], []
     while (batch := reader.read_batch()) is not None:
@@ -221,13 +221,25 @@ def test_a_row_that_is_not_utf8_is_one_reject_never_a_changed_id(
         items += i
         rejects += r
     reader.close()
-    expected_ids = ok if kind != "urls" else [f"https://x/{n}.jpg" for n in ok]
-    assert [i[0] for i in items] == expected_ids
-    assert len(rejects) == 2
     offset = 2 if kind == "csv" else 1
-    assert [r.line for _, r in rejects] == [names.index(b) + offset for b in bad]
-    for (_, reject), byte in zip(rejects, ("E9", "E8"), strict=True):
-        assert f"not UTF-8 text (byte 0x{byte}" in reject.reason and reject.stage == "client"
+    if kind == "urls":
+        bad = {12}  # a URL list has no other field: only x/\xe9t\xe9 holds a stray byte
+        assert [r.id for _, r in rejects] == [None]
+    else:
+        bad = {0, 11, 12}
+        assert [r.id for _, r in rejects] == [None, None, "ok10"]
+        brands = {i[0]: i[2].context.brand for i in items}
+        assert brands["ok11"] == "Herm\ufffds"
+    assert [r.line for _, r in rejects] == [n + offset for n in sorted(bad)]
+    assert len(items) == len(rows) - len(bad)
+    for _, reject in rejects:
+        assert "not UTF-8 text" in reject.reason and reject.stage == "client"
+    if kind == "csv":
+        assert [r.reason[:34] for _, r in rejects] == [
+            "not UTF-8 text (byte 0xE9 in the i",
+            "not UTF-8 text (byte 0xE8 in the i",
+            "not UTF-8 text (byte 0xE9 in the u",
+        ]
 
 
 def test_a_csv_whose_header_is_not_utf8_is_refused(tmp_path: Path) -> None:
