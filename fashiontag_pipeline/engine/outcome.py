@@ -29,7 +29,9 @@ def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[Result
     except OSError as err:
         raise exc.StateError(f"cannot open the outputs: {err}") from None
     try:
-        result_sink.truncate(job.results_ckpt)
+        c = job.counters
+        results = c.get("tagged", 0) + c.get("failed", 0) + c.get("reused", 0) > 0
+        result_sink.truncate(job.results_ckpt, results_committed=results)
         reject_sink.truncate(job.rejects_ckpt)
     except BaseException:
         result_sink.close()

@@ -94,8 +94,9 @@ class _AppendFile:
         self._fh = os.fdopen(fd, "r+b", buffering=0)
         self._fh.seek(0, os.SEEK_END)
 
-    def truncate(self, checkpoint: int) -> None:
-        """Cut the file back to ``checkpoint`` bytes (what the state says was committed).
+    def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
+        """Cut the file back to ``checkpoint`` bytes (what the state says was committed;
+        ``results_committed`` is for the SQLite sink).
 
         A file shorter than that lost lines the state counts as written (a machine that died
         before they reached the disk, a file replaced by hand): a :class:`StateError`, never a
@@ -176,7 +177,7 @@ class ResultSink(Protocol):
 
     def checkpoint(self) -> int: ...
 
-    def truncate(self, checkpoint: int) -> None: ...
+    def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None: ...
 
     def flush(self, fsync: bool) -> None: ...
 
@@ -315,10 +316,12 @@ class SqliteResultSink:
     def checkpoint(self) -> int:
         return self._last
 
-    def truncate(self, checkpoint: int) -> None:
+    def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
         """Delete the rows written after ``checkpoint`` (what the state says was committed;
-        0: every row, a new run)."""
-        if not self._rowids and checkpoint > 0:
+        0: every row, a new run). ``results_committed``: whether the job has committed a
+        result row; an older file (see the class) is only emptied when it has not, since that
+        version could record a checkpoint of 0 over rows it had committed."""
+        if not self._rowids and (checkpoint > 0 or results_committed):
             return  # an older file resumed: its checkpoint is a count, not a rowid
         self._db.execute("DELETE FROM results WHERE rowid > ?", (checkpoint,))
         self._last = self._last_rowid()

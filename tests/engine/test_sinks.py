@@ -149,7 +149,8 @@ def test_an_older_sqlite_results_file_is_resumed_as_it_was_and_emptied_by_a_new_
     tmp_path: Path,
 ) -> None:
     """A file from before rowid checkpoints (user_version 0) holds counts the rowids do not
-    match: a resume keeps its rows; a new run (checkpoint 0) empties it."""
+    match: a resume keeps its rows, even at a checkpoint of 0 (that version recorded 0 for a
+    session that committed only rejects); a new run (no result committed) empties it."""
     path = tmp_path / "r.db"
     sink = SqliteResultSink(path)
     sink.write_page("t1", _page("a", "b", "c"))
@@ -159,6 +160,8 @@ def test_an_older_sqlite_results_file_is_resumed_as_it_was_and_emptied_by_a_new_
     sink = SqliteResultSink(path)
     sink.truncate(1)  # a count of that version's last session, not a rowid
     assert _sqlite_rows(path) == ["a", "b", "c"]
-    sink.truncate(0)
+    sink.truncate(0)  # results committed before: a resume
+    assert _sqlite_rows(path) == ["a", "b", "c"]
+    sink.truncate(0, results_committed=False)  # a new run
     assert _sqlite_rows(path) == []
     sink.close()
