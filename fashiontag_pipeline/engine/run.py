@@ -41,9 +41,13 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 
 def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[str, bool]:
     """What of a run's committed output is not at the paths given now ("" when all of it is),
-    and whether it is because other paths were given: the recorded file is not where given,
-    or a file is missing or shorter than the state's checkpoint (results in SQLite are only
-    checked to exist)."""
+    and whether it is because other paths were given.
+
+    A file given at another path than the one recorded holds the run's lines only when it was
+    moved there: the recorded file gone, the given one at least as long as the state's
+    checkpoint. A recorded file still in place means the given path is some other file (never
+    cut back and appended to). At the recorded path, a file missing or shorter than the
+    checkpoint lost lines. (Results in SQLite are only checked to hold rows.)"""
     if job is None:
         return "", False
     problems: list[str] = []
@@ -55,19 +59,26 @@ def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[st
     for what, given, written, ckpt, in_bytes in files:
         if not written or ckpt <= 0:
             continue  # nothing committed to it
-        try:
-            size = given.stat().st_size
-        except OSError:
-            size = -1
-        if size >= (ckpt if in_bytes else 1):
-            continue  # the committed lines are there (moved along with the run, or never)
+        needed = ckpt if in_bytes else 1
         if os.path.realpath(given) != os.path.realpath(written):
+            if _size(Path(written)) < needed and _size(given) >= needed:
+                continue  # moved to the path given, lines and all
             elsewhere = True
             problems.append(f"its {what} were written to {written}, not {given}")
-        else:
+            continue
+        size = _size(given)
+        if size < needed:
             state = "is missing" if size < 0 else "holds fewer lines than were committed"
             problems.append(f"its {what} file {given} {state}")
     return "; ".join(problems), elsewhere
+
+
+def _size(path: Path) -> int:
+    """The size of a file in bytes, -1 when there is none."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 #: The key of ``run``'s one job in its state file.

@@ -4,7 +4,8 @@
   new ``--out``: complete (nothing is tagged again without ``--restart``), and the summary
   says where the results are, or that they are gone;
 * an unfinished run resumed with a new ``--out`` while its lines are in the old file: refused
-  (exit 2, nothing touched) naming the old file, not reported as lines lost by the machine.
+  (exit 2, nothing touched) naming the old file, not reported as lines lost by the machine,
+  and another file at the new path is left alone; the file moved there: resumed there.
 """
 
 from __future__ import annotations
@@ -78,7 +79,17 @@ async def test_an_unfinished_run_resumed_with_another_out_is_refused_naming_its_
         assert refused.returncode == 2, err
         assert f"were written to {out}" in err and "lost by the machine" not in err
         assert not elsewhere.exists()
+        # Another file already at the path given, as long as the run's: still refused, and
+        # left as it was (never cut back and appended to).
+        other = b"x" * (out.stat().st_size + 10)
+        elsewhere.write_bytes(other)
+        with anyio.fail_after(60):
+            refused = await anyio.run_process(moved, check=False, env=ENV, stderr=subprocess.PIPE)
+        assert refused.returncode == 2, refused.stderr.decode()
+        assert elsewhere.read_bytes() == other
+        # The run's file moved to the path given: resumed there.
+        out.replace(elsewhere)
         with anyio.fail_after(120):
-            done = await anyio.run_process(args, check=False, env=ENV)
+            done = await anyio.run_process(moved, check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+    assert_exactly_once(elsewhere, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
