@@ -43,11 +43,13 @@ def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[st
     """What of a run's committed output is not at the paths given now ("" when all of it is),
     and whether it is because other paths were given.
 
-    A file given at another path than the one recorded holds the run's lines only when it was
-    moved there: the recorded file gone, the given one at least as long as the state's
-    checkpoint. A recorded file still in place means the given path is some other file (never
-    cut back and appended to). At the recorded path, a file missing or shorter than the
-    checkpoint lost lines. (Results in SQLite are only checked to hold rows.)"""
+    A file given at another path than the one recorded holds the run's lines when it was moved
+    or copied there: at least as long as the state's checkpoint, and, while the recorded file
+    is still in place, ending its committed part with the same bytes (the shared daemon's
+    takeover copies the committed prefix to its own files). Otherwise the given path is some
+    other file, never cut back and appended to. At the recorded path, a file missing or
+    shorter than the checkpoint lost lines. (Results in SQLite are only checked to hold
+    rows.)"""
     if job is None:
         return "", False
     problems: list[str] = []
@@ -61,8 +63,10 @@ def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[st
             continue  # nothing committed to it
         needed = ckpt if in_bytes else 1
         if os.path.realpath(given) != os.path.realpath(written):
-            if _size(Path(written)) < needed and _size(given) >= needed:
-                continue  # moved to the path given, lines and all
+            if _size(given) >= needed and (
+                not in_bytes or _size(Path(written)) < needed or _same_tail(given, written, ckpt)
+            ):
+                continue  # moved or copied to the path given, lines and all
             elsewhere = True
             problems.append(f"its {what} were written to {written}, not {given}")
             continue
@@ -71,6 +75,19 @@ def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[st
             state = "is missing" if size < 0 else "holds fewer lines than were committed"
             problems.append(f"its {what} file {given} {state}")
     return "; ".join(problems), elsewhere
+
+
+def _same_tail(given: Path, written: str, end: int, span: int = 4096) -> bool:
+    """Whether two files hold the same bytes just before ``end`` (a copy of a committed
+    prefix, checked on its last ``span`` bytes rather than read whole)."""
+    start = max(0, end - span)
+    try:
+        with given.open("rb") as a, open(written, "rb") as b:
+            a.seek(start)
+            b.seek(start)
+            return a.read(end - start) == b.read(end - start)
+    except OSError:
+        return False
 
 
 def _size(path: Path) -> int:
