@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -26,6 +27,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Write ``path`` so that it is either absent or whole: a hidden temp file beside it,
     fsync, rename, fsync the folder (a crash never leaves half a file under the real name)."""
     tmp = path.with_name(f".{path.name}.tmp")
+    if len(tmp.name.encode()) > 255:  # a name near NAME_MAX: a short temp name of its own
+        tmp = path.with_name(f".{hashlib.sha256(path.name.encode()).hexdigest()[:16]}.tmp")
     with tmp.open("wb") as fh:
         fh.write(data)
         fh.flush()

@@ -35,6 +35,7 @@ it): a rename would otherwise replace a manifest in flight.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,8 +54,10 @@ from .names import (
     DONE_DIR,
     ERROR_SUFFIX,
     FAILED_DIR,
+    NAME_MAX,
     READY_SUFFIX,
     WORK_DIR,
+    fit,
     free_name,
     hash_file,
     is_manifest_name,
@@ -86,6 +89,16 @@ class _Seen:
     size: int
     mtime_ns: int
     since: float
+
+
+def _remove_marker(marker: Path) -> None:
+    """Remove a ``NAME.ready`` marker if there is one. A name too long for the marker's
+    suffix (ENAMETOOLONG) has none: it cannot exist."""
+    try:
+        marker.unlink(missing_ok=True)
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:
+            raise
 
 
 class Inbox:
@@ -292,13 +305,17 @@ class Inbox:
             return None
         record = ClaimRecord(name=name, sha256=sha256, size=size, claimed_at=self._wall_clock())
         if self.shared_after is not None:
-            return self._claim_shared(path, record)
+            return self._claim_shared(path, record, after)
         self.ledger.record_claim(record)
-        (self.root / f"{name}{READY_SUFFIX}").unlink(missing_ok=True)
+        _remove_marker(self.root / f"{name}{READY_SUFFIX}")
         os.rename(path, target)
         fsync_dir(self.root)
         fsync_dir(self.work)
         self._seen.pop(name, None)
+        record = self._as_moved(target, after, record)
+        if record.sha256 != sha256:
+            self.ledger.record_claim(record)
+        sha256, size = record.sha256, record.size
         return Claim(
             name=name,
             path=str(target),
@@ -307,7 +324,22 @@ class Inbox:
             claimed_at=record.claimed_at,
         )
 
-    def _claim_shared(self, path: Path, record: ClaimRecord) -> Claim | None:
+    @staticmethod
+    def _as_moved(moved: Path, hashed: os.stat_result, record: ClaimRecord) -> ClaimRecord:
+        """The claim's record for the file that was moved: ``record`` when it is the file
+        hashed (``hashed``: its stat), else the moved file's own hash. A file renamed over
+        the name between the hash and the move is the one moved; claimed under the other's
+        hash, a later drop of that other content would be taken for a duplicate of it, and
+        its rows never tagged."""
+        now = moved.stat()
+        if (now.st_ino, now.st_dev) == (hashed.st_ino, hashed.st_dev):
+            return record
+        sha256, size = hash_file(moved)
+        return ClaimRecord(name=record.name, sha256=sha256, size=size, claimed_at=record.claimed_at)
+
+    def _claim_shared(
+        self, path: Path, record: ClaimRecord, hashed: os.stat_result
+    ) -> Claim | None:
         """The move first: of several daemons, the one whose move succeeds owns the file;
         then its record (if the name is not in flight already). The move is a hard link that
         fails when ``.work`` has the name (a rename would replace a file another daemon moved
@@ -318,9 +350,10 @@ class Inbox:
             os.link(path, self.work / name)
         except (FileNotFoundError, FileExistsError):
             return None  # another daemon claimed it, or one of that name is in flight
+        record = self._as_moved(self.work / name, hashed, record)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        (self.root / f"{name}{READY_SUFFIX}").unlink(missing_ok=True)
+        _remove_marker(self.root / f"{name}{READY_SUFFIX}")
         fsync_dir(self.root)
         fsync_dir(self.work)
         cast("SharedLedger", self.ledger).record_claim_if_absent(record)
@@ -395,8 +428,10 @@ class Inbox:
         names the claim's sha256, and no manifest stands beside it): reused, so a crash between
         the two leaves no error file without its manifest."""
         stem, suffix = manifest_stem(claim.name), suffix_of(claim.name)
-        names = [claim.name, f"{stem}.{claim.sha256[:12]}{suffix}"]
-        names += [f"{stem}.{claim.sha256[:12]}.{n}{suffix}" for n in range(2, 10)]
+        limit = NAME_MAX - len(ERROR_SUFFIX.encode())  # the names free_name gives
+        names = [claim.name] if len(claim.name.encode()) <= limit else []
+        names.append(fit(stem, f".{claim.sha256[:12]}{suffix}", limit))
+        names += [fit(stem, f".{claim.sha256[:12]}.{n}{suffix}", limit) for n in range(2, 10)]
         for name in names:
             error = self.failed / f"{name}{ERROR_SUFFIX}"
             if (self.failed / name).exists() or not error.exists():

@@ -18,8 +18,10 @@ __all__ = [
     "GZIP_SUFFIX",
     "IGNORED_SUFFIXES",
     "MANIFEST_SUFFIXES",
+    "NAME_MAX",
     "READY_SUFFIX",
     "WORK_DIR",
+    "fit",
     "free_name",
     "hash_file",
     "is_manifest_name",
@@ -69,11 +71,27 @@ def hash_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+#: The longest file name most file systems take, in bytes (NAME_MAX).
+NAME_MAX = 255
+
+
+def fit(stem: str, tail: str, limit: int = NAME_MAX) -> str:
+    """``stem + tail``, the stem cut (at a character boundary) so that the name, in UTF-8, is
+    at most ``limit`` bytes: a legal manifest name leaves too little room for what is added
+    to it (``.<sha12>``, ``.error.json``)."""
+    room = limit - len(tail.encode())
+    cut = stem.encode()[: max(room, 1)].decode("utf-8", "ignore")
+    return cut + tail
+
+
 def free_name(folder: Path, name: str, sha256: str, *, companion: str = "") -> str:
     """A name in ``folder`` that neither this nor its ``companion`` suffix uses: ``name``, then
-    ``STEM.<sha12>SUFFIX``, then ``STEM.<sha12>.2SUFFIX``, ... (never overwrites a file)."""
+    ``STEM.<sha12>SUFFIX``, then ``STEM.<sha12>.2SUFFIX``, ... (never overwrites a file). Each
+    fits NAME_MAX with its companion; a name that does not is passed over."""
     stem, suffix = manifest_stem(name), suffix_of(name)
-    candidates = [name, f"{stem}.{sha256[:12]}{suffix}"]
+    limit = NAME_MAX - len(companion.encode())
+    candidates = [name] if len(name.encode()) <= limit else []
+    candidates.append(fit(stem, f".{sha256[:12]}{suffix}", limit))
     n = 2
     while True:
         for candidate in candidates:
@@ -81,5 +99,5 @@ def free_name(folder: Path, name: str, sha256: str, *, companion: str = "") -> s
                 companion and (folder / f"{candidate}{companion}").exists()
             ):
                 return candidate
-        candidates = [f"{stem}.{sha256[:12]}.{n}{suffix}"]
+        candidates = [fit(stem, f".{sha256[:12]}.{n}{suffix}", limit)]
         n += 1

@@ -28,7 +28,7 @@ import msgspec
 from .._models import format_time
 from ._files import fsync_dir, write_atomic
 from .inbox import Claim
-from .names import manifest_stem
+from .names import fit, manifest_stem
 
 __all__ = [
     "CLAIM_FILE",
@@ -180,14 +180,14 @@ class Outbox:
         ``STEM.<sha12>.2``, ..."""
         mark = _ClaimMark(manifest=claim.name, sha256=claim.sha256, claimed_at=claim.claimed_at)
         stem = manifest_stem(claim.name)
-        candidates = [stem, f"{stem}.{claim.sha256[:12]}"]
+        candidates = [stem, fit(stem, f".{claim.sha256[:12]}")]
         n = 2
         while True:
             for candidate in candidates:
                 folder = self.root / candidate
                 if self._take(folder, mark):
                     return ManifestOutputs(folder, claim)
-            candidates = [f"{stem}.{claim.sha256[:12]}.{n}"]
+            candidates = [fit(stem, f".{claim.sha256[:12]}.{n}")]
             n += 1
 
     async def aoutputs(self, claim: Claim) -> ManifestOutputs:

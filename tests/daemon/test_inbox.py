@@ -206,6 +206,51 @@ def test_a_file_that_changes_while_hashed_is_not_claimed(
     assert claim.sha256 == hashlib.sha256(Path(claim.path).read_bytes()).hexdigest()
 
 
+def test_a_file_renamed_over_the_name_before_its_move_is_claimed_under_its_own_hash(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer renames another file over NAME after it was hashed, before the claim moves
+    it: the file moved is the one claimed, under its own hash (under the first one's, a later
+    drop of that first content would be taken for a duplicate and never tagged)."""
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    path = root / "cat.csv"
+    path.write_bytes(CSV)
+    other = CSV + b"9,http://127.0.0.1/z.jpg\n"
+    real = ledger.record_claim
+    replaced: list[bool] = []
+
+    def record_then_replace(record: ClaimRecord) -> None:
+        real(record)
+        if not replaced:
+            replaced.append(True)
+            incoming = root / ".incoming"
+            incoming.write_bytes(other)
+            os.rename(incoming, path)
+
+    monkeypatch.setattr(ledger, "record_claim", record_then_replace)
+    assert inbox.scan() == [path]
+    claim = inbox.claim(path)
+    assert claim is not None and replaced
+    assert Path(claim.path).read_bytes() == other
+    assert claim.sha256 == hashlib.sha256(other).hexdigest() and claim.size == len(other)
+    [record] = ledger.in_flight()
+    assert record.sha256 == claim.sha256
+
+
+def test_a_name_too_long_for_its_ready_marker_is_claimed(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    """A legal name of 250 bytes has no room for ``.ready``: its marker cannot exist, and the
+    claim does not fail looking for it."""
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    path = root / ("c" * 246 + ".csv")
+    path.write_bytes(CSV)
+    assert inbox.scan() == [path]
+    claim = inbox.claim(path)
+    assert claim is not None and Path(claim.path).exists()
+
+
 class UnwritableLedger(MemoryClaimLedger):
     def record_claim(self, record: ClaimRecord) -> None:
         raise OSError(30, "Read-only file system")
@@ -337,6 +382,23 @@ def test_fail_moves_to_failed_beside_its_reason(
     record = ledger.lookup("bad.csv")
     assert record is not None and record.status == "failed"
     assert ledger.find_completed(claim.sha256) is None
+
+
+def test_a_failed_manifest_with_a_name_near_the_limit_gets_names_that_fit(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    """A 250-byte name has no room for ``.error.json``: the failed manifest is moved under a
+    name cut to fit with its reason beside it, never an error that stops the daemon."""
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    name = "b" * 246 + ".csv"
+    (root / name).write_bytes(b"\x00\x01 not a manifest")
+    claim = inbox.claim(root / name)
+    assert claim is not None
+    target = inbox.fail(claim, "no url column")
+    assert target.exists() and len(f"{target.name}.error.json".encode()) <= 255
+    assert target.name.endswith(f".{claim.sha256[:12]}.csv")
+    error = json.loads((root / "failed" / f"{target.name}.error.json").read_text())
+    assert error["reason"] == "no url column"
 
 
 def test_a_crash_after_the_error_file_reuses_its_name(

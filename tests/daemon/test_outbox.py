@@ -150,3 +150,18 @@ async def test_the_async_twins_do_the_file_work_off_the_loop(tmp_path: Path) -> 
     summary = ManifestOutcome(status="done", tagged=2).summary(outputs, finished_at=1.7e9)
     await outputs.awrite_summary(summary)
     assert outputs.read_summary() == summary and outputs.results.exists()
+
+
+def test_a_name_near_the_file_system_limit_gets_folders_that_fit(tmp_path: Path) -> None:
+    """A legal manifest name of 248 bytes (here with multi-byte characters): its second
+    content needs ``STEM.<sha12>``, cut to fit 255 bytes at a character boundary, never an
+    error that stops the daemon."""
+    outbox = Outbox(tmp_path)
+    name = "é" * 60 + "c" * 124 + ".csv"  # 244 + 4 bytes
+    assert len(name.encode()) == 248
+    first = outbox.outputs(claim_of(name, b"a"))
+    second = outbox.outputs(claim_of(name, b"b"))
+    assert first.folder.name == name[:-4]
+    assert second.folder != first.folder and second.folder.is_dir()
+    assert len(second.folder.name.encode()) <= 255
+    assert second.folder.name.endswith(f".{claim_of(name, b'b').sha256[:12]}")
