@@ -37,6 +37,18 @@ TRANSIENT = (exc.TransportError, exc.RateLimitedError, exc.ServerError)
 REFUSED = (exc.AuthenticationError, exc.PermissionDeniedError)
 
 
+def _trouble(err: BaseException) -> tuple[str, str]:
+    """(what the first warning says, what the final error says the service was) of a failure
+    the budget retries."""
+    if isinstance(err, exc.DecodeError):
+        return "the service answers JSON that is not the spec's shape", "answering malformed JSON"
+    if isinstance(err, exc.RateLimitedError):
+        return "the service is rate limiting this key (HTTP 429)", "rate limiting this key"
+    if isinstance(err, exc.ServerError):
+        return "the service answers with an error", "answering with errors"
+    return "cannot reach the service", "unreachable"
+
+
 class FatalRunError(FashiontagError):
     """The run cannot go on (bad key, service unreachable after the retry budget)."""
 
@@ -140,13 +152,9 @@ class RetryBudget:
         """Count a failure and sleep before the retry; raise FatalRunError when out of budget."""
         now = time.monotonic()
         reason = " ".join(str(err).split())
-        # An answer that is not the spec's JSON is no outage: say so, not "cannot reach".
-        malformed = isinstance(err, exc.DecodeError)
-        trouble = (
-            "the service answers JSON that is not the spec's shape"
-            if malformed
-            else "cannot reach the service"
-        )
+        # Say what kind of trouble it is: an answer that is not the spec's JSON, or a service
+        # that answers "too many" or with errors, is no outage ("cannot reach").
+        trouble, state = _trouble(err)
         if self._failing_since is None:
             self._failing_since = self._reminded_at = now
             # A warning for the first streak in STILL_FAILING_EVERY s (a flaky service must
@@ -167,7 +175,6 @@ class RetryBudget:
                     self.give_up_after,
                 )
         elif now - self._failing_since > self.give_up_after:
-            state = "answering malformed JSON" if malformed else "unreachable"
             raise FatalRunError(
                 f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
             ) from err

@@ -7,7 +7,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from fashiontag_pipeline import AuthenticationError, DecodeError, ServerError, TransportError
+from fashiontag_pipeline import (
+    AuthenticationError,
+    DecodeError,
+    RateLimitedError,
+    ServerError,
+    TransportError,
+)
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.flow import AIMDLimiter, FatalRunError, RetryBudget
 from fashiontag_pipeline.engine.tracker import TaskBook, TaskEntry, Tracker
@@ -45,6 +51,33 @@ async def test_a_spent_budget_is_fatal_and_names_the_operation() -> None:
     _, fn = failing([TransportError("refused")] * 10)
     with pytest.raises(FatalRunError, match="status of task t1: service unreachable"):
         await budget.call("status of task t1", fn)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error", "warned", "final"),
+    [
+        (
+            RateLimitedError("HTTP 429: this key has 1000 live tasks", status=429),
+            "the service is rate limiting this key (HTTP 429)",
+            "service rate limiting this key",
+        ),
+        (
+            ServerError("HTTP 503", status=503),
+            "the service answers with an error",
+            "service answering with errors",
+        ),
+    ],
+)
+async def test_a_budget_spent_on_refusals_says_so_not_unreachable(
+    caplog: pytest.LogCaptureFixture, error: Exception, warned: str, final: str
+) -> None:
+    """A service that answers 429 (a live-task limit, a quota) or 5xx is reachable: the
+    warning and the final error say what it answers, never "cannot reach"."""
+    budget = RetryBudget(0.01, base=0.02, cap=0.02)
+    _, fn = failing([error] * 10)
+    with pytest.raises(FatalRunError, match=f"create task: {final}"):
+        await budget.call("create task", fn)  # type: ignore[arg-type]
+    assert warned in caplog.text and "cannot reach" not in caplog.text
 
 
 async def test_a_budget_spent_on_malformed_answers_says_so_not_unreachable(
