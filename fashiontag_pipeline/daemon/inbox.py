@@ -91,6 +91,17 @@ class _Seen:
     since: float
 
 
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two stats are of one file unchanged: the inode, and its size and modification
+    time (a file deleted and written again may get the same inode number)."""
+    return (a.st_ino, a.st_dev, a.st_size, a.st_mtime_ns) == (
+        b.st_ino,
+        b.st_dev,
+        b.st_size,
+        b.st_mtime_ns,
+    )
+
+
 def _remove_marker(marker: Path) -> None:
     """Remove a ``NAME.ready`` marker if there is one. A name too long for the marker's
     suffix (ENAMETOOLONG) has none: it cannot exist."""
@@ -179,6 +190,14 @@ class Inbox:
                 sha256, size = hash_file(self.work / name)
                 record = ClaimRecord(
                     name=name, sha256=sha256, size=size, claimed_at=self._wall_clock()
+                )
+                self.ledger.record_claim(record)
+            elif (self.work / name).stat().st_size != record.size:
+                # A crash after a file renamed over the name was moved, before its own hash
+                # replaced the other's in the record: recorded again under its own.
+                sha256, size = hash_file(self.work / name)
+                record = ClaimRecord(
+                    name=name, sha256=sha256, size=size, claimed_at=record.claimed_at
                 )
                 self.ledger.record_claim(record)
             claims.append(
@@ -331,8 +350,7 @@ class Inbox:
         the name between the hash and the move is the one moved; claimed under the other's
         hash, a later drop of that other content would be taken for a duplicate of it, and
         its rows never tagged."""
-        now = moved.stat()
-        if (now.st_ino, now.st_dev) == (hashed.st_ino, hashed.st_dev):
+        if _same_file(moved.stat(), hashed):
             return record
         sha256, size = hash_file(moved)
         return ClaimRecord(name=record.name, sha256=sha256, size=size, claimed_at=record.claimed_at)
@@ -352,7 +370,9 @@ class Inbox:
             return None  # another daemon claimed it, or one of that name is in flight
         record = self._as_moved(self.work / name, hashed, record)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            # Only the file linked: one renamed over NAME since is left for the next scan.
+            if _same_file(path.stat(), (self.work / name).stat()):
+                os.unlink(path)
         _remove_marker(self.root / f"{name}{READY_SUFFIX}")
         fsync_dir(self.root)
         fsync_dir(self.work)

@@ -46,7 +46,8 @@ def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[st
     A file given at another path than the one recorded holds the run's lines when it was moved
     or copied there: at least as long as the state's checkpoint, and, while the recorded file
     is still in place, ending its committed part with the same bytes (the shared daemon's
-    takeover copies the committed prefix to its own files). Otherwise the given path is some
+    takeover copies the committed prefix to its own JSONL files; a SQLite results file is
+    taken at another path only once the recorded one is gone). Otherwise the given path is some
     other file, never cut back and appended to. At the recorded path, a file missing or
     shorter than the checkpoint lost lines. (Results in SQLite are only checked to hold
     rows.)"""
@@ -64,7 +65,7 @@ def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[st
         needed = ckpt if in_bytes else 1
         if os.path.realpath(given) != os.path.realpath(written):
             if _size(given) >= needed and (
-                not in_bytes or _size(Path(written)) < needed or _same_tail(given, written, ckpt)
+                _size(Path(written)) < needed or (in_bytes and _same_tail(given, written, ckpt))
             ):
                 continue  # moved or copied to the path given, lines and all
             elsewhere = True

@@ -63,8 +63,8 @@ def screen_csv(rows: Iterable[tuple[int, Any]], header: Sequence[str]) -> list[t
     """CSV rows (fields, or a ``str`` for a row the parser refused) of a chunk that holds stray
     bytes: a row whose id or URL holds one becomes a :class:`BadRow`; in other fields the byte
     becomes U+FFFD."""
-    i_id = header.index("id") if "id" in header else -1
-    i_url = header.index("url") if "url" in header else -1
+    index = {name: i for i, name in enumerate(header)}  # the last of a repeated name, as
+    i_id, i_url = index.get("id", -1), index.get("url", -1)  # the validator reads it
     out: list[tuple[int, Any]] = []
     for line, fields in rows:
         if isinstance(fields, str):
@@ -97,9 +97,13 @@ def screen_line(text: str, kind: str) -> Any:
     if not isinstance(obj, dict):
         return obj
     context = obj.get("context")
-    ident = obj.get("id", context.get("id") if isinstance(context, dict) else None)
+    ident = obj.get("id")  # as the validator reads them
+    if ident is None and isinstance(context, dict):
+        ident = context.get("id")
     image = obj.get("image")
-    url = obj.get("url", image.get("content") if isinstance(image, dict) else None)
+    url = obj.get("url")
+    if "url" not in obj and isinstance(image, dict):
+        url = image.get("content")
     bad_id = isinstance(ident, str) and "\ufffd" in ident
     if bad_id or (isinstance(url, str) and "\ufffd" in url):
         what = "id" if bad_id else "url"

@@ -206,12 +206,14 @@ def test_a_file_that_changes_while_hashed_is_not_claimed(
     assert claim.sha256 == hashlib.sha256(Path(claim.path).read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("how", ["rename", "rewrite"])
 def test_a_file_renamed_over_the_name_before_its_move_is_claimed_under_its_own_hash(
-    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """A producer renames another file over NAME after it was hashed, before the claim moves
-    it: the file moved is the one claimed, under its own hash (under the first one's, a later
-    drop of that first content would be taken for a duplicate and never tagged)."""
+    """A producer renames another file over NAME (or deletes it and writes it again: the
+    inode number may come back) after it was hashed, before the claim moves it: the file
+    moved is the one claimed, under its own hash (under the first one's, a later drop of that
+    first content would be taken for a duplicate and never tagged)."""
     ledger = make_ledger()
     inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
     path = root / "cat.csv"
@@ -224,9 +226,13 @@ def test_a_file_renamed_over_the_name_before_its_move_is_claimed_under_its_own_h
         real(record)
         if not replaced:
             replaced.append(True)
-            incoming = root / ".incoming"
-            incoming.write_bytes(other)
-            os.rename(incoming, path)
+            if how == "rename":
+                incoming = root / ".incoming"
+                incoming.write_bytes(other)
+                os.rename(incoming, path)
+            else:
+                path.unlink()
+                path.write_bytes(other)
 
     monkeypatch.setattr(ledger, "record_claim", record_then_replace)
     assert inbox.scan() == [path]
@@ -236,6 +242,26 @@ def test_a_file_renamed_over_the_name_before_its_move_is_claimed_under_its_own_h
     assert claim.sha256 == hashlib.sha256(other).hexdigest() and claim.size == len(other)
     [record] = ledger.in_flight()
     assert record.sha256 == claim.sha256
+
+
+def test_a_crash_before_the_moved_files_own_hash_was_recorded_is_mended_at_start_up(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    """Killed after another file was moved in under NAME, before its own hash replaced the
+    first file's in the ledger: start-up sees the size differ and records the file's own."""
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    other = CSV + b"9,http://127.0.0.1/z.jpg\n"
+    ledger.record_claim(
+        ClaimRecord(
+            name="cat.csv", sha256=hashlib.sha256(CSV).hexdigest(), size=len(CSV), claimed_at=1.6e9
+        )
+    )
+    (root / ".work" / "cat.csv").write_bytes(other)
+    [claim] = make_inbox(root, make_ledger(), FakeClock(), settle=0.0).recover()
+    assert claim.sha256 == hashlib.sha256(other).hexdigest() and claim.size == len(other)
+    assert claim.claimed_at == 1.6e9
+    assert inbox.ledger.lookup("cat.csv") is not None
 
 
 def test_a_name_too_long_for_its_ready_marker_is_claimed(

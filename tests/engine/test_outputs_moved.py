@@ -17,6 +17,8 @@ from pathlib import Path
 import anyio
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.run import _outputs_elsewhere
+from fashiontag_pipeline.engine.state import JobRow
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, client_config, run_args, write_csv
@@ -93,3 +95,37 @@ async def test_an_unfinished_run_resumed_with_another_out_is_refused_naming_its_
             done = await anyio.run_process(moved, check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()
     assert_exactly_once(elsewhere, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+
+
+def _job(results: Path, rejects: Path, sink: str, results_ckpt: int) -> JobRow:
+    return JobRow(
+        job=1,
+        key="run",
+        name="m.csv",
+        sources=[],
+        results=str(results),
+        rejects=str(rejects),
+        sink=sink,
+        state="open",
+        validated=0,
+        chunked=0,
+        results_ckpt=results_ckpt,
+        rejects_ckpt=0,
+        counters={"tagged": 3},
+    )
+
+
+def test_a_sqlite_results_file_elsewhere_is_the_runs_only_once_the_recorded_one_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Another SQLite results file at the path given, while the run's is still in place, is
+    somebody's: refused (never cut back to the checkpoint and written into). Once the run's
+    file is gone from where it was, the one given is taken as it, moved."""
+    recorded, other = tmp_path / "r.db", tmp_path / "other.db"
+    recorded.write_bytes(b"x" * 8192)
+    other.write_bytes(b"y" * 8192)
+    job = _job(recorded, tmp_path / "rej.jsonl", "sqlite", 5)
+    problem, elsewhere = _outputs_elsewhere(job, other, tmp_path / "rej.jsonl")
+    assert elsewhere and f"were written to {recorded}, not {other}" in problem
+    recorded.unlink()
+    assert _outputs_elsewhere(job, other, tmp_path / "rej.jsonl") == ("", False)

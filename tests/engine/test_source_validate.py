@@ -247,3 +247,22 @@ def test_a_csv_whose_header_is_not_utf8_is_refused(tmp_path: Path) -> None:
     p.write_bytes("id,url,r\xe9f\nok,https://x/1.jpg,a\n".encode("latin-1"))
     with pytest.raises(ManifestError, match="its first line is not UTF-8"):
         open_manifest(str(p), 0)
+
+
+def test_a_stray_byte_in_the_column_or_key_the_validator_reads_is_found(tmp_path: Path) -> None:
+    """The id and URL checked for stray bytes are the ones the validator reads: the last of
+    a repeated CSV column, and a JSONL ``context.id`` when ``id`` is null."""
+    csv_path = tmp_path / "m.csv"
+    csv_path.write_bytes("id,url,brand,url\na,https://x/1,b,https://x/\xe9\n".encode("latin-1"))
+    jsonl_path = tmp_path / "m.jsonl"
+    jsonl_path.write_bytes(
+        '{"id": null, "context": {"id": "caf\xe9"}, "url": "https://x/2"}\n'.encode("latin-1")
+    )
+    for path in (csv_path, jsonl_path):
+        reader = open_manifest(str(path), 0)
+        batch = reader.read_batch()
+        reader.close()
+        assert batch is not None
+        items, rejects = Validator().validate(batch)
+        assert items == [] and len(rejects) == 1
+        assert "not UTF-8 text" in rejects[0][1].reason
