@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -57,12 +58,10 @@ from .names import (
     NAME_MAX,
     READY_SUFFIX,
     WORK_DIR,
-    fit,
+    candidate_names,
     free_name,
     hash_file,
     is_manifest_name,
-    manifest_stem,
-    suffix_of,
 )
 
 __all__ = ["Claim", "Inbox"]
@@ -447,12 +446,8 @@ class Inbox:
         """The name an earlier attempt to fail this claim chose (its error file, written first,
         names the claim's sha256, and no manifest stands beside it): reused, so a crash between
         the two leaves no error file without its manifest."""
-        stem, suffix = manifest_stem(claim.name), suffix_of(claim.name)
-        limit = NAME_MAX - len(ERROR_SUFFIX.encode())  # the names free_name gives
-        names = [claim.name] if len(claim.name.encode()) <= limit else []
-        names.append(fit(stem, f".{claim.sha256[:12]}{suffix}", limit))
-        names += [fit(stem, f".{claim.sha256[:12]}.{n}{suffix}", limit) for n in range(2, 10)]
-        for name in names:
+        limit = NAME_MAX - len(ERROR_SUFFIX.encode())  # the names fail's free_name gives
+        for name in itertools.islice(candidate_names(claim.name, claim.sha256, limit), 10):
             error = self.failed / f"{name}{ERROR_SUFFIX}"
             if (self.failed / name).exists() or not error.exists():
                 continue

@@ -9,6 +9,8 @@ the first 12 hex digits of their sha256: nothing is ever overwritten.
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "NAME_MAX",
     "READY_SUFFIX",
     "WORK_DIR",
+    "candidate_names",
     "fit",
     "free_name",
     "hash_file",
@@ -84,20 +87,25 @@ def fit(stem: str, tail: str, limit: int = NAME_MAX) -> str:
     return cut + tail
 
 
-def free_name(folder: Path, name: str, sha256: str, *, companion: str = "") -> str:
-    """A name in ``folder`` that neither this nor its ``companion`` suffix uses: ``name``, then
-    ``STEM.<sha12>SUFFIX``, then ``STEM.<sha12>.2SUFFIX``, ... (never overwrites a file). Each
-    fits NAME_MAX with its companion; a name that does not is passed over."""
+def candidate_names(name: str, sha256: str, limit: int = NAME_MAX) -> Iterator[str]:
+    """The names a settled manifest may take, in order: ``name``, then ``STEM.<sha12>SUFFIX``,
+    then ``STEM.<sha12>.2SUFFIX``, ... (without end), each at most ``limit`` bytes (``name``
+    is passed over when it is longer)."""
     stem, suffix = manifest_stem(name), suffix_of(name)
-    limit = NAME_MAX - len(companion.encode())
-    candidates = [name] if len(name.encode()) <= limit else []
-    candidates.append(fit(stem, f".{sha256[:12]}{suffix}", limit))
-    n = 2
-    while True:
-        for candidate in candidates:
-            if not (folder / candidate).exists() and not (
-                companion and (folder / f"{candidate}{companion}").exists()
-            ):
-                return candidate
-        candidates = [fit(stem, f".{sha256[:12]}.{n}{suffix}", limit)]
-        n += 1
+    if len(name.encode()) <= limit:
+        yield name
+    yield fit(stem, f".{sha256[:12]}{suffix}", limit)
+    for n in itertools.count(2):
+        yield fit(stem, f".{sha256[:12]}.{n}{suffix}", limit)
+
+
+def free_name(folder: Path, name: str, sha256: str, *, companion: str = "") -> str:
+    """A name in ``folder`` that neither this nor its ``companion`` suffix uses, the first of
+    :func:`candidate_names` (never overwrites a file). Each fits NAME_MAX with its
+    companion."""
+    for candidate in candidate_names(name, sha256, NAME_MAX - len(companion.encode())):
+        if not (folder / candidate).exists() and not (
+            companion and (folder / f"{candidate}{companion}").exists()
+        ):
+            return candidate
+    raise AssertionError("unreachable: candidate_names never ends")
