@@ -1,4 +1,5 @@
-"""Helpers of the engine tests: manifests, clients that record what they send, outcome checks."""
+"""Helpers of the engine tests: manifests, clients that record what they send, outcome checks,
+and a run behind the misbehaving proxy."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from typing import Any
 from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
 from fashiontag_pipeline._models import MAX_PAGE_SIZE, MAX_REQUESTS_PER_WRITE
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
 
 #: The environment of an engine subprocess: no key variables (the development keys are sent).
 ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
@@ -128,3 +133,35 @@ class RecordingClient(TaggerClient):
     def assert_limits(self) -> None:
         assert self.write_sizes and max(self.write_sizes) <= MAX_REQUESTS_PER_WRITE
         assert not self.page_sizes or max(self.page_sizes) <= MAX_PAGE_SIZE
+
+
+#: Tasks of 1,000 rows (one create each), polled fast: the engine of the nothing-lost tests.
+TASKS_OF_1000 = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.2,
+    fsync_seconds=10.0,
+    rotate_images=1000,
+    rotate_min_images=1000,
+)
+
+
+def ids_of(n: int, prefix: str = "p") -> set[str]:
+    return {f"{prefix}{i}" for i in range(n)}
+
+
+async def run_misbehaving(
+    tmp_path: Path, n: int, rules: Misbehaviour, engine: EngineConfig = TASKS_OF_1000
+) -> tuple[RunSummary, MisbehavingProxy, Outcomes]:
+    """A run of ``n`` rows against the reference service behind the misbehaving proxy; every
+    id exactly once in the outputs is asserted."""
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))

@@ -30,51 +30,25 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.pagers import PAGE_ATTEMPTS, ResultPagers
 from fashiontag_pipeline.engine.settle import TaskSettler
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
     ENV,
-    Outcomes,
+    TASKS_OF_1000,
     assert_exactly_once,
     client_config,
+    ids_of,
     read_outcomes,
     run_args,
+    run_misbehaving,
     write_csv,
 )
-from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
+from .proxy import Misbehaviour, misbehaving
 
-FAST = EngineConfig(
-    poll_min=0.02,
-    poll_max=0.2,
-    linger_seconds=0.2,
-    fsync_seconds=10.0,
-    rotate_images=1000,
-    rotate_min_images=1000,
-)
-
-
-def ids_of(n: int, prefix: str = "p") -> set[str]:
-    return {f"{prefix}{i}" for i in range(n)}
-
-
-async def run_misbehaving(
-    tmp_path: Path, n: int, rules: Misbehaviour, engine: EngineConfig = FAST
-) -> tuple[RunSummary, MisbehavingProxy, Outcomes]:
-    """A run of ``n`` rows against the reference service behind the misbehaving proxy; every
-    id exactly once in the outputs is asserted."""
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, rules) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
-        )
-    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))
+FAST = TASKS_OF_1000
 
 
 def rows_without_outcome(state: Path, out: Path, rej: Path) -> int:

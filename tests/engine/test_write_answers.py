@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
-from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.engine import EngineConfig
 
-from .helpers import Outcomes, assert_exactly_once, client_config, write_csv
-from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
+from .helpers import run_misbehaving
+from .proxy import Misbehaviour
 
 #: Tasks of 5,000 rows (a create then PUTs of 1,000), polled fast.
 LONG_TASKS = EngineConfig(
@@ -31,25 +30,6 @@ LONG_TASKS = EngineConfig(
     rotate_images=5000,
     rotate_min_images=5000,
 )
-
-
-def ids_of(n: int) -> set[str]:
-    return {f"p{i}" for i in range(n)}
-
-
-async def run_through(
-    tmp_path: Path, n: int, rules: Misbehaviour, engine: EngineConfig = LONG_TASKS
-) -> tuple[RunSummary, MisbehavingProxy, Outcomes]:
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, rules) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
-        )
-    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))
 
 
 @pytest.mark.parametrize(
@@ -68,7 +48,7 @@ async def test_a_lost_write_answer_then_a_retry_refused_in_other_words(
     """The service applies a write, its answer is lost, and the retry's rows fail as
     duplicates worded another way (or the retry is refused whole with 400). Those rows are in
     the task: each is tagged once, none rejected."""
-    summary, proxy, o = await run_through(tmp_path, 3000, rules)
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
     assert proxy.lost_answers
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 3000 and not o.rejects
@@ -84,7 +64,7 @@ async def test_a_row_really_invalid_in_a_retried_write_ends_as_a_reject(tmp_path
         duplicate_wording="Duplicated image id:",
         always_refused={"p1500"},
     )
-    summary, _, o = await run_through(tmp_path, 3000, rules)
+    summary, _, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
     assert summary.complete and summary.unsettled == 0
     assert [(r["id"], r["stage"]) for r in o.rejects] == [("p1500", "server-validation")]
     assert len(o.results) == 2999
@@ -99,7 +79,7 @@ async def test_a_row_refused_at_write_but_returned_has_one_outcome(tmp_path: Pat
     engine = EngineConfig(
         poll_min=0.02, poll_max=0.2, linger_seconds=0.2, rotate_images=1000, rotate_min_images=1000
     )
-    summary, _, o = await run_through(tmp_path, 1000, rules, engine)
+    summary, _, o = await run_misbehaving(tmp_path, 1000, rules, engine)
     assert summary.complete and summary.unsettled == 0
     assert [r["id"] for r in o.rejects] == ["p0"]
     assert o.rejects[0]["stage"] == "server-validation"
@@ -113,7 +93,7 @@ async def test_a_results_page_answered_200_with_a_failure_body_is_asked_again(
     """Every results page is first answered 200 ``{"status":"failure",...}``: no page, and
     its rows not lost: the page is asked for again and every row tagged."""
     rules = Misbehaviour(failure_status_first_read=True)
-    summary, proxy, o = await run_through(tmp_path, 2500, rules)
+    summary, proxy, o = await run_misbehaving(tmp_path, 2500, rules, LONG_TASKS)
     assert proxy.failure_pages >= 25
     assert summary.complete and len(o.results) == 2500 and not o.rejects
     assert summary.resent == 0
@@ -123,6 +103,6 @@ async def test_polls_answered_200_with_a_failure_body_are_asked_again(tmp_path: 
     """The first polls (list and status) are answered 200 ``{"status":"failure",...}``: a
     transient fault of the service, asked again; the run does not stop on it."""
     rules = Misbehaviour(failure_status_polls=4)
-    summary, proxy, o = await run_through(tmp_path, 2500, rules)
+    summary, proxy, o = await run_misbehaving(tmp_path, 2500, rules, LONG_TASKS)
     assert proxy.failure_polls == 4
     assert summary.complete and len(o.results) == 2500 and not o.rejects
