@@ -308,8 +308,9 @@ class TaggerClient:
         size: int = MAX_PAGE_SIZE,
         language: str | None = None,
     ) -> bytes:
-        """The raw JSON body of a results page, checked for success, for callers that decode
-        it straight into their own shape (the engine's pagers)."""
+        """The raw JSON body of a results page answered HTTP 200, for callers that decode it
+        straight into their own shape (the engine's pagers, whose decode also checks the
+        body's ``status``: a 200 with ``"status":"failure"`` is no page)."""
         if offset < 0:
             raise ValueError("offset must be >= 0")
         if not 1 <= size <= MAX_PAGE_SIZE:
