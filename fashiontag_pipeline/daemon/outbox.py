@@ -154,6 +154,8 @@ class ManifestOutputs:
         """Write ``summary.json`` last: results and rejects are fsync-ed first, and any that
         were never opened (a failed or duplicate manifest) are created empty, so a consumer
         that sees the summary always finds all three files whole."""
+        # A folder removed while the manifest was in flight is made again for its summary.
+        self.folder.mkdir(parents=True, exist_ok=True)
         for path in (self.results, self.rejects):
             with path.open("ab") as fh:
                 os.fsync(fh.fileno())
@@ -174,11 +176,21 @@ class Outbox:
         """Create the outbox folder if needed."""
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def outputs(self, claim: Claim) -> ManifestOutputs:
+    def outputs(self, claim: Claim, recorded: Path | None = None) -> ManifestOutputs:
         """The folder of this claim: found again when it already has one (a resumed claim),
         else created under the first free name of ``STEM``, ``STEM.<sha12>``,
-        ``STEM.<sha12>.2``, ..."""
+        ``STEM.<sha12>.2``, ...
+
+        ``recorded``: the folder the state store says the claim's job writes to (a resumed
+        claim). It is the claim's even when its mark is gone (the folder was removed and the
+        job's outputs made again), and is marked again."""
         mark = _ClaimMark(manifest=claim.name, sha256=claim.sha256, claimed_at=claim.claimed_at)
+        # The outbox itself may have been removed since start-up (a cleanup job).
+        self.root.mkdir(parents=True, exist_ok=True)
+        if recorded is not None and recorded.parent == self.root:
+            recorded.mkdir(exist_ok=True)
+            write_atomic(recorded / CLAIM_FILE, msgspec.json.encode(mark))
+            return ManifestOutputs(recorded, claim)
         stem = manifest_stem(claim.name)
         candidates = [stem, fit(stem, f".{claim.sha256[:12]}")]
         n = 2
@@ -190,9 +202,9 @@ class Outbox:
             candidates = [fit(stem, f".{claim.sha256[:12]}.{n}")]
             n += 1
 
-    async def aoutputs(self, claim: Claim) -> ManifestOutputs:
+    async def aoutputs(self, claim: Claim, recorded: Path | None = None) -> ManifestOutputs:
         """:meth:`outputs` in a worker thread (it creates and fsyncs folders)."""
-        return await anyio.to_thread.run_sync(self.outputs, claim)
+        return await anyio.to_thread.run_sync(self.outputs, claim, recorded)
 
     def _take(self, folder: Path, mark: _ClaimMark) -> bool:
         """Whether ``folder`` is this claim's: created now, or marked as its own before.

@@ -60,6 +60,11 @@ DEFAULT_MAX_PENDING_ROWS = 20_000
 _COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
 
 
+def _job_key(claim: Claim) -> str:
+    """The engine job of a claim (the same claim resumed after a restart finds it again)."""
+    return f"{claim.name}@{claim.sha256}@{claim.claimed_at!r}"
+
+
 class Daemon(DaemonMonitor):
     """``fashiontag daemon``: see the module docstring. :meth:`run` returns after a drain."""
 
@@ -236,7 +241,9 @@ class Daemon(DaemonMonitor):
             done = self._in_flight_sha[claim.sha256] = anyio.Event()
             try:
                 earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
-                outputs = await outbox.aoutputs(claim)
+                job = engine.job_of_key(_job_key(claim))  # a resumed claim: where it writes
+                recorded = Path(job.row.results).parent if job is not None else None
+                outputs = await outbox.aoutputs(claim, recorded)
                 if earlier is not None:
                     await self.duplicate(claim, outputs, inbox, earlier.name)
                     return
@@ -275,7 +282,7 @@ class Daemon(DaemonMonitor):
         self.active[claim.name] = active
         try:
             spec = JobSpec(
-                key=f"{claim.name}@{claim.sha256}@{claim.claimed_at!r}",
+                key=_job_key(claim),
                 name=claim.name,
                 manifests=[claim.path],
                 results=outputs.results,

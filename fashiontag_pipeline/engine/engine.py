@@ -30,7 +30,6 @@ import logging
 import time
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
-from pathlib import Path
 from types import TracebackType
 
 import anyio
@@ -44,7 +43,7 @@ from .config import EngineConfig
 from .flow import RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
-from .outcome import completed_job, finalize_job, open_sinks
+from .outcome import completed_job, finalize_job, open_job
 from .pagers import ResultPagers
 from .policy import Chunk
 from .resume import reattach_unless_stopped
@@ -93,7 +92,13 @@ class Engine:
         self.control = control or RunControl()
         self.jobs = Jobs(IdSpace(namespaced))
         self.reuse = reuse
-        self.journal = Journal(db, self.jobs, fsync_seconds=config.fsync_seconds, reuse=reuse)
+        self.journal = Journal(
+            db,
+            self.jobs,
+            fsync_seconds=config.fsync_seconds,
+            reuse=reuse,
+            keep_lost=not fail_fast,
+        )
         self.journal.counters = dict(state.counters)
         self.budget = RetryBudget(config.give_up_after)
         self.book = TaskBook()
@@ -339,11 +344,8 @@ class Engine:
     # -------------------------------------------------------------- jobs
 
     async def _register(self, row: JobRow) -> Job:
-        """A job's outputs opened (cut back to its checkpoints) and its completion watched."""
-        results, rejects = await anyio.to_thread.run_sync(
-            open_sinks, Path(row.results), Path(row.rejects), row.sink, row
-        )
-        job = Job(row, results, rejects)
+        """A job's outputs opened (:func:`~.outcome.open_job`) and its completion watched."""
+        job = await open_job(self.journal, row)
         self.jobs.add(job)
         if self._tg is not None:
             self._tg.start_soon(self._finalize_when_settled, job)
@@ -374,21 +376,22 @@ class Engine:
                 # that): nothing to read or send; its counters are in the state.
                 for reader in readers:
                     reader.close()
-                return await self._completed(row)
+                return await completed_job(row, keep_lost=self.journal.keep_lost)
             if job is None:
                 job = await self._register(row)
         except BaseException:
             for reader in readers:
                 reader.close()
             raise
+        if job.failure is not None:  # failed already (its outputs were lost): read no more
+            for reader in readers:
+                reader.close()
+            self.source.add(job, [])
+            return job
         for reader, (src, _) in zip(readers, job.row.sources, strict=True):
             reader.source = src
         self.source.add(job, readers)
         return job
-
-    async def _completed(self, row: JobRow) -> Job:
-        """A job the state records as complete, as a finished :class:`Job`."""
-        return await completed_job(row)
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()
@@ -407,6 +410,11 @@ class Engine:
         outputs closed."""
         await job.finalized.wait()
         return job
+
+    def job_of_key(self, key: str) -> Job | None:
+        """The job in flight of ``key`` (one the state held open when the engine started, or
+        one submitted since), None when there is none."""
+        return next((job for job in self.jobs.by_id.values() if job.row.key == key), None)
 
     def active_jobs(self) -> list[Job]:
         return list(self.jobs.by_id.values())

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import anyio
 
+from .._exceptions import StateError
 from .pages import PageRow
 from .sinks import Reject, RejectSink, ResultSink
 from .source import ManifestReader
 from .state import POS_SHIFT
 from .state.store import JobRow
 
-__all__ = ["IdSpace", "Job", "JobEnd", "JobSpec", "Jobs"]
+__all__ = ["IdSpace", "Job", "JobEnd", "JobSpec", "Jobs", "lost_outputs"]
 
 _LINE_MASK = (1 << POS_SHIFT) - 1
 
@@ -90,6 +91,33 @@ class Job:
         """Rows taken in without an outcome yet."""
         c = self.row.counters
         return c["accepted"] - c["settled"]
+
+    def check_outputs(self, *, keep_lost: bool) -> None:
+        """An output removed or replaced at its path while the job writes to it (a cleanup
+        job) took the lines written before with it: the job fails (``keep_lost``: a
+        long-lived engine; its manifests are not read on), or :class:`StateError` stops the
+        run, which is then not recorded complete. (A ``stat`` per output: called when the
+        outputs are fsync-ed and when the job completes.)"""
+        lost = [str(sink.path) for sink in (self.results, self.rejects) if sink.removed()]
+        if not lost:
+            return
+        if not keep_lost:
+            raise StateError(
+                f"the run's outputs were removed or replaced while it wrote them"
+                f" ({', '.join(lost)}): the lines written before are gone; run again with"
+                " --restart to tag every row again"
+            )
+        if self.failure is None:
+            self.failure = lost_outputs(lost)
+
+
+def lost_outputs(paths: list[str]) -> str:
+    """A job's failure when outputs it wrote were removed or replaced while it was in flight."""
+    return (
+        f"its outputs were removed or replaced while it was in flight ({', '.join(paths)}):"
+        " the lines written to them before are gone, so its rows must be tagged again to"
+        " have them all"
+    )
 
 
 class IdSpace:

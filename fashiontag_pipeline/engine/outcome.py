@@ -3,6 +3,8 @@ them, and closed when the job is complete; what a run or a job found complete ha
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from pathlib import Path
 
@@ -10,15 +12,24 @@ import anyio
 
 from .. import _exceptions as exc
 from .config import RunSummary
-from .jobs import Job
+from .jobs import Job, lost_outputs
 from .sinks import RejectSink, ResultSink, open_result_sink
 from .state import JobRow, Journal, RunState
 
-__all__ = ["already_complete", "completed_job", "finalize_job", "open_sinks"]
+__all__ = ["already_complete", "completed_job", "finalize_job", "open_job", "open_sinks"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 
-def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[ResultSink, RejectSink]:
-    """A job's outputs, cut back to the state's checkpoints (a resume). Blocking."""
+def open_sinks(
+    out: Path, rejects: Path, sink: str, job: JobRow, *, keep_lost: bool = False
+) -> tuple[ResultSink, RejectSink, str | None]:
+    """A job's outputs, cut back to the state's checkpoints (a resume). Blocking.
+
+    An output that lost committed lines (removed, replaced or cut short since the state
+    counted them) raises :class:`StateError`, or with ``keep_lost`` (a long-lived engine,
+    which fails the job rather than stop) is kept as it is and named in the third value, the
+    job's failure (None when nothing was lost)."""
     try:
         result_sink = open_result_sink(out, sink)
         try:
@@ -28,31 +39,70 @@ def open_sinks(out: Path, rejects: Path, sink: str, job: JobRow) -> tuple[Result
             raise
     except OSError as err:
         raise exc.StateError(f"cannot open the outputs: {err}") from None
+    lost: list[str] = []
     try:
         c = job.counters
         results = c.get("tagged", 0) + c.get("failed", 0) + c.get("reused", 0) > 0
-        result_sink.truncate(job.results_ckpt, results_committed=results)
-        reject_sink.truncate(job.rejects_ckpt)
+        cuts: tuple[tuple[ResultSink | RejectSink, int, bool], ...] = (
+            (result_sink, job.results_ckpt, results),
+            (reject_sink, job.rejects_ckpt, True),
+        )
+        for target, checkpoint, committed in cuts:
+            try:
+                target.truncate(checkpoint, results_committed=committed)
+            except exc.StateError:
+                if not keep_lost:
+                    raise
+                target.salvage()
+                lost.append(str(target.path))
     except BaseException:
         result_sink.close()
         reject_sink.close()
         raise
-    return result_sink, reject_sink
+    return result_sink, reject_sink, lost_outputs(lost) if lost else None
 
 
-def _closed_outputs(row: JobRow) -> tuple[ResultSink, RejectSink]:
-    results, rejects = open_sinks(Path(row.results), Path(row.rejects), row.sink, row)
-    results.close()
-    rejects.close()
-    return results, rejects
+async def open_job(journal: Journal, row: JobRow) -> Job:
+    """An open job of the state, its outputs opened and cut back to its checkpoints.
+
+    Outputs that lost committed lines raise :class:`StateError` or, with the journal's
+    ``keep_lost`` (a long-lived engine), fail the job, recorded in the state at once (a later
+    start knows it too): its manifests are not read on, and its rows already sent still get
+    their outcome."""
+    results, rejects, lost = await anyio.to_thread.run_sync(
+        functools.partial(
+            open_sinks,
+            Path(row.results),
+            Path(row.rejects),
+            row.sink,
+            row,
+            keep_lost=journal.keep_lost,
+        )
+    )
+    job = Job(row, results, rejects)
+    job.failure = row.failure
+    if lost is not None and job.failure is None:
+        job.failure = lost
+        await journal.run(journal.db.fail_job, row.job, lost)
+        logger.error("job %s failed: %s", row.name, lost)
+    return job
 
 
-async def completed_job(row: JobRow) -> Job:
+def _closed_outputs(row: JobRow, keep_lost: bool) -> tuple[ResultSink, RejectSink, str | None]:
+    opened = open_sinks(Path(row.results), Path(row.rejects), row.sink, row, keep_lost=keep_lost)
+    opened[0].close()
+    opened[1].close()
+    return opened
+
+
+async def completed_job(row: JobRow, *, keep_lost: bool = False) -> Job:
     """A job the state records as complete, as a finished :class:`~.jobs.Job` whose outputs
     are closed (a crash after it completed, before its caller recorded that). The files are
-    opened in a worker thread; the job (and its events) is made on the event loop."""
-    job = Job(row, *await anyio.to_thread.run_sync(_closed_outputs, row))
-    job.failure = row.failure
+    opened in a worker thread; the job (and its events) is made on the event loop.
+    ``keep_lost``: see :func:`open_sinks` (outputs lost since make the job failed)."""
+    results, rejects, lost = await anyio.to_thread.run_sync(_closed_outputs, row, keep_lost)
+    job = Job(row, results, rejects)
+    job.failure = row.failure or lost
     job.rows_read = row.rows_read
     job.read_all = True
     job.settled.set()
@@ -62,7 +112,12 @@ async def completed_job(row: JobRow) -> Job:
 
 def finalize_job(journal: Journal, job: Job, stamp: str, forget_rows: bool) -> None:
     """Every row of ``job`` has its outcome: flush, fsync and close its outputs, then record it
-    complete (``forget_rows``: its ids leave the dedupe table). In the state thread."""
+    complete (``forget_rows``: its ids leave the dedupe table). In the state thread.
+
+    An output removed or replaced at its path while the job wrote to it (a cleanup job) took
+    lines with it: the job is not complete but failed (the journal's ``keep_lost``), or
+    the run stops with a :class:`StateError` and is not recorded complete."""
+    job.check_outputs(keep_lost=journal.keep_lost)
     journal.close_job_outputs(job)
     job.counters["tasks"] = journal.db.job_complete(
         job.id, stamp, forget_rows=forget_rows, failure=job.failure, rows_read=job.rows_read

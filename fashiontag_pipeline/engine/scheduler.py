@@ -154,6 +154,12 @@ class JobSource:
     async def _read(self, job: Job) -> RowBatch | None:
         """The job's next batch; None when its manifests are read to the end (or broke)."""
         while job.readers:
+            if job.failure is not None:  # failed meanwhile (its outputs were removed)
+                logger.error("job %s failed: %s", job.row.name, job.failure)
+                for rest in job.readers:
+                    self._forget(rest)
+                job.readers = []
+                return None
             reader = job.readers[0]
             try:
                 batch = await anyio.to_thread.run_sync(reader.read_batch, abandon_on_cancel=True)

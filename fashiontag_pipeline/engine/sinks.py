@@ -93,6 +93,7 @@ class _AppendFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._fh = os.fdopen(fd, "r+b", buffering=0)
         self._fh.seek(0, os.SEEK_END)
+        self._identity = _identity(os.fstat(fd))
 
     def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
         """Cut the file back to ``checkpoint`` bytes (what the state says was committed;
@@ -112,6 +113,28 @@ class _AppendFile:
         if size > checkpoint:
             self._fh.truncate(checkpoint)
         self._fh.seek(checkpoint)
+
+    def salvage(self) -> None:
+        """Keep the complete lines the file holds now and append after them (a job whose
+        committed lines are gone: what is left is kept, never cut back to a checkpoint)."""
+        self._fh.flush()
+        end = self._fh.seek(0, os.SEEK_END)
+        keep = 0
+        while end > 0:
+            start = max(0, end - (1 << 16))
+            self._fh.seek(start)
+            cut = self._fh.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        self._fh.truncate(keep)
+        self._fh.seek(keep)
+
+    def removed(self) -> bool:
+        """Whether the file was removed or replaced at its path since it was opened (the
+        lines written before are no longer there)."""
+        return _removed(self.path, self._identity)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -162,6 +185,17 @@ class _AppendFile:
             self._fh.close()
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _removed(path: Path, identity: tuple[int, int]) -> bool:
+    try:
+        return _identity(os.stat(path)) != identity
+    except FileNotFoundError:
+        return True
+
+
 class ResultSink(Protocol):
     """Where tagging results go. Called from the state thread only."""
 
@@ -178,6 +212,10 @@ class ResultSink(Protocol):
     def checkpoint(self) -> int: ...
 
     def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None: ...
+
+    def salvage(self) -> None: ...
+
+    def removed(self) -> bool: ...
 
     def flush(self, fsync: bool) -> None: ...
 
@@ -236,6 +274,7 @@ class SqliteResultSink:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reused" not in columns:  # a results file written before --reuse
             self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        self._identity = _identity(os.stat(path))
         self._last = self._last_rowid()
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         self._rowids = version >= self.ROWID_CHECKPOINTS
@@ -323,9 +362,24 @@ class SqliteResultSink:
         version could record a checkpoint of 0 over rows it had committed."""
         if not self._rowids and (checkpoint > 0 or results_committed):
             return  # an older file resumed: its checkpoint is a count, not a rowid
+        if self._last < checkpoint:
+            raise StateError(
+                f"{self.path} holds rows up to {self._last:,} but the state counts rows up to"
+                f" {checkpoint:,} written: committed rows are missing from it (the file was"
+                " removed, replaced or changed); start over with --restart (run) to write"
+                " it again"
+            )
         self._db.execute("DELETE FROM results WHERE rowid > ?", (checkpoint,))
         self._last = self._last_rowid()
         self._mark_rowids()
+
+    def salvage(self) -> None:
+        """Keep the rows the file holds now (rows are whole: nothing to cut)."""
+        return None
+
+    def removed(self) -> bool:
+        """Whether the file was removed or replaced at its path since it was opened."""
+        return _removed(self.path, self._identity)
 
     def flush(self, fsync: bool) -> None:
         return None

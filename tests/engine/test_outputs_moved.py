@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sqlite3
 import subprocess
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.run import _outputs_elsewhere
@@ -129,3 +132,84 @@ def test_a_sqlite_results_file_elsewhere_is_the_runs_only_once_the_recorded_one_
     assert elsewhere and f"were written to {recorded}, not {other}" in problem
     recorded.unlink()
     assert _outputs_elsewhere(job, other, tmp_path / "rej.jsonl") == ("", False)
+
+
+async def _all_of(stream: anyio.abc.ByteReceiveStream | None) -> bytes:
+    assert stream is not None
+    chunks = []
+    with contextlib.suppress(anyio.EndOfStream):
+        while True:
+            chunks.append(await stream.receive())
+    return b"".join(chunks)
+
+
+def _sqlite_rows(path: Path) -> int:
+    try:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return int(db.execute("SELECT count(*) FROM results").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+async def _killed_once_results_are_committed(args: list[str], out: Path) -> None:
+    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+    with anyio.fail_after(60):
+        while _sqlite_rows(out) == 0 and proc.returncode is None:
+            await anyio.sleep(0.02)
+    await anyio.sleep(0.2)
+    assert proc.returncode is None, "the run ended before it was killed"
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    await proc.aclose()
+
+
+async def test_a_sqlite_results_file_deleted_before_a_resume_is_refused_not_refilled(
+    tmp_path: Path,
+) -> None:
+    """The rows the state counts as written are gone with the file: a resume must say so and
+    fail, never write the rest into a new file and report the run complete."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out, state = tmp_path / "out.db", tmp_path / "s.state"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state), "--sink", "sqlite")
+        args += ["--rotate-images", "1000", "--rotate-min-images", "1000"]
+        await _killed_once_results_are_committed(args, out)
+        for leftover in tmp_path.glob("out.db*"):
+            leftover.unlink()
+        with anyio.fail_after(60):
+            again = await anyio.run_process(args, check=False, env=ENV, stderr=subprocess.PIPE)
+        err = again.stderr.decode()
+        assert again.returncode == 1, err
+        assert str(out) in err and "--restart" in err
+        with anyio.fail_after(120):
+            done = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+async def test_results_deleted_while_the_run_writes_them_fail_the_run(tmp_path: Path) -> None:
+    """A cleanup job removes the results file mid-run: the run writes on into the removed
+    file, so it must not exit 0 as complete; the state is left unfinished, and --restart tags
+    every row again."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        args += ["--rotate-images", "1000", "--rotate-min-images", "1000"]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        out.unlink()
+        with anyio.fail_after(60):
+            await proc.wait()
+        err = (await _all_of(proc.stderr)).decode()
+        await proc.aclose()
+        assert proc.returncode == 1, err
+        assert str(out) in err and "were removed" in err and "--restart" in err
+        with anyio.fail_after(60):
+            again = await anyio.run_process(args, check=False, env=ENV, stderr=subprocess.PIPE)
+        assert again.returncode == 1, again.stderr.decode()
+        with anyio.fail_after(120):
+            done = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})

@@ -174,6 +174,14 @@ class JobTables:
             for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
                 self.db.execute("DELETE FROM meta WHERE key=?", (key,))
 
+    def fail_job(self, job: int, failure: str) -> None:
+        """Record why an open job failed (it still completes once its rows in flight have
+        their outcome; a restart finds it failed)."""
+        with self.transaction():
+            self.db.execute(
+                "UPDATE jobs SET failure=? WHERE job=? AND state='open'", (failure, job)
+            )
+
     def job_complete(
         self,
         job: int,

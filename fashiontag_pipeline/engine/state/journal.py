@@ -79,10 +79,13 @@ class Journal:
         *,
         fsync_seconds: float = 1.0,
         reuse: ReuseLedger | None = None,
+        keep_lost: bool = False,
     ) -> None:
         self.db = db
         self.jobs = jobs
         self.fsync_seconds = fsync_seconds
+        #: Outputs removed under a job fail the job (else the run stops): Job.check_outputs.
+        self.keep_lost = keep_lost
         #: ``--reuse``: the result store's side of intake and page commits (None: off).
         self.reuse = reuse
         self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
@@ -187,6 +190,8 @@ class Journal:
         fsync = now - self._last_fsync >= self.fsync_seconds
         if fsync:
             self._last_fsync = now
+            for target in touched.values():  # removed since the last fsync: lines went too
+                target.check_outputs(keep_lost=self.keep_lost)
         for target in touched.values():
             target.results.flush(fsync)
             target.rejects.flush(fsync)

@@ -1,0 +1,90 @@
+"""Outputs removed under a running daemon (a cleanup job, an operator tidying the outbox).
+
+The rows written before are gone with the files, so the manifest cannot end ``done``; but the
+daemon must not die over it (and die again on every restart): the manifest ends ``failed``
+with a reason that says what happened and how to tag it again, and the daemon goes on with
+the others.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
+
+
+def _drop(inbox: Path, name: str, ids: list[str]) -> None:
+    tmp = inbox / f".{name}.part"
+    tmp.write_bytes(write_manifest(Path(), ids))
+    os.rename(tmp, inbox / name)
+
+
+async def _until_results(daemon: DaemonProcess, stem: str, n: int) -> None:
+    with anyio.fail_after(60):
+        while len(read_lines(daemon.outbox / stem / "results.jsonl")) < n:
+            daemon.check_alive()
+            await anyio.sleep(0.02)
+
+
+def _assert_failed_for_lost_outputs(summary: dict[str, object]) -> None:
+    assert summary["status"] == "failed", summary
+    reason = str(summary["reason"])
+    assert "removed" in reason and "tagged again" in reason, reason
+
+
+@pytest.mark.parametrize("removed", ["folder", "outbox"])
+async def test_outputs_removed_while_killed_fail_the_manifest_not_the_daemon(
+    tmp_path: Path, removed: str
+) -> None:
+    ids = [f"a{i}" for i in range(8000)]
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "m.csv", ids)
+            await _until_results(daemon, "m", 1000)
+            await daemon.kill()
+            shutil.rmtree(daemon.outbox / "m" if removed == "folder" else daemon.outbox)
+            daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
+            summary = await daemon.wait_summary("m", timeout=90)
+            _drop(daemon.inbox, "next.csv", ["n1", "n2", "n3"])
+            after = await daemon.wait_summary("next", timeout=60)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    _assert_failed_for_lost_outputs(summary)
+    assert (daemon.inbox / "failed" / "m.csv").exists()
+    assert after["status"] == "done" and after["tagged"] == 3
+
+
+@pytest.mark.parametrize("removed", ["folder", "outbox"])
+async def test_outputs_removed_while_written_fail_the_manifest_not_the_daemon(
+    tmp_path: Path, removed: str
+) -> None:
+    ids = [f"a{i}" for i in range(8000)]
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "m.csv", ids)
+            await _until_results(daemon, "m", 1000)
+            shutil.rmtree(daemon.outbox / "m" if removed == "folder" else daemon.outbox)
+            summary = await daemon.wait_summary("m", timeout=90)
+            _drop(daemon.inbox, "next.csv", ["n1", "n2", "n3"])
+            after = await daemon.wait_summary("next", timeout=60)
+            daemon.check_alive()
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    _assert_failed_for_lost_outputs(summary)
+    assert (daemon.inbox / "failed" / "m.csv").exists()
+    assert after["status"] == "done" and after["tagged"] == 3
