@@ -18,6 +18,7 @@ two claims can never share one.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -176,20 +177,23 @@ class Outbox:
         """Create the outbox folder if needed."""
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def outputs(self, claim: Claim, recorded: Path | None = None) -> ManifestOutputs:
+    def outputs(
+        self, claim: Claim, recorded: Path | None = None, taken: Collection[Path] = ()
+    ) -> ManifestOutputs:
         """The folder of this claim: found again when it already has one (a resumed claim),
         else created under the first free name of ``STEM``, ``STEM.<sha12>``,
         ``STEM.<sha12>.2``, ...
 
         ``recorded``: the folder the state store says the claim's job writes to (a resumed
         claim). It is the claim's even when its mark is gone (the folder was removed and the
-        job's outputs made again), and is marked again."""
+        job's outputs made again), and is marked again, unless another claim's mark is in it.
+        ``taken``: folders other jobs in flight write to, never given to this claim even when
+        they are gone (removed under a job, which makes them again)."""
         mark = _ClaimMark(manifest=claim.name, sha256=claim.sha256, claimed_at=claim.claimed_at)
         # The outbox itself may have been removed since start-up (a cleanup job).
         self.root.mkdir(parents=True, exist_ok=True)
-        if recorded is not None and recorded.parent == self.root:
-            recorded.mkdir(exist_ok=True)
-            write_atomic(recorded / CLAIM_FILE, msgspec.json.encode(mark))
+        own = recorded is not None and recorded.parent == self.root
+        if recorded is not None and own and self._take(recorded, mark, adopt=True):
             return ManifestOutputs(recorded, claim)
         stem = manifest_stem(claim.name)
         candidates = [stem, fit(stem, f".{claim.sha256[:12]}")]
@@ -197,22 +201,25 @@ class Outbox:
         while True:
             for candidate in candidates:
                 folder = self.root / candidate
-                if self._take(folder, mark):
+                if folder not in taken and self._take(folder, mark):
                     return ManifestOutputs(folder, claim)
             candidates = [fit(stem, f".{claim.sha256[:12]}.{n}")]
             n += 1
 
-    async def aoutputs(self, claim: Claim, recorded: Path | None = None) -> ManifestOutputs:
+    async def aoutputs(
+        self, claim: Claim, recorded: Path | None = None, taken: Collection[Path] = ()
+    ) -> ManifestOutputs:
         """:meth:`outputs` in a worker thread (it creates and fsyncs folders)."""
-        return await anyio.to_thread.run_sync(self.outputs, claim, recorded)
+        return await anyio.to_thread.run_sync(self.outputs, claim, recorded, taken)
 
-    def _take(self, folder: Path, mark: _ClaimMark) -> bool:
+    def _take(self, folder: Path, mark: _ClaimMark, *, adopt: bool = False) -> bool:
         """Whether ``folder`` is this claim's: created now, or marked as its own before.
 
         The mark is created exclusively (``O_EXCL``): of two daemons on a shared outbox that
         want the same folder at once, one creates it and the other reads it and moves on. A
         folder without a mark (a crash between mkdir and the mark) is adopted the same way if
-        it holds nothing else; a folder holding anything else is somebody's, not ours."""
+        it holds nothing else (``adopt``: whatever it holds, the state says it is ours); a
+        folder holding anything else is somebody's, not ours."""
         try:
             folder.mkdir()
             fsync_dir(self.root)
@@ -234,7 +241,7 @@ class Outbox:
                     foreign = any(e.name not in (CLAIM_FILE, f".{CLAIM_FILE}.tmp") for e in entries)
             except OSError:
                 foreign = True
-            if foreign:
+            if foreign and not adopt:
                 os.unlink(path)
                 return False
             os.write(fd, data)

@@ -241,9 +241,12 @@ class Daemon(DaemonMonitor):
             done = self._in_flight_sha[claim.sha256] = anyio.Event()
             try:
                 earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
-                job = engine.job_of_key(_job_key(claim))  # a resumed claim: where it writes
+                key = _job_key(claim)
+                job = engine.job_of_key(key)  # a resumed claim: where it writes
                 recorded = Path(job.row.results).parent if job is not None else None
-                outputs = await outbox.aoutputs(claim, recorded)
+                # Folders of other jobs in flight are theirs even when removed under them.
+                taken = {Path(j.row.results).parent for j in engine.active_jobs() if j is not job}
+                outputs = await outbox.aoutputs(claim, recorded, taken)
                 if earlier is not None:
                     await self.duplicate(claim, outputs, inbox, earlier.name)
                     return

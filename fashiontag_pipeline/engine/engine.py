@@ -383,11 +383,6 @@ class Engine:
             for reader in readers:
                 reader.close()
             raise
-        if job.failure is not None:  # failed already (its outputs were lost): read no more
-            for reader in readers:
-                reader.close()
-            self.source.add(job, [])
-            return job
         for reader, (src, _) in zip(readers, job.row.sources, strict=True):
             reader.source = src
         self.source.add(job, readers)

@@ -74,6 +74,8 @@ class Job:
     #: Why the job's manifests could not be read to the end (None: they could).
     failure: str | None = None
     rows_read: int = 0
+    #: The position of the last row read from its manifests (-1: none yet).
+    read_to: int = -1
 
     @property
     def id(self) -> int:
@@ -103,8 +105,9 @@ class Job:
             return
         if not keep_lost:
             raise StateError(
-                f"the run's outputs were removed or replaced while it wrote them"
-                f" ({', '.join(lost)}): the lines written before are gone; run again with"
+                f"the run's outputs were removed, renamed or replaced while it wrote them"
+                f" ({', '.join(lost)}): if they were moved, move them back (or give their"
+                " new paths) and run again to resume; if they are gone, run again with"
                 " --restart to tag every row again"
             )
         if self.failure is None:
@@ -112,11 +115,11 @@ class Job:
 
 
 def lost_outputs(paths: list[str]) -> str:
-    """A job's failure when outputs it wrote were removed or replaced while it was in flight."""
+    """A job's failure when outputs it wrote were removed or replaced under it."""
     return (
-        f"its outputs were removed or replaced while it was in flight ({', '.join(paths)}):"
-        " the lines written to them before are gone, so its rows must be tagged again to"
-        " have them all"
+        f"its outputs were removed, renamed or replaced after lines were written to them"
+        f" ({', '.join(paths)}): those lines are not there (the counts include them), so its"
+        " rows must be tagged again to have them all"
     )
 
 

@@ -24,6 +24,7 @@ from .intake import IDLE, Idle
 from .jobs import Job, JobEnd
 from .rows import RowBatch
 from .source import ManifestReader, manifests_size
+from .state import POS_SHIFT
 from .tracker import TaskBook
 
 __all__ = ["JobSource"]
@@ -154,7 +155,10 @@ class JobSource:
     async def _read(self, job: Job) -> RowBatch | None:
         """The job's next batch; None when its manifests are read to the end (or broke)."""
         while job.readers:
-            if job.failure is not None:  # failed meanwhile (its outputs were removed)
+            if job.failure is not None and job.read_to >= job.row.validated:
+                # Failed (its outputs were removed): read no more, once past the rows it took
+                # in before a restart (those are read again to be sent, else they would wait
+                # for their outcome for ever).
                 logger.error("job %s failed: %s", job.row.name, job.failure)
                 for rest in job.readers:
                     self._forget(rest)
@@ -177,5 +181,6 @@ class JobSource:
                 job.readers.pop(0)
                 continue
             if batch.rows:
+                job.read_to = (batch.source << POS_SHIFT) | batch.rows[-1][0]
                 return batch
         return None

@@ -93,7 +93,6 @@ class _AppendFile:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._fh = os.fdopen(fd, "r+b", buffering=0)
         self._fh.seek(0, os.SEEK_END)
-        self._identity = _identity(os.fstat(fd))
 
     def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
         """Cut the file back to ``checkpoint`` bytes (what the state says was committed;
@@ -134,7 +133,7 @@ class _AppendFile:
     def removed(self) -> bool:
         """Whether the file was removed or replaced at its path since it was opened (the
         lines written before are no longer there)."""
-        return _removed(self.path, self._identity)
+        return _removed(self.path, self._fh.fileno())
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -185,15 +184,21 @@ class _AppendFile:
             self._fh.close()
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _removed(path: Path, identity: tuple[int, int]) -> bool:
+def _removed(path: Path, fd: int) -> bool:
+    """Whether the file open as ``fd`` is no longer at ``path``: the path is gone (removed,
+    renamed, its folder removed) or the file has no name left (another file was renamed over
+    it). Inode numbers are not compared: some file systems do not keep them stable. A path
+    that cannot be checked (permissions, a network file system's error) is not called
+    removed."""
     try:
-        return _identity(os.stat(path)) != identity
-    except FileNotFoundError:
+        if os.fstat(fd).st_nlink == 0:
+            return True
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return True
+    except OSError:
+        return False
+    return False
 
 
 class ResultSink(Protocol):
@@ -274,7 +279,8 @@ class SqliteResultSink:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
         if "reused" not in columns:  # a results file written before --reuse
             self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
-        self._identity = _identity(os.stat(path))
+        # An fd of its own on the file, to tell whether it is still at its path (removed()).
+        self._probe = os.open(path, os.O_RDONLY)
         self._last = self._last_rowid()
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         self._rowids = version >= self.ROWID_CHECKPOINTS
@@ -379,13 +385,16 @@ class SqliteResultSink:
 
     def removed(self) -> bool:
         """Whether the file was removed or replaced at its path since it was opened."""
-        return _removed(self.path, self._identity)
+        return _removed(self.path, self._probe)
 
     def flush(self, fsync: bool) -> None:
         return None
 
     def close(self) -> None:
         self._db.close()
+        if self._probe >= 0:
+            os.close(self._probe)
+            self._probe = -1
 
 
 class RejectSink(_AppendFile):

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import msgspec
@@ -165,3 +166,24 @@ def test_a_name_near_the_file_system_limit_gets_folders_that_fit(tmp_path: Path)
     assert second.folder != first.folder and second.folder.is_dir()
     assert len(second.folder.name.encode()) <= 255
     assert second.folder.name.endswith(f".{claim_of(name, b'b').sha256[:12]}")
+
+
+def test_a_folder_removed_under_a_job_in_flight_is_not_given_to_another_claim(
+    tmp_path: Path,
+) -> None:
+    """A cleanup removed the folder of a manifest still in flight (its job makes it again and
+    writes its summary there): a claim of the same stem must not take it, and the resumed
+    claim takes its recorded folder back even without its mark, but never one another claim
+    has marked."""
+    outbox = Outbox(tmp_path / "out")
+    outbox.prepare()
+    first = claim_of("m.csv", b"first")
+    folder = outbox.outputs(first).folder
+    shutil.rmtree(tmp_path / "out")
+    other = outbox.outputs(claim_of("m.jsonl", b"second"), taken=[folder])
+    assert other.folder != folder and other.folder.parent == tmp_path / "out"
+    folder.mkdir()
+    (folder / "results.jsonl").write_bytes(b"")  # made again by the job's outputs
+    assert outbox.outputs(first, recorded=folder).folder == folder
+    third = claim_of("x.csv", b"third")
+    assert outbox.outputs(third, recorded=folder).folder != folder  # marked by another claim

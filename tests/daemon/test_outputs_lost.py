@@ -8,14 +8,16 @@ the others.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service import ServiceConfig, faults, running_service
 
 from .helpers import DaemonProcess, read_lines, write_manifest
 
@@ -88,3 +90,46 @@ async def test_outputs_removed_while_written_fail_the_manifest_not_the_daemon(
     _assert_failed_for_lost_outputs(summary)
     assert (daemon.inbox / "failed" / "m.csv").exists()
     assert after["status"] == "done" and after["tagged"] == 3
+
+
+async def test_a_failed_manifest_still_sends_the_rows_it_took_in_before_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed while rows were validated and counted but not yet in a chunk (a slow service),
+    restarted with the folder removed: the job fails, but those rows are read again and sent
+    (else they wait for their outcome for ever and the manifest never ends)."""
+    slow = [8.0]
+    monkeypatch.setattr(faults.FaultDice, "latency", lambda self: slow[0])
+    lines = ["id,url,brand"] + [
+        f"a{n},https://img.example/{n}.jpg,acme" if n % 10 else f"a{n},,acme" for n in range(8000)
+    ]
+    spec = faults.FaultSpec(latency=1.0, latency_seconds=1.0)
+    async with running_service(ServiceConfig(rate=3000.0, faults=spec)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            tmp = daemon.inbox / ".m.csv.part"
+            tmp.write_text("\n".join(lines) + "\n")
+            os.rename(tmp, daemon.inbox / "m.csv")
+            state = daemon.inbox / ".fashiontag-daemon.sqlite"
+            with anyio.fail_after(60):  # rejects committed, rows taken in past the chunks
+                while True:
+                    daemon.check_alive()
+                    with contextlib.suppress(sqlite3.Error):
+                        with contextlib.closing(sqlite3.connect(state)) as db:
+                            row = db.execute(
+                                "SELECT validated, chunked, rejects_ckpt FROM jobs"
+                            ).fetchone()
+                        if row and row[0] > row[1] + 1000 and row[2] > 0:
+                            break
+                    await anyio.sleep(0.05)
+            await daemon.kill()
+            slow[0] = 0.0
+            shutil.rmtree(daemon.outbox / "m")
+            daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
+            summary = await daemon.wait_summary("m", timeout=90)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    _assert_failed_for_lost_outputs(summary)
+    assert (daemon.inbox / "failed" / "m.csv").exists()

@@ -3,12 +3,15 @@ no tagging result object is no outcome; the SQLite results sink cuts back to its
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from fashiontag_pipeline._exceptions import StateError
 from fashiontag_pipeline.engine.pages import (
     PageRow,
     count_outcomes,
@@ -16,7 +19,7 @@ from fashiontag_pipeline.engine.pages import (
     screen,
     success_flags,
 )
-from fashiontag_pipeline.engine.sinks import SqliteResultSink
+from fashiontag_pipeline.engine.sinks import SqliteResultSink, open_result_sink
 
 
 def _row(raw: bytes) -> PageRow:
@@ -164,4 +167,48 @@ def test_an_older_sqlite_results_file_is_resumed_as_it_was_and_emptied_by_a_new_
     assert _sqlite_rows(path) == ["a", "b", "c"]
     sink.truncate(0, results_committed=False)  # a new run
     assert _sqlite_rows(path) == []
+    sink.close()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+def test_an_output_knows_when_it_is_no_longer_at_its_path(tmp_path: Path, kind: str) -> None:
+    """Removed, renamed, replaced by another file or its folder replaced by a file: removed.
+    Reached through a symlink, or merely flushed: not."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    path = folder / ("r.db" if kind == "sqlite" else "r.jsonl")
+    link = tmp_path / "link"
+    sink = open_result_sink(path, kind)
+    sink.write_page("t1", _page("a"))
+    sink.flush(True)
+    assert not sink.removed()
+    os.symlink(path, link)
+    linked = open_result_sink(link, kind)
+    assert not linked.removed()
+    linked.close()
+    os.rename(path, tmp_path / "moved")
+    assert sink.removed()
+    os.rename(tmp_path / "moved", path)
+    assert not sink.removed()
+    (tmp_path / "other").write_bytes(b"x")
+    os.replace(tmp_path / "other", path)  # another file renamed over it
+    assert sink.removed()
+    sink.close()
+    sink = open_result_sink(path, kind)
+    shutil.rmtree(folder)
+    folder.write_bytes(b"a file where the folder was")
+    assert sink.removed()
+    sink.close()
+
+
+def test_a_sqlite_results_file_missing_committed_rows_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "r.db"
+    sink = SqliteResultSink(path)
+    sink.write_page("t1", _page("a", "b"))
+    committed = sink.checkpoint()
+    sink.close()
+    path.unlink()
+    sink = SqliteResultSink(path)
+    with pytest.raises(StateError, match="committed rows are missing"):
+        sink.truncate(committed)
     sink.close()
