@@ -6,8 +6,8 @@ of :mod:`fashiontag_pipeline._exceptions` (:meth:`HttpExchange.call`, :meth:`Htt
 Retry rules: reads are retried under the :class:`~fashiontag_pipeline.RetryPolicy` on 429
 (honouring Retry-After), 5xx, timeouts and transport errors; writes only when they were
 certainly not applied (429, a connection that could not be made), and a write whose outcome is
-unknown (sent, then a timeout, a dropped connection or a 5xx) raises
-:class:`AmbiguousWriteError`. 4xx answers are never retried.
+unknown (sent, then a timeout, a dropped connection, a 5xx or a 408) raises
+:class:`AmbiguousWriteError`. Other 4xx answers are never retried.
 
 Cost: a request is the hot path of a run (one per 100 results read), so it does no work that
 does not depend on the request: URLs are built as text from a base URL parsed once and handed
@@ -203,7 +203,7 @@ class HttpExchange:
                 )
                 await self._sleep(delay)
                 continue
-            if status >= 500:
+            if status >= 500 or status == 408:  # 408: a front end gave up waiting (transient)
                 self.stats.server_errors += 1
                 if not retry_all:
                     self.stats.ambiguous_writes += 1

@@ -50,7 +50,7 @@ def error_for(
         return exc.UnsupportedLanguageError(text, **common)
     if status == 429:
         return exc.RateLimitedError(text, retry_after=retry_after(response.headers), **common)
-    if status >= 500:
+    if status >= 500 or status == 408:  # 408 Request Timeout: a transient fault too
         return exc.ServerError(text, **common)
     if status in (401, 403):
         text += f" ({key_hint})"

@@ -82,6 +82,8 @@ class TaskWriter(TaskWrites):
         self.sent_requests = 0
         #: PUTs the service refused as expired (410) or unknown (404): 0 in a healthy run.
         self.refused_writes = 0
+        #: Creates refused whole (400, 413, 422) and split in two.
+        self.split_writes = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -206,7 +208,7 @@ class TaskWriter(TaskWrites):
         task: OpenTask | None = None
         try:
             task, create = await self._target(len(items))
-            chunk = Chunk(0, ids, positions, encoded)
+            chunk = Chunk(0, ids, positions, encoded, sends=sends)
             if not create:
                 chunk.task_id = task.task_id
             chunk.chunk_id = await self.journal.write_ahead(
@@ -253,6 +255,39 @@ class TaskWriter(TaskWrites):
             self.slots.release()
             raise
         self._tg.start_soon(self._send, chunk, task, create)
+
+    async def _send_one(
+        self, chunk: Chunk, task: OpenTask | None, create: bool, token_written: bool = False
+    ) -> list[Chunk]:
+        """Send ``chunk`` until it is settled (returns []) or split (returns its parts)."""
+        while True:
+            if task is None:
+                if chunk.fate_unknown and chunk.task_id is not None:
+                    task = self.tasks.get(chunk.task_id)
+                    if task is None:
+                        await self._orphan(chunk)
+                        return []
+                    task.inflight += 1
+                    create = False
+                else:
+                    task, create = await self._target(len(chunk.ids))
+            try:
+                if create:
+                    done = await self._create(task, chunk, token_written)
+                else:
+                    done = await self._append(task, chunk)
+            finally:
+                task.inflight -= 1
+                if self.intake_done and self.current is task and task.inflight == 0:
+                    task.closing = True
+                    self.current = None
+                await self._maybe_seal(task)
+            if isinstance(done, list):
+                return done
+            if done:
+                return []
+            task = None
+            token_written = False
 
     # ------------------------------------------------------------------ targeting
 
@@ -320,34 +355,13 @@ class TaskWriter(TaskWrites):
         self, chunk: Chunk, task: OpenTask | None, create: bool, token_written: bool = False
     ) -> None:
         """Send ``chunk`` (to ``task``, which it creates when ``create``; None: choose one)
-        until it is settled. ``token_written``: the write-ahead recorded ``task``'s token."""
+        until it is settled, and the parts it was split into when it was refused whole, one
+        after the other (in this write slot). ``token_written``: the write-ahead recorded
+        ``task``'s token."""
         try:
-            while True:
-                if task is None:
-                    if chunk.fate_unknown and chunk.task_id is not None:
-                        task = self.tasks.get(chunk.task_id)
-                        if task is None:
-                            await self._orphan(chunk)
-                            return
-                        task.inflight += 1
-                        create = False
-                    else:
-                        task, create = await self._target(len(chunk.ids))
-                try:
-                    if create:
-                        done = await self._create(task, chunk, token_written)
-                    else:
-                        done = await self._append(task, chunk)
-                finally:
-                    task.inflight -= 1
-                    if self.intake_done and self.current is task and task.inflight == 0:
-                        task.closing = True
-                        self.current = None
-                    await self._maybe_seal(task)
-                if done:
-                    return
-                task = None
-                token_written = False
+            parts = await self._send_one(chunk, task, create, token_written)
+            while parts:
+                parts[:1] = await self._send_one(parts[0], None, False)
         finally:
             self.active -= 1
             self.slots.release()

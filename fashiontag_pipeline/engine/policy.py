@@ -32,6 +32,7 @@ __all__ = [
     "decode_ids",
     "encode_body",
     "encode_ids",
+    "halves",
 ]
 
 _body_encoder = msgspec.json.Encoder()
@@ -110,7 +111,7 @@ def body_ids(body: bytes) -> list[str]:
 
 def chunk_of(chunk_id: int, body: bytes) -> Chunk:
     """A stored chunk, ready to be sent again (a resume)."""
-    rows = decode_body(body)
+    sends, rows = decode_chunk(body)
     requests = [r for _, r in rows]
     encoded = _body_encoder.encode(requests)
     return Chunk(
@@ -118,7 +119,22 @@ def chunk_of(chunk_id: int, body: bytes) -> Chunk:
         [r.context.id for r in requests],
         [p for p, _ in rows],
         EncodedRequests(msgspec.Raw(encoded), len(requests)),
+        sends=sends,
     )
+
+
+def halves(chunk: Chunk) -> list[tuple[Chunk, bytes]]:
+    """The chunk's rows in two chunks (ids 0 until written ahead), each with its body to store:
+    a write refused whole (too large, or one element the service will not name) is split."""
+    requests = _requests_decoder.decode(chunk.requests.raw)
+    half = (len(requests) + 1) // 2
+    out = []
+    for lo, hi in ((0, half), (half, len(requests))):
+        body, encoded = encode_body(chunk.positions[lo:hi], requests[lo:hi], chunk.sends)
+        out.append(
+            (Chunk(0, chunk.ids[lo:hi], chunk.positions[lo:hi], encoded, sends=chunk.sends), body)
+        )
+    return out
 
 
 @dataclass(eq=False)
@@ -150,6 +166,8 @@ class Chunk:
     requests: EncodedRequests
     fate_unknown: bool = False
     task_id: str | None = None
+    #: Times its rows were sent before (kept in its body).
+    sends: int = 0
 
 
 class WritePolicy:

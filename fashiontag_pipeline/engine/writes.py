@@ -18,7 +18,7 @@ from .._models import BulkTaskResponse, Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
 from .jobs import Jobs
-from .policy import Chunk, OpenTask, WritePolicy
+from .policy import Chunk, OpenTask, WritePolicy, encode_ids, halves
 from .state import POS_SHIFT, JobReject, Journal, changes
 from .tracker import TaskBook
 
@@ -81,6 +81,7 @@ class TaskWrites:
     clock: Callable[[], float]
     default_ttl: float
     refused_writes: int
+    split_writes: int
     sent_requests: int
     run_token: str
     _seq: int
@@ -189,9 +190,44 @@ class TaskWrites:
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
         return refused(err)
 
-    async def _create(self, task: OpenTask, chunk: Chunk, token_written: bool = False) -> bool:
-        """POST the chunk as a new task. True when the chunk is settled. ``token_written``:
-        the chunk's write-ahead recorded the task's token already."""
+    async def _refused_whole(self, chunk: Chunk, err: exc.RequestError) -> bool | list[Chunk]:
+        """A create refused whole, nothing applied (True: settled; else the parts to send).
+
+        400, 413 and 422 are about the request's rows or size (one element the service will
+        not take, a front end's body limit): a chunk of several rows is split in two, each
+        sent apart and split again if refused again, so that one row refused alone ends as its
+        reject with the service's answer and the others are tagged. Any other status is about
+        no row (a wrong URL, a method not taken): the run stops, its rows kept for a resume."""
+        if not isinstance(err, (exc.ValidationError, exc.PayloadTooLargeError)):
+            raise self._fatal(err) from err
+        if len(chunk.ids) > 1:
+            parts = halves(chunk)
+            stored = [
+                (len(part.ids), max(part.positions), body, encode_ids(part.ids))
+                for part, body in parts
+            ]
+            new_ids = await self.journal.run(self.journal.db.split_chunk, chunk.chunk_id, stored)
+            for (part, _), new_id in zip(parts, new_ids, strict=True):
+                part.chunk_id = new_id
+            self.split_writes += 1
+            logger.info(
+                "a write of %d rows was refused whole (HTTP %s): sent again in two parts",
+                len(chunk.ids),
+                err.status,
+            )
+            return [part for part, _ in parts]
+        failures = err.failure_list if isinstance(err, exc.ValidationError) else None
+        named = [f.error_message for f in failures or () if f.error_message]
+        reason = named[0] if named else (err.service_message or "no reason given")
+        await self._reject_chunk(chunk, f"refused by the service (HTTP {err.status}): {reason}")
+        return True
+
+    async def _create(
+        self, task: OpenTask, chunk: Chunk, token_written: bool = False
+    ) -> bool | list[Chunk]:
+        """POST the chunk as a new task. True when the chunk is settled, or the parts it was
+        split into (:meth:`_refused_whole`). ``token_written``: the chunk's write-ahead
+        recorded the task's token already."""
         if not token_written:
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
         while True:
@@ -222,8 +258,7 @@ class TaskWrites:
                 task.created.set()
                 if self.current is task:
                     self.current = None
-                await self._reject_chunk(chunk, err.service_message or str(err))
-                return True
+                return await self._refused_whole(chunk, err)
             self.budget.ok()
             self.slots.success()
             opened = self._opened_ops(task, response.task_id, response.expires_at)
@@ -312,8 +347,21 @@ class TaskWrites:
                     )
                     await self._orphan(chunk)
                     return True
-                await self._reject_chunk(chunk, err.service_message or str(err))
-                return True
+                # Refused whole, not applied (a 400 or 409 for a task that takes no more
+                # writes, a body too large, a status the spec does not show): not the rows'
+                # outcome. Sent again to a new task, whose create's answer decides.
+                logger.info(
+                    "task %s refused a write whole (HTTP %s): its rows go to a new task",
+                    task.task_id,
+                    err.status,
+                )
+                self.refused_writes += 1
+                task.closing = True
+                if self.current is task:
+                    self.current = None
+                chunk.task_id = None
+                await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
+                return False
             self.budget.ok()
             self.slots.success()
             await self._accept(task, chunk, response)

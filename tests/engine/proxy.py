@@ -101,6 +101,19 @@ class Misbehaviour:
     failure_status_first_read: bool = False
     #: The first N polls (list or status) are answered 200 with a failure body.
     failure_status_polls: int = 0
+    #: The first N polls (list or status) are answered 408 with an HTML page (a front end
+    #: that gave up waiting).
+    polls_timed_out: int = 0
+    #: Method -> status: the first write of that method is answered with that status and an
+    #: HTML page (a front proxy's 408, a 400 or 409 on a PUT), not forwarded: nothing applied.
+    refuse_first_write: dict[str, int] = field(default_factory=dict)
+    #: Writes whose body is longer than this are answered 413 with an HTML page, not forwarded
+    #: (a front proxy's body limit).
+    max_body_bytes: int | None = None
+    #: A write whose body carries one of these ids (as in the manifest) is refused whole with
+    #: 400 and no ``failureList``, not forwarded (a service that fails a request for one bad
+    #: element without naming it).
+    refuse_whole_with: set[str] = field(default_factory=set)
 
 
 class MisbehavingProxy:
@@ -120,6 +133,11 @@ class MisbehavingProxy:
         self.failure_pages = 0
         self.failure_polls = 0
         self._pages_read: set[tuple[str, str]] = set()
+        #: Statuses of the writes refused by refuse_first_write, max_body_bytes and
+        #: refuse_whole_with, in order.
+        self.writes_refused: list[int] = []
+        self._first_refused: set[str] = set()
+        self.polls_timed_out = 0
         self._left_out: set[str] = set()
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
@@ -149,6 +167,15 @@ class MisbehavingProxy:
                     self.puts_refused += 1
                 return self._not_found()
         body = await request.read()
+        if request.method in ("POST", "PUT"):
+            refusal = self._refuse_write(request.method, body)
+            if refusal is not None:
+                self.writes_refused.append(refusal)
+                return web.Response(
+                    status=refusal,
+                    body=b"<html><body><h1>refused</h1></body></html>",
+                    headers={"Content-Type": "text/html", **self._headers()},
+                )
         refused_now: list[Any] = []
         if self.rules.always_refused and request.method in ("POST", "PUT") and body:
             body, refused_now = self._strip_refused(body)
@@ -187,6 +214,15 @@ class MisbehavingProxy:
         ):
             self.failure_polls += 1
             return web.json_response({"status": "failure", "error": "temporarily unavailable"})
+        if (
+            self.polls_timed_out < self.rules.polls_timed_out
+            and request.method == "GET"
+            and (path == BULK or path.endswith("/status"))
+        ):
+            self.polls_timed_out += 1
+            return web.Response(
+                status=408, body=b"<html>timeout</html>", headers={"Content-Type": "text/html"}
+            )
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)
         async with self._session.request(
@@ -222,6 +258,22 @@ class MisbehavingProxy:
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
         )
+
+    def _refuse_write(self, method: str, body: bytes) -> int | None:
+        rules = self.rules
+        status = rules.refuse_first_write.get(method)
+        if status is not None and method not in self._first_refused:
+            self._first_refused.add(method)
+            return status
+        if rules.max_body_bytes is not None and len(body) > rules.max_body_bytes:
+            return 413
+        if rules.refuse_whole_with and any(
+            b'"id":"' + i.encode() + b'"' in body.replace(b" ", b"")
+            or b"/" + i.encode() + b'"' in body
+            for i in rules.refuse_whole_with
+        ):
+            return 400
+        return None
 
     def _rewrite(
         self, method: str, path: str, task_id: str | None, status: int, payload: bytes

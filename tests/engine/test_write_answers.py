@@ -106,3 +106,58 @@ async def test_polls_answered_200_with_a_failure_body_are_asked_again(tmp_path: 
     summary, proxy, o = await run_misbehaving(tmp_path, 2500, rules, LONG_TASKS)
     assert proxy.failure_polls == 4
     assert summary.complete and len(o.results) == 2500 and not o.rejects
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        Misbehaviour(refuse_first_write={"POST": 408}),
+        Misbehaviour(refuse_first_write={"PUT": 400}),
+        Misbehaviour(refuse_first_write={"PUT": 409}),
+        Misbehaviour(refuse_first_write={"PUT": 413}),
+    ],
+    ids=["create-408", "put-400", "put-409", "put-413"],
+)
+async def test_a_write_refused_whole_once_is_not_the_rows_outcome(
+    tmp_path: Path, rules: Misbehaviour
+) -> None:
+    """One write answered with a whole-request status and an HTML page, nothing applied: a
+    408 is a fault to wait out, and a PUT refused whole means the task takes no more writes.
+    Either way its rows are sent again (to a new task) and tagged; none is rejected."""
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
+    assert proxy.writes_refused == list(rules.refuse_first_write.values())
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+
+
+async def test_writes_over_a_front_proxys_body_limit_are_split_until_they_fit(
+    tmp_path: Path,
+) -> None:
+    """A front proxy refuses bodies over 40 kB with 413 (a chunk of 1,000 rows is ~90 kB):
+    the chunks are split until they fit, and every row is tagged."""
+    rules = Misbehaviour(max_body_bytes=40_000)
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
+    assert 413 in proxy.writes_refused
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+
+
+async def test_a_write_refused_whole_for_one_row_rejects_that_row_alone(tmp_path: Path) -> None:
+    """Every write carrying p1234 is refused whole with 400 and no failureList: the chunk is
+    split until the one row is found, which ends as a ``server-validation`` reject with the
+    service's answer; every other row is tagged."""
+    rules = Misbehaviour(refuse_whole_with={"p1234"})
+    summary, _, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
+    assert summary.complete and summary.unsettled == 0
+    assert [(r["id"], r["stage"]) for r in o.rejects] == [("p1234", "server-validation")]
+    assert "HTTP 400" in o.rejects[0]["reason"]
+    assert len(o.results) == 2999
+
+
+async def test_polls_answered_408_are_asked_again(tmp_path: Path) -> None:
+    """A front end answers the first polls 408 (it gave up waiting): a transient fault, asked
+    again under the give-up budget; the run does not stop on it."""
+    rules = Misbehaviour(polls_timed_out=6)
+    summary, proxy, o = await run_misbehaving(tmp_path, 2500, rules, LONG_TASKS)
+    assert proxy.polls_timed_out == 6
+    assert summary.complete and len(o.results) == 2500 and not o.rejects

@@ -273,6 +273,38 @@ class StateStore(JobTables):
 
     # -------------------------------------------------------------- chunks and resume
 
+    def split_chunk(
+        self, chunk_id: int, parts: Sequence[tuple[int, int, bytes, bytes]]
+    ) -> list[int]:
+        """Replace a chunk of pending rows by ``parts`` ((n, last position, body, ids) each),
+        written ahead as new pending chunks in one transaction with the old one resolved, so
+        that every row is in exactly one chunk at every commit. Returns the new chunks' ids.
+        (A write refused whole, nothing applied, is split: not a send, not counted resent.)"""
+        db = self.db
+        new: list[int] = []
+        with self.transaction():
+            for n, last_pos, body, ids in parts:
+                (new_id,) = db.execute(
+                    "INSERT INTO chunks (state, n, last_pos) VALUES ('pending', ?, ?)"
+                    " RETURNING chunk_id",
+                    (n, last_pos),
+                ).fetchone()
+                if self.chunk_ids:
+                    db.execute(
+                        "INSERT INTO chunk_bodies (chunk_id, body, ids) VALUES (?, ?, ?)",
+                        (new_id, body, ids),
+                    )
+                else:
+                    db.execute(
+                        "INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (new_id, body)
+                    )
+                new.append(int(new_id))
+            db.execute(
+                "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (chunk_id,)
+            )
+            db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (chunk_id,))
+        return new
+
     def insert_chunk(
         self,
         n: int,
