@@ -76,6 +76,9 @@ class Job:
     rows_read: int = 0
     #: The position of the last row read from its manifests (-1: none yet).
     read_to: int = -1
+    #: Its outputs are closed (it completed): a late page (rows of it again, or not its own)
+    #: writes nothing to it. Set and read in the state thread.
+    closed: bool = False
 
     @property
     def id(self) -> int:
@@ -192,12 +195,13 @@ class Jobs:
             return {job: rows}
         if not self.ids.namespaced:
             only = self.only
-            return {only.id: rows} if only is not None else {}
+            return {only.id: rows} if only is not None and not only.closed and rows else {}
         out: dict[int, list[PageRow]] = {}
         split = self.ids.split
+        by_id = self.by_id
         for r in rows:
             jid, ident = split(r.id)
-            if jid is not None and jid in self.by_id:
+            if jid is not None and (found := by_id.get(jid)) is not None and not found.closed:
                 out.setdefault(jid, []).append(PageRow(ident, r.tagging_result))
         return out
 

@@ -166,6 +166,18 @@ class ResultPagers:
                 entry.seen = await self._written(entry)
             if entry.refused is None and entry.state == "done":
                 entry.sent, entry.refused = await self.journal.run(self._sent_ids, entry.task_id)
+            if entry.sent is not None and entry.total > len(entry.sent):
+                # A count past the rows written to the task (a server's bug, a count of
+                # something else): those pages could only be empty or another's, and a huge
+                # count would be millions of requests. The task holds at most what was sent.
+                logger.warning(
+                    "task %s claims %d results but was given %d rows: reading %d",
+                    entry.task_id,
+                    entry.total,
+                    len(entry.sent),
+                    len(entry.sent),
+                )
+                entry.total = len(entry.sent)
             if entry.state == "lost":
                 await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                 continue

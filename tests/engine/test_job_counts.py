@@ -6,7 +6,10 @@ from __future__ import annotations
 import random
 from typing import Any, cast
 
+import msgspec
+
 from fashiontag_pipeline.engine.jobs import IdSpace, Job, Jobs
+from fashiontag_pipeline.engine.pages import PageRow
 from fashiontag_pipeline.engine.state import POS_SHIFT
 from fashiontag_pipeline.engine.state.jobtables import JobRow
 from fashiontag_pipeline.engine.writes import count_by_job, job_marks
@@ -46,3 +49,21 @@ def test_per_job_figures_of_a_chunk_equal_the_general_ones() -> None:
         assert count_by_job(jobs, positions) == jobs.count_by_job(positions)
         assert sorted(job_marks(jobs, positions, max(positions))) == sorted(jobs.marks(positions))
     assert count_by_job(jobs, []) == {} and job_marks(jobs, [], 0) == []
+
+
+def test_a_page_committed_after_its_job_closed_is_routed_nowhere() -> None:
+    """A late page (a task claiming more results than it holds, rows again) committed after
+    its job completed and closed its outputs: written to no job, never to a closed file (the
+    run crashed on "I/O operation on closed file" after every row was written)."""
+    raw = msgspec.Raw(b'{"status":"success"}')
+    jobs = _jobs()
+    job = jobs.by_id[1]
+    assert set(jobs.group_rows([PageRow("1/a", raw), PageRow("2/b", raw)])) == {1, 2}
+    job.closed = True
+    assert set(jobs.group_rows([PageRow("1/a", raw), PageRow("2/b", raw)])) == {2}
+    single = Jobs(IdSpace(False))
+    single.add(Job(job.row, cast(Any, None), cast(Any, None)))
+    assert set(single.group_rows([PageRow("a", raw)])) == {1}
+    assert single.group_rows([]) == {}
+    cast(Job, single.only).closed = True
+    assert single.group_rows([PageRow("a", raw)]) == {}

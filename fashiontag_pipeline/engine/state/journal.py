@@ -129,12 +129,17 @@ class Journal:
         counters = dict(counters)
         per_job: dict[int, dict[str, int]] = {}
         for jid, c in (by_job or {}).items():
-            if jid in jobs.by_id:
+            if (found := jobs.by_id.get(jid)) is not None and not found.closed:
                 per_job[jid] = {k: v for k, v in c.items() if k in JOB_COUNTERS}
         ok = bad = 0
         touched: dict[int, Job] = {}
         job_tasks: list[tuple[int, str]] = []
-        if reused is not None and reused[1] and reused[0] in jobs.by_id:
+        if (
+            reused is not None
+            and reused[1]
+            and (owner := jobs.by_id.get(reused[0])) is not None
+            and not owner.closed
+        ):
             # --reuse: rows answered from the result store, accepted and settled together.
             jid, lines = reused
             target = jobs.by_id[jid]
@@ -173,7 +178,7 @@ class Journal:
             written = 0
             for jid, part in grouped.items():
                 found = jobs.by_id.get(jid)
-                if found is None:
+                if found is None or found.closed:
                     continue  # a row of no job in flight: its job is complete already
                 target = found
                 target.rejects.write_rejects(part)
@@ -357,7 +362,8 @@ class Journal:
         return keep
 
     def close_job_outputs(self, job: Job) -> None:
-        """Flush, fsync and close a job's outputs (thread side)."""
+        """Flush, fsync and close a job's outputs (thread side); later commits leave it out."""
+        job.closed = True
         for sink in (job.results, job.rejects):
             try:
                 sink.flush(True)
