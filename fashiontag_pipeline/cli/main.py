@@ -31,6 +31,7 @@ from .common import (
     add_client_arguments,
     parse_detection,
 )
+from .streams import guard_standard_streams
 
 __all__ = ["configure_logging", "main"]
 
@@ -168,6 +169,7 @@ def configure_logging(verbosity: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fashiontag`` console script."""
+    guard_standard_streams()
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser(_command_of(arguments))
     args = parser.parse_args(arguments)

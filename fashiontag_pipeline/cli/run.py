@@ -220,9 +220,14 @@ def _same_file(out: Path, rejects: Path, state: Path | str, manifests: list[str]
     if isinstance(state, Path):
         named.append(("--state", state))
     named += [("manifest", Path(m)) for m in manifests if m != "-"]
-    seen: dict[str, str] = {}
+    seen: dict[object, str] = {}
     for what, path in named:
-        key = os.path.realpath(path)
+        # An existing file is known by its inode, so a hard link is the same file too.
+        try:
+            info = os.stat(path)
+            key: object = (info.st_dev, info.st_ino)
+        except OSError:
+            key = os.path.realpath(path)
         if key in seen:
             return f"{seen[key]} and {what} are the same file ({path}): give each its own path"
         seen[key] = what

@@ -91,6 +91,11 @@ def _same_tail(given: Path, written: str, end: int, span: int = 4096) -> bool:
         return False
 
 
+def _absolute(path: Path) -> Path:
+    """``path`` made absolute against the working directory (a string operation, no I/O)."""
+    return Path(os.path.abspath(path))
+
+
 def _size(path: Path) -> int:
     """The size of a file in bytes, -1 when there is none."""
     try:
@@ -145,6 +150,8 @@ async def run_pipeline(
     saved).
     """
     started = time.monotonic()
+    # Recorded absolute: a resume from another working directory names the same files.
+    out, rejects = _absolute(out), _absolute(rejects)
     names = [str(m) for m in manifests]
     if not names:
         raise exc.ManifestError("no manifest given")

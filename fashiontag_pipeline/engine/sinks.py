@@ -13,6 +13,7 @@ re-encode.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Protocol
 
 import msgspec
 
-from .._exceptions import StateError
+from .._exceptions import StateConflictError, StateError
 from .._models import TaggingResponse
 from .pages import PageRow
 
@@ -91,6 +92,11 @@ class _AppendFile:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _lock_output(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
         self._fh = os.fdopen(fd, "r+b", buffering=0)
         self._fh.seek(0, os.SEEK_END)
 
@@ -182,6 +188,22 @@ class _AppendFile:
         if not self._fh.closed:
             self._fh.flush()
             self._fh.close()
+
+
+def _lock_output(fd: int, path: Path) -> None:
+    """An exclusive lock on an output for as long as it is open: two runs writing one file
+    (two cron jobs given the same --out and their own --state) would cut back and append
+    over each other's lines. Released when the file is closed or the process dies. A file
+    system without locks (some network ones) is written unlocked."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StateConflictError(
+            f"{path} is being written by another run (it holds a lock on the file): wait for"
+            " that run to end, or give this one other outputs"
+        ) from None
+    except OSError:
+        pass
 
 
 def _removed(path: Path, fd: int) -> bool:
@@ -281,6 +303,12 @@ class SqliteResultSink:
             self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
         # An fd of its own on the file, to tell whether it is still at its path (removed()).
         self._probe = os.open(path, os.O_RDONLY)
+        try:
+            _lock_output(self._probe, path)
+        except BaseException:
+            os.close(self._probe)
+            self._db.close()
+            raise
         self._last = self._last_rowid()
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         self._rowids = version >= self.ROWID_CHECKPOINTS

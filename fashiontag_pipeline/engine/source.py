@@ -84,10 +84,12 @@ class ManifestReader:
         #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
         self.bytes_read = 0
         self.size: int | None = None
+        self._mtime_ns = 0
         try:
             info = os.fstat(self._fh.fileno())
             if stat.S_ISREG(info.st_mode):
                 self.size = info.st_size
+                self._mtime_ns = info.st_mtime_ns
         except (OSError, ValueError, io.UnsupportedOperation):
             pass
         self._gunzip: Any = None
@@ -167,6 +169,7 @@ class ManifestReader:
                 return None
             chunk = self._read_bytes()
             if not chunk:
+                self._check_unchanged()
                 self._eof = True
                 continue
             data = self._pending + chunk
@@ -182,6 +185,27 @@ class ManifestReader:
                 continue
             self._pending = data[cut:]
             return data[:cut]
+
+    def _check_unchanged(self) -> None:
+        """At the end of a regular file: it is the file opened, as long as it was then. A
+        manifest rewritten in place while read (``cp`` or ``> m.csv`` truncate it first)
+        ends early or mixes two versions: never taken for the manifest's end."""
+        if self.size is None:
+            return
+        try:
+            info = os.fstat(self._fh.fileno())
+        except (OSError, ValueError):
+            return
+        if (
+            self.bytes_read != self.size
+            or info.st_size != self.size
+            or info.st_mtime_ns != self._mtime_ns
+        ):
+            raise ManifestError(
+                f"manifest {self.name} changed while it was read ({self.size:,} bytes when"
+                f" opened, {info.st_size:,} now, {self.bytes_read:,} read): its rows may be"
+                " cut short or mixed with another version's"
+            )
 
     # -------------------------------------------------------------- records
 

@@ -236,6 +236,14 @@ async def test_two_of_the_runs_files_on_one_path_are_refused_before_anything(
         assert code == 2, err
         assert f"{names} are the same file" in err
     assert not out.exists() and not state.exists()
+    # A hard link is the same file under another name.
+    linked = tmp_path / "linked.jsonl"
+    out.write_bytes(b"")
+    os.link(out, linked)
+    code, err = await fashiontag(
+        "run", str(m), "--base-url", url, "--out", str(out), "--rejects", str(linked)
+    )
+    assert code == 2 and "--out and --rejects are the same file" in err, err
     assert m.read_text().startswith("id,url\nsku-0,")
 
 
@@ -261,3 +269,38 @@ async def test_a_truncated_gzip_says_how_to_go_on_once_the_file_is_whole(tmp_pat
         assert code == 0, err
     ids = [json.loads(line)["id"] for line in out.read_text().splitlines()]
     assert sorted(ids) == sorted(f"sku-{i}" for i in range(5000))
+
+
+async def test_a_stderr_reader_that_goes_away_does_not_stop_the_run(tmp_path: Path) -> None:
+    """``fashiontag run ... 2>&1 | head -1``, or a log collector that died: the progress
+    lines then meet a broken pipe, which used to stop the run (exit 1, no message). Stderr is
+    only for people: once nobody reads it, the run goes on without it and ends as it would."""
+    m = manifest(tmp_path, 3000)
+    out = tmp_path / "o.jsonl"
+    async with running_service(ServiceConfig(rate=1500)) as svc:
+        command = (
+            f"{sys.executable} -m fashiontag_pipeline run {m} --base-url {svc.url}"
+            f" --out {out} --progress-interval 0.05 2>&1 | head -1; exit ${{PIPESTATUS[0]}}"
+        )
+        with anyio.fail_after(60):
+            result = await anyio.run_process(["bash", "-c", command], check=False, env=ENV)
+        code = result.returncode
+    assert code == 0
+    assert len(out.read_text().splitlines()) == 3000
+
+
+async def test_a_run_with_its_standard_streams_closed_still_runs(tmp_path: Path) -> None:
+    """A job started with stdin, stdout and stderr closed (``<&- >&- 2>&-``, some job
+    runners): the event loop's own file descriptors take their numbers, which it refuses
+    (an abort, exit 134). They are opened on /dev/null first."""
+    m = manifest(tmp_path, 300)
+    out = tmp_path / "o.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        command = (
+            f"exec {sys.executable} -m fashiontag_pipeline run {m} --base-url {svc.url}"
+            f" --out {out} <&- >&- 2>&-"
+        )
+        with anyio.fail_after(60):
+            result = await anyio.run_process(["sh", "-c", command], check=False, env=ENV)
+    assert result.returncode == 0
+    assert len(out.read_text().splitlines()) == 300

@@ -213,3 +213,40 @@ async def test_results_deleted_while_the_run_writes_them_fail_the_run(tmp_path: 
             done = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+
+
+async def test_a_run_given_relative_paths_resumes_from_another_directory(tmp_path: Path) -> None:
+    """Started in a/ with ``--out out.jsonl``, killed, resumed from b/ naming the same file as
+    ``../a/out.jsonl``: the same file, so it resumes (the state keeps absolute paths); it
+    was refused as "written to out.jsonl", and following that hint in b/ wrote into b/'s own
+    out.jsonl."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    state = tmp_path / "s.state"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, Path("out.jsonl"), str(manifest), "--state", str(state))
+        args += ["--rotate-images", "1000", "--rotate-min-images", "1000"]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV, cwd=a)
+        out = a / "out.jsonl"
+        with anyio.fail_after(60):
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        unrelated = b'{"id":"other"}\n' * 100_000
+        (b / "out.jsonl").write_bytes(unrelated)  # another file of the same name in b/
+        again = [*args]
+        again[again.index("--out") + 1] = "../a/out.jsonl"
+        again[again.index("--rejects") + 1] = "../a/out.rej"
+        with anyio.fail_after(120):
+            done = await anyio.run_process(
+                again, check=False, env=ENV, stderr=subprocess.PIPE, cwd=b
+            )
+    assert done.returncode == 0, done.stderr.decode()
+    assert_exactly_once(out, a / "out.rej", {f"p{i}" for i in range(4000)})
+    assert [p.name for p in b.iterdir()] == ["out.jsonl"]
+    assert (b / "out.jsonl").read_bytes() == unrelated

@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fashiontag_pipeline._exceptions import StateError
+from fashiontag_pipeline._exceptions import StateConflictError, StateError
 from fashiontag_pipeline.engine.pages import (
     PageRow,
     count_outcomes,
@@ -19,7 +19,7 @@ from fashiontag_pipeline.engine.pages import (
     screen,
     success_flags,
 )
-from fashiontag_pipeline.engine.sinks import SqliteResultSink, open_result_sink
+from fashiontag_pipeline.engine.sinks import RejectSink, SqliteResultSink, open_result_sink
 
 
 def _row(raw: bytes) -> PageRow:
@@ -178,14 +178,14 @@ def test_an_output_knows_when_it_is_no_longer_at_its_path(tmp_path: Path, kind: 
     folder.mkdir()
     path = folder / ("r.db" if kind == "sqlite" else "r.jsonl")
     link = tmp_path / "link"
-    sink = open_result_sink(path, kind)
-    sink.write_page("t1", _page("a"))
-    sink.flush(True)
-    assert not sink.removed()
     os.symlink(path, link)
     linked = open_result_sink(link, kind)
     assert not linked.removed()
     linked.close()
+    sink = open_result_sink(path, kind)
+    sink.write_page("t1", _page("a"))
+    sink.flush(True)
+    assert not sink.removed()
     os.rename(path, tmp_path / "moved")
     assert sink.removed()
     os.rename(tmp_path / "moved", path)
@@ -212,3 +212,17 @@ def test_a_sqlite_results_file_missing_committed_rows_is_refused(tmp_path: Path)
     with pytest.raises(StateError, match="committed rows are missing"):
         sink.truncate(committed)
     sink.close()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+def test_an_output_is_written_by_one_run_at_a_time(tmp_path: Path, kind: str) -> None:
+    """Two runs given the same --out (and each its own --state) would cut back and append
+    over each other's lines: the second is refused while the first has the file open."""
+    path = tmp_path / ("r.db" if kind == "sqlite" else "r.jsonl")
+    first = open_result_sink(path, kind)
+    with pytest.raises(StateConflictError, match="being written by another run"):
+        open_result_sink(path, kind)
+    with pytest.raises(StateConflictError):
+        RejectSink(path) if kind == "jsonl" else open_result_sink(path, kind)
+    first.close()
+    open_result_sink(path, kind).close()

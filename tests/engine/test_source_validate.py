@@ -10,7 +10,7 @@ import pytest
 
 from fashiontag_pipeline import ManifestError
 from fashiontag_pipeline.engine import source
-from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
+from fashiontag_pipeline.engine.source import ManifestReader, iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 
 
@@ -266,3 +266,37 @@ def test_a_stray_byte_in_the_column_or_key_the_validator_reads_is_found(tmp_path
         items, rejects = Validator().validate(batch)
         assert items == [] and len(rejects) == 1
         assert "not UTF-8 text" in rejects[0][1].reason
+
+
+def test_a_manifest_rewritten_in_place_while_read_is_an_error_not_its_end(
+    tmp_path: Path,
+) -> None:
+    """``cp`` or ``export > m.csv`` onto the manifest being read truncates it first: a reader
+    that met that shorter file's end took it for the manifest's end, and the rows after were
+    never tagged (a run reported complete). The end of input checks the file is the one
+    opened, as long as it was then."""
+    path = tmp_path / "m.csv"
+    lines = ["id,url"] + [f"p{i},https://img.example/{i}.jpg" for i in range(60_000)]
+    data = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(data)
+    reader = ManifestReader(str(path), 0, max_rows=1000)
+    reader.open()
+    assert reader.read_batch() is not None
+    with path.open("wb") as fh:  # O_TRUNC, then only part of it written back so far
+        fh.write(data[: len(data) // 3])
+    with pytest.raises(ManifestError, match="changed while it was read"):
+        while reader.read_batch() is not None:
+            pass
+    reader.close()
+
+
+def test_a_manifest_read_whole_passes_the_end_check(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_bytes(b"id,url\np1,https://img.example/1.jpg")  # no newline at the end
+    reader = ManifestReader(str(path), 0)
+    reader.open()
+    rows = []
+    while (batch := reader.read_batch()) is not None:
+        rows += list(batch.rows)
+    reader.close()
+    assert len(rows) == 1

@@ -45,7 +45,8 @@ def _lock_exclusively(path: Path) -> int:
         os.close(fd)
         raise exc.StateConflictError(
             f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
-            "wait for that run to end, or give this one another --state"
+            "wait for that run to end, or give this one another --state (and outputs of its"
+            " own)"
         ) from None
     return fd
 

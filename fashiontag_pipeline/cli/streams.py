@@ -1,0 +1,69 @@
+"""The process's standard streams as a job runner may leave them: closed, or read by nobody.
+
+* A descriptor 0, 1 or 2 closed at start (``<&- >&- 2>&-``) is opened on ``/dev/null``: else the
+  next file opened takes its number, and the event loop (uvloop) aborts on an epoll descriptor
+  numbered 0-2, or a sink would write results onto "stderr".
+* Stderr read by nobody any more (``2>&1 | head -1``, a log collector that died) makes every
+  progress line and log record a broken pipe: stderr is for people, so once it is broken its
+  writes are dropped and the run goes on. Stdout, which may carry data, keeps the usual rule.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+__all__ = ["guard_standard_streams"]
+
+
+class _ForgivingStream:
+    """A text stream whose writes stop, silently, once its reader has gone."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._broken = False
+
+    def write(self, text: str) -> int:
+        if self._broken:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except (BrokenPipeError, ConnectionResetError, ValueError):
+            self._broken = True
+            return len(text)
+
+    def flush(self) -> None:
+        if self._broken:
+            return
+        try:
+            self._stream.flush()
+        except (BrokenPipeError, ConnectionResetError, ValueError):
+            self._broken = True
+
+    def isatty(self) -> bool:
+        return not self._broken and self._stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_standard_streams() -> None:
+    """See the module docstring. Call first thing, before any file or event loop is opened."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # The lowest free number is taken: fd itself, as the lower ones are open.
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != fd:  # pragma: no cover - a lower one was closed meanwhile
+                os.dup2(opened, fd)
+                os.close(opened)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    if not isinstance(sys.stderr, _ForgivingStream):
+        sys.stderr = _ForgivingStream(sys.stderr)
