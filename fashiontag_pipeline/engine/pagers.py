@@ -58,10 +58,12 @@ _row_id = operator.attrgetter("id")
 
 
 class _Rows(NamedTuple):
-    """A fetched page: its rows with a tagging result, and whether all are successes."""
+    """A fetched page: its rows with a tagging result, whether all are successes, and how
+    many results the service gave (those without a tagging result included)."""
 
     rows: list[PageRow]
     all_success: bool
+    given: int = 0
 
 
 _Fetched = _Rows | None | _Lost
@@ -189,7 +191,28 @@ class ResultPagers:
                 pages.send_nowait((entry, offset))
 
     async def _fetch(self, entry: TaskEntry, offset: int) -> _Fetched:
-        """One page; None when the task's results have expired, LOST when it is forgotten.
+        """The page at ``offset`` (see :meth:`_fetch_range`), read to the end of its range.
+
+        A page holding fewer results than asked, short of the task's end, is followed by a
+        request for the rest of its range: a server whose pages hold fewer rows than the
+        spec's 100 would otherwise leave the same rows unread in every task they are sent to
+        (sent again ``max_sends`` times, then rejects). A page short because the service
+        left a row out costs one request more, whose rows the next page repeats (written
+        once)."""
+        size = min(MAX_PAGE_SIZE, entry.total - offset)
+        got = await self._fetch_range(entry, offset, size)
+        while isinstance(got, _Rows) and 0 < got.given < size:
+            more = await self._fetch_range(entry, offset + got.given, size - got.given)
+            if not isinstance(more, _Rows) or more.given == 0:
+                break
+            got = _Rows(
+                got.rows + more.rows, got.all_success and more.all_success, got.given + more.given
+            )
+        return got
+
+    async def _fetch_range(self, entry: TaskEntry, offset: int, size: int) -> _Fetched:
+        """``size`` results from ``offset``; None when the task's results have expired, LOST
+        when it is forgotten.
 
         An answer that asking again rarely cures (a 4xx other than those with a meaning of
         their own; a body that is not the spec's JSON) is asked for again ``PAGE_ATTEMPTS``
@@ -199,7 +222,6 @@ class ResultPagers:
         hold every other task's pages back). Only when ``UNREADABLE_PAGES`` pages in a row are
         taken as empty (the service refuses every page: an API change, a proxy in the way) does
         a run that may give up stop, state saved, rather than send every row again."""
-        size = min(MAX_PAGE_SIZE, entry.total - offset)
         what = f"results of task {entry.task_id}"
         unusable = 0
         while True:
@@ -269,7 +291,7 @@ class ResultPagers:
                 len(decoded) - len(rows),
                 offset,
             )
-        return _Rows(rows, all_success)
+        return _Rows(rows, all_success, len(decoded))
 
     def _sent_ids(self, task_id: str) -> tuple[set[str] | None, frozenset[str]]:
         """(the ids written to the task, the ids the service refused) (thread side).

@@ -101,6 +101,9 @@ class Misbehaviour:
     failure_status_first_read: bool = False
     #: The first N polls (list or status) are answered 200 with a failure body.
     failure_status_polls: int = 0
+    #: Results pages hold at most this many rows whatever the size asked (a server whose
+    #: pages are smaller than the spec's 100).
+    page_cap: int | None = None
     #: The first N polls (list or status) are answered 408 with an HTML page (a front end
     #: that gave up waiting).
     polls_timed_out: int = 0
@@ -223,6 +226,8 @@ class MisbehavingProxy:
             return web.Response(
                 status=408, body=b"<html>timeout</html>", headers={"Content-Type": "text/html"}
             )
+        if self.rules.page_cap is not None and "size" in params:
+            params["size"] = str(min(int(params["size"]), self.rules.page_cap))
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)
         async with self._session.request(

@@ -645,3 +645,14 @@ async def test_a_full_disk_stops_the_run_and_the_same_command_finishes_it(tmp_pa
         again = await anyio.run_process(args, check=False, env=ENV)
         assert again.returncode == 0, again.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(3000))
+
+
+async def test_results_pages_smaller_than_asked_are_read_to_their_end(tmp_path: Path) -> None:
+    """A server whose pages hold 30 rows whatever the size asked: the rest of each 100-row
+    range is asked for after the short page, so every row is read from its task, none sent
+    again (each would be billed twice)."""
+    rules = Misbehaviour(page_cap=30)
+    with anyio.fail_after(60):
+        summary, _, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.tagged == 2000 and not o.rejects
+    assert summary.resent == 0
