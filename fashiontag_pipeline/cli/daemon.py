@@ -166,8 +166,15 @@ def daemon_command(args: argparse.Namespace) -> int:
         async with anyio.create_task_group() as tg:
 
             async def signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                # SIGHUP (a closed terminal, a log rotation's kill -HUP) would kill the daemon
+                # silently, and systemd's Restart=on-failure takes that for a clean stop: it
+                # is logged and ignored (the logs go to stderr; there is nothing to reopen).
+                watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+                with anyio.open_signal_receiver(*watched) as received:
                     async for signum in received:
+                        if signum == signal.SIGHUP:
+                            log.info("signal SIGHUP: ignored (SIGTERM drains and stops)")
+                            continue
                         if control.stopping.is_set():
                             log.warning("second signal: stopping now")
                             daemon.abort()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -65,6 +66,8 @@ from .names import (
 )
 
 __all__ = ["Claim", "Inbox"]
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 _error_decoder = msgspec.json.Decoder(dict[str, object])
 
@@ -146,6 +149,8 @@ class Inbox:
         self._clock = clock
         self._wall_clock = wall_clock
         self._seen: dict[str, _Seen] = {}
+        #: Files that could not be claimed nor moved to failed/ (see _refuse).
+        self._stuck: set[str] = set()
 
     def prepare(self) -> None:
         """Create the inbox's folders (the inbox itself must exist)."""
@@ -287,8 +292,11 @@ class Inbox:
                     continue
         for gone in self._seen.keys() - names.keys():
             del self._seen[gone]
+        self._stuck &= names.keys()
         ready: list[tuple[float, str]] = []
         for name, st in names.items():
+            if name in self._stuck:
+                continue
             seen = self._seen.get(name)
             if seen is None or seen.size != st.st_size or seen.mtime_ns != st.st_mtime_ns:
                 seen = _Seen(st.st_size, st.st_mtime_ns, now)
@@ -307,11 +315,19 @@ class Inbox:
         being hashed, vanished, or its name is in flight: it is looked at again next scan."""
         name = path.name
         try:
+            name.encode()
+        except UnicodeEncodeError:
+            self._refuse(path, "its name is not UTF-8: rename it and drop it again")
+            return None
+        try:
             before = path.stat()
             sha256, size = hash_file(path)
             after = path.stat()
         except FileNotFoundError:
             self._seen.pop(name, None)
+            return None
+        except OSError as err:  # unreadable (another account's file, an I/O error)
+            self._refuse(path, f"cannot be read: {err.strerror or err}")
             return None
         if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or (
             size != after.st_size
@@ -341,6 +357,25 @@ class Inbox:
             size=size,
             claimed_at=record.claimed_at,
         )
+
+    def _refuse(self, path: Path, reason: str) -> None:
+        """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
+        is recorded): never an error out of the scan, which would stop the daemon at every
+        start. If it cannot be moved either, it is left alone (said once)."""
+        shown = os.fsencode(path.name).decode("utf-8", "backslashreplace")
+        try:
+            # A name that is not UTF-8 goes to failed/ under its bytes written out (\\xe9).
+            name = free_name(self.failed, shown, "", companion=ERROR_SUFFIX)
+            error = msgspec.json.encode({"reason": f"{shown} {reason}", "sha256": ""})
+            write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", error + b"\n")
+            os.rename(path, self.failed / name)
+            fsync_dir(self.failed)
+        except OSError as err:
+            logger.error("manifest %s %s, and cannot be moved to failed/: %s", shown, reason, err)
+            self._stuck.add(path.name)  # left alone: never ready again while it is there
+            return
+        self._seen.pop(path.name, None)
+        logger.error("manifest %s %s: moved to failed/", shown, reason)
 
     @staticmethod
     def _as_moved(moved: Path, hashed: os.stat_result, record: ClaimRecord) -> ClaimRecord:

@@ -186,14 +186,16 @@ class Outbox:
 
         ``recorded``: the folder the state store says the claim's job writes to (a resumed
         claim). It is the claim's even when its mark is gone (the folder was removed and the
-        job's outputs made again), and is marked again, unless another claim's mark is in it.
+        job's outputs made again), and is marked again, unless another claim's mark is in it;
+        in another outbox (the daemon restarted with another ``--outbox``) too: the manifest
+        ends where its rows were written, its summary beside them.
         ``taken``: folders other jobs in flight write to, never given to this claim even when
         they are gone (removed under a job, which makes them again)."""
         mark = _ClaimMark(manifest=claim.name, sha256=claim.sha256, claimed_at=claim.claimed_at)
         # The outbox itself may have been removed since start-up (a cleanup job).
         self.root.mkdir(parents=True, exist_ok=True)
-        own = recorded is not None and recorded.parent == self.root
-        if recorded is not None and own and self._take(recorded, mark, adopt=True):
+        # (The job's outputs, opened when the engine started, made the folder again if gone.)
+        if recorded is not None and recorded.is_dir() and self._take(recorded, mark, adopt=True):
             return ManifestOutputs(recorded, claim)
         stem = manifest_stem(claim.name)
         candidates = [stem, fit(stem, f".{claim.sha256[:12]}")]

@@ -19,8 +19,10 @@ finish, flushes outputs and state, and returns; manifests in flight resume on th
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -58,6 +60,25 @@ logger = logging.getLogger("fashiontag_pipeline.daemon")
 DEFAULT_MAX_PENDING_ROWS = 20_000
 #: The counts a summary.json carries (besides rows_read and elapsed_s).
 _COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
+
+
+def _lock_inbox(inbox: Path) -> int:
+    """An exclusive lock on ``INBOX/.fashiontag-daemon.lock`` while a daemon with a SQLite
+    state watches the inbox: two of them (each given its own ``--state``) would both resume
+    the manifests in flight and tag them twice. Several daemons share an inbox only with a
+    shared PostgreSQL state."""
+    fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise exc.StateConflictError(
+            f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
+            ".lock): several daemons share an inbox only with a PostgreSQL --state"
+        ) from None
+    except OSError:
+        pass  # a file system without locks
+    return fd
 
 
 def _job_key(claim: Claim) -> str:
@@ -106,6 +127,14 @@ class Daemon(DaemonMonitor):
             await SharedDaemon(self, state_path).run()
             return
         await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
+        inbox_lock = await anyio.to_thread.run_sync(_lock_inbox, inbox_dir)
+        try:
+            await self._run_alone(inbox_dir, outbox_dir, state_path)
+        finally:
+            os.close(inbox_lock)
+
+    async def _run_alone(self, inbox_dir: Path, outbox_dir: Path, state_path: str | Path) -> None:
+        """:meth:`run` with a SQLite state: the only daemon on this inbox."""
         db = await anyio.to_thread.run_sync(StateDB, Path(state_path))
         try:
             ledger = SQLiteClaimLedger(state_path)
@@ -244,6 +273,12 @@ class Daemon(DaemonMonitor):
                 key = _job_key(claim)
                 job = engine.job_of_key(key)  # a resumed claim: where it writes
                 recorded = Path(job.row.results).parent if job is not None else None
+                if recorded is not None and recorded.parent != outbox.root:
+                    logger.warning(
+                        "manifest resumed into its folder in another outbox (the daemon was"
+                        " restarted with another --outbox): it ends there",
+                        extra={"manifest": claim.name, "folder": str(recorded)},
+                    )
                 # Folders of other jobs in flight are theirs even when removed under them.
                 taken = {Path(j.row.results).parent for j in engine.active_jobs() if j is not job}
                 outputs = await outbox.aoutputs(claim, recorded, taken)

@@ -538,3 +538,34 @@ async def test_a_file_rewritten_while_the_consumer_waits_settles_again(
             clock.now += 11
     await claims.aclose()
     assert got[0].name == "b.csv" and got[0].size == 12
+
+
+def test_a_file_that_cannot_be_claimed_goes_to_failed_and_the_others_on(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest another account dropped unreadable to the daemon, and one whose name is not
+    UTF-8 (the ledger and the outputs name manifests in UTF-8): each moves to failed/ beside
+    its reason, never an exception out of the scan (which stopped the daemon, and stopped it
+    again at every start), and the manifest dropped after them is claimed."""
+    ledger = make_ledger()
+    inbox = make_inbox(root, ledger, FakeClock(), settle=0.0)
+    bad_name = os.fsdecode(b"caf\xe9.csv")
+    (root / bad_name).write_bytes(CSV)
+    (root / "locked.csv").write_bytes(CSV)
+    (root / "ok.csv").write_bytes(CSV)
+    real_hash = inbox_module.hash_file
+
+    def hash_file(path: Path) -> tuple[str, int]:
+        if path.name == "locked.csv":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_hash(path)
+
+    monkeypatch.setattr(inbox_module, "hash_file", hash_file)
+    claims = [inbox.claim(path) for path in inbox.scan()]
+    assert [c.name for c in claims if c is not None] == ["ok.csv"]
+    failed = root / "failed"
+    assert (failed / "caf\\xe9.csv").exists() and (failed / "locked.csv").exists()
+    reasons = {p.name: json.loads(p.read_text())["reason"] for p in failed.glob("*.error.json")}
+    assert "Permission denied" in reasons["locked.csv.error.json"]
+    assert "not UTF-8" in reasons["caf\\xe9.csv.error.json"]
+    assert inbox.scan() == []

@@ -1,0 +1,94 @@
+"""The daemon used as real teams use it, beside the documented way: a SIGHUP, a second
+daemon started on the same inbox by mistake, a restart with another ``--outbox``."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
+
+
+def _drop(inbox: Path, name: str, ids: list[str]) -> None:
+    tmp = inbox / f".{name}.part"
+    tmp.write_bytes(write_manifest(Path(), ids))
+    os.rename(tmp, inbox / name)
+
+
+async def test_a_sighup_is_ignored_not_a_silent_death(tmp_path: Path) -> None:
+    """A closed terminal or a log rotation's ``kill -HUP`` killed the daemon with no drain
+    and no line (systemd's Restart=on-failure takes that for a clean stop)."""
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            daemon.signal(signal.SIGHUP)
+            await anyio.sleep(0.3)
+            daemon.check_alive()
+            _drop(daemon.inbox, "m.csv", ["a", "b", "c"])
+            summary = await daemon.wait_summary("m")
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert summary["status"] == "done" and summary["tagged"] == 3
+    assert any("SIGHUP" in line.get("event", "") for line in daemon.logs())
+
+
+async def test_a_second_daemon_on_the_same_inbox_is_refused(tmp_path: Path) -> None:
+    """Each given its own --state, two daemons on one inbox both resumed the manifests in
+    flight and tagged them twice: the second is refused at start, naming the way to share."""
+    async with running_service(ServiceConfig()) as svc:
+        first = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "a.db")])
+        first.start()
+        second = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "b.db")])
+        try:
+            await first.wait_ready_endpoint()
+            second.start()
+            code = await second.wait_exit(timeout=30)
+            first.check_alive()
+            assert await first.stop() == 0
+        finally:
+            first.ensure_dead()
+            second.ensure_dead()
+    assert code != 0
+    err = second.stderr_path.read_text()
+    assert "watched by another daemon" in err and "PostgreSQL" in err
+
+
+async def test_a_restart_with_another_outbox_ends_the_manifest_where_it_was_written(
+    tmp_path: Path,
+) -> None:
+    """Stopped mid-manifest and restarted with another --outbox: its rows were written to the
+    first outbox; its summary said done in a new, empty folder of the second. It now ends in
+    the folder that holds its rows, every id once."""
+    ids = [f"p{i}" for i in range(12_000)]
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "big.csv", ids)
+            with anyio.fail_after(60):
+                while len(read_lines(daemon.outbox / "big" / "results.jsonl")) < 1000:
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            await daemon.kill()
+            moved = tmp_path / "outbox2"
+            daemon = DaemonProcess(
+                tmp_path, svc.url, port=daemon.port, extra=["--outbox", str(moved)]
+            ).start()
+            summary = await daemon.wait_summary("big", timeout=90)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert summary["status"] == "done"
+    rows = read_lines(tmp_path / "outbox" / "big" / "results.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    assert not (moved / "big").exists()
