@@ -36,40 +36,35 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import cast
 
 import anyio
 import anyio.to_thread
 import msgspec
 
-from ._files import fsync_dir, write_atomic
+from ._files import fsync_dir
 from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
-from .ledger import ClaimLedger, ClaimRecord, SettledStatus, SharedLedger
+from .ledger import ClaimLedger, ClaimRecord, SharedLedger
 from .names import (
     DONE_DIR,
-    ERROR_SUFFIX,
     FAILED_DIR,
-    NAME_MAX,
     READY_SUFFIX,
     WORK_DIR,
-    candidate_names,
     free_name,
     hash_file,
     is_manifest_name,
 )
+from .settled import InboxSettling
 
 __all__ = ["Claim", "Inbox"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
-
-_error_decoder = msgspec.json.Decoder(dict[str, object])
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,7 +109,7 @@ def _remove_marker(marker: Path) -> None:
             raise
 
 
-class Inbox:
+class Inbox(InboxSettling):
     """Scans ``root`` for ready manifests and claims them (see the module docstring).
 
     ``clock`` (monotonic seconds) decides settling and is injectable for tests; ``wall_clock``
@@ -187,8 +182,7 @@ class Inbox:
                 folder = self.failed if record.status == "failed" else self.done
                 if not record.settled_as or target.exists() or target.parent != folder:
                     target = folder / free_name(folder, name, record.sha256)
-                os.rename(self.work / name, target)
-                fsync_dir(folder)
+                self._move_settled(self.work / name, target)
                 continue
             if record is None or record.status != "claimed":
                 sha256, size = hash_file(self.work / name)
@@ -358,25 +352,6 @@ class Inbox:
             claimed_at=record.claimed_at,
         )
 
-    def _refuse(self, path: Path, reason: str) -> None:
-        """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
-        is recorded): never an error out of the scan, which would stop the daemon at every
-        start. If it cannot be moved either, it is left alone (said once)."""
-        shown = os.fsencode(path.name).decode("utf-8", "backslashreplace")
-        try:
-            # A name that is not UTF-8 goes to failed/ under its bytes written out (\\xe9).
-            name = free_name(self.failed, shown, "", companion=ERROR_SUFFIX)
-            error = msgspec.json.encode({"reason": f"{shown} {reason}", "sha256": ""})
-            write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", error + b"\n")
-            os.rename(path, self.failed / name)
-            fsync_dir(self.failed)
-        except OSError as err:
-            logger.error("manifest %s %s, and cannot be moved to failed/: %s", shown, reason, err)
-            self._stuck.add(path.name)  # left alone: never ready again while it is there
-            return
-        self._seen.pop(path.name, None)
-        logger.error("manifest %s %s: moved to failed/", shown, reason)
-
     @staticmethod
     def _as_moved(moved: Path, hashed: os.stat_result, record: ClaimRecord) -> ClaimRecord:
         """The claim's record for the file that was moved: ``record`` when it is the file
@@ -443,62 +418,3 @@ class Inbox:
                 yield claimed
             else:
                 await anyio.sleep(self.scan_interval)
-
-    # -- settling ------------------------------------------------------------------------
-
-    def finish(self, claim: Claim, status: Literal["done", "duplicate"], lease: Any = None) -> Path:
-        """Move a complete manifest (its summary written) to ``done/``; returns where. With a
-        ``lease`` (several daemons), only while it holds."""
-        name = free_name(self.done, claim.name, claim.sha256)
-        self._settle(claim.name, status, f"{DONE_DIR}/{name}", lease)
-        target = self.done / name
-        os.rename(claim.path, target)
-        fsync_dir(self.done)
-        return target
-
-    def _settle(self, name: str, status: SettledStatus, settled_as: str, lease: Any) -> None:
-        if lease is None:
-            self.ledger.record_settled(name, status, settled_as)
-        else:
-            cast("SharedLedger", self.ledger).record_settled(name, status, settled_as, lease=lease)
-
-    def fail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
-        """Move an unreadable manifest to ``failed/`` beside ``NAME.error.json``; returns
-        where. The error file is written first (atomically), so a failed manifest is never
-        found without its reason."""
-        name = self._interrupted_failure(claim) or free_name(
-            self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX
-        )
-        error = {"reason": reason, "sha256": claim.sha256}
-        write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode(error) + b"\n")
-        self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
-        target = self.failed / name
-        os.rename(claim.path, target)
-        fsync_dir(self.failed)
-        return target
-
-    def _interrupted_failure(self, claim: Claim) -> str | None:
-        """The name an earlier attempt to fail this claim chose (its error file, written first,
-        names the claim's sha256, and no manifest stands beside it): reused, so a crash between
-        the two leaves no error file without its manifest."""
-        limit = NAME_MAX - len(ERROR_SUFFIX.encode())  # the names fail's free_name gives
-        for name in itertools.islice(candidate_names(claim.name, claim.sha256, limit), 10):
-            error = self.failed / f"{name}{ERROR_SUFFIX}"
-            if (self.failed / name).exists() or not error.exists():
-                continue
-            try:
-                if _error_decoder.decode(error.read_bytes()).get("sha256") == claim.sha256:
-                    return name
-            except (OSError, msgspec.DecodeError):
-                continue
-        return None
-
-    async def afinish(
-        self, claim: Claim, status: Literal["done", "duplicate"], lease: Any = None
-    ) -> Path:
-        """:meth:`finish` in a worker thread."""
-        return await anyio.to_thread.run_sync(self.finish, claim, status, lease)
-
-    async def afail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
-        """:meth:`fail` in a worker thread."""
-        return await anyio.to_thread.run_sync(self.fail, claim, reason, lease)

@@ -92,3 +92,42 @@ async def test_a_restart_with_another_outbox_ends_the_manifest_where_it_was_writ
     rows = read_lines(tmp_path / "outbox" / "big" / "results.jsonl")
     assert sorted(r["id"] for r in rows) == sorted(ids)
     assert not (moved / "big").exists()
+
+
+async def test_a_manifest_removed_from_work_or_an_unwritable_done_stop_nothing(
+    tmp_path: Path,
+) -> None:
+    """An operator removes a manifest from .work/ while it is in flight (its rows are read
+    from the open file, and its outputs complete), and done/ is then replaced by a file (a
+    folder the daemon cannot write): each move after the summary failed and stopped the
+    daemon, at every start. The summaries are written; the daemon goes on."""
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "m.csv", [f"p{i}" for i in range(6000)])
+            claimed = daemon.inbox / ".work" / "m.csv"
+            with anyio.fail_after(30):
+                while not claimed.exists():
+                    await anyio.sleep(0.02)
+            claimed.unlink()
+            first = await daemon.wait_summary("m", timeout=60)
+            (daemon.inbox / "done").rmdir()
+            (daemon.inbox / "done").write_bytes(b"not a folder")
+            _drop(daemon.inbox, "n.csv", ["a", "b"])
+            second = await daemon.wait_summary("n", timeout=60)
+            await anyio.sleep(0.3)
+            daemon.check_alive()
+            assert await daemon.stop() == 0
+            (daemon.inbox / "done").unlink()
+            daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
+            await daemon.wait_ready_endpoint()
+            with anyio.fail_after(30):  # a start-up moves what it could not
+                while not (daemon.inbox / "done" / "n.csv").exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert first["status"] == "done" and first["tagged"] == 6000
+    assert second["status"] == "done" and second["tagged"] == 2

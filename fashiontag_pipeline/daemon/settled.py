@@ -1,0 +1,135 @@
+"""Settling the inbox's manifests: the moves to ``done/`` and ``failed/`` (a part of
+:class:`~.inbox.Inbox`).
+
+A manifest's outcome is recorded in the ledger before its file moves, so a crash between the
+two is finished at start-up (:meth:`~.inbox.Inbox.recover`). The move is bookkeeping, never a
+reason to stop: a file removed from ``.work`` by hand, or a ``done/`` the daemon cannot
+write, is logged, and the file stays where it is. A file that cannot even be claimed (not
+readable, a name that is not UTF-8) goes straight to ``failed/`` beside its reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from ._files import fsync_dir, write_atomic
+from .ledger import ClaimLedger, SettledStatus, SharedLedger
+from .names import DONE_DIR, ERROR_SUFFIX, FAILED_DIR, NAME_MAX, candidate_names, free_name
+
+if TYPE_CHECKING:
+    from .inbox import Claim
+
+__all__ = ["InboxSettling"]
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
+
+_error_decoder = msgspec.json.Decoder(dict[str, object])
+
+
+class InboxSettling:
+    """The settling half of :class:`~.inbox.Inbox` (same folders, same ledger)."""
+
+    root: Path
+    done: Path
+    failed: Path
+    ledger: ClaimLedger
+    _seen: dict[str, Any]
+    _stuck: set[str]
+
+    def _refuse(self, path: Path, reason: str) -> None:
+        """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
+        is recorded): never an error out of the scan, which would stop the daemon at every
+        start. If it cannot be moved either, it is left alone (said once)."""
+        shown = os.fsencode(path.name).decode("utf-8", "backslashreplace")
+        try:
+            # A name that is not UTF-8 goes to failed/ under its bytes written out (\\xe9).
+            name = free_name(self.failed, shown, "", companion=ERROR_SUFFIX)
+            error = msgspec.json.encode({"reason": f"{shown} {reason}", "sha256": ""})
+            write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", error + b"\n")
+            os.rename(path, self.failed / name)
+            fsync_dir(self.failed)
+        except OSError as err:
+            logger.error("manifest %s %s, and cannot be moved to failed/: %s", shown, reason, err)
+            self._stuck.add(path.name)  # left alone: never ready again while it is there
+            return
+        self._seen.pop(path.name, None)
+        logger.error("manifest %s %s: moved to failed/", shown, reason)
+
+    def finish(self, claim: Claim, status: Literal["done", "duplicate"], lease: Any = None) -> Path:
+        """Move a complete manifest (its summary written) to ``done/``; returns where. With a
+        ``lease`` (several daemons), only while it holds."""
+        name = free_name(self.done, claim.name, claim.sha256)
+        self._settle(claim.name, status, f"{DONE_DIR}/{name}", lease)
+        target = self.done / name
+        self._move_settled(Path(claim.path), target)
+        return target
+
+    def _move_settled(self, path: Path, target: Path) -> None:
+        """Move a settled manifest (its outcome recorded) to ``done/`` or ``failed/``. The
+        move is bookkeeping, never a reason to stop: a file removed from ``.work`` by hand is
+        noted, and a folder the daemon cannot write leaves the file in ``.work`` (said each
+        time; a start-up tries again), where it would have stopped the daemon at every start."""
+        try:
+            os.rename(path, target)
+            fsync_dir(target.parent)
+        except FileNotFoundError:
+            if path.exists():
+                logger.error("cannot move %s to %s: its folder is gone", path.name, target.parent)
+            else:
+                logger.warning("manifest %s was removed from .work before its move", path.name)
+        except OSError as err:
+            logger.error("cannot move %s to %s (it stays in .work): %s", path.name, target, err)
+
+    def _settle(self, name: str, status: SettledStatus, settled_as: str, lease: Any) -> None:
+        if lease is None:
+            self.ledger.record_settled(name, status, settled_as)
+        else:
+            cast("SharedLedger", self.ledger).record_settled(name, status, settled_as, lease=lease)
+
+    def fail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
+        """Move an unreadable manifest to ``failed/`` beside ``NAME.error.json``; returns
+        where. The error file is written first (atomically), so a failed manifest is never
+        found without its reason."""
+        name = self._interrupted_failure(claim) or free_name(
+            self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX
+        )
+        error = {"reason": reason, "sha256": claim.sha256}
+        write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode(error) + b"\n")
+        self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
+        target = self.failed / name
+        self._move_settled(Path(claim.path), target)
+        return target
+
+    def _interrupted_failure(self, claim: Claim) -> str | None:
+        """The name an earlier attempt to fail this claim chose (its error file, written first,
+        names the claim's sha256, and no manifest stands beside it): reused, so a crash between
+        the two leaves no error file without its manifest."""
+        limit = NAME_MAX - len(ERROR_SUFFIX.encode())  # the names fail's free_name gives
+        for name in itertools.islice(candidate_names(claim.name, claim.sha256, limit), 10):
+            error = self.failed / f"{name}{ERROR_SUFFIX}"
+            if (self.failed / name).exists() or not error.exists():
+                continue
+            try:
+                if _error_decoder.decode(error.read_bytes()).get("sha256") == claim.sha256:
+                    return name
+            except (OSError, msgspec.DecodeError):
+                continue
+        return None
+
+    async def afinish(
+        self, claim: Claim, status: Literal["done", "duplicate"], lease: Any = None
+    ) -> Path:
+        """:meth:`finish` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.finish, claim, status, lease)
+
+    async def afail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
+        """:meth:`fail` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.fail, claim, reason, lease)
