@@ -1,0 +1,176 @@
+"""Results in SQLite (``--sink sqlite``): one row per image, checkpointed by rowid."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from .._exceptions import StateError
+from .._models import TaggingResponse
+from .outfiles import lock_output, removed_from
+from .pages import PageRow
+
+if TYPE_CHECKING:
+    from .sinks import ReusedLine
+
+__all__ = ["SqliteResultSink"]
+
+_typed_decoder = msgspec.json.Decoder(TaggingResponse)
+
+
+class SqliteResultSink:
+    """Results in SQLite: one row per image (id, task, status, category, item, error, JSON,
+    reused: 1 for a row answered from the result store).
+
+    Rows are keyed by image id, so a page written twice (after a crash) is written once. The
+    checkpoint is the largest ``rowid``: rows are only ever added at the end (SQLite gives a
+    new row the largest rowid plus one), so cutting back to a checkpoint deletes exactly the
+    rows written since, and a checkpoint of 0 (a new run) empties the table.
+
+    A results file written before these checkpoints (``PRAGMA user_version`` 0 with rows in
+    it) recorded counts of rows instead, which rowids do not match after a resume: resuming
+    one keeps its rows as they are (as that version did); a new run empties it and marks it."""
+
+    #: ``PRAGMA user_version`` of a results file whose checkpoints are rowids.
+    ROWID_CHECKPOINTS = 1
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"
+            " status TEXT NOT NULL, category TEXT, item TEXT, item_confidence REAL,"
+            " error_code INTEGER, result TEXT NOT NULL, reused INTEGER NOT NULL DEFAULT 0)"
+        )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+        if "reused" not in columns:  # a results file written before --reuse
+            self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        # An fd of its own on the file, to tell whether it is still at its path (removed()).
+        self._probe = os.open(path, os.O_RDONLY)
+        try:
+            lock_output(self._probe, path)
+        except BaseException:
+            os.close(self._probe)
+            self._db.close()
+            raise
+        self._last = self._last_rowid()
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        self._rowids = version >= self.ROWID_CHECKPOINTS
+        if not self._rowids and self._last == 0:
+            self._mark_rowids()
+
+    def _mark_rowids(self) -> None:
+        self._db.execute(f"PRAGMA user_version = {self.ROWID_CHECKPOINTS}")
+        self._rowids = True
+
+    def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
+        """Single-endpoint results (``task_id`` None) are stored with task_id ''."""
+        self._insert([(row.id, task_id or "", row.tagging_result) for row in rows], reused=0)
+
+    def write_reused(self, rows: list[ReusedLine]) -> None:
+        """Rows answered from the result store: ``reused`` = 1, the original task id."""
+        self._insert([(row.id, row.task_id, row.tagging_result) for row in rows], reused=1)
+
+    def _insert(self, rows: list[tuple[str, str, msgspec.Raw]], *, reused: int) -> None:
+        values = []
+        for ident, task_id, raw in rows:
+            typed = _typed_decoder.decode(raw)
+            category = item = None
+            confidence = None
+            if typed.data is not None:
+                for obj in typed.data.objects:
+                    if obj.tags:
+                        tag = obj.tags[0]
+                        category = tag.category.name if tag.category else None
+                        if tag.item is not None:
+                            item, confidence = tag.item.name, tag.item.confidence
+                        break
+            values.append(
+                (
+                    ident,
+                    task_id,
+                    typed.status,
+                    category,
+                    item,
+                    confidence,
+                    typed.error.code if typed.error else None,
+                    bytes(raw).decode(),
+                    reused,
+                )
+            )
+        self._db.execute("BEGIN")
+        self._db.executemany(
+            "INSERT OR REPLACE INTO results (id, task_id, status, category, item,"
+            " item_confidence, error_code, result, reused) VALUES (?,?,?,?,?,?,?,?,?)",
+            values,
+        )
+        self._db.execute("COMMIT")
+        self._last = self._last_rowid()
+
+    def _last_rowid(self) -> int:
+        (last,) = self._db.execute("SELECT max(rowid) FROM results").fetchone()
+        return int(last or 0)
+
+    def ids_among(self, ids: set[str]) -> set[str]:
+        """Which of ``ids`` have a row."""
+        found: set[str] = set()
+        wanted = list(ids)
+        for start in range(0, len(wanted), 900):
+            part = wanted[start : start + 900]
+            marks = ",".join("?" * len(part))
+            found.update(
+                r[0]
+                for r in self._db.execute(f"SELECT id FROM results WHERE id IN ({marks})", part)
+            )
+        return found
+
+    def task_ids(self, task_id: str) -> set[str]:
+        """Ids of the rows written for ``task_id``."""
+        return {
+            r[0] for r in self._db.execute("SELECT id FROM results WHERE task_id=?", (task_id,))
+        }
+
+    def checkpoint(self) -> int:
+        return self._last
+
+    def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
+        """Delete the rows written after ``checkpoint`` (what the state says was committed;
+        0: every row, a new run). ``results_committed``: whether the job has committed a
+        result row; an older file (see the class) is only emptied when it has not, since that
+        version could record a checkpoint of 0 over rows it had committed."""
+        if not self._rowids and (checkpoint > 0 or results_committed):
+            return  # an older file resumed: its checkpoint is a count, not a rowid
+        if self._last < checkpoint:
+            raise StateError(
+                f"{self.path} holds rows up to {self._last:,} but the state counts rows up to"
+                f" {checkpoint:,} written: committed rows are missing from it (the file was"
+                " removed, replaced or changed); start over with --restart (run) to write"
+                " it again"
+            )
+        self._db.execute("DELETE FROM results WHERE rowid > ?", (checkpoint,))
+        self._last = self._last_rowid()
+        self._mark_rowids()
+
+    def salvage(self) -> None:
+        """Keep the rows the file holds now (rows are whole: nothing to cut)."""
+        return None
+
+    def removed(self) -> bool:
+        """Whether the file was removed or replaced at its path since it was opened."""
+        return removed_from(self.path, self._probe)
+
+    def flush(self, fsync: bool) -> None:
+        return None
+
+    def close(self) -> None:
+        self._db.close()
+        if self._probe >= 0:
+            os.close(self._probe)
+            self._probe = -1
