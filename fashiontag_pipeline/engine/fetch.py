@@ -1,0 +1,177 @@
+"""Fetching one results page of a done task (a part of :class:`~.pagers.ResultPagers`).
+
+A page is asked for with its offset and size; transient faults (429, 5xx, timeouts, 409) wait
+under the run's retry budget; a refusal or a body that is not the spec's JSON is asked again
+``PAGE_ATTEMPTS`` times in all, then taken as a page with no result (its rows are sent again),
+and ``UNREADABLE_PAGES`` such pages in a row stop a run that may give up. A page holding fewer
+results than asked, short of the task's end, is followed by a request for the rest of its range.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import NamedTuple
+
+import anyio
+import msgspec
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._models import MAX_PAGE_SIZE
+from .config import EngineConfig
+from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .pages import NotAPage, PageRow, decode_page, screen
+from .tracker import TaskEntry
+
+__all__ = [
+    "LOST",
+    "PAGE_ATTEMPTS",
+    "UNREADABLE_PAGES",
+    "Fetched",
+    "FetchedRows",
+    "LostPage",
+    "PageFetcher",
+]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+class LostPage:
+    """A page the service answered 404 for: the task is forgotten."""
+
+
+LOST = LostPage()
+
+
+class FetchedRows(NamedTuple):
+    """A fetched page: its rows with a tagging result, whether all are successes, and how
+    many results the service gave (those without a tagging result included)."""
+
+    rows: list[PageRow]
+    all_success: bool
+    given: int = 0
+
+
+Fetched = FetchedRows | None | LostPage
+#: Answers of a page that asking again rarely cures, after which it is taken as empty.
+PAGE_ATTEMPTS = 4
+#: The pause before the first of those attempts again (doubled for each next one).
+PAGE_RETRY_DELAY = 0.1
+#: Pages in a row taken as empty, with no readable page between them, after which a run that
+#: may give up (``fashiontag run``; not the daemon) stops instead of sending their rows again.
+UNREADABLE_PAGES = 10
+
+
+class PageFetcher:
+    """Fetching pages, mixed into :class:`~.pagers.ResultPagers` (its client, page slots,
+    retry budget and config)."""
+
+    client: TaggerClient
+    config: EngineConfig
+    budget: RetryBudget
+    slots: AIMDLimiter
+    _unreadable: int
+
+    async def _fetch(self, entry: TaskEntry, offset: int) -> Fetched:
+        """The page at ``offset`` (see :meth:`_fetch_range`), read to the end of its range.
+
+        A page holding fewer results than asked, short of the task's end, is followed by a
+        request for the rest of its range: a server whose pages hold fewer rows than the
+        spec's 100 would otherwise leave the same rows unread in every task they are sent to
+        (sent again ``max_sends`` times, then rejects). A page short because the service
+        left a row out costs one request more, whose rows the next page repeats (written
+        once)."""
+        size = min(MAX_PAGE_SIZE, entry.total - offset)
+        got = await self._fetch_range(entry, offset, size)
+        while isinstance(got, FetchedRows) and 0 < got.given < size:
+            more = await self._fetch_range(entry, offset + got.given, size - got.given)
+            if not isinstance(more, FetchedRows) or more.given == 0:
+                break
+            got = FetchedRows(
+                got.rows + more.rows, got.all_success and more.all_success, got.given + more.given
+            )
+        return got
+
+    async def _fetch_range(self, entry: TaskEntry, offset: int, size: int) -> Fetched:
+        """``size`` results from ``offset``; None when the task's results have expired, LOST
+        when it is forgotten.
+
+        An answer that asking again rarely cures (a 4xx other than those with a meaning of
+        their own; a body that is not the spec's JSON) is asked for again ``PAGE_ATTEMPTS``
+        times in all, then taken as a page with no result: the task's rows without a line are
+        sent again when its last page is in (``max_sends`` bounds them). It never stops the run
+        (a long-lived engine serves other manifests) nor holds the page for ever (its slot would
+        hold every other task's pages back). Only when ``UNREADABLE_PAGES`` pages in a row are
+        taken as empty (the service refuses every page: an API change, a proxy in the way) does
+        a run that may give up stop, state saved, rather than send every row again."""
+        what = f"results of task {entry.task_id}"
+        unusable = 0
+        while True:
+            problem: Exception
+            try:
+                raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
+            except exc.ResultsExpiredError:
+                return None
+            except exc.TaskNotFoundError:
+                return LOST
+            except exc.RateLimitedError as err:
+                self.slots.throttled()
+                await self.budget.failed(err, what)
+                continue
+            except (
+                exc.AuthenticationError,
+                exc.PermissionDeniedError,
+                exc.UnsupportedLanguageError,
+            ) as err:
+                raise FatalRunError(f"the service refused the run: {err}") from err
+            except (exc.ResultsNotReadyError, exc.TransportError, exc.ServerError) as err:
+                await self.budget.failed(err, what)
+                continue
+            except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
+                problem = err
+            else:
+                self.slots.success()
+                try:
+                    decoded = decode_page(raw)
+                except (msgspec.DecodeError, NotAPage) as err:
+                    problem = err
+                else:
+                    break
+            unusable += 1
+            reason = " ".join(str(problem).split())
+            if unusable >= PAGE_ATTEMPTS:
+                logger.warning(
+                    "task %s: its results page at offset %d was refused or malformed %d times"
+                    " (%s); taken as a page with no result (rows without one are sent again)",
+                    entry.task_id,
+                    offset,
+                    unusable,
+                    reason,
+                )
+                self._unreadable += 1
+                if self._unreadable >= UNREADABLE_PAGES and math.isfinite(
+                    self.config.give_up_after
+                ):
+                    raise FatalRunError(
+                        f"the service refused or garbled {self._unreadable} results pages in a"
+                        f" row, none readable between them (last: {what} at offset {offset}:"
+                        f" {reason}); stopped with the state saved rather than send their rows"
+                        " again: the same command resumes"
+                    )
+                return FetchedRows([], True)
+            # Not an outage: a short pause of its own, not the budget's growing backoff.
+            logger.info("%s at offset %d: %s; asking again", what, offset, reason)
+            await anyio.sleep(PAGE_RETRY_DELAY * 2 ** (unusable - 1))
+        self.budget.ok()
+        self._unreadable = 0
+        rows, all_success = screen(decoded)
+        if len(rows) < len(decoded):
+            logger.warning(
+                "task %s: %d results at offset %d came without a tagging result object;"
+                " left out (their rows are sent again)",
+                entry.task_id,
+                len(decoded) - len(rows),
+                offset,
+            )
+        return FetchedRows(rows, all_success, len(decoded))
