@@ -270,11 +270,13 @@ class Inbox(InboxSettling):
         """
         now = self._clock()
         names: dict[str, os.stat_result] = {}
-        markers: set[str] = set()
+        markers: dict[str, int] = {}  # name -> the marker's mtime
         with os.scandir(self.root) as entries:
             for entry in entries:
                 if entry.name.endswith(READY_SUFFIX) and not entry.name.startswith("."):
-                    markers.add(entry.name[: -len(READY_SUFFIX)])
+                    with contextlib.suppress(FileNotFoundError):
+                        mtime = entry.stat(follow_symlinks=False).st_mtime_ns
+                        markers[entry.name[: -len(READY_SUFFIX)]] = mtime
                     continue
                 if not is_manifest_name(entry.name):
                     continue
@@ -295,7 +297,11 @@ class Inbox(InboxSettling):
             if seen is None or seen.size != st.st_size or seen.mtime_ns != st.st_mtime_ns:
                 seen = _Seen(st.st_size, st.st_mtime_ns, now)
                 self._seen[name] = seen
-            if name in markers or now - seen.since >= self.settle:
+            # A marker counts when written after the file (both mtimes are the file
+            # server's): one left from an earlier drop never makes a file written in place
+            # later look complete; it waits to settle instead.
+            marked = markers.get(name, -1) >= st.st_mtime_ns
+            if marked or now - seen.since >= self.settle:
                 if (self.work / name).exists():
                     continue  # an earlier file of this name is in flight
                 ready.append((seen.since, name))

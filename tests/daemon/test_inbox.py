@@ -569,3 +569,19 @@ def test_a_file_that_cannot_be_claimed_goes_to_failed_and_the_others_on(
     assert "Permission denied" in reasons["locked.csv.error.json"]
     assert "not UTF-8" in reasons["caf\\xe9.csv.error.json"]
     assert inbox.scan() == []
+
+
+def test_a_ready_marker_older_than_its_file_does_not_make_it_ready(
+    root: Path, make_ledger: Callable[[], ClaimLedger]
+) -> None:
+    """A ``NAME.ready`` left from an earlier drop (or written before its file): a file of that
+    name written in place later is not complete because of it; it waits to settle."""
+    clock = FakeClock()
+    inbox = make_inbox(root, make_ledger(), clock)
+    marker = root / "cat.csv.ready"
+    marker.touch()
+    os.utime(marker, ns=(1_000_000_000, 1_000_000_000))  # long before the file
+    (root / "cat.csv").write_bytes(CSV)
+    assert inbox.scan() == []
+    clock.now += 11.0
+    assert inbox.scan() == [root / "cat.csv"]
