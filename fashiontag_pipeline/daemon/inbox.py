@@ -146,6 +146,9 @@ class Inbox(InboxSettling):
         self._seen: dict[str, _Seen] = {}
         #: Files that could not be claimed nor moved to failed/ (see _refuse).
         self._stuck: set[str] = set()
+        #: Names claimed by this process and not yet settled: a file of that name in the
+        #: inbox (one moved back out of .work by hand) waits for the claim to end.
+        self._claimed: set[str] = set()
 
     def prepare(self) -> None:
         """Create the inbox's folders (the inbox itself must exist)."""
@@ -213,6 +216,7 @@ class Inbox(InboxSettling):
             if record.name not in in_work and not (self.root / record.name).is_file():
                 self.ledger.record_abandoned(record.name)
         claims.sort(key=lambda c: (c.claimed_at, c.name))
+        self._claimed.update(c.name for c in claims)
         return claims
 
     def repair_shared(self) -> None:
@@ -302,7 +306,7 @@ class Inbox(InboxSettling):
             # later look complete; it waits to settle instead.
             marked = markers.get(name, -1) >= st.st_mtime_ns
             if marked or now - seen.since >= self.settle:
-                if (self.work / name).exists():
+                if name in self._claimed or (self.work / name).exists():
                     continue  # an earlier file of this name is in flight
                 ready.append((seen.since, name))
         ready.sort()
@@ -346,6 +350,7 @@ class Inbox(InboxSettling):
         fsync_dir(self.root)
         fsync_dir(self.work)
         self._seen.pop(name, None)
+        self._claimed.add(name)
         record = self._as_moved(target, after, record)
         if record.sha256 != sha256:
             self.ledger.record_claim(record)

@@ -43,6 +43,7 @@ class InboxSettling:
     ledger: ClaimLedger
     _seen: dict[str, Any]
     _stuck: set[str]
+    _claimed: set[str]
 
     def _refuse(self, path: Path, reason: str) -> None:
         """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
@@ -89,6 +90,7 @@ class InboxSettling:
             logger.error("cannot move %s to %s (it stays in .work): %s", path.name, target, err)
 
     def _settle(self, name: str, status: SettledStatus, settled_as: str, lease: Any) -> None:
+        self._claimed.discard(name)
         if lease is None:
             self.ledger.record_settled(name, status, settled_as)
         else:

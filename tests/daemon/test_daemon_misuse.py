@@ -3,6 +3,7 @@ daemon started on the same inbox by mistake, a restart with another ``--outbox``
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -107,8 +108,9 @@ async def test_a_manifest_removed_from_work_or_an_unwritable_done_stop_nothing(
             await daemon.wait_ready_endpoint()
             _drop(daemon.inbox, "m.csv", [f"p{i}" for i in range(6000)])
             claimed = daemon.inbox / ".work" / "m.csv"
-            with anyio.fail_after(30):
-                while not claimed.exists():
+            with anyio.fail_after(30):  # read by the engine (its first results are in)
+                while not read_lines(daemon.outbox / "m" / "results.jsonl"):
+                    daemon.check_alive()
                     await anyio.sleep(0.02)
             claimed.unlink()
             first = await daemon.wait_summary("m", timeout=60)
@@ -131,3 +133,36 @@ async def test_a_manifest_removed_from_work_or_an_unwritable_done_stop_nothing(
             daemon.ensure_dead()
     assert first["status"] == "done" and first["tagged"] == 6000
     assert second["status"] == "done" and second["tagged"] == 2
+
+
+async def test_a_manifest_moved_back_to_the_inbox_while_in_flight_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """An operator moves a manifest in flight from .work/ back to the inbox (a "retry"): it
+    was claimed again at once, its record replaced the first claim's, and when the first
+    ended the daemon died on a claim no longer in flight. It now waits for the first claim
+    to end, and is then its duplicate."""
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "m.csv", [f"p{i}" for i in range(6000)])
+            claimed = daemon.inbox / ".work" / "m.csv"
+            with anyio.fail_after(30):  # read by the engine (its first results are in)
+                while not read_lines(daemon.outbox / "m" / "results.jsonl"):
+                    daemon.check_alive()
+                    await anyio.sleep(0.02)
+            os.rename(claimed, daemon.inbox / "m.csv")
+            first = await daemon.wait_summary("m", timeout=60)
+            with anyio.fail_after(60):
+                while not list(daemon.outbox.glob("m.*/summary.json")):
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.3)
+            daemon.check_alive()
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    [second] = [json.loads(p.read_text()) for p in daemon.outbox.glob("m.*/summary.json")]
+    assert first["status"] == "done" and first["tagged"] == 6000
+    assert second["status"] == "duplicate"
