@@ -35,7 +35,6 @@ it): a rename would otherwise replace a manifest in flight.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import time
@@ -60,7 +59,7 @@ from .names import (
     hash_file,
     is_manifest_name,
 )
-from .settled import InboxSettling
+from .settled import InboxSettling, remove_marker
 
 __all__ = ["Claim", "Inbox"]
 
@@ -97,16 +96,6 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
         b.st_size,
         b.st_mtime_ns,
     )
-
-
-def _remove_marker(marker: Path) -> None:
-    """Remove a ``NAME.ready`` marker if there is one. A name too long for the marker's
-    suffix (ENAMETOOLONG) has none: it cannot exist."""
-    try:
-        marker.unlink(missing_ok=True)
-    except OSError as err:
-        if err.errno != errno.ENAMETOOLONG:
-            raise
 
 
 class Inbox(InboxSettling):
@@ -275,6 +264,7 @@ class Inbox(InboxSettling):
         now = self._clock()
         names: dict[str, os.stat_result] = {}
         markers: dict[str, int] = {}  # name -> the marker's mtime
+        odd: list[str] = []
         with os.scandir(self.root) as entries:
             for entry in entries:
                 if entry.name.endswith(READY_SUFFIX) and not entry.name.startswith("."):
@@ -286,10 +276,16 @@ class Inbox(InboxSettling):
                     continue
                 try:
                     if not entry.is_file(follow_symlinks=False):
+                        if not entry.is_dir(follow_symlinks=False):
+                            odd.append(entry.name)  # a symlink, a FIFO, a socket
                         continue
                     names[entry.name] = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+        for name in odd:  # never tagged, so never left in silence
+            self._refuse(
+                self.root / name, "is not a regular file (a symlink, a FIFO): drop the file itself"
+            )
         for gone in self._seen.keys() - names.keys():
             del self._seen[gone]
         self._stuck &= names.keys()
@@ -345,7 +341,7 @@ class Inbox(InboxSettling):
         if self.shared_after is not None:
             return self._claim_shared(path, record, after)
         self.ledger.record_claim(record)
-        _remove_marker(self.root / f"{name}{READY_SUFFIX}")
+        remove_marker(self.root / f"{name}{READY_SUFFIX}")
         os.rename(path, target)
         fsync_dir(self.root)
         fsync_dir(self.work)
@@ -393,7 +389,7 @@ class Inbox(InboxSettling):
             # Only the file linked: one renamed over NAME since is left for the next scan.
             if _same_file(path.stat(), (self.work / name).stat()):
                 os.unlink(path)
-        _remove_marker(self.root / f"{name}{READY_SUFFIX}")
+        remove_marker(self.root / f"{name}{READY_SUFFIX}")
         fsync_dir(self.root)
         fsync_dir(self.work)
         cast("SharedLedger", self.ledger).record_claim_if_absent(record)

@@ -10,6 +10,7 @@ readable, a name that is not UTF-8) goes straight to ``failed/`` beside its reas
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -22,16 +23,34 @@ import msgspec
 
 from ._files import fsync_dir, write_atomic
 from .ledger import ClaimLedger, SettledStatus, SharedLedger
-from .names import DONE_DIR, ERROR_SUFFIX, FAILED_DIR, NAME_MAX, candidate_names, free_name
+from .names import (
+    DONE_DIR,
+    ERROR_SUFFIX,
+    FAILED_DIR,
+    NAME_MAX,
+    READY_SUFFIX,
+    candidate_names,
+    free_name,
+)
 
 if TYPE_CHECKING:
     from .inbox import Claim
 
-__all__ = ["InboxSettling"]
+__all__ = ["InboxSettling", "remove_marker"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 _error_decoder = msgspec.json.Decoder(dict[str, object])
+
+
+def remove_marker(marker: Path) -> None:
+    """Remove a ``NAME.ready`` marker if there is one. A name too long for the marker's
+    suffix (ENAMETOOLONG) has none: it cannot exist."""
+    try:
+        marker.unlink(missing_ok=True)
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:
+            raise
 
 
 class InboxSettling:
@@ -57,6 +76,7 @@ class InboxSettling:
             write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", error + b"\n")
             os.rename(path, self.failed / name)
             fsync_dir(self.failed)
+            remove_marker(path.with_name(f"{path.name}{READY_SUFFIX}"))
         except OSError as err:
             logger.error("manifest %s %s, and cannot be moved to failed/: %s", shown, reason, err)
             self._stuck.add(path.name)  # left alone: never ready again while it is there

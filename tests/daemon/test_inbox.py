@@ -585,3 +585,24 @@ def test_a_ready_marker_older_than_its_file_does_not_make_it_ready(
     assert inbox.scan() == []
     clock.now += 11.0
     assert inbox.scan() == [root / "cat.csv"]
+
+
+def test_a_symlink_or_a_fifo_named_as_a_manifest_goes_to_failed_with_its_reason(
+    root: Path, make_ledger: Callable[[], ClaimLedger], tmp_path: Path
+) -> None:
+    """Not a file the daemon can claim (a rename would move the link, not the manifest): it
+    was ignored in silence for ever, and the producer never learnt its manifest was not
+    tagged. It goes to failed/ beside its reason, with its marker."""
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    target = tmp_path / "elsewhere.csv"
+    target.write_bytes(CSV)
+    (root / "link.csv").symlink_to(target)
+    (root / "link.csv.ready").touch()
+    os.mkfifo(root / "pipe.csv")
+    assert inbox.scan() == []
+    failed = root / "failed"
+    assert (failed / "link.csv").is_symlink() and (failed / "pipe.csv").exists()
+    reason = json.loads((failed / "link.csv.error.json").read_text())["reason"]
+    assert "not a regular file" in reason
+    assert not (root / "link.csv.ready").exists()
+    assert target.read_bytes() == CSV
