@@ -284,3 +284,27 @@ def test_dedupe_gives_each_row_the_first_position_of_its_id(state_location: Stat
         assert n == 6
     finally:
         db.close()
+
+
+async def test_writes_refused_whole_are_split_on_either_backend(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    """A front proxy refuses bodies over 40 kB (413) and every write carrying p1234 whole
+    (400): chunks are split in the state (one transaction: the halves written ahead, the old
+    chunk resolved) until they fit or the refused row is alone; every other row is tagged."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(max_body_bytes=40_000, refuse_whole_with={"p1234"})
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            state=state_location("split"),
+            engine=FAST,
+        )
+    assert summary.complete and 413 in proxy.writes_refused
+    o = assert_exactly_once(out, rej, ids_of(n))
+    assert [r["id"] for r in o.rejects] == ["p1234"]
