@@ -31,7 +31,7 @@ from anyio.abc import TaskGroup
 from .._client import TaggerClient
 from .._models import Task
 from .config import EngineConfig
-from .flow import AIMDLimiter, RetryBudget
+from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
 from .policy import Chunk, OpenTask, WritePolicy, encode_body, encode_ids
 from .state import Journal
@@ -84,6 +84,8 @@ class TaskWriter(TaskWrites):
         self.refused_writes = 0
         #: Creates refused whole (400, 413, 422) and split in two.
         self.split_writes = 0
+        #: Writes the service took (a row refused alone is its reject only once one was).
+        self.writes_taken = 0
 
     # ------------------------------------------------------------------ helpers
 
@@ -360,8 +362,28 @@ class TaskWriter(TaskWrites):
         ``task``'s token."""
         try:
             parts = await self._send_one(chunk, task, create, token_written)
-            while parts:
-                parts[:1] = await self._send_one(parts[0], None, False)
+            waiting: list[Chunk] = []
+            while True:
+                while parts:
+                    waiting += [part for part in parts if part.waiting]
+                    parts = [part for part in parts if not part.waiting]
+                    if parts:
+                        head = parts.pop(0)
+                        head.hold = bool(waiting) and not self.writes_taken
+                        parts[:0] = await self._send_one(head, None, False)
+                if not waiting:
+                    break
+                if not self.writes_taken:
+                    # Every part refused whole, and no write of the run taken: about no row.
+                    raise FatalRunError(
+                        f"the service refuses every write whole, even of one row"
+                        f" ({waiting[0].waiting}): not an answer about any row (a front"
+                        " end's body limit, a firewall?); stopped with the state saved: the"
+                        " same command resumes once writes are taken"
+                    )
+                for part in waiting:  # a write was taken since: refused again, they split
+                    part.waiting, part.hold = None, False
+                parts, waiting = waiting, []
         finally:
             self.active -= 1
             self.slots.release()

@@ -168,6 +168,10 @@ class Chunk:
     task_id: str | None = None
     #: Times its rows were sent before (kept in its body).
     sends: int = 0
+    #: Refused whole before any write of the run was taken: why (it waits for one to be).
+    waiting: str | None = None
+    #: Sent while another part of its chunk waits: refused, it waits too rather than split.
+    hold: bool = False
 
 
 class WritePolicy:

@@ -82,6 +82,7 @@ class TaskWrites:
     default_ttl: float
     refused_writes: int
     split_writes: int
+    writes_taken: int
     sent_requests: int
     run_token: str
     _seq: int
@@ -200,7 +201,11 @@ class TaskWrites:
         no row (a wrong URL, a method not taken): the run stops, its rows kept for a resume."""
         if not isinstance(err, (exc.ValidationError, exc.PayloadTooLargeError)):
             raise self._fatal(err) from err
-        if len(chunk.ids) > 1:
+        failures = err.failure_list if isinstance(err, exc.ValidationError) else None
+        named = [f.error_message for f in failures or () if f.error_message]
+        reason = named[0] if named else (err.service_message or "no reason given")
+        proven = bool(named) or self.writes_taken > 0
+        if len(chunk.ids) > 1 and (proven or not chunk.hold):
             parts = halves(chunk)
             stored = [
                 (len(part.ids), max(part.positions), body, encode_ids(part.ids))
@@ -216,9 +221,12 @@ class TaskWrites:
                 err.status,
             )
             return [part for part, _ in parts]
-        failures = err.failure_list if isinstance(err, exc.ValidationError) else None
-        named = [f.error_message for f in failures or () if f.error_message]
-        reason = named[0] if named else (err.service_message or "no reason given")
+        if not proven:
+            # No write taken yet in the run: nothing says the refusal is about rows (a body
+            # limit under one row, a firewall refusing every write). It waits for one to be
+            # taken (TaskWriter._send), and stops the run if none is.
+            chunk.waiting = f"HTTP {err.status}: {' '.join(reason.split())[:200]}"
+            return [chunk]
         await self._reject_chunk(chunk, f"refused by the service (HTTP {err.status}): {reason}")
         return True
 
@@ -261,6 +269,7 @@ class TaskWrites:
                 return await self._refused_whole(chunk, err)
             self.budget.ok()
             self.slots.success()
+            self.writes_taken += 1
             opened = self._opened_ops(task, response.task_id, response.expires_at)
             await self._accept(task, chunk, response, opened)
             task.created.set()
@@ -364,5 +373,6 @@ class TaskWrites:
                 return False
             self.budget.ok()
             self.slots.success()
+            self.writes_taken += 1
             await self._accept(task, chunk, response)
             return True

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.flow import FatalRunError
 
 from .helpers import run_misbehaving
 from .proxy import Misbehaviour
@@ -162,3 +163,30 @@ async def test_polls_answered_408_are_asked_again(tmp_path: Path) -> None:
     summary, proxy, o = await run_misbehaving(tmp_path, 2500, rules, LONG_TASKS)
     assert proxy.polls_timed_out == 6
     assert summary.complete and len(o.results) == 2500 and not o.rejects
+
+
+async def test_a_front_end_that_refuses_every_write_stops_the_run_not_every_row(
+    tmp_path: Path,
+) -> None:
+    """A body limit smaller than any one row (or a firewall that answers 400 to every
+    write): splitting finds no write the service takes, so the refusal is about no row. The
+    run stops (state saved) after a chunk's worth of halvings, instead of some 2 requests
+    per row and every row a reject of the front end's HTML page, "complete"."""
+    rules = Misbehaviour(max_body_bytes=50)
+    with pytest.raises(FatalRunError, match="refuses every write"):
+        await run_misbehaving(tmp_path, 2000, rules, LONG_TASKS)
+    assert not (tmp_path / "rej.jsonl").exists() or not (tmp_path / "rej.jsonl").read_text()
+
+
+async def test_a_row_refused_whole_before_any_write_was_taken_is_still_its_reject(
+    tmp_path: Path,
+) -> None:
+    """The manifest's first row is one the service refuses whole (400, unnamed), and its
+    chunk is the run's only one: the split reaches it before any write was taken, so it
+    waits; its neighbour is taken, which says the refusal is about the row: a reject, and
+    every other row tagged (not a stop)."""
+    rules = Misbehaviour(refuse_whole_with={"p0"})
+    summary, _, o = await run_misbehaving(tmp_path, 1000, rules, LONG_TASKS)
+    assert summary.complete and summary.unsettled == 0
+    assert [(r["id"], r["stage"]) for r in o.rejects] == [("p0", "server-validation")]
+    assert len(o.results) == 999
