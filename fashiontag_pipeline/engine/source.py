@@ -84,12 +84,13 @@ class ManifestReader:
         #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
         self.bytes_read = 0
         self.size: int | None = None
-        self._mtime_ns = 0
+        #: Where reading starts (stdin redirected from a file another command read part of).
+        self._offset0 = 0
         try:
             info = os.fstat(self._fh.fileno())
             if stat.S_ISREG(info.st_mode):
                 self.size = info.st_size
-                self._mtime_ns = info.st_mtime_ns
+                self._offset0 = os.lseek(self._fh.fileno(), 0, os.SEEK_CUR)
         except (OSError, ValueError, io.UnsupportedOperation):
             pass
         self._gunzip: Any = None
@@ -187,20 +188,17 @@ class ManifestReader:
             return data[:cut]
 
     def _check_unchanged(self) -> None:
-        """At the end of a regular file: it is the file opened, as long as it was then. A
+        """At the end of a regular file: as long as it was when opened, and read whole. A
         manifest rewritten in place while read (``cp`` or ``> m.csv`` truncate it first)
-        ends early or mixes two versions: never taken for the manifest's end."""
+        ends early: never taken for the manifest's end. (Its mtime alone is not compared: a
+        ``touch`` or a backup tool changes it, not the rows.)"""
         if self.size is None:
             return
         try:
             info = os.fstat(self._fh.fileno())
         except (OSError, ValueError):
             return
-        if (
-            self.bytes_read != self.size
-            or info.st_size != self.size
-            or info.st_mtime_ns != self._mtime_ns
-        ):
+        if self.bytes_read != self.size - self._offset0 or info.st_size != self.size:
             raise ManifestError(
                 f"manifest {self.name} changed while it was read ({self.size:,} bytes when"
                 f" opened, {info.st_size:,} now, {self.bytes_read:,} read): its rows may be"

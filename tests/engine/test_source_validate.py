@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -300,3 +303,36 @@ def test_a_manifest_read_whole_passes_the_end_check(tmp_path: Path) -> None:
         rows += list(batch.rows)
     reader.close()
     assert len(rows) == 1
+
+
+def test_the_end_check_takes_a_touched_file_and_stdin_read_from_its_middle(
+    tmp_path: Path,
+) -> None:
+    """No false alarm: a ``touch`` (or a backup tool) changes the mtime, not the rows; and
+    stdin redirected from a file another command read the first line of starts mid-file."""
+    path = tmp_path / "m.csv"
+    path.write_bytes(b"id,url\np1,https://img.example/1.jpg\n")
+    reader = ManifestReader(str(path), 0)
+    reader.open()
+    os.utime(path, ns=(1, 1))
+    while reader.read_batch() is not None:
+        pass
+    reader.close()
+    path.write_bytes(b"skip me\nid,url\np1,https://img.example/1.jpg\n")
+    script = (
+        "import os, sys\n"
+        "os.read(0, 8)  # 'skip me' and its newline, as a shell's read builtin leaves it\n"
+        "from fashiontag_pipeline.engine.source import ManifestReader\n"
+        "r = ManifestReader('-', 0)\n"
+        "r.open()\n"
+        "n = 0\n"
+        "while (b := r.read_batch()) is not None:\n"
+        "    n += len(b.rows)\n"
+        "print(n)\n"
+    )
+    with path.open("rb") as stdin:
+        done = subprocess.run(
+            [sys.executable, "-c", script], stdin=stdin, capture_output=True, check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == "1"
