@@ -283,12 +283,14 @@ class Inbox(InboxSettling):
                 except FileNotFoundError:
                     continue
         for name in odd:  # never tagged, so never left in silence
+            if name in self._stuck:
+                continue
             self._refuse(
                 self.root / name, "is not a regular file (a symlink, a FIFO): drop the file itself"
             )
         for gone in self._seen.keys() - names.keys():
             del self._seen[gone]
-        self._stuck &= names.keys()
+        self._stuck &= names.keys() | set(odd)
         ready: list[tuple[float, str]] = []
         for name, st in names.items():
             if name in self._stuck:

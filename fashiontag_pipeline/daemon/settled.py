@@ -69,15 +69,24 @@ class InboxSettling:
         is recorded): never an error out of the scan, which would stop the daemon at every
         start. If it cannot be moved either, it is left alone (said once)."""
         shown = os.fsencode(path.name).decode("utf-8", "backslashreplace")
+        error_file: Path | None = None
+        moved = False
         try:
             # A name that is not UTF-8 goes to failed/ under its bytes written out (\\xe9).
             name = free_name(self.failed, shown, "", companion=ERROR_SUFFIX)
             error = msgspec.json.encode({"reason": f"{shown} {reason}", "sha256": ""})
-            write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", error + b"\n")
+            error_file = self.failed / f"{name}{ERROR_SUFFIX}"
+            write_atomic(error_file, error + b"\n")
             os.rename(path, self.failed / name)
+            moved = True
             fsync_dir(self.failed)
             remove_marker(path.with_name(f"{path.name}{READY_SUFFIX}"))
         except OSError as err:
+            if moved:
+                logger.error("manifest %s %s: moved to failed/ (%s)", shown, reason, err)
+                return
+            if error_file is not None:
+                error_file.unlink(missing_ok=True)  # no reason left without its manifest
             logger.error("manifest %s %s, and cannot be moved to failed/: %s", shown, reason, err)
             self._stuck.add(path.name)  # left alone: never ready again while it is there
             return

@@ -606,3 +606,31 @@ def test_a_symlink_or_a_fifo_named_as_a_manifest_goes_to_failed_with_its_reason(
     assert "not a regular file" in reason
     assert not (root / "link.csv.ready").exists()
     assert target.read_bytes() == CSV
+
+
+def test_a_file_that_cannot_be_moved_to_failed_is_left_alone_said_once(
+    root: Path,
+    make_ledger: Callable[[], ClaimLedger],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """failed/ on another volume (EXDEV), say: the symlink stays where it is, said once,
+    and no error file is left behind on each scan."""
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    target = tmp_path / "elsewhere.csv"
+    target.write_bytes(CSV)
+    (root / "link.csv").symlink_to(target)
+    real_rename = os.rename
+
+    def rename(src: object, dst: object) -> None:
+        if str(src).endswith("link.csv"):
+            raise OSError(18, "Invalid cross-device link")
+        real_rename(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rename", rename)
+    for _ in range(3):
+        assert inbox.scan() == []
+    assert list((root / "failed").iterdir()) == []
+    assert sum("cannot be moved" in r.getMessage() for r in caplog.records) == 1
+    assert (root / "link.csv").is_symlink()
