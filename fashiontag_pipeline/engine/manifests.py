@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 
 import msgspec
+
+from .._exceptions import ManifestError
 
 __all__ = ["STDIN", "ManifestPrint", "describe", "fingerprint", "same_manifests"]
 
@@ -47,6 +50,18 @@ def fingerprint(path: str) -> ManifestPrint:
     reader, which reports it with its own message."""
     if path == STDIN:
         return ManifestPrint(name=STDIN)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = stat.S_IFREG  # left to the reader, which names the problem
+    if not stat.S_ISREG(mode):
+        # A pipe (``<(cat m.csv)``, a FIFO) would be read to its end here and found empty by
+        # the reader (or, a FIFO with no writer yet, block for ever).
+        raise ManifestError(
+            f"manifest {path} is not a regular file (a pipe or a device): a run reads it twice"
+            " (its fingerprint, then its rows) so that it can resume; pass it on stdin"
+            " (... | fashiontag run -) or save it to a file first"
+        )
     digest = hashlib.sha256()
     size = 0
     try:

@@ -304,3 +304,26 @@ async def test_a_run_with_its_standard_streams_closed_still_runs(tmp_path: Path)
             result = await anyio.run_process(["sh", "-c", command], check=False, env=ENV)
     assert result.returncode == 0
     assert len(out.read_text().splitlines()) == 300
+
+
+async def test_a_manifest_that_is_a_pipe_is_refused_clearly_not_read_twice(
+    tmp_path: Path,
+) -> None:
+    """``run <(cat m.csv)`` and a named FIFO: the run's fingerprint read the pipe to its end,
+    then the reader found it empty ("manifest is empty", rows there); a FIFO blocked for
+    ever. A pipe cannot be read twice as a resumable run needs: refused at once, saying to
+    pass it on stdin."""
+    m = manifest(tmp_path, 20)
+    url = f"http://127.0.0.1:{closed_port()}"
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    for source in (f"<(cat {m})", str(fifo)):
+        command = (
+            f"{sys.executable} -m fashiontag_pipeline run {source} --base-url {url}"
+            f" --out {tmp_path / 'o.jsonl'} --no-progress"
+        )
+        with anyio.fail_after(30):
+            done = await anyio.run_process(["bash", "-c", command], check=False, env=ENV)
+        err = done.stderr.decode()
+        assert done.returncode == 1, err
+        assert "not a regular file" in err and "stdin" in err
