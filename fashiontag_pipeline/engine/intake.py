@@ -120,8 +120,20 @@ async def intake(
                 )
 
             plan = await reuse.plan(rows) if reuse is not None and items else None
+            # Rows refused by the checks above still hold their id's first row: a later row
+            # of that id is its duplicate, not a second outcome of the id.
+            sent = jobs.ids.sent
+            claimed = [(sent(job.id, r.id), pos) for pos, r in client_rejects if r.id is not None]
             keep = await journal.intake(
-                job.id, keyed, fresh, make_dup, max(watermark, validated), validated, routed, plan
+                job.id,
+                keyed,
+                fresh,
+                make_dup,
+                max(watermark, validated),
+                validated,
+                routed,
+                plan,
+                claimed,
             )
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)

@@ -218,3 +218,36 @@ async def test_unreachable_service_is_fatal_with_state_saved(tmp_path: Path) -> 
             engine=EngineConfig(give_up_after=0.5, linger_seconds=0.05),
         )
     assert (tmp_path / "out.jsonl.state").exists()
+
+
+async def test_an_id_whose_first_row_is_bad_keeps_that_rows_outcome(tmp_path: Path) -> None:
+    """README, repeated ids: the first row's outcome stands and every later row of the id is
+    a ``duplicate id`` reject. A first row refused by the client's checks (a URL that is not
+    http) recorded no id, so a later good row of that id was tagged too: one id in both the
+    rejects and the results. Within one batch and across batches (p0's rows are 3,000 lines
+    apart)."""
+    m = write_csv(
+        tmp_path / "m.csv",
+        0,
+        extra=[
+            "p0,ftp://img.example/0.jpg,acme,TOP",
+            "p1,ftp://img.example/1.jpg,acme,TOP",
+            "p1,https://img.example/1.jpg,acme,TOP",
+            *[f"q{i},https://img.example/q{i}.jpg,acme,TOP" for i in range(3000)],
+            "p0,https://img.example/0.jpg,acme,TOP",
+        ],
+    )
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        summary = await run_pipeline(
+            [m], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete
+    o = read_outcomes(out, rej)
+    assert not {r["id"] for r in o.results} & {"p0", "p1"}
+    reasons = sorted((r["id"], r["reason"].split(" (")[0]) for r in o.rejects)
+    assert [r for r in reasons if r[1] == "duplicate id"] == [
+        ("p0", "duplicate id"),
+        ("p1", "duplicate id"),
+    ]
+    assert len(o.results) == 3000

@@ -9,6 +9,7 @@ loop never blocks on disk.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -245,6 +246,7 @@ class Journal:
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None,
         plan: Any,
+        claimed: Sequence[tuple[str, int]] = (),
     ) -> tuple[list[int], set[int]]:
         """Dedupe a validated batch, write its rejects and move V, in the transaction of
         :meth:`_begun` (with ``routed(kept indexes)``'s statements: the single-mode rows written
@@ -254,7 +256,7 @@ class Journal:
         One transaction: the ids, the rejects and V commit together, so a crash before the
         commit leaves nothing (the batch is read again from V). The ids used to commit on
         their own, a second transaction per batch for nothing the promise needs."""
-        firsts = self.db.dedupe(keyed)
+        firsts = self._dedupe(keyed, claimed) if claimed else self.db.dedupe(keyed)
         out: list[int]
         if firsts is None:  # every row is its id's first (the common case)
             out = list(range(len(keyed)))
@@ -288,6 +290,18 @@ class Journal:
         counters = {"accepted": fresh}
         touched = self._apply(None, rejects, ops, counters, {job: counters}, False, None, reused)[2]
         return out, touched
+
+    def _dedupe(
+        self, keyed: Sequence[tuple[str, int]], claimed: Sequence[tuple[str, int]]
+    ) -> list[int] | None:
+        """:meth:`StateStore.dedupe` of ``keyed`` with the ids of ``claimed`` rows (refused
+        by the client) taken in too, in position order (the first row of an id wins)."""
+        combined = sorted([*keyed, *claimed], key=operator.itemgetter(1))
+        firsts = self.db.dedupe(combined)
+        if firsts is None:
+            return None
+        first_at = {pos: first for (_, pos), first in zip(combined, firsts, strict=True)}
+        return [first_at[pos] for _, pos in keyed]
 
     # -------------------------------------------------------------- async side
 
@@ -339,11 +353,13 @@ class Journal:
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
         plan: Any = None,
+        claimed: Sequence[tuple[str, int]] = (),
     ) -> list[int]:
         """Indexes of ``keyed`` (rows of ``job``) whose row is the first of its id and is to
         be sent; duplicates become rejects (unless at or below ``replay_upto``, already written
         by an earlier attempt); with ``plan`` (``--reuse``), rows answered from the result
-        store are written and left out."""
+        store are written and left out. ``claimed``: (id, position) of the batch's rows
+        refused by the client's checks, which are their id's first row all the same."""
         keep: list[int]
         touched: set[int]
         keep, touched = await self.run(
@@ -357,6 +373,7 @@ class Journal:
             replay_upto,
             routed,
             plan,
+            claimed,
         )
         self.jobs.check(touched)
         return keep
