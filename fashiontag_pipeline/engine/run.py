@@ -28,7 +28,7 @@ from .engine import Engine, RunControl
 from .flow import FatalRunError
 from .gcpolicy import tune_gc
 from .jobs import Job, JobSpec
-from .manifests import fingerprint
+from .manifests import STDIN, fingerprint
 from .outcome import already_complete
 from .reuse import open_reuse
 from .source import open_manifests
@@ -155,6 +155,8 @@ async def run_pipeline(
     names = [str(m) for m in manifests]
     if not names:
         raise exc.ManifestError("no manifest given")
+    if names.count(STDIN) > 1:  # the second reader would find stdin read to its end
+        raise exc.ManifestError("stdin (-) can be given as a manifest only once")
     state_path = state if state is not None else default_state_path(out)
     prints = [await anyio.to_thread.run_sync(fingerprint, name) for name in names]
     readers = await open_manifests(names, engine.read_batch_rows)

@@ -327,3 +327,11 @@ async def test_a_manifest_that_is_a_pipe_is_refused_clearly_not_read_twice(
         err = done.stderr.decode()
         assert done.returncode == 1, err
         assert "not a regular file" in err and "stdin" in err
+
+
+async def test_stdin_given_twice_is_refused_plainly(tmp_path: Path) -> None:
+    """``run - -``: the second reader found stdin read to its end and called the manifest
+    "neither JSONL nor a CSV with a header"; it is refused for what it is."""
+    url = f"http://127.0.0.1:{closed_port()}"
+    code, err = await fashiontag("run", "-", "-", "--base-url", url, "--out", str(tmp_path / "o"))
+    assert code == 1 and "stdin (-) can be given as a manifest only once" in err, err
