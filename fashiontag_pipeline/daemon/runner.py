@@ -19,7 +19,6 @@ finish, flushes outputs and state, and returns; manifests in flight resume on th
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
@@ -38,6 +37,7 @@ from .._postgres import is_postgres_url
 from ..engine import EngineConfig, RunSummary
 from ..engine.engine import Engine, RunControl
 from ..engine.jobs import JobSpec
+from ..engine.outfiles import lock_exclusively
 from ..engine.reuse import ReuseHook, open_reuse
 from ..engine.state import StateDB
 from .config import DaemonConfig
@@ -69,15 +69,14 @@ def _lock_inbox(inbox: Path) -> int:
     shared PostgreSQL state."""
     fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise exc.StateConflictError(
+        lock_exclusively(
+            fd,
             f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
-            ".lock): several daemons share an inbox only with a PostgreSQL --state"
-        ) from None
-    except OSError:
-        pass  # a file system without locks
+            ".lock): several daemons share an inbox only with a PostgreSQL --state",
+        )
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 

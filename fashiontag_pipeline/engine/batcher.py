@@ -82,8 +82,6 @@ class TaskWriter(TaskWrites):
         self.sent_requests = 0
         #: PUTs the service refused as expired (410) or unknown (404): 0 in a healthy run.
         self.refused_writes = 0
-        #: Creates refused whole (400, 413, 422) and split in two.
-        self.split_writes = 0
         #: Writes the service took (a row refused alone is its reject only once one was).
         self.writes_taken = 0
 

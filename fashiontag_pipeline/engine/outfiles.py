@@ -16,23 +16,30 @@ from pathlib import Path
 
 from .._exceptions import StateConflictError
 
-__all__ = ["lock_output", "removed_from"]
+__all__ = ["lock_exclusively", "lock_output", "removed_from"]
+
+
+def lock_exclusively(fd: int, refusal: str) -> None:
+    """An exclusive ``flock`` on ``fd``, held until it is closed (or the process dies: no
+    stale lock); :class:`StateConflictError` with ``refusal`` when another process holds it.
+    A file system without locks (some network ones) is used unlocked."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StateConflictError(refusal) from None
+    except OSError:
+        pass
 
 
 def lock_output(fd: int, path: Path) -> None:
     """An exclusive lock on an output for as long as it is open: two runs writing one file
     (two cron jobs given the same --out and their own --state) would cut back and append
-    over each other's lines. Released when the file is closed or the process dies. A file
-    system without locks (some network ones) is written unlocked."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise StateConflictError(
-            f"{path} is being written by another run (it holds a lock on the file): wait for"
-            " that run to end, or give this one other outputs"
-        ) from None
-    except OSError:
-        pass
+    over each other's lines."""
+    lock_exclusively(
+        fd,
+        f"{path} is being written by another run (it holds a lock on the file): wait for that"
+        " run to end, or give this one other outputs",
+    )
 
 
 def removed_from(path: Path, fd: int) -> bool:

@@ -81,7 +81,6 @@ class TaskWrites:
     clock: Callable[[], float]
     default_ttl: float
     refused_writes: int
-    split_writes: int
     writes_taken: int
     sent_requests: int
     run_token: str
@@ -214,7 +213,6 @@ class TaskWrites:
             new_ids = await self.journal.run(self.journal.db.split_chunk, chunk.chunk_id, stored)
             for (part, _), new_id in zip(parts, new_ids, strict=True):
                 part.chunk_id = new_id
-            self.split_writes += 1
             logger.info(
                 "a write of %d rows was refused whole (HTTP %s): sent again in two parts",
                 len(chunk.ids),

@@ -196,9 +196,9 @@ class Journal:
         fsync = now - self._last_fsync >= self.fsync_seconds
         if fsync:
             self._last_fsync = now
-            for target in touched.values():  # removed since the last fsync: lines went too
-                target.check_outputs(keep_lost=self.keep_lost)
         for target in touched.values():
+            if fsync:  # removed since the last fsync: lines went too
+                target.check_outputs(keep_lost=self.keep_lost)
             target.results.flush(fsync)
             target.rejects.flush(fsync)
         db = self.db
