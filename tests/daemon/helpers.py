@@ -19,12 +19,26 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..engine.helpers import free_port
 
-__all__ = ["DaemonProcess", "metric_samples", "read_lines", "write_manifest"]
+__all__ = [
+    "DaemonProcess",
+    "drop_atomic",
+    "metric_samples",
+    "read_lines",
+    "until_results",
+    "write_manifest",
+]
 
 
 def write_manifest(path: Path, ids: Sequence[str], *, url_tag: str = "") -> bytes:
     lines = ["id,url,brand"] + [f"{i},https://img.example/{url_tag}{i}.jpg,acme" for i in ids]
     return ("\n".join(lines) + "\n").encode()
+
+
+def drop_atomic(inbox: Path, name: str, data: bytes) -> None:
+    """Drop a manifest the atomic way: written under a hidden name, then renamed in."""
+    tmp = inbox / f".{name}.part"
+    tmp.write_bytes(data)
+    os.rename(tmp, inbox / name)
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -43,6 +57,16 @@ def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+async def until_results(
+    daemon: DaemonProcess, stem: str, n: int = 1, timeout: float = 60.0
+) -> None:
+    """Until ``n`` results of the manifest ``stem`` are written (it is being read)."""
+    with anyio.fail_after(timeout):
+        while len(read_lines(daemon.outbox / stem / "results.jsonl")) < n:
+            daemon.check_alive()
+            await anyio.sleep(0.02)
 
 
 @dataclass

@@ -13,15 +13,13 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import DaemonProcess, read_lines, write_manifest
+from .helpers import DaemonProcess, drop_atomic, read_lines, until_results, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
 
 def _drop(inbox: Path, name: str, ids: list[str]) -> None:
-    tmp = inbox / f".{name}.part"
-    tmp.write_bytes(write_manifest(Path(), ids))
-    os.rename(tmp, inbox / name)
+    drop_atomic(inbox, name, write_manifest(Path(), ids))
 
 
 async def test_a_sighup_is_ignored_not_a_silent_death(tmp_path: Path) -> None:
@@ -76,10 +74,7 @@ async def test_a_restart_with_another_outbox_ends_the_manifest_where_it_was_writ
         try:
             await daemon.wait_ready_endpoint()
             _drop(daemon.inbox, "big.csv", ids)
-            with anyio.fail_after(60):
-                while len(read_lines(daemon.outbox / "big" / "results.jsonl")) < 1000:
-                    daemon.check_alive()
-                    await anyio.sleep(0.05)
+            await until_results(daemon, "big", 1000)
             await daemon.kill()
             moved = tmp_path / "outbox2"
             daemon = DaemonProcess(
@@ -108,10 +103,9 @@ async def test_a_manifest_removed_from_work_or_an_unwritable_done_stop_nothing(
             await daemon.wait_ready_endpoint()
             _drop(daemon.inbox, "m.csv", [f"p{i}" for i in range(6000)])
             claimed = daemon.inbox / ".work" / "m.csv"
-            with anyio.fail_after(30):  # read by the engine (its first results are in)
-                while not read_lines(daemon.outbox / "m" / "results.jsonl"):
-                    daemon.check_alive()
-                    await anyio.sleep(0.02)
+            await until_results(
+                daemon, "m", timeout=30
+            )  # read by the engine: its first results are in
             claimed.unlink()
             first = await daemon.wait_summary("m", timeout=60)
             (daemon.inbox / "done").rmdir()
@@ -148,10 +142,9 @@ async def test_a_manifest_moved_back_to_the_inbox_while_in_flight_waits_for_it(
             await daemon.wait_ready_endpoint()
             _drop(daemon.inbox, "m.csv", [f"p{i}" for i in range(6000)])
             claimed = daemon.inbox / ".work" / "m.csv"
-            with anyio.fail_after(30):  # read by the engine (its first results are in)
-                while not read_lines(daemon.outbox / "m" / "results.jsonl"):
-                    daemon.check_alive()
-                    await anyio.sleep(0.02)
+            await until_results(
+                daemon, "m", timeout=30
+            )  # read by the engine: its first results are in
             os.rename(claimed, daemon.inbox / "m.csv")
             first = await daemon.wait_summary("m", timeout=60)
             with anyio.fail_after(60):

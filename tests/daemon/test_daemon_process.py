@@ -19,7 +19,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import DaemonProcess, metric_samples, read_lines, write_manifest
+from .helpers import DaemonProcess, drop_atomic, metric_samples, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
 
@@ -36,12 +36,6 @@ def _assert_once(folder: Path, ids: list[str], *, rejected: int = 0) -> None:
     assert set(got) == set(ids)
     assert len(rejects) == rejected
     assert all("/" not in r["id"] for r in results), "an id kept its namespace"
-
-
-def _drop_atomic(inbox: Path, name: str, data: bytes) -> None:
-    tmp = inbox / f".{name}.part"
-    tmp.write_bytes(data)
-    os.rename(tmp, inbox / name)
 
 
 async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path) -> None:
@@ -71,7 +65,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
         try:
             await daemon.wait_ready_endpoint()
             inbox = daemon.inbox
-            _drop_atomic(inbox, "atomic.csv", write_manifest(Path(), ids, url_tag="a"))
+            drop_atomic(inbox, "atomic.csv", write_manifest(Path(), ids, url_tag="a"))
             (inbox / "marked.csv").write_bytes(write_manifest(Path(), ids, url_tag="m"))
             (inbox / "marked.csv.ready").write_bytes(b"")
             (inbox / "copied.csv").write_bytes(write_manifest(Path(), ids, url_tag="c"))
@@ -89,7 +83,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
                 for stem in ("atomic", "marked", "copied", "slow", "broken")
             }
             # The same content again, once the first is done: a duplicate, not sent again.
-            _drop_atomic(inbox, "again.csv", write_manifest(Path(), ids, url_tag="a"))
+            drop_atomic(inbox, "again.csv", write_manifest(Path(), ids, url_tag="a"))
             summaries["again"] = await daemon.wait_summary("again")
             _, metrics_text = await daemon.get("/metrics")
             status_code, status_text = await daemon.get("/status")
@@ -156,8 +150,8 @@ async def test_sigkill_mid_manifest_then_restart_writes_every_id_once(tmp_path: 
         daemon = DaemonProcess(tmp_path, svc.url, extra=fair).start()
         try:
             await daemon.wait_ready_endpoint()
-            _drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), ids_big))
-            _drop_atomic(daemon.inbox, "small.csv", write_manifest(Path(), ids_small))
+            drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), ids_big))
+            drop_atomic(daemon.inbox, "small.csv", write_manifest(Path(), ids_small))
             results = daemon.outbox / "big" / "results.jsonl"
             with anyio.fail_after(60):
                 while len(read_lines(results)) < 2000:
@@ -195,7 +189,7 @@ async def test_sigterm_drains_writes_in_flight_and_a_restart_finishes(tmp_path: 
         daemon = DaemonProcess(tmp_path, svc.url, extra=["--drain-timeout", "20"]).start()
         try:
             await daemon.wait_ready_endpoint()
-            _drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
             with anyio.fail_after(60):
                 while True:
                     daemon.check_alive()
@@ -228,7 +222,7 @@ async def test_a_service_outage_is_waited_out_and_readyz_says_why(tmp_path: Path
         port = svc.port
         daemon = DaemonProcess(tmp_path, svc.url, extra=["--config", str(config_file)]).start()
         await daemon.wait_ready_endpoint()
-        _drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+        drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
         with anyio.fail_after(60):
             while not read_lines(daemon.outbox / "m" / "results.jsonl"):
                 daemon.check_alive()
@@ -264,11 +258,11 @@ async def test_content_equal_to_a_manifest_in_flight_waits_then_is_a_duplicate(
         daemon = DaemonProcess(tmp_path, svc.url).start()
         try:
             await daemon.wait_ready_endpoint()
-            _drop_atomic(daemon.inbox, "first.csv", data)
+            drop_atomic(daemon.inbox, "first.csv", data)
             with anyio.fail_after(30):
                 while not (daemon.inbox / ".work" / "first.csv").exists():
                     await anyio.sleep(0.02)
-            _drop_atomic(daemon.inbox, "second.csv", data)
+            drop_atomic(daemon.inbox, "second.csv", data)
             second = await daemon.wait_summary("second", timeout=60)
             first = json.loads((daemon.outbox / "first" / "summary.json").read_text())
             assert await daemon.stop() == 0
@@ -291,12 +285,12 @@ async def test_a_small_manifest_dropped_behind_a_big_one_is_done_first(tmp_path:
         daemon = DaemonProcess(tmp_path, svc.url, extra=["--max-pending-rows", "3000"]).start()
         try:
             await daemon.wait_ready_endpoint()
-            _drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), big_ids))
+            drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), big_ids))
             with anyio.fail_after(60):
                 while not read_lines(daemon.outbox / "big" / "results.jsonl"):
                     daemon.check_alive()
                     await anyio.sleep(0.05)
-            _drop_atomic(daemon.inbox, "small.csv", write_manifest(Path(), small_ids))
+            drop_atomic(daemon.inbox, "small.csv", write_manifest(Path(), small_ids))
             await daemon.wait_summary("small", timeout=60)
             big_done_first = (daemon.outbox / "big" / "summary.json").exists()
             big_lines = len(read_lines(daemon.outbox / "big" / "results.jsonl"))

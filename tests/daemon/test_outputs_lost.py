@@ -19,22 +19,13 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, faults, running_service
 
-from .helpers import DaemonProcess, read_lines, write_manifest
+from .helpers import DaemonProcess, drop_atomic, until_results, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
 
 def _drop(inbox: Path, name: str, ids: list[str]) -> None:
-    tmp = inbox / f".{name}.part"
-    tmp.write_bytes(write_manifest(Path(), ids))
-    os.rename(tmp, inbox / name)
-
-
-async def _until_results(daemon: DaemonProcess, stem: str, n: int) -> None:
-    with anyio.fail_after(60):
-        while len(read_lines(daemon.outbox / stem / "results.jsonl")) < n:
-            daemon.check_alive()
-            await anyio.sleep(0.02)
+    drop_atomic(inbox, name, write_manifest(Path(), ids))
 
 
 def _assert_failed_for_lost_outputs(summary: dict[str, object]) -> None:
@@ -44,8 +35,9 @@ def _assert_failed_for_lost_outputs(summary: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize("removed", ["folder", "outbox"])
-async def test_outputs_removed_while_killed_fail_the_manifest_not_the_daemon(
-    tmp_path: Path, removed: str
+@pytest.mark.parametrize("killed", [True, False], ids=["while-killed", "while-written"])
+async def test_outputs_removed_fail_the_manifest_not_the_daemon(
+    tmp_path: Path, removed: str, killed: bool
 ) -> None:
     ids = [f"a{i}" for i in range(8000)]
     async with running_service(ServiceConfig(rate=3000.0)) as svc:
@@ -53,33 +45,12 @@ async def test_outputs_removed_while_killed_fail_the_manifest_not_the_daemon(
         try:
             await daemon.wait_ready_endpoint()
             _drop(daemon.inbox, "m.csv", ids)
-            await _until_results(daemon, "m", 1000)
-            await daemon.kill()
+            await until_results(daemon, "m", 1000)
+            if killed:
+                await daemon.kill()
             shutil.rmtree(daemon.outbox / "m" if removed == "folder" else daemon.outbox)
-            daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
-            summary = await daemon.wait_summary("m", timeout=90)
-            _drop(daemon.inbox, "next.csv", ["n1", "n2", "n3"])
-            after = await daemon.wait_summary("next", timeout=60)
-            assert await daemon.stop() == 0
-        finally:
-            daemon.ensure_dead()
-    _assert_failed_for_lost_outputs(summary)
-    assert (daemon.inbox / "failed" / "m.csv").exists()
-    assert after["status"] == "done" and after["tagged"] == 3
-
-
-@pytest.mark.parametrize("removed", ["folder", "outbox"])
-async def test_outputs_removed_while_written_fail_the_manifest_not_the_daemon(
-    tmp_path: Path, removed: str
-) -> None:
-    ids = [f"a{i}" for i in range(8000)]
-    async with running_service(ServiceConfig(rate=3000.0)) as svc:
-        daemon = DaemonProcess(tmp_path, svc.url).start()
-        try:
-            await daemon.wait_ready_endpoint()
-            _drop(daemon.inbox, "m.csv", ids)
-            await _until_results(daemon, "m", 1000)
-            shutil.rmtree(daemon.outbox / "m" if removed == "folder" else daemon.outbox)
+            if killed:
+                daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
             summary = await daemon.wait_summary("m", timeout=90)
             _drop(daemon.inbox, "next.csv", ["n1", "n2", "n3"])
             after = await daemon.wait_summary("next", timeout=60)
