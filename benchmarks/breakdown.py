@@ -49,7 +49,7 @@ _PARTS = (
     ("fashiontag_pipeline.engine.state.store:StateStore", "dedupe", "dedupe ids", True),
     ("fashiontag_pipeline.engine.state.store:StateStore", "insert_chunk", "write-ahead", True),
     ("fashiontag_pipeline.engine.state.journal", "count_outcomes", "count outcomes", True),
-    ("fashiontag_pipeline.engine.pagers", "decode_page", "decode pages", False),
+    ("fashiontag_pipeline.engine.fetch", "decode_page", "decode pages", False),
     ("fashiontag_pipeline.engine.sinks:JsonlResultSink", "write_page", "write results", False),
 )
 
