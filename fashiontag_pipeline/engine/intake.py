@@ -23,7 +23,9 @@ from typing import Any
 
 import anyio
 
+from .._exceptions import StateConflictError
 from .jobs import JobEnd, Jobs
+from .manifests import STDIN
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
@@ -56,6 +58,34 @@ def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
     return out
 
 
+async def _check_replayed(
+    batch: RowBatch, upto: int, validator: Validator, journal: Journal, jobs: Jobs
+) -> None:
+    """Rows of stdin that a resumed run had taken in (positions <= ``upto``) are skipped by
+    their line numbers, on the caller's word (``--resume``) that stdin carries the same rows
+    again: each of their ids must be one the run took in at that line (or, for a duplicate,
+    before it), else StateConflictError before any row of the batch is sent. Other rows on
+    stdin would be skipped in place of rows never sent: lost, with exit 0."""
+    job = jobs.of_source(batch.source)
+    assert job is not None
+    items, singles, rejects = validator.route(batch)
+    keyed = [(ident, pos) for ident, pos, _ in items]
+    keyed += [(ident, pos) for ident, pos, _ in singles]
+    keyed += [(r.id, pos) for pos, r in rejects if r.id is not None]
+    sent = jobs.ids.sent
+    replayed = sorted((pos, ident, sent(job.id, ident)) for ident, pos in keyed if pos <= upto)
+    first = await journal.run(journal.db.first_positions, [key for _, _, key in replayed])
+    for pos, ident, key in replayed:
+        recorded = first.get(key)
+        if recorded is None or recorded > pos:
+            line = split_position(pos)[1]
+            raise StateConflictError(
+                f"stdin does not carry the rows of the run being resumed: line {line} has id"
+                f" {ident!r}, which that run did not read there (its rows would be skipped"
+                " unsent); pipe the same rows again, or run with --restart to start over"
+            )
+
+
 async def intake(
     receive: anyio.abc.ObjectReceiveStream[RowBatch | JobEnd | Idle],
     send: anyio.abc.ObjectSendStream[list[Item]],
@@ -83,6 +113,12 @@ async def intake(
             if job is None:
                 continue  # the job was dropped (failed) while its rows were on their way
             chunked, validated = job.row.chunked, job.row.validated
+            if (
+                batch.name == STDIN
+                and batch.rows
+                and ((batch.source << POS_SHIFT) | batch.rows[0][0]) <= max(chunked, validated)
+            ):
+                await _check_replayed(batch, max(chunked, validated), validator, journal, jobs)
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
             fresh: list[JobReject] = [(job.id, r) for pos, r in client_rejects if pos > validated]
             last = batch.rows[-1][0]

@@ -470,6 +470,49 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
 
 
+async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path) -> None:
+    """--resume takes the caller's word that stdin carries the same rows again; when it does
+    not (tonight's dump piped into last night's unfinished run), the rows the first run had
+    read are not skipped by their line numbers: the run is refused before anything is sent,
+    and the outputs are left as they were."""
+    out = tmp_path / "results.jsonl"
+    monday = write_night(tmp_path / "mon.csv", 12000, "s")
+    tuesday = write_night(tmp_path / "tue.csv", 12000, "t")
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, "-")
+        proc = await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        )
+        assert proc.stdin is not None
+        await proc.stdin.send(monday.read_bytes())
+        await results_appear(out)
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            assert await proc.wait() == 130
+        await proc.stdin.aclose()
+        await proc.aclose()
+
+        before = out.read_bytes()
+        tasks = len(svc.store.tasks)
+        with tuesday.open("rb") as stdin:
+            refused = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert refused.returncode == 2, refused.stderr.decode()
+        message = refused.stderr.decode()
+        assert "stdin does not carry the rows" in message and "'t0'" in message, message
+        assert "--restart" in message and "Traceback" not in message
+        assert out.read_bytes() == before
+        assert len(svc.store.tasks) == tasks
+
+        with monday.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
+
+
 async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:
     """The service forgets tasks 2, 4 and 6 once done; the engine is killed (SIGKILL) just
     after the first and again after the next are forgotten, in the middle of settling them;

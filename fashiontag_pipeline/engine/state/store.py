@@ -259,13 +259,18 @@ class StateStore(JobTables):
                 setdefault(key, pos)
         if self._insert_new_ids(first) == len(first):
             return [first[key] for key, _ in keyed] if repeated else None
-        ids = list(first)
+        first.update(self.first_positions(list(first)))
+        return [first[key] for key, _ in keyed]
+
+    def first_positions(self, ids: Sequence[str]) -> dict[str, int]:
+        """The position of the first row of each of ``ids`` the run took in (others left out)."""
+        found: dict[str, int] = {}
         for start in range(0, len(ids), 900):
             part = ids[start : start + 900]
             marks = ",".join("?" * len(part))
             for key, pos in self.db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
-                first[key] = pos
-        return [first[key] for key, _ in keyed]
+                found[key] = pos
+        return found
 
     def _insert_new_ids(self, first: dict[str, int]) -> int:
         """Insert the (id, position) pairs whose id is not there yet; returns how many."""
