@@ -7,6 +7,7 @@ override it field by field.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -92,6 +93,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       without a request; every successful result is stored. None: no store.
     * ``reuse_max_age``: how old a stored result may be to stand in (``30d``, ``12h``, or
       seconds).
+    * ``list_lag``: after a create whose answer was lost, seconds the task list is given to
+      show the task before the chunk is created again: a service's list may lag its writes
+      (an index updated a moment later), and a second create would leave a second live task,
+      its rows billed twice. Looked at again at growing intervals within that time.
     * ``max_sends``: how many times a row is sent to the service in all (its first write and
       the re-sends after a task that did not return it or was forgotten) before it is written
       as a reject of stage ``unreturned`` instead of being sent forever.
@@ -121,6 +126,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     reuse: str | None = None
     reuse_max_age: str | float = DEFAULT_REUSE_MAX_AGE
     max_sends: int = 5
+    list_lag: float = 5.0
 
     @property
     def reuse_max_age_seconds(self) -> float:
@@ -144,6 +150,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.single_concurrency and single_max_bytes must be positive")
         if self.max_sends < 1:
             raise ValueError("engine.max_sends must be at least 1")
+        if not 0 <= self.list_lag < math.inf:
+            raise ValueError("engine.list_lag must be a number of seconds >= 0")
         if not self.stall_timeout > 0:
             raise ValueError("engine.stall_timeout must be positive (inf: wait for ever)")
         if self.progress_seconds <= 0:

@@ -9,8 +9,11 @@ chunks and chooses their task); it holds no state of its own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+
+import anyio
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
@@ -291,13 +294,22 @@ class TaskWrites:
         task.created.set()
 
     async def find_task(self, token: str) -> Task | None:
-        """The task whose description carries ``token`` (after an ambiguous create)."""
+        """The task whose description carries ``token`` (after an ambiguous create), None
+        when the list has not shown it within ``list_lag`` seconds: a service's list may lag
+        its writes, and one look cannot tell "not created" from "not listed yet"."""
         wanted = self.description(token)
-        tasks = await self.budget.call("list tasks", self.client.all_tasks)
-        for task in tasks:
-            if task.description == wanted:
-                return task
-        return None
+        deadline = time.monotonic() + self.config.list_lag
+        pause = 0.25
+        while True:
+            tasks = await self.budget.call("list tasks", self.client.all_tasks)
+            for task in tasks:
+                if task.description == wanted:
+                    return task
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await anyio.sleep(min(pause, left))
+            pause *= 2
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
         """PUT the chunk to ``task``. True when settled; False to re-target it."""

@@ -117,6 +117,9 @@ class Misbehaviour:
     #: 400 and no ``failureList``, not forwarded (a service that fails a request for one bad
     #: element without naming it).
     refuse_whole_with: set[str] = field(default_factory=set)
+    #: Seconds a created task stays out of the task list (an eventually consistent index):
+    #: status and results know it at once.
+    list_lag: float = 0.0
 
 
 class MisbehavingProxy:
@@ -124,6 +127,7 @@ class MisbehavingProxy:
         self.upstream = upstream
         self.rules = rules
         self.created: list[str] = []
+        self.created_at: dict[str, float] = {}
         self.forgotten: set[str] = set()
         self.pages_served: dict[str, int] = {}
         self.puts_refused = 0
@@ -287,13 +291,18 @@ class MisbehavingProxy:
         if status >= 300:
             return payload
         if method == "POST" and path == BULK:
-            self.created.append(json.loads(payload)["taskId"])
+            task_id = json.loads(payload)["taskId"]
+            self.created.append(task_id)
+            self.created_at[task_id] = time.monotonic()
             return payload
         if method == "GET" and path == BULK:
             data = json.loads(payload)
             kept = []
+            listed_before = time.monotonic() - rules.list_lag
             for task in data["data"]["tasks"]:
                 tid = task["taskId"]
+                if self.created_at.get(tid, 0.0) > listed_before:
+                    continue  # not in the index yet
                 if self._forget_if_done(tid, task):
                     continue
                 if tid not in self.forgotten:

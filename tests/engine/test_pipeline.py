@@ -47,8 +47,15 @@ async def test_faults_exactly_once_and_limits(tmp_path: Path) -> None:
     manifest = write_csv(tmp_path / "m.csv", n, extra=bad)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     faults = FaultSpec.parse("500=0.06,429=0.05:0.05s,drop=0.04,ambiguous=0.08", seed=7)
+    # The reference service lists a task as soon as it is created: a create lost on the way
+    # (a drop) need not wait the default 5 s for a lagging list.
     engine = EngineConfig(
-        chunk_size=250, rotate_images=1500, poll_min=0.02, poll_max=0.2, give_up_after=60
+        chunk_size=250,
+        rotate_images=1500,
+        poll_min=0.02,
+        poll_max=0.2,
+        give_up_after=60,
+        list_lag=0.5,
     )
     async with (
         running_service(ServiceConfig(faults=faults)) as svc,

@@ -55,6 +55,21 @@ async def test_a_lost_write_answer_then_a_retry_refused_in_other_words(
     assert len(o.results) == 3000 and not o.rejects
 
 
+async def test_a_lost_create_answer_while_the_task_list_lags_leaves_one_task(
+    tmp_path: Path,
+) -> None:
+    """The first create is applied and its answer lost, and the service's task list shows a
+    new task only a second later. The engine does not take one look at the list as proof that
+    nothing was created: it looks again before it creates the task a second time (the spec's
+    promise: a retried create leaves no second live task, billed again for its rows)."""
+    rules = Misbehaviour(lose_first_create_answer=True, list_lag=1.0)
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
+    assert proxy.lost_answers == ["create"]
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert len(proxy.created) == 1, proxy.created
+
+
 async def test_a_row_really_invalid_in_a_retried_write_ends_as_a_reject(tmp_path: Path) -> None:
     """As above (the first PUT's answer lost, duplicates worded otherwise), and p1500, in
     that PUT, is a row the service refuses every time. Its refusal in the retry is of unknown
