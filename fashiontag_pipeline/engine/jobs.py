@@ -98,20 +98,21 @@ class Job:
         return c["accepted"] - c["settled"]
 
     def check_outputs(self, *, keep_lost: bool) -> None:
-        """An output removed or replaced at its path while the job writes to it (a cleanup
-        job) took the lines written before with it: the job fails (``keep_lost``: a
-        long-lived engine; its manifests are not read on), or :class:`StateError` stops the
-        run, which is then not recorded complete. (A ``stat`` per output: called when the
-        outputs are fsync-ed and when the job completes.)"""
+        """An output removed, replaced or cut short at its path while the job writes to it (a
+        cleanup job, a log rotation) took the lines written before with it: the job fails
+        (``keep_lost``: a long-lived engine; its manifests are not read on), or
+        :class:`StateError` stops the run, which is then not recorded complete. (An ``fstat``
+        and a ``stat`` per output: called when the outputs are fsync-ed and when the job
+        completes.)"""
         lost = [str(sink.path) for sink in (self.results, self.rejects) if sink.removed()]
         if not lost:
             return
         if not keep_lost:
             raise StateError(
-                f"the run's outputs were removed, renamed or replaced while it wrote them"
-                f" ({', '.join(lost)}): if they were moved, move them back (or give their"
-                " new paths) and run again to resume; if they are gone, run again with"
-                " --restart to tag every row again"
+                f"the run's outputs were removed, renamed, replaced or cut short while it"
+                f" wrote them ({', '.join(lost)}): if they were moved, move them back (or give"
+                " their new paths) and run again to resume; if they are gone or were cut"
+                " short (a log rotation), run again with --restart to tag every row again"
             )
         if self.failure is None:
             self.failure = lost_outputs(lost)
@@ -120,7 +121,8 @@ class Job:
 def lost_outputs(paths: list[str]) -> str:
     """A job's failure when outputs it wrote were removed or replaced under it."""
     return (
-        f"its outputs were removed, renamed or replaced after lines were written to them"
+        f"its outputs were removed, renamed, replaced or cut short after lines were written"
+        f" to them"
         f" ({', '.join(paths)}): those lines are not there (the counts include them), so its"
         " rows must be tagged again to have them all"
     )

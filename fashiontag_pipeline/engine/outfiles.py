@@ -4,8 +4,8 @@
   given the same ``--out`` (each with its own ``--state``) cannot cut back and append over
   each other's lines; the second is refused.
 * :func:`removed_from`: whether the file open as a descriptor is no longer at its path
-  (removed, renamed, replaced, its folder removed), so lines written before are not lost in
-  silence (see :meth:`~.jobs.Job.check_outputs`).
+  (removed, renamed, replaced, cut short, its folder removed), so lines written before are not
+  lost in silence (see :meth:`~.jobs.Job.check_outputs`).
 """
 
 from __future__ import annotations
@@ -42,18 +42,29 @@ def lock_output(fd: int, path: Path) -> None:
     )
 
 
-def removed_from(path: Path, fd: int) -> bool:
-    """Whether the file open as ``fd`` is no longer at ``path``: the path is gone (removed,
-    renamed, its folder removed) or the file has no name left (another file was renamed over
-    it). Inode numbers are not compared: some file systems do not keep them stable. A path
-    that cannot be checked (permissions, a network file system's error) is not called
+def removed_from(path: Path, fd: int, written: int) -> bool:
+    """Whether the file open as ``fd`` (``written`` bytes long as far as its writer knows) no
+    longer holds those bytes at ``path``:
+
+    * the path is gone (removed, renamed, its folder removed), or the file has no name left
+      (another file was renamed over it);
+    * the file is shorter than what was written to it (cut short under the writer:
+      logrotate's ``copytruncate``, ``> results.jsonl``);
+    * the path names another file that is shorter than that (renamed aside and a new one
+      made in its place: logrotate's default). Inode numbers alone do not decide: some file
+      systems do not keep them stable, so a file at the path as long as ours is taken as it.
+
+    A path that cannot be checked (permissions, a network file system's error) is not called
     removed."""
     try:
-        if os.fstat(fd).st_nlink == 0:
+        own = os.fstat(fd)
+        if own.st_nlink == 0 or own.st_size < written:
             return True
-        os.stat(path)
+        there = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return True
     except OSError:
         return False
+    if (there.st_dev, there.st_ino) != (own.st_dev, own.st_ino):
+        return there.st_size < written
     return False

@@ -85,19 +85,24 @@ class _AppendFile:
 
     Unbuffered: every write is a whole page group or a batch of rejects (one per commit), so a
     buffer would only add a copy of every result (~1.5 KB per image) before the same system
-    call."""
+    call.
+
+    Opened ``O_APPEND``, and the file's length is counted here (:attr:`_end`), not read back:
+    a file cut short under the run (logrotate's ``copytruncate``, ``> results.jsonl``) takes
+    the next lines at its new end instead of at the old offset behind a hole of NUL bytes,
+    and stays shorter than the count, which :meth:`removed` tells."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             lock_output(fd, path)
         except BaseException:
             os.close(fd)
             raise
         self._fh = os.fdopen(fd, "r+b", buffering=0)
-        self._fh.seek(0, os.SEEK_END)
+        self._end = self._fh.seek(0, os.SEEK_END)
 
     def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
         """Cut the file back to ``checkpoint`` bytes (what the state says was committed;
@@ -116,7 +121,7 @@ class _AppendFile:
             )
         if size > checkpoint:
             self._fh.truncate(checkpoint)
-        self._fh.seek(checkpoint)
+        self._end = checkpoint
 
     def salvage(self) -> None:
         """Keep the complete lines the file holds now and append after them (a job whose
@@ -133,12 +138,12 @@ class _AppendFile:
                 break
             end = start
         self._fh.truncate(keep)
-        self._fh.seek(keep)
+        self._end = keep
 
     def removed(self) -> bool:
-        """Whether the file was removed or replaced at its path since it was opened (the
-        lines written before are no longer there)."""
-        return removed_from(self.path, self._fh.fileno())
+        """Whether the file was removed, replaced or cut short at its path since it was
+        opened (the lines written before are no longer there)."""
+        return removed_from(self.path, self._fh.fileno(), self._end)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -149,12 +154,13 @@ class _AppendFile:
                 raise OSError(err.errno, err.strerror, str(self.path)) from err
             if not written:
                 raise OSError(f"cannot write to {self.path}")
+            self._end += written
             view = view[written:]
 
     def scan(self) -> Iterator[bytes]:
         """Every complete line written so far (the file is flushed first)."""
         self._fh.flush()
-        end = self._fh.tell()
+        end = self._end
         with open(self.path, "rb") as fh:
             rest = b""
             while fh.tell() < end:
@@ -176,7 +182,7 @@ class _AppendFile:
         return found
 
     def checkpoint(self) -> int:
-        return self._fh.tell()
+        return self._end
 
     def flush(self, fsync: bool) -> None:
         self._fh.flush()

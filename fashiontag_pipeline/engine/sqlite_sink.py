@@ -164,7 +164,7 @@ class SqliteResultSink:
 
     def removed(self) -> bool:
         """Whether the file was removed or replaced at its path since it was opened."""
-        return removed_from(self.path, self._probe)
+        return removed_from(self.path, self._probe, 0)
 
     def flush(self, fsync: bool) -> None:
         return None

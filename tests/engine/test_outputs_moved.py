@@ -11,13 +11,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import anyio.abc
+import pytest
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.run import _outputs_elsewhere
@@ -213,6 +217,49 @@ async def test_results_deleted_while_the_run_writes_them_fail_the_run(tmp_path: 
             done = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+
+
+def _copytruncate(out: Path) -> None:
+    """logrotate's ``copytruncate``: the lines copied aside, the file cut to nothing."""
+    shutil.copyfile(out, out.with_name(out.name + ".1"))
+    os.truncate(out, 0)
+
+
+def _rename_and_create(out: Path) -> None:
+    """logrotate's default: the file renamed aside, a new empty one made at its path."""
+    out.rename(out.with_name(out.name + ".1"))
+    out.touch()
+
+
+@pytest.mark.parametrize("rotate", [_copytruncate, _rename_and_create], ids=lambda f: f.__name__)
+async def test_results_rotated_while_the_run_writes_them_fail_the_run(
+    tmp_path: Path, rotate: Callable[[Path], None]
+) -> None:
+    """A log rotation takes the results file's lines aside mid-run: with ``copytruncate``
+    the run wrote on at its old offset (a file starting with a hole of NUL bytes), after a
+    rename and create it wrote on into the renamed file, and either way it said complete with
+    exit 0 over a results file without all its lines. It must fail like a removed file."""
+    manifest = write_csv(tmp_path / "m.csv", 6000)
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        args += ["--rotate-images", "500", "--rotate-min-images", "500"]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        rotate(out)
+        with anyio.fail_after(60):
+            await proc.wait()
+        err = (await _all_of(proc.stderr)).decode()
+        await proc.aclose()
+        assert proc.returncode == 1, err
+        assert str(out) in err and "--restart" in err, err
+        assert b"\0" not in out.read_bytes()
+        with anyio.fail_after(120):
+            done = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(6000)})
 
 
 async def test_a_run_given_relative_paths_resumes_from_another_directory(tmp_path: Path) -> None:
