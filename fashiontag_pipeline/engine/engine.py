@@ -345,7 +345,7 @@ class Engine:
 
     async def _register(self, row: JobRow) -> Job:
         """A job's outputs opened (:func:`~.outcome.open_job`) and its completion watched."""
-        job = await open_job(self.journal, row)
+        job = await open_job(self.journal, row, self.jobs.ids)
         self.jobs.add(job)
         if self._tg is not None:
             self._tg.start_soon(self._finalize_when_settled, job)

@@ -6,30 +6,59 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import anyio
 
 from .. import _exceptions as exc
 from .config import RunSummary
-from .jobs import Job, lost_outputs
-from .sinks import RejectSink, ResultSink, open_result_sink
-from .state import JobRow, Journal, RunState
+from .jobs import IdSpace, Job, lost_outputs
+from .sinks import RejectSink, ResultSink, committed_last_id, open_result_sink
+from .state import JobRow, Journal, RunState, StateStore
 
 __all__ = ["already_complete", "completed_job", "finalize_job", "open_job", "open_sinks"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
 
+def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[str]:
+    """The job's JSONL outputs whose committed part cannot be its own lines (in the state
+    thread): no line ends at the checkpoint, or the line that does is of an id the run never
+    took in. Another run given the same path with its own state rewrote the file since; cut
+    at the checkpoint, it would be split mid-line and appended to."""
+    foreign: list[str] = []
+    files = (
+        (row.results, row.results_ckpt, row.sink != "sqlite"),
+        (row.rejects, row.rejects_ckpt, True),
+    )
+    for path, checkpoint, jsonl in files:
+        if not jsonl or checkpoint <= 0:
+            continue
+        fits, ident = committed_last_id(Path(path), checkpoint)
+        if fits and ident is not None:
+            fits = bool(db.first_positions([ids.sent(row.job, ident)]))
+        if not fits:
+            foreign.append(path)
+    return foreign
+
+
 def open_sinks(
-    out: Path, rejects: Path, sink: str, job: JobRow, *, keep_lost: bool = False
+    out: Path,
+    rejects: Path,
+    sink: str,
+    job: JobRow,
+    *,
+    keep_lost: bool = False,
+    foreign: Collection[str] = (),
 ) -> tuple[ResultSink, RejectSink, str | None]:
     """A job's outputs, cut back to the state's checkpoints (a resume). Blocking.
 
     An output that lost committed lines (removed, replaced or cut short since the state
-    counted them) raises :class:`StateError`, or with ``keep_lost`` (a long-lived engine,
-    which fails the job rather than stop) is kept as it is and named in the third value, the
-    job's failure (None when nothing was lost)."""
+    counted them), or whose path is in ``foreign`` (:func:`not_ours`: another run's file now),
+    raises :class:`StateError`, or with ``keep_lost`` (a long-lived engine, which fails the
+    job rather than stop) is kept as it is and named in the third value, the job's failure
+    (None when nothing was lost)."""
     try:
         result_sink = open_result_sink(out, sink)
         try:
@@ -49,6 +78,14 @@ def open_sinks(
         )
         for target, checkpoint, committed in cuts:
             try:
+                if str(target.path) in foreign:
+                    raise exc.StateError(
+                        f"{target.path} does not end, at the {checkpoint:,} bytes the state"
+                        " counts written, with a line of this run: another run has written"
+                        " the file since (this run's lines are gone from it; it is left as it"
+                        " is); give this run other outputs, or start over with --restart (run)"
+                        " to write them again"
+                    )
                 target.truncate(checkpoint, results_committed=committed)
             except exc.StateError:
                 if not keep_lost:
@@ -62,13 +99,14 @@ def open_sinks(
     return result_sink, reject_sink, lost_outputs(lost) if lost else None
 
 
-async def open_job(journal: Journal, row: JobRow) -> Job:
+async def open_job(journal: Journal, row: JobRow, ids: IdSpace) -> Job:
     """An open job of the state, its outputs opened and cut back to its checkpoints.
 
     Outputs that lost committed lines raise :class:`StateError` or, with the journal's
     ``keep_lost`` (a long-lived engine), fail the job, recorded in the state at once (a later
     start knows it too): its manifests are not read on, and its rows already sent still get
     their outcome."""
+    foreign = await journal.run(not_ours, journal.db, row, ids)
     results, rejects, lost = await anyio.to_thread.run_sync(
         functools.partial(
             open_sinks,
@@ -77,6 +115,7 @@ async def open_job(journal: Journal, row: JobRow) -> Job:
             row.sink,
             row,
             keep_lost=journal.keep_lost,
+            foreign=foreign,
         )
     )
     job = Job(row, results, rejects)

@@ -33,6 +33,7 @@ __all__ = [
     "ResultSink",
     "ReusedLine",
     "SqliteResultSink",
+    "committed_last_id",
     "open_result_sink",
 ]
 
@@ -260,6 +261,38 @@ class RejectSink(_AppendFile):
                 if ident is not None:
                     found.add(ident)
         return found
+
+
+#: How far back from a checkpoint :func:`committed_last_id` looks for the line it ends.
+_TAIL_SPAN = 1 << 20
+
+
+def committed_last_id(path: Path, checkpoint: int) -> tuple[bool, str | None]:
+    """(whether the JSONL file at ``path`` can hold a run's lines up to ``checkpoint``, the id
+    of the line that ends there). Not when a line does not end exactly at the checkpoint, or
+    that line is not JSON with an ``id`` (another file now at the path, which a cut there
+    would split mid-line). A file shorter than the checkpoint, or that cannot be read, is left
+    to :meth:`_AppendFile.truncate` (it lost lines): taken, id None. Blocking."""
+    if checkpoint <= 0:
+        return True, None
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size < checkpoint:
+                return True, None
+            start = max(0, checkpoint - _TAIL_SPAN)
+            fh.seek(start)
+            tail = fh.read(checkpoint - start)
+    except OSError:
+        return True, None
+    if not tail.endswith(b"\n"):
+        return False, None
+    cut = tail.rfind(b"\n", 0, len(tail) - 1)
+    if cut < 0 and start > 0:
+        return True, None  # a line longer than the span: not checked
+    try:
+        return True, _id_decoder.decode(tail[cut + 1 :]).id
+    except msgspec.DecodeError:
+        return False, None
 
 
 def open_result_sink(path: Path, kind: str) -> ResultSink:
