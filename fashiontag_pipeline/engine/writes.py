@@ -80,6 +80,9 @@ class TaskWrites:
     budget: RetryBudget
     slots: AIMDLimiter
     tasks: dict[str, OpenTask]
+    #: Every task id the service gave this run (its state's, since a resume): a create
+    #: answered with one of them is no new task.
+    known_tasks: set[str]
     current: OpenTask | None
     clock: Callable[[], float]
     default_ttl: float
@@ -271,6 +274,16 @@ class TaskWrites:
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1
+            if response.task_id in self.known_tasks:
+                # One id, two tasks' rows: their results, counts and expiries cannot be told
+                # apart, so rows would be settled by each other's lines (some lost, some twice).
+                raise FatalRunError(
+                    f"the service answered a create with task id {response.task_id!r}, which"
+                    " it had given to this run before (a service that hands out a task id"
+                    " twice, or adds a new task's rows to another): its results cannot be"
+                    " read exactly once; stopped with the state saved (the same command"
+                    " resumes once the service gives each task its own id)"
+                )
             opened = self._opened_ops(task, response.task_id, response.expires_at)
             await self._accept(task, chunk, response, opened)
             task.created.set()
@@ -284,6 +297,7 @@ class TaskWrites:
         task.task_id = task_id
         task.expires = self._expiry(expiry)
         self.tasks[task_id] = task
+        self.known_tasks.add(task_id)
         stamp = expiry.timestamp() if expiry else None
         return changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)
 

@@ -120,6 +120,10 @@ class Misbehaviour:
     #: Seconds a created task stays out of the task list (an eventually consistent index):
     #: status and results know it at once.
     list_lag: float = 0.0
+    #: Creates (in arrival order, 1 = the first POST) the service applies as an append to the
+    #: first task created and answers with that task's id: a create answered with the id of a
+    #: task the client already holds (a server that hands out an id twice, or merges creates).
+    merge_creates: set[int] = field(default_factory=set)
 
 
 class MisbehavingProxy:
@@ -148,6 +152,9 @@ class MisbehavingProxy:
         self._left_out: set[str] = set()
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
+        self.creates_seen = 0
+        #: The task ids answered to the creates merged by ``merge_creates``.
+        self.merged: list[str] = []
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -164,6 +171,10 @@ class MisbehavingProxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         path = request.path
+        if request.method == "POST" and path == BULK and self.rules.merge_creates:
+            self.creates_seen += 1
+            if self.creates_seen in self.rules.merge_creates and self.created:
+                return await self._merged_create(request, self.created[0])
         task_id = None
         if path.startswith(BULK + "/"):
             task_id = path[len(BULK) + 1 :].split("/")[0]
@@ -266,6 +277,24 @@ class MisbehavingProxy:
             status, out = self._reword_failures(body, status, out)
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
+        )
+
+    async def _merged_create(self, request: web.Request, target: str) -> web.Response:
+        """A create applied to ``target`` (as a PUT) and answered with its id."""
+        assert self._session is not None
+        sent = json.loads(await request.read())
+        sent.pop("description", None)
+        async with self._session.put(
+            f"{self.upstream}{BULK}/{target}",
+            json=sent,
+            headers={"x-api-key": request.headers.get("x-api-key", "")},
+        ) as upstream:
+            status, payload = upstream.status, await upstream.read()
+        self.merged.append(target)
+        return web.Response(
+            status=status,
+            body=payload,
+            headers={"Content-Type": "application/json", **self._headers()},
         )
 
     def _refuse_write(self, method: str, body: bytes) -> int | None:

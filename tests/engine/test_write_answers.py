@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import run_misbehaving
-from .proxy import Misbehaviour
+from .helpers import TASKS_OF_1000 as FAST
+from .helpers import client_config, read_outcomes, run_misbehaving, write_csv
+from .proxy import Misbehaviour, misbehaving
 
 #: Tasks of 5,000 rows (a create then PUTs of 1,000), polled fast.
 LONG_TASKS = EngineConfig(
@@ -68,6 +70,31 @@ async def test_a_lost_create_answer_while_the_task_list_lags_leaves_one_task(
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 3000 and not o.rejects
     assert len(proxy.created) == 1, proxy.created
+
+
+async def test_a_create_answered_with_a_task_id_given_before_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """Creates 2 to 4 are applied to task 1 and answered with task 1's id (a service that
+    hands out an id twice, or merges creates). The engine took each answer as a new task,
+    merged their state under one id, and, depending on timing, ended complete with exit 0
+    with 1,000-2,000 ids lost and as many written twice. One task id cannot be read as two
+    tasks: the run stops at the first such answer, its state saved, nothing written twice."""
+    rules = Misbehaviour(merge_creates={2, 3, 4})
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        with pytest.raises(FatalRunError, match=r"task id .* given to this run before"):
+            await run_pipeline(
+                [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+            )
+    assert proxy.merged and set(proxy.merged) == {proxy.created[0]}
+    o = read_outcomes(out, rej)
+    ids = [r["id"] for r in o.results] + [r["id"] for r in o.rejects]
+    assert len(ids) == len(set(ids))
 
 
 async def test_a_row_really_invalid_in_a_retried_write_ends_as_a_reject(tmp_path: Path) -> None:

@@ -366,6 +366,10 @@ class StateStore(JobTables):
                 )
         return int(chunk_id)
 
+    def task_ids(self) -> set[str]:
+        """Every task id the state records (the service gave them to this run)."""
+        return {task_id for (task_id,) in self.db.execute("SELECT task_id FROM tasks")}
+
     def resume_tasks(self) -> list[tuple[Any, ...]]:
         """Tasks an interrupted run still has work on: (task_id, seq, token, state,
         expires_at, results_expire_at, total, next_offset); lost tasks whose chunks were not
