@@ -154,6 +154,18 @@ class ResultPagers(PageFetcher):
                     len(entry.sent),
                 )
                 entry.total = len(entry.sent)
+            elif entry.total == 0 and entry.sent and entry.next_offset == 0:
+                # Done with no result count (a service that leaves ``count.total`` out): read
+                # as many results as rows written to it (pages past its end come back empty),
+                # rather than send every row again as if none had a result.
+                rows = len(entry.sent - entry.refused) if entry.refused else len(entry.sent)
+                logger.warning(
+                    "task %s is done with no result count, but was given %d rows: reading"
+                    " that many",
+                    entry.task_id,
+                    rows,
+                )
+                entry.total = rows
             if entry.state == "lost":
                 await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                 continue

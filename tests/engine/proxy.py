@@ -124,6 +124,9 @@ class Misbehaviour:
     #: first task created and answers with that task's id: a create answered with the id of a
     #: task the client already holds (a server that hands out an id twice, or merges creates).
     merge_creates: set[int] = field(default_factory=set)
+    #: Tasks are shown (list and status) with no ``total`` in their ``count`` (a service that
+    #: leaves the field out).
+    drop_count_total: bool = False
 
 
 class MisbehavingProxy:
@@ -440,6 +443,9 @@ class MisbehavingProxy:
         return status, json.dumps(data).encode()
 
     def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
+        if self.rules.drop_count_total:
+            task["count"].pop("total", None)
+            return True
         if self.ordinal(task_id) in self.rules.hold_processing:
             count = task["count"]
             count.update(done=0, failure=0, processing=count["total"])

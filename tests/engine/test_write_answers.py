@@ -97,6 +97,17 @@ async def test_a_create_answered_with_a_task_id_given_before_stops_the_run(
     assert len(ids) == len(set(ids))
 
 
+async def test_a_done_task_shown_without_a_result_count_is_read(tmp_path: Path) -> None:
+    """A service that leaves ``count.total`` out of its task answers: the engine read no page
+    of a done task with "0 results", sent every row again ``max_sends`` times and ended each
+    as an ``unreturned`` reject, all billed five times, although the service held a result
+    for every one. The rows written to the task tell how many results to read."""
+    summary, _, o = await run_misbehaving(tmp_path, 3000, Misbehaviour(drop_count_total=True))
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0
+
+
 async def test_a_row_really_invalid_in_a_retried_write_ends_as_a_reject(tmp_path: Path) -> None:
     """As above (the first PUT's answer lost, duplicates worded otherwise), and p1500, in
     that PUT, is a row the service refuses every time. Its refusal in the retry is of unknown
