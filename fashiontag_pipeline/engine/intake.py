@@ -29,6 +29,7 @@ from .manifests import STDIN
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
+from .sinks import DUPLICATE_REASON
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
@@ -59,15 +60,28 @@ def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
 
 
 async def _check_replayed(
-    batch: RowBatch, upto: int, validator: Validator, journal: Journal, jobs: Jobs
+    batch: RowBatch,
+    upto: int,
+    validator: Validator,
+    journal: Journal,
+    jobs: Jobs,
+    rejected: dict[int, tuple[set[int], set[int]]],
 ) -> None:
     """Rows of stdin that a resumed run had taken in (positions <= ``upto``) are skipped by
     their line numbers, on the caller's word (``--resume``) that stdin carries the same rows
-    again: each of their ids must be one the run took in at that line (or, for a duplicate,
-    before it), else StateConflictError before any row of the batch is sent. Other rows on
-    stdin would be skipped in place of rows never sent: lost, with exit 0."""
+    again. Each is checked against what the run recorded of that line, and StateConflictError
+    raised before any row of the batch is sent: other rows on stdin (another dump, the same
+    one shifted by a line) would be skipped in place of rows never sent, lost with exit 0.
+
+    A row with an id: the run took that id in at this very line, or earlier with a
+    ``duplicate id`` reject at this line. A row without one: the run wrote a reject for this
+    line. (``rejected``: per job, the lines of stdin with a duplicate reject and with any
+    reject, from one scan of its rejects file.)"""
     job = jobs.of_source(batch.source)
     assert job is not None
+    if job.id not in rejected:
+        rejected[job.id] = await journal.run(job.rejects.lines_of, batch.name)
+    duplicates, refused = rejected[job.id]
     items, singles, rejects = validator.route(batch)
     keyed = [(ident, pos) for ident, pos, _ in items]
     keyed += [(ident, pos) for ident, pos, _ in singles]
@@ -75,15 +89,25 @@ async def _check_replayed(
     sent = jobs.ids.sent
     replayed = sorted((pos, ident, sent(job.id, ident)) for ident, pos in keyed if pos <= upto)
     first = await journal.run(journal.db.first_positions, [key for _, _, key in replayed])
+    mismatch: tuple[int, str] | None = None
     for pos, ident, key in replayed:
         recorded = first.get(key)
-        if recorded is None or recorded > pos:
-            line = split_position(pos)[1]
-            raise StateConflictError(
-                f"stdin does not carry the rows of the run being resumed: line {line} has id"
-                f" {ident!r}, which that run did not read there (its rows would be skipped"
-                " unsent); pipe the same rows again, or run with --restart to start over"
-            )
+        line = split_position(pos)[1]
+        if recorded != pos and (recorded is None or recorded > pos or line not in duplicates):
+            mismatch = (pos, f"line {line} has id {ident!r}, which that run did not read there")
+            break
+    for pos, r in rejects:
+        line = split_position(pos)[1]
+        if r.id is None and pos <= upto and line not in refused:
+            if mismatch is None or pos < mismatch[0]:
+                mismatch = (pos, f"line {line} has no usable id, where that run read one")
+            break
+    if mismatch is not None:
+        raise StateConflictError(
+            f"stdin does not carry the rows of the run being resumed: {mismatch[1]} (its"
+            " rows would be skipped unsent); pipe the same rows again, or run with --restart"
+            " to start over"
+        )
 
 
 async def intake(
@@ -98,6 +122,8 @@ async def intake(
 ) -> None:
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
     namespaced = jobs.ids.namespaced
+    #: Per job resumed from stdin: its old rejects' lines (see _check_replayed).
+    replay_rejects: dict[int, tuple[set[int], set[int]]] = {}
     async with receive, send, single_send:
         async for batch in receive:
             if isinstance(batch, JobEnd):
@@ -118,7 +144,9 @@ async def intake(
                 and batch.rows
                 and ((batch.source << POS_SHIFT) | batch.rows[0][0]) <= max(chunked, validated)
             ):
-                await _check_replayed(batch, max(chunked, validated), validator, journal, jobs)
+                await _check_replayed(
+                    batch, max(chunked, validated), validator, journal, jobs, replay_rejects
+                )
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
             fresh: list[JobReject] = [(job.id, r) for pos, r in client_rejects if pos > validated]
             last = batch.rows[-1][0]
@@ -152,7 +180,10 @@ async def intake(
                 line = split_position(first)[1]
                 name = jobs.source_name(first)
                 return jobs.reject(
-                    pos, ident, f"duplicate id (first seen at {name} line {line})", STAGE_CLIENT
+                    pos,
+                    ident,
+                    f"{DUPLICATE_REASON} (first seen at {name} line {line})",
+                    STAGE_CLIENT,
                 )
 
             plan = await reuse.plan(rows) if reuse is not None and items else None

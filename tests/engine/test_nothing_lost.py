@@ -470,14 +470,41 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
 
 
-async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path) -> None:
+def _night_with_duplicates(path: Path) -> Path:
+    """12,000 ids; s10 again at line 51 and a row without an id at line 61 (two rejects
+    among the rows a resume replays)."""
+    lines = [f"s{i},https://img.example/s/{i}.jpg" for i in range(12000)]
+    lines.insert(49, "s10,https://img.example/s/10-again.jpg")
+    lines.insert(59, ",https://img.example/s/no-id.jpg")
+    path.write_text("id,url\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def _other_rows(monday: bytes, how: str) -> tuple[bytes, str]:
+    """Another night's rows on stdin, and an id the refusal must name."""
+    header, _, body = monday.partition(b"\n")
+    rows = body.splitlines(keepends=True)
+    if how == "other-dump":
+        return header + b"\n" + body.replace(b"s", b"t"), "'t0'"
+    if how == "row-inserted":  # a new product sorted first: every later row one line down
+        return header + b"\nnew0,https://img.example/new/0.jpg\n" + body, "'new0'"
+    if how == "first-row-twice":  # the old first row, then the old rows one line down
+        return header + b"\n" + rows[0] + body, "line 3 has id 's0'"
+    assert how == "id-blanked"  # the row at line 4 lost its id
+    rows[2] = b"," + rows[2].partition(b",")[2]
+    return header + b"\n" + b"".join(rows), "line 4"
+
+
+@pytest.mark.parametrize("how", ["other-dump", "row-inserted", "first-row-twice", "id-blanked"])
+async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path, how: str) -> None:
     """--resume takes the caller's word that stdin carries the same rows again; when it does
-    not (tonight's dump piped into last night's unfinished run), the rows the first run had
-    read are not skipped by their line numbers: the run is refused before anything is sent,
-    and the outputs are left as they were."""
+    not (tonight's dump piped into last night's unfinished run, or the same rows shifted by a
+    line), the rows the first run had read are not skipped by their line numbers: the run is
+    refused before anything is sent, and the outputs are left as they were. The same rows
+    again (duplicates and a row without an id among them) resume."""
     out = tmp_path / "results.jsonl"
-    monday = write_night(tmp_path / "mon.csv", 12000, "s")
-    tuesday = write_night(tmp_path / "tue.csv", 12000, "t")
+    monday = _night_with_duplicates(tmp_path / "mon.csv")
+    tuesday, named = _other_rows(monday.read_bytes(), how)
     async with running_service(ServiceConfig(rate=4000.0)) as svc:
         args = run_args(svc.url, out, "-")
         proc = await anyio.open_process(
@@ -494,13 +521,15 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path)
 
         before = out.read_bytes()
         tasks = len(svc.store.tasks)
-        with tuesday.open("rb") as stdin:
+        other = tmp_path / "other.csv"
+        other.write_bytes(tuesday)
+        with other.open("rb") as stdin:
             refused = await anyio.run_process(
                 [*args, "--resume"], stdin=stdin, check=False, env=ENV
             )
         assert refused.returncode == 2, refused.stderr.decode()
         message = refused.stderr.decode()
-        assert "stdin does not carry the rows" in message and "'t0'" in message, message
+        assert "stdin does not carry the rows" in message and named in message, message
         assert "--restart" in message and "Traceback" not in message
         assert out.read_bytes() == before
         assert len(svc.store.tasks) == tasks
@@ -510,7 +539,7 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path)
                 [*args, "--resume"], stdin=stdin, check=False, env=ENV
             )
         assert resumed.returncode == 0, resumed.stderr.decode()
-    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | {None}, duplicates=1)
 
 
 async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:
