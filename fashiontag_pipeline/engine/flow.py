@@ -134,9 +134,13 @@ class RetryBudget:
         self._failing_since = None
         self._streak = 0
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def call(
+        self, what: str, fn: Callable[[], Awaitable[T]], *, ends_streak: bool = True
+    ) -> T:
         """``fn()`` until it succeeds: transient failures are retried under this budget (which
-        stops the run once spent), a refused key stops it at once."""
+        stops the run once spent), a refused key stops it at once. ``ends_streak=False``: its
+        answer does not end a streak of failures (a look-up made for a failing write: a
+        service that answers it while refusing every write must still be given up on)."""
         while True:
             try:
                 result = await fn()
@@ -145,7 +149,8 @@ class RetryBudget:
                 continue
             except REFUSED as err:
                 raise refused(err) from err
-            self.ok()
+            if ends_streak:
+                self.ok()
             return result
 
     async def failed(self, err: BaseException, what: str) -> None:

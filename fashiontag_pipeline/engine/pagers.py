@@ -81,6 +81,7 @@ class ResultPagers(PageFetcher):
         self.finished = finished
         self.slots = AIMDLimiter(config.max_page_concurrency)
         self._heap: list[tuple[float, int, TaskEntry]] = []
+        self._warned_short = False
         self._order = itertools.count()
         self.pages = 0
         #: Fetched pages waiting for their turn, per task: offset -> rows (None: expired,
@@ -154,18 +155,15 @@ class ResultPagers(PageFetcher):
                     len(entry.sent),
                 )
                 entry.total = len(entry.sent)
-            elif entry.total == 0 and entry.sent and entry.next_offset == 0:
-                # Done with no result count (a service that leaves ``count.total`` out): read
-                # as many results as rows written to it (pages past its end come back empty),
-                # rather than send every row again as if none had a result.
+            elif entry.sent and entry.next_offset == 0:
+                # A count short of the rows the service took, or none (a service that leaves
+                # ``count.total`` out, or counts only some results there): read as far as
+                # those rows (pages past a task's end come back empty), rather than send the
+                # rest again as if they had no result.
                 rows = len(entry.sent - entry.refused) if entry.refused else len(entry.sent)
-                logger.warning(
-                    "task %s is done with no result count, but was given %d rows: reading"
-                    " that many",
-                    entry.task_id,
-                    rows,
-                )
-                entry.total = rows
+                if entry.total < rows:
+                    self._short_count(entry, rows)
+                    entry.total = rows
             if entry.state == "lost":
                 await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                 continue
@@ -175,6 +173,18 @@ class ResultPagers(PageFetcher):
             for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
                 await self.slots.acquire()
                 pages.send_nowait((entry, offset))
+
+    def _short_count(self, entry: TaskEntry, rows: int) -> None:
+        """Say that a done task's count is short of its rows (a warning the first time: a
+        service that counts so does it for every task)."""
+        log = logger.info if self._warned_short else logger.warning
+        self._warned_short = True
+        log(
+            "task %s is done with a result count of %d, but was given %d rows: reading that many",
+            entry.task_id,
+            entry.total,
+            rows,
+        )
 
     def _sent_ids(self, task_id: str) -> tuple[set[str] | None, frozenset[str]]:
         """(the ids written to the task, the ids the service refused) (thread side).

@@ -67,13 +67,20 @@ async def reattach(run: Engine) -> list[Chunk]:
     resumed = {t[0] for t in tasks}
     #: Tasks finished with (drained, expired) that still have a chunk of unknown fate.
     settle_only: set[str] = set()
+    # Creates of unknown fate (recorded by their token only): one look for all of them, so
+    # the task list's lag is waited for once, not once per chunk.
+    tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
+    found_by_token = await run.writer.find_tasks(tokens) if tokens else {}
+    adopted: set[str] = set()
     for chunk_id, state, task_id, token, body in chunks:
         if state == "pending" and task_id in lost:
             continue  # settled with its lost task (re-sent once, by the pagers)
         if task_id is None and token is not None:
-            found = await run.writer.find_task(token)
+            found = found_by_token.get(token)
             if found is not None:
-                await run.writer.adopt(token, found)
+                if token not in adopted:
+                    adopted.add(token)
+                    await run.writer.adopt(token, found)
                 task_id = found.task_id
                 writable.add(task_id)
                 resumed.add(task_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import anyio
@@ -308,21 +308,33 @@ class TaskWrites:
         task.created.set()
 
     async def find_task(self, token: str) -> Task | None:
-        """The task whose description carries ``token`` (after an ambiguous create), None
-        when the list has not shown it within ``list_lag`` seconds: a service's list may lag
-        its writes, and one look cannot tell "not created" from "not listed yet"."""
-        wanted = self.description(token)
-        deadline = time.monotonic() + self.config.list_lag
+        """The task whose description carries ``token`` (after an ambiguous create): see
+        :meth:`find_tasks`."""
+        return (await self.find_tasks({token})).get(token)
+
+    async def find_tasks(self, tokens: Collection[str]) -> dict[str, Task]:
+        """The tasks whose descriptions carry ``tokens`` (after ambiguous creates), by token.
+        A token not listed within ``list_lag`` seconds of the first list is left out: a
+        service's list may lag its writes, and one look cannot tell "not created" from "not
+        listed yet"."""
+        wanted = {self.description(token): token for token in tokens}
+        found: dict[str, Task] = {}
+        deadline: float | None = None
         pause = 0.25
         while True:
-            tasks = await self.budget.call("list tasks", self.client.all_tasks)
-            for task in tasks:
-                if task.description == wanted:
-                    return task
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            await anyio.sleep(min(pause, left))
+            listed = await self.budget.call("list tasks", self.client.all_tasks, ends_streak=False)
+            for task in listed:
+                token = wanted.get(task.description or "")
+                if token is not None and token not in found:
+                    found[token] = task
+            if len(found) == len(wanted):
+                return found
+            now = time.monotonic()
+            if deadline is None:  # from the first answer: retries of the list do not count
+                deadline = now + self.config.list_lag
+            if now >= deadline:
+                return found
+            await anyio.sleep(min(pause, deadline - now))
             pause *= 2
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:

@@ -127,6 +127,12 @@ class Misbehaviour:
     #: Tasks are shown (list and status) with no ``total`` in their ``count`` (a service that
     #: leaves the field out).
     drop_count_total: bool = False
+    #: A done task's ``count.total`` shown this much short of the rows it holds (a service
+    #: that counts only some of its results there).
+    short_total: int = 0
+    #: Every create (POST) answered with this status and an HTML page, not forwarded: nothing
+    #: applied (a front end in front of a create endpoint that is down).
+    refuse_every_create: int | None = None
 
 
 class MisbehavingProxy:
@@ -302,6 +308,8 @@ class MisbehavingProxy:
 
     def _refuse_write(self, method: str, body: bytes) -> int | None:
         rules = self.rules
+        if method == "POST" and rules.refuse_every_create is not None:
+            return rules.refuse_every_create
         status = rules.refuse_first_write.get(method)
         if status is not None and method not in self._first_refused:
             self._first_refused.add(method)
@@ -445,6 +453,9 @@ class MisbehavingProxy:
     def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
         if self.rules.drop_count_total:
             task["count"].pop("total", None)
+            return True
+        if self.rules.short_total and task.get("taskStatus") == "TASK_DONE":
+            task["count"]["total"] = max(0, task["count"]["total"] - self.rules.short_total)
             return True
         if self.ordinal(task_id) in self.rules.hold_processing:
             count = task["count"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
@@ -97,15 +98,50 @@ async def test_a_create_answered_with_a_task_id_given_before_stops_the_run(
     assert len(ids) == len(set(ids))
 
 
-async def test_a_done_task_shown_without_a_result_count_is_read(tmp_path: Path) -> None:
-    """A service that leaves ``count.total`` out of its task answers: the engine read no page
-    of a done task with "0 results", sent every row again ``max_sends`` times and ended each
-    as an ``unreturned`` reject, all billed five times, although the service held a result
-    for every one. The rows written to the task tell how many results to read."""
-    summary, _, o = await run_misbehaving(tmp_path, 3000, Misbehaviour(drop_count_total=True))
+@pytest.mark.parametrize(
+    "rules",
+    [Misbehaviour(drop_count_total=True), Misbehaviour(short_total=150)],
+    ids=["no-total", "total-short"],
+)
+async def test_a_done_task_whose_result_count_is_missing_or_short_is_read_whole(
+    tmp_path: Path, rules: Misbehaviour
+) -> None:
+    """A service that leaves ``count.total`` out of its task answers, or counts only some of
+    its results there: the engine read no page past that count, sent the other rows again
+    ``max_sends`` times and ended each as an ``unreturned`` reject, all billed five times,
+    although the service held a result for every one. The rows written to the task tell how
+    many results to read."""
+    summary, _, o = await run_misbehaving(tmp_path, 3000, rules)
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 3000 and not o.rejects
     assert summary.resent == 0
+
+
+async def test_creates_refused_with_5xx_for_ever_stop_the_run(tmp_path: Path) -> None:
+    """Every create is answered 503 by a front end (nothing applied) while the task list
+    answers. A 5xx to a write is of unknown fate: the task list is looked at, nothing found,
+    the create sent again. The list's answers ended the failure streak each time, so the run
+    never reached ``give_up_after`` and never ended; it stops, state saved."""
+    engine = EngineConfig(
+        poll_min=0.02,
+        poll_max=0.2,
+        linger_seconds=0.2,
+        rotate_images=1000,
+        rotate_min_images=1000,
+        give_up_after=2.0,
+        list_lag=0.3,
+    )
+    manifest = write_csv(tmp_path / "m.csv", 1500)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(refuse_every_create=503)) as proxy,
+    ):
+        with anyio.fail_after(30), pytest.raises(FatalRunError, match="create task"):
+            await run_pipeline(
+                [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+            )
+    assert proxy.writes_refused and set(proxy.writes_refused) == {503}
 
 
 async def test_a_row_really_invalid_in_a_retried_write_ends_as_a_reject(tmp_path: Path) -> None:
