@@ -50,6 +50,9 @@ __all__ = [
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
+#: A UTF-8 byte order mark: some servers put one before their JSON.
+_BOM = b"\xef\xbb\xbf"
+
 SINGLE_PATH = "/tagger/v2/tags"
 BULK_PATH = "/tagger/v2.12/bulk"
 USER_AGENT = "fashiontag_pipeline/0.1"
@@ -275,6 +278,8 @@ class HttpExchange:
             async with session.request(method, url, data=body, headers=headers) as resp:
                 sent = True
                 payload = await resp.read()
+                if payload.startswith(_BOM):  # a byte order mark, which JSON readers may skip
+                    payload = payload[3:]
                 result = Response(resp.status, payload, resp.headers)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
         except aiohttp.ClientConnectorError as err:

@@ -17,7 +17,9 @@ looser forms a real service may send.
 
 from __future__ import annotations
 
+import email.utils
 import enum
+import math
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -240,7 +242,7 @@ class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
     @property
     def expires_at(self) -> datetime | None:
         """The task expiry, whichever spelling the service used."""
-        return parse_time(self.task_expired_at or self.task_expire_at)
+        return _time_or_none(self.task_expired_at or self.task_expire_at)
 
 
 class TaskCount(msgspec.Struct, gc=False):
@@ -273,12 +275,12 @@ class Task(msgspec.Struct, rename="camel", gc=False):
     @property
     def expires_at(self) -> datetime | None:
         """The task (append) expiry, whichever spelling the service used."""
-        return parse_time(self.task_expire_at or self.task_expired_at)
+        return _time_or_none(self.task_expire_at or self.task_expired_at)
 
     @property
     def results_expire_at(self) -> datetime | None:
         """When results stop being readable; None until the task is done."""
-        return parse_time(self.result_expired_at)
+        return _time_or_none(self.result_expired_at)
 
 
 class TaskListPage(msgspec.Struct, rename="camel", gc=False):
@@ -347,7 +349,9 @@ _TIME_FORMATS = (
 
 
 def parse_time(value: str | None) -> datetime | None:
-    """Parse a service time (RFC 3339, with or without fraction or zone) to an aware UTC datetime.
+    """Parse a service time to an aware UTC datetime: RFC 3339 (with or without fraction or
+    zone), an HTTP date (``Thu, 26 Nov 2026 05:00:00 GMT``) or epoch seconds (milliseconds
+    when the number is too large to be seconds).
 
     A time without a zone is taken as UTC. ``None`` and the empty string give ``None``; any other
     unparseable text raises :class:`ValueError` naming it.
@@ -367,10 +371,36 @@ def parse_time(value: str | None) -> datetime | None:
             except ValueError:
                 continue
         else:
-            raise ValueError(f"unrecognised time {value!r}") from None
+            parsed = _other_time(text, value)
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)
+
+
+def _other_time(text: str, value: str) -> datetime:
+    """An HTTP date or epoch seconds/milliseconds (see :func:`parse_time`)."""
+    try:
+        number = float(text)
+    except ValueError:
+        try:
+            return email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            raise ValueError(f"unrecognised time {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"unrecognised time {value!r}")
+    try:
+        return datetime.fromtimestamp(number / 1000 if number > 1e11 else number, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"unrecognised time {value!r}") from None
+
+
+def _time_or_none(value: str | None) -> datetime | None:
+    """:func:`parse_time`, None for a time no form above reads (an expiry the client cannot
+    read is an unknown one: the engine then assumes the spec's, never stops over it)."""
+    try:
+        return parse_time(value)
+    except ValueError:
+        return None
 
 
 def format_time(moment: datetime) -> str:

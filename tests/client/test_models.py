@@ -224,5 +224,15 @@ def test_times_parse_loosely_and_format_with_milliseconds() -> None:
     assert parse_time("2026-11-22T12:46:13+09:00") == moment.replace(microsecond=0)
     assert parse_time("2026-11-22 03:46:13") == moment.replace(microsecond=0)
     assert parse_time(None) is None and parse_time("") is None
-    with pytest.raises(ValueError, match="unrecognised time"):
-        parse_time("next tuesday")
+    # An HTTP date, epoch seconds and epoch milliseconds (forms real services use).
+    whole = moment.replace(microsecond=0)
+    assert parse_time("Sun, 22 Nov 2026 03:46:13 GMT") == whole
+    assert parse_time(str(int(whole.timestamp()))) == whole
+    assert parse_time(str(int(whole.timestamp() * 1000) + 123)) == moment.replace(
+        microsecond=123000
+    )
+    for garbage in ("next tuesday", "nan", "1e400"):
+        with pytest.raises(ValueError, match="unrecognised time"):
+            parse_time(garbage)
+    # A task's expiry no form reads is an unknown one, never an error in the engine.
+    assert Task(task_id="t", result_expired_at="next tuesday").results_expire_at is None

@@ -21,6 +21,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from email.utils import formatdate
 from typing import Any
 
@@ -133,6 +134,11 @@ class Misbehaviour:
     #: Every create (POST) answered with this status and an HTML page, not forwarded: nothing
     #: applied (a front end in front of a create endpoint that is down).
     refuse_every_create: int | None = None
+    #: Every JSON answer starts with a UTF-8 byte order mark (which JSON parsers may ignore).
+    bom: bool = False
+    #: Times (``taskExpireAt``, ``taskExpiredAt``, ``resultExpiredAt``) written as HTTP dates
+    #: (``Thu, 26 Nov 2026 05:00:00 GMT``), not RFC 3339.
+    http_date_times: bool = False
 
 
 class MisbehavingProxy:
@@ -284,6 +290,10 @@ class MisbehavingProxy:
                 )
                 out = json.dumps(data).encode()
             status, out = self._reword_failures(body, status, out)
+        if self.rules.http_date_times and status < 300:
+            out = self._http_dates(out)
+        if self.rules.bom:
+            out = b"\xef\xbb\xbf" + out
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
         )
@@ -305,6 +315,30 @@ class MisbehavingProxy:
             body=payload,
             headers={"Content-Type": "application/json", **self._headers()},
         )
+
+    @staticmethod
+    def _http_dates(out: bytes) -> bytes:
+        """Every expiry time of an answer rewritten as an HTTP date."""
+        keys = ("taskExpireAt", "taskExpiredAt", "resultExpiredAt")
+
+        def rewrite(node: Any) -> None:
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    if key in keys and isinstance(value, str) and value:
+                        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+                        node[key] = formatdate(moment.timestamp(), usegmt=True)
+                    else:
+                        rewrite(value)
+            elif isinstance(node, list):
+                for item in node:
+                    rewrite(item)
+
+        try:
+            data = json.loads(out)
+        except ValueError:
+            return out
+        rewrite(data)
+        return json.dumps(data).encode()
 
     def _refuse_write(self, method: str, body: bytes) -> int | None:
         rules = self.rules

@@ -117,6 +117,22 @@ async def test_a_done_task_whose_result_count_is_missing_or_short_is_read_whole(
     assert summary.resent == 0
 
 
+@pytest.mark.parametrize(
+    "rules",
+    [Misbehaviour(bom=True), Misbehaviour(http_date_times=True)],
+    ids=["bom", "http-dates"],
+)
+async def test_answers_in_forms_json_and_times_allow(tmp_path: Path, rules: Misbehaviour) -> None:
+    """A service whose JSON starts with a UTF-8 byte order mark (which a JSON reader may
+    ignore), or which writes its times as HTTP dates: a page with a BOM was taken as garbled
+    (its rows sent again, then ``unreturned`` rejects, or the run stopped), and an HTTP-date
+    expiry crashed the run with a bare ``unrecognised time``. Both are read."""
+    summary, _, o = await run_misbehaving(tmp_path, 2500, rules)
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 2500 and not o.rejects
+    assert summary.resent == 0
+
+
 async def test_creates_refused_with_5xx_for_ever_stop_the_run(tmp_path: Path) -> None:
     """Every create is answered 503 by a front end (nothing applied) while the task list
     answers. A 5xx to a write is of unknown fate: the task list is looked at, nothing found,
