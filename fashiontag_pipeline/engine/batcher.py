@@ -71,7 +71,6 @@ class TaskWriter(TaskWrites):
         self.default_ttl = default_ttl
         self.slots = AIMDLimiter(config.max_write_concurrency)
         self.tasks: dict[str, OpenTask] = {}
-        self.known_tasks: set[str] = set()
         self.current: OpenTask | None = None
         self.intake_done = False
         self.active = 0

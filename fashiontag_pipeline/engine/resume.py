@@ -54,7 +54,6 @@ async def reattach(run: Engine) -> list[Chunk]:
     """Load an interrupted run: tasks to track or drain, chunks of unknown fate."""
 
     db = run.journal.db
-    run.writer.known_tasks.update(await run.journal.run(db.task_ids))
     tasks = await run.journal.run(db.resume_tasks)
     chunks = await run.journal.run(db.resume_chunks)
     if not run.client.server_clock.known and any(t[3] == "open" for t in tasks):

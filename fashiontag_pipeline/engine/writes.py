@@ -80,9 +80,6 @@ class TaskWrites:
     budget: RetryBudget
     slots: AIMDLimiter
     tasks: dict[str, OpenTask]
-    #: Every task id the service gave this run (its state's, since a resume): a create
-    #: answered with one of them is no new task.
-    known_tasks: set[str]
     current: OpenTask | None
     clock: Callable[[], float]
     default_ttl: float
@@ -274,7 +271,9 @@ class TaskWrites:
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1
-            if response.task_id in self.known_tasks:
+            if response.task_id in self.tasks or await self.journal.run(
+                self.journal.db.task_known, response.task_id
+            ):
                 # One id, two tasks' rows: their results, counts and expiries cannot be told
                 # apart, so rows would be settled by each other's lines (some lost, some twice).
                 raise FatalRunError(
@@ -297,7 +296,6 @@ class TaskWrites:
         task.task_id = task_id
         task.expires = self._expiry(expiry)
         self.tasks[task_id] = task
-        self.known_tasks.add(task_id)
         stamp = expiry.timestamp() if expiry else None
         return changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)
 

@@ -366,9 +366,12 @@ class StateStore(JobTables):
                 )
         return int(chunk_id)
 
-    def task_ids(self) -> set[str]:
-        """Every task id the state records (the service gave them to this run)."""
-        return {task_id for (task_id,) in self.db.execute("SELECT task_id FROM tasks")}
+    def task_known(self, task_id: str) -> bool:
+        """Whether the state records a task of this id (the service gave it to this run)."""
+        return (
+            self.db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+            is not None
+        )
 
     def resume_tasks(self) -> list[tuple[Any, ...]]:
         """Tasks an interrupted run still has work on: (task_id, seq, token, state,
