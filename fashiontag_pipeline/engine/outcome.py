@@ -22,12 +22,12 @@ __all__ = ["already_complete", "completed_job", "finalize_job", "open_job", "ope
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
 
-def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[str]:
+def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     """The job's JSONL outputs whose committed part cannot be its own lines (in the state
     thread): no line ends at the checkpoint, or the line that does is of an id the run never
     took in. Another run given the same path with its own state rewrote the file since; cut
     at the checkpoint, it would be split mid-line and appended to."""
-    foreign: list[str] = []
+    foreign: list[Path] = []
     files = (
         (row.results, row.results_ckpt, row.sink != "sqlite"),
         (row.rejects, row.rejects_ckpt, True),
@@ -39,7 +39,7 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[str]:
         if fits and ident is not None:
             fits = bool(db.first_positions([ids.sent(row.job, ident)]))
         if not fits:
-            foreign.append(path)
+            foreign.append(Path(path))
     return foreign
 
 
@@ -50,7 +50,7 @@ def open_sinks(
     job: JobRow,
     *,
     keep_lost: bool = False,
-    foreign: Collection[str] = (),
+    foreign: Collection[Path] = (),
 ) -> tuple[ResultSink, RejectSink, str | None]:
     """A job's outputs, cut back to the state's checkpoints (a resume). Blocking.
 
@@ -78,13 +78,14 @@ def open_sinks(
         )
         for target, checkpoint, committed in cuts:
             try:
-                if str(target.path) in foreign:
+                if Path(target.path) in foreign:
                     raise exc.StateError(
                         f"{target.path} does not end, at the {checkpoint:,} bytes the state"
-                        " counts written, with a line of this run: another run has written"
-                        " the file since (this run's lines are gone from it; it is left as it"
-                        " is); give this run other outputs, or start over with --restart (run)"
-                        " to write them again"
+                        " counts written, with a line of this run: it was rewritten since"
+                        " (another run given the same path, an edit) or lost its last bytes"
+                        " (the machine crashed), so this run's lines are not there; the file"
+                        " is left as it is: give this run other outputs, or start over with"
+                        " --restart (run) to write them again"
                     )
                 target.truncate(checkpoint, results_committed=committed)
             except exc.StateError:
