@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from .._exceptions import StateConflictError
@@ -42,6 +44,10 @@ def lock_output(fd: int, path: Path) -> None:
     )
 
 
+#: Seconds before a size that says "cut short" is looked at again (see :func:`removed_from`).
+SIZE_RECHECK = 0.5
+
+
 def removed_from(path: Path, fd: int, written: int) -> bool:
     """Whether the file open as ``fd`` (``written`` bytes long as far as its writer knows) no
     longer holds those bytes at ``path``:
@@ -54,17 +60,33 @@ def removed_from(path: Path, fd: int, written: int) -> bool:
       made in its place: logrotate's default). Inode numbers alone do not decide: some file
       systems do not keep them stable, so a file at the path as long as ours is taken as it.
 
-    A path that cannot be checked (permissions, a network file system's error) is not called
-    removed."""
+    Sizes are believed only when they say so again after an fsync and ``SIZE_RECHECK``
+    seconds (a network or FUSE file system may answer from attributes it cached before the
+    last writes). A path that cannot be checked (permissions, a network file system's error)
+    is not called removed."""
+    found = _lost(path, fd, written)
+    if found != "short":
+        return found == "gone"
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
+    time.sleep(SIZE_RECHECK)
+    return _lost(path, fd, written) is not None
+
+
+def _lost(path: Path, fd: int, written: int) -> str | None:
+    """ "gone" (no name, no path), "short" (sizes below ``written``) or None (see
+    :func:`removed_from`)."""
     try:
         own = os.fstat(fd)
-        if own.st_nlink == 0 or own.st_size < written:
-            return True
+        if own.st_nlink == 0:
+            return "gone"
+        if own.st_size < written:
+            return "short"
         there = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
-        return True
+        return "gone"
     except OSError:
-        return False
-    if (there.st_dev, there.st_ino) != (own.st_dev, own.st_ino):
-        return there.st_size < written
-    return False
+        return None
+    if (there.st_dev, there.st_ino) != (own.st_dev, own.st_ino) and there.st_size < written:
+        return "short"
+    return None

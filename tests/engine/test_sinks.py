@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from fashiontag_pipeline._exceptions import StateConflictError, StateError
+from fashiontag_pipeline.engine import outfiles
 from fashiontag_pipeline.engine.pages import (
     PageRow,
     count_outcomes,
@@ -198,6 +199,37 @@ def test_an_output_knows_when_it_is_no_longer_at_its_path(tmp_path: Path, kind: 
     shutil.rmtree(folder)
     folder.write_bytes(b"a file where the folder was")
     assert sink.removed()
+    sink.close()
+
+
+def test_an_output_cut_short_is_told_from_a_size_a_file_system_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JSONL output truncated under its writer is cut short; a size that says so once
+    (attributes a network or FUSE file system cached before the last writes) and not when
+    looked at again is not. Lines written after a truncation go to the file's new end."""
+    monkeypatch.setattr(outfiles, "SIZE_RECHECK", 0.0)
+    path = tmp_path / "r.jsonl"
+    sink = open_result_sink(path, "jsonl")
+    sink.write_page("t1", _page("a"))
+    sink.flush(True)
+    real = os.fstat
+    stale = [1]
+
+    def cached(fd: int) -> os.stat_result:
+        st = real(fd)
+        if stale and fd == sink._fh.fileno():  # type: ignore[attr-defined]
+            stale.pop()
+            return os.stat_result((*st[:6], 0, *st[7:]))  # st_size 0, once
+        return st
+
+    monkeypatch.setattr(outfiles.os, "fstat", cached)
+    assert not sink.removed() and not stale
+    monkeypatch.setattr(outfiles.os, "fstat", real)
+    os.truncate(path, 0)  # logrotate's copytruncate
+    assert sink.removed()
+    sink.write_page("t1", _page("b"))
+    assert path.read_bytes().startswith(b'{"id":"b"')  # no hole of NUL bytes
     sink.close()
 
 
