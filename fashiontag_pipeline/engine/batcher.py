@@ -22,8 +22,9 @@ them with a fake clock. :class:`TaskWriter` applies them:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import anyio
 from anyio.abc import TaskGroup
@@ -114,6 +115,15 @@ class TaskWriter(TaskWrites):
         task.closing = True
         task.created.set()
         self.tasks[task_id] = task
+
+    def tokens_taken(self, tokens: Iterable[str]) -> None:
+        """Tokens an interrupted run recorded for creates whose tasks it never learnt: the
+        next tokens follow them (``task_seq`` is only committed with a task, so a run killed
+        while its first create was unanswered would give the same token to a new create,
+        and the task list would then show two tasks under it)."""
+        for token in tokens:
+            with contextlib.suppress(ValueError, IndexError):
+                self._seq = max(self._seq, int(token.rsplit("-t", 1)[1]))
 
     async def adopt(self, token: str, found: Task) -> None:
         """A task created by an interrupted run's ambiguous create, found by its token: record

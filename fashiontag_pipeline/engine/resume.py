@@ -68,6 +68,7 @@ async def reattach(run: Engine) -> list[Chunk]:
     settle_only: set[str] = set()
     # Creates of unknown fate (recorded by their token only): one look for all of them, so
     # the task list's lag is waited for once, not once per chunk.
+    run.writer.tokens_taken(c[3] for c in chunks if c[3] is not None)
     tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
     found_by_token = await run.writer.find_tasks(tokens) if tokens else {}
     adopted: set[str] = set()

@@ -88,8 +88,14 @@ class TaskBook:
         self.orphans_by_task: dict[str, set[int]] = {}
 
     def watch(self, task_id: str, description: str) -> None:
-        """A sealed task: the tracker watches it from now on."""
+        """A sealed task: the tracker watches it from now on. A task already watched keeps its
+        entry (a new one would read its results again from the start, with no memory of the
+        ids it wrote)."""
         orphans = self.orphans_by_task.pop(task_id, set())
+        entry = self.entries.get(task_id)
+        if entry is not None:
+            entry.orphans |= orphans
+            return
         self.add(TaskEntry(task_id, orphans=orphans, description=description))
 
     def orphan(self, task_id: str, chunk_id: int) -> None:

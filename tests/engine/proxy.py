@@ -26,6 +26,7 @@ from email.utils import formatdate
 from typing import Any
 
 import aiohttp
+import anyio
 from aiohttp import web
 
 BULK = "/tagger/v2.12/bulk"
@@ -136,6 +137,9 @@ class Misbehaviour:
     refuse_every_create: int | None = None
     #: Every JSON answer starts with a UTF-8 byte order mark (which JSON parsers may ignore).
     bom: bool = False
+    #: The first create is applied by the service and its answer held back for ever (the
+    #: client is killed while it waits: the task exists, the client never learnt its id).
+    hold_first_create: bool = False
     #: Times (``taskExpireAt``, ``taskExpiredAt``, ``resultExpiredAt``) written as HTTP dates
     #: (``Thu, 26 Nov 2026 05:00:00 GMT``), not RFC 3339.
     http_date_times: bool = False
@@ -168,6 +172,7 @@ class MisbehavingProxy:
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
         self.creates_seen = 0
+        self._released = anyio.Event()
         #: The task ids answered to the creates merged by ``merge_creates``.
         self.merged: list[str] = []
 
@@ -277,6 +282,10 @@ class MisbehavingProxy:
             lose = (
                 rules.lose_first_create_answer if kind == "create" else rules.lose_first_put_answer
             )
+            if kind == "create" and rules.hold_first_create and "held" not in self.lost_answers:
+                self.lost_answers.append("held")
+                await self._released.wait()  # the proxy's end: the client is gone by then
+                raise ConnectionResetError("answer held back on purpose")
             if lose and kind not in self.lost_answers:
                 self.lost_answers.append(kind)
                 assert request.transport is not None
@@ -526,6 +535,7 @@ class MisbehavingProxy:
         try:
             yield self
         finally:
+            self._released.set()
             await self._session.close()
             await runner.cleanup()
 

@@ -171,3 +171,18 @@ async def test_the_limiter_holds_acquirers_at_its_limit_and_wakes_them_in_turn()
     slots.release()
     await slots.acquire()  # nobody waits: a release woke nothing, the slot is free
     assert slots.inflight == 2 and slots.peak == 3
+
+
+async def test_a_task_watched_again_keeps_its_entry() -> None:
+    """A task sealed twice (adopted twice after a create of unknown fate) is one entry: a new
+    one would read its results again from the start with no memory of the ids written."""
+    book = TaskBook()
+    book.watch("t1", "fashiontag run R-t1")
+    entry = book.entries["t1"]
+    entry.next_offset = 300
+    book.orphan("t1", 7)
+    book.orphan("t2", 8)
+    book.watch("t1", "fashiontag run R-t1")
+    assert book.entries["t1"] is entry and entry.next_offset == 300 and entry.orphans == {7}
+    book.watch("t2", "fashiontag run R-t2")
+    assert book.entries["t2"].orphans == {8}

@@ -542,6 +542,48 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path,
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | {None}, duplicates=1)
 
 
+async def test_kill_9_while_a_create_is_unanswered_then_a_lost_answer_on_resume(
+    tmp_path: Path,
+) -> None:
+    """Killed while the service had applied the run's first create and not answered it: the
+    state held that chunk's token (``RUN-t1``) but no task, so the resumed writer counted its
+    tokens from 1 again and gave the next create the same token. When that create's answer
+    was lost too, the task list showed the first task under the token: it was adopted a
+    second time, read twice from its start, and its lines stood in for other rows' outcomes
+    (a fuzz found 1,000 ids lost with exit 0). Tokens go on from the ones recorded, and a
+    task is watched once however often it is adopted."""
+    n = 3000
+    manifest = write_night(tmp_path / "m.csv", n, "s")
+    data = manifest.read_bytes()
+    first_chunk = b"".join(data.splitlines(keepends=True)[:1001])
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        async with misbehaving(svc.url, Misbehaviour(hold_first_create=True)) as proxy:
+            args = run_args(proxy.url, out, "-")
+            proc = await anyio.open_process(
+                args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+            )
+            assert proc.stdin is not None
+            await proc.stdin.send(first_chunk)  # one chunk, one create, and stdin stays open
+            with anyio.fail_after(30):
+                while not proxy.created:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            await proc.stdin.aclose()
+            await proc.aclose()
+        rules = Misbehaviour(lose_first_create_answer=True)
+        async with misbehaving(svc.url, rules) as proxy:
+            args = run_args(proxy.url, out, "-", "--resume")
+            with manifest.open("rb") as stdin:
+                final = await anyio.run_process(args, stdin=stdin, check=False, env=ENV)
+        descriptions = [t.description for t in svc.store.tasks.values()]
+    assert final.returncode == 0, final.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n, "s"))
+    assert len(descriptions) == len(set(descriptions)), sorted(descriptions)
+
+
 async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:
     """The service forgets tasks 2, 4 and 6 once done; the engine is killed (SIGKILL) just
     after the first and again after the next are forgotten, in the middle of settling them;
