@@ -29,7 +29,6 @@ from .manifests import STDIN
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
-from .sinks import DUPLICATE_REASON
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
@@ -65,7 +64,7 @@ async def _check_replayed(
     validator: Validator,
     journal: Journal,
     jobs: Jobs,
-    rejected: dict[int, tuple[set[int], set[int]]],
+    rejected: dict[int, set[int]],
 ) -> None:
     """Rows of stdin that a resumed run had taken in (positions <= ``upto``) are skipped by
     their line numbers, on the caller's word (``--resume``) that stdin carries the same rows
@@ -73,15 +72,15 @@ async def _check_replayed(
     raised before any row of the batch is sent: other rows on stdin (another dump, the same
     one shifted by a line) would be skipped in place of rows never sent, lost with exit 0.
 
-    A row with an id: the run took that id in at this very line, or earlier with a
-    ``duplicate id`` reject at this line. A row without one: the run wrote a reject for this
-    line. (``rejected``: per job, the lines of stdin with a duplicate reject and with any
-    reject, from one scan of its rejects file.)"""
+    A row with an id: the run took that id in at this very line, or earlier with a reject
+    at this line (the row repeated the id: a duplicate, or a bad row under an id taken). A
+    row without one: the run wrote a reject for this line. (``rejected``: per job, the lines
+    of stdin with a reject, from one scan of its rejects file.)"""
     job = jobs.of_source(batch.source)
     assert job is not None
     if job.id not in rejected:
         rejected[job.id] = await journal.run(job.rejects.lines_of, batch.name)
-    duplicates, refused = rejected[job.id]
+    refused = rejected[job.id]
     items, singles, rejects = validator.route(batch)
     keyed = [(ident, pos) for ident, pos, _ in items]
     keyed += [(ident, pos) for ident, pos, _ in singles]
@@ -93,7 +92,7 @@ async def _check_replayed(
     for pos, ident, key in replayed:
         recorded = first.get(key)
         line = split_position(pos)[1]
-        if recorded != pos and (recorded is None or recorded > pos or line not in duplicates):
+        if recorded != pos and (recorded is None or recorded > pos or line not in refused):
             mismatch = (pos, f"line {line} has id {ident!r}, which that run did not read there")
             break
     for pos, r in rejects:
@@ -123,7 +122,7 @@ async def intake(
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
     namespaced = jobs.ids.namespaced
     #: Per job resumed from stdin: its old rejects' lines (see _check_replayed).
-    replay_rejects: dict[int, tuple[set[int], set[int]]] = {}
+    replay_rejects: dict[int, set[int]] = {}
     async with receive, send, single_send:
         async for batch in receive:
             if isinstance(batch, JobEnd):
@@ -182,7 +181,7 @@ async def intake(
                 return jobs.reject(
                     pos,
                     ident,
-                    f"{DUPLICATE_REASON} (first seen at {name} line {line})",
+                    f"duplicate id (first seen at {name} line {line})",
                     STAGE_CLIENT,
                 )
 

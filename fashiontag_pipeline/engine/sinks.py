@@ -27,7 +27,6 @@ from .pages import PageRow
 from .sqlite_sink import SqliteResultSink
 
 __all__ = [
-    "DUPLICATE_REASON",
     "JsonlResultSink",
     "Reject",
     "RejectSink",
@@ -263,24 +262,18 @@ class RejectSink(_AppendFile):
                     found.add(ident)
         return found
 
-    def lines_of(self, source: str) -> tuple[set[int], set[int]]:
-        """(lines of ``source`` with a ``duplicate id`` reject, lines with any reject): a
-        scan of the file, for a resume of stdin (:func:`~.intake.intake`)."""
+    def lines_of(self, source: str) -> set[int]:
+        """The lines of ``source`` with a reject: a scan of the file, for a resume of stdin
+        (:func:`~.intake.intake`)."""
         needle = b'"source":' + _encoder.encode(source)
-        duplicates: set[int] = set()
-        every: set[int] = set()
+        lines: set[int] = set()
         for line in self.scan():
             if needle in line:
                 reject = _reject_decoder.decode(line)
                 if reject.source == source:
-                    every.add(reject.line)
-                    if reject.reason.startswith(DUPLICATE_REASON):
-                        duplicates.add(reject.line)
-        return duplicates, every
+                    lines.add(reject.line)
+        return lines
 
-
-#: How a duplicate row's reject begins (DESIGN 4.2): ``duplicate id (first seen at FILE line N)``.
-DUPLICATE_REASON = "duplicate id"
 
 #: How far back from a checkpoint :func:`committed_last_id` looks for the line it ends.
 _TAIL_SPAN = 1 << 20
