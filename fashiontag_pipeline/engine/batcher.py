@@ -240,6 +240,11 @@ class TaskWriter(TaskWrites):
             self._check_idle()
             raise
         self._tg.start_soon(self._send, chunk, task, create, create)
+        if resent and self.current is task:
+            # Rows sent again come from no input batch: the intake loop may be waiting for
+            # input with no deadline (a daemon with nothing to read), and nothing else would
+            # seal this task. Sealed now (once its create is answered), it gets results.
+            await self._close(task)
 
     async def resend(self, items: list[Item], chunk_id: int, sends: int) -> None:
         """Send again rows without an outcome, in place of chunk ``chunk_id`` (a lost task,

@@ -162,15 +162,19 @@ class _AppendFile:
         """Every complete line written so far (the file is flushed first)."""
         self._fh.flush()
         end = self._end
-        with open(self.path, "rb") as fh:
-            rest = b""
-            while fh.tell() < end:
-                block = fh.read(min(1 << 20, end - fh.tell()))
-                if not block:
-                    break
-                lines = (rest + block).split(b"\n")
-                rest = lines.pop()
-                yield from lines
+        # Through the open descriptor, not the path: a file removed or renamed aside under
+        # the job is still the one written (the job then fails; the engine goes on).
+        fd = self._fh.fileno()
+        rest = b""
+        at = 0
+        while at < end:
+            block = os.pread(fd, min(1 << 20, end - at), at)
+            if not block:
+                break
+            at += len(block)
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()
+            yield from lines
 
     def ids_among(self, ids: set[str]) -> set[str]:
         """Which of ``ids`` have a line here (a scan of the file; rare paths only)."""

@@ -400,11 +400,16 @@ class Journal:
         finally:
             self.db.close()
 
+    def _open_jobs(self) -> list[Job]:
+        """The jobs whose outputs are open (thread side): a copy, since the event loop adds
+        and removes jobs meanwhile, without those closed already (complete, not yet removed)."""
+        return [job for job in list(self.jobs.by_id.values()) if not job.closed]
+
     def task_ids(self, task_id: str) -> set[str]:
         """Ids (as sent) of the lines written for ``task_id``, in every open job's results
         (thread side; a scan: only on a resume that had read part of the task)."""
         out: set[str] = set()
-        for job in self.jobs.by_id.values():
+        for job in self._open_jobs():
             out.update(self.jobs.ids.sent(job.id, i) for i in job.results.task_ids(task_id))
         return out
 
@@ -412,7 +417,7 @@ class Journal:
         """Which of ``ids`` (manifest ids) have a line in an open job's results or rejects
         (thread side; a scan of the outputs: only for a chunk whose task is unknown)."""
         found: set[str] = set()
-        for job in self.jobs.by_id.values():
+        for job in self._open_jobs():
             found |= job.results.ids_among(ids) | job.rejects.ids_among(ids)
         return found
 
@@ -420,7 +425,7 @@ class Journal:
         """Ids (as sent) of the rejects written at ``stage`` in every open job (thread side;
         a scan of the rejects: rare paths only)."""
         out: set[str] = set()
-        for job in self.jobs.by_id.values():
+        for job in self._open_jobs():
             out.update(self.jobs.ids.sent(job.id, i) for i in job.rejects.ids_of_stage(stage))
         return out
 
