@@ -37,6 +37,7 @@ import msgspec
 from .._exceptions import ManifestError
 from . import strays
 from .rows import PlainRows, RowBatch
+from .rules import CONTEXT_FIELDS
 
 __all__ = [
     "ManifestReader",
@@ -49,6 +50,9 @@ GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 20
 MAX_ROWS = 2000
 Kind = Literal["csv", "jsonl", "urls"]
+#: The columns of a CSV manifest that the engine reads (others are ignored).
+READ_COLUMNS = frozenset({"id", "url", "detection", "age", *CONTEXT_FIELDS})
+
 #: The header a URL list is read with: each row is (url, url), the URL being its own id.
 URL_LIST_HEADER = ["id", "url"]
 
@@ -248,9 +252,30 @@ class ManifestReader:
                     f"manifest {self.name} is neither JSONL nor a CSV with a header naming "
                     f"id and url (missing column: {', '.join(missing)})"
                 )
+            self._check_columns(names)
             self.header = names
             self._head = "".join(lines[skip + 1 :])
             return
+
+    def _check_columns(self, names: list[str]) -> None:
+        """ManifestError for a header naming a column the engine reads twice (which of the
+        two holds the value would be a guess), or one field under both its spellings."""
+        first: dict[str, int] = {}
+        for i, name in enumerate(names):
+            if name in READ_COLUMNS and name in first:
+                raise ManifestError(
+                    f"manifest {self.name} names the column {name} twice (columns"
+                    f" {first[name] + 1} and {i + 1}): keep one"
+                )
+            first.setdefault(name, i)
+        fields: dict[str, str] = {}
+        for name in names:
+            field = CONTEXT_FIELDS.get(name)
+            if field is not None and fields.setdefault(field, name) != name:
+                raise ManifestError(
+                    f"manifest {self.name} has both {fields[field]} and {name} columns (the"
+                    " same field): keep one"
+                )
 
     def _start(self, text: str) -> None:
         """Begin parsing a chunk of complete records."""

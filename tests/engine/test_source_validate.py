@@ -68,6 +68,11 @@ def test_many_rows_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ("content", "message"),
     [
         (b"id,link\na,https://x\n", "missing column: url"),
+        # A column read twice: which of the two holds the value is anybody's guess (the
+        # last one was taken, in silence).
+        (b"id,url,id\na,https://x,b\n", "names the column id twice"),
+        (b"id,url,brand, brand\na,https://x,b,c\n", "names the column brand twice"),
+        (b"id,url,productContentName,product_content_name\na,https://x,b,c\n", "both"),
         (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "neither CSV nor JSONL"),
         (b"", "empty"),
     ],
@@ -253,10 +258,11 @@ def test_a_csv_whose_header_is_not_utf8_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_stray_byte_in_the_column_or_key_the_validator_reads_is_found(tmp_path: Path) -> None:
-    """The id and URL checked for stray bytes are the ones the validator reads: the last of
-    a repeated CSV column, and a JSONL ``context.id`` when ``id`` is null."""
+    """The id and URL checked for stray bytes are the ones the validator reads: the URL
+    column wherever it stands (a repeated column is refused: see above), and a JSONL
+    ``context.id`` when ``id`` is null."""
     csv_path = tmp_path / "m.csv"
-    csv_path.write_bytes("id,url,brand,url\na,https://x/1,b,https://x/\xe9\n".encode("latin-1"))
+    csv_path.write_bytes("brand,id,x,url\nb,a,1,https://x/\xe9\n".encode("latin-1"))
     jsonl_path = tmp_path / "m.jsonl"
     jsonl_path.write_bytes(
         '{"id": null, "context": {"id": "caf\xe9"}, "url": "https://x/2"}\n'.encode("latin-1")
