@@ -99,6 +99,8 @@ def http_url(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise RowError("url is missing")
     if not value.startswith(("http://", "https://")):
+        if value.strip().startswith(("http://", "https://")):  # not a local file's name
+            raise RowError("url has spaces around it (an http(s) URL holds none)")
         raise NotHttp(value)
     rest = value.split("://", 1)[1]
     host = rest.split("/", 1)[0].split("?", 1)[0]

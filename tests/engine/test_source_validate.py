@@ -96,6 +96,7 @@ BAD_CSV_ROWS = {
     "u3,https:///nohost.jpg,,": "not a valid",
     "u4,https://x/4.jpg,,HATS": "invalid detection value",
     "u5,https://x/5.jpg": "fields",
+    "u6, https://x/6.jpg,,": "spaces around it",
 }
 
 
@@ -114,7 +115,7 @@ def test_every_kind_of_bad_csv_row_is_one_reject(tmp_path: Path) -> None:
     assert len(rejects) == len(BAD_CSV_ROWS)
     for (_, reject), expected in zip(rejects, BAD_CSV_ROWS.values(), strict=True):
         assert expected in reject.reason and reject.stage == "client"
-    assert [r.line for _, r in rejects] == [2, 3, 4, 5, 6, 7]
+    assert [r.line for _, r in rejects] == [2, 3, 4, 5, 6, 7, 8]
 
 
 BAD_JSONL_ROWS = [
