@@ -34,7 +34,19 @@ def _assert_failed_for_lost_outputs(summary: dict[str, object]) -> None:
     assert "removed" in reason and "tagged again" in reason, reason
 
 
-@pytest.mark.parametrize("removed", ["folder", "outbox"])
+def _take_away(daemon: DaemonProcess, removed: str) -> None:
+    """The manifest's folder or the whole outbox removed (a cleanup job), or its results cut
+    short (logrotate's ``copytruncate``: it ended ``done`` over a file starting with a hole of
+    NUL bytes, its first lines only in the copy)."""
+    if removed == "results-cut-short":
+        results = daemon.outbox / "m" / "results.jsonl"
+        shutil.copyfile(results, daemon.root / "rotated.jsonl")
+        os.truncate(results, 0)
+    else:
+        shutil.rmtree(daemon.outbox / "m" if removed == "folder" else daemon.outbox)
+
+
+@pytest.mark.parametrize("removed", ["folder", "outbox", "results-cut-short"])
 @pytest.mark.parametrize("killed", [True, False], ids=["while-killed", "while-written"])
 async def test_outputs_removed_fail_the_manifest_not_the_daemon(
     tmp_path: Path, removed: str, killed: bool
@@ -48,7 +60,7 @@ async def test_outputs_removed_fail_the_manifest_not_the_daemon(
             await until_results(daemon, "m", 1000)
             if killed:
                 await daemon.kill()
-            shutil.rmtree(daemon.outbox / "m" if removed == "folder" else daemon.outbox)
+            _take_away(daemon, removed)
             if killed:
                 daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
             summary = await daemon.wait_summary("m", timeout=90)
@@ -59,31 +71,10 @@ async def test_outputs_removed_fail_the_manifest_not_the_daemon(
         finally:
             daemon.ensure_dead()
     _assert_failed_for_lost_outputs(summary)
+    if removed == "results-cut-short":
+        assert "cut short" in str(summary["reason"])
     assert (daemon.inbox / "failed" / "m.csv").exists()
     assert after["status"] == "done" and after["tagged"] == 3
-
-
-async def test_results_cut_short_under_the_daemon_fail_the_manifest(tmp_path: Path) -> None:
-    """logrotate's ``copytruncate`` on a results file the daemon is writing: the manifest
-    ended ``done`` over a file starting with a hole of NUL bytes, its first lines only in the
-    copy. It fails like a removed file, and the daemon goes on."""
-    ids = [f"a{i}" for i in range(8000)]
-    async with running_service(ServiceConfig(rate=3000.0)) as svc:
-        daemon = DaemonProcess(tmp_path, svc.url).start()
-        try:
-            await daemon.wait_ready_endpoint()
-            _drop(daemon.inbox, "m.csv", ids)
-            await until_results(daemon, "m", 1000)
-            results = daemon.outbox / "m" / "results.jsonl"
-            shutil.copyfile(results, tmp_path / "rotated.jsonl")
-            os.truncate(results, 0)
-            summary = await daemon.wait_summary("m", timeout=90)
-            daemon.check_alive()
-            assert await daemon.stop() == 0
-        finally:
-            daemon.ensure_dead()
-    assert summary["status"] == "failed", summary
-    assert "cut short" in str(summary["reason"]) and "tagged again" in str(summary["reason"])
 
 
 async def test_a_failed_manifest_still_sends_the_rows_it_took_in_before_a_restart(

@@ -20,13 +20,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from ..engine.proxy import Misbehaviour, misbehaving
-from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+from .helpers import DaemonProcess, drop_atomic, read_lines, until_results, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
@@ -139,10 +138,7 @@ async def test_outputs_removed_while_a_task_with_refused_rows_drains(tmp_path: P
         try:
             await daemon.wait_ready_endpoint()
             drop_atomic(daemon.inbox, "victim.csv", write_manifest(Path(), ids_of("v", 5000)))
-            with anyio.fail_after(30):
-                while len(read_lines(daemon.outbox / "victim" / "results.jsonl")) < 200:
-                    daemon.check_alive()
-                    await anyio.sleep(0.01)
+            await until_results(daemon, "victim", 200, timeout=30)
             shutil.rmtree(daemon.outbox / "victim")
             drop_atomic(daemon.inbox, "late.csv", write_manifest(Path(), ids_of("late", 50)))
             late = await daemon.wait_summary("late", timeout=60)

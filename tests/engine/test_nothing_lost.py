@@ -436,6 +436,23 @@ async def test_next_nights_dump_after_an_interrupted_run_refuses_and_touches_not
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(5000, "tue"))
 
 
+async def _stdin_run_interrupted(base_url: str, out: Path, data: bytes) -> list[str]:
+    """``run -`` fed ``data`` on a pipe kept open, stopped with SIGTERM once results are
+    written (it exits 130, unfinished); returns its arguments."""
+    args = run_args(base_url, out, "-")
+    proc = await anyio.open_process(args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    assert proc.stdin is not None
+    await proc.stdin.send(data)
+    await results_appear(out)
+    # The producer keeps the pipe open: the engine still drains and exits promptly.
+    proc.send_signal(signal.SIGTERM)
+    with anyio.fail_after(15):
+        assert await proc.wait() == 130
+    await proc.stdin.aclose()
+    await proc.aclose()
+    return args
+
+
 async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -> None:
     """stdin cannot be fingerprinted before it is read: an unfinished run that read stdin is
     resumed with --resume (same rows again) and refused otherwise."""
@@ -443,19 +460,7 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
     dump = write_night(tmp_path / "dump.csv", 12000, "s")
     data = dump.read_bytes()
     async with running_service(ServiceConfig(rate=4000.0)) as svc:
-        args = run_args(svc.url, out, "-")
-        proc = await anyio.open_process(
-            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
-        )
-        assert proc.stdin is not None
-        await proc.stdin.send(data)
-        await results_appear(out)
-        # The producer keeps the pipe open: the engine still drains and exits promptly.
-        proc.send_signal(signal.SIGTERM)
-        with anyio.fail_after(15):
-            assert await proc.wait() == 130
-        await proc.stdin.aclose()
-        await proc.aclose()
+        args = await _stdin_run_interrupted(svc.url, out, data)
 
         with dump.open("rb") as stdin:
             refused = await anyio.run_process(args, stdin=stdin, check=False, env=ENV)
@@ -501,24 +506,13 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path,
     """--resume takes the caller's word that stdin carries the same rows again; when it does
     not (tonight's dump piped into last night's unfinished run, or the same rows shifted by a
     line), the rows the first run had read are not skipped by their line numbers: the run is
-    refused before any row of stdin is sent. The same rows
-    again (duplicates and a row without an id among them) resume."""
+    refused before any row of stdin is sent. The same rows again (duplicates and a row
+    without an id among them) resume."""
     out = tmp_path / "results.jsonl"
     monday = _night_with_duplicates(tmp_path / "mon.csv")
     tuesday, named = _other_rows(monday.read_bytes(), how)
     async with running_service(ServiceConfig(rate=4000.0)) as svc:
-        args = run_args(svc.url, out, "-")
-        proc = await anyio.open_process(
-            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
-        )
-        assert proc.stdin is not None
-        await proc.stdin.send(monday.read_bytes())
-        await results_appear(out)
-        proc.send_signal(signal.SIGTERM)
-        with anyio.fail_after(15):
-            assert await proc.wait() == 130
-        await proc.stdin.aclose()
-        await proc.aclose()
+        args = await _stdin_run_interrupted(svc.url, out, monday.read_bytes())
 
         before = out.read_bytes()
         tasks = len(svc.store.tasks)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
@@ -138,15 +139,7 @@ async def test_creates_refused_with_5xx_for_ever_stop_the_run(tmp_path: Path) ->
     answers. A 5xx to a write is of unknown fate: the task list is looked at, nothing found,
     the create sent again. The list's answers ended the failure streak each time, so the run
     never reached ``give_up_after`` and never ended; it stops, state saved."""
-    engine = EngineConfig(
-        poll_min=0.02,
-        poll_max=0.2,
-        linger_seconds=0.2,
-        rotate_images=1000,
-        rotate_min_images=1000,
-        give_up_after=2.0,
-        list_lag=0.3,
-    )
+    engine = msgspec.structs.replace(FAST, give_up_after=2.0, list_lag=0.3)
     manifest = write_csv(tmp_path / "m.csv", 1500)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     async with (
