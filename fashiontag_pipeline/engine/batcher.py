@@ -122,13 +122,13 @@ class TaskWriter(TaskWrites):
         while its first create was unanswered would give the same token to a new create,
         and the task list would then show two tasks under it)."""
         for token in tokens:
-            with contextlib.suppress(ValueError, IndexError):
-                self._seq = max(self._seq, int(token.rsplit("-t", 1)[1]))
+            with contextlib.suppress(ValueError):
+                self._seq = max(self._seq, self.token_seq(token))
 
     async def adopt(self, token: str, found: Task) -> None:
         """A task created by an interrupted run's ambiguous create, found by its token: record
         it (closing, like every task of an interrupted run)."""
-        seq = int(token.rsplit("-t", 1)[1])
+        seq = self.token_seq(token)
         now = self.clock()
         task = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True)
         await self._opened(task, found.task_id, found.expires_at)

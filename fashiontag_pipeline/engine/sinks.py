@@ -257,26 +257,19 @@ class RejectSink(_AppendFile):
 
     def ids_of_stage(self, stage: str) -> set[str]:
         """Ids of the rejects written at ``stage`` (a scan of the file; rare paths only)."""
-        needle = b'"stage":' + _encoder.encode(stage)
-        found: set[str] = set()
-        for line in self.scan():
-            if needle in line:
-                ident = _reject_decoder.decode(line).id
-                if ident is not None:
-                    found.add(ident)
-        return found
+        return {r.id for r in self._where(b"stage", stage) if r.id is not None}
 
     def lines_of(self, source: str) -> set[int]:
         """The lines of ``source`` with a reject: a scan of the file, for a resume of stdin
         (:func:`~.intake.intake`)."""
-        needle = b'"source":' + _encoder.encode(source)
-        lines: set[int] = set()
+        return {r.line for r in self._where(b"source", source) if r.source == source}
+
+    def _where(self, key: bytes, value: str) -> Iterator[Reject]:
+        """The rejects whose line holds ``"key":value`` (only lines that do are decoded)."""
+        needle = b'"' + key + b'":' + _encoder.encode(value)
         for line in self.scan():
             if needle in line:
-                reject = _reject_decoder.decode(line)
-                if reject.source == source:
-                    lines.add(reject.line)
-        return lines
+                yield _reject_decoder.decode(line)
 
 
 #: How far back from a checkpoint :func:`committed_last_id` looks for the line it ends.

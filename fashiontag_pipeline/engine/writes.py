@@ -100,6 +100,14 @@ class TaskWrites:
         self._seq += 1
         return self._seq, f"{self.run_token}-t{self._seq}"
 
+    @staticmethod
+    def token_seq(token: str) -> int:
+        """The sequence number in a token of :meth:`_new_token` (ValueError if none)."""
+        _, sep, seq = token.rpartition("-t")
+        if not sep:
+            raise ValueError(f"not a task token: {token!r}")
+        return int(seq)
+
     def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[JobReject]:
         out: list[JobReject] = []
         if not ids:
