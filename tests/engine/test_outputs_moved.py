@@ -245,6 +245,60 @@ async def test_results_taken_away_while_the_run_writes_them_fail_the_run(
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
 
 
+def _foreign_lines_to(ckpt: int) -> bytes:
+    """Results lines of ids no run here took in, a line ending exactly at byte ``ckpt`` and
+    more after it (another run's file that a cut there would not split mid-line)."""
+    line = b'{"id":"other-%06d","taskId":"t9","taggingResult":{"status":"success"},"pad":"%s"}\n'
+    size = len(line % (0, b""))
+    n, rest = divmod(ckpt, size)
+    head = [line % (0, b"x" * rest)] + [line % (i, b"") for i in range(1, n)]
+    data = b"".join(head)
+    assert len(data) == ckpt and data.endswith(b"\n")
+    return data + b"".join(line % (n + i, b"") for i in range(1000))
+
+
+@pytest.mark.parametrize("other", ["another-run", "line-aligned"])
+async def test_a_resume_over_another_runs_file_at_the_same_path_is_refused(
+    tmp_path: Path, other: str
+) -> None:
+    """A cron run is killed; before it runs again, another run given the same ``--out`` with
+    its own state rewrites the file. The resume cut that file at its own checkpoint (inside
+    the other run's lines) and appended to it: exit 0, the first rows without a line, the
+    other run's rows and half a line in its results. The file is not this run's: refused,
+    the file left as it is, and ``--restart`` tags every row again. (``line-aligned``: the
+    other file has a line ending exactly at the checkpoint, so only the ids tell.)"""
+    a = write_csv(tmp_path / "a.csv", 20000)
+    b = write_csv(tmp_path / "b.csv", 20000, start=100000)
+    out, state = tmp_path / "out.jsonl", tmp_path / "a.state"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(a), "--state", str(state))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):
+            while (not out.exists() or out.stat().st_size < 200_000) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        if other == "another-run":
+            args_b = run_args(svc.url, out, str(b), "--state", str(tmp_path / "b.state"))
+            done_b = await anyio.run_process(args_b, check=False, env=ENV)
+            assert done_b.returncode == 0, done_b.stderr.decode()
+        else:
+            with contextlib.closing(sqlite3.connect(state)) as db:
+                (ckpt,) = db.execute("SELECT results_ckpt FROM jobs").fetchone()
+            out.write_bytes(_foreign_lines_to(ckpt))
+        theirs = out.read_bytes()
+        again = await anyio.run_process(args, check=False, env=ENV)
+        assert again.returncode == 1, again.stderr.decode()
+        message = again.stderr.decode()
+        assert str(out) in message and "another run" in message and "--restart" in message
+        assert out.read_bytes() == theirs
+        with anyio.fail_after(120):
+            done = await anyio.run_process([*args, "--restart"], check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(20000)})
+
+
 async def test_a_run_given_relative_paths_resumes_from_another_directory(tmp_path: Path) -> None:
     """Started in a/ with ``--out out.jsonl``, killed, resumed from b/ naming the same file as
     ``../a/out.jsonl``: the same file, so it resumes (the state keeps absolute paths); it
