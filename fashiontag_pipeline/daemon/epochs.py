@@ -18,7 +18,7 @@ from .. import _exceptions as exc
 from ._files import fsync_dir
 from .outbox import ManifestOutputs
 
-__all__ = ["claim_state_url", "copy_prefix", "epoch_outputs", "publish_outputs"]
+__all__ = ["claim_state_url", "committed_file", "copy_prefix", "epoch_outputs", "publish_outputs"]
 
 
 def copy_prefix(src: Path, keep: int, dst: Path) -> None:
@@ -47,6 +47,20 @@ def copy_prefix(src: Path, keep: int, dst: Path) -> None:
             )
         out.flush()
         os.fsync(out.fileno())
+
+
+def committed_file(outputs: ManifestOutputs, recorded: str, final: Path) -> Path:
+    """Where an earlier epoch's committed lines are, as this daemon sees them.
+
+    The state records the file by the path its writer saw, and another machine may mount the
+    shared outbox elsewhere: the file is looked up by its name in this claim's folder (which
+    this daemon found by the claim's mark). An epoch that was settled far enough to publish
+    its files (renamed over the final ones) before its daemon died has its lines in ``final``.
+    """
+    own = outputs.folder / Path(recorded).name
+    if not own.exists() and final.exists():
+        return final
+    return own
 
 
 def epoch_outputs(outputs: ManifestOutputs, epoch: int) -> tuple[Path, Path]:

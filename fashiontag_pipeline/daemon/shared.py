@@ -44,8 +44,15 @@ from ..engine import RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job
 from ..engine.run import RUN_JOB, first_error, run_pipeline
+from ..engine.state.jobtables import JobRow
 from ..engine.state.pgstore import PostgresStateDB, drop_state
-from .epochs import claim_state_url, copy_prefix, epoch_outputs, publish_outputs
+from .epochs import (
+    claim_state_url,
+    committed_file,
+    copy_prefix,
+    epoch_outputs,
+    publish_outputs,
+)
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
@@ -80,8 +87,11 @@ class SharedDaemon:
         self.leased: dict[tuple[int, int], Lease] = {}
         self._wake = anyio.Event()
         self._acquire_failed = False
-        #: Attempts in a row that ended on an error, by claim.
+        #: Attempts in a row that ended on an error with no progress between them, by claim.
         self._failures: dict[int, int] = {}
+        #: What the state had committed of each claim when its last attempt here began
+        #: (:func:`_progress`): an attempt that finds more than the one before made progress.
+        self._progress: dict[int, tuple[int, int, int]] = {}
         self._ledger: PostgresClaimLedger | None = None
 
     async def run(self) -> None:
@@ -266,7 +276,7 @@ class SharedDaemon:
                 return
             if await self._tag(claim, outputs, inbox, lease, keeper, client):
                 keeper.forget(lease)
-                self._failures.pop(lease.claim_id, None)
+                self._forget(lease.claim_id)
                 await anyio.to_thread.run_sync(
                     drop_state, claim_state_url(self.url, lease.claim_id)
                 )
@@ -279,7 +289,9 @@ class SharedDaemon:
         except exc.FashiontagError as err:
             # The database went away (a restart), the result store failed, or this manifest
             # cannot be kept in the state at all: it is leased again and resumed, up to
-            # MAX_ATTEMPTS times in a row here, then fails with the reason.
+            # MAX_ATTEMPTS times in a row here, then fails with the reason. An attempt that
+            # committed rows since the one before starts the count again: five database
+            # restarts over one long manifest are not one failure five times.
             keeper.forget(lease)
             attempts = self._failures[lease.claim_id] = self._failures.get(lease.claim_id, 0) + 1
             logger.warning(
@@ -291,10 +303,23 @@ class SharedDaemon:
                     await daemon.failed(
                         claim, outputs, inbox, f"{err} ({attempts} attempts)", lease=lease
                     )
-                    self._failures.pop(lease.claim_id, None)
+                    self._forget(lease.claim_id)
         finally:
             self.leased.pop((lease.claim_id, lease.epoch), None)
             self._wake.set()
+
+    def _attempt(self, claim_id: int, row: JobRow | None) -> None:
+        """An attempt at a claim begins with ``row`` committed: if the attempt before it here
+        committed anything (rows written ahead, results or rejects), the failures in a row
+        start again."""
+        progress = (0, 0, 0) if row is None else (row.chunked, row.results_ckpt, row.rejects_ckpt)
+        if self._progress.get(claim_id, progress) != progress:
+            self._failures.pop(claim_id, None)
+        self._progress[claim_id] = progress
+
+    def _forget(self, claim_id: int) -> None:
+        self._failures.pop(claim_id, None)
+        self._progress.pop(claim_id, None)
 
     async def _tag(
         self,
@@ -325,12 +350,19 @@ class SharedDaemon:
         try:
             results, rejects = epoch_outputs(outputs, lease.epoch)
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
+            self._attempt(lease.claim_id, row)
             if row is not None:  # taken over: this epoch starts from what the state committed
                 await anyio.to_thread.run_sync(
-                    copy_prefix, Path(row.results), row.results_ckpt, results
+                    copy_prefix,
+                    committed_file(outputs, row.results, outputs.results),
+                    row.results_ckpt,
+                    results,
                 )
                 await anyio.to_thread.run_sync(
-                    copy_prefix, Path(row.rejects), row.rejects_ckpt, rejects
+                    copy_prefix,
+                    committed_file(outputs, row.rejects, outputs.rejects),
+                    row.rejects_ckpt,
+                    rejects,
                 )
                 logger.info(
                     "manifest taken over" if lease.epoch > 1 else "manifest resumed",

@@ -1,0 +1,172 @@
+"""Taking a manifest over on a shared PostgreSQL state, at the edges of an attempt.
+
+Three ways a manifest whose rows were all tagged (or were being tagged) ended ``failed``, its
+rows hidden in an epoch's file, so that dropping it again tagged and billed everything twice:
+
+* its daemon was killed after publishing the outputs (the epoch's files renamed over
+  ``results.jsonl``) and before settling the claim: the taker looked for the renamed file;
+* attempts that each made progress and then stopped on the state (a database restarted or
+  failed over several times over one long manifest) were counted as failures in a row;
+* the daemon that takes it over mounts the shared outbox at another path than the one that
+  wrote it: the taker opened the path the state recorded, as the writer saw it.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
+
+#: Loaded by a daemon at start (``sitecustomize``), on cue from its environment:
+#: ``HOOK_KILL_AFTER_PUBLISH``: SIGKILL right after a manifest's outputs are published, before
+#: its summary and claim are settled; ``HOOK_FAIL_ATTEMPTS=N``: the first N attempts (state
+#: connections with a lease fence) of a manifest each stop on a state error after 8 commits.
+HOOK = textwrap.dedent(
+    """
+    import os, signal
+    if os.environ.get("HOOK_KILL_AFTER_PUBLISH"):
+        import fashiontag_pipeline.daemon.shared as shared
+        _publish = shared.publish_outputs
+        def publish_then_die(outputs, epoch):
+            _publish(outputs, epoch)
+            os.kill(os.getpid(), signal.SIGKILL)
+        shared.publish_outputs = publish_then_die
+    if os.environ.get("HOOK_FAIL_ATTEMPTS"):
+        from fashiontag_pipeline import _exceptions as exc
+        from fashiontag_pipeline.engine.state import pgstore
+        failing = [int(os.environ["HOOK_FAIL_ATTEMPTS"])]
+        _init, _commit = pgstore.PostgresStateDB.__init__, pgstore.PostgresStateDB.commit
+        def init(self, *args, **kwargs):
+            _init(self, *args, **kwargs)
+            self.hook_fails = kwargs.get("fence") is not None and failing[0] > 0
+            self.hook_commits = 0
+            failing[0] -= self.hook_fails
+        def commit(self):
+            _commit(self)
+            self.hook_commits += 1
+            if self.hook_fails and self.hook_commits >= 8:
+                raise exc.StateError("hook: the database went away")
+        pgstore.PostgresStateDB.__init__ = init
+        pgstore.PostgresStateDB.commit = commit
+    """
+)
+
+
+def _hooked(tmp_path: Path, **env: str) -> dict[str, str]:
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOOK)
+    return {"PYTHONPATH": str(hook), **env}
+
+
+def _drop(inbox: Path, name: str, ids: list[str]) -> None:
+    inbox.mkdir(parents=True, exist_ok=True)
+    tmp = inbox / f".{name}.part"
+    tmp.write_bytes(write_manifest(Path(), ids))
+    os.rename(tmp, inbox / name)
+
+
+def _common(url: str) -> list[str]:
+    return ["--state", url, "--lease", "2", "--max-active", "2"]
+
+
+def _ids_once(folder: Path, ids: list[str]) -> None:
+    got = [r["id"] for r in read_lines(folder / "results.jsonl")]
+    assert len(got) == len(set(got)), "an id was written twice"
+    assert sorted(got) == sorted(ids)
+
+
+async def test_a_daemon_killed_between_publishing_and_settling_is_taken_over_as_done(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    ids = [f"g{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        env = _hooked(tmp_path, HOOK_KILL_AFTER_PUBLISH="1")
+        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "m.csv", ids)
+            assert await a.wait_exit(timeout=60) == -9  # killed right after publishing
+            assert len(read_lines(a.outbox / "m" / "results.jsonl")) == len(ids)
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
+            summary = await b.wait_summary("m", timeout=90)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done", summary.get("reason")
+    assert summary["tagged"] == len(ids)
+    _ids_once(tmp_path / "outbox" / "m", ids)
+    assert (tmp_path / "inbox" / "done" / "m.csv").exists()
+    assert not list((tmp_path / "outbox" / "m").glob(".re*.e*.jsonl"))
+
+
+async def test_attempts_that_each_make_progress_do_not_add_up_to_a_failure(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Six attempts stop on the state after committing results, one more than a manifest may
+    # fail in a row: each made progress, so none of them is the same failure again.
+    ids = [f"r{i}" for i in range(8_000)]
+    async with running_service(ServiceConfig(rate=1500.0)) as svc:
+        env = _hooked(tmp_path, HOOK_FAIL_ATTEMPTS="6")
+        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            summary = await a.wait_summary("big", timeout=180)
+            assert await a.stop() == 0
+        finally:
+            a.ensure_dead()
+    stops = [
+        line
+        for line in a.logs()
+        if line.get("event")
+        == "the manifest stopped on an error; it resumes when it is leased again"
+    ]
+    assert len(stops) == 6
+    assert summary["status"] == "done", summary.get("reason")
+    _ids_once(tmp_path / "outbox" / "big", ids)
+
+
+async def test_a_taker_that_mounts_the_share_elsewhere_finishes_the_manifest(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Machines A and B mount one share at two paths; B does not have A's.
+    share = tmp_path / "share"
+    share.mkdir()
+    (tmp_path / "mnt_a").symlink_to(share)
+    (tmp_path / "mnt_b").symlink_to(share)
+    ids = [f"k{i}" for i in range(6_000)]
+    folder = share / "outbox" / "big"
+    async with running_service(ServiceConfig(rate=2500.0)) as svc:
+        a = DaemonProcess(tmp_path / "mnt_a", svc.url, extra=_common(postgres_url)).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            with anyio.fail_after(90):
+                while not any(len(read_lines(p)) >= 1000 for p in folder.glob(".results.e*")):
+                    a.check_alive()
+                    await anyio.sleep(0.02)
+            await a.kill()
+            (tmp_path / "mnt_a").unlink()
+            b = DaemonProcess(tmp_path / "mnt_b", svc.url, extra=_common(postgres_url)).start()
+            summary = await b.wait_summary("big", timeout=120)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done", summary.get("reason")
+    _ids_once(folder, ids)
