@@ -37,6 +37,7 @@ from .._postgres import is_postgres_url
 from ..engine import EngineConfig, RunSummary
 from ..engine.engine import Engine, RunControl
 from ..engine.jobs import JobSpec
+from ..engine.manifests import ManifestPrint
 from ..engine.outfiles import lock_exclusively
 from ..engine.reuse import ReuseHook, open_reuse
 from ..engine.state import StateDB
@@ -324,6 +325,8 @@ class Daemon(DaemonMonitor):
                 manifests=[claim.path],
                 results=outputs.results,
                 rejects=outputs.rejects,
+                # Hashed when it was claimed (the key holds it too).
+                prints=[ManifestPrint(name=claim.path, size=claim.size, sha256=claim.sha256)],
             )
             try:
                 job = await engine.submit(spec)

@@ -34,6 +34,7 @@ from types import TracebackType
 
 import anyio
 import anyio.abc
+import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
@@ -43,6 +44,7 @@ from .config import EngineConfig
 from .flow import RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
+from .manifests import ManifestPrint, describe, job_prints, same_manifests
 from .outcome import completed_job, finalize_job, open_job
 from .pagers import ResultPagers
 from .policy import Chunk
@@ -162,6 +164,8 @@ class Engine:
         self.reconciliation: Reconciliation | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        #: Keys of the submits under way.
+        self._submitting: set[str] = set()
 
     # -------------------------------------------------------------- life
 
@@ -354,13 +358,53 @@ class Engine:
     async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None = None) -> Job:
         """Add a job (resumed when the state holds one of ``spec.key``). Its manifests are
         opened first (``readers``: already opened, in order): one that cannot be read raises
-        :class:`~fashiontag_pipeline.ManifestError` and nothing is recorded."""
+        :class:`~fashiontag_pipeline.ManifestError` and nothing is recorded; nor is anything
+        when its outputs cannot be opened (:class:`~fashiontag_pipeline.StateError`, or
+        :class:`~fashiontag_pipeline.StateConflictError` when another job holds them).
+
+        A key in flight in this engine (submitted, and not yet complete) is refused with
+        :class:`~fashiontag_pipeline.StateConflictError`: wait for its :meth:`outcome`. So is a
+        second job of an engine that sends ids as they are (``namespaced=False``), which can
+        tell no two jobs' rows apart. A submit under way when the engine is closed still has
+        its job read."""
         if self.source.closing:
             raise RuntimeError("the engine is closed")
+        self._check_submit(spec.key)
+        self._submitting.add(spec.key)
+        self.source.adding += 1
+        try:
+            return await self._submit(spec, readers)
+        finally:
+            self._submitting.discard(spec.key)
+            self.source.add_done()
+
+    def _check_submit(self, key: str) -> None:
+        in_flight = self.job_of_key(key)
+        if key in self._submitting or (in_flight is not None and in_flight.submitted):
+            raise exc.StateConflictError(
+                f"job {key!r} is already in flight in this engine: wait for its outcome"
+                " (Engine.outcome) rather than submit it again, which would read its manifests"
+                " twice"
+            )
+        if not self.jobs.ids.namespaced:
+            others = {job.row.key for job in self.jobs.by_id.values()} | self._submitting
+            others.discard(key)
+            if others:
+                raise exc.StateConflictError(
+                    f"job {sorted(others)[0]!r} is in flight, and this engine sends ids as they"
+                    " are (namespaced=False), so it cannot tell two jobs' results apart: wait"
+                    " for its outcome, or make the Engine with namespaced=True to run several"
+                    " jobs at once"
+                )
+
+    async def _submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
         if readers is None:
             readers = await open_manifests(spec.manifests, self.config.read_batch_rows)
         try:
             db = self.journal.db
+            prints = list(spec.prints) if spec.prints is not None else None
+            if prints is None:
+                prints = await anyio.to_thread.run_sync(job_prints, spec.manifests)
             row = await self.journal.run(
                 db.open_job,
                 spec.key,
@@ -369,7 +413,10 @@ class Engine:
                 str(spec.results),
                 str(spec.rejects),
                 spec.sink,
+                msgspec.json.encode(prints).decode(),
             )
+            if row.resumed:
+                await self._check_content(row, prints)
             job = self.jobs.by_id.get(row.job)
             if row.state != "open":
                 # Complete already (a crash after it completed, before its caller recorded
@@ -378,15 +425,41 @@ class Engine:
                     reader.close()
                 return await completed_job(row, keep_lost=self.journal.keep_lost)
             if job is None:
-                job = await self._register(row)
+                try:
+                    job = await self._register(row)
+                except BaseException:
+                    if not row.resumed:
+                        # Recorded just now and never started: a later start must not
+                        # resume it (and cut back outputs it never wrote).
+                        with anyio.CancelScope(shield=True):
+                            await self.journal.run(db.forget_job, row.job)
+                    raise
         except BaseException:
             for reader in readers:
                 reader.close()
             raise
         for reader, (src, _) in zip(readers, job.row.sources, strict=True):
             reader.source = src
+        job.submitted = True
         self.source.add(job, readers)
         return job
+
+    async def _check_content(self, row: JobRow, prints: list[ManifestPrint]) -> None:
+        """A key submitted again must name the content its job was made with: rows are
+        resumed by their positions, so other content would be skipped up to the job's
+        watermarks and the job said complete without them."""
+        recorded = await self.journal.run(self.journal.db.job_prints, row.job)
+        if recorded is None:
+            return  # made without fingerprints (by run, or an older version)
+        before = msgspec.json.decode(recorded, type=list[ManifestPrint])
+        if same_manifests(before, prints):
+            return
+        done = f"completed at {row.completed_at}" if row.state != "open" else "begun"
+        raise exc.StateConflictError(
+            f"job {row.key!r} was {done} on {describe(before)}; the same key now names"
+            f" {describe(prints)}: a key resumes its job on the same content, so give new"
+            " content a new key"
+        )
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()

@@ -24,6 +24,7 @@ from pathlib import Path
 import anyio
 
 from .._exceptions import StateError
+from .manifests import ManifestPrint
 from .pages import PageRow
 from .sinks import Reject, RejectSink, ResultSink
 from .source import ManifestReader
@@ -38,8 +39,12 @@ _LINE_MASK = (1 << POS_SHIFT) - 1
 @dataclass(frozen=True)
 class JobSpec:
     """What a caller hands the engine: ``key`` names the job in the state (the same key
-    again resumes it), ``manifests`` are read in order, outcomes go to ``results`` and
-    ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results)."""
+    again resumes it, on the same manifest content), ``manifests`` are read in order, outcomes
+    go to ``results`` and ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results).
+
+    ``prints``: the manifests' fingerprints (size and SHA-256), when the caller has them
+    already; else the engine takes them (reading each file once more). A key submitted again
+    with other content is refused."""
 
     key: str
     manifests: Sequence[str]
@@ -47,6 +52,7 @@ class JobSpec:
     rejects: Path
     sink: str = "jsonl"
     name: str = ""
+    prints: Sequence[ManifestPrint] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,9 @@ class Job:
     results: ResultSink
     rejects: RejectSink
     readers: list[ManifestReader] = field(default_factory=list)
+    #: Submitted in this engine's life (its manifests are being read): a job the state held
+    #: open when the engine started is not, until its key is submitted again.
+    submitted: bool = False
     #: Set once the source read every manifest of the job and intake committed the last row.
     read_all: bool = False
     #: Set when every row taken in has its outcome written (or the job failed).

@@ -20,12 +20,20 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Sequence
 
 import msgspec
 
 from .._exceptions import ManifestError
 
-__all__ = ["STDIN", "ManifestPrint", "describe", "fingerprint", "same_manifests"]
+__all__ = [
+    "STDIN",
+    "ManifestPrint",
+    "describe",
+    "fingerprint",
+    "job_prints",
+    "same_manifests",
+]
 
 STDIN = "-"
 _READ = 1 << 20
@@ -74,6 +82,18 @@ def fingerprint(path: str) -> ManifestPrint:
     except OSError:
         return ManifestPrint(name=os.fspath(path), size=-1, sha256="")
     return ManifestPrint(name=os.fspath(path), size=size, sha256=digest.hexdigest())
+
+
+def job_prints(paths: Sequence[str]) -> list[ManifestPrint]:
+    """The fingerprints of a job's manifests (blocking): a pipe or device, which cannot be
+    read twice, has none (its content is not compared), as stdin."""
+    prints = []
+    for path in paths:
+        try:
+            prints.append(fingerprint(path))
+        except ManifestError:
+            prints.append(ManifestPrint(name=os.fspath(path)))
+    return prints
 
 
 def same_manifests(old: list[ManifestPrint], new: list[ManifestPrint]) -> bool:

@@ -54,6 +54,9 @@ class JobSource:
         self.rows_read = 0
         #: No more jobs will come: the stage ends once every job is read.
         self.closing = False
+        #: Submits under way (opening their manifests and outputs): a closing source waits
+        #: for them, so that a job submitted just before :meth:`close` is read, not dropped.
+        self.adding = 0
         #: The stage has ended.
         self.done = False
         self._reading: deque[Job] = deque()
@@ -75,6 +78,14 @@ class JobSource:
     def close(self) -> None:
         self.closing = True
         self._wake.set()
+
+    def add_done(self) -> None:
+        """A submit counted in :attr:`adding` ended (its job added, or refused)."""
+        self.adding -= 1
+        self._wake.set()
+
+    def _ended(self) -> bool:
+        return self.closing and not self.adding
 
     def cancel(self) -> None:
         """Stop reading now (a drain)."""
@@ -112,13 +123,13 @@ class JobSource:
                 idle_sent = True
                 while True:
                     if not self._reading:
-                        if self.closing:
+                        if self._ended():
                             break
                         if not idle_sent:
                             await send.send(IDLE)
                             idle_sent = True
                         self._wake = anyio.Event()
-                        if self._reading or self.closing:
+                        if self._reading or self._ended():
                             continue
                         await self._wake.wait()
                         continue

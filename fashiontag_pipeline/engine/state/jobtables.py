@@ -45,6 +45,9 @@ class JobRow(msgspec.Struct, kw_only=True):
     rows_read: int = 0
 
 
+#: The meta key of a job's manifest fingerprints (followed by the job number).
+_PRINTS = "job_prints:"
+
 _JOB_COLUMNS = (
     "job, key, name, sources, results, rejects, sink, state, validated, chunked, results_ckpt,"
     " rejects_ckpt, " + ", ".join(JOB_COUNTERS) + ", completed_at, failure, rows_read"
@@ -119,10 +122,18 @@ class JobTables:
         return [self._job_row(r) for r in rows]
 
     def open_job(
-        self, key: str, name: str, manifests: Sequence[str], results: str, rejects: str, sink: str
+        self,
+        key: str,
+        name: str,
+        manifests: Sequence[str],
+        results: str,
+        rejects: str,
+        sink: str,
+        prints: str | None = None,
     ) -> JobRow:
         """The job ``key``: resumed (``resumed``) when the state has it, else new, with
-        fresh source indexes. Its output paths are the ones given now."""
+        fresh source indexes and its manifests' fingerprints (``prints``, JSON: see
+        :meth:`job_prints`). Its output paths are the ones given now."""
         found = self.find_job(key)
         if found is not None:
             if (found.results, found.rejects, found.sink) != (results, rejects, sink):
@@ -143,9 +154,17 @@ class JobTables:
                 " VALUES (?,?,?,?,?,?)",
                 (key, name, msgspec.json.encode(sources).decode(), results, rejects, sink),
             )
-        found = self.find_job(key)
-        assert found is not None
+            found = self.find_job(key)
+            assert found is not None
+            if prints is not None:
+                self.set_meta(f"{_PRINTS}{found.job}", prints)
         return found
+
+    def job_prints(self, job: int) -> str | None:
+        """The fingerprints of a job's manifests as recorded when it was made (JSON), None for
+        a job made without them (by a version before them, or ``run``, which checks its
+        manifests for the whole state)."""
+        return self.meta(f"{_PRINTS}{job}")
 
     def _migrate_run_job(self) -> None:
         """A state file of a version before jobs: its run becomes the job ``run`` (its
@@ -173,6 +192,16 @@ class JobTables:
             self.set_meta("next_source", len(names))
             for key in ("validated", "chunked", "results_ckpt", "rejects_ckpt"):
                 self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+
+    def forget_job(self, job: int) -> None:
+        """Remove a job that a submit recorded and then could not start (its outputs could not
+        be opened): nothing of it was read, and a later start must not resume it."""
+        with self.transaction():
+            cur = self.db.execute(
+                "DELETE FROM jobs WHERE job=? AND state='open' AND validated < 0", (job,)
+            )
+            if cur.rowcount:
+                self.db.execute("DELETE FROM meta WHERE key=?", (f"{_PRINTS}{job}",))
 
     def fail_job(self, job: int, failure: str) -> None:
         """Record why an open job failed (it still completes once its rows in flight have

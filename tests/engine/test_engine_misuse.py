@@ -1,0 +1,281 @@
+"""The engine driven as a library (``async with Engine(...)``, ``submit``) the ways a program
+misuses it: found by a hunt, each a lost or doubled row, an emptied results file, a state no
+engine could start on again, or a wait for ever. Each submit that cannot be honoured is
+refused with an error and records nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from fashiontag_pipeline import StateConflictError, StateError
+from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.jobs import JobSpec
+from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, read_outcomes, write_csv
+
+FAST = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.05,
+    fsync_seconds=10.0,
+    rotate_images=3000,
+    read_batch_rows=500,
+)
+
+
+def _spec(key: str, manifest: Path, outdir: Path) -> JobSpec:
+    return JobSpec(
+        key=key,
+        manifests=[str(manifest)],
+        results=outdir / "results.jsonl",
+        rejects=outdir / "rejects.jsonl",
+    )
+
+
+async def test_the_same_key_submitted_again_while_in_flight_writes_no_row_twice(
+    tmp_path: Path,
+) -> None:
+    """A caller whose wait for a job was cancelled (a timeout) submits the job again with the
+    same key, as the docs say a key resumes its job. The engine must not read the manifest a
+    second time into the job in flight: either the second submit is refused, or it hands back
+    the job in flight. Before: the manifest was read again from its first row, every row
+    validated but not yet chunked was sent again (billed twice) and written twice to the
+    results, and the job's counters claimed more rows than the manifest holds."""
+    n = 6000
+    manifest = write_csv(tmp_path / "a.csv", n)
+    async with running_service(ServiceConfig(rate=5000)) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    job = await engine.submit(_spec("a", manifest, tmp_path / "a"))
+                    while job.counters["accepted"] < 1500:
+                        await anyio.sleep(0.005)
+                    with pytest.raises(StateConflictError, match="already in flight"):
+                        await engine.submit(_spec("a", manifest, tmp_path / "a"))
+                    await engine.outcome(job)
+                    engine.close()
+    o = read_outcomes(tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl")
+    twice = [i for i, k in collections.Counter(o.ids).items() if k > 1]
+    assert not twice, f"{len(twice)} ids have two results lines"
+    assert job.counters["accepted"] == n, job.counters
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(n)},
+    )
+
+
+async def test_a_submit_refused_for_a_locked_output_records_no_job(tmp_path: Path) -> None:
+    """A second job given the outputs of a job in flight is refused (StateConflictError: the
+    file is locked). The refusal happens after the job was recorded in the state, so the next
+    engine on that state (the next daemon start, the next program run) resumes the ghost job
+    and cuts its "outputs" back to its checkpoint, 0: the first job's complete results file
+    is emptied. A refused submit must record nothing (or at least never truncate a file it
+    never wrote)."""
+    a = write_csv(tmp_path / "a.csv", 2000)
+    b = write_csv(tmp_path / "b.csv", 500, start=5000)
+    shared = tmp_path / "out"
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    ja = await engine.submit(_spec("a", a, shared))
+                    with pytest.raises(StateConflictError):  # the lock on the outputs
+                        await engine.submit(_spec("b", b, shared))
+                    await engine.outcome(ja)
+                    engine.close()
+        assert_exactly_once(
+            shared / "results.jsonl", shared / "rejects.jsonl", {f"p{i}" for i in range(2000)}
+        )
+        # The next engine on the same state, submitting nothing.
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    engine.close()
+    assert_exactly_once(
+        shared / "results.jsonl", shared / "rejects.jsonl", {f"p{i}" for i in range(2000)}
+    )
+
+
+async def test_a_submit_refused_for_an_unopenable_output_does_not_brick_the_state(
+    tmp_path: Path,
+) -> None:
+    """A job whose results path cannot be opened (a directory there, a read-only folder) is
+    refused by submit, as it should be; but it was recorded first, so every later engine on
+    that state fails to start (StateError from ``async with Engine``), for every job, until
+    the state is edited by hand."""
+    manifest = write_csv(tmp_path / "a.csv", 300)
+    (tmp_path / "bad" / "results.jsonl").mkdir(parents=True)
+    async with running_service(ServiceConfig()) as svc:
+        for attempt in range(2):
+            db = StateDB(tmp_path / "state")
+            async with TaggerClient(config=client_config(svc.url)) as client:
+                engine = Engine(
+                    client=client,
+                    db=db,
+                    state=db.open_engine(),
+                    config=FAST,
+                    namespaced=True,
+                    fail_fast=False,
+                )
+                with anyio.fail_after(60):
+                    async with engine:
+                        if attempt == 0:
+                            with pytest.raises(StateError, match="cannot open the outputs"):
+                                await engine.submit(_spec("bad", manifest, tmp_path / "bad"))
+                        good = await engine.submit(
+                            _spec(f"good{attempt}", manifest, tmp_path / f"g{attempt}")
+                        )
+                        await engine.outcome(good)
+                        engine.close()
+            assert engine.complete
+    assert_exactly_once(
+        tmp_path / "g1" / "results.jsonl",
+        tmp_path / "g1" / "rejects.jsonl",
+        {f"p{i}" for i in range(300)},
+    )
+
+
+async def test_close_while_a_submit_opens_its_manifest_loses_no_job(tmp_path: Path) -> None:
+    """``engine.close()`` (or the end of the ``async with`` block, which closes) while a submit
+    is still opening its manifest: the submit passed the "engine is closed" check, the source
+    stage ended meanwhile, and the job was then recorded and added to a source that no longer
+    reads. The caller's submit was cancelled (no error, no job), the engine said complete
+    (``engine.complete`` True, the state marked complete), and the job stayed open in the
+    state, never read. Either the submit must fail with an error, or its job must run."""
+    manifest = write_csv(tmp_path / "a.csv", 300)
+    got: dict[str, object] = {}
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+
+            async def submit() -> None:
+                try:
+                    job = await engine.submit(_spec("a", manifest, tmp_path / "a"))
+                    got["job"] = job
+                    await engine.outcome(job)
+                except Exception as err:  # a refusal is a fine answer
+                    got["error"] = err
+
+            with anyio.fail_after(30):
+                async with engine, anyio.create_task_group() as tg:
+                    tg.start_soon(submit)
+                    await anyio.sleep(0)  # the submit is opening its manifest
+                    engine.close()
+    left_open = [r.key for r in StateDB(tmp_path / "state").open_jobs()]
+    # The submit under way when the engine closed has its job read to the end.
+    assert "error" not in got, got
+    assert got.get("job") is not None, "the submit neither returned nor failed"
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(300)},
+    )
+    assert engine.complete and not left_open, left_open
+
+
+async def test_a_key_resumed_with_other_manifest_content_is_refused_or_tagged(
+    tmp_path: Path,
+) -> None:
+    """A program keys its jobs by feed name ("nightly") and the process dies mid-run; the next
+    night's dump is written to the same path and submitted under the same key. ``run`` refuses
+    this (manifest fingerprints: exit 2, "other manifests"); ``Engine.submit`` does not look:
+    it resumes the old job by row position, skips every row of the new file up to the old
+    run's watermarks, and reports the job complete with none of the new ids in its outputs."""
+    from .helpers import free_port
+
+    manifest = tmp_path / "nightly.csv"
+    write_csv(manifest, 3000)
+    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
+    db = StateDB(tmp_path / "state")
+    # Night 1: the service is down, rows are taken in and written ahead; then the process goes.
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+        engine = Engine(
+            client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+        )
+        with anyio.move_on_after(2):
+            async with engine:
+                job = await engine.submit(_spec("nightly", manifest, tmp_path / "out"))
+                await engine.outcome(job)
+    assert job.counters["accepted"] > 0
+    write_csv(manifest, 3000, start=100_000)  # night 2's dump, same path, other ids
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    with pytest.raises(StateConflictError, match="give new content a new key"):
+                        await engine.submit(_spec("nightly", manifest, tmp_path / "out"))
+                    # Under its own key, night 2 is a job of its own.
+                    job = await engine.submit(_spec("nightly-2", manifest, tmp_path / "out2"))
+                    await engine.outcome(job)
+                    engine.close()
+    assert_exactly_once(
+        tmp_path / "out2" / "results.jsonl",
+        tmp_path / "out2" / "rejects.jsonl",
+        {f"p{i}" for i in range(100_000, 103_000)},
+    )
+
+
+async def test_two_jobs_on_an_engine_of_default_ids_are_refused_or_kept_apart(
+    tmp_path: Path,
+) -> None:
+    """``Engine(...)`` defaults to ``namespaced=False`` (ids sent as they are: the one job of
+    ``run``). Nothing stops a second submit: pages are then routed to whichever job was added
+    last (``Jobs.only``), so job a's results are written into job b's results file, job a
+    never settles, and ``engine.outcome(a)`` waits for ever. A second job must be refused
+    (an error at submit) or kept apart."""
+    a = write_csv(tmp_path / "a.csv", 1000)
+    b = write_csv(tmp_path / "b.csv", 1000, start=10_000)
+    async with running_service(ServiceConfig(rate=5000)) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST)
+            with anyio.fail_after(30):
+                async with engine:
+                    ja = await engine.submit(_spec("a", a, tmp_path / "a"))
+                    with pytest.raises(StateConflictError, match="namespaced=True"):
+                        await engine.submit(_spec("b", b, tmp_path / "b"))
+                    await engine.outcome(ja)
+                    # Once a's job is complete, the engine takes the next one.
+                    jb = await engine.submit(_spec("b", b, tmp_path / "b"))
+                    await engine.outcome(jb)
+                    engine.close()
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        {f"p{i}" for i in range(1000)},
+    )
+    assert_exactly_once(
+        tmp_path / "b" / "results.jsonl",
+        tmp_path / "b" / "rejects.jsonl",
+        {f"p{i}" for i in range(10_000, 11_000)},
+    )
