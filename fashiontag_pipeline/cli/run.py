@@ -212,13 +212,17 @@ class _KeepTryingHint(logging.Filter):
         return True
 
 
-def _same_file(out: Path, rejects: Path, state: Path | str, manifests: list[str]) -> str | None:
+def _same_file(
+    out: Path, rejects: Path, state: Path | str, manifests: list[str], reuse: str | None = None
+) -> str | None:
     """Why two of the run's files are one file (None when they are not): two sinks writing
-    one file through two handles overwrite each other's lines, and an output on a manifest or
-    the state destroys it."""
+    one file through two handles overwrite each other's lines, and an output on a manifest,
+    the state or the result store destroys it."""
     named = [("--out", out), ("--rejects", rejects)]
     if isinstance(state, Path):
         named.append(("--state", state))
+    if reuse is not None and not is_postgres_url(reuse):
+        named.append(("--reuse", Path(reuse)))
     named += [("manifest", Path(m)) for m in manifests if m != "-"]
     seen: dict[object, str] = {}
     for what, path in named:
@@ -257,7 +261,7 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    clash = _same_file(out, rejects, state, args.manifests)
+    clash = _same_file(out, rejects, state, args.manifests, engine.reuse)
     if clash is not None:
         print(f"fashiontag: {clash}", file=sys.stderr)
         return EXIT_USAGE

@@ -91,6 +91,37 @@ def _same_tail(given: Path, written: str, end: int, span: int = 4096) -> bool:
         return False
 
 
+#: The meta key of the question a run's rows are asked: its language and default detection.
+_ASKED = "asked"
+
+
+def _asked(language: str, detection: Sequence[str] | None) -> str:
+    return msgspec.json.encode(
+        {"language": language, "detection": sorted(detection) if detection else None}
+    ).decode()
+
+
+def _describe_asked(asked: str) -> str:
+    options = msgspec.json.decode(asked, type=dict[str, Any])
+    detection = options.get("detection")
+    shown = ",".join(detection) if detection else "the service's default"
+    return f"--language {options.get('language')} and --detection {shown}"
+
+
+def _check_asked(where: str, before: str | None, asked: str) -> None:
+    """A resumed run must ask its rows what the run was begun with: rows already sent were
+    asked that (their results are read in its language), and a result store files results by
+    the question (``--reuse``)."""
+    if before is None or before == asked:
+        return
+    raise exc.StateConflictError(
+        f"{where} holds an unfinished run begun with {_describe_asked(before)}; this command"
+        f" gives {_describe_asked(asked)}: resume it with the options it was begun with, so"
+        " that every row is answered alike, or pass --restart to start over (every row is"
+        " tagged again)"
+    )
+
+
 def _absolute(path: Path) -> Path:
     """``path`` made absolute against the working directory (a string operation, no I/O)."""
     return Path(os.path.abspath(path))
@@ -192,10 +223,14 @@ async def run_pipeline(
                 " (or move its files to the paths given) to resume it, or pass --restart to"
                 " start over (every row is tagged again)"
             )
+        asked = _asked(client.language, engine.default_detection)
+        if run.resumed:
+            _check_asked(where, db.meta(_ASKED), asked)
         # The job's outputs are the ones given now (a resume may name other paths, once
         # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
         with db.transaction():  # the state's side of --reuse, in a (fenced) transaction
+            db.set_meta(_ASKED, asked)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,
                 language=client.language,
@@ -219,7 +254,14 @@ async def run_pipeline(
         state=db.location,
     )
     core = Engine(client=tagger, db=db, state=run, config=engine, control=control, reuse=reuse)
-    spec = JobSpec(key=RUN_JOB, manifests=names, results=out, rejects=rejects, sink=engine.sink)
+    spec = JobSpec(
+        key=RUN_JOB,
+        manifests=names,
+        results=out,
+        rejects=rejects,
+        sink=engine.sink,
+        prints=prints,  # the run's own check covers them (open_run)
+    )
     restore_gc = tune_gc()
     try:
         try:

@@ -37,6 +37,9 @@ class Fingerprinter:
         self._default = self._canonical(default_detection or CLOTHING_DETECTION)
         self._detections: dict[tuple[Detection, ...], tuple[str, ...]] = {}
         self._encode = msgspec.msgpack.Encoder().encode
+        #: What the run asks of every row besides the row's own fields (its language and
+        #: default detection), as text: rows fingerprinted under another are not this run's.
+        self.question = f"{FINGERPRINT_VERSION} {language} {','.join(self._default)}"
 
     @staticmethod
     def _canonical(detection: Sequence[Detection]) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ are always sent (a local file may change under the same path).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -34,6 +35,8 @@ from .fingerprint import Fingerprinter
 from .store import ResultStoreAPI, StoredResult
 
 __all__ = ["IntakePlan", "ReuseHook"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 
 class IntakePlan(NamedTuple):
@@ -71,10 +74,25 @@ class ReuseHook:
     # -------------------------------------------------------------- state thread
 
     def prepare(self, db: Any, *, resumed: bool) -> None:
-        """Ready the state file (state thread, before the run starts)."""
+        """Ready the state file (state thread, before the run starts).
+
+        Rows still pending from an earlier start that asked another question (another
+        language or default detection: a daemon restarted with a new configuration) are sent
+        and written as ever, but their results are not stored: they answer the question asked
+        now, not the one their fingerprints were taken for."""
         reuse_rows.create(db)
+        question = self.fingerprinter.question
         if not resumed:
             reuse_rows.clear_pending(db)
+        elif reuse_rows.question(db) not in (None, question):
+            disowned = reuse_rows.disown_pending(db)
+            if disowned:
+                logger.warning(
+                    "%d rows in flight were taken in with another language or default"
+                    " detection: their results are written but not stored for reuse",
+                    disowned,
+                )
+        reuse_rows.set_question(db, question)
 
     def settle(
         self,
@@ -131,10 +149,10 @@ class ReuseHook:
         if not pending:
             return []
         get = pending.get
-        values = [
+        values = [  # (a disowned row's fingerprint is empty: see prepare)
             (fp, task_id, row.tagging_result)
             for row, ok in zip(rows, success_flags(rows), strict=True)
-            if ok and (fp := get(row.id)) is not None
+            if ok and (fp := get(row.id))
         ]
         self.stored += self.store.put(values, stored_at=self.clock())
         return reuse_rows.pending_done(list(pending))

@@ -32,12 +32,15 @@ from .changes import Change
 __all__ = [
     "clear_pending",
     "create",
+    "disown_pending",
     "pending_done",
     "pending_fingerprints",
     "pending_rows",
+    "question",
     "reuse_from",
     "reuse_started",
     "reused_before",
+    "set_question",
 ]
 
 _IN_BATCH = 400
@@ -57,6 +60,27 @@ def create(db: Any) -> None:
 def clear_pending(db: Any) -> None:
     """A new run of the state: rows of an earlier run are not pending."""
     db.execute("DELETE FROM reuse_pending")
+
+
+def question(db: Any) -> str | None:
+    """The question (language, default detection) the pending rows were fingerprinted
+    under, None when no start recorded one."""
+    row = db.execute("SELECT value FROM meta WHERE key='reuse_question'").fetchone()
+    return str(row[0]) if row else None
+
+
+def set_question(db: Any, text: str) -> None:
+    db.execute(
+        "INSERT INTO meta VALUES ('reuse_question', ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (text,),
+    )
+
+
+def disown_pending(db: Any) -> int:
+    """Pending rows keep their place (a resume must still tell them from rows answered from
+    the store) but lose their fingerprint: their results are not stored. How many."""
+    return int(db.execute("UPDATE reuse_pending SET fp = ? WHERE fp != ?", (b"", b"")).rowcount)
 
 
 def reuse_from(db: Any, job: int) -> int | None:
