@@ -1,8 +1,9 @@
 """Source: manifests (CSV with header, or JSONL; plain or gzip; files or stdin) as row batches.
 
 Bytes are read in large chunks in a worker thread (``read1`` returns whatever is available, so
-rows on a slow stdin are delivered as they arrive), cut at the last complete record, and parsed
-in one go: one await per chunk, never per line. Memory is one chunk plus one batch.
+rows on a slow stdin are delivered as they arrive), cut after the last newline (a CSV record
+the cut went through is read on with the next bytes: :mod:`.csvchunk`), and parsed in one go:
+one await per chunk, never per line. Memory is one chunk plus one batch.
 
 The format is detected from the first bytes (after gzip, itself detected from its magic bytes):
 ``{`` starts JSONL; an ``http://`` or ``https://`` URL starts a plain URL list (one URL per
@@ -36,6 +37,7 @@ import msgspec
 
 from .._exceptions import ManifestError
 from . import strays
+from .csvchunk import CsvChunk
 from .rows import PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
 
@@ -109,9 +111,9 @@ class ManifestReader:
         self._line = 0
         self.kind: Kind = "csv"
         self.header: list[str] = []
-        # The chunk being parsed: a csv reader over it (CSV) or its lines (JSONL), the line
-        # number before the chunk and the line count consumed so far within it.
-        self._csv: Any = None
+        # The chunk being parsed: its CSV records or its lines (JSONL), the line number before
+        # the chunk and the line count consumed so far within it.
+        self._csv: CsvChunk | None = None
         self._lines: list[str] | None = None
         # A CSV chunk with no quote, CR or NUL: its lines, split at commas without the csv
         # module (the same fields; see _start).
@@ -138,6 +140,9 @@ class ManifestReader:
         while True:
             raw = self._read_raw()
             if not self._sniffed and raw:
+                # The magic is two bytes; a pipe's first read may hold one.
+                while len(raw) < len(GZIP_MAGIC) and (more := self._read_raw()):
+                    raw += more
                 self._sniffed = True
                 if raw[:2] == GZIP_MAGIC:
                     self._gunzip = zlib.decompressobj(wbits=31)
@@ -165,7 +170,7 @@ class ManifestReader:
                 return out
 
     def _next_records(self) -> bytes | None:
-        """Bytes holding only complete records, or None at end of input."""
+        """Bytes holding only complete lines, or None at end of input."""
         while True:
             if self._eof:
                 if self._pending:
@@ -178,13 +183,9 @@ class ManifestReader:
                 self._eof = True
                 continue
             data = self._pending + chunk
+            # (A newline inside a quoted CSV field is no record boundary: the csv module finds
+            # a record the cut went through, see csvchunk.)
             cut = data.rfind(b"\n") + 1
-            if self.kind == "csv":
-                # A newline inside a quoted field is not a record boundary: with an odd number
-                # of quotes before it, step back to an earlier newline.
-                # (Most manifests hold no quote at all: one memchr says so before any count.)
-                while cut > 0 and data.find(b'"', 0, cut) >= 0 and data.count(b'"', 0, cut) % 2:
-                    cut = data.rfind(b"\n", 0, cut - 1) + 1
             if cut == 0:
                 self._pending = data
                 continue
@@ -225,10 +226,12 @@ class ManifestReader:
             self._head_dirty = dirty
             if stripped.startswith("{"):
                 self.kind = "jsonl"
+                self._check_line_ends(stripped, "\r{")
                 self._head = text
                 return
             if stripped[:8].lower().startswith(("http://", "https://")):
                 self.kind = "urls"
+                self._check_line_ends(stripped.lower(), "\rhttp")
                 self.header = list(URL_LIST_HEADER)
                 self._head = text
                 return
@@ -256,6 +259,15 @@ class ManifestReader:
             self.header = names
             self._head = "".join(lines[skip + 1 :])
             return
+
+    def _check_line_ends(self, text: str, next_row: str) -> None:
+        """ManifestError for a JSONL or URL list whose lines end with a bare CR (old Mac line
+        ends): its lines are split at LF, so every row would be read as one line."""
+        if next_row in text.partition("\n")[0]:
+            raise ManifestError(
+                f"manifest {self.name} ends its lines with a bare CR (\\r): save it with LF or"
+                " CRLF line ends (JSONL and URL lists are read a line per row)"
+            )
 
     def _check_columns(self, names: list[str]) -> None:
         """ManifestError for a header naming a column the engine reads twice (which of the
@@ -304,7 +316,8 @@ class ManifestReader:
             newlines = len(lines) if text.endswith("\n") else text.count("\n")
             self._line = self._base + newlines
         else:
-            self._csv = csv.reader(io.StringIO(text, newline=""))
+            # The input's last chunk (read to its end, nothing pending) has no record after it.
+            self._csv = CsvChunk(text, last=self._eof and not self._pending)
 
     def _take(self) -> Sequence[tuple[int, Any]]:
         """Up to ``max_rows`` rows of the chunk being parsed (a row with bytes that are not
@@ -354,26 +367,15 @@ class ManifestReader:
             return [
                 (first + k, text_line.split(",")) for k, text_line in enumerate(block) if text_line
             ]
-        reader = self._csv
-        start = self._done
-        append = rows.append
-        while True:
-            try:
-                fields: list[str] | str = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as err:
-                fields = f"not a valid CSV row: {err}"
-            line = base + start + 1
-            start = reader.line_num
-            if fields:
-                append((line, fields))
-                if len(rows) >= limit:
-                    self._done = start
-                    return rows
-        self._line = base + reader.line_num
-        self._csv = None
-        return rows
+        chunk = self._csv
+        assert chunk is not None
+        parsed = chunk.rows(limit, base)
+        if chunk.done:
+            self._line = base + chunk.consumed
+            if chunk.rest is not None:  # a record the cut went through: read on first
+                self._pending = chunk.rest.encode("utf-8", "surrogateescape") + self._pending
+            self._csv = None
+        return parsed
 
     def read_batch(self) -> RowBatch | None:
         """The next rows (at most ``max_rows``), or None at end of input."""
