@@ -134,10 +134,11 @@ def daemon_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if is_postgres_url(location) and engine.sink != "jsonl":
+    if engine.sink != "jsonl":
         print(
-            "fashiontag: --sink sqlite cannot be shared by several daemons (a manifest changes "
-            "hands by its JSONL outputs): leave --sink at jsonl with a PostgreSQL state",
+            "fashiontag: the daemon writes each manifest's results as OUTBOX/STEM/results.jsonl"
+            " (and several daemons hand a manifest over by its JSONL files): --sink sqlite is"
+            " for fashiontag run; leave --sink at jsonl",
             file=sys.stderr,
         )
         return EXIT_USAGE

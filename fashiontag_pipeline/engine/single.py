@@ -156,6 +156,12 @@ def split_routes(
     return bulk, singles
 
 
+#: Statuses of the single endpoint that refuse the image sent (its reject): a request the
+#: service finds invalid (400, 422: an image it cannot read, a context field it refuses) or
+#: too large (413). Any other 4xx is about no image, and stops the run.
+ROW_STATUSES = frozenset({400, 413, 422})
+
+
 class SingleRouter:
     """The bounded pool of single-mode requests. :meth:`run` consumes the routed rows of the
     validator (and, on resume, the rows left pending) until its stream ends."""
@@ -268,6 +274,14 @@ class SingleRouter:
                 continue
             except exc.RequestError as err:
                 message = err.service_message or str(err)
+                if err.status not in ROW_STATUSES:
+                    # A 404 or 405 (a gateway that does not route the endpoint, a wrong base
+                    # URL) is about no image: every row would be refused for nothing it holds.
+                    raise FatalRunError(
+                        f"the single endpoint answered HTTP {err.status}, which is about no"
+                        f" image ({' '.join(message.split())[:200]}): check --base-url; the"
+                        " rows for it wait in the state"
+                    ) from err
                 reason = f"{err.code}: {message}" if err.code is not None else message
                 await self._reject(item, reason, STAGE_SERVER)
                 return

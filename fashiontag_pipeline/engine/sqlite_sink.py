@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -81,30 +81,7 @@ class SqliteResultSink:
     def _insert(self, rows: list[tuple[str, str, msgspec.Raw]], *, reused: int) -> None:
         values = []
         for ident, task_id, raw in rows:
-            typed = _typed_decoder.decode(raw)
-            category = item = None
-            confidence = None
-            if typed.data is not None:
-                for obj in typed.data.objects:
-                    if obj.tags:
-                        tag = obj.tags[0]
-                        category = tag.category.name if tag.category else None
-                        if tag.item is not None:
-                            item, confidence = tag.item.name, tag.item.confidence
-                        break
-            values.append(
-                (
-                    ident,
-                    task_id,
-                    typed.status,
-                    category,
-                    item,
-                    confidence,
-                    typed.error.code if typed.error else None,
-                    bytes(raw).decode(),
-                    reused,
-                )
-            )
+            values.append((ident, task_id, *_columns(raw), bytes(raw).decode(), reused))
         self._db.execute("BEGIN")
         self._db.executemany(
             "INSERT OR REPLACE INTO results (id, task_id, status, category, item,"
@@ -174,3 +151,41 @@ class SqliteResultSink:
         if self._probe >= 0:
             os.close(self._probe)
             self._probe = -1
+
+
+class _Loose(msgspec.Struct):
+    """A tagging result as far as it can be read when it is not the spec's shape."""
+
+    status: Any = None
+    error: Any = None
+
+
+_loose_decoder = msgspec.json.Decoder(_Loose)
+
+
+def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
+    """(status, category, item, item_confidence, error_code) of a tagging result. A result
+    the typed model does not take (a shape the spec leaves open, such as a failure whose code
+    is a word) fills what it can and leaves the rest NULL: its whole JSON is in ``result``,
+    as the JSONL sink writes it."""
+    try:
+        typed = _typed_decoder.decode(raw)
+    except msgspec.DecodeError:  # (a ValidationError too)
+        try:
+            loose = _loose_decoder.decode(raw)
+        except msgspec.DecodeError:
+            return (None, None, None, None, None)
+        status = loose.status if isinstance(loose.status, str) else None
+        code = loose.error.get("code") if isinstance(loose.error, dict) else None
+        return (status, None, None, None, code if isinstance(code, int | str) else None)
+    category = item = None
+    confidence = None
+    if typed.data is not None:
+        for obj in typed.data.objects:
+            if obj.tags:
+                tag = obj.tags[0]
+                category = tag.category.name if tag.category else None
+                if tag.item is not None:
+                    item, confidence = tag.item.name, tag.item.confidence
+                break
+    return (typed.status, category, item, confidence, typed.error.code if typed.error else None)

@@ -30,6 +30,7 @@ import anyio
 from aiohttp import web
 
 BULK = "/tagger/v2.12/bulk"
+SINGLE = "/tagger/v2/tags"
 
 
 @dataclass
@@ -143,6 +144,12 @@ class Misbehaviour:
     #: Times (``taskExpireAt``, ``taskExpiredAt``, ``resultExpiredAt``) written as HTTP dates
     #: (``Thu, 26 Nov 2026 05:00:00 GMT``), not RFC 3339.
     http_date_times: bool = False
+    #: Id (as in the manifest) -> the tagging result a results page gives for it in place of
+    #: the service's (a shape the spec leaves open, e.g. a failure whose code is a word).
+    results_given: dict[str, Any] = field(default_factory=dict)
+    #: Every request to the single endpoint answered with this status and an HTML page, not
+    #: forwarded (a gateway that does not route ``/tagger/v2/tags``).
+    refuse_single: int | None = None
 
 
 class MisbehavingProxy:
@@ -205,6 +212,12 @@ class MisbehavingProxy:
                     self.puts_refused += 1
                 return self._not_found()
         body = await request.read()
+        if path == SINGLE and self.rules.refuse_single is not None:
+            return web.Response(
+                status=self.rules.refuse_single,
+                body=b"<html><body><h1>Not Found</h1></body></html>",
+                headers={"Content-Type": "text/html", **self._headers()},
+            )
         if request.method in ("POST", "PUT"):
             refusal = self._refuse_write(request.method, body)
             if refusal is not None:
@@ -412,6 +425,14 @@ class MisbehavingProxy:
             results = data["data"]["results"]
             if offset == 0 and results:
                 self.first_rows[task_id] = results[0]
+            if rules.results_given and any(
+                r["id"].rsplit("/", 1)[-1] in rules.results_given for r in results
+            ):
+                for r in results:
+                    given = rules.results_given.get(r["id"].rsplit("/", 1)[-1])
+                    if given is not None:
+                        r["taggingResult"] = given
+                return json.dumps(data).encode()
             if n in rules.duplicate_in_first_page and offset == 0 and len(results) >= 2:
                 results[-1] = results[0]
                 return json.dumps(data).encode()

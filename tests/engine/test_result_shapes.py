@@ -1,0 +1,95 @@
+"""Answers whose shape the spec leaves open, on the paths that met them badly (found by a hunt).
+
+* A tagging result the typed model does not take (a failure whose ``error.code`` is a word)
+  is written by the JSONL sink as it came; the SQLite sink decoded it into the model to fill
+  its columns and stopped the run, at every resume, so the run could never finish.
+* A single endpoint answered 404 (a gateway that does not route ``/tagger/v2/tags``) made
+  every local-file and ``data:`` row a ``server-validation`` reject, and the run ended
+  complete: no row was ever tagged. A 404 is about no image; the run stops, its rows kept.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import client_config, read_outcomes, write_csv
+from .proxy import Misbehaviour, misbehaving
+from .test_single_mode import red_picture, write_csv_rows
+
+FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0)
+
+#: A per-image failure that names its cause in words (the spec's codes are numbers).
+WORDED_FAILURE = {
+    "status": "failure",
+    "error": {"code": "IMAGE_DOWNLOAD_FAILED", "message": "image could not be fetched"},
+}
+
+
+@pytest.mark.parametrize("sink", ["jsonl", "sqlite"])
+async def test_a_result_of_another_shape_is_written_by_every_sink(
+    tmp_path: Path, sink: str
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out, rej = tmp_path / f"out.{sink}", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(results_given={"p3": WORDED_FAILURE})
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            engine=msgspec.structs.replace(FAST, sink=sink),
+        )
+    assert summary.complete
+    if sink == "jsonl":
+        results = {r["id"]: r["taggingResult"] for r in read_outcomes(out, rej).results}
+        assert len(results) == 20 and results["p3"] == WORDED_FAILURE
+        return
+    with sqlite3.connect(out) as db:
+        assert db.execute("SELECT count(*) FROM results").fetchone() == (20,)
+        row = db.execute(
+            "SELECT status, category, error_code, result FROM results WHERE id='p3'"
+        ).fetchone()
+    assert row[:3] == ("failure", None, "IMAGE_DOWNLOAD_FAILED")
+    assert msgspec.json.decode(row[3]) == WORDED_FAILURE
+
+
+async def test_a_single_endpoint_that_is_not_there_stops_the_run_and_rejects_no_row(
+    tmp_path: Path,
+) -> None:
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(5)] + [("h0", "https://img.example/0.jpg")]
+    manifest = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state"
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(refuse_single=404)) as proxy:
+            with pytest.raises(FatalRunError, match="HTTP 404, which is about no image"):
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=state,
+                    engine=FAST,
+                )
+        assert not read_outcomes(out, rej).rejects
+        # The endpoint routed again: the same command tags the rows that waited.
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(svc.url),
+            out=out,
+            rejects=rej,
+            state=state,
+            engine=FAST,
+        )
+    assert summary.complete
+    o = read_outcomes(out, rej)
+    assert sorted(o.ids) == sorted(i for i, _ in rows) and not o.rejects
