@@ -221,8 +221,8 @@ class TaggerClient:
 
     async def list_tasks(self, *, offset: int | None = None, size: int | None = None) -> list[Task]:
         """One page of the bulk key's tasks (``GET /tagger/v2.12/bulk``); without ``offset``
-        and ``size``, the service's default page (the reference service: the 100 newest; a
-        service that does not page: every task). See :meth:`all_tasks`."""
+        and ``size``, the service's default answer (the spec's: every task, as the reference
+        service gives it). See :meth:`all_tasks`."""
         return (await self._task_page(offset, size)).tasks
 
     async def all_tasks(self, *, page_size: int = LIST_PAGE_SIZE) -> list[Task]:

@@ -18,6 +18,7 @@ __all__ = [
     "MAX_ALBUM_NAME_LENGTH",
     "MAX_ID_LENGTH",
     "MAX_URL_LENGTH",
+    "SINGLE_STRING_FIELDS",
     "ParsedWrite",
     "Validated",
     "accept",
@@ -29,9 +30,10 @@ __all__ = [
 MAX_ID_LENGTH = 1024
 MAX_URL_LENGTH = 8192
 MAX_ALBUM_NAME_LENGTH = 256
-#: In ``failureList`` echoes: the longest string kept (ids keep up to MAX_ID_LENGTH, so the
-#: engine can still match a failure to its row), and the most array items kept.
-ECHO_MAX_CHARS = 256
+#: In ``failureList`` echoes: the longest string kept, and the most array items kept. Strings
+#: are echoed whole up to the longest URL the service takes (a client may match failures by
+#: URL or id); longer ones (a base64 image sent to bulk) are cut.
+ECHO_MAX_CHARS = MAX_URL_LENGTH
 ECHO_MAX_ITEMS = 16
 _ECHO_CONTEXT_FIELDS = (
     "id",
@@ -55,6 +57,8 @@ _STRING_CONTEXT_FIELDS = (
     "productContentName",
     "season",
 )
+#: The context fields single mode takes as strings: those, its id and its age.
+SINGLE_STRING_FIELDS = ("id", *_STRING_CONTEXT_FIELDS, "age")
 
 
 @dataclass(slots=True)
@@ -191,9 +195,7 @@ def _echo(element: Any) -> dict[str, Any]:
     context = element.get("context")
     if isinstance(context, dict):
         echo["context"] = {
-            k: _echo_value(context[k], MAX_ID_LENGTH if k == "id" else ECHO_MAX_CHARS)
-            for k in _ECHO_CONTEXT_FIELDS
-            if k in context
+            k: _echo_value(context[k], ECHO_MAX_CHARS) for k in _ECHO_CONTEXT_FIELDS if k in context
         }
     elif "context" in element:
         echo["context"] = _echo_value(element["context"], ECHO_MAX_CHARS)

@@ -93,13 +93,28 @@ def _lookup(request: web.Request, state: ServiceState, owner: bytes) -> TaskReco
     return task
 
 
+def _check_appendable(state: ServiceState, task: TaskRecord) -> None:
+    """410 for a task past its expiry, or whose results expired (possible while it still
+    takes writes when ``--result-ttl`` is shorter than the write window): images appended then
+    could never be read, and the task no longer knows its ids to refuse a duplicate."""
+    now = state.clock()
+    if now >= task.expire_at:
+        raise Reject(410, CODE_BAD_ROUTE, f"task {task.task_id} expired at {iso(task.expire_at)}")
+    if task.purged or (task.result_expire_at is not None and now >= task.result_expire_at):
+        raise Reject(
+            410,
+            CODE_BAD_ROUTE,
+            f"results of task {task.task_id} expired at {iso(task.result_expire_at)}: it takes"
+            " no more images",
+        )
+
+
 async def handle_append(request: web.Request) -> web.Response:
     """PUT /tagger/v2.12/bulk/{task}: append images to a live task."""
     state = request.app[STATE]
     owner = state.keys.identify(request, bulk=True)
     task = _lookup(request, state, owner)
-    if state.clock() >= task.expire_at:
-        raise Reject(410, CODE_BAD_ROUTE, f"task {task.task_id} expired at {iso(task.expire_at)}")
+    _check_appendable(state, task)
     parsed = parse_bulk(await read_json(request))
     accepted = validate(state, task, parsed, task.default_detection)
     if parsed.strict and accepted.failures:
@@ -110,29 +125,30 @@ async def handle_append(request: web.Request) -> web.Response:
             failure_list=accepted.failures,
         )
     # Time may have passed while the body was read and checked.
-    if state.clock() >= task.expire_at:
-        raise Reject(410, CODE_BAD_ROUTE, f"task {task.task_id} expired at {iso(task.expire_at)}")
+    _check_appendable(state, task)
     accept(state, task, accepted, extend=True)
     return write_response(task, accepted)
 
 
 async def handle_list(request: web.Request) -> web.Response:
-    """GET /tagger/v2.12/bulk?offset=&size=: the key's tasks, newest first, one page.
+    """GET /tagger/v2.12/bulk[?offset=&size=]: the key's tasks, newest first.
 
-    ``offset`` counts from the newest task (0 = newest), ``size`` is 1 to
-    :data:`MAX_LIST_SIZE` (default :data:`DEFAULT_LIST_SIZE`). ``data.taskInfo`` says
+    Without paging parameters, every task (the spec's list has none). ``offset`` counts from
+    the newest task (0 = newest), ``size`` is 1 to :data:`MAX_LIST_SIZE` (default
+    :data:`DEFAULT_LIST_SIZE` when only ``offset`` is given). ``data.taskInfo`` says
     ``totalCount`` (all the key's tasks), ``offset`` and ``size``, as the results pages do.
     """
     state = request.app[STATE]
     owner = state.keys.identify(request, bulk=True)
-    offset = query_int(request, "offset", 0)
-    size = query_int(request, "size", DEFAULT_LIST_SIZE)
-    if offset < 0:
-        raise Reject(400, CODE_BAD_JSON, "offset must be >= 0")
-    if not 1 <= size <= MAX_LIST_SIZE:
-        raise Reject(400, CODE_BAD_JSON, f"size must be between 1 and {MAX_LIST_SIZE}")
     tasks = state.store.tasks_of(owner)
     total = len(tasks)
+    paged = "offset" in request.query or "size" in request.query
+    offset = query_int(request, "offset", 0)
+    size = query_int(request, "size", DEFAULT_LIST_SIZE) if paged else max(total, 1)
+    if offset < 0:
+        raise Reject(400, CODE_BAD_JSON, "offset must be >= 0")
+    if paged and not 1 <= size <= MAX_LIST_SIZE:
+        raise Reject(400, CODE_BAD_JSON, f"size must be between 1 and {MAX_LIST_SIZE}")
     first = total - 1 - offset  # newest first
     last = max(first - size, -1)
     parts = [

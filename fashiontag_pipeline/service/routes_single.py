@@ -12,7 +12,7 @@ from .analyzer import (
     decode_base64_image,
     failure_response,
 )
-from .bulk_validation import MAX_URL_LENGTH
+from .bulk_validation import MAX_URL_LENGTH, SINGLE_STRING_FIELDS
 from .context import STATE
 from .errors import CODE_BAD_DETECTION, CODE_BAD_JSON, Reject, json_response
 from .parsing import language, parse_detection, read_json
@@ -42,6 +42,10 @@ async def handle_tag(request: web.Request) -> web.Response:
     context = payload.get("context")
     if context is not None and not isinstance(context, dict):
         raise Reject(400, CODE_BAD_JSON, "context must be an object")
+    for name in SINGLE_STRING_FIELDS:  # spec 2.2: strings (age too, in single mode)
+        value = context.get(name) if context else None
+        if value is not None and not isinstance(value, str):
+            raise Reject(400, CODE_BAD_JSON, f"context.{name} must be a string")
     try:
         mask = parse_detection(context.get("detection") if context else None, "context.detection")
     except ValueError as err:

@@ -157,6 +157,9 @@ class TaskStore:
                 if task.outcomes is not None:
                     for i in range(start, start + n):
                         task.outcomes[i] = OUTCOME_DONE
+            # Results expire ``result_ttl`` after the task was last done: images appended to
+            # a done task (tagged at once here) must be readable as long as the first ones.
+            task.done_at = None
         self._update_done(task)
         if self._journal is not None:
             try:

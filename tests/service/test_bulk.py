@@ -329,12 +329,14 @@ async def test_bulk_element_with_all_context_fields(client: TaggerClient) -> Non
 async def test_all_tasks_pages_through_the_list(
     service: RunningService, client_for: Callable[..., TaggerClient]
 ) -> None:
-    """The list is paged (100 newest by default): all_tasks() reads every page, so adopting a
-    task after an ambiguous create or `tasks list` never misses an older one."""
+    """Without paging parameters the list has every task (the spec's list takes none); with
+    them it is paged, and all_tasks() reads every page, so adopting a task after an ambiguous
+    create or `tasks list` never misses an older one."""
     client = client_for(service.url)
     created = [
         (await client.create_task(requests(1), description=f"t{i}")).task_id for i in range(130)
     ]
-    assert len(await client.list_tasks()) == 100
+    assert len(await client.list_tasks()) == 130
+    assert len(await client.list_tasks(offset=0, size=100)) == 100
     everything = await client.all_tasks(page_size=40)
     assert [t.task_id for t in everything] == created[::-1]

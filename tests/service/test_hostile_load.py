@@ -119,7 +119,7 @@ async def test_list_is_paged_newest_first_with_task_info(service: RunningService
     status, listed, _ = await raw(service, "GET", BULK)
     assert status == 200
     assert [t["taskId"] for t in listed["data"]["tasks"]] == ids[::-1]
-    assert listed["data"]["taskInfo"] == {"totalCount": 5, "offset": 0, "size": 100}
+    assert listed["data"]["taskInfo"] == {"totalCount": 5, "offset": 0, "size": 5}
     status, page, _ = await raw(service, "GET", BULK + "?offset=1&size=2")
     assert [t["taskId"] for t in page["data"]["tasks"]] == [ids[3], ids[2]]
     status, past, _ = await raw(service, "GET", BULK + "?offset=9")
