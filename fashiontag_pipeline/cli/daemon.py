@@ -138,7 +138,7 @@ def daemon_command(args: argparse.Namespace) -> int:
         print(
             "fashiontag: the daemon writes each manifest's results as OUTBOX/STEM/results.jsonl"
             " (and several daemons hand a manifest over by its JSONL files): --sink sqlite is"
-            " for fashiontag run; leave --sink at jsonl",
+            " for fashiontag run; leave --sink (engine.sink in a config file) at jsonl",
             file=sys.stderr,
         )
         return EXIT_USAGE

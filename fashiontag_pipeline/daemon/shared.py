@@ -87,8 +87,10 @@ class SharedDaemon:
         self.leased: dict[tuple[int, int], Lease] = {}
         self._wake = anyio.Event()
         self._acquire_failed = False
-        #: Attempts in a row that ended on an error with no progress between them, by claim.
+        #: Attempts in a row that ended on an error with no progress between them, by claim,
+        #: and the last one's reason.
         self._failures: dict[int, int] = {}
+        self._reasons: dict[int, str] = {}
         #: What the state had committed of each claim when its last attempt here began
         #: (:func:`_progress`): an attempt that finds more than the one before made progress.
         self._progress: dict[int, tuple[int, int, int]] = {}
@@ -288,17 +290,20 @@ class SharedDaemon:
             )
         except exc.FashiontagError as err:
             # The database went away (a restart), the result store failed, or this manifest
-            # cannot be kept in the state at all: it is leased again and resumed, up to
-            # MAX_ATTEMPTS times in a row here, then fails with the reason. An attempt that
-            # committed rows since the one before starts the count again: five database
-            # restarts over one long manifest are not one failure five times.
+            # cannot be kept in the state at all: it is leased again and resumed. It fails
+            # with the reason once MAX_ATTEMPTS attempts in a row here stopped with nothing
+            # committed: decided when the next attempt begins and finds what the state holds
+            # (_tag), since an attempt's own commits are only seen then. Five database
+            # restarts over one long manifest are not one failure five times. An attempt that
+            # stops before it can look (the count past the limit) fails it at once.
             keeper.forget(lease)
             attempts = self._failures[lease.claim_id] = self._failures.get(lease.claim_id, 0) + 1
+            self._reasons[lease.claim_id] = str(err)
             logger.warning(
                 "the manifest stopped on an error; it resumes when it is leased again",
                 extra={"manifest": lease.name, "reason": str(err), "attempts": attempts},
             )
-            if attempts >= MAX_ATTEMPTS and claim is not None and outputs is not None:
+            if attempts > MAX_ATTEMPTS and claim is not None and outputs is not None:
                 with contextlib.suppress(exc.FashiontagError):
                     await daemon.failed(
                         claim, outputs, inbox, f"{err} ({attempts} attempts)", lease=lease
@@ -319,6 +324,7 @@ class SharedDaemon:
 
     def _forget(self, claim_id: int) -> None:
         self._failures.pop(claim_id, None)
+        self._reasons.pop(claim_id, None)
         self._progress.pop(claim_id, None)
 
     async def _tag(
@@ -351,6 +357,13 @@ class SharedDaemon:
             results, rejects = epoch_outputs(outputs, lease.epoch)
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
             self._attempt(lease.claim_id, row)
+            attempts = self._failures.get(lease.claim_id, 0)
+            if attempts >= MAX_ATTEMPTS:  # that many in a row, and nothing committed since
+                reason = self._reasons.get(lease.claim_id, "it stopped on an error")
+                await daemon.failed(
+                    claim, outputs, inbox, f"{reason} ({attempts} attempts)", lease=lease
+                )
+                return True
             if row is not None:  # taken over: this epoch starts from what the state committed
                 await anyio.to_thread.run_sync(
                     copy_prefix,

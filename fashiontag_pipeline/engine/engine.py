@@ -405,6 +405,10 @@ class Engine:
             prints = list(spec.prints) if spec.prints is not None else None
             if prints is None:
                 prints = await anyio.to_thread.run_sync(job_prints, spec.manifests)
+            found = await self.journal.run(db.find_job, spec.key)
+            if found is not None:  # checked before open_job records anything of this submit
+                await self._check_content(found, prints)
+                self._check_outputs(found, spec)
             row = await self.journal.run(
                 db.open_job,
                 spec.key,
@@ -415,8 +419,6 @@ class Engine:
                 spec.sink,
                 msgspec.json.encode(prints).decode(),
             )
-            if row.resumed:
-                await self._check_content(row, prints)
             job = self.jobs.by_id.get(row.job)
             if row.state != "open":
                 # Complete already (a crash after it completed, before its caller recorded
@@ -460,6 +462,24 @@ class Engine:
             f" {describe(prints)}: a key resumes its job on the same content, so give new"
             " content a new key"
         )
+
+    def _check_outputs(self, row: JobRow, spec: JobSpec) -> None:
+        """A job in flight in this engine writes to the outputs it was opened with: a submit
+        of its key naming others would have the state count its lines in files it does not
+        write."""
+        job = self.jobs.by_id.get(row.job)
+        if job is None:
+            return
+        if (row.results, row.rejects, row.sink) != (
+            str(spec.results),
+            str(spec.rejects),
+            spec.sink,
+        ):
+            raise exc.StateConflictError(
+                f"job {row.key!r} is open in this engine and writes to {row.results} and"
+                f" {row.rejects}: submit it with those outputs (move its files once it is"
+                " complete)"
+            )
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()

@@ -28,8 +28,9 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix soc
 
 #: Loaded by a daemon at start (``sitecustomize``), on cue from its environment:
 #: ``HOOK_KILL_AFTER_PUBLISH``: SIGKILL right after a manifest's outputs are published, before
-#: its summary and claim are settled; ``HOOK_FAIL_ATTEMPTS=N``: the first N attempts (state
-#: connections with a lease fence) of a manifest each stop on a state error after 8 commits.
+#: its summary and claim are settled; ``HOOK_FAIL_PLAN=N,N,...``: the manifest's attempts (its
+#: fenced state connections), in turn, stop on a state error after N commits (0: at their
+#: first transaction, nothing committed); later attempts run on.
 HOOK = textwrap.dedent(
     """
     import os, signal
@@ -40,23 +41,27 @@ HOOK = textwrap.dedent(
             _publish(outputs, epoch)
             os.kill(os.getpid(), signal.SIGKILL)
         shared.publish_outputs = publish_then_die
-    if os.environ.get("HOOK_FAIL_ATTEMPTS"):
+    if os.environ.get("HOOK_FAIL_PLAN"):
         from fashiontag_pipeline import _exceptions as exc
         from fashiontag_pipeline.engine.state import pgstore
-        failing = [int(os.environ["HOOK_FAIL_ATTEMPTS"])]
-        _init, _commit = pgstore.PostgresStateDB.__init__, pgstore.PostgresStateDB.commit
+        plan = [int(n) for n in os.environ["HOOK_FAIL_PLAN"].split(",")]
+        cls = pgstore.PostgresStateDB
+        _init, _begin, _commit = cls.__init__, cls.begin, cls.commit
         def init(self, *args, **kwargs):
             _init(self, *args, **kwargs)
-            self.hook_fails = kwargs.get("fence") is not None and failing[0] > 0
+            fenced = kwargs.get("fence") is not None
+            self.hook_after = plan.pop(0) if fenced and plan else None
             self.hook_commits = 0
-            failing[0] -= self.hook_fails
+        def begin(self):
+            if self.hook_after == 0:
+                raise exc.StateError("hook: the database went away")
+            _begin(self)
         def commit(self):
             _commit(self)
             self.hook_commits += 1
-            if self.hook_fails and self.hook_commits >= 8:
+            if self.hook_after and self.hook_commits >= self.hook_after:
                 raise exc.StateError("hook: the database went away")
-        pgstore.PostgresStateDB.__init__ = init
-        pgstore.PostgresStateDB.commit = commit
+        cls.__init__, cls.begin, cls.commit = init, begin, commit
     """
 )
 
@@ -119,7 +124,7 @@ async def test_attempts_that_each_make_progress_do_not_add_up_to_a_failure(
     # fail in a row: each made progress, so none of them is the same failure again.
     ids = [f"r{i}" for i in range(8_000)]
     async with running_service(ServiceConfig(rate=1500.0)) as svc:
-        env = _hooked(tmp_path, HOOK_FAIL_ATTEMPTS="6")
+        env = _hooked(tmp_path, HOOK_FAIL_PLAN="8,8,8,8,8,8")
         a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
         try:
             await a.wait_ready_endpoint()
@@ -137,6 +142,28 @@ async def test_attempts_that_each_make_progress_do_not_add_up_to_a_failure(
     assert len(stops) == 6
     assert summary["status"] == "done", summary.get("reason")
     _ids_once(tmp_path / "outbox" / "big", ids)
+
+
+async def test_an_attempt_that_makes_progress_after_four_that_made_none_is_not_the_fifth(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # The fifth attempt in a row commits rows before it stops: its progress is seen when the
+    # next one begins, so the count starts again there instead of failing the manifest.
+    ids = [f"q{i}" for i in range(4_000)]
+    async with running_service(ServiceConfig(rate=1500.0)) as svc:
+        env = _hooked(tmp_path, HOOK_FAIL_PLAN="0,0,0,0,8")
+        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "m.csv", ids)
+            summary = await a.wait_summary("m", timeout=180)
+            assert await a.stop() == 0
+        finally:
+            a.ensure_dead()
+    stops = [line for line in a.logs() if line.get("event", "").startswith("the manifest stopped")]
+    assert [line["attempts"] for line in stops] == [1, 2, 3, 4, 5]
+    assert summary["status"] == "done", summary.get("reason")
+    _ids_once(tmp_path / "outbox" / "m", ids)
 
 
 async def test_a_taker_that_mounts_the_share_elsewhere_finishes_the_manifest(

@@ -21,7 +21,7 @@ from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, read_outcomes, write_csv
+from .helpers import assert_exactly_once, client_config, free_port, read_outcomes, write_csv
 
 FAST = EngineConfig(
     poll_min=0.02,
@@ -207,7 +207,6 @@ async def test_a_key_resumed_with_other_manifest_content_is_refused_or_tagged(
     this (manifest fingerprints: exit 2, "other manifests"); ``Engine.submit`` does not look:
     it resumes the old job by row position, skips every row of the new file up to the old
     run's watermarks, and reports the job complete with none of the new ids in its outputs."""
-    from .helpers import free_port
 
     manifest = tmp_path / "nightly.csv"
     write_csv(manifest, 3000)
@@ -278,4 +277,99 @@ async def test_two_jobs_on_an_engine_of_default_ids_are_refused_or_kept_apart(
         tmp_path / "b" / "results.jsonl",
         tmp_path / "b" / "rejects.jsonl",
         {f"p{i}" for i in range(10_000, 11_000)},
+    )
+
+
+@pytest.mark.parametrize("consequence", [False, True])
+async def test_a_key_refused_for_other_content_keeps_its_outputs_in_the_state(
+    tmp_path: Path, consequence: bool
+) -> None:
+    """The refusal came after the state had taken the refused submit's output paths for the
+    old job: the next start resumed it there and cut the new job's results back to the old
+    job's checkpoint, or could not start at all."""
+    manifest = tmp_path / "nightly.csv"
+    write_csv(manifest, 3000)
+    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
+    db = StateDB(tmp_path / "state")
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+        engine = Engine(
+            client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+        )
+        with anyio.move_on_after(2):
+            async with engine:
+                job = await engine.submit(_spec("nightly", manifest, tmp_path / "out"))
+                await engine.outcome(job)
+    assert job.counters["accepted"] > 0
+    write_csv(manifest, 3000, start=100_000)  # night 2: other content at the same path
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    with pytest.raises(StateConflictError, match="give new content a new key"):
+                        await engine.submit(_spec("nightly", manifest, tmp_path / "new"))
+                    job = await engine.submit(_spec("nightly-2", manifest, tmp_path / "new"))
+                    await engine.outcome(job)
+                    engine.close()
+        if not consequence:
+            row = StateDB(tmp_path / "state").find_job("nightly")
+            assert row is not None
+            # The refused submit must have recorded nothing:
+            assert Path(row.results).parent == tmp_path / "out", row.results
+        else:
+            # The next engine on the state, submitting nothing (the old job is resumed at
+            # whatever paths the state now records for it).
+            db = StateDB(tmp_path / "state")
+            async with TaggerClient(config=client_config(svc.url)) as client:
+                engine = Engine(
+                    client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+                )
+                with anyio.fail_after(60):
+                    async with engine:
+                        engine.close()
+    assert_exactly_once(
+        tmp_path / "new" / "results.jsonl",
+        tmp_path / "new" / "rejects.jsonl",
+        {f"p{i}" for i in range(100_000, 103_000)},
+    )
+
+
+async def test_a_job_open_in_the_engine_is_resumed_only_at_its_own_outputs(
+    tmp_path: Path,
+) -> None:
+    """A job the state holds open is opened, with its outputs, when the engine starts: a
+    submit of its key naming other outputs would have the state count lines in files that
+    job does not write."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
+    db = StateDB(tmp_path / "state")
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+        engine = Engine(
+            client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+        )
+        with anyio.move_on_after(2):  # the service is down: rows are written ahead, no more
+            async with engine:
+                job = await engine.submit(_spec("m", manifest, tmp_path / "out"))
+                await engine.outcome(job)
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=config, namespaced=True
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    with pytest.raises(StateConflictError, match="submit it with those outputs"):
+                        await engine.submit(_spec("m", manifest, tmp_path / "elsewhere"))
+                    job = await engine.submit(_spec("m", manifest, tmp_path / "out"))
+                    await engine.outcome(job)
+                    engine.close()
+    assert not (tmp_path / "elsewhere").exists()
+    assert_exactly_once(
+        tmp_path / "out" / "results.jsonl",
+        tmp_path / "out" / "rejects.jsonl",
+        {f"p{i}" for i in range(2000)},
     )
