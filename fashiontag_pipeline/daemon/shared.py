@@ -44,8 +44,8 @@ from ..engine import RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job
 from ..engine.run import RUN_JOB, first_error, run_pipeline
-from ..engine.state.jobtables import JobRow
 from ..engine.state.pgstore import PostgresStateDB, drop_state
+from .attempts import Attempts
 from .epochs import (
     claim_state_url,
     committed_file,
@@ -87,13 +87,7 @@ class SharedDaemon:
         self.leased: dict[tuple[int, int], Lease] = {}
         self._wake = anyio.Event()
         self._acquire_failed = False
-        #: Attempts in a row that ended on an error with no progress between them, by claim,
-        #: and the last one's reason.
-        self._failures: dict[int, int] = {}
-        self._reasons: dict[int, str] = {}
-        #: What the state had committed of each claim when its last attempt here began
-        #: (:func:`_progress`): an attempt that finds more than the one before made progress.
-        self._progress: dict[int, tuple[int, int, int]] = {}
+        self._attempts = Attempts(MAX_ATTEMPTS)
         self._ledger: PostgresClaimLedger | None = None
 
     async def run(self) -> None:
@@ -278,7 +272,7 @@ class SharedDaemon:
                 return
             if await self._tag(claim, outputs, inbox, lease, keeper, client):
                 keeper.forget(lease)
-                self._forget(lease.claim_id)
+                self._attempts.forget(lease.claim_id)
                 await anyio.to_thread.run_sync(
                     drop_state, claim_state_url(self.url, lease.claim_id)
                 )
@@ -290,42 +284,23 @@ class SharedDaemon:
             )
         except exc.FashiontagError as err:
             # The database went away (a restart), the result store failed, or this manifest
-            # cannot be kept in the state at all: it is leased again and resumed. It fails
-            # with the reason once MAX_ATTEMPTS attempts in a row here stopped with nothing
-            # committed: decided when the next attempt begins and finds what the state holds
-            # (_tag), since an attempt's own commits are only seen then. Five database
-            # restarts over one long manifest are not one failure five times. An attempt that
-            # stops before it can look (the count past the limit) fails it at once.
+            # cannot be kept in the state at all: it is leased again and resumed, and fails
+            # after attempts in a row with no progress (see .attempts).
             keeper.forget(lease)
-            attempts = self._failures[lease.claim_id] = self._failures.get(lease.claim_id, 0) + 1
-            self._reasons[lease.claim_id] = str(err)
+            attempts = self._attempts.failed(lease.claim_id, str(err))
             logger.warning(
                 "the manifest stopped on an error; it resumes when it is leased again",
                 extra={"manifest": lease.name, "reason": str(err), "attempts": attempts},
             )
-            if attempts > MAX_ATTEMPTS and claim is not None and outputs is not None:
+            if self._attempts.over(lease.claim_id) and claim is not None and outputs is not None:
                 with contextlib.suppress(exc.FashiontagError):
                     await daemon.failed(
                         claim, outputs, inbox, f"{err} ({attempts} attempts)", lease=lease
                     )
-                    self._forget(lease.claim_id)
+                    self._attempts.forget(lease.claim_id)
         finally:
             self.leased.pop((lease.claim_id, lease.epoch), None)
             self._wake.set()
-
-    def _attempt(self, claim_id: int, row: JobRow | None) -> None:
-        """An attempt at a claim begins with ``row`` committed: if the attempt before it here
-        committed anything (rows written ahead, results or rejects), the failures in a row
-        start again."""
-        progress = (0, 0, 0) if row is None else (row.chunked, row.results_ckpt, row.rejects_ckpt)
-        if self._progress.get(claim_id, progress) != progress:
-            self._failures.pop(claim_id, None)
-        self._progress[claim_id] = progress
-
-    def _forget(self, claim_id: int) -> None:
-        self._failures.pop(claim_id, None)
-        self._reasons.pop(claim_id, None)
-        self._progress.pop(claim_id, None)
 
     async def _tag(
         self,
@@ -356,13 +331,9 @@ class SharedDaemon:
         try:
             results, rejects = epoch_outputs(outputs, lease.epoch)
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
-            self._attempt(lease.claim_id, row)
-            attempts = self._failures.get(lease.claim_id, 0)
-            if attempts >= MAX_ATTEMPTS:  # that many in a row, and nothing committed since
-                reason = self._reasons.get(lease.claim_id, "it stopped on an error")
-                await daemon.failed(
-                    claim, outputs, inbox, f"{reason} ({attempts} attempts)", lease=lease
-                )
+            failed = self._attempts.begun(lease.claim_id, row)
+            if failed is not None:  # attempts in a row, and nothing committed since
+                await daemon.failed(claim, outputs, inbox, failed, lease=lease)
                 return True
             if row is not None:  # taken over: this epoch starts from what the state committed
                 await anyio.to_thread.run_sync(

@@ -34,7 +34,6 @@ from types import TracebackType
 
 import anyio
 import anyio.abc
-import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
@@ -44,8 +43,7 @@ from .config import EngineConfig
 from .flow import RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
-from .manifests import ManifestPrint, describe, job_prints, same_manifests
-from .outcome import completed_job, finalize_job, open_job
+from .outcome import finalize_job, open_job
 from .pagers import ResultPagers
 from .policy import Chunk
 from .resume import reattach_unless_stopped
@@ -54,9 +52,10 @@ from .rows import RowBatch
 from .scheduler import JobSource
 from .settle import TaskSettler
 from .single import SingleRouter
-from .source import ManifestReader, open_manifests
+from .source import ManifestReader
 from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
+from .submits import Submits
 from .tracker import TaskBook, Tracker
 from .validate import Item, SingleItem, Validator
 
@@ -162,10 +161,15 @@ class Engine:
         self.interrupted = False
         #: The state store's check at the end (None until the engine has ended).
         self.reconciliation: Reconciliation | None = None
+        self.submits = Submits(
+            journal=self.journal,
+            jobs=self.jobs,
+            source=self.source,
+            config=config,
+            register=self._register,
+        )
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        #: Keys of the submits under way.
-        self._submitting: set[str] = set()
 
     # -------------------------------------------------------------- life
 
@@ -358,128 +362,12 @@ class Engine:
     async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None = None) -> Job:
         """Add a job (resumed when the state holds one of ``spec.key``). Its manifests are
         opened first (``readers``: already opened, in order): one that cannot be read raises
-        :class:`~fashiontag_pipeline.ManifestError` and nothing is recorded; nor is anything
-        when its outputs cannot be opened (:class:`~fashiontag_pipeline.StateError`, or
-        :class:`~fashiontag_pipeline.StateConflictError` when another job holds them).
-
-        A key in flight in this engine (submitted, and not yet complete) is refused with
-        :class:`~fashiontag_pipeline.StateConflictError`: wait for its :meth:`outcome`. So is a
-        second job of an engine that sends ids as they are (``namespaced=False``), which can
-        tell no two jobs' rows apart. A submit under way when the engine is closed still has
-        its job read."""
-        if self.source.closing:
-            raise RuntimeError("the engine is closed")
-        self._check_submit(spec.key)
-        self._submitting.add(spec.key)
-        self.source.adding += 1
-        try:
-            return await self._submit(spec, readers)
-        finally:
-            self._submitting.discard(spec.key)
-            self.source.add_done()
-
-    def _check_submit(self, key: str) -> None:
-        in_flight = self.job_of_key(key)
-        if key in self._submitting or (in_flight is not None and in_flight.submitted):
-            raise exc.StateConflictError(
-                f"job {key!r} is already in flight in this engine: wait for its outcome"
-                " (Engine.outcome) rather than submit it again, which would read its manifests"
-                " twice"
-            )
-        if not self.jobs.ids.namespaced:
-            others = {job.row.key for job in self.jobs.by_id.values()} | self._submitting
-            others.discard(key)
-            if others:
-                raise exc.StateConflictError(
-                    f"job {sorted(others)[0]!r} is in flight, and this engine sends ids as they"
-                    " are (namespaced=False), so it cannot tell two jobs' results apart: wait"
-                    " for its outcome, or make the Engine with namespaced=True to run several"
-                    " jobs at once"
-                )
-
-    async def _submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
-        if readers is None:
-            readers = await open_manifests(spec.manifests, self.config.read_batch_rows)
-        try:
-            db = self.journal.db
-            prints = list(spec.prints) if spec.prints is not None else None
-            if prints is None:
-                prints = await anyio.to_thread.run_sync(job_prints, spec.manifests)
-            found = await self.journal.run(db.find_job, spec.key)
-            if found is not None:  # checked before open_job records anything of this submit
-                await self._check_content(found, prints)
-                self._check_outputs(found, spec)
-            row = await self.journal.run(
-                db.open_job,
-                spec.key,
-                spec.name or ", ".join(spec.manifests),
-                list(spec.manifests),
-                str(spec.results),
-                str(spec.rejects),
-                spec.sink,
-                msgspec.json.encode(prints).decode(),
-            )
-            job = self.jobs.by_id.get(row.job)
-            if row.state != "open":
-                # Complete already (a crash after it completed, before its caller recorded
-                # that): nothing to read or send; its counters are in the state.
-                for reader in readers:
-                    reader.close()
-                return await completed_job(row, keep_lost=self.journal.keep_lost)
-            if job is None:
-                try:
-                    job = await self._register(row)
-                except BaseException:
-                    if not row.resumed:
-                        # Recorded just now and never started: a later start must not
-                        # resume it (and cut back outputs it never wrote).
-                        with anyio.CancelScope(shield=True):
-                            await self.journal.run(db.forget_job, row.job)
-                    raise
-        except BaseException:
-            for reader in readers:
-                reader.close()
-            raise
-        for reader, (src, _) in zip(readers, job.row.sources, strict=True):
-            reader.source = src
-        job.submitted = True
-        self.source.add(job, readers)
-        return job
-
-    async def _check_content(self, row: JobRow, prints: list[ManifestPrint]) -> None:
-        """A key submitted again must name the content its job was made with: rows are
-        resumed by their positions, so other content would be skipped up to the job's
-        watermarks and the job said complete without them."""
-        recorded = await self.journal.run(self.journal.db.job_prints, row.job)
-        if recorded is None:
-            return  # made without fingerprints (by run, or an older version)
-        before = msgspec.json.decode(recorded, type=list[ManifestPrint])
-        if same_manifests(before, prints):
-            return
-        done = f"completed at {row.completed_at}" if row.state != "open" else "begun"
-        raise exc.StateConflictError(
-            f"job {row.key!r} was {done} on {describe(before)}; the same key now names"
-            f" {describe(prints)}: a key resumes its job on the same content, so give new"
-            " content a new key"
-        )
-
-    def _check_outputs(self, row: JobRow, spec: JobSpec) -> None:
-        """A job in flight in this engine writes to the outputs it was opened with: a submit
-        of its key naming others would have the state count its lines in files it does not
-        write."""
-        job = self.jobs.by_id.get(row.job)
-        if job is None:
-            return
-        if (row.results, row.rejects, row.sink) != (
-            str(spec.results),
-            str(spec.rejects),
-            spec.sink,
-        ):
-            raise exc.StateConflictError(
-                f"job {row.key!r} is open in this engine and writes to {row.results} and"
-                f" {row.rejects}: submit it with those outputs (move its files once it is"
-                " complete)"
-            )
+        :class:`~fashiontag_pipeline.ManifestError`. A submit that cannot be honoured (a key in
+        flight, other content under a key, ...: see :mod:`.submits`) raises
+        :class:`~fashiontag_pipeline.StateConflictError` or, for outputs that cannot be
+        opened, :class:`~fashiontag_pipeline.StateError`; either way nothing is recorded. A
+        submit under way when the engine is closed still has its job read."""
+        return await self.submits.submit(spec, readers)
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()
@@ -502,7 +390,7 @@ class Engine:
     def job_of_key(self, key: str) -> Job | None:
         """The job in flight of ``key`` (one the state held open when the engine started, or
         one submitted since), None when there is none."""
-        return next((job for job in self.jobs.by_id.values() if job.row.key == key), None)
+        return self.jobs.of_key(key)
 
     def active_jobs(self) -> list[Job]:
         return list(self.jobs.by_id.values())

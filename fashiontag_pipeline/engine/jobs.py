@@ -181,6 +181,10 @@ class Jobs:
         for src, _ in job.row.sources:
             self._by_source.pop(src, None)
 
+    def of_key(self, key: str) -> Job | None:
+        """The job in flight of ``key``, None when there is none."""
+        return next((job for job in self.by_id.values() if job.row.key == key), None)
+
     def of_source(self, source: int) -> Job | None:
         return self._by_source.get(source)
 

@@ -1,0 +1,169 @@
+"""Submits: how a job enters a running engine (:meth:`Engine.submit`), and what it must not do.
+
+A submit opens the job's manifests, checks it against the state and the jobs in flight,
+records it (or finds it, to resume), opens its outputs and hands its readers to the source.
+One that cannot be honoured is refused, and records nothing:
+
+* a key in flight in this engine (submitted, not complete): its manifests would be read twice;
+* a second job of an engine that sends ids as they are (``namespaced=False``): two jobs'
+  results could not be told apart;
+* a key whose job was begun or completed on other manifest content: rows resume by their
+  positions, so other content would be skipped up to the job's watermarks;
+* a job the state holds open (opened with the engine, at its outputs) named with other
+  outputs: the state would count its lines in files it does not write;
+* a job whose outputs cannot be opened, or are locked by another job: a job recorded just now
+  is forgotten again, so no later start resumes it.
+
+A submit under way when the engine is closed still has its job read: the source waits for it
+(:attr:`JobSource.adding`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import msgspec
+
+from .. import _exceptions as exc
+from .config import EngineConfig
+from .jobs import Job, Jobs, JobSpec
+from .manifests import ManifestPrint, describe, job_prints, same_manifests
+from .outcome import completed_job
+from .scheduler import JobSource
+from .source import ManifestReader, open_manifests
+from .state import Journal
+from .state.store import JobRow
+
+__all__ = ["Submits"]
+
+
+class Submits:
+    """The submits of one engine: ``register`` opens a job's outputs and watches it."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        jobs: Jobs,
+        source: JobSource,
+        config: EngineConfig,
+        register: Callable[[JobRow], Awaitable[Job]],
+    ) -> None:
+        self.journal = journal
+        self.jobs = jobs
+        self.source = source
+        self.config = config
+        self.register = register
+        #: Keys of the submits under way.
+        self.under_way: set[str] = set()
+
+    async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
+        if self.source.closing:
+            raise RuntimeError("the engine is closed")
+        self._check_key(spec.key)
+        self.under_way.add(spec.key)
+        self.source.adding += 1
+        try:
+            return await self._submit(spec, readers)
+        finally:
+            self.under_way.discard(spec.key)
+            self.source.add_done()
+
+    def _check_key(self, key: str) -> None:
+        in_flight = self.jobs.of_key(key)
+        if key in self.under_way or (in_flight is not None and in_flight.submitted):
+            raise exc.StateConflictError(
+                f"job {key!r} is already in flight in this engine: wait for its outcome"
+                " (Engine.outcome) rather than submit it again, which would read its manifests"
+                " twice"
+            )
+        if not self.jobs.ids.namespaced:
+            others = {job.row.key for job in self.jobs.by_id.values()} | self.under_way
+            others.discard(key)
+            if others:
+                raise exc.StateConflictError(
+                    f"job {sorted(others)[0]!r} is in flight, and this engine sends ids as they"
+                    " are (namespaced=False), so it cannot tell two jobs' results apart: wait"
+                    " for its outcome, or make the Engine with namespaced=True to run several"
+                    " jobs at once"
+                )
+
+    async def _submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
+        if readers is None:
+            readers = await open_manifests(spec.manifests, self.config.read_batch_rows)
+        try:
+            db = self.journal.db
+            prints = list(spec.prints) if spec.prints is not None else None
+            if prints is None:
+                prints = await anyio.to_thread.run_sync(job_prints, spec.manifests)
+            found = await self.journal.run(db.find_job, spec.key)
+            if found is not None:  # checked before open_job records anything of this submit
+                self._check_content(found, await self.journal.run(db.job_prints, found.job), prints)
+                self._check_outputs(found, spec)
+            row = await self.journal.run(
+                db.open_job,
+                spec.key,
+                spec.name or ", ".join(spec.manifests),
+                list(spec.manifests),
+                str(spec.results),
+                str(spec.rejects),
+                spec.sink,
+                msgspec.json.encode(prints).decode(),
+            )
+            job = self.jobs.by_id.get(row.job)
+            if row.state != "open":
+                # Complete already (a crash after it completed, before its caller recorded
+                # that): nothing to read or send; its counters are in the state.
+                for reader in readers:
+                    reader.close()
+                return await completed_job(row, keep_lost=self.journal.keep_lost)
+            if job is None:
+                try:
+                    job = await self.register(row)
+                except BaseException:
+                    if not row.resumed:
+                        # Recorded just now and never started: a later start must not
+                        # resume it (and cut back outputs it never wrote).
+                        with anyio.CancelScope(shield=True):
+                            await self.journal.run(db.forget_job, row.job)
+                    raise
+        except BaseException:
+            for reader in readers:
+                reader.close()
+            raise
+        for reader, (src, _) in zip(readers, job.row.sources, strict=True):
+            reader.source = src
+        job.submitted = True
+        self.source.add(job, readers)
+        return job
+
+    @staticmethod
+    def _check_content(row: JobRow, recorded: str | None, prints: list[ManifestPrint]) -> None:
+        """``recorded``: the fingerprints the job was made with (None: made without them, by
+        ``run`` or an older version)."""
+        if recorded is None:
+            return
+        before = msgspec.json.decode(recorded, type=list[ManifestPrint])
+        if same_manifests(before, prints):
+            return
+        done = f"completed at {row.completed_at}" if row.state != "open" else "begun"
+        raise exc.StateConflictError(
+            f"job {row.key!r} was {done} on {describe(before)}; the same key now names"
+            f" {describe(prints)}: a key resumes its job on the same content, so give new"
+            " content a new key"
+        )
+
+    def _check_outputs(self, row: JobRow, spec: JobSpec) -> None:
+        if row.job not in self.jobs.by_id:
+            return
+        if (row.results, row.rejects, row.sink) != (
+            str(spec.results),
+            str(spec.rejects),
+            spec.sink,
+        ):
+            raise exc.StateConflictError(
+                f"job {row.key!r} is open in this engine and writes to {row.results} and"
+                f" {row.rejects}: submit it with those outputs (move its files once it is"
+                " complete)"
+            )
