@@ -24,6 +24,7 @@ from ._config import (
     Secret,
     Timeout,
     key_hint,
+    shown_url,
     with_default_keys,
 )
 from ._http import BULK_PATH, SINGLE_PATH, ClientStats, HttpExchange
@@ -101,7 +102,7 @@ class TaggerClient:
         self.base_url = (base_url or cfg.base_url).rstrip("/")
         if not self.base_url.startswith(("http://", "https://")):
             raise exc.ConfigError(
-                f"base_url must start with http:// or https://: {self.base_url!r}"
+                f"base_url must start with http:// or https://: {shown_url(self.base_url)!r}"
             )
         self._api_key = _as_secret(api_key) if api_key is not None else cfg.api_key
         bulk = _as_secret(bulk_api_key) if bulk_api_key is not None else cfg.bulk_api_key
@@ -150,7 +151,7 @@ class TaggerClient:
         return cls(config=config, **overrides)
 
     def __repr__(self) -> str:
-        return f"<TaggerClient base_url={self.base_url!r} language={self.language!r}>"
+        return f"<TaggerClient base_url={shown_url(self.base_url)!r} language={self.language!r}>"
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -35,12 +35,16 @@ __all__ = [
     "RetryPolicy",
     "Secret",
     "Timeout",
+    "key_problem",
     "load_client_config",
     "load_section",
+    "shown_url",
     "with_default_keys",
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
+#: The tables a config file may hold (each read by the commands it concerns).
+CONFIG_TABLES = frozenset({"client", "engine", "daemon", "service"})
 
 #: Development keys: what ``fashiontag serve`` accepts and ``run``/``tag``/``tasks`` send when no
 #: key is configured anywhere, so the embedded default works on one machine with no setup.
@@ -174,8 +178,14 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 )
             elif value is not None and not isinstance(value, Secret):
                 raise TypeError(f"{name} must be a str or a Secret")
+            secret = getattr(self, name)
+            problem = key_problem(secret) if secret is not None else None
+            if problem is not None:
+                raise ValueError(f"{name} {problem}")
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+            raise ValueError(
+                f"base_url must start with http:// or https://, got {shown_url(self.base_url)!r}"
+            )
         if self.language not in LANGUAGES:
             raise ValueError(
                 f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}"
@@ -245,13 +255,20 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         with p.open("rb") as fh:
-            return tomllib.load(fh)
+            data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    unknown = sorted(set(data) - CONFIG_TABLES)
+    if unknown:  # a misspelt table would be ignored, and its settings with it
+        raise ConfigError(
+            f"config file {p} has [{unknown[0]}], which no command reads: the tables are"
+            f" {', '.join(f'[{t}]' for t in sorted(CONFIG_TABLES))} (a misspelling?)"
+        )
+    return data
 
 
 def convert(data: Mapping[str, Any], type_: type[T], *, where: str) -> T:
@@ -306,9 +323,41 @@ def load_client_config(
         if value is not None:
             data[key] = value
             sources[key] = "--" + key.replace("_", "-")
+    for key in KEY_FIELDS:  # named by where it came from (the key itself never shown)
+        value = data.get(key)
+        problem = key_problem(Secret(value)) if isinstance(value, str) else None
+        if problem is not None:
+            raise ConfigError(f"the {key.replace('_', ' ')} from {sources.get(key)} {problem}")
     config = convert(data, ClientConfig, where="client")
     for key in KEY_FIELDS:
         secret = getattr(config, key)
         if secret is not None:
             secret.source = sources.get(key)
     return config
+
+
+def key_problem(secret: Secret) -> str | None:
+    """Why a key cannot be sent in a header (a control character, such as the line end a key
+    read from a file or a CRLF env file keeps; a character outside Latin-1), else None. The
+    message never shows the key."""
+    value = secret.reveal()
+    for char in value:
+        if ord(char) < 0x20 or ord(char) == 0x7F:
+            return (
+                f"holds a control character ({char!r}): a line end kept from a file or a CRLF"
+                " env file? Remove it"
+            )
+        if ord(char) > 0xFF:
+            return "holds a character an HTTP header cannot carry (outside Latin-1)"
+    return None
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: a password in it (``https://user:PASSWORD@host``) masked.
+    Everything between ``://`` and the last ``@`` is the user's part, so a password holding an
+    unencoded ``/`` or ``@`` is masked too."""
+    scheme, sep, rest = url.partition("://")
+    head, at, tail = rest.rpartition("@")
+    if not (sep and at and ":" in head):
+        return url
+    return f"{scheme}://{head.partition(':')[0]}:***@{tail}"

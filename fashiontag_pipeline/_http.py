@@ -30,7 +30,7 @@ from yarl import URL
 
 from . import _exceptions as exc
 from ._clock import ServerClock
-from ._config import Limits, RetryPolicy, Secret, Timeout
+from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._models import STATUS_SUCCESS
 from ._responses import Response, error_for, retry_after
 from ._tls import deferred_trust_store
@@ -95,6 +95,8 @@ class HttpExchange:
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.base_url = base_url
+        #: As messages show it (a password in it masked).
+        self.shown_url = shown_url(base_url)
         self.language = language
         self.timeout = timeout
         self.retry = retry
@@ -227,7 +229,7 @@ class HttpExchange:
                 continue
             if self._failing:
                 self._failing = False
-                logger.info("the service at %s answers again", self.base_url)
+                logger.info("the service at %s answers again", self.shown_url)
             return response
 
     def _note_failure(self, what: str, delay: float | None, attempt: int) -> None:
@@ -236,8 +238,8 @@ class HttpExchange:
             plan = f"giving up on this request after {attempt} attempt(s)"
         else:
             plan = f"retry {attempt} of {self.retry.max_attempts - 1} in {delay:.1f} s"
-        if self.base_url not in what:
-            what = f"{self.base_url} {what}"
+        if self.shown_url not in what:
+            what = f"{self.shown_url} {what}"
         now = time.monotonic()
         if not self._failing and now - self._warned_at >= WARN_EVERY:
             # The first failure after a success is a warning (at most one per WARN_EVERY s, so
@@ -286,7 +288,7 @@ class HttpExchange:
             self.stats.transport_errors += 1
             reason = err.os_error.strerror or str(err)
             raise exc.ConnectError(
-                f"{method} {path}: cannot connect to {self.base_url}: {reason}",
+                f"{method} {path}: cannot connect to {self.shown_url}: {reason}",
                 method=method,
                 path=path,
             ) from err

@@ -286,8 +286,18 @@ def run_command(args: argparse.Namespace) -> int:
             resume_stdin=args.resume,
         )
 
+    failed = RunSummary(out=str(out.absolute()), rejects=str(rejects.absolute()))
+    failed.state = str(state.absolute()) if isinstance(state, Path) else redact_url(state)
+    if args.summary is not None:
+        try:  # made before the run: a missing folder is no reason to lose a night's report
+            args.summary.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            print(f"fashiontag: --summary {args.summary}: {err.strerror}", file=sys.stderr)
+            return EXIT_USAGE
     try:
-        code = _run_and_report(args, lambda: run_async(lambda: _with_signals(control, body)))
+        code = _run_and_report(
+            args, lambda: run_async(lambda: _with_signals(control, body)), failed
+        )
     finally:
         client_logger.removeFilter(hint)
     if code != EXIT_OK and "-" in args.manifests:
@@ -300,12 +310,15 @@ def run_command(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> int:
+def _run_and_report(
+    args: argparse.Namespace, run: Callable[[], RunSummary], failed: RunSummary
+) -> int:
+    """Run, print the summary and write ``--summary``: on a failure too (``failed``, with
+    the reason), so that a cron job reading it never finds the last night's report."""
     try:
         summary = run()
     except StateConflictError as err:
-        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(args, failed, " ".join(str(err).split()), EXIT_USAGE)
     except ManifestError as err:
         # A file broken past its first rows (a truncated download): its repaired copy is
         # other content, which the state (a run of this one) would refuse with exit 2.
@@ -315,18 +328,15 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
             if err.mid_run
             else ""
         )
-        print(f"fashiontag: {' '.join(str(err).split())}{hint}", file=sys.stderr)
-        return EXIT_ERROR
+        return _failed(args, failed, f"{' '.join(str(err).split())}{hint}", EXIT_ERROR)
     except FashiontagError as err:
-        print(f"fashiontag: {' '.join(str(err).split())}", file=sys.stderr)
-        return EXIT_ERROR
+        return _failed(args, failed, " ".join(str(err).split()), EXIT_ERROR)
     except (OSError, sqlite3.Error) as err:  # a disk or file failure mid-run: one line
-        print(
-            f"fashiontag: {type(err).__name__}: {err} (what was committed is kept: the same"
-            " command resumes once this is fixed)",
-            file=sys.stderr,
+        reason = (
+            f"{type(err).__name__}: {err} (what was committed is kept: the same command"
+            " resumes once this is fixed)"
         )
-        return EXIT_ERROR
+        return _failed(args, failed, reason, EXIT_ERROR)
     if summary.opened == "complete":
         print(
             f"fashiontag: run {summary.note} (state {summary.state}; results in {summary.out}; "
@@ -341,10 +351,31 @@ def _run_and_report(args: argparse.Namespace, run: Callable[[], RunSummary]) -> 
                 file=sys.stderr,
             )
         print(format_summary(summary), file=sys.stderr)
-    if args.summary is not None:
-        args.summary.write_bytes(summary_json(summary))
+    if args.summary is not None and not _write_summary(args.summary, summary):
+        return EXIT_ERROR
     if summary.complete:
         return EXIT_OK
     if summary.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_INCOMPLETE if summary.unsettled or summary.in_flight else EXIT_ERROR
+
+
+def _failed(args: argparse.Namespace, summary: RunSummary, reason: str, code: int) -> int:
+    print(f"fashiontag: {reason}", file=sys.stderr)
+    if args.summary is not None:
+        summary.error = reason
+        _write_summary(args.summary, summary)
+    return code
+
+
+def _write_summary(path: Path, summary: RunSummary) -> bool:
+    """``--summary`` replaced whole (a reader never sees half of it); False, said on stderr,
+    when it cannot be written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(summary_json(summary))
+        os.replace(tmp, path)
+    except OSError as err:
+        print(f"fashiontag: cannot write --summary {path}: {err.strerror or err}", file=sys.stderr)
+        return False
+    return True

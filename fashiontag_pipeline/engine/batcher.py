@@ -75,6 +75,7 @@ class TaskWriter(TaskWrites):
         self.current: OpenTask | None = None
         self.intake_done = False
         self.active = 0
+        self._stop_scope = anyio.CancelScope()
         self.idle = anyio.Event()
         self._seq = task_seq
         self._tg: TaskGroup | None = None
@@ -139,6 +140,10 @@ class TaskWriter(TaskWrites):
             if task.closing and task.inflight == 0:
                 await self._maybe_seal(task)
 
+    def stop(self) -> None:
+        """Start no new write of taken-in rows (a drain): the writes in flight finish."""
+        self._stop_scope.cancel()
+
     # ------------------------------------------------------------------ intake loop
 
     async def run(self, items: anyio.abc.ObjectReceiveStream[list[Item]]) -> None:
@@ -149,7 +154,14 @@ class TaskWriter(TaskWrites):
         async with items:
             self.active += 1
             try:
-                await self._intake(items)
+                with self._stop_scope:
+                    await self._intake(items)
+                if self._stop_scope.cancel_called:
+                    # Stopped (a drain, SIGTERM): what is still queued is not sent. Those rows
+                    # are taken in and not written ahead, so a resume sends them (it replays
+                    # the rows between the chunked and the validated watermarks).
+                    async for _ in items:
+                        pass
             finally:
                 self.active -= 1
                 self.intake_done = True

@@ -311,6 +311,7 @@ class Engine:
         await self.control.stopping.wait()
         self.interrupted = True
         self.source.cancel()
+        self.writer.stop()
         async with anyio.create_task_group() as inner:
 
             async def until_idle() -> None:

@@ -57,7 +57,7 @@ class StateDB(StateStore):
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
         self.path = path
         self.where = f"state file {path}"
-        self.location = str(path)
+        self.location = str(path.absolute())  # (summaries name it absolute, as the outputs)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._lock = _lock_exclusively(path)
