@@ -30,6 +30,7 @@ from .gcpolicy import tune_gc
 from .jobs import Job, JobSpec
 from .manifests import STDIN, fingerprint
 from .outcome import already_complete
+from .outfiles import lock_output
 from .reuse import open_reuse
 from .source import open_manifests
 from .state import JobRow, Reconciliation, StateStore, open_state
@@ -122,6 +123,19 @@ def _check_asked(where: str, before: str | None, asked: str) -> None:
     )
 
 
+def _outputs_free(*paths: Path) -> None:
+    """StateConflictError when another process holds the lock of an existing output."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue  # not there (made by the sinks) or unreadable (they say so)
+        try:
+            lock_output(fd, path)
+        finally:
+            os.close(fd)
+
+
 def _absolute(path: Path) -> Path:
     """``path`` made absolute against the working directory (a string operation, no I/O)."""
     return Path(os.path.abspath(path))
@@ -189,6 +203,9 @@ async def run_pipeline(
     if names.count(STDIN) > 1:  # the second reader would find stdin read to its end
         raise exc.ManifestError("stdin (-) can be given as a manifest only once")
     state_path = state if state is not None else default_state_path(out)
+    # Another run writing an output refuses this one before its state is made, so that the
+    # refusal leaves nothing behind (the sinks take the same lock when they open).
+    await anyio.to_thread.run_sync(_outputs_free, out, rejects)
     prints = [await anyio.to_thread.run_sync(fingerprint, name) for name in names]
     readers = await open_manifests(names, engine.read_batch_rows)
 

@@ -154,3 +154,30 @@ async def test_sigterm_sends_no_new_writes_and_stops_promptly(tmp_path: Path) ->
         again = await anyio.run_process(args, check=False, env=ENV)
     assert again.returncode == 0, again.stderr.decode()[-400:]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(30_000)})
+
+
+async def test_a_second_run_refused_for_a_locked_output_leaves_no_state(tmp_path: Path) -> None:
+    """Two cron entries given the same --out, each its own --state: the second is refused
+    (exit 2), and touches nothing. It left its state file behind, recording an open job on the
+    first run's outputs, which a later run with that state re-tagged and rewrote."""
+    manifest = write_csv(tmp_path / "m.csv", 5000)
+    out = tmp_path / "out.jsonl"
+    other = tmp_path / "other.state"
+    async with running_service(ServiceConfig(rate=1000.0)) as svc:
+        first = await anyio.open_process(run_args(svc.url, out, str(manifest)), env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.05)
+            second = await anyio.run_process(
+                run_args(svc.url, out, str(manifest), "--state", str(other)),
+                check=False,
+                env=ENV,
+            )
+        finally:
+            first.kill()
+            await first.wait()
+            await first.aclose()
+    assert second.returncode == 2, second.stderr.decode()
+    assert b"is being written by another run" in second.stderr
+    assert not other.exists() and not other.with_name("other.state.lock").exists()
