@@ -166,16 +166,17 @@ _loose_decoder = msgspec.json.Decoder(_Loose)
 def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
     """(status, category, item, item_confidence, error_code) of a tagging result. A result
     the typed model does not take (a shape the spec leaves open, such as a failure whose code
-    is a word) fills what it can and leaves the rest NULL: its whole JSON is in ``result``,
-    as the JSONL sink writes it."""
+    is a word, or no status at all) fills what it can and leaves the rest NULL (an empty
+    status): its whole JSON is in ``result``, as the JSONL sink writes it."""
     try:
         typed = _typed_decoder.decode(raw)
     except msgspec.DecodeError:  # (a ValidationError too)
         try:
             loose = _loose_decoder.decode(raw)
         except msgspec.DecodeError:
-            return (None, None, None, None, None)
-        status = loose.status if isinstance(loose.status, str) else None
+            return ("", None, None, None, None)
+        # (No status, or not a string: "", as the pages read it; the column takes no NULL.)
+        status = loose.status if isinstance(loose.status, str) else ""
         code = loose.error.get("code") if isinstance(loose.error, dict) else None
         return (status, None, None, None, code if isinstance(code, int | str) else None)
     category = item = None

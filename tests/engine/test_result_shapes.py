@@ -33,13 +33,26 @@ WORDED_FAILURE = {
 }
 
 
-@pytest.mark.parametrize("sink", ["jsonl", "sqlite"])
+#: A result with no status at all (found by the kill -9 fuzz): the pages read its status as
+#: "", and the SQLite sink's status column takes no NULL.
+NO_STATUS = {"error": {"code": 3001, "message": "image could not be fetched"}}
+
+
+@pytest.mark.parametrize(
+    ("sink", "given", "columns"),
+    [
+        ("jsonl", WORDED_FAILURE, None),
+        ("sqlite", WORDED_FAILURE, ("failure", None, "IMAGE_DOWNLOAD_FAILED")),
+        ("jsonl", NO_STATUS, None),
+        ("sqlite", NO_STATUS, ("", None, 3001)),
+    ],
+)
 async def test_a_result_of_another_shape_is_written_by_every_sink(
-    tmp_path: Path, sink: str
+    tmp_path: Path, sink: str, given: dict[str, object], columns: tuple[object, ...] | None
 ) -> None:
     manifest = write_csv(tmp_path / "m.csv", 20)
     out, rej = tmp_path / f"out.{sink}", tmp_path / "rej.jsonl"
-    rules = Misbehaviour(results_given={"p3": WORDED_FAILURE})
+    rules = Misbehaviour(results_given={"p3": given})
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         summary = await run_pipeline(
             [manifest],
@@ -51,15 +64,15 @@ async def test_a_result_of_another_shape_is_written_by_every_sink(
     assert summary.complete
     if sink == "jsonl":
         results = {r["id"]: r["taggingResult"] for r in read_outcomes(out, rej).results}
-        assert len(results) == 20 and results["p3"] == WORDED_FAILURE
+        assert len(results) == 20 and results["p3"] == given
         return
     with sqlite3.connect(out) as db:
         assert db.execute("SELECT count(*) FROM results").fetchone() == (20,)
         row = db.execute(
             "SELECT status, category, error_code, result FROM results WHERE id='p3'"
         ).fetchone()
-    assert row[:3] == ("failure", None, "IMAGE_DOWNLOAD_FAILED")
-    assert msgspec.json.decode(row[3]) == WORDED_FAILURE
+    assert row[:3] == columns
+    assert msgspec.json.decode(row[3]) == given
 
 
 async def test_a_single_endpoint_that_is_not_there_stops_the_run_and_rejects_no_row(
