@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -117,41 +118,13 @@ async def test_a_daemon_killed_between_publishing_and_settling_is_taken_over_as_
     assert not list((tmp_path / "outbox" / "m").glob(".re*.e*.jsonl"))
 
 
-async def test_attempts_that_each_make_progress_do_not_add_up_to_a_failure(
-    tmp_path: Path, postgres_url: str
-) -> None:
-    # Six attempts stop on the state after committing results, one more than a manifest may
-    # fail in a row: each made progress, so none of them is the same failure again.
-    ids = [f"r{i}" for i in range(8_000)]
+async def _attempts_planned(
+    tmp_path: Path, postgres_url: str, plan: str, ids: list[str]
+) -> tuple[dict[str, Any], list[int]]:
+    """One daemon tags manifest ``m.csv`` while its attempts stop as ``HOOK_FAIL_PLAN`` says:
+    its summary, and the attempt count each stop logged. Every id is checked once."""
     async with running_service(ServiceConfig(rate=1500.0)) as svc:
-        env = _hooked(tmp_path, HOOK_FAIL_PLAN="8,8,8,8,8,8")
-        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
-        try:
-            await a.wait_ready_endpoint()
-            _drop(a.inbox, "big.csv", ids)
-            summary = await a.wait_summary("big", timeout=180)
-            assert await a.stop() == 0
-        finally:
-            a.ensure_dead()
-    stops = [
-        line
-        for line in a.logs()
-        if line.get("event")
-        == "the manifest stopped on an error; it resumes when it is leased again"
-    ]
-    assert len(stops) == 6
-    assert summary["status"] == "done", summary.get("reason")
-    _ids_once(tmp_path / "outbox" / "big", ids)
-
-
-async def test_an_attempt_that_makes_progress_after_four_that_made_none_is_not_the_fifth(
-    tmp_path: Path, postgres_url: str
-) -> None:
-    # The fifth attempt in a row commits rows before it stops: its progress is seen when the
-    # next one begins, so the count starts again there instead of failing the manifest.
-    ids = [f"q{i}" for i in range(4_000)]
-    async with running_service(ServiceConfig(rate=1500.0)) as svc:
-        env = _hooked(tmp_path, HOOK_FAIL_PLAN="0,0,0,0,8")
+        env = _hooked(tmp_path, HOOK_FAIL_PLAN=plan)
         a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
         try:
             await a.wait_ready_endpoint()
@@ -160,10 +133,30 @@ async def test_an_attempt_that_makes_progress_after_four_that_made_none_is_not_t
             assert await a.stop() == 0
         finally:
             a.ensure_dead()
-    stops = [line for line in a.logs() if line.get("event", "").startswith("the manifest stopped")]
-    assert [line["attempts"] for line in stops] == [1, 2, 3, 4, 5]
     assert summary["status"] == "done", summary.get("reason")
     _ids_once(tmp_path / "outbox" / "m", ids)
+    stopped = "the manifest stopped on an error; it resumes when it is leased again"
+    return summary, [line["attempts"] for line in a.logs() if line.get("event") == stopped]
+
+
+async def test_attempts_that_each_make_progress_do_not_add_up_to_a_failure(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Six attempts stop on the state after committing results, one more than a manifest may
+    # fail in a row: each made progress, so none of them is the same failure again.
+    ids = [f"r{i}" for i in range(8_000)]
+    _, attempts = await _attempts_planned(tmp_path, postgres_url, "8,8,8,8,8,8", ids)
+    assert len(attempts) == 6
+
+
+async def test_an_attempt_that_makes_progress_after_four_that_made_none_is_not_the_fifth(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # The fifth attempt in a row commits rows before it stops: its progress is seen when the
+    # next one begins, so the count starts again there instead of failing the manifest.
+    ids = [f"q{i}" for i in range(4_000)]
+    _, attempts = await _attempts_planned(tmp_path, postgres_url, "0,0,0,0,8", ids)
+    assert attempts == [1, 2, 3, 4, 5]
 
 
 async def test_a_taker_that_mounts_the_share_elsewhere_finishes_the_manifest(

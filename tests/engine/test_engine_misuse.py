@@ -33,6 +33,25 @@ FAST = EngineConfig(
 )
 
 
+#: Tasks rotate by age only after 5 s: rows written ahead while the service is down stay so.
+SLOW_ROTATION = msgspec.structs.replace(FAST, rotate_seconds=5.0)
+
+
+async def _written_ahead(tmp_path: Path, key: str, manifest: Path) -> None:
+    """Job ``key`` (outputs in ``out/``) begun while the service is down: its rows are taken in
+    and written ahead, then the process goes (the state in ``state`` keeps the job open)."""
+    db = StateDB(tmp_path / "state")
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+        engine = Engine(
+            client=client, db=db, state=db.open_engine(), config=SLOW_ROTATION, namespaced=True
+        )
+        with anyio.move_on_after(2):
+            async with engine:
+                job = await engine.submit(_spec(key, manifest, tmp_path / "out"))
+                await engine.outcome(job)
+    assert job.counters["accepted"] > 0
+
+
 def _spec(key: str, manifest: Path, outdir: Path) -> JobSpec:
     return JobSpec(
         key=key,
@@ -210,18 +229,8 @@ async def test_a_key_resumed_with_other_manifest_content_is_refused_or_tagged(
 
     manifest = tmp_path / "nightly.csv"
     write_csv(manifest, 3000)
-    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
-    db = StateDB(tmp_path / "state")
-    # Night 1: the service is down, rows are taken in and written ahead; then the process goes.
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
-        engine = Engine(
-            client=client, db=db, state=db.open_engine(), config=config, namespaced=True
-        )
-        with anyio.move_on_after(2):
-            async with engine:
-                job = await engine.submit(_spec("nightly", manifest, tmp_path / "out"))
-                await engine.outcome(job)
-    assert job.counters["accepted"] > 0
+    config = SLOW_ROTATION
+    await _written_ahead(tmp_path, "nightly", manifest)
     write_csv(manifest, 3000, start=100_000)  # night 2's dump, same path, other ids
     async with running_service(ServiceConfig()) as svc:
         db = StateDB(tmp_path / "state")
@@ -289,17 +298,8 @@ async def test_a_key_refused_for_other_content_keeps_its_outputs_in_the_state(
     job's checkpoint, or could not start at all."""
     manifest = tmp_path / "nightly.csv"
     write_csv(manifest, 3000)
-    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
-    db = StateDB(tmp_path / "state")
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
-        engine = Engine(
-            client=client, db=db, state=db.open_engine(), config=config, namespaced=True
-        )
-        with anyio.move_on_after(2):
-            async with engine:
-                job = await engine.submit(_spec("nightly", manifest, tmp_path / "out"))
-                await engine.outcome(job)
-    assert job.counters["accepted"] > 0
+    config = SLOW_ROTATION
+    await _written_ahead(tmp_path, "nightly", manifest)
     write_csv(manifest, 3000, start=100_000)  # night 2: other content at the same path
     async with running_service(ServiceConfig()) as svc:
         db = StateDB(tmp_path / "state")
@@ -344,16 +344,8 @@ async def test_a_job_open_in_the_engine_is_resumed_only_at_its_own_outputs(
     submit of its key naming other outputs would have the state count lines in files that
     job does not write."""
     manifest = write_csv(tmp_path / "m.csv", 2000)
-    config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
-    db = StateDB(tmp_path / "state")
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
-        engine = Engine(
-            client=client, db=db, state=db.open_engine(), config=config, namespaced=True
-        )
-        with anyio.move_on_after(2):  # the service is down: rows are written ahead, no more
-            async with engine:
-                job = await engine.submit(_spec("m", manifest, tmp_path / "out"))
-                await engine.outcome(job)
+    config = SLOW_ROTATION
+    await _written_ahead(tmp_path, "m", manifest)
     async with running_service(ServiceConfig()) as svc:
         db = StateDB(tmp_path / "state")
         async with TaggerClient(config=client_config(svc.url)) as client:
