@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, LiteralString, NamedTuple
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+from ._config import shown_url
 from ._exceptions import StateError
 
 if TYPE_CHECKING:
@@ -156,13 +157,9 @@ def redact_url(url: str) -> str:
     Everything between ``://`` and the last ``@`` of the authority is the user's part: a
     password with an unencoded ``/``, ``#`` or ``?`` in it is still masked (a URL parser would
     end the authority early and show the rest)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    if "://" not in url:
         return "postgresql://***"
-    head, at, tail = rest.rpartition("@")
-    if at:
-        user = head.partition(":")[0] if ":" in head else head
-        rest = f"{user}:***@{tail}" if ":" in head else f"{head}@{tail}"
+    scheme, _, rest = shown_url(url).partition("://")  # (the authority's password masked)
     try:
         parts = urlsplit(f"{scheme}://{rest}")
         query = urlencode(
