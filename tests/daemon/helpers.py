@@ -127,6 +127,10 @@ class DaemonProcess:
             self.proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
         return self
 
+    def tail(self, lines: int = 40) -> str:
+        """The last lines of the daemon's log (an assertion's message: a CI log shows why)."""
+        return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
+
     def logs(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.stderr_path.read_text().splitlines() if line]
 

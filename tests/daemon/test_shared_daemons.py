@@ -217,7 +217,7 @@ async def test_a_draining_daemon_hands_its_manifest_over_at_once(
             b = _daemon(tmp_path, svc.url, postgres_url, "--lease", "60").start()
             await b.wait_ready_endpoint()
             a.signal(signal.SIGTERM)
-            assert await a.wait_exit(timeout=60) == 0
+            assert await a.wait_exit(timeout=60) == 0, a.tail()
             summary = await b.wait_summary("big", timeout=40)  # far less than the 60 s lease
             assert await b.stop() == 0
         finally:
