@@ -19,7 +19,10 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   the service's message; transport errors, 429 and 5xx left after the client's own retries are
   retried under the run's :class:`~.flow.RetryBudget` (the run stops with
   :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
-  fatal at once.
+  fatal at once. An image whose request fails (5xx, transport) ``max_sends`` times, each time
+  with another image tagged since its previous failure, is one the service fails on (a poison
+  image, not an outage): a rejects line of stage ``unreturned`` that says so, rather than a
+  run that stops on it every night. An endpoint that fails every image rejects none.
 * Exactly once: each routed row was written ahead to the ``singles`` table (pending) with the
   intake that moved the validated watermark over it (see :mod:`.state`); its outcome line and
   its ``done`` mark are one journal commit. A resume re-tags the pending rows (single tagging
@@ -45,6 +48,7 @@ from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
 from .jobs import Jobs
 from .pages import PageRow
+from .settle import STAGE_UNRETURNED
 from .sinks import Reject
 from .state import Journal, changes
 from .validate import SINGLE_DATA, STAGE_CLIENT, Item, SingleItem, SingleRequest
@@ -59,6 +63,13 @@ _result_encoder = msgspec.json.Encoder()
 
 
 _SUFFIXES = {"jpg": "jpeg", "jpe": "jpeg", "tif": "tiff"}
+
+
+def _poison_reason(times: int, err: BaseException) -> str:
+    message = " ".join(str(err).split())[:300]
+    return (
+        f"the service failed on this image {times} times while it tagged others (last: {message})"
+    )
 
 
 class SingleRejected(Exception):
@@ -189,6 +200,9 @@ class SingleRouter:
         self.active = 0
         self.intake_done = False
         self.idle = anyio.Event()
+        #: Images the single endpoint has answered (200) so far: a failure with one of them
+        #: since the image's previous failure is no outage of the endpoint.
+        self.tagged = 0
 
     # ------------------------------------------------------------------ resume
 
@@ -260,6 +274,10 @@ class SingleRouter:
             context = msgspec.structs.replace(
                 context, detection=list(self.config.default_detection)
             )
+        # This image's failures with another image tagged since its previous one (the
+        # endpoint works, so the failure is this image's: a poison image).
+        alone = 0
+        tagged = self.tagged
         while True:
             try:
                 response = await self.client.tag(image, context)
@@ -269,7 +287,16 @@ class SingleRouter:
                 exc.UnsupportedLanguageError,
             ) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
-            except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
+            except exc.RateLimitedError as err:
+                await self.budget.failed(err, "single-mode tag")
+                continue
+            except (exc.TransportError, exc.ServerError) as err:
+                if self.tagged != tagged:
+                    alone += 1
+                    tagged = self.tagged
+                    if alone >= self.config.max_sends:
+                        await self._reject(item, _poison_reason(alone, err), STAGE_UNRETURNED)
+                        return
                 await self.budget.failed(err, "single-mode tag")
                 continue
             except exc.RequestError as err:
@@ -290,6 +317,7 @@ class SingleRouter:
                 continue
             break
         self.budget.ok()
+        self.tagged += 1
         del image
         await self._result(ident, pos, response)
 

@@ -150,6 +150,9 @@ class Misbehaviour:
     #: Every request to the single endpoint answered with this status and an HTML page, not
     #: forwarded (a gateway that does not route ``/tagger/v2/tags``).
     refuse_single: int | None = None
+    #: Requests to the single endpoint whose body holds this text answered HTTP 500 (a JSON
+    #: failure), not forwarded: an image the service fails on every time (a poison image).
+    fail_single_holding: bytes | None = None
 
 
 class MisbehavingProxy:
@@ -175,6 +178,7 @@ class MisbehavingProxy:
         self.writes_refused: list[int] = []
         self._first_refused: set[str] = set()
         self.polls_timed_out = 0
+        self.single_failed = 0
         self._left_out: set[str] = set()
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
@@ -217,6 +221,14 @@ class MisbehavingProxy:
                 status=self.rules.refuse_single,
                 body=b"<html><body><h1>Not Found</h1></body></html>",
                 headers={"Content-Type": "text/html", **self._headers()},
+            )
+        poison = self.rules.fail_single_holding
+        if path == SINGLE and poison is not None and poison in body:
+            self.single_failed += 1
+            return web.json_response(
+                {"status": "failure", "error": "internal error"},
+                status=500,
+                headers=self._headers(),
             )
         if request.method in ("POST", "PUT"):
             refusal = self._refuse_write(request.method, body)

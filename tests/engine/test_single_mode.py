@@ -18,11 +18,13 @@ from PIL import Image as PILImage
 
 from fashiontag_pipeline import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import FaultSpec, ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, read_outcomes
+from .proxy import Misbehaviour, misbehaving
 from .test_resume_trickle import ENV, run_args
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0)
@@ -306,3 +308,66 @@ async def test_kill_9_with_single_rows_in_flight_then_resume_exactly_once(tmp_pa
     assert all(by_id[s]["taskId"] is None for s in singles)
     # The kills hit the single route partway (single rows were in flight).
     assert any(0 < n < len(singles) for n in singles_done), singles_done
+
+
+async def test_an_image_the_service_always_fails_is_a_reject_not_a_stopped_run(
+    tmp_path: Path,
+) -> None:
+    """A single-mode image answered HTTP 500 every time while the service tags the others (a
+    poison image): after ``max_sends`` attempts with successes in between, a reject of stage
+    ``unreturned`` saying so; the run completes rather than stopping every night on it."""
+    png = red_picture(tmp_path / "red.png")
+    poison = red_picture(tmp_path / "poison.jpg")
+    marker = base64.b64encode(poison.read_bytes())[-120:]
+    rows = [("bad", str(poison))] + [(f"s{i}", str(png)) for i in range(300)]
+    rows += [(f"h{i}", f"https://img.example/{i}.jpg") for i in range(200)]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = EngineConfig(
+        poll_min=0.02, poll_max=0.1, linger_seconds=0.2, fsync_seconds=10.0, give_up_after=5.0
+    )
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(fail_single_holding=marker)) as proxy,
+    ):
+        summary = await run_pipeline(
+            [csv], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    assert summary.complete and summary.error is None
+    o = assert_exactly_once(out, rej, {i for i, _ in rows})
+    (reject,) = o.rejects
+    assert reject["id"] == "bad" and reject["stage"] == "unreturned"
+    assert "HTTP 500" in reject["reason"] and "5 times" in reject["reason"]
+    assert proxy.single_failed >= 5 * 4  # max_sends attempts, each the client's 4 tries
+
+
+async def test_a_single_endpoint_failing_for_every_image_rejects_none(tmp_path: Path) -> None:
+    """The single endpoint answers HTTP 500 to every image while bulk works (the endpoint is
+    down, no image is at fault): no row is rejected for it; the run stops with the state saved
+    once ``give_up_after`` is spent, and the same run resumed later tags every row once."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(30)]
+    rows += [(f"h{i}", f"https://img.example/{i}.jpg") for i in range(1500)]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state.db"
+    engine = EngineConfig(
+        poll_min=0.02, poll_max=0.1, linger_seconds=0.2, fsync_seconds=10.0, give_up_after=2.0
+    )
+    async with running_service(ServiceConfig(rate=500.0)) as svc:
+        async with misbehaving(svc.url, Misbehaviour(fail_single_holding=b"")) as proxy:
+            with pytest.raises(FatalRunError, match="single-mode tag"):
+                await run_pipeline(
+                    [csv],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=state,
+                    engine=engine,
+                )
+        assert proxy.single_failed > 30
+        assert read_outcomes(out, rej).rejects == []
+        summary = await run_pipeline(
+            [csv], client=client_config(svc.url), out=out, rejects=rej, state=state, engine=engine
+        )
+    assert summary.complete and summary.rejected == 0
+    assert_exactly_once(out, rej, {i for i, _ in rows})
