@@ -47,6 +47,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
+from ..engine.source import RESOURCE_ERRNOS
 from ._files import fsync_dir
 from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
 from .ledger import ClaimLedger, ClaimRecord, SharedLedger
@@ -329,6 +330,13 @@ class Inbox(InboxSettling):
             self._seen.pop(name, None)
             return None
         except OSError as err:  # unreadable (another account's file, an I/O error)
+            if err.errno in RESOURCE_ERRNOS:
+                # The daemon is short of descriptors or memory, not the file unreadable: it
+                # is looked at again next scan (failed/ would keep it from being tagged).
+                logger.warning(
+                    "manifest %s cannot be hashed now (%s): trying again", name, err.strerror
+                )
+                return None
             self._refuse(path, f"cannot be read: {err.strerror or err}")
             return None
         if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or (

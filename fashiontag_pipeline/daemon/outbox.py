@@ -246,8 +246,14 @@ class Outbox:
             if foreign and not adopt:
                 os.unlink(path)
                 return False
-            os.write(fd, data)
-            os.fsync(fd)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            except BaseException:
+                # A full disk: an empty mark would make the folder another claim's for ever
+                # (its outputs then go to STEM.<sha12>); without it, the next try takes it.
+                os.unlink(path)
+                raise
         finally:
             os.close(fd)
         fsync_dir(folder)

@@ -40,6 +40,7 @@ from ..engine.jobs import JobSpec
 from ..engine.manifests import ManifestPrint
 from ..engine.outfiles import lock_exclusively
 from ..engine.reuse import ReuseHook, open_reuse
+from ..engine.source import RESOURCE_ERRNOS
 from ..engine.state import StateDB
 from .config import DaemonConfig
 from .http import MonitoringServer
@@ -59,6 +60,8 @@ logger = logging.getLogger("fashiontag_pipeline.daemon")
 #: Rows taken in without an outcome before the source waits (fairness: a manifest dropped
 #: behind a big one reaches the service within seconds; the reference service tags ~10k/s).
 DEFAULT_MAX_PENDING_ROWS = 20_000
+#: Seconds before a manifest that could not be opened for want of descriptors is tried again.
+RESOURCE_RETRY_SECONDS = 1.0
 #: The counts a summary.json carries (besides rows_read and elapsed_s).
 _COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
 
@@ -328,11 +331,26 @@ class Daemon(DaemonMonitor):
                 # Hashed when it was claimed (the key holds it too).
                 prints=[ManifestPrint(name=claim.path, size=claim.size, sha256=claim.sha256)],
             )
-            try:
-                job = await engine.submit(spec)
-            except exc.ManifestError as err:
-                await self.failed(claim, outputs, inbox, str(err))
-                return
+            while True:
+                try:
+                    job = await engine.submit(spec)
+                    break
+                except exc.ManifestError as err:
+                    await self.failed(claim, outputs, inbox, str(err))
+                    return
+                except OSError as err:
+                    if err.errno not in RESOURCE_ERRNOS:
+                        raise
+                    # Out of descriptors or memory for a moment: the manifest is fine, and
+                    # failed/ would keep its rows from ever being tagged. Opened again soon
+                    # (a drain leaves it in .work, where the next start resumes it).
+                    logger.warning(
+                        "manifest cannot be opened now: trying again",
+                        extra={"manifest": claim.name, "error": err.strerror},
+                    )
+                    if self.control.stopping.is_set():
+                        return
+                    await anyio.sleep(RESOURCE_RETRY_SECONDS)
             active.watch(job)
             logger.info(
                 "manifest claimed" if not claim.resumed else "manifest resumed",

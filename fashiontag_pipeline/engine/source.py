@@ -23,6 +23,7 @@ rows (not bytes) is what keeps the memory in flight small and independent of the
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import os
 import stat
@@ -41,7 +42,13 @@ from .csvchunk import CsvChunk
 from .rows import PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
 
+#: ``errno`` values of an ``open`` or a read that fail for the process's lack of a resource
+#: (its descriptor limit, the system's file table, memory), not for anything in the file: a
+#: manifest met at such a moment is readable later, never "a manifest that cannot be read".
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
 __all__ = [
+    "RESOURCE_ERRNOS",
     "ManifestReader",
     "manifests_size",
     "open_manifest",
@@ -84,6 +91,8 @@ class ManifestReader:
             try:
                 self._fh = open(Path(path), "rb", buffering=READ_SIZE)  # noqa: SIM115
             except OSError as err:
+                if err.errno in RESOURCE_ERRNOS:
+                    raise  # the process is short of descriptors or memory, not the file
                 raise ManifestError(f"cannot read manifest {path}: {err.strerror}") from None
             self._owns = True
         #: Bytes read from the file (compressed ones for gzip) and its size when it is a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import sqlite3
 from pathlib import Path
@@ -82,13 +84,19 @@ class SqliteResultSink:
         values = []
         for ident, task_id, raw in rows:
             values.append((ident, task_id, *_columns(raw), bytes(raw).decode(), reused))
-        self._db.execute("BEGIN")
-        self._db.executemany(
-            "INSERT OR REPLACE INTO results (id, task_id, status, category, item,"
-            " item_confidence, error_code, result, reused) VALUES (?,?,?,?,?,?,?,?,?)",
-            values,
-        )
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR REPLACE INTO results (id, task_id, status, category, item,"
+                " item_confidence, error_code, result, reused) VALUES (?,?,?,?,?,?,?,?,?)",
+                values,
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as err:  # a full disk: name the file, as the JSONL sinks do
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            raise OSError(errno.EIO, str(err), str(self.path)) from err
         self._last = self._last_rowid()
 
     def _last_rowid(self) -> int:

@@ -9,6 +9,7 @@ loop never blocks on disk.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import sqlite3
 import time
@@ -95,8 +96,16 @@ class Journal:
         self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` in the state thread."""
-        return await self._thread.run(fn, *args)
+        """Run ``fn(*args)`` in the state thread. A SQLite error there is the state file's (a
+        SQLite results sink raises OSError naming its own file): it is named, since "disk
+        I/O error" alone does not say which file is full."""
+        try:
+            return await self._thread.run(fn, *args)
+        except sqlite3.Error as err:
+            where = self.db.where
+            if where in str(err):
+                raise
+            raise type(err)(f"{where}: {err}") from err
 
     # -------------------------------------------------------------- thread side
 
@@ -110,6 +119,10 @@ class Journal:
         self.db.begin()
         try:
             return fn(*args)
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):  # never in place of the error itself
+                self.db.rollback()
+            raise
         except BaseException:
             self.db.rollback()
             raise

@@ -86,7 +86,10 @@ class StateStore(JobTables):
         self.db.execute("COMMIT")
 
     def rollback(self) -> None:
-        self.db.execute("ROLLBACK")
+        # SQLite rolls a transaction back itself on some errors (an I/O error, a full disk):
+        # a ROLLBACK then fails ("no transaction is active") and would hide that error.
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
 
     def close(self) -> None:
         raise NotImplementedError
