@@ -153,6 +153,15 @@ class Misbehaviour:
     #: Requests to the single endpoint whose body holds this text answered HTTP 500 (a JSON
     #: failure), not forwarded: an image the service fails on every time (a poison image).
     fail_single_holding: bytes | None = None
+    #: Methods (``POST``, ``PUT``) whose writes are applied by the service and answered
+    #: ``204 No Content`` with no body (a server that says "done" with no content).
+    no_content_writes: set[str] = field(default_factory=set)
+    #: Every request is answered ``307 Temporary Redirect`` to this origin (same path and
+    #: query), not forwarded: a front end that moved the service to another host.
+    redirect_to: str | None = None
+    #: Results offsets counted from 1: the page at ``offset`` starts with the service's row
+    #: ``offset - 1`` (offset 0 is taken as 1).
+    one_based_offsets: bool = False
 
 
 class MisbehavingProxy:
@@ -216,6 +225,10 @@ class MisbehavingProxy:
                     self.puts_refused += 1
                 return self._not_found()
         body = await request.read()
+        if self.rules.redirect_to is not None:
+            return web.Response(
+                status=307, headers={"Location": self.rules.redirect_to + request.path_qs}
+            )
         if path == SINGLE and self.rules.refuse_single is not None:
             return web.Response(
                 status=self.rules.refuse_single,
@@ -290,6 +303,8 @@ class MisbehavingProxy:
             params["size"] = str(min(int(params["size"]), self.rules.page_cap))
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)
+        if self.rules.one_based_offsets and request.method == "GET" and "offset" in params:
+            params["offset"] = str(max(0, int(params["offset"]) - 1))
         async with self._session.request(
             request.method,
             self.upstream + path,
@@ -324,6 +339,8 @@ class MisbehavingProxy:
                 )
                 out = json.dumps(data).encode()
             status, out = self._reword_failures(body, status, out)
+        if request.method in self.rules.no_content_writes and 200 <= status < 300:
+            return web.Response(status=204, headers=self._headers())
         if self.rules.http_date_times and status < 300:
             out = self._http_dates(out)
         if self.rules.bom:
