@@ -375,7 +375,7 @@ class TaggerClient:
         response = await self._http.call(
             method, path, body=body, key=self._bulk_api_key, retry_all=False, task_id=task_id
         )
-        if response.status not in (200, 201, 202):
+        if not 200 <= response.status < 300:
             self._http.raise_for_status(response, method, path, task_id)
         try:
             return self._http.decode(_bulk_response_decoder, response, method, path)
@@ -385,9 +385,11 @@ class TaggerClient:
             self.stats.ambiguous_writes += 1
             raise exc.AmbiguousWriteError(
                 f"{method} {path}: HTTP {response.status} answer could not be read ({err}); "
-                "the write may have been applied",
+                "the write was applied",
                 method=method,
                 path=path,
+                status=response.status,
+                applied=True,
             ) from err
 
 

@@ -146,10 +146,20 @@ class AmbiguousWriteError(TransportError):
     """
 
     def __init__(
-        self, message: str, *, method: str = "", path: str = "", status: int | None = None
+        self,
+        message: str,
+        *,
+        method: str = "",
+        path: str = "",
+        status: int | None = None,
+        applied: bool = False,
     ) -> None:
         super().__init__(message, method=method, path=path)
         self.status = status
+        #: True when the service answered 2xx (the write was applied) but its answer could
+        #: not be read (``204 No Content``, a body that is not the spec's): which rows it
+        #: took is unknown, not whether it took the write.
+        self.applied = applied
 
 
 class ServiceError(FashiontagError):

@@ -277,7 +277,13 @@ class HttpExchange:
         sent = False
         try:
             url = URL(self._base_encoded + path + query, encoded=True)
-            async with session.request(method, url, data=body, headers=headers) as resp:
+            # Redirects are not followed: aiohttp carries every header but Authorization and
+            # cookies to another origin, so the x-api-key would go to whatever host an answer
+            # names (in clear text if it says http://), and a 301/302 to a POST becomes a GET.
+            # A 3xx is mapped like any other refusal (its message names the new address).
+            async with session.request(
+                method, url, data=body, headers=headers, allow_redirects=False
+            ) as resp:
                 sent = True
                 payload = await resp.read()
                 if payload.startswith(_BOM):  # a byte order mark, which JSON readers may skip

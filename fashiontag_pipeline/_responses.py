@@ -38,6 +38,12 @@ def error_for(
     text = f"{where}: HTTP {status}" + (f" (code {code})" if code is not None else "")
     if message:
         text += f": {message}"
+    if 300 <= status < 400:
+        location = response.headers.get("Location") if response.headers is not None else None
+        text += (
+            f" (the service redirects to {location or 'another address'}: redirects are not"
+            " followed, so that the API key goes only to the configured base URL)"
+        )
     common: dict[str, Any] = {
         "status": status,
         "code": code,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import NamedTuple
 
 import anyio
@@ -58,6 +59,13 @@ Fetched = FetchedRows | None | LostPage
 PAGE_ATTEMPTS = 4
 #: The pause before the first of those attempts again (doubled for each next one).
 PAGE_RETRY_DELAY = 0.1
+#: Seconds a task's pages are asked for again, past ``PAGE_ATTEMPTS``, while none of them has
+#: been read: a service whose status says done a moment before its results can be read
+#: refuses them meanwhile (a 400 "not ready": the spec shows no status code for it). Taken as
+#: empty at once, their rows were sent (and billed) again, and ten such pages stopped the run.
+NOT_READY_GRACE = 10.0
+#: The longest pause between two of those attempts.
+NOT_READY_PAUSE = 1.0
 #: Pages in a row taken as empty, with no readable page between them, after which a run that
 #: may give up (``fashiontag run``; not the daemon) stops instead of sending their rows again.
 UNREADABLE_PAGES = 10
@@ -140,6 +148,15 @@ class PageFetcher:
                     break
             unusable += 1
             reason = " ".join(str(problem).split())
+            if unusable >= PAGE_ATTEMPTS and self._not_ready_yet(entry):
+                logger.info(
+                    "%s at offset %d: %s; no page of the task read yet: asking again",
+                    what,
+                    offset,
+                    reason,
+                )
+                await anyio.sleep(NOT_READY_PAUSE)
+                continue
             if unusable >= PAGE_ATTEMPTS:
                 logger.warning(
                     "task %s: its results page at offset %d was refused or malformed %d times"
@@ -162,9 +179,10 @@ class PageFetcher:
                 return FetchedRows([], True)
             # Not an outage: a short pause of its own, not the budget's growing backoff.
             logger.info("%s at offset %d: %s; asking again", what, offset, reason)
-            await anyio.sleep(PAGE_RETRY_DELAY * 2 ** (unusable - 1))
+            await anyio.sleep(min(NOT_READY_PAUSE, PAGE_RETRY_DELAY * 2 ** (unusable - 1)))
         self.budget.ok()
         self._unreadable = 0
+        entry.readable = True
         rows, all_success = screen(decoded)
         if len(rows) < len(decoded):
             logger.warning(
@@ -175,3 +193,15 @@ class PageFetcher:
                 offset,
             )
         return FetchedRows(rows, all_success, len(decoded))
+
+    @staticmethod
+    def _not_ready_yet(entry: TaskEntry) -> bool:
+        """Whether a refused page of ``entry`` is asked for again past ``PAGE_ATTEMPTS``: no
+        page of the task has been read, and its first refusal is under ``NOT_READY_GRACE``
+        seconds old."""
+        if entry.readable:
+            return False
+        now = time.monotonic()
+        if entry.refused_at is None:
+            entry.refused_at = now
+        return now - entry.refused_at < NOT_READY_GRACE

@@ -28,14 +28,16 @@ import time
 from collections.abc import Callable
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
 from .fetch import PAGE_ATTEMPTS, UNREADABLE_PAGES, Fetched, FetchedRows, LostPage, PageFetcher
 from .flow import AIMDLimiter, RetryBudget
-from .pages import PageRow
+from .pages import NotAPage, PageRow, decode_page, screen
 from .policy import body_ids, decode_ids
 from .settle import TaskSettler, done_change
 from .state import Journal, changes
@@ -301,9 +303,43 @@ class ResultPagers(PageFetcher):
                 entry.state = "finishing"
             entry.advance(end)
             if drained and not quick:
+                await self._past_end(entry)
                 await self.settler.finish(entry)
         finally:
             self._committing.discard(task_id)
+
+    async def _past_end(self, entry: TaskEntry) -> None:
+        """Rows written to a task still without a line once its last page is in: one page
+        past ``count.total`` is asked for them, once, before they are sent again (and billed
+        again). A service whose offsets start at 1 answers every page one row early, so the
+        last page ends a row short of the task's end, although every page was full; results
+        are in the order they were written, so the missing rows are the last ones. Any
+        answer but a page (a 400 past the end, an error) leaves them to be sent again."""
+        sent, seen = entry.sent, entry.seen
+        if sent is None or seen is None or entry.total <= 0:
+            return
+        missing = len(sent - seen - (entry.refused or frozenset()))
+        if missing <= 0:
+            return
+        try:
+            raw = await self.client.task_results_raw(
+                entry.task_id, offset=entry.total, size=min(MAX_PAGE_SIZE, missing)
+            )
+            found, all_success = screen(decode_page(raw))
+        except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
+            return
+        rows = self._first_of_each_id(entry, found)
+        if rows:
+            logger.info(
+                "task %s: %d results found past its count of %d",
+                entry.task_id,
+                len(rows),
+                entry.total,
+            )
+            await self.journal.commit(
+                page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success
+            )
+            self.pages += 1
 
     @staticmethod
     def _first_of_each_id(entry: TaskEntry, rows: list[PageRow]) -> list[PageRow]:

@@ -64,6 +64,11 @@ class TaskEntry:
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None
     advanced: anyio.Event = field(default_factory=anyio.Event)
+    #: A results page of the task was read (by this process), and when one was first refused
+    #: while none had been (monotonic seconds): a service whose status says done a moment
+    #: before its pages can be read refuses them meanwhile (see ``fetch.NOT_READY_GRACE``).
+    readable: bool = False
+    refused_at: float | None = None
 
     def advance(self, offset: int) -> None:
         """Record that pages up to ``offset`` are committed; wake the next page."""

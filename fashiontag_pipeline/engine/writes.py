@@ -363,6 +363,21 @@ class TaskWrites:
                 )
             except exc.AmbiguousWriteError as err:
                 chunk.fate_unknown = True
+                if err.applied:
+                    # Answered 2xx (applied) with no readable body (204 No Content, ...):
+                    # sending it again would only be answered so again. Its rows the task
+                    # returns are tagged; the others are sent again when it is read.
+                    self.budget.ok()
+                    self.slots.success()
+                    self.writes_taken += 1
+                    logger.info(
+                        "task %s: a write was applied (HTTP %s) with no readable answer; its"
+                        " rows are settled from the task's results",
+                        task.task_id,
+                        err.status,
+                    )
+                    await self._orphan(chunk)
+                    return True
                 await self.budget.failed(err, f"append to task {task.task_id}")
                 continue
             except (exc.TaskExpiredError, exc.TaskNotFoundError):
