@@ -195,6 +195,7 @@ class MisbehavingProxy:
         self._released = anyio.Event()
         #: The task ids answered to the creates merged by ``merge_creates``.
         self.merged: list[str] = []
+        self._first_created = anyio.Event()
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -213,7 +214,10 @@ class MisbehavingProxy:
         path = request.path
         if request.method == "POST" and path == BULK and self.rules.merge_creates:
             self.creates_seen += 1
-            if self.creates_seen in self.rules.merge_creates and self.created:
+            if self.creates_seen in self.rules.merge_creates:
+                # Creates run concurrently: one to merge may come before the first create's
+                # answer has given a task to merge it into.
+                await self._first_created.wait()
                 return await self._merged_create(request, self.created[0])
         task_id = None
         if path.startswith(BULK + "/"):
@@ -419,6 +423,7 @@ class MisbehavingProxy:
             task_id = json.loads(payload)["taskId"]
             self.created.append(task_id)
             self.created_at[task_id] = time.monotonic()
+            self._first_created.set()
             return payload
         if method == "GET" and path == BULK:
             data = json.loads(payload)
