@@ -29,8 +29,10 @@ from .._exceptions import ManifestError
 __all__ = [
     "STDIN",
     "ManifestPrint",
+    "check_readable_twice",
     "describe",
     "fingerprint",
+    "fingerprint_open",
     "job_prints",
     "same_manifests",
 ]
@@ -51,17 +53,16 @@ class ManifestPrint(msgspec.Struct, frozen=True, kw_only=True):
         return self.size is None
 
 
-def fingerprint(path: str) -> ManifestPrint:
-    """Size and SHA-256 of a manifest file (blocking: call in a thread); stdin has none.
-
-    Hashing streams the file once (~1-2 GB/s); a file that cannot be read is left to the
-    reader, which reports it with its own message."""
+def check_readable_twice(path: str) -> None:
+    """ManifestError for a manifest that is a pipe or a device (stdin is fine): a run reads it
+    twice (its fingerprint, then its rows) so that it can resume. Only a stat: call it before
+    opening the file, which would block on a FIFO with no writer."""
     if path == STDIN:
-        return ManifestPrint(name=STDIN)
+        return
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        mode = stat.S_IFREG  # left to the reader, which names the problem
+        return  # left to the reader, which names the problem
     if not stat.S_ISREG(mode):
         # A pipe (``<(cat m.csv)``, a FIFO) would be read to its end here and found empty by
         # the reader (or, a FIFO with no writer yet, block for ever).
@@ -70,18 +71,51 @@ def fingerprint(path: str) -> ManifestPrint:
             " (its fingerprint, then its rows) so that it can resume; pass it on stdin"
             " (... | fashiontag run -) or save it to a file first"
         )
+
+
+def _hash_fd(name: str, fd: int) -> ManifestPrint:
+    """Size and SHA-256 of the file open as ``fd``, read with ``pread`` from its start (the
+    descriptor's position, which its reader uses, is left as it is)."""
     digest = hashlib.sha256()
     size = 0
+    buf = bytearray(_READ)
+    view = memoryview(buf)
     try:
-        with open(path, "rb", buffering=0) as fh:
-            buf = bytearray(_READ)
-            view = memoryview(buf)
-            while n := fh.readinto(buf):
-                digest.update(view[:n])
-                size += n
+        while n := os.preadv(fd, [buf], size):
+            digest.update(view[:n])
+            size += n
+    except OSError:
+        return ManifestPrint(name=name, size=-1, sha256="")
+    return ManifestPrint(name=name, size=size, sha256=digest.hexdigest())
+
+
+def fingerprint(path: str) -> ManifestPrint:
+    """Size and SHA-256 of a manifest file (blocking: call in a thread); stdin has none.
+
+    Hashing streams the file once (~1-2 GB/s); a file that cannot be read is left to the
+    reader, which reports it with its own message. A run hashes the file its reader has open
+    (:func:`fingerprint_open`): a path names whatever was renamed over it last."""
+    if path == STDIN:
+        return ManifestPrint(name=STDIN)
+    check_readable_twice(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return ManifestPrint(name=os.fspath(path), size=-1, sha256="")
-    return ManifestPrint(name=os.fspath(path), size=size, sha256=digest.hexdigest())
+    try:
+        return _hash_fd(os.fspath(path), fd)
+    finally:
+        os.close(fd)
+
+
+def fingerprint_open(name: str, fd: int | None) -> ManifestPrint:
+    """The fingerprint of the manifest ``name`` as open in its reader (``fd``; None, or
+    ``name`` ``-``, for stdin or a pipe: no fingerprint). The bytes hashed are the very bytes
+    the reader reads, even when the exporter renames tonight's dump over the path, or rewrites
+    it, while the run starts (the reader's end-of-input check catches a change after this)."""
+    if name == STDIN or fd is None:
+        return ManifestPrint(name=name)
+    return _hash_fd(name, fd)
 
 
 def job_prints(paths: Sequence[str]) -> list[ManifestPrint]:

@@ -28,7 +28,7 @@ from .engine import Engine, RunControl
 from .flow import FatalRunError
 from .gcpolicy import tune_gc
 from .jobs import Job, JobSpec
-from .manifests import STDIN, fingerprint
+from .manifests import STDIN, check_readable_twice
 from .outcome import already_complete
 from .outfiles import lock_output
 from .reuse import open_reuse
@@ -206,7 +206,8 @@ async def run_pipeline(
     # Another run writing an output refuses this one before its state is made, so that the
     # refusal leaves nothing behind (the sinks take the same lock when they open).
     await anyio.to_thread.run_sync(_outputs_free, out, rejects)
-    prints = [await anyio.to_thread.run_sync(fingerprint, name) for name in names]
+    for name in names:
+        check_readable_twice(name)  # (a FIFO is refused before it is opened)
     readers = await open_manifests(names, engine.read_batch_rows)
 
     def close_readers() -> None:
@@ -214,6 +215,10 @@ async def run_pipeline(
             reader.close()
 
     try:
+        # The fingerprints of the files the readers have open: hashing the paths first, an
+        # exporter's rename landing meanwhile made the run read one dump under another's
+        # fingerprint (resumed by line numbers, or tagged again by the same command).
+        prints = [await anyio.to_thread.run_sync(reader.fingerprint) for reader in readers]
         db = state_path if isinstance(state_path, StateStore) else open_state(state_path)
     except BaseException:
         close_readers()

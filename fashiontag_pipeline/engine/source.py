@@ -39,6 +39,7 @@ import msgspec
 from .._exceptions import ManifestError
 from . import strays
 from .csvchunk import CsvChunk
+from .manifests import ManifestPrint, fingerprint_open
 from .rows import PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
 
@@ -133,6 +134,12 @@ class ManifestReader:
     def close(self) -> None:
         if self._owns:
             self._fh.close()
+
+    def fingerprint(self) -> ManifestPrint:
+        """Size and SHA-256 of the file this reader has open (blocking): the bytes it reads,
+        whatever the path names by now. None of either for stdin or a pipe."""
+        fd = self._fh.fileno() if self._owns and self.size is not None else None
+        return fingerprint_open(self.name, fd)
 
     # -------------------------------------------------------------- bytes
 

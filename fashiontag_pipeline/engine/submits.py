@@ -28,7 +28,7 @@ import msgspec
 from .. import _exceptions as exc
 from .config import EngineConfig
 from .jobs import Job, Jobs, JobSpec
-from .manifests import ManifestPrint, describe, job_prints, same_manifests
+from .manifests import ManifestPrint, describe, same_manifests
 from .outcome import completed_job
 from .scheduler import JobSource
 from .source import ManifestReader, open_manifests
@@ -96,7 +96,8 @@ class Submits:
             db = self.journal.db
             prints = list(spec.prints) if spec.prints is not None else None
             if prints is None:
-                prints = await anyio.to_thread.run_sync(job_prints, spec.manifests)
+                # The files the readers have open (a path may name another by now).
+                prints = [await anyio.to_thread.run_sync(r.fingerprint) for r in readers]
             found = await self.journal.run(db.find_job, spec.key)
             if found is not None:  # checked before open_job records anything of this submit
                 self._check_content(found, await self.journal.run(db.job_prints, found.job), prints)
