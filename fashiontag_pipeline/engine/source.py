@@ -77,6 +77,15 @@ if csv.field_size_limit() < CSV_FIELD_LIMIT:
     csv.field_size_limit(CSV_FIELD_LIMIT)
 
 
+def _csv_head(data: bytes) -> bool:
+    """Whether the first bytes of an input are not those of a JSONL or URL list (see
+    :meth:`ManifestReader.open`), before its format is known."""
+    head = data.lstrip()
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:].lstrip()
+    return not head.startswith(b"{") and not head[:8].lower().startswith((b"http://", b"https://"))
+
+
 class ManifestReader:
     """Blocking reader of one manifest; :meth:`read_batch` is called in a worker thread."""
 
@@ -202,6 +211,13 @@ class ManifestReader:
             # (A newline inside a quoted CSV field is no record boundary: the csv module finds
             # a record the cut went through, see csvchunk.)
             cut = data.rfind(b"\n") + 1
+            if cut == 0 and self.kind == "csv" and (self.header or _csv_head(data)):
+                # No LF at all: a CSV saved with bare CR line ends (Excel for Mac). The csv
+                # module ends a line at a CR too, so cut after the last one that has a byte
+                # after it (not the CR of a CRLF the read went through); else the whole
+                # manifest was held (and copied at every read) until its last byte. (A JSONL
+                # or URL list with bare CRs is refused at its first line: see open.)
+                cut = data.rfind(b"\r", 0, len(data) - 1) + 1
             if cut == 0:
                 self._pending = data
                 continue
