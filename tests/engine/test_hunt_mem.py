@@ -1,0 +1,127 @@
+"""A long-lived engine (the daemon's, the library's ``async with Engine(...)``) takes jobs for
+weeks: what one job leaves behind once it is complete must be nothing but its record, and a
+job must complete without waiting for the next one.
+
+Against the reference service on loopback (behind the misbehaving proxy of :mod:`.proxy`
+where a real service's answers are needed).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.jobs import JobSpec
+from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, ids_of, write_csv
+from .proxy import Misbehaviour, misbehaving
+
+FAST = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.05,
+    fsync_seconds=10.0,
+    rotate_seconds=1.0,
+    max_sends=2,
+)
+
+
+def _spec(tmp: Path, name: str, manifest: Path) -> JobSpec:
+    return JobSpec(
+        key=name,
+        manifests=[str(manifest)],
+        results=tmp / name / "results.jsonl",
+        rejects=tmp / name / "rejects.jsonl",
+    )
+
+
+async def _jobs_one_after_another(
+    tmp: Path, rules: Misbehaviour, jobs: int, rows: int, *, wait: float = 20.0
+) -> Engine:
+    """A namespaced engine (as the daemon's) behind ``rules``, taking ``jobs`` manifests of
+    ``rows`` rows one after the other, each waited for (at most ``wait`` seconds)."""
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        db = StateDB(tmp / "state")
+        async with TaggerClient(config=client_config(proxy.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=FAST,
+                namespaced=True,
+                fail_fast=False,
+            )
+            async with engine:
+                for i in range(jobs):
+                    manifest = write_csv(tmp / f"m{i}.csv", rows)
+                    job = await engine.submit(_spec(tmp, f"m{i}", manifest))
+                    with anyio.fail_after(wait):
+                        await engine.outcome(job)
+                engine.close()
+    return engine
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        # A create applied with its answer lost; the retry's rows refused as duplicates in
+        # other words: the chunk is of unknown fate (an orphan), settled from the results.
+        Misbehaviour(lose_first_create_answer=True, duplicate_wording="context.id already exists:"),
+        # A row the service takes and never returns: sent max_sends times, then a reject.
+        Misbehaviour(never_returned={"p3"}),
+    ],
+    ids=["orphan-settled", "unreturned"],
+)
+async def test_a_complete_job_leaves_no_chunk_body_in_the_state(
+    tmp_path: Path, rules: Misbehaviour
+) -> None:
+    """A state that lives for weeks grows with the rows in flight, not with every chunk ever
+    sent (``changes.task_drained``): once every job is complete and the engine closed, no
+    chunk body (the rows' full requests, ~150 bytes a row) is left in the state. A chunk that
+    was settled any other way than "accepted" (an orphan whose rows all came back, rows sent
+    again and then rejected as never returned) is ``resolved`` and keeps its body for ever:
+    the daemon's state file grows with every such chunk for months."""
+    engine = await _jobs_one_after_another(tmp_path, rules, jobs=3, rows=300)
+    assert engine.complete
+    for i in range(3):
+        assert_exactly_once(
+            tmp_path / f"m{i}" / "results.jsonl",
+            tmp_path / f"m{i}" / "rejects.jsonl",
+            ids_of(300),
+        )
+    sql = sqlite3.connect(tmp_path / "state")
+    try:
+        leftover = sql.execute(
+            "SELECT c.chunk_id, c.state, t.state, length(b.body) FROM chunk_bodies b"
+            " JOIN chunks c USING (chunk_id) LEFT JOIN tasks t USING (task_id)"
+        ).fetchall()
+    finally:
+        sql.close()
+    assert leftover == [], f"chunk bodies kept after every job completed: {leftover}"
+
+
+async def test_a_job_with_a_row_refused_whole_completes_without_another_job(
+    tmp_path: Path,
+) -> None:
+    """One row of a job makes the service refuse every write that carries it (400, the row
+    not named): the chunk is split until that row is found. In a long-lived engine the job's
+    input is read and the writer idle by then, so the parts go to a task nobody seals: the
+    job waits (its rows sent, never polled) until another job's rows wake the writer; a
+    daemon with a quiet inbox never finishes that manifest. rotate_seconds is 1 s: the task
+    should be sealed within a second or two and the job done well within 15 s."""
+    rules = Misbehaviour(refuse_whole_with={"p3"})
+    engine = await _jobs_one_after_another(tmp_path, rules, jobs=1, rows=250, wait=15.0)
+    assert engine.complete
+    o = assert_exactly_once(
+        tmp_path / "m0" / "results.jsonl", tmp_path / "m0" / "rejects.jsonl", ids_of(250)
+    )
+    assert [(r["id"], r["stage"]) for r in o.rejects] == [("p3", "server-validation")]
+
