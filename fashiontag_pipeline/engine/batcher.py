@@ -74,6 +74,11 @@ class TaskWriter(TaskWrites):
         self.tasks: dict[str, OpenTask] = {}
         self.current: OpenTask | None = None
         self.intake_done = False
+        #: The intake's last message was IDLE (nothing to read for now, nothing buffered): a
+        #: task a send opens now (a chunk refused whole and split, a write re-targeted) is
+        #: sealed once its writes are answered, as at the end of the input, for no input will
+        #: come to seal it.
+        self.input_idle = False
         self.active = 0
         self._stop_scope = anyio.CancelScope()
         self.idle = anyio.Event()
@@ -187,6 +192,8 @@ class TaskWriter(TaskWrites):
                 except anyio.EndOfStream:
                     eof = True
             idle = batch is not None and not batch
+            if batch is not None:
+                self.input_idle = idle
             if batch:
                 if not buffer:
                     since = self.clock()
@@ -305,7 +312,8 @@ class TaskWriter(TaskWrites):
                     done = await self._append(task, chunk)
             finally:
                 task.inflight -= 1
-                if self.intake_done and self.current is task and task.inflight == 0:
+                quiet = self.intake_done or self.input_idle
+                if quiet and self.current is task and task.inflight == 0:
                     task.closing = True
                     self.current = None
                 await self._maybe_seal(task)
