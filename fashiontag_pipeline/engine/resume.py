@@ -149,4 +149,4 @@ async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:
         # Sent or not (its task is unknown), these rows keep the send count they had.
         await run.writer.resend(missing, chunk_id, sends)
     else:
-        await run.journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])
+        await run.journal.commit(ops=changes.chunk_resolved(chunk_id))

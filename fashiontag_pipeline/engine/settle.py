@@ -184,7 +184,7 @@ class TaskSettler:
             elif missing:
                 await self._resend_unwritten(missing, chunk_id, sends)
             elif lost or chunk_id in entry.orphans:
-                await journal.commit(ops=[changes.chunk_state(chunk_id, "resolved")])
+                await journal.commit(ops=changes.chunk_resolved(chunk_id))
             if chunk_id in entry.orphans:
                 entry.orphans.discard(chunk_id)
                 self.book.orphans_pending -= 1
@@ -216,5 +216,5 @@ class TaskSettler:
             STAGE_UNRETURNED,
         )
         await self.journal.commit(
-            rejects=rejects, settle=True, ops=[changes.chunk_state(chunk_id, "resolved")]
+            rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk_id)
         )

@@ -190,7 +190,7 @@ class TaskWrites:
         reasons = dict.fromkeys(chunk.ids, message)
         rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
         await self.journal.commit(
-            rejects=rejects, settle=True, ops=[changes.chunk_state(chunk.chunk_id, "resolved")]
+            rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk.chunk_id)
         )
 
     async def _orphan(self, chunk: Chunk) -> None:

@@ -124,4 +124,3 @@ async def test_a_job_with_a_row_refused_whole_completes_without_another_job(
         tmp_path / "m0" / "results.jsonl", tmp_path / "m0" / "rejects.jsonl", ids_of(250)
     )
     assert [(r["id"], r["stage"]) for r in o.rejects] == [("p3", "server-validation")]
-

@@ -22,6 +22,7 @@ __all__ = [
     "chunk_accepted",
     "chunk_detached",
     "chunk_orphan",
+    "chunk_resolved",
     "chunk_state",
     "chunk_task",
     "chunk_token",
@@ -89,18 +90,21 @@ def task_read_upto(task_id: str, offset: int) -> Change:
 
 
 def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
-    """The task is finished with (``drained`` or ``expired``): its accepted chunks (rows and
-    bodies) are no longer needed and are deleted, so a state that lives for weeks (the
-    daemon's) grows with the tasks in flight, not with every chunk it ever sent. Chunks of
-    unknown fate stay until they are settled."""
+    """The task is finished with (``drained`` or ``expired``): its accepted and resolved
+    chunks (rows and bodies) are no longer needed and are deleted, so a state that lives for
+    weeks (the daemon's) grows with the tasks in flight, not with every chunk it ever sent.
+    Chunks of unknown fate stay until they are settled."""
     return [
         task_state(task_id, state),
         (
-            "DELETE FROM chunk_bodies WHERE chunk_id IN"
-            " (SELECT chunk_id FROM chunks WHERE task_id=? AND state='accepted')",
+            "DELETE FROM chunk_bodies WHERE chunk_id IN (SELECT chunk_id FROM chunks"
+            " WHERE task_id=? AND state IN ('accepted', 'resolved'))",
             (task_id,),
         ),
-        ("DELETE FROM chunks WHERE task_id=? AND state='accepted'", (task_id,)),
+        (
+            "DELETE FROM chunks WHERE task_id=? AND state IN ('accepted', 'resolved')",
+            (task_id,),
+        ),
     ]
 
 
@@ -135,6 +139,17 @@ def chunk_orphan(chunk_id: int, task_id: str) -> Change:
 
 def chunk_state(chunk_id: int, state: ChunkState) -> Change:
     return ("UPDATE chunks SET state=? WHERE chunk_id=?", (state, chunk_id))
+
+
+def chunk_resolved(chunk_id: int) -> list[Change]:
+    """Every row of the chunk has its outcome (or was handed to another chunk): its body is
+    read no more (a task's ids are read when its draining starts, before any of its chunks is
+    resolved) and goes, so a daemon's state does not keep every such chunk's rows for ever."""
+    return [
+        chunk_state(chunk_id, "resolved"),
+        ("UPDATE chunks SET body=NULL WHERE chunk_id=?", (chunk_id,)),
+        ("DELETE FROM chunk_bodies WHERE chunk_id=?", (chunk_id,)),
+    ]
 
 
 def single_pending(pos: int, body: bytes) -> Change:
