@@ -160,7 +160,12 @@ def finalize_job(journal: Journal, job: Job, stamp: str, forget_rows: bool) -> N
     job.check_outputs(keep_lost=journal.keep_lost)
     journal.close_job_outputs(job)
     job.counters["tasks"] = journal.db.job_complete(
-        job.id, stamp, forget_rows=forget_rows, failure=job.failure, rows_read=job.rows_read
+        job.id,
+        stamp,
+        forget_rows=forget_rows,
+        forget_reuse=journal.reuse is not None,
+        failure=job.failure,
+        rows_read=job.rows_read,
     )
 
 

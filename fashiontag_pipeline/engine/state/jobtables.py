@@ -217,6 +217,7 @@ class JobTables:
         when: str,
         *,
         forget_rows: bool = False,
+        forget_reuse: bool = False,
         failure: str | None = None,
         rows_read: int = 0,
     ) -> int:
@@ -224,11 +225,20 @@ class JobTables:
 
         ``forget_rows`` (a long-lived engine, whose ids are ``JOB/ID``): the job's ids and
         single-mode rows are deleted in the same transaction, so the state of a daemon that
-        runs for weeks grows with the rows in flight, not with every row it ever took."""
+        runs for weeks grows with the rows in flight, not with every row it ever took.
+        ``forget_reuse`` (with ``forget_rows``; ``--reuse`` is on): so do its rows still in
+        ``reuse_pending`` (those that ended as rejects: a daemon's state never starts a new
+        run that would empty the table) and its ``reuse_from`` mark."""
         db = self.db
         with self.transaction():
             if forget_rows:
                 db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
+                if forget_reuse:
+                    db.execute(
+                        "DELETE FROM reuse_pending WHERE id >= ? AND id < ?",
+                        (f"{job}/", f"{job}0"),
+                    )
+                    db.execute("DELETE FROM meta WHERE key=?", (f"reuse_from.{job}",))
                 row = db.execute("SELECT sources FROM jobs WHERE job=?", (job,)).fetchone()
                 for src, _ in _sources_decoder.decode(row[0]) if row else ():
                     db.execute(
