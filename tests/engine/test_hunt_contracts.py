@@ -1,0 +1,95 @@
+"""Hunt (contracts and secrets): the CLI run as a subprocess, checked against DESIGN sections
+4 and 6-8 and promise 5 (API keys never leave the process except to the service)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+from aiohttp import web
+
+from .helpers import write_csv
+
+KEY = "sk-HUNT-CANARY-single"
+BULK_KEY = "sk-HUNT-CANARY-bulk"
+
+
+def _env(url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FASHIONTAG_BASE_URL": url,
+        "FASHIONTAG_API_KEY": KEY,
+        "FASHIONTAG_BULK_API_KEY": BULK_KEY,
+    }
+
+
+async def _fashiontag(url: str, *args: str) -> tuple[int, bytes, bytes]:
+    result = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", *args], check=False, env=_env(url)
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+@asynccontextmanager
+async def _site(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def _redirector() -> AsyncIterator[tuple[str, list[str | None]]]:
+    """A front end on one origin that answers every request with a redirect to another origin
+    (a gateway moved, an open redirect, a CDN), and a recorder of the ``x-api-key`` headers
+    that other origin receives."""
+    received: list[str | None] = []
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        received.append(request.headers.get("x-api-key"))
+        return web.json_response({"status": "success", "data": {"tasks": []}})
+
+    other = web.Application()
+    other.router.add_route("*", "/{tail:.*}", record)
+    async with _site(other) as other_url:
+        # localhost and 127.0.0.1 are distinct origins; so are two ports
+        other_url = other_url.replace("127.0.0.1", "localhost")
+
+        async def redirect(request: web.Request) -> web.StreamResponse:
+            raise web.HTTPTemporaryRedirect(location=other_url + request.path_qs)
+
+        front = web.Application()
+        front.router.add_route("*", "/{tail:.*}", redirect)
+        async with _site(front) as front_url:
+            yield front_url, received
+
+
+async def test_a_redirect_to_another_origin_never_carries_the_api_key(tmp_path: Path) -> None:
+    """DESIGN 2.1 promise 5. A service URL that answers with a redirect to another host must
+    not hand that host the key: aiohttp drops ``Authorization`` on a cross-origin redirect but
+    keeps every other header, and the key travels as ``x-api-key``. Both the bulk key
+    (``tasks list``, ``run``) and the single-mode key (``tag``) went to the other origin."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    async with _redirector() as (url, received):
+        await _fashiontag(url, "tasks", "list", "--json")
+        await _fashiontag(url, "tag", "https://img.example/look.jpg")
+        await _fashiontag(
+            url,
+            "run",
+            str(manifest),
+            "--out",
+            str(tmp_path / "out.jsonl"),
+            "--no-progress",
+            "--give-up-after",
+            "3",
+        )
+    leaked = {k for k in received if k in (KEY, BULK_KEY)}
+    assert not leaked, f"{len(received)} requests reached another origin, keys {sorted(leaked)}"
