@@ -12,10 +12,13 @@ from pathlib import Path
 import anyio
 from aiohttp import web
 
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
 from .helpers import write_csv
 
 KEY = "sk-HUNT-CANARY-single"
 BULK_KEY = "sk-HUNT-CANARY-bulk"
+SERVICE = ServiceConfig(api_keys=(KEY,), bulk_api_keys=(BULK_KEY,))
 
 
 def _env(url: str) -> dict[str, str]:
@@ -93,3 +96,23 @@ async def test_a_redirect_to_another_origin_never_carries_the_api_key(tmp_path: 
         )
     leaked = {k for k in received if k in (KEY, BULK_KEY)}
     assert not leaked, f"{len(received)} requests reached another origin, keys {sorted(leaked)}"
+
+
+async def test_a_bad_tasks_flag_value_is_exit_2_with_one_line_not_a_traceback() -> None:
+    """DESIGN 4.1 / README exit codes: 2 is bad usage (a bad flag value), with a one-line
+    reason. ``tasks results T --size 0`` (or 101, or ``--offset -1``) and ``tasks status ''``
+    ended in a ValueError traceback with exit 1; ``tasks list --limit -1`` printed every task
+    but the oldest with exit 0."""
+    async with running_service(SERVICE) as svc:
+        for argv in (
+            ("tasks", "results", "t1", "--size", "0"),
+            ("tasks", "results", "t1", "--size", "101"),
+            ("tasks", "results", "t1", "--offset", "-1"),
+            ("tasks", "status", ""),
+            ("tasks", "list", "--limit", "-1"),
+        ):
+            code, out, err = await _fashiontag(svc.url, *argv)
+            assert b"Traceback" not in err, (argv, err.decode()[-400:])
+            assert code == 2, (argv, code, err.decode()[-400:])
+            assert out == b"", argv
+            assert err.decode().strip().splitlines()[-1].startswith("fashiontag"), argv
