@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from .._exceptions import ConfigError, FashiontagError
+from .._models import MAX_PAGE_SIZE
 from .client_commands import tag_command, tasks_command
 from .common import (
     EXIT_CODES,
@@ -39,6 +40,28 @@ __all__ = ["configure_logging", "main"]
 def _command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named on the command line (top-level options take no values)."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]`` (a bad value is exit 2 with usage)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _task_id(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a task id must not be empty")
+    return text
 
 
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
@@ -98,16 +121,20 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     )
     t_list.add_argument("--json", action="store_true", help="JSON array of the tasks")
     t_list.add_argument(
-        "--limit", type=int, default=None, metavar="N", help="only the N newest tasks"
+        "--limit", type=_int_from(1), default=None, metavar="N", help="only the N newest tasks"
     )
     add_client_arguments(t_list)
     t_status = tasks_sub.add_parser("status", help="one task's status")
-    t_status.add_argument("task_id")
+    t_status.add_argument("task_id", type=_task_id)
     add_client_arguments(t_status)
     t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
-    t_results.add_argument("task_id")
-    t_results.add_argument("--offset", type=int, default=0, help="first result (default 0)")
-    t_results.add_argument("--size", type=int, default=100, help="results, 1-100 (default 100)")
+    t_results.add_argument("task_id", type=_task_id)
+    t_results.add_argument(
+        "--offset", type=_int_from(0), default=0, help="first result (default 0)"
+    )
+    t_results.add_argument(
+        "--size", type=_int_from(1, MAX_PAGE_SIZE), default=100, help="results, 1-100 (default 100)"
+    )
     add_client_arguments(t_results)
     tasks.set_defaults(handler=tasks_command, is_async=True)
 
