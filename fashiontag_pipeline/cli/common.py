@@ -108,11 +108,15 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
+def client_config_from_args(
+    args: argparse.Namespace, *, warn: Callable[[str], None] | None = None
+) -> ClientConfig:
     """The client config from --config, the environment, then flags.
 
     With no key configured anywhere, the public development keys are sent, so every command
     works against the embedded reference service with no setup (a real service answers 401).
+    ``warn`` takes the warning about a key given as a flag (default: a line on stderr; the
+    daemon logs it, so that its stderr stays one JSON object per line).
     """
     api_key = getattr(args, "api_key", None)
     bulk_api_key = getattr(args, "bulk_api_key", None)
@@ -121,7 +125,11 @@ def client_config_from_args(args: argparse.Namespace) -> ClientConfig:
         ("--bulk-api-key", ENV_BULK_API_KEY, bulk_api_key),
     ):
         if value is not None:
-            print(_FLAG_WARNING.format(flag=flag, var=var), file=sys.stderr)
+            message = _FLAG_WARNING.format(flag=flag, var=var)
+            if warn is None:
+                print(message, file=sys.stderr)
+            else:
+                warn(message.removeprefix("fashiontag: warning: "))
     config = load_client_config(
         getattr(args, "config", None),
         overrides={

@@ -116,9 +116,10 @@ def daemon_config_from_args(args: argparse.Namespace) -> DaemonConfig:
 
 def daemon_command(args: argparse.Namespace) -> int:
     """``fashiontag daemon``: returns the exit code (0 after a drain)."""
+    warnings: list[str] = []  # logged once the logs are set up (JSON lines on stderr)
     try:
         config = daemon_config_from_args(args)
-        client = client_config_from_args(args)
+        client = client_config_from_args(args, warn=warnings.append)
         engine = engine_config_from_args(args)
     except (ConfigError, ValueError) as err:
         print(f"fashiontag: {err}", file=sys.stderr)
@@ -162,6 +163,8 @@ def daemon_command(args: argparse.Namespace) -> int:
         max_pending_rows=args.max_pending_rows or DEFAULT_MAX_PENDING_ROWS,
     )
     log = logging.getLogger("fashiontag_pipeline.daemon")
+    for warning in warnings:
+        log.warning(warning)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
