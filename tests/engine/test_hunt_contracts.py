@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import anyio.abc
 from aiohttp import web
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -116,3 +117,80 @@ async def test_a_bad_tasks_flag_value_is_exit_2_with_one_line_not_a_traceback() 
             assert code == 2, (argv, code, err.decode()[-400:])
             assert out == b"", argv
             assert err.decode().strip().splitlines()[-1].startswith("fashiontag"), argv
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and every exception it carries (cause, context, group members)."""
+    seen: dict[int, BaseException] = {}
+    stack: list[BaseException | None] = [err]
+    while stack:
+        item = stack.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen[id(item)] = item
+        stack += [item.__cause__, item.__context__]
+        stack += list(getattr(item, "exceptions", ()))
+    return list(seen.values())
+
+
+async def test_no_exception_repr_carries_the_key_when_the_answer_is_not_http() -> None:
+    """Promise 5 (keys never in reprs). An answer aiohttp cannot parse (a broken proxy, a
+    header with a control byte) raises aiohttp's ``ClientResponseError``, whose repr holds the
+    request's ``RequestInfo`` with every header sent, ``x-api-key`` among them. The client
+    chained it (``raise ... from err``) under its own TransportError / AmbiguousWriteError, so
+    ``repr(err.__cause__)`` (what an error reporter records) showed the key."""
+
+    async def garbage(reader: anyio.abc.ByteStream) -> None:
+        async with reader:
+            with anyio.move_on_after(5):
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += await reader.receive()
+                await reader.send(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nBad\x01Header: x\r\n\r\n{}"
+                )
+
+    from fashiontag_pipeline import (
+        BulkContext,
+        ClientConfig,
+        Image,
+        ImageType,
+        RetryPolicy,
+        TaggerClient,
+        TaggingRequest,
+    )
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    config = ClientConfig(
+        base_url=f"http://127.0.0.1:{port}",
+        api_key=KEY,
+        bulk_api_key=BULK_KEY,
+        retry=RetryPolicy(max_attempts=1),
+    )
+    request = TaggingRequest(
+        image=Image(type=ImageType.URL, content="https://img.example/1.jpg"),
+        context=BulkContext(id="p1"),
+    )
+    errors: list[BaseException] = []
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, garbage)
+        async with TaggerClient(config=config) as client:
+            for call in (
+                client.list_tasks,
+                lambda: client.task_status("t1"),
+                lambda: client.create_task([request]),
+                lambda: client.tag(request.image),
+            ):
+                try:
+                    await call()
+                except Exception as err:  # each call fails: its chain is checked
+                    errors.append(err)
+        tg.cancel_scope.cancel()
+    assert len(errors) == 4
+    for err in errors:
+        for item in _chain(err):
+            text = f"{item!r} {item}"
+            assert KEY not in text and BULK_KEY not in text, (
+                f"{type(err).__name__} carries {type(item).__name__} showing a key"
+            )
