@@ -299,6 +299,7 @@ class HttpExchange:
                 path=path,
             ) from err
         except (TimeoutError, aiohttp.ClientError) as err:
+            _scrub_request_info(err)
             self.stats.transport_errors += 1
             what = "timed out" if isinstance(err, TimeoutError) else f"failed: {type(err).__name__}"
             if not is_read:
@@ -369,6 +370,30 @@ class HttpExchange:
     ) -> None:
         """Map an error response to the exception tree. Never returns."""
         raise error_for(response, method, path, task_id, self._key_hint(path))
+
+
+_MASK = "********"
+
+
+def _scrub_request_info(err: BaseException) -> None:
+    """Mask the key in the request headers aiohttp keeps on an error it raises after sending
+    (``ClientResponseError.request_info``: its repr shows every header, ``x-api-key`` too), on
+    ``err`` and the errors it chains, since ours chain it (``raise ... from err``)."""
+    seen: set[int] = set()
+    item: BaseException | None = err
+    while item is not None and id(item) not in seen:
+        seen.add(id(item))
+        info = getattr(item, "request_info", None)
+        if isinstance(info, aiohttp.RequestInfo) and "x-api-key" in info.headers:
+            headers = info.headers.copy()  # (a CIMultiDict, aiohttp's own dependency)
+            headers["x-api-key"] = _MASK
+            masked = aiohttp.RequestInfo(
+                info.url, info.method, type(info.headers)(headers), info.real_url
+            )
+            item.request_info = masked  # type: ignore[attr-defined]
+            if isinstance(item, aiohttp.ClientResponseError):
+                item.args = (masked, item.history)
+        item = item.__cause__ or item.__context__
 
 
 def deadline(timeout: Timeout) -> float | None:
