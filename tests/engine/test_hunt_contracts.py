@@ -194,3 +194,17 @@ async def test_no_exception_repr_carries_the_key_when_the_answer_is_not_http() -
             assert KEY not in text and BULK_KEY not in text, (
                 f"{type(err).__name__} carries {type(item).__name__} showing a key"
             )
+
+
+def test_a_password_in_the_base_url_is_masked_in_the_config_repr() -> None:
+    """A password in the base URL is masked in every message (CHANGELOG: it was printed in
+    every retry line) and in ``TaggerClient``'s repr, but ``ClientConfig``'s repr (what a
+    traceback with locals, a debugger or an error reporter shows) printed it as typed."""
+    from fashiontag_pipeline import ClientConfig, TaggerClient
+
+    config = ClientConfig(base_url="https://tagger:PASS-HUNT-CANARY@tagger.example", api_key=KEY)
+    client = TaggerClient(config=config)
+    for text in (repr(config), str(config), repr(client)):
+        assert "PASS-HUNT-CANARY" not in text, text
+        assert KEY not in text, text
+    assert "tagger.example" in repr(config)
