@@ -191,6 +191,14 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}"
             )
 
+    def __repr__(self) -> str:
+        # Keys print as their mask (Secret); a password in the base URL is masked too.
+        fields = ", ".join(
+            f"{name}={shown_url(self.base_url) if name == 'base_url' else getattr(self, name)!r}"
+            for name in self.__struct_fields__
+        )
+        return f"ClientConfig({fields})"
+
 
 def with_default_keys(config: ClientConfig) -> ClientConfig:
     """``config`` with the public development keys when it has no key at all.
