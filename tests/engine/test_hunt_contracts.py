@@ -208,3 +208,19 @@ def test_a_password_in_the_base_url_is_masked_in_the_config_repr() -> None:
         assert "PASS-HUNT-CANARY" not in text, text
         assert KEY not in text, text
     assert "tagger.example" in repr(config)
+
+
+def test_a_postgresql_password_is_masked_in_the_engine_and_daemon_config_reprs() -> None:
+    """``_postgres``: "A URL may carry a password: it never reaches a message, a log or a
+    repr". ``EngineConfig(reuse=URL)`` and ``DaemonConfig(state=URL)`` printed it."""
+    from fashiontag_pipeline.daemon.config import DaemonConfig
+    from fashiontag_pipeline.engine import EngineConfig
+
+    url = "postgresql://tagger:PG-HUNT-CANARY@db.internal/fashiontag"
+    texts = [
+        repr(EngineConfig(reuse=url)),
+        repr(DaemonConfig(inbox="in", outbox="out", state=url)),
+    ]
+    for text in texts:
+        assert "PG-HUNT-CANARY" not in text, text
+        assert "db.internal" in text, text
