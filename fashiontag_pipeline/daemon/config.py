@@ -21,6 +21,7 @@ from typing import Literal
 import msgspec
 
 from .._config import load_section
+from .._postgres import is_postgres_url, redact_url
 
 __all__ = [
     "DEFAULT_DRAIN_TIMEOUT",
@@ -103,6 +104,17 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     log_format: LogFormat = "auto"
     unreachable_after: float = 30.0
     lease: float = 30.0
+
+    def __repr__(self) -> str:
+        # A PostgreSQL URL's password never reaches a repr (``_postgres.redact_url``).
+        def shown(name: str) -> object:
+            value = getattr(self, name)
+            if name == "state" and isinstance(value, str) and is_postgres_url(value):
+                return redact_url(value)
+            return value
+
+        fields = ", ".join(f"{name}={shown(name)!r}" for name in self.__struct_fields__)
+        return f"DaemonConfig({fields})"
 
     def __post_init__(self) -> None:
         for name in ("inbox", "outbox", "state"):

@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 
 from .._models import MAX_REQUESTS_PER_WRITE, Detection
+from .._postgres import is_postgres_url, redact_url
 from .reuse.durations import parse_duration
 
 __all__ = ["EngineConfig", "RunSummary", "SinkKind"]
@@ -132,6 +133,17 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def reuse_max_age_seconds(self) -> float:
         """``reuse_max_age`` in seconds."""
         return parse_duration(self.reuse_max_age)
+
+    def __repr__(self) -> str:
+        # A PostgreSQL URL's password never reaches a repr (``_postgres.redact_url``).
+        def shown(name: str) -> object:
+            value = getattr(self, name)
+            if name == "reuse" and isinstance(value, str) and is_postgres_url(value):
+                return redact_url(value)
+            return value
+
+        fields = ", ".join(f"{name}={shown(name)!r}" for name in self.__struct_fields__)
+        return f"EngineConfig({fields})"
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_size <= MAX_REQUESTS_PER_WRITE:
