@@ -25,6 +25,8 @@ from .._config import (
 from .._models import LANGUAGES, Detection
 
 __all__ = [
+    "DAEMON_EXIT_CODES",
+    "DEMO_EXIT_CODES",
     "EXIT_CODES",
     "EXIT_ERROR",
     "EXIT_INCOMPLETE",
@@ -32,6 +34,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "KEYS_HELP",
+    "SERVE_EXIT_CODES",
     "add_client_arguments",
     "client_config_from_args",
     "parse_detection",
@@ -56,6 +59,26 @@ EXIT_CODES = """exit codes:
        --restart)
   3    run: the run ended but the state shows rows without an outcome; run it again
   130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume
+"""
+
+SERVE_EXIT_CODES = """exit codes:
+  0    stopped by SIGTERM or SIGINT
+  2    bad usage or configuration (unknown flag, bad flag or config value), or the address
+       cannot be listened on
+"""
+
+DAEMON_EXIT_CODES = """exit codes:
+  0    drained after SIGTERM or SIGINT (manifests in flight resume at the next start)
+  1    stopped on an error (the state store unwritable, a refused key, the --listen address
+       taken); one JSON log line says why: a supervisor restarts it
+  2    bad usage or configuration (unknown flag, bad flag or config value), or another daemon
+       holds the inbox's state
+"""
+
+DEMO_EXIT_CODES = """exit codes:
+  0    the demo ran end to end and every row has an outcome
+  1    it did not (one line on stderr)
+  2    bad usage (unknown flag, bad flag value)
 """
 
 KEYS_HELP = """keys and URL: flags, then FASHIONTAG_BASE_URL / FASHIONTAG_API_KEY /

@@ -24,11 +24,14 @@ from .._exceptions import ConfigError, FashiontagError
 from .._models import MAX_PAGE_SIZE
 from .client_commands import tag_command, tasks_command
 from .common import (
+    DAEMON_EXIT_CODES,
+    DEMO_EXIT_CODES,
     EXIT_CODES,
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     KEYS_HELP,
+    SERVE_EXIT_CODES,
     add_client_arguments,
     parse_detection,
 )
@@ -79,7 +82,12 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the reference tagging service")
+    serve = sub.add_parser(
+        "serve",
+        help="run the reference tagging service",
+        epilog=SERVE_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if command == "serve":
         from ..service import cli as service_cli
 
@@ -153,7 +161,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     daemon = sub.add_parser(
         "daemon",
         help="take every manifest dropped into a folder, for weeks (the ingestion daemon)",
-        epilog=KEYS_HELP,
+        epilog=KEYS_HELP + "\n\n" + DAEMON_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     if command == "daemon":
@@ -162,7 +170,12 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         daemon_cli.add_daemon_arguments(daemon)
         daemon.set_defaults(handler=daemon_cli.daemon_command, is_async=False)
 
-    demo = sub.add_parser("demo", help="run the whole pipeline on a generated catalogue")
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on a generated catalogue",
+        epilog=DEMO_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     if command == "demo":
         from . import demo as demo_cli
 

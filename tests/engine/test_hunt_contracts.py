@@ -229,8 +229,7 @@ def test_a_postgresql_password_is_masked_in_the_engine_and_daemon_config_reprs()
 async def test_every_command_help_lists_its_exit_codes() -> None:
     """README: "`fashiontag COMMAND --help` lists every option with its default, and the exit
     codes". ``serve``, ``daemon`` and ``demo`` listed none (a supervisor's author reads the
-    daemon's there: 0 after a drain, non-zero to be restarted); ``daemon --help`` offered
-    ``--sink {jsonl,sqlite}``, which the daemon refuses."""
+    daemon's there: 0 after a drain, non-zero to be restarted)."""
     missing = []
     for command in ("serve", "run", "tag", "tasks", "reuse", "daemon", "demo"):
         code, out, _ = await _fashiontag("http://127.0.0.1:9", command, "--help")
@@ -238,5 +237,3 @@ async def test_every_command_help_lists_its_exit_codes() -> None:
         if b"exit codes:" not in out:
             missing.append(command)
     assert not missing, f"no exit codes in --help of {missing}"
-    _, out, _ = await _fashiontag("http://127.0.0.1:9", "daemon", "--help")
-    assert b"sqlite" not in out
