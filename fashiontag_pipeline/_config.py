@@ -186,6 +186,14 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(
                 f"base_url must start with http:// or https://, got {shown_url(self.base_url)!r}"
             )
+        if "?" in self.base_url or "#" in self.base_url:
+            # Request URLs are this text and a path: a query would come before the path (every
+            # request a 404), and a key put there would show in every retry line. Not echoed.
+            head = shown_url(self.base_url.split("?", 1)[0].split("#", 1)[0])
+            raise ValueError(
+                f"base_url must not hold a query (?...) or fragment (#...): give {head!r}; keys"
+                " go in FASHIONTAG_API_KEY / FASHIONTAG_BULK_API_KEY or the [client] table"
+            )
         if self.language not in LANGUAGES:
             raise ValueError(
                 f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}"

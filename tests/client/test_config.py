@@ -8,7 +8,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from fashiontag_pipeline import ConfigError, RetryPolicy, Secret, TaggerClient, load_client_config
+from fashiontag_pipeline import (
+    ClientConfig,
+    ConfigError,
+    RetryPolicy,
+    Secret,
+    TaggerClient,
+    load_client_config,
+)
 from fashiontag_pipeline._config import to_builtins
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -151,3 +158,24 @@ async def test_library_clients_send_the_development_keys_when_none_is_configured
             assert await client.list_tasks() == []
         async with TaggerClient(svc.url, bulk_api_key="dev-bulk-api-key") as client:
             assert await client.list_tasks() == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://tagger.example/?api_key=hunter2-in-query",
+        "https://tagger.example/base?key=hunter2-in-query&x=1",
+        "https://tagger.example/#hunter2-in-query",
+    ],
+)
+def test_a_base_url_with_a_query_or_fragment_is_refused_without_showing_it(url: str) -> None:
+    """Request URLs are the base URL and a path: a query there would put the path after it
+    (``/?api_key=K/tagger/...``, every request a 404), and a key placed in it would show in
+    every retry line. Refused at once, the query not echoed (it may be a key)."""
+    with pytest.raises(ValueError, match="base_url must not hold a query") as info:
+        ClientConfig(base_url=url)
+    assert "hunter2" not in str(info.value)
+    env = {"FASHIONTAG_BASE_URL": url}
+    with pytest.raises(ConfigError, match="base_url must not hold a query") as err:
+        load_client_config(None, environ=env)
+    assert "hunter2" not in str(err.value)
