@@ -60,6 +60,18 @@ async def test_tag_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert code == 2 and b"unknown detection value 'SOCKS'" in err
 
 
+async def test_tag_an_image_the_service_cannot_tag_says_why_on_stderr(tmp_path: Path) -> None:
+    """The answer (status failure) is printed as it came; exit 1 came with nothing on stderr,
+    so a script's log showed no reason."""
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(bytes(range(256)) * 8)
+    async with running_service(ServiceConfig()) as svc:
+        code, out, err = await fashiontag("tag", str(junk), "--base-url", svc.url)
+    assert code == 1 and msgspec.json.decode(out)["status"] == "failure"
+    assert err.count(b"\n") == 1
+    assert b"could not tag" in err and b"805" in err and b"could not be decoded" in err
+
+
 async def test_tasks_list_status_and_results() -> None:
     async with running_service(ServiceConfig()) as svc:
         async with TaggerClient(svc.url, api_key=DEV_API_KEY, bulk_api_key=DEV_BULK_API_KEY) as c:

@@ -44,7 +44,16 @@ async def tag_command(args: argparse.Namespace) -> int:
     async with TaggerClient(config=config) as client:
         response = await client.tag(image, context, language=args.language)
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(response), indent=2) + b"\n")
-    return EXIT_OK if response.ok else EXIT_ERROR
+    if response.ok:
+        return EXIT_OK
+    error = response.error
+    reason = (
+        f"code {error.code}: {' '.join(str(error.message).split())}"
+        if error is not None
+        else f"status {response.status!r}, no error given"
+    )
+    print(f"fashiontag: the service could not tag the image ({reason})", file=sys.stderr)
+    return EXIT_ERROR
 
 
 def _task_table(tasks: Sequence[Task], limit: int | None) -> str:

@@ -164,6 +164,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.max_sends must be at least 1")
         if not 0 <= self.list_lag < math.inf:
             raise ValueError("engine.list_lag must be a number of seconds >= 0")
+        if not self.give_up_after >= 0:
+            raise ValueError(
+                "engine.give_up_after must be a number of seconds >= 0 (inf: never give up)"
+            )
         if not self.stall_timeout > 0:
             raise ValueError("engine.stall_timeout must be positive (inf: wait for ever)")
         if self.progress_seconds <= 0:

@@ -38,6 +38,13 @@ def test_a_stall_timeout_that_is_not_positive_is_a_clear_error(value: str) -> No
         engine_config_from_args(_parse("m.csv", "--stall-timeout", value))
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_give_up_after_is_a_clear_error(value: str) -> None:
+    """--give-up-after -1 was taken: the first failure of an outage stopped the run."""
+    with pytest.raises(ConfigError, match="give_up_after must be a number of seconds >= 0"):
+        engine_config_from_args(_parse("m.csv", "--give-up-after", value))
+
+
 def test_unreadable_manifest_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
