@@ -181,6 +181,16 @@ def build_config(
         bulk_keys.append(env[ENV_BULK_API_KEY])
     api_keys += args.api_key
     bulk_keys += args.bulk_api_key
+    for flag, var, given in (
+        ("--api-key", ENV_API_KEY, args.api_key),
+        ("--bulk-api-key", ENV_BULK_API_KEY, args.bulk_api_key),
+    ):
+        if given:
+            print(
+                f"fashiontag serve: warning: {flag} is visible to other users of this machine"
+                f" (ps, /proc); prefer {var} or a --config file only you can read",
+                file=sys.stderr,
+            )
     faults_text = args.faults if args.faults is not None else file.faults
     try:
         faults = FaultSpec.parse(faults_text) if faults_text else None

@@ -299,3 +299,20 @@ def test_serve_options_reach_the_config(tmp_path: Any) -> None:
     toml.write_text("[service]\nmax_connections = 9\nheader_timeout = 1.5\n")
     config, _, _ = build_config(parser.parse_args(["--config", str(toml)]), environ={})
     assert config.max_connections == 9 and config.header_timeout == 1.5
+
+
+def test_serve_warns_that_keys_given_as_flags_are_visible(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As the other commands do (README: "the CLI warns"); the key itself is never shown."""
+    import argparse
+
+    from fashiontag_pipeline.service.cli import add_serve_arguments, build_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    build_config(parser.parse_args(["--api-key", "hunter2-key"]), environ={})
+    err = capsys.readouterr().err
+    assert "--api-key is visible to other users" in err and "hunter2" not in err
+    build_config(parser.parse_args([]), environ={"FASHIONTAG_API_KEY": "hunter2-key"})
+    assert capsys.readouterr().err == ""
