@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from pathlib import Path
@@ -29,9 +30,18 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     if len(tmp.name.encode()) > 255:  # a name near NAME_MAX: a short temp name of its own
         tmp = path.with_name(f".{hashlib.sha256(path.name.encode()).hexdigest()[:16]}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, path)
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, path)
+    except OSError as err:
+        # A full disk: no half-written temp file left, and the error names the file (a write's
+        # OSError names none: "[Errno 28] No space left on device" alone says not where).
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if err.filename is None:
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     fsync_dir(path.parent)

@@ -249,10 +249,12 @@ class Outbox:
             try:
                 os.write(fd, data)
                 os.fsync(fd)
-            except BaseException:
+            except BaseException as err:
                 # A full disk: an empty mark would make the folder another claim's for ever
                 # (its outputs then go to STEM.<sha12>); without it, the next try takes it.
                 os.unlink(path)
+                if isinstance(err, OSError) and err.filename is None:
+                    raise OSError(err.errno, err.strerror, str(path)) from err
                 raise
         finally:
             os.close(fd)

@@ -214,6 +214,30 @@ async def test_a_full_disk_while_the_output_folder_is_marked_keeps_stem(tmp_path
     assert list(summaries) == ["a"], (summaries, sorted(os.listdir(daemon.outbox)))
     assert summaries["a"]["status"] == "done" and summaries["a"]["tagged"] == len(ids)
     assert sorted(os.listdir(daemon.outbox)) == ["a"]
+    # The daemon's error names the file it could not write (a bare "[Errno 28]" did not).
+    logs = "".join(p.read_text() for p in daemon.root.glob("daemon-*.err"))
+    full = [line for line in logs.splitlines() if "No space left" in line]
+    assert full and all(".claim" in line for line in full), full
     results = read_lines(daemon.outbox / "a" / "results.jsonl")
     assert sorted(r["id"] for r in results) == sorted(ids)
     assert billed == len(ids)
+
+
+def test_a_summary_that_cannot_be_written_names_its_file_and_leaves_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while the daemon writes summary.json (or a .error.json): the error named no
+    file ("[Errno 28] No space left on device"), and a half-written temp file stayed."""
+    import errno as errno_
+
+    from fashiontag_pipeline.daemon import _files
+
+    def full(fd: int) -> None:
+        raise OSError(errno_.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_files.os, "fsync", full)
+    target = tmp_path / "summary.json"
+    with pytest.raises(OSError, match="No space left") as info:
+        _files.write_atomic(target, b"{}")
+    assert info.value.filename == str(target) and str(target) in str(info.value)
+    assert list(tmp_path.iterdir()) == []
