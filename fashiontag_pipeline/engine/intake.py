@@ -189,7 +189,11 @@ async def intake(
             # Rows refused by the checks above still hold their id's first row: a later row
             # of that id is its duplicate, not a second outcome of the id.
             sent = jobs.ids.sent
-            claimed = [(sent(job.id, r.id), pos) for pos, r in client_rejects if r.id is not None]
+            claimed = [
+                (sent(job.id, r.id), pos)
+                for pos, r in client_rejects
+                if r.id is not None and "\x00" not in r.id  # (no store takes a NUL)
+            ]
             keep = await journal.intake(
                 job.id,
                 keyed,

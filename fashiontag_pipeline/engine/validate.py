@@ -63,6 +63,9 @@ Item = tuple[str, int, TaggingRequest]
 SingleItem = tuple[str, int, SingleRequest]
 
 URL = ImageType.URL
+#: An id holding a NUL: no PostgreSQL text column takes one (a state there stopped the run,
+#: every night), and few consumers of the outputs would.
+_NUL_ID = "id contains a NUL character"
 #: (index of id, index of url, of detection, of age, [(index, context field)]) of a header.
 _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
 
@@ -161,7 +164,7 @@ class Validator:
             if type(fields) is list and len(fields) == width:
                 ident = fields[i_id]
                 url = fields[i_url]
-                if ident and plain_url(url) is not None:
+                if ident and plain_url(url) is not None and "\x00" not in ident:
                     append((ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident))))
                     continue
             row(batch, layout, line, fields, pos, items, rejects, singles)
@@ -173,6 +176,8 @@ class Validator:
         regex over the block), else None (the caller checks row by row)."""
         lines = rows.lines
         text = "\n".join(lines) + "\n"
+        if "\x00" in text:  # an id holding a NUL is refused row by row (see _csv_row)
+            return None
         if text.count(",") != len(lines) or _PLAIN_BLOCKS[i_id, 1 - i_id].fullmatch(text) is None:
             return None
         cells = text.replace(",", "\n").split("\n")  # id/url of each line, then "" at the end
@@ -217,6 +222,8 @@ class Validator:
             if not ident:
                 ident = None
                 raise RowError("id is missing")
+            if "\x00" in ident:
+                raise RowError(_NUL_ID)
             target: tuple[str, str] | None = None
             try:
                 url = http_url(fields[i_url])
@@ -271,6 +278,8 @@ class Validator:
                 if not isinstance(raw_id, str):
                     raise RowError("id must be a string")
                 ident = raw_id
+                if "\x00" in ident:
+                    raise RowError(_NUL_ID)
                 url, target = self._jsonl_image(obj, singles is not None)
                 if target is not None:
                     assert singles is not None

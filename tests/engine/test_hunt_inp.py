@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 
 from fashiontag_pipeline.engine.source import open_manifest
+from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, free_port, read_outcomes, run_args
@@ -217,3 +219,55 @@ def test_a_csv_with_bare_cr_line_ends_is_streamed_not_read_whole(tmp_path: Path)
     assert read_before_first_batch <= 4 << 20, (
         f"{read_before_first_batch:,} of {size:,} bytes read (and held) before the first rows"
     )
+
+
+async def test_an_id_with_a_nul_in_a_postgresql_state_is_one_clear_outcome(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """PostgreSQL text cannot hold a NUL: with ``--state postgresql://`` a row whose id holds
+    one must not stop the run (every night the same); it gets one outcome, and the other rows
+    theirs."""
+    manifest = tmp_path / "m.jsonl"
+    rows = [
+        {"id": "sku-1\u0000v2", "url": "https://img.example/1.jpg"},
+        {"id": "sku-1", "url": "https://img.example/2.jpg"},
+        {"id": "sku-2", "url": "https://img.example/3.jpg"},
+    ]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "results.jsonl"
+    state = f"{postgres_url}#nul_ids"
+    async with running_service(ServiceConfig()) as svc:
+        args = [*run_args(svc.url, out, str(manifest)), "--state", state]
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    outcomes = read_outcomes(out, out.with_suffix(".rej"))
+    assert sorted(r["id"] for r in outcomes.results) == ["sku-1", "sku-2"]
+    (reject,) = outcomes.rejects
+    assert reject["id"] == "sku-1\u0000v2" and reject["reason"] == "id contains a NUL character"
+    assert reject["stage"] == "client" and reject["line"] == 1
+
+
+@pytest.mark.parametrize("fmt", ["csv", "csv-block", "jsonl"])
+def test_an_id_with_a_nul_is_a_client_reject_in_every_format(tmp_path: Path, fmt: str) -> None:
+    """The same outcome whichever path a row takes through validation (a block of plain
+    ``id,url`` lines, a CSV row with context columns, a JSONL line)."""
+    if fmt == "jsonl":
+        text = '{"id": "a\\u0000b", "url": "https://x.example/1.jpg"}\n'
+        text += '{"id": "c", "url": "https://x.example/2.jpg"}\n'
+    elif fmt == "csv":
+        text = "id,url,brand\na\x00b,https://x.example/1.jpg,acme\nc,https://x.example/2.jpg,acme\n"
+    else:
+        text = "id,url\na\x00b,https://x.example/1.jpg\nc,https://x.example/2.jpg\n"
+    path = tmp_path / ("m.jsonl" if fmt == "jsonl" else "m.csv")
+    path.write_text(text)
+    reader = open_manifest(str(path), 0)
+    try:
+        batch = reader.read_batch()
+    finally:
+        reader.close()
+    assert batch is not None
+    items, _, rejects = Validator().route(batch)
+    assert [i[0] for i in items] == ["c"]
+    assert [(r.id, r.reason, r.line) for _, r in rejects] == [
+        ("a\x00b", "id contains a NUL character", 2 if fmt != "jsonl" else 1)
+    ]
