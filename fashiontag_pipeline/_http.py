@@ -373,27 +373,40 @@ class HttpExchange:
 
 
 _MASK = "********"
+#: Request headers that carry a secret: the API key, and the ``Authorization: Basic`` header
+#: aiohttp makes of a base URL's ``user:password@`` (a secret too: ``shown_url``).
+_SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
 
 
 def _scrub_request_info(err: BaseException) -> None:
-    """Mask the key in the request headers aiohttp keeps on an error it raises after sending
-    (``ClientResponseError.request_info``: its repr shows every header, ``x-api-key`` too), on
-    ``err`` and the errors it chains, since ours chain it (``raise ... from err``)."""
+    """Mask the secrets in the request aiohttp keeps on an error it raises after sending
+    (``ClientResponseError.request_info``: its repr shows every header, ``x-api-key`` and the
+    ``Authorization`` of a base URL's password too, and the URL), on ``err`` and the errors it
+    chains, since ours chain it (``raise ... from err``)."""
     seen: set[int] = set()
     item: BaseException | None = err
     while item is not None and id(item) not in seen:
         seen.add(id(item))
         info = getattr(item, "request_info", None)
-        if isinstance(info, aiohttp.RequestInfo) and "x-api-key" in info.headers:
+        if isinstance(info, aiohttp.RequestInfo):
             headers = info.headers.copy()  # (a CIMultiDict, aiohttp's own dependency)
-            headers["x-api-key"] = _MASK
+            for name in _SECRET_HEADERS:
+                if name in headers:
+                    headers[name] = _MASK
             masked = aiohttp.RequestInfo(
-                info.url, info.method, type(info.headers)(headers), info.real_url
+                _without_password(info.url),
+                info.method,
+                type(info.headers)(headers),
+                _without_password(info.real_url),
             )
             item.request_info = masked  # type: ignore[attr-defined]
             if isinstance(item, aiohttp.ClientResponseError):
                 item.args = (masked, item.history)
         item = item.__cause__ or item.__context__
+
+
+def _without_password(url: URL) -> URL:
+    return url.with_password(_MASK) if url.password else url
 
 
 def deadline(timeout: Timeout) -> float | None:
