@@ -58,3 +58,19 @@ async def test_a_base_url_password_is_in_no_exception_of_a_client_errors_chain()
             assert PASSWORD not in text and basic not in text, (
                 f"{type(err).__name__} carries {type(item).__name__} showing the password: {text}"
             )
+
+
+async def test_rows_of_a_write_answered_204_count_as_submitted(tmp_path: Path) -> None:
+    """A write answered ``204 No Content`` is applied (04ab8b5): its rows are in the task as
+    much as those of a 202. The summary's ``submitted`` (and a daemon's summary.json) must
+    count them, or a run that tagged 3,000 rows says it submitted 1,000."""
+    from .helpers import run_misbehaving
+    from .proxy import Misbehaviour
+    from .test_hunt_srv import LONG_TASKS
+
+    summary, _, o = await run_misbehaving(
+        tmp_path, 3000, Misbehaviour(no_content_writes={"PUT"}), LONG_TASKS
+    )
+    assert summary.complete and len(o.results) == 3000
+    assert summary.tagged + summary.failed == 3000
+    assert summary.submitted == 3000, (summary.submitted, summary.tagged)
