@@ -193,9 +193,19 @@ class TaskWrites:
             rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk.chunk_id)
         )
 
-    async def _orphan(self, chunk: Chunk) -> None:
+    async def _orphan(
+        self,
+        chunk: Chunk,
+        *,
+        counters: dict[str, int] | None = None,
+        by_job: dict[int, dict[str, int]] | None = None,
+    ) -> None:
         assert chunk.task_id is not None
-        await self.journal.commit(ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)])
+        await self.journal.commit(
+            ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
+            counters=counters,
+            by_job=by_job,
+        )
         self.book.orphan(chunk.task_id, chunk.chunk_id)
 
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
@@ -376,7 +386,13 @@ class TaskWrites:
                         task.task_id,
                         err.status,
                     )
-                    await self._orphan(chunk)
+                    # Its rows are in the task (none was listed as refused): submitted, as
+                    # those of a write answered 202, in the commit that orphans the chunk.
+                    await self._orphan(
+                        chunk,
+                        counters={"submitted": len(chunk.ids)},
+                        by_job=self._submitted(chunk, {}),
+                    )
                     return True
                 await self.budget.failed(err, f"append to task {task.task_id}")
                 continue
