@@ -7,7 +7,8 @@ SQLite and PostgreSQL share).
                                fingerprint, from its intake until the results page holding it
                                is committed (then its result, if a success, is in the result
                                store and the row leaves this table). Rows that end as rejects
-                               stay until the next run of the state starts (it is emptied).
+                               stay until the next run of the state starts (it is emptied), or,
+                               in a long-lived engine (a daemon), until their job completes.
     meta 'reuse_from.JOB'      per job, its validated watermark (V) when it first used
                                --reuse: every row of the job at a position above it was
                                looked up in the store
