@@ -1,0 +1,135 @@
+"""A result store shared by runs at the same moment: two cron jobs (or daemons) that open a
+store nobody has created yet, and two that store the same products at once in PostgreSQL.
+
+Both broke a run that had done nothing wrong:
+
+* Two runs opening a missing SQLite store at once: the second read the store's application id
+  before the first committed its schema and its version after, and refused the store the first
+  had just made ("... is not a fashiontag result store (SQLite application id 0x0)"), exit 1.
+* Two runs storing results of the same fingerprints in PostgreSQL in another order (two
+  catalogues listing the same products in another order; a commit takes several pages): each
+  statement locked its rows in its own order, PostgreSQL found a deadlock and aborted one, and
+  that run stopped ("result store ... cannot be used: deadlock detected").
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fashiontag_pipeline.engine.reuse import ResultStore, open_store
+from fashiontag_pipeline.engine.reuse.store import APPLICATION_ID
+
+RESULT = b'{"status":"success","data":{"objects":[]}}'
+
+
+class _OtherRunOpensMeanwhile:
+    """The writer connection of a store being opened, which lets another run open (create)
+    the same store between this one's first and second look at the file's header: the moment
+    two cron jobs started on the same minute, on the first night, fall into by chance."""
+
+    def __init__(self, db: sqlite3.Connection, other: Any) -> None:
+        self._db = db
+        self._other = other
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "PRAGMA user_version" and self._other is not None:
+            other, self._other = self._other, None
+            other.start()
+            other.join(2.0)  # done, or waiting for this opener's lock
+        return self._db.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_two_runs_creating_a_missing_store_at_once_both_open_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "reuse.db"
+    opened: list[ResultStore] = []
+    errors: list[BaseException] = []
+
+    def other_run() -> None:
+        try:
+            opened.append(ResultStore.open(path))
+        except BaseException as err:  # pragma: no cover - what the test reports
+            errors.append(err)
+
+    other = threading.Thread(target=other_run)
+    real_connect = ResultStore._connect
+    first = [True]
+
+    def connect(p: Path) -> Any:
+        db = real_connect(p)
+        if first[0]:  # this run's writer: the other run opens meanwhile
+            first[0] = False
+            return _OtherRunOpensMeanwhile(db, other)
+        return db
+
+    monkeypatch.setattr(ResultStore, "_connect", staticmethod(connect))
+    try:
+        mine = ResultStore.open(path)
+    finally:
+        other.join(60)
+    assert errors == []
+    mine.put([(b"a" * 16, "t1", RESULT)], stored_at=1.0)
+    opened[0].put([(b"b" * 16, "t2", RESULT)], stored_at=1.0)
+    assert set(mine.lookup([b"a" * 16, b"b" * 16], newer_than=0.0)) == {b"a" * 16, b"b" * 16}
+    mine.close()
+    opened[0].close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+
+
+def test_foreign_sqlite_file_is_still_refused_and_left_alone(tmp_path: Path) -> None:
+    """(What the fix above must keep: a file that is not a store is never taken over.)"""
+    path = tmp_path / "other.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE t (x)")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(Exception, match="not a fashiontag result store"):
+        ResultStore.open(path)
+    assert path.read_bytes() == before
+
+
+def test_two_runs_storing_the_same_products_in_postgresql_never_deadlock(
+    postgres_url: str,
+) -> None:
+    """Two runs (daemons, cron jobs) store results of the same fingerprints at the same moment,
+    one in the other's reverse order: both succeed (no ``deadlock detected`` stopping a run)."""
+    mine, theirs = open_store(postgres_url), open_store(postgres_url)
+    errors: list[str] = []
+    try:
+        for night in range(3):
+            rows = [(os.urandom(16), f"t{night}", RESULT) for _ in range(10_000)]
+
+            def store(into: Any, part: list[tuple[bytes, str, bytes]], at: float) -> None:
+                try:
+                    into.put(part, stored_at=at)
+                except Exception as err:
+                    errors.append(str(err))
+
+            threads = [
+                threading.Thread(target=store, args=(mine, rows, 1.0 + night)),
+                threading.Thread(target=store, args=(theirs, rows[::-1], 2.0 + night)),
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            found = mine.lookup([fp for fp, _, _ in rows], newer_than=0.0)
+            assert len(found) == len(rows)
+    finally:
+        mine.close()
+        theirs.close()
+    assert errors == []
