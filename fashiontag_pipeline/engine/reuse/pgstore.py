@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["PostgresResultStore"]
 
 _PRUNE_BATCH = 10_000
+#: Times a write aborted by a deadlock with another writer is tried again.
+_DEADLOCK_RETRIES = 3
 
 
 class PostgresResultStore(StoreConnections):
@@ -128,26 +130,44 @@ class PostgresResultStore(StoreConnections):
 
     def put(self, rows: Iterable[tuple[bytes, str, bytes]], *, stored_at: float) -> int:
         """Store ``(fp, task_id, raw result)`` rows, replacing older results of the same
-        fingerprints (within the batch, the last one); one statement. Returns the rows."""
+        fingerprints (within the batch, the last one); one statement. Returns the rows.
+
+        The rows are written in fingerprint order, so that two runs storing results of the
+        same fingerprints at once (two catalogues listing the same products in another order)
+        lock them in the same order: in their own orders each could hold a row the other
+        waits for, and PostgreSQL would abort one of them (``deadlock detected``), stopping
+        its run. A deadlock with another writer all the same (``reuse prune`` deletes in
+        ``stored_at`` order) is retried: the statement is idempotent."""
         latest: dict[bytes, tuple[str, bytes]] = {}
         for fp, task_id, result in rows:
             latest[fp] = (task_id, bytes(result))
         if not latest:
             return 0
+        fps = sorted(latest)
+        params = (
+            stored_at,
+            fps,
+            [latest[fp][0] for fp in fps],
+            [latest[fp][1] for fp in fps],
+        )
+        import psycopg
+
         with self._errors():
-            self._writer.execute(
-                "INSERT INTO reuse_results (fp, task_id, stored_at, result)"
-                " SELECT fp, task_id, %s, result"
-                " FROM unnest(%s::bytea[], %s::text[], %s::bytea[]) AS r(fp, task_id, result)"
-                " ON CONFLICT (fp) DO UPDATE SET task_id = excluded.task_id,"
-                " stored_at = excluded.stored_at, result = excluded.result",
-                (
-                    stored_at,
-                    list(latest),
-                    [t for t, _ in latest.values()],
-                    [r for _, r in latest.values()],
-                ),
-            )
+            for retries_left in range(_DEADLOCK_RETRIES, -1, -1):
+                try:
+                    self._writer.execute(
+                        "INSERT INTO reuse_results (fp, task_id, stored_at, result)"
+                        " SELECT fp, task_id, %s, result FROM unnest(%s::bytea[], %s::text[],"
+                        " %s::bytea[]) WITH ORDINALITY AS r(fp, task_id, result, n) ORDER BY n"
+                        " ON CONFLICT (fp) DO UPDATE SET task_id = excluded.task_id,"
+                        " stored_at = excluded.stored_at, result = excluded.result",
+                        params,
+                    )
+                except psycopg.errors.DeadlockDetected:
+                    if not retries_left:
+                        raise
+                else:
+                    break
         return len(latest)
 
     def record_run(

@@ -231,7 +231,7 @@ class ResultStore(StoreConnections):
             if created:
                 path.parent.mkdir(parents=True, exist_ok=True)
             writer = cls._connect(path)
-            cls._prepare(path, writer, created)
+            created = cls._prepare(path, writer, created)
             reader = cls._connect(path)
         except (sqlite3.Error, OSError) as err:
             if writer is not None:
@@ -255,24 +255,40 @@ class ResultStore(StoreConnections):
         return db
 
     @staticmethod
-    def _prepare(path: Path, db: sqlite3.Connection, created: bool) -> None:
+    def _prepare(path: Path, db: sqlite3.Connection, created: bool) -> bool:
+        """Check (or create) the store's schema; returns whether this opener created it.
+
+        A file without our application id is looked at again under the write lock: another
+        run may be creating the same store at this very moment (two cron jobs, the first
+        night), and reading its header between that run's steps found an id of 0 and a version
+        of 1, or tables without an id, and refused the store it had just made."""
         (app,) = db.execute("PRAGMA application_id").fetchone()
+        if app == 0:
+            db.execute("BEGIN IMMEDIATE")  # waits (busy timeout) for a creator to commit
+            try:
+                (app,) = db.execute("PRAGMA application_id").fetchone()
+                (version,) = db.execute("PRAGMA user_version").fetchone()
+                if app == 0:
+                    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                    if tables or version:
+                        raise exc.ResultStoreError(
+                            f"{path} is an SQLite file but not a fashiontag result store: give "
+                            "--reuse another path (it is left untouched)"
+                        )
+                    for statement in _SCHEMA:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    db.execute("COMMIT")
+                    db.execute("PRAGMA journal_mode=WAL")
+                    return True
+                db.execute("ROLLBACK")  # created meanwhile by another run: check it below
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            created = False
         (version,) = db.execute("PRAGMA user_version").fetchone()
-        if app == 0 and version == 0:
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if tables and not created:
-                raise exc.ResultStoreError(
-                    f"{path} is an SQLite file but not a fashiontag result store: give --reuse "
-                    "another path (it is left untouched)"
-                )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA:
-                db.execute(statement)
-            db.execute(f"PRAGMA application_id={APPLICATION_ID}")
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            db.execute("COMMIT")
-            return
         if app != APPLICATION_ID:
             raise exc.ResultStoreError(
                 f"{path} is not a fashiontag result store (SQLite application id {app:#x}): "
@@ -287,6 +303,7 @@ class ResultStore(StoreConnections):
         # Reads the schema and the first pages: a damaged header fails here, not mid-run.
         db.execute("SELECT count(*) FROM runs").fetchone()
         db.execute("SELECT fp FROM results ORDER BY stored_at DESC LIMIT 1").fetchone()
+        return created
 
     @staticmethod
     def _error(path: Path, err: BaseException) -> exc.ResultStoreError:
