@@ -320,25 +320,30 @@ def test_two_daemons_never_share_an_output_folder(tmp_path: Path) -> None:
             shutil.rmtree(folder)
 
 
-async def test_a_manifest_the_state_cannot_hold_fails_with_its_reason(
+async def test_an_id_the_state_cannot_hold_is_a_reject_not_a_failed_manifest(
     tmp_path: Path, postgres_url: str
 ) -> None:
-    """An id holding NUL (JSON allows it; PostgreSQL text cannot store it) stops the manifest
-    on every attempt: after a few it fails with the reason, and the daemon goes on."""
+    """An id holding NUL (JSON allows it; PostgreSQL text cannot store it): it stopped the
+    manifest on every attempt, and after five the whole manifest failed, its good rows with
+    it. It is a client reject; the manifest's other rows are tagged."""
     async with running_service(ServiceConfig()) as svc:
         a = _daemon(tmp_path, svc.url, postgres_url).start()
         try:
             await a.wait_ready_endpoint()
             a.inbox.mkdir(parents=True, exist_ok=True)
             tmp = a.inbox / ".bad.part"
-            tmp.write_bytes(b'{"id": "x\\u0000y", "url": "https://img.example/1.jpg"}\n')
+            rows = b'{"id": "x\\u0000y", "url": "https://img.example/1.jpg"}\n'
+            rows += b"".join(
+                b'{"id": "g%d", "url": "https://img.example/g%d.jpg"}\n' % (i, i)
+                for i in range(50)
+            )
+            tmp.write_bytes(rows)
             os.rename(tmp, a.inbox / "bad.jsonl")
-            summary = await a.wait_summary("bad", timeout=90)
-            _drop(a.inbox, "good.csv", _ids("g", 50))
-            good = await a.wait_summary("good", timeout=60)
+            summary = await a.wait_summary("bad", timeout=60)
             assert await a.stop() == 0
         finally:
             a.ensure_dead()
-    assert summary["status"] == "failed" and "attempts" in summary["reason"]
-    assert (a.inbox / "failed" / "bad.jsonl").exists()
-    assert good["status"] == "done" and good["tagged"] == 50
+    assert summary["status"] == "done" and summary["tagged"] == 50
+    assert summary["rejected"] == 1
+    (reject,) = read_lines(tmp_path / "outbox" / "bad" / "rejects.jsonl")
+    assert reject["id"] == "x\u0000y" and reject["reason"] == "id contains a NUL character"
