@@ -10,12 +10,19 @@
 
 The facts behind ``/readyz`` live in :class:`Health`, which the daemon updates as they change
 (a request answered, a state commit failed, SIGTERM received); the server only reads them.
+
+The server faces whatever connects to it for weeks (scrapers that leak connections, a
+slowloris): like the reference service it keeps at most :data:`MAX_CONNECTIONS` open (a new one
+past the limit closes the oldest idle one), closes a connection whose request headers take
+longer than :data:`HEADER_TIMEOUT` and an idle one after :data:`KEEPALIVE_TIMEOUT`. aiohttp's
+defaults kept any number for an hour each, and the daemon's descriptors (manifests, outputs,
+state, connections to the service) ran out: it exited on EMFILE.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Protocol
 
@@ -23,6 +30,7 @@ import anyio
 import msgspec
 from aiohttp import web
 
+from ..service.connections import ConnectionGuard, GuardedSite
 from .config import parse_listen
 from .metrics import CONTENT_TYPE, DaemonMetrics
 from .outbox import ManifestSummary
@@ -37,6 +45,12 @@ __all__ = [
 ]
 
 DEFAULT_UNREACHABLE_AFTER = 30.0
+#: Monitoring connections open at once (scrapers and probes need a handful).
+MAX_CONNECTIONS = 64
+#: Seconds from a request's first byte to its last header line.
+HEADER_TIMEOUT = 5.0
+#: Seconds an idle keep-alive connection is kept (scrapers reconnect).
+KEEPALIVE_TIMEOUT = 15.0
 
 
 class Health:
@@ -153,10 +167,26 @@ class MonitoringServer:
         self.status_provider = status
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
+        self.connections = ConnectionGuard(
+            max_connections=MAX_CONNECTIONS, header_timeout=HEADER_TIMEOUT
+        )
 
     def make_app(self) -> web.Application:
         """The aiohttp application (also usable on its own in tests)."""
-        app = web.Application()
+        guard = self.connections
+
+        @web.middleware
+        async def busy(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            # A connection with a request being answered is never the idle one evicted.
+            guard.request_started(request.transport)
+            try:
+                return await handler(request)
+            finally:
+                guard.request_finished(request.transport)
+
+        app = web.Application(middlewares=[busy])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
@@ -187,10 +217,15 @@ class MonitoringServer:
         if self._address is None or self._runner is not None:
             return
         host, port = self._address
-        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.make_app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
+        )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = GuardedSite(runner, host, port, self.connections)
             await site.start()
         except BaseException:
             await runner.cleanup()
