@@ -171,6 +171,17 @@ class TaggerClient:
         """Close the connection pool. Idempotent."""
         await self._http.aclose()
 
+    async def probe(self) -> int:
+        """One ``GET`` of the base URL itself, without a key and without retries: the HTTP
+        status of whatever answers (any status: the service is reachable), 0 when nothing
+        did. The observer sees it like any exchange (the daemon's readiness while it has
+        nothing to send); no operation's path, so no request metric counts it."""
+        try:
+            response = await self._http.send("GET", "", None, None, "", None, True)
+        except exc.TransportError:
+            return 0
+        return response.status
+
     # ------------------------------------------------------------------ operations
 
     async def tag(

@@ -69,17 +69,29 @@ class Health:
         self._store_error: str | None = None
         self._service_answered = False
         self._failing_since: float | None = None
+        self._last_heard: float | None = None
 
     def mark_service_answered(self) -> None:
         """The service answered a request (any HTTP status: it is reachable)."""
         self._service_answered = True
         self._failing_since = None
+        self._last_heard = self._clock()
 
     def mark_service_unreachable(self) -> None:
         """A request got no answer (connection refused, timeout). The first of a streak
         starts the clock; later ones keep it."""
+        now = self._clock()
         if self._failing_since is None:
-            self._failing_since = self._clock()
+            self._failing_since = now
+        self._last_heard = now
+
+    def quiet_for(self) -> float:
+        """Seconds since a request to the service last ended (answered or not); ``inf``
+        before the first. The daemon probes the service when this grows: an idle daemon
+        sends nothing, and readiness must not rest on what it learned hours ago."""
+        if self._last_heard is None:
+            return float("inf")
+        return self._clock() - self._last_heard
 
     def mark_store_writable(self) -> None:
         """A state commit succeeded."""

@@ -32,6 +32,10 @@ __all__ = ["ActiveManifest", "DaemonMonitor", "op_of"]
 #: Completed manifests kept for ``/status``.
 RECENT = 20
 _OUTCOMES = ("tagged", "failed", "rejected", "reused")
+#: Most seconds without a word from the service before the daemon asks it (see ``probe``).
+PROBE_INTERVAL = 5.0
+#: Seconds a probe may take before it counts as unanswered.
+PROBE_TIMEOUT = 10.0
 
 
 def op_of(method: str, path: str) -> Op | None:
@@ -152,6 +156,21 @@ class DaemonMonitor:
                     result_expiry_headroom_seconds=engine.pagers.result_headroom(),
                 )
             await anyio.sleep(1.0)
+
+    async def probe(self, client: TaggerClient) -> None:
+        """Keeps ``/readyz`` true while the daemon has nothing to send: when no request has
+        ended for a third of ``unreachable_after`` (at most :data:`PROBE_INTERVAL`), one
+        ``GET`` of the base URL (:meth:`TaggerClient.probe`), bounded in time. Before, an
+        idle daemon said "service has not answered yet" (503) for as long as no manifest came,
+        and 200 for ever after its service went away."""
+        health = self.health
+        interval = max(0.1, min(PROBE_INTERVAL, health.unreachable_after / 3))
+        while True:
+            if health.quiet_for() >= interval and not health.draining:
+                # A probe cut short ends as "no answer" (the observer sees status 0).
+                with anyio.move_on_after(max(interval, PROBE_TIMEOUT)):
+                    await client.probe()
+            await anyio.sleep(interval)
 
     def _oldest_pending(self) -> float | None:
         now = time.monotonic()

@@ -180,6 +180,7 @@ class Daemon(DaemonMonitor):
                     self.url = server.url
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self.report, client)
+                        tg.start_soon(self.probe, client)
                         tg.start_soon(self.notifier.run_watchdog)
                         tg.start_soon(self._drain_watch, engine)
                         self.notifier.ready(f"watching {inbox_dir}")

@@ -121,6 +121,7 @@ class SharedDaemon:
                     daemon.url = server.url
                     await tg.start(keeper.run)
                     tg.start_soon(daemon.report, client)
+                    tg.start_soon(daemon.probe, client)
                     tg.start_soon(daemon.notifier.run_watchdog)
                     tg.start_soon(self._claim, inbox)
                     tg.start_soon(self._repair, inbox)
