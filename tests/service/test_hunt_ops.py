@@ -1,0 +1,155 @@
+"""The reference service facing clients that misbehave: bodies held open, HTTP the parser
+refuses, ambiguous query strings. Real processes and sockets on 127.0.0.1; every wait bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import aiohttp
+import anyio
+import anyio.abc
+import pytest
+
+from fashiontag_pipeline.service import RunningService
+
+from .test_bulk import raw
+from .test_cli_openapi import start_serve, stop
+
+BULK = "/tagger/v2.12/bulk"
+MIB = 1024 * 1024
+
+
+def _rss_bytes(pid: int) -> int:
+    """The process's resident memory (a process that has exited has none: it failed)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"the service (pid {pid}) is gone: no VmRSS")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc/PID/status")
+async def test_bodies_held_open_do_not_grow_memory_without_bound() -> None:
+    """40 clients each announce a 15.5 MiB body (under the 16 MiB limit), send all of it but
+    the last bytes, and wait. Each body alone is allowed; together they must not cost the
+    service 40 times its largest body in memory (a thousand such connections, the connection
+    limit, would be 16 GiB). Before, each request's body was gathered in memory up to
+    ``max_body_bytes`` for ``body_timeout`` (60 s), with no bound over the requests: the
+    service's RSS grew by ~600 MiB here, and by whatever a client chose with more
+    connections. Meanwhile another client must still be answered at once."""
+    proc, url = start_serve("--port", "0", "--bulk-api-key", "bulk-k")
+    port = int(url.rsplit(":", 1)[1])
+    announced = 15 * MIB + MIB // 2
+    sent = announced - 10
+    chunk = b"[" * (1 * MIB)
+    try:
+        before = _rss_bytes(proc.pid)
+        peak = before
+        answered_at = -1.0
+        async with contextlib.AsyncExitStack() as stack:
+            streams: list[anyio.abc.SocketStream] = []
+            for _ in range(40):
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+                await stack.enter_async_context(stream)
+                streams.append(stream)
+
+            async def hold(stream: anyio.abc.SocketStream) -> None:
+                head = (
+                    f"POST {BULK} HTTP/1.1\r\nHost: x\r\nx-api-key: bulk-k\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {announced}\r\n\r\n"
+                ).encode()
+                with contextlib.suppress(OSError, anyio.BrokenResourceError):
+                    await stream.send(head)
+                    left = sent
+                    while left:
+                        part = chunk[: min(left, len(chunk))]
+                        await stream.send(part)
+                        left -= len(part)
+
+            with anyio.move_on_after(15):
+                async with anyio.create_task_group() as tg:
+                    for stream in streams:
+                        tg.start_soon(hold, stream)
+            for _ in range(20):  # let the service read what the kernel buffers hold
+                await anyio.sleep(0.1)
+                peak = max(peak, _rss_bytes(proc.pid))
+            started = anyio.current_time()
+            with anyio.fail_after(5):
+                await _list_tasks(url)
+            answered_at = anyio.current_time() - started
+            peak = max(peak, _rss_bytes(proc.pid))
+    finally:
+        stop(proc)
+    grown = (peak - before) / MIB
+    assert grown < 300, f"RSS grew by {grown:.0f} MiB for 40 bodies held open"
+    assert 0 <= answered_at < 5
+
+
+async def _list_tasks(url: str) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url + BULK, headers={"x-api-key": "bulk-k"}) as resp,
+    ):
+        assert resp.status == 200
+
+
+async def _exchange(service: RunningService, data: bytes) -> tuple[int, str, bytes]:
+    """Send raw bytes, read the answer until the server closes: (status, content type, body)."""
+    stream = await anyio.connect_tcp(service.host, service.port)
+    answer = b""
+    async with stream:
+        await stream.send(data)
+        with anyio.move_on_after(10):
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                while True:
+                    answer += await stream.receive()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    ctype = next(
+        (ln.split(":", 1)[1].strip() for ln in lines[1:] if ln.lower().startswith("content-type:")),
+        "",
+    )
+    return status, ctype, body
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["task-id-10k", "header-line-too-long", "negative-content-length", "too-many-headers"],
+)
+async def test_requests_the_http_parser_refuses_get_the_bulk_error_shape(
+    service: RunningService, case: str
+) -> None:
+    """Requests refused before any handler runs (a 10 KB task id in the path, a header line
+    over 8 KiB, ``Content-Length: -1``, 200 header lines) still get a 4xx in the error shape
+    of DESIGN section 3 (bulk paths: ``{"status": "failure", "error": "..."}``). Before,
+    aiohttp answered them itself: ``text/plain`` bodies such as "Got more than 8190 bytes
+    when reading: ..." that a client reading JSON errors cannot parse."""
+    head = "Host: x\r\nx-api-key: k\r\nContent-Length: 0\r\n"
+    path = BULK + "/status-of-nothing"
+    if case == "task-id-10k":
+        path = BULK + "/" + "a" * 10_000
+    elif case == "header-line-too-long":
+        head += "X-Big: " + "b" * 9000 + "\r\n"
+    elif case == "negative-content-length":
+        head = head.replace("Content-Length: 0", "Content-Length: -1")
+    else:
+        head += "".join(f"X-{i}: v\r\n" for i in range(200))
+    status, ctype, body = await _exchange(service, f"GET {path} HTTP/1.1\r\n{head}\r\n".encode())
+    assert 400 <= status < 500, status
+    assert ctype.startswith("application/json"), (ctype, body[:120])
+    payload = json.loads(body)
+    assert payload["status"] == "failure" and isinstance(payload["error"], str), payload
+
+
+async def test_a_repeated_query_parameter_is_refused(service: RunningService) -> None:
+    """``?offset=1&offset=-2``: which one did the client mean? A proxy or a client library
+    may read the last where the service reads the first. It must be a 400 in the error
+    shape, as a negative offset alone is. Before, the service silently used the first
+    (offset 1) and answered 200."""
+    for query in ("?offset=1&offset=-2", "?size=5&size=500", "?offset=0&size=1&size=2"):
+        status, body, _ = await raw(service, "GET", BULK + query)
+        assert status == 400, (query, status, body)
+        assert body["status"] == "failure" and "more than once" in body["error"], body
