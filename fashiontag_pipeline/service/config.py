@@ -68,6 +68,11 @@ class ServiceConfig:
     state_path: Path | None = None
     clock: Callable[[], float] | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Request body bytes being read at once, over every request (None: 8 bodies of
+    #: ``max_body_bytes``). A request whose body would pass it gets 503 (Retry-After): without
+    #: it each of ``max_connections`` connections could hold ``max_body_bytes`` for
+    #: ``body_timeout`` (16 GiB with the defaults).
+    max_bodies_bytes: int | None = None
     fetch_concurrency: int = 32
     fetch_per_host: int = DEFAULT_FETCH_PER_HOST
     #: Non-public image hosts (loopback, private, link-local, ...) are refused unless this is
@@ -89,12 +94,21 @@ class ServiceConfig:
             raise ValueError("rate must not be negative")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_bodies_bytes is not None and self.max_bodies_bytes < self.max_body_bytes:
+            raise ValueError("max_bodies_bytes must be at least max_body_bytes")
         for name in ("max_connections", "max_live_tasks", "decode_workers", "fetch_per_host"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("keepalive_timeout", "header_timeout", "body_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+    @property
+    def bodies_budget(self) -> int:
+        """Request body bytes read at once, over every request (see ``max_bodies_bytes``)."""
+        if self.max_bodies_bytes is not None:
+            return self.max_bodies_bytes
+        return 8 * self.max_body_bytes
 
     @property
     def uses_dev_keys(self) -> bool:

@@ -75,6 +75,9 @@ class ServiceState:
             state_path=config.state_path,
         )
         self.decode = DecodePool(config.decode_workers)
+        #: Request body bytes read and not yet decoded, over every request (bounded by
+        #: ``config.bodies_budget``: see :func:`.parsing.read_json`).
+        self.body_bytes = 0
         self.connections = ConnectionGuard(
             max_connections=config.max_connections, header_timeout=config.header_timeout
         )

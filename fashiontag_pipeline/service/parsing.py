@@ -12,7 +12,7 @@ from aiohttp import web
 from .._models import LANGUAGES, Detection
 from .analyzer import detection_mask
 from .context import STATE
-from .errors import CODE_BAD_JSON, Reject
+from .errors import CODE_BAD_JSON, CODE_INTERNAL, Reject
 from .taxonomy import parse_accept_language
 
 __all__ = ["language", "parse_detection", "query_int", "read_json"]
@@ -27,36 +27,56 @@ _CLOSE = {"Connection": "close"}
 
 async def read_json(request: web.Request) -> Any:
     """The decoded JSON body: 413 past ``max_body_bytes`` (declared or chunked), 408 when it
-    takes longer than ``body_timeout`` to arrive, 400 (824) when it is not JSON."""
-    config = request.app[STATE].config
+    takes longer than ``body_timeout`` to arrive, 400 (824) when it is not JSON, 503 when the
+    bodies being read at once would pass ``bodies_budget`` (memory stays bounded whatever
+    the number of clients holding a large body open)."""
+    state = request.app[STATE]
+    config = state.config
     max_bytes = config.max_body_bytes
     too_large = Reject(413, 809, f"request body is larger than {max_bytes} bytes", headers=_CLOSE)
     length = request.content_length
     if length is not None and length > max_bytes:
         raise too_large
+    taken = 0
     try:
-        with anyio.fail_after(config.body_timeout):
-            body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
-    except TimeoutError:
-        raise Reject(
-            408,
-            CODE_BAD_JSON,
-            f"request body did not arrive within {config.body_timeout:g} s",
-            headers=_CLOSE,
-        ) from None
-    if not body:
-        raise Reject(400, CODE_BAD_JSON, "request body is empty (JSON expected)")
-    try:
-        return _decoder.decode(body)
-    except msgspec.DecodeError as err:
-        raise Reject(400, CODE_BAD_JSON, f"request body is not valid JSON: {err}") from None
-    except RecursionError:
-        # msgspec recurses per nesting level: a deep enough document exhausts the stack.
-        raise Reject(400, CODE_BAD_JSON, "request body is nested too deeply") from None
-    except (UnicodeDecodeError, ValueError):
-        raise Reject(400, CODE_BAD_JSON, "request body is not valid UTF-8 JSON") from None
+        chunks: list[bytes] = []
+        try:
+            with anyio.fail_after(config.body_timeout):
+                while chunk := await request.content.readany():
+                    taken += len(chunk)
+                    state.body_bytes += len(chunk)
+                    if taken > max_bytes:
+                        raise too_large
+                    if state.body_bytes > config.bodies_budget:
+                        raise Reject(
+                            503,
+                            CODE_INTERNAL,
+                            "too many request bodies are being received at once; retry later",
+                            headers={**_CLOSE, "Retry-After": "1"},
+                        )
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise Reject(
+                408,
+                CODE_BAD_JSON,
+                f"request body did not arrive within {config.body_timeout:g} s",
+                headers=_CLOSE,
+            ) from None
+        body = b"".join(chunks)
+        del chunks
+        if not body:
+            raise Reject(400, CODE_BAD_JSON, "request body is empty (JSON expected)")
+        try:
+            return _decoder.decode(body)
+        except msgspec.DecodeError as err:
+            raise Reject(400, CODE_BAD_JSON, f"request body is not valid JSON: {err}") from None
+        except RecursionError:
+            # msgspec recurses per nesting level: a deep enough document exhausts the stack.
+            raise Reject(400, CODE_BAD_JSON, "request body is nested too deeply") from None
+        except (UnicodeDecodeError, ValueError):
+            raise Reject(400, CODE_BAD_JSON, "request body is not valid UTF-8 JSON") from None
+    finally:
+        state.body_bytes -= taken
 
 
 def parse_detection(value: Any, where: str) -> int | None:
