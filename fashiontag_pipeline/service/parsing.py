@@ -102,8 +102,12 @@ def language(request: web.Request) -> int:
 
 def query_int(request: web.Request, name: str, default: int) -> int:
     """The query parameter ``name`` as a plain decimal integer (``-?[0-9]{1,18}``: no sign
-    ``+``, spaces or ``_`` as Python's ``int`` would take); ``default`` when absent or empty."""
-    raw = request.query.get(name)
+    ``+``, spaces or ``_`` as Python's ``int`` would take); ``default`` when absent or empty;
+    400 when given more than once (``?offset=1&offset=2``: which one was meant?)."""
+    given = request.query.getall(name, [])
+    if len(given) > 1:
+        raise Reject(400, CODE_BAD_JSON, f"{name} is given more than once")
+    raw = given[0] if given else None
     if raw is None or raw == "":
         return default
     if _QUERY_INT.fullmatch(raw) is None:
