@@ -334,8 +334,7 @@ async def test_an_id_the_state_cannot_hold_is_a_reject_not_a_failed_manifest(
             tmp = a.inbox / ".bad.part"
             rows = b'{"id": "x\\u0000y", "url": "https://img.example/1.jpg"}\n'
             rows += b"".join(
-                b'{"id": "g%d", "url": "https://img.example/g%d.jpg"}\n' % (i, i)
-                for i in range(50)
+                b'{"id": "g%d", "url": "https://img.example/g%d.jpg"}\n' % (i, i) for i in range(50)
             )
             tmp.write_bytes(rows)
             os.rename(tmp, a.inbox / "bad.jsonl")
