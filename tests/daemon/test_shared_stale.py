@@ -1,0 +1,125 @@
+"""A daemon paused past its lease, woken after another daemon finished its manifest.
+
+The paused daemon (SIGSTOP, a stalled VM) had leased the manifest and was on its way to tag it
+when it stopped; meanwhile another daemon leased it (epoch + 1), tagged it, wrote its summary
+(``done``) and moved it to ``done/``. Woken, the paused daemon must write nothing the
+consumers read: not a summary of its own over the finished one (a ``failed`` one makes an
+operator drop the manifest again, and every row is tagged and billed twice), not an error file
+in ``failed/``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
+
+#: Loaded by a daemon at start (``sitecustomize``): ``HOOK_STOP=before|after`` stops the
+#: process (SIGSTOP) once, before or after its first look for an earlier completion of a
+#: manifest's content (``find_completed``), a moment between leasing a manifest and tagging it.
+HOOK = textwrap.dedent(
+    """
+    import os, signal
+    where = os.environ.get("HOOK_STOP")
+    if where:
+        from fashiontag_pipeline.daemon import leases
+        cls = leases.PostgresClaimLedger
+        _find = cls.find_completed
+        done = []
+        def find_completed(self, sha256):
+            if where == "before" and not done:
+                done.append(1)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            found = _find(self, sha256)
+            if where == "after" and not done:
+                done.append(1)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return found
+        cls.find_completed = find_completed
+    """
+)
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rpartition(")")[2].split()[0] == "T"
+
+
+async def _paused_then_woken(tmp_path: Path, postgres_url: str, where: str) -> Path:
+    """Daemon A stops ``where`` it looks for an earlier completion of ``m.csv``; daemon B takes
+    the manifest over and finishes it; A is woken and runs on until it says its lease is lost.
+    Returns the manifest's output folder."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOOK)
+    common = ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
+    ids = [f"p{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        a = DaemonProcess(
+            tmp_path, svc.url, extra=common, env={"PYTHONPATH": str(hook), "HOOK_STOP": where}
+        ).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            a.inbox.mkdir(parents=True, exist_ok=True)
+            tmp = a.inbox / ".m.csv.part"
+            tmp.write_bytes(write_manifest(Path(), ids))
+            os.rename(tmp, a.inbox / "m.csv")
+            assert a.proc is not None
+            with anyio.fail_after(30):
+                while not _stopped(a.proc.pid):
+                    a.check_alive()
+                    await anyio.sleep(0.02)
+            b = DaemonProcess(tmp_path, svc.url, extra=common).start()
+            summary = await b.wait_summary("m", timeout=60)
+            assert summary["status"] == "done"
+            with anyio.fail_after(30):
+                while not (a.inbox / "done" / "m.csv").exists():
+                    b.check_alive()
+                    await anyio.sleep(0.02)
+            a.signal(signal.SIGCONT)
+            lost = "lease lost: another daemon finishes the manifest"
+            with anyio.fail_after(30):
+                while not any(line.get("event") == lost for line in a.logs()):
+                    a.check_alive()
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.5)
+            assert await a.stop() == 0
+            assert await b.stop() == 0
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.signal(signal.SIGCONT)
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    folder = tmp_path / "outbox" / "m"
+    got = [r["id"] for r in read_lines(folder / "results.jsonl")]
+    assert sorted(got) == sorted(ids)
+    return folder
+
+
+async def test_a_daemon_woken_past_its_lease_does_not_fail_the_finished_manifest(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    folder = await _paused_then_woken(tmp_path, postgres_url, "after")
+    summary = (folder / "summary.json").read_text()
+    assert '"status":"done"' in summary, summary
+    assert not list((tmp_path / "inbox" / "failed").iterdir())
+
+
+async def test_a_daemon_woken_past_its_lease_does_not_call_the_manifest_its_own_duplicate(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    folder = await _paused_then_woken(tmp_path, postgres_url, "before")
+    summary = (folder / "summary.json").read_text()
+    assert '"status":"done"' in summary, summary
