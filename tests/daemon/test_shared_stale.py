@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+import fashiontag_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, read_lines, write_manifest
@@ -50,6 +51,13 @@ HOOK = textwrap.dedent(
 )
 
 
+def _path(hook: Path) -> str:
+    """The hook's folder, then the package under test's: ``sitecustomize`` runs before
+    ``-m`` puts the working folder on the path, so the hook would import whichever copy of
+    the package is installed."""
+    return os.pathsep.join([str(hook), str(Path(fashiontag_pipeline.__file__).parents[1])])
+
+
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().rpartition(")")[2].split()[0] == "T"
@@ -66,7 +74,7 @@ async def _paused_then_woken(tmp_path: Path, postgres_url: str, where: str) -> P
     ids = [f"p{i}" for i in range(300)]
     async with running_service(ServiceConfig()) as svc:
         a = DaemonProcess(
-            tmp_path, svc.url, extra=common, env={"PYTHONPATH": str(hook), "HOOK_STOP": where}
+            tmp_path, svc.url, extra=common, env={"PYTHONPATH": _path(hook), "HOOK_STOP": where}
         ).start()
         b: DaemonProcess | None = None
         try:
