@@ -268,6 +268,13 @@ class SharedDaemon:
             outputs = await outbox.aoutputs(claim)
             earlier = await anyio.to_thread.run_sync(ledger.find_completed, claim.sha256)
             if earlier is not None:
+                if (earlier.name, earlier.claimed_at) == (record.name, record.claimed_at):
+                    # This very claim, completed: by the daemon that took it over while this
+                    # one was paused past its lease. Not a duplicate of itself.
+                    raise exc.LeaseLostError(
+                        f"lost the lease of {claim.name!r}", manifest=claim.name
+                    )
+                await self._still_held(lease, keeper)
                 await daemon.duplicate(claim, outputs, inbox, earlier.name, lease=lease)
                 keeper.forget(lease)
                 return
@@ -295,6 +302,7 @@ class SharedDaemon:
             )
             if self._attempts.over(lease.claim_id) and claim is not None and outputs is not None:
                 with contextlib.suppress(exc.FashiontagError):
+                    await self._still_held(lease, keeper)
                     await daemon.failed(
                         claim, outputs, inbox, f"{err} ({attempts} attempts)", lease=lease
                     )
@@ -334,6 +342,7 @@ class SharedDaemon:
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
             failed = self._attempts.begun(lease.claim_id, row)
             if failed is not None:  # attempts in a row, and nothing committed since
+                await self._still_held(lease, keeper)
                 await daemon.failed(claim, outputs, inbox, failed, lease=lease)
                 return True
             if row is not None:  # taken over: this epoch starts from what the state committed
@@ -362,6 +371,9 @@ class SharedDaemon:
                     claim, (results, rejects), db, own, lost, active.watch, client
                 )
             except exc.ManifestError as err:
+                # Woken past its lease, the engine may find the manifest gone from .work (the
+                # daemon that took it over finished it): that is the loss, not the reason.
+                await self._still_held(lease, keeper)
                 await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
                 return True
             except exc.FashiontagError as err:
@@ -383,12 +395,31 @@ class SharedDaemon:
                     extra={"manifest": claim.name},
                 )
                 return False
+            await self._still_held(lease, keeper)
             await anyio.to_thread.run_sync(publish_outputs, outputs, lease.epoch)
             await daemon.conclude(active, outputs, inbox, summary=summary, lease=lease)
             return True
         finally:
             daemon.end_manifest(active)
             await anyio.to_thread.run_sync(db.close)
+
+    async def _still_held(self, lease: Lease, keeper: LeaseKeeper) -> None:
+        """Raise :class:`LeaseLostError` unless ``lease`` holds now, asked of the database
+        (a fenced check): called right before a file the consumers read is written (a
+        summary, the published outputs), which no fence of the state can hold back. A
+        daemon paused past its lease and woken after another finished the manifest would
+        otherwise write its own summary over the finished one."""
+        if keeper.overdue(lease):
+            raise exc.LeaseLostError(f"lost the lease of {lease.name!r}", manifest=lease.name)
+        ledger = self._ledger
+        if ledger is None:
+            return
+
+        def check() -> None:
+            with ledger.fenced(lease):
+                pass
+
+        await anyio.to_thread.run_sync(check)
 
     async def _run(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
+import fashiontag_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, read_lines, write_manifest
@@ -71,7 +72,10 @@ def _hooked(tmp_path: Path, **env: str) -> dict[str, str]:
     hook = tmp_path / "hook"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(HOOK)
-    return {"PYTHONPATH": str(hook), **env}
+    # The package under test after the hook: sitecustomize runs before ``-m`` puts the
+    # working folder on the path, so the hook would import whichever copy is installed.
+    package = Path(fashiontag_pipeline.__file__).parents[1]
+    return {"PYTHONPATH": os.pathsep.join([str(hook), str(package)]), **env}
 
 
 def _drop(inbox: Path, name: str, ids: list[str]) -> None:
