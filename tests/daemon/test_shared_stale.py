@@ -131,3 +131,72 @@ async def test_a_daemon_woken_past_its_lease_does_not_call_the_manifest_its_own_
     folder = await _paused_then_woken(tmp_path, postgres_url, "before")
     summary = (folder / "summary.json").read_text()
     assert '"status":"done"' in summary, summary
+
+
+#: ``HOOK_STOP_IN_DROP``: the process stops (SIGSTOP) once, inside the transaction that drops a
+#: settled manifest's state, right after its ``DROP SCHEMA`` (its tables locked until it ends).
+DROP_HOOK = textwrap.dedent(
+    """
+    import os, signal
+    if os.environ.get("HOOK_STOP_IN_DROP"):
+        import psycopg
+        _execute = psycopg.Connection.execute
+        done = []
+        def execute(self, query, *args, **kwargs):
+            cursor = _execute(self, query, *args, **kwargs)
+            text = query.as_string(self) if hasattr(query, "as_string") else str(query)
+            if "DROP SCHEMA" in text and not done:
+                done.append(1)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return cursor
+        psycopg.Connection.execute = execute
+    """
+)
+
+
+async def test_a_daemon_paused_while_dropping_a_state_does_not_hold_up_the_others(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Daemon A settles a manifest and stops (SIGSTOP: a stalled VM) in the middle of dropping
+    # its state. Daemon B, started then, drops the states of settled manifests first thing: it
+    # must not wait for A's transaction for ever (it never answered, never tagged).
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(DROP_HOOK)
+    common = ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
+    async with running_service(ServiceConfig()) as svc:
+        a = DaemonProcess(
+            tmp_path,
+            svc.url,
+            extra=common,
+            env={"PYTHONPATH": _path(hook), "HOOK_STOP_IN_DROP": "1"},
+        ).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            for name, ids in (("m.csv", [f"m{i}" for i in range(50)]),):
+                tmp = a.inbox / f".{name}.part"
+                tmp.write_bytes(write_manifest(Path(), ids))
+                os.rename(tmp, a.inbox / name)
+            assert a.proc is not None
+            with anyio.fail_after(30):
+                while not _stopped(a.proc.pid):
+                    a.check_alive()
+                    await anyio.sleep(0.02)
+            b = DaemonProcess(tmp_path, svc.url, extra=common).start()
+            await b.wait_ready_endpoint(timeout=20)
+            ids = [f"n{i}" for i in range(50)]
+            tmp = a.inbox / ".n.csv.part"
+            tmp.write_bytes(write_manifest(Path(), ids))
+            os.rename(tmp, a.inbox / "n.csv")
+            summary = await b.wait_summary("n", timeout=30)
+            assert summary["status"] == "done"
+            a.signal(signal.SIGCONT)
+            assert await b.stop() == 0
+            assert await a.stop() == 0
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.signal(signal.SIGCONT)
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
