@@ -149,7 +149,7 @@ class SharedDaemon:
         if ledger is None:
             return
         for claim_id in ledger.settled_claim_states():
-            drop_state(claim_state_url(self.url, claim_id))
+            drop_state(claim_state_url(self.url, claim_id), idle_timeout=self.config.lease)
 
     async def _drain_watch(self) -> None:
         """After ``drain_timeout`` seconds of a drain, stop at once (writes in flight resume)."""
@@ -281,9 +281,20 @@ class SharedDaemon:
             if await self._tag(claim, outputs, inbox, lease, keeper, client):
                 keeper.forget(lease)
                 self._attempts.forget(lease.claim_id)
-                await anyio.to_thread.run_sync(
-                    drop_state, claim_state_url(self.url, lease.claim_id)
-                )
+                try:
+                    await anyio.to_thread.run_sync(
+                        lambda: drop_state(
+                            claim_state_url(self.url, lease.claim_id),
+                            idle_timeout=self.config.lease,
+                        )
+                    )
+                except exc.StateError as err:
+                    # Settled all the same: the state is dropped later (_repair, any daemon).
+                    logger.warning(
+                        "cannot drop a settled manifest's state now: %s",
+                        err,
+                        extra={"manifest": lease.name},
+                    )
         except exc.LeaseLostError:
             keeper.forget(lease)
             logger.warning(

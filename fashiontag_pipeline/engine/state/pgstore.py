@@ -280,9 +280,15 @@ class PostgresStateDB(StateStore):
         return int(cur.rowcount)
 
 
-def drop_state(url: str) -> None:
+def drop_state(url: str, *, idle_timeout: float | None = None) -> None:
     """Delete the state ``url`` names (``#name``) from the database: its schema and its entry
-    in ``states``. Nothing happens when it does not exist."""
+    in ``states``. Nothing happens when it does not exist.
+
+    ``idle_timeout`` (seconds; the daemons give their lease): the server ends the transaction
+    when it is left idle that long. Dropping the schema locks every table of the state until
+    the commit, and another daemon drops the states of settled manifests too: a daemon paused
+    in between (SIGSTOP, a stalled VM) would otherwise hold that one up for as long as it is
+    paused."""
     import psycopg
     from psycopg import sql
 
@@ -291,6 +297,11 @@ def drop_state(url: str) -> None:
         state_errors(conninfo, "drop a state"),
         psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn,
     ):
+        if idle_timeout is not None:
+            conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (f"{max(1, round(idle_timeout * 1000))}ms",),
+            )
         row = conn.execute("SELECT current_schema()").fetchone()
         if row is None or row[0] is None:
             return
