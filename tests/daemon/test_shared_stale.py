@@ -200,3 +200,69 @@ async def test_a_daemon_paused_while_dropping_a_state_does_not_hold_up_the_other
             a.ensure_dead()
             if b is not None:
                 b.ensure_dead()
+
+
+#: ``HOOK_STOP_BEFORE_CREATE``: the process stops (SIGSTOP) once, right before it sends its
+#: first create (the chunk is written ahead in the state: its fate is the taker's to settle).
+CREATE_HOOK = textwrap.dedent(
+    """
+    import os, signal
+    if os.environ.get("HOOK_STOP_BEFORE_CREATE"):
+        from fashiontag_pipeline._client import TaggerClient
+        _create = TaggerClient.create_task
+        done = []
+        async def create_task(self, *args, **kwargs):
+            if not done:
+                done.append(1)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return await _create(self, *args, **kwargs)
+        TaggerClient.create_task = create_task
+    """
+)
+
+
+async def test_a_daemon_woken_past_its_lease_sends_no_rows_the_taker_sent(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Daemon A stops right before it sends a chunk it wrote ahead; B takes the manifest over,
+    # finds no task carrying the chunk's token and sends its rows itself, to the end. Woken, A
+    # must not send them again: the service would tag (and bill) every row of it twice.
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(CREATE_HOOK)
+    common = ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
+    ids = [f"c{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        env = {"PYTHONPATH": _path(hook), "HOOK_STOP_BEFORE_CREATE": "1"}
+        a = DaemonProcess(tmp_path, svc.url, extra=common, env=env).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            tmp = a.inbox / ".m.csv.part"
+            tmp.write_bytes(write_manifest(Path(), ids))
+            os.rename(tmp, a.inbox / "m.csv")
+            assert a.proc is not None
+            with anyio.fail_after(30):
+                while not _stopped(a.proc.pid):
+                    a.check_alive()
+                    await anyio.sleep(0.02)
+            b = DaemonProcess(tmp_path, svc.url, extra=common).start()
+            summary = await b.wait_summary("m", timeout=60)
+            a.signal(signal.SIGCONT)
+            lost = "lease lost: another daemon finishes the manifest"
+            with anyio.fail_after(30):
+                while not any(line.get("event") == lost for line in a.logs()):
+                    a.check_alive()
+                    await anyio.sleep(0.05)
+            await anyio.sleep(1.0)
+            assert await a.stop() == 0
+            assert await b.stop() == 0
+        finally:
+            if a.proc is not None and a.proc.poll() is None:
+                a.signal(signal.SIGCONT)
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+        sent = [i for record in svc.store.tasks.values() for i in record.ids]
+    assert summary["status"] == "done" and summary["tagged"] == len(ids)
+    assert len(sent) == len(set(sent)), f"{len(sent) - len(set(sent))} rows were sent twice"
