@@ -21,6 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -47,6 +48,16 @@ __all__ = [
     "HttpExchange",
     "Response",
 ]
+
+
+#: Called right before each write (a POST or PUT: the writes the service tags and bills) is
+#: sent, by the task that sends it and the tasks it starts: it raises to keep the write from
+#: going out. A daemon sets it for each leased manifest's engine: a daemon paused past its
+#: lease (SIGSTOP, a stalled VM) and woken with a write on its way must not send rows that the
+#: daemon which took the manifest over has sent already.
+WRITE_GUARD: ContextVar[Callable[[], None] | None] = ContextVar(
+    "fashiontag_write_guard", default=None
+)
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
@@ -265,6 +276,8 @@ class HttpExchange:
 
         ``path`` is already percent-encoded (``TaggerClient._task_path``) and ``query`` is ``""`` or
         an encoded ``?k=v&...``: the URL goes to aiohttp as encoded text."""
+        if method != "GET" and (guard := WRITE_GUARD.get()) is not None:
+            guard()
         session = self.ensure_session()
         headers = {"accept-language": language or self.language}
         if key is not None:

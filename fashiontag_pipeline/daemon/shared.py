@@ -40,6 +40,7 @@ import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
+from .._http import WRITE_GUARD
 from ..engine import RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job
@@ -379,7 +380,15 @@ class SharedDaemon:
                 )
             try:
                 summary = await self._run(
-                    claim, (results, rejects), db, own, lost, active.watch, client
+                    claim,
+                    (results, rejects),
+                    db,
+                    own,
+                    lost,
+                    active.watch,
+                    client,
+                    lease=lease,
+                    keeper=keeper,
                 )
             except exc.ManifestError as err:
                 # Woken past its lease, the engine may find the manifest gone from .work (the
@@ -441,8 +450,19 @@ class SharedDaemon:
         lost: anyio.Event,
         watch: Callable[[Job], None],
         client: TaggerClient,
+        *,
+        lease: Lease,
+        keeper: LeaseKeeper,
     ) -> RunSummary:
-        """The manifest's engine, stopped by a drain and aborted by the lease's loss."""
+        """The manifest's engine, stopped by a drain and aborted by the lease's loss. Its
+        writes to the service go out only while the lease holds on this process's clock
+        (:data:`WRITE_GUARD`): woken past it, a write on its way is not sent."""
+
+        def guard() -> None:
+            if keeper.overdue(lease):
+                raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
+
+        token = WRITE_GUARD.set(guard)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_relay, own, self.daemon.control, lost)
@@ -459,6 +479,8 @@ class SharedDaemon:
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
+        finally:
+            WRITE_GUARD.reset(token)
         return summary
 
 
