@@ -1,0 +1,92 @@
+"""``fashiontag daemon`` killed (SIGKILL) at exact points, then restarted (found by a kill -9
+fuzz of the daemon, /tmp/s30/dfz/driver.py).
+
+The exact points are reached with a ``sitecustomize`` hook loaded by the first daemon only,
+on cue from its environment, never by timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
+
+#: ``HOOK_KILL_AT_MARK``: SIGKILL right after the outbox created (``O_EXCL``) a folder's
+#: ``.claim`` mark, or a file named for it (``.claim.*``), before its content is written.
+HOOK = textwrap.dedent(
+    """
+    import os, signal
+    if os.environ.get("HOOK_KILL_AT_MARK"):
+        import fashiontag_pipeline.daemon.outbox as outbox
+        class _Os:
+            def __getattr__(self, name):
+                return getattr(os, name)
+            def open(self, path, flags, mode=0o777, **kw):
+                fd = os.open(path, flags, mode, **kw)
+                if os.path.basename(path).startswith(".claim") and flags & os.O_EXCL:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return fd
+        outbox.os = _Os()
+    """
+)
+
+
+def _hooked(tmp_path: Path, **env: str) -> dict[str, str]:
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOOK)
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, **env}
+
+
+async def _any_summary(daemon: DaemonProcess, timeout: float = 60.0) -> Path:
+    with anyio.fail_after(timeout):
+        while not (found := sorted(daemon.outbox.glob("*/summary.json"))):
+            daemon.check_alive()
+            await anyio.sleep(0.05)
+    return found[0]
+
+
+async def test_a_kill_while_the_outbox_marks_a_folder_keeps_the_outputs_in_stem(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL after the outbox created ``OUTBOX/STEM/.claim`` and before it wrote the claim
+    into it. The restarted daemon reads the empty mark as another claim's, so the manifest's
+    outputs go to ``OUTBOX/STEM.<sha12>`` although STEM holds no other content's outputs
+    (DESIGN 6: outputs are in ``OUTBOX/STEM``; ``STEM.<sha12>`` only when STEM already holds
+    another content's outputs), and ``OUTBOX/STEM`` is left for ever with no summary: a
+    consumer waiting for ``OUTBOX/STEM/summary.json`` waits for ever."""
+    ids = [f"k{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        a = DaemonProcess(tmp_path, svc.url, env=_hooked(tmp_path, HOOK_KILL_AT_MARK="1")).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            assert await a.wait_exit(timeout=30) == -9  # killed at the mark
+            assert (a.inbox / ".work" / "m.csv").exists()
+            b = DaemonProcess(tmp_path, svc.url, port=a.port).start()
+            summary_path = await _any_summary(b)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    summary = json.loads(summary_path.read_text())
+    assert summary["status"] == "done"
+    assert summary_path.parent.name == "m", (
+        f"outputs went to {summary_path.parent.name}/; m/ holds "
+        f"{sorted(p.name for p in (tmp_path / 'outbox' / 'm').iterdir())}"
+    )
+    got = [r["id"] for r in read_lines(summary_path.parent / "results.jsonl")]
+    assert sorted(got) == sorted(ids)
