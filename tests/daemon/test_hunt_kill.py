@@ -21,6 +21,8 @@ from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
+#: ``HOOK_TERM_IN_SENT_IDS``: SIGTERM while the pager reads, in the state thread, the ids
+#: written to the first task done (a call the event loop awaits shielded), which lasts 1 s.
 #: ``HOOK_KILL_AT_MARK``: SIGKILL right after the outbox created (``O_EXCL``) a folder's
 #: ``.claim`` mark, or a file named for it (``.claim.*``), before its content is written.
 HOOK = textwrap.dedent(
@@ -37,6 +39,18 @@ HOOK = textwrap.dedent(
                     os.kill(os.getpid(), signal.SIGKILL)
                 return fd
         outbox.os = _Os()
+    if os.environ.get("HOOK_TERM_IN_SENT_IDS"):
+        import time
+        from fashiontag_pipeline.engine import pagers
+        _sent_ids = pagers.ResultPagers._sent_ids
+        fired = []
+        def sent_ids_under_sigterm(self, task_id):
+            if not fired:
+                fired.append(1)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1.0)  # the drain runs on the event loop meanwhile
+            return _sent_ids(self, task_id)
+        pagers.ResultPagers._sent_ids = sent_ids_under_sigterm
     """
 )
 
@@ -89,4 +103,33 @@ async def test_a_kill_while_the_outbox_marks_a_folder_keeps_the_outputs_in_stem(
         f"{sorted(p.name for p in (tmp_path / 'outbox' / 'm').iterdir())}"
     )
     got = [r["id"] for r in read_lines(summary_path.parent / "results.jsonl")]
+    assert sorted(got) == sorted(ids)
+
+
+async def test_sigterm_while_the_pager_asks_the_state_drains_and_exits_0(tmp_path: Path) -> None:
+    """SIGTERM while the pager is in a state-store call for a task that is done (its ids
+    written, asked in the state thread, awaited shielded): the drain cancels the page readers,
+    the call returns, the pager hands the task's first page to the readers with
+    ``send_nowait`` (its slot taken without a checkpoint) and meets ``BrokenResourceError``.
+    The daemon exits 1 with a traceback instead of 0 (DESIGN 6: SIGTERM: finish the writes in
+    flight, flush outputs and state, exit 0; a supervisor sees a crash on every deploy)."""
+    ids = [f"t{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        env = _hooked(tmp_path, HOOK_TERM_IN_SENT_IDS="1")
+        a = DaemonProcess(tmp_path, svc.url, env=env).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            code = await a.wait_exit(timeout=30)
+            assert code == 0, a.stderr_path.read_text()[-1500:]
+            b = DaemonProcess(tmp_path, svc.url, port=a.port).start()
+            summary = await b.wait_summary("m", timeout=30)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done"
+    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
     assert sorted(got) == sorted(ids)
