@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 import anyio
+import anyio.lowlevel
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -174,7 +175,15 @@ class ResultPagers(PageFetcher):
                 continue
             for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
                 await self.slots.acquire()
-                pages.send_nowait((entry, offset))
+                try:
+                    # The state calls above are awaited shielded and a free slot is taken
+                    # without a checkpoint: a cancellation (a drain) that came meanwhile has
+                    # closed the readers, and is taken here rather than as a broken stream.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                    pages.send_nowait((entry, offset))
+                except BaseException:
+                    self.slots.release()
+                    raise
 
     def _short_count(self, entry: TaskEntry, rows: int) -> None:
         """Say that a done task's count is short of its rows (a warning the first time: a
