@@ -21,6 +21,8 @@ from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
+#: ``HOOK_KILL_AFTER_WRITE_AHEAD``: SIGKILL right after the first chunk is written ahead to
+#: the state store (committed), before its create is sent.
 #: ``HOOK_TERM_IN_SENT_IDS``: SIGTERM while the pager reads, in the state thread, the ids
 #: written to the first task done (a call the event loop awaits shielded), which lasts 1 s.
 #: ``HOOK_KILL_AT_MARK``: SIGKILL right after the outbox created (``O_EXCL``) a folder's
@@ -39,6 +41,14 @@ HOOK = textwrap.dedent(
                     os.kill(os.getpid(), signal.SIGKILL)
                 return fd
         outbox.os = _Os()
+    if os.environ.get("HOOK_KILL_AFTER_WRITE_AHEAD"):
+        from fashiontag_pipeline.engine.state import journal
+        _write_ahead = journal.Journal.write_ahead
+        async def write_ahead_then_die(self, *args, **kwargs):
+            chunk_id = await _write_ahead(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return chunk_id
+        journal.Journal.write_ahead = write_ahead_then_die
     if os.environ.get("HOOK_TERM_IN_SENT_IDS"):
         import time
         from fashiontag_pipeline.engine import pagers
@@ -125,6 +135,41 @@ async def test_sigterm_while_the_pager_asks_the_state_drains_and_exits_0(tmp_pat
             assert code == 0, a.stderr_path.read_text()[-1500:]
             b = DaemonProcess(tmp_path, svc.url, port=a.port).start()
             summary = await b.wait_summary("m", timeout=30)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done"
+    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
+    assert sorted(got) == sorted(ids)
+
+
+async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_completes(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL right after a chunk smaller than a task (a manifest's tail, a slow producer's
+    linger flush) was written ahead, before its create was sent; the restarted daemon has more
+    rows pending than ``--max-pending-rows`` (the default 20,000 is reached by any big manifest
+    killed mid-way; a fuzz hit it with 2,000). The resumed chunk goes to a new task that is not
+    full, so nothing seals it: the reader's fairness bound waits for the rows in flight to get
+    results, without sending the writer the IDLE that seals the open task (it starts as if one
+    had been sent), and the task waits for input. The daemon hangs for ever: this manifest,
+    and every manifest dropped after it, never completes (DESIGN 6: SIGKILL at any moment,
+    then a restart: nothing lost)."""
+    ids = [f"w{i}" for i in range(300)]
+    bound = ["--max-pending-rows", "100"]
+    async with running_service(ServiceConfig()) as svc:
+        hooked = _hooked(tmp_path, HOOK_KILL_AFTER_WRITE_AHEAD="1")
+        a = DaemonProcess(tmp_path, svc.url, extra=bound, env=hooked).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            assert await a.wait_exit(timeout=30) == -9  # killed after the write-ahead
+            assert not svc.store.tasks  # its create was never sent
+            b = DaemonProcess(tmp_path, svc.url, port=a.port, extra=bound).start()
+            summary = await b.wait_summary("m", timeout=15)
             assert await b.stop() == 0
         finally:
             a.ensure_dead()
