@@ -120,7 +120,10 @@ class JobSource:
     async def run(self, send: anyio.abc.ObjectSendStream[Message]) -> None:
         async with send:
             with self._scope:
-                idle_sent = True
+                # Not "sent" at the start: a resume may have opened a task for the chunks it
+                # sends again (smaller than a task), which only an IDLE seals while the bound
+                # on rows in flight keeps the reader waiting for those very rows.
+                idle_sent = False
                 while True:
                     if not self._reading:
                         if self._ended():
