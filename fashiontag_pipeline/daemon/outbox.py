@@ -17,6 +17,7 @@ two claims can never share one.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Collection
 from datetime import UTC, datetime
@@ -167,6 +168,37 @@ class ManifestOutputs:
         await anyio.to_thread.run_sync(self.write_summary, summary)
 
 
+def _is_mark_name(name: str) -> bool:
+    """The mark, or one of its temporary files (being written, or left by a crash)."""
+    return name == CLAIM_FILE or (name.startswith(f"{CLAIM_FILE}.") and name.endswith(".tmp"))
+
+
+#: ``link`` refused by a filesystem that has no hard links (some network and FUSE mounts).
+_NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV})
+
+
+def _link_exclusively(tmp: Path, path: Path) -> bool:
+    """``tmp`` becomes ``path`` unless ``path`` exists (False then). Where the filesystem has
+    no hard links, a rename when ``path`` is absent, and ``path`` read back: two daemons racing
+    there within the same instant both see the last one's mark, and the other moves on."""
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as err:
+        if err.errno not in _NO_LINKS:
+            raise
+    if path.exists():
+        return False
+    data = tmp.read_bytes()
+    os.rename(tmp, path)
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
+
+
 class Outbox:
     """Allocates output folders under ``root`` (see the module docstring)."""
 
@@ -217,10 +249,13 @@ class Outbox:
     def _take(self, folder: Path, mark: _ClaimMark, *, adopt: bool = False) -> bool:
         """Whether ``folder`` is this claim's: created now, or marked as its own before.
 
-        The mark is created exclusively (``O_EXCL``): of two daemons on a shared outbox that
-        want the same folder at once, one creates it and the other reads it and moves on. A
-        folder without a mark (a crash between mkdir and the mark) is adopted the same way if
-        it holds nothing else (``adopt``: whatever it holds, the state says it is ours); a
+        The mark is written whole under a name of its own, then linked in as ``.claim``,
+        which fails if a mark exists: of two daemons on a shared outbox that want the same
+        folder at once, one takes it and the other reads its mark and moves on, and a mark is
+        never seen empty or partial (a kill between creating a mark and writing it left an
+        empty one, and the folder was nobody's for ever: the outputs went to STEM.<sha12>).
+        A folder without a mark (a crash between mkdir and the mark) is adopted the same way
+        if it holds nothing else (``adopt``: whatever it holds, the state says it is ours); a
         folder holding anything else is somebody's, not ours."""
         try:
             folder.mkdir()
@@ -230,33 +265,33 @@ class Outbox:
                 return False
         data = msgspec.json.encode(mark)
         path = folder / CLAIM_FILE
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                return _mark_decoder.decode(path.read_bytes()) == mark
-            except (OSError, msgspec.DecodeError):
-                return False  # another's mark, being written or damaged: not ours
+        tmp = folder / f"{CLAIM_FILE}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
         try:
             try:
-                with os.scandir(folder) as entries:
-                    foreign = any(e.name not in (CLAIM_FILE, f".{CLAIM_FILE}.tmp") for e in entries)
-            except OSError:
-                foreign = True
-            if foreign and not adopt:
-                os.unlink(path)
-                return False
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            except BaseException as err:
-                # A full disk: an empty mark would make the folder another claim's for ever
-                # (its outputs then go to STEM.<sha12>); without it, the next try takes it.
-                os.unlink(path)
-                if isinstance(err, OSError) and err.filename is None:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    os.write(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as err:  # a full disk: the error names the mark, which is not left
+                if err.filename is None:
                     raise OSError(err.errno, err.strerror, str(path)) from err
                 raise
+            if not _link_exclusively(tmp, path):
+                try:
+                    return _mark_decoder.decode(path.read_bytes()) == mark
+                except (OSError, msgspec.DecodeError):
+                    return False  # another's mark, damaged: not ours
         finally:
-            os.close(fd)
+            tmp.unlink(missing_ok=True)
+        try:
+            with os.scandir(folder) as entries:
+                foreign = any(not _is_mark_name(e.name) for e in entries)
+        except OSError:
+            foreign = True
+        if foreign and not adopt:
+            os.unlink(path)
+            return False
         fsync_dir(folder)
         return True

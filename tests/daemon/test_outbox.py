@@ -187,3 +187,27 @@ def test_a_folder_removed_under_a_job_in_flight_is_not_given_to_another_claim(
     assert outbox.outputs(first, recorded=folder).folder == folder
     third = claim_of("x.csv", b"third")
     assert outbox.outputs(third, recorded=folder).folder != folder  # marked by another claim
+
+
+@pytest.mark.parametrize("link_errno", [None, 1, 95])  # works; EPERM; EOPNOTSUPP
+def test_marks_are_exclusive_with_or_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link_errno: int | None
+) -> None:
+    """The mark is linked in whole (a kill never leaves it empty); a filesystem without hard
+    links (some network and FUSE mounts) takes it by rename when absent. Either way a resumed
+    claim finds its folder, another content gets STEM.<sha12>, and no temp file is left."""
+    if link_errno is not None:
+
+        def no_links(src: object, dst: object) -> None:
+            raise OSError(link_errno, os.strerror(link_errno))
+
+        monkeypatch.setattr(outbox_module.os, "link", no_links)
+    outbox = Outbox(tmp_path)
+    a, b = claim_of("cat.csv", b"a"), claim_of("cat.csv", b"b")
+    first = outbox.outputs(a)
+    assert first.folder.name == "cat"
+    assert Outbox(tmp_path).outputs(msgspec.structs.replace(a, resumed=True)).folder == first.folder
+    other = outbox.outputs(b)
+    assert other.folder.name == f"cat.{b.sha256[:12]}"
+    assert sorted(os.listdir(first.folder)) == [".claim"]
+    assert sorted(os.listdir(other.folder)) == [".claim"]
