@@ -1,0 +1,62 @@
+"""Found by the kill -9 fuzz of ``fashiontag run`` (a hunt; each test failed before its fix)."""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.engine import FatalRunError, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import (
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    read_outcomes,
+    write_csv,
+)
+from .proxy import Misbehaviour, misbehaving
+
+
+async def test_a_create_answered_with_the_id_of_a_task_still_being_adopted(
+    tmp_path: Path,
+) -> None:
+    """The first create is applied and answered 204 (no id: the engine looks for its task in
+    the list, which shows it a moment later); the second create is applied to that same task
+    and answered with its id (a service that merges creates). The second answer arrives
+    first, so the id is not yet the run's; then the list shows the task under the first
+    create's token and the engine adopts it as well: two of the run's tasks under one id.
+    The tracker then takes the task for forgotten (its description is the other token's),
+    sends its rows again and reads its results too: ids written twice, others never, and the
+    run may report complete (exit 0). The run must stop at the adoption, as
+    it does when such an answer comes second, and its resume end with every id exactly once."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(merge_creates={2}, no_content_writes={"POST"}, list_lag=1.0)
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, rules) as proxy:
+            with (
+                anyio.fail_after(60),
+                pytest.raises(FatalRunError, match="given to this run before"),
+            ):
+                await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej,
+                    engine=TASKS_OF_1000,
+                )  # fmt: skip
+        assert proxy.merged == [proxy.created[0]]
+        ids = read_outcomes(out, rej).ids
+        twice = [i for i, c in collections.Counter(ids).items() if c > 1]
+        assert not twice, f"{len(twice)} ids written twice"
+        # The same command against a service that gives each task its own id finishes.
+        with anyio.fail_after(60):
+            again = await run_pipeline(
+                [manifest], client=client_config(svc.url), out=out, rejects=rej,
+                engine=TASKS_OF_1000,
+            )  # fmt: skip
+        assert again.complete
+    assert_exactly_once(out, rej, ids_of(n))
