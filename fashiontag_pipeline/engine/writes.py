@@ -269,6 +269,9 @@ class TaskWrites:
                 adopted = await self.find_task(task.token)
                 if adopted is None:
                     continue
+                # The id may have answered another create of the run meanwhile (a service
+                # that merges creates): the same stop as for such an answer (below).
+                await self._check_new_id(adopted.task_id)
                 await self._opened(task, adopted.task_id, adopted.expires_at)
                 chunk.fate_unknown = True
                 chunk.task_id = adopted.task_id
@@ -289,22 +292,25 @@ class TaskWrites:
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1
-            if response.task_id in self.tasks or await self.journal.run(
-                self.journal.db.task_known, response.task_id
-            ):
-                # One id, two tasks' rows: their results, counts and expiries cannot be told
-                # apart, so rows would be settled by each other's lines (some lost, some twice).
-                raise FatalRunError(
-                    f"the service answered a create with task id {response.task_id!r}, which"
-                    " it had given to this run before (a service that hands out a task id"
-                    " twice, or adds a new task's rows to another): its results cannot be"
-                    " read exactly once; stopped with the state saved (the same command"
-                    " resumes once the service gives each task its own id)"
-                )
+            await self._check_new_id(response.task_id)
             opened = self._opened_ops(task, response.task_id, response.expires_at)
             await self._accept(task, chunk, response, opened)
             task.created.set()
             return True
+
+    async def _check_new_id(self, task_id: str) -> None:
+        """Stop the run when a create's task id (answered, or adopted from the list after an
+        answer was lost) is one the run holds already."""
+        if task_id in self.tasks or await self.journal.run(self.journal.db.task_known, task_id):
+            # One id, two tasks' rows: their results, counts and expiries cannot be told
+            # apart, so rows would be settled by each other's lines (some lost, some twice).
+            raise FatalRunError(
+                f"the service answered a create with task id {task_id!r}, which"
+                " it had given to this run before (a service that hands out a task id"
+                " twice, or adds a new task's rows to another): its results cannot be"
+                " read exactly once; stopped with the state saved (the same command"
+                " resumes once the service gives each task its own id)"
+            )
 
     def _opened_ops(
         self, task: OpenTask, task_id: str, expiry: datetime | None
