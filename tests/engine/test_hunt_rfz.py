@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import os
+import signal
+import textwrap
 from pathlib import Path
 
 import anyio
@@ -12,11 +15,13 @@ from fashiontag_pipeline.engine import FatalRunError, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
+    ENV,
     TASKS_OF_1000,
     assert_exactly_once,
     client_config,
     ids_of,
     read_outcomes,
+    run_args,
     write_csv,
 )
 from .proxy import Misbehaviour, misbehaving
@@ -60,3 +65,56 @@ async def test_a_create_answered_with_the_id_of_a_task_still_being_adopted(
             )  # fmt: skip
         assert again.complete
     assert_exactly_once(out, rej, ids_of(n))
+
+
+#: Loaded by the engine at start (``sitecustomize``): with ``HOOK_KILL_AT_PAST_END`` set, the
+#: engine SIGKILLs itself when, a task's last page committed, rows of it are still without a
+#: line and the page past its count is about to be asked for them.
+HOOK = textwrap.dedent(
+    """
+    import os, signal
+    if os.environ.get("HOOK_KILL_AT_PAST_END"):
+        from fashiontag_pipeline.engine import pagers
+        _past_end = pagers.ResultPagers._past_end
+        async def past_end(self, entry):
+            sent, seen = entry.sent, entry.seen
+            if sent is not None and seen is not None and sent - seen:
+                os.kill(os.getpid(), signal.SIGKILL)
+            await _past_end(self, entry)
+        pagers.ResultPagers._past_end = past_end
+    """
+)
+
+
+async def test_kill_9_before_the_page_past_the_count_then_resume_bills_no_row_twice(
+    tmp_path: Path,
+) -> None:
+    """A service whose result offsets count from 1 answers each page one row early, so a
+    task's last row comes only from one page past its count, which the engine asks for once
+    the last page is committed. Killed (SIGKILL) between that commit and that page, the resume
+    found the task read to its count and sent its last row again: a second task, the image
+    billed twice, although the row was in a task whose results were there to read."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOOK)
+    n = 1000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    pythonpath = os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")])
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(one_based_offsets=True)) as proxy:
+            args = run_args(proxy.url, out, str(manifest), "--linger", "0.2")
+            with anyio.fail_after(60):
+                killed = await anyio.run_process(
+                    args,
+                    check=False,
+                    env={**ENV, "PYTHONPATH": pythonpath, "HOOK_KILL_AT_PAST_END": "1"},
+                )
+            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-400:]
+            assert svc.store.image_count == n
+            with anyio.fail_after(60):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+            assert resumed.returncode == 0, resumed.stderr.decode()[-400:]
+        billed = svc.store.image_count
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert billed == n, f"{billed - n} images billed twice"
