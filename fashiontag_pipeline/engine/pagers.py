@@ -171,6 +171,10 @@ class ResultPagers(PageFetcher):
                 await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                 continue
             if entry.next_offset >= entry.total:
+                # Read to its count (a resume after a kill between its last page and the
+                # page past its count): that page is asked for first, as _page does.
+                if entry.total > 0:
+                    await self._past_end(entry)
                 await self.settler.finish(entry)
                 continue
             for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
