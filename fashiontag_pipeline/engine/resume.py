@@ -71,6 +71,10 @@ async def reattach(run: Engine) -> list[Chunk]:
     run.writer.tokens_taken(c[3] for c in chunks if c[3] is not None)
     tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
     found_by_token = await run.writer.find_tasks(tokens) if tokens else {}
+    # A listed task the state holds under another create already (a service that merged two
+    # creates into one task, the run stopped at it): not adopted twice, whose results could
+    # not be read exactly once; the create's rows are sent again.
+    found_by_token = {k: t for k, t in found_by_token.items() if t.task_id not in resumed}
     adopted: set[str] = set()
     for chunk_id, state, task_id, token, body in chunks:
         if state == "pending" and task_id in lost:
