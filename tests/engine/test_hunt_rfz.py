@@ -118,3 +118,22 @@ async def test_kill_9_before_the_page_past_the_count_then_resume_bills_no_row_tw
         billed = svc.store.image_count
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert billed == n, f"{billed - n} images billed twice"
+
+
+async def test_a_later_bad_row_with_a_duplicate_id_is_a_duplicate_id_reject(
+    tmp_path: Path,
+) -> None:
+    """An id repeated in the manifest: the first row gets the outcome, each later row is one
+    ``duplicate id`` reject (README, docs/engine.md). A later row that is also invalid (an
+    ``ftp://`` URL) was rejected for its URL instead: the id then had a result and a reject
+    of its own, two outcomes for whoever counts them (the fuzz's check, assert_exactly_once)."""
+    manifest = write_csv(tmp_path / "m.csv", 20, extra=["p3,ftp://nope/x.jpg,acme,TOP"])
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        with anyio.fail_after(30):
+            summary = await run_pipeline(
+                [manifest], client=client_config(svc.url), out=out, rejects=rej,
+                engine=TASKS_OF_1000,
+            )  # fmt: skip
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(20), duplicates=1)
