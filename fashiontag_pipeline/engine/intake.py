@@ -147,7 +147,14 @@ async def intake(
                     batch, max(chunked, validated), validator, journal, jobs, replay_rejects
                 )
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
-            fresh: list[JobReject] = [(job.id, r) for pos, r in client_rejects if pos > validated]
+            fresh: list[JobReject] = []
+            #: Position of a refused row -> its reject's index in ``fresh`` (a later row of an
+            #: id is a ``duplicate id`` reject whatever else is wrong with it: see claimed).
+            fresh_at: dict[int, int] = {}
+            for pos, r in client_rejects:
+                if pos > validated:
+                    fresh_at[pos] = len(fresh)
+                    fresh.append((job.id, r))
             last = batch.rows[-1][0]
             watermark = (batch.source << POS_SHIFT) | last
             if not items and not singles and not fresh and watermark <= validated:
@@ -173,8 +180,7 @@ async def intake(
                 sent = jobs.ids.sent
                 keyed = [(sent(job.id, i) if p in routed_at else i, p) for i, p in keyed]
 
-            def make_dup(i: int, first: int, keyed: list[tuple[str, int]] = keyed) -> JobReject:
-                ident, pos = keyed[i]
+            def make_dup(ident: str, pos: int, first: int) -> JobReject:
                 ident = jobs.ids.split(ident)[1]
                 line = split_position(first)[1]
                 name = jobs.source_name(first)
@@ -190,7 +196,7 @@ async def intake(
             # of that id is its duplicate, not a second outcome of the id.
             sent = jobs.ids.sent
             claimed = [
-                (sent(job.id, r.id), pos)
+                (sent(job.id, r.id), pos, fresh_at.get(pos, -1))
                 for pos, r in client_rejects
                 if r.id is not None and "\x00" not in r.id  # (no store takes a NUL)
             ]

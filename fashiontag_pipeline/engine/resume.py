@@ -73,8 +73,13 @@ async def reattach(run: Engine) -> list[Chunk]:
     found_by_token = await run.writer.find_tasks(tokens) if tokens else {}
     # A listed task the state holds under another create already (a service that merged two
     # creates into one task, the run stopped at it): not adopted twice, whose results could
-    # not be read exactly once; the create's rows are sent again.
-    found_by_token = {k: t for k, t in found_by_token.items() if t.task_id not in resumed}
+    # not be read exactly once; the create's rows are sent again. Every task the state knows
+    # counts, a lost one settled too (not among ``resumed``): adopted, its pages were read as
+    # the create's and gave the other create's rows a second line.
+    known = await run.journal.run(
+        lambda: {t.task_id for t in found_by_token.values() if db.task_known(t.task_id)}
+    )
+    found_by_token = {k: t for k, t in found_by_token.items() if t.task_id not in known}
     adopted: set[str] = set()
     for chunk_id, state, task_id, token, body in chunks:
         if state == "pending" and task_id in lost:

@@ -33,6 +33,8 @@ JobReject = tuple[int, Reject]
 
 __all__ = ["JobReject", "Journal", "ReuseLedger"]
 
+_position = operator.itemgetter(1)
+
 T = TypeVar("T")
 
 
@@ -254,12 +256,12 @@ class Journal:
         job: int,
         keyed: Sequence[tuple[str, int]],
         rejects: list[JobReject],
-        make_dup: Callable[[int, int], JobReject | None],
+        make_dup: Callable[[str, int, int], JobReject | None],
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None,
         plan: Any,
-        claimed: Sequence[tuple[str, int]] = (),
+        claimed: Sequence[tuple[str, int, int]] = (),
     ) -> tuple[list[int], set[int]]:
         """Dedupe a validated batch, write its rejects and move V, in the transaction of
         :meth:`_begun` (with ``routed(kept indexes)``'s statements: the single-mode rows written
@@ -269,7 +271,9 @@ class Journal:
         One transaction: the ids, the rejects and V commit together, so a crash before the
         commit leaves nothing (the batch is read again from V). The ids used to commit on
         their own, a second transaction per batch for nothing the promise needs."""
-        firsts = self._dedupe(keyed, claimed) if claimed else self.db.dedupe(keyed)
+        firsts = (
+            self._dedupe(keyed, claimed, rejects, make_dup) if claimed else self.db.dedupe(keyed)
+        )
         out: list[int]
         if firsts is None:  # every row is its id's first (the common case)
             out = list(range(len(keyed)))
@@ -282,7 +286,7 @@ class Journal:
                     out.append(i)
                     fresh += pos > replay_upto  # a replayed row (at or below V) was counted
                 elif pos > replay_upto:
-                    dup = make_dup(i, first)
+                    dup = make_dup(keyed[i][0], pos, first)
                     if dup is not None:
                         rejects.append(dup)
         ops: list[Change] = [validated_upto(job, watermark)]
@@ -305,15 +309,28 @@ class Journal:
         return out, touched
 
     def _dedupe(
-        self, keyed: Sequence[tuple[str, int]], claimed: Sequence[tuple[str, int]]
+        self,
+        keyed: Sequence[tuple[str, int]],
+        claimed: Sequence[tuple[str, int, int]],
+        rejects: list[JobReject],
+        make_dup: Callable[[str, int, int], JobReject | None],
     ) -> list[int] | None:
         """:meth:`StateStore.dedupe` of ``keyed`` with the ids of ``claimed`` rows (refused
-        by the client) taken in too, in position order (the first row of an id wins)."""
-        combined = sorted([*keyed, *claimed], key=operator.itemgetter(1))
+        by the client: id, position, index of its reject in ``rejects`` or -1) taken in too,
+        in position order (the first row of an id wins). A refused row that is not its id's
+        first has its reject replaced by a ``duplicate id`` one: every later row of an id is
+        that (README), whatever else is wrong with it, so an id never has two outcomes."""
+        combined = sorted([*keyed, *((key, pos) for key, pos, _ in claimed)], key=_position)
         firsts = self.db.dedupe(combined)
         if firsts is None:
             return None
         first_at = {pos: first for (_, pos), first in zip(combined, firsts, strict=True)}
+        for key, pos, index in claimed:
+            first = first_at[pos]
+            if first != pos and index >= 0:
+                dup = make_dup(key, pos, first)
+                if dup is not None:
+                    rejects[index] = dup
         return [first_at[pos] for _, pos in keyed]
 
     # -------------------------------------------------------------- async side
@@ -361,18 +378,19 @@ class Journal:
         job: int,
         keyed: Sequence[tuple[str, int]],
         rejects: list[JobReject],
-        make_dup: Callable[[int, int], JobReject | None],
+        make_dup: Callable[[str, int, int], JobReject | None],
         watermark: int,
         replay_upto: int,
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
         plan: Any = None,
-        claimed: Sequence[tuple[str, int]] = (),
+        claimed: Sequence[tuple[str, int, int]] = (),
     ) -> list[int]:
         """Indexes of ``keyed`` (rows of ``job``) whose row is the first of its id and is to
         be sent; duplicates become rejects (unless at or below ``replay_upto``, already written
         by an earlier attempt); with ``plan`` (``--reuse``), rows answered from the result
-        store are written and left out. ``claimed``: (id, position) of the batch's rows
-        refused by the client's checks, which are their id's first row all the same."""
+        store are written and left out. ``claimed``: (id, position, index in ``rejects``)
+        of the batch's rows refused by the client's checks, which are their id's first row
+        all the same (and, when they are not, ``duplicate id`` rejects)."""
         keep: list[int]
         touched: set[int]
         keep, touched = await self.run(
