@@ -34,6 +34,7 @@ from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._models import STATUS_SUCCESS
 from ._responses import Response, error_for, retry_after
+from ._scrub import scrub_request_info
 from ._tls import deferred_trust_store
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
@@ -312,7 +313,7 @@ class HttpExchange:
                 path=path,
             ) from err
         except (TimeoutError, aiohttp.ClientError) as err:
-            _scrub_request_info(err)
+            scrub_request_info(err)
             self.stats.transport_errors += 1
             what = "timed out" if isinstance(err, TimeoutError) else f"failed: {type(err).__name__}"
             if not is_read:
@@ -383,43 +384,6 @@ class HttpExchange:
     ) -> None:
         """Map an error response to the exception tree. Never returns."""
         raise error_for(response, method, path, task_id, self._key_hint(path))
-
-
-_MASK = "********"
-#: Request headers that carry a secret: the API key, and the ``Authorization: Basic`` header
-#: aiohttp makes of a base URL's ``user:password@`` (a secret too: ``shown_url``).
-_SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
-
-
-def _scrub_request_info(err: BaseException) -> None:
-    """Mask the secrets in the request aiohttp keeps on an error it raises after sending
-    (``ClientResponseError.request_info``: its repr shows every header, ``x-api-key`` and the
-    ``Authorization`` of a base URL's password too, and the URL), on ``err`` and the errors it
-    chains, since ours chain it (``raise ... from err``)."""
-    seen: set[int] = set()
-    item: BaseException | None = err
-    while item is not None and id(item) not in seen:
-        seen.add(id(item))
-        info = getattr(item, "request_info", None)
-        if isinstance(info, aiohttp.RequestInfo):
-            headers = info.headers.copy()  # (a CIMultiDict, aiohttp's own dependency)
-            for name in _SECRET_HEADERS:
-                if name in headers:
-                    headers[name] = _MASK
-            masked = aiohttp.RequestInfo(
-                _without_password(info.url),
-                info.method,
-                type(info.headers)(headers),
-                _without_password(info.real_url),
-            )
-            item.request_info = masked  # type: ignore[attr-defined]
-            if isinstance(item, aiohttp.ClientResponseError):
-                item.args = (masked, item.history)
-        item = item.__cause__ or item.__context__
-
-
-def _without_password(url: URL) -> URL:
-    return url.with_password(_MASK) if url.password else url
 
 
 def deadline(timeout: Timeout) -> float | None:

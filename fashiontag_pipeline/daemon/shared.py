@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,11 +39,8 @@ import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._http import WRITE_GUARD
-from ..engine import RunSummary
 from ..engine.engine import RunControl
-from ..engine.jobs import Job
-from ..engine.run import RUN_JOB, first_error, run_pipeline
+from ..engine.run import RUN_JOB
 from ..engine.state.pgstore import PostgresStateDB, drop_state
 from .attempts import Attempts
 from .epochs import (
@@ -57,6 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
+from .leased import run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -275,7 +272,7 @@ class SharedDaemon:
                     raise exc.LeaseLostError(
                         f"lost the lease of {claim.name!r}", manifest=claim.name
                     )
-                await self._still_held(lease, keeper)
+                await still_held(lease, keeper, self._ledger)
                 await daemon.duplicate(claim, outputs, inbox, earlier.name, lease=lease)
                 keeper.forget(lease)
                 return
@@ -314,7 +311,7 @@ class SharedDaemon:
             )
             if self._attempts.over(lease.claim_id) and claim is not None and outputs is not None:
                 with contextlib.suppress(exc.FashiontagError):
-                    await self._still_held(lease, keeper)
+                    await still_held(lease, keeper, self._ledger)
                     await daemon.failed(
                         claim, outputs, inbox, f"{err} ({attempts} attempts)", lease=lease
                     )
@@ -354,7 +351,7 @@ class SharedDaemon:
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
             failed = self._attempts.begun(lease.claim_id, row)
             if failed is not None:  # attempts in a row, and nothing committed since
-                await self._still_held(lease, keeper)
+                await still_held(lease, keeper, self._ledger)
                 await daemon.failed(claim, outputs, inbox, failed, lease=lease)
                 return True
             if row is not None:  # taken over: this epoch starts from what the state committed
@@ -379,7 +376,7 @@ class SharedDaemon:
                     "manifest claimed", extra={"manifest": claim.name, "sha256": claim.sha256}
                 )
             try:
-                summary = await self._run(
+                summary = await run_leased(
                     claim,
                     (results, rejects),
                     db,
@@ -389,11 +386,13 @@ class SharedDaemon:
                     client,
                     lease=lease,
                     keeper=keeper,
+                    control=daemon.control,
+                    engine_config=self.engine_config,
                 )
             except exc.ManifestError as err:
                 # Woken past its lease, the engine may find the manifest gone from .work (the
                 # daemon that took it over finished it): that is the loss, not the reason.
-                await self._still_held(lease, keeper)
+                await still_held(lease, keeper, self._ledger)
                 await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
                 return True
             except exc.FashiontagError as err:
@@ -415,89 +414,10 @@ class SharedDaemon:
                     extra={"manifest": claim.name},
                 )
                 return False
-            await self._still_held(lease, keeper)
+            await still_held(lease, keeper, self._ledger)
             await anyio.to_thread.run_sync(publish_outputs, outputs, lease.epoch)
             await daemon.conclude(active, outputs, inbox, summary=summary, lease=lease)
             return True
         finally:
             daemon.end_manifest(active)
             await anyio.to_thread.run_sync(db.close)
-
-    async def _still_held(self, lease: Lease, keeper: LeaseKeeper) -> None:
-        """Raise :class:`LeaseLostError` unless ``lease`` holds now, asked of the database
-        (a fenced check): called right before a file the consumers read is written (a
-        summary, the published outputs), which no fence of the state can hold back. A
-        daemon paused past its lease and woken after another finished the manifest would
-        otherwise write its own summary over the finished one."""
-        if keeper.overdue(lease):
-            raise exc.LeaseLostError(f"lost the lease of {lease.name!r}", manifest=lease.name)
-        ledger = self._ledger
-        if ledger is None:
-            return
-
-        def check() -> None:
-            with ledger.fenced(lease):
-                pass
-
-        await anyio.to_thread.run_sync(check)
-
-    async def _run(
-        self,
-        claim: Claim,
-        paths: tuple[Path, Path],
-        db: PostgresStateDB,
-        own: RunControl,
-        lost: anyio.Event,
-        watch: Callable[[Job], None],
-        client: TaggerClient,
-        *,
-        lease: Lease,
-        keeper: LeaseKeeper,
-    ) -> RunSummary:
-        """The manifest's engine, stopped by a drain and aborted by the lease's loss. Its
-        writes to the service go out only while the lease holds on this process's clock
-        (:data:`WRITE_GUARD`): woken past it, a write on its way is not sent."""
-
-        def guard() -> None:
-            if keeper.overdue(lease):
-                raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
-
-        token = WRITE_GUARD.set(guard)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_relay, own, self.daemon.control, lost)
-                summary = await run_pipeline(
-                    [claim.path],
-                    client=client,
-                    out=paths[0],
-                    rejects=paths[1],
-                    state=db,
-                    engine=self.engine_config,
-                    control=own,
-                    watch=watch,
-                )
-                tg.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            raise first_error(group) from None
-        finally:
-            WRITE_GUARD.reset(token)
-        return summary
-
-
-async def _relay(own: RunControl, control: RunControl, lost: anyio.Event) -> None:
-    """The daemon's drain (stop, then abort) and the lease's loss (abort: nothing more can be
-    written) reach the manifest's engine."""
-
-    async def drain() -> None:
-        await control.stopping.wait()
-        own.stop()
-        await control.aborting.wait()
-        own.abort()
-
-    async def lose() -> None:
-        await lost.wait()
-        own.abort()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(drain)
-        tg.start_soon(lose)

@@ -1,0 +1,53 @@
+"""Secrets out of aiohttp's errors: the request an error keeps (``request_info``) shows every
+header sent and the URL in its repr, which an error reporter records."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from yarl import URL
+
+# aiohttp is imported when an error is scrubbed, never here: ``_http`` imports it under
+# ``_tls.deferred_trust_store`` (its SSL contexts load their trust store on first use), and
+# this module is imported before that.
+
+__all__ = ["scrub_request_info"]
+
+_MASK = "********"
+#: Request headers that carry a secret: the API key, and the ``Authorization: Basic`` header
+#: aiohttp makes of a base URL's ``user:password@`` (a secret too: ``shown_url``).
+_SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
+
+
+def scrub_request_info(err: BaseException) -> None:
+    """Mask the secrets in the request aiohttp keeps on an error it raises after sending
+    (``ClientResponseError.request_info``: its repr shows every header, ``x-api-key`` and the
+    ``Authorization`` of a base URL's password too, and the URL), on ``err`` and the errors it
+    chains, since ours chain it (``raise ... from err``)."""
+    import aiohttp
+
+    seen: set[int] = set()
+    item: BaseException | None = err
+    while item is not None and id(item) not in seen:
+        seen.add(id(item))
+        info = getattr(item, "request_info", None)
+        if isinstance(info, aiohttp.RequestInfo):
+            headers = info.headers.copy()  # (a CIMultiDict, aiohttp's own dependency)
+            for name in _SECRET_HEADERS:
+                if name in headers:
+                    headers[name] = _MASK
+            masked = aiohttp.RequestInfo(
+                _without_password(info.url),
+                info.method,
+                type(info.headers)(headers),
+                _without_password(info.real_url),
+            )
+            item.request_info = masked  # type: ignore[attr-defined]
+            if isinstance(item, aiohttp.ClientResponseError):
+                item.args = (masked, item.history)
+        item = item.__cause__ or item.__context__
+
+
+def _without_password(url: URL) -> URL:
+    return url.with_password(_MASK) if url.password else url

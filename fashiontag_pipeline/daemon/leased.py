@@ -1,0 +1,110 @@
+"""One leased manifest's engine in a shared daemon (``shared``): what a lease guards.
+
+A daemon paused past its lease (SIGSTOP, a stalled VM) and woken after another took the
+manifest over must touch nothing the taker did: its engine is aborted when the keeper sees the
+loss (:func:`_relay`), each write to the service is checked against the lease on this process's
+clock right before it is sent (``_http.WRITE_GUARD``), and the files the consumers read (a
+summary, the published outputs) are written only after a fenced check (:func:`still_held`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._http import WRITE_GUARD
+from ..engine import EngineConfig, RunSummary
+from ..engine.engine import RunControl
+from ..engine.jobs import Job
+from ..engine.run import first_error, run_pipeline
+from ..engine.state.pgstore import PostgresStateDB
+from .inbox import Claim
+from .keeper import LeaseKeeper
+from .leases import Lease, PostgresClaimLedger
+
+__all__ = ["run_leased", "still_held"]
+
+
+async def still_held(lease: Lease, keeper: LeaseKeeper, ledger: PostgresClaimLedger | None) -> None:
+    """Raise :class:`LeaseLostError` unless ``lease`` holds now, asked of the database
+    (a fenced check): called right before a file the consumers read is written (a
+    summary, the published outputs), which no fence of the state can hold back. A
+    daemon paused past its lease and woken after another finished the manifest would
+    otherwise write its own summary over the finished one."""
+    if keeper.overdue(lease):
+        raise exc.LeaseLostError(f"lost the lease of {lease.name!r}", manifest=lease.name)
+    if ledger is None:
+        return
+
+    def check() -> None:
+        with ledger.fenced(lease):
+            pass
+
+    await anyio.to_thread.run_sync(check)
+
+
+async def run_leased(
+    claim: Claim,
+    paths: tuple[Path, Path],
+    db: PostgresStateDB,
+    own: RunControl,
+    lost: anyio.Event,
+    watch: Callable[[Job], None],
+    client: TaggerClient,
+    *,
+    lease: Lease,
+    keeper: LeaseKeeper,
+    control: RunControl,
+    engine_config: EngineConfig,
+) -> RunSummary:
+    """The manifest's engine, stopped by the daemon's drain (``control``) and aborted by the
+    lease's loss. Its writes to the service go out only while the lease holds on this
+    process's clock (:data:`WRITE_GUARD`): woken past it, a write on its way is not sent."""
+
+    def guard() -> None:
+        if keeper.overdue(lease):
+            raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
+
+    token = WRITE_GUARD.set(guard)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_relay, own, control, lost)
+            summary = await run_pipeline(
+                [claim.path],
+                client=client,
+                out=paths[0],
+                rejects=paths[1],
+                state=db,
+                engine=engine_config,
+                control=own,
+                watch=watch,
+            )
+            tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise first_error(group) from None
+    finally:
+        WRITE_GUARD.reset(token)
+    return summary
+
+
+async def _relay(own: RunControl, control: RunControl, lost: anyio.Event) -> None:
+    """The daemon's drain (stop, then abort) and the lease's loss (abort: nothing more can be
+    written) reach the manifest's engine."""
+
+    async def drain() -> None:
+        await control.stopping.wait()
+        own.stop()
+        await control.aborting.wait()
+        own.abort()
+
+    async def lose() -> None:
+        await lost.wait()
+        own.abort()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drain)
+        tg.start_soon(lose)
