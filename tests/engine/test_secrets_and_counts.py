@@ -1,4 +1,5 @@
-"""Review (rev) of today's fixes: each test a promise a fix left open."""
+"""Promises the first fixes for unstaged server answers left open (found by a review):
+secrets in chained errors, the counts of a write answered 204."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from .test_hunt_contracts import BULK_KEY, KEY, _chain
+from .test_contracts_cli import BULK_KEY, KEY, _chain
 
 PASSWORD = "pw-REVIEW-CANARY"
 
@@ -66,7 +67,7 @@ async def test_rows_of_a_write_answered_204_count_as_submitted(tmp_path: Path) -
     count them, or a run that tagged 3,000 rows says it submitted 1,000."""
     from .helpers import run_misbehaving
     from .proxy import Misbehaviour
-    from .test_hunt_srv import LONG_TASKS
+    from .test_unstaged_servers import LONG_TASKS
 
     summary, _, o = await run_misbehaving(
         tmp_path, 3000, Misbehaviour(no_content_writes={"PUT"}), LONG_TASKS

@@ -1,5 +1,5 @@
 """``fashiontag daemon`` killed (SIGKILL) at exact points, then restarted (found by a kill -9
-fuzz of the daemon, /tmp/s30/dfz/driver.py).
+fuzz of the daemon).
 
 The exact points are reached with a ``sitecustomize`` hook loaded by the first daemon only,
 on cue from its environment, never by timing.

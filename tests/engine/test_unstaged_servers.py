@@ -1,4 +1,4 @@
-"""Hunt (srv): a real tagging service behaving in ways nobody staged.
+"""A real tagging service behaving in ways nobody staged.
 
 Each test runs the reference service behind the misbehaving proxy (:mod:`.proxy`) or a fake in
 front of it, and checks the promises: every row exactly once in results or rejects, no row

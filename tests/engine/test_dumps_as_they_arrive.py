@@ -1,4 +1,4 @@
-"""Manifests as nightly dumps really arrive (a hunt; each test failed before its fix): a dump
+"""Manifests as nightly dumps really arrive (each test failed before its fix): a dump
 replaced while the run starts, identities SQLite's JSON functions cut short, and a CSV saved
 with old Mac line ends (bare CR)."""
 

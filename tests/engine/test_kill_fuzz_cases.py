@@ -1,4 +1,5 @@
-"""Found by the kill -9 fuzz of ``fashiontag run`` (a hunt; each test failed before its fix)."""
+"""Cases a kill -9 fuzz of ``fashiontag run`` found (random kills, faults and misbehaving
+answers); each test failed before its fix and holds its case exactly, with no timing."""
 
 from __future__ import annotations
 

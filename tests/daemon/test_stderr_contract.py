@@ -1,4 +1,4 @@
-"""Hunt (contracts and secrets): the daemon's stderr, as a log shipper parses it (DESIGN 6:
+"""The daemon's stderr, as a log shipper parses it (DESIGN 6:
 "one JSON object per line on stderr ... keys never appear")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hunt (contracts and secrets): the CLI run as a subprocess, checked against DESIGN sections
+"""Contracts and secrets: the CLI run as a subprocess, checked against DESIGN sections
 4 and 6-8 and promise 5 (API keys never leave the process except to the service)."""
 
 from __future__ import annotations
