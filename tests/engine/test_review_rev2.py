@@ -1,0 +1,67 @@
+"""Review (rev2) of the fixes merged after the first review: each test a promise left open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, ids_of, read_outcomes
+from .test_nothing_lost import _stdin_run_interrupted
+
+
+async def test_resume_of_a_stdin_run_with_a_nul_id_among_the_replayed_rows(tmp_path: Path) -> None:
+    """630a48e made an id holding a NUL a client reject whose id is not claimed in the
+    run-wide dedupe (no store takes a NUL). The stdin replay check of ``--resume`` still looks
+    that id up among the ids the run took in: it is never there, so the same rows piped
+    again are refused as other rows ("which that run did not read there")."""
+    out = tmp_path / "results.jsonl"
+    lines = [f"s{i},https://img.example/s/{i}.jpg" for i in range(12000)]
+    lines.insert(49, "s10\x00x,https://img.example/s/nul.jpg")
+    dump = tmp_path / "mon.csv"
+    dump.write_bytes(("id,url\n" + "\n".join(lines) + "\n").encode())
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = await _stdin_run_interrupted(svc.url, out, dump.read_bytes())
+        with dump.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    results = [r["id"] for r in o.results]
+    assert len(results) == len(set(results)) and set(results) == ids_of(12000, "s")
+    assert [(r["line"], r["id"]) for r in o.rejects] == [(51, "s10\x00x")]
+
+
+async def test_a_run_whose_rejects_end_with_a_nul_id_resumes(tmp_path: Path) -> None:
+    """A resume checks that each output ends, at its checkpoint, with a line of an id the run
+    took in (``outcome.not_ours``). An id holding a NUL is a client reject never taken in
+    (630a48e): a rejects file whose last line is that reject is taken for another run's file,
+    and the same command refuses to resume ("does not end ... with a line of this run")."""
+    import signal
+    import subprocess
+
+    from .helpers import run_args
+    from .test_nothing_lost import results_appear
+
+    out = tmp_path / "results.jsonl"
+    lines = [f"s{i},https://img.example/s/{i}.jpg" for i in range(12000)]
+    lines.insert(1, "s1\x00x,https://img.example/s/nul.jpg")
+    dump = tmp_path / "mon.csv"
+    dump.write_bytes(("id,url\n" + "\n".join(lines) + "\n").encode())
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, str(dump))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await results_appear(out)
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            assert await proc.wait() == 130
+        await proc.aclose()
+        resumed = await anyio.run_process(args, check=False, env=ENV)
+        assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    results = [r["id"] for r in o.results]
+    assert len(results) == len(set(results)) and set(results) == ids_of(12000, "s")
+    assert [(r["line"], r["id"]) for r in o.rejects] == [(3, "s1\x00x")]
