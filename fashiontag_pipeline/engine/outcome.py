@@ -36,7 +36,9 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
         if not jsonl or checkpoint <= 0:
             continue
         fits, ident = committed_last_id(Path(path), checkpoint)
-        if fits and ident is not None:
+        if fits and ident is not None and "\x00" not in ident:
+            # (An id holding a NUL is a client reject the dedupe never takes in: no store
+            # holds one, so such a line is not looked up.)
             fits = bool(db.first_positions([ids.sent(row.job, ident)]))
         if not fits:
             foreign.append(Path(path))
