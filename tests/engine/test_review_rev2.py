@@ -65,3 +65,63 @@ async def test_a_run_whose_rejects_end_with_a_nul_id_resumes(tmp_path: Path) -> 
     results = [r["id"] for r in o.results]
     assert len(results) == len(set(results)) and set(results) == ids_of(12000, "s")
     assert [(r["line"], r["id"]) for r in o.rejects] == [(3, "s1\x00x")]
+
+
+#: With ``HOOK_KILL_AFTER_ADOPT`` set, the engine SIGKILLs itself right after it recorded a
+#: task adopted from the list after a create's lost answer (before the create's chunk is
+#: recorded in that task).
+ADOPT_HOOK = """
+import os, signal
+if os.environ.get("HOOK_KILL_AFTER_ADOPT"):
+    from fashiontag_pipeline.engine import writes
+    _opened = writes.TaskWrites._opened
+    async def opened(self, task, task_id, expiry):
+        await _opened(self, task, task_id, expiry)
+        os.kill(os.getpid(), signal.SIGKILL)
+    writes.TaskWrites._opened = opened
+"""
+
+
+async def test_kill_9_after_a_lost_creates_task_is_adopted_then_resume_adopts_it(
+    tmp_path: Path,
+) -> None:
+    """A create applied but answered without its id: the engine finds its task in the list by
+    its token and records it (``_opened``, the task row with that token) before the chunk is
+    recorded in it. Killed there, the resume lists the task under the chunk's token again, but
+    77f29a2/97301ac leave out every listed task the state knows (``task_known``), meant for a
+    task held under *another* create: this one is held under the chunk's own token. The
+    chunk's rows, in that task already, are sent again (billed twice)."""
+    import os
+    import signal
+
+    from fashiontag_pipeline.engine.config import EngineConfig  # noqa: F401
+
+    from .helpers import assert_exactly_once, run_args, write_csv
+    from .proxy import Misbehaviour, misbehaving
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(ADOPT_HOOK)
+    n = 1000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    pythonpath = os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")])
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(no_content_writes={"POST"})) as proxy:
+            args = run_args(proxy.url, out, str(manifest), "--linger", "0.2")
+            with anyio.fail_after(60):
+                killed = await anyio.run_process(
+                    args,
+                    check=False,
+                    env={**ENV, "PYTHONPATH": pythonpath, "HOOK_KILL_AFTER_ADOPT": "1"},
+                )
+            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-400:]
+            assert svc.store.image_count == n
+        with anyio.fail_after(60):
+            resumed = await anyio.run_process(
+                run_args(svc.url, out, str(manifest), "--linger", "0.2"), check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()[-400:]
+        billed = svc.store.image_count
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert billed == n, f"{billed - n} images billed twice"
