@@ -76,17 +76,31 @@ async def reattach(run: Engine) -> list[Chunk]:
     # not be read exactly once; the create's rows are sent again. Every task the state knows
     # counts, a lost one settled too (not among ``resumed``): adopted, its pages were read as
     # the create's and gave the other create's rows a second line.
-    known = await run.journal.run(
-        lambda: {t.task_id for t in found_by_token.values() if db.task_known(t.task_id)}
-    )
-    found_by_token = {k: t for k, t in found_by_token.items() if t.task_id not in known}
+    # A task the state holds under the chunk's own token is that create's task, recorded
+    # (adopted after a lost answer) before the kill caught the chunk's own commit: the chunk
+    # goes to it as before, and is not sent again (its rows are in it: billed twice).
+
+    def held_tokens() -> dict[str, str | None]:
+        held: dict[str, str | None] = {}
+        for t in found_by_token.values():
+            row = db.task_row(t.task_id)
+            if row is not None:
+                held[t.task_id] = row[2]
+        return held
+
+    held = await run.journal.run(held_tokens)
+    found_by_token = {
+        k: t for k, t in found_by_token.items() if t.task_id not in held or held[t.task_id] == k
+    }
     adopted: set[str] = set()
     for chunk_id, state, task_id, token, body in chunks:
         if state == "pending" and task_id in lost:
             continue  # settled with its lost task (re-sent once, by the pagers)
         if task_id is None and token is not None:
             found = found_by_token.get(token)
-            if found is not None:
+            if found is not None and found.task_id in held:
+                task_id = found.task_id  # recorded already, as open or not (see held)
+            elif found is not None:
                 if token not in adopted:
                     adopted.add(token)
                     await run.writer.adopt(token, found)
