@@ -179,8 +179,11 @@ _NO_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSY
 
 def _link_exclusively(tmp: Path, path: Path) -> bool:
     """``tmp`` becomes ``path`` unless ``path`` exists (False then). Where the filesystem has
-    no hard links, a rename when ``path`` is absent, and ``path`` read back: two daemons racing
-    there within the same instant both see the last one's mark, and the other moves on."""
+    no hard links, ``path`` is created exclusively (``O_EXCL``) and ``tmp``'s bytes written to
+    it: a kill in between can leave it partial there (read as another's), but two daemons can
+    never both take it. (A rename when ``path`` is absent, read back after, could: one looks,
+    the other looks, renames and reads its own back, then the first renames over it and reads
+    its own back.)"""
     try:
         os.link(tmp, path)
         return True
@@ -189,14 +192,20 @@ def _link_exclusively(tmp: Path, path: Path) -> bool:
     except OSError as err:
         if err.errno not in _NO_LINKS:
             raise
-    if path.exists():
-        return False
     data = tmp.read_bytes()
-    os.rename(tmp, path)
     try:
-        return path.read_bytes() == data
-    except OSError:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
         return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.unlink(path)  # (a full disk: no empty mark left to make the folder nobody's)
+        raise
+    finally:
+        os.close(fd)
+    return True
 
 
 class Outbox:
@@ -253,7 +262,8 @@ class Outbox:
         which fails if a mark exists: of two daemons on a shared outbox that want the same
         folder at once, one takes it and the other reads its mark and moves on, and a mark is
         never seen empty or partial (a kill between creating a mark and writing it left an
-        empty one, and the folder was nobody's for ever: the outputs went to STEM.<sha12>).
+        empty one, and the folder was nobody's for ever: the outputs went to STEM.<sha12>),
+        except on a filesystem without hard links (see :func:`_link_exclusively`).
         A folder without a mark (a crash between mkdir and the mark) is adopted the same way
         if it holds nothing else (``adopt``: whatever it holds, the state says it is ours); a
         folder holding anything else is somebody's, not ours."""
