@@ -1,4 +1,6 @@
-"""Review (rev2) of the fixes merged after the first review: each test a promise left open."""
+"""Resumes the day's fixes left open (found by a review): a NUL-id reject at the end of the
+rejects file or among the replayed stdin rows, and a kill right after a lost create's task was
+adopted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Review (rev2) of the daemon fixes merged after the first review."""
+"""Two daemons on an outbox whose filesystem refuses hard links (found by a review): the mark
+must stay exclusive."""
 
 from __future__ import annotations
 
