@@ -271,7 +271,7 @@ class TaskWrites:
                     continue
                 # The id may have answered another create of the run meanwhile (a service
                 # that merges creates): the same stop as for such an answer (below).
-                await self._check_new_id(adopted.task_id)
+                await self._check_new_id(adopted.task_id, chunk)
                 await self._opened(task, adopted.task_id, adopted.expires_at)
                 chunk.fate_unknown = True
                 chunk.task_id = adopted.task_id
@@ -292,16 +292,21 @@ class TaskWrites:
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1
-            await self._check_new_id(response.task_id)
+            await self._check_new_id(response.task_id, chunk)
             opened = self._opened_ops(task, response.task_id, response.expires_at)
             await self._accept(task, chunk, response, opened)
             task.created.set()
             return True
 
-    async def _check_new_id(self, task_id: str) -> None:
+    async def _check_new_id(self, task_id: str, chunk: Chunk) -> None:
         """Stop the run when a create's task id (answered, or adopted from the list after an
-        answer was lost) is one the run holds already."""
+        answer was lost) is one the run holds already. The chunk's rows went into that task
+        (the service took them, and bills them): the chunk is recorded as its orphan, so the
+        resume settles it from that task's results and counts this send toward
+        ``max_sends``, instead of taking it for a create of unknown fate (sent again with the
+        send count it had: a row billed ``max_sends + 1`` times)."""
         if task_id in self.tasks or await self.journal.run(self.journal.db.task_known, task_id):
+            await self.journal.commit(ops=[changes.chunk_orphan(chunk.chunk_id, task_id)])
             # One id, two tasks' rows: their results, counts and expiries cannot be told
             # apart, so rows would be settled by each other's lines (some lost, some twice).
             raise FatalRunError(

@@ -10,10 +10,12 @@ import textwrap
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from fashiontag_pipeline.engine import FatalRunError, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service import app as service_app
 
 from .helpers import (
     ENV,
@@ -138,3 +140,37 @@ async def test_a_later_bad_row_with_a_duplicate_id_is_a_duplicate_id_reject(
             )  # fmt: skip
     assert summary.complete
     assert_exactly_once(out, rej, ids_of(20), duplicates=1)
+
+
+async def test_rows_of_a_merged_create_count_that_send_toward_max_sends(tmp_path: Path) -> None:
+    """The second create is applied to the first task and answered with its id (a service
+    that merges creates): the run stops, state saved. Its rows were taken (billed) by the
+    service, yet the resume sent them again with the send count they had before, as for a
+    create whose fate is unknown: with ``max_sends = 1`` each of them was billed twice, and
+    with forgotten tasks after it ``max_sends + 1`` times in all (kill -9 fuzz rfz2, seed
+    100014). A send the service is known to have taken counts toward ``max_sends``."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(TASKS_OF_1000, max_sends=1)
+    async with running_service(ServiceConfig()) as svc:
+        store = svc.app[service_app.STATE].store
+        async with misbehaving(svc.url, Misbehaviour(merge_creates={2})) as proxy:
+            with (
+                anyio.fail_after(60),
+                pytest.raises(FatalRunError, match="given to this run before"),
+            ):
+                await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej,
+                    engine=engine,
+                )  # fmt: skip
+        assert proxy.merged == [proxy.created[0]]
+        with anyio.fail_after(60):
+            again = await run_pipeline(
+                [manifest], client=client_config(svc.url), out=out, rejects=rej, engine=engine
+            )  # fmt: skip
+        assert again.complete
+        billed = collections.Counter(i for t in store.tasks.values() for i in t.ids)
+    assert_exactly_once(out, rej, ids_of(n))
+    over = sorted(i for i, c in billed.items() if c > engine.max_sends)
+    assert not over, f"{len(over)} ids billed more than max_sends = 1 times, e.g. {over[:3]}"
