@@ -230,7 +230,10 @@ class Daemon(DaemonMonitor):
         await self.control.stopping.wait()
         self.stop()
         with anyio.move_on_after(self.config.drain_timeout) as scope:
+            # The writes in flight: the bulk writer's, and the single-mode requests (the
+            # single router starts no new row once draining).
             await engine.writer.idle.wait()
+            await engine.single.idle.wait()
         if scope.cancelled_caught:
             logger.warning("drain timeout: stopping with writes in flight (they resume)")
             self.control.abort()

@@ -312,6 +312,7 @@ class Engine:
         self.interrupted = True
         self.source.cancel()
         self.writer.stop()
+        self.single.stop()
         async with anyio.create_task_group() as inner:
 
             async def until_idle() -> None:

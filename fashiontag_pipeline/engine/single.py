@@ -200,9 +200,14 @@ class SingleRouter:
         self.active = 0
         self.intake_done = False
         self.idle = anyio.Event()
+        self._stop_scope = anyio.CancelScope()
         #: Images the single endpoint has answered (200) so far: a failure with one of them
         #: since the image's previous failure is no outage of the endpoint.
         self.tagged = 0
+
+    def stop(self) -> None:
+        """Start no new row (a drain): the requests in flight end."""
+        self._stop_scope.cancel()
 
     # ------------------------------------------------------------------ resume
 
@@ -227,11 +232,18 @@ class SingleRouter:
         async with anyio.create_task_group() as tg, items:
             self.active += 1
             try:
-                for item in pending:
-                    await self._start(tg, item)
-                async for batch in items:
-                    for item in batch:
+                with self._stop_scope:
+                    for item in pending:
                         await self._start(tg, item)
+                    async for batch in items:
+                        for item in batch:
+                            await self._start(tg, item)
+                if self._stop_scope.cancel_called:
+                    # Stopped (a drain, SIGTERM): the rows not started are not sent. Each was
+                    # written ahead (pending) with its intake, so a resume tags it; the
+                    # requests in flight end (or are cancelled by an abort).
+                    async for _ in items:
+                        pass
             finally:
                 self.active -= 1
                 self.intake_done = True
