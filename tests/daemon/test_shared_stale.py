@@ -21,7 +21,7 @@ import pytest
 import fashiontag_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import DaemonProcess, read_lines, write_manifest
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
 
@@ -63,53 +63,77 @@ def _stopped(pid: int) -> bool:
         return fh.read().rpartition(")")[2].split()[0] == "T"
 
 
+#: The daemons' flags: one PostgreSQL state, a short lease (the taker comes in 2 s).
+def _common(postgres_url: str) -> list[str]:
+    return ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
+
+
+def _hooked(tmp_path: Path, url: str, postgres_url: str, hook: str, **env: str) -> DaemonProcess:
+    """Daemon A, started with ``hook`` as its ``sitecustomize`` and ``env`` arming it."""
+    folder = tmp_path / "hook"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(hook)
+    return DaemonProcess(
+        tmp_path, url, extra=_common(postgres_url), env={"PYTHONPATH": _path(folder), **env}
+    ).start()
+
+
+async def _until_paused(a: DaemonProcess) -> None:
+    """Until the hook has stopped ``a`` (SIGSTOP)."""
+    assert a.proc is not None
+    with anyio.fail_after(30):
+        while not _stopped(a.proc.pid):
+            a.check_alive()
+            await anyio.sleep(0.02)
+
+
+async def _woken_until_lease_lost(a: DaemonProcess, settle: float) -> None:
+    """Wake ``a`` (SIGCONT), until it logs its lease lost; then ``settle`` seconds more, for
+    whatever it would still do."""
+    a.signal(signal.SIGCONT)
+    lost = "lease lost: another daemon finishes the manifest"
+    with anyio.fail_after(30):
+        while not any(line.get("event") == lost for line in a.logs()):
+            a.check_alive()
+            await anyio.sleep(0.05)
+    await anyio.sleep(settle)
+
+
+def _ensure_dead(a: DaemonProcess, b: DaemonProcess | None) -> None:
+    """A test that failed midway: ``a`` woken (a stopped process ignores SIGTERM) and both
+    reaped."""
+    if a.proc is not None and a.proc.poll() is None:
+        a.signal(signal.SIGCONT)
+    a.ensure_dead()
+    if b is not None:
+        b.ensure_dead()
+
+
 async def _paused_then_woken(tmp_path: Path, postgres_url: str, where: str) -> Path:
     """Daemon A stops ``where`` it looks for an earlier completion of ``m.csv``; daemon B takes
     the manifest over and finishes it; A is woken and runs on until it says its lease is lost.
     Returns the manifest's output folder."""
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOOK)
-    common = ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
     ids = [f"p{i}" for i in range(300)]
     async with running_service(ServiceConfig()) as svc:
-        a = DaemonProcess(
-            tmp_path, svc.url, extra=common, env={"PYTHONPATH": _path(hook), "HOOK_STOP": where}
-        ).start()
+        a = _hooked(tmp_path, svc.url, postgres_url, HOOK, HOOK_STOP=where)
         b: DaemonProcess | None = None
         try:
             await a.wait_ready_endpoint()
             a.inbox.mkdir(parents=True, exist_ok=True)
-            tmp = a.inbox / ".m.csv.part"
-            tmp.write_bytes(write_manifest(Path(), ids))
-            os.rename(tmp, a.inbox / "m.csv")
-            assert a.proc is not None
-            with anyio.fail_after(30):
-                while not _stopped(a.proc.pid):
-                    a.check_alive()
-                    await anyio.sleep(0.02)
-            b = DaemonProcess(tmp_path, svc.url, extra=common).start()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            await _until_paused(a)
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
             summary = await b.wait_summary("m", timeout=60)
             assert summary["status"] == "done"
             with anyio.fail_after(30):
                 while not (a.inbox / "done" / "m.csv").exists():
                     b.check_alive()
                     await anyio.sleep(0.02)
-            a.signal(signal.SIGCONT)
-            lost = "lease lost: another daemon finishes the manifest"
-            with anyio.fail_after(30):
-                while not any(line.get("event") == lost for line in a.logs()):
-                    a.check_alive()
-                    await anyio.sleep(0.05)
-            await anyio.sleep(0.5)
+            await _woken_until_lease_lost(a, 0.5)
             assert await a.stop() == 0
             assert await b.stop() == 0
         finally:
-            if a.proc is not None and a.proc.poll() is None:
-                a.signal(signal.SIGCONT)
-            a.ensure_dead()
-            if b is not None:
-                b.ensure_dead()
+            _ensure_dead(a, b)
     folder = tmp_path / "outbox" / "m"
     got = [r["id"] for r in read_lines(folder / "results.jsonl")]
     assert sorted(got) == sorted(ids)
@@ -160,46 +184,23 @@ async def test_a_daemon_paused_while_dropping_a_state_does_not_hold_up_the_other
     # Daemon A settles a manifest and stops (SIGSTOP: a stalled VM) in the middle of dropping
     # its state. Daemon B, started then, drops the states of settled manifests first thing: it
     # must not wait for A's transaction for ever (it never answered, never tagged).
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(DROP_HOOK)
-    common = ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
     async with running_service(ServiceConfig()) as svc:
-        a = DaemonProcess(
-            tmp_path,
-            svc.url,
-            extra=common,
-            env={"PYTHONPATH": _path(hook), "HOOK_STOP_IN_DROP": "1"},
-        ).start()
+        a = _hooked(tmp_path, svc.url, postgres_url, DROP_HOOK, HOOK_STOP_IN_DROP="1")
         b: DaemonProcess | None = None
         try:
             await a.wait_ready_endpoint()
-            for name, ids in (("m.csv", [f"m{i}" for i in range(50)]),):
-                tmp = a.inbox / f".{name}.part"
-                tmp.write_bytes(write_manifest(Path(), ids))
-                os.rename(tmp, a.inbox / name)
-            assert a.proc is not None
-            with anyio.fail_after(30):
-                while not _stopped(a.proc.pid):
-                    a.check_alive()
-                    await anyio.sleep(0.02)
-            b = DaemonProcess(tmp_path, svc.url, extra=common).start()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), [f"m{i}" for i in range(50)]))
+            await _until_paused(a)
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
             await b.wait_ready_endpoint(timeout=20)
-            ids = [f"n{i}" for i in range(50)]
-            tmp = a.inbox / ".n.csv.part"
-            tmp.write_bytes(write_manifest(Path(), ids))
-            os.rename(tmp, a.inbox / "n.csv")
+            drop_atomic(a.inbox, "n.csv", write_manifest(Path(), [f"n{i}" for i in range(50)]))
             summary = await b.wait_summary("n", timeout=30)
             assert summary["status"] == "done"
             a.signal(signal.SIGCONT)
             assert await b.stop() == 0
             assert await a.stop() == 0
         finally:
-            if a.proc is not None and a.proc.poll() is None:
-                a.signal(signal.SIGCONT)
-            a.ensure_dead()
-            if b is not None:
-                b.ensure_dead()
+            _ensure_dead(a, b)
 
 
 #: ``HOOK_STOP_BEFORE_CREATE``: the process stops (SIGSTOP) once, right before it sends its
@@ -227,42 +228,21 @@ async def test_a_daemon_woken_past_its_lease_sends_no_rows_the_taker_sent(
     # Daemon A stops right before it sends a chunk it wrote ahead; B takes the manifest over,
     # finds no task carrying the chunk's token and sends its rows itself, to the end. Woken, A
     # must not send them again: the service would tag (and bill) every row of it twice.
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(CREATE_HOOK)
-    common = ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
     ids = [f"c{i}" for i in range(300)]
     async with running_service(ServiceConfig()) as svc:
-        env = {"PYTHONPATH": _path(hook), "HOOK_STOP_BEFORE_CREATE": "1"}
-        a = DaemonProcess(tmp_path, svc.url, extra=common, env=env).start()
+        a = _hooked(tmp_path, svc.url, postgres_url, CREATE_HOOK, HOOK_STOP_BEFORE_CREATE="1")
         b: DaemonProcess | None = None
         try:
             await a.wait_ready_endpoint()
-            tmp = a.inbox / ".m.csv.part"
-            tmp.write_bytes(write_manifest(Path(), ids))
-            os.rename(tmp, a.inbox / "m.csv")
-            assert a.proc is not None
-            with anyio.fail_after(30):
-                while not _stopped(a.proc.pid):
-                    a.check_alive()
-                    await anyio.sleep(0.02)
-            b = DaemonProcess(tmp_path, svc.url, extra=common).start()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            await _until_paused(a)
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
             summary = await b.wait_summary("m", timeout=60)
-            a.signal(signal.SIGCONT)
-            lost = "lease lost: another daemon finishes the manifest"
-            with anyio.fail_after(30):
-                while not any(line.get("event") == lost for line in a.logs()):
-                    a.check_alive()
-                    await anyio.sleep(0.05)
-            await anyio.sleep(1.0)
+            await _woken_until_lease_lost(a, 1.0)
             assert await a.stop() == 0
             assert await b.stop() == 0
         finally:
-            if a.proc is not None and a.proc.poll() is None:
-                a.signal(signal.SIGCONT)
-            a.ensure_dead()
-            if b is not None:
-                b.ensure_dead()
+            _ensure_dead(a, b)
         sent = [i for record in svc.store.tasks.values() for i in record.ids]
     assert summary["status"] == "done" and summary["tagged"] == len(ids)
     assert len(sent) == len(set(sent)), f"{len(sent) - len(set(sent))} rows were sent twice"

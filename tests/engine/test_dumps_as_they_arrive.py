@@ -59,6 +59,31 @@ def _replace_once_open(pid: int, path: Path, new: Path, deadline: float) -> bool
     return seen
 
 
+async def _run_while_replaced(
+    args: list[str], manifest: Path, tonight: Path
+) -> tuple[bool, int, str]:
+    """``fashiontag run`` (reniced), with ``tonight`` renamed over ``manifest`` the moment the
+    run has it open: (whether the rename landed then, the exit code, stderr)."""
+    proc = subprocess.Popen(
+        args, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_nice
+    )
+    try:
+        seen = await anyio.to_thread.run_sync(
+            _replace_once_open, proc.pid, manifest, tonight, time.monotonic() + 30
+        )
+        with anyio.fail_after(60):
+            while proc.poll() is None:
+                await anyio.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    return seen, proc.returncode, err
+
+
 def _nice() -> None:
     os.nice(10)  # the run goes a little slower than the exporter standing in for cron's race
 
@@ -86,42 +111,24 @@ async def test_a_dump_replaced_while_a_resume_starts_is_never_resumed_by_line_nu
     assert first.returncode == 1, first.stderr.decode()[-400:]
 
     async with running_service(ServiceConfig()) as svc:
-        proc = subprocess.Popen(
-            run_args(svc.url, out, str(manifest), *state),
-            env=ENV,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=_nice,
+        seen, code, err = await _run_while_replaced(
+            run_args(svc.url, out, str(manifest), *state), manifest, tonight
         )
-        try:
-            seen = await anyio.to_thread.run_sync(
-                _replace_once_open, proc.pid, manifest, tonight, time.monotonic() + 30
-            )
-            with anyio.fail_after(60):
-                while proc.poll() is None:
-                    await anyio.sleep(0.05)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-        proc.stderr.close()
     assert seen
     outcomes = read_outcomes(out, out.with_suffix(".rej"))
     ids = [r["id"] for r in outcomes.results] + [r["id"] for r in outcomes.rejects]
     kinds = {i[0] for i in ids}
     # Whatever the run read, it is one dump: resumed (the old one, every row once) or refused.
     assert len(kinds) <= 1, (
-        f"exit {proc.returncode}: outputs mix two dumps ({sum(i[0] == 'a' for i in ids)} rows of"
+        f"exit {code}: outputs mix two dumps ({sum(i[0] == 'a' for i in ids)} rows of"
         f" the old one, {sum(i[0] == 'b' for i in ids)} of the new one); {err[-300:]}"
     )
-    if proc.returncode == 0:
+    if code == 0:
         (kind,) = kinds
         expected = {f"{kind}{i}" for i in range(1000 if kind == "a" else 1500)}
         assert sorted(ids) == sorted(expected)
     else:  # refused: the state is of another dump, and it says so
-        assert proc.returncode == 2, err[-400:]
+        assert code == 2, err[-400:]
 
 
 async def test_a_dump_replaced_while_a_run_starts_records_what_it_read(tmp_path: Path) -> None:
@@ -137,30 +144,12 @@ async def test_a_dump_replaced_while_a_run_starts_records_what_it_read(tmp_path:
     summary = tmp_path / "summary.json"
     args = ["--state", str(tmp_path / "s.db"), "--linger", "0.2", "--summary", str(summary)]
     async with running_service(ServiceConfig()) as svc:
-        proc = subprocess.Popen(
-            run_args(svc.url, out, str(manifest), *args),
-            env=ENV,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=_nice,
+        seen, code, err = await _run_while_replaced(
+            run_args(svc.url, out, str(manifest), *args), manifest, tonight
         )
-        try:
-            seen = await anyio.to_thread.run_sync(
-                _replace_once_open, proc.pid, manifest, tonight, time.monotonic() + 30
-            )
-            with anyio.fail_after(60):
-                while proc.poll() is None:
-                    await anyio.sleep(0.05)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-        proc.stderr.close()
         assert seen
         first = read_outcomes(out, out.with_suffix(".rej"))
-        read_new = proc.returncode == 0 and first.ids and first.ids[0].startswith("b")
+        read_new = code == 0 and first.ids and first.ids[0].startswith("b")
         again = await anyio.run_process(
             run_args(svc.url, out, str(manifest), *args), check=False, env=ENV
         )
