@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fashiontag_pipeline.engine import source
+from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
@@ -72,7 +72,7 @@ def _csv_module_rows(text: str) -> list[tuple[int, list[str]]]:
 def test_csv_split_at_commas_is_the_csv_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int
 ) -> None:
-    monkeypatch.setattr(source, "READ_SIZE", read_size)
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", read_size)
     body = [
         "a,https://x/a.jpg",
         "",

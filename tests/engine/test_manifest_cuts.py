@@ -21,7 +21,7 @@ import anyio
 import pytest
 
 from fashiontag_pipeline import ManifestError
-from fashiontag_pipeline.engine import source
+from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -52,7 +52,7 @@ def test_a_literal_quote_does_not_move_record_boundaries(
     for the rest of the manifest, so later chunks are cut inside a quoted field: a valid row
     is split in two (the row a reject, its tail a row of a phantom id), differently for
     each chunking of the same bytes."""
-    monkeypatch.setattr(source, "READ_SIZE", read_size)
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", read_size)
     p = tmp_path / "m.csv"
     p.write_bytes(STRAY_QUOTE_CSV)
     reader = open_manifest(str(p), 0)
@@ -209,7 +209,7 @@ def test_rows_and_lines_do_not_depend_on_where_the_input_is_cut(
     p.write_bytes(data)
     seen: list[list[tuple[int, list[str]]]] = []
     for size in (1 << 20, rnd.randint(2, 8), rnd.randint(9, 64), rnd.randint(65, 300)):
-        monkeypatch.setattr(source, "READ_SIZE", size)
+        monkeypatch.setattr(manifest_bytes, "READ_SIZE", size)
         reader = open_manifest(str(p), 0, max_rows=rnd.randint(1, 7))
         try:
             rows = [(line, list(fields)) for line, fields in iter_rows_sync(reader)]

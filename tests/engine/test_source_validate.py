@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fashiontag_pipeline import ManifestError
-from fashiontag_pipeline.engine import source
+from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.source import ManifestReader, iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 
@@ -47,7 +47,7 @@ def test_jsonl_rows_and_line_numbers(tmp_path: Path) -> None:
 
 
 def test_quoted_newline_across_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(source, "READ_SIZE", 16)
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", 16)
     p = tmp_path / "m.csv"
     p.write_text('id,url,keywords\na,https://x/a,"one\ntwo, three"\nb,https://x/b,z\n')
     rows = _rows(p)
@@ -55,7 +55,7 @@ def test_quoted_newline_across_read_chunks(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_many_rows_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(source, "READ_SIZE", 1000)
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", 1000)
     p = tmp_path / "m.csv.gz"
     p.write_bytes(
         gzip.compress(("id,url\n" + "".join(f"i{i},https://x/{i}\n" for i in range(5000))).encode())
@@ -206,7 +206,7 @@ def test_a_row_that_is_not_utf8_is_one_reject_never_a_changed_id(
     silently, and make ``caf\xe9`` and ``caf\xe8`` one id), wherever it sits (the first row,
     the first read or later); its id is kept when only its URL holds the byte. A byte in
     another field becomes U+FFFD and the row is tagged."""
-    monkeypatch.setattr(source, "READ_SIZE", read_size)
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", read_size)
     rows = [("caf\xe9", "x/1", "acme")] + [(f"ok{i}", f"x/ok{i}", "acme") for i in range(10)]
     rows += [("caf\xe8", "x/2", "acme"), ("ok10", "x/\xe9t\xe9", "acme")]
     rows += [("ok11", "x/ok11", "Herm\xe8s")] + [(f"ok{i}", f"x/ok{i}", "b") for i in range(12, 20)]

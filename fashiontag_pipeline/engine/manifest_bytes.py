@@ -1,0 +1,184 @@
+"""The bytes of a manifest: read in large chunks, gunzipped, cut after the last line end.
+
+:class:`ManifestBytes` is the lower half of :class:`~.source.ManifestReader` (its records
+half parses what this one hands over). It opens the file (or takes stdin), reads whatever is
+available (``read1``: rows on a slow stdin are delivered as they arrive), detects gzip from
+its magic bytes (multi-member files included; a file that ends inside compressed data is a
+truncated manifest, never its end), and gives out bytes holding only complete lines. At the
+end of a regular file it checks that the file is as long as when it was opened and was read
+whole: a manifest rewritten in place while read is an error, not a shorter manifest.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import stat
+import sys
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from .._exceptions import ManifestError
+from .manifests import ManifestPrint, fingerprint_open
+
+__all__ = ["GZIP_MAGIC", "READ_SIZE", "RESOURCE_ERRNOS", "Kind", "ManifestBytes", "csv_head"]
+
+#: ``errno`` values of an ``open`` or a read that fail for the process's lack of a resource
+#: (its descriptor limit, the system's file table, memory), not for anything in the file: a
+#: manifest met at such a moment is readable later, never "a manifest that cannot be read".
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+GZIP_MAGIC = b"\x1f\x8b"
+READ_SIZE = 1 << 20
+Kind = Literal["csv", "jsonl", "urls"]
+
+
+def csv_head(data: bytes) -> bool:
+    """Whether the first bytes of an input are not those of a JSONL or URL list (see
+    :meth:`ManifestReader.open`), before its format is known."""
+    head = data.lstrip()
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:].lstrip()
+    return not head.startswith(b"{") and not head[:8].lower().startswith((b"http://", b"https://"))
+
+
+class ManifestBytes:
+    """The bytes of one manifest (blocking; see the module). ``kind`` and ``header`` are the
+    records half's: what is known of the format decides where a chunk without a line feed
+    may be cut."""
+
+    def __init__(self, path: str) -> None:
+        self.name = "-" if path == "-" else str(path)
+        self._fh: BinaryIO
+        if path == "-":
+            self._fh = sys.stdin.buffer
+            self._owns = False
+        else:
+            try:
+                self._fh = open(Path(path), "rb", buffering=READ_SIZE)  # noqa: SIM115
+            except OSError as err:
+                if err.errno in RESOURCE_ERRNOS:
+                    raise  # the process is short of descriptors or memory, not the file
+                raise ManifestError(f"cannot read manifest {path}: {err.strerror}") from None
+            self._owns = True
+        #: Bytes read from the file (compressed ones for gzip) and its size when it is a
+        #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
+        self.bytes_read = 0
+        self.size: int | None = None
+        #: Where reading starts (stdin redirected from a file another command read part of).
+        self._offset0 = 0
+        try:
+            info = os.fstat(self._fh.fileno())
+            if stat.S_ISREG(info.st_mode):
+                self.size = info.st_size
+                self._offset0 = os.lseek(self._fh.fileno(), 0, os.SEEK_CUR)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+        self._gunzip: Any = None
+        self._sniffed = False
+        self._pending = b""
+        self._eof = False
+        self.kind: Kind = "csv"
+        self.header: list[str] = []
+
+    def close(self) -> None:
+        if self._owns:
+            self._fh.close()
+
+    def fingerprint(self) -> ManifestPrint:
+        """Size and SHA-256 of the file this reader has open (blocking): the bytes it reads,
+        whatever the path names by now. None of either for stdin or a pipe."""
+        fd = self._fh.fileno() if self._owns and self.size is not None else None
+        return fingerprint_open(self.name, fd)
+
+    def _read_raw(self) -> bytes:
+        read1 = getattr(self._fh, "read1", None)
+        data = (
+            bytes(read1(READ_SIZE)) if read1 is not None else os.read(self._fh.fileno(), READ_SIZE)
+        )
+        self.bytes_read += len(data)
+        return data
+
+    def _read_bytes(self) -> bytes:
+        """The next decompressed bytes; b"" at end of input."""
+        while True:
+            raw = self._read_raw()
+            if not self._sniffed and raw:
+                # The magic is two bytes; a pipe's first read may hold one.
+                while len(raw) < len(GZIP_MAGIC) and (more := self._read_raw()):
+                    raw += more
+                self._sniffed = True
+                if raw[:2] == GZIP_MAGIC:
+                    self._gunzip = zlib.decompressobj(wbits=31)
+            if self._gunzip is None:
+                return raw
+            if not raw:
+                if not self._gunzip.eof:
+                    # The file ended inside a gzip member: rows are missing, never "the end".
+                    raise ManifestError(
+                        f"manifest {self.name} is a truncated gzip file (it ends after "
+                        f"{self.bytes_read:,} bytes, inside compressed data): rows are missing"
+                    )
+                return b""
+            try:
+                out: bytes = self._gunzip.decompress(raw)
+                while self._gunzip.eof and self._gunzip.unused_data:
+                    rest = self._gunzip.unused_data  # next member of a multi-member gzip
+                    self._gunzip = zlib.decompressobj(wbits=31)
+                    out += self._gunzip.decompress(rest)
+            except zlib.error as err:
+                raise ManifestError(
+                    f"manifest {self.name} is not valid gzip after {self.bytes_read:,} bytes: {err}"
+                ) from None
+            if out:
+                return out
+
+    def _next_records(self) -> bytes | None:
+        """Bytes holding only complete lines, or None at end of input."""
+        while True:
+            if self._eof:
+                if self._pending:
+                    data, self._pending = self._pending, b""
+                    return data if data.endswith(b"\n") else data + b"\n"
+                return None
+            chunk = self._read_bytes()
+            if not chunk:
+                self._check_unchanged()
+                self._eof = True
+                continue
+            data = self._pending + chunk
+            # (A newline inside a quoted CSV field is no record boundary: the csv module finds
+            # a record the cut went through, see csvchunk.)
+            cut = data.rfind(b"\n") + 1
+            if cut == 0 and self.kind == "csv" and (self.header or csv_head(data)):
+                # No LF at all: a CSV saved with bare CR line ends (Excel for Mac). The csv
+                # module ends a line at a CR too, so cut after the last one that has a byte
+                # after it (not the CR of a CRLF the read went through); else the whole
+                # manifest was held (and copied at every read) until its last byte. (A JSONL
+                # or URL list with bare CRs is refused at its first line: see open.)
+                cut = data.rfind(b"\r", 0, len(data) - 1) + 1
+            if cut == 0:
+                self._pending = data
+                continue
+            self._pending = data[cut:]
+            return data[:cut]
+
+    def _check_unchanged(self) -> None:
+        """At the end of a regular file: as long as it was when opened, and read whole. A
+        manifest rewritten in place while read (``cp`` or ``> m.csv`` truncate it first)
+        ends early: never taken for the manifest's end. (Its mtime alone is not compared: a
+        ``touch`` or a backup tool changes it, not the rows.)"""
+        if self.size is None:
+            return
+        try:
+            info = os.fstat(self._fh.fileno())
+        except (OSError, ValueError):
+            return
+        if self.bytes_read != self.size - self._offset0 or info.st_size != self.size:
+            raise ManifestError(
+                f"manifest {self.name} changed while it was read ({self.size:,} bytes when"
+                f" opened, {info.st_size:,} now, {self.bytes_read:,} read): its rows may be"
+                " cut short or mixed with another version's"
+            )
