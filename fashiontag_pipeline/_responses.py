@@ -64,6 +64,15 @@ def error_for(
             return exc.AuthenticationError(text, **common)
         return exc.PermissionDeniedError(text, **common)
     if status == 404:
+        if method != "POST" and _front_end_page(response.body):
+            # A read or an append answered 404 with a page that is not the service's JSON
+            # (``404 page not found``, an HTML page): a gateway or ingress that has no route
+            # to the service for a while (a redeploy). It says nothing about the task, which
+            # the service may well hold: taken for "task gone", its rows were sent and billed
+            # again (a results page), or the run stopped (the task list). Transient, like a
+            # 5xx. (A create or a single-mode request so answered stops the run, as a wrong
+            # base URL does.)
+            return exc.ServerError(text + " (not the service's answer)", **common)
         return exc.TaskNotFoundError(text, **common)
     if status == 409:
         return exc.ResultsNotReadyError(text, **common)
@@ -76,6 +85,18 @@ def error_for(
     if status == 400 or status == 422:
         return exc.ValidationError(text, failure_list=failures, **common)
     return exc.RequestError(text, **common)
+
+
+def _front_end_page(body: bytes) -> bool:
+    """Whether an answer's body is a page of something other than the service: not empty,
+    and not JSON (the service's error bodies are JSON objects, its 404s included)."""
+    if not body.strip():
+        return False
+    try:
+        _error_body_decoder.decode(body)
+    except msgspec.DecodeError:
+        return True
+    return False
 
 
 def retry_after(headers: Any, *, now: float | None = None) -> float | None:

@@ -1,0 +1,105 @@
+"""Faults of what stands between the engine and the service: a front end (a gateway, an
+ingress, a load balancer) that answers for the service while it is redeployed.
+
+Each test runs the reference service behind a front (the misbehaving proxy of :mod:`.proxy`,
+with faults of its own) and checks the promises: every row exactly once in results or rejects,
+no row billed twice, an honest end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, ids_of, write_csv
+from .proxy import BULK, MisbehavingProxy, Misbehaviour
+
+#: Tasks of 3,000 rows (a create then PUTs of 1,000), polled fast.
+LONG_TASKS = EngineConfig(
+    poll_min=0.02,
+    poll_max=0.2,
+    linger_seconds=0.2,
+    fsync_seconds=10.0,
+    rotate_images=3000,
+    rotate_min_images=3000,
+    give_up_after=10.0,
+)
+
+#: What Traefik answers for a route it has no backend for (a redeploy under way).
+GATEWAY_404 = b"404 page not found\n"
+
+
+class GatewayBlip(MisbehavingProxy):
+    """The proxy with a front end that, for the first ``times`` requests of one kind
+    (``list``, ``status``, ``page`` or ``PUT``; pages only once the task is done), answers
+    404 with its own plain-text page instead of forwarding them: the service never sees them,
+    and still holds every task."""
+
+    def __init__(self, upstream: str, kind: str, times: int) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.kind = kind
+        self.times = times
+        self.blipped = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        kind = (
+            "list"
+            if path == BULK and request.method == "GET"
+            else "status"
+            if path.endswith("/status")
+            else "page"
+            if request.method == "GET" and path.startswith(BULK + "/")
+            else request.method
+        )
+        if kind == self.kind and self.blipped < self.times:
+            self.blipped += 1
+            return web.Response(
+                status=404, body=GATEWAY_404, headers={"Content-Type": "text/plain; charset=utf-8"}
+            )
+        return await super().handle(request)
+
+
+async def run_blipped(tmp_path: Path, n: int, proxy: GatewayBlip) -> tuple[Any, Any]:
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=LONG_TASKS,
+                )
+    return summary, assert_exactly_once(out, rej, ids_of(n))
+
+
+@pytest.mark.parametrize("kind", ["page", "list", "PUT"])
+async def test_a_gateways_404_page_while_the_service_is_redeployed(
+    tmp_path: Path, kind: str
+) -> None:
+    """A gateway in front of the service answers a few requests ``404 page not found`` (plain
+    text, Traefik's page for a route with no backend while the service is redeployed); the
+    service never saw them and still holds every task. A results page so answered was taken
+    for the service forgetting the task: its 1,000 rows were sent (and billed) again in a new
+    task. The task list so answered ended the run at once (exit 1, ``GET
+    /tagger/v2.12/bulk: HTTP 404: 404 page not found``). A 404 that is not the service's
+    JSON answer is no word from the service about the task: it is retried like a 5xx, under
+    the run's give-up budget."""
+    proxy = GatewayBlip("", kind, 3)
+    summary, o = await run_blipped(tmp_path, 3000, proxy)
+    assert proxy.blipped == 3
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0 and summary.lost_tasks == 0
+    assert len(proxy.created) == 1, proxy.created
