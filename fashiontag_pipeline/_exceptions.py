@@ -76,6 +76,9 @@ __all__ = [
 class FashiontagError(Exception):
     """Root of every error raised by fashiontag_pipeline."""
 
+    #: When the client call that failed began (``time.monotonic()``; None: not a call's).
+    started_at: float | None = None
+
 
 class ConfigError(FashiontagError):
     """A configuration value is missing or wrong; the message names the field."""

@@ -44,6 +44,7 @@ with deferred_trust_store():
 __all__ = [
     "BULK_PATH",
     "FIRST_FAILURE",
+    "GIVE_UP",
     "SINGLE_PATH",
     "ClientStats",
     "HttpExchange",
@@ -59,6 +60,13 @@ __all__ = [
 WRITE_GUARD: ContextVar[Callable[[], None] | None] = ContextVar(
     "fashiontag_write_guard", default=None
 )
+
+#: Whether the caller has given up on a call that began at the given ``time.monotonic()``:
+#: no retry of it starts once this says so (its last error is raised instead). The engine sets
+#: it to its give-up budget, so that a service whose requests hang is given up on about
+#: ``give_up_after`` seconds after it last answered, not after every request's own
+#: ``max_attempts`` tries, each until its whole deadline (70 s x 6 at the defaults).
+GIVE_UP: ContextVar[Callable[[float], bool] | None] = ContextVar("fashiontag_give_up", default=None)
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
@@ -180,11 +188,37 @@ class HttpExchange:
         task_id: str | None = None,
     ) -> Response:
         """Send with retries; returns the final response (error statuses included only when
-        they are not retryable), or raises the mapped error."""
+        they are not retryable), or raises the mapped error, which carries when the call
+        began (``started_at``: a caller's give-up budget counts from there, see
+        :data:`GIVE_UP`)."""
+        started = time.monotonic()
+        try:
+            return await self._call(
+                method, path, key, body, query, language, retry_all, task_id, started
+            )
+        except exc.FashiontagError as err:
+            err.started_at = started
+            raise
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        key: Secret | None,
+        body: bytes | None,
+        query: str,
+        language: str | None,
+        retry_all: bool,
+        task_id: str | None,
+        started: float,
+    ) -> Response:
+        given_up = GIVE_UP.get()
         attempt = 0
         while True:
             attempt += 1
-            last_attempt = attempt >= self.retry.max_attempts
+            last_attempt = attempt >= self.retry.max_attempts or (
+                attempt > 1 and given_up is not None and given_up(started)
+            )
             try:
                 response = await self.send(method, path, key, body, query, language, retry_all)
             except exc.TransportError as err:

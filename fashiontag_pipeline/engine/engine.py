@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, suppress
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from types import TracebackType
+from typing import Any
 
 import anyio
 import anyio.abc
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
+from .._http import GIVE_UP
 from .._models import format_time
 from .batcher import TaskWriter
 from .config import EngineConfig
@@ -62,6 +65,13 @@ from .validate import Item, SingleItem, Validator
 __all__ = ["Engine", "RunControl"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+def _reset(var: ContextVar[Any], token: Token[Any]) -> None:
+    """Put a context variable back (a no-op when the engine is closed from another context
+    than the one that opened it)."""
+    with suppress(ValueError):
+        var.reset(token)
 
 
 class Engine:
@@ -176,6 +186,10 @@ class Engine:
     async def __aenter__(self) -> Engine:
         stack = AsyncExitStack()
         await stack.__aenter__()
+        # Every stage's requests start no retry past the run's give-up point (the stages'
+        # tasks take this context with them).
+        given_up = GIVE_UP.set(self.budget.given_up)
+        stack.callback(_reset, GIVE_UP, given_up)
         try:
             for row in await self.journal.run(self.journal.db.open_jobs):
                 await self._register(row)

@@ -119,6 +119,8 @@ class RetryBudget:
         self.cap = cap
         self.retries = 0
         self._failing_since: float | None = None
+        #: When a call last succeeded (from the start: none has failed before it).
+        self._last_ok = time.monotonic()
         self._reminded_at = 0.0
         self._warned_at = -STILL_FAILING_EVERY
         self._streak = 0
@@ -132,7 +134,18 @@ class RetryBudget:
                 self._streak,
             )
         self._failing_since = None
+        self._last_ok = time.monotonic()
         self._streak = 0
+
+    def given_up(self, started: float) -> bool:
+        """Whether a call that began at ``started`` (``time.monotonic()``) and has not
+        succeeded yet is past the give-up point: the failures, counted from the later of its
+        start and the last success, have gone on for ``give_up_after`` seconds (the client's
+        :data:`~.._http.GIVE_UP`: it starts no retry of the call then)."""
+        since = self._failing_since
+        if since is None:
+            since = max(started, self._last_ok)
+        return time.monotonic() - since > self.give_up_after
 
     async def call(
         self, what: str, fn: Callable[[], Awaitable[T]], *, ends_streak: bool = True
@@ -161,7 +174,16 @@ class RetryBudget:
         # that answers "too many" or with errors, is no outage ("cannot reach").
         trouble, state = _trouble(err)
         if self._failing_since is None:
-            self._failing_since = self._reminded_at = now
+            # The failing began when the failed call did (its own retries, each until its
+            # deadline, may have taken minutes), unless something succeeded since.
+            began = getattr(err, "started_at", None)
+            since = now if began is None else max(min(began, now), self._last_ok)
+            self._failing_since = since
+            self._reminded_at = now
+            if now - since > self.give_up_after:
+                raise FatalRunError(
+                    f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
+                ) from err
             # A warning for the first streak in STILL_FAILING_EVERY s (a flaky service must
             # not flood the log: the progress reporter warns when retries pile up).
             log = logger.info

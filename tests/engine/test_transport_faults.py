@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -103,3 +104,55 @@ async def test_a_gateways_404_page_while_the_service_is_redeployed(
     assert len(o.results) == 3000 and not o.rejects
     assert summary.resent == 0 and summary.lost_tasks == 0
     assert len(proxy.created) == 1, proxy.created
+
+
+class HangingPages(MisbehavingProxy):
+    """The proxy with results pages that never answer: the connection is taken, the request
+    read, and nothing comes back (a service wedged behind a load balancer that keeps the
+    connection open)."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.hung = 0
+        self.release = anyio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if request.method == "GET" and path.startswith(BULK + "/") and "offset" in request.query:
+            self.hung += 1
+            await self.release.wait()  # set at the end of the test: the proxy can then close
+            return web.Response(status=503)
+        return await super().handle(request)
+
+
+async def test_give_up_after_holds_when_every_page_request_hangs(tmp_path: Path) -> None:
+    """Results pages that never answer: the run must stop, state saved, about
+    ``give_up_after`` seconds after the service last answered, not after every request's
+    own retries ran out first. The client retried each page up to ``max_attempts`` times,
+    each until its whole deadline, before the give-up budget saw the first failure, and the
+    budget counted from that failure: with a 1 s deadline, 4 attempts and a give-up of 2 s
+    the run stopped after ~10 s ("service unreachable for 2s"); at the defaults (70 s, 6
+    attempts, 120 s) after ~14 minutes, while it said it would keep trying for 120 s."""
+    from fashiontag_pipeline import Timeout
+
+    manifest = write_csv(tmp_path / "m.csv", 200)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = HangingPages("")
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            started = anyio.current_time()
+            with anyio.fail_after(60), pytest.raises(Exception) as caught:
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url, timeout=Timeout(total=1.0)),
+                    out=out,
+                    rejects=rej,
+                    engine=msgspec.structs.replace(LONG_TASKS, give_up_after=2.0),
+                )
+            elapsed = anyio.current_time() - started
+            proxy.release.set()
+    assert proxy.hung >= 1
+    assert "2s" in str(caught.value), caught.value
+    # The budget: 2 s; then the request under way ends within its 1 s deadline. Before: 10 s.
+    assert elapsed < 6.0, elapsed
