@@ -9,13 +9,14 @@ first drains and exits 0; a second stops at once, state consistent).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import signal
 import sqlite3
 import sys
 from typing import Any
 
-import anyio
 import msgspec
 
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
@@ -35,6 +36,9 @@ from .common import (
 from .engine_flags import add_engine_arguments, engine_config_from_args
 
 __all__ = ["add_daemon_arguments", "daemon_command"]
+
+#: Drain (SIGINT, SIGTERM; a second one stops at once) or log and ignore (SIGHUP).
+_WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,31 +171,42 @@ def daemon_command(args: argparse.Namespace) -> int:
         log.warning(warning)
 
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
+        # The handlers are Python ones, installed here and never taken back: anyio's signal
+        # receiver gave the default handlers back when it closed, while the event loop was
+        # still winding down, and a second SIGTERM there (within ~0.1 s of "daemon stopped")
+        # killed the drained daemon (exit -15). Once the daemon has stopped, the signals are
+        # ignored (SIG_IGN, kept through the interpreter's exit) until the process is gone.
+        loop = asyncio.get_running_loop()
+        stopped = False
 
-            async def signals() -> None:
+        def received(signum: int) -> None:  # on the event loop
+            if stopped:
+                return
+            if signum == signal.SIGHUP:
                 # SIGHUP (a closed terminal, a log rotation's kill -HUP) would kill the daemon
                 # silently, and systemd's Restart=on-failure takes that for a clean stop: it
                 # is logged and ignored (the logs go to stderr; there is nothing to reopen).
-                watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-                with anyio.open_signal_receiver(*watched) as received:
-                    async for signum in received:
-                        if signum == signal.SIGHUP:
-                            log.info("signal SIGHUP: ignored (SIGTERM drains and stops)")
-                            continue
-                        if control.stopping.is_set():
-                            log.warning("second signal: stopping now")
-                            daemon.abort()
-                        else:
-                            log.info("signal %s: draining", signal.Signals(signum).name)
-                            daemon.stop()
+                log.info("signal SIGHUP: ignored (SIGTERM drains and stops)")
+            elif control.stopping.is_set():
+                log.warning("second signal: stopping now")
+                daemon.abort()
+            else:
+                log.info("signal %s: draining", signal.Signals(signum).name)
+                daemon.stop()
 
-            async def body() -> None:
-                await daemon.run()
-                tg.cancel_scope.cancel()
+        def handler(signum: int, frame: object) -> None:  # between two bytecodes
+            # A closed loop (RuntimeError): the daemon is on its way out.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(received, signum)
 
-            tg.start_soon(signals)
-            tg.start_soon(body)
+        for signum in _WATCHED:
+            signal.signal(signum, handler)
+        try:
+            await daemon.run()
+        finally:
+            stopped = True
+            for signum in _WATCHED:
+                signal.signal(signum, signal.SIG_IGN)
 
     try:
         run_async(main)

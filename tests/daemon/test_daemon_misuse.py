@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import textwrap
 from pathlib import Path
 
 import anyio
@@ -159,3 +160,69 @@ async def test_a_manifest_moved_back_to_the_inbox_while_in_flight_waits_for_it(
     [second] = [json.loads(p.read_text()) for p in daemon.outbox.glob("m.*/summary.json")]
     assert first["status"] == "done" and first["tagged"] == 6000
     assert second["status"] == "duplicate"
+
+
+#: ``HOOK_SIGNAL_AGAIN`` (SIGTERM or SIGINT, by number): once the daemon has logged "daemon
+#: stopped", that signal is sent to it again at each point of its way out where the race was
+#: lost: the log line itself, right after every change of SIGTERM's or SIGINT's handler (the
+#: signal receiver giving back the default one while the event loop winds down), and last of
+#: all at exit. Each one sent is counted in ``HOOK_SENT`` (a file).
+SIGNAL_AGAIN_HOOK = textwrap.dedent(
+    """
+    import atexit, logging, os, signal
+    if os.environ.get("HOOK_SIGNAL_AGAIN"):
+        _again = int(os.environ["HOOK_SIGNAL_AGAIN"])
+        _sent = os.environ["HOOK_SENT"]
+        _stopped = []
+        def _send(where):
+            if _stopped:
+                with open(_sent, "a") as out:
+                    out.write(where + "\\n")
+                os.kill(os.getpid(), _again)
+        _signal = signal.signal
+        def signal_then_again(signum, handler):
+            previous = _signal(signum, handler)
+            if signum in (signal.SIGTERM, signal.SIGINT):
+                _send(f"handler of {signum}")
+            return previous
+        signal.signal = signal_then_again
+        class _Cue(logging.Filter):
+            def filter(self, record):
+                if record.getMessage() == "daemon stopped":
+                    _stopped.append(1)
+                    _send("daemon stopped")
+                return True
+        logging.getLogger("fashiontag_pipeline.daemon").addFilter(_Cue())
+        atexit.register(_send, "exit")  # registered first: runs last
+    """
+)
+
+
+@pytest.mark.parametrize("again", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+async def test_a_second_signal_while_the_drained_daemon_exits_keeps_exit_0(
+    tmp_path: Path, again: signal.Signals
+) -> None:
+    """A second SIGTERM (systemd's, a supervisor's) arriving within ~0.1 s after a drained
+    daemon logged "daemon stopped" killed it by signal 15 (exit -15, a failure to systemd):
+    the signal receiver gave the default handler back while the event loop wound down. The
+    hook sends the signal again at each such point, on cue, never by timing."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_AGAIN_HOOK)
+    sent = tmp_path / "sent.txt"
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    env = {"PYTHONPATH": path, "HOOK_SIGNAL_AGAIN": str(int(again)), "HOOK_SENT": str(sent)}
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, env=env).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "m.csv", ["a", "b", "c"])
+            summary = await daemon.wait_summary("m")
+            code = await daemon.stop()
+        finally:
+            daemon.ensure_dead()
+    points = sent.read_text().splitlines() if sent.exists() else []
+    assert code == 0, f"exit {code} after signals again at {points}:\n{daemon.tail()}"
+    assert summary["status"] == "done" and summary["tagged"] == 3
+    assert points[0] == "daemon stopped" and points[-1] == "exit", points
+    assert "Traceback" not in daemon.stderr_path.read_text()
