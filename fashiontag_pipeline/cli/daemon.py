@@ -92,7 +92,7 @@ def add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=("json", "text", "auto"), help="log lines (default auto)"
     )
     add_client_arguments(parser)
-    add_engine_arguments(parser, give_up=False)
+    add_engine_arguments(parser, give_up=False, jsonl_only=True)
 
 
 def daemon_config_from_args(args: argparse.Namespace) -> DaemonConfig:

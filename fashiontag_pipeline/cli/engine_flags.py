@@ -19,13 +19,24 @@ __all__ = ["add_engine_arguments", "engine_config_from_args"]
 _D = EngineConfig()  # the defaults shown in --help
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser, *, give_up: bool = True) -> None:
+def add_engine_arguments(
+    parser: argparse.ArgumentParser, *, give_up: bool = True, jsonl_only: bool = False
+) -> None:
     """The engine's flags, shared by ``run`` and ``daemon`` (which never gives up: no
-    ``--give-up-after`` there)."""
+    ``--give-up-after`` there; and writes JSONL only: ``jsonl_only``)."""
     parser.add_argument("--detection", type=parse_detection, help="default detection, TOP,SHOES")
-    parser.add_argument(
-        "--sink", choices=("jsonl", "sqlite"), help="results sink kind (default jsonl)"
-    )
+    if not jsonl_only:
+        parser.add_argument(
+            "--sink", choices=("jsonl", "sqlite"), help="results sink kind (default jsonl)"
+        )
+    else:
+        # The daemon writes JSONL only: its help offers nothing else. Not ``choices``: another
+        # value (from here or ``engine.sink`` in a config file) gets the daemon's own reason.
+        parser.add_argument(
+            "--sink",
+            metavar="{jsonl}",
+            help="results sink kind: OUTBOX/STEM/results.jsonl (jsonl, the only one)",
+        )
     parser.add_argument(
         "--rotate-images",
         type=int,

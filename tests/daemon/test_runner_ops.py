@@ -96,3 +96,18 @@ def test_run_names_a_state_url_it_cannot_use_without_its_password(tmp_path: Path
     assert b"cannot open" in proc.stderr
     assert b"s3cret" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+
+
+def test_daemon_help_offers_only_the_sink_it_accepts() -> None:
+    """``fashiontag daemon --help`` offered ``--sink {jsonl,sqlite}``, and ``--sink sqlite``
+    was then refused with exit 2: the help lists only what the daemon takes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fashiontag_pipeline", "daemon", "--help"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    text = proc.stdout.decode()
+    assert "--sink {jsonl}" in text and "{jsonl,sqlite}" not in text
+    sink_help = text[text.index("  --sink") :].split("\n  --", 1)[0]
+    assert "sqlite" not in sink_help.lower(), sink_help
