@@ -133,3 +133,28 @@ def test_two_runs_storing_the_same_products_in_postgresql_never_deadlock(
         mine.close()
         theirs.close()
     assert errors == []
+
+
+@pytest.mark.parametrize(
+    "action", [["stats"], ["stats", "--json"], ["prune", "--older-than", "30d"]]
+)
+def test_reuse_stats_of_an_unused_postgresql_store_writes_nothing(
+    postgres_url: str, action: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reuse stats`` (or ``prune``) on a PostgreSQL URL no run has used created the
+    store's schema (every table of the state and the result store) before saying it "holds
+    nothing yet": reading the figures wrote to a database, perhaps a production one."""
+    import psycopg
+
+    from fashiontag_pipeline.cli.main import main
+
+    tables = "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()"
+    code = main(["reuse", action[0], postgres_url, *action[1:]])
+    assert code == 1
+    assert "holds nothing yet" in capsys.readouterr().err
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute(tables).fetchone() == (0,)
+    # A store a run has used reads as before.
+    open_store(postgres_url).close()
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute(tables).fetchone() != (0,)

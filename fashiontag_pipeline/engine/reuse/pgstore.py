@@ -80,12 +80,17 @@ class PostgresResultStore(StoreConnections):
                     )
                 )
             writer, reader = opened
-            migrate(writer)
-            row = writer.execute(
-                "SELECT NOT EXISTS (SELECT 1 FROM reuse_results)"
-                " AND NOT EXISTS (SELECT 1 FROM reuse_runs)"
-            ).fetchone()
+            # Without ``create`` (``reuse stats|prune``) a database no run has used is told so
+            # before anything is written: reading figures must not create the schema.
+            row = writer.execute("SELECT to_regclass('reuse_results') IS NULL").fetchone()
             created = bool(row and row[0])
+            if not created or create:
+                migrate(writer)
+                row = writer.execute(
+                    "SELECT NOT EXISTS (SELECT 1 FROM reuse_results)"
+                    " AND NOT EXISTS (SELECT 1 FROM reuse_runs)"
+                ).fetchone()
+                created = bool(row and row[0])
         except psycopg.Error as err:
             for conn in opened:
                 conn.close()
