@@ -68,7 +68,11 @@ class TaskSettler:
 
     async def all_written(self, entry: TaskEntry) -> bool:
         """True when the task has no orphan chunk and its lines (those written and the page
-        being committed) are as many as the rows the service accepted into it."""
+        being committed) are as many as the rows the service accepted into it. Only when
+        every chunk of the task is still accepted: once one is resolved (a settle sent its
+        rows again, then a kill -9 before the task was drained), lines written for its rows
+        could match the count by coincidence with rows of another chunk missing. The rows
+        themselves are then checked (:meth:`finish`)."""
         if entry.orphans:
             return False
         expected = await self.journal.run(self.journal.db.accepted_rows, entry.task_id)

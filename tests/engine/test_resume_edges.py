@@ -127,3 +127,61 @@ async def test_kill_9_after_a_lost_creates_task_is_adopted_then_resume_adopts_it
         billed = svc.store.image_count
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert billed == n, f"{billed - n} images billed twice"
+
+
+#: With ``HOOK_KILL_IN_FINAL_SETTLE`` set, the engine SIGKILLs itself in a task's final
+#: settle, right after the rows one chunk did not get back were handed to the writer (in
+#: place of that chunk), before the task's next chunk is looked at.
+SETTLE_HOOK = """
+import os, signal
+if os.environ.get("HOOK_KILL_IN_FINAL_SETTLE"):
+    from fashiontag_pipeline.engine import settle
+    _resend_unwritten = settle.TaskSettler._resend_unwritten
+    async def resend_unwritten_then_die(self, items, chunk_id, sends):
+        await _resend_unwritten(self, items, chunk_id, sends)
+        await self.journal.commit(ops=[])
+        os.kill(os.getpid(), signal.SIGKILL)
+    settle.TaskSettler._resend_unwritten = resend_unwritten_then_die
+"""
+
+
+async def test_kill_9_in_a_tasks_final_settle_leaves_no_row_without_an_outcome(
+    tmp_path: Path,
+) -> None:
+    """One task of two chunks, (p0, p1) and (p2, p3); the service never returns p1 nor p3.
+    The final settle sends p1 again in place of the first chunk, and the engine is killed
+    there. The resume found the task's lines (p0, p2: 2) as many as the rows its accepted
+    chunks still held (the second's: 2), took the task for read whole and drained it: p3 was
+    never sent again and had no outcome."""
+    import os
+    import signal
+
+    from .helpers import assert_exactly_once, run_args, write_csv
+    from .proxy import Misbehaviour, misbehaving
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SETTLE_HOOK)
+    config = tmp_path / "c.toml"
+    config.write_text("[engine]\nchunk_size = 2\nmax_sends = 2\n")
+    n = 4
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    pythonpath = os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")])
+    args = run_args("URL", out, str(manifest), "--config", str(config), "--linger", "0.2")
+    rules = Misbehaviour(never_returned={"p1", "p3"})
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args[args.index("URL")] = proxy.url
+        with anyio.fail_after(60):
+            killed = await anyio.run_process(
+                args,
+                check=False,
+                env={**ENV, "PYTHONPATH": pythonpath, "HOOK_KILL_IN_FINAL_SETTLE": "1"},
+            )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
+        with anyio.fail_after(60):
+            resumed = await anyio.run_process(args, check=False, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert sorted(r["id"] for r in o.rejects) == ["p1", "p3"]
+    assert {r["stage"] for r in o.rejects} == {"unreturned"}

@@ -197,13 +197,18 @@ class ChunkTables(JobTables):
         return row is not None
 
     def accepted_rows(self, task_id: str) -> int | None:
-        """Rows the service accepted into the task (None when a chunk predates the count)."""
-        total, unknown = self.db.execute(
-            "SELECT SUM(n_ok), COUNT(*) - COUNT(n_ok) FROM chunks"
-            " WHERE task_id=? AND state='accepted'",
+        """Rows the service accepted into the task, the number its lines are compared with;
+        None when that comparison would prove nothing: a chunk predates the count, or a chunk
+        of the task is resolved (its rows refused, or sent again elsewhere: lines the task
+        wrote for them before would stand in for missing rows of another chunk)."""
+        total, unknown, resolved = self.db.execute(
+            "SELECT SUM(CASE WHEN state='accepted' THEN n_ok END),"
+            " SUM(CASE WHEN state='accepted' AND n_ok IS NULL THEN 1 ELSE 0 END),"
+            " SUM(CASE WHEN state='resolved' THEN 1 ELSE 0 END)"
+            " FROM chunks WHERE task_id=? AND state IN ('accepted', 'resolved')",
             (task_id,),
         ).fetchone()
-        return None if unknown else int(total or 0)
+        return None if unknown or resolved else int(total or 0)
 
     def pending_singles(self) -> list[tuple[int, bytes]]:
         """Rows routed to the single endpoint whose outcome was never committed."""
