@@ -265,9 +265,23 @@ class TaskWrites:
                     default_detection=self.config.default_detection,
                 )
             except exc.AmbiguousWriteError as err:
-                await self.budget.failed(err, "create task")
+                if err.applied:
+                    # Answered 2xx (applied) with no readable body (204 No Content, ...): a
+                    # success, not a failure to retry; its task is looked up by token at once.
+                    self.budget.ok()
+                    self.slots.success()
+                    self.writes_taken += 1
+                    logger.info(
+                        "a create was applied (HTTP %s) with no readable answer; its task is"
+                        " found by its token",
+                        err.status,
+                    )
+                else:
+                    await self.budget.failed(err, "create task")
                 adopted = await self.find_task(task.token)
                 if adopted is None:
+                    if err.applied:  # not listed in time: created again, after a backoff
+                        await self.budget.failed(err, "create task")
                     continue
                 # The id may have answered another create of the run meanwhile (a service
                 # that merges creates): the same stop as for such an answer (below).

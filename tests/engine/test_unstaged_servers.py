@@ -67,6 +67,21 @@ async def test_a_write_answered_204_no_content_is_not_sent_again(
     assert len(proxy.created) == 1, proxy.created
 
 
+async def test_a_create_answered_204_finds_its_task_at_once_without_a_retry(
+    tmp_path: Path,
+) -> None:
+    """Every create is applied and answered ``204 No Content``. Each counted as a failed
+    request against the retry budget (a retry in the summary, a streak towards
+    ``give_up_after``) and waited its backoff before the engine looked its task up by token:
+    an applied write is a success; its task is looked up at once."""
+    rules = Misbehaviour(no_content_writes={"POST"})
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, TASKS_OF_1000)
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert len(proxy.created) == 3, proxy.created
+    assert summary.retries == 0
+
+
 async def test_a_redirect_to_another_host_is_not_sent_the_key(tmp_path: Path) -> None:
     """A front end answers every request ``307 Temporary Redirect`` to another host (a moved
     service, a misconfigured balancer, an open redirect). aiohttp follows redirects and drops
