@@ -21,7 +21,6 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,6 +29,7 @@ import msgspec
 from yarl import URL
 
 from . import _exceptions as exc
+from ._callctx import GIVE_UP, WRITE_GUARD
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._models import STATUS_SUCCESS
@@ -44,29 +44,12 @@ with deferred_trust_store():
 __all__ = [
     "BULK_PATH",
     "FIRST_FAILURE",
-    "GIVE_UP",
     "SINGLE_PATH",
     "ClientStats",
     "HttpExchange",
     "Response",
 ]
 
-
-#: Called right before each write (a POST or PUT: the writes the service tags and bills) is
-#: sent, by the task that sends it and the tasks it starts: it raises to keep the write from
-#: going out. A daemon sets it for each leased manifest's engine: a daemon paused past its
-#: lease (SIGSTOP, a stalled VM) and woken with a write on its way must not send rows that the
-#: daemon which took the manifest over has sent already.
-WRITE_GUARD: ContextVar[Callable[[], None] | None] = ContextVar(
-    "fashiontag_write_guard", default=None
-)
-
-#: Whether the caller has given up on a call that began at the given ``time.monotonic()``:
-#: no retry of it starts once this says so (its last error is raised instead). The engine sets
-#: it to its give-up budget, so that a service whose requests hang is given up on about
-#: ``give_up_after`` seconds after it last answered, not after every request's own
-#: ``max_attempts`` tries, each until its whole deadline (70 s x 6 at the defaults).
-GIVE_UP: ContextVar[Callable[[float], bool] | None] = ContextVar("fashiontag_give_up", default=None)
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 

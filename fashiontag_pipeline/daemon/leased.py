@@ -15,8 +15,8 @@ from pathlib import Path
 import anyio
 
 from .. import _exceptions as exc
+from .._callctx import WRITE_GUARD
 from .._client import TaggerClient
-from .._http import WRITE_GUARD
 from ..engine import EngineConfig, RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job

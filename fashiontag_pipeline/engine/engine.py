@@ -38,8 +38,8 @@ import anyio
 import anyio.abc
 
 from .. import _exceptions as exc
+from .._callctx import GIVE_UP
 from .._client import TaggerClient
-from .._http import GIVE_UP
 from .._models import format_time
 from .batcher import TaskWriter
 from .config import EngineConfig

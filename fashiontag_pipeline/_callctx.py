@@ -1,0 +1,27 @@
+"""What the caller of the client sets for the requests of its tasks (context variables, so
+each engine, or each leased manifest of a daemon, has its own): a guard run before each write,
+and the give-up rule that ends a request's retries. :class:`~._http.HttpExchange` reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+
+__all__ = ["GIVE_UP", "WRITE_GUARD"]
+
+#: Called right before each write (a POST or PUT: the writes the service tags and bills) is
+#: sent, by the task that sends it and the tasks it starts: it raises to keep the write from
+#: going out. A daemon sets it for each leased manifest's engine: a daemon paused past its
+#: lease (SIGSTOP, a stalled VM) and woken with a write on its way must not send rows that the
+#: daemon which took the manifest over has sent already.
+WRITE_GUARD: ContextVar[Callable[[], None] | None] = ContextVar(
+    "fashiontag_write_guard", default=None
+)
+
+#: Whether the caller has given up on a call that began at the given ``time.monotonic()``:
+#: no retry of it starts once this says so (its last error is raised instead). The engine sets
+#: it to its give-up budget, so that a service whose requests hang is given up on about
+#: ``give_up_after`` seconds after it last answered, not after every request's own
+#: ``max_attempts`` tries, each until its whole deadline (70 s x 6 at the defaults).
+GIVE_UP: ContextVar[Callable[[float], bool] | None] = ContextVar("fashiontag_give_up", default=None)
