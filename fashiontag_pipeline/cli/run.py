@@ -30,6 +30,7 @@ from ..engine.run import (
     RunControl,
     default_state_path,
     first_error,
+    not_utf8,
     run_pipeline,
     summary_json,
 )
@@ -260,6 +261,18 @@ def run_command(args: argparse.Namespace) -> int:
             "a file path or a postgresql:// URL",
             file=sys.stderr,
         )
+        return EXIT_USAGE
+    named: list[tuple[str, Path | str]] = [("--out", out), ("--rejects", rejects)]
+    named += [("manifest", m) for m in args.manifests if m != "-"]
+    if isinstance(state, Path):
+        named.append(("--state", state))
+    if args.summary is not None:
+        named.append(("--summary", args.summary))
+    if engine.reuse is not None and not is_postgres_url(engine.reuse):
+        named.append(("--reuse", engine.reuse))
+    problem = not_utf8(named)  # before anything is made (the summary could not say it either)
+    if problem is not None:
+        print(f"fashiontag: {problem}", file=sys.stderr)
         return EXIT_USAGE
     clash = _same_file(out, rejects, state, args.manifests, engine.reuse)
     if clash is not None:

@@ -141,6 +141,23 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
+def not_utf8(named: Sequence[tuple[str, Path | str]]) -> str | None:
+    """Why one of the run's paths cannot be used (None when each can): a name that is not
+    UTF-8 (a Latin-1 name from a file share, here or in a folder above it, the working
+    directory included) cannot be recorded in the state or a summary, which hold text."""
+    for what, path in named:
+        text = os.path.abspath(path)
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
+            return (
+                f"{what} {shown}: its path is not UTF-8 (a name written in another encoding):"
+                " rename the file or folder, or give another path"
+            )
+    return None
+
+
 def _size(path: Path) -> int:
     """The size of a file in bytes, -1 when there is none."""
     try:
@@ -203,6 +220,13 @@ async def run_pipeline(
     if names.count(STDIN) > 1:  # the second reader would find stdin read to its end
         raise exc.ManifestError("stdin (-) can be given as a manifest only once")
     state_path = state if state is not None else default_state_path(out)
+    named: list[tuple[str, Path | str]] = [("results", out), ("rejects", rejects)]
+    named += [("manifest", name) for name in names if name != STDIN]
+    if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
+        named.append(("state", state_path))
+    problem = not_utf8(named)
+    if problem is not None:  # refused before anything is made
+        raise exc.ConfigError(problem)
     # Another run writing an output refuses this one before its state is made, so that the
     # refusal leaves nothing behind (the sinks take the same lock when they open).
     await anyio.to_thread.run_sync(_outputs_free, out, rejects)
@@ -372,4 +396,4 @@ def summary_json(summary: RunSummary) -> bytes:
     return msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
 
 
-__all__ += ["FatalRunError", "summary_json"]
+__all__ += ["FatalRunError", "not_utf8", "summary_json"]

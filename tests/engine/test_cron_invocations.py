@@ -1,0 +1,51 @@
+"""How cron jobs and operators invoke ``fashiontag run``, second hunt (each test failed before
+its fix): a path whose name is not UTF-8 (a Latin-1 name from a file share)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+
+LATIN1 = os.fsdecode(b"caf\xe9")  # a name as a Windows share or an old exporter writes it
+
+
+@pytest.mark.parametrize("where", ["manifest", "out"])
+async def test_a_path_that_is_not_utf8_is_a_clear_error(tmp_path: Path, where: str) -> None:
+    """A dump named ``caf\\xe9.csv`` (or an output folder so named): the run died with a
+    ``UnicodeEncodeError: surrogates not allowed`` traceback (exit 1) after making its state
+    file. It is refused (exit 2), naming the path, before anything is made; the daemon already
+    moves such a manifest to failed/."""
+    manifest = write_csv(tmp_path / (f"{LATIN1}.csv" if where == "manifest" else "m.csv"), 20)
+    folder = tmp_path / (LATIN1 if where == "out" else "o")
+    folder.mkdir()
+    out = folder / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest), "--summary", str(tmp_path / "s.json")),
+            check=False,
+            env=ENV,
+        )
+    err = result.stderr.decode()
+    assert "Traceback" not in err, err[-600:]
+    assert result.returncode == 2, err[-300:]
+    assert "not UTF-8" in err and "caf\\xe9" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == [], "it left files behind"
+
+
+async def test_a_utf8_path_still_runs(tmp_path: Path) -> None:
+    """The check above refuses only undecodable names: an accented name in UTF-8 runs."""
+    folder = tmp_path / "café"
+    folder.mkdir()
+    manifest = write_csv(folder / "été.csv", 20)
+    out = folder / "résultats.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(run_args(svc.url, out, str(manifest)), env=ENV)
+    assert result.returncode == 0
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(20))
