@@ -214,12 +214,20 @@ class _KeepTryingHint(logging.Filter):
 
 
 def _same_file(
-    out: Path, rejects: Path, state: Path | str, manifests: list[str], reuse: str | None = None
+    out: Path,
+    rejects: Path,
+    state: Path | str,
+    manifests: list[str],
+    reuse: str | None = None,
+    summary: Path | None = None,
 ) -> str | None:
     """Why two of the run's files are one file (None when they are not): two sinks writing
     one file through two handles overwrite each other's lines, and an output on a manifest,
-    the state or the result store destroys it."""
+    the state or the result store destroys it (``--summary`` too: it replaces its file whole
+    at the end, after the run reported every row written)."""
     named = [("--out", out), ("--rejects", rejects)]
+    if summary is not None:
+        named.append(("--summary", summary))
     if isinstance(state, Path):
         named.append(("--state", state))
     if reuse is not None and not is_postgres_url(reuse):
@@ -274,7 +282,7 @@ def run_command(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"fashiontag: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    clash = _same_file(out, rejects, state, args.manifests, engine.reuse)
+    clash = _same_file(out, rejects, state, args.manifests, engine.reuse, args.summary)
     if clash is not None:
         print(f"fashiontag: {clash}", file=sys.stderr)
         return EXIT_USAGE

@@ -49,3 +49,34 @@ async def test_a_utf8_path_still_runs(tmp_path: Path) -> None:
         result = await anyio.run_process(run_args(svc.url, out, str(manifest)), env=ENV)
     assert result.returncode == 0
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(20))
+
+
+@pytest.mark.parametrize("target", ["out", "rejects", "state", "manifest"])
+async def test_summary_on_one_of_the_runs_files_is_refused(tmp_path: Path, target: str) -> None:
+    """``--summary`` naming the results file (a slip in a cron line: ``--summary $OUT``): the
+    run tagged every row, then replaced the results with the summary's JSON and exited 0,
+    "run complete", every result gone (on the state: the next run found no state; on the
+    manifest: the dump was overwritten). The other files of a run were already checked
+    against each other; the summary now is too (exit 2, nothing touched)."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "results.jsonl"
+    files = {
+        "out": out,
+        "rejects": out.with_suffix(".rej"),
+        "state": out.with_name("results.jsonl.state"),
+        "manifest": manifest,
+    }
+    before = manifest.read_bytes()
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest), "--summary", str(files[target])),
+            check=False,
+            env=ENV,
+        )
+        requests = len(svc.store.tasks)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-300:]
+    assert "--summary" in err and "same file" in err, err
+    assert requests == 0
+    assert manifest.read_bytes() == before
+    assert not out.exists()
