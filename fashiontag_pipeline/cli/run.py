@@ -30,6 +30,7 @@ from ..engine.run import (
     RunControl,
     default_state_path,
     first_error,
+    not_a_file,
     not_utf8,
     run_pipeline,
     summary_json,
@@ -278,7 +279,14 @@ def run_command(args: argparse.Namespace) -> int:
         named.append(("--summary", args.summary))
     if engine.reuse is not None and not is_postgres_url(engine.reuse):
         named.append(("--reuse", engine.reuse))
-    problem = not_utf8(named)  # before anything is made (the summary could not say it either)
+    # Before anything is made (the summary could not say it either).
+    problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)])
+    if str(out) == "-" or str(rejects) == "-":
+        which = "--out" if str(out) == "-" else "--rejects"
+        problem = (
+            f"{which} -: outcomes go to a file (a run cuts it back to its last checkpoint to"
+            " resume), not to stdout: give a file path and read it after the run"
+        )
     if problem is not None:
         print(f"fashiontag: {problem}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -158,6 +159,26 @@ def not_utf8(named: Sequence[tuple[str, Path | str]]) -> str | None:
     return None
 
 
+def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
+    """Why an output cannot be used (None when each can): one that exists and is not a
+    regular file (``/dev/null``, ``/dev/stdout``, a pipe, a folder). A run cuts its outputs
+    back to their last checkpoint to resume and fsyncs them, which only a file allows: on
+    /dev/null the run tagged every row and then failed at its end, every night."""
+    for what, path in named:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue  # not there yet (made by the sinks), or unreadable (they say so)
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a device, a pipe or a socket"
+            return (
+                f"{what} {path} is not a regular file ({kind}): a run writes its outcomes to a"
+                " file, which it cuts back to its last checkpoint to resume; give a file path"
+                " (and read or delete it after the run)"
+            )
+    return None
+
+
 def _size(path: Path) -> int:
     """The size of a file in bytes, -1 when there is none."""
     try:
@@ -224,7 +245,7 @@ async def run_pipeline(
     named += [("manifest", name) for name in names if name != STDIN]
     if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
         named.append(("state", state_path))
-    problem = not_utf8(named)
+    problem = not_utf8(named) or not_a_file([("results", out), ("rejects", rejects)])
     if problem is not None:  # refused before anything is made
         raise exc.ConfigError(problem)
     # Another run writing an output refuses this one before its state is made, so that the
@@ -396,4 +417,4 @@ def summary_json(summary: RunSummary) -> bytes:
     return msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
 
 
-__all__ += ["FatalRunError", "not_utf8", "summary_json"]
+__all__ += ["FatalRunError", "not_a_file", "not_utf8", "summary_json"]

@@ -80,3 +80,44 @@ async def test_summary_on_one_of_the_runs_files_is_refused(tmp_path: Path, targe
     assert requests == 0
     assert manifest.read_bytes() == before
     assert not out.exists()
+
+
+@pytest.mark.parametrize("which", ["--rejects", "--out"])
+async def test_an_output_on_dev_null_is_refused_before_any_request(
+    tmp_path: Path, which: str
+) -> None:
+    """``--rejects /dev/null`` (a cron line that does not want the rejects): every row was
+    tagged and billed, then the run ended with ``OSError: [Errno 22] Invalid argument`` (the
+    fsync of /dev/null), exit 1, saying "the same command resumes once this is fixed"; the
+    same command then died with a traceback (``I/O operation on closed file``), every night.
+    An output that is not a regular file is refused (exit 2) before any request or state."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "results.jsonl"
+    args = run_args("x", out, str(manifest))
+    args[args.index(which) + 1] = os.devnull
+    async with running_service(ServiceConfig()) as svc:
+        args[args.index("--base-url") + 1] = svc.url
+        first = await anyio.run_process(args, check=False, env=ENV)
+        again = await anyio.run_process(args, check=False, env=ENV)
+        tasks = len(svc.store.tasks)
+    for result in (first, again):
+        err = result.stderr.decode()
+        assert "Traceback" not in err, err[-600:]
+        assert result.returncode == 2, err[-300:]
+        assert f"{which} {os.devnull}" in err and "not a regular file" in err, err
+    assert tasks == 0, "rows were tagged for a run that cannot keep their outcomes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+
+
+async def test_out_dash_is_refused_not_a_file_named_dash(tmp_path: Path) -> None:
+    """``--out -`` (results to stdout, as with many tools): the run wrote a file named ``-``
+    in the working directory and exited 0, stdout empty. Refused (exit 2): results go to a
+    file, which a resume cuts back to its last checkpoint."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    args = run_args("http://127.0.0.1:9", Path("-"), str(manifest), "--give-up-after", "1")
+    args[args.index("--rejects") + 1] = "rejects.jsonl"
+    result = await anyio.run_process(args, check=False, env=ENV, cwd=tmp_path)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-300:]
+    assert "--out -" in err, err
+    assert not (tmp_path / "-").exists()
