@@ -3,15 +3,17 @@ its fix): a path whose name is not UTF-8 (a Latin-1 name from a file share)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import anyio
 import pytest
 
+from fashiontag_pipeline.engine import run_pipeline, sinks
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, client_config, ids_of, run_args, write_csv
 
 LATIN1 = os.fsdecode(b"caf\xe9")  # a name as a Windows share or an old exporter writes it
 
@@ -121,3 +123,36 @@ async def test_out_dash_is_refused_not_a_file_named_dash(tmp_path: Path) -> None
     assert result.returncode == 2, err[-300:]
     assert "--out -" in err, err
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("failing", ["results", "rejects"])
+async def test_an_output_whose_fsync_fails_at_the_end_says_so_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """An output on a filesystem whose fsync fails when the job closes its outputs (EIO on an
+    NFS mount, a disk going bad; fsync of /dev/null): the run must stop with that OSError,
+    state saved, each time. It died with ``ValueError: I/O operation on closed file`` instead
+    (the outputs were closed twice: a traceback in the CLI), and with the results failing
+    the rejects were never closed, their lock held from the next run of the process."""
+    manifest = write_csv(tmp_path / "m.csv", 20, extra=["bad,ftp://x/y.jpg"])
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    target = out if failing == "results" else rej
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(target):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(sinks.os, "fsync", fsync)
+    async with running_service(ServiceConfig()) as svc:
+        for _ in range(2):
+            with pytest.raises(OSError) as caught:
+                await run_pipeline([manifest], client=client_config(svc.url), out=out, rejects=rej)
+            assert caught.value.errno == errno.EIO, caught.value
+        monkeypatch.setattr(sinks.os, "fsync", real_fsync)
+        summary = await run_pipeline(
+            [manifest], client=client_config(svc.url), out=out, rejects=rej
+        )
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(20) | {"bad"})

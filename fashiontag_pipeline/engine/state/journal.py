@@ -285,13 +285,25 @@ class Journal(Intake):
         return ok, bad
 
     def close_job_outputs(self, job: Job) -> None:
-        """Flush, fsync and close a job's outputs (thread side); later commits leave it out."""
+        """Flush, fsync and close a job's outputs (thread side); later commits leave it out.
+
+        Each output is closed even when the other's flush fails (an fsync refused at the end):
+        the first error is raised, and the job, closed, is not closed again by :meth:`close`
+        (a second flush of a closed file hid that error behind a ValueError, and an output
+        left open kept its lock from the next run of the process)."""
+        if job.closed:
+            return
         job.closed = True
+        error: BaseException | None = None
         for sink in (job.results, job.rejects):
             try:
                 sink.flush(True)
+            except BaseException as err:
+                error = error or err
             finally:
                 sink.close()
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         """Flush and close every open job's outputs and the state (from any thread, once the
