@@ -63,6 +63,11 @@ def check_readable_twice(path: str) -> None:
         mode = os.stat(path).st_mode
     except OSError:
         return  # left to the reader, which names the problem
+    if stat.S_ISDIR(mode):
+        raise ManifestError(
+            f"manifest {path} is a folder, not a file: give the manifests in it"
+            f" (fashiontag run {path.rstrip('/')}/*.csv ...)"
+        )
     if not stat.S_ISREG(mode):
         # A pipe (``<(cat m.csv)``, a FIFO) would be read to its end here and found empty by
         # the reader (or, a FIFO with no writer yet, block for ever).

@@ -156,3 +156,18 @@ async def test_an_output_whose_fsync_fails_at_the_end_says_so_each_time(
         )
     assert summary.complete
     assert_exactly_once(out, rej, ids_of(20) | {"bad"})
+
+
+async def test_a_folder_given_as_the_manifest_is_named_a_folder(tmp_path: Path) -> None:
+    """``fashiontag run /data/export/`` (the folder of tonight's files): the error said it was
+    "not a regular file (a pipe or a device)" and told to pass it on stdin, which a folder
+    cannot be. It says it is a folder, and to give the files in it."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    write_csv(folder / "m.csv", 5)
+    args = run_args("http://127.0.0.1:9", tmp_path / "out.jsonl", f"{folder}/")
+    result = await anyio.run_process(args, check=False, env=ENV)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "is a folder" in err and "pipe" not in err, err
+    assert f"{folder}/*.csv" in err, err
