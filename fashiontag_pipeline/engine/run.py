@@ -270,6 +270,16 @@ async def run_pipeline(
         raise
     where = db.where
     try:
+        order = None if restart else db.recorded_order(prints)
+        if order is not None:  # the run's manifests in another order: read in the run's
+            readers = [readers[i] for i in order]
+            names = [names[i] for i in order]
+            prints = [prints[i] for i in order]
+            logger.warning(
+                "the manifests are the state's run's, given in another order: read in its"
+                " order (%s)",
+                ", ".join(names),
+            )
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
         recorded = db.find_job(RUN_JOB) if run.opened in ("complete", "resumed") else None
         moved, elsewhere = _outputs_elsewhere(recorded, out, rejects)

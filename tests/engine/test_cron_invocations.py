@@ -171,3 +171,61 @@ async def test_a_folder_given_as_the_manifest_is_named_a_folder(tmp_path: Path) 
     assert result.returncode == 1, err
     assert "is a folder" in err and "pipe" not in err, err
     assert f"{folder}/*.csv" in err, err
+
+
+def _two_manifests(tmp_path: Path) -> tuple[Path, Path]:
+    # "B.csv a.csv" under LANG=C (cron), "a.csv B.csv" in an en_US shell: the same glob.
+    return (
+        write_csv(tmp_path / "B.csv", 3000, start=0),
+        write_csv(tmp_path / "a.csv", 3000, start=3000),
+    )
+
+
+async def test_a_complete_run_given_its_manifests_in_another_order_does_nothing(
+    tmp_path: Path,
+) -> None:
+    """Cron ran ``fashiontag run /data/*.csv`` under LANG=C; the operator checks it from a
+    shell whose locale sorts the glob otherwise. The same files in another order were "other
+    manifests": a new run, the outputs rewritten and every row tagged (billed) again. They are
+    the same run: already complete, no request."""
+    big, small = _two_manifests(tmp_path)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        first = await anyio.run_process(run_args(svc.url, out, str(big), str(small)), env=ENV)
+        assert first.returncode == 0
+        tasks = len(svc.store.tasks)
+        again = await anyio.run_process(
+            run_args(svc.url, out, str(small), str(big)), check=False, env=ENV
+        )
+        created = len(svc.store.tasks) - tasks
+    err = again.stderr.decode()
+    assert again.returncode == 0, err
+    assert created == 0, f"{created} tasks created again: every row billed twice ({err})"
+    assert "already complete" in err, err
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(6000))
+
+
+async def test_an_unfinished_run_given_its_manifests_in_another_order_resumes(
+    tmp_path: Path,
+) -> None:
+    """The same, for a run killed mid-way: refused (exit 2) as "other manifests", listing
+    the same two files, until the operator found the order. It resumes, in the run's order,
+    every id once."""
+    big, small = _two_manifests(tmp_path)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        first = await anyio.open_process(run_args(svc.url, out, str(big), str(small)), env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.05)
+        finally:
+            first.kill()
+            await first.wait()
+            await first.aclose()
+        again = await anyio.run_process(
+            run_args(svc.url, out, str(small), str(big)), check=False, env=ENV
+        )
+    err = again.stderr.decode()
+    assert again.returncode == 0, err
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(6000))

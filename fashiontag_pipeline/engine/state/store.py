@@ -102,6 +102,32 @@ class StateStore(ChunkTables):
             (key, str(value)),
         )
 
+    def recorded_order(self, prints: Sequence[ManifestPrint]) -> list[int] | None:
+        """The indexes of ``prints`` in the order the state's run read the same manifests, when
+        ``prints`` are those files given in another order (a shell glob sorted under another
+        locale: ``B.csv a.csv`` under cron's LANG=C, ``a.csv B.csv`` in an en_US shell); None
+        otherwise. Read in the run's order, they are the same run: its row positions (and
+        which of two equal ids came first) hold as recorded."""
+        text = self.meta("prints") if self.meta("run_token") is not None else None
+        if not text or any(p.stdin for p in prints):
+            return None
+        stored = _prints_decoder.decode(text)
+        if len(stored) != len(prints) or same_manifests(stored, list(prints)):
+            return None
+        left = list(range(len(prints)))
+        order: list[int] = []
+        for old in stored:
+            # The same name first (two files of equal content keep their names), else content.
+            found = [
+                i for i in left if (prints[i].size, prints[i].sha256) == (old.size, old.sha256)
+            ]
+            if not found:
+                return None
+            pick = next((i for i in found if prints[i].name == old.name), found[0])
+            left.remove(pick)
+            order.append(pick)
+        return order
+
     def open_run(
         self, prints: Sequence[ManifestPrint], *, restart: bool = False, resume_stdin: bool = False
     ) -> RunState:
