@@ -44,7 +44,16 @@ class SqliteResultSink:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as err:
+            # Last night's JSONL results under --sink sqlite (a cron line that kept its
+            # --out): the bare "file is not a database" named no file.
+            self._db.close()
+            raise StateError(
+                f"{path} is not an SQLite results file ({err}): --sink sqlite writes a"
+                " database; give it another --out (or move this file away)"
+            ) from None
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"

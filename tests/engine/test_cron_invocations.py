@@ -229,3 +229,27 @@ async def test_an_unfinished_run_given_its_manifests_in_another_order_resumes(
     err = again.stderr.decode()
     assert again.returncode == 0, err
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(6000))
+
+
+async def test_sqlite_sink_on_last_nights_jsonl_results_names_the_file(tmp_path: Path) -> None:
+    """``--sink sqlite`` added to a cron line that kept ``--out results.jsonl`` (last night's
+    JSONL is there): the run said ``DatabaseError: file is not a database (what was committed
+    is kept: the same command resumes once this is fixed)``, naming no file (the state? the
+    result store?) and promising a resume that never comes. It names the results file and
+    what to do, sends nothing, and leaves last night's file as it was."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "results.jsonl"
+    last_night = b'{"id":"p0","taskId":"t","taggingResult":{"status":"success"}}\n'
+    out.write_bytes(last_night)
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest), "--sink", "sqlite"), check=False, env=ENV
+        )
+        tasks = len(svc.store.tasks)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "Traceback" not in err, err[-600:]
+    assert str(out) in err and "not an SQLite" in err, err
+    assert "resumes once this is fixed" not in err, err
+    assert tasks == 0
+    assert out.read_bytes() == last_night
