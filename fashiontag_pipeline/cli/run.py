@@ -10,6 +10,7 @@ ended with rows still lacking an outcome (run it again), 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -248,6 +249,11 @@ def _same_file(
     return None
 
 
+def _shown(path: Path) -> str:
+    """A path as text a summary can hold (a name that is not UTF-8 shown as \\xe9)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _state_location(text: str) -> Path | str:
     """``--state``: a URL (``scheme://...``) stays text, anything else is a file path."""
     return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else Path(text)
@@ -279,7 +285,17 @@ def run_command(args: argparse.Namespace) -> int:
         named.append(("--summary", args.summary))
     if engine.reuse is not None and not is_postgres_url(engine.reuse):
         named.append(("--reuse", engine.reuse))
-    # Before anything is made (the summary could not say it either).
+    failed = RunSummary(out=_shown(out.absolute()), rejects=_shown(rejects.absolute()))
+    failed.state = _shown(state.absolute()) if isinstance(state, Path) else redact_url(state)
+    # Refused before anything is made; the summary says so (a cron job reading it must not
+    # find the last night's), unless it is itself the path at fault.
+    base_clash = _same_file(out, rejects, state, args.manifests, engine.reuse)
+    clash = _same_file(out, rejects, state, args.manifests, engine.reuse, args.summary)
+    summary_safe = (
+        args.summary is not None
+        and not_utf8([("--summary", args.summary)]) is None
+        and clash == base_clash
+    )
     problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)])
     if str(out) == "-" or str(rejects) == "-":
         which = "--out" if str(out) == "-" else "--rejects"
@@ -287,12 +303,14 @@ def run_command(args: argparse.Namespace) -> int:
             f"{which} -: outcomes go to a file (a run cuts it back to its last checkpoint to"
             " resume), not to stdout: give a file path and read it after the run"
         )
+    problem = problem or clash
     if problem is not None:
         print(f"fashiontag: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    clash = _same_file(out, rejects, state, args.manifests, engine.reuse, args.summary)
-    if clash is not None:
-        print(f"fashiontag: {clash}", file=sys.stderr)
+        if summary_safe:
+            with contextlib.suppress(OSError):
+                args.summary.parent.mkdir(parents=True, exist_ok=True)
+            failed.error = problem
+            _write_summary(args.summary, failed)
         return EXIT_USAGE
     # On by default: a live line on a terminal, periodic lines in a log (progress.py decides).
     progress = args.progress if args.progress is not None else True
@@ -315,8 +333,6 @@ def run_command(args: argparse.Namespace) -> int:
             resume_stdin=args.resume,
         )
 
-    failed = RunSummary(out=str(out.absolute()), rejects=str(rejects.absolute()))
-    failed.state = str(state.absolute()) if isinstance(state, Path) else redact_url(state)
     if args.summary is not None:
         try:  # made before the run: a missing folder is no reason to lose a night's report
             args.summary.parent.mkdir(parents=True, exist_ok=True)

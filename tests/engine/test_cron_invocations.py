@@ -4,6 +4,7 @@ its fix): a path whose name is not UTF-8 (a Latin-1 name from a file share)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -253,3 +254,28 @@ async def test_sqlite_sink_on_last_nights_jsonl_results_names_the_file(tmp_path:
     assert "resumes once this is fixed" not in err, err
     assert tasks == 0
     assert out.read_bytes() == last_night
+
+
+@pytest.mark.parametrize("refusal", ["dev-null", "not-utf8", "same-file"])
+async def test_a_run_refused_before_it_starts_rewrites_the_summary(
+    tmp_path: Path, refusal: str
+) -> None:
+    """A cron job reads ``--summary`` after each night. A run refused before it starts (an
+    output that is not a file, a path that is not UTF-8, two outputs on one file: exit 2)
+    left last night's summary saying ``complete: true``."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"complete": True, "tagged": 20, "error": None}))
+    args = run_args("http://127.0.0.1:9", out, str(manifest), "--summary", str(summary))
+    if refusal == "dev-null":
+        args[args.index("--rejects") + 1] = os.devnull
+    elif refusal == "not-utf8":
+        (tmp_path / LATIN1).mkdir()
+        args[args.index("--out") + 1] = str(tmp_path / LATIN1 / "out.jsonl")
+    else:
+        args[args.index("--rejects") + 1] = str(out)
+    result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 2, result.stderr.decode()
+    data = json.loads(summary.read_text())
+    assert data["complete"] is False and data["error"], data
