@@ -261,41 +261,45 @@ def _state_location(text: str) -> Path | str:
 
 def run_command(args: argparse.Namespace) -> int:
     """``fashiontag run``: returns the exit code."""
+    out: Path = args.out
+    rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
+    state: Path | str = args.state or default_state_path(out)
+    failed = RunSummary(out=_shown(out.absolute()), rejects=_shown(rejects.absolute()))
+    failed.state = _shown(state.absolute()) if isinstance(state, Path) else redact_url(state)
+    reuse: str | None = None
+
+    def refuse(problem: str) -> int:
+        """Exit 2 before anything is made; the summary says so (a cron job reading it must
+        not find the last night's), unless it is itself the path at fault."""
+        print(f"fashiontag: {problem}", file=sys.stderr)
+        if args.summary is not None and not_utf8([("--summary", args.summary)]) is None:
+            clash = _same_file(out, rejects, state, args.manifests, reuse, args.summary)
+            if clash == _same_file(out, rejects, state, args.manifests, reuse):
+                with contextlib.suppress(OSError):
+                    args.summary.parent.mkdir(parents=True, exist_ok=True)
+                failed.error = problem
+                _write_summary(args.summary, failed)
+        return EXIT_USAGE
+
     try:
         engine = engine_config_from_args(args)
         client = client_config_from_args(args)
     except (ConfigError, ValueError) as err:
-        print(f"fashiontag: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    out: Path = args.out
-    rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
-    state: Path | str = args.state or default_state_path(out)
+        return refuse(str(err))
+    reuse = engine.reuse
     if isinstance(state, str) and not is_postgres_url(state):
-        print(
-            f"fashiontag: --state {redact_url(state)}: not a state this fashiontag can use: give "
-            "a file path or a postgresql:// URL",
-            file=sys.stderr,
+        return refuse(
+            f"--state {redact_url(state)}: not a state this fashiontag can use: give "
+            "a file path or a postgresql:// URL"
         )
-        return EXIT_USAGE
     named: list[tuple[str, Path | str]] = [("--out", out), ("--rejects", rejects)]
     named += [("manifest", m) for m in args.manifests if m != "-"]
     if isinstance(state, Path):
         named.append(("--state", state))
     if args.summary is not None:
         named.append(("--summary", args.summary))
-    if engine.reuse is not None and not is_postgres_url(engine.reuse):
-        named.append(("--reuse", engine.reuse))
-    failed = RunSummary(out=_shown(out.absolute()), rejects=_shown(rejects.absolute()))
-    failed.state = _shown(state.absolute()) if isinstance(state, Path) else redact_url(state)
-    # Refused before anything is made; the summary says so (a cron job reading it must not
-    # find the last night's), unless it is itself the path at fault.
-    base_clash = _same_file(out, rejects, state, args.manifests, engine.reuse)
-    clash = _same_file(out, rejects, state, args.manifests, engine.reuse, args.summary)
-    summary_safe = (
-        args.summary is not None
-        and not_utf8([("--summary", args.summary)]) is None
-        and clash == base_clash
-    )
+    if reuse is not None and not is_postgres_url(reuse):
+        named.append(("--reuse", reuse))
     problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)])
     if str(out) == "-" or str(rejects) == "-":
         which = "--out" if str(out) == "-" else "--rejects"
@@ -303,15 +307,9 @@ def run_command(args: argparse.Namespace) -> int:
             f"{which} -: outcomes go to a file (a run cuts it back to its last checkpoint to"
             " resume), not to stdout: give a file path and read it after the run"
         )
-    problem = problem or clash
+    problem = problem or _same_file(out, rejects, state, args.manifests, reuse, args.summary)
     if problem is not None:
-        print(f"fashiontag: {problem}", file=sys.stderr)
-        if summary_safe:
-            with contextlib.suppress(OSError):
-                args.summary.parent.mkdir(parents=True, exist_ok=True)
-            failed.error = problem
-            _write_summary(args.summary, failed)
-        return EXIT_USAGE
+        return refuse(problem)
     # On by default: a live line on a terminal, periodic lines in a log (progress.py decides).
     progress = args.progress if args.progress is not None else True
     control = RunControl()

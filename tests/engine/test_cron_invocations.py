@@ -256,13 +256,16 @@ async def test_sqlite_sink_on_last_nights_jsonl_results_names_the_file(tmp_path:
     assert out.read_bytes() == last_night
 
 
-@pytest.mark.parametrize("refusal", ["dev-null", "not-utf8", "same-file"])
+@pytest.mark.parametrize(
+    "refusal", ["dev-null", "not-utf8", "same-file", "config", "flag-value", "state-url"]
+)
 async def test_a_run_refused_before_it_starts_rewrites_the_summary(
     tmp_path: Path, refusal: str
 ) -> None:
     """A cron job reads ``--summary`` after each night. A run refused before it starts (an
-    output that is not a file, a path that is not UTF-8, two outputs on one file: exit 2)
-    left last night's summary saying ``complete: true``."""
+    output that is not a file, a path that is not UTF-8, two outputs on one file, a config
+    file someone broke, a bad flag value: exit 2) left last night's summary saying
+    ``complete: true``."""
     manifest = write_csv(tmp_path / "m.csv", 20)
     out = tmp_path / "out.jsonl"
     summary = tmp_path / "summary.json"
@@ -273,8 +276,15 @@ async def test_a_run_refused_before_it_starts_rewrites_the_summary(
     elif refusal == "not-utf8":
         (tmp_path / LATIN1).mkdir()
         args[args.index("--out") + 1] = str(tmp_path / LATIN1 / "out.jsonl")
-    else:
+    elif refusal == "same-file":
         args[args.index("--rejects") + 1] = str(out)
+    elif refusal == "config":
+        (tmp_path / "ft.toml").write_text("[enigne]\nrotate_images = 2000\n")
+        args += ["--config", str(tmp_path / "ft.toml")]
+    elif refusal == "flag-value":
+        args += ["--write-concurrency", "0"]
+    else:
+        args += ["--state", "sqlite:///var/x.db"]
     result = await anyio.run_process(args, check=False, env=ENV)
     assert result.returncode == 2, result.stderr.decode()
     data = json.loads(summary.read_text())
