@@ -96,7 +96,8 @@ async def test_an_output_on_dev_null_is_refused_before_any_request(
     An output that is not a regular file is refused (exit 2) before any request or state."""
     manifest = write_csv(tmp_path / "m.csv", 20)
     out = tmp_path / "results.jsonl"
-    args = run_args("x", out, str(manifest))
+    # (--state given: on the code before, --out /dev/null made /dev/null.state.)
+    args = run_args("x", out, str(manifest), "--state", str(tmp_path / "s.state"))
     args[args.index(which) + 1] = os.devnull
     async with running_service(ServiceConfig()) as svc:
         args[args.index("--base-url") + 1] = svc.url
