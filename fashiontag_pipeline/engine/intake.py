@@ -23,13 +23,13 @@ from typing import Any
 
 import anyio
 
-from .._exceptions import StateConflictError
-from .jobs import JobEnd, Jobs
+from .jobs import Job, JobEnd, Jobs
 from .manifests import STDIN
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
 from .state import POS_SHIFT, JobReject, Journal, split_position
+from .stdin_replay import StdinDigest, check_replayed
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
 __all__ = ["IDLE", "Idle", "intake"]
@@ -58,57 +58,16 @@ def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
     return out
 
 
-async def _check_replayed(
-    batch: RowBatch,
-    upto: int,
-    validator: Validator,
-    journal: Journal,
-    jobs: Jobs,
-    rejected: dict[int, set[int]],
-) -> None:
-    """Rows of stdin that a resumed run had taken in (positions <= ``upto``) are skipped by
-    their line numbers, on the caller's word (``--resume``) that stdin carries the same rows
-    again. Each is checked against what the run recorded of that line, and StateConflictError
-    raised before any row of the batch is sent: other rows on stdin (another dump, the same
-    one shifted by a line) would be skipped in place of rows never sent, lost with exit 0.
-
-    A row with an id: the run took that id in at this very line, or earlier with a reject
-    at this line (the row repeated the id: a duplicate, or a bad row under an id taken). A
-    row without one: the run wrote a reject for this line. (``rejected``: per job, the lines
-    of stdin with a reject, from one scan of its rejects file.)"""
-    job = jobs.of_source(batch.source)
-    assert job is not None
-    if job.id not in rejected:
-        rejected[job.id] = await journal.run(job.rejects.lines_of, batch.name)
-    refused = rejected[job.id]
-    items, singles, rejects = validator.route(batch)
-    keyed = [(ident, pos) for ident, pos, _ in items]
-    keyed += [(ident, pos) for ident, pos, _ in singles]
-    # An id holding a NUL is never taken in (no store holds one): that row is checked as a
-    # row without a usable id, by its reject's line.
-    keyed += [(r.id, pos) for pos, r in rejects if r.id is not None and "\x00" not in r.id]
-    sent = jobs.ids.sent
-    replayed = sorted((pos, ident, sent(job.id, ident)) for ident, pos in keyed if pos <= upto)
-    first = await journal.run(journal.db.first_positions, [key for _, _, key in replayed])
-    mismatch: tuple[int, str] | None = None
-    for pos, ident, key in replayed:
-        recorded = first.get(key)
-        line = split_position(pos)[1]
-        if recorded != pos and (recorded is None or recorded > pos or line not in refused):
-            mismatch = (pos, f"line {line} has id {ident!r}, which that run did not read there")
-            break
-    for pos, r in rejects:
-        line = split_position(pos)[1]
-        if (r.id is None or "\x00" in r.id) and pos <= upto and line not in refused:
-            if mismatch is None or pos < mismatch[0]:
-                mismatch = (pos, f"line {line} has no usable id, where that run read one")
-            break
-    if mismatch is not None:
-        raise StateConflictError(
-            f"stdin does not carry the rows of the run being resumed: {mismatch[1]} (its"
-            " rows would be skipped unsent); pipe the same rows again, or run with --restart"
-            " to start over"
-        )
+async def _stdin_ended(job: Job, digests: dict[int, StdinDigest], journal: Journal) -> None:
+    """A job read to the end: if it read stdin, its replay reached the rows it resumes from
+    (:meth:`StdinDigest.ended`; also when stdin held no row at all)."""
+    digest = digests.get(job.id)
+    if digest is None:
+        source = next((src for src, name in job.row.sources if name == STDIN), None)
+        if source is None:
+            return
+        digest = await StdinDigest.load(journal, job.id, source, job.row.validated)
+    digest.ended()
 
 
 async def intake(
@@ -123,13 +82,16 @@ async def intake(
 ) -> None:
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
     namespaced = jobs.ids.namespaced
-    #: Per job resumed from stdin: its old rejects' lines (see _check_replayed).
+    #: Per job resumed from stdin: its old rejects' lines (see check_replayed).
     replay_rejects: dict[int, set[int]] = {}
+    #: Per job reading stdin: the digest of its rows (see StdinDigest).
+    digests: dict[int, StdinDigest] = {}
     async with receive, send, single_send:
         async for batch in receive:
             if isinstance(batch, JobEnd):
                 job_done = jobs.by_id.get(batch.job)
                 if job_done is not None:
+                    await _stdin_ended(job_done, digests, journal)
                     job_done.read_all = True
                     jobs.check([batch.job])
                 continue
@@ -145,9 +107,18 @@ async def intake(
                 and batch.rows
                 and ((batch.source << POS_SHIFT) | batch.rows[0][0]) <= max(chunked, validated)
             ):
-                await _check_replayed(
+                await check_replayed(
                     batch, max(chunked, validated), validator, journal, jobs, replay_rejects
                 )
+            also: list[Any] = []
+            if batch.name == STDIN:
+                digest = digests.get(job.id)
+                if digest is None:
+                    digest = await StdinDigest.load(journal, job.id, batch.source, validated)
+                    digests[job.id] = digest
+                change = digest.feed(batch.rows)
+                if change is not None:
+                    also.append(change)
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
             fresh: list[JobReject] = []
             #: Position of a refused row -> its reject's index in ``fresh`` (a later row of an
@@ -212,6 +183,7 @@ async def intake(
                 routed,
                 plan,
                 claimed,
+                also,
             )
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)

@@ -496,18 +496,29 @@ def _other_rows(monday: bytes, how: str) -> tuple[bytes, str]:
         return header + b"\nnew0,https://img.example/new/0.jpg\n" + body, "'new0'"
     if how == "first-row-twice":  # the old first row, then the old rows one line down
         return header + b"\n" + rows[0] + body, "line 3 has id 's0'"
+    if how == "urls-changed":  # tonight's dump: the same ids in the same order, new images
+        return header + b"\n" + body.replace(b".jpg", b".png"), "not the rows that run read"
+    if how == "shorter":  # tonight's dump holds fewer rows than the first attempt had read
+        return header + b"\n" + b"".join(rows[:100]), "stdin ended after line 101"
     assert how == "id-blanked"  # the row at line 4 lost its id
     rows[2] = b"," + rows[2].partition(b",")[2]
     return header + b"\n" + b"".join(rows), "line 4"
 
 
-@pytest.mark.parametrize("how", ["other-dump", "row-inserted", "first-row-twice", "id-blanked"])
+@pytest.mark.parametrize(
+    "how",
+    ["other-dump", "row-inserted", "first-row-twice", "id-blanked", "urls-changed", "shorter"],
+)
 async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path, how: str) -> None:
     """--resume takes the caller's word that stdin carries the same rows again; when it does
     not (tonight's dump piped into last night's unfinished run, or the same rows shifted by a
     line), the rows the first run had read are not skipped by their line numbers: the run is
     refused before any row of stdin is sent. The same rows again (duplicates and a row
-    without an id among them) resume."""
+    without an id among them) resume.
+
+    Tonight's dump with last night's ids in the same order but other URLs, and a dump shorter
+    than what the first attempt read, used to pass (only the id at each line was compared):
+    exit 0 with last night's results, tonight's images never tagged."""
     out = tmp_path / "results.jsonl"
     monday = _night_with_duplicates(tmp_path / "mon.csv")
     tuesday, named = _other_rows(monday.read_bytes(), how)

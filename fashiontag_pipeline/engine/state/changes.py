@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 __all__ = [
+    "STDIN_DIGEST",
     "Change",
     "chunk_accepted",
     "chunk_detached",
@@ -28,6 +29,7 @@ __all__ = [
     "chunk_token",
     "single_done",
     "single_pending",
+    "stdin_digest",
     "task_done",
     "task_drained",
     "task_expiry",
@@ -48,6 +50,19 @@ def validated_upto(job: int, watermark: int) -> Change:
         "UPDATE jobs SET validated=? WHERE job=? AND validated < ?",
         (watermark, job, watermark),
     )
+
+
+def stdin_digest(job: int, watermark: int, crc: int) -> Change:
+    """The digest of the rows ``job`` read from stdin up to ``watermark`` (its V): a resume
+    fed other rows (tonight's dump, the same ids with other URLs) is refused by it."""
+    return (
+        "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (f"{STDIN_DIGEST}{job}", f"{watermark}:{crc}"),
+    )
+
+
+#: The meta key (followed by the job number) of :func:`stdin_digest`.
+STDIN_DIGEST = "stdin_digest:"
 
 
 def task_opened(

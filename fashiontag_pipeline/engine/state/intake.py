@@ -72,13 +72,15 @@ class Intake:
         routed: Callable[[list[int]], Sequence[Change]] | None = None,
         plan: Any = None,
         claimed: Sequence[tuple[str, int, int]] = (),
+        also: Sequence[Change] = (),
     ) -> list[int]:
         """Indexes of ``keyed`` (rows of ``job``) whose row is the first of its id and is to
         be sent; duplicates become rejects (unless at or below ``replay_upto``, already written
         by an earlier attempt); with ``plan`` (``--reuse``), rows answered from the result
         store are written and left out. ``claimed``: (id, position, index in ``rejects``)
         of the batch's rows refused by the client's checks, which are their id's first row
-        all the same (and, when they are not, ``duplicate id`` rejects)."""
+        all the same (and, when they are not, ``duplicate id`` rejects). ``also``: changes
+        that commit with V (the digest of the rows read from stdin)."""
         keep: list[int]
         touched: set[int]
         keep, touched = await self.run(
@@ -93,6 +95,7 @@ class Intake:
             routed,
             plan,
             claimed,
+            also,
         )
         self.jobs.check(touched)
         return keep
@@ -108,6 +111,7 @@ class Intake:
         routed: Callable[[list[int]], Sequence[Change]] | None,
         plan: Any,
         claimed: Sequence[tuple[str, int, int]] = (),
+        also: Sequence[Change] = (),
     ) -> tuple[list[int], set[int]]:
         """Dedupe a validated batch, write its rejects and move V, in the transaction of
         :meth:`_begun` (with ``routed(kept indexes)``'s statements: the single-mode rows written
@@ -135,7 +139,7 @@ class Intake:
                     dup = make_dup(keyed[i][0], pos, first)
                     if dup is not None:
                         rejects.append(dup)
-        ops: list[Change] = [validated_upto(job, watermark)]
+        ops: list[Change] = [validated_upto(job, watermark), *also]
         reused: tuple[int, list[ReusedLine]] | None = None
         if plan is not None and self.reuse is not None:  # --reuse
             out, hits, reuse_ops = self.reuse.settle(self.db.db, job, plan, keyed, out, replay_upto)
