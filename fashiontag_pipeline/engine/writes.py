@@ -1,74 +1,38 @@
-"""The task writer's requests and what their answers change: create (POST), append (PUT),
-accept (the chunk's rows in the task, those the service refused as rejects), orphan a chunk of
-unknown fate, adopt a task after an ambiguous create.
+"""The task writer's requests: create (POST), append (PUT), adopt a task after an ambiguous
+create (found in the task list by its token).
 
 :class:`TaskWrites` is the sending half of :class:`~.batcher.TaskWriter` (the other half packs
-chunks and chooses their task); it holds no state of its own.
+chunks and chooses their task); it holds no state of its own. What an answer changes (a chunk
+accepted, its refused rows as rejects, a chunk of unknown fate orphaned, a write refused whole
+split) is :mod:`.answers`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from datetime import datetime
 
 import anyio
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._models import BulkTaskResponse, Task
+from .._models import Task
+from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
 from .config import EngineConfig
-from .flow import AIMDLimiter, FatalRunError, RetryBudget, refused
+from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
-from .policy import Chunk, OpenTask, WritePolicy, encode_ids, halves
-from .state import POS_SHIFT, JobReject, Journal, changes
+from .policy import Chunk, OpenTask, WritePolicy
+from .state import Journal, changes
 from .tracker import TaskBook
 
 __all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "job_marks"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
-STAGE_SERVER = "server-validation"
-DUPLICATE_PREFIX = "duplicate context.id"
 
-
-def _echoed(echo: str, ids: list[str]) -> str | None:
-    """The chunk's id a shortened echo stands for (a service may cut a long id in its
-    ``failureList``, ending it with an ellipsis); None when none or several match. Without
-    this, the refused row counted as accepted and was sent again for ever."""
-    stem = echo.rstrip("…").rstrip(".")
-    if not stem or stem == echo:
-        return None
-    found = [i for i in ids if i.startswith(stem) and len(i) > len(stem)]
-    return found[0] if len(found) == 1 else None
-
-
-def _one_source(positions: Sequence[int], last: int) -> bool:
-    """Whether every position is of one manifest (one job), ``last`` being the largest: a
-    chunk almost always is, and then the per-job figures below need no loop over its rows in
-    Python (min and max are C)."""
-    return bool(positions) and min(positions) >> POS_SHIFT == last >> POS_SHIFT
-
-
-def count_by_job(jobs: Jobs, positions: Sequence[int]) -> dict[int, int]:
-    """Rows per job among ``positions`` (:meth:`Jobs.count_by_job`)."""
-    if positions and _one_source(positions, max(positions)):
-        job = jobs.of_pos(positions[0])
-        return {job.id: len(positions)} if job is not None else {}
-    return jobs.count_by_job(positions)
-
-
-def job_marks(jobs: Jobs, positions: Sequence[int], last: int) -> list[tuple[int, int]]:
-    """(job, last position) of each job with rows among ``positions`` (:meth:`Jobs.marks`);
-    ``last`` is their largest, which the caller has at hand."""
-    if _one_source(positions, last):
-        job = jobs.of_pos(last)
-        return [(job.id, last)] if job is not None else []
-    return jobs.marks(positions)
-
-
-class TaskWrites:
+class TaskWrites(WriteAnswers):
     """Requests to the service for :class:`~.batcher.TaskWriter` (see the module docstring)."""
 
     client: TaggerClient
@@ -92,10 +56,6 @@ class TaskWrites:
     def description(self, token: str) -> str:
         return f"fashiontag run {token}"
 
-    def _expiry(self, response_expiry: datetime | None) -> float:
-        # The service's expiry is in the service's clock (see ServerClock).
-        return self.clock() + self.client.server_clock.remaining(response_expiry, self.default_ttl)
-
     def _new_token(self) -> tuple[int, str]:
         self._seq += 1
         return self._seq, f"{self.run_token}-t{self._seq}"
@@ -107,147 +67,6 @@ class TaskWrites:
         if not sep:
             raise ValueError(f"not a task token: {token!r}")
         return int(seq)
-
-    def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[JobReject]:
-        out: list[JobReject] = []
-        if not ids:
-            return out  # the usual write: the service took every row
-        jobs = self.jobs
-        for ident, pos in zip(chunk.ids, chunk.positions, strict=True):
-            reason = ids.get(ident)
-            if reason is not None:
-                out.append(jobs.reject(pos, jobs.original(ident), reason, stage))
-        return out
-
-    def _submitted(self, chunk: Chunk, refused: dict[str, str]) -> dict[int, dict[str, int]]:
-        """Rows of the chunk the service took, per job."""
-        positions = chunk.positions
-        if refused:
-            positions = [p for i, p in zip(chunk.ids, positions, strict=True) if i not in refused]
-        return {job: {"submitted": n} for job, n in count_by_job(self.jobs, positions).items()}
-
-    async def _accept(
-        self,
-        task: OpenTask,
-        chunk: Chunk,
-        response: BulkTaskResponse,
-        opened: list[changes.Change] | None = None,
-    ) -> None:
-        """Record an accepted write (and, with ``opened``, the task it created: one
-        transaction)."""
-        assert task.task_id is not None
-        reasons: dict[str, str] = {}
-        # The chunk's ids as a set only when the service listed failures (rarely).
-        mine = set(chunk.ids) if response.failure_list else set()
-        for failure in response.failure_list:
-            ident = failure.context_id
-            if ident is not None and ident not in mine:
-                ident = _echoed(ident, chunk.ids)
-            if ident is None or ident not in mine:
-                continue
-            if failure.error_message.startswith(DUPLICATE_PREFIX):
-                continue  # a retried write: this id is already in the task
-            reasons[ident] = failure.error_message or "refused by the service"
-        expiry = response.expires_at
-        if expiry is not None:
-            task.expires = self._expiry(expiry)
-        self.sent_requests += 1
-        if reasons and chunk.fate_unknown and chunk.task_id == task.task_id:
-            # An earlier try of this write may have been applied: a refusal of its rows may
-            # only say they are in the task already, in words of the service's own (the spec
-            # leaves message texts open). Their outcome comes from the task's results; a row
-            # without one is sent again, where a row really refused is refused for certain.
-            logger.warning(
-                "task %s: %d rows of a write retried after an unanswered try were refused (%s);"
-                " taken as of unknown fate: those the task returns are tagged, the others sent"
-                " again",
-                task.task_id,
-                len(reasons),
-                next(iter(reasons.values())),
-            )
-            if opened:
-                await self.journal.commit(ops=opened, counters={"tasks": 1})
-            await self._orphan(chunk)
-            return
-        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
-        accepted = len(chunk.ids) - len(rejects)
-        counters = {"submitted": accepted}
-        if opened:
-            counters["tasks"] = 1
-        await self.journal.commit(
-            rejects=rejects,
-            settle=True,
-            by_job=self._submitted(chunk, reasons),
-            ops=[
-                *(opened or ()),
-                changes.chunk_accepted(chunk.chunk_id, task.task_id, accepted),
-                changes.task_expiry(task.task_id, expiry.timestamp() if expiry else None),
-            ],
-            counters=counters,
-        )
-
-    async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
-        reasons = dict.fromkeys(chunk.ids, message)
-        rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
-        await self.journal.commit(
-            rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk.chunk_id)
-        )
-
-    async def _orphan(
-        self,
-        chunk: Chunk,
-        *,
-        counters: dict[str, int] | None = None,
-        by_job: dict[int, dict[str, int]] | None = None,
-    ) -> None:
-        assert chunk.task_id is not None
-        await self.journal.commit(
-            ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
-            counters=counters,
-            by_job=by_job,
-        )
-        self.book.orphan(chunk.task_id, chunk.chunk_id)
-
-    def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
-        return refused(err)
-
-    async def _refused_whole(self, chunk: Chunk, err: exc.RequestError) -> bool | list[Chunk]:
-        """A create refused whole, nothing applied (True: settled; else the parts to send).
-
-        400, 413 and 422 are about the request's rows or size (one element the service will
-        not take, a front end's body limit): a chunk of several rows is split in two, each
-        sent apart and split again if refused again, so that one row refused alone ends as its
-        reject with the service's answer and the others are tagged. Any other status is about
-        no row (a wrong URL, a method not taken): the run stops, its rows kept for a resume."""
-        if not isinstance(err, (exc.ValidationError, exc.PayloadTooLargeError)):
-            raise self._fatal(err) from err
-        failures = err.failure_list if isinstance(err, exc.ValidationError) else None
-        named = [f.error_message for f in failures or () if f.error_message]
-        reason = named[0] if named else (err.service_message or "no reason given")
-        proven = bool(named) or self.writes_taken > 0
-        if len(chunk.ids) > 1 and (proven or not chunk.hold):
-            parts = halves(chunk)
-            stored = [
-                (len(part.ids), max(part.positions), body, encode_ids(part.ids))
-                for part, body in parts
-            ]
-            new_ids = await self.journal.run(self.journal.db.split_chunk, chunk.chunk_id, stored)
-            for (part, _), new_id in zip(parts, new_ids, strict=True):
-                part.chunk_id = new_id
-            logger.info(
-                "a write of %d rows was refused whole (HTTP %s): sent again in two parts",
-                len(chunk.ids),
-                err.status,
-            )
-            return [part for part, _ in parts]
-        if not proven:
-            # No write taken yet in the run: nothing says the refusal is about rows (a body
-            # limit under one row, a firewall refusing every write). It waits for one to be
-            # taken (TaskWriter._send), and stops the run if none is.
-            chunk.waiting = f"HTTP {err.status}: {' '.join(reason.split())[:200]}"
-            return [chunk]
-        await self._reject_chunk(chunk, f"refused by the service (HTTP {err.status}): {reason}")
-        return True
 
     async def _create(
         self, task: OpenTask, chunk: Chunk, token_written: bool = False
