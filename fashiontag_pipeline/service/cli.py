@@ -232,6 +232,9 @@ def build_config(
         raise ConfigError(f"invalid service configuration: {err}") from None
     host = args.host or file.host
     port = file.port if args.port is None else args.port
+    if not 0 <= port <= 65535:  # (the socket layer takes a larger one modulo 65536)
+        where = "--port" if args.port is not None else "port in [service]"
+        raise ConfigError(f"invalid service configuration: {where} must be 0 to 65535, got {port}")
     return config, host, port
 
 

@@ -136,3 +136,21 @@ def test_service_config_file_repr_shows_no_key() -> None:
     config = ServiceConfigFile(api_keys=["sk-live-canary"], bulk_api_keys=["bk-canary", "x"])
     text = repr(config)
     assert "canary" not in text and "api_keys=['***']" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "toml"), [(("--port", "99999"), None), ((), "[service]\nport = 70000\n")]
+)
+def test_serve_refuses_a_port_out_of_range(
+    tmp_path: Path, flags: tuple[str, ...], toml: str | None
+) -> None:
+    """A port past 65535 was taken modulo 65536 (99999 listened on 34463): a bad flag value
+    is exit 2 naming it, as `serve --help` says, never a service on a port nobody asked for."""
+    argv = list(flags)
+    if toml is not None:
+        (tmp_path / "svc.toml").write_text(toml)
+        argv += ["--config", str(tmp_path / "svc.toml")]
+    bad = subprocess.run(serve_argv(*argv), capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2, bad.stdout
+    assert "port" in bad.stderr and "65535" in bad.stderr
+    assert "listening" not in bad.stdout
