@@ -59,3 +59,19 @@ async def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert await run_demo(images=30, workdir=tmp_path) == 0
     out = capsys.readouterr().out
     assert "run complete" in out and "tagged 30" in out
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_demo_refuses_a_catalogue_size_below_one(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`demo --images -3` generated nothing and exited 0, "the demo ran end to end": a bad
+    flag value is exit 2 with usage, as `demo --help` says."""
+    from fashiontag_pipeline.cli.demo import add_demo_arguments
+
+    parser = argparse.ArgumentParser()
+    add_demo_arguments(parser)
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args(["--images", value])
+    assert stopped.value.code == 2
+    assert "--images" in capsys.readouterr().err
