@@ -199,6 +199,11 @@ async def test_help_shows_defaults_key_flags_and_exit_codes() -> None:
         assert code == 0 and b"--api-key" in out and b"--bulk-api-key" in out, command
     code, out, _ = await fashiontag("--help")
     assert b"exit codes:" in out
+    # (serve --rate and demo --images showed no default, though README says every option does)
+    code, out, _ = await fashiontag("serve", "--help")
+    assert code == 0 and "0 = none (default 0)" in " ".join(out.decode().split())
+    code, out, _ = await fashiontag("demo", "--help")
+    assert code == 0 and "catalogue size (default 200)" in " ".join(out.decode().split())
 
 
 async def test_an_undecodable_image_error_is_plain_text(tmp_path: Path) -> None:

@@ -100,7 +100,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--result-ttl", type=float, metavar="SECONDS", help="result expiry after done (7 days)"
     )
     parser.add_argument(
-        "--rate", type=float, metavar="IMAGES_PER_S", help="tagging throughput cap, 0 = none"
+        "--rate",
+        type=float,
+        metavar="IMAGES_PER_S",
+        help="tagging throughput cap, 0 = none (default 0)",
     )
     parser.add_argument(
         "--fetch",
