@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from fashiontag_pipeline import ConfigError
@@ -75,3 +76,35 @@ def test_demo_refuses_a_catalogue_size_below_one(
         parser.parse_args(["--images", value])
     assert stopped.value.code == 2
     assert "--images" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--rotate-images", "0"),  # a bad flag value
+        ("--config", "{config}"),  # a bad config value
+        ("--state", "redis://cache/1"),  # a state this fashiontag cannot use
+        ("--rejects", "{out}"),  # two outputs on one file
+    ],
+)
+def test_a_refused_configuration_still_replaces_the_summary(
+    tmp_path: Path, flags: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README: `--summary FILE` is written on a failure too, with "complete": false and the
+    reason in `error`, so that a cron job never reads the last night's. A run refused for its
+    configuration (exit 2) left last night's `"complete": true` summary in place."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\na,https://img.example/a.jpg\n")
+    out = tmp_path / "o.jsonl"
+    config = tmp_path / "bad.toml"
+    config.write_text('[client.retry]\nmax_attempts = "x"\n')
+    summary = tmp_path / "reports" / "summary.json"
+    summary.parent.mkdir()
+    summary.write_text('{"complete": true, "error": null}')
+    given = [f.format(config=config, out=out) for f in flags]
+    code = run_command(_parse(str(manifest), "--out", str(out), "--summary", str(summary), *given))
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    report = msgspec.json.decode(summary.read_bytes())
+    assert report["complete"] is False
+    assert report["error"] and report["error"] in err
