@@ -16,7 +16,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 
@@ -67,11 +67,21 @@ def _task_id(text: str) -> str:
     return text
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that keeps the usage error it exits with (for ``run --summary``)."""
+
+    refusal: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        _Parser.refusal = f"{self.prog}: {message}"
+        super().error(message)
+
+
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
     """The parser. Each half's arguments (and so its imports: the whole service package, the
     engine with SQLite) are registered only when its subcommand is the one invoked, which keeps
     every run's start-up to what it uses."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fashiontag",
         description="Tag fashion catalogues through an image tagging service.",
         epilog=EXIT_CODES,
@@ -80,7 +90,9 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     serve = sub.add_parser(
         "serve",
@@ -211,8 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fashiontag`` console script."""
     guard_standard_streams()
     arguments = list(sys.argv[1:] if argv is None else argv)
-    parser = _build_parser(_command_of(arguments))
-    args = parser.parse_args(arguments)
+    command = _command_of(arguments)
+    parser = _build_parser(command)
+    try:
+        args = parser.parse_args(arguments)
+    except SystemExit as stop:
+        if stop.code == EXIT_USAGE and command == "run" and _Parser.refusal is not None:
+            # A crontab's typo: --summary still says the run failed, not last night's report.
+            from . import run as run_cli
+
+            run_cli.summary_of_refused_flags(arguments, _Parser.refusal)
+        raise
     configure_logging(args.verbose)
     handler: Callable[[argparse.Namespace], Any] = args.handler
     try:

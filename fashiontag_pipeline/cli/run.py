@@ -17,7 +17,7 @@ import re
 import signal
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -409,6 +409,23 @@ def _failed(args: argparse.Namespace, summary: RunSummary, reason: str, code: in
         summary.error = reason
         _write_summary(args.summary, summary)
     return code
+
+
+def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
+    """``run``'s command line refused by argparse (exit 2): the ``--summary`` it names, when it
+    names one, is replaced by a summary that says so."""
+    path: str | None = None
+    for i, arg in enumerate(arguments):
+        if arg == "--summary" and i + 1 < len(arguments):
+            path = arguments[i + 1]
+        elif arg.startswith("--summary="):
+            path = arg.partition("=")[2]
+    if not path:
+        return
+    summary = RunSummary(error=" ".join(reason.split()))
+    with contextlib.suppress(OSError):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _write_summary(Path(path), summary)
 
 
 def _write_summary(path: Path, summary: RunSummary) -> bool:

@@ -108,3 +108,30 @@ def test_a_refused_configuration_still_replaces_the_summary(
     report = msgspec.json.decode(summary.read_bytes())
     assert report["complete"] is False
     assert report["error"] and report["error"] in err
+
+
+@pytest.mark.parametrize(
+    "flags", [("--detection", "SOCKS"), ("--rotate-images", "many"), ("--sink", "csv")]
+)
+def test_a_flag_argparse_refuses_still_replaces_the_summary(
+    tmp_path: Path, flags: tuple[str, str]
+) -> None:
+    """The same promise when argparse itself refuses a flag value (a typo in a crontab):
+    exit 2, and --summary says `"complete": false` with the usage error, not last night's."""
+    import subprocess
+    import sys
+
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"complete": true, "error": null}')
+    for given in ([f"--summary={summary}"], ["--summary", str(summary)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "fashiontag_pipeline", "run", "m.csv", *given, *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, done.stderr
+        report = msgspec.json.decode(summary.read_bytes())
+        assert report["complete"] is False and flags[0] in report["error"], report
+        summary.write_text('{"complete": true, "error": null}')
