@@ -214,3 +214,26 @@ async def test_an_undecodable_image_error_is_plain_text(tmp_path: Path) -> None:
     error = msgspec.json.decode(out)["error"]
     assert code == 1 and error["code"] == 805
     assert "object at 0x" not in error["message"] and "decoded" in error["message"]
+
+
+async def test_verbose_is_taken_after_the_command_too(tmp_path: Path) -> None:
+    """README: "`-v` logs every retry". `fashiontag run m.csv -v` (where a user types it)
+    was exit 2, "unrecognized arguments: -v": only `fashiontag -v run ...` was taken."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\na,https://img.example/a.jpg\n")
+    async with running_service(ServiceConfig()) as svc:
+        for verbose in (["-v"], ["-vv"], ["--verbose"]):
+            code, _, err = await fashiontag(
+                "run",
+                str(manifest),
+                "--out",
+                str(tmp_path / "o.jsonl"),
+                "--restart",
+                "--base-url",
+                svc.url,
+                "--no-progress",
+                *verbose,
+            )
+            assert code == 0, err
+        code, _, err = await fashiontag("tasks", "list", "-vv", "--base-url", svc.url)
+        assert code == 0 and b"DEBUG" in err, err

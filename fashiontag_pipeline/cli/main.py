@@ -77,6 +77,21 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+class _CommandParser(_Parser):
+    """A command's parser: ``-v`` is taken after the command too (``fashiontag run m.csv -v``,
+    where a user types it); given there, its count is the one used."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=argparse.SUPPRESS,
+            help="more logging (-vv: debug)",
+        )
+
+
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
     """The parser. Each half's arguments (and so its imports: the whole service package, the
     engine with SQLite) are registered only when its subcommand is the one invoked, which keeps
@@ -91,7 +106,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         "-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)"
     )
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
     )
 
     serve = sub.add_parser(
