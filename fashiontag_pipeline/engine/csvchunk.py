@@ -18,11 +18,21 @@ was cut, since a cut falls only after a newline.
 
 from __future__ import annotations
 
+import _csv
 import csv
 import io
 import itertools
 
-__all__ = ["CsvChunk"]
+__all__ = ["MAX_RECORD_LINES", "CsvChunk"]
+
+#: The most lines one CSV record may span. A quote that opens a field and is never closed (one
+#: stray ``"`` at the start of a field) makes the rest of the input one record to the csv
+#: module: every row after it would be read as part of that field and have no outcome (one
+#: reject for the whole rest, or for its first 64 MiB when the field limit refuses it), while
+#: the open record was held and parsed again with every chunk read (memory and time growing
+#: with the manifest). A record spanning more lines than this is refused at its first line and
+#: the lines after that line are read as rows again, however the input was cut.
+MAX_RECORD_LINES = 1000
 
 #: The marker line's text: two Unicode noncharacters, which no manifest holds. If one did, its
 #: record would only be handed back until the input's last chunk (no marker) reads it.
@@ -35,14 +45,23 @@ class CsvChunk:
     def __init__(self, text: str, *, last: bool) -> None:
         self._lines = io.StringIO(text, newline="").readlines()
         self._count = len(self._lines)
-        feed = self._lines if last else itertools.chain(self._lines, (_MARK + "\n",))
-        self._reader = csv.reader(feed)
+        self._last = last
+        #: The line the reader started at (0, or the line after a refused record).
+        self._from = 0
+        self._reader = self._read_from(0)
         #: Lines of the records parsed so far.
         self.consumed = 0
         #: Every record of the chunk was parsed.
         self.done = False
         #: The text of a record still open at the chunk's end (None: none was).
         self.rest: str | None = None
+
+    def _read_from(self, first: int) -> _csv.Reader:
+        """A csv reader of the chunk's lines from ``first`` on (then the marker line)."""
+        self._from = first
+        lines = itertools.islice(self._lines, first, None)
+        feed = lines if self._last else itertools.chain(lines, (_MARK + "\n",))
+        return csv.reader(feed)
 
     def rows(self, limit: int, base: int) -> list[tuple[int, list[str] | str]]:
         """Up to ``limit`` rows: (line number, fields), or (line, reason) for a record the
@@ -58,14 +77,30 @@ class CsvChunk:
                 break
             except csv.Error as err:
                 fields = f"not a valid CSV row: {err}"
-            start, self.consumed = self.consumed, reader.line_num
-            if self.consumed > self._count:  # the record took the marker line in
+            start, self.consumed = self.consumed, self._from + reader.line_num
+            # Lines of the chunk the record spans (the marker line is none of them).
+            span = min(self.consumed, self._count) - start
+            if self.consumed > self._count and fields == [_MARK]:
                 self.done = True
-                if fields == [_MARK]:
-                    self.consumed = self._count
-                else:  # open at the chunk's end: parsed again with what follows
-                    self.rest = "".join(self._lines[start:])
-                    self.consumed = start
+                self.consumed = self._count
+                break
+            if (isinstance(fields, str) and span > 1) or span > MAX_RECORD_LINES:
+                # Refused (or unterminated): its first line is the reject, and the lines the
+                # record swallowed are read again as rows, never lost with it.
+                if not isinstance(fields, str):
+                    fields = (
+                        "not a valid CSV row: a quoted field opened on this line is not closed"
+                        f" within {MAX_RECORD_LINES:,} lines (an unmatched quote?)"
+                    )
+                append((base + start + 1, fields))
+                self.consumed = start + 1
+                reader = self._reader = self._read_from(start + 1)
+                continue
+            if self.consumed > self._count:  # open at the chunk's end
+                self.done = True
+                # parsed again with what follows
+                self.rest = "".join(self._lines[start:])
+                self.consumed = start
                 break
             if fields:
                 append((base + start + 1, fields))

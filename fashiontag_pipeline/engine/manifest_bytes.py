@@ -23,7 +23,15 @@ from typing import Any, BinaryIO, Literal
 from .._exceptions import ManifestError
 from .manifests import ManifestPrint, fingerprint_open
 
-__all__ = ["GZIP_MAGIC", "READ_SIZE", "RESOURCE_ERRNOS", "Kind", "ManifestBytes", "csv_head"]
+__all__ = [
+    "GZIP_MAGIC",
+    "MAX_LINE_BYTES",
+    "READ_SIZE",
+    "RESOURCE_ERRNOS",
+    "Kind",
+    "ManifestBytes",
+    "csv_head",
+]
 
 #: ``errno`` values of an ``open`` or a read that fail for the process's lack of a resource
 #: (its descriptor limit, the system's file table, memory), not for anything in the file: a
@@ -32,6 +40,13 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENO
 
 GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 20
+#: The longest line a manifest may hold (also the CSV field limit: a row's one big field,
+#: a ``data:`` image, and its few short ones). A line is held whole until its newline, and
+#: decoded and parsed in copies of it: a file with no line end (a JSON array on one line, a
+#: binary file, a dump cut before its first newline) took ~8 bytes of memory per byte of it
+#: (765 MB for a 100 MB line) and would take the whole file into memory. Past it the manifest
+#: is refused, naming the line.
+MAX_LINE_BYTES = 64 << 20
 Kind = Literal["csv", "jsonl", "urls"]
 
 
@@ -82,6 +97,8 @@ class ManifestBytes:
         self._eof = False
         self.kind: Kind = "csv"
         self.header: list[str] = []
+        #: Lines parsed so far (the records half counts them): where a line too long is.
+        self._line = 0
 
     def close(self) -> None:
         if self._owns:
@@ -160,6 +177,12 @@ class ManifestBytes:
                 # or URL list with bare CRs is refused at its first line: see open.)
                 cut = data.rfind(b"\r", 0, len(data) - 1) + 1
             if cut == 0:
+                if len(data) > MAX_LINE_BYTES:
+                    raise ManifestError(
+                        f"manifest {self.name} line {self._line + 1:,} is longer than"
+                        f" {MAX_LINE_BYTES >> 20} MiB (no line end in its first"
+                        f" {len(data):,} bytes): not a manifest of one row per line"
+                    )
                 self._pending = data
                 continue
             self._pending = data[cut:]

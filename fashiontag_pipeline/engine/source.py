@@ -34,7 +34,7 @@ import msgspec
 from .._exceptions import ManifestError
 from . import strays
 from .csvchunk import CsvChunk
-from .manifest_bytes import RESOURCE_ERRNOS, ManifestBytes
+from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
 
@@ -59,7 +59,7 @@ _json_decoder = msgspec.json.Decoder()
 # A ``data:`` URI is a legitimate CSV field (it routes to single mode), and one of an image up
 # to the engine's 20 MiB file cap is ~27 MB of base64: the csv module's default 128 KiB field
 # limit would stop the run on it. The limit is process-wide, so it is only ever raised.
-CSV_FIELD_LIMIT = 64 << 20
+CSV_FIELD_LIMIT = MAX_LINE_BYTES
 if csv.field_size_limit() < CSV_FIELD_LIMIT:
     csv.field_size_limit(CSV_FIELD_LIMIT)
 
@@ -76,7 +76,6 @@ class ManifestReader(ManifestBytes):
         #: a lone surrogate): the rows holding one become rejects in :meth:`_take`.
         self._dirty = False
         self._head_dirty = False
-        self._line = 0
         # The chunk being parsed: its CSV records or its lines (JSONL), the line number before
         # the chunk and the line count consumed so far within it.
         self._csv: CsvChunk | None = None
