@@ -122,3 +122,43 @@ def test_the_unmatched_quote_reject_is_a_client_reject(tmp_path: Path) -> None:
     assert len(items) == 5 + MAX_RECORD_LINES + 5
     ((_, reject),) = rejects
     assert reject.line == 7 and reject.stage == "client"
+
+
+async def test_a_chunk_of_long_urls_is_cut_by_bytes_not_only_by_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks were cut at 1,000 rows whatever their size: 1,000 rows of 250 KB URLs made a
+    250 MB chunk, several in flight at once (2.2 GB peak RSS for a 500 MB manifest)."""
+    from fashiontag_pipeline.engine import EngineConfig, batcher, run_pipeline
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    from .helpers import assert_exactly_once, client_config
+
+    budget = 100_000  # stands in for 512 KiB
+    monkeypatch.setattr(batcher, "MAX_CHUNK_BYTES", budget, raising=False)
+    sizes: list[int] = []
+    dispatch = batcher.TaskWriter.dispatch
+
+    async def recording(self: batcher.TaskWriter, items: list, **kw: object) -> None:  # type: ignore[type-arg]
+        sizes.append(sum(len(item[2].image.content) for item in items))
+        await dispatch(self, items, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batcher.TaskWriter, "dispatch", recording)
+    n = 100
+    pad = "x" * 8000  # each URL under the reference service's 8,192 characters
+    p = tmp_path / "m.csv"
+    p.write_text(
+        "id,url\n" + "".join(f"p{i},https://img.example/{i}/{pad}.jpg\n" for i in range(n))
+    )
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        summary = await run_pipeline(
+            [p],
+            client=client_config(svc.url),
+            out=out,
+            rejects=rej,
+            engine=EngineConfig(poll_min=0.02, poll_max=0.2),
+        )
+    assert summary.complete
+    assert_exactly_once(out, rej, {f"p{i}" for i in range(n)})
+    assert sum(sizes) >= n * 8000 and max(sizes) <= budget, sizes
