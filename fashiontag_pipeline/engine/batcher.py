@@ -34,31 +34,19 @@ from .._models import Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
-from .policy import Chunk, OpenTask, WritePolicy, encode_body, encode_ids
+from .policy import (
+    MAX_CHUNK_BYTES,
+    Chunk,
+    OpenTask,
+    WritePolicy,
+    chunk_cut,
+    encode_body,
+    encode_ids,
+)
 from .state import Journal
 from .tracker import TaskBook
 from .validate import Item
 from .writes import STAGE_SERVER, TaskWrites, job_marks
-
-#: The most bytes of image URLs one chunk carries (besides ``chunk_size`` requests). Chunks
-#: were cut by count alone: 1,000 rows of 250 KB URLs made a 250 MB chunk, held in the buffer,
-#: encoded, written ahead and sent by each write slot at once (2.2 GB peak RSS for a 500 MB
-#: manifest); a chunk past the service's body limit is refused and split anyway. (Under 1 MB,
-#: past which aiohttp warns that sending a body may block the event loop; a chunk of the
-#: common ~100-byte URLs is ~0.1 MB, never cut by it.)
-MAX_CHUNK_BYTES = 512 << 10
-
-
-def chunk_cut(buffer: list[Item], size: int, max_bytes: int) -> int:
-    """How many items from the front of ``buffer`` make a full chunk (``size`` requests, or
-    the most, at least one, whose URLs stay within ``max_bytes``); 0 when they make none yet."""
-    total = 0
-    for i, item in enumerate(buffer[:size]):
-        total += len(item[2].image.content)
-        if total > max_bytes:
-            return max(i, 1)
-    return size if len(buffer) >= size else 0
-
 
 __all__ = ["STAGE_SERVER", "TaskWriter"]
 

@@ -135,7 +135,7 @@ async def test_a_chunk_of_long_urls_is_cut_by_bytes_not_only_by_count(
     from .helpers import assert_exactly_once, client_config
 
     budget = 100_000  # stands in for 512 KiB
-    monkeypatch.setattr(batcher, "MAX_CHUNK_BYTES", budget, raising=False)
+    monkeypatch.setattr(batcher, "MAX_CHUNK_BYTES", budget)
     sizes: list[int] = []
     dispatch = batcher.TaskWriter.dispatch
 
