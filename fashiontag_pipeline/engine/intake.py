@@ -59,15 +59,23 @@ def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
 
 
 async def _stdin_ended(job: Job, digests: dict[int, StdinDigest], journal: Journal) -> None:
-    """A job read to the end: if it read stdin, its replay reached the rows it resumes from
-    (:meth:`StdinDigest.ended`; also when stdin held no row at all)."""
+    """A job read to the end, or to a manifest after stdin: if it read stdin, its replay
+    reached the rows it resumes from (:meth:`StdinDigest.ended`; also when stdin held no row
+    at all)."""
     digest = digests.get(job.id)
     if digest is None:
         source = next((src for src, name in job.row.sources if name == STDIN), None)
         if source is None:
             return
         digest = await StdinDigest.load(journal, job.id, source, job.row.validated)
+        digests[job.id] = digest
     digest.ended()
+
+
+def _stdin_before(job: Job, source: int) -> bool | None:
+    """Whether ``job`` read stdin before its manifest ``source`` (None: it reads no stdin)."""
+    stdin = next((src for src, name in job.row.sources if name == STDIN), None)
+    return None if stdin is None else stdin < source
 
 
 async def intake(
@@ -86,6 +94,8 @@ async def intake(
     replay_rejects: dict[int, set[int]] = {}
     #: Per job reading stdin: the digest of its rows (see StdinDigest).
     digests: dict[int, StdinDigest] = {}
+    #: Jobs whose stdin (if any) was read to its end before their current manifest.
+    past_stdin: set[int] = set()
     async with receive, send, single_send:
         async for batch in receive:
             if isinstance(batch, JobEnd):
@@ -102,6 +112,14 @@ async def intake(
             if job is None:
                 continue  # the job was dropped (failed) while its rows were on their way
             chunked, validated = job.row.chunked, job.row.validated
+            if batch.name != STDIN and job.id not in past_stdin:
+                before = _stdin_before(job, batch.source)
+                if before is not False:
+                    # stdin (read first) ended: its replay must have reached V's rows before
+                    # any row of a later manifest is sent.
+                    if before:
+                        await _stdin_ended(job, digests, journal)
+                    past_stdin.add(job.id)
             if (
                 batch.name == STDIN
                 and batch.rows

@@ -49,13 +49,19 @@ class StdinDigest:
     @classmethod
     async def load(cls, journal: Journal, job: int, source: int, validated: int) -> StdinDigest:
         """The digest of a job as the state recorded it. Only one recorded at the job's V
-        (``validated``) is checked: they commit together, so any other is not this run's."""
+        (``validated``) is checked, or at stdin's last row when V has gone on to a later
+        manifest of the job (``run - later.csv``: every batch of stdin commits its digest
+        with V, so the last one covers every row stdin gave); any other is not this run's."""
         text = await journal.run(journal.db.meta, f"{STDIN_DIGEST}{job}")
         recorded: tuple[int, int] | None = None
         if text and validated >= 0:
             pos, _, crc = text.partition(":")
-            if pos.isdigit() and crc.isdigit() and int(pos) == validated:
-                recorded = (int(pos), int(crc))
+            if pos.isdigit() and crc.isdigit():
+                at = int(pos)
+                if at == validated or (
+                    at >> POS_SHIFT == source and validated >> POS_SHIFT > source
+                ):
+                    recorded = (at, int(crc))
         return cls(job, source, recorded)
 
     def feed(self, rows: Sequence[tuple[int, Any]]) -> Change | None:
