@@ -168,12 +168,15 @@ class WriteAnswers:
         self,
         chunk: Chunk,
         *,
+        ops: list[changes.Change] | None = None,
         counters: dict[str, int] | None = None,
         by_job: dict[int, dict[str, int]] | None = None,
     ) -> None:
+        """Record ``chunk`` as of unknown fate in its task (settled from the task's results),
+        in one transaction with ``ops`` (the task it created) and the counts given."""
         assert chunk.task_id is not None
         await self.journal.commit(
-            ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
+            ops=[*(ops or ()), changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
             counters=counters,
             by_job=by_job,
         )

@@ -10,6 +10,7 @@ split) is :mod:`.answers`.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Collection
 from datetime import datetime
@@ -21,7 +22,7 @@ from .._client import TaggerClient
 from .._models import Task
 from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
 from .config import EngineConfig
-from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .flow import STILL_FAILING_EVERY, AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
 from .policy import Chunk, OpenTask, WritePolicy
 from .state import Journal, changes
@@ -95,12 +96,11 @@ class TaskWrites(WriteAnswers):
                         " found by its token",
                         err.status,
                     )
-                else:
-                    await self.budget.failed(err, "create task")
+                    await self._created_unanswered(task, chunk, err.status)
+                    return True
+                await self.budget.failed(err, "create task")
                 adopted = await self.find_task(task.token)
                 if adopted is None:
-                    if err.applied:  # not listed in time: created again, after a backoff
-                        await self.budget.failed(err, "create task")
                     continue
                 # The id may have answered another create of the run meanwhile (a service
                 # that merges creates): the same stop as for such an answer (below).
@@ -130,6 +130,68 @@ class TaskWrites(WriteAnswers):
             await self._accept(task, chunk, response, opened)
             task.created.set()
             return True
+
+    async def _created_unanswered(self, task: OpenTask, chunk: Chunk, status: int | None) -> None:
+        """Settle a create answered 2xx with no readable body: applied, its task id unknown.
+
+        Its task is looked for by token until listed: not created again when the list lags
+        (its rows would be billed twice, though the answer said they were taken). Once found,
+        the chunk is settled as an append answered so: its rows are in the task (submitted),
+        an orphan settled from the task's results (a row the task does not return is sent
+        again), not written to the task a second time. A task never listed within
+        ``give_up_after`` stops the run with the state saved."""
+        adopted = await self._find_applied(task.token, status)
+        await self._check_new_id(adopted.task_id, chunk)
+        chunk.task_id = adopted.task_id
+        chunk.fate_unknown = True
+        ops = self._opened_ops(task, adopted.task_id, adopted.expires_at)
+        await self._orphan(
+            chunk,
+            ops=ops,
+            counters={"tasks": 1, "submitted": len(chunk.ids)},
+            by_job=self._submitted(chunk, {}),
+        )
+        task.created.set()
+
+    async def _find_applied(self, token: str, status: int | None) -> Task:
+        """The task of an applied create (see :meth:`_created_unanswered`), looked for again
+        at growing intervals (each look waits up to ``list_lag``) until ``give_up_after`` has
+        gone by since the answer: then FatalRunError (not a create again)."""
+        started = time.monotonic()
+        limit = self.budget.give_up_after
+        warned: float | None = None
+        pause = 0.25
+        while True:
+            found = await self.find_task(token)
+            if found is not None:
+                if warned is not None:
+                    logger.info(
+                        "the task of a create applied with no answer is listed after %.0f s",
+                        time.monotonic() - started,
+                    )
+                return found
+            now = time.monotonic()
+            if now - started >= limit:
+                raise FatalRunError(
+                    f"a create was applied (HTTP {status}) with no readable answer and its"
+                    f" task ({self.description(token)!r}) was never listed by the service in"
+                    f" {limit:.0f} s (give_up_after, --give-up-after): its id cannot be learnt"
+                    " nor its results read; stopped with the state saved, its rows not created"
+                    " again (each would be billed twice). The same command resumes: it looks"
+                    " for the task again, and sends the rows again only if it is still not"
+                    " listed"
+                )
+            if warned is None or now - warned >= STILL_FAILING_EVERY:
+                warned = now
+                logger.warning(
+                    "a create was applied (HTTP %s) with no readable answer and its task is"
+                    " not listed after %.0f s; looked for again%s, not created again",
+                    status,
+                    now - started,
+                    "" if math.isinf(limit) else f" for up to {limit:.0f} s",
+                )
+            await anyio.sleep(min(pause, max(0.0, limit - (now - started))))
+            pause = min(pause * 2, 5.0)
 
     async def _check_new_id(self, task_id: str, chunk: Chunk) -> None:
         """Stop the run when a create's task id (answered, or adopted from the list after an

@@ -196,6 +196,8 @@ class MisbehavingProxy:
         #: The task ids answered to the creates merged by ``merge_creates``.
         self.merged: list[str] = []
         self._first_created = anyio.Event()
+        #: Appends (PUT to a task) received, whatever their answer.
+        self.puts = 0
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -222,6 +224,8 @@ class MisbehavingProxy:
         task_id = None
         if path.startswith(BULK + "/"):
             task_id = path[len(BULK) + 1 :].split("/")[0]
+            if request.method == "PUT":
+                self.puts += 1
             if request.method == "PUT" and self.ordinal(task_id) in self.rules.forget_at_first_put:
                 self.forgotten.add(task_id)
             if task_id in self.forgotten:

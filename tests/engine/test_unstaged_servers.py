@@ -18,11 +18,14 @@ from urllib.parse import unquote
 
 import aiohttp
 import anyio
+import msgspec
 import pytest
 from aiohttp import web
 
 from fashiontag_pipeline import Timeout
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.engine.run import default_state_path
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
@@ -80,6 +83,50 @@ async def test_a_create_answered_204_finds_its_task_at_once_without_a_retry(
     assert len(o.results) == 3000 and not o.rejects
     assert len(proxy.created) == 3, proxy.created
     assert summary.retries == 0
+    # Its rows are in the task: submitted (as those of an append answered 204), and not
+    # written to it again (a PUT of rows the create applied: duplicates the service refuses
+    # or, worse, takes).
+    assert summary.submitted == 3000
+    assert proxy.puts == 0
+
+
+async def test_a_create_answered_204_is_looked_for_not_created_again(tmp_path: Path) -> None:
+    """Every create is applied and answered ``204 No Content``, and the task list shows a new
+    task only 1.5 s later (longer than ``list_lag``). The engine took the task not listed
+    within ``list_lag`` for a create not applied and created the chunk again: a second task
+    with the same rows, each billed twice, though the 2xx said the first create was applied.
+    The task is looked for until it is listed."""
+    rules = Misbehaviour(no_content_writes={"POST"}, list_lag=1.5)
+    engine = msgspec.structs.replace(TASKS_OF_1000, list_lag=0.2, give_up_after=30.0)
+    summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules, engine)
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 2000 and not o.rejects
+    assert len(proxy.created) == 2, proxy.created
+    assert summary.submitted == 2000
+
+
+async def test_a_create_answered_204_whose_task_is_never_listed_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """Every create is applied and answered ``204 No Content`` and the task list never shows
+    the new task. Its id cannot be learnt: the run stops (state saved) once ``give_up_after``
+    has gone by, its rows created once, not created again and again (each time billed)."""
+    rules = Misbehaviour(no_content_writes={"POST"}, list_lag=3600.0)
+    engine = msgspec.structs.replace(TASKS_OF_1000, list_lag=0.2, give_up_after=1.5)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    started = time.monotonic()
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        with pytest.raises(FatalRunError, match=r"applied .* never listed"):
+            await run_pipeline(
+                [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+            )
+    assert len(proxy.created) == 1, proxy.created
+    assert time.monotonic() - started < 30
+    assert default_state_path(out).exists()
 
 
 async def test_a_redirect_to_another_host_is_not_sent_the_key(tmp_path: Path) -> None:
