@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sqlite3
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -315,6 +316,15 @@ async def run_pipeline(
                 resumed=run.resumed,
                 state=where,
             )
+    except sqlite3.Error as err:
+        db.close()
+        close_readers()
+        # The state's first writes (a full disk, a file this process may not write): named,
+        # as :meth:`Journal.run` names those of the run ("attempt to write a readonly
+        # database" alone does not say which file).
+        if where in str(err):
+            raise
+        raise type(err)(f"{where}: {err}") from err
     except BaseException:
         db.close()
         close_readers()
