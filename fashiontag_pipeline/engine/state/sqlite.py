@@ -9,6 +9,7 @@ and write volume, and inserts a batch's new ids in one statement.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -19,9 +20,11 @@ from ... import _exceptions as exc
 from .schema import SCHEMA
 from .store import StateStore
 
-__all__ = ["STATE_CACHE_KIB", "WAL_CHECKPOINT_PAGES", "StateDB"]
+__all__ = ["RECLAIM_STEP_PAGES", "STATE_CACHE_KIB", "WAL_CHECKPOINT_PAGES", "StateDB"]
 
 _ids_encoder = msgspec.json.Encoder()
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 #: SQLite page cache of the state file. It is the one part of the engine's memory that grows
 #: with the run until its cap (the ids table behind run-wide dedupe), so it is kept small:
@@ -32,6 +35,10 @@ STATE_CACHE_KIB = 4096
 
 #: WAL pages before SQLite copies them into the state file (its default is 1,000).
 WAL_CHECKPOINT_PAGES = 4000
+
+#: Free pages given back to the file system per transaction when a run completes
+#: (:meth:`StateDB.reclaim`): bounds the WAL that giving them back writes.
+RECLAIM_STEP_PAGES = 2000
 
 
 def _lock_exclusively(path: Path) -> int:
@@ -72,6 +79,12 @@ class StateDB(StateStore):
     @staticmethod
     def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # Chunk bodies are deleted once their task is read: without this, a state file kept
+        # its peak size for good (81% free pages after a 2M-row run, 265 MB). Takes effect
+        # only on a new file (before its first table); an older file stays as it is (set on
+        # it, the pragma is a write: a state this process may not write failed there).
+        if db.execute("PRAGMA page_count").fetchone()[0] == 0:
+            db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         # A bounded page cache keeps memory flat however many ids the run holds.
@@ -97,6 +110,33 @@ class StateDB(StateStore):
             db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
             db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
         return db
+
+    def mark_complete(self, when: str) -> None:
+        super().mark_complete(when)
+        self.reclaim()
+
+    def reclaim(self) -> None:
+        """Give the free pages back to the file system (a file made with
+        ``auto_vacuum=INCREMENTAL``; nothing for an older one). Not needed for the run's
+        correctness: a failure is logged, not raised."""
+        try:
+            (mode,) = self.db.execute("PRAGMA auto_vacuum").fetchone()
+            if mode != 2:
+                return
+            # Moves the pages at the end of the file into the free ones and truncates it, a
+            # step of pages at a time: one transaction of them all had the WAL grow by about
+            # the free pages (121 MB for a 1M-row state of 159 MB); a step's commit lets the
+            # WAL be checkpointed and reused. executescript steps the pragma to its end
+            # (execute() steps it once, which frees one page).
+            before = None
+            while True:
+                (free,) = self.db.execute("PRAGMA freelist_count").fetchone()
+                if not free or free == before:
+                    return
+                before = free
+                self.db.executescript(f"PRAGMA incremental_vacuum({RECLAIM_STEP_PAGES});")
+        except sqlite3.Error as err:
+            logger.warning("%s: free space not given back: %s", self.where, err)
 
     def close(self) -> None:
         """Close the file and release its lock (idempotent)."""
