@@ -15,6 +15,7 @@ import logging
 import signal
 import sqlite3
 import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -147,9 +148,16 @@ def daemon_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    inbox, _ = config.require_folders()
+    inbox, outbox = config.require_folders()
     if not inbox.is_dir():
         print(f"fashiontag: inbox {inbox} is not a folder", file=sys.stderr)
+        return EXIT_USAGE
+    blocker = _not_a_folder(outbox)
+    if blocker is not None:
+        # The daemon creates the outbox: a file there (or on its path) made its mkdir fail
+        # with FileExistsError or NotADirectoryError as the only explanation (exit 1).
+        where = "" if blocker == outbox else f" ({blocker} is a file)"
+        print(f"fashiontag: outbox {outbox} is not a folder{where}", file=sys.stderr)
         return EXIT_USAGE
     level = logging.INFO if args.verbose < 2 else logging.DEBUG
     configure_logging(
@@ -215,6 +223,15 @@ def daemon_command(args: argparse.Namespace) -> int:
     except (FashiontagError, OSError, sqlite3.Error) as err:
         return _report(err, log)
     return EXIT_OK
+
+
+def _not_a_folder(path: Path) -> Path | None:
+    """The nearest of ``path`` and its parents that exists, when it is not a folder (the
+    folder cannot be created there); None when the folder exists or can be created."""
+    for at in (path, *path.parents):
+        if at.exists():
+            return None if at.is_dir() else at
+    return None
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -72,6 +72,38 @@ def test_bad_daemon_options_are_one_clear_line_and_exit_2(
     assert proc.stdout == b""
 
 
+@pytest.mark.parametrize("under", ["", "sub"], ids=["file", "under-a-file"])
+def test_an_outbox_that_is_a_file_is_one_clear_line_and_exit_2(tmp_path: Path, under: str) -> None:
+    """``--outbox FILE`` (a regular file where a folder is expected, or a path under one):
+    the daemon logged ``FileExistsError`` (or ``NotADirectoryError``) from its mkdir as its
+    only explanation, and exited 1. It is refused as the inbox is: exit 2, naming the path."""
+    (tmp_path / "IN").mkdir()
+    (tmp_path / "results.jsonl").write_text("")
+    outbox = tmp_path / "results.jsonl" / under if under else tmp_path / "results.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "daemon",
+            "--inbox",
+            str(tmp_path / "IN"),
+            "--outbox",
+            str(outbox),
+            "--state",
+            str(tmp_path / "d.state"),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"outbox {outbox} is not a folder" in err, err
+    assert "FileExistsError" not in err and "NotADirectoryError" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "d.state").exists()
+
+
 def test_run_names_a_state_url_it_cannot_use_without_its_password(tmp_path: Path) -> None:
     manifest = tmp_path / "m.csv"
     manifest.write_text("id,url\na,https://img.example/a.jpg\n")
