@@ -37,9 +37,9 @@ from .jobs import Jobs
 from .policy import (
     MAX_CHUNK_BYTES,
     Chunk,
+    ChunkCutter,
     OpenTask,
     WritePolicy,
-    chunk_cut,
     encode_body,
     encode_ids,
 )
@@ -184,6 +184,7 @@ class TaskWriter(TaskWrites):
 
     async def _intake(self, items: anyio.abc.ObjectReceiveStream[list[Item]]) -> None:
         buffer: list[Item] = []
+        cutter = ChunkCutter(self.policy.chunk_size, MAX_CHUNK_BYTES)
         since = 0.0
         eof = False
         while not eof:
@@ -206,7 +207,8 @@ class TaskWriter(TaskWrites):
                 if not buffer:
                     since = self.clock()
                 buffer.extend(batch)
-            while cut := chunk_cut(buffer, self.policy.chunk_size, MAX_CHUNK_BYTES):
+                cutter.added(batch)
+            while cut := cutter.cut(buffer):
                 head, buffer = buffer[:cut], buffer[cut:]
                 await self.dispatch(head)
                 since = self.clock()
@@ -215,6 +217,7 @@ class TaskWriter(TaskWrites):
             if buffer and (eof or idle or due_now):
                 await self.dispatch(buffer)
                 buffer = []
+                cutter.emptied()
             cur = self.current
             if cur is not None and (idle or now >= self.policy.close_at(cur, len(buffer))):
                 # Nothing more to read for now (idle): seal, so the rows sent get results.

@@ -257,19 +257,52 @@ class WritePolicy:
 MAX_CHUNK_BYTES = 512 << 10
 
 
+def url_bytes(items: Sequence[Any]) -> int:
+    """The bytes of the image URLs of ``items`` (one C-level pass)."""
+    return sum(map(len, map(_url, map(_request, items))))
+
+
+class ChunkCutter:
+    """Where the task writer's buffer is cut into chunks: every ``size`` requests, or sooner
+    when their URLs pass ``max_bytes`` (at least one request a chunk).
+
+    An upper bound of the buffer's URL bytes is kept as items come in (each item measured
+    once, in C): while it is within ``max_bytes`` the buffer is cut by count alone. Past it,
+    the buffer is measured again (the bound only grew as chunks left), and only a buffer
+    that really holds that many bytes (long URLs) is cut item by item. Measuring every chunk
+    item by item cost ~700 instructions an image (~1.3% of the engine's CPU)."""
+
+    __slots__ = ("bound", "max_bytes", "size")
+
+    def __init__(self, size: int, max_bytes: int = MAX_CHUNK_BYTES) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        self.bound = 0
+
+    def added(self, items: Sequence[Any]) -> None:
+        self.bound += url_bytes(items)
+
+    def emptied(self) -> None:
+        self.bound = 0
+
+    def cut(self, buffer: list[Any]) -> int:
+        """How many items from the front of ``buffer`` make a full chunk; 0: none yet."""
+        if self.bound > self.max_bytes:
+            self.bound = url_bytes(buffer)
+            if self.bound > self.max_bytes:
+                return chunk_cut(buffer, self.size, self.max_bytes)
+        return self.size if len(buffer) >= self.size else 0
+
+
 def chunk_cut(buffer: list[Any], size: int, max_bytes: int) -> int:
     """How many items from the front of ``buffer`` make a full chunk (``size`` requests, or
     the most, at least one, whose URLs stay within ``max_bytes``); 0 when they make none yet."""
-    head = buffer[:size]
-    # The usual chunk (short URLs) in one C-level pass; the loop only for one past the bytes.
-    if sum(map(len, map(_url, map(_request, head)))) <= max_bytes:
-        return size if len(buffer) >= size else 0
     total = 0
-    for i, item in enumerate(head):
+    for i, item in enumerate(buffer[:size]):
         total += len(item[2].image.content)
         if total > max_bytes:
             return max(i, 1)
-    return size if len(buffer) >= size else 0  # (not reached: the sum was past max_bytes)
+    return size if len(buffer) >= size else 0
 
 
 _request = operator.itemgetter(2)

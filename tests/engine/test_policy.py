@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fashiontag_pipeline._models import BulkContext, Image, TaggingRequest
 from fashiontag_pipeline.engine import EngineConfig
-from fashiontag_pipeline.engine.policy import OpenTask, WritePolicy
+from fashiontag_pipeline.engine.policy import ChunkCutter, OpenTask, WritePolicy, chunk_cut
 
 configs = st.builds(
     EngineConfig,
@@ -128,3 +129,33 @@ def test_partial_chunk_is_flushed_before_the_open_task_expires(
     task = OpenTask(seq=0, token="t", opened=opened, expires=opened + 5.0, task_id="x")
     if buffered < config.chunk_size:
         assert policy.flush_at(buffered, opened, task) < policy.write_deadline(task)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(min_value=1, max_value=400), max_size=30), max_size=12),
+    st.integers(min_value=1, max_value=8),
+)
+def test_the_chunk_cutter_cuts_where_measuring_every_item_would(
+    batches: list[list[int]], size: int
+) -> None:
+    """The writer's buffer, fed batches of URLs of these lengths, is cut where the item-by-item
+    rule (``size`` requests, or fewer whose URLs stay within the bytes) cuts it, though the
+    cutter measures each item once and cuts by count while its bound allows."""
+    cutter = ChunkCutter(size, 1000)
+    buffer: list[tuple[str, int, TaggingRequest]] = []
+    n = 0
+    for lengths in batches:
+        batch = []
+        for length in lengths:
+            n += 1
+            url = "h" * length
+            batch.append((f"p{n}", n, TaggingRequest(Image("url", url), BulkContext(f"p{n}"))))
+        buffer.extend(batch)
+        cutter.added(batch)
+        while True:
+            expected = chunk_cut(buffer, size, 1000)
+            assert cutter.cut(buffer) == expected
+            if not expected:
+                break
+            buffer = buffer[expected:]
