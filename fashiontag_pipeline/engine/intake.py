@@ -25,6 +25,7 @@ import anyio
 
 from .jobs import Job, JobEnd, Jobs
 from .manifests import STDIN
+from .policy import Measured
 from .reuse import ReuseHook
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
@@ -138,6 +139,8 @@ async def intake(
                 if change is not None:
                     also.append(change)
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
+            #: What the validator measured of the rows' URLs (the writer's cut by bytes).
+            measured: int | None = getattr(items, "url_bytes", None)
             fresh: list[JobReject] = []
             #: Position of a refused row -> its reject's index in ``fresh`` (a later row of an
             #: id is a ``duplicate id`` reject whatever else is wrong with it: see claimed).
@@ -210,6 +213,9 @@ async def intake(
                 if bulk:
                     await send.send(bulk)
             elif len(keep) == len(items):  # every row kept (the usual batch): no copy
+                if measured is not None and not isinstance(items, Measured):
+                    items = Measured(items, measured)  # (namespaced: a new list)
                 await send.send(items)
             elif keep:
-                await send.send([items[i] for i in keep])
+                kept = [items[i] for i in keep]
+                await send.send(kept if measured is None else Measured(kept, measured))

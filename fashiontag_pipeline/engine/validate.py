@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
+from .policy import Measured
 from .rows import PlainRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
@@ -188,10 +189,13 @@ class Validator:
         if joined.split(None, 1) != [joined]:
             return None
         first = shifted | rows.first
-        return [
-            (ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident)))
-            for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
-        ]
+        return Measured(
+            [
+                (ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident)))
+                for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
+            ],
+            len(joined),
+        )
 
     def _csv_row(
         self,
