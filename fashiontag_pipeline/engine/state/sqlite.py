@@ -122,6 +122,11 @@ class StateDB(StateStore):
         instructions an image (~2% of the engine's CPU) for space only the end needs."""
         try:
             with self.transaction():
+                # Only once no job is open: an engine that took several jobs (a library
+                # caller, the daemon) may end "complete" with a job it could not finish left
+                # open for the next start, which resumes it from its ids and chunk bodies.
+                if self.db.execute("SELECT 1 FROM jobs WHERE state != 'complete'").fetchone():
+                    return
                 self.db.execute("DELETE FROM ids")
                 self.db.execute("DELETE FROM chunk_bodies")
             (free,) = self.db.execute("PRAGMA freelist_count").fetchone()
