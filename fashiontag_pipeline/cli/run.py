@@ -31,11 +31,10 @@ from ..engine.run import (
     RunControl,
     default_state_path,
     first_error,
-    not_a_file,
-    not_utf8,
     run_pipeline,
     summary_json,
 )
+from ..engine.run_checks import not_a_file, not_utf8
 from .common import (
     EXIT_ERROR,
     EXIT_INCOMPLETE,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sqlite3
-import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,160 +30,23 @@ from .gcpolicy import tune_gc
 from .jobs import Job, JobSpec
 from .manifests import STDIN, check_readable_twice
 from .outcome import already_complete
-from .outfiles import lock_output
 from .reuse import open_reuse
+from .run_checks import (
+    ASKED,
+    absolute,
+    asked_text,
+    check_asked,
+    not_a_file,
+    not_utf8,
+    outputs_elsewhere,
+    outputs_free,
+)
 from .source import open_manifests
-from .state import JobRow, Reconciliation, StateStore, open_state
+from .state import Reconciliation, StateStore, open_state
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-
-def _outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[str, bool]:
-    """What of a run's committed output is not at the paths given now ("" when all of it is),
-    and whether it is because other paths were given.
-
-    A file given at another path than the one recorded holds the run's lines when it was moved
-    or copied there: at least as long as the state's checkpoint, and, while the recorded file
-    is still in place, ending its committed part with the same bytes (the shared daemon's
-    takeover copies the committed prefix to its own JSONL files; a SQLite results file is
-    taken at another path only once the recorded one is gone). Otherwise the given path is some
-    other file, never cut back and appended to. At the recorded path, a file missing or
-    shorter than the checkpoint lost lines. (Results in SQLite are only checked to hold
-    rows.)"""
-    if job is None:
-        return "", False
-    problems: list[str] = []
-    elsewhere = False
-    files = (
-        ("results", out, job.results, job.results_ckpt, job.sink != "sqlite"),
-        ("rejects", rejects, job.rejects, job.rejects_ckpt, True),
-    )
-    for what, given, written, ckpt, in_bytes in files:
-        if not written or ckpt <= 0:
-            continue  # nothing committed to it
-        needed = ckpt if in_bytes else 1
-        if os.path.realpath(given) != os.path.realpath(written):
-            if _size(given) >= needed and (
-                _size(Path(written)) < needed or (in_bytes and _same_tail(given, written, ckpt))
-            ):
-                continue  # moved or copied to the path given, lines and all
-            elsewhere = True
-            problems.append(f"its {what} were written to {written}, not {given}")
-            continue
-        size = _size(given)
-        if size < needed:
-            state = "is missing" if size < 0 else "holds fewer lines than were committed"
-            problems.append(f"its {what} file {given} {state}")
-    return "; ".join(problems), elsewhere
-
-
-def _same_tail(given: Path, written: str, end: int, span: int = 4096) -> bool:
-    """Whether two files hold the same bytes just before ``end`` (a copy of a committed
-    prefix, checked on its last ``span`` bytes rather than read whole)."""
-    start = max(0, end - span)
-    try:
-        with given.open("rb") as a, open(written, "rb") as b:
-            a.seek(start)
-            b.seek(start)
-            return a.read(end - start) == b.read(end - start)
-    except OSError:
-        return False
-
-
-#: The meta key of the question a run's rows are asked: its language and default detection.
-_ASKED = "asked"
-
-
-def _asked(language: str, detection: Sequence[str] | None) -> str:
-    return msgspec.json.encode(
-        {"language": language, "detection": sorted(detection) if detection else None}
-    ).decode()
-
-
-def _describe_asked(asked: str) -> str:
-    options = msgspec.json.decode(asked, type=dict[str, Any])
-    detection = options.get("detection")
-    shown = ",".join(detection) if detection else "the service's default"
-    return f"--language {options.get('language')} and --detection {shown}"
-
-
-def _check_asked(where: str, before: str | None, asked: str) -> None:
-    """A resumed run must ask its rows what the run was begun with: rows already sent were
-    asked that (their results are read in its language), and a result store files results by
-    the question (``--reuse``)."""
-    if before is None or before == asked:
-        return
-    raise exc.StateConflictError(
-        f"{where} holds an unfinished run begun with {_describe_asked(before)}; this command"
-        f" gives {_describe_asked(asked)}: resume it with the options it was begun with, so"
-        " that every row is answered alike, or pass --restart to start over (every row is"
-        " tagged again)"
-    )
-
-
-def _outputs_free(*paths: Path) -> None:
-    """StateConflictError when another process holds the lock of an existing output."""
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue  # not there (made by the sinks) or unreadable (they say so)
-        try:
-            lock_output(fd, path)
-        finally:
-            os.close(fd)
-
-
-def _absolute(path: Path) -> Path:
-    """``path`` made absolute against the working directory (a string operation, no I/O)."""
-    return Path(os.path.abspath(path))
-
-
-def not_utf8(named: Sequence[tuple[str, Path | str]]) -> str | None:
-    """Why one of the run's paths cannot be used (None when each can): a name that is not
-    UTF-8 (a Latin-1 name from a file share, here or in a folder above it, the working
-    directory included) cannot be recorded in the state or a summary, which hold text."""
-    for what, path in named:
-        text = os.path.abspath(path)
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
-            return (
-                f"{what} {shown}: its path is not UTF-8 (a name written in another encoding):"
-                " rename the file or folder, or give another path"
-            )
-    return None
-
-
-def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
-    """Why an output cannot be used (None when each can): one that exists and is not a
-    regular file (``/dev/null``, ``/dev/stdout``, a pipe, a folder). A run cuts its outputs
-    back to their last checkpoint to resume and fsyncs them, which only a file allows: on
-    /dev/null the run tagged every row and then failed at its end, every night."""
-    for what, path in named:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            continue  # not there yet (made by the sinks), or unreadable (they say so)
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a device, a pipe or a socket"
-            return (
-                f"{what} {path} is not a regular file ({kind}): a run writes its outcomes to a"
-                " file, which it cuts back to its last checkpoint to resume; give a file path"
-                " (and read or delete it after the run)"
-            )
-    return None
-
-
-def _size(path: Path) -> int:
-    """The size of a file in bytes, -1 when there is none."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return -1
 
 
 #: The key of ``run``'s one job in its state file.
@@ -235,7 +96,7 @@ async def run_pipeline(
     """
     started = time.monotonic()
     # Recorded absolute: a resume from another working directory names the same files.
-    out, rejects = _absolute(out), _absolute(rejects)
+    out, rejects = absolute(out), absolute(rejects)
     names = [str(m) for m in manifests]
     if not names:
         raise exc.ManifestError("no manifest given")
@@ -251,7 +112,7 @@ async def run_pipeline(
         raise exc.ConfigError(problem)
     # Another run writing an output refuses this one before its state is made, so that the
     # refusal leaves nothing behind (the sinks take the same lock when they open).
-    await anyio.to_thread.run_sync(_outputs_free, out, rejects)
+    await anyio.to_thread.run_sync(outputs_free, out, rejects)
     for name in names:
         check_readable_twice(name)  # (a FIFO is refused before it is opened)
     readers = await open_manifests(names, engine.read_batch_rows)
@@ -283,7 +144,7 @@ async def run_pipeline(
             )
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
         recorded = db.find_job(RUN_JOB) if run.opened in ("complete", "resumed") else None
-        moved, elsewhere = _outputs_elsewhere(recorded, out, rejects)
+        moved, elsewhere = outputs_elsewhere(recorded, out, rejects)
         if run.opened == "complete":
             db.close()
             close_readers()
@@ -301,14 +162,14 @@ async def run_pipeline(
                 " (or move its files to the paths given) to resume it, or pass --restart to"
                 " start over (every row is tagged again)"
             )
-        asked = _asked(client.language, engine.default_detection)
+        asked = asked_text(client.language, engine.default_detection)
         if run.resumed:
-            _check_asked(where, db.meta(_ASKED), asked)
+            check_asked(where, db.meta(ASKED), asked)
         # The job's outputs are the ones given now (a resume may name other paths, once
         # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
         with db.transaction():  # the state's side of --reuse, in a (fenced) transaction
-            db.set_meta(_ASKED, asked)
+            db.set_meta(ASKED, asked)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,
                 language=client.language,
@@ -437,4 +298,4 @@ def summary_json(summary: RunSummary) -> bytes:
     return msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
 
 
-__all__ += ["FatalRunError", "not_a_file", "not_utf8", "summary_json"]
+__all__ += ["FatalRunError", "summary_json"]

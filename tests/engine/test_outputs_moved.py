@@ -24,7 +24,7 @@ import anyio.abc
 import pytest
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
-from fashiontag_pipeline.engine.run import _outputs_elsewhere
+from fashiontag_pipeline.engine.run_checks import outputs_elsewhere
 from fashiontag_pipeline.engine.state import JobRow
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -132,10 +132,10 @@ def test_a_sqlite_results_file_elsewhere_is_the_runs_only_once_the_recorded_one_
     recorded.write_bytes(b"x" * 8192)
     other.write_bytes(b"y" * 8192)
     job = _job(recorded, tmp_path / "rej.jsonl", "sqlite", 5)
-    problem, elsewhere = _outputs_elsewhere(job, other, tmp_path / "rej.jsonl")
+    problem, elsewhere = outputs_elsewhere(job, other, tmp_path / "rej.jsonl")
     assert elsewhere and f"were written to {recorded}, not {other}" in problem
     recorded.unlink()
-    assert _outputs_elsewhere(job, other, tmp_path / "rej.jsonl") == ("", False)
+    assert outputs_elsewhere(job, other, tmp_path / "rej.jsonl") == ("", False)
 
 
 async def _all_of(stream: anyio.abc.ByteReceiveStream | None) -> bytes:
