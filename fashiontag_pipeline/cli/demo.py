@@ -28,7 +28,7 @@ from .._exceptions import FashiontagError
 from ..engine import EngineConfig, run_pipeline
 from ..service import ServiceConfig, running_service
 from .common import EXIT_ERROR, run_async
-from .run import format_summary
+from .summary_file import format_summary
 
 __all__ = ["add_demo_arguments", "demo_command", "make_catalogue", "run_demo"]
 

@@ -245,9 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as stop:
         if stop.code == EXIT_USAGE and command == "run" and _Parser.refusal is not None:
             # A crontab's typo: --summary still says the run failed, not last night's report.
-            from . import run as run_cli
+            from .summary_file import summary_of_refused_flags
 
-            run_cli.summary_of_refused_flags(arguments, _Parser.refusal)
+            summary_of_refused_flags(arguments, _Parser.refusal)
         raise
     configure_logging(args.verbose)
     handler: Callable[[argparse.Namespace], Any] = args.handler

@@ -17,7 +17,7 @@ import re
 import signal
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,7 +32,6 @@ from ..engine.run import (
     default_state_path,
     first_error,
     run_pipeline,
-    summary_json,
 )
 from ..engine.run_checks import not_a_file, not_utf8
 from .common import (
@@ -46,6 +45,7 @@ from .common import (
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
+from .summary_file import format_summary, report_failure, write_summary
 
 __all__ = ["add_run_arguments", "format_summary", "run_command"]
 
@@ -155,48 +155,6 @@ async def _signal_group(
         tg.start_soon(main)
 
 
-def format_summary(summary: RunSummary) -> str:
-    status = (
-        "complete"
-        if summary.complete
-        else "interrupted"
-        if summary.interrupted
-        else "incomplete"
-        if summary.unsettled or summary.in_flight
-        else "stopped"
-    )
-    lines = [
-        f"run {status} in {summary.elapsed_s:.1f}s ({summary.rows_per_s:,.0f} rows/s)",
-        f"  rows read {summary.rows_read:,}   submitted {summary.submitted:,}   "
-        f"tagged {summary.tagged:,}   failed {summary.failed:,}   rejected {summary.rejected:,}"
-        + (f"   reused {summary.reused:,}" if summary.reused else "")
-        + (f"   single mode {summary.single:,}" if summary.single else ""),
-        f"  tasks {summary.tasks}   pages {summary.pages}   retries {summary.retries}   "
-        f"rate limited {summary.rate_limited}   ambiguous writes {summary.ambiguous_writes}",
-        f"  results {summary.out}   rejects {summary.rejects}   state {summary.state}",
-    ]
-    if summary.lost_tasks or summary.resent:
-        lines.append(
-            f"  tasks forgotten by the service {summary.lost_tasks}   rows sent again "
-            f"{summary.resent:,}"
-        )
-    if summary.server_clock_offset_s:
-        lines.append(f"  service clock offset {summary.server_clock_offset_s:+.1f}s")
-    if not summary.complete and (summary.unsettled or summary.in_flight):
-        what = "; ".join(summary.in_flight)
-        if summary.unsettled < 0:
-            lines.append(f"  the state cannot be trusted: {what}")
-        else:
-            lines.append(
-                f"  {summary.unsettled:,} rows have no outcome yet"
-                + (f" ({what})" if what else "")
-                + ": run the same command again to finish them"
-            )
-    if summary.error:
-        lines.append(f"  error: {summary.error}")
-    return "\n".join(lines)
-
-
 class _KeepTryingHint(logging.Filter):
     """Adds to the client's first-failure warning how long the run keeps trying, so the
     operator's first line says what failed and what happens next."""
@@ -277,7 +235,7 @@ def run_command(args: argparse.Namespace) -> int:
                 with contextlib.suppress(OSError):
                     args.summary.parent.mkdir(parents=True, exist_ok=True)
                 failed.error = problem
-                _write_summary(args.summary, failed)
+                write_summary(args.summary, failed)
         return EXIT_USAGE
 
     try:
@@ -360,7 +318,7 @@ def _run_and_report(
     try:
         summary = run()
     except StateConflictError as err:
-        return _failed(args, failed, " ".join(str(err).split()), EXIT_USAGE)
+        return report_failure(args, failed, " ".join(str(err).split()), EXIT_USAGE)
     except ManifestError as err:
         # A file broken past its first rows (a truncated download): its repaired copy is
         # other content, which the state (a run of this one) would refuse with exit 2.
@@ -370,15 +328,15 @@ def _run_and_report(
             if err.mid_run
             else ""
         )
-        return _failed(args, failed, f"{' '.join(str(err).split())}{hint}", EXIT_ERROR)
+        return report_failure(args, failed, f"{' '.join(str(err).split())}{hint}", EXIT_ERROR)
     except FashiontagError as err:
-        return _failed(args, failed, " ".join(str(err).split()), EXIT_ERROR)
+        return report_failure(args, failed, " ".join(str(err).split()), EXIT_ERROR)
     except (OSError, sqlite3.Error) as err:  # a disk or file failure mid-run: one line
         reason = (
             f"{type(err).__name__}: {err} (what was committed is kept: the same command"
             " resumes once this is fixed)"
         )
-        return _failed(args, failed, reason, EXIT_ERROR)
+        return report_failure(args, failed, reason, EXIT_ERROR)
     if summary.opened == "complete":
         print(
             f"fashiontag: run {summary.note} (state {summary.state}; results in {summary.out}; "
@@ -393,48 +351,10 @@ def _run_and_report(
                 file=sys.stderr,
             )
         print(format_summary(summary), file=sys.stderr)
-    if args.summary is not None and not _write_summary(args.summary, summary):
+    if args.summary is not None and not write_summary(args.summary, summary):
         return EXIT_ERROR
     if summary.complete:
         return EXIT_OK
     if summary.interrupted:
         return EXIT_INTERRUPTED
     return EXIT_INCOMPLETE if summary.unsettled or summary.in_flight else EXIT_ERROR
-
-
-def _failed(args: argparse.Namespace, summary: RunSummary, reason: str, code: int) -> int:
-    print(f"fashiontag: {reason}", file=sys.stderr)
-    if args.summary is not None:
-        summary.error = reason
-        _write_summary(args.summary, summary)
-    return code
-
-
-def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
-    """``run``'s command line refused by argparse (exit 2): the ``--summary`` it names, when it
-    names one, is replaced by a summary that says so."""
-    path: str | None = None
-    for i, arg in enumerate(arguments):
-        if arg == "--summary" and i + 1 < len(arguments):
-            path = arguments[i + 1]
-        elif arg.startswith("--summary="):
-            path = arg.partition("=")[2]
-    if not path:
-        return
-    summary = RunSummary(error=" ".join(reason.split()))
-    with contextlib.suppress(OSError):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _write_summary(Path(path), summary)
-
-
-def _write_summary(path: Path, summary: RunSummary) -> bool:
-    """``--summary`` replaced whole (a reader never sees half of it); False, said on stderr,
-    when it cannot be written."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(summary_json(summary))
-        os.replace(tmp, path)
-    except OSError as err:
-        print(f"fashiontag: cannot write --summary {path}: {err.strerror or err}", file=sys.stderr)
-        return False
-    return True

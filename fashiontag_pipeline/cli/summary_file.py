@@ -1,0 +1,100 @@
+"""What ``fashiontag run`` reports: the summary lines on stderr, and ``--summary FILE``.
+
+``--summary`` is replaced whole at the end of every run, on a failure too, and on a refusal
+before the run starts (bad usage or configuration, exit 2), so that a cron job never reads
+last night's report as tonight's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..engine.config import RunSummary
+from ..engine.run import summary_json
+
+__all__ = ["format_summary", "report_failure", "summary_of_refused_flags", "write_summary"]
+
+
+def format_summary(summary: RunSummary) -> str:
+    status = (
+        "complete"
+        if summary.complete
+        else "interrupted"
+        if summary.interrupted
+        else "incomplete"
+        if summary.unsettled or summary.in_flight
+        else "stopped"
+    )
+    lines = [
+        f"run {status} in {summary.elapsed_s:.1f}s ({summary.rows_per_s:,.0f} rows/s)",
+        f"  rows read {summary.rows_read:,}   submitted {summary.submitted:,}   "
+        f"tagged {summary.tagged:,}   failed {summary.failed:,}   rejected {summary.rejected:,}"
+        + (f"   reused {summary.reused:,}" if summary.reused else "")
+        + (f"   single mode {summary.single:,}" if summary.single else ""),
+        f"  tasks {summary.tasks}   pages {summary.pages}   retries {summary.retries}   "
+        f"rate limited {summary.rate_limited}   ambiguous writes {summary.ambiguous_writes}",
+        f"  results {summary.out}   rejects {summary.rejects}   state {summary.state}",
+    ]
+    if summary.lost_tasks or summary.resent:
+        lines.append(
+            f"  tasks forgotten by the service {summary.lost_tasks}   rows sent again "
+            f"{summary.resent:,}"
+        )
+    if summary.server_clock_offset_s:
+        lines.append(f"  service clock offset {summary.server_clock_offset_s:+.1f}s")
+    if not summary.complete and (summary.unsettled or summary.in_flight):
+        what = "; ".join(summary.in_flight)
+        if summary.unsettled < 0:
+            lines.append(f"  the state cannot be trusted: {what}")
+        else:
+            lines.append(
+                f"  {summary.unsettled:,} rows have no outcome yet"
+                + (f" ({what})" if what else "")
+                + ": run the same command again to finish them"
+            )
+    if summary.error:
+        lines.append(f"  error: {summary.error}")
+    return "\n".join(lines)
+
+
+def report_failure(args: argparse.Namespace, summary: RunSummary, reason: str, code: int) -> int:
+    print(f"fashiontag: {reason}", file=sys.stderr)
+    if args.summary is not None:
+        summary.error = reason
+        write_summary(args.summary, summary)
+    return code
+
+
+def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
+    """``run``'s command line refused by argparse (exit 2): the ``--summary`` it names, when it
+    names one, is replaced by a summary that says so."""
+    path: str | None = None
+    for i, arg in enumerate(arguments):
+        if arg == "--summary" and i + 1 < len(arguments):
+            path = arguments[i + 1]
+        elif arg.startswith("--summary="):
+            path = arg.partition("=")[2]
+    if not path:
+        return
+    summary = RunSummary(error=" ".join(reason.split()))
+    with contextlib.suppress(OSError):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_summary(Path(path), summary)
+
+
+def write_summary(path: Path, summary: RunSummary) -> bool:
+    """``--summary`` replaced whole (a reader never sees half of it); False, said on stderr,
+    when it cannot be written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(summary_json(summary))
+        os.replace(tmp, path)
+    except OSError as err:
+        print(f"fashiontag: cannot write --summary {path}: {err.strerror or err}", file=sys.stderr)
+        return False
+    return True
