@@ -174,13 +174,14 @@ class HttpExchange:
         they are not retryable), or raises the mapped error, which carries when the call
         began (``started_at``: a caller's give-up budget counts from there, see
         :data:`GIVE_UP`)."""
-        started = time.monotonic()
+        # failing[0]: when this call's failing began (see _call); the call's start until then.
+        failing = [time.monotonic()]
         try:
             return await self._call(
-                method, path, key, body, query, language, retry_all, task_id, started
+                method, path, key, body, query, language, retry_all, task_id, failing
             )
         except exc.FashiontagError as err:
-            err.started_at = started
+            err.started_at = failing[0]
             raise
 
     async def _call(
@@ -193,18 +194,26 @@ class HttpExchange:
         language: str | None,
         retry_all: bool,
         task_id: str | None,
-        started: float,
+        failing: list[float],
     ) -> Response:
+        """``failing[0]``: when the call's failing began, for the give-up budget (GIVE_UP).
+        A failed attempt that got no answer (a timeout, a dropped connection) was failing
+        from its start: that is kept (the call's start for its first attempt). An attempt
+        answered with an error was failing from its answer: a service slow to answer is no
+        failure until it answers one, so a slow request answered 503 once must not count
+        its whole wait as seconds of failure (the run stopped at its first error)."""
         given_up = GIVE_UP.get()
         attempt = 0
+        failed = False
         while True:
             attempt += 1
             last_attempt = attempt >= self.retry.max_attempts or (
-                attempt > 1 and given_up is not None and given_up(started)
+                attempt > 1 and given_up is not None and given_up(failing[0])
             )
             try:
                 response = await self.send(method, path, key, body, query, language, retry_all)
             except exc.TransportError as err:
+                failed = True  # no answer: failing since the attempt began (failing[0] kept)
                 if isinstance(err, exc.AmbiguousWriteError):
                     raise
                 retryable = retry_all or isinstance(err, exc.ConnectError)
@@ -218,6 +227,9 @@ class HttpExchange:
                 continue
 
             status = response.status
+            if not failed and (status == 429 or status >= 500 or status == 408):
+                failed = True  # an answer: failing since it came
+                failing[0] = time.monotonic()
             if status == 429:
                 self.stats.rate_limited += 1
                 if last_attempt:

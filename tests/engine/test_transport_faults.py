@@ -156,3 +156,50 @@ async def test_give_up_after_holds_when_every_page_request_hangs(tmp_path: Path)
     assert "2s" in str(caught.value), caught.value
     # The budget: 2 s; then the request under way ends within its 1 s deadline. Before: 10 s.
     assert elapsed < 6.0, elapsed
+
+
+class SlowWrites(MisbehavingProxy):
+    """The proxy with a service slow to answer writes (``delay`` seconds each, answered in
+    the end), whose first create is answered 503 once, after that delay, and not applied."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.delay = delay
+        self.refused = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method in ("POST", "PUT") and request.path.startswith(BULK):
+            await anyio.sleep(self.delay)
+            if request.method == "POST" and not self.refused:
+                self.refused += 1
+                await request.read()
+                return web.Response(status=503)
+        return await super().handle(request)
+
+
+async def test_one_error_from_a_slow_service_is_not_give_up_after_of_failure(
+    tmp_path: Path,
+) -> None:
+    """A service slow to answer writes (3 s each, with --give-up-after 2) answers the first
+    create 503 once: the run stopped at once, "create task: service failing for 2s", exit 1,
+    though the service had answered every request and failed one. The give-up budget counted
+    the failure from the request's start, which is right for a request that never answered
+    (a hang) and wrong for one answered: the failing began with the answer."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = SlowWrites("", 3.0)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=msgspec.structs.replace(LONG_TASKS, give_up_after=2.0),
+                )
+    assert proxy.refused == 1
+    assert summary.complete
+    o = assert_exactly_once(out, rej, ids_of(300))
+    assert len(o.results) == 300
