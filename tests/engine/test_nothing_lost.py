@@ -557,6 +557,59 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path,
     ]
 
 
+@pytest.mark.parametrize("how", ["urls-changed", "shorter", "longer"])
+async def test_resume_of_stdin_then_a_file_refuses_other_rows_on_stdin(
+    tmp_path: Path, how: str
+) -> None:
+    """``run - more.csv`` interrupted once stdin was read to its end (the run was reading
+    more.csv), resumed with --resume and tonight's dump on stdin: the same ids in the same
+    order with other URLs, or fewer rows, or more. The digest of stdin's rows was checked
+    only when it was recorded at the run's watermark, which had moved on into more.csv: the
+    resume exited 0 with last night's results, tonight's images never tagged (and a longer
+    dump's extra rows skipped as read). The same rows again resume."""
+    out = tmp_path / "results.jsonl"
+    monday = write_night(tmp_path / "mon.csv", 300, "s")
+    more = write_night(tmp_path / "more.csv", 20000, "m")
+    header, _, body = monday.read_bytes().partition(b"\n")
+    if how == "urls-changed":
+        tuesday = monday.read_bytes().replace(b".jpg", b".png")
+    elif how == "shorter":
+        tuesday = header + b"\n" + b"".join(body.splitlines(keepends=True)[:200])
+    else:
+        tuesday = monday.read_bytes() + b"s300,https://img.example/s/300.jpg\n"
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, "-", str(more))
+        proc = await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        )
+        assert proc.stdin is not None
+        await proc.stdin.send(monday.read_bytes())
+        await proc.stdin.aclose()
+        await results_appear(out)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+
+        tasks = len(svc.store.tasks)
+        other = tmp_path / "other.csv"
+        other.write_bytes(tuesday)
+        with other.open("rb") as stdin:
+            refused = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert refused.returncode == 2, refused.stderr.decode()
+        message = refused.stderr.decode()
+        assert "stdin does not carry the rows" in message, message
+        assert len(svc.store.tasks) == tasks
+
+        with monday.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(300, "s") | ids_of(20000, "m"))
+
+
 async def test_kill_9_while_a_create_is_unanswered_then_a_lost_answer_on_resume(
     tmp_path: Path,
 ) -> None:
