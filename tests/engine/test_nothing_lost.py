@@ -610,6 +610,56 @@ async def test_resume_of_stdin_then_a_file_refuses_other_rows_on_stdin(
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(300, "s") | ids_of(20000, "m"))
 
 
+async def test_stdin_that_ends_early_is_refused_before_the_next_manifest_is_read(
+    tmp_path: Path,
+) -> None:
+    """``run - more.csv`` stopped while reading stdin (the pipe still open), resumed with
+    --resume and a dump that ends before the rows the first attempt read: the refusal (exit
+    2, "stdin ended after line ...") came only once more.csv had been read, its rows taken in
+    and sent (billed) by a run that then said it refused. Its watermark had moved past every
+    line of stdin, rows never read among them: the resume with the right rows on stdin was
+    refused too ("line N has id ..., which that run did not read there"), for ever; only
+    --restart went on, tagging every row again. Now stdin's end is checked when it ends."""
+    out = tmp_path / "results.jsonl"
+    monday = write_night(tmp_path / "mon.csv", 12000, "s")
+    more = write_night(tmp_path / "more.csv", 2000, "m")
+    header, _, body = monday.read_bytes().partition(b"\n")
+    shorter = tmp_path / "short.csv"
+    shorter.write_bytes(header + b"\n" + b"".join(body.splitlines(keepends=True)[:100]))
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, "-", str(more))
+        proc = await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        )
+        assert proc.stdin is not None
+        await proc.stdin.send(monday.read_bytes())
+        await results_appear(out)
+        proc.send_signal(signal.SIGTERM)  # stdin still open: more.csv not begun
+        with anyio.fail_after(15):
+            assert await proc.wait() == 130
+        await proc.stdin.aclose()
+        await proc.aclose()
+
+        before = out.read_bytes()
+        with shorter.open("rb") as stdin:
+            refused = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert refused.returncode == 2, refused.stderr.decode()
+        assert b"stdin ended after line 101" in refused.stderr, refused.stderr.decode()
+        # No row of more.csv was sent (and billed) by the refused run.
+        taken = {i for task in svc.store.tasks.values() for i in task.ids}
+        assert not {i for i in taken if i.startswith("m")}
+        assert out.read_bytes().startswith(before)
+
+        with monday.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | ids_of(2000, "m"))
+
+
 async def test_kill_9_while_a_create_is_unanswered_then_a_lost_answer_on_resume(
     tmp_path: Path,
 ) -> None:
