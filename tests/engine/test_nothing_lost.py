@@ -660,6 +660,41 @@ async def test_stdin_that_ends_early_is_refused_before_the_next_manifest_is_read
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | ids_of(2000, "m"))
 
 
+async def test_stdin_and_a_file_given_in_another_order_on_resume(tmp_path: Path) -> None:
+    """``run - more.csv`` stopped, then ``run more.csv - --resume`` with the same rows on
+    stdin: exit 2, "holds an unfinished run of other manifests (stdin, more.csv ...; now
+    more.csv ..., stdin)", naming the same two; files alone in another order are the
+    state's run, read in its order. Stdin matches stdin (still only with --resume)."""
+    out = tmp_path / "results.jsonl"
+    monday = write_night(tmp_path / "mon.csv", 12000, "s")
+    more = write_night(tmp_path / "more.csv", 2000, "m")
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, "-", str(more))
+        proc = await anyio.open_process(
+            args, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV
+        )
+        assert proc.stdin is not None
+        await proc.stdin.send(monday.read_bytes())
+        await results_appear(out)
+        proc.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            assert await proc.wait() == 130
+        await proc.stdin.aclose()
+        await proc.aclose()
+
+        swapped = run_args(svc.url, out, str(more), "-")
+        with monday.open("rb") as stdin:
+            refused = await anyio.run_process(swapped, stdin=stdin, check=False, env=ENV)
+        assert refused.returncode == 2, refused.stderr.decode()
+        assert b"--resume" in refused.stderr, refused.stderr.decode()
+        with monday.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*swapped, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        assert resumed.returncode == 0, resumed.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | ids_of(2000, "m"))
+
+
 async def test_kill_9_while_a_create_is_unanswered_then_a_lost_answer_on_resume(
     tmp_path: Path,
 ) -> None:

@@ -107,9 +107,11 @@ class StateStore(ChunkTables):
         ``prints`` are those files given in another order (a shell glob sorted under another
         locale: ``B.csv a.csv`` under cron's LANG=C, ``a.csv B.csv`` in an en_US shell); None
         otherwise. Read in the run's order, they are the same run: its row positions (and
-        which of two equal ids came first) hold as recorded."""
+        which of two equal ids came first) hold as recorded. Stdin (``-``) among them takes
+        stdin's place (a run that read stdin is resumed only with --resume, whatever the
+        order: :meth:`open_run`)."""
         text = self.meta("prints") if self.meta("run_token") is not None else None
-        if not text or any(p.stdin for p in prints):
+        if not text:
             return None
         stored = _prints_decoder.decode(text)
         if len(stored) != len(prints) or same_manifests(stored, list(prints)):
