@@ -141,11 +141,17 @@ class RetryBudget:
         """Whether a call that began at ``started`` (``time.monotonic()``) and has not
         succeeded yet is past the give-up point: the failures, counted from the later of its
         start and the last success, have gone on for ``give_up_after`` seconds (the client's
-        :data:`~.._http.GIVE_UP`: it starts no retry of the call then)."""
+        :data:`~.._callctx.GIVE_UP`: it starts no retry of the call then)."""
+        now = time.monotonic()
         since = self._failing_since
         if since is None:
-            since = max(started, self._last_ok)
-        return time.monotonic() - since > self.give_up_after
+            since = self._failing_from(started, now)
+        return now - since > self.give_up_after
+
+    def _failing_from(self, began: float | None, now: float) -> float:
+        """When a failure that began at ``began`` (None: not known) makes the service's
+        failing begin: no later than now, no earlier than the last success."""
+        return now if began is None else max(min(began, now), self._last_ok)
 
     async def call(
         self, what: str, fn: Callable[[], Awaitable[T]], *, ends_streak: bool = True
@@ -177,7 +183,7 @@ class RetryBudget:
             # The failing began when the failed call did (its own retries, each until its
             # deadline, may have taken minutes), unless something succeeded since.
             began = getattr(err, "started_at", None)
-            since = now if began is None else max(min(began, now), self._last_ok)
+            since = self._failing_from(began, now)
             self._failing_since = since
             self._reminded_at = now
             if now - since > self.give_up_after:

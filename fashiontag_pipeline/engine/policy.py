@@ -304,7 +304,7 @@ class ChunkCutter:
     def cut(self, buffer: list[Any]) -> int:
         """How many items from the front of ``buffer`` make a full chunk; 0: none yet."""
         if self.bound > self.max_bytes:
-            self.bound = sum(map(len, map(_url, map(_request, buffer))))
+            self.bound = url_bytes(buffer)  # (the buffer is a plain list: measured)
             if self.bound > self.max_bytes:
                 return chunk_cut(buffer, self.size, self.max_bytes)
         return self.size if len(buffer) >= self.size else 0

@@ -43,20 +43,9 @@ class ChunkTables(JobTables):
                     " RETURNING chunk_id",
                     (n, last_pos),
                 ).fetchone()
-                if self.chunk_ids:
-                    db.execute(
-                        "INSERT INTO chunk_bodies (chunk_id, body, ids) VALUES (?, ?, ?)",
-                        (new_id, body, ids),
-                    )
-                else:
-                    db.execute(
-                        "INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (new_id, body)
-                    )
+                self._insert_body(new_id, body, ids)
                 new.append(int(new_id))
-            db.execute(
-                "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (chunk_id,)
-            )
-            db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (chunk_id,))
+            self._resolve(chunk_id)
         return new
 
     def insert_chunk(
@@ -88,20 +77,9 @@ class ChunkTables(JobTables):
                 " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
                 (n, last_pos, token, task_id),
             ).fetchone()
-            if self.chunk_ids:
-                db.execute(
-                    "INSERT INTO chunk_bodies (chunk_id, body, ids) VALUES (?, ?, ?)",
-                    (chunk_id, body, ids),
-                )
-            else:
-                db.execute(
-                    "INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (chunk_id, body)
-                )
+            self._insert_body(chunk_id, body, ids)
             if replaces is not None:
-                db.execute(
-                    "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (replaces,)
-                )
-                db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (replaces,))
+                self._resolve(replaces)
             if resent:
                 db.execute(
                     "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + ? AS TEXT)"
@@ -114,6 +92,25 @@ class ChunkTables(JobTables):
                     [(pos, job, pos) for job, pos in marks],
                 )
         return int(chunk_id)
+
+    def _insert_body(self, chunk_id: int, body: bytes, ids: bytes | None) -> None:
+        """A chunk's body (and its ids, where the tables keep them apart) beside its row."""
+        if self.chunk_ids:
+            self.db.execute(
+                "INSERT INTO chunk_bodies (chunk_id, body, ids) VALUES (?, ?, ?)",
+                (chunk_id, body, ids),
+            )
+        else:
+            self.db.execute(
+                "INSERT INTO chunk_bodies (chunk_id, body) VALUES (?, ?)", (chunk_id, body)
+            )
+
+    def _resolve(self, chunk_id: int) -> None:
+        """A chunk whose rows went to other chunks: resolved, its body gone."""
+        self.db.execute(
+            "UPDATE chunks SET state='resolved', body=NULL WHERE chunk_id=?", (chunk_id,)
+        )
+        self.db.execute("DELETE FROM chunk_bodies WHERE chunk_id=?", (chunk_id,))
 
     def task_known(self, task_id: str) -> bool:
         """Whether the state records a task of this id (the service gave it to this run)."""
