@@ -3,7 +3,7 @@
 A daemon paused past its lease (SIGSTOP, a stalled VM) and woken after another took the
 manifest over must touch nothing the taker did: its engine is aborted when the keeper sees the
 loss (:func:`_relay`), each write to the service is checked against the lease on this process's
-clock right before it is sent (``_http.WRITE_GUARD``), and the files the consumers read (a
+clock right before it is sent (``_callctx.WRITE_GUARD``), and the files the consumers read (a
 summary, the published outputs) are written only after a fenced check (:func:`still_held`).
 """
 
