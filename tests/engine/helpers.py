@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
 from fashiontag_pipeline._models import MAX_PAGE_SIZE, MAX_REQUESTS_PER_WRITE
 from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
+from .proxy import MisbehavingProxy, Misbehaviour
 
 #: The environment of an engine subprocess: no key variables (the development keys are sent).
 ENV = {**os.environ, "FASHIONTAG_API_KEY": "", "FASHIONTAG_BULK_API_KEY": ""}
@@ -150,18 +152,39 @@ def ids_of(n: int, prefix: str = "p") -> set[str]:
     return {f"{prefix}{i}" for i in range(n)}
 
 
+async def run_through(
+    tmp_path: Path,
+    n: int,
+    proxy: MisbehavingProxy,
+    engine: EngineConfig = TASKS_OF_1000,
+    *,
+    fail_after: float | None = 60.0,
+    **client: Any,
+) -> tuple[RunSummary, Outcomes]:
+    """A run of ``n`` rows against the reference service behind ``proxy`` (a misbehaving
+    proxy of any kind, its upstream set here; ``client``: more ClientConfig fields; the run
+    fails after ``fail_after`` seconds); every id exactly once in the outputs is asserted."""
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(fail_after):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url, **client),
+                    out=out,
+                    rejects=rej,
+                    engine=engine,
+                )
+    return summary, assert_exactly_once(out, rej, ids_of(n))
+
+
 async def run_misbehaving(
     tmp_path: Path, n: int, rules: Misbehaviour, engine: EngineConfig = TASKS_OF_1000
 ) -> tuple[RunSummary, MisbehavingProxy, Outcomes]:
     """A run of ``n`` rows against the reference service behind the misbehaving proxy; every
     id exactly once in the outputs is asserted."""
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, rules) as proxy,
-    ):
-        summary = await run_pipeline(
-            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
-        )
-    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))
+    proxy = MisbehavingProxy("", rules)
+    summary, outcomes = await run_through(tmp_path, n, proxy, engine, fail_after=None)
+    return summary, proxy, outcomes

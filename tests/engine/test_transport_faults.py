@@ -19,7 +19,7 @@ from aiohttp import web
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, ids_of, write_csv
+from .helpers import assert_exactly_once, client_config, ids_of, run_through, write_csv
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 #: Tasks of 3,000 rows (a create then PUTs of 1,000), polled fast.
@@ -69,20 +69,7 @@ class GatewayBlip(MisbehavingProxy):
 
 
 async def run_blipped(tmp_path: Path, n: int, proxy: GatewayBlip) -> tuple[Any, Any]:
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=LONG_TASKS,
-                )
-    return summary, assert_exactly_once(out, rej, ids_of(n))
+    return await run_through(tmp_path, n, proxy, LONG_TASKS)
 
 
 @pytest.mark.parametrize("kind", ["page", "list", "PUT"])

@@ -35,6 +35,7 @@ from .helpers import (
     ids_of,
     read_outcomes,
     run_misbehaving,
+    run_through,
     write_csv,
 )
 from .proxy import BULK, MisbehavingProxy, Misbehaviour, misbehaving
@@ -243,18 +244,11 @@ class WireProxy(MisbehavingProxy):
 async def run_on_wire(
     tmp_path: Path, n: int, fault: str, when: Any, engine: EngineConfig = TASKS_OF_1000
 ) -> tuple[Any, WireProxy, Any]:
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     proxy = WireProxy("", fault, when)
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            cfg = client_config(proxy.url, timeout=Timeout(connect=1.0, total=1.0))
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest], client=cfg, out=out, rejects=rej, engine=engine
-                )
-    return summary, proxy, assert_exactly_once(out, rej, ids_of(n))
+    summary, outcomes = await run_through(
+        tmp_path, n, proxy, engine, timeout=Timeout(connect=1.0, total=1.0)
+    )
+    return summary, proxy, outcomes
 
 
 @pytest.mark.parametrize(
@@ -475,20 +469,7 @@ class PagesProxy(MisbehavingProxy):
 
 
 async def run_paged(tmp_path: Path, n: int, proxy: PagesProxy) -> tuple[Any, Any]:
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=TASKS_OF_1000,
-                )
-    return summary, assert_exactly_once(out, rej, ids_of(n))
+    return await run_through(tmp_path, n, proxy, TASKS_OF_1000)
 
 
 async def test_pages_holding_more_than_the_size_asked(tmp_path: Path) -> None:
@@ -587,21 +568,8 @@ async def test_a_list_of_every_tenant_that_ignores_paging_and_tasks_that_step_ba
     """The task list ignores ``offset``/``size`` and claims a million tasks, shows other
     tenants' tasks, and our tasks step back from done to processing (pages 409) now and then
     for a second after they are first done: every row once, nothing sent again, the run ends."""
-    manifest = write_csv(tmp_path / "m.csv", 3000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     proxy = ListProxy("", flap_for=1.0)
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=TASKS_OF_1000,
-                )
-    o = assert_exactly_once(out, rej, ids_of(3000))
+    summary, o = await run_through(tmp_path, 3000, proxy, TASKS_OF_1000)
     assert proxy.flapped
     assert summary.complete and summary.resent == 0 and len(o.results) == 3000
 
@@ -641,21 +609,8 @@ async def test_refused_rows_listed_in_a_shape_of_the_services_own(
     once (the refused ones as rejects), the run completes in bounded time, and no tagged row
     is sent again."""
     refused = {"p5", "p1500", "p2999"}
-    manifest = write_csv(tmp_path / "m.csv", 3000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     proxy = ShapedFailures("", Misbehaviour(always_refused=refused), shape)
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=LONG_TASKS,
-                )
-    o = assert_exactly_once(out, rej, ids_of(3000))
+    summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
     assert summary.complete and summary.unsettled == 0
     assert {r["id"] for r in o.rejects} == refused
     assert len(o.results) == 3000 - len(refused)
