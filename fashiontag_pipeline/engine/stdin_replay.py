@@ -10,6 +10,8 @@ another night's rows from being skipped in place of rows never sent (lost with e
   is committed with V; the replay's rows up to V must give the same, and stdin must reach V.
   The ids alone let through tonight's dump with last night's ids in the same order (its new
   URLs never tagged, last night's results kept) and a dump shorter than what was read.
+  A JSONL object is digested with its keys sorted: the same rows re-exported by another tool
+  (``jq -S``) are the same rows.
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ from .validate import Validator
 
 __all__ = ["StdinDigest", "check_replayed"]
 
-_encoder = msgspec.json.Encoder()
+#: The digest's encoding of a row: a JSONL object's keys sorted, so that their order, which
+#: an exporter may change, is not part of the row. States of builds before it recorded the
+#: digest with the keys as read (no ``:k`` after the CRC): :data:`_AS_READ` checks those.
+_KEYS_SORTED = msgspec.json.Encoder(order="deterministic")
+_AS_READ = msgspec.json.Encoder()
+_SORTED_MARK = "k"
 _REFUSE = "; pipe the same rows again, or run with --restart to start over"
 
 
@@ -39,30 +46,44 @@ class StdinDigest:
     ``recorded``: (V, digest of the rows up to V) that the resumed run committed, which the
     replay must match; None for a new run, or a state that recorded none (an older version)."""
 
-    def __init__(self, job: int, source: int, recorded: tuple[int, int] | None) -> None:
+    def __init__(
+        self, job: int, source: int, recorded: tuple[int, int] | None, keys_sorted: bool = True
+    ) -> None:
         self.job = job
         self.source = source
         self.crc = 0
         self.check = recorded
         self.last_line = 0
+        # A digest recorded by an older build goes on the way it began (keys as read).
+        self._sorted = keys_sorted
+        self._encode_lines = (_KEYS_SORTED if keys_sorted else _AS_READ).encode_lines
 
     @classmethod
     async def load(cls, journal: Journal, job: int, source: int, validated: int) -> StdinDigest:
-        """The digest of a job as the state recorded it. Only one recorded at the job's V
+        """The digest of a job as the state recorded it (see :meth:`recorded`)."""
+        text = await journal.run(journal.db.meta, f"{STDIN_DIGEST}{job}")
+        return cls.recorded(job, source, validated, text)
+
+    @classmethod
+    def recorded(cls, job: int, source: int, validated: int, text: str | None) -> StdinDigest:
+        """The digest of a job from its state's record ``text`` (``V:CRC``, then ``:k`` when
+        the rows were encoded with JSONL keys sorted). Only one recorded at the job's V
         (``validated``) is checked, or at stdin's last row when V has gone on to a later
         manifest of the job (``run - later.csv``: every batch of stdin commits its digest
         with V, so the last one covers every row stdin gave); any other is not this run's."""
-        text = await journal.run(journal.db.meta, f"{STDIN_DIGEST}{job}")
         recorded: tuple[int, int] | None = None
+        keys_sorted = True
         if text and validated >= 0:
-            pos, _, crc = text.partition(":")
+            pos, _, rest = text.partition(":")
+            crc, _, mark = rest.partition(":")
             if pos.isdigit() and crc.isdigit():
                 at = int(pos)
                 if at == validated or (
                     at >> POS_SHIFT == source and validated >> POS_SHIFT > source
                 ):
                     recorded = (at, int(crc))
-        return cls(job, source, recorded)
+                    keys_sorted = mark == _SORTED_MARK
+        return cls(job, source, recorded, keys_sorted)
 
     def feed(self, rows: Sequence[tuple[int, Any]]) -> Change | None:
         """Take a batch's rows in; returns the change that records the digest up to its last
@@ -76,16 +97,17 @@ class StdinDigest:
         if self.check is not None:
             upto = split_position(self.check[0])[1]
             if rows[-1][0] <= upto:
-                self.crc = zlib.crc32(_encoder.encode_lines(list(rows)), self.crc)
+                self.crc = zlib.crc32(self._encode_lines(list(rows)), self.crc)
                 if rows[-1][0] == upto:
                     self.verify()
                 return None
             replayed = [row for row in rows if row[0] <= upto]
             rest = list(rows)[len(replayed) :]
-            self.crc = zlib.crc32(_encoder.encode_lines(replayed), self.crc)
+            self.crc = zlib.crc32(self._encode_lines(replayed), self.crc)
             self.verify()
-        self.crc = zlib.crc32(_encoder.encode_lines(list(rest)), self.crc)
-        return stdin_digest(self.job, (self.source << POS_SHIFT) | rows[-1][0], self.crc)
+        self.crc = zlib.crc32(self._encode_lines(list(rest)), self.crc)
+        at = (self.source << POS_SHIFT) | rows[-1][0]
+        return stdin_digest(self.job, at, self.crc, _SORTED_MARK if self._sorted else "")
 
     def verify(self) -> None:
         """Compare the digest of the rows replayed so far with the one recorded at V (once

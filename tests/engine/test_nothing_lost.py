@@ -557,6 +557,39 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path,
     ]
 
 
+@pytest.mark.parametrize("how", ["keys-reordered", "url-changed"])
+async def test_resume_of_a_jsonl_stdin_run_compares_rows_not_key_order(
+    tmp_path: Path, how: str
+) -> None:
+    """A JSONL dump piped again with each object's keys in another order (re-exported by
+    another tool, ``jq -S``) carries the same rows: the resume goes on. It was refused (exit 2,
+    "not the rows that run read"), as the digest covered each object's key order, and the only
+    way on was --restart, which bills every row again. A changed value is still refused."""
+    out = tmp_path / "results.jsonl"
+    rows = [{"id": f"j{i}", "url": f"https://img.example/j/{i}.jpg"} for i in range(12000)]
+    monday = b"".join(msgspec.json.encode(r) + b"\n" for r in rows)
+    if how == "keys-reordered":
+        again = b"".join(
+            msgspec.json.encode({"url": r["url"], "id": r["id"]}) + b"\n" for r in rows
+        )
+    else:
+        again = monday.replace(b"/j/5.jpg", b"/j/5.png")
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = await _stdin_run_interrupted(svc.url, out, monday)
+        other = tmp_path / "again.jsonl"
+        other.write_bytes(again)
+        with other.open("rb") as stdin:
+            resumed = await anyio.run_process(
+                [*args, "--resume"], stdin=stdin, check=False, env=ENV
+            )
+        if how == "url-changed":
+            assert resumed.returncode == 2, resumed.stderr.decode()
+            assert b"not the rows that run read" in resumed.stderr
+            return
+        assert resumed.returncode == 0, resumed.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "j"))
+
+
 @pytest.mark.parametrize(
     ("how", "stop"),
     [

@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
 
+from fashiontag_pipeline._exceptions import StateConflictError
+from fashiontag_pipeline.engine.stdin_replay import StdinDigest
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, ids_of, read_outcomes
@@ -193,3 +196,39 @@ async def test_kill_9_in_a_tasks_final_settle_leaves_no_row_without_an_outcome(
     o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert sorted(r["id"] for r in o.rejects) == ["p1", "p3"]
     assert {r["stage"] for r in o.rejects} == {"unreturned"}
+
+
+def _digest_of(rows: list[tuple[int, object]], keys_sorted: bool) -> tuple[int, str]:
+    """(V, the meta value a build records) after ``rows`` read from stdin."""
+    digest = StdinDigest(0, 0, None, keys_sorted)
+    change = digest.feed(rows)
+    assert change is not None
+    value = change[1][1]
+    assert isinstance(value, str)
+    return rows[-1][0], value
+
+
+def test_stdin_digest_of_an_older_build_is_checked_the_way_it_was_made() -> None:
+    """A state recorded by a build before JSONL keys were sorted (``V:CRC``, no mark) is
+    checked with the keys as read: the same rows resume; a reordered object is refused, as it
+    was (the resume of that state must not be refused for the same rows)."""
+    rows: list[tuple[int, object]] = [
+        (i + 1, {"url": f"https://img.example/{i}.jpg", "id": f"j{i}"}) for i in range(5)
+    ]
+    upto, old = _digest_of(rows, keys_sorted=False)
+    assert old.count(":") == 1
+    _, new = _digest_of(rows, keys_sorted=True)
+    assert new.endswith(":k")
+    reordered: list[tuple[int, object]] = [
+        (line, {"id": r["id"], "url": r["url"]})  # type: ignore[index]
+        for line, r in rows
+    ]
+    for value, other_order_ok in ((old, False), (new, True)):
+        for replay, ok in ((rows, True), (reordered, other_order_ok)):
+            digest = StdinDigest.recorded(0, 0, upto, value)
+            assert digest.check is not None
+            if ok:
+                assert digest.feed(replay) is None
+            else:
+                with pytest.raises(StateConflictError, match="not the rows that run read"):
+                    digest.feed(replay)

@@ -52,12 +52,14 @@ def validated_upto(job: int, watermark: int) -> Change:
     )
 
 
-def stdin_digest(job: int, watermark: int, crc: int) -> Change:
+def stdin_digest(job: int, watermark: int, crc: int, mark: str = "") -> Change:
     """The digest of the rows ``job`` read from stdin up to ``watermark`` (its V): a resume
-    fed other rows (tonight's dump, the same ids with other URLs) is refused by it."""
+    fed other rows (tonight's dump, the same ids with other URLs) is refused by it. ``mark``
+    says how rows were encoded for it (``k``: JSONL keys sorted; none: as read)."""
+    value = f"{watermark}:{crc}:{mark}" if mark else f"{watermark}:{crc}"
     return (
         "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        (f"{STDIN_DIGEST}{job}", f"{watermark}:{crc}"),
+        (f"{STDIN_DIGEST}{job}", value),
     )
 
 
