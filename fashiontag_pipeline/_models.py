@@ -116,6 +116,37 @@ class TaskStatus(enum.StrEnum):
     DONE = "TASK_DONE"
 
 
+_SPEC_STATUSES = frozenset(TaskStatus)
+
+#: ``taskStatus`` words (upper case, ``TASK_`` and separators dropped: ``task_done``,
+#: ``Task-Done`` and ``DONE`` are one) that say a task is finished and its results readable.
+_DONE_WORDS = frozenset({"DONE", "COMPLETE", "COMPLETED", "FINISHED", "SUCCEEDED"})
+#: Words that say a task ended without its results: the service will never make it done.
+_ENDED_WORDS = frozenset(
+    {
+        "FAILED",
+        "FAILURE",
+        "FAIL",
+        "ERROR",
+        "CANCELLED",
+        "CANCELED",
+        "ABORTED",
+        "EXPIRED",
+        "DELETED",
+        "REJECTED",
+        "STOPPED",
+        "KILLED",
+    }
+)
+
+
+def status_word(status: str) -> str:
+    """A ``taskStatus`` reduced to its word: upper case, without a ``TASK_`` prefix and
+    without separators (``task_done`` -> ``DONE``, ``TASK_PROCESSING`` -> ``PROCESSING``)."""
+    word = status.strip().upper().replace("-", "_").replace(" ", "_")
+    return word.removeprefix("TASK_").replace("_", "")
+
+
 class ImageType(enum.StrEnum):
     """How ``image.content`` is to be read (spec 2.1). Bulk mode accepts ``url`` only."""
 
@@ -260,17 +291,40 @@ class Task(msgspec.Struct, rename="camel", gc=False):
     task_id: str
     count: TaskCount = msgspec.field(default_factory=TaskCount)
     description: str | None = None
-    task_status: TaskStatus = TaskStatus.PROCESSING
+    #: A :class:`TaskStatus` when it is one of the spec's two; any other string as the service
+    #: sent it (the spec names two states, services name more: one task of the key's list in
+    #: a state of its own must not make the whole list unreadable). See :attr:`done` and
+    #: :attr:`ended`.
+    task_status: str = TaskStatus.PROCESSING
     task_expire_at: str | None = None
     task_expired_at: str | None = None
     result_expired_at: str | None = None
     create_date: str | None = None
     album_name: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.task_status in _SPEC_STATUSES:
+            self.task_status = TaskStatus(self.task_status)
+
     @property
     def done(self) -> bool:
-        """True once every image of the task is processed and results can be read."""
-        return self.task_status is TaskStatus.DONE
+        """True once every image of the task is processed and results can be read: the spec's
+        ``TASK_DONE``, in any case or spelling of the word (``task_done``, ``DONE``,
+        ``TASK_COMPLETED``)."""
+        status = self.task_status
+        if status is TaskStatus.DONE:
+            return True
+        return status is not TaskStatus.PROCESSING and status_word(status) in _DONE_WORDS
+
+    @property
+    def ended(self) -> bool:
+        """True when the service says the task ended without becoming done (``TASK_FAILED``,
+        ``CANCELLED``, ``ABORTED``, ...): its results will never be readable. A state that is
+        neither done nor ended is taken as processing."""
+        status = self.task_status
+        if isinstance(status, TaskStatus):
+            return False
+        return status_word(status) in _ENDED_WORDS
 
     @property
     def expires_at(self) -> datetime | None:

@@ -62,7 +62,7 @@ def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
     shown = ordered if limit is None else ordered[:limit]
     rows = [("TASK", "STATUS", "TOTAL", "DONE", "FAILED", "CREATED", "DESCRIPTION")]
     for t in shown:
-        status = str(t.task_status.value).removeprefix("TASK_")
+        status = str(t.task_status).removeprefix("TASK_")
         description = " ".join((t.description or "").split())
         if len(description) > 40:
             description = description[:39] + "~"

@@ -52,6 +52,9 @@ class FetchedRows(NamedTuple):
     rows: list[PageRow]
     all_success: bool
     given: int = 0
+    #: Taken as empty without a page (refused past its attempts, or past the service's own
+    #: count): not one to read again.
+    refused: bool = False
 
 
 Fetched = FetchedRows | None | LostPage
@@ -137,6 +140,18 @@ class PageFetcher:
                 await self.budget.failed(err, what)
                 continue
             except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
+                if entry.counted is not None and offset >= entry.counted:
+                    # Past the service's own count, read only because more rows were written
+                    # to the task: a refusal there is the end of its results (a service that
+                    # lost rows), no page to ask again nor one that stops the run.
+                    logger.info(
+                        "%s at offset %d, past its count of %d: %s; taken as its end",
+                        what,
+                        offset,
+                        entry.counted,
+                        " ".join(str(err).split()),
+                    )
+                    return FetchedRows([], True, refused=True)
                 problem = err
             else:
                 self.slots.success()
@@ -176,7 +191,7 @@ class PageFetcher:
                         f" {reason}); stopped with the state saved rather than send their rows"
                         " again: the same command resumes"
                     )
-                return FetchedRows([], True)
+                return FetchedRows([], True, refused=True)
             # Not an outage: a short pause of its own, not the budget's growing backoff.
             logger.info("%s at offset %d: %s; asking again", what, offset, reason)
             await anyio.sleep(min(NOT_READY_PAUSE, PAGE_RETRY_DELAY * 2 ** (unusable - 1)))

@@ -64,7 +64,26 @@ class _Status(msgspec.Struct, gc=False):
     status: str = ""
 
 
+class _NumberedRow(msgspec.Struct, rename="camel", gc=False):
+    """A result whose id may be a JSON number (``"id": 7``: a service that writes a
+    numeric-looking id as a number)."""
+
+    id: str | int
+    tagging_result: msgspec.Raw = _NO_RESULT
+
+
+class _NumberedData(msgspec.Struct, gc=False):
+    results: list[_NumberedRow] = []
+
+
+class _NumberedPage(msgspec.Struct, gc=False):
+    status: str
+    data: _NumberedData | None = None
+    error: str | None = None
+
+
 page_decoder = msgspec.json.Decoder(Page)
+_numbered_decoder = msgspec.json.Decoder(_NumberedPage)
 _status_decoder = msgspec.json.Decoder(_Status)
 
 
@@ -97,13 +116,30 @@ def decode_page(body: bytes) -> list[PageRow]:
     valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
     string), so each becomes a space. A page with none (one ``memchr`` over the body) is
     taken as it is."""
-    page = page_decoder.decode(body)
+    try:
+        page = page_decoder.decode(body)
+    except msgspec.DecodeError:
+        page = _numbered(body)
     if page.status != STATUS_SUCCESS:
         raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
     rows = page.data.results if page.data is not None else []
     if b"\n" in body or b"\r" in body:
         rows = [_one_line(row) for row in rows]
     return rows
+
+
+def _numbered(body: bytes) -> Page:
+    """A page whose ids are JSON numbers, their ids as text (``7`` -> ``"7"``: the pagers
+    find the sent id it stands for, ``"007"`` too); the first error again when it is no page
+    of that shape either."""
+    try:
+        page = _numbered_decoder.decode(body)
+    except msgspec.DecodeError:
+        page_decoder.decode(body)  # raises the error of the spec's shape
+        raise
+    rows = page.data.results if page.data is not None else []
+    data = PageData([PageRow(str(r.id), r.tagging_result) for r in rows])
+    return Page(page.status, data, page.error)
 
 
 def _one_line(row: PageRow) -> PageRow:

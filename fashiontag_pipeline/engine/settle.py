@@ -80,7 +80,7 @@ class TaskSettler:
         return expected == len(entry.seen)
 
     def done_with(self, entry: TaskEntry) -> None:
-        entry.seen = entry.sent = entry.refused = None
+        entry.seen = entry.sent = entry.refused = entry.matcher = None
         self.book.retire(entry)
 
     async def finish(self, entry: TaskEntry) -> None:

@@ -30,10 +30,11 @@ import anyio
 
 from .. import _exceptions as exc
 from .._client import LIST_PAGE_SIZE, TaggerClient
-from .._models import Task
+from .._models import Task, TaskStatus
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
 from .forecast import CompletionForecast
+from .idmatch import IdMatcher
 from .state import Journal, changes
 
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
@@ -60,6 +61,16 @@ class TaskEntry:
     #: Ids the service refused at write time (each has its reject already; read with
     #: :attr:`sent`, None until then): a result under one is left out.
     refused: frozenset[str] | None = None
+    #: :attr:`sent` by the keys of ids a service changes (built when a result comes under an
+    #: id never sent to the task).
+    matcher: IdMatcher | None = None
+    #: Offsets of the pages that came short of new rows (read again when rows are missing).
+    deficient: set[int] = field(default_factory=set)
+    #: The service's own count of the task's results when it is short of the rows written
+    #: (:attr:`total` is raised to those rows): a page past it refused is a page past the end.
+    counted: int | None = None
+    #: When the tracker saw the task done (monotonic seconds; None: before this process).
+    done_at: float | None = None
     #: The description the task was created with (it carries the run token): a task of that
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None
@@ -183,6 +194,8 @@ class Tracker:
         #: watched at the last poll.
         self._still_since: float | None = None
         self._still_ids: frozenset[str] = frozenset()
+        #: Task states seen that the spec does not name (each said once).
+        self._odd_statuses: set[str] = set()
         #: The tracker's own requests that needed a retry (other stages' retries are not an
         #: outage of the polls).
         self.retried = 0
@@ -306,6 +319,21 @@ class Tracker:
             self.retried += 1
         return result
 
+    def _note_status(self, task: Task) -> None:
+        """Say once per word that a task's status is none the spec names (``TASK_QUEUED``):
+        it is taken as processing, under ``stall_timeout`` like any task that does not
+        progress."""
+        status = task.task_status
+        if status is TaskStatus.PROCESSING or status in self._odd_statuses:
+            return
+        self._odd_statuses.add(status)
+        logger.warning(
+            "task %s: the service says it is %r, a state the spec does not name: taken as"
+            " processing",
+            task.task_id,
+            status,
+        )
+
     async def poll(self, sealed: list[TaskEntry]) -> bool:
         """One round: True when some task became done or progressed."""
         if self._prefer_status(len(sealed)):
@@ -333,13 +361,25 @@ class Tracker:
                     (task.description or "")[:80],
                 )
                 task = None
-            if task is None:
-                # Forgotten by the service (404): its rows without an outcome are sent again.
-                entry.state = "lost"
+            elif task is None:
                 logger.warning(
                     "task %s: the service no longer knows it; its rows are sent again",
                     entry.task_id,
                 )
+            elif task.ended:
+                # Failed, cancelled, ...: it will never be done, nor its results readable.
+                logger.warning(
+                    "task %s: the service says it is %s, not done; its rows are sent again",
+                    entry.task_id,
+                    task.task_status,
+                )
+                task = None
+            elif not task.done:
+                self._note_status(task)
+            if task is None:
+                # Forgotten by the service (404) or ended without results: its rows without an
+                # outcome are sent again.
+                entry.state = "lost"
                 await self.journal.commit(
                     ops=[changes.task_state(entry.task_id, "lost")],
                     counters={"lost_tasks": 1},
@@ -358,6 +398,7 @@ class Tracker:
             # a resume that finds the task still open simply asks for its status again).
             for entry, task in finished:
                 entry.state = "done"
+                entry.done_at = time.monotonic()
                 entry.total = task.count.total
                 entry.results_expire_at = task.results_expire_at
                 await self.on_done(entry)

@@ -102,6 +102,19 @@ async def test_manifests_with_the_same_ids_share_tasks_with_a_misbehaving_servic
     await run_together(tmp_path, rules, SAME)
 
 
+async def test_a_service_that_changes_ids_and_lists_a_task_in_a_state_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The service upper-cases every id it echoes (``M0/P5`` for ``m0/p5``) and the key's list
+    holds another team's task in a state the spec does not name: every manifest is tagged, no
+    row a reject (each was sent five times, then an ``unreturned`` reject; the list was
+    unreadable and the daemon polled it for ever)."""
+    rules = Misbehaviour(echo_id=str.upper, stranger_status="CANCELLED")
+    daemon = await run_together(tmp_path, rules, dict(list(SAME.items())[:3]))
+    for stem in ("m0", "m1", "m2"):
+        assert not read_lines(daemon.outbox / stem / "rejects.jsonl")
+
+
 @pytest.mark.parametrize(
     "rules",
     [Misbehaviour(forget_when_done={1}), Misbehaviour(left_out_once={"p3"})],

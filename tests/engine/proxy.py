@@ -5,7 +5,7 @@ to: it forgets a task (drops it from the list, answers 404 for its status, resul
 once the service says the task is done or after some of its result pages; it answers a page
 with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
 it was never given, or without a row it never returns, or with rows whose tagging result is
-``null`` or missing, or with an id that is a number, or from offset 0 whatever was asked; it
+``null`` or missing, or with an id that is an object, or from offset 0 whatever was asked; it
 holds a task processing for ever, claims more results for a task than it holds, and refuses a
 page (or those past a task's real end) with 400; and it reports its clock some seconds ahead of
 the engine's in the ``Date`` header. Bodies it rewrites are re-encoded with other spacing, as a
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import formatdate
@@ -31,6 +31,8 @@ from aiohttp import web
 
 BULK = "/tagger/v2.12/bulk"
 SINGLE = "/tagger/v2/tags"
+#: Results per page the engine asks for.
+MAX_PAGE = 100
 
 
 @dataclass
@@ -50,7 +52,8 @@ class Misbehaviour:
     #: forgotten ours and given its id to someone else's task.
     foreign_description: set[int] = field(default_factory=set)
     #: Task ordinals whose first result page gives its last row under an id the engine never
-    #: sent (``ID`` upper-cased, as a service that normalizes ids would).
+    #: sent (``ID~elsewhere``: no change a service makes to an id it echoes; those are
+    #: undone, see ``test_foreign_ids``).
     foreign_id_in_first_page: set[int] = field(default_factory=set)
     #: Ids whose result every page leaves out (the page comes short), in every task: rows the
     #: service takes and never returns.
@@ -62,9 +65,10 @@ class Misbehaviour:
     #: result and its last but one with none at all (a server that answers a row it could
     #: not tag with no result object).
     malformed_in_first_page: set[int] = field(default_factory=set)
-    #: Task ordinals whose first result page gives its first row's id as a JSON number, every
-    #: time it is asked for (a page no client can take as the spec's shape).
-    numeric_id_in_first_page: set[int] = field(default_factory=set)
+    #: Task ordinals whose first result page gives its first row's id as a JSON object, every
+    #: time it is asked for (a page no client can take as the spec's shape; an id written as
+    #: a number is taken, see ``test_foreign_ids``).
+    object_id_in_first_page: set[int] = field(default_factory=set)
     #: Task ordinal -> results its ``count.total`` claims beyond those it holds (list and status).
     inflate_total: dict[int, int] = field(default_factory=dict)
     #: Answer a results page past a task's real end with 400 (as a service that checks the
@@ -162,6 +166,23 @@ class Misbehaviour:
     #: Results offsets counted from 1: the page at ``offset`` starts with the service's row
     #: ``offset - 1`` (offset 0 is taken as 1).
     one_based_offsets: bool = False
+    #: Every result id of every page passed through this (a service that normalises the ids
+    #: it echoes: ``str.upper``, ``str.strip``, a number for a numeric-looking id, ...).
+    echo_id: Callable[[str], Any] | None = None
+    #: Task ordinal -> the ``taskStatus`` shown (list and status) in place of ``TASK_DONE``
+    #: (``task_done``, ``TASK_FAILED``, ``CANCELLED``: states the spec does not name).
+    status_when_done: dict[int, str] = field(default_factory=dict)
+    #: The task list shows one more task, someone else's, in this state.
+    stranger_status: str | None = None
+    #: Task ordinal -> rows the service lost at the task's end: its ``count.total`` short by
+    #: that many, its pages without them, and pages from its count on refused with 400.
+    lose_rows: dict[int, int] = field(default_factory=dict)
+    #: For this many seconds after a task is first shown done, its pages hold only its first
+    #: half's rows (a results store that lags the status).
+    lagging_results: float = 0.0
+    #: Each results page past the first is answered, the first time it is asked for, with the
+    #: page before it (a cache that serves a stale page).
+    repeat_previous_page_once: bool = False
 
 
 class MisbehavingProxy:
@@ -198,6 +219,12 @@ class MisbehavingProxy:
         self._first_created = anyio.Event()
         #: Appends (PUT to a task) received, whatever their answer.
         self.puts = 0
+        #: When each task was first shown done (monotonic seconds), and its count then.
+        self.done_seen: dict[str, float] = {}
+        self.done_totals: dict[str, int] = {}
+        #: Results pages answered (task, offset) -> their results, for repeat_previous_page_once.
+        self._pages_given: dict[tuple[str, int], Any] = {}
+        self.pages_repeated = 0
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -272,8 +299,16 @@ class MisbehavingProxy:
         real = self.real_totals.get(task_id or "")
         refused = self.rules.refuse_page.get(self.ordinal(task_id or "") or 0)
         offset = int(params.get("offset", -1))
+        lost_rows = self.rules.lose_rows.get(self.ordinal(task_id or "") or 0)
+        held = self.done_totals.get(task_id or "")
         if request.method == "GET" and (
-            (self.rules.refuse_past_end and real is not None and offset >= real)
+            (
+                lost_rows is not None
+                and held is not None
+                and offset >= held - lost_rows
+                and not path.endswith("/status")
+            )
+            or (self.rules.refuse_past_end and real is not None and offset >= real)
             or (refused is not None and offset == refused and not path.endswith("/status"))
             or (self.rules.refuse_all_pages and task_id and not path.endswith("/status"))
         ):
@@ -442,6 +477,16 @@ class MisbehavingProxy:
                 if tid not in self.forgotten:
                     self._disguise(tid, task)
                     kept.append(task)
+            if rules.stranger_status is not None:
+                kept.append(
+                    {
+                        "taskId": "someone-else",
+                        "count": {"total": 5, "done": 0, "processing": 0, "failure": 5},
+                        "description": "another team's catalogue",
+                        "taskStatus": rules.stranger_status,
+                        "createDate": "2026-01-01T00:00:00.000Z",
+                    }
+                )
             data["data"]["tasks"] = kept
             return json.dumps(data).encode()
         if method == "GET" and task_id is not None and path.endswith("/status"):
@@ -463,6 +508,8 @@ class MisbehavingProxy:
             results = data["data"]["results"]
             if offset == 0 and results:
                 self.first_rows[task_id] = results[0]
+            if self._reshape_page(task_id, offset, data):
+                return json.dumps(data).encode()
             if rules.results_given and any(
                 r["id"].rsplit("/", 1)[-1] in rules.results_given for r in results
             ):
@@ -475,10 +522,10 @@ class MisbehavingProxy:
                 results[-1] = results[0]
                 return json.dumps(data).encode()
             if n in rules.foreign_id_in_first_page and offset == 0 and results:
-                results[-1] = {**results[-1], "id": results[-1]["id"].upper()}
+                results[-1] = {**results[-1], "id": results[-1]["id"] + "~elsewhere"}
                 return json.dumps(data).encode()
-            if n in rules.numeric_id_in_first_page and offset == 0 and results:
-                results[0] = {**results[0], "id": 12345}
+            if n in rules.object_id_in_first_page and offset == 0 and results:
+                results[0] = {**results[0], "id": {"value": results[0]["id"]}}
                 return json.dumps(data).encode()
             if n in rules.malformed_in_first_page and offset == 0 and len(results) >= 2:
                 results[-1] = {**results[-1], "taggingResult": None}
@@ -552,7 +599,52 @@ class MisbehavingProxy:
             return 400, json.dumps(body).encode()
         return status, json.dumps(data).encode()
 
+    def _reshape_page(self, task_id: str, offset: int, data: dict[str, Any]) -> bool:
+        """A results page as lose_rows, lagging_results, repeat_previous_page_once and
+        echo_id make it (True when changed)."""
+        rules = self.rules
+        results: list[Any] = data["data"]["results"]
+        changed = False
+        lost = rules.lose_rows.get(self.ordinal(task_id) or 0)
+        real = self.done_totals.get(task_id)
+        if lost is not None and real is not None:
+            results[:] = results[: max(0, real - lost - offset)]
+            changed = True
+        seen = self.done_seen.get(task_id)
+        if rules.lagging_results and (
+            seen is None or time.monotonic() - seen < rules.lagging_results
+        ):
+            half = (real or 0) // 2
+            results[:] = results[: max(0, half - offset)]
+            changed = True
+        if rules.repeat_previous_page_once:
+            before = self._pages_given.get((task_id, offset - MAX_PAGE))
+            if (task_id, offset) not in self._pages_given and before is not None:
+                self._pages_given[(task_id, offset)] = results
+                results = data["data"]["results"] = json.loads(json.dumps(before))
+                self.pages_repeated += 1
+                changed = True
+            else:
+                self._pages_given[(task_id, offset)] = results
+        if rules.echo_id is not None:
+            for r in results:
+                r["id"] = rules.echo_id(r["id"])
+            changed = True
+        return changed
+
     def _disguise(self, task_id: str, task: dict[str, Any]) -> bool:
+        if task.get("taskStatus") == "TASK_DONE":
+            self.done_seen.setdefault(task_id, time.monotonic())
+            self.done_totals.setdefault(task_id, task["count"]["total"])
+            word = self.rules.status_when_done.get(self.ordinal(task_id) or 0)
+            lost = self.rules.lose_rows.get(self.ordinal(task_id) or 0)
+            if word is not None:
+                task["taskStatus"] = word
+                return True
+            if lost is not None:
+                task["count"]["total"] -= lost
+                task["count"]["done"] -= lost
+                return True
         if self.rules.drop_count_total:
             task["count"].pop("total", None)
             return True

@@ -481,9 +481,12 @@ async def test_pages_holding_more_than_the_size_asked(tmp_path: Path) -> None:
 
 async def test_results_in_another_order_on_every_read(tmp_path: Path) -> None:
     """A service that gives a task's results in another order on every read (offset paging
-    then skips rows and repeats others): every row ends once."""
+    then skips rows and repeats others): every row ends once, and the rows a read missed are
+    read again rather than sent again (1,429 of 3,000 were sent, and billed, twice; a read of
+    every page finds about 63% of a task's rows, four find about 98%)."""
     summary, o = await run_paged(tmp_path, 3000, PagesProxy("", shuffle=True))
     assert summary.complete and len(o.results) == 3000
+    assert summary.resent <= 200
 
 
 async def test_pages_refused_400_not_ready_for_a_while_after_done(tmp_path: Path) -> None:

@@ -1,0 +1,78 @@
+"""Telling which sent row a result is for when the service changed its id on the way back.
+
+The spec has the service return each result under the ``context.id`` it was sent, but services
+normalise the ids they echo: they strip or collapse whitespace, normalise Unicode (NFC), change
+letter case, write a numeric-looking id as a JSON number (``"id": 7`` for ``"007"``), or cut
+ids longer than some length. A result under an id never sent to its task is then no row's
+outcome as it stands, and every row of such a service would be sent (and billed) again
+``max_sends`` times, then rejected, although the service answered each one.
+
+:func:`id_key` reduces an id to what those changes leave of it; :class:`IdMatcher` finds, among
+the ids sent to one task, the one a changed id stands for: the single sent id with the same key,
+or, for a key of at least :data:`MIN_PREFIX` characters, the single sent id whose key starts
+with it (an id cut short). When two ids sent to the task share that key or prefix, the result
+cannot be told apart and is none (its row is sent again in another task, where it may not be
+shared). Pure and cheap to build; only a task whose results carry a changed id builds one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import unicodedata
+
+__all__ = ["MIN_PREFIX", "IdMatcher", "id_key"]
+
+#: The shortest key taken as an id cut short: a service that cuts ids does so at a length
+#: meant for ids (tens of characters), and a short prefix shared by one id is a coincidence.
+MIN_PREFIX = 16
+
+_INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
+
+
+def id_key(ident: str | int) -> str:
+    """``ident`` without what services change in ids they echo: surrounding and repeated
+    whitespace, Unicode form, letter case, and the leading zeros and plus sign of an integer
+    (``" 007 "``, ``"7"``, ``7`` and ``"+7"`` have one key)."""
+    if isinstance(ident, int):
+        text = str(ident)
+    else:
+        text = " ".join(unicodedata.normalize("NFC", ident).split())
+        text = unicodedata.normalize("NFC", text.casefold())
+    number = _INTEGER.fullmatch(text)
+    if number is not None:
+        sign, digits = number.groups()
+        return "-" + digits if sign == "-" and digits != "0" else digits
+    return text
+
+
+class IdMatcher:
+    """The ids sent to one task, found by the key of an id the service changed."""
+
+    def __init__(self, sent: set[str]) -> None:
+        by_key: dict[str, str | None] = {}
+        for ident in sent:
+            key = id_key(ident)
+            # Two ids of one key: a result under that key is either's (None: no match).
+            by_key[key] = ident if key not in by_key else None
+        self._by_key = by_key
+        self._keys: list[str] | None = None
+
+    def match(self, ident: str | int) -> str | None:
+        """The sent id that ``ident`` stands for, or None when none does or more than one
+        might."""
+        key = id_key(ident)
+        if key in self._by_key:
+            return self._by_key[key]
+        if not isinstance(ident, str) or len(key) < MIN_PREFIX:
+            return None
+        # Cut short: the one key that starts with it (sorted, they sit side by side).
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = sorted(self._by_key)
+        i = bisect.bisect_left(keys, key)
+        if i == len(keys) or not keys[i].startswith(key):
+            return None
+        if i + 1 < len(keys) and keys[i + 1].startswith(key):
+            return None
+        return self._by_key[keys[i]]

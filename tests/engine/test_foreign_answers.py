@@ -1,0 +1,190 @@
+"""A service whose answers do not line up with what was sent, in ways real services do.
+
+Each test runs the reference service behind the misbehaving proxy (:mod:`.proxy`) and checks
+every row ends once, none is billed again without need, and the run ends as it should. Found
+by a hunt, each failing before its fix:
+
+* **Ids changed on the way back** (whitespace stripped, Unicode NFC-normalised, case changed,
+  ids cut to 64 characters): every result came under an id never sent to its task, was left
+  out, and every row was sent (and billed) ``max_sends`` = 5 times, then written as an
+  ``unreturned`` reject: 1,500 rows billed 7,500 times, no result, exit 0. A numeric-looking id
+  echoed as a JSON number (``"id": 7`` for ``"7"`` or ``"007"``) made every page unreadable:
+  the run stopped with exit 1 after ten pages, and every resume did the same.
+* **A task state the spec does not name** (``task_done``, ``TASK_FAILED``, ``CANCELLED``),
+  even on another team's task in the key's list, made the whole list unreadable: the run
+  stopped with exit 1 after ``give_up_after`` and could never finish; the daemon polled for
+  ever.
+* **Pages that come short of new rows** (an order that changes between reads, a page answered
+  with the one before it, a results store that lags the status): the rows missing were sent
+  again at once, each billed twice (half of a 3,000-row run under a changing order; every row
+  of the lagging half, five times over, then rejects).
+* **Rows the service lost** (its count short of the rows written, pages past it refused with
+  400): the pages past its count, read for the rows written, counted as unreadable, and ten of
+  them stopped the run (exit 1) before the rows were sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import TASKS_OF_1000, Outcomes, client_config, read_outcomes, run_misbehaving
+from .proxy import MisbehavingProxy, Misbehaviour
+
+#: Tasks of 3,000 rows (a create then PUTs of 1,000), polled fast.
+LONG_TASKS = msgspec.structs.replace(TASKS_OF_1000, rotate_images=3000, rotate_min_images=3000)
+
+
+class CountingProxy(MisbehavingProxy):
+    """The misbehaving proxy that counts the rows written to the service (each one billed)."""
+
+    def __init__(self, rules: Misbehaviour) -> None:
+        super().__init__("", rules)
+        self.written: Counter[str] = Counter()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method in ("POST", "PUT"):
+            body = json.loads(await request.read() or b"{}")
+            self.written.update(r["context"]["id"] for r in body.get("taggingRequest", []))
+        return await super().handle(request)
+
+
+async def run_ids(
+    tmp_path: Path, ids: list[str], rules: Misbehaviour, engine: EngineConfig = TASKS_OF_1000
+) -> tuple[RunSummary, CountingProxy, Outcomes]:
+    """A run of a JSONL manifest of ``ids`` through the proxy; every id exactly once in the
+    outputs is asserted."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        "".join(
+            json.dumps({"id": ident, "url": f"https://img.example/{n}.jpg"}) + "\n"
+            for n, ident in enumerate(ids)
+        )
+    )
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = CountingProxy(rules)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+                )
+    o = read_outcomes(out, rej)
+    got = [r["id"] for r in o.results] + [r["id"] for r in o.rejects]
+    assert sorted(got) == sorted(ids)
+    return summary, proxy, o
+
+
+def _number(ident: str) -> Any:
+    return int(ident) if ident.isdigit() else ident
+
+
+#: name -> (the manifest's ids, what the service makes of each id it echoes)
+CHANGES: dict[str, tuple[list[str], Callable[[str], Any]]] = {
+    "stripped": ([f"  sku {i}\t" for i in range(1500)], str.strip),
+    "nfc": ([f"cafe\u0301-{i}" for i in range(1500)], lambda s: unicodedata.normalize("NFC", s)),
+    "upper-case": ([f"sku-{i}-ab" for i in range(1500)], str.upper),
+    "lower-case": ([f"SKU-{i}" for i in range(1500)], str.lower),
+    "cut-to-64": ([f"{i:06d}-" + "x" * 70 for i in range(1500)], lambda s: s[:64]),
+    "a-number": ([str(i) for i in range(1500)], _number),
+    "zeros-dropped": ([f"{i:08d}" for i in range(1500)], _number),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+async def test_ids_the_service_changes_on_the_way_back(tmp_path: Path, change: str) -> None:
+    """Every result comes under the id the service made of the one sent: each is the result
+    of the one row sent to its task whose id it stands for, written under the manifest's own
+    id; no row is sent twice."""
+    ids, echo = CHANGES[change]
+    summary, proxy, o = await run_ids(tmp_path, ids, Misbehaviour(echo_id=echo))
+    assert summary.complete and summary.unsettled == 0
+    assert not o.rejects
+    assert summary.resent == 0 and summary.tagged == len(ids)
+    assert sorted(proxy.written.elements()) == sorted(ids)  # each row billed once
+
+
+async def test_an_id_the_service_changes_into_another_sent_id_is_never_taken_for_it(
+    tmp_path: Path,
+) -> None:
+    """Ids that the service's change makes equal within a task (``a1`` and ``A1``, upper-cased
+    both) cannot be told apart: each still ends once, and the run ends complete."""
+    ids = [f"a{i}" for i in range(50)] + [f"A{i}" for i in range(50)]
+    summary, _, o = await run_ids(
+        tmp_path,
+        ids,
+        Misbehaviour(echo_id=str.upper),
+        msgspec.structs.replace(TASKS_OF_1000, max_sends=2),
+    )
+    assert summary.complete and summary.unsettled == 0
+    assert {r["stage"] for r in o.rejects} <= {"unreturned"}
+
+
+@pytest.mark.parametrize(
+    ("word", "resent"),
+    [("task_done", 0), ("Task-Done", 0), ("TASK_FAILED", 1000), ("CANCELLED", 1000)],
+)
+async def test_a_task_state_the_spec_does_not_name(tmp_path: Path, word: str, resent: int) -> None:
+    """Task 1 is shown, once processed, in a state of the service's own: ``task_done`` is done
+    (read, nothing sent again); a failed or cancelled task will never be, so its rows are sent
+    again, once. The list stays readable either way."""
+    rules = Misbehaviour(status_when_done={1: word})
+    with anyio.fail_after(60):
+        summary, _, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.unsettled == 0 and not o.rejects
+    assert summary.resent == resent and summary.lost_tasks == (1 if resent else 0)
+    assert len(o.results) == 2000
+
+
+@pytest.mark.parametrize("word", ["CANCELLED", "TASK_FAILED", "task_processing"])
+async def test_another_teams_task_in_a_state_the_spec_does_not_name(
+    tmp_path: Path, word: str
+) -> None:
+    """The key's task list holds another team's task in a state the spec does not name: the
+    list is read all the same (it was unreadable: the run stopped, every time)."""
+    with anyio.fail_after(60):
+        summary, _, o = await run_misbehaving(tmp_path, 2000, Misbehaviour(stranger_status=word))
+    assert summary.complete and summary.resent == 0 and len(o.results) == 2000
+
+
+async def test_a_page_answered_with_the_page_before_it(tmp_path: Path) -> None:
+    """Every page past the first is answered, the first time, with the page before it (a
+    stale cache): its rows come on a second read, none is sent again."""
+    rules = Misbehaviour(repeat_previous_page_once=True)
+    summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules)
+    assert proxy.pages_repeated >= 27
+    assert summary.complete and summary.resent == 0 and len(o.results) == 3000
+
+
+async def test_a_results_store_that_lags_the_status(tmp_path: Path) -> None:
+    """For a second after a task is shown done its pages hold only its first half (a results
+    store that lags the status, answering short pages instead of refusing them): the rest are
+    read again a moment later, not sent again (they were, five times each, then rejects)."""
+    rules = Misbehaviour(lagging_results=1.0)
+    summary, _, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.resent == 0 and len(o.results) == 2000
+
+
+async def test_rows_the_service_lost_and_pages_past_its_count_refused(tmp_path: Path) -> None:
+    """The service lost the last 1,200 rows of a 3,000-row task: its count says 1,800, and
+    pages from there on are refused with 400. Those pages are the end of its results, not
+    pages to stop the run for: the lost rows are sent again, once, and the run ends complete."""
+    rules = Misbehaviour(lose_rows={1: 1200})
+    with anyio.fail_after(60):
+        summary, proxy, o = await run_misbehaving(tmp_path, 3000, rules, LONG_TASKS)
+    assert summary.complete and summary.unsettled == 0 and not o.rejects
+    assert summary.resent == 1200 and len(o.results) == 3000
+    assert proxy.refused_pages >= 1
