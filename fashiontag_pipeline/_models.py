@@ -38,6 +38,7 @@ from ._tagging import (  # the tagging response (spec 2.3), re-exported
     TaggingData,
     TaggingResponse,
 )
+from ._taskstatus import is_done_word, is_ended_word
 
 __all__ = [
     "BulkContext",
@@ -117,34 +118,6 @@ class TaskStatus(enum.StrEnum):
 
 
 _SPEC_STATUSES = frozenset(TaskStatus)
-
-#: ``taskStatus`` words (upper case, ``TASK_`` and separators dropped: ``task_done``,
-#: ``Task-Done`` and ``DONE`` are one) that say a task is finished and its results readable.
-_DONE_WORDS = frozenset({"DONE", "COMPLETE", "COMPLETED", "FINISHED", "SUCCEEDED"})
-#: Words that say a task ended without its results: the service will never make it done.
-_ENDED_WORDS = frozenset(
-    {
-        "FAILED",
-        "FAILURE",
-        "FAIL",
-        "ERROR",
-        "CANCELLED",
-        "CANCELED",
-        "ABORTED",
-        "EXPIRED",
-        "DELETED",
-        "REJECTED",
-        "STOPPED",
-        "KILLED",
-    }
-)
-
-
-def status_word(status: str) -> str:
-    """A ``taskStatus`` reduced to its word: upper case, without a ``TASK_`` prefix and
-    without separators (``task_done`` -> ``DONE``, ``TASK_PROCESSING`` -> ``PROCESSING``)."""
-    word = status.strip().upper().replace("-", "_").replace(" ", "_")
-    return word.removeprefix("TASK_").replace("_", "")
 
 
 class ImageType(enum.StrEnum):
@@ -314,7 +287,7 @@ class Task(msgspec.Struct, rename="camel", gc=False):
         status = self.task_status
         if status is TaskStatus.DONE:
             return True
-        return status is not TaskStatus.PROCESSING and status_word(status) in _DONE_WORDS
+        return status is not TaskStatus.PROCESSING and is_done_word(status)
 
     @property
     def ended(self) -> bool:
@@ -324,7 +297,7 @@ class Task(msgspec.Struct, rename="camel", gc=False):
         status = self.task_status
         if isinstance(status, TaskStatus):
             return False
-        return status_word(status) in _ENDED_WORDS
+        return is_ended_word(status)
 
     @property
     def expires_at(self) -> datetime | None:

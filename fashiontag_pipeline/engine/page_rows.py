@@ -1,0 +1,187 @@
+"""Which rows of a results page are new outcomes of their task (a part of
+:class:`~.pagers.ResultPagers`).
+
+A page's rows are checked against the ids written to the task and the ids already written
+for it (:meth:`PageRows._first_of_each_id`): a server may repeat an id, in a page or across
+pages, answer under an id it was never given, or under an id it changed on the way back (case,
+spacing, Unicode form, leading zeros, a number, cut short: :mod:`.idmatch`). Pages that came
+short of new rows are read again before the rows still missing are sent again
+(:meth:`PageRows._read_again`): offset paging over an order that changes between reads, a page
+answered with the one before it, a results store that lags the status.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+
+import anyio
+import msgspec
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._models import MAX_PAGE_SIZE
+from .idmatch import IdMatcher
+from .pages import NotAPage, PageRow, decode_page, screen
+from .state import Journal
+from .tracker import TaskEntry
+
+__all__ = ["READ_AGAIN_PAUSE", "READ_AGAIN_WINDOW", "REREAD_PASSES", "PageRows"]
+
+#: Passes at most over the pages of a task that came short of new rows, each finding rows,
+#: before the task's rows still without a line are sent again (:meth:`ResultPagers._read_again`).
+REREAD_PASSES = 3
+#: Seconds after a task was seen done during which passes that find nothing are tried again,
+#: after a pause (``READ_AGAIN_PAUSE`` doubled each time): a results store that lags the status.
+READ_AGAIN_WINDOW = 3.0
+READ_AGAIN_PAUSE = 0.25
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+_row_id = operator.attrgetter("id")
+
+
+class PageRows:
+    """The page-rows half of :class:`~.pagers.ResultPagers` (mixed into it)."""
+
+    client: TaggerClient
+    journal: Journal
+    pages: int
+    _warned_changed: bool
+
+    async def _read_again(self, entry: TaskEntry) -> None:
+        """Rows written to a task still without a line once its pages are all in, after
+        :meth:`_past_end`: the pages that came short of new rows (a repeated id, a row left
+        out, an id never sent) are asked for again before those rows are sent again (and
+        billed again). A service whose offset paging runs over an order that changes between
+        reads (a row on two pages and another on none), that answers a page with the one
+        before it, or whose results store lags its status (pages short for a moment after
+        "done"), returns them on another read. Passes go on while they find rows (at most
+        ``REREAD_PASSES`` of them) and, while none does, with growing pauses until
+        ``READ_AGAIN_WINDOW`` seconds after the task was seen done; a row the service never
+        returns costs those page reads, not a send. Any answer but a page ends the reading."""
+        offsets = sorted(entry.deficient)
+        entry.deficient = set()
+        sent, seen = entry.sent, entry.seen
+        if not offsets or sent is None or seen is None:
+            return
+        missing = len(sent - seen - (entry.refused or frozenset()))
+        passes = 0
+        pause = READ_AGAIN_PAUSE
+        while missing > 0:
+            found = 0
+            for offset in offsets:
+                if missing - found <= 0:
+                    break
+                size = min(MAX_PAGE_SIZE, entry.total - offset)
+                try:
+                    raw = await self.client.task_results_raw(
+                        entry.task_id, offset=offset, size=size
+                    )
+                    page, all_success = screen(decode_page(raw))
+                except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
+                    return
+                rows = self._first_of_each_id(entry, page, again=True)
+                if not rows:
+                    continue
+                found += len(rows)
+                await self.journal.commit(
+                    page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success
+                )
+                self.pages += 1
+            missing -= found
+            if found:
+                logger.info(
+                    "task %s: its pages read again gave %d rows more (%d still missing)",
+                    entry.task_id,
+                    found,
+                    max(missing, 0),
+                )
+                passes += 1
+                if passes >= REREAD_PASSES:
+                    return
+                continue
+            left = (
+                entry.done_at + READ_AGAIN_WINDOW - time.monotonic()
+                if entry.done_at is not None
+                else 0.0
+            )
+            if left <= 0:
+                return
+            await anyio.sleep(min(pause, left))
+            pause *= 2
+
+    def _first_of_each_id(
+        self, entry: TaskEntry, rows: list[PageRow], *, again: bool = False
+    ) -> list[PageRow]:
+        """The rows whose id was written to the task and has no line for it yet (a server
+        may repeat an id, in a page or across pages, or answer under an id it was never given);
+        their ids are added to the task's written ids. A result under an id the service
+        changed (case, spacing, Unicode form, leading zeros, a number, cut short) is taken as
+        the row's whose id it stands for, when exactly one sent to the task does
+        (:mod:`.idmatch`), and written under the id sent."""
+        seen = entry.seen
+        sent = entry.sent
+        refused = entry.refused
+        assert seen is not None
+        ids = set(map(_row_id, rows))
+        if (
+            len(ids) == len(rows)
+            and seen.isdisjoint(ids)
+            and (sent is None or ids <= sent)
+            and (not refused or refused.isdisjoint(ids))
+        ):
+            seen |= ids
+            return rows
+        out: list[PageRow] = []
+        foreign = taken = changed = 0
+        for r in rows:
+            ident = r.id
+            if sent is not None and ident not in sent:
+                matcher = entry.matcher
+                if matcher is None:
+                    matcher = entry.matcher = IdMatcher(sent)
+                found = matcher.match(ident)
+                if found is None:
+                    foreign += 1
+                    continue
+                changed += 1
+                ident = found
+                r = PageRow(found, r.tagging_result)
+            if refused and ident in refused:
+                taken += 1
+            elif ident not in seen:
+                seen.add(ident)
+                out.append(r)
+        if taken:
+            logger.warning(
+                "task %s: %d results came for rows the service refused when they were written"
+                " (their rejects stand); left out",
+                entry.task_id,
+                taken,
+            )
+        if changed:
+            log = logger.info if self._warned_changed else logger.warning
+            self._warned_changed = True
+            log(
+                "task %s: %d results came under an id the service changed (case, spacing,"
+                " Unicode form, leading zeros, a number, cut short); each taken as the one row"
+                " sent to the task whose id it stands for",
+                entry.task_id,
+                changed,
+            )
+        if foreign:
+            logger.warning(
+                "task %s: %d results came under an id never sent to it; left out (the rows"
+                " without a result are sent again)",
+                entry.task_id,
+                foreign,
+            )
+        if len(rows) - len(out) > foreign + taken and not again:
+            logger.warning(
+                "task %s: %d results repeated an id already read; kept the first of each",
+                entry.task_id,
+                len(rows) - len(out) - foreign - taken,
+            )
+        return out
