@@ -152,6 +152,24 @@ class ManifestOutputs:
             reason=reason,
         )
 
+    def earlier_or(self, summary: ManifestSummary) -> ManifestSummary:
+        """The summary this very claim wrote with the same status before a crash (a SIGKILL
+        after ``summary.json``, before the move to ``done/``): a consumer may have taken it,
+        so it stays as it was (its ``finished_at``, its ``elapsed_s``); else ``summary``."""
+        try:
+            earlier = self.read_summary()
+        except (OSError, msgspec.DecodeError):
+            return summary
+
+        def of(s: ManifestSummary) -> tuple[str, str, str, str]:
+            return (s.manifest, s.sha256, s.claimed_at, s.status)
+
+        return earlier if earlier is not None and of(earlier) == of(summary) else summary
+
+    async def aearlier_or(self, summary: ManifestSummary) -> ManifestSummary:
+        """:meth:`earlier_or` in a worker thread."""
+        return await anyio.to_thread.run_sync(self.earlier_or, summary)
+
     def write_summary(self, summary: ManifestSummary) -> None:
         """Write ``summary.json`` last: results and rejects are fsync-ed first, and any that
         were never opened (a failed or duplicate manifest) are created empty, so a consumer
@@ -161,7 +179,13 @@ class ManifestOutputs:
         for path in (self.results, self.rejects):
             with path.open("ab") as fh:
                 os.fsync(fh.fileno())
-        write_atomic(self.summary, _summary_encoder.encode(summary) + b"\n")
+        data = _summary_encoder.encode(summary) + b"\n"
+        try:
+            if self.summary.read_bytes() == data:
+                return  # written before a crash (earlier_or): left as it is
+        except OSError:
+            pass
+        write_atomic(self.summary, data)
 
     async def awrite_summary(self, summary: ManifestSummary) -> None:
         """:meth:`write_summary` in a worker thread (it fsyncs outputs of any size)."""

@@ -310,6 +310,7 @@ class Daemon(DaemonMonitor):
         lease: Lease | None = None,
     ) -> None:
         summary = outputs.new_summary("duplicate", finished_at=time.time(), duplicate_of=earlier)
+        summary = await outputs.aearlier_or(summary)  # (one written before a crash)
         # Counted before the summary appears: whoever sees summary.json sees it counted.
         self.metrics.count_manifest("duplicate")
         self.recent.append(summary)
@@ -391,6 +392,7 @@ class Daemon(DaemonMonitor):
         for key in _COUNTED:
             setattr(written, key, c.get(key, 0))
         written.elapsed_s = round(time.monotonic() - active.started, 3)
+        written = await outputs.aearlier_or(written)  # (one written before a crash)
         self.metrics.count_manifest(status)
         self.recent.append(written)
         await outputs.awrite_summary(written)
@@ -420,6 +422,7 @@ class Daemon(DaemonMonitor):
         lease: Lease | None = None,
     ) -> None:
         summary = outputs.new_summary("failed", finished_at=time.time(), reason=reason)
+        summary = await outputs.aearlier_or(summary)  # (one written before a crash)
         self.metrics.count_manifest("failed")
         self.recent.append(summary)
         await outputs.awrite_summary(summary)

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 #: the state store (committed), before its create is sent.
 #: ``HOOK_TERM_IN_SENT_IDS``: SIGTERM while the pager reads, in the state thread, the ids
 #: written to the first task done (a call the event loop awaits shielded), which lasts 1 s.
+#: ``HOOK_KILL_AFTER_SUMMARY``: SIGKILL right after the first ``summary.json`` is written,
+#: before the manifest is recorded settled and moved to ``done/``.
 #: ``HOOK_KILL_AT_MARK``: SIGKILL right after the outbox created (``O_EXCL``) a folder's
 #: ``.claim`` mark, or a file named for it (``.claim.*``), before its content is written.
 HOOK = textwrap.dedent(
@@ -41,6 +43,13 @@ HOOK = textwrap.dedent(
                     os.kill(os.getpid(), signal.SIGKILL)
                 return fd
         outbox.os = _Os()
+    if os.environ.get("HOOK_KILL_AFTER_SUMMARY"):
+        import fashiontag_pipeline.daemon.outbox as outbox
+        _write_summary = outbox.ManifestOutputs.write_summary
+        def write_summary_then_die(self, summary):
+            _write_summary(self, summary)
+            os.kill(os.getpid(), signal.SIGKILL)
+        outbox.ManifestOutputs.write_summary = write_summary_then_die
     if os.environ.get("HOOK_KILL_AFTER_WRITE_AHEAD"):
         from fashiontag_pipeline.engine.state import journal
         _write_ahead = journal.Journal.write_ahead
@@ -178,3 +187,52 @@ async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_compl
     assert summary["status"] == "done"
     got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
     assert sorted(got) == sorted(ids)
+
+
+@pytest.mark.parametrize("duplicate", [False, True], ids=["done", "duplicate"])
+async def test_a_kill_after_the_summary_leaves_the_summary_as_written(
+    tmp_path: Path, duplicate: bool
+) -> None:
+    """SIGKILL right after ``summary.json`` was written, before the manifest was recorded
+    settled and moved to ``done/``. A consumer may already have taken the summary (it is
+    written last: the manifest is complete). The restarted daemon wrote it again, with
+    another ``finished_at`` and the ``elapsed_s`` of the restart (0.001 s), so the summary a
+    consumer read and the one on disk and in ``/status`` disagree (DESIGN 6: SIGKILL at any
+    moment, then a restart: nothing written twice). For a duplicate too."""
+    ids = [f"s{i}" for i in range(300)]
+    data = write_manifest(Path(), ids)
+    name = "copy.csv" if duplicate else "m.csv"
+    async with running_service(ServiceConfig()) as svc:
+        b: DaemonProcess | None = None
+        env = _hooked(tmp_path, HOOK_KILL_AFTER_SUMMARY="1")
+        a = DaemonProcess(tmp_path, svc.url)
+        if duplicate:  # m.csv done by a daemon without the hook, then its copy
+            a.start()
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", data)
+            await a.wait_summary("m")
+            assert await a.stop() == 0
+        a = DaemonProcess(tmp_path, svc.url, port=a.port, env=env).start()
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, name, data)
+            assert await a.wait_exit(timeout=30) == -9  # killed after the summary
+            stem = tmp_path / "outbox" / name.removesuffix(".csv")
+            first = (stem / "summary.json").read_bytes()
+            assert (a.inbox / ".work" / name).exists()
+            b = DaemonProcess(tmp_path, svc.url, port=a.port).start()
+            with anyio.fail_after(30):
+                while not (b.inbox / "done" / name).exists():
+                    b.check_alive()
+                    await anyio.sleep(0.05)
+            code, body = await b.get("/status")
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert code == 200
+    written = json.loads(first)
+    assert written["status"] == ("duplicate" if duplicate else "done")
+    assert json.loads((stem / "summary.json").read_bytes()) == written
+    assert [r for r in json.loads(body)["recent"] if r["manifest"] == name] == [written]
