@@ -48,7 +48,7 @@ from .inbox import Claim, Inbox
 from .ledger import SQLiteClaimLedger
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
-from .outbox import ManifestOutputs, Outbox
+from .outbox import ManifestOutputs, ManifestSummary, Outbox
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -310,12 +310,7 @@ class Daemon(DaemonMonitor):
         lease: Lease | None = None,
     ) -> None:
         summary = outputs.new_summary("duplicate", finished_at=time.time(), duplicate_of=earlier)
-        summary = await outputs.aearlier_or(summary)  # (one written before a crash)
-        # Counted before the summary appears: whoever sees summary.json sees it counted.
-        self.metrics.count_manifest("duplicate")
-        self.recent.append(summary)
-        await outputs.awrite_summary(summary)
-        await inbox.afinish(claim, "duplicate", lease)
+        await self._publish(summary, outputs, inbox, lease)
         logger.info(
             "duplicate manifest: not sent again",
             extra={"manifest": claim.name, "duplicate_of": earlier},
@@ -392,14 +387,7 @@ class Daemon(DaemonMonitor):
         for key in _COUNTED:
             setattr(written, key, c.get(key, 0))
         written.elapsed_s = round(time.monotonic() - active.started, 3)
-        written = await outputs.aearlier_or(written)  # (one written before a crash)
-        self.metrics.count_manifest(status)
-        self.recent.append(written)
-        await outputs.awrite_summary(written)
-        if failure:
-            await inbox.afail(claim, failure, lease)
-        else:
-            await inbox.afinish(claim, "done", lease)
+        written = await self._publish(written, outputs, inbox, lease)
         logger.info(
             "manifest complete",
             extra={
@@ -422,9 +410,22 @@ class Daemon(DaemonMonitor):
         lease: Lease | None = None,
     ) -> None:
         summary = outputs.new_summary("failed", finished_at=time.time(), reason=reason)
-        summary = await outputs.aearlier_or(summary)  # (one written before a crash)
-        self.metrics.count_manifest("failed")
-        self.recent.append(summary)
-        await outputs.awrite_summary(summary)
-        await inbox.afail(claim, reason, lease)
+        await self._publish(summary, outputs, inbox, lease)
         logger.warning("manifest cannot be read", extra={"manifest": claim.name, "reason": reason})
+
+    async def _publish(
+        self, summary: ManifestSummary, outputs: ManifestOutputs, inbox: Inbox, lease: Lease | None
+    ) -> ManifestSummary:
+        """``summary.json`` (any written before a crash), its record, the move to ``done/`` or
+        ``failed/``: shielded from a drain (which left a complete manifest in ``.work``)."""
+        with anyio.CancelScope(shield=lease is None):
+            summary = await outputs.aearlier_or(summary)
+            # Counted before the summary appears: whoever sees summary.json sees it counted.
+            self.metrics.count_manifest(summary.status)
+            self.recent.append(summary)
+            await outputs.awrite_summary(summary)
+            if summary.status == "failed":
+                await inbox.afail(outputs.claim, summary.reason or "", lease)
+            else:
+                await inbox.afinish(outputs.claim, summary.status, lease)
+        return summary

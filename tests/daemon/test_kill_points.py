@@ -27,6 +27,8 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 #: written to the first task done (a call the event loop awaits shielded), which lasts 1 s.
 #: ``HOOK_KILL_AFTER_SUMMARY``: SIGKILL right after the first ``summary.json`` is written,
 #: before the manifest is recorded settled and moved to ``done/``.
+#: ``HOOK_TERM_IN_SUMMARY``: SIGTERM while the first ``summary.json`` is being written (in
+#: the worker thread, which then lasts 0.5 s more).
 #: ``HOOK_KILL_AT_MARK``: SIGKILL right after the outbox created (``O_EXCL``) a folder's
 #: ``.claim`` mark, or a file named for it (``.claim.*``), before its content is written.
 HOOK = textwrap.dedent(
@@ -50,6 +52,15 @@ HOOK = textwrap.dedent(
             _write_summary(self, summary)
             os.kill(os.getpid(), signal.SIGKILL)
         outbox.ManifestOutputs.write_summary = write_summary_then_die
+    if os.environ.get("HOOK_TERM_IN_SUMMARY"):
+        import time
+        import fashiontag_pipeline.daemon.outbox as outbox
+        _write = outbox.ManifestOutputs.write_summary
+        def write_summary_under_sigterm(self, summary):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # the drain runs on the event loop meanwhile
+            _write(self, summary)
+        outbox.ManifestOutputs.write_summary = write_summary_under_sigterm
     if os.environ.get("HOOK_KILL_AFTER_WRITE_AHEAD"):
         from fashiontag_pipeline.engine.state import journal
         _write_ahead = journal.Journal.write_ahead
@@ -236,3 +247,28 @@ async def test_a_kill_after_the_summary_leaves_the_summary_as_written(
     assert written["status"] == ("duplicate" if duplicate else "done")
     assert json.loads((stem / "summary.json").read_bytes()) == written
     assert [r for r in json.loads(body)["recent"] if r["manifest"] == name] == [written]
+
+
+async def test_sigterm_while_the_summary_is_written_moves_the_manifest_to_done(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while a complete manifest's ``summary.json`` is being written (in a worker
+    thread): the drain cancelled the manifest's ending once the summary was written, before
+    its record and its move, and the daemon exited 0 with the manifest in ``.work/`` (in
+    flight) although its summary says ``done``: until a next start (none, after a deploy that
+    removes the daemon), the inbox and the outbox disagree (DESIGN 6: INBOX/done/NAME is
+    complete, its summary exists; ``.work/`` is for manifests in flight)."""
+    ids = [f"e{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        env = _hooked(tmp_path, HOOK_TERM_IN_SUMMARY="1")
+        a = DaemonProcess(tmp_path, svc.url, env=env).start()
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            assert await a.wait_exit(timeout=30) == 0, a.tail()
+        finally:
+            a.ensure_dead()
+    summary = json.loads((tmp_path / "outbox" / "m" / "summary.json").read_bytes())
+    assert summary["status"] == "done"
+    assert sorted(p.name for p in (a.inbox / ".work").iterdir()) == []
+    assert (a.inbox / "done" / "m.csv").exists()
