@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections.abc import Sequence
 
 import anyio
 import msgspec
@@ -60,8 +61,13 @@ class PageRows:
         "done"), returns them on another read. Passes go on while they find rows (at most
         ``REREAD_PASSES`` of them) and, while none does, with growing pauses until
         ``READ_AGAIN_WINDOW`` seconds after the task was seen done; a row the service never
-        returns costs those page reads, not a send. Any answer but a page ends the reading."""
-        offsets = sorted(entry.deficient)
+        returns costs those page reads, not a send. Any answer but a page ends the reading.
+
+        The rows missing need not be on a page that came short: a stale page served in place
+        of the one before it gives that page's rows, new ones, so the page that comes short is
+        another. A pass over the pages that came short that leaves rows missing is followed by
+        passes over every page of the task."""
+        offsets: Sequence[int] = sorted(entry.deficient)
         entry.deficient = set()
         sent, seen = entry.sent, entry.seen
         if not offsets or sent is None or seen is None:
@@ -69,6 +75,7 @@ class PageRows:
         missing = len(sent - seen - (entry.refused or frozenset()))
         passes = 0
         pause = READ_AGAIN_PAUSE
+        every_page = range(0, entry.total, MAX_PAGE_SIZE)
         while missing > 0:
             found = 0
             for offset in offsets:
@@ -99,6 +106,10 @@ class PageRows:
                     max(missing, 0),
                 )
                 passes += 1
+            if missing > 0 and offsets is not every_page:
+                offsets = every_page  # (no pause: these pages were not read again yet)
+                continue
+            if found:
                 if passes >= REREAD_PASSES:
                     return
                 continue

@@ -183,6 +183,10 @@ class Misbehaviour:
     #: Each results page past the first is answered, the first time it is asked for, with the
     #: page before it (a cache that serves a stale page).
     repeat_previous_page_once: bool = False
+    #: Each results page is answered, the first time it is asked for, with the page after it
+    #: (a stale cache keyed one page off): the first page's rows come on no first read, and
+    #: the page that comes short is the last one.
+    next_page_once: bool = False
 
 
 class MisbehavingProxy:
@@ -225,6 +229,9 @@ class MisbehavingProxy:
         #: Results pages answered (task, offset) -> their results, for repeat_previous_page_once.
         self._pages_given: dict[tuple[str, int], Any] = {}
         self.pages_repeated = 0
+        #: Results pages answered with the page after them (next_page_once).
+        self._shifted: set[tuple[str, str]] = set()
+        self.pages_shifted = 0
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -346,6 +353,16 @@ class MisbehavingProxy:
             params["size"] = str(min(int(params["size"]), self.rules.page_cap))
         if request.method == "GET" and self.ordinal(task_id or "") in self.rules.ignore_offset:
             params.pop("offset", None)
+        if (
+            self.rules.next_page_once
+            and request.method == "GET"
+            and task_id
+            and not path.endswith("/status")
+            and (task_id, params.get("offset", "0")) not in self._shifted
+        ):
+            self._shifted.add((task_id, params.get("offset", "0")))
+            params["offset"] = str(int(params.get("offset", "0")) + MAX_PAGE)
+            self.pages_shifted += 1
         if self.rules.one_based_offsets and request.method == "GET" and "offset" in params:
             params["offset"] = str(max(0, int(params["offset"]) - 1))
         async with self._session.request(
