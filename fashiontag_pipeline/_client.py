@@ -23,6 +23,8 @@ from ._config import (
     RetryPolicy,
     Secret,
     Timeout,
+    base_url_problem,
+    clean_base_url,
     key_hint,
     shown_url,
     with_default_keys,
@@ -99,11 +101,11 @@ class TaggerClient:
         if api_key is None and bulk_api_key is None:
             # No key anywhere: the development keys, as the CLI sends them.
             cfg = with_default_keys(cfg)
-        self.base_url = (base_url or cfg.base_url).rstrip("/")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise exc.ConfigError(
-                f"base_url must start with http:// or https://: {shown_url(self.base_url)!r}"
-            )
+        url = clean_base_url(base_url or cfg.base_url)
+        problem = base_url_problem(url)
+        if problem is not None:
+            raise exc.ConfigError(f"base_url {problem}")
+        self.base_url = url.rstrip("/")
         self._api_key = _as_secret(api_key) if api_key is not None else cfg.api_key
         bulk = _as_secret(bulk_api_key) if bulk_api_key is not None else cfg.bulk_api_key
         self._bulk_api_key = bulk if bulk is not None else self._api_key

@@ -35,6 +35,8 @@ __all__ = [
     "RetryPolicy",
     "Secret",
     "Timeout",
+    "base_url_problem",
+    "clean_base_url",
     "key_problem",
     "load_client_config",
     "load_section",
@@ -182,18 +184,12 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             problem = key_problem(secret) if secret is not None else None
             if problem is not None:
                 raise ValueError(f"{name} {problem}")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"base_url must start with http:// or https://, got {shown_url(self.base_url)!r}"
-            )
-        if "?" in self.base_url or "#" in self.base_url:
-            # Request URLs are this text and a path: a query would come before the path (every
-            # request a 404), and a key put there would show in every retry line. Not echoed.
-            head = shown_url(self.base_url.split("?", 1)[0].split("#", 1)[0])
-            raise ValueError(
-                f"base_url must not hold a query (?...) or fragment (#...): give {head!r}; keys"
-                " go in FASHIONTAG_API_KEY / FASHIONTAG_BULK_API_KEY or the [client] table"
-            )
+        base_url = clean_base_url(self.base_url)
+        if base_url != self.base_url:
+            msgspec.structs.force_setattr(self, "base_url", base_url)
+        problem = base_url_problem(base_url)
+        if problem is not None:
+            raise ValueError(f"base_url {problem}")
         if self.language not in LANGUAGES:
             raise ValueError(
                 f"language must be one of {', '.join(LANGUAGES)}, got {self.language!r}"
@@ -327,6 +323,8 @@ def load_client_config(
         data.update(raw)
         for key in KEY_FIELDS:
             sources[key] = f"{key} in [client] of {path}"
+    if "base_url" in data:
+        sources["base_url"] = f"base_url in [client] of {path}"
     for key, var in (
         ("base_url", ENV_BASE_URL),
         ("api_key", ENV_API_KEY),
@@ -339,6 +337,13 @@ def load_client_config(
         if value is not None:
             data[key] = value
             sources[key] = "--" + key.replace("_", "-")
+    url = data.get("base_url")
+    if isinstance(url, str):  # named by where it came from, as keys are
+        data["base_url"] = url = clean_base_url(url)
+        problem = base_url_problem(url)
+        if problem is not None:
+            where = sources.get("base_url", "base_url in [client] of " + str(path))
+            raise ConfigError(f"invalid configuration: base_url {problem} (from {where})")
     for key in KEY_FIELDS:  # named by where it came from (the key itself never shown)
         value = data.get(key)
         problem = key_problem(Secret(value)) if isinstance(value, str) else None
@@ -377,3 +382,50 @@ def shown_url(url: str) -> str:
     if not (sep and at and ":" in head):
         return url
     return f"{scheme}://{head.partition(':')[0]}:***@{tail}"
+
+
+def clean_base_url(url: str) -> str:
+    """``url`` without the white space around it (the line end of a value read from a file,
+    ``FASHIONTAG_BASE_URL=$(cat url.txt)`` from a CRLF file, a space pasted after it: sent,
+    it would be part of every request's path) and with its scheme in lower case."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        return scheme.lower() + sep + rest
+    return url
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why ``url`` (cleaned by :func:`clean_base_url`) cannot be the service's base URL, as
+    the end of a sentence that starts with "base_url" (None when it can). A path prefix (an API
+    gateway's ``https://gw.example/tagging/v1``) is fine; the URL is shown with its password
+    masked, a query never (it may hold a key)."""
+    if not url.startswith(("http://", "https://")):
+        return f"must start with http:// or https://, got {shown_url(url)!r}"
+    if "?" in url or "#" in url:
+        # Request URLs are this text and a path: a query would come before the path (every
+        # request a 404), and a key put there would show in every retry line. Not echoed.
+        head = shown_url(url.split("?", 1)[0].split("#", 1)[0])
+        return (
+            f"must not hold a query (?...) or fragment (#...): give {head!r}; keys go in"
+            " FASHIONTAG_API_KEY / FASHIONTAG_BULK_API_KEY or the [client] table"
+        )
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in url):
+        return f"holds a control character: {shown_url(url)!r}"
+    from yarl import URL  # (aiohttp's own; imported here, when a URL is checked)
+
+    try:
+        parsed = URL(url)
+        port = parsed.port  # a port that is no number, or out of range, fails here
+    except (ValueError, TypeError) as err:
+        reason = str(err).removeprefix("Invalid URL: ")
+        user = url.partition("://")[2].rpartition("@")[0]
+        if user and user in reason:  # (yarl's messages do not quote the URL; never show it)
+            reason = "not a URL"
+        return f"is not a valid URL ({reason}): {shown_url(url)!r}"
+    host = parsed.raw_host
+    if not host:
+        return f"has no host: {shown_url(url)!r}"
+    if " " in host or port == 0:
+        return f"has no valid host and port: {shown_url(url)!r}"
+    return None

@@ -12,6 +12,9 @@
     ├── StateError                     a state file that cannot be opened or written
     ├── ResultStoreError               a result store (--reuse) that cannot be opened, read
     │                                  or written (corrupt, not a result store, a full disk)
+    ├── TLSError                       the TLS handshake was refused for a reason a retry cannot
+    │                                  fix (a certificate not trusted, expired or for another
+    │                                  name; no TLS at that address): nothing was sent
     ├── TransportError                 the service could not be reached or answered garbage
     │   ├── ConnectError               connection refused/failed: the request was not sent
     │   ├── TimeoutError_              no answer in time (reads only; see AmbiguousWriteError)
@@ -64,6 +67,7 @@ __all__ = [
     "ServiceError",
     "StateConflictError",
     "StateError",
+    "TLSError",
     "TaskExpiredError",
     "TaskNotFoundError",
     "TimeoutError_",
@@ -117,6 +121,19 @@ class ResultStoreError(FashiontagError):
     """The result store of ``--reuse`` cannot be opened, read or written (not a result store,
     damaged, a newer schema, a full disk); the message names the file. Never silently
     replaced: a store that cannot be read would otherwise mean a full, billed re-tag."""
+
+
+class TLSError(FashiontagError):
+    """The TLS handshake with the service failed for a reason that asking again will not fix:
+    its certificate is not trusted (a private CA missing from the trust store), has expired or
+    names another host, or the address does not speak TLS (an ``http://`` service given as
+    ``https://``). The request was not sent. Not a :class:`TransportError`: no stage retries
+    it (a run that did would spend its whole ``--give-up-after`` on a configuration fault)."""
+
+    def __init__(self, message: str, *, method: str = "", path: str = "") -> None:
+        super().__init__(message)
+        self.method = method
+        self.path = path
 
 
 class TransportError(FashiontagError):

@@ -9,6 +9,15 @@ certainly not applied (429, a connection that could not be made), and a write wh
 unknown (sent, then a timeout, a dropped connection, a 5xx or a 408) raises
 :class:`AmbiguousWriteError`. Other 4xx answers are never retried.
 
+Connections: reads and writes have a pool each. A write goes only on a connection idle for at
+most :data:`WRITE_IDLE_MAX` seconds, else on a new one: a gateway or server that closes idle
+connections (uvicorn after 5 s, gunicorn after 2 s, a load balancer after its own idle timeout)
+may close one just as a request is sent on it, and a write so lost is of unknown fate to the
+client (:class:`AmbiguousWriteError`, resolved by the engine at the cost of a task-list
+look-up). A read so lost is sent again at once on a new connection (aiohttp's own rule for
+idempotent requests). The proxy named by ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` is
+decided once (:mod:`._proxies`).
+
 Cost: a request is the hot path of a run (one per 100 results read), so it does no work that
 does not depend on the request: URLs are built as text from a base URL parsed once and handed
 to aiohttp pre-encoded, and a request has one deadline (:attr:`Timeout.total`, else
@@ -33,6 +42,7 @@ from ._callctx import GIVE_UP, WRITE_GUARD
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._models import STATUS_SUCCESS
+from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
 from ._scrub import scrub_request_info
 from ._tls import deferred_trust_store
@@ -64,6 +74,11 @@ USER_AGENT = "fashiontag_pipeline/0.1"
 FIRST_FAILURE = "fashiontag_first_failure"
 #: At most one first-failure warning this often (seconds).
 WARN_EVERY = 30.0
+#: A write (POST, PUT) goes only on a connection idle for at most this many seconds (see the
+#: module docstring): below the idle timeout of every common server and gateway.
+WRITE_IDLE_MAX = 1.0
+#: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 
 T = TypeVar("T")
 
@@ -111,6 +126,12 @@ class HttpExchange:
         self._sleep = sleep or anyio.sleep
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
+        #: The pool of writes (see WRITE_IDLE_MAX).
+        self._write_session: aiohttp.ClientSession | None = None
+        #: The proxy the environment names for the service (decided with the first session).
+        self.proxy: ProxyRoute | None = None
+        self._proxy_url: str | None = None
+        self._proxy_headers: dict[str, str] | None = None
         self._closed = False
         # True from a failed attempt until the next answer that is not a failure: the first
         # failure of a streak is a warning (an operator sees it at once), the rest are info.
@@ -123,40 +144,54 @@ class HttpExchange:
         self.observer: Callable[[str, str, int, float], None] | None = None
 
     async def aclose(self) -> None:
-        """Close the connection pool. Idempotent."""
+        """Close the connection pools. Idempotent."""
         self._closed = True
-        session, self._session = self._session, None
-        if session is not None:
-            with anyio.CancelScope(shield=True):
-                await session.close()
+        sessions = (self._session, self._write_session)
+        self._session = self._write_session = None
+        with anyio.CancelScope(shield=True):
+            for session in sessions:
+                if session is not None:
+                    await session.close()
 
     def ensure_session(self) -> aiohttp.ClientSession:
+        """The pool of reads (the pool of writes is made with it)."""
         if self._closed:
             raise RuntimeError("TaggerClient is closed")
         if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self.limits.max_connections,
-                limit_per_host=self.limits.max_connections,
-                keepalive_timeout=self.limits.keepalive_expiry,
-                ttl_dns_cache=300,
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(
-                    total=deadline(self.timeout), sock_connect=self.timeout.connect
-                ),
-                headers={"User-Agent": USER_AGENT},
-                skip_auto_headers=("Content-Type",),
-                raise_for_status=False,
-            )
+            base = URL(self._base_encoded, encoded=True)
+            self.proxy = proxy_for(base.scheme, base.host or "", base.explicit_port)
+            if self.proxy is not None:
+                self._proxy_url = self.proxy.url
+                self._proxy_headers = self.proxy.headers or None
+            self._session = self._new_session(self.limits.keepalive_expiry)
+            writes = self._new_session(min(self.limits.keepalive_expiry, WRITE_IDLE_MAX))
             # aiohttp sends a PUT again, silently, when a reused connection drops before the
             # answer (HTTP calls PUT idempotent). An append is not: its rows may be in the task
             # already, and only this layer can say "the write may have been applied"
             # (AmbiguousWriteError), so that the engine reads the retry's refusals as such.
-            # Reads lose nothing: they are retried here. No public switch exists (aiohttp 3.14).
-            if hasattr(self._session, "_retry_connection"):
-                self._session._retry_connection = False
+            # Reads keep aiohttp's rule (a GET sent again once). No public switch exists
+            # (aiohttp 3.14).
+            if hasattr(writes, "_retry_connection"):
+                writes._retry_connection = False
+            self._write_session = writes
         return self._session
+
+    def _new_session(self, keepalive: float) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=self.limits.max_connections,
+            limit_per_host=self.limits.max_connections,
+            keepalive_timeout=keepalive,
+            ttl_dns_cache=300,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(
+                total=deadline(self.timeout), sock_connect=self.timeout.connect
+            ),
+            headers={"User-Agent": USER_AGENT},
+            skip_auto_headers=("Content-Type",),
+            raise_for_status=False,
+        )
 
     async def call(
         self,
@@ -309,6 +344,9 @@ class HttpExchange:
         if method != "GET" and (guard := WRITE_GUARD.get()) is not None:
             guard()
         session = self.ensure_session()
+        if method != "GET":
+            assert self._write_session is not None
+            session = self._write_session
         headers = {"accept-language": language or self.language}
         if key is not None:
             headers["x-api-key"] = key.reveal()
@@ -325,7 +363,13 @@ class HttpExchange:
             # names (in clear text if it says http://), and a 301/302 to a POST becomes a GET.
             # A 3xx is mapped like any other refusal (its message names the new address).
             async with session.request(
-                method, url, data=body, headers=headers, allow_redirects=False
+                method,
+                url,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
+                proxy=self._proxy_url,
+                proxy_headers=self._proxy_headers,
             ) as resp:
                 sent = True
                 payload = await resp.read()
@@ -333,11 +377,41 @@ class HttpExchange:
                     payload = payload[3:]
                 result = Response(resp.status, payload, resp.headers)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
+        except aiohttp.ClientConnectorCertificateError as err:
+            self.stats.transport_errors += 1
+            raise exc.TLSError(
+                f"{method} {path or '/'}: "
+                f"{_certificate_problem(err.certificate_error, self.shown_url)};"
+                " nothing was sent",
+                method=method,
+                path=path,
+            ) from err
+        except aiohttp.ClientConnectorSSLError as err:
+            self.stats.transport_errors += 1
+            reason = getattr(err.os_error, "reason", None) or ""
+            if reason not in _NOT_TLS:
+                raise self._connect_error(method, path, err) from err
+            raise exc.TLSError(
+                f"{method} {path or '/'}: {self.shown_url} does not speak TLS (SSL: {reason}):"
+                " is the service at http://, not https://? Nothing was sent",
+                method=method,
+                path=path,
+            ) from err
         except aiohttp.ClientConnectorError as err:
             self.stats.transport_errors += 1
-            reason = err.os_error.strerror or str(err)
+            raise self._connect_error(method, path, err) from err
+        except aiohttp.ClientHttpProxyError as err:
+            # The proxy refused the CONNECT of an https:// service: nothing reached the service.
+            self.stats.transport_errors += 1
+            assert self.proxy is not None
+            if err.status == 407:
+                raise exc.ConfigError(
+                    f"{method} {path}: the proxy {self.proxy.shown} wants credentials (HTTP 407):"
+                    f" give them in {self.proxy.source}=http://USER:PASSWORD@HOST:PORT"
+                ) from err
             raise exc.ConnectError(
-                f"{method} {path}: cannot connect to {self.shown_url}: {reason}",
+                f"{method} {path}: the proxy {self.proxy.shown} refused to connect to"
+                f" {self.shown_url}: HTTP {err.status} {err.message}",
                 method=method,
                 path=path,
             ) from err
@@ -369,6 +443,19 @@ class HttpExchange:
                     (time.perf_counter() - started) * 1000,
                 )
         return result
+
+    def _connect_error(
+        self, method: str, path: str, err: aiohttp.ClientConnectorError
+    ) -> exc.ConnectError:
+        """The connection could not be made (to the service, or to its proxy)."""
+        reason = err.os_error.strerror or str(err.os_error) or type(err).__name__
+        if isinstance(err, aiohttp.ClientProxyConnectionError) and self.proxy is not None:
+            where = f"the proxy {self.proxy.shown} for {self.shown_url}"
+        else:
+            where = self.shown_url
+        return exc.ConnectError(
+            f"{method} {path}: cannot connect to {where}: {reason}", method=method, path=path
+        )
 
     def decode(
         self, decoder: msgspec.json.Decoder[T], response: Response, method: str, path: str
@@ -412,7 +499,31 @@ class HttpExchange:
         self, response: Response, method: str, path: str, task_id: str | None
     ) -> None:
         """Map an error response to the exception tree. Never returns."""
-        raise error_for(response, method, path, task_id, self._key_hint(path))
+        endpoint = self.shown_url + path if path in (BULK_PATH, SINGLE_PATH) else None
+        raise error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)
+
+
+#: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
+_UNTRUSTED_ISSUER = frozenset({2, 18, 19, 20, 21})
+#: ... and of a certificate for another host name (62) or address (64).
+_NAME_MISMATCH = frozenset({62, 64})
+
+
+def _certificate_problem(cert: BaseException, shown_url: str) -> str:
+    """What is wrong with the service's certificate, and what to do about it."""
+    code = getattr(cert, "verify_code", None)
+    reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
+    if code in _NAME_MISMATCH:
+        return (
+            f"the TLS certificate of {shown_url} is for another name ({reason}): give the base"
+            " URL with a host name the certificate holds"
+        )
+    if code in _UNTRUSTED_ISSUER:
+        return (
+            f"the TLS certificate of {shown_url} is not trusted ({reason}): if it comes from a"
+            " private CA, give that CA's certificates in SSL_CERT_FILE (a PEM file)"
+        )
+    return f"the TLS certificate of {shown_url} is refused ({reason})"
 
 
 def deadline(timeout: Timeout) -> float | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import html
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import msgspec
 
 from . import _exceptions as exc
+from ._config import shown_url
 from ._models import FailureItem
 
 __all__ = ["Response", "error_for", "parse_error_body", "retry_after"]
@@ -29,20 +32,32 @@ class Response:
 
 
 def error_for(
-    response: Response, method: str, path: str, task_id: str | None, key_hint: str
+    response: Response,
+    method: str,
+    path: str,
+    task_id: str | None,
+    key_hint: str,
+    *,
+    endpoint: str | None = None,
 ) -> exc.FashiontagError:
-    """The exception for an error answer (``key_hint`` says which key a 401/403 refused)."""
+    """The exception for an error answer (``key_hint`` says which key a 401/403 refused;
+    ``endpoint``, the full URL of an endpoint that is no task's, is named when it is not found:
+    a base URL without the gateway's path prefix, or with another one)."""
     status = response.status
     code, message, failures = parse_error_body(response.body)
     where = f"{method} {path}"
     text = f"{where}: HTTP {status}" + (f" (code {code})" if code is not None else "")
     if message:
         text += f": {message}"
+    if endpoint is not None and status in (404, 405):
+        text += f" (no such endpoint at {endpoint}: is the base URL right?)"
     if 300 <= status < 400:
         location = response.headers.get("Location") if response.headers is not None else None
+        moved = _moved_base(location, path)
         text += (
-            f" (the service redirects to {location or 'another address'}: redirects are not"
-            " followed, so that the API key goes only to the configured base URL)"
+            f" (the service redirects to {shown_url(location) if location else 'another address'}:"
+            " redirects are not followed, so that the API key goes only to the configured base"
+            " URL" + (f"; if the service has moved, give the base URL {moved})" if moved else ")")
         )
     common: dict[str, Any] = {
         "status": status,
@@ -87,6 +102,18 @@ def error_for(
     return exc.RequestError(text, **common)
 
 
+def _moved_base(location: str | None, path: str) -> str | None:
+    """The base URL a redirect points to: ``location`` (absolute) without the request's path
+    and query, when it ends with that path (a front end that moved the whole service)."""
+    if not location or not location.startswith(("http://", "https://")) or not path:
+        return None
+    head = location.split("?", 1)[0].split("#", 1)[0]
+    if not head.endswith(path):
+        return None
+    base = head[: -len(path)]
+    return shown_url(base) if base.count("/") >= 2 and len(base) > len("https://") else None
+
+
 def _front_end_page(body: bytes) -> bool:
     """Whether an answer's body is a page of something other than the service: not empty,
     and not JSON (the service's error bodies are JSON objects, its 404s included)."""
@@ -124,13 +151,30 @@ def retry_after(headers: Any, *, now: float | None = None) -> float | None:
     return max(0.0, when - reference)
 
 
+_HTML = re.compile(rb"<(?:!doctype|html|head|body|title)\b", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _page_text(body: bytes) -> str:
+    """What a body that is not JSON says, in at most 200 characters: the title of an HTML page
+    (a gateway's ``502 Bad Gateway``) or its text without markup, else the body's start."""
+    head = body[:4096]
+    if not _HTML.search(head[:512]):
+        return body[:200].decode("utf-8", "replace").strip()
+    text = head.decode("utf-8", "replace")
+    title = _TITLE.search(text)
+    titled = title is not None and title.group(1).strip()
+    text = title.group(1) if title is not None and titled else _TAG.sub(" ", text)
+    return " ".join(html.unescape(text).split())[:200]
+
+
 def parse_error_body(body: bytes) -> tuple[int | None, str, list[FailureItem]]:
     """(code, message, failureList) from either error body shape of DESIGN section 3."""
     try:
         data = _error_body_decoder.decode(body)
     except msgspec.DecodeError:
-        snippet = body[:200].decode("utf-8", "replace").strip()
-        return None, snippet, []
+        return None, _page_text(body), []
     code: int | None = None
     message = ""
     error = data.get("error")

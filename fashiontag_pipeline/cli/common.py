@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -23,6 +24,7 @@ from .._config import (
     with_default_keys,
 )
 from .._models import LANGUAGES, Detection
+from .._proxies import proxy_for
 
 __all__ = [
     "DAEMON_EXIT_CODES",
@@ -162,13 +164,47 @@ def client_config_from_args(
             "bulk_api_key": bulk_api_key,
         },
     )
+    # A proxy variable the client cannot use (HTTPS_PROXY=socks5://...) is said now, exit 2.
+    service = urlsplit(config.base_url)
+    proxy_for(service.scheme, service.hostname or "", service.port)
     return with_default_keys(config)
 
 
 def run_async(fn: Callable[[], Awaitable[T]]) -> T:
     """Run ``fn`` on a fresh event loop (uvloop when importable)."""
+
+    async def quiet() -> T:
+        _drop_lost_handshake_errors()
+        return await fn()
+
     try:
         import uvloop  # noqa: F401
     except ImportError:
-        return anyio.run(fn)
-    return anyio.run(fn, backend_options={"use_uvloop": True})
+        return anyio.run(quiet)
+    return anyio.run(quiet, backend_options={"use_uvloop": True})
+
+
+def _drop_lost_handshake_errors() -> None:
+    """A TLS handshake cut short by the run's end (a refused certificate stops the run while
+    another request's handshake is under way) fails after nobody waits for it: the loop would
+    print "Future exception was never retrieved" and a traceback on stderr, after the run's
+    one-line reason. Those, and only those, are dropped."""
+    import asyncio
+    import ssl
+
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        message = str(context.get("message", ""))
+        if isinstance(error, ssl.SSLError | ssl.CertificateError) and message.startswith(
+            "Future exception was never retrieved"
+        ):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

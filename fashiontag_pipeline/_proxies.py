@@ -1,0 +1,132 @@
+"""The forward proxy the environment names for the service, decided once per client.
+
+``HTTPS_PROXY`` (for an ``https://`` service) and ``HTTP_PROXY`` (for ``http://``), either case,
+the lower-case spelling first, as curl, pip and Python's ``urllib`` read them; ``NO_PROXY``
+(comma-separated host names or domain suffixes, ``*`` for every host) names services reached
+directly. A service on this machine's loopback (``localhost``, ``127.0.0.0/8``, ``::1``) is always
+reached directly: a proxy elsewhere cannot reach this machine's loopback, and a cron or CI
+environment that sets a proxy for the internet must not turn a run against the embedded
+reference service into a failure.
+
+The decision is made once (the base URL's host never changes), not per request: aiohttp's own
+``trust_env`` reads the environment in a worker thread for every request, and reads ``~/.netrc``
+too, which would send a password found there to the service.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ._config import shown_url
+from ._exceptions import ConfigError
+
+__all__ = ["ProxyRoute", "proxy_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRoute:
+    """A proxy to send the service's requests through."""
+
+    #: ``http://host:port`` (its credentials are in ``headers``, never in the URL).
+    url: str
+    #: The variable it came from (``HTTPS_PROXY``, ``https_proxy``, ...).
+    source: str
+    #: ``Proxy-Authorization`` when the variable held ``user:password@``.
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def shown(self) -> str:
+        """As messages show it: ``http://proxy:3128 (from HTTPS_PROXY)``."""
+        return f"{self.url} (from {self.source})"
+
+
+def _loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
+    """Whether ``NO_PROXY`` names the host: ``*``, the host itself or a domain it is under
+    (``example.com`` and ``.example.com`` both cover ``api.example.com``), either with the
+    service's port (``host:8443``), or a network holding its address (``10.0.0.0/8``)."""
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in no_proxy.lower().split(","):
+        entry = entry.strip()
+        if entry == "*":
+            return True
+        if not entry:
+            continue
+        if "/" in entry and address is not None:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        name, _, entry_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+        if entry_port and (port is None or entry_port != str(port)):
+            continue
+        name = name.strip("[]").lstrip(".").rstrip(".")
+        if host == name or host.endswith("." + name):
+            return True
+    return False
+
+
+def _variable(environ: Mapping[str, str], name: str) -> tuple[str, str] | None:
+    """(variable, value) of ``name``, the lower-case spelling first; None when unset or empty."""
+    for var in (name.lower(), name.upper()):
+        value = environ.get(var, "").strip()
+        if value:
+            return var, value
+    return None
+
+
+def proxy_for(
+    scheme: str, host: str, port: int | None, environ: Mapping[str, str] | None = None
+) -> ProxyRoute | None:
+    """The proxy for a service at ``scheme://host:port`` (None: reach it directly).
+
+    Raises :class:`ConfigError` for a proxy this client cannot use (not an ``http://`` URL)."""
+    env = os.environ if environ is None else environ
+    if _loopback(host):
+        return None
+    found = _variable(env, f"{scheme}_proxy")
+    if found is None:
+        return None
+    var, value = found
+    no_proxy = _variable(env, "no_proxy")
+    if no_proxy is not None and _bypassed(host, port, no_proxy[1]):
+        return None
+    if "://" not in value:
+        value = "http://" + value  # ``proxy.corp:3128``, as curl takes it
+    scheme_of_proxy, _, rest = value.partition("://")
+    if scheme_of_proxy.lower() != "http":
+        raise ConfigError(
+            f"{var}={shown_url(value)!r}: only http:// proxies are supported (the service's"
+            " TLS goes through them: CONNECT); or name the service's host in NO_PROXY"
+        )
+    authority = rest.partition("/")[0]
+    userinfo, at, hostport = authority.rpartition("@")
+    headers: dict[str, str] = {}
+    if at:
+        from urllib.parse import unquote
+
+        user, _, password = userinfo.partition(":")
+        token = f"{unquote(user)}:{unquote(password)}".encode()
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(token).decode("ascii")
+    if not hostport:
+        raise ConfigError(f"{var}={shown_url(value)!r} names no proxy host")
+    return ProxyRoute(url=f"http://{hostport}", source=var, headers=headers)
