@@ -342,7 +342,7 @@ def load_client_config(
         data["base_url"] = url = clean_base_url(url)
         problem = base_url_problem(url)
         if problem is not None:
-            where = sources.get("base_url", "base_url in [client] of " + str(path))
+            where = sources["base_url"]
             raise ConfigError(f"invalid configuration: base_url {problem} (from {where})")
     for key in KEY_FIELDS:  # named by where it came from (the key itself never shown)
         value = data.get(key)

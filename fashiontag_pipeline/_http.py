@@ -78,7 +78,7 @@ WARN_EVERY = 30.0
 #: module docstring): below the idle timeout of every common server and gateway.
 WRITE_IDLE_MAX = 1.0
 #: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
-_NOT_TLS = ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 
 T = TypeVar("T")
 

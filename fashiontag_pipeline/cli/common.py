@@ -54,8 +54,9 @@ EXIT_INTERRUPTED = 130
 
 EXIT_CODES = """exit codes:
   0    success (run: every row has an outcome, in the results file or in rejects)
-  1    a run or request that ended with an error (refused key, service unreachable past
-       --give-up-after, unreadable manifest, HTTP error); one line on stderr, state saved
+  1    a run or request that ended with an error (refused key, a TLS certificate not
+       trusted, service unreachable past --give-up-after, unreadable manifest, HTTP error);
+       one line on stderr, state saved
   2    bad usage or configuration (unknown flag, bad flag or config value), or a state
        file that holds an unfinished run of other manifests (nothing touched: finish it, or
        --restart)
@@ -71,8 +72,9 @@ SERVE_EXIT_CODES = """exit codes:
 
 DAEMON_EXIT_CODES = """exit codes:
   0    drained after SIGTERM or SIGINT (manifests in flight resume at the next start)
-  1    stopped on an error (the state store unwritable, a refused key, the --listen address
-       taken); one JSON log line says why: a supervisor restarts it
+  1    stopped on an error (the state store unwritable, a refused key, a TLS certificate
+       not trusted, the --listen address taken); one JSON log line says why: a supervisor
+       restarts it
   2    bad usage or configuration (unknown flag, bad flag or config value), or another daemon
        holds the inbox's state
 """
