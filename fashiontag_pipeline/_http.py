@@ -9,14 +9,10 @@ certainly not applied (429, a connection that could not be made), and a write wh
 unknown (sent, then a timeout, a dropped connection, a 5xx or a 408) raises
 :class:`AmbiguousWriteError`. Other 4xx answers are never retried.
 
-Connections: reads and writes have a pool each. A write goes only on a connection idle for at
-most :data:`WRITE_IDLE_MAX` seconds, else on a new one: a gateway or server that closes idle
-connections (uvicorn after 5 s, gunicorn after 2 s, a load balancer after its own idle timeout)
-may close one just as a request is sent on it, and a write so lost is of unknown fate to the
-client (:class:`AmbiguousWriteError`, resolved by the engine at the cost of a task-list
-look-up). A read so lost is sent again at once on a new connection (aiohttp's own rule for
-idempotent requests). The proxy named by ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` is
-decided once (:mod:`._proxies`).
+Connections: reads and writes have a pool each (:mod:`._connect`): a write goes only on a
+connection idle for at most ``WRITE_IDLE_MAX`` seconds, so a gateway that closes idle
+connections cannot make it of unknown fate. The proxy of ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
+``NO_PROXY`` is decided once (:mod:`._proxies`).
 
 Cost: a request is the hot path of a run (one per 100 results read), so it does no work that
 does not depend on the request: URLs are built as text from a base URL parsed once and handed
@@ -41,6 +37,7 @@ from . import _exceptions as exc
 from ._callctx import GIVE_UP, WRITE_GUARD
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
+from ._connect import WRITE_IDLE_MAX, connect_failure, new_session
 from ._models import STATUS_SUCCESS
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
@@ -74,11 +71,6 @@ USER_AGENT = "fashiontag_pipeline/0.1"
 FIRST_FAILURE = "fashiontag_first_failure"
 #: At most one first-failure warning this often (seconds).
 WARN_EVERY = 30.0
-#: A write (POST, PUT) goes only on a connection idle for at most this many seconds (see the
-#: module docstring): below the idle timeout of every common server and gateway.
-WRITE_IDLE_MAX = 1.0
-#: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
-_NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 
 T = TypeVar("T")
 
@@ -177,20 +169,8 @@ class HttpExchange:
         return self._session
 
     def _new_session(self, keepalive: float) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(
-            limit=self.limits.max_connections,
-            limit_per_host=self.limits.max_connections,
-            keepalive_timeout=keepalive,
-            ttl_dns_cache=300,
-        )
-        return aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(
-                total=deadline(self.timeout), sock_connect=self.timeout.connect
-            ),
-            headers={"User-Agent": USER_AGENT},
-            skip_auto_headers=("Content-Type",),
-            raise_for_status=False,
+        return new_session(
+            self.limits, deadline(self.timeout), self.timeout.connect, keepalive, USER_AGENT
         )
 
     async def call(
@@ -377,44 +357,9 @@ class HttpExchange:
                     payload = payload[3:]
                 result = Response(resp.status, payload, resp.headers)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
-        except aiohttp.ClientConnectorCertificateError as err:
+        except (aiohttp.ClientConnectorError, aiohttp.ClientHttpProxyError) as err:
             self.stats.transport_errors += 1
-            raise exc.TLSError(
-                f"{method} {path or '/'}: "
-                f"{_certificate_problem(err.certificate_error, self.shown_url)};"
-                " nothing was sent",
-                method=method,
-                path=path,
-            ) from err
-        except aiohttp.ClientConnectorSSLError as err:
-            self.stats.transport_errors += 1
-            reason = getattr(err.os_error, "reason", None) or ""
-            if reason not in _NOT_TLS:
-                raise self._connect_error(method, path, err) from err
-            raise exc.TLSError(
-                f"{method} {path or '/'}: {self.shown_url} does not speak TLS (SSL: {reason}):"
-                " is the service at http://, not https://? Nothing was sent",
-                method=method,
-                path=path,
-            ) from err
-        except aiohttp.ClientConnectorError as err:
-            self.stats.transport_errors += 1
-            raise self._connect_error(method, path, err) from err
-        except aiohttp.ClientHttpProxyError as err:
-            # The proxy refused the CONNECT of an https:// service: nothing reached the service.
-            self.stats.transport_errors += 1
-            assert self.proxy is not None
-            if err.status == 407:
-                raise exc.ConfigError(
-                    f"{method} {path}: the proxy {self.proxy.shown} wants credentials (HTTP 407):"
-                    f" give them in {self.proxy.source}=http://USER:PASSWORD@HOST:PORT"
-                ) from err
-            raise exc.ConnectError(
-                f"{method} {path}: the proxy {self.proxy.shown} refused to connect to"
-                f" {self.shown_url}: HTTP {err.status} {err.message}",
-                method=method,
-                path=path,
-            ) from err
+            raise connect_failure(err, method, path, self.shown_url, self.proxy) from err
         except (TimeoutError, aiohttp.ClientError) as err:
             scrub_request_info(err)
             self.stats.transport_errors += 1
@@ -443,19 +388,6 @@ class HttpExchange:
                     (time.perf_counter() - started) * 1000,
                 )
         return result
-
-    def _connect_error(
-        self, method: str, path: str, err: aiohttp.ClientConnectorError
-    ) -> exc.ConnectError:
-        """The connection could not be made (to the service, or to its proxy)."""
-        reason = err.os_error.strerror or str(err.os_error) or type(err).__name__
-        if isinstance(err, aiohttp.ClientProxyConnectionError) and self.proxy is not None:
-            where = f"the proxy {self.proxy.shown} for {self.shown_url}"
-        else:
-            where = self.shown_url
-        return exc.ConnectError(
-            f"{method} {path}: cannot connect to {where}: {reason}", method=method, path=path
-        )
 
     def decode(
         self, decoder: msgspec.json.Decoder[T], response: Response, method: str, path: str
@@ -501,29 +433,6 @@ class HttpExchange:
         """Map an error response to the exception tree. Never returns."""
         endpoint = self.shown_url + path if path in (BULK_PATH, SINGLE_PATH) else None
         raise error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)
-
-
-#: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
-_UNTRUSTED_ISSUER = frozenset({2, 18, 19, 20, 21})
-#: ... and of a certificate for another host name (62) or address (64).
-_NAME_MISMATCH = frozenset({62, 64})
-
-
-def _certificate_problem(cert: BaseException, shown_url: str) -> str:
-    """What is wrong with the service's certificate, and what to do about it."""
-    code = getattr(cert, "verify_code", None)
-    reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
-    if code in _NAME_MISMATCH:
-        return (
-            f"the TLS certificate of {shown_url} is for another name ({reason}): give the base"
-            " URL with a host name the certificate holds"
-        )
-    if code in _UNTRUSTED_ISSUER:
-        return (
-            f"the TLS certificate of {shown_url} is not trusted ({reason}): if it comes from a"
-            " private CA, give that CA's certificates in SSL_CERT_FILE (a PEM file)"
-        )
-    return f"the TLS certificate of {shown_url} is refused ({reason})"
 
 
 def deadline(timeout: Timeout) -> float | None:

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image as PILImage
 
 from fashiontag_pipeline import RetryPolicy, TaggerClient
-from fashiontag_pipeline._http import WRITE_IDLE_MAX
+from fashiontag_pipeline._connect import WRITE_IDLE_MAX
 from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
 from fashiontag_pipeline._proxies import proxy_for
 from fashiontag_pipeline.service import ServiceConfig, running_service

@@ -1,0 +1,123 @@
+"""Connecting to the service: the connection pools, and what a connection not made means.
+
+:func:`new_session` makes one pool (:class:`~._http.HttpExchange` has one for reads and one for
+writes, whose connections are reused only while idle for at most :data:`WRITE_IDLE_MAX`
+seconds). :func:`connect_failure` maps a connection that could not be made to the exception
+tree: a certificate the trust store refuses, or an ``https://`` address that does not speak TLS,
+is a :class:`~._exceptions.TLSError` (retrying cannot help: the run stops at once and says what
+to set); a proxy that wants credentials is a configuration error; anything else is a
+:class:`~._exceptions.ConnectError`, retried like an outage (nothing reached the service).
+"""
+
+from __future__ import annotations
+
+from . import _exceptions as exc
+from ._config import Limits
+from ._proxies import ProxyRoute
+from ._tls import deferred_trust_store
+
+# aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
+with deferred_trust_store():
+    import aiohttp
+
+__all__ = ["WRITE_IDLE_MAX", "connect_failure", "new_session"]
+
+#: A write (POST, PUT) goes only on a connection idle for at most this many seconds: below the
+#: idle timeout of every common server and gateway (uvicorn 5 s, gunicorn 2 s), which may close
+#: a connection just as a request is sent on it; a write so lost is of unknown fate.
+WRITE_IDLE_MAX = 1.0
+#: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
+#: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
+_UNTRUSTED_ISSUER = frozenset({2, 18, 19, 20, 21})
+#: ... and of a certificate for another host name (62) or address (64).
+_NAME_MISMATCH = frozenset({62, 64})
+
+
+def new_session(
+    limits: Limits,
+    total: float | None,
+    connect: float | None,
+    keepalive: float,
+    user_agent: str,
+) -> aiohttp.ClientSession:
+    """A pool of connections to the service: one deadline per request (``total``), redirects
+    and error statuses left to the caller."""
+    connector = aiohttp.TCPConnector(
+        limit=limits.max_connections,
+        limit_per_host=limits.max_connections,
+        keepalive_timeout=keepalive,
+        ttl_dns_cache=300,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=total, sock_connect=connect),
+        headers={"User-Agent": user_agent},
+        skip_auto_headers=("Content-Type",),
+        raise_for_status=False,
+    )
+
+
+def connect_failure(
+    err: aiohttp.ClientConnectorError | aiohttp.ClientHttpProxyError,
+    method: str,
+    path: str,
+    shown_url: str,
+    proxy: ProxyRoute | None,
+) -> exc.FashiontagError:
+    """The error to raise for a connection to the service (or its proxy) not made."""
+    if isinstance(err, aiohttp.ClientConnectorCertificateError):
+        return exc.TLSError(
+            f"{method} {path or '/'}: {_certificate_problem(err.certificate_error, shown_url)};"
+            " nothing was sent",
+            method=method,
+            path=path,
+        )
+    if isinstance(err, aiohttp.ClientConnectorSSLError):
+        reason = getattr(err.os_error, "reason", None) or ""
+        if reason in _NOT_TLS:
+            return exc.TLSError(
+                f"{method} {path or '/'}: {shown_url} does not speak TLS (SSL: {reason}):"
+                " is the service at http://, not https://? Nothing was sent",
+                method=method,
+                path=path,
+            )
+    if isinstance(err, aiohttp.ClientHttpProxyError):
+        # The proxy refused the CONNECT of an https:// service: nothing reached the service.
+        assert proxy is not None
+        if err.status == 407:
+            return exc.ConfigError(
+                f"{method} {path}: the proxy {proxy.shown} wants credentials (HTTP 407):"
+                f" give them in {proxy.source}=http://USER:PASSWORD@HOST:PORT"
+            )
+        return exc.ConnectError(
+            f"{method} {path}: the proxy {proxy.shown} refused to connect to"
+            f" {shown_url}: HTTP {err.status} {err.message}",
+            method=method,
+            path=path,
+        )
+    reason = err.os_error.strerror or str(err.os_error) or type(err).__name__
+    if isinstance(err, aiohttp.ClientProxyConnectionError) and proxy is not None:
+        where = f"the proxy {proxy.shown} for {shown_url}"
+    else:
+        where = shown_url
+    return exc.ConnectError(
+        f"{method} {path}: cannot connect to {where}: {reason}", method=method, path=path
+    )
+
+
+def _certificate_problem(cert: BaseException, shown_url: str) -> str:
+    """What is wrong with the service's certificate, and what to do about it."""
+    code = getattr(cert, "verify_code", None)
+    reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
+    if code in _NAME_MISMATCH:
+        return (
+            f"the TLS certificate of {shown_url} is for another name ({reason}): give the base"
+            " URL with a host name the certificate holds"
+        )
+    if code in _UNTRUSTED_ISSUER:
+        return (
+            f"the TLS certificate of {shown_url} is not trusted ({reason}): if it comes from a"
+            " private CA, give that CA's certificates in SSL_CERT_FILE (a PEM file)"
+        )
+    return f"the TLS certificate of {shown_url} is refused ({reason})"
