@@ -7,6 +7,7 @@ import gzip
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,13 @@ def run_args(url: str, out: Path, *extra: str) -> list[str]:
         "--no-progress",
         *extra,
     ]
+
+
+async def run_piped(args: Sequence[str], stdin: Path) -> subprocess.CompletedProcess[bytes]:
+    """``args`` (a ``fashiontag`` command) run with the file ``stdin`` on its standard input
+    (a dump piped again), whatever its exit code."""
+    with stdin.open("rb") as piped:
+        return await anyio.run_process(list(args), stdin=piped, check=False, env=ENV)
 
 
 def client_config(url: str, **kwargs: Any) -> ClientConfig:

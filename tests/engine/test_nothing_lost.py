@@ -44,6 +44,7 @@ from .helpers import (
     read_outcomes,
     run_args,
     run_misbehaving,
+    run_piped,
     write_csv,
 )
 from .proxy import Misbehaviour, misbehaving
@@ -464,15 +465,11 @@ async def test_unfinished_stdin_run_is_resumed_only_when_asked(tmp_path: Path) -
     async with running_service(ServiceConfig(rate=4000.0)) as svc:
         args = await _stdin_run_interrupted(svc.url, out, data)
 
-        with dump.open("rb") as stdin:
-            refused = await anyio.run_process(args, stdin=stdin, check=False, env=ENV)
+        refused = await run_piped(args, dump)
         assert refused.returncode == 2, refused.stderr.decode()
         assert b"--resume" in refused.stderr and b"--restart" in refused.stderr
 
-        with dump.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*args, "--resume"], dump)
         assert resumed.returncode == 0, resumed.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s"))
 
@@ -531,10 +528,7 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path,
         tasks = len(svc.store.tasks)
         other = tmp_path / "other.csv"
         other.write_bytes(tuesday)
-        with other.open("rb") as stdin:
-            refused = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        refused = await run_piped([*args, "--resume"], other)
         assert refused.returncode == 2, refused.stderr.decode()
         message = refused.stderr.decode()
         assert "stdin does not carry the rows" in message and named in message, message
@@ -544,10 +538,7 @@ async def test_resume_of_a_stdin_run_refuses_other_rows_on_stdin(tmp_path: Path,
         assert out.read_bytes().startswith(before)
         assert len(svc.store.tasks) == tasks
 
-        with monday.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*args, "--resume"], monday)
         assert resumed.returncode == 0, resumed.stderr.decode()
     o = read_outcomes(out, out.with_suffix(".rej"))
     results = [r["id"] for r in o.results]
@@ -580,10 +571,7 @@ async def test_resume_of_a_jsonl_stdin_run_compares_rows_not_key_order(
         args = await _stdin_run_interrupted(svc.url, out, monday)
         other = tmp_path / "again.jsonl"
         other.write_bytes(again)
-        with other.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*args, "--resume"], other)
         if how == "url-changed":
             assert resumed.returncode == 2, resumed.stderr.decode()
             assert b"not the rows that run read" in resumed.stderr
@@ -643,19 +631,13 @@ async def test_resume_of_stdin_then_a_file_refuses_other_rows_on_stdin(
         tasks = len(svc.store.tasks)
         other = tmp_path / "other.csv"
         other.write_bytes(tuesday)
-        with other.open("rb") as stdin:
-            refused = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        refused = await run_piped([*args, "--resume"], other)
         assert refused.returncode == 2, refused.stderr.decode()
         message = refused.stderr.decode()
         assert "stdin does not carry the rows" in message, message
         assert len(svc.store.tasks) == tasks
 
-        with monday.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*args, "--resume"], monday)
         assert resumed.returncode == 0, resumed.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(300, "s") | ids_of(20000, "m"))
 
@@ -691,10 +673,7 @@ async def test_stdin_that_ends_early_is_refused_before_the_next_manifest_is_read
         await proc.aclose()
 
         before = out.read_bytes()
-        with shorter.open("rb") as stdin:
-            refused = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        refused = await run_piped([*args, "--resume"], shorter)
         assert refused.returncode == 2, refused.stderr.decode()
         assert b"stdin ended after line 101" in refused.stderr, refused.stderr.decode()
         # No row of more.csv was sent (and billed) by the refused run.
@@ -702,10 +681,7 @@ async def test_stdin_that_ends_early_is_refused_before_the_next_manifest_is_read
         assert not {i for i in taken if i.startswith("m")}
         assert out.read_bytes().startswith(before)
 
-        with monday.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*args, "--resume"], monday)
         assert resumed.returncode == 0, resumed.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | ids_of(2000, "m"))
 
@@ -733,14 +709,10 @@ async def test_stdin_and_a_file_given_in_another_order_on_resume(tmp_path: Path)
         await proc.aclose()
 
         swapped = run_args(svc.url, out, str(more), "-")
-        with monday.open("rb") as stdin:
-            refused = await anyio.run_process(swapped, stdin=stdin, check=False, env=ENV)
+        refused = await run_piped(swapped, monday)
         assert refused.returncode == 2, refused.stderr.decode()
         assert b"--resume" in refused.stderr, refused.stderr.decode()
-        with monday.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*swapped, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*swapped, "--resume"], monday)
         assert resumed.returncode == 0, resumed.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(12000, "s") | ids_of(2000, "m"))
 
@@ -779,8 +751,7 @@ async def test_kill_9_while_a_create_is_unanswered_then_a_lost_answer_on_resume(
         rules = Misbehaviour(lose_first_create_answer=True)
         async with misbehaving(svc.url, rules) as proxy:
             args = run_args(proxy.url, out, "-", "--resume")
-            with manifest.open("rb") as stdin:
-                final = await anyio.run_process(args, stdin=stdin, check=False, env=ENV)
+            final = await run_piped(args, manifest)
         descriptions = [t.description for t in svc.store.tasks.values()]
     assert final.returncode == 0, final.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n, "s"))

@@ -13,7 +13,7 @@ from fashiontag_pipeline._exceptions import StateConflictError
 from fashiontag_pipeline.engine.stdin_replay import StdinDigest
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, ids_of, read_outcomes
+from .helpers import ENV, ids_of, read_outcomes, run_piped
 from .test_nothing_lost import _stdin_run_interrupted
 
 
@@ -29,10 +29,7 @@ async def test_resume_of_a_stdin_run_with_a_nul_id_among_the_replayed_rows(tmp_p
     dump.write_bytes(("id,url\n" + "\n".join(lines) + "\n").encode())
     async with running_service(ServiceConfig(rate=4000.0)) as svc:
         args = await _stdin_run_interrupted(svc.url, out, dump.read_bytes())
-        with dump.open("rb") as stdin:
-            resumed = await anyio.run_process(
-                [*args, "--resume"], stdin=stdin, check=False, env=ENV
-            )
+        resumed = await run_piped([*args, "--resume"], dump)
         assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
     o = read_outcomes(out, out.with_suffix(".rej"))
     results = [r["id"] for r in o.results]
