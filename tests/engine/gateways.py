@@ -13,7 +13,7 @@ import shutil
 import ssl
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,15 +256,10 @@ class ForwardProxy:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ForwardProxy]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        self.url = f"http://127.0.0.1:{self.port}"
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, self._client)
-            try:
-                yield self
-            finally:
-                tg.cancel_scope.cancel()
+        async with _tcp_serving(self._client) as port:
+            self.port = port
+            self.url = f"http://127.0.0.1:{port}"
+            yield self
 
 
 class IdleClosingGateway:
@@ -307,12 +302,21 @@ class IdleClosingGateway:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[IdleClosingGateway]:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        self.url = f"http://127.0.0.1:{port}"
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, self._client)
-            try:
-                yield self
-            finally:
-                tg.cancel_scope.cancel()
+        async with _tcp_serving(self._client) as port:
+            self.url = f"http://127.0.0.1:{port}"
+            yield self
+
+
+@contextlib.asynccontextmanager
+async def _tcp_serving(
+    handler: Callable[[anyio.abc.SocketStream], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """A TCP listener on a free loopback port, each connection served by ``handler``, until
+    the block ends; yields the port."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handler)
+        try:
+            yield listener.extra(anyio.abc.SocketAttribute.local_port)
+        finally:
+            tg.cancel_scope.cancel()
