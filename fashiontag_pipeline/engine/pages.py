@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import operator
 import re
+from typing import Any
 
 import msgspec
 
 from .._models import STATUS_SUCCESS
 
 __all__ = [
+    "NO_ID",
     "NotAPage",
     "Page",
     "PageRow",
@@ -33,6 +35,9 @@ __all__ = [
 
 #: What a row without a ``taggingResult`` holds: no JSON value at all (never an object).
 _NO_RESULT = msgspec.Raw(b"")
+#: The id of a result whose id is no text nor integer (``null``, a float, an object, none):
+#: an id never sent (an id holding a NUL is a client reject, never sent to a task).
+NO_ID = "\x00(no id)"
 
 
 class PageRow(msgspec.Struct, rename="camel", gc=False):
@@ -66,9 +71,9 @@ class _Status(msgspec.Struct, gc=False):
 
 class _NumberedRow(msgspec.Struct, rename="camel", gc=False):
     """A result whose id may be a JSON number (``"id": 7``: a service that writes a
-    numeric-looking id as a number)."""
+    numeric-looking id as a number), or any other JSON value, or none (:data:`NO_ID`)."""
 
-    id: str | int
+    id: Any = None
     tagging_result: msgspec.Raw = _NO_RESULT
 
 
@@ -129,17 +134,27 @@ def decode_page(body: bytes) -> list[PageRow]:
 
 
 def _numbered(body: bytes) -> Page:
-    """A page whose ids are JSON numbers, their ids as text (``7`` -> ``"7"``: the pagers
-    find the sent id it stands for, ``"007"`` too); the first error again when it is no page
-    of that shape either."""
+    """A page whose ids are not all text: an integer's as text (``7`` -> ``"7"``: the pagers
+    find the sent id it stands for, ``"007"`` too), any other (``null``, ``7.0``, ``true``,
+    an object, none) :data:`NO_ID`, a result under no id sent (its row is sent again, the
+    rest of the page is read); the first error again when it is no page of that shape
+    either."""
     try:
         page = _numbered_decoder.decode(body)
     except msgspec.DecodeError:
         page_decoder.decode(body)  # raises the error of the spec's shape
         raise
     rows = page.data.results if page.data is not None else []
-    data = PageData([PageRow(str(r.id), r.tagging_result) for r in rows])
+    data = PageData([PageRow(_text_id(r.id), r.tagging_result) for r in rows])
     return Page(page.status, data, page.error)
+
+
+def _text_id(ident: Any) -> str:
+    if isinstance(ident, str):
+        return ident
+    if isinstance(ident, int) and not isinstance(ident, bool):
+        return str(ident)
+    return NO_ID
 
 
 def _one_line(row: PageRow) -> PageRow:

@@ -5,11 +5,11 @@ to: it forgets a task (drops it from the list, answers 404 for its status, resul
 once the service says the task is done or after some of its result pages; it answers a page
 with one row replaced by a copy of another (a duplicate id in place of a row), or under an id
 it was never given, or without a row it never returns, or with rows whose tagging result is
-``null`` or missing, or with an id that is an object, or from offset 0 whatever was asked; it
-holds a task processing for ever, claims more results for a task than it holds, and refuses a
-page (or those past a task's real end) with 400; and it reports its clock some seconds ahead of
-the engine's in the ``Date`` header. Bodies it rewrites are re-encoded with other spacing, as a
-server that is not ours would write them.
+``null`` or missing, or with its results in an object instead of a list, or from offset 0
+whatever was asked; it holds a task processing for ever, claims more results for a task than
+it holds, and refuses a page (or those past a task's real end) with 400; and it reports its
+clock some seconds ahead of the engine's in the ``Date`` header. Bodies it rewrites are
+re-encoded with other spacing, as a server that is not ours would write them.
 
 Tasks are named by their creation order (1 = the first task created through the proxy).
 """
@@ -65,10 +65,10 @@ class Misbehaviour:
     #: result and its last but one with none at all (a server that answers a row it could
     #: not tag with no result object).
     malformed_in_first_page: set[int] = field(default_factory=set)
-    #: Task ordinals whose first result page gives its first row's id as a JSON object, every
-    #: time it is asked for (a page no client can take as the spec's shape; an id written as
-    #: a number is taken, see ``test_foreign_ids``).
-    object_id_in_first_page: set[int] = field(default_factory=set)
+    #: Task ordinals whose first result page gives its results as a JSON object (position ->
+    #: result), not a list, every time it is asked for (a page no client can take as the
+    #: spec's shape; an id that is no text is taken, see ``test_foreign_answers``).
+    results_object_in_first_page: set[int] = field(default_factory=set)
     #: Task ordinal -> results its ``count.total`` claims beyond those it holds (list and status).
     inflate_total: dict[int, int] = field(default_factory=dict)
     #: Answer a results page past a task's real end with 400 (as a service that checks the
@@ -541,8 +541,8 @@ class MisbehavingProxy:
             if n in rules.foreign_id_in_first_page and offset == 0 and results:
                 results[-1] = {**results[-1], "id": results[-1]["id"] + "~elsewhere"}
                 return json.dumps(data).encode()
-            if n in rules.object_id_in_first_page and offset == 0 and results:
-                results[0] = {**results[0], "id": {"value": results[0]["id"]}}
+            if n in rules.results_object_in_first_page and offset == 0 and results:
+                data["data"]["results"] = {str(i): r for i, r in enumerate(results)}
                 return json.dumps(data).encode()
             if n in rules.malformed_in_first_page and offset == 0 and len(results) >= 2:
                 results[-1] = {**results[-1], "taggingResult": None}

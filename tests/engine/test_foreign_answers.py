@@ -201,3 +201,26 @@ async def test_rows_the_service_lost_and_pages_past_its_count_refused(tmp_path: 
     assert summary.complete and summary.unsettled == 0 and not o.rejects
     assert summary.resent == 1200 and len(o.results) == 3000
     assert proxy.refused_pages >= 1
+
+
+#: id -> what the service echoes in its place: ids no client can read as text.
+UNREADABLE_IDS: dict[str, Any] = {"p5": None, "p120": 7.0, "p250": {"value": "p250"}, "p260": True}
+
+
+async def test_ids_echoed_as_null_a_float_or_an_object(tmp_path: Path) -> None:
+    """Four rows come back under an id that is ``null``, a float, an object or ``true``, every
+    time: each is a result under no id sent, its row sent again (``max_sends`` = 2) and then an
+    ``unreturned`` reject; every other row of their pages is read, none sent again. Before,
+    each page holding one was unreadable: asked for four times, taken as empty, its 100 rows
+    sent again, and ten such pages stopped the run (exit 1)."""
+    ids = [f"p{i}" for i in range(300)]
+    summary, proxy, o = await run_ids(
+        tmp_path,
+        ids,
+        Misbehaviour(echo_id=lambda s: UNREADABLE_IDS.get(s, s)),
+        msgspec.structs.replace(TASKS_OF_1000, max_sends=2),
+    )
+    assert summary.complete and summary.unsettled == 0
+    assert {r["id"]: r["stage"] for r in o.rejects} == dict.fromkeys(UNREADABLE_IDS, "unreturned")
+    assert summary.resent == len(UNREADABLE_IDS) and summary.tagged == 296
+    assert sorted(proxy.written.elements()) == sorted(ids + list(UNREADABLE_IDS))

@@ -203,11 +203,11 @@ async def test_results_without_a_tagging_result_object_are_sent_again(tmp_path: 
 
 
 async def test_a_page_that_is_never_the_specs_shape_is_taken_as_empty(tmp_path: Path) -> None:
-    """Task 1's first page gives an id as a JSON object, however often it is asked for: after
-    ``PAGE_ATTEMPTS`` answers it is taken as a page with no result (neither stopping the run,
-    which in the daemon serves other manifests, nor holding its slot for ever), and its 100
-    rows are sent again and written once, from another task."""
-    rules = Misbehaviour(object_id_in_first_page={1})
+    """Task 1's first page gives its results as a JSON object, not a list, however often it is
+    asked for: after ``PAGE_ATTEMPTS`` answers it is taken as a page with no result (neither
+    stopping the run, which in the daemon serves other manifests, nor holding its slot for
+    ever), and its 100 rows are sent again and written once, from another task."""
+    rules = Misbehaviour(results_object_in_first_page={1})
     with anyio.fail_after(60):
         summary, proxy, o = await run_misbehaving(tmp_path, 300, rules)
     assert summary.complete and summary.resent == 100
