@@ -292,8 +292,9 @@ class Task(msgspec.Struct, rename="camel", gc=False):
     @property
     def ended(self) -> bool:
         """True when the service says the task ended without becoming done (``TASK_FAILED``,
-        ``CANCELLED``, ``ABORTED``, ...): its results will never be readable. A state that is
-        neither done nor ended is taken as processing."""
+        ``CANCELLED``, ``ABORTED``, ...): it never will be, though the results of the images
+        it did process may be readable. A state that is neither done nor ended is taken as
+        processing."""
         status = self.task_status
         if isinstance(status, TaskStatus):
             return False

@@ -3,7 +3,8 @@
 The spec names two task states (``TASK_PROCESSING``, ``TASK_DONE``); services name more, and
 spell them their own way (``task_done``, ``COMPLETED``, ``TASK_FAILED``, ``CANCELLED``). A
 status is reduced to its word (:func:`status_word`) and looked up here: done (results readable)
-or ended (never done: its rows are sent again). Any other word is taken as processing.
+or ended (never done: its pages are read, then its rows without a result are sent again). Any
+other word is taken as processing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ __all__ = ["is_done_word", "is_ended_word", "status_word"]
 #: ``taskStatus`` words (upper case, ``TASK_`` and separators dropped: ``task_done``,
 #: ``Task-Done`` and ``DONE`` are one) that say a task is finished and its results readable.
 _DONE_WORDS = frozenset({"DONE", "COMPLETE", "COMPLETED", "FINISHED", "SUCCEEDED"})
-#: Words that say a task ended without its results: the service will never make it done.
+#: Words that say a task ended without being done: the service will never make it done.
 _ENDED_WORDS = frozenset(
     {
         "FAILED",

@@ -137,9 +137,13 @@ class PageFetcher:
             ) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
             except (exc.ResultsNotReadyError, exc.TransportError, exc.ServerError) as err:
+                if entry.ended is not None and isinstance(err, exc.ResultsNotReadyError):
+                    return self._ended_unread(entry, offset, err)
                 await self.budget.failed(err, what)
                 continue
             except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
+                if entry.ended is not None:
+                    return self._ended_unread(entry, offset, err)
                 if entry.counted is not None and offset >= entry.counted:
                     # Past the service's own count, read only because more rows were written
                     # to the task: a refusal there is the end of its results (a service that
@@ -210,11 +214,26 @@ class PageFetcher:
         return FetchedRows(rows, all_success, len(decoded))
 
     @staticmethod
+    def _ended_unread(entry: TaskEntry, offset: int, err: Exception) -> LostPage:
+        """A page of a task the service ended (failed, cancelled) refused: it may hold no
+        results at all, so the reading ends there (no attempts again, no grace, not a page
+        that stops the run) and its rows without a result are sent again."""
+        logger.info(
+            "task %s (%s): its results page at offset %d was refused (%s); its rows without a"
+            " result are sent again",
+            entry.task_id,
+            entry.ended,
+            offset,
+            " ".join(str(err).split()),
+        )
+        return LOST
+
+    @staticmethod
     def _not_ready_yet(entry: TaskEntry) -> bool:
         """Whether a refused page of ``entry`` is asked for again past ``PAGE_ATTEMPTS``: no
         page of the task has been read, and its first refusal is under ``NOT_READY_GRACE``
         seconds old."""
-        if entry.readable:
+        if entry.readable or entry.ended is not None:
             return False
         now = time.monotonic()
         if entry.refused_at is None:

@@ -93,19 +93,22 @@ class TaskSettler:
         self.done_with(entry)
 
     async def forget(self, entry: TaskEntry) -> None:
-        """The service forgot the task (404) while its pages were being read."""
+        """The service forgot the task (404) while its pages were being read, or refused a
+        page of a task it ended (failed, cancelled: counted lost when it was seen so)."""
         entry.state = "lost"
         entry.advance(entry.next_offset)
         logger.warning(
-            "task %s: the service no longer knows it after %d of %d results were read;"
-            " its other rows are sent again",
+            "task %s: %s after %d of %d results were read; its other rows are sent again",
             entry.task_id,
+            "the service no longer knows it"
+            if entry.ended is None
+            else f"{entry.ended}, its pages can no longer be read",
             entry.next_offset,
             entry.total,
         )
         await self.journal.commit(
             ops=[changes.task_state(entry.task_id, "lost")],
-            counters={"lost_tasks": 1},
+            counters={"lost_tasks": 1} if entry.ended is None else {},
         )
         await self.settle(entry, ("orphan", "accepted", "pending"))
 

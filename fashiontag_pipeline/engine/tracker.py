@@ -80,6 +80,10 @@ class TaskEntry:
     #: before its pages can be read refuses them meanwhile (see ``fetch.NOT_READY_GRACE``).
     readable: bool = False
     refused_at: float | None = None
+    #: The state of a task the service ended without making it done (``TASK_FAILED``,
+    #: ``CANCELLED``): its pages are read like a done task's, any refusal of one ends the
+    #: reading, and the rows without a result are sent again.
+    ended: str | None = None
 
     def advance(self, offset: int) -> None:
         """Record that pages up to ``offset`` are committed; wake the next page."""
@@ -367,18 +371,20 @@ class Tracker:
                     entry.task_id,
                 )
             elif task.ended:
-                # Failed, cancelled, ...: it will never be done, nor its results readable.
+                # Failed, cancelled, ...: it will never be done, but the rows it processed
+                # (and billed) may be on its pages: they are read first, then the rest sent.
                 logger.warning(
-                    "task %s: the service says it is %s, not done; its rows are sent again",
+                    "task %s: the service says it is %s, not done; its pages are read, then"
+                    " its rows without a result are sent again",
                     entry.task_id,
                     task.task_status,
                 )
-                task = None
+                entry.ended = str(task.task_status)
+                await self.journal.commit(counters={"lost_tasks": 1})
             elif not task.done:
                 self._note_status(task)
             if task is None:
-                # Forgotten by the service (404) or ended without results: its rows without an
-                # outcome are sent again.
+                # Forgotten by the service (404): its rows without an outcome are sent again.
                 entry.state = "lost"
                 await self.journal.commit(
                     ops=[changes.task_state(entry.task_id, "lost")],
@@ -387,7 +393,7 @@ class Tracker:
                 await self.on_done(entry)
                 continue
             count = task.count
-            if not task.done:
+            if not task.done and entry.ended is None:
                 counts[entry.task_id] = (count.done + count.failure, count.total)
                 continue
             counts[entry.task_id] = (count.total, count.total)
@@ -398,7 +404,8 @@ class Tracker:
             # a resume that finds the task still open simply asks for its status again).
             for entry, task in finished:
                 entry.state = "done"
-                entry.done_at = time.monotonic()
+                # (An ended task's pages are not waited for as a lagging results store's.)
+                entry.done_at = time.monotonic() if entry.ended is None else None
                 entry.total = task.count.total
                 entry.results_expire_at = task.results_expire_at
                 await self.on_done(entry)

@@ -134,19 +134,45 @@ async def test_an_id_the_service_changes_into_another_sent_id_is_never_taken_for
 
 
 @pytest.mark.parametrize(
-    ("word", "resent"),
-    [("task_done", 0), ("Task-Done", 0), ("TASK_FAILED", 1000), ("CANCELLED", 1000)],
+    ("word", "ended"),
+    [("task_done", False), ("Task-Done", False), ("TASK_FAILED", True), ("CANCELLED", True)],
 )
-async def test_a_task_state_the_spec_does_not_name(tmp_path: Path, word: str, resent: int) -> None:
+async def test_a_task_state_the_spec_does_not_name(tmp_path: Path, word: str, ended: bool) -> None:
     """Task 1 is shown, once processed, in a state of the service's own: ``task_done`` is done
-    (read, nothing sent again); a failed or cancelled task will never be, so its rows are sent
-    again, once. The list stays readable either way."""
+    (read, nothing sent again); a failed or cancelled task will never be done, but its pages
+    are read before any of its rows is sent again: here they hold every row, so none is (each
+    was sent, and billed, again). The list stays readable either way."""
     rules = Misbehaviour(status_when_done={1: word})
     with anyio.fail_after(60):
         summary, _, o = await run_misbehaving(tmp_path, 2000, rules)
     assert summary.complete and summary.unsettled == 0 and not o.rejects
-    assert summary.resent == resent and summary.lost_tasks == (1 if resent else 0)
+    assert summary.resent == 0 and summary.lost_tasks == (1 if ended else 0)
     assert len(o.results) == 2000
+
+
+@pytest.mark.parametrize(
+    ("rules", "resent"),
+    [
+        # Processed 600 of its 1,000 rows; pages from there on refused with 400.
+        (Misbehaviour(status_when_done={1: "TASK_FAILED"}, lose_rows={1: 400}), 400),
+        # No page of it can be read (400): every row is sent again, at once.
+        (Misbehaviour(status_when_done={1: "CANCELLED"}, refuse_page={1: 0}), 1000),
+    ],
+    ids=["part-processed", "pages-refused"],
+)
+async def test_a_failed_task_whose_pages_hold_some_rows(
+    tmp_path: Path, rules: Misbehaviour, resent: int
+) -> None:
+    """A failed task's pages are read first, and only the rows without a result on them are
+    sent again; a page refused falls back to sending the rest again, without the attempts and
+    the grace a done task's page gets (nor counting towards the pages that stop a run). Before,
+    every row of a failed task was sent (and billed) again."""
+    with anyio.fail_after(30):
+        summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules)
+    assert summary.complete and summary.unsettled == 0 and not o.rejects
+    assert summary.resent == resent and summary.lost_tasks == 1
+    assert len(o.results) == 2000
+    assert proxy.refused_pages <= 4  # each page refused is asked for once
 
 
 @pytest.mark.parametrize("word", ["CANCELLED", "TASK_FAILED", "task_processing"])
