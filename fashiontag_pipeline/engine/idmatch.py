@@ -12,7 +12,9 @@ the ids sent to one task, the one a changed id stands for: the single sent id wi
 or, for a key of at least :data:`MIN_PREFIX` characters, the single sent id whose key starts
 with it (an id cut short). When two ids sent to the task share that key or prefix, the result
 cannot be told apart and is none (its row is sent again in another task, where it may not be
-shared). Pure and cheap to build; only a task whose results carry a changed id builds one.
+shared). An id cut short is also checked against the run's other ids by the pagers (another
+task's result, under its own id or the start of it, is none of this task's rows). Pure and
+cheap to build; only a task whose results carry a changed id builds one.
 """
 
 from __future__ import annotations
@@ -61,18 +63,23 @@ class IdMatcher:
     def match(self, ident: str | int) -> str | None:
         """The sent id that ``ident`` stands for, or None when none does or more than one
         might."""
+        return self.find(ident)[0]
+
+    def find(self, ident: str | int) -> tuple[str | None, bool]:
+        """(:meth:`match`, True when ``ident`` is taken as that id cut short): an id cut
+        short may also be another task's id, or the start of one, which the caller checks."""
         key = id_key(ident)
         if key in self._by_key:
-            return self._by_key[key]
+            return self._by_key[key], False
         if not isinstance(ident, str) or len(key) < MIN_PREFIX:
-            return None
+            return None, False
         # Cut short: the one key that starts with it (sorted, they sit side by side).
         keys = self._keys
         if keys is None:
             keys = self._keys = sorted(self._by_key)
         i = bisect.bisect_left(keys, key)
         if i == len(keys) or not keys[i].startswith(key):
-            return None
+            return None, False
         if i + 1 < len(keys) and keys[i + 1].startswith(key):
-            return None
-        return self._by_key[keys[i]]
+            return None, False
+        return self._by_key[keys[i]], True

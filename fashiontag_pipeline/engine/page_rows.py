@@ -89,7 +89,7 @@ class PageRows:
                     page, all_success = screen(decode_page(raw))
                 except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
                     return
-                rows = self._first_of_each_id(entry, page, again=True)
+                rows = await self._first_of_each_id(entry, page, again=True)
                 if not rows:
                     continue
                 found += len(rows)
@@ -123,7 +123,7 @@ class PageRows:
             await anyio.sleep(min(pause, left))
             pause *= 2
 
-    def _first_of_each_id(
+    async def _first_of_each_id(
         self, entry: TaskEntry, rows: list[PageRow], *, again: bool = False
     ) -> list[PageRow]:
         """The rows whose id was written to the task and has no line for it yet (a server
@@ -131,7 +131,7 @@ class PageRows:
         their ids are added to the task's written ids. A result under an id the service
         changed (case, spacing, Unicode form, leading zeros, a number, cut short) is taken as
         the row's whose id it stands for, when exactly one sent to the task does
-        (:mod:`.idmatch`), and written under the id sent."""
+        (:mod:`.idmatch`), and written under the id sent (:meth:`_changed_ids`)."""
         seen = entry.seen
         sent = entry.sent
         refused = entry.refused
@@ -145,15 +145,13 @@ class PageRows:
         ):
             seen |= ids
             return rows
+        matches = await self._changed_ids(entry, ids - sent) if sent is not None else {}
         out: list[PageRow] = []
         foreign = taken = changed = 0
         for r in rows:
             ident = r.id
             if sent is not None and ident not in sent:
-                matcher = entry.matcher
-                if matcher is None:
-                    matcher = entry.matcher = IdMatcher(sent)
-                found = matcher.match(ident)
+                found = matches.get(ident)
                 if found is None:
                     foreign += 1
                     continue
@@ -196,3 +194,43 @@ class PageRows:
                 len(rows) - len(out) - foreign - taken,
             )
         return out
+
+    async def _changed_ids(self, entry: TaskEntry, unsent: set[str]) -> dict[str, str]:
+        """The id sent to the task that each of ``unsent`` (ids of its results never sent to
+        it) stands for, as far as one does (:class:`~.idmatch.IdMatcher`).
+
+        An id taken as one sent cut short may be another task's result, under that row's id
+        or the start of it (a service that mixes tasks up): when it is an id the run took in,
+        or the start of one, other than the one of this task it would stand for, it is no
+        row's (the row is sent again, rather than given another image's result). One look-up
+        of the run's ids each, only for such ids."""
+        matcher = entry.matcher
+        if matcher is None:
+            matcher = entry.matcher = IdMatcher(entry.sent or set())
+        found: dict[str, str] = {}
+        cut: dict[str, str] = {}
+        for ident in unsent:
+            sent_id, is_cut = matcher.find(ident)
+            if sent_id is not None:
+                (cut if is_cut else found)[ident] = sent_id
+        if cut:
+            db = self.journal.db
+
+            def elsewhere() -> set[str]:
+                return {
+                    ident
+                    for ident, sent_id in cut.items()
+                    if any(other != sent_id for other in db.ids_starting(ident, 2))
+                }
+
+            others = await self.journal.run(elsewhere)
+            if others:
+                logger.warning(
+                    "task %s: %d results came under the start of an id sent to it that is"
+                    " also another id of the run, or the start of one (another task's result?);"
+                    " left out (the rows without a result are sent again)",
+                    entry.task_id,
+                    len(others),
+                )
+            found.update((ident, cut[ident]) for ident in cut.keys() - others)
+        return found

@@ -282,7 +282,7 @@ class ResultPagers(PageFetcher, PageRows):
             while True:
                 while end in ready and isinstance(page := ready[end], FetchedRows):
                     ready.pop(end)
-                    kept = self._first_of_each_id(entry, page.rows)
+                    kept = await self._first_of_each_id(entry, page.rows)
                     if not page.refused and len(kept) < min(MAX_PAGE_SIZE, entry.total - end):
                         entry.deficient.add(end)  # read again if rows are missing at the end
                     rows.extend(kept)
@@ -344,7 +344,7 @@ class ResultPagers(PageFetcher, PageRows):
             found, all_success = screen(decode_page(raw))
         except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
             return
-        rows = self._first_of_each_id(entry, found)
+        rows = await self._first_of_each_id(entry, found)
         if rows:
             logger.info(
                 "task %s: %d results found past its count of %d",

@@ -187,6 +187,10 @@ class Misbehaviour:
     #: (a stale cache keyed one page off): the first page's rows come on no first read, and
     #: the page that comes short is the last one.
     next_page_once: bool = False
+    #: Id (as in the manifest) -> (an id, a tagging result) given in place of its row, on the
+    #: first page that carries it (once): another row's result, under that row's id (or what
+    #: the service made of it), in the wrong task.
+    stray_in_place_of: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
 
 class MisbehavingProxy:
@@ -232,6 +236,8 @@ class MisbehavingProxy:
         #: Results pages answered with the page after them (next_page_once).
         self._shifted: set[tuple[str, str]] = set()
         self.pages_shifted = 0
+        #: Ids whose row stray_in_place_of replaced.
+        self._strayed: set[str] = set()
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -527,6 +533,8 @@ class MisbehavingProxy:
                 self.first_rows[task_id] = results[0]
             if self._reshape_page(task_id, offset, data):
                 return json.dumps(data).encode()
+            if rules.stray_in_place_of and self._stray(results):
+                return json.dumps(data).encode()
             if rules.results_given and any(
                 r["id"].rsplit("/", 1)[-1] in rules.results_given for r in results
             ):
@@ -567,6 +575,18 @@ class MisbehavingProxy:
                 return json.dumps(data).encode()
             return payload
         return payload
+
+    def _stray(self, results: list[Any]) -> bool:
+        """Rows of ``stray_in_place_of`` replaced, once each (True when one was)."""
+        changed = False
+        for i, r in enumerate(results):
+            ident = r["id"].rsplit("/", 1)[-1]
+            stray = self.rules.stray_in_place_of.get(ident)
+            if stray is not None and ident not in self._strayed:
+                self._strayed.add(ident)
+                results[i] = {"id": stray[0], "taggingResult": stray[1]}
+                changed = True
+        return changed
 
     def _strip_refused(self, body: bytes) -> tuple[bytes, list[Any]]:
         """The write's body without the rows of :attr:`Misbehaviour.always_refused`, and

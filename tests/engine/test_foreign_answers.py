@@ -229,6 +229,38 @@ async def test_rows_the_service_lost_and_pages_past_its_count_refused(tmp_path: 
     assert proxy.refused_pages >= 1
 
 
+#: Another task's result (a marker no image of the reference service has).
+STRAY = {"status": "success", "result": [], "stray": True}
+
+
+@pytest.mark.parametrize(
+    ("ids", "stray_id"),
+    [
+        # The other task's id, whole: the start of an id of this task.
+        (["catalogue-item-000123-v2", "catalogue-item-000123"], "catalogue-item-000123"),
+        # An id cut short that starts an id of this task and one of the other's.
+        (["catalogue-item-000123-v2", "catalogue-item-000123-v3"], "catalogue-item-000123-v"),
+    ],
+    ids=["an-id-of-the-run", "the-start-of-two"],
+)
+async def test_another_tasks_result_under_the_start_of_an_id_sent(
+    tmp_path: Path, ids: list[str], stray_id: str
+) -> None:
+    """Task 1's page gives, in place of the row of ``ids[0]``, a result under ``stray_id``
+    (16 characters or more): the start of ``ids[0]``, the one id of task 1 it could be cut
+    from, but also another task's id (``ids[1]``), or the start of one. It may be that other
+    row's result, so it is taken as no row's: ``ids[0]`` gets its own when the page is read
+    again (the service gives it there). Before, ``ids[0]`` got it, silently: the result of
+    another image."""
+    manifest_ids = [f"p{i}" for i in range(2000)]
+    manifest_ids[10], manifest_ids[1500] = ids  # in tasks 1 and 2
+    rules = Misbehaviour(stray_in_place_of={ids[0]: (stray_id, STRAY)})
+    summary, _, o = await run_ids(tmp_path, manifest_ids, rules)
+    assert summary.complete and summary.unsettled == 0 and not o.rejects
+    assert not [r["id"] for r in o.results if r["taggingResult"].get("stray")]
+    assert summary.resent == 0 and summary.tagged == 2000
+
+
 #: id -> what the service echoes in its place: ids no client can read as text.
 UNREADABLE_IDS: dict[str, Any] = {"p5": None, "p120": 7.0, "p250": {"value": "p250"}, "p260": True}
 

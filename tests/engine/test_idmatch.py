@@ -40,6 +40,10 @@ def test_a_match_is_the_one_sent_id_it_stands_for() -> None:
     assert matcher.match(long[1][:MIN_PREFIX]) == long[1]  # cut short
     assert matcher.match(long[1][: MIN_PREFIX - 1]) is None  # too short to be taken as cut
     assert matcher.match("0000-") is None  # a prefix of one long id, but too short
+    # Which matches are of an id cut short (checked against the run's other ids).
+    assert matcher.find(long[1][:MIN_PREFIX]) == (long[1], True)
+    assert matcher.find("SKU-1") == ("sku-1", False)
+    assert matcher.find("p9") == (None, False)
 
 
 def test_a_prefix_shared_by_two_sent_ids_matches_neither() -> None:

@@ -290,6 +290,21 @@ def test_dedupe_gives_each_row_the_first_position_of_its_id(state_location: Stat
         db.close()
 
 
+def test_the_ids_that_start_with_a_prefix(state_location: StateAt) -> None:
+    """The run's ids that start with a prefix (how an id a service cut short is checked
+    against the other tasks' ids), on both backends: in byte order, up to a limit."""
+    db = open_state(state_location("prefix"))
+    ids = ["item-0001", "item-0001-v2", "item-0001-\u00e9", "item-0002", "item-000", "Item-0001"]
+    try:
+        with db.transaction():
+            db.dedupe([(ident, n) for n, ident in enumerate(ids)])
+        assert db.ids_starting("item-0001", 5) == ["item-0001", "item-0001-v2", "item-0001-\u00e9"]
+        assert db.ids_starting("item-0001-", 1) == ["item-0001-v2"]
+        assert db.ids_starting("item-0003", 2) == []
+    finally:
+        db.close()
+
+
 async def test_writes_refused_whole_are_split_on_either_backend(
     tmp_path: Path, state_location: StateAt
 ) -> None:

@@ -301,6 +301,17 @@ class StateStore(ChunkTables):
                 found[key] = pos
         return found
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids the run took in that start with ``prefix`` (a range of the
+        primary key: ids are in byte order in both stores)."""
+        return [
+            key
+            for (key,) in self.db.execute(
+                "SELECT id FROM ids WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
+                (prefix, prefix + "\U0010ffff", limit),
+            )
+        ]
+
     def _insert_new_ids(self, first: dict[str, int]) -> int:
         """Insert the (id, position) pairs whose id is not there yet; returns how many."""
         raise NotImplementedError
