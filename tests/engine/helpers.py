@@ -76,9 +76,26 @@ def write_csv(path: Path, n: int, *, start: int = 0, extra: Sequence[str] = ()) 
 
 
 def free_port() -> int:
+    """A loopback port free now, for a server the test starts on it later (another process may
+    take it meanwhile: a URL that must refuse connections takes :func:`dead_port`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: The sockets behind :func:`dead_port`, held open until the test process ends.
+_DEAD_PORTS: list[socket.socket] = []
+
+
+def dead_port() -> int:
+    """A loopback port that refuses every connection for the rest of the test process: bound,
+    never listening. A port merely closed again (``free_port``) can be taken by a server of a
+    test running beside this one (``make test`` runs them in parallel), and a run meant to
+    meet a dead service would then talk to that test's service."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _DEAD_PORTS.append(s)
+    return int(s.getsockname()[1])
 
 
 @dataclass

@@ -16,7 +16,7 @@ import anyio
 from fashiontag_pipeline.service import ServiceConfig, running_service
 from fashiontag_pipeline.service.faults import FaultSpec
 
-from .helpers import ENV, assert_exactly_once, free_port, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
 
 
 async def test_summary_into_a_missing_folder_is_a_clear_error_not_a_traceback(
@@ -46,7 +46,7 @@ async def test_summary_file_is_rewritten_when_the_run_fails(tmp_path: Path) -> N
     out = tmp_path / "results.jsonl"
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"complete": True, "tagged": 20, "error": None}))
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     result = await anyio.run_process(
         run_args(url, out, str(manifest), "--summary", str(summary), "--give-up-after", "1"),
         check=False,
@@ -80,7 +80,7 @@ async def test_a_password_in_the_base_url_never_appears_in_messages(tmp_path: Pa
     redacted; this one is not)."""
     manifest = write_csv(tmp_path / "m.csv", 20)
     out = tmp_path / "results.jsonl"
-    env = {**ENV, "FASHIONTAG_BASE_URL": f"http://svc:hunter2secret@127.0.0.1:{free_port()}"}
+    env = {**ENV, "FASHIONTAG_BASE_URL": f"http://svc:hunter2secret@127.0.0.1:{dead_port()}"}
     args = list(run_args("x", out, str(manifest), "--give-up-after", "1"))
     i = args.index("--base-url")
     del args[i : i + 2]

@@ -25,7 +25,7 @@ from fashiontag_pipeline._proxies import proxy_for
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .gateways import ForwardProxy, IdleClosingGateway, PrefixGateway, make_pki
-from .helpers import ENV, assert_exactly_once, free_port, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, write_csv
 
 BULK = "/tagger/v2.12/bulk"
 SINGLE = "/tagger/v2/tags"
@@ -307,7 +307,7 @@ async def test_a_dead_proxy_is_named_and_bills_nothing(tmp_path: Path) -> None:
     connect to the service'); no task was created. A loopback service is never proxied: the
     same variables set, a run against the embedded service works."""
     manifest = write_csv(tmp_path / "m.csv", 50)
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{dead_port()}"
     env = {**ENV, "HTTPS_PROXY": dead, "HTTP_PROXY": dead, "ALL_PROXY": dead}
     code, err, took = await run(
         run_cmd(
@@ -596,7 +596,7 @@ async def test_a_password_in_the_base_url_stays_out_of_everything_written(
         failures = [
             (url, env),
             (url, dict(ENV)),
-            (f"http://team:{secret}@127.0.0.1:{free_port()}/v1", env),
+            (f"http://team:{secret}@127.0.0.1:{dead_port()}/v1", env),
         ]
         for i, (base, environ) in enumerate(failures):
             o = tmp_path / f"f{i}.jsonl"

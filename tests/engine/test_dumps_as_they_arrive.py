@@ -17,7 +17,7 @@ from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, free_port, read_outcomes, run_args
+from .helpers import ENV, dead_port, read_outcomes, run_args
 
 #: A manifest large enough that hashing it takes a while (as a real nightly dump does: a
 #: 10^7-row dump takes seconds): 1,000 rows, each with an ignored 64 KB column.
@@ -104,7 +104,7 @@ async def test_a_dump_replaced_while_a_resume_starts_is_never_resumed_by_line_nu
     out = tmp_path / "results.jsonl"
     state = ["--state", str(tmp_path / "s.db"), "--linger", "0.2"]
 
-    dead = f"http://127.0.0.1:{free_port()}"
+    dead = f"http://127.0.0.1:{dead_port()}"
     first = await anyio.run_process(
         run_args(dead, out, str(manifest), *state, "--give-up-after", "1"), check=False, env=ENV
     )

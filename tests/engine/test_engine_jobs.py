@@ -255,13 +255,13 @@ async def test_the_fairness_bound_never_blocks_a_resume(tmp_path: Path) -> None:
     """Rows taken in while the service was down, then a kill: on restart they count as in
     flight but are only sent once read again. The bound waited for them forever; it now waits
     only while something under way can bring rows to an outcome."""
-    from .helpers import free_port
+    from .helpers import dead_port
 
     manifest = write_csv(tmp_path / "a.csv", 30_000)
     spec = _spec(tmp_path, "a", manifest)
     config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
     db = StateDB(tmp_path / "state")
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{dead_port()}")) as client:
         engine = Engine(
             client=client,
             db=db,

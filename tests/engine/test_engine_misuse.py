@@ -21,7 +21,7 @@ from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, free_port, read_outcomes, write_csv
+from .helpers import assert_exactly_once, client_config, dead_port, read_outcomes, write_csv
 
 FAST = EngineConfig(
     poll_min=0.02,
@@ -41,7 +41,7 @@ async def _written_ahead(tmp_path: Path, key: str, manifest: Path) -> None:
     """Job ``key`` (outputs in ``out/``) begun while the service is down: its rows are taken in
     and written ahead, then the process goes (the state in ``state`` keeps the job open)."""
     db = StateDB(tmp_path / "state")
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{dead_port()}")) as client:
         engine = Engine(
             client=client, db=db, state=db.open_engine(), config=SLOW_ROTATION, namespaced=True
         )

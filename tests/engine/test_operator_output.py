@@ -9,7 +9,6 @@ import os
 import pty
 import re
 import select
-import socket
 import struct
 import subprocess
 import sys
@@ -20,16 +19,10 @@ import anyio
 from fashiontag_pipeline.service import ServiceConfig, running_service
 from fashiontag_pipeline.service.faults import FaultSpec
 
+from .helpers import dead_port
+
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (connections are refused at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def manifest(tmp_path: Path, rows: int) -> Path:
@@ -50,7 +43,7 @@ async def fashiontag(*args: str, cwd: Path | None = None) -> tuple[int, str]:
 async def test_an_unreachable_service_is_reported_at_once_with_how_long_it_is_tried(
     tmp_path: Path,
 ) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     args = [str(manifest(tmp_path, 3)), "--base-url", url, "--out", str(tmp_path / "o.jsonl")]
     code, err = await fashiontag("run", *args, "--give-up-after", "1")
     lines = err.splitlines()
@@ -64,7 +57,7 @@ async def test_an_unreachable_service_is_reported_at_once_with_how_long_it_is_tr
 
 
 async def test_verbose_logs_every_retry(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     args = [str(manifest(tmp_path, 3)), "--base-url", url, "--out", str(tmp_path / "o.jsonl")]
     code, err = await fashiontag("-v", "run", *args, "--give-up-after", "1")
     assert code == 1
@@ -226,7 +219,7 @@ async def test_two_of_the_runs_files_on_one_path_are_refused_before_anything(
     """``--out`` and ``--rejects`` on one file (two sinks would overwrite each other's lines),
     or an output on the manifest or the state: a usage error naming both, nothing written."""
     m = manifest(tmp_path, 5)
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
     for clash, names in (
         (["--out", str(out), "--rejects", str(out)], "--out and --rejects"),
@@ -316,7 +309,7 @@ async def test_a_manifest_that_is_a_pipe_is_refused_clearly_not_read_twice(
     ever. A pipe cannot be read twice as a resumable run needs: refused at once, saying to
     pass it on stdin."""
     m = manifest(tmp_path, 20)
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     fifo = tmp_path / "pipe.csv"
     os.mkfifo(fifo)
     for source in (f"<(cat {m})", str(fifo)):
@@ -334,6 +327,6 @@ async def test_a_manifest_that_is_a_pipe_is_refused_clearly_not_read_twice(
 async def test_stdin_given_twice_is_refused_plainly(tmp_path: Path) -> None:
     """``run - -``: the second reader found stdin read to its end and called the manifest
     "neither JSONL nor a CSV with a header"; it is refused for what it is."""
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     code, err = await fashiontag("run", "-", "-", "--base-url", url, "--out", str(tmp_path / "o"))
     assert code == 1 and "stdin (-) can be given as a manifest only once" in err, err

@@ -15,6 +15,7 @@ from .helpers import (
     RecordingClient,
     assert_exactly_once,
     client_config,
+    dead_port,
     free_port,
     read_outcomes,
     write_csv,
@@ -219,7 +220,7 @@ async def test_unreachable_service_is_fatal_with_state_saved(tmp_path: Path) -> 
     with pytest.raises(FatalRunError, match="unreachable"):
         await run_pipeline(
             [manifest],
-            client=client_config(f"http://127.0.0.1:{free_port()}"),
+            client=client_config(f"http://127.0.0.1:{dead_port()}"),
             out=tmp_path / "out.jsonl",
             rejects=tmp_path / "rej.jsonl",
             engine=EngineConfig(give_up_after=0.5, linger_seconds=0.05),
