@@ -11,7 +11,8 @@
                        ^
     intake --[SingleItem]--> SingleRouter --POST /tagger/v2/tags--> service
 
-The whole life is one task group (:meth:`Engine.__aenter__` starts every stage in it;
+The whole life is one task group (:meth:`Engine.__aenter__` starts every stage in it, beside
+the caller's block, whose code runs on after the engine's normal end (:mod:`.ending`);
 :meth:`Engine.__aexit__` waits for it). Stages are linked by bounded memory streams (source ->
 intake -> writer, intake -> single router) and by narrow public methods of the objects they
 share: the :class:`~.tracker.TaskBook` of tasks past the writer (:meth:`~.tracker.TaskBook.watch`,
@@ -37,13 +38,13 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .. import _exceptions as exc
 from .._callctx import GIVE_UP
 from .._client import TaggerClient
 from .._models import format_time
 from .batcher import TaskWriter
 from .config import EngineConfig
-from .flow import RetryBudget, RunControl
+from .ending import cancel_when, conclude, watch_control
+from .flow import FatalRunError, RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
 from .outcome import finalize_job, open_job
@@ -179,7 +180,11 @@ class Engine:
             register=self._register,
         )
         self._stack: AsyncExitStack | None = None
+        self._outer: anyio.abc.TaskGroup | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._entered = False
+        #: Every stage has ended (see :mod:`.ending`).
+        self.ended = anyio.Event()
 
     # -------------------------------------------------------------- life
 
@@ -193,20 +198,43 @@ class Engine:
         try:
             for row in await self.journal.run(self.journal.db.open_jobs):
                 await self._register(row)
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            self._tg = tg
-            for job in self.jobs.by_id.values():
-                tg.start_soon(self._finalize_when_settled, job)
-            await self._start(tg)
+            self._outer = await stack.enter_async_context(anyio.create_task_group())
+            await self._outer.start(self._life)
         except BaseException:
             # The stages already started wait for work that will never come: without the
             # cancel, closing the task group waits for them for ever.
-            if self._tg is not None:
-                self._tg.cancel_scope.cancel()
-            await stack.aclose()
+            if self._outer is not None:
+                self._outer.cancel_scope.cancel()
+            try:
+                await stack.aclose()
+            finally:  # the state and any output opened: a caller's cancel lands here too
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.journal.close)
             raise
         self._stack = stack
+        self._entered = True
+        if self.interrupted and self.ended.is_set():
+            self._outer.cancel_scope.cancel()  # stopped while it started: the block ends
         return self
+
+    async def _life(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """The stages, in a task group of their own (see :mod:`.ending`)."""
+        started = False
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for job in self.jobs.by_id.values():
+                    tg.start_soon(self._finalize_when_settled, job)
+                await self._start(tg)
+                task_status.started()
+                started = True
+        finally:
+            self.ended.set()
+        if not started:  # stopped while the stages started
+            task_status.started()
+        # Stopped from outside: the caller's block ends too (once it has begun).
+        if self.interrupted and self._entered and self._outer is not None:
+            self._outer.cancel_scope.cancel()
 
     async def __aexit__(
         self,
@@ -216,8 +244,8 @@ class Engine:
     ) -> bool | None:
         self.close()
         assert self._stack is not None
-        # The normal end arrives as a cancellation (the task group cancels the caller's wait);
-        # any other exception means a stage died.
+        # A stop from outside arrives as a cancellation (see :mod:`.ending`); any other
+        # exception means a stage died.
         cancelled = anyio.get_cancelled_exc_class()
         failed = exc_type is not None and not issubclass(exc_type, cancelled)
         try:
@@ -231,51 +259,18 @@ class Engine:
             # every open job's outputs and the state store.
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._conclude(failed=failed)
+                    await conclude(self, failed=failed)
                 finally:
                     await anyio.to_thread.run_sync(self.journal.close)
-
-    async def _conclude(self, *, failed: bool = False) -> None:
-        """The end-of-life check (:meth:`StateDB.reconcile`): complete only when every row
-        taken in has an outcome and nothing is in flight; then the state records it (the same
-        manifests again: nothing to do)."""
-        db = self.journal.db
-        try:
-            self.reconciliation = await self.journal.run(db.reconcile)
-        except exc.StateError as err:  # the store went away (a database restart): one line
-            logger.error("the state store cannot be reconciled: %s", err)
-            self.complete = False
-            return
-        except Exception:
-            logger.exception("the state store cannot be reconciled")
-            self.complete = False
-            return
-        if failed:
-            # A stage died (a state write refused, a bug): rows it had not yet taken in are
-            # in no count, so the counts may agree while the manifests are not done. Never
-            # recorded complete: the same command resumes from the state.
-            self.complete = False
-        ended = self.complete and not self.interrupted
-        done = ended and self.reconciliation.complete
-        if ended and not done:
-            logger.error(
-                "run incomplete: %d rows have no outcome (%s)",
-                self.reconciliation.unsettled,
-                "; ".join(self.reconciliation.in_flight) or "counts differ",
-            )
-        self.complete = done
-        if done:
-            await self.journal.run(db.mark_complete, format_time(datetime.now(UTC)))
 
     def close(self) -> None:
         """No more jobs: the engine ends once every job in flight is complete."""
         self.source.close()
 
     async def wait(self) -> None:
-        """Until the engine ends (closed and finished, or stopped from outside). The end
-        cancels the engine's task group, and with it this wait: the ``async with`` block
-        then exits normally."""
-        await anyio.sleep_forever()
+        """Until the engine ends (closed and finished, or stopped from outside: that end
+        cancels the ``async with`` block, which then exits normally)."""
+        await self.ended.wait()
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
         q = self.config.queue_batches
@@ -293,7 +288,7 @@ class Engine:
                 return
             pending = found
         pending_singles = await self.single.load_pending()
-        tg.start_soon(self._watch_control, tg)
+        tg.start_soon(watch_control, self, tg)
         self.writer.active += 1  # held until the resumed chunks are dispatched
         tg.start_soon(self.writer.run, item_recv)
         for chunk in pending:
@@ -320,24 +315,6 @@ class Engine:
             jobs=self.jobs,
             reuse=self.reuse,
         )
-
-    async def _watch_control(self, tg: anyio.abc.TaskGroup) -> None:
-        await self.control.stopping.wait()
-        self.interrupted = True
-        self.source.cancel()
-        self.writer.stop()
-        self.single.stop()
-        async with anyio.create_task_group() as inner:
-
-            async def until_idle() -> None:
-                await self.writer.idle.wait()
-                await self.single.idle.wait()
-                inner.cancel_scope.cancel()
-
-            inner.start_soon(until_idle)
-            await self.control.aborting.wait()
-            inner.cancel_scope.cancel()
-        tg.cancel_scope.cancel()
 
     async def _track_and_page(self, tg: anyio.abc.TaskGroup) -> None:
         async with anyio.create_task_group() as inner:
@@ -399,8 +376,19 @@ class Engine:
 
     async def outcome(self, job: Job) -> Job:
         """Wait until every row of ``job`` has its outcome written, fsync-ed, and its
-        outputs closed."""
-        await job.finalized.wait()
+        outputs closed. An engine that ended (closed) before raises :class:`FatalRunError`:
+        the job is open in the state, and an engine opened on it again finishes it."""
+        if not job.finalized.is_set():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_when, self.ended, tg.cancel_scope)
+                await job.finalized.wait()
+                tg.cancel_scope.cancel()
+        if not job.finalized.is_set():
+            why = "rows without an outcome" if job.submitted else "it was not submitted"
+            raise FatalRunError(
+                f"job {job.row.key!r} is not complete: the engine ended ({why}); submit it to"
+                " an engine opened on the same state to finish it"
+            )
         return job
 
     def job_of_key(self, key: str) -> Job | None:

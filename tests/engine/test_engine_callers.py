@@ -1,0 +1,112 @@
+"""The engine driven as a library by another program: the ways a caller ends its work (it
+closes the engine, then waits for its jobs) and is ended itself (a timeout, a cancel), against
+the reference service on loopback. Each case was found by a hunt and failed before its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig, FatalRunError
+from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.jobs import Job, JobSpec
+from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, free_port, ids_of, write_csv
+
+FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0)
+
+
+def _spec(key: str, manifest: Path, outdir: Path) -> JobSpec:
+    return JobSpec(
+        key=key,
+        manifests=[str(manifest)],
+        results=outdir / "results.jsonl",
+        rejects=outdir / "rejects.jsonl",
+    )
+
+
+async def test_the_code_after_the_outcome_of_a_closed_engine_runs(tmp_path: Path) -> None:
+    """A caller that submits its jobs, closes the engine (no more jobs) and then waits for
+    each outcome: the engine's end cancelled the caller's own block, so ``outcome`` never
+    returned and every line after it was skipped without a word (a function returning the
+    job from inside the block returned None; the ``async with`` swallowed the cancel)."""
+    a = write_csv(tmp_path / "a.csv", 300)
+    b = write_csv(tmp_path / "b.csv", 200, start=1000)
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+
+            async def tag_both() -> list[Job] | None:
+                engine = Engine(
+                    client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+                )
+                async with engine:
+                    jobs = [
+                        await engine.submit(_spec("a", a, tmp_path / "a")),
+                        await engine.submit(_spec("b", b, tmp_path / "b")),
+                    ]
+                    engine.close()  # no more jobs: it ends once these are done
+                    for job in jobs:
+                        await engine.outcome(job)
+                    await anyio.sleep(0)  # the caller's own work after the outcomes
+                    return jobs
+                return None
+
+            with anyio.fail_after(30):
+                jobs = await tag_both()
+    assert jobs is not None, "the caller's block was cancelled at the engine's end"
+    assert [job.row.state for job in jobs] == ["complete", "complete"]
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(300)
+    )
+    assert_exactly_once(
+        tmp_path / "b" / "results.jsonl",
+        tmp_path / "b" / "rejects.jsonl",
+        {f"p{i}" for i in range(1000, 1200)},
+    )
+
+
+async def test_the_outcome_of_a_job_the_closed_engine_cannot_finish_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """A job the state holds open (its rows taken in while the service was down) that the
+    caller waits for without submitting it again: the engine, closed, ends without reading
+    its manifest, and the wait said nothing (cancelled with the caller's block). It raises
+    now, saying why; submitted to the next engine, the job completes exactly once."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    db = StateDB(tmp_path / "state")
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+        with anyio.move_on_after(0.5):  # the service is down: then the process is gone
+            async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as gone:
+                await gone.submit(_spec("a", manifest, tmp_path / "a"))
+                await anyio.sleep_forever()
+    raised: list[str] = []
+    async with (
+        running_service(ServiceConfig()) as svc,
+        TaggerClient(config=client_config(svc.url)) as client,
+    ):
+        db = StateDB(tmp_path / "state")
+        with anyio.fail_after(30):
+            async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
+                job = e.job_of_key("a")
+                assert job is not None
+                e.close()
+                with pytest.raises(FatalRunError, match="'a' is not complete") as caught:
+                    await e.outcome(job)
+                raised.append(str(caught.value))
+        assert raised and "it was not submitted" in raised[0]
+        db = StateDB(tmp_path / "state")
+        with anyio.fail_after(30):
+            async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
+                job = await e.submit(_spec("a", manifest, tmp_path / "a"))
+                await e.outcome(job)
+    assert job.row.state == "complete"
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(300)
+    )
