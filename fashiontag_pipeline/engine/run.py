@@ -9,6 +9,7 @@ the benchmark harness both call :func:`run_pipeline`; the daemon drives the engi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sqlite3
@@ -21,7 +22,7 @@ import anyio
 import msgspec
 
 from .. import _exceptions as exc
-from .._client import TaggerClient
+from .._client import ClientStats, TaggerClient
 from .._config import ClientConfig
 from .config import EngineConfig, RunSummary
 from .engine import Engine, RunControl
@@ -193,6 +194,8 @@ async def run_pipeline(
 
     own_client = isinstance(client, ClientConfig)
     tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
+    # The caller's client may have served other runs: its counters before this one.
+    since = dataclasses.replace(tagger.stats)
     summary = RunSummary(
         resumed=run.resumed,
         opened=run.opened,
@@ -221,7 +224,7 @@ async def run_pipeline(
                 if progress:
                     from .progress import show_progress
 
-                    snapshot = functools.partial(_snapshot, core)
+                    snapshot = functools.partial(_snapshot, core, since)
                     async with show_progress(snapshot, interval=engine.progress_seconds):
                         await core.wait()
                 else:
@@ -243,12 +246,13 @@ async def run_pipeline(
             if reuse is not None:
                 await anyio.to_thread.run_sync(reuse.close_store)
         summary.elapsed_s = round(time.monotonic() - started, 3)
-        _fill(core, core.reconciliation, summary)
+        _fill(core, since, core.reconciliation, summary)
     return summary
 
 
-def _snapshot(core: Engine) -> dict[str, int]:
+def _snapshot(core: Engine, since: ClientStats) -> dict[str, int]:
     c = core.journal.counters
+    stats = core.client.stats
     return {
         "rows_read": core.rows_read,
         "submitted": c.get("submitted", 0),
@@ -257,14 +261,16 @@ def _snapshot(core: Engine) -> dict[str, int]:
         "pages": c.get("pages", 0),
         "single": c.get("single", 0),
         "tasks_live": core.tasks_live(),
-        "retries": core.client.stats.retries + core.budget.retries,
-        "rate_limited": core.client.stats.rate_limited,
+        "retries": stats.retries - since.retries + core.budget.retries,
+        "rate_limited": stats.rate_limited - since.rate_limited,
         "bytes_read": core.bytes_read(),
         "bytes_total": core.bytes_total(),
     }
 
 
-def _fill(core: Engine, reconciliation: Reconciliation | None, summary: RunSummary) -> None:
+def _fill(
+    core: Engine, since: ClientStats, reconciliation: Reconciliation | None, summary: RunSummary
+) -> None:
     c = core.journal.counters
     summary.rows_read = core.rows_read
     summary.submitted = c.get("submitted", 0)
@@ -276,9 +282,9 @@ def _fill(core: Engine, reconciliation: Reconciliation | None, summary: RunSumma
     summary.pages = c.get("pages", 0)
     summary.single = c.get("single", 0)
     stats = core.client.stats
-    summary.retries = stats.retries + core.budget.retries
-    summary.rate_limited = stats.rate_limited
-    summary.ambiguous_writes = stats.ambiguous_writes
+    summary.retries = stats.retries - since.retries + core.budget.retries
+    summary.rate_limited = stats.rate_limited - since.rate_limited
+    summary.ambiguous_writes = stats.ambiguous_writes - since.ambiguous_writes
     summary.expired_writes = core.writer.refused_writes
     summary.complete = core.complete and not core.interrupted
     summary.interrupted = core.interrupted and not core.complete

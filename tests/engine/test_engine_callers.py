@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from fashiontag_pipeline._client import TaggerClient
-from fashiontag_pipeline.engine import EngineConfig, FatalRunError
+from fashiontag_pipeline.engine import EngineConfig, FatalRunError, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import Job, JobSpec
 from fashiontag_pipeline.engine.state import StateDB
@@ -110,3 +110,25 @@ async def test_the_outcome_of_a_job_the_closed_engine_cannot_finish_is_an_error(
     assert_exactly_once(
         tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(300)
     )
+
+
+async def test_a_run_on_a_client_of_the_caller_counts_its_own_retries(tmp_path: Path) -> None:
+    """``run_pipeline`` given the caller's own TaggerClient, once while the service is down
+    (cancelled by the caller) and again when it is up: the second summary reported the first
+    run's retries as its own (a client's counters live as long as the client), and each later
+    run on the client every earlier one's. A run's summary counts what that run did."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    port = free_port()
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{port}")) as client:
+        with anyio.move_on_after(1):  # the service is down: every request is retried
+            await run_pipeline([manifest], client=client, out=out, rejects=rej, engine=FAST)
+        assert client.stats.retries > 0
+        async with running_service(ServiceConfig(), port=port):
+            with anyio.fail_after(30):
+                summary = await run_pipeline(
+                    [manifest], client=client, out=out, rejects=rej, engine=FAST
+                )
+    assert summary.complete
+    assert (summary.retries, summary.rate_limited, summary.ambiguous_writes) == (0, 0, 0)
+    assert_exactly_once(out, rej, ids_of(300))
