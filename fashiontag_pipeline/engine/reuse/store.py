@@ -69,6 +69,8 @@ LOOKUP_BATCH = 500
 #: SQLite page cache per connection, in KiB: memory flat however large the store is.
 CACHE_KIB = 4096
 _BUSY_MS = 30_000
+#: Errors of a whole store that cannot be written now (full disk, I/O, read-only, locked).
+_NOT_WRITTEN = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS results (fp BLOB NOT NULL UNIQUE, task_id TEXT NOT NULL,"
@@ -308,6 +310,13 @@ class ResultStore(StoreConnections):
     @staticmethod
     def _error(path: Path, err: BaseException) -> exc.ResultStoreError:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        if getattr(err, "sqlite_errorname", "").startswith(_NOT_WRITTEN):
+            # (Not "move it away": that would tag, and bill, every row again.)
+            return exc.ResultStoreError(
+                f"result store {path} cannot be used now: {reason} (what was committed is kept,"
+                " in the store and the state: once that is fixed, the same command resumes"
+                " without tagging a row twice)"
+            )
         return exc.ResultStoreError(
             f"result store {path} cannot be used: {reason} (it is left untouched; move it away "
             "to start an empty store, and every row will be tagged again)"
@@ -352,7 +361,8 @@ class ResultStore(StoreConnections):
                 )
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:  # (SQLite rolls back itself on a full disk)
+                    db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as err:
             raise self._error(self.path, err) from None

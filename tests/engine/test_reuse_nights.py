@@ -1,0 +1,60 @@
+"""Nightly ``fashiontag run --reuse STORE`` as cron runs it, night after night with the same
+paths, against the reference service on loopback: what the operator is told when a night
+stops, and what the next command does."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+
+
+def _file_size_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child: writes past ``limit`` bytes fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+async def test_a_result_store_that_cannot_grow_says_so_and_the_same_command_finishes(
+    tmp_path: Path,
+) -> None:
+    """Night 2 tags 4,900 new rows; no file may pass 2 MB, and the store's WAL (a result
+    and its index entries per row) reaches it first. The line said ``cannot rollback - no
+    transaction is active`` (SQLite had rolled the failed insert back itself, and the store's
+    own ROLLBACK hid the full disk) and told the operator to move the store away, which
+    makes the next night tag (and bill) the whole catalogue again. It must name the store
+    and the cause, say that the same command resumes, and the same command must finish
+    with every row billed once."""
+    n = 5000
+    store = tmp_path / "results.db"
+    out = tmp_path / "night.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        write_csv(tmp_path / "m.csv", 100)
+        args = run_args(svc.url, out, str(tmp_path / "m.csv"), "--reuse", str(store))
+        first = await anyio.run_process(args, check=False, env=ENV)
+        assert first.returncode == 0, first.stderr.decode()
+        write_csv(tmp_path / "m.csv", n)  # the next night: 4,900 new products
+        full = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(
+                args, env=ENV, capture_output=True, preexec_fn=_file_size_limit(2_000_000)
+            )
+        )
+        message = full.stderr.decode()
+        assert full.returncode == 1, message
+        assert f"result store {store}" in message, message
+        assert "Traceback" not in message and "cannot rollback" not in message, message
+        assert "move it away" not in message, message
+        assert "the same command resumes" in message, message
+        again = await anyio.run_process(args, check=False, env=ENV)
+        assert again.returncode == 0, again.stderr.decode()
+        billed = svc.store.image_count
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert billed == n  # the 100 stored rows once (night 1), the new ones once
