@@ -61,7 +61,8 @@ EXIT_CODES = """exit codes:
        file that holds an unfinished run of other manifests (nothing touched: finish it, or
        --restart)
   3    run: the run ended but the state shows rows without an outcome; run it again
-  130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume
+  130  interrupted (Ctrl-C, SIGTERM); run again with the same --state to resume (one
+       that comes while the command starts: nothing read or sent)
 """
 
 SERVE_EXIT_CODES = """exit codes:

@@ -35,6 +35,7 @@ from .common import (
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
+from .startup import take
 
 __all__ = ["add_daemon_arguments", "daemon_command"]
 
@@ -209,7 +210,14 @@ def daemon_command(args: argparse.Namespace) -> int:
 
         for signum in _WATCHED:
             signal.signal(signum, handler)
+        # One held while the command started (its imports, its checks): a SIGHUP is ignored as
+        # ever; a stop ends the daemon here, before it claims or sends anything.
+        early = [signum for signum in take(*_WATCHED) if signum != signal.SIGHUP]
         try:
+            if early:
+                name = signal.Signals(early[0]).name
+                log.info("signal %s while starting: stopped, nothing claimed", name)
+                return
             await daemon.run()
         finally:
             stopped = True

@@ -45,6 +45,7 @@ from .common import (
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
+from .startup import take
 from .summary_file import format_summary, report_failure, write_summary
 
 __all__ = ["add_run_arguments", "format_summary", "run_command"]
@@ -118,6 +119,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
 
 
+class _StoppedWhileStarting(Exception):
+    """A stop signal arrived before the run had its handlers: it never started."""
+
+
 async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -> T:
     """Run ``body``; first SIGINT/SIGTERM stops gracefully, the second aborts."""
     result: list[T] = []
@@ -131,10 +136,14 @@ async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -
 async def _signal_group(
     control: RunControl, body: Callable[[], Awaitable[T]], result: list[T]
 ) -> None:
-    async with anyio.create_task_group() as tg:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # Installed before the run reads or sends anything; one that came while the command
+        # started (its imports, its checks) was held for this moment.
+        if take(signal.SIGINT, signal.SIGTERM):
+            raise _StoppedWhileStarting
+        async with anyio.create_task_group() as tg:
 
-        async def watch() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async def watch() -> None:
                 async for _ in signals:
                     if control.stopping.is_set():
                         print("fashiontag: second signal, stopping now", file=sys.stderr)
@@ -147,12 +156,12 @@ async def _signal_group(
                         )
                         control.stop()
 
-        async def main() -> None:
-            result.append(await body())
-            tg.cancel_scope.cancel()
+            async def main() -> None:
+                result.append(await body())
+                tg.cancel_scope.cancel()
 
-        tg.start_soon(watch)
-        tg.start_soon(main)
+            tg.start_soon(watch)
+            tg.start_soon(main)
 
 
 class _KeepTryingHint(logging.Filter):
@@ -317,6 +326,9 @@ def _run_and_report(
     the reason), so that a cron job reading it never finds the last night's report."""
     try:
         summary = run()
+    except _StoppedWhileStarting:
+        reason = "interrupted while starting: nothing was read or sent (run it again to start)"
+        return report_failure(args, failed, reason, EXIT_INTERRUPTED)
     except StateConflictError as err:
         return report_failure(args, failed, " ".join(str(err).split()), EXIT_USAGE)
     except ManifestError as err:

@@ -146,7 +146,7 @@ def test_reuse_stats_of_an_unused_postgresql_store_writes_nothing(
     nothing yet": reading the figures wrote to a database, perhaps a production one."""
     import psycopg
 
-    from fashiontag_pipeline.cli.main import main
+    from fashiontag_pipeline.cli.commands import main
 
     tables = "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema()"
     code = main(["reuse", action[0], postgres_url, *action[1:]])

@@ -90,8 +90,8 @@ def test_fingerprints_sharing_a_prefix_never_answer_for_each_other(tmp_path: Pat
 
 
 def test_reuse_options_from_a_config_file_and_flags(tmp_path: Path) -> None:
+    from fashiontag_pipeline.cli.commands import _build_parser
     from fashiontag_pipeline.cli.engine_flags import engine_config_from_args
-    from fashiontag_pipeline.cli.main import _build_parser
 
     config = tmp_path / "c.toml"
     config.write_text('[engine]\nreuse = "/var/lib/ft/results.db"\nreuse_max_age = "12h"\n')

@@ -35,6 +35,7 @@ from .common import (
     add_client_arguments,
     parse_detection,
 )
+from .startup import HELD, release
 from .streams import guard_standard_streams
 
 __all__ = ["configure_logging", "main"]
@@ -131,7 +132,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         from . import run as run_cli
 
         run_cli.add_run_arguments(run)
-        run.set_defaults(handler=run_cli.run_command, is_async=False)
+        run.set_defaults(handler=run_cli.run_command, is_async=False, takes_signals=True)
 
     tag = sub.add_parser(
         "tag",
@@ -195,7 +196,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         from . import daemon as daemon_cli
 
         daemon_cli.add_daemon_arguments(daemon)
-        daemon.set_defaults(handler=daemon_cli.daemon_command, is_async=False)
+        daemon.set_defaults(handler=daemon_cli.daemon_command, is_async=False, takes_signals=True)
 
     demo = sub.add_parser(
         "demo",
@@ -235,7 +236,7 @@ def configure_logging(verbosity: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fashiontag`` console script."""
+    """The ``fashiontag`` command line (:func:`fashiontag_pipeline.cli.main` is its entry point)."""
     guard_standard_streams()
     arguments = list(sys.argv[1:] if argv is None else argv)
     command = _command_of(arguments)
@@ -252,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.verbose)
     handler: Callable[[argparse.Namespace], Any] = args.handler
     try:
+        if not getattr(args, "takes_signals", False):
+            release()  # a Ctrl-C while it started: KeyboardInterrupt here
         if args.is_async:
             return int(anyio.run(handler, args))
         return int(handler(args))
@@ -264,3 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fashiontag: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        # run or daemon ended before taking the signals over (a bad flag value): a stop
+        # asked for meanwhile has its answer, the process ends now.
+        release(taken=HELD)

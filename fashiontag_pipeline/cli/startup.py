@@ -1,0 +1,71 @@
+"""Stop signals that arrive while the ``fashiontag`` command starts.
+
+Before a command has its own handlers (``run``'s signal receiver, the daemon's drain), SIGTERM
+killed the process where it stood (exit -15: systemd and cron read a crash) and Ctrl-C printed
+a traceback from the middle of an import. From the console script's first line until a command
+takes them over, SIGINT, SIGTERM and SIGHUP are only noted (:func:`hold_signals`):
+
+- ``run`` and ``daemon`` take them over once their own handlers are in place
+  (:func:`take`): a stop noted before then ends the command before it reads, claims or sends
+  anything, with its documented exit code;
+- every other command gives them back before it starts (:func:`release`): one noted
+  meanwhile acts then as it would have (SIGINT: ``KeyboardInterrupt``; the others end the
+  process).
+
+Imports only :mod:`signal`: this module is loaded before anything heavy.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from types import FrameType
+
+__all__ = ["HELD", "hold_signals", "release", "take"]
+
+#: The signals held while the command starts.
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: Signal -> the disposition it had before it was held.
+_before: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+#: The held signals that arrived, in order.
+_noted: list[int] = []
+
+
+def _note(signum: int, frame: FrameType | None) -> None:
+    _noted.append(signum)
+
+
+def hold_signals() -> None:
+    """Note SIGINT, SIGTERM and SIGHUP instead of acting on them, until :func:`take` or
+    :func:`release`. A signal the process inherited as ignored (``nohup``) stays ignored."""
+    for signum in HELD:
+        current = signal.getsignal(signum)
+        if current not in (signal.SIG_DFL, signal.default_int_handler):
+            continue
+        try:
+            signal.signal(signum, _note)
+        except ValueError:  # not the main thread: nothing to hold
+            return
+        _before[signum] = current
+
+
+def take(*signums: int) -> list[int]:
+    """The command's own handlers for ``signums`` are in place: those of them that arrived
+    while it started, in order (none: empty). The other held signals are released."""
+    arrived = [signum for signum in dict.fromkeys(_noted) if signum in signums]
+    release(taken=signums)
+    return arrived
+
+
+def release(taken: tuple[int, ...] = ()) -> None:
+    """Give back the signals' dispositions (those not replaced by the command's own
+    handlers meanwhile); a noted signal not in ``taken`` acts now as it would have."""
+    for signum, before in list(_before.items()):
+        del _before[signum]
+        if signal.getsignal(signum) is _note:
+            signal.signal(signum, before)
+    pending = [signum for signum in dict.fromkeys(_noted) if signum not in taken]
+    _noted.clear()
+    for signum in pending:
+        signal.raise_signal(signum)

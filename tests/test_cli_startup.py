@@ -1,0 +1,115 @@
+"""A stop asked for while ``fashiontag run`` or ``fashiontag daemon`` is still starting (its
+imports, its configuration), as systemd, cron or a hand on Ctrl-C sends it: a clean exit with the
+documented code, at most one line on stderr, no traceback, nothing claimed or sent.
+
+The signal is sent as the child reports (``PYTHONPROFILEIMPORTTIME``: one stderr line per module
+imported) that it has imported a given module, so that it lands in the same stretch of the
+start-up every time, however loaded the machine.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline import TaggerClient
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .daemon.helpers import drop_atomic, write_manifest
+from .engine.helpers import ENV, client_config, run_args, write_csv
+
+#: Modules whose import a stop is sent after: deep in the imports (aiohttp), half-way (the
+#: engine), and the last of the command's own.
+MARKERS = {
+    "run": ("aiohttp", "fashiontag_pipeline.engine", "fashiontag_pipeline.cli.run"),
+    "daemon": ("aiohttp", "fashiontag_pipeline.engine", "fashiontag_pipeline.cli.daemon"),
+}
+
+
+async def _signalled_at(args: list[str], marker: str, signum: int) -> tuple[int, list[str]]:
+    """Start ``args``, send ``signum`` once it has imported ``marker``; its exit code and the
+    lines of its stderr that are not import times."""
+    env = {**ENV, "PYTHONPROFILEIMPORTTIME": "1"}
+    err = b""
+    async with await anyio.open_process(
+        args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+    ) as proc:
+        assert proc.stderr is not None
+        sent = False
+        with anyio.fail_after(20):
+            async for chunk in proc.stderr:
+                err += chunk
+                if not sent and any(
+                    line.rpartition(b"|")[2].strip() == marker.encode() for line in err.splitlines()
+                ):
+                    proc.send_signal(signum)
+                    sent = True
+            code = await proc.wait()
+        assert sent, err.decode(errors="replace")[-2000:]
+    lines = [
+        line
+        for line in err.decode(errors="replace").splitlines()
+        if not line.startswith("import time:")
+    ]
+    return code, lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_run_stopped_while_starting_exits_130_with_one_line(
+    tmp_path: Path, signum: int
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    async with running_service(ServiceConfig()) as svc:
+        for i, marker in enumerate(MARKERS["run"]):
+            out = tmp_path / f"out{i}.jsonl"
+            summary = tmp_path / f"summary{i}.json"
+            args = run_args(svc.url, out, str(manifest), "--summary", str(summary))
+            code, lines = await _signalled_at(args, marker, signum)
+            shown = "\n".join(lines)
+            assert code == 130, f"after {marker}: exit {code}\n{shown}"
+            assert "Traceback" not in shown, f"after {marker}:\n{shown}"
+            assert len(lines) == 1 and "interrupted" in lines[0], f"after {marker}:\n{shown}"
+            assert not out.exists() or out.read_bytes() == b""
+            assert "interrupted" in summary.read_text()
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            assert await client.all_tasks() == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_daemon_stopped_while_starting_exits_0_and_claims_nothing(
+    tmp_path: Path, signum: int
+) -> None:
+    inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
+    inbox.mkdir()
+    drop_atomic(inbox, "m.csv", write_manifest(inbox / "m.csv", ["a", "b"]))
+    (inbox / "m.csv.ready").touch()
+    for marker in MARKERS["daemon"]:
+        args = [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "daemon",
+            "--inbox",
+            str(inbox),
+            "--outbox",
+            str(outbox),
+            "--listen",
+            "",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--log-format",
+            "json",
+        ]
+        code, lines = await _signalled_at(args, marker, signum)
+        shown = "\n".join(lines)
+        assert code == 0, f"after {marker}: exit {code}\n{shown}"
+        assert "Traceback" not in shown, f"after {marker}:\n{shown}"
+        assert len(lines) <= 1, f"after {marker}:\n{shown}"
+        assert (inbox / "m.csv").exists() and (inbox / "m.csv.ready").exists()
+        assert not (inbox / ".work").exists() or not any((inbox / ".work").iterdir())
+        assert not outbox.exists()
