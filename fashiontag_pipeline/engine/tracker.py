@@ -36,6 +36,7 @@ from .flow import FatalRunError, RetryBudget
 from .forecast import CompletionForecast
 from .idmatch import IdMatcher
 from .state import Journal, changes
+from .status_reads import STATUS_MAX, StatusReads, poll_fault
 
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
 
@@ -162,7 +163,6 @@ def _ours(entry: TaskEntry, task: Task) -> bool:
 
 
 LIST_FACTOR = 8
-STATUS_MAX = 16
 LIST_RECHECK = 20
 
 
@@ -190,6 +190,7 @@ class Tracker:
         self.finished = finished
         self.clock = clock
         self.forecast = CompletionForecast(config.poll_min, config.poll_max)
+        self.reads = StatusReads(client, budget, clock=clock)
         self.polls = 0
         self.status_polls = 0
         self._list_size = 0
@@ -266,7 +267,10 @@ class Tracker:
         return {t.task_id: t for t in tasks}
 
     async def _newest_tasks(self) -> list[Task]:
-        return await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
+        try:
+            return await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
+        except exc.ResultsNotReadyError as err:
+            raise poll_fault(err) from err
 
     def _prefer_status(self, watched: int) -> bool:
         return (
@@ -275,39 +279,24 @@ class Tracker:
             and self._since_list < LIST_RECHECK
         )
 
-    async def _statuses(self, sealed: list[TaskEntry]) -> dict[str, Task]:
-        """Every watched task's status, concurrently (missing ones are left out)."""
-        found = await self._status_of([entry.task_id for entry in sealed])
+    async def _statuses(self, sealed: list[TaskEntry]) -> tuple[dict[str, Task], set[str]]:
+        """Every watched task's status, concurrently: (those read, the ids of those unread);
+        missing ones are in neither."""
+        found = await self._status_of([entry.task_id for entry in sealed], answered=False)
         self.polls += 1
         self.status_polls += 1
         self._since_list += 1
         return found
 
-    async def _status_of(self, task_ids: list[str]) -> dict[str, Task]:
-        """The status of each task, at most ``STATUS_MAX`` requests at a time; tasks the
-        service does not know (404) are left out."""
-        found: dict[str, Task] = {}
-        limiter = anyio.CapacityLimiter(STATUS_MAX)
-
-        async def one(task_id: str) -> None:
-            async with limiter:
-                task = await self._status(task_id)
-            if task is not None:
-                found[task_id] = task
-
-        async with anyio.create_task_group() as tg:
-            for task_id in task_ids:
-                tg.start_soon(one, task_id)
-        return found
-
-    async def _status(self, task_id: str) -> Task | None:
-        async def status() -> Task | None:
-            try:
-                return await self.client.task_status(task_id)
-            except exc.TaskNotFoundError:
-                return None
-
-        return await self._answered(f"status of task {task_id}", status)
+    async def _status_of(
+        self, task_ids: list[str], *, answered: bool
+    ) -> tuple[dict[str, Task], set[str]]:
+        """The status of each task (:class:`StatusReads`); a poll with a task unread counts
+        as retried: an unknown status is no stall."""
+        found, unread = await self.reads.read(task_ids, answered=answered)
+        if unread:
+            self.retried += 1
+        return found, unread
 
     async def _answered(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """``fn()`` under the budget, counting in :attr:`retried` a call that needed retries."""
@@ -340,22 +329,27 @@ class Tracker:
 
     async def poll(self, sealed: list[TaskEntry]) -> bool:
         """One round: True when some task became done or progressed."""
+        unread: set[str] = set()
         if self._prefer_status(len(sealed)):
-            listed = await self._statuses(sealed)
+            listed, unread = await self._statuses(sealed)
         else:
             listed = await self._list()
             self._list_size = len(listed)
             self._since_list = 0
         # A task missing from the list is asked for by its status (a list is a page of the
         # newest tasks, and services may drop tasks from it); only a 404 there means lost.
-        missing = [e.task_id for e in sealed if e.task_id not in listed]
+        missing = [e.task_id for e in sealed if e.task_id not in listed and e.task_id not in unread]
         if missing:
-            listed = {**listed, **await self._status_of(missing)}
+            found, unread_too = await self._status_of(missing, answered=True)
+            listed, unread = {**listed, **found}, unread | unread_too
+        self.reads.keep_only(unread)
         now = self.clock()
         done: set[str] = set()
         finished: list[tuple[TaskEntry, Task]] = []
         counts: dict[str, tuple[int, int]] = {}
         for entry in sealed:
+            if entry.task_id in unread:
+                continue  # its status not given this time: asked again at the next poll
             task = listed.get(entry.task_id)
             if task is not None and not _ours(entry, task):
                 logger.warning(

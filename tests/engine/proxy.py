@@ -114,6 +114,13 @@ class Misbehaviour:
     #: The first N polls (list or status) are answered 408 with an HTML page (a front end
     #: that gave up waiting).
     polls_timed_out: int = 0
+    #: Every status poll of these task ordinals (``GET .../status``) is answered with
+    #: ``poll_answer`` and the spec's failure body, not forwarded; the task list leaves them
+    #: out (a task whose status the service can no longer read).
+    unreadable_status: set[int] = field(default_factory=set)
+    #: The HTTP status of those answers: 200 (a failure body under a success status), 409,
+    #: 500 ...
+    poll_answer: int = 200
     #: Method -> status: the first write of that method is answered with that status and an
     #: HTML page (a front proxy's 408, a 400 or 409 on a PUT), not forwarded: nothing applied.
     refuse_first_write: dict[str, int] = field(default_factory=dict)
@@ -216,6 +223,8 @@ class MisbehavingProxy:
         self.writes_refused: list[int] = []
         self._first_refused: set[str] = set()
         self.polls_timed_out = 0
+        #: Status polls answered for the tasks of ``unreadable_status``.
+        self.unreadable_polls = 0
         self.single_failed = 0
         self._left_out: set[str] = set()
         self.url = ""
@@ -346,6 +355,17 @@ class MisbehavingProxy:
         ):
             self.failure_polls += 1
             return web.json_response({"status": "failure", "error": "temporarily unavailable"})
+        if (
+            request.method == "GET"
+            and path.endswith("/status")
+            and self.ordinal(task_id or "") in self.rules.unreadable_status
+        ):
+            self.unreadable_polls += 1
+            return web.json_response(
+                {"status": "failure", "error": "task status unavailable"},
+                status=self.rules.poll_answer,
+                headers=self._headers(),
+            )
         if (
             self.polls_timed_out < self.rules.polls_timed_out
             and request.method == "GET"
@@ -496,6 +516,8 @@ class MisbehavingProxy:
                 if self.created_at.get(tid, 0.0) > listed_before:
                     continue  # not in the index yet
                 if self._forget_if_done(tid, task):
+                    continue
+                if self.ordinal(tid) in rules.unreadable_status:
                     continue
                 if tid not in self.forgotten:
                     self._disguise(tid, task)

@@ -1,0 +1,131 @@
+"""The tracker's reads of tasks one by one (those missing from the task list, or every watched
+task when few are watched): concurrently, each task on its own.
+
+A status the service does not give (a 5xx, a 200 with the spec's failure body, a 409: a poll
+asks for no results, so a conflict says nothing of ours) leaves that task unread for the poll,
+not the others. Before, the poll asked again in place until the service gave it, so one task
+the service could no longer describe held every other task of the run: ``run`` read nothing
+more until it gave up, and the daemon (which never gives up) nothing more at all.
+
+An unread task is on its own clock: once its status has not been given for ``give_up_after``
+seconds the run stops (state saved: the same command resumes); the daemon keeps asking while
+the other tasks go on. When no read of the poll was answered at all, it is the service that is
+failing: the budget's backoff and give-up rule apply, as to any outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._models import Task
+from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, refused
+
+__all__ = ["StatusReads", "poll_fault"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+#: Status requests in flight at a time.
+STATUS_MAX = 16
+
+
+def poll_fault(err: exc.ResultsNotReadyError) -> exc.ServerError:
+    """A 409 to a poll (list, status): no results were asked for, so it says nothing of the
+    request; a fault of the service (a gateway's conflict), asked again like a 5xx. Before,
+    the first one stopped ``run`` (exit 1) and the daemon (a restart loop)."""
+    return exc.ServerError(
+        str(err),
+        status=err.status,
+        code=err.code,
+        service_message=err.service_message,
+        method=err.method,
+        path=err.path,
+        task_id=err.task_id,
+    )
+
+
+class StatusReads:
+    """Reads tasks' statuses, each task on its own; remembers since when each is unread."""
+
+    def __init__(
+        self,
+        client: TaggerClient,
+        budget: RetryBudget,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.budget = budget
+        self.clock = clock
+        #: Task id -> since when its status has not been given.
+        self.unread_since: dict[str, float] = {}
+
+    async def read(
+        self, task_ids: list[str], *, answered: bool
+    ) -> tuple[dict[str, Task], set[str]]:
+        """(the tasks read, the ids of those unread); tasks the service does not know (404)
+        are in neither. ``answered``: the service answered this poll already (its list)."""
+        found: dict[str, Task] = {}
+        failed: dict[str, exc.FashiontagError] = {}
+        limiter = anyio.CapacityLimiter(STATUS_MAX)
+
+        async def one(task_id: str) -> None:
+            async with limiter:
+                try:
+                    task = await self.client.task_status(task_id)
+                except exc.TaskNotFoundError:
+                    task = None
+                except exc.ResultsNotReadyError as err:
+                    failed[task_id] = poll_fault(err)
+                    return
+                except TRANSIENT as err:
+                    failed[task_id] = err
+                    return
+                except REFUSED as err:
+                    raise refused(err) from err
+            self.unread_since.pop(task_id, None)
+            if task is not None:
+                found[task_id] = task
+
+        async with anyio.create_task_group() as tg:
+            for task_id in task_ids:
+                tg.start_soon(one, task_id)
+        answered = answered or len(failed) < len(task_ids)
+        if answered:
+            self.budget.ok()
+        if failed:
+            await self._unread(failed, answered=answered)
+        return found, set(failed)
+
+    async def _unread(self, failed: dict[str, exc.FashiontagError], *, answered: bool) -> None:
+        now = self.clock()
+        for task_id, err in failed.items():
+            since = self.unread_since.setdefault(task_id, now)
+            reason = " ".join(str(err).split())
+            if since == now:
+                logger.warning(
+                    "task %s: the service does not give its status (%s); asked again at the"
+                    " next poll, the other tasks go on",
+                    task_id,
+                    reason,
+                )
+            elif now - since > self.budget.give_up_after:
+                raise FatalRunError(
+                    f"task {task_id}: the service has not given its status for"
+                    f" {now - since:.0f} s (give_up_after, --give-up-after): {reason}; stopped"
+                    " with the state saved: the same command resumes"
+                ) from err
+        if not answered:
+            task_id, err = next(iter(failed.items()))
+            await self.budget.failed(err, f"status of task {task_id}")
+
+    def keep_only(self, unread: set[str]) -> None:
+        """The tasks unread at this poll: the others' clocks end (read, listed, no longer
+        watched), so that a task unread again later starts a new one."""
+        for task_id in set(self.unread_since) - unread:
+            del self.unread_since[task_id]

@@ -1,0 +1,80 @@
+"""A task whose status the service can no longer give: it is left out of the task list and every
+``GET .../status`` of it is answered 200 with the spec's failure body, or 409. The other tasks
+of the run are polled and read meanwhile; ``run`` stops after ``give_up_after`` naming the
+task, and the daemon (which never gives up) goes on with the others."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from msgspec.structs import replace
+
+from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import TASKS_OF_1000, client_config, read_outcomes, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour
+
+ANSWERS = pytest.mark.parametrize("answer", [200, 409], ids=["200-failure", "409"])
+
+
+async def _run(
+    tmp_path: Path, answer: int, engine: EngineConfig, control: RunControl | None = None
+) -> MisbehavingProxy:
+    """3,000 rows in three tasks; the first one's status unreadable for ever."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    proxy = MisbehavingProxy("", Misbehaviour(unreadable_status={1}, poll_answer=answer))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            await run_pipeline(
+                [manifest],
+                client=client_config(proxy.url),
+                out=tmp_path / "out.jsonl",
+                rejects=tmp_path / "rej.jsonl",
+                engine=engine,
+                control=control,
+            )
+    return proxy
+
+
+@ANSWERS
+async def test_run_reads_the_other_tasks_then_gives_up_naming_the_task(
+    tmp_path: Path, answer: int
+) -> None:
+    engine = replace(TASKS_OF_1000, give_up_after=3.0)
+    started = time.monotonic()
+    with anyio.fail_after(20), pytest.raises(FatalRunError) as raised:
+        await _run(tmp_path, answer, engine)
+    assert time.monotonic() - started >= 3.0
+    message = str(raised.value)
+    assert "status" in message and "--give-up-after" in message, message
+    outcomes = read_outcomes(tmp_path / "out.jsonl", tmp_path / "rej.jsonl")
+    assert len(outcomes.results) == 2000 and not outcomes.rejects
+
+
+@ANSWERS
+async def test_a_daemon_like_engine_goes_on_with_the_other_tasks(
+    tmp_path: Path, answer: int
+) -> None:
+    """give_up_after and stall_timeout infinite, as in the daemon: the unreadable task is
+    waited for, the other two are read."""
+    engine = replace(TASKS_OF_1000, give_up_after=float("inf"), stall_timeout=float("inf"))
+    control = RunControl()
+    out = tmp_path / "out.jsonl"
+
+    async def watch() -> None:
+        while not out.exists() or len(out.read_bytes().splitlines()) < 2000:
+            await anyio.sleep(0.05)
+        control.abort()
+
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            proxy = await _run(tmp_path, answer, engine, control)
+    assert proxy.unreadable_polls >= 2
+    assert len(read_outcomes(out, tmp_path / "rej.jsonl").results) == 2000
