@@ -328,3 +328,31 @@ async def test_an_id_the_service_refuses_as_too_long_is_a_reject_not_a_loop(
     )
     (reject,) = o.rejects
     assert reject["id"] == long_id and "1024" in reject["reason"]
+
+
+async def test_outcome_after_close_returns_the_job(tmp_path: Path) -> None:
+    """``close()`` then ``await engine.outcome(job)`` inside the block: the job is returned
+    (and so is an outcome asked again of a job already complete), not a CancelledError from
+    the engine's own end that skips the caller's code after the wait."""
+    a = write_csv(tmp_path / "a.csv", 300)
+    b = write_csv(tmp_path / "b.csv", 200, start=1000)
+    async with (
+        running_service(ServiceConfig()) as svc,
+        TaggerClient(config=client_config(svc.url)) as client,
+    ):
+        for attempt in range(3):
+            db = StateDB(tmp_path / f"state{attempt}")
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            returned: list[str] = []
+            with anyio.fail_after(20):
+                async with engine:
+                    ja = await engine.submit(_spec(tmp_path / str(attempt), "a", a))
+                    jb = await engine.submit(_spec(tmp_path / str(attempt), "b", b))
+                    await engine.outcome(ja)
+                    engine.close()
+                    returned.append((await engine.outcome(jb)).row.key)
+                    returned.append((await engine.outcome(ja)).row.key)
+            assert returned == ["b", "a"], f"attempt {attempt}: {returned}"
+            assert engine.complete
