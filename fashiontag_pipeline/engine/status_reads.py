@@ -1,5 +1,6 @@
-"""The tracker's reads of tasks one by one (those missing from the task list, or every watched
-task when few are watched): concurrently, each task on its own.
+"""The tracker's reads of tasks one by one (those missing from the task list; every watched
+task when few are watched, or when the service does not give the list): concurrently, each
+task on its own.
 
 A status the service does not give (a 5xx, a 200 with the spec's failure body, a 409: a poll
 asks for no results, so a conflict says nothing of ours) leaves that task unread for the poll,

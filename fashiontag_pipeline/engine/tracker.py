@@ -24,7 +24,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
 
 import anyio
 
@@ -32,17 +31,15 @@ from .. import _exceptions as exc
 from .._client import LIST_PAGE_SIZE, TaggerClient
 from .._models import Task, TaskStatus
 from .config import EngineConfig
-from .flow import FatalRunError, RetryBudget
+from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, refused
 from .forecast import CompletionForecast
 from .idmatch import IdMatcher
 from .state import Journal, changes
-from .status_reads import STATUS_MAX, StatusReads, poll_fault
+from .status_reads import STATUS_MAX, StatusReads
 
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -201,6 +198,8 @@ class Tracker:
         self._still_ids: frozenset[str] = frozenset()
         #: Task states seen that the spec does not name (each said once).
         self._odd_statuses: set[str] = set()
+        #: The last task list asked for was not given (said once per streak).
+        self._list_failing = False
         #: The tracker's own requests that needed a retry (other stages' retries are not an
         #: outage of the polls).
         self.retried = 0
@@ -261,16 +260,29 @@ class Tracker:
             with anyio.move_on_after(left):
                 await changed.wait()
 
-    async def _list(self) -> dict[str, Task]:
-        tasks = await self._answered("list tasks", self._newest_tasks)
+    async def _list(self) -> dict[str, Task] | None:
+        """The task list; None when the service does not give it (a 5xx, a 409, a 200 with
+        the failure body): the poll reads the tasks' statuses instead, and only when those
+        are not given either is it an outage (the budget's backoff and give-up). Before, the
+        poll asked for the list again in place: a service whose list broke while its statuses
+        answered stopped ``run`` after ``give_up_after`` and held the daemon for ever."""
+        try:
+            tasks = await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
+        except (*TRANSIENT, exc.ResultsNotReadyError) as err:
+            if not self._list_failing:
+                logger.warning(
+                    "the service does not give the task list (%s): the tasks' statuses are"
+                    " read instead",
+                    " ".join(str(err).split()),
+                )
+            self._list_failing = True
+            return None
+        except REFUSED as err:
+            raise refused(err) from err
+        self._list_failing = False
+        self.budget.ok()
         self.polls += 1
         return {t.task_id: t for t in tasks}
-
-    async def _newest_tasks(self) -> list[Task]:
-        try:
-            return await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
-        except exc.ResultsNotReadyError as err:
-            raise poll_fault(err) from err
 
     def _prefer_status(self, watched: int) -> bool:
         return (
@@ -279,14 +291,23 @@ class Tracker:
             and self._since_list < LIST_RECHECK
         )
 
-    async def _statuses(self, sealed: list[TaskEntry]) -> tuple[dict[str, Task], set[str]]:
+    async def _statuses(
+        self, sealed: list[TaskEntry], *, probe: bool = False
+    ) -> tuple[dict[str, Task], set[str]]:
         """Every watched task's status, concurrently: (those read, the ids of those unread);
-        missing ones are in neither."""
-        found = await self._status_of([entry.task_id for entry in sealed], answered=False)
+        missing ones are in neither. ``probe`` (the list was not given): one task's first, and
+        when that one is not given either, no other (an outage: one request, not one a task)."""
+        ids = [entry.task_id for entry in sealed]
         self.polls += 1
         self.status_polls += 1
         self._since_list += 1
-        return found
+        if not probe:
+            return await self._status_of(ids, answered=False)
+        found, unread = await self._status_of(ids[:1], answered=False)
+        if unread:
+            return found, set(ids)
+        more, unread = await self._status_of(ids[1:], answered=True)
+        return {**found, **more}, unread
 
     async def _status_of(
         self, task_ids: list[str], *, answered: bool
@@ -297,20 +318,6 @@ class Tracker:
         if unread:
             self.retried += 1
         return found, unread
-
-    async def _answered(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """``fn()`` under the budget, counting in :attr:`retried` a call that needed retries."""
-        attempts = 0
-
-        async def counted() -> T:
-            nonlocal attempts
-            attempts += 1
-            return await fn()
-
-        result = await self.budget.call(what, counted)
-        if attempts > 1:
-            self.retried += 1
-        return result
 
     def _note_status(self, task: Task) -> None:
         """Say once per word that a task's status is none the spec names (``TASK_QUEUED``):
@@ -332,8 +339,10 @@ class Tracker:
         unread: set[str] = set()
         if self._prefer_status(len(sealed)):
             listed, unread = await self._statuses(sealed)
+        elif (given := await self._list()) is None:
+            listed, unread = await self._statuses(sealed, probe=True)
         else:
-            listed = await self._list()
+            listed = given
             self._list_size = len(listed)
             self._since_list = 0
         # A task missing from the list is asked for by its status (a list is a page of the

@@ -121,6 +121,9 @@ class Misbehaviour:
     #: The HTTP status of those answers: 200 (a failure body under a success status), 409,
     #: 500 ...
     poll_answer: int = 200
+    #: Every task list (``GET`` of the bulk path) answered with ``poll_answer`` and the spec's
+    #: failure body, not forwarded (a service whose list endpoint broke; status still works).
+    unreadable_list: bool = False
     #: Method -> status: the first write of that method is answered with that status and an
     #: HTML page (a front proxy's 408, a 400 or 409 on a PUT), not forwarded: nothing applied.
     refuse_first_write: dict[str, int] = field(default_factory=dict)
@@ -223,7 +226,7 @@ class MisbehavingProxy:
         self.writes_refused: list[int] = []
         self._first_refused: set[str] = set()
         self.polls_timed_out = 0
-        #: Status polls answered for the tasks of ``unreadable_status``.
+        #: Polls answered for ``unreadable_status`` and ``unreadable_list``.
         self.unreadable_polls = 0
         self.single_failed = 0
         self._left_out: set[str] = set()
@@ -359,10 +362,10 @@ class MisbehavingProxy:
             request.method == "GET"
             and path.endswith("/status")
             and self.ordinal(task_id or "") in self.rules.unreadable_status
-        ):
+        ) or (request.method == "GET" and path == BULK and self.rules.unreadable_list):
             self.unreadable_polls += 1
             return web.json_response(
-                {"status": "failure", "error": "task status unavailable"},
+                {"status": "failure", "error": "unavailable"},
                 status=self.rules.poll_answer,
                 headers=self._headers(),
             )

@@ -86,7 +86,9 @@ async def test_a_gateways_404_page_while_the_service_is_redeployed(
     the run's give-up budget."""
     proxy = GatewayBlip("", kind, 3)
     summary, o = await run_blipped(tmp_path, 3000, proxy)
-    assert proxy.blipped == 3
+    # (A list so answered has the tasks' statuses read instead: the run may end before the
+    # list is asked for three times.)
+    assert proxy.blipped == 3 or (kind == "list" and proxy.blipped >= 1)
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 3000 and not o.rejects
     assert summary.resent == 0 and summary.lost_tasks == 0

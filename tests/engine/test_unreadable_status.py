@@ -1,7 +1,8 @@
 """A task whose status the service can no longer give: it is left out of the task list and every
 ``GET .../status`` of it is answered 200 with the spec's failure body, or 409. The other tasks
 of the run are polled and read meanwhile; ``run`` stops after ``give_up_after`` naming the
-task, and the daemon (which never gives up) goes on with the others."""
+task, and the daemon (which never gives up) goes on with the others. And a task list the
+service no longer gives: the tasks' statuses are read instead."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import TASKS_OF_1000, client_config, read_outcomes, write_csv
+from .helpers import (
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    read_outcomes,
+    write_csv,
+)
 from .proxy import MisbehavingProxy, Misbehaviour
 
 ANSWERS = pytest.mark.parametrize("answer", [200, 409], ids=["200-failure", "409"])
@@ -78,3 +86,24 @@ async def test_a_daemon_like_engine_goes_on_with_the_other_tasks(
             proxy = await _run(tmp_path, answer, engine, control)
     assert proxy.unreadable_polls >= 2
     assert len(read_outcomes(out, tmp_path / "rej.jsonl").results) == 2000
+
+
+@ANSWERS
+async def test_a_task_list_never_given_has_the_statuses_read_instead(
+    tmp_path: Path, answer: int
+) -> None:
+    """Every ``GET`` of the task list answered with a failure (status still answers): the run
+    is tracked by the tasks' statuses and completes, well within ``give_up_after``."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = MisbehavingProxy("", Misbehaviour(unreadable_list=True, poll_answer=answer))
+    engine = replace(TASKS_OF_1000, give_up_after=3.0)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(20):
+                summary = await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+                )
+    assert summary.complete and proxy.unreadable_polls >= 1
+    assert_exactly_once(out, rej, ids_of(3000))
