@@ -23,11 +23,12 @@ from fashiontag_pipeline.service import ServiceConfig, running_service
 from .daemon.helpers import drop_atomic, write_manifest
 from .engine.helpers import ENV, client_config, run_args, write_csv
 
-#: Modules whose import a stop is sent after: deep in the imports (aiohttp), half-way (the
-#: engine), and the last of the command's own.
+#: Modules whose import a stop is sent after: deep in the imports (aiohttp) and half-way
+#: through the engine's, both well before the command's own handlers (a stop that comes after
+#: them is a drain, tested elsewhere).
 MARKERS = {
-    "run": ("aiohttp", "fashiontag_pipeline.engine", "fashiontag_pipeline.cli.run"),
-    "daemon": ("aiohttp", "fashiontag_pipeline.engine", "fashiontag_pipeline.cli.daemon"),
+    "run": ("aiohttp", "fashiontag_pipeline.engine.batcher"),
+    "daemon": ("aiohttp", "fashiontag_pipeline.engine.batcher"),
 }
 
 
@@ -113,3 +114,36 @@ async def test_daemon_stopped_while_starting_exits_0_and_claims_nothing(
         assert (inbox / "m.csv").exists() and (inbox / "m.csv.ready").exists()
         assert not (inbox / ".work").exists() or not any((inbox / ".work").iterdir())
         assert not outbox.exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_a_stop_once_the_run_has_ended_leaves_its_exit_code(
+    tmp_path: Path, signum: int
+) -> None:
+    """A stop sent as the run prints its summary (its work done, its own handlers gone with
+    its event loop): the exit stays 0 and ``--summary`` is written, not -15 (or 130 and a
+    summary file of the night before)."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    async with running_service(ServiceConfig()) as svc:
+        for i in range(3):
+            summary = tmp_path / f"summary{i}.json"
+            args = run_args(
+                svc.url, tmp_path / f"out{i}.jsonl", str(manifest), "--summary", str(summary)
+            )
+            err = b""
+            async with await anyio.open_process(
+                args, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+            ) as proc:
+                assert proc.stderr is not None
+                sent = False
+                with anyio.fail_after(20):
+                    async for chunk in proc.stderr:
+                        err += chunk
+                        if not sent and b"run complete" in err:
+                            proc.send_signal(signum)
+                            sent = True
+                    code = await proc.wait()
+            shown = err.decode(errors="replace")
+            assert sent and code == 0, f"exit {code}\n{shown}"
+            assert "Traceback" not in shown
+            assert '"complete": true' in summary.read_text().replace('":true', '": true')

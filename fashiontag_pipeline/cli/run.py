@@ -45,7 +45,7 @@ from .common import (
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
-from .startup import take
+from .startup import hold_to_exit, take
 from .summary_file import format_summary, report_failure, write_summary
 
 __all__ = ["add_run_arguments", "format_summary", "run_command"]
@@ -134,6 +134,15 @@ async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -
 
 
 async def _signal_group(
+    control: RunControl, body: Callable[[], Awaitable[T]], result: list[T]
+) -> None:
+    try:
+        await _signal_tasks(control, body, result)
+    finally:
+        hold_to_exit()  # the receiver gave the default handlers back: the run is over
+
+
+async def _signal_tasks(
     control: RunControl, body: Callable[[], Awaitable[T]], result: list[T]
 ) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -303,10 +312,15 @@ def run_command(args: argparse.Namespace) -> int:
         except OSError as err:
             print(f"fashiontag: --summary {args.summary}: {err.strerror}", file=sys.stderr)
             return EXIT_USAGE
+
+    def run() -> RunSummary:
+        try:
+            return run_async(lambda: _with_signals(control, body))
+        finally:
+            hold_to_exit()  # again: uvloop gives the signals their defaults as it closes
+
     try:
-        code = _run_and_report(
-            args, lambda: run_async(lambda: _with_signals(control, body)), failed
-        )
+        code = _run_and_report(args, run, failed)
     finally:
         client_logger.removeFilter(hint)
     if code != EXIT_OK and "-" in args.manifests:

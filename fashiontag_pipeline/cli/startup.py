@@ -21,7 +21,7 @@ import signal
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["HELD", "hold_signals", "release", "take"]
+__all__ = ["HELD", "hold_signals", "hold_to_exit", "release", "take"]
 
 #: The signals held while the command starts.
 HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -30,10 +30,15 @@ HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _before: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 #: The held signals that arrived, in order.
 _noted: list[int] = []
+#: [the console script held them at its start, they are held until the process exits]
+_held_by = [False, False]
 
 
 def _note(signum: int, frame: FrameType | None) -> None:
     _noted.append(signum)
+
+
+_DEFAULTS = (signal.SIG_DFL, signal.default_int_handler)
 
 
 def hold_signals() -> None:
@@ -41,13 +46,30 @@ def hold_signals() -> None:
     :func:`release`. A signal the process inherited as ignored (``nohup``) stays ignored."""
     for signum in HELD:
         current = signal.getsignal(signum)
-        if current not in (signal.SIG_DFL, signal.default_int_handler):
+        if current not in _DEFAULTS:
             continue
         try:
             signal.signal(signum, _note)
         except ValueError:  # not the main thread: nothing to hold
             return
         _before[signum] = current
+        _held_by[0] = True
+
+
+def hold_to_exit() -> None:
+    """The command's work is over and its own handlers are gone (``run``'s receiver, closed
+    with its event loop): a stop that comes now would change nothing but the exit code, so it
+    is ignored until the process exits, when the console script held the signals at its
+    start. Before, a SIGTERM there ended a complete run with -15 (a Ctrl-C: 130 or a
+    traceback), its ``--summary`` not yet written. SIG_IGN, not a handler: the interpreter
+    gives Python handlers their defaults back as it finalizes, and uvloop does from C as it
+    closes, behind Python's back (its table still reads the handler)."""
+    if not _held_by[0]:
+        return
+    _held_by[1] = True
+    for signum in HELD:
+        if signal.getsignal(signum) in (*_DEFAULTS, None, _note):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def take(*signums: int) -> list[int]:
@@ -60,7 +82,10 @@ def take(*signums: int) -> list[int]:
 
 def release(taken: tuple[int, ...] = ()) -> None:
     """Give back the signals' dispositions (those not replaced by the command's own
-    handlers meanwhile); a noted signal not in ``taken`` acts now as it would have."""
+    handlers meanwhile); a noted signal not in ``taken`` acts now as it would have. None
+    once they are held to the exit (:func:`hold_to_exit`)."""
+    if _held_by[1]:
+        return
     for signum, before in list(_before.items()):
         del _before[signum]
         if signal.getsignal(signum) is _note:
