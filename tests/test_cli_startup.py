@@ -147,3 +147,14 @@ async def test_a_stop_once_the_run_has_ended_leaves_its_exit_code(
             assert sent and code == 0, f"exit {code}\n{shown}"
             assert "Traceback" not in shown
             assert '"complete": true' in summary.read_text().replace('":true', '": true')
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_serve_stopped_while_starting_exits_0(signum: int) -> None:
+    """``serve`` exits 0 on SIGTERM or SIGINT (its documented stop), while it starts too."""
+    args = [sys.executable, "-m", "fashiontag_pipeline", "serve", "--port", "0"]
+    for marker in ("aiohttp", "fashiontag_pipeline.service.store"):
+        code, lines = await _signalled_at(args, marker, signum)
+        shown = "\n".join(lines)
+        assert code == 0, f"after {marker}: exit {code}\n{shown}"
+        assert "Traceback" not in shown and "listening" not in shown, shown

@@ -35,7 +35,7 @@ from .common import (
     add_client_arguments,
     parse_detection,
 )
-from .startup import HELD, release
+from .startup import HELD, release, take
 from .streams import guard_standard_streams
 
 __all__ = ["configure_logging", "main"]
@@ -120,7 +120,12 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         from ..service import cli as service_cli
 
         service_cli.add_serve_arguments(serve)
-        serve.set_defaults(handler=service_cli.serve_command, is_async=False)
+        serve.set_defaults(
+            handler=service_cli.serve_command,
+            is_async=False,
+            takes_signals=True,
+            take_signals=take,  # the service half knows nothing of the CLI: handed over
+        )
 
     run = sub.add_parser(
         "run",

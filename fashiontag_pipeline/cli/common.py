@@ -66,7 +66,7 @@ EXIT_CODES = """exit codes:
 """
 
 SERVE_EXIT_CODES = """exit codes:
-  0    stopped by SIGTERM or SIGINT
+  0    stopped by SIGTERM or SIGINT (while it starts too)
   2    bad usage or configuration (unknown flag, bad flag or config value), or the address
        cannot be listened on
 """

@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -241,8 +242,17 @@ def build_config(
     return config, host, port
 
 
-async def _serve(config: ServiceConfig, host: str, port: int) -> None:
+async def _serve(
+    config: ServiceConfig,
+    host: str,
+    port: int,
+    take: Callable[..., list[int]] | None = None,
+) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # ``take``: the stops that came while the command started (``fashiontag``'s entry
+        # point holds them until now); one did: stopped before serving (exit 0).
+        if take is not None and take(signal.SIGTERM, signal.SIGINT):
+            return
         async with _running_service(config, host, port) as service:
             print(f"listening on {service.url}", flush=True)
             async for _ in signals:
@@ -266,7 +276,8 @@ def serve_command(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     try:
-        anyio.run(_serve, config, host, port, backend_options=backend_options)
+        take = getattr(args, "take_signals", None)
+        anyio.run(_serve, config, host, port, take, backend_options=backend_options)
     except OSError as err:
         raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     return 0
