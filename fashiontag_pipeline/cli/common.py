@@ -39,11 +39,28 @@ __all__ = [
     "SERVE_EXIT_CODES",
     "add_client_arguments",
     "client_config_from_args",
+    "nonempty",
     "parse_detection",
+    "path_arg",
     "run_async",
 ]
 
 T = TypeVar("T")
+
+
+def nonempty(text: str) -> str:
+    """A path or URL flag's value, refused when empty: ``--state "$STATE"`` in a cron line with
+    the variable unset is a mistake to name, not the current folder (nor, for ``--reuse``,
+    no result store at all: every row billed again)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable in the command line?)")
+    return text
+
+
+def path_arg(text: str) -> Path:
+    """A file or folder flag (:func:`nonempty`, as a path)."""
+    return Path(nonempty(text))
+
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -120,7 +137,7 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base-url", help=f"service URL (env FASHIONTAG_BASE_URL; default {DEFAULT_BASE_URL})"
     )
-    parser.add_argument("--config", type=Path, help="TOML config file (see configs/)")
+    parser.add_argument("--config", type=path_arg, help="TOML config file (see configs/)")
     parser.add_argument("--language", choices=LANGUAGES, help="language of tag names (default en)")
     parser.add_argument(
         "--api-key",

@@ -12,7 +12,7 @@ import msgspec
 from .._config import load_section
 from .._exceptions import ConfigError
 from ..engine.config import EngineConfig
-from .common import parse_detection
+from .common import nonempty, parse_detection
 
 __all__ = ["add_engine_arguments", "engine_config_from_args"]
 
@@ -104,6 +104,7 @@ def add_engine_arguments(
         )
     parser.add_argument(
         "--reuse",
+        type=nonempty,
         metavar="PATH|URL",
         help="result store (a SQLite file, created when missing, or a postgresql:// URL): a row "
         "whose request (URL, "

@@ -42,6 +42,8 @@ from .common import (
     EXIT_USAGE,
     add_client_arguments,
     client_config_from_args,
+    nonempty,
+    path_arg,
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
@@ -57,6 +59,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fashiontag run``."""
     parser.add_argument(
         "manifests",
+        type=nonempty,
         nargs="+",
         metavar="MANIFEST",
         help="CSV with a header, JSONL, or a plain list of URLs (one per line), .gz too; "
@@ -65,14 +68,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_client_arguments(parser)
     parser.add_argument(
         "--out",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         default=Path("results.jsonl"),
         help="results file (default: results.jsonl in the current directory)",
     )
     parser.add_argument(
         "--rejects",
-        type=Path,
+        type=path_arg,
         metavar="FILE",
         default=None,
         help="rejects JSONL file (default: OUT's name with .rejects.jsonl, next to OUT: "
@@ -114,7 +117,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between progress lines when stderr is not a terminal (default 30)",
     )
     parser.add_argument(
-        "--summary", type=Path, metavar="FILE", help="write the run summary as JSON here"
+        "--summary", type=path_arg, metavar="FILE", help="write the run summary as JSON here"
     )
     add_engine_arguments(parser)
 
@@ -231,6 +234,7 @@ def _shown(path: Path) -> str:
 
 def _state_location(text: str) -> Path | str:
     """``--state``: a URL (``scheme://...``) stays text, anything else is a file path."""
+    nonempty(text)
     return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else Path(text)
 
 

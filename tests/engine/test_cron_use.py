@@ -181,3 +181,49 @@ async def test_a_second_run_refused_for_a_locked_output_leaves_no_state(tmp_path
     assert second.returncode == 2, second.stderr.decode()
     assert b"is being written by another run" in second.stderr
     assert not other.exists() and not other.with_name("other.state.lock").exists()
+
+
+_EMPTY_FLAGS = [("run", flag) for flag in ("--out", "--rejects", "--state", "--reuse", "--summary")]
+
+
+async def test_an_empty_path_from_an_unset_variable_is_refused_naming_the_flag(
+    tmp_path: Path,
+) -> None:
+    """A cron line ``--state "$STATE"`` with the variable unset gives an empty value. It was
+    taken as the current folder: a traceback for ``--state``, "result store . cannot be used
+    ... move it away" (exit 1) for ``--reuse``, and the daemon's ``--reuse ""`` turned reuse off
+    without a word (every row billed again). Each is now exit 2 naming the flag, nothing made,
+    nothing sent."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    url = f"http://127.0.0.1:{dead_port()}"
+    out = tmp_path / "results.jsonl"
+    for command, flag in [*_EMPTY_FLAGS, ("run", "MANIFEST"), ("daemon", "--reuse")]:
+        if command == "run":
+            args = run_args(
+                url, out, *([flag, ""] if flag != "MANIFEST" else []), "--give-up-after", "1"
+            )
+            args.append(str(manifest) if flag != "MANIFEST" else "")
+        else:
+            inbox = tmp_path / "inbox"
+            inbox.mkdir(exist_ok=True)
+            args = [
+                *run_args(url, out)[:3],
+                "daemon",
+                "--inbox",
+                str(inbox),
+                "--outbox",
+                str(tmp_path / "outbox"),
+                "--base-url",
+                url,
+                "--listen",
+                "127.0.0.1:0",
+                "--reuse",
+                "",
+            ]
+        with anyio.fail_after(20):
+            result = await anyio.run_process(args, check=False, env=ENV)
+        err = result.stderr.decode()
+        assert result.returncode == 2, (command, flag, result.returncode, err[-300:])
+        assert "Traceback" not in err and f"argument {flag}" in err and "empty" in err, err
+        assert not out.exists() and not (tmp_path / "outbox").exists(), (command, flag)
+        assert not list(tmp_path.glob("*.state")) and not (tmp_path / "results.state").exists()
