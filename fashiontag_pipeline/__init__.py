@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import importlib
 
+from . import _aiohttp_import
+
+# aiohttp's SSL contexts load the CA bundle on first TLS use, whoever imports it first.
+_aiohttp_import.install()
+
 #: typing.TYPE_CHECKING, known to mypy by its name, without importing typing (a few ms).
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -53,6 +53,29 @@ def test_trust_store_is_deferred_and_complete() -> None:
     assert out.strip() == "ok"
 
 
+@pytest.mark.parametrize(
+    "first", ["fashiontag_pipeline.service", "fashiontag_pipeline.daemon", "fashiontag_pipeline"]
+)
+def test_trust_store_is_deferred_whoever_imports_aiohttp_first(first: str) -> None:
+    """The package's root loads its names on first use, so aiohttp's first import may come
+    from the reference service, the daemon or the program itself: each is deferred."""
+    out = _run(
+        f"""
+        import {first}
+        import aiohttp
+        import aiohttp.connector as c
+        from fashiontag_pipeline._tls import trust_pending
+
+        assert trust_pending(c._SSL_CONTEXT_VERIFIED) and trust_pending(c._SSL_CONTEXT_UNVERIFIED)
+        assert type(aiohttp.__spec__.loader).exec_module is not None
+        import sys
+        assert not any(type(f).__name__ == "_DeferredTrustFinder" for f in sys.meta_path)
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_first_handshake_loads_the_trust_store_and_verifies(tmp_path: Path, loop: str) -> None:
