@@ -25,6 +25,8 @@ _LOADERS = ("load_default_certs", "set_default_verify_paths")
 _USERS = ("wrap_bio", "wrap_socket", "cert_store_stats", "get_ca_certs")
 _PENDING = "_fashiontag_deferred_trust"
 _lock = threading.Lock()
+#: Blocks of :func:`deferred_trust_store` open (only the outermost patches ``SSLContext``).
+_depth = 0
 
 
 def trust_pending(context: ssl.SSLContext) -> bool:
@@ -62,7 +64,20 @@ def _defer(context: ssl.SSLContext, load: Callable[[], None]) -> None:
 @contextlib.contextmanager
 def deferred_trust_store() -> Iterator[None]:
     """Within the block, a new ``ssl.SSLContext`` (``ssl.create_default_context()`` too) loads
-    its default trust store on first use. Meant for one import at start-up (aiohttp's)."""
+    its default trust store on first use. Meant for one import at start-up (aiohttp's).
+
+    Inside another such block it changes nothing (the client's modules import aiohttp under
+    one, and the package's finder, :mod:`._aiohttp_import`, defers that same import): a
+    second layer would record the first layer's loader as the real one, and its replay, under
+    the lock, would ask for the lock again."""
+    global _depth
+    if _depth:
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
+        return
     cls = ssl.SSLContext
     own = {name: cls.__dict__.get(name) for name in _LOADERS}
     real = {name: getattr(cls, name) for name in _LOADERS}
@@ -75,9 +90,11 @@ def deferred_trust_store() -> Iterator[None]:
 
     setattr(cls, "load_default_certs", load_default_certs)  # noqa: B010
     setattr(cls, "set_default_verify_paths", set_default_verify_paths)  # noqa: B010
+    _depth = 1
     try:
         yield
     finally:
+        _depth = 0
         for name, method in own.items():
             if method is None:
                 delattr(cls, name)

@@ -126,3 +126,31 @@ def test_first_handshake_loads_the_trust_store_and_verifies(tmp_path: Path, loop
         """
     )
     assert out.strip() == "refused"
+
+
+def test_a_deferral_inside_another_loads_once_at_first_use() -> None:
+    """aiohttp imported under the deferral by a module that is itself inside one (the client
+    module's own ``with`` around the import the package's finder defers too): the first use
+    loads the trust store once. Nested, the inner deferral recorded the outer one's loader,
+    which took the lock the replay held: the first TLS handshake hung for ever."""
+    out = _run(
+        """
+        import ssl
+        import threading
+        from fashiontag_pipeline._tls import deferred_trust_store, trust_pending
+
+        with deferred_trust_store():
+            with deferred_trust_store():
+                ctx = ssl.create_default_context()
+        assert trust_pending(ctx)
+        done = []
+        worker = threading.Thread(target=lambda: done.append(ctx.cert_store_stats()), daemon=True)
+        worker.start()
+        worker.join(10)
+        assert done, "the first use of the context hung"
+        assert done[0] == ssl.create_default_context().cert_store_stats()
+        assert ssl.SSLContext.load_default_certs.__module__ == "ssl"
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
