@@ -4,8 +4,9 @@
 the value as the request takes it or raises :class:`RowError` with the reason that goes into the
 row's rejects line.
 
-* ``url``: an http(s) URL with a host and no whitespace (:func:`http_url`); anything else raises
-  :class:`NotHttp` so that the caller can route it;
+* ``url``: an http(s) URL with a host and no whitespace (:func:`http_url`; a scheme in capitals,
+  ``HTTPS://``, is sent lower-cased); anything else raises :class:`NotHttp` so that the caller
+  can route it;
 * where a non-http(s) image goes (:func:`single_target`): a local path (no URL scheme; relative
   to the run's working directory), a ``file:`` URL naming an absolute path, or a
   ``data:image/<ext>;base64,<content>`` URI go to the single endpoint as a
@@ -94,20 +95,35 @@ _MAX_CACHE = 4096
 
 
 def http_url(value: Any) -> str:
-    """``value`` if it is an http(s) URL with a host and no whitespace; NotHttp for another
-    kind of image (the caller may route it); RowError for a bad or missing URL."""
+    """``value`` if it is an http(s) URL with a host and no whitespace (its scheme lower-cased:
+    ``HTTPS://`` is sent as ``https://``); NotHttp for another kind of image (the caller may
+    route it); RowError for a bad or missing URL."""
     if not isinstance(value, str) or not value:
         raise RowError("url is missing")
-    if not value.startswith(("http://", "https://")):
-        if value.strip().startswith(("http://", "https://")):  # not a local file's name
-            raise RowError("url has spaces around it (an http(s) URL holds none)")
-        raise NotHttp(value)
-    rest = value.split("://", 1)[1]
+    url: str = value
+    if not url.startswith(("http://", "https://")):
+        url = _lower_scheme(url)
+        if not url.startswith(("http://", "https://")):
+            if _lower_scheme(url.strip()).startswith(("http://", "https://")):  # not a file
+                raise RowError("url has spaces around it (an http(s) URL holds none)")
+            raise NotHttp(value)
+    rest = url.split("://", 1)[1]
     host = rest.split("/", 1)[0].split("?", 1)[0]
     # ``str.split()`` cuts at every (Unicode) whitespace: one part equal to the value means the
     # URL holds none, checked in C rather than per character.
-    if not host or value.split() != [value]:
+    if not host or url.split() != [url]:
         raise RowError("url is not a valid http(s) URL")
+    return url
+
+
+def _lower_scheme(value: str) -> str:
+    """``value`` with an http(s) scheme written in capitals (``HTTPS://``, ``Http://``: a
+    scheme is case-insensitive, RFC 3986) lower-cased, as the service's bulk endpoint takes it;
+    any other value as it is."""
+    head = value[:8].lower()
+    for scheme in ("http://", "https://"):
+        if head.startswith(scheme):
+            return scheme + value[len(scheme) :]
     return value
 
 

@@ -1,0 +1,46 @@
+"""An image URL's scheme is case-insensitive (RFC 3986): ``HTTPS://`` is an https URL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args
+
+URLS = ["HTTPS://img.example/a.jpg", "Http://img.example/b.jpg", "https://img.example/c.jpg"]
+
+
+def _manifest(tmp_path: Path, kind: str) -> tuple[Path, set[str]]:
+    if kind == "csv":
+        path = tmp_path / "m.csv"
+        path.write_text("id,url\n" + "".join(f"r{i},{u}\n" for i, u in enumerate(URLS)))
+        return path, {f"r{i}" for i in range(len(URLS))}
+    if kind == "jsonl":
+        path = tmp_path / "m.jsonl"
+        path.write_text(
+            "".join(json.dumps({"id": f"r{i}", "url": u}) + "\n" for i, u in enumerate(URLS))
+        )
+        return path, {f"r{i}" for i in range(len(URLS))}
+    path = tmp_path / "m.txt"  # a plain URL list (its first line upper-case too)
+    path.write_text("".join(f"{u}\n" for u in URLS))
+    return path, set(URLS)
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "urls"])
+async def test_an_upper_case_scheme_is_tagged_not_rejected(tmp_path: Path, kind: str) -> None:
+    manifest, ids = _manifest(tmp_path, kind)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 0, err[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids)
+    assert o.rejects == []
+    assert all(r["taggingResult"]["status"] == "success" for r in o.results), o.results
