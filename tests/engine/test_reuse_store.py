@@ -187,3 +187,16 @@ def test_cli_stats_and_prune(tmp_path: Path) -> None:
     garbage.write_bytes(b"x" * 5000)
     broken = _cli("stats", str(garbage))
     assert broken.returncode == 1 and str(garbage) in broken.stderr
+
+
+def test_cli_stats_of_an_empty_file_says_so(tmp_path: Path) -> None:
+    """A 0-byte file (a `touch`, a copy that failed) is there: "does not exist" sent the
+    operator looking for a file in front of them."""
+    empty = tmp_path / "store.db"
+    empty.write_bytes(b"")
+    for args in (("stats", str(empty)), ("prune", str(empty), "--older-than", "30d")):
+        done = _cli(*args)
+        assert done.returncode == 1, done
+        assert str(empty) in done.stderr and "is an empty file" in done.stderr, done.stderr
+        assert "does not exist" not in done.stderr
+    assert empty.read_bytes() == b""  # left as it was

@@ -223,11 +223,13 @@ class ResultStore(StoreConnections):
         that is not a readable result store of this version."""
         path = Path(path)
         try:
-            created = not path.exists() or path.stat().st_size == 0
+            size = path.stat().st_size if path.exists() else -1
         except OSError as err:
             raise cls._error(path, err) from None
+        created = size <= 0
         if created and not create:
-            raise exc.ResultStoreError(f"result store {path} does not exist")
+            what = "does not exist" if size < 0 else "is an empty file, not a result store"
+            raise exc.ResultStoreError(f"result store {path} {what}")
         writer: sqlite3.Connection | None = None
         try:
             if created:
