@@ -177,6 +177,7 @@ async def run_pipeline(
                 db=db.db,
                 resumed=run.resumed,
                 state=where,
+                one_run=True,
             )
     except sqlite3.Error as err:
         db.close()

@@ -284,6 +284,16 @@ async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(
     assert set(asked) == {f"p{i}" for i in range(0, n, 10)}
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["reused"] == n - n // 10 and summary["complete"]
+    # `reuse stats` shows the night, not its last attempt (which looked up only the rows the
+    # killed ones had not taken in: "reused 0, hit rate 0%" for a night that reused 90%).
+    stats = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", "reuse", "stats", str(store), "--json"],
+        check=False,
+        env=ENV,
+    )
+    last = json.loads(stats.stdout)["last_run"]
+    assert (last["looked_up"], last["reused"]) == (n, n - n // 10), last
+    assert last["stored"] >= n // 10 and last["hit_rate"] == 0.9
     # The first kill fell mid-run: reused lines out, none of the sent rows' yet.
     assert 0 < lines_out[0] < n
 

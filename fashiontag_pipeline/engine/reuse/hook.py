@@ -69,12 +69,18 @@ class ReuseHook:
         self.stored = 0
         #: Per job: its validated watermark when it first used the store (see reuse_rows).
         self._reuse_from: dict[int, int] = {}
+        #: The state holds one run (``run``, not a daemon): its figures add up over attempts.
+        self._one_run = False
         self._limiter = anyio.CapacityLimiter(1)
 
     # -------------------------------------------------------------- state thread
 
-    def prepare(self, db: Any, *, resumed: bool) -> None:
+    def prepare(self, db: Any, *, resumed: bool, one_run: bool = False) -> None:
         """Ready the state file (state thread, before the run starts).
+
+        ``one_run``: the state holds one run (``run``), whose figures (looked up, reused,
+        stored: ``reuse stats``) are kept in it as they change, and a resumed run goes on
+        from its earlier attempts' figures (a killed attempt records none in the store).
 
         Rows still pending from an earlier start that asked another question (another
         language or default detection: a daemon restarted with a new configuration) are sent
@@ -93,6 +99,9 @@ class ReuseHook:
                     disowned,
                 )
         reuse_rows.set_question(db, question)
+        self._one_run = one_run
+        if one_run and resumed and (earlier := reuse_rows.figures(db)) is not None:
+            self.started_at, self.looked_up, self.reused, self.stored = earlier
 
     def settle(
         self,
@@ -140,7 +149,12 @@ class ReuseHook:
         self.looked_up += len(lines) + len(misses)
         self.reused += len(lines)
         ops.extend(reuse_rows.pending_rows(misses))
+        if self._one_run:
+            ops.append(self._figures())
         return send, lines, ops
+
+    def _figures(self) -> changes.Change:
+        return reuse_rows.figures_now(self.started_at, self.looked_up, self.reused, self.stored)
 
     def store_page(self, db: Any, task_id: str, rows: list[PageRow]) -> list[changes.Change]:
         """Store the page's successful results of pending rows; the state changes that take
@@ -155,7 +169,8 @@ class ReuseHook:
             if ok and (fp := get(row.id))
         ]
         self.stored += self.store.put(values, stored_at=self.clock())
-        return reuse_rows.pending_done(list(pending))
+        done = reuse_rows.pending_done(list(pending))
+        return [*done, self._figures()] if self._one_run else done
 
     # -------------------------------------------------------------- event loop side
 

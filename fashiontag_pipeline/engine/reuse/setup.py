@@ -26,6 +26,7 @@ def open_reuse(
     db: Any,
     resumed: bool,
     state: str,
+    one_run: bool = False,
 ) -> ReuseHook | None:
     """The run's :class:`ReuseHook` (None without ``engine.reuse``), its state side ready.
 
@@ -34,7 +35,8 @@ def open_reuse(
     one, the rows it answered from the store could not be told from rows to send
     (:class:`~fashiontag_pipeline.StateConflictError`, nothing touched). ``resumed``: the state
     holds earlier work (a long-lived engine's state always may); otherwise the state's pending
-    rows of an earlier run are dropped. ``state`` names the state in messages."""
+    rows of an earlier run are dropped. ``state`` names the state in messages. ``one_run``: the
+    state holds one run (``run``), whose figures add up over its attempts."""
     if engine.reuse is None:
         if resumed and reuse_rows.reused_before(db):
             raise exc.StateConflictError(
@@ -55,7 +57,7 @@ def open_reuse(
             Fingerprinter(language=language, default_detection=engine.default_detection),
             max_age=engine.reuse_max_age_seconds,
         )
-        hook.prepare(db, resumed=resumed)
+        hook.prepare(db, resumed=resumed, one_run=one_run)
     except BaseException:
         store.close()
         raise

@@ -9,6 +9,10 @@ SQLite and PostgreSQL share).
                                store and the row leaves this table). Rows that end as rejects
                                stay until the next run of the state starts (it is emptied), or,
                                in a long-lived engine (a daemon), until their job completes.
+    meta 'reuse_figures'       ``run`` only: what the run did with the store so far (started
+                               at, looked up, reused, stored), written in the transactions
+                               that did it, so a resumed run records the figures of all its
+                               attempts (``reuse stats``), not its last one's
     meta 'reuse_from.JOB'      per job, its validated watermark (V) when it first used
                                --reuse: every row of the job at a position above it was
                                looked up in the store
@@ -34,6 +38,8 @@ __all__ = [
     "clear_pending",
     "create",
     "disown_pending",
+    "figures",
+    "figures_now",
     "pending_done",
     "pending_fingerprints",
     "pending_rows",
@@ -59,8 +65,27 @@ def create(db: Any) -> None:
 
 
 def clear_pending(db: Any) -> None:
-    """A new run of the state: rows of an earlier run are not pending."""
+    """A new run of the state: rows of an earlier run are not pending, nor its figures."""
     db.execute("DELETE FROM reuse_pending")
+    db.execute("DELETE FROM meta WHERE key='reuse_figures'")
+
+
+def figures(db: Any) -> tuple[float, int, int, int] | None:
+    """(started at, looked up, reused, stored) of the run's earlier attempts, if recorded."""
+    row = db.execute("SELECT value FROM meta WHERE key='reuse_figures'").fetchone()
+    if not row:
+        return None
+    started, looked_up, reused, stored = str(row[0]).split()
+    return float(started), int(looked_up), int(reused), int(stored)
+
+
+def figures_now(started: float, looked_up: int, reused: int, stored: int) -> Change:
+    """The run's figures so far (see ``reuse_figures``)."""
+    return (
+        "INSERT INTO meta VALUES ('reuse_figures', ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (f"{started!r} {looked_up} {reused} {stored}",),
+    )
 
 
 def question(db: Any) -> str | None:
