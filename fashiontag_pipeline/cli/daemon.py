@@ -210,9 +210,12 @@ def daemon_command(args: argparse.Namespace) -> int:
 
         for signum in _WATCHED:
             signal.signal(signum, handler)
-        # One held while the command started (its imports, its checks): a SIGHUP is ignored as
-        # ever; a stop ends the daemon here, before it claims or sends anything.
-        early = [signum for signum in take(*_WATCHED) if signum != signal.SIGHUP]
+        # One held while the command started (its imports, its checks): a SIGHUP is logged and
+        # ignored as ever; a stop ends the daemon here, before it claims or sends anything.
+        early = take(*_WATCHED)
+        if signal.SIGHUP in early:
+            early.remove(signal.SIGHUP)
+            log.info("signal SIGHUP while starting: ignored (SIGTERM drains and stops)")
         try:
             if early:
                 name = signal.Signals(early[0]).name
