@@ -80,6 +80,8 @@ class TaskWriter(TaskWrites):
         self.default_ttl = default_ttl
         self.slots = AIMDLimiter(config.max_write_concurrency)
         self.tasks: dict[str, OpenTask] = {}
+        #: New task ids being checked against the state (see ``_check_new_id``).
+        self._checking: set[str] = set()
         self.current: OpenTask | None = None
         self.intake_done = False
         #: The intake's last message was IDLE (nothing to read for now, nothing buffered): a

@@ -45,6 +45,7 @@ class TaskWrites(WriteAnswers):
     budget: RetryBudget
     slots: AIMDLimiter
     tasks: dict[str, OpenTask]
+    _checking: set[str]
     current: OpenTask | None
     clock: Callable[[], float]
     default_ttl: float
@@ -199,8 +200,21 @@ class TaskWrites(WriteAnswers):
         (the service took them, and bills them): the chunk is recorded as its orphan, so the
         resume settles it from that task's results and counts this send toward
         ``max_sends``, instead of taking it for a create of unknown fate (sent again with the
-        send count it had: a row billed ``max_sends + 1`` times)."""
-        if task_id in self.tasks or await self.journal.run(self.journal.db.task_known, task_id):
+        send count it had: a row billed ``max_sends + 1`` times).
+
+        The check and the claim are one step on the event loop: two creates answered with one
+        new id at the same moment each asked the state (a thread hop), neither found it, and
+        both chunks went to one task. An id being checked is held in :attr:`_checking` until
+        its caller attaches it (with no await between)."""
+        checking = self._checking
+        known = task_id in self.tasks or task_id in checking
+        if not known:
+            checking.add(task_id)
+            try:
+                known = await self.journal.run(self.journal.db.task_known, task_id)
+            finally:
+                checking.discard(task_id)
+        if known:
             await self.journal.commit(ops=[changes.chunk_orphan(chunk.chunk_id, task_id)])
             # One id, two tasks' rows: their results, counts and expiries cannot be told
             # apart, so rows would be settled by each other's lines (some lost, some twice).

@@ -174,3 +174,44 @@ async def test_rows_of_a_merged_create_count_that_send_toward_max_sends(tmp_path
     assert_exactly_once(out, rej, ids_of(n))
     over = sorted(i for i, c in billed.items() if c > engine.max_sends)
     assert not over, f"{len(over)} ids billed more than max_sends = 1 times, e.g. {over[:3]}"
+
+
+async def test_two_creates_answered_with_one_new_id_at_the_same_moment_stop_the_run() -> None:
+    """The full suite, in parallel workers, once found the merged-create test above finishing
+    without the stop: the two creates' answers (one id) were checked at the same moment, each
+    check asked the state whether the id was known (a thread hop), neither found it, and both
+    chunks were attached to one task (their results read as one task's). The check and the
+    claim of a new id are now one step on the event loop. Driven here on the writer's check
+    itself, with a state that answers slowly, since the interleaving cannot be forced over
+    HTTP."""
+    from types import SimpleNamespace
+
+    from fashiontag_pipeline.engine.batcher import TaskWriter
+
+    commits: list[dict[str, object]] = []
+
+    class SlowJournal:
+        db = SimpleNamespace(task_known=lambda task_id: False)
+
+        async def run(self, fn: object, *args: object) -> object:
+            await anyio.sleep(0.05)  # the state thread, busy
+            assert callable(fn)
+            return fn(*args)
+
+        async def commit(self, **kwargs: object) -> None:
+            commits.append(kwargs)
+
+    writer = object.__new__(TaskWriter)  # only what the check uses: its tasks and journal
+    writer.tasks = {}
+    writer._checking = set()
+    writer.journal = SlowJournal()  # type: ignore[assignment]
+
+    async def create_answered(chunk_id: int) -> None:
+        await writer._check_new_id("T1", SimpleNamespace(chunk_id=chunk_id))  # type: ignore[arg-type]
+        writer.tasks["T1"] = SimpleNamespace(chunk_id=chunk_id)  # type: ignore[assignment]
+
+    with pytest.RaisesGroup(pytest.RaisesExc(FatalRunError, match="given to this run before")):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(create_answered, 1)
+            tg.start_soon(create_answered, 2)
+    assert len(commits) == 1, commits  # the second chunk is recorded as the task's orphan
