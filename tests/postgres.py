@@ -17,14 +17,17 @@ still write their WAL before they return, so a crash loses no committed transact
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
@@ -178,6 +181,24 @@ class PostgresCluster:
         """Stop then start the server: every open connection breaks, the data stays."""
         self.stop(mode)
         self.start()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The server paused for the ``with`` body (SIGSTOP of the postmaster and its
+        backends, SIGCONT after): a server that stops answering without closing a connection,
+        as a stalled machine or a network partition does."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(
+            ["pgrep", "-P", str(postmaster)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        pids = [postmaster, *map(int, children)]
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            yield
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
 
     def destroy(self) -> None:
         """Stop the server (as a crash: nothing to keep) and delete its folder. Idempotent."""

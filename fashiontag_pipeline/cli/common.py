@@ -7,6 +7,8 @@ the service know nothing of it.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,6 +29,7 @@ from .._models import LANGUAGES, Detection
 from .._proxies import proxy_for
 
 __all__ = [
+    "ABORT_GRACE",
     "DAEMON_EXIT_CODES",
     "DEMO_EXIT_CODES",
     "EXIT_CODES",
@@ -39,6 +42,7 @@ __all__ = [
     "SERVE_EXIT_CODES",
     "add_client_arguments",
     "client_config_from_args",
+    "leave_if_hung",
     "nonempty",
     "parse_detection",
     "path_arg",
@@ -46,6 +50,27 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: Seconds ``run`` or the daemon may take to end once told to stop at once (a second signal; a
+#: drain past its timeout): the state call in progress is waited for (it commits or not as a
+#: whole), and a state store that does not answer (a paused database server, a partition,
+#: where no reset comes) held the process for as long as that lasted.
+ABORT_GRACE = 5.0
+
+
+async def leave_if_hung(aborting: anyio.Event, on_hung: Callable[[], int]) -> None:
+    """Once ``aborting`` is set, and the process still runs :data:`ABORT_GRACE` seconds later
+    (the caller cancels this task when it ends), report (``on_hung``, which returns the exit
+    code) and leave at once, as a kill -9 would: the state is consistent at its last commit,
+    and a resume cuts the outputs back to it."""
+    await aborting.wait()
+    await anyio.sleep(ABORT_GRACE)
+    code = on_hung()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def nonempty(text: str) -> str:

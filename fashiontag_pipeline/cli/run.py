@@ -35,6 +35,7 @@ from ..engine.run import (
 )
 from ..engine.run_checks import not_a_file, not_utf8
 from .common import (
+    ABORT_GRACE,
     EXIT_ERROR,
     EXIT_INCOMPLETE,
     EXIT_INTERRUPTED,
@@ -42,6 +43,7 @@ from .common import (
     EXIT_USAGE,
     add_client_arguments,
     client_config_from_args,
+    leave_if_hung,
     nonempty,
     path_arg,
     run_async,
@@ -126,27 +128,46 @@ class _StoppedWhileStarting(Exception):
     """A stop signal arrived before the run had its handlers: it never started."""
 
 
-async def _with_signals(control: RunControl, body: Callable[[], Awaitable[T]]) -> T:
-    """Run ``body``; first SIGINT/SIGTERM stops gracefully, the second aborts."""
+STORE_HUNG = (
+    f"stopped now: the state store does not answer (waited {ABORT_GRACE:.0f} s after the"
+    " second signal); what it committed is kept: the same command resumes once it answers"
+)
+
+
+async def _with_signals(
+    control: RunControl,
+    body: Callable[[], Awaitable[T]],
+    on_hung: Callable[[], int] | None = None,
+) -> T:
+    """Run ``body``; first SIGINT/SIGTERM stops gracefully, the second aborts. ``on_hung``
+    (reports and returns the exit code): the run still going :data:`ABORT_GRACE` seconds
+    after the second signal, the process leaves at once, as a kill -9 would (the state is
+    consistent at its last commit, and the outputs are cut back to it on resume)."""
     result: list[T] = []
     try:
-        await _signal_group(control, body, result)
+        await _signal_group(control, body, result, on_hung)
     except BaseExceptionGroup as group:
         raise first_error(group) from None
     return result[0]
 
 
 async def _signal_group(
-    control: RunControl, body: Callable[[], Awaitable[T]], result: list[T]
+    control: RunControl,
+    body: Callable[[], Awaitable[T]],
+    result: list[T],
+    on_hung: Callable[[], int] | None,
 ) -> None:
     try:
-        await _signal_tasks(control, body, result)
+        await _signal_tasks(control, body, result, on_hung)
     finally:
         hold_to_exit()  # the receiver gave the default handlers back: the run is over
 
 
 async def _signal_tasks(
-    control: RunControl, body: Callable[[], Awaitable[T]], result: list[T]
+    control: RunControl,
+    body: Callable[[], Awaitable[T]],
+    result: list[T],
+    on_hung: Callable[[], int] | None,
 ) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         # Installed before the run reads or sends anything; one that came while the command
@@ -174,6 +195,8 @@ async def _signal_tasks(
 
             tg.start_soon(watch)
             tg.start_soon(main)
+            if on_hung is not None:
+                tg.start_soon(leave_if_hung, control.aborting, on_hung)
 
 
 class _KeepTryingHint(logging.Filter):
@@ -317,9 +340,12 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"fashiontag: --summary {args.summary}: {err.strerror}", file=sys.stderr)
             return EXIT_USAGE
 
+    def hung() -> int:
+        return report_failure(args, failed, STORE_HUNG, EXIT_INTERRUPTED)
+
     def run() -> RunSummary:
         try:
-            return run_async(lambda: _with_signals(control, body))
+            return run_async(lambda: _with_signals(control, body, hung))
         finally:
             hold_to_exit()  # again: uvloop gives the signals their defaults as it closes
 

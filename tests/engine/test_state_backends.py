@@ -224,6 +224,45 @@ async def test_a_run_whose_database_restarts_stops_clearly_and_the_same_command_
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
 
 
+async def test_a_second_signal_stops_a_run_whose_database_does_not_answer(
+    tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
+) -> None:
+    """A database that stops answering (a paused server; a partition, where no reset comes)
+    held the run in a state call: "second signal, stopping now" was printed and the run went
+    on waiting, for as long as the database did. It now leaves a few seconds later, exit
+    130, saying so; the same command resumes once the database answers."""
+    n = 8000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    state = f"{postgres_url}#paused"
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", state, "--summary", str(summary))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        await results_appear(out)
+        with postgres_cluster.paused():
+            await anyio.sleep(0.5)  # the run's next state call is now waiting for the server
+            proc.send_signal(signal.SIGINT)
+            await anyio.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            with anyio.move_on_after(9):
+                await proc.wait()
+            stopped = proc.returncode
+            if stopped is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.stderr is not None
+        stderr = b"".join([chunk async for chunk in proc.stderr]).decode()
+        await proc.aclose()
+        assert stopped == 130, stderr
+        assert "does not answer" in stderr and "Traceback" not in stderr
+        assert "does not answer" in json.loads(summary.read_text())["error"]
+        final = await anyio.run_process(args, check=False, env=ENV)
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    assert billed == n
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+
+
 async def test_an_output_shorter_than_its_checkpoint_is_an_error_not_a_gap(
     tmp_path: Path, state_location: StateAt
 ) -> None:
