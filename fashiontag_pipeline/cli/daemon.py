@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
@@ -27,11 +28,13 @@ from ..daemon.logs import configure_logging
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
 from ..engine.engine import RunControl
 from .common import (
+    ABORT_GRACE,
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
     add_client_arguments,
     client_config_from_args,
+    leave_if_hung,
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
@@ -179,6 +182,13 @@ def daemon_command(args: argparse.Namespace) -> int:
     for warning in warnings:
         log.warning(warning)
 
+    def hung() -> int:
+        log.error(
+            "the state store does not answer: stopping without it",
+            extra={"waited_s": ABORT_GRACE, "note": "what it committed is kept; a restart resumes"},
+        )
+        return EXIT_ERROR
+
     async def main() -> None:
         # The handlers are Python ones, installed here and never taken back: anyio's signal
         # receiver gave the default handlers back when it closed, while the event loop was
@@ -221,7 +231,10 @@ def daemon_command(args: argparse.Namespace) -> int:
                 name = signal.Signals(early[0]).name
                 log.info("signal %s while starting: stopped, nothing claimed", name)
                 return
-            await daemon.run()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leave_if_hung, control.aborting, hung)
+                await daemon.run()
+                tg.cancel_scope.cancel()
         finally:
             stopped = True
             for signum in _WATCHED:

@@ -200,6 +200,43 @@ async def test_a_postgresql_restart_mid_run_loses_nothing(
     _assert_once(a.outbox / "big", ids)
 
 
+async def test_a_daemon_whose_database_does_not_answer_still_stops_on_time(
+    tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
+) -> None:
+    """A database that stops answering (a paused server; a partition, where no reset comes)
+    held a draining daemon in a state call past --drain-timeout and past a second signal
+    ("stopping now"), for as long as it lasted. It now leaves a few seconds after its drain
+    timed out, saying why; a daemon started again finishes the manifest, nothing sent twice."""
+    ids = _ids("h", 6000)
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        a = _daemon(tmp_path, svc.url, postgres_url, "--drain-timeout", "0.5").start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            await _rows_written(a.outbox / "big", 1000, a)
+            with postgres_cluster.paused():
+                await anyio.sleep(0.5)  # its next state call is now waiting for the server
+                a.signal(signal.SIGTERM)
+                with anyio.move_on_after(8):
+                    while a.proc is not None and a.proc.poll() is None:
+                        await anyio.sleep(0.05)
+                a.ensure_dead()
+            assert a.proc is not None and a.proc.returncode == 1, a.tail()
+            assert _logged(a, "the state store does not answer: stopping without it")
+            b = _daemon(tmp_path, svc.url, postgres_url).start()
+            summary = await b.wait_summary("big", timeout=60)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+        sent = [i for record in svc.store.tasks.values() for i in record.ids]
+    assert summary["status"] == "done"
+    _assert_once(a.outbox / "big", ids)
+    assert len(sent) == len(set(sent)) == len(ids)
+
+
 async def test_a_draining_daemon_hands_its_manifest_over_at_once(
     tmp_path: Path, postgres_url: str
 ) -> None:
