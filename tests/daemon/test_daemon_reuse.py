@@ -8,10 +8,12 @@ import os
 import signal
 from pathlib import Path
 
+import anyio
 import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..postgres import PostgresCluster
 from .helpers import DaemonProcess, metric_samples, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
@@ -56,3 +58,32 @@ async def test_daemon_reuses_rows_of_an_earlier_manifest(tmp_path: Path) -> None
     samples = metric_samples(metrics_text)
     assert samples[("fashiontag_rows_total", (("outcome", "reused"),))] == 300
     assert samples[("fashiontag_rows_total", (("outcome", "tagged"),))] == 300 + second["tagged"]
+
+
+async def test_a_postgresql_result_store_restarted_between_manifests_is_used_again(
+    tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
+) -> None:
+    """One daemon (its state in a file) keeps its result store in PostgreSQL: the database
+    restarted (an upgrade, a failover) while the daemon was idle, and the next manifest
+    stopped the daemon ("daemon stopped on an error", exit 1: the store's connections were
+    gone for good). The store's connections are opened again: the manifest is reused from
+    the store and tagged as ever, the daemon still runs."""
+    monday = [f"p{i}" for i in range(200)]
+    tuesday = write_manifest(Path(), [f"p{i}" for i in range(250)]).replace(b"\np", b"\nq")
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--reuse", postgres_url]).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "monday.csv", write_manifest(Path(), monday))
+            first = await daemon.wait_summary("monday")
+            await anyio.to_thread.run_sync(postgres_cluster.restart, "immediate")
+            _drop(daemon.inbox, "tuesday.csv", tuesday)
+            second = await daemon.wait_summary("tuesday")
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert first["status"] == "done" and first["tagged"] == 200
+    assert second["status"] == "done" and second["reused"] == 200
+    assert second["tagged"] + second["failed"] == 50
+    ids = [r["id"] for r in read_lines(daemon.outbox / "tuesday" / "results.jsonl")]
+    assert len(ids) == len(set(ids)) == 250

@@ -16,8 +16,9 @@ as the file has: lookups never wait on a commit. Errors become
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ... import _exceptions as exc
 from ..._postgres import migrate, redact_url, scrub
@@ -29,6 +30,33 @@ if TYPE_CHECKING:
 __all__ = ["PostgresResultStore"]
 
 _PRUNE_BATCH = 10_000
+#: Seconds to connect again once the server closed a connection (:func:`_again`).
+_CONNECT_TIMEOUT = 10
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _again(
+    method: Callable[Concatenate[PostgresResultStore, _P], _T],
+) -> Callable[Concatenate[PostgresResultStore, _P], _T]:
+    """A call that met a connection the server had closed is made once more on a connection
+    opened again: every call is idempotent (lookups and figures read; a put replaces; a prune
+    deletes what is old) or harmless twice (``record_run``: one more line of history). Only
+    the failure's path pays for it."""
+
+    def call(store: PostgresResultStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(store, *args, **kwargs)
+        except exc.ResultStoreError:
+            if not store._reopen_broken():
+                raise
+        return method(store, *args, **kwargs)
+
+    functools.update_wrapper(call, method)
+    return call
+
+
 #: Times a write aborted by a deadlock with another writer is tried again.
 _DEADLOCK_RETRIES = 3
 
@@ -107,6 +135,27 @@ class PostgresResultStore(StoreConnections):
             )
         return cls(conninfo, reader, writer, created=created)
 
+    def _reopen_broken(self) -> bool:
+        """Open again the connections the server closed (a restart, a failover, a killer of
+        idle sessions); whether there was one. A long-lived engine (one daemon, its state in a
+        file) keeps the store for its whole life: without this, one restart of the database
+        stopped the daemon at its next lookup."""
+        import psycopg
+
+        broken = [c for c in (self._reader, self._writer) if c.broken]
+        if not broken or self._closed:
+            return False
+        with self._errors():
+            for conn in broken:
+                fresh = psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT
+                )
+                if conn is self._reader:
+                    self._reader = fresh
+                else:
+                    self._writer = fresh
+        return True
+
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         import psycopg
@@ -118,6 +167,7 @@ class PostgresResultStore(StoreConnections):
 
     # -------------------------------------------------------------- the engine's calls
 
+    @_again
     def lookup(self, fps: Sequence[bytes], *, newer_than: float) -> dict[bytes, StoredResult]:
         """The stored results of ``fps`` stored at or after ``newer_than`` (epoch seconds)."""
         found: dict[bytes, StoredResult] = {}
@@ -133,6 +183,7 @@ class PostgresResultStore(StoreConnections):
                     found[bytes(fp)] = StoredResult(task_id, bytes(result))
         return found
 
+    @_again
     def put(self, rows: Iterable[tuple[bytes, str, bytes]], *, stored_at: float) -> int:
         """Store ``(fp, task_id, raw result)`` rows, replacing older results of the same
         fingerprints (within the batch, the last one); one statement. Returns the rows.
@@ -175,6 +226,7 @@ class PostgresResultStore(StoreConnections):
                     break
         return len(latest)
 
+    @_again
     def record_run(
         self, *, started_at: float, finished_at: float, looked_up: int, reused: int, stored: int
     ) -> None:
@@ -188,6 +240,7 @@ class PostgresResultStore(StoreConnections):
 
     # -------------------------------------------------------------- operators' calls
 
+    @_again
     def stats(self) -> StoreStats:
         """Rows, size on disk (the table, its index and TOAST), oldest/newest, the last run."""
         db = self._writer
@@ -211,6 +264,7 @@ class PostgresResultStore(StoreConnections):
             last_run=last_run_of(last),
         )
 
+    @_again
     def prune(self, older_than: float, *, now: Any = None) -> int:
         """Delete results stored more than ``older_than`` seconds ago, in bounded
         transactions; returns how many."""
