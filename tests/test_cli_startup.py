@@ -82,6 +82,15 @@ async def test_run_stopped_while_starting_exits_130_with_one_line(
             assert await client.all_tasks() == []
 
 
+def _daemon_args(inbox: Path, outbox: Path, base_url: str) -> list[str]:
+    """``fashiontag daemon`` on ``inbox``, JSON logs, no HTTP endpoints."""
+    return [
+        *(sys.executable, "-m", "fashiontag_pipeline", "daemon"),
+        *("--inbox", str(inbox), "--outbox", str(outbox), "--listen", ""),
+        *("--base-url", base_url, "--log-format", "json"),
+    ]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 async def test_daemon_stopped_while_starting_exits_0_and_claims_nothing(
     tmp_path: Path, signum: int
@@ -91,22 +100,7 @@ async def test_daemon_stopped_while_starting_exits_0_and_claims_nothing(
     drop_atomic(inbox, "m.csv", write_manifest(inbox / "m.csv", ["a", "b"]))
     (inbox / "m.csv.ready").touch()
     for marker in MARKERS["daemon"]:
-        args = [
-            sys.executable,
-            "-m",
-            "fashiontag_pipeline",
-            "daemon",
-            "--inbox",
-            str(inbox),
-            "--outbox",
-            str(outbox),
-            "--listen",
-            "",
-            "--base-url",
-            "http://127.0.0.1:9",
-            "--log-format",
-            "json",
-        ]
+        args = _daemon_args(inbox, outbox, "http://127.0.0.1:9")
         code, lines = await _signalled_at(args, marker, signum)
         shown = "\n".join(lines)
         assert code == 0, f"after {marker}: exit {code}\n{shown}"
@@ -169,22 +163,7 @@ async def test_daemon_sighup_while_starting_is_logged_and_ignored_as_once_runnin
     and a SIGTERM then drains it (exit 0)."""
     inbox, outbox = tmp_path / "inbox", tmp_path / "outbox"
     inbox.mkdir()
-    args = [
-        sys.executable,
-        "-m",
-        "fashiontag_pipeline",
-        "daemon",
-        "--inbox",
-        str(inbox),
-        "--outbox",
-        str(outbox),
-        "--listen",
-        "",
-        "--base-url",
-        f"http://127.0.0.1:{dead_port()}",
-        "--log-format",
-        "json",
-    ]
+    args = _daemon_args(inbox, outbox, f"http://127.0.0.1:{dead_port()}")
     env = {**ENV, "PYTHONPROFILEIMPORTTIME": "1"}
     err = b""
     marker = MARKERS["daemon"][1].encode()
