@@ -20,6 +20,7 @@ from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
 from fashiontag_pipeline._models import MAX_PAGE_SIZE, MAX_REQUESTS_PER_WRITE
 from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .proxy import MisbehavingProxy, Misbehaviour
@@ -171,6 +172,17 @@ TASKS_OF_1000 = EngineConfig(
     rotate_images=1000,
     rotate_min_images=1000,
 )
+
+
+def job_spec(key: str, manifest: Path, outdir: Path) -> JobSpec:
+    """A job of one manifest whose outputs are ``outdir``'s ``results.jsonl`` and
+    ``rejects.jsonl``."""
+    return JobSpec(
+        key=key,
+        manifests=[str(manifest)],
+        results=outdir / "results.jsonl",
+        rejects=outdir / "rejects.jsonl",
+    )
 
 
 def ids_of(n: int, prefix: str = "p") -> set[str]:

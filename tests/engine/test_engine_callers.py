@@ -13,22 +13,13 @@ import pytest
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, FatalRunError, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
-from fashiontag_pipeline.engine.jobs import Job, JobSpec
+from fashiontag_pipeline.engine.jobs import Job
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, free_port, ids_of, write_csv
+from .helpers import assert_exactly_once, client_config, free_port, ids_of, job_spec, write_csv
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0)
-
-
-def _spec(key: str, manifest: Path, outdir: Path) -> JobSpec:
-    return JobSpec(
-        key=key,
-        manifests=[str(manifest)],
-        results=outdir / "results.jsonl",
-        rejects=outdir / "rejects.jsonl",
-    )
 
 
 async def test_the_code_after_the_outcome_of_a_closed_engine_runs(tmp_path: Path) -> None:
@@ -48,8 +39,8 @@ async def test_the_code_after_the_outcome_of_a_closed_engine_runs(tmp_path: Path
                 )
                 async with engine:
                     jobs = [
-                        await engine.submit(_spec("a", a, tmp_path / "a")),
-                        await engine.submit(_spec("b", b, tmp_path / "b")),
+                        await engine.submit(job_spec("a", a, tmp_path / "a")),
+                        await engine.submit(job_spec("b", b, tmp_path / "b")),
                     ]
                     engine.close()  # no more jobs: it ends once these are done
                     for job in jobs:
@@ -84,7 +75,7 @@ async def test_the_outcome_of_a_job_the_closed_engine_cannot_finish_is_an_error(
     async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
         with anyio.move_on_after(0.5):  # the service is down: then the process is gone
             async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as gone:
-                await gone.submit(_spec("a", manifest, tmp_path / "a"))
+                await gone.submit(job_spec("a", manifest, tmp_path / "a"))
                 await anyio.sleep_forever()
     raised: list[str] = []
     async with (
@@ -104,7 +95,7 @@ async def test_the_outcome_of_a_job_the_closed_engine_cannot_finish_is_an_error(
         db = StateDB(tmp_path / "state")
         with anyio.fail_after(30):
             async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
-                job = await e.submit(_spec("a", manifest, tmp_path / "a"))
+                job = await e.submit(job_spec("a", manifest, tmp_path / "a"))
                 await e.outcome(job)
     assert job.row.state == "complete"
     assert_exactly_once(

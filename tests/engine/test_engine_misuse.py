@@ -17,11 +17,17 @@ from fashiontag_pipeline import StateConflictError, StateError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.engine import Engine
-from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, dead_port, read_outcomes, write_csv
+from .helpers import (
+    assert_exactly_once,
+    client_config,
+    dead_port,
+    job_spec,
+    read_outcomes,
+    write_csv,
+)
 
 FAST = EngineConfig(
     poll_min=0.02,
@@ -47,18 +53,9 @@ async def _written_ahead(tmp_path: Path, key: str, manifest: Path) -> None:
         )
         with anyio.move_on_after(2):
             async with engine:
-                job = await engine.submit(_spec(key, manifest, tmp_path / "out"))
+                job = await engine.submit(job_spec(key, manifest, tmp_path / "out"))
                 await engine.outcome(job)
     assert job.counters["accepted"] > 0
-
-
-def _spec(key: str, manifest: Path, outdir: Path) -> JobSpec:
-    return JobSpec(
-        key=key,
-        manifests=[str(manifest)],
-        results=outdir / "results.jsonl",
-        rejects=outdir / "rejects.jsonl",
-    )
 
 
 async def test_the_same_key_submitted_again_while_in_flight_writes_no_row_twice(
@@ -80,11 +77,11 @@ async def test_the_same_key_submitted_again_while_in_flight_writes_no_row_twice(
             )
             with anyio.fail_after(60):
                 async with engine:
-                    job = await engine.submit(_spec("a", manifest, tmp_path / "a"))
+                    job = await engine.submit(job_spec("a", manifest, tmp_path / "a"))
                     while job.counters["accepted"] < 1500:
                         await anyio.sleep(0.005)
                     with pytest.raises(StateConflictError, match="already in flight"):
-                        await engine.submit(_spec("a", manifest, tmp_path / "a"))
+                        await engine.submit(job_spec("a", manifest, tmp_path / "a"))
                     await engine.outcome(job)
                     engine.close()
     o = read_outcomes(tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl")
@@ -116,9 +113,9 @@ async def test_a_submit_refused_for_a_locked_output_records_no_job(tmp_path: Pat
             )
             with anyio.fail_after(60):
                 async with engine:
-                    ja = await engine.submit(_spec("a", a, shared))
+                    ja = await engine.submit(job_spec("a", a, shared))
                     with pytest.raises(StateConflictError):  # the lock on the outputs
-                        await engine.submit(_spec("b", b, shared))
+                        await engine.submit(job_spec("b", b, shared))
                     await engine.outcome(ja)
                     engine.close()
         assert_exactly_once(
@@ -163,9 +160,9 @@ async def test_a_submit_refused_for_an_unopenable_output_does_not_brick_the_stat
                     async with engine:
                         if attempt == 0:
                             with pytest.raises(StateError, match="cannot open the outputs"):
-                                await engine.submit(_spec("bad", manifest, tmp_path / "bad"))
+                                await engine.submit(job_spec("bad", manifest, tmp_path / "bad"))
                         good = await engine.submit(
-                            _spec(f"good{attempt}", manifest, tmp_path / f"g{attempt}")
+                            job_spec(f"good{attempt}", manifest, tmp_path / f"g{attempt}")
                         )
                         await engine.outcome(good)
                         engine.close()
@@ -195,7 +192,7 @@ async def test_close_while_a_submit_opens_its_manifest_loses_no_job(tmp_path: Pa
 
             async def submit() -> None:
                 try:
-                    job = await engine.submit(_spec("a", manifest, tmp_path / "a"))
+                    job = await engine.submit(job_spec("a", manifest, tmp_path / "a"))
                     got["job"] = job
                     await engine.outcome(job)
                 except Exception as err:  # a refusal is a fine answer
@@ -241,9 +238,9 @@ async def test_a_key_resumed_with_other_manifest_content_is_refused_or_tagged(
             with anyio.fail_after(60):
                 async with engine:
                     with pytest.raises(StateConflictError, match="give new content a new key"):
-                        await engine.submit(_spec("nightly", manifest, tmp_path / "out"))
+                        await engine.submit(job_spec("nightly", manifest, tmp_path / "out"))
                     # Under its own key, night 2 is a job of its own.
-                    job = await engine.submit(_spec("nightly-2", manifest, tmp_path / "out2"))
+                    job = await engine.submit(job_spec("nightly-2", manifest, tmp_path / "out2"))
                     await engine.outcome(job)
                     engine.close()
     assert_exactly_once(
@@ -269,12 +266,12 @@ async def test_two_jobs_on_an_engine_of_default_ids_are_refused_or_kept_apart(
             engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST)
             with anyio.fail_after(30):
                 async with engine:
-                    ja = await engine.submit(_spec("a", a, tmp_path / "a"))
+                    ja = await engine.submit(job_spec("a", a, tmp_path / "a"))
                     with pytest.raises(StateConflictError, match="namespaced=True"):
-                        await engine.submit(_spec("b", b, tmp_path / "b"))
+                        await engine.submit(job_spec("b", b, tmp_path / "b"))
                     await engine.outcome(ja)
                     # Once a's job is complete, the engine takes the next one.
-                    jb = await engine.submit(_spec("b", b, tmp_path / "b"))
+                    jb = await engine.submit(job_spec("b", b, tmp_path / "b"))
                     await engine.outcome(jb)
                     engine.close()
     assert_exactly_once(
@@ -310,8 +307,8 @@ async def test_a_key_refused_for_other_content_keeps_its_outputs_in_the_state(
             with anyio.fail_after(60):
                 async with engine:
                     with pytest.raises(StateConflictError, match="give new content a new key"):
-                        await engine.submit(_spec("nightly", manifest, tmp_path / "new"))
-                    job = await engine.submit(_spec("nightly-2", manifest, tmp_path / "new"))
+                        await engine.submit(job_spec("nightly", manifest, tmp_path / "new"))
+                    job = await engine.submit(job_spec("nightly-2", manifest, tmp_path / "new"))
                     await engine.outcome(job)
                     engine.close()
         if not consequence:
@@ -355,8 +352,8 @@ async def test_a_job_open_in_the_engine_is_resumed_only_at_its_own_outputs(
             with anyio.fail_after(60):
                 async with engine:
                     with pytest.raises(StateConflictError, match="submit it with those outputs"):
-                        await engine.submit(_spec("m", manifest, tmp_path / "elsewhere"))
-                    job = await engine.submit(_spec("m", manifest, tmp_path / "out"))
+                        await engine.submit(job_spec("m", manifest, tmp_path / "elsewhere"))
+                    job = await engine.submit(job_spec("m", manifest, tmp_path / "out"))
                     await engine.outcome(job)
                     engine.close()
     assert not (tmp_path / "elsewhere").exists()

@@ -17,14 +17,7 @@ from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import (
-    TASKS_OF_1000,
-    assert_exactly_once,
-    client_config,
-    ids_of,
-    read_outcomes,
-    write_csv,
-)
+from .helpers import TASKS_OF_1000, client_config, read_outcomes, run_through, write_csv
 from .proxy import MisbehavingProxy, Misbehaviour
 
 ANSWERS = pytest.mark.parametrize("answer", [200, 409], ids=["200-failure", "409"])
@@ -94,16 +87,7 @@ async def test_a_task_list_never_given_has_the_statuses_read_instead(
 ) -> None:
     """Every ``GET`` of the task list answered with a failure (status still answers): the run
     is tracked by the tasks' statuses and completes, well within ``give_up_after``."""
-    manifest = write_csv(tmp_path / "m.csv", 3000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     proxy = MisbehavingProxy("", Misbehaviour(unreadable_list=True, poll_answer=answer))
     engine = replace(TASKS_OF_1000, give_up_after=3.0)
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(20):
-                summary = await run_pipeline(
-                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
-                )
+    summary, _ = await run_through(tmp_path, 3000, proxy, engine, fail_after=20)
     assert summary.complete and proxy.unreadable_polls >= 1
-    assert_exactly_once(out, rej, ids_of(3000))
