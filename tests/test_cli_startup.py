@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -33,32 +34,48 @@ MARKERS = {
 }
 
 
-async def _signalled_at(args: list[str], marker: str, signum: int) -> tuple[int, list[str]]:
-    """Start ``args``, send ``signum`` once it has imported ``marker``; its exit code and the
-    lines of its stderr that are not import times."""
-    env = {**ENV, "PYTHONPROFILEIMPORTTIME": "1"}
+async def _signal_as(
+    args: list[str], steps: list[tuple[Callable[[bytes], bool], int]], env: dict[str, str]
+) -> tuple[int, bytes]:
+    """Start ``args`` and send each step's signal, in order, once its test holds of the stderr
+    read so far (every step's signal is asserted sent); its exit code and its stderr."""
     err = b""
+    done = 0
     async with await anyio.open_process(
         args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
     ) as proc:
         assert proc.stderr is not None
-        sent = False
         with anyio.fail_after(20):
             async for chunk in proc.stderr:
                 err += chunk
-                if not sent and any(
-                    line.rpartition(b"|")[2].strip() == marker.encode() for line in err.splitlines()
-                ):
-                    proc.send_signal(signum)
-                    sent = True
+                while done < len(steps) and steps[done][0](err):
+                    proc.send_signal(steps[done][1])
+                    done += 1
             code = await proc.wait()
-        assert sent, err.decode(errors="replace")[-2000:]
-    lines = [
+    assert done == len(steps), err.decode(errors="replace")[-2000:]
+    return code, err
+
+
+def _imported(marker: str) -> Callable[[bytes], bool]:
+    """Whether the child's stderr (``PYTHONPROFILEIMPORTTIME``) says it imported ``marker``."""
+    name = marker.encode()
+    return lambda err: any(line.rpartition(b"|")[2].strip() == name for line in err.splitlines())
+
+
+def _not_import_times(err: bytes) -> list[str]:
+    return [
         line
         for line in err.decode(errors="replace").splitlines()
         if not line.startswith("import time:")
     ]
-    return code, lines
+
+
+async def _signalled_at(args: list[str], marker: str, signum: int) -> tuple[int, list[str]]:
+    """Start ``args``, send ``signum`` once it has imported ``marker``; its exit code and the
+    lines of its stderr that are not import times."""
+    env = {**ENV, "PYTHONPROFILEIMPORTTIME": "1"}
+    code, err = await _signal_as(args, [(_imported(marker), signum)], env)
+    return code, _not_import_times(err)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -125,21 +142,9 @@ async def test_a_stop_once_the_run_has_ended_leaves_its_exit_code(
             args = run_args(
                 svc.url, tmp_path / f"out{i}.jsonl", str(manifest), "--summary", str(summary)
             )
-            err = b""
-            async with await anyio.open_process(
-                args, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-            ) as proc:
-                assert proc.stderr is not None
-                sent = False
-                with anyio.fail_after(20):
-                    async for chunk in proc.stderr:
-                        err += chunk
-                        if not sent and b"run complete" in err:
-                            proc.send_signal(signum)
-                            sent = True
-                    code = await proc.wait()
+            code, err = await _signal_as(args, [(lambda err: b"run complete" in err, signum)], ENV)
             shown = err.decode(errors="replace")
-            assert sent and code == 0, f"exit {code}\n{shown}"
+            assert code == 0, f"exit {code}\n{shown}"
             assert "Traceback" not in shown
             assert '"complete": true' in summary.read_text().replace('":true', '": true')
 
@@ -165,31 +170,14 @@ async def test_daemon_sighup_while_starting_is_logged_and_ignored_as_once_runnin
     inbox.mkdir()
     args = _daemon_args(inbox, outbox, f"http://127.0.0.1:{dead_port()}")
     env = {**ENV, "PYTHONPROFILEIMPORTTIME": "1"}
-    err = b""
-    marker = MARKERS["daemon"][1].encode()
-    async with await anyio.open_process(
-        args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-    ) as proc:
-        assert proc.stderr is not None
-        hup = term = False
-        with anyio.fail_after(20):
-            async for chunk in proc.stderr:
-                err += chunk
-                lines = err.splitlines()
-                if not hup and any(line.rpartition(b"|")[2].strip() == marker for line in lines):
-                    proc.send_signal(signal.SIGHUP)
-                    hup = True
-                if hup and not term and b"daemon started" in err:
-                    proc.send_signal(signal.SIGTERM)
-                    term = True
-            code = await proc.wait()
-    logs = [
-        json.loads(line)
-        for line in err.decode(errors="replace").splitlines()
-        if not line.startswith("import time:")
+    steps = [
+        (_imported(MARKERS["daemon"][1]), signal.SIGHUP),
+        (lambda err: b"daemon started" in err, signal.SIGTERM),
     ]
+    code, err = await _signal_as(args, steps, env)
+    logs = [json.loads(line) for line in _not_import_times(err)]
     shown = "\n".join(map(str, logs))
-    assert hup and term and code == 0, f"exit {code}\n{shown}"
+    assert code == 0, f"exit {code}\n{shown}"
     (hup_line,) = [e for e in logs if "SIGHUP" in e["event"]]
     assert "ignored" in hup_line["event"], shown
     assert any(e["event"] == "daemon stopped" for e in logs), shown
