@@ -7,6 +7,7 @@ tree: a certificate the trust store refuses, or an ``https://`` address that doe
 is a :class:`~._exceptions.TLSError` (retrying cannot help: the run stops at once and says what
 to set); a proxy that wants credentials is a configuration error; anything else is a
 :class:`~._exceptions.ConnectError`, retried like an outage (nothing reached the service).
+:func:`unanswered` maps a request sent and never answered (a timeout, a dropped connection).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from ._tls import deferred_trust_store
 with deferred_trust_store():
     import aiohttp
 
-__all__ = ["WRITE_IDLE_MAX", "connect_failure", "new_session"]
+__all__ = ["STALL_SLACK", "WRITE_IDLE_MAX", "connect_failure", "new_session", "unanswered"]
 
 #: A write (POST, PUT) goes only on a connection idle for at most this many seconds: below the
 #: idle timeout of every common server and gateway (uvicorn 5 s, gunicorn 2 s), which may close
 #: a connection just as a request is sent on it; a write so lost is of unknown fate.
 WRITE_IDLE_MAX = 1.0
+#: A request whose deadline fired this many seconds later than it was due was stalled: this
+#: process was not running meanwhile (its event loop cannot be held up that long otherwise).
+STALL_SLACK = 1.0
 #: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 #: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
@@ -121,3 +125,23 @@ def _certificate_problem(cert: BaseException, shown_url: str) -> str:
             " private CA, give that CA's certificates in SSL_CERT_FILE (a PEM file)"
         )
     return f"the TLS certificate of {shown_url} is refused ({reason})"
+
+
+def unanswered(
+    err: BaseException, method: str, path: str, *, write: bool, waited: float, limit: float | None
+) -> exc.TransportError:
+    """The error of a request sent and not answered (``err``: aiohttp's error or a timeout)
+    after ``waited`` seconds, with a deadline of ``limit``: a write's is an
+    :class:`~._exceptions.AmbiguousWriteError` (it may have been applied). A timeout that
+    fired more than :data:`STALL_SLACK` after the deadline is marked ``stalled``."""
+    timed_out = isinstance(err, TimeoutError)
+    what = "timed out" if timed_out else f"failed: {type(err).__name__}"
+    error: exc.TransportError
+    if write:
+        message = f"{method} {path} {what}; the write may or may not have been applied"
+        error = exc.AmbiguousWriteError(message, method=method, path=path)
+    else:
+        cls = exc.TimeoutError_ if timed_out else exc.TransportError
+        error = cls(f"{method} {path} {what}", method=method, path=path)
+    error.stalled = timed_out and limit is not None and waited > limit + STALL_SLACK
+    return error

@@ -137,12 +137,17 @@ class TLSError(FashiontagError):
 
 
 class TransportError(FashiontagError):
-    """The service could not be reached, or did not answer in a usable way."""
+    """The service could not be reached, or did not answer in a usable way.
+
+    ``stalled``: the request's deadline fired long after it was due, so this process was not
+    running meanwhile (SIGSTOP, a frozen container or cgroup, a paused VM): its wait says
+    nothing of the service, and its failing begins when it was seen, not when it was sent."""
 
     def __init__(self, message: str, *, method: str = "", path: str = "") -> None:
         super().__init__(message)
         self.method = method
         self.path = path
+        self.stalled = False
 
 
 class ConnectError(TransportError):

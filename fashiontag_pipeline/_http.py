@@ -37,7 +37,7 @@ from . import _exceptions as exc
 from ._callctx import GIVE_UP, WRITE_GUARD
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
-from ._connect import WRITE_IDLE_MAX, connect_failure, new_session
+from ._connect import WRITE_IDLE_MAX, connect_failure, new_session, unanswered
 from ._models import STATUS_SUCCESS
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
@@ -229,6 +229,8 @@ class HttpExchange:
                 response = await self.send(method, path, key, body, query, language, retry_all)
             except exc.TransportError as err:
                 failed = True  # no answer: failing since the attempt began (failing[0] kept)
+                if err.stalled:  # ... unless this process was frozen meanwhile: since now
+                    failing[0] = time.monotonic()
                 if isinstance(err, exc.AmbiguousWriteError):
                     raise
                 retryable = retry_all or isinstance(err, exc.ConnectError)
@@ -363,16 +365,13 @@ class HttpExchange:
         except (TimeoutError, aiohttp.ClientError) as err:
             scrub_request_info(err)
             self.stats.transport_errors += 1
-            what = "timed out" if isinstance(err, TimeoutError) else f"failed: {type(err).__name__}"
             if not is_read:
                 self.stats.ambiguous_writes += 1
-                raise exc.AmbiguousWriteError(
-                    f"{method} {path} {what}; the write may or may not have been applied",
-                    method=method,
-                    path=path,
-                ) from err
-            cls = exc.TimeoutError_ if isinstance(err, TimeoutError) else exc.TransportError
-            raise cls(f"{method} {path} {what}", method=method, path=path) from err
+            waited = time.perf_counter() - started
+            limit = deadline(self.timeout)
+            raise unanswered(
+                err, method, path, write=not is_read, waited=waited, limit=limit
+            ) from err
         finally:
             observer = self.observer
             if observer is not None:

@@ -155,6 +155,9 @@ class Misbehaviour:
     #: The first create is applied by the service and its answer held back for ever (the
     #: client is killed while it waits: the task exists, the client never learnt its id).
     hold_first_create: bool = False
+    #: Called with (method, path) of every request as it arrives, before anything else (a
+    #: test that acts at a given moment of the run: freezes the client, say).
+    on_request: Callable[[str, str], None] | None = None
     #: Times (``taskExpireAt``, ``taskExpiredAt``, ``resultExpiredAt``) written as HTTP dates
     #: (``Thu, 26 Nov 2026 05:00:00 GMT``), not RFC 3339.
     http_date_times: bool = False
@@ -266,6 +269,8 @@ class MisbehavingProxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         path = request.path
+        if self.rules.on_request is not None:
+            self.rules.on_request(request.method, path)
         if request.method == "POST" and path == BULK and self.rules.merge_creates:
             self.creates_seen += 1
             if self.creates_seen in self.rules.merge_creates:
