@@ -10,7 +10,8 @@ so each one bounds the offset (service time minus ours)::
 
 :class:`ServerClock` keeps the intersection of those bounds over the responses seen (a sample
 that does not fit the current bounds means one of the clocks was stepped: the bounds restart
-from it). Write deadlines use the upper bound (the service as far ahead as the evidence
+from it; one whose answer "arrived" before it was sent spans a step of our clock and bounds
+nothing). Write deadlines use the upper bound (the service as far ahead as the evidence
 allows), so an uncertain estimate only makes the engine stop writing to a task earlier. While
 the bounds still contain 0 the evidence agrees with our clock (``Date`` has whole seconds only)
 and no correction is made: the engine's ``expiry_margin`` covers that last second.
@@ -36,7 +37,7 @@ class ServerClock:
 
     def observe(self, header: str | None, sent: float, received: float) -> None:
         """Take one response's ``Date`` (``sent``/``received``: our wall clock, seconds)."""
-        if not header:
+        if not header or received < sent:  # our clock stepped back meanwhile: no bound
             return
         if header == self._last_header:
             date = self._last_date

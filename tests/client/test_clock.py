@@ -40,3 +40,19 @@ def test_no_date_no_evidence() -> None:
     clock.observe(None, 1.0, 2.0)
     clock.observe("not a date", 1.0, 2.0)
     assert not clock.known and clock.correction == 0.0
+
+
+def test_our_clock_stepped_back_during_a_request_is_no_evidence() -> None:
+    """Our wall clock set 5 minutes back (NTP) while a request was out: the answer "arrived"
+    before it was sent, and the interval it gives is inverted. Taken, it restarted the bounds
+    at (Date - received, Date + 1 - sent) = (low 300, high 1) and deadlines were corrected by
+    1 s while the step meant 300; it bounds nothing and is left out. The next answer, with
+    both times after the step, restarts the bounds right."""
+    clock = ServerClock()
+    clock.observe(_date(1000.5), 1000.49, 1000.51)  # in agreement
+    clock.observe(_date(1000.8), 1000.7, 700.9)  # received after a 300 s step back
+    assert (clock.low, clock.high) == (1000.0 - 1000.51, 1001.0 - 1000.49)
+    assert clock.correction == 0.0
+    clock.observe(_date(1001.2), 701.1, 701.2)  # the service is now 300 s ahead of us
+    assert clock.low is not None and clock.low > 290
+    assert clock.correction == clock.high
