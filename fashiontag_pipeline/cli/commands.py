@@ -7,7 +7,7 @@ Each half's arguments (and imports) are registered only for its own subcommand.
 
 Exit codes: 0 success, 1 a run that ended with an error, 2 bad usage or configuration (or a
 state file of an unfinished run of other manifests), 3 a run that ended with rows still lacking
-an outcome, 130 interrupted.
+an outcome (or a manifest that grew after it was read), 130 interrupted.
 """
 
 from __future__ import annotations

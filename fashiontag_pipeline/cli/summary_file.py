@@ -27,7 +27,7 @@ def format_summary(summary: RunSummary) -> str:
         else "interrupted"
         if summary.interrupted
         else "incomplete"
-        if summary.unsettled or summary.in_flight
+        if summary.unsettled or summary.in_flight or summary.error
         else "stopped"
     )
     lines = [

@@ -6,7 +6,9 @@ available (``read1``: rows on a slow stdin are delivered as they arrive), detect
 its magic bytes (multi-member files included; a file that ends inside compressed data is a
 truncated manifest, never its end), and gives out bytes holding only complete lines. At the
 end of a regular file it checks that the file is as long as when it was opened and was read
-whole: a manifest rewritten in place while read is an error, not a shorter manifest.
+whole: a manifest rewritten in place while read is an error, not a shorter manifest; and
+when the run ends, :meth:`ManifestBytes.changed_since_read` looks once more (an exporter still
+appending when the reader reached the end).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ __all__ = [
     "RESOURCE_ERRNOS",
     "Kind",
     "ManifestBytes",
+    "ReadEnd",
     "csv_head",
 ]
 
@@ -59,6 +62,46 @@ def csv_head(data: bytes) -> bool:
     return not head.startswith(b"{") and not head[:8].lower().startswith((b"http://", b"https://"))
 
 
+class ReadEnd:
+    """A manifest file as its reader found it (device, inode, size) and whether the reader
+    reached its end: a few ints a run keeps until it ends, when :meth:`changed` looks at the
+    path once more (the reader is closed and dropped by then)."""
+
+    __slots__ = ("name", "opened", "reached")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: (st_dev, st_ino, st_size) of a regular file opened by path; None for stdin.
+        self.opened: tuple[int, int, int] | None = None
+        self.reached = False
+
+    def changed(self) -> str | None:
+        """How the manifest changed after it was read to its end (None when it has not, and
+        for stdin): longer or shorter than the bytes read (an exporter still appending when
+        the reader reached the end), or another file at its path (renamed over it). One stat
+        (blocking), once per run. A path that names nothing now (a cleanup job) is no change:
+        every row of the file was read."""
+        if self.opened is None or not self.reached:
+            return None
+        try:
+            now = os.stat(self.name)
+        except OSError:
+            return None
+        dev, ino, size = self.opened
+        if (now.st_dev, now.st_ino) != (dev, ino):
+            return (
+                f"manifest {self.name} names another file than the one the run read"
+                " (replaced after the run had read it to its end)"
+            )
+        if now.st_size != size:
+            how = "grew" if now.st_size > size else "was cut"
+            return (
+                f"manifest {self.name} {how} after the run had read it to its end"
+                f" ({size:,} bytes read, {now.st_size:,} now)"
+            )
+        return None
+
+
 class ManifestBytes:
     """The bytes of one manifest (blocking; see the module). ``kind`` and ``header`` are the
     records half's: what is known of the format decides where a chunk without a line feed
@@ -84,11 +127,15 @@ class ManifestBytes:
         self.size: int | None = None
         #: Where reading starts (stdin redirected from a file another command read part of).
         self._offset0 = 0
+        #: What the run looks at again when it ends (kept after the reader is dropped).
+        self.read_end = ReadEnd(self.name)
         try:
             info = os.fstat(self._fh.fileno())
             if stat.S_ISREG(info.st_mode):
                 self.size = info.st_size
                 self._offset0 = os.lseek(self._fh.fileno(), 0, os.SEEK_CUR)
+                if self._owns:
+                    self.read_end.opened = (info.st_dev, info.st_ino, info.st_size)
         except (OSError, ValueError, io.UnsupportedOperation):
             pass
         self._gunzip: Any = None
@@ -109,6 +156,10 @@ class ManifestBytes:
         whatever the path names by now. None of either for stdin or a pipe."""
         fd = self._fh.fileno() if self._owns and self.size is not None else None
         return fingerprint_open(self.name, fd)
+
+    def changed_since_read(self) -> str | None:
+        """How this manifest changed after it was read to its end (:class:`ReadEnd`)."""
+        return self.read_end.changed()
 
     def _read_raw(self) -> bytes:
         read1 = getattr(self._fh, "read1", None)
@@ -163,7 +214,7 @@ class ManifestBytes:
             chunk = self._read_bytes()
             if not chunk:
                 self._check_unchanged()
-                self._eof = True
+                self._eof = self.read_end.reached = True
                 continue
             data = self._pending + chunk
             # (A newline inside a quoted CSV field is no record boundary: the csv module finds

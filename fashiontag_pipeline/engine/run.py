@@ -29,6 +29,7 @@ from .engine import Engine, RunControl
 from .flow import FatalRunError
 from .gcpolicy import tune_gc
 from .jobs import Job, JobSpec
+from .manifest_bytes import ReadEnd
 from .manifests import STDIN, check_readable_twice
 from .outcome import already_complete
 from .reuse import open_reuse
@@ -215,6 +216,8 @@ async def run_pipeline(
         prints=prints,  # the run's own check covers them (open_run)
     )
     restore_gc = tune_gc()
+    changed: list[str] = []
+    ends = [reader.read_end for reader in readers]  # (the engine drops its readers)
     try:
         try:
             async with core:
@@ -230,6 +233,9 @@ async def run_pipeline(
                         await core.wait()
                 else:
                     await core.wait()
+            if core.complete and not core.interrupted and not isinstance(state, StateStore):
+                # (The daemon claims its manifests whole: only run's are looked at again.)
+                changed = await anyio.to_thread.run_sync(_changed_since_read, ends)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
     except exc.ManifestError as err:
@@ -248,7 +254,25 @@ async def run_pipeline(
                 await anyio.to_thread.run_sync(reuse.close_store)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         _fill(core, since, core.reconciliation, summary)
+    if changed:
+        # Every row read has its outcome (the state says complete, and holds the manifests as
+        # read: the same command again is a new run of them as they are by then), but rows
+        # written after the read have none: never reported complete.
+        summary.complete = False
+        summary.error = (
+            f"{'; '.join(changed)}: rows written after the run read it were not tagged. Once"
+            " the file is whole, run the same command again: it starts a new run of the"
+            " manifests as they are then (every row is tagged again, unless --reuse STORE"
+            " answers the unchanged ones from a result store)"
+        )
+        logger.error("run incomplete: %s", summary.error)
     return summary
+
+
+def _changed_since_read(ends: Sequence[ReadEnd]) -> list[str]:
+    """How each manifest changed after it was read to its end (:class:`ReadEnd`); blocking,
+    once per run."""
+    return [c for end in ends if (c := end.changed()) is not None]
 
 
 def _snapshot(core: Engine, since: ClientStats) -> dict[str, int]:

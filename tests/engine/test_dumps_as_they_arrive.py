@@ -4,20 +4,24 @@ with old Mac line ends (bare CR)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
-from fashiontag_pipeline.engine.source import open_manifest
+from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, dead_port, read_outcomes, run_args
+from .helpers import ENV, dead_port, read_outcomes, run_args, write_csv
 
 #: A manifest large enough that hashing it takes a while (as a real nightly dump does: a
 #: 10^7-row dump takes seconds): 1,000 rows, each with an ignored 64 KB column.
@@ -123,10 +127,13 @@ async def test_a_dump_replaced_while_a_resume_starts_is_never_resumed_by_line_nu
         f"exit {code}: outputs mix two dumps ({sum(i[0] == 'a' for i in ids)} rows of"
         f" the old one, {sum(i[0] == 'b' for i in ids)} of the new one); {err[-300:]}"
     )
-    if code == 0:
+    if code in (0, 3):
         (kind,) = kinds
         expected = {f"{kind}{i}" for i in range(1000 if kind == "a" else 1500)}
         assert sorted(ids) == sorted(expected)
+        # The old dump tagged whole, tonight's at the path is not: said, never exit 0.
+        assert (code == 3) == (kind == "a"), err[-400:]
+        assert code == 0 or "names another file" in err, err[-400:]
     else:  # refused: the state is of another dump, and it says so
         assert code == 2, err[-400:]
 
@@ -260,3 +267,77 @@ def test_an_id_with_a_nul_is_a_client_reject_in_every_format(tmp_path: Path, fmt
     assert [(r.id, r.reason, r.line) for _, r in rejects] == [
         ("a\x00b", "id contains a NUL character", 2 if fmt != "jsonl" else 1)
     ]
+
+
+async def test_rows_appended_after_the_dump_was_read_are_not_reported_complete(
+    tmp_path: Path,
+) -> None:
+    """An exporter still appending to tonight's dump when cron starts the run: the reader
+    reaches the end of the file within a second and the run then tags for minutes. A row
+    appended meanwhile was never read, never tagged, and the run exited 0 'complete'. It
+    ends with exit 3 (rows without an outcome), says on stderr which manifest changed and
+    what to run, and the summary says so; the same command again tags the whole file."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "results.jsonl"
+    summary = tmp_path / "summary.json"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
+        args += ["--summary", str(summary)]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):  # results flow: every row was read long before
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        assert proc.returncode is None, "the run ended before the row was appended"
+        with manifest.open("a") as fh:
+            fh.write("late-1,https://img.example/late-1.jpg,acme,TOP\n")
+        with anyio.fail_after(60):
+            err = (await _all_of(proc.stderr)).decode(errors="replace")
+            await proc.wait()
+        await proc.aclose()
+        assert "late-1" not in read_outcomes(out, out.with_suffix(".rej")).ids
+        assert proc.returncode == 3, err[-600:]
+        assert str(manifest) in err and "not tagged" in err and "run complete" not in err
+        assert "run the same command again" in err, err[-600:]
+        report = json.loads(summary.read_text())
+        assert report["complete"] is False and str(manifest) in report["error"]
+        with anyio.fail_after(60):
+            again = await anyio.run_process(args, check=False, env=ENV)
+    assert again.returncode == 0, again.stderr.decode()[-600:]
+    assert "late-1" in read_outcomes(out, out.with_suffix(".rej")).ids
+
+
+def test_a_dump_renamed_over_after_it_was_read_is_told_and_stdin_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end-of-run look at a manifest: grown, cut, or another file at its path (the
+    exporter's ``mv``) is described; the file as read, or stdin, is not."""
+    path = tmp_path / "m.csv"
+    path.write_text(_small("a", 3))
+    reader = open_manifest(str(path), 0)
+    try:
+        list(iter_rows_sync(reader))
+        assert reader.changed_since_read() is None
+        (tmp_path / "next.csv").write_text(_small("b", 3))
+        os.replace(tmp_path / "next.csv", path)
+        assert "another file" in (reader.changed_since_read() or "")
+    finally:
+        reader.close()
+    with path.open("rb") as stdin:  # ``fashiontag run - < m.csv``: no path to look at
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin))
+        reader = open_manifest("-", 0)
+        try:
+            list(iter_rows_sync(reader))
+            with path.open("a") as fh:
+                fh.write("late,https://img.example/late.jpg\n")
+            assert reader.changed_since_read() is None
+        finally:
+            reader.close()
+
+
+async def _all_of(stream: anyio.abc.ByteReceiveStream | None) -> bytes:
+    assert stream is not None
+    chunks = []
+    with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError):
+        while True:
+            chunks.append(await stream.receive())
+    return b"".join(chunks)
