@@ -38,6 +38,7 @@ from .run_checks import (
     absolute,
     asked_text,
     check_asked,
+    file_size,
     not_a_file,
     not_utf8,
     outputs_elsewhere,
@@ -145,6 +146,10 @@ async def run_pipeline(
                 ", ".join(names),
             )
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
+        if run.opened == "new" and not restart and not isinstance(state_path, StateStore):
+            run.note = _outputs_without_state(db.location, out, rejects)
+            if run.note:  # said before the sinks cut them to nothing
+                logger.warning("%s", run.note)
         recorded = db.find_job(RUN_JOB) if run.opened in ("complete", "resumed") else None
         moved, elsewhere = outputs_elsewhere(recorded, out, rejects)
         if run.opened == "complete":
@@ -267,6 +272,22 @@ async def run_pipeline(
         )
         logger.error("run incomplete: %s", summary.error)
     return summary
+
+
+def _outputs_without_state(location: str, out: Path, rejects: Path) -> str:
+    """What a new run over outputs that are not empty says ("" when they are empty or
+    missing): no state was found, so what they hold (a run's whose state was lost: a state
+    on a tmpfs after a reboot) is rewritten and every row tagged again, as after a
+    completed run of other manifests."""
+    held = [f"{path} ({size:,} bytes)" for path in (out, rejects) if (size := file_size(path)) > 0]
+    if not held:
+        return ""
+    return (
+        f"no state at {location}, but {' and '.join(held)} already"
+        f" hold{'s' if len(held) == 1 else ''} outcomes (a run whose state was lost, such as a"
+        " state on a tmpfs after a reboot, or another program's): starting a new run; they are"
+        " rewritten and every row is tagged again"
+    )
 
 
 def _changed_since_read(ends: Sequence[ReadEnd]) -> list[str]:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -334,3 +335,40 @@ async def test_a_run_given_relative_paths_resumes_from_another_directory(tmp_pat
     assert_exactly_once(out, a / "out.rej", {f"p{i}" for i in range(4000)})
     assert [p.name for p in b.iterdir()] == ["out.jsonl"]
     assert (b / "out.jsonl").read_bytes() == unrelated
+
+
+async def test_a_lost_state_beside_written_outputs_is_said_before_they_are_rewritten(
+    tmp_path: Path,
+) -> None:
+    """``--state`` on a tmpfs (/tmp, /dev/shm) and a reboot mid-run: the state is gone, the
+    outputs are not. The same command is a new run: it cut the results file to nothing and
+    tagged (billed) every row again, exit 0, without a word. It still does (a lost state
+    cannot be resumed), but says so at the start, naming the state looked for and the files
+    rewritten; a first run into empty outputs says nothing."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out, state, summary = tmp_path / "out.jsonl", tmp_path / "s.state", tmp_path / "sum.json"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        args += ["--rotate-images", "1000", "--rotate-min-images", "1000"]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        assert proc.returncode is None, "the run ended before it was killed"
+        proc.send_signal(signal.SIGKILL)  # the reboot
+        await proc.wait()
+        first = (await _all_of(proc.stderr)).decode()
+        await proc.aclose()
+        assert "no state" not in first, first[-400:]
+        for lost in tmp_path.glob("s.state*"):  # a tmpfs after a reboot
+            lost.unlink()
+        with anyio.fail_after(60):
+            again = await anyio.run_process(
+                [*args, "--summary", str(summary)], check=False, env=ENV
+            )
+    err = again.stderr.decode()
+    assert again.returncode == 0, err[-400:]
+    head = err.split("run complete")[0]  # said before the run, not only in its summary
+    assert f"no state at {state}" in head and str(out) in head and "rewritten" in head, err
+    assert "no state" in json.loads(summary.read_text())["note"]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
