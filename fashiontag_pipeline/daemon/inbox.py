@@ -41,16 +41,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import anyio
 import anyio.to_thread
-import msgspec
 
 from ..engine.source import RESOURCE_ERRNOS
 from ._files import fsync_dir
+from .claims import Claim, as_moved
 from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
-from .ledger import ClaimLedger, ClaimRecord, SharedLedger
+from .inbox_shared import SharedInbox
+from .ledger import ClaimLedger, ClaimRecord
 from .names import (
     DONE_DIR,
     FAILED_DIR,
@@ -60,25 +60,11 @@ from .names import (
     hash_file,
     is_manifest_name,
 )
-from .settled import InboxSettling, remove_marker
+from .settled import remove_marker
 
 __all__ = ["Claim", "Inbox"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
-
-
-class Claim(msgspec.Struct, frozen=True, kw_only=True):
-    """A manifest the daemon now owns: its file is ``path`` (in ``INBOX/.work``).
-
-    ``resumed`` is true for a claim found in flight at start-up (its outputs may be partly
-    written: the engine resumes it from the state store)."""
-
-    name: str
-    path: str
-    sha256: str
-    size: int
-    claimed_at: float
-    resumed: bool = False
 
 
 @dataclass(slots=True)
@@ -88,18 +74,7 @@ class _Seen:
     since: float
 
 
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    """Whether two stats are of one file unchanged: the inode, and its size and modification
-    time (a file deleted and written again may get the same inode number)."""
-    return (a.st_ino, a.st_dev, a.st_size, a.st_mtime_ns) == (
-        b.st_ino,
-        b.st_dev,
-        b.st_size,
-        b.st_mtime_ns,
-    )
-
-
-class Inbox(InboxSettling):
+class Inbox(SharedInbox):
     """Scans ``root`` for ready manifests and claims them (see the module docstring).
 
     ``clock`` (monotonic seconds) decides settling and is injectable for tests; ``wall_clock``
@@ -209,51 +184,6 @@ class Inbox(InboxSettling):
         self._claimed.update(c.name for c in claims)
         return claims
 
-    def repair_shared(self) -> None:
-        """Beside other daemons (at start-up, then every ``shared_after`` seconds): a file in
-        ``.work`` left alone (its ctime, which a rename sets) for ``shared_after`` seconds and
-        not recorded in flight is recorded now (a daemon died, or lost the database, between
-        its rename and its record), or, when it is the very content a settled record names,
-        moved where that record says; a claim in flight whose file is gone is abandoned."""
-        assert self.shared_after is not None
-        ledger = cast("SharedLedger", self.ledger)
-        now = self._wall_clock()
-        with os.scandir(self.work) as entries:
-            files = [e for e in entries if e.is_file() and not e.name.startswith(".")]
-        for entry in sorted(files, key=lambda e: e.name):
-            try:
-                if now - entry.stat().st_ctime < self.shared_after:
-                    continue  # another daemon may be between its rename and its record
-            except FileNotFoundError:
-                continue
-            record = self.ledger.lookup(entry.name)
-            if record is not None and record.status == "claimed":
-                continue
-            try:
-                sha256, size = hash_file(self.work / entry.name)
-            except FileNotFoundError:
-                continue
-            if (
-                record is not None
-                and record.status in ("done", "failed", "duplicate")
-                and record.sha256 == sha256
-            ):
-                # This very file was settled, but its move was interrupted: finish it. A file
-                # of another content under a settled name is a new claim (below).
-                folder = self.failed if record.status == "failed" else self.done
-                target = folder / free_name(folder, entry.name, record.sha256)
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(self.work / entry.name, target)
-                    fsync_dir(folder)
-                continue
-            ledger.record_claim_if_absent(
-                ClaimRecord(name=entry.name, sha256=sha256, size=size, claimed_at=now)
-            )
-        in_work = {e.name for e in files}
-        for record in self.ledger.in_flight():
-            if record.name not in in_work and not (self.work / record.name).is_file():
-                self.ledger.record_abandoned(record.name)
-
     # -- scanning ------------------------------------------------------------------------
 
     def scan(self) -> list[Path]:
@@ -357,7 +287,7 @@ class Inbox(InboxSettling):
         fsync_dir(self.work)
         self._seen.pop(name, None)
         self._claimed.add(name)
-        record = self._as_moved(target, after, record)
+        record = as_moved(target, after, record)
         if record.sha256 != sha256:
             self.ledger.record_claim(record)
         sha256, size = record.sha256, record.size
@@ -366,48 +296,6 @@ class Inbox(InboxSettling):
             path=str(target),
             sha256=sha256,
             size=size,
-            claimed_at=record.claimed_at,
-        )
-
-    @staticmethod
-    def _as_moved(moved: Path, hashed: os.stat_result, record: ClaimRecord) -> ClaimRecord:
-        """The claim's record for the file that was moved: ``record`` when it is the file
-        hashed (``hashed``: its stat), else the moved file's own hash. A file renamed over
-        the name between the hash and the move is the one moved; claimed under the other's
-        hash, a later drop of that other content would be taken for a duplicate of it, and
-        its rows never tagged."""
-        if _same_file(moved.stat(), hashed):
-            return record
-        sha256, size = hash_file(moved)
-        return ClaimRecord(name=record.name, sha256=sha256, size=size, claimed_at=record.claimed_at)
-
-    def _claim_shared(
-        self, path: Path, record: ClaimRecord, hashed: os.stat_result
-    ) -> Claim | None:
-        """The move first: of several daemons, the one whose move succeeds owns the file;
-        then its record (if the name is not in flight already). The move is a hard link that
-        fails when ``.work`` has the name (a rename would replace a file another daemon moved
-        there a moment before), then the inbox's name is removed."""
-        name = path.name
-        self._seen.pop(name, None)
-        try:
-            os.link(path, self.work / name)
-        except (FileNotFoundError, FileExistsError):
-            return None  # another daemon claimed it, or one of that name is in flight
-        record = self._as_moved(self.work / name, hashed, record)
-        with contextlib.suppress(FileNotFoundError):
-            # Only the file linked: one renamed over NAME since is left for the next scan.
-            if _same_file(path.stat(), (self.work / name).stat()):
-                os.unlink(path)
-        remove_marker(self.root / f"{name}{READY_SUFFIX}")
-        fsync_dir(self.root)
-        fsync_dir(self.work)
-        cast("SharedLedger", self.ledger).record_claim_if_absent(record)
-        return Claim(
-            name=name,
-            path=str(self.work / name),
-            sha256=record.sha256,
-            size=record.size,
             claimed_at=record.claimed_at,
         )
 

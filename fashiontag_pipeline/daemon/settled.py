@@ -34,7 +34,7 @@ from .names import (
 )
 
 if TYPE_CHECKING:
-    from .inbox import Claim
+    from .claims import Claim
 
 __all__ = ["InboxSettling", "remove_marker"]
 

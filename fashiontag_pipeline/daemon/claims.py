@@ -1,0 +1,51 @@
+"""A claim of the inbox (:class:`Claim`), and how the file moved into ``.work`` is known to be
+the file hashed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from .ledger import ClaimRecord
+from .names import hash_file
+
+__all__ = ["Claim", "as_moved", "same_file"]
+
+
+class Claim(msgspec.Struct, frozen=True, kw_only=True):
+    """A manifest the daemon now owns: its file is ``path`` (in ``INBOX/.work``).
+
+    ``resumed`` is true for a claim found in flight at start-up (its outputs may be partly
+    written: the engine resumes it from the state store)."""
+
+    name: str
+    path: str
+    sha256: str
+    size: int
+    claimed_at: float
+    resumed: bool = False
+
+
+def same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    """Whether two stats are of one file unchanged: the inode, and its size and modification
+    time (a file deleted and written again may get the same inode number)."""
+    return (a.st_ino, a.st_dev, a.st_size, a.st_mtime_ns) == (
+        b.st_ino,
+        b.st_dev,
+        b.st_size,
+        b.st_mtime_ns,
+    )
+
+
+def as_moved(moved: Path, hashed: os.stat_result, record: ClaimRecord) -> ClaimRecord:
+    """The claim's record for the file that was moved: ``record`` when it is the file hashed
+    (``hashed``: its stat), else the moved file's own hash. A file renamed over the name
+    between the hash and the move is the one moved; claimed under the other's hash, a later
+    drop of that other content would be taken for a duplicate of it, and its rows never
+    tagged."""
+    if same_file(moved.stat(), hashed):
+        return record
+    sha256, size = hash_file(moved)
+    return ClaimRecord(name=record.name, sha256=sha256, size=size, claimed_at=record.claimed_at)
