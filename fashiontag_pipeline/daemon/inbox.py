@@ -22,7 +22,9 @@ A claim is crash-safe by its order:
 3. delete ``NAME.ready`` (a crash here leaves the file in the inbox, which settles and is
    claimed again: a marker is never left behind to make a *later* file of that name look
    ready before it is complete);
-4. rename ``INBOX/NAME`` to ``INBOX/.work/NAME`` (atomic on one filesystem).
+4. rename ``INBOX/NAME`` to ``INBOX/.work/NAME`` (atomic on one filesystem). A file that
+   cannot be moved (or whose marker cannot be deleted) is left where it is and its claim
+   recorded abandoned, said once (see :meth:`Inbox._move_in`).
 
 A crash after 2 leaves a recorded claim whose file is still in the inbox: it is claimed again
 (recording is idempotent by name). A crash after 4 leaves ``.work/NAME``, which
@@ -114,6 +116,9 @@ class Inbox(SharedInbox):
         #: Names claimed by this process and not yet settled: a file of that name in the
         #: inbox (one moved back out of .work by hand) waits for the claim to end.
         self._claimed: set[str] = set()
+        #: Files whose claim could not move them (see _move_in): their (inode, device, ctime,
+        #: marker's mtime) then; left alone while these stay the same.
+        self._immovable: dict[str, tuple[int, int, int, int]] = {}
 
     def prepare(self) -> None:
         """Create the inbox's folders (the inbox itself must exist)."""
@@ -222,9 +227,14 @@ class Inbox(SharedInbox):
         for gone in self._seen.keys() - names.keys():
             del self._seen[gone]
         self._stuck &= names.keys() | set(odd)
+        for gone in self._immovable.keys() - names.keys():
+            del self._immovable[gone]
         ready: list[tuple[float, str]] = []
         for name, st in names.items():
             if name in self._stuck:
+                continue
+            now_as = (st.st_ino, st.st_dev, st.st_ctime_ns, markers.get(name, -1))
+            if self._immovable.get(name) == now_as:
                 continue
             seen = self._seen.get(name)
             if seen is None or seen.size != st.st_size or seen.mtime_ns != st.st_mtime_ns:
@@ -281,8 +291,8 @@ class Inbox(SharedInbox):
         if self.shared_after is not None:
             return self._claim_shared(path, record, after)
         self.ledger.record_claim(record)
-        remove_marker(self.root / f"{name}{READY_SUFFIX}")
-        os.rename(path, target)
+        if not self._move_in(path, target, after):
+            return None
         fsync_dir(self.root)
         fsync_dir(self.work)
         self._seen.pop(name, None)
@@ -298,6 +308,38 @@ class Inbox(SharedInbox):
             size=size,
             claimed_at=record.claimed_at,
         )
+
+    def _move_in(self, path: Path, target: Path, hashed: os.stat_result) -> bool:
+        """Steps 3 and 4 of a claim (recorded): the marker deleted, the file moved into
+        ``.work``. A file the daemon may not move (a sticky drop folder and another account's
+        file, an immutable file, a read-only mount), or whose marker it may not delete, is
+        left in the inbox, its claim abandoned, said once: it is tried again when it or its
+        marker changes (a chown, ``chattr -i``, a new drop), or at the next start. Raised,
+        it stopped the daemon, and again at every start."""
+        name = path.name
+        marker = self.root / f"{name}{READY_SUFFIX}"
+        step = f"its marker {marker.name} cannot be deleted"
+        try:
+            remove_marker(marker)
+            step = "it cannot be moved into .work"
+            os.rename(path, target)
+        except OSError as err:
+            self.ledger.record_abandoned(name)
+            self._seen.pop(name, None)
+            try:
+                marked = marker.lstat().st_mtime_ns
+            except OSError:
+                marked = -1
+            self._immovable[name] = (hashed.st_ino, hashed.st_dev, hashed.st_ctime_ns, marked)
+            logger.error(
+                "manifest %s cannot be claimed: %s (%s); it is left in the inbox, not tagged, "
+                "until it changes or the daemon restarts",
+                name,
+                step,
+                err.strerror or err,
+            )
+            return False
+        return True
 
     async def ascan(self) -> list[Path]:
         """:meth:`scan` in a worker thread."""
