@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
-__all__ = ["fsync_dir", "write_atomic"]
+__all__ = ["fsync_dir", "move_file", "write_atomic"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -24,12 +26,48 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` so that it is either absent or whole: a hidden temp file beside it,
-    fsync, rename, fsync the folder (a crash never leaves half a file under the real name)."""
+def _temp_beside(path: Path) -> Path:
+    """A hidden temp name beside ``path``."""
     tmp = path.with_name(f".{path.name}.tmp")
     if len(tmp.name.encode()) > 255:  # a name near NAME_MAX: a short temp name of its own
         tmp = path.with_name(f".{hashlib.sha256(path.name.encode()).hexdigest()[:16]}.tmp")
+    return tmp
+
+
+def move_file(path: Path, target: Path) -> None:
+    """Rename ``path`` to ``target``, durably. Across file systems (EXDEV: the target's folder
+    is a mount of another), a copy under a hidden temp name beside ``target``, fsync, rename,
+    and only then the original removed: a crash leaves the file in one place or in both,
+    never in neither, nor half of it under the real name."""
+    try:
+        os.rename(path, target)
+    except OSError as err:
+        if err.errno != errno.EXDEV:
+            raise
+    else:
+        fsync_dir(target.parent)
+        return
+    tmp = _temp_beside(target)
+    try:
+        with path.open("rb") as src, tmp.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+        shutil.copystat(path, tmp)
+        os.rename(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(target.parent)
+    os.unlink(path)
+    fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` so that it is either absent or whole: a hidden temp file beside it,
+    fsync, rename, fsync the folder (a crash never leaves half a file under the real name)."""
+    tmp = _temp_beside(path)
     try:
         with tmp.open("wb") as fh:
             fh.write(data)

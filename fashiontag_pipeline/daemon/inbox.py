@@ -30,8 +30,9 @@ A crash after 2 leaves a recorded claim whose file is still in the inbox: it is 
 (recording is idempotent by name). A crash after 4 leaves ``.work/NAME``, which
 :meth:`Inbox.recover` reports, first, as a resumed claim. Settling is recorded before the move
 to ``done/`` or ``failed/``, so a crash between the two is finished by :meth:`Inbox.recover`.
-A name is not claimed while ``.work/NAME`` holds an earlier file of that name (it waits for
-it): a rename would otherwise replace a manifest in flight.
+A name is not claimed while ``.work/NAME`` holds an earlier file of that name in flight (it
+waits for it): a rename would otherwise replace a manifest in flight. One left there settled
+(its move failed) is moved first, where its record says.
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ from .names import (
     FAILED_DIR,
     READY_SUFFIX,
     WORK_DIR,
-    free_name,
     hash_file,
     is_manifest_name,
 )
@@ -119,6 +119,7 @@ class Inbox(SharedInbox):
         #: Files whose claim could not move them (see _move_in): their (inode, device, ctime,
         #: marker's mtime) then; left alone while these stay the same.
         self._immovable: dict[str, tuple[int, int, int, int]] = {}
+        self._held: set[str] = set()
 
     def prepare(self) -> None:
         """Create the inbox's folders (the inbox itself must exist)."""
@@ -151,11 +152,7 @@ class Inbox(SharedInbox):
             if record is not None and record.status in ("done", "failed", "duplicate"):
                 # Settled, but the crash came before the move: finish it (under a free name
                 # if the recorded one was taken since).
-                target = self.root / record.settled_as
-                folder = self.failed if record.status == "failed" else self.done
-                if not record.settled_as or target.exists() or target.parent != folder:
-                    target = folder / free_name(folder, name, record.sha256)
-                self._move_settled(self.work / name, target)
+                self._move_settled(self.work / name, self._settled_target(record))
                 continue
             if record is None or record.status != "claimed":
                 sha256, size = hash_file(self.work / name)
@@ -245,7 +242,10 @@ class Inbox(SharedInbox):
             # later look complete; it waits to settle instead.
             marked = markers.get(name, -1) >= st.st_mtime_ns
             if marked or now - seen.since >= self.settle:
-                if name in self._claimed or (self.work / name).exists():
+                if name in self._claimed or (
+                    (self.work / name).exists()
+                    and (self.shared_after is not None or not self._clear_leftover(name))
+                ):
                     continue  # an earlier file of this name is in flight
                 ready.append((seen.since, name))
         ready.sort()

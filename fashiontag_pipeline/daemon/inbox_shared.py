@@ -60,9 +60,7 @@ class SharedInbox(InboxSettling):
                 # of another content under a settled name is a new claim (below).
                 folder = self.failed if record.status == "failed" else self.done
                 target = folder / free_name(folder, entry.name, record.sha256)
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(self.work / entry.name, target)
-                    fsync_dir(folder)
+                self._move_settled(self.work / entry.name, target, gone_ok=True)  # by another
                 continue
             ledger.record_claim_if_absent(
                 ClaimRecord(name=entry.name, sha256=sha256, size=size, claimed_at=now)

@@ -21,8 +21,8 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from ._files import fsync_dir, write_atomic
-from .ledger import ClaimLedger, SettledStatus, SharedLedger
+from ._files import fsync_dir, move_file, write_atomic
+from .ledger import ClaimLedger, ClaimRecord, SettledStatus, SharedLedger
 from .names import (
     DONE_DIR,
     ERROR_SUFFIX,
@@ -57,12 +57,15 @@ class InboxSettling:
     """The settling half of :class:`~.inbox.Inbox` (same folders, same ledger)."""
 
     root: Path
+    work: Path
     done: Path
     failed: Path
     ledger: ClaimLedger
     _seen: dict[str, Any]
     _stuck: set[str]
     _claimed: set[str]
+    #: Names a settled file left in .work holds back, said once (see _clear_leftover).
+    _held: set[str]
 
     def _refuse(self, path: Path, reason: str) -> None:
         """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
@@ -100,26 +103,74 @@ class InboxSettling:
         self._settle(claim.name, status, f"{DONE_DIR}/{name}", lease)
         target = self.done / name
         self._move_settled(Path(claim.path), target)
+        self._claimed.discard(claim.name)  # after the move: a scan never moves it meanwhile
         return target
 
-    def _move_settled(self, path: Path, target: Path) -> None:
-        """Move a settled manifest (its outcome recorded) to ``done/`` or ``failed/``. The
-        move is bookkeeping, never a reason to stop: a file removed from ``.work`` by hand is
-        noted, and a folder the daemon cannot write leaves the file in ``.work`` (said each
-        time; a start-up tries again), where it would have stopped the daemon at every start."""
+    def _remake(self, folder: Path) -> None:
+        """Make one of the inbox's folders again if it is gone (a cleanup job's ``rm -rf``
+        while the daemon runs): the move into it follows. One that cannot be made is left to
+        that move to fail and say why."""
         try:
-            os.rename(path, target)
-            fsync_dir(target.parent)
+            folder.mkdir()
+        except OSError:
+            return
+        logger.warning("the inbox's folder %s was gone: made again", folder.name)
+
+    def _settled_target(self, record: ClaimRecord) -> Path:
+        """Where a settled file still in ``.work`` goes: where its record says, or a free
+        name in that folder when that one was taken since."""
+        target = self.root / record.settled_as
+        folder = self.failed if record.status == "failed" else self.done
+        if not record.settled_as or target.exists() or target.parent != folder:
+            target = folder / free_name(folder, record.name, record.sha256)
+        return target
+
+    def _clear_leftover(self, name: str) -> bool:
+        """Whether ``.work/NAME`` is out of the way of a new file of that name: it is not in
+        flight (its claim is settled: a move to ``done/`` or ``failed/`` that failed, a
+        folder removed or on another file system) and is moved where its record says now. A
+        leftover that still cannot be moved holds the name back, said once."""
+        record = self.ledger.lookup(name)
+        if record is None or record.status not in ("done", "failed", "duplicate"):
+            return False  # in flight (or unknown: the next start resumes it)
+        target = self._settled_target(record)
+        try:
+            self._remake(target.parent)
+            move_file(self.work / name, target)
+        except OSError as err:
+            if not (self.work / name).exists():
+                return True  # removed by hand meanwhile
+            if name not in self._held:
+                self._held.add(name)
+                logger.error(
+                    "a new %s waits: the settled one in .work cannot be moved to %s (%s)",
+                    name,
+                    target.parent.name,
+                    err.strerror or err,
+                )
+            return False
+        self._held.discard(name)
+        return not (self.work / name).exists()
+
+    def _move_settled(self, path: Path, target: Path, *, gone_ok: bool = False) -> None:
+        """Move a settled manifest (its outcome recorded) to ``done/`` or ``failed/``, made
+        again if it is gone; across file systems, a copy. The move is bookkeeping, never a
+        reason to stop: a file removed from ``.work`` by hand is noted, and a folder the
+        daemon cannot write leaves the file in ``.work`` (said each time; a new file of its
+        name, or a start-up, tries again), where it would have stopped the daemon at every
+        start."""
+        try:
+            self._remake(target.parent)
+            move_file(path, target)
         except FileNotFoundError:
             if path.exists():
                 logger.error("cannot move %s to %s: its folder is gone", path.name, target.parent)
-            else:
+            elif not gone_ok:
                 logger.warning("manifest %s was removed from .work before its move", path.name)
         except OSError as err:
             logger.error("cannot move %s to %s (it stays in .work): %s", path.name, target, err)
 
     def _settle(self, name: str, status: SettledStatus, settled_as: str, lease: Any) -> None:
-        self._claimed.discard(name)
         if lease is None:
             self.ledger.record_settled(name, status, settled_as)
         else:
@@ -137,6 +188,7 @@ class InboxSettling:
         self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
         target = self.failed / name
         self._move_settled(Path(claim.path), target)
+        self._claimed.discard(claim.name)
         return target
 
     def _interrupted_failure(self, claim: Claim) -> str | None:

@@ -9,8 +9,10 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import pytest
 
 from fashiontag_pipeline.daemon.inbox import Inbox
@@ -127,3 +129,95 @@ async def test_an_immovable_manifest_does_not_stop_the_daemon(tmp_path: Path) ->
         finally:
             daemon.ensure_dead()
             _chattr("-i", stuck)
+
+
+# -- a settled manifest left in .work holds back its name ---------------------------------
+
+
+async def test_the_next_nights_manifest_of_the_same_name_is_tagged_after_done_was_removed(
+    tmp_path: Path,
+) -> None:
+    """Night 1: ``catalogue.csv`` is tagged and moved to ``done/``; a cleanup job then removes
+    ``done/``. Night 2's ``catalogue.csv`` was tagged but stayed in ``.work`` ("its folder is
+    gone"), and night 3's waited for ever, nothing logged: the scan skipped every name
+    ``.work`` held, settled or not. ``done/`` is made again, and every night is tagged."""
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            nights = [[f"n{night}-{i}" for i in range(5)] for night in range(3)]
+            drop_atomic(daemon.inbox, "catalogue.csv", write_manifest(Path(), nights[0]))
+            await daemon.wait_summary("catalogue", timeout=30)
+            shutil.rmtree(daemon.inbox / "done")  # the cleanup job
+            seen: set[Path] = {daemon.outbox / "catalogue"}
+            for night in nights[1:]:
+                drop_atomic(daemon.inbox, "catalogue.csv", write_manifest(Path(), night))
+                with anyio.fail_after(20):
+                    while True:
+                        daemon.check_alive()
+                        new = {p.parent for p in daemon.outbox.glob("catalogue*/summary.json")}
+                        if new - seen:
+                            seen |= new
+                            break
+                        await anyio.sleep(0.05)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert len(seen) == 3
+    assert len(list((daemon.inbox / "done").iterdir())) == 2  # nights 2 and 3
+    assert not list((daemon.inbox / ".work").iterdir())
+
+
+def _exdev(real: Callable[..., None], *, only_from_work: bool) -> Callable[[object, object], None]:
+    """``os.rename`` for ``done/`` on another file system: EXDEV for a rename into it from
+    ``.work`` (or for every rename into it: no way in at all)."""
+
+    def rename(src: object, dst: object) -> None:
+        if "/done/" in str(dst) and (not only_from_work or "/.work/" in str(src)):
+            raise OSError(18, "Invalid cross-device link", str(src), None, str(dst))
+        real(src, dst)
+
+    return rename
+
+
+def test_a_settled_file_left_in_work_does_not_hold_back_its_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A settled file whose move failed stays in .work (the move is bookkeeping); a new file
+    of that name was held back for ever ([] from every scan). Its record says it is settled:
+    it is moved where the record says, and the new one is claimed."""
+    root = tmp_path / "inbox"
+    inbox = _inbox(root)
+    (root / "catalogue.csv").write_bytes(CSV)
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim is not None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "rename", _exdev(os.rename, only_from_work=False))  # no way in
+        inbox.finish(claim, "done")
+        assert (root / ".work" / "catalogue.csv").exists()
+        (root / "catalogue.csv").write_bytes(CSV.replace(b"a.jpg", b"tonight.jpg"))
+        assert inbox.scan() == [] and inbox.scan() == []  # still cannot: held back, said once
+    assert len(_said(caplog, "a new catalogue.csv waits")) == 1
+    assert inbox.scan() == [root / "catalogue.csv"]
+    assert (root / "done" / "catalogue.csv").read_bytes() == CSV
+    claim = inbox.claim(root / "catalogue.csv")
+    assert claim is not None and b"tonight" in Path(claim.path).read_bytes()
+
+
+def test_a_done_folder_on_another_file_system_gets_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``done/`` a mount of another file system: the rename out of ``.work`` fails (EXDEV),
+    and the manifest stayed in ``.work``; it is copied (fsync, then the original removed)."""
+    root = tmp_path / "inbox"
+    inbox = _inbox(root)
+    (root / "catalogue.csv").write_bytes(CSV)
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim is not None
+    monkeypatch.setattr(os, "rename", _exdev(os.rename, only_from_work=True))
+    moved = inbox.finish(claim, "done")
+    assert moved.read_bytes() == CSV
+    assert not list((root / ".work").iterdir())
+    assert sorted(p.name for p in (root / "done").iterdir()) == ["catalogue.csv"]
