@@ -322,7 +322,16 @@ class Inbox(SharedInbox):
         try:
             remove_marker(marker)
             step = "it cannot be moved into .work"
+            self._remake(self.work)  # removed by hand while the daemon runs
             os.rename(path, target)
+        except FileNotFoundError:
+            # Taken back by its producer (``rm``) since its hash: nothing to claim. (Or .work
+            # removed again in that instant: the next scan tries again.)
+            self.ledger.record_abandoned(name)
+            self._seen.pop(name, None)
+            if not os.path.lexists(path):
+                logger.warning("manifest %s was removed before it was claimed", name)
+            return False
         except OSError as err:
             self.ledger.record_abandoned(name)
             self._seen.pop(name, None)

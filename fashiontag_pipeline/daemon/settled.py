@@ -76,6 +76,7 @@ class InboxSettling:
         moved = False
         try:
             # A name that is not UTF-8 goes to failed/ under its bytes written out (\\xe9).
+            self._remake(self.failed)
             name = free_name(self.failed, shown, "", companion=ERROR_SUFFIX)
             error = msgspec.json.encode({"reason": f"{shown} {reason}", "sha256": ""})
             error_file = self.failed / f"{name}{ERROR_SUFFIX}"
@@ -179,7 +180,8 @@ class InboxSettling:
     def fail(self, claim: Claim, reason: str, lease: Any = None) -> Path:
         """Move an unreadable manifest to ``failed/`` beside ``NAME.error.json``; returns
         where. The error file is written first (atomically), so a failed manifest is never
-        found without its reason."""
+        found without its reason; ``failed/`` is made again if it is gone."""
+        self._remake(self.failed)
         name = self._interrupted_failure(claim) or free_name(
             self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX
         )

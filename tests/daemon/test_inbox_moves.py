@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from fashiontag_pipeline.daemon.inbox import Inbox
-from fashiontag_pipeline.daemon.ledger import MemoryClaimLedger
+from fashiontag_pipeline.daemon.ledger import ClaimRecord, MemoryClaimLedger
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, write_manifest
@@ -221,3 +221,73 @@ def test_a_done_folder_on_another_file_system_gets_a_copy(
     assert moved.read_bytes() == CSV
     assert not list((root / ".work").iterdir())
     assert sorted(p.name for p in (root / "done").iterdir()) == ["catalogue.csv"]
+
+
+# -- folders removed, files gone, while the daemon runs ------------------------------------
+
+
+class _VanishingLedger(MemoryClaimLedger):
+    """A ledger whose recording of a claim takes long enough for something to be removed
+    before the daemon moves the file."""
+
+    def __init__(self, gone: Callable[[], None]) -> None:
+        super().__init__()
+        self._gone = gone
+
+    def record_claim(self, record: ClaimRecord) -> None:
+        super().record_claim(record)
+        self._gone()
+
+
+@pytest.mark.parametrize("gone", ["the file", "the work folder"])
+def test_a_file_or_work_gone_between_the_hash_and_the_move(
+    tmp_path: Path, gone: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer taking back a wrong drop (``rm``) or ``rm -rf inbox/.work`` between the
+    hash and the move: FileNotFoundError out of the claim, exit 1 (for the folder, naming the
+    manifest, which was there). A file gone is abandoned; ``.work`` is made again."""
+    root = tmp_path / "inbox"
+    root.mkdir()
+    target = root / "m.csv"
+    target.write_bytes(CSV)
+
+    taken: list[bool] = []
+
+    def take_back() -> None:
+        if taken:
+            return
+        taken.append(True)
+        if gone == "the file":
+            target.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(root / ".work", ignore_errors=True)
+
+    inbox = _inbox(root, _VanishingLedger(take_back))
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    if gone == "the file":
+        assert claim is None
+        record = inbox.ledger.lookup("m.csv")
+        assert record is not None and record.status == "abandoned"
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        target.write_bytes(CSV)  # dropped again: claimed
+        [path] = inbox.scan()
+        assert inbox.claim(path) is not None
+    else:
+        assert claim is not None and Path(claim.path) == root / ".work" / "m.csv"
+        assert Path(claim.path).read_bytes() == CSV
+
+
+def test_a_bad_manifest_after_failed_was_removed(tmp_path: Path) -> None:
+    """``rm -rf inbox/failed`` (the operator has read the failures) while the daemon runs:
+    the next unreadable manifest's error file could not be written, and the daemon stopped
+    with exit 1. The folders the daemon owns are made again when missing."""
+    root = tmp_path / "inbox"
+    inbox = _inbox(root)
+    (root / "bad.csv").write_bytes(b"id,nourl\n1,2\n")
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim is not None
+    shutil.rmtree(root / "failed")
+    moved = inbox.fail(claim, "no url column")
+    assert moved.exists() and moved.with_name(moved.name + ".error.json").exists()
