@@ -1,9 +1,11 @@
 """Names and content of the files in an inbox: which are manifests, their stems, a free name.
 
 A manifest is a ``.csv``, ``.jsonl`` or ``.ndjson`` file, gzipped or not, that is neither hidden
-nor a marker or temporary file (``.ready``, ``.part``, ``.tmp``). Settled manifests move into
-``done/`` and ``failed/`` under their own name when it is free, else under a name that carries
-the first 12 hex digits of their sha256: nothing is ever overwritten.
+nor a marker or temporary file (``.ready``, ``.part``, ``.tmp``); suffixes in any case
+(``CATALOGUE.CSV``: the readers tell the format from the content, never from the name).
+Settled manifests move into ``done/`` and ``failed/`` under their own name when it is free,
+else under a name that carries the first 12 hex digits of their sha256: nothing is ever
+overwritten.
 """
 
 from __future__ import annotations
@@ -45,17 +47,19 @@ HASH_BLOCK = 1 << 20
 
 def is_manifest_name(name: str) -> bool:
     """Whether a file of this name in the inbox is a manifest (not a marker, temp or hidden)."""
-    if not name or name.startswith(".") or name.endswith(IGNORED_SUFFIXES):
+    lowered = name.lower()
+    if not name or name.startswith(".") or lowered.endswith(IGNORED_SUFFIXES):
         return False
-    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
+    base = lowered[: -len(GZIP_SUFFIX)] if lowered.endswith(GZIP_SUFFIX) else lowered
     return any(base.endswith(s) and len(base) > len(s) for s in MANIFEST_SUFFIXES)
 
 
 def manifest_stem(name: str) -> str:
-    """The name without ``.gz`` and then ``.csv``/``.jsonl``/``.ndjson``: ``a.csv.gz`` -> ``a``."""
-    base = name[: -len(GZIP_SUFFIX)] if name.endswith(GZIP_SUFFIX) else name
+    """The name without ``.gz`` and then ``.csv``/``.jsonl``/``.ndjson`` (in any case):
+    ``a.csv.gz`` -> ``a``, ``A.CSV`` -> ``A``."""
+    base = name[: -len(GZIP_SUFFIX)] if name.lower().endswith(GZIP_SUFFIX) else name
     for suffix in MANIFEST_SUFFIXES:
-        if base.endswith(suffix) and len(base) > len(suffix):
+        if base.lower().endswith(suffix) and len(base) > len(suffix):
             return base[: -len(suffix)]
     return base
 

@@ -91,6 +91,13 @@ def make_inbox(root: Path, ledger: ClaimLedger, clock: FakeClock, settle: float 
         ("cat.gz", False),
         (".csv", False),
         ("cat.csv.gz.part", False),
+        ("CATALOGUE.CSV", True),
+        ("dump.Csv.gz", True),
+        ("items.JSONL", True),
+        ("items.NDJSON.GZ", True),
+        ("cat.CSV.PART", False),
+        ("cat.Csv.Tmp", False),
+        (".CSV", False),
     ],
 )
 def test_manifest_names(name: str, expected: bool) -> None:
@@ -99,10 +106,32 @@ def test_manifest_names(name: str, expected: bool) -> None:
 
 @pytest.mark.parametrize(
     ("name", "stem"),
-    [("cat.csv", "cat"), ("cat.csv.gz", "cat"), ("a.b.jsonl", "a.b"), ("x.ndjson.gz", "x")],
+    [
+        ("cat.csv", "cat"),
+        ("cat.csv.gz", "cat"),
+        ("a.b.jsonl", "a.b"),
+        ("x.ndjson.gz", "x"),
+        ("CATALOGUE.CSV", "CATALOGUE"),
+        ("dump.Csv.GZ", "dump"),
+    ],
 )
 def test_manifest_stem(name: str, stem: str) -> None:
     assert manifest_stem(name) == stem
+
+
+@pytest.mark.parametrize("name", ["CATALOGUE.CSV", "dump.Csv.gz", "items.JSONL"])
+def test_a_manifest_whose_suffix_is_in_capitals_is_claimed(root: Path, name: str) -> None:
+    """A Windows or mainframe export (``CATALOGUE.CSV``) was no manifest (the suffix test was
+    case-sensitive): it sat in the inbox for ever, nothing logged. The readers tell the format
+    from the content, so it is a manifest; its outputs go to ``OUTBOX/STEM`` as any other."""
+    data = gzip.compress(CSV) if name.lower().endswith(".gz") else CSV
+    (root / name).write_bytes(data)
+    inbox = make_inbox(root, MemoryClaimLedger(), FakeClock(), settle=0.0)
+    assert inbox.scan() == [root / name]
+    claim = inbox.claim(root / name)
+    assert claim is not None and Path(claim.path).read_bytes() == data
+    done = inbox.finish(claim, "done")
+    assert done == root / "done" / name
 
 
 def test_settle_waits_for_size_and_mtime_to_stay_still(
