@@ -16,8 +16,9 @@ make a half-written file look old.
 
 A claim is crash-safe by its order:
 
-1. hash the content (sha256, streamed, in a worker thread), and check that size and mtime did
-   not change while hashing (a producer still writing: not claimed this time);
+1. hash the content (sha256, streamed, in a worker thread), and check that the inode, size
+   and mtime did not change while hashing (a producer still writing, or another file renamed
+   over the name: not claimed this time);
 2. record the claim in the :class:`ClaimLedger` (the state store), durably;
 3. delete ``NAME.ready`` (a crash here leaves the file in the inbox, which settles and is
    claimed again: a marker is never left behind to make a *later* file of that name look
@@ -50,7 +51,7 @@ import anyio.to_thread
 
 from ..engine.source import RESOURCE_ERRNOS
 from ._files import fsync_dir
-from .claims import Claim, as_moved
+from .claims import Claim, as_moved, same_file
 from .config import DEFAULT_SCAN_INTERVAL, DEFAULT_SETTLE
 from .inbox_shared import SharedInbox
 from .ledger import ClaimLedger, ClaimRecord
@@ -279,10 +280,10 @@ class Inbox(SharedInbox):
                 return None
             self._refuse(path, f"cannot be read: {err.strerror or err}")
             return None
-        if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or (
-            size != after.st_size
-        ):
-            self._seen.pop(name, None)  # still being written: settle again
+        if not same_file(before, after) or size != after.st_size:
+            # Still being written, or another file renamed over the name (same size and mtime:
+            # ``cp -p``): settle again, never claimed under the other's hash.
+            self._seen.pop(name, None)
             return None
         target = self.work / name
         if target.exists():

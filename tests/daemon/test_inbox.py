@@ -235,6 +235,39 @@ def test_a_file_that_changes_while_hashed_is_not_claimed(
     assert claim.sha256 == hashlib.sha256(Path(claim.path).read_bytes()).hexdigest()
 
 
+def test_a_file_renamed_over_the_name_while_it_is_hashed_is_not_claimed_under_the_other_hash(
+    root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of the same size and mtime (``rsync -t``, ``cp -p`` of a fixed-width export)
+    renamed over the name while it is hashed: only size and mtime were compared before and
+    after the hash, so it was moved and claimed under the first file's hash, and a later drop
+    of that first content was a duplicate of it, its rows never tagged. The inode counts too:
+    it is not claimed this time (it settles again), then under its own hash."""
+    inbox = make_inbox(root, make_ledger(), FakeClock(), settle=0.0)
+    path = root / "cat.csv"
+    other = CSV.replace(b"a.jpg", b"z.jpg")  # the same size
+    path.write_bytes(CSV)
+    stamp = path.stat().st_mtime_ns
+    real_hash = inbox_module.hash_file
+
+    def hash_then_replace(p: Path) -> tuple[str, int]:
+        got = real_hash(p)
+        incoming = root / ".incoming"
+        incoming.write_bytes(other)
+        os.utime(incoming, ns=(stamp, stamp))
+        os.rename(incoming, p)
+        return got
+
+    monkeypatch.setattr(inbox_module, "hash_file", hash_then_replace)
+    [ready] = inbox.scan()
+    assert inbox.claim(ready) is None
+    monkeypatch.setattr(inbox_module, "hash_file", real_hash)
+    [ready] = inbox.scan()
+    claim = inbox.claim(ready)
+    assert claim is not None and Path(claim.path).read_bytes() == other
+    assert claim.sha256 == hashlib.sha256(other).hexdigest()
+
+
 @pytest.mark.parametrize("how", ["rename", "rewrite"])
 def test_a_file_renamed_over_the_name_before_its_move_is_claimed_under_its_own_hash(
     root: Path, make_ledger: Callable[[], ClaimLedger], monkeypatch: pytest.MonkeyPatch, how: str
