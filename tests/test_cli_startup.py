@@ -34,15 +34,30 @@ MARKERS = {
 }
 
 
+#: Runs the Python command line after it with SIGINT, SIGTERM and SIGHUP at their defaults. A
+#: signal ignored by the suite's own parent is inherited ignored (``nohup`` ignores SIGHUP, a
+#: shell's background job SIGINT), and the command keeps such a signal ignored, by design; its
+#: tests must not depend on how the suite was started (under ``nohup`` the SIGHUP test failed
+#: every time, and the SIGINT ones hung).
+_DEFAULT_SIGNALS = (
+    "import os, signal, sys\n"
+    "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, signal.SIG_DFL)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 async def _signal_as(
     args: list[str], steps: list[tuple[Callable[[bytes], bool], int]], env: dict[str, str]
 ) -> tuple[int, bytes]:
-    """Start ``args`` and send each step's signal, in order, once its test holds of the stderr
-    read so far (every step's signal is asserted sent); its exit code and its stderr."""
+    """Start ``args`` (a Python command line, signals at their defaults) and send each step's
+    signal, in order, once its test holds of the stderr read so far (every step's signal is
+    asserted sent); its exit code and its stderr."""
+    assert args[0] == sys.executable
     err = b""
     done = 0
+    launch = [sys.executable, "-c", _DEFAULT_SIGNALS, *args[1:]]
     async with await anyio.open_process(
-        args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        launch, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
     ) as proc:
         assert proc.stderr is not None
         with anyio.fail_after(20):
