@@ -19,10 +19,12 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   the service's message; transport errors, 429 and 5xx left after the client's own retries are
   retried under the run's :class:`~.flow.RetryBudget` (the run stops with
   :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
-  fatal at once. An image whose request fails (5xx, transport) ``max_sends`` times, each time
-  with another image tagged since its previous failure, is one the service fails on (a poison
-  image, not an outage): a rejects line of stage ``unreturned`` that says so, rather than a
-  run that stops on it every night. An endpoint that fails every image rejects none.
+  fatal at once. An image whose request is answered a 5xx other than 502/503/504 (a 500, say)
+  ``max_sends`` times, each time with another image tagged since its previous failure, is one
+  the service fails on (a poison image, not an outage; load shedding, a gateway's 502/504, a
+  429 or a dropped connection say nothing of the image and never count): a rejects line of
+  stage ``unreturned`` that says so, rather than a run that stops on it every night. An
+  endpoint that fails every image rejects none.
 * Exactly once: each routed row was written ahead to the ``singles`` table (pending) with the
   intake that moved the validated watermark over it (see :mod:`.state`); its outcome line and
   its ``done`` mark are one journal commit. A resume re-tags the pending rows (single tagging
@@ -70,6 +72,18 @@ def _poison_reason(times: int, err: BaseException) -> str:
     return (
         f"the service failed on this image {times} times while it tagged others (last: {message})"
     )
+
+
+#: 5xx that say the service is busy or a gateway failed (load shedding, an upstream down),
+#: whatever the image: never a sign of a poison image.
+SHEDDING_STATUSES = frozenset({502, 503, 504})
+
+
+def _singles_out(err: BaseException) -> bool:
+    """Whether a failed single-mode request may be the image's fault: a 5xx answered for it
+    (500, say) while others are tagged. A 502/503/504 or a transport error says something
+    about the service (overloaded, a gateway, the network), not about the image."""
+    return isinstance(err, exc.ServerError) and err.status not in SHEDDING_STATUSES
 
 
 class SingleRejected(Exception):
@@ -303,7 +317,7 @@ class SingleRouter:
                 await self.budget.failed(err, "single-mode tag")
                 continue
             except (exc.TransportError, exc.ServerError) as err:
-                if self.tagged != tagged:
+                if _singles_out(err) and self.tagged != tagged:
                     alone += 1
                     tagged = self.tagged
                     if alone >= self.config.max_sends:

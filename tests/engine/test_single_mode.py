@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from PIL import Image as PILImage
 
-from fashiontag_pipeline import TaggerClient
+from fashiontag_pipeline import RetryPolicy, TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.engine.source import open_manifest
@@ -339,6 +339,24 @@ async def test_an_image_the_service_always_fails_is_a_reject_not_a_stopped_run(
     assert reject["id"] == "bad" and reject["stage"] == "unreturned"
     assert "HTTP 500" in reject["reason"] and "5 times" in reject["reason"]
     assert proxy.single_failed >= 5 * 4  # max_sends attempts, each the client's 4 tries
+
+
+async def test_load_shedding_rejects_no_good_image(tmp_path: Path) -> None:
+    """The service sheds half of the single-mode requests with HTTP 503 (overloaded): a 503
+    says the service is busy, not that the image is bad, so no row of one good picture is a
+    poison image. Before, a few in a hundred were rejected ("the service failed on this image
+    5 times while it tagged others"; here ``max_sends`` 2 makes it a fifth of them)."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(100)]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, max_sends=2)
+    async with running_service(ServiceConfig(faults=FaultSpec.parse("503=0.5", seed=5))) as svc:
+        # One try per call: each 503 reaches the engine (as one whose every try is shed).
+        config = msgspec.structs.replace(client_config(svc.url), retry=RetryPolicy(max_attempts=1))
+        summary = await run_pipeline([csv], client=config, out=out, rejects=rej, engine=engine)
+    assert summary.complete and summary.rejected == 0 and summary.retries > 0
+    assert_exactly_once(out, rej, {i for i, _ in rows})
 
 
 async def test_a_single_endpoint_failing_for_every_image_rejects_none(tmp_path: Path) -> None:
