@@ -168,6 +168,7 @@ def daemon_command(args: argparse.Namespace) -> int:
         log_format=config.log_format,
         level=level,
         secrets=[client.api_key, client.bulk_api_key],
+        limit_retry_lines=args.verbose < 1,
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     control = RunControl()

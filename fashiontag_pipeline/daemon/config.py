@@ -89,8 +89,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     * ``max_active``: manifests read at the same time (the rest wait, in arrival order).
     * ``drain_timeout``: on SIGTERM, seconds to finish writes in flight before exiting.
     * ``log_format``: ``json`` lines, ``text``, or ``auto`` (text on a terminal).
-    * ``unreachable_after``: ``/readyz`` says 503 once the service has not answered for this
-      many seconds (default 30).
+    * ``unreachable_after``: ``/readyz`` says 503 once the service has not answered, or has
+      answered only 429 or 5xx, for this many seconds (default 30).
     """
 
     inbox: str | None = None

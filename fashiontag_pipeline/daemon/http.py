@@ -4,9 +4,11 @@
 * ``GET /livez``: 200 while the event loop turns (answering is the proof).
 * ``GET /readyz``: 200 when the state store is writable and the service answers; 503 with
   ``{"ready": false, "reason": "..."}`` while draining, before the first answer of the
-  service, or once it has been unreachable for ``unreachable_after`` (30 s) seconds.
+  service, or once it has been unreachable, or has answered every request of its API with 429
+  or a 5xx, for ``unreachable_after`` (30 s) seconds.
 * ``GET /status``: JSON of what :class:`StatusProvider` reports (active and queued manifests
-  with progress, recent completions).
+  with progress, recent completions), and ``rate_limited_since`` while the service answers
+  429 (see :meth:`Health.mark_service_answered`).
 
 The facts behind ``/readyz`` live in :class:`Health`, which the daemon updates as they change
 (a request answered, a state commit failed, SIGTERM received); the server only reads them.
@@ -33,7 +35,7 @@ from aiohttp import web
 from ..service.connections import ConnectionGuard, GuardedSite
 from .config import parse_listen
 from .metrics import CONTENT_TYPE, DaemonMetrics
-from .outbox import ManifestSummary
+from .outbox import ManifestSummary, rfc3339
 
 __all__ = [
     "DEFAULT_UNREACHABLE_AFTER",
@@ -70,12 +72,58 @@ class Health:
         self._service_answered = False
         self._failing_since: float | None = None
         self._last_heard: float | None = None
+        #: Since when every answer of the API has been a 429 or a 5xx, and the last such.
+        self._refusing_since: float | None = None
+        self._refused_with = 0
+        #: Seconds without a 429 after which an answer ends a rate limit.
+        self.limit_quiet = min(5.0, unreachable_after / 3)
+        #: The rate limit going on: when its first 429 came (monotonic and wall clock), its
+        #: last one, and how many there were.
+        self.limited_since: float | None = None
+        self.limited_since_wall = 0.0
+        self._last_limited = 0.0
+        self._answered_after_limit = False
+        self.limited_answers = 0
 
-    def mark_service_answered(self) -> None:
-        """The service answered a request (any HTTP status: it is reachable)."""
+    def mark_service_answered(self, status: int = 200, *, api: bool = True) -> None:
+        """The service answered a request (any HTTP status: it is reachable). ``api``: a
+        request of the tagging API (not the probe), whose status says whether the service
+        serves us: a 429 starts (or goes on with) a rate limit, which ends once another
+        answer has come and :attr:`limit_quiet` seconds have passed since the last 429 (see
+        :meth:`settle_limit`); only 429s and 5xx for
+        ``unreachable_after`` make the service not ready."""
+        now = self._clock()
         self._service_answered = True
         self._failing_since = None
-        self._last_heard = self._clock()
+        self._last_heard = now
+        if not api:
+            return
+        if status == 429 or status >= 500:
+            if self._refusing_since is None:
+                self._refusing_since = now
+            self._refused_with = status
+        else:
+            self._refusing_since = None
+        if status == 429:
+            if self.limited_since is None:
+                self.limited_since, self.limited_since_wall = now, time.time()
+                self.limited_answers = 0
+            self._last_limited = now
+            self._answered_after_limit = False
+            self.limited_answers += 1
+        else:
+            self._answered_after_limit = True
+            self.settle_limit()
+
+    def settle_limit(self) -> None:
+        """Ends the rate limit once it is over (call it now and then: an idle daemon sends
+        nothing that would end it)."""
+        if (
+            self.limited_since is not None
+            and self._answered_after_limit
+            and self._clock() - self._last_limited >= self.limit_quiet
+        ):
+            self.limited_since = None
 
     def mark_service_unreachable(self) -> None:
         """A request got no answer (connection refused, timeout). The first of a streak
@@ -121,6 +169,12 @@ class Health:
                 return False, f"service unreachable for {down:.0f} s"
         if not self._service_answered:
             return False, "service has not answered yet"
+        if self._refusing_since is not None:
+            down = self._clock() - self._refusing_since
+            if down >= self.unreachable_after:
+                if self._refused_with == 429:
+                    return False, f"service rate limiting this key (HTTP 429) for {down:.0f} s"
+                return False, f"service answering HTTP {self._refused_with} for {down:.0f} s"
         return True, ""
 
 
@@ -145,6 +199,9 @@ class DaemonStatus(msgspec.Struct, kw_only=True):
     queued: list[ManifestProgress] = msgspec.field(default_factory=list)
     recent: list[ManifestSummary] = msgspec.field(default_factory=list)
     draining: bool = False
+    #: While the service answers 429: since when (RFC 3339, UTC), and its answers 429 since.
+    rate_limited_since: str | None = None
+    rate_limited_answers: int = 0
 
 
 class StatusProvider(Protocol):
@@ -221,7 +278,11 @@ class MonitoringServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         status = self.status_provider.status()
-        status.draining = status.draining or self.health.draining
+        health = self.health
+        status.draining = status.draining or health.draining
+        limited = health.limited_since is not None
+        status.rate_limited_since = rfc3339(health.limited_since_wall) if limited else None
+        status.rate_limited_answers = health.limited_answers if limited else 0
         return _json(status)
 
     async def start(self) -> None:

@@ -12,6 +12,11 @@ comes out as::
     {"ts":"2026-11-23T02:00:00.123Z","level":"info","event":"manifest claimed",
      "logger":"fashiontag_pipeline.daemon","manifest":"cat.csv","rows":1200}
 
+The client writes a line for each request it retries, and the engine one for each call it
+tries again: at the daemon's INFO level a 429 storm made a line per refused request (111 in
+20 s). :data:`RETRY_LINES` lets :data:`RETRY_BURST` of them through per minute and logger
+and counts the rest, which the daemon's monitor reports once a minute (``-v`` logs each).
+
 Stdout stays empty (nothing here writes to it). Every configured API key is replaced by
 ``********`` wherever it appears (message, fields, traceback), before and after JSON encoding
 (so an escaped form cannot slip through either).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import IO, Any
@@ -31,7 +37,14 @@ from .._config import Secret
 from .._models import format_time
 from .config import LogFormat
 
-__all__ = ["JsonFormatter", "Redactor", "TextFormatter", "configure_logging"]
+__all__ = [
+    "RETRY_LINES",
+    "JsonFormatter",
+    "Redactor",
+    "RetryLineLimiter",
+    "TextFormatter",
+    "configure_logging",
+]
 
 MASK = "********"
 #: Attributes every LogRecord has: everything else on a record came from ``extra``.
@@ -82,6 +95,49 @@ class Redactor:
         if isinstance(value, list | tuple | set | frozenset):
             return [self.value(v) for v in value]
         return self.text(str(value))  # Secret prints its mask; paths, enums their text
+
+
+#: Loggers that write a line per request or call retried (below WARNING).
+RETRY_LOGGERS = frozenset({"fashiontag_pipeline.client", "fashiontag_pipeline.engine.flow"})
+#: Such lines let through per logger and :data:`RETRY_WINDOW` seconds.
+RETRY_BURST = 2
+RETRY_WINDOW = 60.0
+
+
+class RetryLineLimiter(logging.Filter):
+    """Lets :data:`RETRY_BURST` INFO lines per :data:`RETRY_WINDOW` s of each logger of
+    :data:`RETRY_LOGGERS` through and counts the others (:meth:`take_left_out`). Warnings, and
+    the lines saying the service answers again, always pass."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._windows: dict[str, tuple[float, int]] = {}
+        self.left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or record.name not in RETRY_LOGGERS:
+            return True
+        if "answers again" in str(record.msg):
+            return True
+        now = self._clock()
+        start, seen = self._windows.get(record.name, (-RETRY_WINDOW, 0))
+        if now - start >= RETRY_WINDOW:
+            start, seen = now, 0
+        self._windows[record.name] = (start, seen + 1)
+        if seen < RETRY_BURST:
+            return True
+        self.left_out += 1
+        return False
+
+    def take_left_out(self) -> int:
+        """Lines left out since the last call."""
+        left_out, self.left_out = self.left_out, 0
+        return left_out
+
+
+#: The daemon's limiter (see :func:`configure_logging`).
+RETRY_LINES = RetryLineLimiter()
 
 
 def _ts(created: float) -> str:
@@ -147,12 +203,14 @@ def configure_logging(
     level: int = logging.INFO,
     stream: IO[str] | None = None,
     secrets: Iterable[str | Secret | None] = (),
+    limit_retry_lines: bool = False,
 ) -> logging.Handler:
     """Route every log record of the process (the package's loggers, aiohttp's, warnings) to
     one handler on ``stream`` (default stderr) in ``log_format``, redacting ``secrets``.
 
     Replaces the root logger's handlers (the daemon owns its process: a handler left writing
     to stdout would break "stdout stays empty"). Calling it again replaces the handler.
+    ``limit_retry_lines``: the lines of requests retried pass :data:`RETRY_LINES`.
     Returns the handler.
     """
     out = sys.stderr if stream is None else stream
@@ -165,6 +223,8 @@ def configure_logging(
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
+    if limit_retry_lines:
+        handler.addFilter(RETRY_LINES)
     setattr(handler, _HANDLER_MARK, True)
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -9,6 +9,7 @@ manifest resumed after a restart counts all of its rows in the new process).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import anyio
 
 from .http import DaemonStatus, Health, ManifestProgress
 from .inbox import Claim
+from .logs import RETRY_LINES
 from .metrics import DaemonMetrics, Op
 from .outbox import ManifestSummary, rfc3339
 
@@ -36,6 +38,11 @@ _OUTCOMES = ("tagged", "failed", "rejected", "reused")
 PROBE_INTERVAL = 5.0
 #: Seconds a probe may take before it counts as unanswered.
 PROBE_TIMEOUT = 10.0
+#: While the service rate limits the daemon, and while retry lines are left out of the log,
+#: a line says so this often.
+SUMMARY_EVERY = 60.0
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 
 def op_of(method: str, path: str) -> Op | None:
@@ -81,6 +88,8 @@ class DaemonMonitor:
         self.queued: deque[Claim] = deque()
         self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
         self._engine: Engine | None = None
+        #: When a rate limit or the retry lines left out were last said.
+        self._limit_said = time.monotonic()
 
     # -------------------------------------------------------------- /status
 
@@ -114,13 +123,62 @@ class DaemonMonitor:
     # -------------------------------------------------------------- observation
 
     def observe(self, method: str, path: str, status: int, seconds: float) -> None:
+        health = self.health
         if status == 0:
-            self.health.mark_service_unreachable()
+            health.mark_service_unreachable()
             return
-        self.health.mark_service_answered()
         op = op_of(method, path)
+        was = health.limited_since
+        health.mark_service_answered(status, api=op is not None)
         if op is not None:
             self.metrics.observe_request(op, status, seconds)
+        if (health.limited_since is None) != (was is None):
+            self._limit_changed(was)
+
+    def _limit_changed(self, was: float | None) -> None:
+        """One line when a rate limit starts, one when it ends (the client's line per refused
+        request is left out of the log, see :data:`~.logs.RETRY_LINES`)."""
+        health = self.health
+        if was is None:
+            self._limit_said = time.monotonic()
+            logger.warning(
+                "the service is rate limiting this key (HTTP 429): requests wait and go on",
+                extra={"since": rfc3339(health.limited_since_wall)},
+            )
+        else:
+            logger.info(
+                "the service no longer rate limits this key, after %.0f s and %d answers 429",
+                time.monotonic() - was,
+                health.limited_answers,
+            )
+
+    def _summaries(self) -> None:
+        """While a rate limit lasts, and while retry lines are left out of the log, a line
+        every :data:`SUMMARY_EVERY` seconds."""
+        was = self.health.limited_since
+        self.health.settle_limit()
+        if was is not None and self.health.limited_since is None:
+            self._limit_changed(was)
+        now = time.monotonic()
+        if now - self._limit_said < SUMMARY_EVERY:
+            return
+        self._limit_said = now
+        health = self.health
+        if health.limited_since is not None:
+            logger.warning(
+                "still rate limited (HTTP 429) after %.0f s: %d answers 429",
+                now - health.limited_since,
+                health.limited_answers,
+                extra={"since": rfc3339(health.limited_since_wall)},
+            )
+        left_out = RETRY_LINES.take_left_out()
+        if left_out:
+            logger.info(
+                "%d lines of requests retried left out of the log in the last %.0f s"
+                " (-v logs each)",
+                left_out,
+                SUMMARY_EVERY,
+            )
 
     def count_rows(self, active: ActiveManifest, *, final: bool) -> None:
         """Rows written since the last count; ``final``: up to every row of the manifest."""
@@ -141,6 +199,7 @@ class DaemonMonitor:
         while True:
             for active in list(self.active.values()):
                 self.count_rows(active, final=False)
+            self._summaries()
             self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
             engine = self._engine
             if engine is not None:

@@ -127,6 +127,54 @@ async def test_readyz_follows_the_health_facts(session: aiohttp.ClientSession) -
         assert (await get_json(session, f"{server.url}/livez"))[0] == 200
 
 
+async def test_readyz_and_status_say_a_rate_limit(session: aiohttp.ClientSession) -> None:
+    """Answers 429 (any status: the service is reachable) make ``/status`` say since when the
+    service rate limits the daemon, and ``/readyz`` 503 once every answer of the API has been
+    a 429 (or a 5xx) for ``unreachable_after``; the probe's answer (not the API) changes
+    neither. The limit ends once another answer came and no 429 for ``limit_quiet`` s, also
+    while the daemon then sends nothing."""
+    clock = FakeClock()
+    health = Health(clock=clock, unreachable_after=30.0)
+    assert health.limit_quiet == 5.0
+    async with MonitoringServer(
+        "127.0.0.1:0", metrics=DaemonMetrics(), health=health, status=FixedStatus()
+    ) as server:
+        ready, status = f"{server.url}/readyz", f"{server.url}/status"
+        health.mark_service_answered(202)
+        _, body = await get_json(session, status)
+        assert isinstance(body, dict) and body["rate_limited_since"] is None
+        health.mark_service_answered(429)
+        _, body = await get_json(session, status)
+        assert isinstance(body, dict) and body["rate_limited_since"].endswith("Z")
+        assert body["rate_limited_answers"] == 1
+        clock.now += 29.9
+        health.mark_service_answered(200, api=False)  # the probe: still limited
+        health.mark_service_answered(429)
+        assert (await get_json(session, ready))[0] == 200
+        clock.now += 0.1
+        assert await get_json(session, ready) == (
+            503,
+            {"ready": False, "reason": "service rate limiting this key (HTTP 429) for 30 s"},
+        )
+        health.mark_service_answered(200)  # an answer: ready, the limit not over yet
+        assert (await get_json(session, ready))[0] == 200
+        _, body = await get_json(session, status)
+        assert isinstance(body, dict) and body["rate_limited_answers"] == 2
+        clock.now += 5.0
+        health.settle_limit()  # nothing sent since: over all the same
+        _, body = await get_json(session, status)
+        assert isinstance(body, dict) and body["rate_limited_since"] is None
+
+        health.mark_service_answered(503)
+        clock.now += 30.0
+        assert await get_json(session, ready) == (
+            503,
+            {"ready": False, "reason": "service answering HTTP 503 for 30 s"},
+        )
+        _, body = await get_json(session, status)
+        assert isinstance(body, dict) and body["rate_limited_since"] is None
+
+
 async def test_empty_listen_starts_nothing_and_close_is_idempotent(
     session: aiohttp.ClientSession,
 ) -> None:

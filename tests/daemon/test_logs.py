@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from fashiontag_pipeline._config import Secret
-from fashiontag_pipeline.daemon.logs import configure_logging
+from fashiontag_pipeline.daemon.logs import RetryLineLimiter, configure_logging
 
 CANARY = "canary-KEY-5f2b9c1e7d"
 QUOTED_CANARY = 'canary"KEY\\with-escapes'
@@ -113,3 +113,22 @@ def test_configuring_again_replaces_the_handler() -> None:
     logging.getLogger("fashiontag_pipeline.daemon").warning("once")
     assert first.getvalue() == ""
     assert len(lines(second)) == 1
+
+
+def test_retry_lines_are_bounded_and_counted() -> None:
+    """The client's line per request retried (INFO) passes a few times a minute per logger;
+    the rest are counted, and warnings and "answers again" always pass."""
+    now = [0.0]
+    limiter = RetryLineLimiter(clock=lambda: now[0])
+    client = logging.getLogger("fashiontag_pipeline.client")
+
+    def passes(level: int, msg: str, logger: logging.Logger = client) -> bool:
+        return limiter.filter(logger.makeRecord(logger.name, level, "f", 1, msg, (), None))
+
+    assert [passes(logging.INFO, "%s; %s") for _ in range(5)] == [True, True] + [False] * 3
+    assert passes(logging.WARNING, "%s; %s")
+    assert passes(logging.INFO, "the service at %s answers again")
+    assert passes(logging.INFO, "manifest claimed", logging.getLogger("fashiontag_pipeline.daemon"))
+    assert limiter.take_left_out() == 3 and limiter.take_left_out() == 0
+    now[0] += 60.0
+    assert passes(logging.INFO, "%s; %s")

@@ -204,6 +204,29 @@ class Misbehaviour:
     #: first page that carries it (once): another row's result, under that row's id (or what
     #: the service made of it), in the wrong task.
     stray_in_place_of: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    #: While set, every request of the API (``/tagger/...``) of the ``storm_ops`` kinds is
+    #: answered with this status (429: a rate limit; 503: load shedding) and the spec's failure
+    #: body, not forwarded; a test sets and clears it (``proxy.rules.storm = 429``) mid-run.
+    storm: int | None = None
+    #: The ``Retry-After`` of those answers (None: no header).
+    storm_retry_after: str | None = "0"
+    #: The kinds of request a storm answers (``create``, ``append``, ``list``, ``status``,
+    #: ``results``, ``single``); None: every one.
+    storm_ops: set[str] | None = None
+
+
+def request_kind(method: str, path: str) -> str:
+    """What a request of the API is: ``create``, ``append``, ``list``, ``status``,
+    ``results`` or ``single``."""
+    if path == SINGLE:
+        return "single"
+    if method == "POST":
+        return "create"
+    if method == "PUT":
+        return "append"
+    if path.endswith("/status"):
+        return "status"
+    return "list" if path.rstrip("/") == BULK else "results"
 
 
 class MisbehavingProxy:
@@ -232,6 +255,8 @@ class MisbehavingProxy:
         #: Polls answered for ``unreadable_status`` and ``unreadable_list``.
         self.unreadable_polls = 0
         self.single_failed = 0
+        #: Requests answered by ``storm``.
+        self.storm_answers = 0
         self._left_out: set[str] = set()
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
@@ -271,6 +296,18 @@ class MisbehavingProxy:
         path = request.path
         if self.rules.on_request is not None:
             self.rules.on_request(request.method, path)
+        storm = self.rules.storm
+        if storm is not None and path.startswith("/tagger/"):
+            ops = self.rules.storm_ops
+            if ops is None or request_kind(request.method, path) in ops:
+                await request.read()
+                self.storm_answers += 1
+                after = self.rules.storm_retry_after
+                return web.json_response(
+                    {"status": "failure", "error": "Too many requests" if storm == 429 else "busy"},
+                    status=storm,
+                    headers={"Retry-After": after} if after is not None else None,
+                )
         if request.method == "POST" and path == BULK and self.rules.merge_creates:
             self.creates_seen += 1
             if self.creates_seen in self.rules.merge_creates:
