@@ -46,6 +46,12 @@ def _trouble(err: BaseException) -> tuple[str, str]:
         return "the service is rate limiting this key (HTTP 429)", "rate limiting this key"
     if isinstance(err, exc.ServerError):
         return "the service answers with an error", "answering with errors"
+    if isinstance(err, exc.AmbiguousWriteError) and err.status is not None:
+        # A write answered (5xx, 408, or 2xx with a body that cannot be read): the service is
+        # reachable, busy or failing.
+        if err.applied:
+            return "the service answers writes unreadably", "answering writes unreadably"
+        return f"the service answers HTTP {err.status}", f"answering HTTP {err.status}"
     return "cannot reach the service", "unreachable"
 
 

@@ -108,16 +108,21 @@ class StatusReads:
         for task_id, err in failed.items():
             since = self.unread_since.setdefault(task_id, now)
             reason = " ".join(str(err).split())
+            limited = isinstance(err, exc.RateLimitedError)
             if since == now:
                 logger.warning(
-                    "task %s: the service does not give its status (%s); asked again at the"
-                    " next poll, the other tasks go on",
+                    "task %s: the service %s (%s); asked again at the next poll, the other"
+                    " tasks go on",
                     task_id,
+                    "is rate limiting its status (HTTP 429)"
+                    if limited
+                    else "does not give its status",
                     reason,
                 )
             elif now - since > self.budget.give_up_after:
+                given = "rate limited its status (HTTP 429)" if limited else "not given its status"
                 raise FatalRunError(
-                    f"task {task_id}: the service has not given its status for"
+                    f"task {task_id}: the service has {given} for"
                     f" {now - since:.0f} s (give_up_after, --give-up-after): {reason}; stopped"
                     " with the state saved: the same command resumes"
                 ) from err

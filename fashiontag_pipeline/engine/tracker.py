@@ -271,8 +271,10 @@ class Tracker:
         except (*TRANSIENT, exc.ResultsNotReadyError) as err:
             if not self._list_failing:
                 logger.warning(
-                    "the service does not give the task list (%s): the tasks' statuses are"
-                    " read instead",
+                    "the service %s (%s): the tasks' statuses are read instead",
+                    "is rate limiting the task list (HTTP 429)"
+                    if isinstance(err, exc.RateLimitedError)
+                    else "does not give the task list",
                     " ".join(str(err).split()),
                 )
             self._list_failing = True

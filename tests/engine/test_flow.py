@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from fashiontag_pipeline import (
+    AmbiguousWriteError,
     AuthenticationError,
     DecodeError,
     RateLimitedError,
@@ -65,6 +66,11 @@ async def test_a_spent_budget_is_fatal_and_names_the_operation() -> None:
             ServerError("HTTP 503", status=503),
             "the service answers with an error",
             "service answering with errors",
+        ),
+        (
+            AmbiguousWriteError("answered HTTP 503; the write may or may not ...", status=503),
+            "the service answers HTTP 503",
+            "service answering HTTP 503",
         ),
     ],
 )

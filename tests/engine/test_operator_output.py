@@ -20,6 +20,7 @@ from fashiontag_pipeline.service import ServiceConfig, running_service
 from fashiontag_pipeline.service.faults import FaultSpec
 
 from .helpers import dead_port
+from .proxy import Misbehaviour, misbehaving
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -78,6 +79,21 @@ async def test_a_refusing_service_is_reported_at_once(tmp_path: Path) -> None:
     assert code == 1
     assert "rate limited (HTTP 429, Retry-After 0.05 s)" in first
     assert "keeps trying for 0 s" in first or "keeps trying for 1 s" in first
+
+
+async def test_a_create_answered_503_is_said_so_not_unreachable(tmp_path: Path) -> None:
+    """Every create answered 503 (load shedding, Retry-After: 3600): the service answers, so
+    neither the first warning nor the final error says it cannot be reached. Before: "cannot
+    reach the service" and "service unreachable for 1s: ... service answered HTTP 503"."""
+    rules = Misbehaviour(storm=503, storm_ops={"create"}, storm_retry_after="3600")
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = [str(manifest(tmp_path, 3)), "--base-url", proxy.url]
+        code, err = await fashiontag(
+            "run", *args, "--out", str(tmp_path / "o.jsonl"), "--give-up-after", "1"
+        )
+    assert code == 1 and proxy.storm_answers > 0
+    assert "cannot reach" not in err and "unreachable" not in err, err
+    assert "HTTP 503" in err.splitlines()[-1], err
 
 
 async def test_periodic_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:

@@ -91,3 +91,27 @@ async def test_a_task_list_never_given_has_the_statuses_read_instead(
     engine = replace(TASKS_OF_1000, give_up_after=3.0)
     summary, _ = await run_through(tmp_path, 3000, proxy, engine, fail_after=20)
     assert summary.complete and proxy.unreadable_polls >= 1
+
+
+async def test_polls_answered_429_are_said_rate_limited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task list and the statuses answered 429 for a while: the warnings say the service
+    is rate limiting them, not that it "does not give the task list" or "its status"."""
+    rules = Misbehaviour(storm=429, storm_ops={"list", "status"}, storm_retry_after="0")
+    proxy = MisbehavingProxy("", rules)
+
+    async def calm_down() -> None:
+        while proxy.storm_answers < 16:
+            await anyio.sleep(0.02)
+        rules.storm = None
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(calm_down)
+        summary, _ = await run_through(tmp_path, 2000, proxy, fail_after=20)
+    assert summary.complete
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    said = " ".join(warnings)
+    assert "the service is rate limiting the task list (HTTP 429)" in said, warnings
+    assert "is rate limiting its status (HTTP 429)" in said, warnings
+    assert "does not give" not in said, warnings
