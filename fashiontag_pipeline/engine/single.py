@@ -21,8 +21,9 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
   fatal at once. An image whose request is answered a 5xx other than 502/503/504 (a 500, say)
   ``max_sends`` times, each time with another image tagged since its previous failure, is one
-  the service fails on (a poison image, not an outage; load shedding, a gateway's 502/504, a
-  429 or a dropped connection say nothing of the image and never count): a rejects line of
+  the service fails on (a poison image, not an outage; a connection dropped or timed out on
+  it counts too; load shedding, a gateway's 502/504, a 429 or a connection not made say
+  nothing of the image and never count): a rejects line of
   stage ``unreturned`` that says so, rather than a run that stops on it every night. An
   endpoint that fails every image rejects none.
 * Exactly once: each routed row was written ahead to the ``singles`` table (pending) with the
@@ -81,9 +82,12 @@ SHEDDING_STATUSES = frozenset({502, 503, 504})
 
 def _singles_out(err: BaseException) -> bool:
     """Whether a failed single-mode request may be the image's fault: a 5xx answered for it
-    (500, say) while others are tagged. A 502/503/504 or a transport error says something
-    about the service (overloaded, a gateway, the network), not about the image."""
-    return isinstance(err, exc.ServerError) and err.status not in SHEDDING_STATUSES
+    (500, say), or its connection dropped or timed out (a worker that crashes or hangs on the
+    image), while others are tagged. A 502/503/504 says the service is busy or a gateway
+    failed, and a connection not made never reached the service: not the image."""
+    if isinstance(err, exc.ServerError):
+        return err.status not in SHEDDING_STATUSES
+    return isinstance(err, exc.TransportError) and not isinstance(err, exc.ConnectError)
 
 
 class SingleRejected(Exception):

@@ -170,6 +170,9 @@ class Misbehaviour:
     #: Requests to the single endpoint whose body holds this text answered HTTP 500 (a JSON
     #: failure), not forwarded: an image the service fails on every time (a poison image).
     fail_single_holding: bytes | None = None
+    #: Those requests have their connection closed with no answer instead (a worker that
+    #: crashes on the image).
+    drop_single: bool = False
     #: Methods (``POST``, ``PUT``) whose writes are applied by the service and answered
     #: ``204 No Content`` with no body (a server that says "done" with no content).
     no_content_writes: set[str] = field(default_factory=set)
@@ -340,6 +343,9 @@ class MisbehavingProxy:
         poison = self.rules.fail_single_holding
         if path == SINGLE and poison is not None and poison in body:
             self.single_failed += 1
+            if self.rules.drop_single and request.transport is not None:
+                request.transport.abort()
+                raise ConnectionResetError("dropped on cue")
             return web.json_response(
                 {"status": "failure", "error": "internal error"},
                 status=500,
