@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from .._exceptions import ManifestError
-from .manifests import ManifestPrint, fingerprint_open
+from .manifests import ManifestPrint, fingerprint, fingerprint_open
 
 __all__ = [
     "GZIP_MAGIC",
@@ -67,12 +67,14 @@ class ReadEnd:
     reached its end: a few ints a run keeps until it ends, when :meth:`changed` looks at the
     path once more (the reader is closed and dropped by then)."""
 
-    __slots__ = ("name", "opened", "reached")
+    __slots__ = ("name", "opened", "reached", "read_print")
 
     def __init__(self, name: str) -> None:
         self.name = name
         #: (st_dev, st_ino, st_size) of a regular file opened by path; None for stdin.
         self.opened: tuple[int, int, int] | None = None
+        #: The fingerprint of the bytes read (the run's, taken when it started).
+        self.read_print: ManifestPrint | None = None
         self.reached = False
 
     def changed(self) -> str | None:
@@ -80,7 +82,9 @@ class ReadEnd:
         for stdin): longer or shorter than the bytes read (an exporter still appending when
         the reader reached the end), or another file at its path (renamed over it). One stat
         (blocking), once per run. A path that names nothing now (a cleanup job) is no change:
-        every row of the file was read."""
+        every row of the file was read. Another file of the very bytes read (an exporter
+        that writes the dump again unchanged, ``write tmp; mv``) is no change either: the
+        same command finds the run complete (it is hashed then, once)."""
         if self.opened is None or not self.reached:
             return None
         try:
@@ -88,7 +92,7 @@ class ReadEnd:
         except OSError:
             return None
         dev, ino, size = self.opened
-        if (now.st_dev, now.st_ino) != (dev, ino):
+        if (now.st_dev, now.st_ino) != (dev, ino) and not self._same_bytes():
             return (
                 f"manifest {self.name} names another file than the one the run read"
                 " (replaced after the run had read it to its end)"
@@ -100,6 +104,17 @@ class ReadEnd:
                 f" ({size:,} bytes read, {now.st_size:,} now)"
             )
         return None
+
+    def _same_bytes(self) -> bool:
+        """Whether the file at the path now holds the bytes read (size and SHA-256)."""
+        read = self.read_print
+        if read is None or read.sha256 is None or read.size is None or read.size < 0:
+            return False
+        try:
+            now = fingerprint(self.name)
+        except ManifestError:  # a folder or a pipe at the path now
+            return False
+        return (now.size, now.sha256) == (read.size, read.sha256)
 
 
 class ManifestBytes:
@@ -155,7 +170,8 @@ class ManifestBytes:
         """Size and SHA-256 of the file this reader has open (blocking): the bytes it reads,
         whatever the path names by now. None of either for stdin or a pipe."""
         fd = self._fh.fileno() if self._owns and self.size is not None else None
-        return fingerprint_open(self.name, fd)
+        self.read_end.read_print = fingerprint_open(self.name, fd)
+        return self.read_end.read_print
 
     def changed_since_read(self) -> str | None:
         """How this manifest changed after it was read to its end (:class:`ReadEnd`)."""

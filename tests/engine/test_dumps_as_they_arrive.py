@@ -341,3 +341,31 @@ async def _all_of(stream: anyio.abc.ByteReceiveStream | None) -> bytes:
         while True:
             chunks.append(await stream.receive())
     return b"".join(chunks)
+
+
+async def test_a_dump_exported_again_unchanged_after_it_was_read_is_complete(
+    tmp_path: Path,
+) -> None:
+    """An exporter that writes the dump every few minutes (``write tmp; mv tmp dump.csv``),
+    or a sync tool re-copying it, puts the same bytes under another inode while the run tags:
+    every row was read and tagged. It ended with exit 3, 'rows written after the run read it
+    were not tagged' and 'the same command again starts a new run', which then said 'already
+    complete', exit 0. The same content at the path is no change: exit 0 at once."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):  # results flow: every row was read long before
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        assert proc.returncode is None, "the run ended before the dump was exported again"
+        (tmp_path / "m.csv.tmp").write_bytes(manifest.read_bytes())
+        os.replace(tmp_path / "m.csv.tmp", manifest)
+        with anyio.fail_after(60):
+            err = (await _all_of(proc.stderr)).decode(errors="replace")
+            await proc.wait()
+        await proc.aclose()
+    assert proc.returncode == 0, err[-600:]
+    assert "another file" not in err and "not tagged" not in err, err[-600:]
+    assert len(read_outcomes(out, out.with_suffix(".rej")).ids) == 4000
