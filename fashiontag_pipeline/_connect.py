@@ -28,8 +28,10 @@ __all__ = ["STALL_SLACK", "WRITE_IDLE_MAX", "connect_failure", "new_session", "u
 #: a connection just as a request is sent on it; a write so lost is of unknown fate.
 WRITE_IDLE_MAX = 1.0
 #: A request whose deadline fired this many seconds later than it was due was stalled: this
-#: process was not running meanwhile (its event loop cannot be held up that long otherwise).
-STALL_SLACK = 1.0
+#: process was not running meanwhile. aiohttp rounds a deadline of 5 s or more up to its loop
+#: clock's next whole second (up to 1 s late by design); a busy event loop adds less than the
+#: second more.
+STALL_SLACK = 2.0
 #: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 #: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.

@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from fashiontag_pipeline._connect import unanswered
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
@@ -72,3 +73,16 @@ async def test_a_run_frozen_past_give_up_with_a_write_in_flight_goes_on(
     assert code == 0, err.decode()
     assert billed == rows
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(rows))
+
+
+def test_a_deadline_aiohttp_rounded_up_is_no_stall() -> None:
+    """aiohttp rounds a deadline of 5 s or more up to its loop clock's next whole second, so a
+    70 s request times out up to a second late by design, and a busy loop adds to that: such
+    a timeout is no stall (taken for one, its failing restarted from its end and the run gave
+    up later than ``--give-up-after``). A deadline that fires seconds late is one."""
+    late = unanswered(TimeoutError(), "GET", "/x", write=False, waited=71.5, limit=70.0)
+    assert not late.stalled
+    frozen = unanswered(TimeoutError(), "POST", "/x", write=True, waited=75.0, limit=70.0)
+    assert frozen.stalled
+    dropped = unanswered(ConnectionResetError(), "GET", "/x", write=False, waited=80.0, limit=70.0)
+    assert not dropped.stalled  # only a deadline can fire late
