@@ -41,6 +41,7 @@ from ._connect import WRITE_IDLE_MAX, connect_failure, new_session, unanswered
 from ._models import STATUS_SUCCESS
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
+from ._retrying import FIRST_FAILURE, FailureNotes
 from ._scrub import scrub_request_info
 from ._tls import deferred_trust_store
 
@@ -66,12 +67,6 @@ _BOM = b"\xef\xbb\xbf"
 SINGLE_PATH = "/tagger/v2/tags"
 BULK_PATH = "/tagger/v2.12/bulk"
 USER_AGENT = "fashiontag_pipeline/0.1"
-#: Set (``True``) on the log record of the first failed attempt after a success (the run
-#: command adds how long it keeps trying).
-FIRST_FAILURE = "fashiontag_first_failure"
-#: At most one first-failure warning this often (seconds).
-WARN_EVERY = 30.0
-
 T = TypeVar("T")
 
 
@@ -125,10 +120,7 @@ class HttpExchange:
         self._proxy_url: str | None = None
         self._proxy_headers: dict[str, str] | None = None
         self._closed = False
-        # True from a failed attempt until the next answer that is not a failure: the first
-        # failure of a streak is a warning (an operator sees it at once), the rest are info.
-        self._failing = False
-        self._warned_at = -WARN_EVERY
+        self._notes = FailureNotes(self.shown_url, retry.max_attempts - 1)
         # The base URL in its encoded form: request URLs are this text plus an encoded path.
         self._base_encoded = str(URL(self.base_url))
         #: Called after every exchange with (method, path, HTTP status or 0 when no answer
@@ -235,11 +227,11 @@ class HttpExchange:
                     raise
                 retryable = retry_all or isinstance(err, exc.ConnectError)
                 if not retryable or last_attempt:
-                    self._note_failure(str(err), None, attempt)
+                    self._notes.failure(str(err), None, attempt)
                     raise
                 self.stats.retries += 1
                 delay = self.retry.backoff(attempt, self._random.random())
-                self._note_failure(str(err), delay, attempt)
+                self._notes.failure(str(err), delay, attempt)
                 await self._sleep(delay)
                 continue
 
@@ -258,7 +250,7 @@ class HttpExchange:
                     else self.retry.backoff(attempt, self._random.random())
                 )
                 self.stats.retries += 1
-                self._note_failure(
+                self._notes.failure(
                     f"{method} {path}: rate limited (HTTP 429"
                     + (f", Retry-After {wait:g} s)" if wait is not None else ")"),
                     delay,
@@ -278,36 +270,15 @@ class HttpExchange:
                         status=status,
                     )
                 if last_attempt:
-                    self._note_failure(f"{method} {path}: HTTP {status}", None, attempt)
+                    self._notes.failure(f"{method} {path}: HTTP {status}", None, attempt)
                     self.raise_for_status(response, method, path, task_id)
                 self.stats.retries += 1
                 delay = self.retry.backoff(attempt, self._random.random())
-                self._note_failure(f"{method} {path}: HTTP {status}", delay, attempt)
+                self._notes.failure(f"{method} {path}: HTTP {status}", delay, attempt)
                 await self._sleep(delay)
                 continue
-            if self._failing:
-                self._failing = False
-                logger.info("the service at %s answers again", self.shown_url)
+            self._notes.answered()
             return response
-
-    def _note_failure(self, what: str, delay: float | None, attempt: int) -> None:
-        """Log a failed attempt: the first of a streak as a warning, the rest at info (-v)."""
-        if delay is None:
-            plan = f"giving up on this request after {attempt} attempt(s)"
-        else:
-            plan = f"retry {attempt} of {self.retry.max_attempts - 1} in {delay:.1f} s"
-        if self.shown_url not in what:
-            what = f"{self.shown_url} {what}"
-        now = time.monotonic()
-        if not self._failing and now - self._warned_at >= WARN_EVERY:
-            # The first failure after a success is a warning (at most one per WARN_EVERY s, so
-            # a flaky service does not flood a log; -v shows every one). Marked so that a
-            # caller (the run command) can add how long it will keep trying.
-            self._warned_at = now
-            logger.warning("%s; %s", what, plan, extra={FIRST_FAILURE: True})
-        else:
-            logger.info("%s; %s", what, plan)
-        self._failing = True
 
     async def send(
         self,

@@ -1,0 +1,56 @@
+"""The retry loop's policy helpers for :class:`~._http.HttpExchange`: how a failed attempt is
+told to the operator (the first failure of a streak a warning, the rest at info).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+__all__ = ["FIRST_FAILURE", "WARN_EVERY", "FailureNotes"]
+
+logger = logging.getLogger("fashiontag_pipeline.client")
+
+#: Set (``True``) on the log record of the first failed attempt after a success (the run
+#: command adds how long it keeps trying).
+FIRST_FAILURE = "fashiontag_first_failure"
+#: At most one first-failure warning this often (seconds).
+WARN_EVERY = 30.0
+
+
+class FailureNotes:
+    """The log lines of failed attempts, for one exchange (``shown_url``: its base URL as
+    messages show it; ``retries``: the most retries a request gets)."""
+
+    def __init__(self, shown_url: str, retries: int) -> None:
+        self.shown_url = shown_url
+        self.retries = retries
+        # True from a failed attempt until the next answer that is not a failure: the first
+        # failure of a streak is a warning (an operator sees it at once), the rest are info.
+        self.failing = False
+        self._warned_at = -WARN_EVERY
+
+    def answered(self) -> None:
+        """An answer that is no failure: the streak (if any) has ended."""
+        if self.failing:
+            self.failing = False
+            logger.info("the service at %s answers again", self.shown_url)
+
+    def failure(self, what: str, delay: float | None, attempt: int) -> None:
+        """Log a failed attempt: the first of a streak as a warning, the rest at info (-v)."""
+        if delay is None:
+            plan = f"giving up on this request after {attempt} attempt(s)"
+        else:
+            plan = f"retry {attempt} of {self.retries} in {delay:.1f} s"
+        if self.shown_url not in what:
+            what = f"{self.shown_url} {what}"
+        now = time.monotonic()
+        if not self.failing and now - self._warned_at >= WARN_EVERY:
+            # The first failure after a success is a warning (at most one per WARN_EVERY s, so
+            # a flaky service does not flood a log; -v shows every one). Marked so that a
+            # caller (the run command) can add how long it will keep trying.
+            self._warned_at = now
+            logger.warning("%s; %s", what, plan, extra={FIRST_FAILURE: True})
+        else:
+            logger.info("%s; %s", what, plan)
+        self.failing = True
