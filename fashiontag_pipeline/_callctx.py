@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-__all__ = ["GIVE_UP", "WRITE_GUARD"]
+if TYPE_CHECKING:
+    import anyio
+
+__all__ = ["GIVE_UP", "WRITES_STOPPED", "WRITE_GUARD"]
 
 #: Called right before each write (a POST or PUT: the writes the service tags and bills) is
 #: sent, by the task that sends it and the tasks it starts: it raises to keep the write from
@@ -25,3 +29,11 @@ WRITE_GUARD: ContextVar[Callable[[], None] | None] = ContextVar(
 #: ``give_up_after`` seconds after it last answered, not after every request's own
 #: ``max_attempts`` tries, each until its whole deadline (70 s x 6 at the defaults).
 GIVE_UP: ContextVar[Callable[[float], bool] | None] = ContextVar("fashiontag_give_up", default=None)
+
+#: Set once the caller starts no new write (a drain: Ctrl-C, SIGTERM, a daemon's shutdown): a
+#: write refused (429, a connection that could not be made), so not applied, is not sent
+#: again; its wait for a retry ends when this is set, and its last error is raised. The engine
+#: sets it to its :class:`~.engine.flow.RunControl`'s ``stopping``.
+WRITES_STOPPED: ContextVar[anyio.Event | None] = ContextVar(
+    "fashiontag_writes_stopped", default=None
+)

@@ -34,14 +34,14 @@ import msgspec
 from yarl import URL
 
 from . import _exceptions as exc
-from ._callctx import GIVE_UP, WRITE_GUARD
+from ._callctx import GIVE_UP, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._connect import WRITE_IDLE_MAX, connect_failure, new_session, unanswered
 from ._models import STATUS_SUCCESS
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
-from ._retrying import FIRST_FAILURE, FailureNotes
+from ._retrying import FIRST_FAILURE, FailureNotes, pause
 from ._scrub import scrub_request_info
 from ._tls import deferred_trust_store
 
@@ -208,8 +208,10 @@ class HttpExchange:
         from its start: that is kept (the call's start for its first attempt). An attempt
         answered with an error was failing from its answer: a service slow to answer is no
         failure until it answers one, so a slow request answered 503 once must not count
-        its whole wait as seconds of failure (the run stopped at its first error)."""
+        its whole wait as seconds of failure (the run stopped at its first error). A write
+        is not sent again once the caller stops writing (WRITES_STOPPED)."""
         given_up = GIVE_UP.get()
+        stopped = WRITES_STOPPED.get() if method != "GET" else None
         attempt = 0
         failed = False
         while True:
@@ -232,7 +234,8 @@ class HttpExchange:
                 self.stats.retries += 1
                 delay = self.retry.backoff(attempt, self._random.random())
                 self._notes.failure(str(err), delay, attempt)
-                await self._sleep(delay)
+                if await pause(self._sleep, delay, stopped):
+                    raise
                 continue
 
             status = response.status
@@ -256,7 +259,8 @@ class HttpExchange:
                     delay,
                     attempt,
                 )
-                await self._sleep(delay)
+                if await pause(self._sleep, delay, stopped):
+                    self.raise_for_status(response, method, path, task_id)
                 continue
             if status >= 500 or status == 408:  # 408: a front end gave up waiting (transient)
                 self.stats.server_errors += 1

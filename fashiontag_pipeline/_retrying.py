@@ -1,13 +1,17 @@
 """The retry loop's policy helpers for :class:`~._http.HttpExchange`: how a failed attempt is
-told to the operator (the first failure of a streak a warning, the rest at info).
+told to the operator (the first failure of a streak a warning, the rest at info), and the
+wait before a retry (:func:`pause`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
-__all__ = ["FIRST_FAILURE", "WARN_EVERY", "FailureNotes"]
+import anyio
+
+__all__ = ["FIRST_FAILURE", "WARN_EVERY", "FailureNotes", "pause"]
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
@@ -54,3 +58,17 @@ class FailureNotes:
         else:
             logger.info("%s; %s", what, plan)
         self.failing = True
+
+
+async def pause(
+    sleep: Callable[[float], Awaitable[None]], delay: float, stopped: anyio.Event | None
+) -> bool:
+    """Wait ``delay`` seconds before a retry; True (no retry) when ``stopped`` is set, or is
+    set meanwhile: the wait ends then (a write's, see :data:`~._callctx.WRITES_STOPPED`)."""
+    if stopped is None:
+        await sleep(delay)
+        return False
+    if not stopped.is_set():
+        with anyio.move_on_after(delay):
+            await stopped.wait()
+    return stopped.is_set()

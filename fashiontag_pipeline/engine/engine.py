@@ -38,7 +38,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._callctx import GIVE_UP
+from .._callctx import GIVE_UP, WRITES_STOPPED
 from .._client import TaggerClient
 from .._models import format_time
 from .batcher import TaskWriter
@@ -191,10 +191,12 @@ class Engine:
     async def __aenter__(self) -> Engine:
         stack = AsyncExitStack()
         await stack.__aenter__()
-        # Every stage's requests start no retry past the run's give-up point (the stages'
-        # tasks take this context with them).
+        # Every stage's requests start no retry past the run's give-up point, nor of a write
+        # once stopped (the stages' tasks take this context with them).
         given_up = GIVE_UP.set(self.budget.given_up)
         stack.callback(_reset, GIVE_UP, given_up)
+        stopped = WRITES_STOPPED.set(self.control.stopping)
+        stack.callback(_reset, WRITES_STOPPED, stopped)
         try:
             for row in await self.journal.run(self.journal.db.open_jobs):
                 await self._register(row)

@@ -178,8 +178,11 @@ class RetryBudget:
                 self.ok()
             return result
 
-    async def failed(self, err: BaseException, what: str) -> None:
-        """Count a failure and sleep before the retry; raise FatalRunError when out of budget."""
+    async def failed(
+        self, err: BaseException, what: str, *, until: anyio.Event | None = None
+    ) -> None:
+        """Count a failure and sleep before the retry; raise FatalRunError when out of budget.
+        ``until``: the sleep ends when it is set (a writer's stop)."""
         now = time.monotonic()
         reason = " ".join(str(err).split())
         # Say what kind of trouble it is: an answer that is not the spec's JSON, or a service
@@ -234,7 +237,11 @@ class RetryBudget:
         delay = min(self.cap, self.base * 2 ** min(self._streak, 10)) * (
             0.5 + self._random.random() / 2
         )
-        await anyio.sleep(delay)
+        if until is None:
+            await anyio.sleep(delay)
+        elif not until.is_set():
+            with anyio.move_on_after(delay):
+                await until.wait()
 
 
 class RunControl:

@@ -309,6 +309,8 @@ class SingleRouter:
         alone = 0
         tagged = self.tagged
         while True:
+            if self._stop_scope.cancel_called:
+                return  # a drain: refused (not tagged), the row waits in the state
             try:
                 response = await self.client.tag(image, context)
             except (

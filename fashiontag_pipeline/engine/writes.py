@@ -18,6 +18,7 @@ from datetime import datetime
 import anyio
 
 from .. import _exceptions as exc
+from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
 from .._models import Task
 from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
@@ -70,15 +71,33 @@ class TaskWrites(WriteAnswers):
             raise ValueError(f"not a task token: {token!r}")
         return int(seq)
 
+    @staticmethod
+    def _stopped() -> bool:
+        """Whether the run starts no new write (a drain, see
+        :data:`~.._callctx.WRITES_STOPPED`): a write refused (not applied), or not sent yet,
+        is left to the resume, which finds it written ahead."""
+        stopped = WRITES_STOPPED.get()
+        return stopped is not None and stopped.is_set()
+
+    async def _failed(self, err: BaseException, what: str) -> None:
+        """:meth:`RetryBudget.failed` for a write, its wait ended by a stop."""
+        await self.budget.failed(err, what, until=WRITES_STOPPED.get())
+
     async def _create(
         self, task: OpenTask, chunk: Chunk, token_written: bool = False
     ) -> bool | list[Chunk]:
-        """POST the chunk as a new task. True when the chunk is settled, or the parts it was
-        split into (:meth:`_refused_whole`). ``token_written``: the chunk's write-ahead
-        recorded the task's token already."""
-        if not token_written:
+        """POST the chunk as a new task. True when the chunk is settled (or left to the
+        resume: :meth:`_stopped`), or the parts it was split into (:meth:`_refused_whole`).
+        ``token_written``: the chunk's write-ahead recorded the task's token already."""
+        if not token_written and not self._stopped():
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
         while True:
+            if self._stopped():  # not created: a chunk waiting for the task goes on
+                task.failed = True
+                task.created.set()
+                if self.current is task:
+                    self.current = None
+                return True
             try:
                 response = await self.client.create_task(
                     chunk.requests,
@@ -99,8 +118,8 @@ class TaskWrites(WriteAnswers):
                     )
                     await self._created_unanswered(task, chunk, err.status)
                     return True
-                await self.budget.failed(err, "create task")
-                adopted = await self.find_task(task.token)
+                await self._failed(err, "create task")
+                adopted = None if self._stopped() else await self.find_task(task.token)
                 if adopted is None:
                     continue
                 # The id may have answered another create of the run meanwhile (a service
@@ -113,7 +132,7 @@ class TaskWrites(WriteAnswers):
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
                 if isinstance(err, exc.RateLimitedError):
                     self.slots.throttled()
-                await self.budget.failed(err, "create task")
+                await self._failed(err, "create task")
                 continue
             except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
                 raise self._fatal(err) from err
@@ -274,9 +293,12 @@ class TaskWrites(WriteAnswers):
             pause *= 2
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
-        """PUT the chunk to ``task``. True when settled; False to re-target it."""
+        """PUT the chunk to ``task``. True when settled (or left to the resume:
+        :meth:`_stopped`); False to re-target it."""
         assert task.task_id is not None
         while True:
+            if self._stopped():
+                return True
             if not self.policy.writable(task, self.clock()):
                 task.closing = True
                 if chunk.fate_unknown and chunk.task_id == task.task_id:
@@ -314,7 +336,7 @@ class TaskWrites(WriteAnswers):
                         by_job=self._submitted(chunk, {}),
                     )
                     return True
-                await self.budget.failed(err, f"append to task {task.task_id}")
+                await self._failed(err, f"append to task {task.task_id}")
                 continue
             except (exc.TaskExpiredError, exc.TaskNotFoundError):
                 self.refused_writes += 1
@@ -332,7 +354,7 @@ class TaskWrites(WriteAnswers):
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
                 if isinstance(err, exc.RateLimitedError):
                     self.slots.throttled()
-                await self.budget.failed(err, f"append to task {task.task_id}")
+                await self._failed(err, f"append to task {task.task_id}")
                 continue
             except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
                 raise self._fatal(err) from err

@@ -8,8 +8,9 @@ it was never given, or without a row it never returns, or with rows whose taggin
 ``null`` or missing, or with its results in an object instead of a list, or from offset 0
 whatever was asked; it holds a task processing for ever, claims more results for a task than
 it holds, and refuses a page (or those past a task's real end) with 400; and it reports its
-clock some seconds ahead of the engine's in the ``Date`` header. Bodies it rewrites are
-re-encoded with other spacing, as a server that is not ours would write them.
+clock some seconds ahead of the engine's in the ``Date`` header; it rate limits (429) or sheds
+load (503) with a Retry-After of its choosing. Bodies it rewrites are re-encoded with other
+spacing, as a server that is not ours would write them.
 
 Tasks are named by their creation order (1 = the first task created through the proxy).
 """
@@ -216,6 +217,15 @@ class Misbehaviour:
     #: The kinds of request a storm answers (``create``, ``append``, ``list``, ``status``,
     #: ``results``, ``single``); None: every one.
     storm_ops: set[str] | None = None
+    #: Requests answered ``limit_status`` with the spec's failure body and ``Retry-After:
+    #: limit_retry_after`` (no such header when None), not forwarded: a key rate limited (429)
+    #: or a service shedding load (503). ``"writes"``: creates and appends; ``"all"``: every
+    #: request to the service's API. None: none.
+    limit: str | None = None
+    limit_status: int = 429
+    limit_retry_after: str | None = None
+    #: Seconds since the proxy started during which ``limit`` holds (None: for ever).
+    limit_window: tuple[float, float] | None = None
 
 
 def request_kind(method: str, path: str) -> str:
@@ -281,6 +291,11 @@ class MisbehavingProxy:
         self.pages_shifted = 0
         #: Ids whose row stray_in_place_of replaced.
         self._strayed: set[str] = set()
+        #: Writes (creates and appends) received, whatever their answer, and the requests
+        #: answered by ``limit``.
+        self.writes = 0
+        self.limited = 0
+        self._started = time.monotonic()
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -293,6 +308,30 @@ class MisbehavingProxy:
 
     def _headers(self) -> dict[str, str]:
         return {"Date": formatdate(time.time() + self.rules.clock_ahead, usegmt=True)}
+
+    def _limited(self, method: str, path: str) -> web.Response | None:
+        """The answer of :attr:`Misbehaviour.limit` to this request (None: not limited)."""
+        rules = self.rules
+        write = method in ("POST", "PUT") and path.startswith(BULK)
+        if write:
+            self.writes += 1
+        if rules.limit is None or not path.startswith("/tagger/"):
+            return None
+        if rules.limit == "writes" and not write:
+            return None
+        window = rules.limit_window
+        now = time.monotonic() - self._started
+        if window is not None and not window[0] <= now < window[1]:
+            return None
+        self.limited += 1
+        headers = self._headers()
+        if rules.limit_retry_after is not None:
+            headers["Retry-After"] = rules.limit_retry_after
+        return web.json_response(
+            {"status": "failure", "error": "Too many requests"},
+            status=rules.limit_status,
+            headers=headers,
+        )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
@@ -311,6 +350,9 @@ class MisbehavingProxy:
                     status=storm,
                     headers={"Retry-After": after} if after is not None else None,
                 )
+        limited = self._limited(request.method, path)
+        if limited is not None:
+            return limited
         if request.method == "POST" and path == BULK and self.rules.merge_creates:
             self.creates_seen += 1
             if self.creates_seen in self.rules.merge_creates:
@@ -792,6 +834,7 @@ class MisbehavingProxy:
         await site.start()
         port = runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
+        self._started = time.monotonic()
         self._session = aiohttp.ClientSession()
         try:
             yield self

@@ -1,0 +1,90 @@
+"""A service that rate limits (429) or sheds load (503) with Retry-After: the run stops on a
+signal, gives up on time, and waits as long as it is asked to (through
+:attr:`~.proxy.Misbehaviour.limit`)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .proxy import Misbehaviour, misbehaving
+from .test_single_mode import red_picture, write_csv_rows
+
+
+async def test_sigint_while_writes_are_rate_limited_sends_none_and_exits_130(
+    tmp_path: Path,
+) -> None:
+    """Every create answered 429 with Retry-After: 5. Ctrl-C: a create refused was not
+    applied, so it is no write in flight: none is sent after the signal, the run exits 130
+    within a few seconds (it sent creates until --give-up-after, then exited 1), and the
+    same command sends its rows once the limit is lifted."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(limit="writes", limit_retry_after="5")
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(manifest), "--rotate-images", "1000")
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        try:
+            with anyio.fail_after(20):
+                while proxy.limited == 0:
+                    await anyio.sleep(0.05)
+            await anyio.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+            at_signal = proxy.writes
+            t0 = time.monotonic()
+            with anyio.move_on_after(20):
+                await proc.wait()
+            stopped_after = time.monotonic() - t0
+            sent_after = proxy.writes - at_signal
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await proc.aclose()
+        assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
+        assert proc.returncode == 130
+        assert sent_after == 0, f"{sent_after} writes sent after SIGINT"
+        rules.limit = None
+        again = await anyio.run_process(args, check=False, env=ENV)
+    assert again.returncode == 0, again.stderr.decode()[-400:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
+
+
+async def test_sigint_while_single_mode_is_rate_limited_sends_none_and_exits_130(
+    tmp_path: Path,
+) -> None:
+    """The same in single mode (local pictures): every request answered 429 with
+    Retry-After: 5. Ctrl-C: no request after the signal, exit 130 within seconds."""
+    picture = red_picture(tmp_path / "red.png")
+    csv = write_csv_rows(tmp_path / "m.csv", [(f"s{i}", str(picture)) for i in range(200)])
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(limit="all", limit_retry_after="5")
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(csv))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        try:
+            with anyio.fail_after(20):
+                while proxy.limited == 0:
+                    await anyio.sleep(0.05)
+            await anyio.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+            at_signal = proxy.limited
+            t0 = time.monotonic()
+            with anyio.move_on_after(20):
+                await proc.wait()
+            stopped_after = time.monotonic() - t0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await proc.aclose()
+    assert stopped_after < 7, f"still running {stopped_after:.0f} s after SIGINT"
+    assert proc.returncode == 130
+    assert proxy.limited == at_signal, f"{proxy.limited - at_signal} requests after SIGINT"
