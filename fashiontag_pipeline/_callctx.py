@@ -23,12 +23,16 @@ WRITE_GUARD: ContextVar[Callable[[], None] | None] = ContextVar(
     "fashiontag_write_guard", default=None
 )
 
-#: Whether the caller has given up on a call that began at the given ``time.monotonic()``:
-#: no retry of it starts once this says so (its last error is raised instead). The engine sets
-#: it to its give-up budget, so that a service whose requests hang is given up on about
-#: ``give_up_after`` seconds after it last answered, not after every request's own
-#: ``max_attempts`` tries, each until its whole deadline (70 s x 6 at the defaults).
-GIVE_UP: ContextVar[Callable[[float], bool] | None] = ContextVar("fashiontag_give_up", default=None)
+#: Seconds left before the caller gives up on a call that began at the given
+#: ``time.monotonic()`` (below 0: given up; ``inf``: never): no retry of it starts once given
+#: up (its last error is raised instead), and no wait for a retry (a Retry-After) runs past
+#: that point. The engine sets it to its give-up budget, so that a service whose requests hang
+#: is given up on about ``give_up_after`` seconds after it last answered, not after every
+#: request's own ``max_attempts`` tries, each until its whole deadline (70 s x 6 at the
+#: defaults).
+GIVE_UP: ContextVar[Callable[[float], float] | None] = ContextVar(
+    "fashiontag_give_up", default=None
+)
 
 #: Set once the caller starts no new write (a drain: Ctrl-C, SIGTERM, a daemon's shutdown): a
 #: write refused (429, a connection that could not be made), so not applied, is not sent

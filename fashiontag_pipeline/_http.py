@@ -23,6 +23,7 @@ to aiohttp pre-encoded, and a request has one deadline (:attr:`Timeout.total`, e
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -217,7 +218,7 @@ class HttpExchange:
         while True:
             attempt += 1
             last_attempt = attempt >= self.retry.max_attempts or (
-                attempt > 1 and given_up is not None and given_up(failing[0])
+                attempt > 1 and given_up is not None and given_up(failing[0]) < 0
             )
             try:
                 response = await self.send(method, path, key, body, query, language, retry_all)
@@ -247,18 +248,22 @@ class HttpExchange:
                 if last_attempt:
                     self.raise_for_status(response, method, path, task_id)
                 wait = retry_after(response.headers)
+                what = f"{method} {path}: rate limited (HTTP 429" + (
+                    f", Retry-After {wait:g} s)" if wait is not None else ")"
+                )
+                left = given_up(failing[0]) if given_up is not None else math.inf
+                if wait is not None and wait > left:
+                    # Asked to wait past the give-up point: no retry; given up at that point.
+                    self._notes.failure(what, None, attempt, give_up_in=left)
+                    await pause(self._sleep, max(0.0, left), stopped)
+                    self.raise_for_status(response, method, path, task_id)
                 delay = (
                     min(wait, self.retry.max_retry_after)
                     if wait is not None
                     else self.retry.backoff(attempt, self._random.random())
                 )
                 self.stats.retries += 1
-                self._notes.failure(
-                    f"{method} {path}: rate limited (HTTP 429"
-                    + (f", Retry-After {wait:g} s)" if wait is not None else ")"),
-                    delay,
-                    attempt,
-                )
+                self._notes.failure(what, delay, attempt)
                 if await pause(self._sleep, delay, stopped):
                     self.raise_for_status(response, method, path, task_id)
                 continue

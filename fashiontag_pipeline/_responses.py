@@ -70,7 +70,8 @@ def error_for(
     if code == CODE_UNSUPPORTED_LANGUAGE:
         return exc.UnsupportedLanguageError(text, **common)
     if status == 429:
-        return exc.RateLimitedError(text, retry_after=retry_after(response.headers), **common)
+        wait = retry_after(response.headers)
+        return exc.RateLimitedError(text + _asks_to_wait(wait), retry_after=wait, **common)
     if status >= 500 or status == 408:  # 408 Request Timeout: a transient fault too
         return exc.ServerError(text, **common)
     if status in (401, 403):
@@ -100,6 +101,15 @@ def error_for(
     if status == 400 or status == 422:
         return exc.ValidationError(text, failure_list=failures, **common)
     return exc.RequestError(text, **common)
+
+
+def _asks_to_wait(wait: float | None) -> str:
+    """What an error's message adds for a Retry-After of ``wait`` seconds (a day's quota spent
+    is told from a second's pause)."""
+    if wait is None:
+        return ""
+    hours = f" ({wait / 3600:.3g} h)" if wait >= 3600 else ""
+    return f" (the service asks to wait {wait:g} s{hours}: Retry-After)"
 
 
 def _moved_base(location: str | None, path: str) -> str | None:

@@ -40,9 +40,18 @@ class FailureNotes:
             self.failing = False
             logger.info("the service at %s answers again", self.shown_url)
 
-    def failure(self, what: str, delay: float | None, attempt: int) -> None:
-        """Log a failed attempt: the first of a streak as a warning, the rest at info (-v)."""
-        if delay is None:
+    def failure(
+        self, what: str, delay: float | None, attempt: int, *, give_up_in: float | None = None
+    ) -> None:
+        """Log a failed attempt: the first of a streak as a warning, the rest at info (-v).
+        ``give_up_in``: the service asks to wait past the caller's give-up point, this many
+        seconds away (no retry)."""
+        if give_up_in is not None:
+            plan = (
+                "that is past the give-up point: no retry, this request given up"
+                f" in {max(0.0, give_up_in):.1f} s"
+            )
+        elif delay is None:
             plan = f"giving up on this request after {attempt} attempt(s)"
         else:
             plan = f"retry {attempt} of {self.retries} in {delay:.1f} s"

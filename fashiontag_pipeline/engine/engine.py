@@ -193,7 +193,7 @@ class Engine:
         await stack.__aenter__()
         # Every stage's requests start no retry past the run's give-up point, nor of a write
         # once stopped (the stages' tasks take this context with them).
-        given_up = GIVE_UP.set(self.budget.given_up)
+        given_up = GIVE_UP.set(self.budget.time_left)
         stack.callback(_reset, GIVE_UP, given_up)
         stopped = WRITES_STOPPED.set(self.control.stopping)
         stack.callback(_reset, WRITES_STOPPED, stopped)

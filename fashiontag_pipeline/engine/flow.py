@@ -143,16 +143,17 @@ class RetryBudget:
         self._last_ok = time.monotonic()
         self._streak = 0
 
-    def given_up(self, started: float) -> bool:
-        """Whether a call that began at ``started`` (``time.monotonic()``) and has not
-        succeeded yet is past the give-up point: the failures, counted from the later of its
-        start and the last success, have gone on for ``give_up_after`` seconds (the client's
-        :data:`~.._callctx.GIVE_UP`: it starts no retry of the call then)."""
+    def time_left(self, started: float) -> float:
+        """Seconds before a call that began at ``started`` (``time.monotonic()``) and has not
+        succeeded yet is past the give-up point (below 0: past it), when the failures, counted
+        from the later of its start and the last success, have gone on for ``give_up_after``
+        seconds (the client's :data:`~.._callctx.GIVE_UP`: it starts no retry of the call
+        then, nor waits past it)."""
         now = time.monotonic()
         since = self._failing_since
         if since is None:
             since = self._failing_from(started, now)
-        return now - since > self.give_up_after
+        return self.give_up_after - (now - since)
 
     def _failing_from(self, began: float | None, now: float) -> float:
         """When a failure that began at ``began`` (None: not known) makes the service's

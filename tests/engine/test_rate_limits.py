@@ -88,3 +88,26 @@ async def test_sigint_while_single_mode_is_rate_limited_sends_none_and_exits_130
     assert stopped_after < 7, f"still running {stopped_after:.0f} s after SIGINT"
     assert proc.returncode == 130
     assert proxy.limited == at_signal, f"{proxy.limited - at_signal} requests after SIGINT"
+
+
+async def test_a_retry_after_past_the_give_up_point_stops_the_run_there(tmp_path: Path) -> None:
+    """Every request answered 429 with Retry-After: 86400 (a daily quota spent), and
+    --give-up-after 3: the run waited max_retry_after (120 s) and its warning said both
+    "retry 1 of 5 in 120.0 s" and "keeps trying for 3 s". It now stops (exit 1) at the give-up
+    point, sends nothing more meanwhile, and says the service asked to wait 86400 s."""
+    manifest = write_csv(tmp_path / "m.csv", 500)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(limit="all", limit_retry_after="86400")
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(manifest), "--give-up-after", "3")
+        started = time.monotonic()
+        with anyio.move_on_after(20):
+            done = await anyio.run_process(args, check=False, env=ENV)
+        took = time.monotonic() - started
+    assert took < 10, f"still running {took:.0f} s after start with --give-up-after 3"
+    err = done.stderr.decode()
+    assert done.returncode == 1, err[-600:]
+    assert proxy.limited == 1, f"{proxy.limited} requests refused"
+    assert "in 120.0 s" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert "asks to wait 86400 s" in last and "24 h" in last, err
