@@ -178,9 +178,12 @@ class AmbiguousWriteError(TransportError):
         path: str = "",
         status: int | None = None,
         applied: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, method=method, path=path)
         self.status = status
+        #: The answer's Retry-After in seconds (a 503 shedding load), if it sent one.
+        self.retry_after = retry_after
         #: True when the service answered 2xx (the write was applied) but its answer could
         #: not be read (``204 No Content``, a body that is not the spec's): which rows it
         #: took is unknown, not whether it took the write.

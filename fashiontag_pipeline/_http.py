@@ -3,11 +3,12 @@ the retry rules, and the one place where answers and aiohttp errors become the e
 of :mod:`fashiontag_pipeline._exceptions` (:meth:`HttpExchange.call`, :meth:`HttpExchange.send`,
 :func:`error_for`).
 
-Retry rules: reads are retried under the :class:`~fashiontag_pipeline.RetryPolicy` on 429
-(honouring Retry-After), 5xx, timeouts and transport errors; writes only when they were
+Retry rules: reads are retried under the :class:`~fashiontag_pipeline.RetryPolicy` on 429 and
+5xx (honouring a Retry-After), timeouts and transport errors; writes only when they were
 certainly not applied (429, a connection that could not be made), and a write whose outcome is
 unknown (sent, then a timeout, a dropped connection, a 5xx or a 408) raises
-:class:`AmbiguousWriteError`. Other 4xx answers are never retried.
+:class:`AmbiguousWriteError` (with the answer's Retry-After, which the engine waits). Other 4xx
+answers are never retried.
 
 Connections: reads and writes have a pool each (:mod:`._connect`): a write goes only on a
 connection idle for at most ``WRITE_IDLE_MAX`` seconds, so a gateway that closes idle
@@ -42,7 +43,7 @@ from ._connect import WRITE_IDLE_MAX, connect_failure, new_session, unanswered
 from ._models import STATUS_SUCCESS
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
-from ._retrying import FIRST_FAILURE, FailureNotes, pause
+from ._retrying import FIRST_FAILURE, FailureNotes, failed_what, pause, retry_wait
 from ._scrub import scrub_request_info
 from ._tls import deferred_trust_store
 
@@ -245,29 +246,7 @@ class HttpExchange:
                 failing[0] = time.monotonic()
             if status == 429:
                 self.stats.rate_limited += 1
-                if last_attempt:
-                    self.raise_for_status(response, method, path, task_id)
-                wait = retry_after(response.headers)
-                what = f"{method} {path}: rate limited (HTTP 429" + (
-                    f", Retry-After {wait:g} s)" if wait is not None else ")"
-                )
-                left = given_up(failing[0]) if given_up is not None else math.inf
-                if wait is not None and wait > left:
-                    # Asked to wait past the give-up point: no retry; given up at that point.
-                    self._notes.failure(what, None, attempt, give_up_in=left)
-                    await pause(self._sleep, max(0.0, left), stopped)
-                    self.raise_for_status(response, method, path, task_id)
-                delay = (
-                    min(wait, self.retry.max_retry_after)
-                    if wait is not None
-                    else self.retry.backoff(attempt, self._random.random())
-                )
-                self.stats.retries += 1
-                self._notes.failure(what, delay, attempt)
-                if await pause(self._sleep, delay, stopped):
-                    self.raise_for_status(response, method, path, task_id)
-                continue
-            if status >= 500 or status == 408:  # 408: a front end gave up waiting (transient)
+            elif status >= 500 or status == 408:  # 408: a front end gave up waiting (transient)
                 self.stats.server_errors += 1
                 if not retry_all:
                     self.stats.ambiguous_writes += 1
@@ -277,17 +256,32 @@ class HttpExchange:
                         method=method,
                         path=path,
                         status=status,
+                        retry_after=retry_after(response.headers),
                     )
-                if last_attempt:
-                    self._notes.failure(f"{method} {path}: HTTP {status}", None, attempt)
-                    self.raise_for_status(response, method, path, task_id)
-                self.stats.retries += 1
-                delay = self.retry.backoff(attempt, self._random.random())
-                self._notes.failure(f"{method} {path}: HTTP {status}", delay, attempt)
-                await self._sleep(delay)
-                continue
-            self._notes.answered()
-            return response
+            else:
+                self._notes.answered()
+                return response
+            # A 429, or a read answered 5xx/408: retried after the service's Retry-After (RFC
+            # 9110 gives one to a 503 too), else a backoff; never past the give-up point.
+            wait = retry_after(response.headers)
+            what = failed_what(method, path, status, wait)
+            if last_attempt:
+                if status != 429:
+                    self._notes.failure(what, None, attempt)
+                self.raise_for_status(response, method, path, task_id)
+            left = given_up(failing[0]) if given_up is not None else math.inf
+            if wait is not None and wait > left:
+                # Asked to wait past the give-up point: no retry; given up at that point.
+                self._notes.failure(what, None, attempt, give_up_in=left)
+                await pause(self._sleep, max(0.0, left), stopped)
+                self.raise_for_status(response, method, path, task_id)
+            backoff = self.retry.backoff(attempt, self._random.random())
+            delay = retry_wait(wait, backoff, self.retry.max_retry_after)
+            self.stats.retries += 1
+            self._notes.failure(what, delay, attempt)
+            if await pause(self._sleep, delay, stopped):
+                self.raise_for_status(response, method, path, task_id)
+            continue
 
     async def send(
         self,

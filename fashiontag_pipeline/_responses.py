@@ -73,7 +73,7 @@ def error_for(
         wait = retry_after(response.headers)
         return exc.RateLimitedError(text + _asks_to_wait(wait), retry_after=wait, **common)
     if status >= 500 or status == 408:  # 408 Request Timeout: a transient fault too
-        return exc.ServerError(text, **common)
+        return exc.ServerError(text + _asks_to_wait(retry_after(response.headers)), **common)
     if status in (401, 403):
         text += f" ({key_hint})"
         if status == 401:

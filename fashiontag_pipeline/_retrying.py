@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-__all__ = ["FIRST_FAILURE", "WARN_EVERY", "FailureNotes", "pause"]
+__all__ = ["FIRST_FAILURE", "WARN_EVERY", "FailureNotes", "failed_what", "pause", "retry_wait"]
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
@@ -81,3 +81,20 @@ async def pause(
         with anyio.move_on_after(delay):
             await stopped.wait()
     return stopped.is_set()
+
+
+def failed_what(method: str, path: str, status: int, wait: float | None) -> str:
+    """A failed attempt answered ``status`` (with a Retry-After of ``wait`` s), as logged."""
+    if status == 429:
+        return f"{method} {path}: rate limited (HTTP 429" + (
+            f", Retry-After {wait:g} s)" if wait is not None else ")"
+        )
+    return f"{method} {path}: HTTP {status}" + (
+        f" (Retry-After {wait:g} s)" if wait is not None else ""
+    )
+
+
+def retry_wait(wait: float | None, backoff: float, cap: float) -> float:
+    """Seconds before a retry: the service's Retry-After ``wait`` (at most ``cap``), else
+    ``backoff``."""
+    return min(wait, cap) if wait is not None else backoff

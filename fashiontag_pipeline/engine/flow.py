@@ -13,6 +13,7 @@ from typing import TypeVar
 import anyio
 
 from .. import _exceptions as exc
+from .._config import DEFAULT_MAX_RETRY_AFTER
 from .._exceptions import FashiontagError
 
 __all__ = [
@@ -238,11 +239,29 @@ class RetryBudget:
         delay = min(self.cap, self.base * 2 ** min(self._streak, 10)) * (
             0.5 + self._random.random() / 2
         )
-        if until is None:
-            await anyio.sleep(delay)
-        elif not until.is_set():
-            with anyio.move_on_after(delay):
-                await until.wait()
+        wait = getattr(err, "retry_after", None)
+        if wait is not None and self._failing_since is not None:
+            # The service's Retry-After (a 429 or 503 the client did not wait out, a write
+            # answered 503); one past the give-up point is waited to it, then the run stops.
+            left = self.give_up_after - (time.monotonic() - self._failing_since)
+            if wait > left:
+                await _pause(max(0.0, left), until)
+                if until is not None and until.is_set():
+                    return  # a stop: the caller sends nothing more
+                raise FatalRunError(
+                    f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
+                ) from err
+            delay = max(delay, min(wait, DEFAULT_MAX_RETRY_AFTER))
+        await _pause(delay, until)
+
+
+async def _pause(delay: float, until: anyio.Event | None) -> None:
+    """Sleep ``delay`` seconds, or until ``until`` is set."""
+    if until is None:
+        await anyio.sleep(delay)
+    elif not until.is_set():
+        with anyio.move_on_after(delay):
+            await until.wait()
 
 
 class RunControl:

@@ -111,3 +111,22 @@ async def test_a_retry_after_past_the_give_up_point_stops_the_run_there(tmp_path
     assert "in 120.0 s" not in err, err
     last = err.strip().splitlines()[-1]
     assert "asks to wait 86400 s" in last and "24 h" in last, err
+
+
+async def test_a_503_with_retry_after_is_waited_like_a_429(tmp_path: Path) -> None:
+    """Every request answered 503 with Retry-After: 5 for the proxy's first 5 s (a service
+    shedding load). A 429 so answered costs a request or two; the 503s cost dozens: the
+    client's reads retried after 0.2 s backoffs, and each create answered 503 (of unknown
+    fate) looked up in the task list at once and sent again."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(
+        limit="all", limit_status=503, limit_retry_after="5", limit_window=(0.0, 5.0)
+    )
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(manifest))
+        with anyio.fail_after(40):
+            done = await anyio.run_process(args, check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert proxy.limited <= 6, f"{proxy.limited} requests answered 503 in 5 s of Retry-After: 5"
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
