@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import email.utils
 import html
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -141,14 +142,18 @@ def retry_after(headers: Any, *, now: float | None = None) -> float | None:
 
     A date is turned into seconds against the response's own ``Date`` header when it has one
     (so a client whose clock differs from the server's still waits the intended time), else
-    against the local clock; a date in the past means no wait."""
+    against the local clock; a date in the past means no wait. A number of seconds that is
+    negative or not finite is no delay (RFC 9110: a non-negative integer): ignored, as any
+    other text that is not one."""
     value = headers.get("Retry-After") if headers is not None else None
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return seconds if 0.0 <= seconds < math.inf else None
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):

@@ -95,6 +95,7 @@ def failed_what(method: str, path: str, status: int, wait: float | None) -> str:
 
 
 def retry_wait(wait: float | None, backoff: float, cap: float) -> float:
-    """Seconds before a retry: the service's Retry-After ``wait`` (at most ``cap``), else
-    ``backoff``."""
-    return min(wait, cap) if wait is not None else backoff
+    """Seconds before a retry: the service's Retry-After ``wait`` (at most ``cap``), and no
+    less than ``backoff`` (a ``Retry-After: 0`` under a sustained limit must not make every
+    retry go out at once)."""
+    return max(min(wait, cap), backoff) if wait is not None else backoff

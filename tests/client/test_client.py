@@ -231,6 +231,24 @@ async def test_retry_after_is_capped_by_policy(
     assert sleeps.delays == [5.0]
 
 
+@pytest.mark.parametrize("header", ["0", "-5", "nan"])
+async def test_a_retry_after_of_zero_waits_the_backoff_and_a_negative_one_is_ignored(
+    mocked: Any, make_client: Callable[..., TaggerClient], header: str
+) -> None:
+    """A key limited to a few requests a second answered 429 with ``Retry-After: 0`` (or a
+    negative value, which the client read as 0): every retry went out at once, 12-14 answers
+    429 per useful request where no header at all cost ~3.7. A retry now waits at least the
+    backoff, and a value that is not a number of seconds from now is ignored like garbage."""
+    for _ in range(2):
+        mocked.get(BULK, status=429, headers={"Retry-After": header}, body=b"{}")
+    mocked.get(BULK, status=200, body=body({"status": "success", "data": {"tasks": []}}))
+    sleeps = Sleeps()
+    client = make_client(sleep=sleeps, retry=RetryPolicy(backoff_base=1.0, backoff_max=8.0))
+    client._http._random.random = lambda: 0.5  # type: ignore[method-assign]
+    await client.list_tasks()
+    assert sleeps.delays == [0.5, 1.0]
+
+
 async def test_retries_stop_at_max_attempts_with_the_last_error(
     mocked: Any, make_client: Callable[..., TaggerClient]
 ) -> None:
