@@ -117,9 +117,9 @@ class Inbox(SharedInbox):
         #: Names claimed by this process and not yet settled: a file of that name in the
         #: inbox (one moved back out of .work by hand) waits for the claim to end.
         self._claimed: set[str] = set()
-        #: Files whose claim could not move them (see _move_in): their (inode, device, ctime,
-        #: marker's mtime) then; left alone while these stay the same.
-        self._immovable: dict[str, tuple[int, int, int, int]] = {}
+        #: Files whose claim could not move them (see _leave): left alone while they stay
+        #: as they were then.
+        self._immovable: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._held: set[str] = set()
 
     def prepare(self) -> None:
@@ -231,9 +231,8 @@ class Inbox(SharedInbox):
         for name, st in names.items():
             if name in self._stuck:
                 continue
-            now_as = (st.st_ino, st.st_dev, st.st_ctime_ns, markers.get(name, -1))
-            if self._immovable.get(name) == now_as:
-                continue
+            if self._left_alone(name, st, markers.get(name, -1)):
+                continue  # as it was when its claim could not move it
             seen = self._seen.get(name)
             if seen is None or seen.size != st.st_size or seen.mtime_ns != st.st_mtime_ns:
                 seen = _Seen(st.st_size, st.st_mtime_ns, now)
@@ -335,19 +334,7 @@ class Inbox(SharedInbox):
             return False
         except OSError as err:
             self.ledger.record_abandoned(name)
-            self._seen.pop(name, None)
-            try:
-                marked = marker.lstat().st_mtime_ns
-            except OSError:
-                marked = -1
-            self._immovable[name] = (hashed.st_ino, hashed.st_dev, hashed.st_ctime_ns, marked)
-            logger.error(
-                "manifest %s cannot be claimed: %s (%s); it is left in the inbox, not tagged, "
-                "until it changes or the daemon restarts",
-                name,
-                step,
-                err.strerror or err,
-            )
+            self._leave(path, step, err, hashed, touched=False)
             return False
         return True
 

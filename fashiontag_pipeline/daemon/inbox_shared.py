@@ -1,11 +1,14 @@
 """The inbox beside other daemons (a PostgreSQL ledger; a part of :class:`~.inbox.Inbox`):
 a claim is the move into ``.work`` (one daemon wins it), recorded after it; what a daemon
 that died between the two left is repaired by the others (:meth:`SharedInbox.repair_shared`).
+A file no daemon may move is left in the inbox, each daemon saying so once
+(:meth:`SharedInbox._leave`, which the one-daemon claim uses too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,23 @@ from .settled import InboxSettling, remove_marker
 
 __all__ = ["SharedInbox"]
 
+logger = logging.getLogger("fashiontag_pipeline.daemon")
+
+
+def _left_as(st: os.stat_result, marked: int) -> tuple[int, ...]:
+    """What a file left in the inbox unclaimed is known by, but its ctime: the inode, size,
+    mtime, owner and mode, and its marker's mtime (``marked``; -1: none)."""
+    return (
+        st.st_ino,
+        st.st_dev,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_uid,
+        st.st_gid,
+        st.st_mode,
+        marked,
+    )
+
 
 class SharedInbox(InboxSettling):
     """The several-daemons half of :class:`~.inbox.Inbox` (same folders, same ledger)."""
@@ -26,6 +46,44 @@ class SharedInbox(InboxSettling):
     work: Path
     shared_after: float | None
     _wall_clock: Callable[[], float]
+    #: Files left in the inbox by a claim that could not move them (see _leave): what they
+    #: were known by then (:func:`_left_as`), and their ctime (None: not compared).
+    _immovable: dict[str, tuple[tuple[int, ...], int | None]]
+
+    def _left_alone(self, name: str, st: os.stat_result, marked: int) -> bool:
+        """Whether a file in the inbox is as it was when its claim could not move it."""
+        left = self._immovable.get(name)
+        return (
+            left is not None
+            and left[0] == _left_as(st, marked)
+            and left[1] in (None, st.st_ctime_ns)
+        )
+
+    def _leave(
+        self, path: Path, step: str, err: OSError, hashed: os.stat_result, *, touched: bool
+    ) -> None:
+        """A file the claim may not move into ``.work`` (a sticky drop folder and another
+        account's file, an immutable file, a read-only mount), or whose marker it may not
+        delete: left in the inbox, said once, and left alone while it stays as it was (a
+        chown, ``chattr -i``, a new drop or marker: tried again), or until the next start.
+        Raised, it stopped the daemon, and again at every start. ``touched``: the try set the
+        file's ctime (a hard link, undone), as another daemon's try does, so the ctime is not
+        compared (two daemons would try in turn for ever, each saying so each time)."""
+        name = path.name
+        self._seen.pop(name, None)
+        try:
+            marked = (self.root / f"{name}{READY_SUFFIX}").lstat().st_mtime_ns
+        except OSError:
+            marked = -1
+        ctime = None if touched else hashed.st_ctime_ns
+        self._immovable[name] = (_left_as(hashed, marked), ctime)
+        logger.error(
+            "manifest %s cannot be claimed: %s (%s); it is left in the inbox, not tagged, "
+            "until it changes or the daemon restarts",
+            name,
+            step,
+            err.strerror or err,
+        )
 
     def repair_shared(self) -> None:
         """Beside other daemons (at start-up, then every ``shared_after`` seconds): a file in
@@ -74,27 +132,44 @@ class SharedInbox(InboxSettling):
         self, path: Path, record: ClaimRecord, hashed: os.stat_result
     ) -> Claim | None:
         """The move first: of several daemons, the one whose move succeeds owns the file;
-        then its record (if the name is not in flight already). The move is a hard link that
-        fails when ``.work`` has the name (a rename would replace a file another daemon moved
-        there a moment before), then the inbox's name is removed."""
+        then its record (if the name is not in flight already). The marker is deleted first
+        (as with one daemon: one that cannot be leaves the file as it was). The move is a hard
+        link that fails when ``.work`` has the name (a rename would replace a file another
+        daemon moved there a moment before), then the inbox's name is removed. A file whose
+        marker, link or inbox name the file system refuses to remove (EPERM) is left in the
+        inbox as it was, nothing recorded (see :meth:`_leave`)."""
         name = path.name
         self._seen.pop(name, None)
+        moved = self.work / name
+        marker = self.root / f"{name}{READY_SUFFIX}"
+        step = f"its marker {marker.name} cannot be deleted"
         try:
-            os.link(path, self.work / name)
+            remove_marker(marker)
+            step = "it cannot be moved into .work"
+            self._remake(self.work)  # removed by hand while the daemon runs
+            os.link(path, moved)
         except (FileNotFoundError, FileExistsError):
             return None  # another daemon claimed it, or one of that name is in flight
-        record = as_moved(self.work / name, hashed, record)
-        with contextlib.suppress(FileNotFoundError):
-            # Only the file linked: one renamed over NAME since is left for the next scan.
-            if same_file(path.stat(), (self.work / name).stat()):
-                os.unlink(path)
-        remove_marker(self.root / f"{name}{READY_SUFFIX}")
+        except OSError as err:  # protected_hardlinks, an immutable file, a read-only mount
+            self._leave(path, step, err, hashed, touched=False)
+            return None
+        record = as_moved(moved, hashed, record)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                # Only the file linked: one renamed over NAME since is left for the next scan.
+                if same_file(path.stat(), moved.stat()):
+                    os.unlink(path)
+        except OSError as err:  # a sticky drop folder: another account's file stays
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(moved)  # undone: not claimed (no record yet), nor tagged twice
+            self._leave(path, step, err, hashed, touched=True)
+            return None
         fsync_dir(self.root)
         fsync_dir(self.work)
         cast("SharedLedger", self.ledger).record_claim_if_absent(record)
         return Claim(
             name=name,
-            path=str(self.work / name),
+            path=str(moved),
             sha256=record.sha256,
             size=record.size,
             claimed_at=record.claimed_at,
