@@ -90,10 +90,12 @@ class SharedInbox(InboxSettling):
         ``.work`` left alone (its ctime, which a rename sets) for ``shared_after`` seconds and
         not recorded in flight is recorded now (a daemon died, or lost the database, between
         its rename and its record), or, when it is the very content a settled record names,
-        moved where that record says; a claim in flight whose file is gone is abandoned."""
+        moved where that record says; a claim in flight whose file is gone is abandoned.
+        ``.work`` removed (``rm -rf``) is made again, as by a claim."""
         assert self.shared_after is not None
         ledger = cast("SharedLedger", self.ledger)
         now = self._wall_clock()
+        self._remake(self.work)  # removed by a cleanup job: it stopped the daemon (exit 1)
         with os.scandir(self.work) as entries:
             files = [e for e in entries if e.is_file() and not e.name.startswith(".")]
         for entry in sorted(files, key=lambda e: e.name):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 
 from fashiontag_pipeline.daemon.inbox import Inbox
@@ -135,3 +137,52 @@ async def test_an_immovable_manifest_does_not_stop_a_shared_daemon(
         finally:
             daemon.ensure_dead()
             _chattr("-i", stuck)
+
+
+# -- .work removed while the daemons run --------------------------------------------------
+
+
+def test_work_removed_beside_other_daemons_is_made_again(
+    tmp_path: Path, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``rm -rf inbox/.work`` (a cleanup job) while daemons share the inbox: the next repair
+    (every lease) raised FileNotFoundError, which stopped the daemon with exit 1, and until
+    then every claim's link failed in silence. ``.work`` is made again, said, and the next
+    manifest claimed."""
+    ledger = PostgresClaimLedger(postgres_url, owner="a")
+    try:
+        root = tmp_path / "inbox"
+        inbox = _shared(root, ledger)
+        shutil.rmtree(root / ".work")
+        with caplog.at_level(logging.WARNING, "fashiontag_pipeline.daemon"):
+            inbox.repair_shared()  # raised FileNotFoundError
+        assert (root / ".work").is_dir()
+        assert any(".work was gone" in r.getMessage() for r in caplog.records)
+        shutil.rmtree(root / ".work")
+        (root / "m.csv").write_bytes(CSV)
+        [path] = inbox.scan()
+        claim = inbox.claim(path)  # None before, at every scan
+        assert claim is not None and Path(claim.path) == root / ".work" / "m.csv"
+        assert [r.name for r in ledger.in_flight()] == ["m.csv"]
+    finally:
+        ledger.close()
+
+
+async def test_a_shared_daemon_goes_on_after_work_was_removed(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """The same with a real daemon on a PostgreSQL state: it exited 1 at its next repair."""
+    async with running_service(ServiceConfig()) as svc:
+        extra = ["--state", postgres_url, "--lease", "1"]
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            shutil.rmtree(daemon.inbox / ".work")
+            await anyio.sleep(2.5)  # two repairs
+            daemon.check_alive()
+            drop_atomic(daemon.inbox, "ok.csv", write_manifest(Path(), ["c", "d"]))
+            summary = await daemon.wait_summary("ok", timeout=30)
+            assert summary["status"] == "done" and summary["tagged"] == 2
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
