@@ -187,7 +187,11 @@ class Daemon(DaemonMonitor):
                         self.started.set()
                         logger.info(
                             "daemon started",
-                            extra={"inbox": str(inbox_dir), "outbox": str(outbox_dir)},
+                            extra={
+                                "inbox": str(inbox_dir),
+                                "outbox": str(outbox_dir),
+                                "listen": self.url,
+                            },
                         )
                         await self._claim_loop(tg, inbox, outbox, engine)
         finally:

@@ -131,6 +131,7 @@ class SharedDaemon:
                         extra={
                             "inbox": str(inbox_dir),
                             "outbox": str(outbox_dir),
+                            "listen": daemon.url,
                             "owner": ledger.owner,
                             "lease_s": config.lease,
                         },

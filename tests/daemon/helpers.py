@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,8 +17,6 @@ from typing import Any
 import aiohttp
 import anyio
 from prometheus_client.parser import text_string_to_metric_families
-
-from ..engine.helpers import free_port
 
 __all__ = [
     "DaemonProcess",
@@ -78,7 +77,9 @@ class DaemonProcess:
     extra: Sequence[str] = ()
     env: dict[str, str] = field(default_factory=dict)
     settle: float = 0.4
-    port: int = field(default_factory=free_port)
+    #: The port asked for (0: one the system picks, read from the "daemon started" line:
+    #: a port chosen here and bound later could be taken meanwhile by another test worker).
+    port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -89,9 +90,27 @@ class DaemonProcess:
     def outbox(self) -> Path:
         return self.root / "outbox"
 
+    def _said_port(self) -> int | None:
+        """The port in the "daemon started" line of the log so far (None: not logged yet)."""
+        for text in self.stderr_path.read_text(errors="replace").splitlines():
+            if '"daemon started"' in text:
+                with contextlib.suppress(ValueError):
+                    listen = json.loads(text).get("listen")
+                    if listen:
+                        return int(str(listen).rsplit(":", 1)[1])
+        return None
+
+    @property
+    def listen_port(self) -> int:
+        """The port the daemon's endpoints listen on (asked for, or as its log says)."""
+        port = self.port or self._said_port()
+        if port is None:
+            raise AssertionError(f"the daemon has not said where it listens yet: {self.tail(5)}")
+        return port
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://127.0.0.1:{self.listen_port}"
 
     def start(self) -> DaemonProcess:
         self.inbox.mkdir(parents=True, exist_ok=True)
@@ -134,7 +153,12 @@ class DaemonProcess:
     def logs(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.stderr_path.read_text().splitlines() if line]
 
-    async def get(self, path: str) -> tuple[int, str]:
+    async def get(self, path: str, timeout: float = 20.0) -> tuple[int, str]:
+        """GET one of the daemon's endpoints (once it has said where it listens)."""
+        with anyio.fail_after(timeout):
+            while not self.port and self._said_port() is None:
+                self.check_alive()
+                await anyio.sleep(0.05)
         async with aiohttp.ClientSession() as session, session.get(self.url + path) as resp:
             return resp.status, await resp.text()
 

@@ -60,7 +60,7 @@ async def test_idle_connections_to_the_monitoring_port_do_not_starve_the_daemon(
             # The daemon's own needs are ~30 descriptors; 256 leaves it room for 200 more.
             resource.prlimit(daemon.proc.pid, resource.RLIMIT_NOFILE, (256, hard))
             async with contextlib.AsyncExitStack() as stack:
-                opened = await _connect_many(daemon.port, 600, stack)
+                opened = await _connect_many(daemon.listen_port, 600, stack)
                 await anyio.sleep(0.5)
                 daemon.check_alive()
                 held = len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
