@@ -17,7 +17,15 @@ from fashiontag_pipeline.engine.jobs import Job
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, free_port, ids_of, job_spec, write_csv
+from .helpers import (
+    assert_exactly_once,
+    client_config,
+    dead_port,
+    free_port,
+    ids_of,
+    job_spec,
+    write_csv,
+)
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0)
 
@@ -72,7 +80,7 @@ async def test_the_outcome_of_a_job_the_closed_engine_cannot_finish_is_an_error(
     now, saying why; submitted to the next engine, the job completes exactly once."""
     manifest = write_csv(tmp_path / "m.csv", 300)
     db = StateDB(tmp_path / "state")
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{free_port()}")) as client:
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{dead_port()}")) as client:
         with anyio.move_on_after(0.5):  # the service is down: then the process is gone
             async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as gone:
                 await gone.submit(job_spec("a", manifest, tmp_path / "a"))
