@@ -65,6 +65,7 @@ DEFAULT_BACKOFF_MAX = 20.0
 DEFAULT_MAX_RETRY_AFTER = 120.0
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_KEEPALIVE = 30.0
+DEFAULT_MAX_ANSWER_BYTES = 16 << 20  # a page of 100 results of 160 KiB, a list of 50k tasks
 
 _MASK = "********"
 DEV_KEY_SOURCE = "the development default (no key configured)"
@@ -148,14 +149,15 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Connection pool limits of the client."""
+    """Connection pool limits of the client, and the longest answer body it reads (decoded)."""
 
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     keepalive_expiry: float = DEFAULT_KEEPALIVE
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1:
-            raise ValueError("limits.max_connections must be at least 1")
+        if self.max_connections < 1 or self.max_answer_bytes < 1:
+            raise ValueError("limits.max_connections and max_answer_bytes must be at least 1")
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

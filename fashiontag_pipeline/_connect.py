@@ -2,8 +2,13 @@
 
 :func:`new_session` makes one pool (:class:`~._http.HttpExchange` has one for reads and one for
 writes, whose connections are reused only while idle for at most :data:`WRITE_IDLE_MAX`
-seconds). :func:`connect_failure` maps a connection that could not be made to the exception
-tree: a certificate the trust store refuses, or an ``https://`` address that does not speak TLS,
+seconds). Its answers hold at most :attr:`Limits.max_answer_bytes` of body, decoded: a longer
+one (a page of megabytes per result, a body that never ends, a gzip bomb from a gateway) is
+refused as it comes, an :class:`AnswerTooLargeError` mapped like a dropped connection (a read
+asked again, a write of unknown fate), so that no answer can exhaust the memory.
+
+:func:`connect_failure` maps a connection that could not be made to the exception tree: a
+certificate the trust store refuses, or an ``https://`` address that does not speak TLS,
 is a :class:`~._exceptions.TLSError` (retrying cannot help: the run stops at once and says what
 to set); a proxy that wants credentials is a configuration error; anything else is a
 :class:`~._exceptions.ConnectError`, retried like an outage (nothing reached the service).
@@ -11,6 +16,8 @@ to set); a proxy that wants credentials is a configuration error; anything else 
 """
 
 from __future__ import annotations
+
+import functools
 
 from . import _exceptions as exc
 from ._config import Limits
@@ -21,7 +28,14 @@ from ._tls import deferred_trust_store
 with deferred_trust_store():
     import aiohttp
 
-__all__ = ["STALL_SLACK", "WRITE_IDLE_MAX", "connect_failure", "new_session", "unanswered"]
+__all__ = [
+    "STALL_SLACK",
+    "WRITE_IDLE_MAX",
+    "AnswerTooLargeError",
+    "connect_failure",
+    "new_session",
+    "unanswered",
+]
 
 #: A write (POST, PUT) goes only on a connection idle for at most this many seconds: below the
 #: idle timeout of every common server and gateway (uvicorn 5 s, gunicorn 2 s), which may close
@@ -61,7 +75,56 @@ def new_session(
         headers={"User-Agent": user_agent},
         skip_auto_headers=("Content-Type",),
         raise_for_status=False,
+        response_class=_bounded_response(limits.max_answer_bytes),
     )
+
+
+class AnswerTooLargeError(aiohttp.ClientPayloadError):
+    """An answer whose body (decoded) is longer than ``limits.max_answer_bytes``."""
+
+    def __init__(self, limit: int) -> None:
+        size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit:,} bytes"
+        super().__init__(
+            f"answered more than {size}, the client's [client.limits] max_answer_bytes: refused"
+        )
+
+
+class _BoundedResponse(aiohttp.ClientResponse):
+    """An answer whose :meth:`read` holds at most :attr:`max_bytes` of body, counted as it is
+    decoded (a few KiB of gzip may inflate to gigabytes)."""
+
+    max_bytes: int
+
+    async def read(self) -> bytes:
+        if self._body is None:
+            length = self.content_length
+            plain = self.headers.get("Content-Encoding", "identity").lower() == "identity"
+            if length is None or length > self.max_bytes or not plain:
+                try:
+                    self._body = await self._read_bounded(length if plain else None)
+                except BaseException:
+                    self.close()
+                    raise
+        return await super().read()
+
+    async def _read_bounded(self, length: int | None) -> bytes:
+        limit = self.max_bytes
+        if length is not None and length > limit:
+            raise AnswerTooLargeError(limit)  # refused before a byte of it is read
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await self.content.readany():
+            size += len(chunk)
+            if size > limit:
+                raise AnswerTooLargeError(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+@functools.cache
+def _bounded_response(max_bytes: int) -> type[aiohttp.ClientResponse]:
+    """The response class of sessions whose answers hold at most ``max_bytes``."""
+    return type("BoundedResponse", (_BoundedResponse,), {"max_bytes": max_bytes})
 
 
 def connect_failure(
@@ -138,6 +201,8 @@ def unanswered(
     fired more than :data:`STALL_SLACK` after the deadline is marked ``stalled``."""
     timed_out = isinstance(err, TimeoutError)
     what = "timed out" if timed_out else f"failed: {type(err).__name__}"
+    if isinstance(err, AnswerTooLargeError):
+        what = str(err)
     error: exc.TransportError
     if write:
         message = f"{method} {path} {what}; the write may or may not have been applied"

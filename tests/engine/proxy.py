@@ -11,6 +11,9 @@ it holds, and refuses a page (or those past a task's real end) with 400; and it 
 clock some seconds ahead of the engine's in the ``Date`` header; it rate limits (429) or sheds
 load (503) with a Retry-After of its choosing. Bodies it rewrites are re-encoded with other
 spacing, as a server that is not ours would write them.
+clock some seconds ahead of the engine's in the ``Date`` header; it answers with a body of
+hundreds of MiB, one that never ends, or a gzip bomb. Bodies it rewrites are
+re-encoded with other spacing, as a server that is not ours would write them.
 
 Tasks are named by their creation order (1 = the first task created through the proxy).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -226,6 +230,17 @@ class Misbehaviour:
     limit_retry_after: str | None = None
     #: Seconds since the proxy started during which ``limit`` holds (None: for ever).
     limit_window: tuple[float, float] | None = None
+    #: The kinds of request (as ``storm_ops``) whose answers are huge: their JSON followed by
+    #: whitespace (JSON still), streamed in 1 MiB writes (a service or gateway whose answer is
+    #: far bigger than any page).
+    huge_ops: set[str] = field(default_factory=set)
+    #: How many answers are made huge (None: every one).
+    huge_count: int | None = 1
+    #: Bytes of whitespace after the JSON; None: the body never ends.
+    huge_bytes: int | None = 256 << 20
+    #: The huge answers gzip-compressed (``Content-Encoding: gzip``): a few hundred KiB on the
+    #: wire, inflated by the client (a decompression bomb).
+    huge_gzip: bool = False
 
 
 def request_kind(method: str, path: str) -> str:
@@ -296,6 +311,8 @@ class MisbehavingProxy:
         self.writes = 0
         self.limited = 0
         self._started = time.monotonic()
+        #: Answers made huge (huge_ops).
+        self.huge_answers = 0
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -524,6 +541,11 @@ class MisbehavingProxy:
             out = self._http_dates(out)
         if self.rules.bom:
             out = b"\xef\xbb\xbf" + out
+        if request_kind(request.method, path) in self.rules.huge_ops and status < 300:
+            count = self.rules.huge_count
+            if count is None or self.huge_answers < count:
+                self.huge_answers += 1
+                return await self._huge(request, status, out, ctype)
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
         )
@@ -545,6 +567,35 @@ class MisbehavingProxy:
             body=payload,
             headers={"Content-Type": "application/json", **self._headers()},
         )
+
+    async def _huge(
+        self, request: web.Request, status: int, out: bytes, ctype: str
+    ) -> web.StreamResponse:
+        """``out`` followed by :attr:`Misbehaviour.huge_bytes` of whitespace, streamed until the
+        client stops reading."""
+        rules = self.rules
+        headers = {"Content-Type": ctype, **self._headers()}
+        gz = zlib.compressobj(1, wbits=31) if rules.huge_gzip else None
+        if gz is not None:
+            headers["Content-Encoding"] = "gzip"
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.enable_chunked_encoding()
+        block = b" " * (1 << 20)
+        left = rules.huge_bytes
+        try:
+            await resp.prepare(request)
+            await resp.write(gz.compress(out) if gz is not None else out)
+            while left is None or left > 0:
+                data = block if left is None or left >= len(block) else block[:left]
+                if left is not None:
+                    left -= len(data)
+                await resp.write(gz.compress(data) if gz is not None else data)
+            if gz is not None:
+                await resp.write(gz.flush())
+            await resp.write_eof()
+        except (ConnectionError, aiohttp.ClientConnectionResetError):
+            pass  # the client stopped reading
+        return resp
 
     @staticmethod
     def _http_dates(out: bytes) -> bytes:

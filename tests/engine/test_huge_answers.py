@@ -1,0 +1,118 @@
+"""Answers too big for memory: a service we did not write, or a gateway, a captive portal, a
+CDN in front of it, answers with a body of hundreds of MiB (a result of megabytes per image),
+a body that never ends, or a gzip "bomb" that a few hundred KiB on the wire inflate to
+hundreds of MiB. The engine reads no answer past ``limits.max_answer_bytes``: it refuses it
+(a read asked again, a write's fate resolved like a lost answer's) and its peak memory stays
+within the budget (DESIGN 5: <= 200 MB) instead of the process growing until it is killed.
+
+Each run is the CLI in a child process (so its peak RSS is its own), behind the misbehaving
+proxy of :mod:`.proxy`, with an address-space limit of a few GiB as a safety net: a run that
+holds the answer dies of it (MemoryError) rather than taking the machine's memory.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour
+from .test_single_mode import red_picture
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB, RLIMIT_AS")
+
+ROWS = 300
+#: Rows of a local picture (tagged one by one through the single endpoint).
+SINGLES = 4
+#: Peak RSS allowed to a run that met a huge answer (DESIGN 5: <= 200 MB).
+PEAK_MIB = 190
+
+CONFIG = """
+[engine]
+poll_min = 0.02
+poll_max = 0.2
+linger_seconds = 0.1
+give_up_after = 20.0
+"""
+
+# Runs the CLI in a child under an address-space limit and prints its exit code and peak RSS
+# (KiB): RUSAGE_CHILDREN of a fresh wrapper process only ever sees the one engine process.
+WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+    "r = subprocess.run(sys.argv[1:], stderr=subprocess.PIPE)\n"
+    "sys.stderr.buffer.write(r.stderr)\n"
+    "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+)
+
+
+async def _run(
+    tmp_path: Path, rules: Misbehaviour, config_text: str = CONFIG
+) -> tuple[int, int, str, MisbehavingProxy]:
+    """The CLI run of ROWS rows behind a proxy with ``rules``: (exit code, peak RSS in MiB,
+    stderr, the proxy)."""
+    picture = red_picture(tmp_path / "red.png")
+    singles = [f"s{i},{picture},acme,TOP" for i in range(SINGLES)]
+    manifest = write_csv(tmp_path / "m.csv", ROWS, extra=singles)
+    config = tmp_path / "engine.toml"
+    config.write_text(config_text)
+    out = tmp_path / "out.jsonl"
+    proxy = MisbehavingProxy("", rules)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            argv = run_args(proxy.url, out, str(manifest), "--config", str(config))
+            with anyio.fail_after(40):
+                done = await anyio.run_process(
+                    [sys.executable, "-c", WRAPPER, *argv], env=ENV, check=False
+                )
+    code, peak = done.stdout.decode().split()[-2:]
+    return int(code), int(peak) // 1024, done.stderr.decode(errors="replace"), proxy
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        pytest.param(Misbehaviour(huge_ops={"results"}), id="page-256MiB"),
+        pytest.param(Misbehaviour(huge_ops={"results"}, huge_bytes=None), id="page-endless"),
+        pytest.param(Misbehaviour(huge_ops={"results"}, huge_gzip=True), id="page-gzip-bomb"),
+        pytest.param(Misbehaviour(huge_ops={"list", "status"}), id="poll-256MiB"),
+        pytest.param(Misbehaviour(huge_ops={"create"}, huge_gzip=True), id="create-gzip-bomb"),
+        pytest.param(Misbehaviour(huge_ops={"single"}, huge_bytes=None), id="single-endless"),
+    ],
+)
+async def test_a_huge_answer_is_refused_and_the_run_goes_on(
+    tmp_path: Path, rules: Misbehaviour
+) -> None:
+    """One huge answer (a results page, a poll, a create's, a picture's): the run completes, every
+    row once, its peak RSS within the budget, and the log names the limit."""
+    code, peak, stderr, proxy = await _run(tmp_path, rules)
+    assert proxy.huge_answers == 1
+    assert code == 0, stderr[-3000:]
+    assert peak < PEAK_MIB, f"peak RSS {peak} MiB after one huge answer"
+    assert "max_answer_bytes" in stderr
+    out = tmp_path / "out.jsonl"
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(ROWS) | ids_of(SINGLES, "s"))
+    assert not o.rejects
+
+
+async def test_every_answer_too_big_stops_the_run_naming_the_limit(tmp_path: Path) -> None:
+    """Every results page 8 MiB long, with ``max_answer_bytes`` set to 4 MiB in the config:
+    each is refused and asked again until --give-up-after, then the run stops (exit 1, state
+    saved) saying the service answers more than that limit, not that it is unreachable."""
+    config = CONFIG.replace("give_up_after = 20.0", "give_up_after = 1.0")
+    config += "[client.limits]\nmax_answer_bytes = 4194304\n"
+    rules = Misbehaviour(huge_ops={"results"}, huge_count=None, huge_bytes=8 << 20)
+    code, peak, stderr, proxy = await _run(tmp_path, rules, config)
+    assert code == 1, stderr[-3000:]
+    assert proxy.huge_answers > 1
+    assert peak < PEAK_MIB
+    last = stderr.strip().splitlines()[-1]
+    assert "service answering more than max_answer_bytes for 1s" in last, last
+    assert "answered more than 4 MiB, the client's [client.limits] max_answer_bytes" in last
+    assert "unreachable" not in stderr
