@@ -370,7 +370,7 @@ class HttpExchange:
             self.raise_for_status(response, method, path, None)
         try:
             return decoder.decode(response.body)
-        except msgspec.DecodeError as err:
+        except (msgspec.DecodeError, RecursionError) as err:  # (nested past msgspec's depth)
             raise exc.DecodeError(
                 f"{method} {path}: HTTP {response.status} body is not the expected JSON: {err}",
                 method=method,

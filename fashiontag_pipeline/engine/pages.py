@@ -120,11 +120,15 @@ def decode_page(body: bytes) -> list[PageRow]:
     sends line breaks inside them, and the results JSONL must hold one line per result: in a
     valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
     string), so each becomes a space. A page with none (one ``memchr`` over the body) is
-    taken as it is."""
+    taken as it is. JSON nested deeper than msgspec reads (its recursion limit) is no page
+    either: a DecodeError, never a RecursionError."""
     try:
-        page = page_decoder.decode(body)
-    except msgspec.DecodeError:
-        page = _numbered(body)
+        try:
+            page = page_decoder.decode(body)
+        except msgspec.DecodeError:
+            page = _numbered(body)
+    except RecursionError as err:
+        raise msgspec.DecodeError(f"JSON nested too deep to read ({err})") from None
     if page.status != STATUS_SUCCESS:
         raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
     rows = page.data.results if page.data is not None else []

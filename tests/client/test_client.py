@@ -365,6 +365,27 @@ async def test_garbage_body_is_a_decode_error(
         await client.list_tasks()
 
 
+#: A JSON value of arrays nested deeper than msgspec reads (its recursion limit).
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+async def test_an_answer_nested_too_deep_is_a_mapped_error_not_a_recursion_error(
+    mocked: Any, make_client: Callable[..., TaggerClient]
+) -> None:
+    """A task list, a results page (``tasks results``) or an error body nested past the JSON
+    reader's depth: the error of an unreadable answer, never a foreign RecursionError."""
+    mocked.get(BULK, status=200, body=b'{"status":"success","data":' + DEEP + b"}")
+    mocked.get(RESULTS, status=200, body=b'{"status":"success","data":' + DEEP + b"}")
+    mocked.get(STATUS, status=404, body=b'{"error":' + DEEP + b"}")
+    client = make_client()
+    with pytest.raises(TransportError, match="not the expected JSON"):
+        await client.list_tasks()
+    with pytest.raises(TransportError):
+        await client.task_results("t-1", offset=0, size=100)
+    with pytest.raises(ServerError, match="not the service's answer"):
+        await client.task_status("t-1")  # a 404 whose body is no JSON: a front end's
+
+
 async def test_status_other_than_success_on_a_200_is_an_error(
     mocked: Any, make_client: Callable[..., TaggerClient]
 ) -> None:

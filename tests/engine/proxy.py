@@ -241,6 +241,11 @@ class Misbehaviour:
     #: The huge answers gzip-compressed (``Content-Encoding: gzip``): a few hundred KiB on the
     #: wire, inflated by the client (a decompression bomb).
     huge_gzip: bool = False
+    #: The kinds of request (as ``storm_ops``) whose answers carry one more field, of arrays
+    #: nested 100,000 deep (a 200 KB document deeper than a JSON reader's recursion limit).
+    deep_ops: set[str] = field(default_factory=set)
+    #: How many answers are made deep (None: every one).
+    deep_count: int | None = 1
 
 
 def request_kind(method: str, path: str) -> str:
@@ -313,6 +318,8 @@ class MisbehavingProxy:
         self._started = time.monotonic()
         #: Answers made huge (huge_ops).
         self.huge_answers = 0
+        #: Answers made deep (deep_ops).
+        self.deep_answers = 0
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -541,6 +548,11 @@ class MisbehavingProxy:
             out = self._http_dates(out)
         if self.rules.bom:
             out = b"\xef\xbb\xbf" + out
+        if request_kind(request.method, path) in self.rules.deep_ops and out.endswith(b"}"):
+            count = self.rules.deep_count
+            if count is None or self.deep_answers < count:
+                self.deep_answers += 1
+                out = out[:-1] + b',"deep":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
         if request_kind(request.method, path) in self.rules.huge_ops and status < 300:
             count = self.rules.huge_count
             if count is None or self.huge_answers < count:

@@ -1,9 +1,11 @@
-"""Answers too big for memory: a service we did not write, or a gateway, a captive portal, a
-CDN in front of it, answers with a body of hundreds of MiB (a result of megabytes per image),
-a body that never ends, or a gzip "bomb" that a few hundred KiB on the wire inflate to
-hundreds of MiB. The engine reads no answer past ``limits.max_answer_bytes``: it refuses it
-(a read asked again, a write's fate resolved like a lost answer's) and its peak memory stays
-within the budget (DESIGN 5: <= 200 MB) instead of the process growing until it is killed.
+"""Answers too big for memory, or too deep to read: a service we did not write, or a gateway,
+a captive portal, a CDN in front of it, answers with a body of hundreds of MiB (a result of
+megabytes per image), a body that never ends, or a gzip "bomb" that a few hundred KiB on the
+wire inflate to hundreds of MiB. The engine reads no answer past ``limits.max_answer_bytes``:
+it refuses it (a read asked again, a write's fate resolved like a lost answer's) and its peak
+memory stays within the budget (DESIGN 5: <= 200 MB) instead of growing until it is killed.
+An answer nested deeper than the JSON reader's recursion limit is an unreadable answer, not
+a crash.
 
 Each run is the CLI in a child process (so its peak RSS is its own), behind the misbehaving
 proxy of :mod:`.proxy`, with an address-space limit of a few GiB as a safety net: a run that
@@ -116,3 +118,20 @@ async def test_every_answer_too_big_stops_the_run_naming_the_limit(tmp_path: Pat
     assert "service answering more than max_answer_bytes for 1s" in last, last
     assert "answered more than 4 MiB, the client's [client.limits] max_answer_bytes" in last
     assert "unreachable" not in stderr
+
+
+@pytest.mark.parametrize("kind", ["results", "list", "create", "single"])
+async def test_an_answer_nested_too_deep_is_unreadable_not_a_crash(
+    tmp_path: Path, kind: str
+) -> None:
+    """One answer (a results page, the task list, a create's, a picture's) carrying a field
+    of arrays nested 100,000 deep: it is an unreadable answer (a read asked again, a write's
+    of unknown fate), not a RecursionError that ends the run with a traceback at every
+    resume."""
+    code, _, stderr, proxy = await _run(tmp_path, Misbehaviour(deep_ops={kind}))
+    assert proxy.deep_answers == 1
+    assert code == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    out = tmp_path / "out.jsonl"
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(ROWS) | ids_of(SINGLES, "s"))
+    assert not o.rejects
