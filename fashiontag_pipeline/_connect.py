@@ -35,6 +35,7 @@ __all__ = [
     "connect_failure",
     "new_session",
     "unanswered",
+    "unreadable_answer",
 ]
 
 #: A write (POST, PUT) goes only on a connection idle for at most this many seconds: below the
@@ -46,6 +47,10 @@ WRITE_IDLE_MAX = 1.0
 #: clock's next whole second (up to 1 s late by design); a busy event loop adds less than the
 #: second more.
 STALL_SLACK = 2.0
+#: The longest header line (a field with its value) an answer may hold: aiohttp's default
+#: (8,190 bytes) refuses a gateway's long Content-Security-Policy or cookie, every answer then
+#: unreadable; curl takes 100 KiB.
+MAX_HEADER_BYTES = 64 << 10
 #: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 #: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
@@ -75,6 +80,8 @@ def new_session(
         headers={"User-Agent": user_agent},
         skip_auto_headers=("Content-Type",),
         raise_for_status=False,
+        max_line_size=MAX_HEADER_BYTES,
+        max_field_size=MAX_HEADER_BYTES,
         response_class=_bounded_response(limits.max_answer_bytes),
     )
 
@@ -203,6 +210,12 @@ def unanswered(
     what = "timed out" if timed_out else f"failed: {type(err).__name__}"
     if isinstance(err, AnswerTooLargeError):
         what = str(err)
+    elif isinstance(err, aiohttp.ClientResponseError):  # (the parser's: no raise_for_status)
+        what = (
+            f"answered a header line longer than {MAX_HEADER_BYTES >> 10} KiB: refused"
+            if err.message.startswith("Got more than")
+            else f"answered an unreadable HTTP head ({err.message[:100]})"
+        )
     error: exc.TransportError
     if write:
         message = f"{method} {path} {what}; the write may or may not have been applied"
@@ -212,3 +225,15 @@ def unanswered(
         error = cls(f"{method} {path} {what}", method=method, path=path)
     error.stalled = timed_out and limit is not None and waited > limit + STALL_SLACK
     return error
+
+
+def unreadable_answer(err: BaseException) -> str | None:
+    """What the service was doing, for an error of an answer refused unread (longer than
+    ``max_answer_bytes``, a header line too long, an HTTP head that is none): ``answering
+    ...``; None for any other error."""
+    cause = err.__cause__
+    if isinstance(cause, AnswerTooLargeError):
+        return "answering more than max_answer_bytes"
+    if isinstance(cause, aiohttp.ClientResponseError):
+        return "answering HTTP heads it cannot read"
+    return None

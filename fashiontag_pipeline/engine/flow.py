@@ -14,7 +14,7 @@ import anyio
 
 from .. import _exceptions as exc
 from .._config import DEFAULT_MAX_RETRY_AFTER
-from .._connect import AnswerTooLargeError
+from .._connect import unreadable_answer
 from .._exceptions import FashiontagError
 
 __all__ = [
@@ -54,10 +54,9 @@ def _trouble(err: BaseException) -> tuple[str, str]:
         if err.applied:
             return "the service answers writes unreadably", "answering writes unreadably"
         return f"the service answers HTTP {err.status}", f"answering HTTP {err.status}"
-    if isinstance(err.__cause__, AnswerTooLargeError):
-        return "the service answers more than it may (max_answer_bytes)", (
-            "answering more than max_answer_bytes"
-        )
+    answered = unreadable_answer(err)
+    if answered is not None:
+        return f"the service is {answered}", answered
     return "cannot reach the service", "unreachable"
 
 

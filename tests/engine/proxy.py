@@ -246,6 +246,11 @@ class Misbehaviour:
     deep_ops: set[str] = field(default_factory=set)
     #: How many answers are made deep (None: every one).
     deep_count: int | None = 1
+    #: Answers carry a ``Content-Security-Policy`` header this many bytes long (a gateway's or
+    #: a CDN's; browsers take such headers up to hundreds of KiB).
+    header_bytes: int = 0
+    #: How many answers carry it (None: every one).
+    header_count: int | None = None
 
 
 def request_kind(method: str, path: str) -> str:
@@ -320,6 +325,8 @@ class MisbehavingProxy:
         self.huge_answers = 0
         #: Answers made deep (deep_ops).
         self.deep_answers = 0
+        #: Answers given the long header (header_bytes).
+        self.long_headers = 0
 
     def ordinal(self, task_id: str) -> int | None:
         try:
@@ -887,10 +894,20 @@ class MisbehavingProxy:
             self.forgotten.add(task_id)
         return task_id in self.forgotten
 
+    async def _long_header(self, request: web.Request, response: web.StreamResponse) -> None:
+        rules = self.rules
+        if rules.header_bytes and (
+            rules.header_count is None or self.long_headers < rules.header_count
+        ):
+            self.long_headers += 1
+            policy = "default-src 'self'; script-src 'self' "
+            response.headers["Content-Security-Policy"] = policy.ljust(rules.header_bytes, "x")
+
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[MisbehavingProxy]:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_response_prepare.append(self._long_header)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -58,6 +58,7 @@ async def _run(
 ) -> tuple[int, int, str, MisbehavingProxy]:
     """The CLI run of ROWS rows behind a proxy with ``rules``: (exit code, peak RSS in MiB,
     stderr, the proxy)."""
+    tmp_path.mkdir(exist_ok=True)
     picture = red_picture(tmp_path / "red.png")
     singles = [f"s{i},{picture},acme,TOP" for i in range(SINGLES)]
     manifest = write_csv(tmp_path / "m.csv", ROWS, extra=singles)
@@ -135,3 +136,21 @@ async def test_an_answer_nested_too_deep_is_unreadable_not_a_crash(
     out = tmp_path / "out.jsonl"
     o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(ROWS) | ids_of(SINGLES, "s"))
     assert not o.rejects
+
+
+async def test_a_long_header_is_taken_and_a_huge_one_refused_naming_it(tmp_path: Path) -> None:
+    """A gateway that adds a 16 KiB header to every answer (a Content-Security-Policy: more
+    than aiohttp's default 8,190 bytes): the run completes. Every answer with a 1 MiB header:
+    each is refused, and the run stops after --give-up-after saying why, not with
+    ``ClientResponseError``."""
+    config = CONFIG.replace("give_up_after = 20.0", "give_up_after = 2.0")
+    rules = Misbehaviour(header_bytes=16 << 10)
+    code, _, stderr, proxy = await _run(tmp_path / "a", rules, config)
+    assert code == 0, stderr[-3000:]
+    assert proxy.long_headers > 5
+    code, _, stderr, proxy = await _run(tmp_path / "b", Misbehaviour(header_bytes=1 << 20), config)
+    assert code == 1, stderr[-3000:]  # every answer so: the run stops (give_up_after 2 s)
+    last = stderr.strip().splitlines()[-1]
+    assert "service answering HTTP heads it cannot read for 2s" in last, last
+    assert "answered a header line longer than 64 KiB: refused" in last
+    assert "ClientResponseError" not in stderr
