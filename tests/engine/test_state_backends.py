@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -366,3 +368,34 @@ async def test_writes_refused_whole_are_split_on_either_backend(
     assert summary.complete and 413 in proxy.writes_refused
     o = assert_exactly_once(out, rej, ids_of(n))
     assert [r["id"] for r in o.rejects] == ["p1234"]
+
+
+def test_a_state_just_closed_by_another_run_is_taken_not_refused(postgres_url: str) -> None:
+    """The server releases a session's advisory lock when its backend has ended, a moment
+    after the client closed the connection, and later still on a loaded machine (a fresh-clone
+    CI run: a run that began just as the one before it ended was refused, "in use by another
+    run"). The lock held a moment longer, as by a backend ending slowly, is waited for; one
+    held for good is refused after a short grace."""
+    import psycopg
+
+    db = open_state(f"{postgres_url}#handover")
+    schema = db.schema
+    db.close()
+    key = "SELECT pg_advisory_lock(hashtextextended(%s, 0))"
+    with psycopg.connect(postgres_url.partition("#")[0], autocommit=True) as holder:
+        holder.execute(key, (schema,))
+        release = threading.Timer(
+            0.3,
+            lambda: holder.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (schema,)),
+        )
+        release.start()
+        try:
+            started = time.monotonic()
+            db = open_state(f"{postgres_url}#handover")  # refused at once, before
+            db.close()
+        finally:
+            release.join()
+        assert 0.2 < time.monotonic() - started < 5
+        holder.execute(key, (schema,))  # held for good: refused, after the grace
+        with pytest.raises(StateConflictError, match="in use by another run"):
+            open_state(f"{postgres_url}#handover")

@@ -11,7 +11,10 @@ so a later version of this package migrates them on open.
 Two ways to hold a state, as the SQLite file's lock does:
 
 * **alone** (``fashiontag run``): a session advisory lock, released by the server when the
-  process dies (kill -9 leaves no stale lock);
+  process dies (kill -9 leaves no stale lock), and unlocked before a close. The server frees a
+  closed session's lock when its backend has ended, a moment later (more on a loaded
+  machine): a lock held is tried again for :data:`LOCK_GRACE` seconds before the state is
+  called in use;
 * **fenced** (the daemons: ``fence``): every write transaction starts with the caller's fence
   (the manifest's lease: owner, epoch, expiry in database time, its row locked until the
   commit), so a daemon that lost its lease writes nothing more, sink bytes included: the
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +89,9 @@ TABLES_DDL: tuple[str, ...] = (
 )
 
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
+#: Seconds a state's lock held by another session is tried again before the state is called in
+#: use (the session of a run that has just ended, or been killed, whose backend is ending).
+LOCK_GRACE = 2.0
 #: A constant: the advisory lock (with the state's schema) that serializes creating a state.
 _CREATE_LOCK = 0x66747374  # "ftst"
 
@@ -174,6 +181,7 @@ class PostgresStateDB(StateStore):
         self.where = f"PostgreSQL state {self.location}"
         self._fence = fence
         self._closed = False
+        self._alone = False  # (the advisory lock taken: unlocked at close)
         with state_errors(conninfo, "cannot open"):
             conn = psycopg.connect(
                 conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
@@ -205,14 +213,23 @@ class PostgresStateDB(StateStore):
         return f"PostgresStateDB({self.where!r})"
 
     def _lock_alone(self, conn: psycopg.Connection[Any]) -> None:
-        row = conn.execute(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (self.schema,)
-        ).fetchone()
-        if row is None or not row[0]:
-            raise exc.StateConflictError(
-                f"{self.where} is in use by another run (it holds the state's lock); wait for "
-                "that run to end, or give this one another state (#name)"
-            )
+        deadline = time.monotonic() + LOCK_GRACE
+        pause = 0.05
+        while True:
+            row = conn.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (self.schema,)
+            ).fetchone()
+            if row is not None and row[0]:
+                self._alone = True
+                return
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)  # (blocking, at most LOCK_GRACE, once: as a run opens its state)
+            pause = min(pause * 2, 0.4)
+        raise exc.StateConflictError(
+            f"{self.where} is in use by another run (it holds the state's lock); wait for "
+            "that run to end, or give this one another state (#name)"
+        )
 
     def _create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the state's schema and tables once (under a lock), or check their version;
@@ -263,10 +280,17 @@ class PostgresStateDB(StateStore):
             self.db.execute("ROLLBACK")
 
     def close(self) -> None:
-        """Close the connection (idempotent): the advisory lock goes with it."""
+        """Close the connection (idempotent); the advisory lock is unlocked first, so that a
+        run that starts as this one ends finds it free (the server frees a closed session's
+        lock only once its backend has ended)."""
         if self._closed:
             return
         self._closed = True
+        if self._alone:
+            with contextlib.suppress(Exception):  # a broken connection: the lock goes with it
+                self.db.conn.execute(
+                    "SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self.schema,)
+                )
         self.db.conn.close()
 
     def _insert_new_ids(self, first: dict[str, int]) -> int:
