@@ -5,20 +5,80 @@ from __future__ import annotations
 
 import argparse
 import base64
+import math
 import mimetypes
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from .._callctx import GIVE_UP
 from .._client import TaggerClient
-from .._exceptions import ConfigError
+from .._exceptions import ConfigError, RateLimitedError
 from .._models import Context, Image, ImageType, Task
 from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
 
-__all__ = ["tag_command", "tasks_command"]
+__all__ = ["ONE_SHOT_GIVE_UP", "add_give_up_argument", "tag_command", "tasks_command"]
+
+#: Seconds a one-shot command (``tag``, ``tasks``) keeps trying a failing service (429, 5xx,
+#: unreachable) before it gives up, by default: a person or a script waits for its answer, so
+#: it is not the run's 120 s, and never the client's 5 x 120 s of Retry-After.
+ONE_SHOT_GIVE_UP = 30.0
+
+
+def add_give_up_argument(parser: argparse.ArgumentParser) -> None:
+    """``--give-up-after`` of a one-shot command."""
+    parser.add_argument(
+        "--give-up-after",
+        type=_seconds,
+        default=ONE_SHOT_GIVE_UP,
+        metavar="S",
+        help="seconds of failure (service rate limiting, refusing, unreachable) before the "
+        f"command gives up, exit 1 (default {ONE_SHOT_GIVE_UP:g})",
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
+@contextmanager
+def _giving_up_after(seconds: float) -> Iterator[None]:
+    """The client's give-up rule (:data:`~.._callctx.GIVE_UP`) for this command: no retry
+    starts, and no Retry-After is waited, past ``seconds`` after a call began failing. A rate
+    limit given up on says so first (the request's own words follow)."""
+    budget: Callable[[float], float] | None = None
+    if not math.isinf(seconds):
+
+        def budget(since: float) -> float:
+            return seconds - (time.monotonic() - since)
+
+    token = GIVE_UP.set(budget)
+    try:
+        yield
+    except RateLimitedError as err:
+        raise RateLimitedError(
+            f"the service rate limits this key; given up (--give-up-after {seconds:g}): {err}",
+            retry_after=err.retry_after,
+            status=err.status,
+            code=err.code,
+            service_message=err.service_message,
+            method=err.method,
+            path=err.path,
+            task_id=err.task_id,
+        ) from None
+    finally:
+        GIVE_UP.reset(token)
 
 
 def _image_from_argument(value: str) -> Image:
@@ -41,8 +101,9 @@ async def tag_command(args: argparse.Namespace) -> int:
     config = client_config_from_args(args)
     image = _image_from_argument(args.image)
     context = Context(detection=args.detection) if args.detection else None
-    async with TaggerClient(config=config) as client:
-        response = await client.tag(image, context, language=args.language)
+    with _giving_up_after(args.give_up_after):
+        async with TaggerClient(config=config) as client:
+            response = await client.tag(image, context, language=args.language)
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(response), indent=2) + b"\n")
     if response.ok:
         return EXIT_OK
@@ -91,20 +152,21 @@ def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
 
 async def tasks_command(args: argparse.Namespace) -> int:
     config = client_config_from_args(args)
-    async with TaggerClient(config=config) as client:
-        result: Any
-        if args.tasks_command == "list":
-            tasks = await client.all_tasks()
-            if not args.json:
-                sys.stdout.write(_task_table(tasks, args.limit))
-                return EXIT_OK
-            tasks = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
-            result = tasks if args.limit is None else tasks[: args.limit]
-        elif args.tasks_command == "status":
-            result = await client.task_status(args.task_id)
-        else:
-            result = await client.task_results(
-                args.task_id, offset=args.offset, size=args.size, language=args.language
-            )
+    with _giving_up_after(args.give_up_after):
+        async with TaggerClient(config=config) as client:
+            result: Any
+            if args.tasks_command == "list":
+                tasks = await client.all_tasks()
+                if not args.json:
+                    sys.stdout.write(_task_table(tasks, args.limit))
+                    return EXIT_OK
+                tasks = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+                result = tasks if args.limit is None else tasks[: args.limit]
+            elif args.tasks_command == "status":
+                result = await client.task_status(args.task_id)
+            else:
+                result = await client.task_results(
+                    args.task_id, offset=args.offset, size=args.size, language=args.language
+                )
     sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
     return EXIT_OK

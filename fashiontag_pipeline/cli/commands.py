@@ -22,7 +22,7 @@ import anyio
 
 from .._exceptions import ConfigError, FashiontagError
 from .._models import MAX_PAGE_SIZE
-from .client_commands import tag_command, tasks_command
+from .client_commands import add_give_up_argument, tag_command, tasks_command
 from .common import (
     DAEMON_EXIT_CODES,
     DEMO_EXIT_CODES,
@@ -148,6 +148,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
     tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
     tag.add_argument("--detection", type=parse_detection, help="e.g. TOP,SHOES")
     add_client_arguments(tag)
+    add_give_up_argument(tag)
     tag.set_defaults(handler=tag_command, is_async=True)
 
     tasks = sub.add_parser(
@@ -165,9 +166,11 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         "--limit", type=_int_from(1), default=None, metavar="N", help="only the N newest tasks"
     )
     add_client_arguments(t_list)
+    add_give_up_argument(t_list)
     t_status = tasks_sub.add_parser("status", help="one task's status")
     t_status.add_argument("task_id", type=_task_id)
     add_client_arguments(t_status)
+    add_give_up_argument(t_status)
     t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
     t_results.add_argument("task_id", type=_task_id)
     t_results.add_argument(
@@ -177,6 +180,7 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         "--size", type=_int_from(1, MAX_PAGE_SIZE), default=100, help="results, 1-100 (default 100)"
     )
     add_client_arguments(t_results)
+    add_give_up_argument(t_results)
     tasks.set_defaults(handler=tasks_command, is_async=True)
 
     reuse = sub.add_parser(

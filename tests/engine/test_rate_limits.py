@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -130,3 +131,31 @@ async def test_a_503_with_retry_after_is_waited_like_a_429(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr.decode()[-600:]
     assert proxy.limited <= 6, f"{proxy.limited} requests answered 503 in 5 s of Retry-After: 5"
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
+
+
+async def test_tag_and_tasks_give_up_on_a_long_rate_limit_in_their_budget(tmp_path: Path) -> None:
+    """Every request answered 429 with Retry-After: 600: ``fashiontag tag`` and ``fashiontag
+    tasks list|status|results`` waited up to 5 x 120 s (10 minutes) with one warning. They
+    now give up after --give-up-after (default 30 s), exit 1, and say the key is rate limited
+    and how long the service asks to wait."""
+    rules = Misbehaviour(limit="all", limit_retry_after="600")
+    commands = [
+        ["tag", "https://img.example/a.jpg"],
+        ["tasks", "list"],
+        ["tasks", "status", "t-1"],
+        ["tasks", "results", "t-1"],
+    ]
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        for command in commands:
+            args = [sys.executable, "-m", "fashiontag_pipeline", *command]
+            args += ["--base-url", proxy.url, "--give-up-after", "1"]
+            started = time.monotonic()
+            with anyio.move_on_after(15):
+                done = await anyio.run_process(args, check=False, env=ENV)
+            took = time.monotonic() - started
+            assert took < 8, f"{command}: still running {took:.0f} s after start"
+            err = done.stderr.decode()
+            assert done.returncode == 1, f"{command}: {err[-600:]}"
+            last = err.strip().splitlines()[-1]
+            assert "rate limit" in last and "asks to wait 600 s" in last, f"{command}: {err}"
+    assert proxy.limited == len(commands), f"{proxy.limited} requests refused"
