@@ -4,8 +4,8 @@ The command builds its configuration (file ``[engine]`` table, then flags), runs
 loop (uvloop when importable) and returns an exit code: 0 when every row has an outcome (or the
 run was already complete), 1 on a fatal error (one line on stderr, state saved), 2 on bad
 usage or a state file of an unfinished run of other manifests (nothing touched), 3 when the run
-ended with rows still lacking an outcome, or a manifest that grew or was replaced after it was
-read (run it again), 130 when interrupted.
+ended with rows still lacking an outcome, or a manifest that grew, was cut or was replaced
+after it was read (run it again), 130 when interrupted.
 """
 
 from __future__ import annotations

@@ -62,6 +62,10 @@ def csv_head(data: bytes) -> bool:
     return not head.startswith(b"{") and not head[:8].lower().startswith((b"http://", b"https://"))
 
 
+#: What a manifest cut or replaced after it was read means for the run's outcomes.
+_NOT_THE_FILE_TAGGED = "the file at the path is no longer the one tagged"
+
+
 class ReadEnd:
     """A manifest file as its reader found it (device, inode, size) and whether the reader
     reached its end: a few ints a run keeps until it ends, when :meth:`changed` looks at the
@@ -78,9 +82,10 @@ class ReadEnd:
         self.reached = False
 
     def changed(self) -> str | None:
-        """How the manifest changed after it was read to its end (None when it has not, and
-        for stdin): longer or shorter than the bytes read (an exporter still appending when
-        the reader reached the end), or another file at its path (renamed over it). One stat
+        """How the manifest changed after it was read to its end and what that means (None
+        when it has not, and for stdin): longer than the bytes read (an exporter still
+        appending when the reader reached the end: rows appended were not tagged), shorter,
+        or another file at its path (renamed over it): no longer the file tagged. One stat
         (blocking), once per run. A path that names nothing now (a cleanup job) is no change:
         every row of the file was read. Another file of the very bytes read (an exporter
         that writes the dump again unchanged, ``write tmp; mv``) is no change either: the
@@ -95,13 +100,18 @@ class ReadEnd:
         if (now.st_dev, now.st_ino) != (dev, ino) and not self._same_bytes():
             return (
                 f"manifest {self.name} names another file than the one the run read"
-                " (replaced after the run had read it to its end)"
+                f" (replaced after the run had read it to its end): {_NOT_THE_FILE_TAGGED}"
             )
-        if now.st_size != size:
-            how = "grew" if now.st_size > size else "was cut"
+        if now.st_size > size:
             return (
-                f"manifest {self.name} {how} after the run had read it to its end"
-                f" ({size:,} bytes read, {now.st_size:,} now)"
+                f"manifest {self.name} grew after the run had read it to its end"
+                f" ({size:,} bytes read, {now.st_size:,} now): the rows appended after the read"
+                " were not tagged"
+            )
+        if now.st_size < size:
+            return (
+                f"manifest {self.name} was cut after the run had read it to its end"
+                f" ({size:,} bytes read, {now.st_size:,} now): {_NOT_THE_FILE_TAGGED}"
             )
         return None
 

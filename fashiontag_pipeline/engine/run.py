@@ -261,11 +261,12 @@ async def run_pipeline(
         _fill(core, since, core.reconciliation, summary)
     if changed:
         # Every row read has its outcome (the state says complete, and holds the manifests as
-        # read: the same command again is a new run of them as they are by then), but rows
-        # written after the read have none: never reported complete.
+        # read: the same command again is a new run of them as they are by then), but the
+        # file changed (each says how: rows appended have none; a file cut or replaced is not
+        # the one tagged): never reported complete.
         summary.complete = False
         summary.error = (
-            f"{'; '.join(changed)}: rows written after the run read it were not tagged. Once"
+            f"{'; '.join(changed)}. Once"
             " the file is whole, run the same command again: it starts a new run of the"
             " manifests as they are then (every row is tagged again, unless --reuse STORE"
             " answers the unchanged ones from a result store)"

@@ -297,6 +297,7 @@ async def test_rows_appended_after_the_dump_was_read_are_not_reported_complete(
         assert "late-1" not in read_outcomes(out, out.with_suffix(".rej")).ids
         assert proc.returncode == 3, err[-600:]
         assert str(manifest) in err and "not tagged" in err and "run complete" not in err
+        assert "rows appended after the read were not tagged" in err, err[-600:]
         assert "run the same command again" in err, err[-600:]
         report = json.loads(summary.read_text())
         assert report["complete"] is False and str(manifest) in report["error"]
@@ -304,6 +305,33 @@ async def test_rows_appended_after_the_dump_was_read_are_not_reported_complete(
             again = await anyio.run_process(args, check=False, env=ENV)
     assert again.returncode == 0, again.stderr.decode()[-600:]
     assert "late-1" in read_outcomes(out, out.with_suffix(".rej")).ids
+
+
+async def test_a_dump_cut_after_it_was_read_is_not_said_to_have_rows_written_after(
+    tmp_path: Path,
+) -> None:
+    """A dump cut (made shorter: an exporter that starts over, a cleanup job) after the run
+    read it to its end: the run ended with exit 3 saying 'rows written after the run read it
+    were not tagged', yet nothing was written after; the file changed. It still ends with
+    exit 3, and says the file at the path is no longer the one tagged."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):  # results flow: every row was read long before
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        assert proc.returncode is None, "the run ended before the dump was cut"
+        os.truncate(manifest, manifest.stat().st_size // 2)
+        with anyio.fail_after(60):
+            err = (await _all_of(proc.stderr)).decode(errors="replace")
+            await proc.wait()
+        await proc.aclose()
+    assert proc.returncode == 3, err[-600:]
+    assert f"manifest {manifest} was cut" in err, err[-600:]
+    assert "no longer the one tagged" in err, err[-600:]
+    assert "written after" not in err and "appended" not in err, err[-600:]
 
 
 def test_a_dump_renamed_over_after_it_was_read_is_told_and_stdin_is_not_checked(
@@ -319,7 +347,9 @@ def test_a_dump_renamed_over_after_it_was_read_is_told_and_stdin_is_not_checked(
         assert reader.changed_since_read() is None
         (tmp_path / "next.csv").write_text(_small("b", 3))
         os.replace(tmp_path / "next.csv", path)
-        assert "another file" in (reader.changed_since_read() or "")
+        replaced = reader.changed_since_read() or ""
+        assert "another file" in replaced and "no longer the one tagged" in replaced
+        assert "appended" not in replaced
     finally:
         reader.close()
     with path.open("rb") as stdin:  # ``fashiontag run - < m.csv``: no path to look at
