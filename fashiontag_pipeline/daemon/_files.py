@@ -6,10 +6,12 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import shutil
+import time
 from pathlib import Path
 
-__all__ = ["fsync_dir", "move_file", "write_atomic"]
+__all__ = ["fsync_dir", "move_file", "remove_stale_temps", "write_atomic"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -34,11 +36,39 @@ def _temp_beside(path: Path) -> Path:
     return tmp
 
 
+def _copy_temp_beside(path: Path) -> Path:
+    """A hidden temp name beside ``path`` that no other copy uses (several daemons may move
+    the same settled file at once): ``.NAME.<pid>-<random>.tmp``."""
+    unique = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = path.with_name(f".{path.name}.{unique}.tmp")
+    if len(tmp.name.encode()) > 255:
+        short = hashlib.sha256(path.name.encode()).hexdigest()[:16]
+        tmp = path.with_name(f".{short}.{unique}.tmp")
+    return tmp
+
+
+def remove_stale_temps(folder: Path, older_than: float) -> None:
+    """Remove the hidden temp files (``.*.tmp``) in ``folder`` not modified for
+    ``older_than`` seconds: those of a copy or a write killed midway (kill -9, a power cut).
+    0 with no other daemon about (at start-up: nothing of ours is being written)."""
+    now = time.time()
+    try:
+        with os.scandir(folder) as entries:
+            temps = [e for e in entries if e.name.startswith(".") and e.name.endswith(".tmp")]
+        for entry in temps:
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime >= older_than:
+                    os.unlink(entry.path)
+    except OSError:
+        return  # a folder gone or unreadable: its move says so
+
+
 def move_file(path: Path, target: Path) -> None:
     """Rename ``path`` to ``target``, durably. Across file systems (EXDEV: the target's folder
-    is a mount of another), a copy under a hidden temp name beside ``target``, fsync, rename,
-    and only then the original removed: a crash leaves the file in one place or in both,
-    never in neither, nor half of it under the real name."""
+    is a mount of another), a copy under a hidden temp name of its own beside ``target``,
+    fsync, rename, and only then the original removed: a crash leaves the file in one place
+    or in both (see :func:`remove_stale_temps`), never in neither, nor half of it under the
+    real name."""
     try:
         os.rename(path, target)
     except OSError as err:
@@ -47,7 +77,7 @@ def move_file(path: Path, target: Path) -> None:
     else:
         fsync_dir(target.parent)
         return
-    tmp = _temp_beside(target)
+    tmp = _copy_temp_beside(target)
     try:
         with path.open("rb") as src, tmp.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)

@@ -143,6 +143,7 @@ class Inbox(SharedInbox):
         if self.shared_after is not None:
             self.repair_shared()
             return []
+        self._remove_stale_temps(0.0)
         claims: list[Claim] = []
         with os.scandir(self.work) as entries:
             work_names = sorted(
@@ -151,9 +152,9 @@ class Inbox(SharedInbox):
         for name in work_names:
             record = self.ledger.lookup(name)
             if record is not None and record.status in ("done", "failed", "duplicate"):
-                # Settled, but the crash came before the move: finish it (under a free name
-                # if the recorded one was taken since).
-                self._move_settled(self.work / name, self._settled_target(record))
+                # Settled, but the crash came before the move (or its end): finish it (under
+                # a free name if the recorded one was taken since by another file).
+                self._finish_settled(name, record)
                 continue
             if record is None or record.status != "claimed":
                 sha256, size = hash_file(self.work / name)

@@ -17,7 +17,7 @@ from typing import cast
 from ._files import fsync_dir
 from .claims import Claim, as_moved, same_file
 from .ledger import ClaimRecord, SharedLedger
-from .names import READY_SUFFIX, free_name, hash_file
+from .names import READY_SUFFIX, hash_file
 from .settled import InboxSettling, remove_marker
 
 __all__ = ["SharedInbox"]
@@ -96,6 +96,7 @@ class SharedInbox(InboxSettling):
         ledger = cast("SharedLedger", self.ledger)
         now = self._wall_clock()
         self._remake(self.work)  # removed by a cleanup job: it stopped the daemon (exit 1)
+        self._remove_stale_temps(self.shared_after)  # (another daemon's copy may be under way)
         with os.scandir(self.work) as entries:
             files = [e for e in entries if e.is_file() and not e.name.startswith(".")]
         for entry in sorted(files, key=lambda e: e.name):
@@ -118,9 +119,7 @@ class SharedInbox(InboxSettling):
             ):
                 # This very file was settled, but its move was interrupted: finish it. A file
                 # of another content under a settled name is a new claim (below).
-                folder = self.failed if record.status == "failed" else self.done
-                target = folder / free_name(folder, entry.name, record.sha256)
-                self._move_settled(self.work / entry.name, target, gone_ok=True)  # by another
+                self._finish_settled(entry.name, record, gone_ok=True)  # (or by another)
                 continue
             ledger.record_claim_if_absent(
                 ClaimRecord(name=entry.name, sha256=sha256, size=size, claimed_at=now)

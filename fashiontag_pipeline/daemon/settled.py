@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from ._files import fsync_dir, move_file, write_atomic
+from ._files import fsync_dir, move_file, remove_stale_temps, write_atomic
 from .ledger import ClaimLedger, ClaimRecord, SettledStatus, SharedLedger
 from .names import (
     DONE_DIR,
@@ -31,6 +31,7 @@ from .names import (
     READY_SUFFIX,
     candidate_names,
     free_name,
+    hash_file,
 )
 
 if TYPE_CHECKING:
@@ -126,6 +127,40 @@ class InboxSettling:
             target = folder / free_name(folder, record.name, record.sha256)
         return target
 
+    def _finish_settled(self, name: str, record: ClaimRecord, *, gone_ok: bool = False) -> None:
+        """Finish the move of ``.work/NAME``, settled (a crash, a failed move): where its
+        record says, unless it is there already."""
+        if not self._moved_already(self.work / name, record):
+            self._move_settled(self.work / name, self._settled_target(record), gone_ok=gone_ok)
+
+    def _moved_already(self, source: Path, record: ClaimRecord) -> bool:
+        """Whether ``source`` is in place already, where its record says, but for its own
+        removal (a copy across file systems killed after its rename into place): the file
+        there holds the same bytes. ``source`` is removed then (a copy of it under another
+        name made two in ``done/``)."""
+        target = self.root / record.settled_as
+        if not record.settled_as or target.parent not in (self.done, self.failed):
+            return False
+        try:
+            there, here = target.stat(), source.stat()
+            if there.st_size != here.st_size:
+                return False
+            same_file = (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+            if not same_file and hash_file(target)[0] != hash_file(source)[0]:
+                return False
+            os.unlink(source)
+        except OSError:
+            return False
+        fsync_dir(source.parent)
+        logger.info("manifest %s was in %s already: removed from .work", source.name, target)
+        return True
+
+    def _remove_stale_temps(self, older_than: float) -> None:
+        """The hidden temp files a copy or write killed midway left in ``done/`` and
+        ``failed/`` (none is being written by this process at start-up)."""
+        for folder in (self.done, self.failed):
+            remove_stale_temps(folder, older_than)
+
     def _clear_leftover(self, name: str) -> bool:
         """Whether ``.work/NAME`` is out of the way of a new file of that name: it is not in
         flight (its claim is settled: a move to ``done/`` or ``failed/`` that failed, a
@@ -134,6 +169,9 @@ class InboxSettling:
         record = self.ledger.lookup(name)
         if record is None or record.status not in ("done", "failed", "duplicate"):
             return False  # in flight (or unknown: the next start resumes it)
+        if self._moved_already(self.work / name, record):
+            self._held.discard(name)
+            return True
         target = self._settled_target(record)
         try:
             self._remake(target.parent)

@@ -291,3 +291,82 @@ def test_a_bad_manifest_after_failed_was_removed(tmp_path: Path) -> None:
     shutil.rmtree(root / "failed")
     moved = inbox.fail(claim, "no url column")
     assert moved.exists() and moved.with_name(moved.name + ".error.json").exists()
+
+
+class _Killed(BaseException):
+    """kill -9 at that point: nothing after it runs, no handler cleans up."""
+
+
+def test_a_copy_to_done_killed_before_its_source_was_removed_is_not_kept_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``done/`` on another file system, and the daemon killed between the copy's rename into
+    place and the removal of ``.work/NAME``: at the restart the recovery copied it again, to
+    ``done/NAME.<sha12>`` (two copies in done/). The copy in place holds the same bytes: the
+    one in ``.work`` is removed."""
+    root = tmp_path / "inbox"
+    ledger = MemoryClaimLedger()
+    inbox = _inbox(root, ledger)
+    (root / "catalogue.csv").write_bytes(CSV)
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim is not None
+    monkeypatch.setattr(os, "rename", _exdev(os.rename, only_from_work=True))
+    real_unlink = os.unlink
+
+    def unlink(target: object) -> None:
+        if "/.work/" in str(target):
+            raise _Killed
+        real_unlink(target)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "unlink", unlink)
+        with pytest.raises(_Killed):
+            inbox.finish(claim, "done")
+    assert (root / ".work" / "catalogue.csv").exists()
+    assert _inbox(root, ledger).recover() == []
+    assert not list((root / ".work").iterdir())
+    assert sorted(p.name for p in (root / "done").iterdir()) == ["catalogue.csv"]
+    assert (root / "done" / "catalogue.csv").read_bytes() == CSV
+
+
+def test_a_copy_to_done_killed_midway_leaves_no_temp_file_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon killed while it copied a settled manifest to ``done/`` on another file
+    system: a hidden temp file of half the manifest is left in ``done/``. The restart
+    finishes the move and leaves no temp file behind, even when the manifest goes to another
+    name than the one the killed copy was for."""
+    root = tmp_path / "inbox"
+    ledger = MemoryClaimLedger()
+    inbox = _inbox(root, ledger)
+    (root / "catalogue.csv").write_bytes(CSV)
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim is not None
+    monkeypatch.setattr(os, "rename", _exdev(os.rename, only_from_work=True))
+    real_copy, real_path_unlink = shutil.copyfileobj, Path.unlink
+
+    def copy(src: object, dst: object, length: int = 0) -> None:
+        dst.write(CSV[:10])  # type: ignore[attr-defined]
+        dst.flush()  # type: ignore[attr-defined]
+        raise _Killed
+
+    def path_unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name.endswith(".tmp"):
+            raise _Killed
+        real_path_unlink(self, missing_ok=missing_ok)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(shutil, "copyfileobj", copy)
+        mp.setattr(Path, "unlink", path_unlink)
+        with pytest.raises(_Killed):
+            inbox.finish(claim, "done")
+    assert [p.name for p in (root / "done").iterdir() if p.name.startswith(".")]
+    (root / "done" / "catalogue.csv").write_bytes(b"another file of that name\n")
+    assert real_copy is shutil.copyfileobj
+    assert _inbox(root, ledger).recover() == []
+    assert not list((root / ".work").iterdir())
+    done = sorted(p.name for p in (root / "done").iterdir())
+    assert [name for name in done if name.startswith(".")] == [], done
+    assert len(done) == 2 and done[0] == "catalogue.csv", done
