@@ -121,6 +121,7 @@ class Inbox(SharedInbox):
         #: as they were then.
         self._immovable: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._held: set[str] = set()
+        self._unmoved: set[str] = set()
 
     def prepare(self) -> None:
         """Create the inbox's folders (the inbox itself must exist)."""

@@ -67,6 +67,9 @@ class InboxSettling:
     _claimed: set[str]
     #: Names a settled file left in .work holds back, said once (see _clear_leftover).
     _held: set[str]
+    #: Settled files a repair beside other daemons cannot move out of .work, said once (see
+    #: _move_settled).
+    _unmoved: set[str]
 
     def _refuse(self, path: Path, reason: str) -> None:
         """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
@@ -129,9 +132,16 @@ class InboxSettling:
 
     def _finish_settled(self, name: str, record: ClaimRecord, *, gone_ok: bool = False) -> None:
         """Finish the move of ``.work/NAME``, settled (a crash, a failed move): where its
-        record says, unless it is there already."""
-        if not self._moved_already(self.work / name, record):
-            self._move_settled(self.work / name, self._settled_target(record), gone_ok=gone_ok)
+        record says, unless it is there already. ``gone_ok`` (a repair beside other daemons,
+        every lease): a move that keeps failing is said once, and once more when it is done."""
+        if self._moved_already(self.work / name, record):
+            moved = True
+        else:
+            target = self._settled_target(record)
+            moved = self._move_settled(self.work / name, target, gone_ok=gone_ok, once=gone_ok)
+        if moved and name in self._unmoved:
+            self._unmoved.discard(name)
+            logger.info("manifest %s (settled) has left .work at last", name)
 
     def _moved_already(self, source: Path, record: ClaimRecord) -> bool:
         """Whether ``source`` is in place already, where its record says, but for its own
@@ -191,23 +201,43 @@ class InboxSettling:
         self._held.discard(name)
         return not (self.work / name).exists()
 
-    def _move_settled(self, path: Path, target: Path, *, gone_ok: bool = False) -> None:
+    def _move_settled(
+        self, path: Path, target: Path, *, gone_ok: bool = False, once: bool = False
+    ) -> bool:
         """Move a settled manifest (its outcome recorded) to ``done/`` or ``failed/``, made
         again if it is gone; across file systems, a copy. The move is bookkeeping, never a
         reason to stop: a file removed from ``.work`` by hand is noted, and a folder the
         daemon cannot write leaves the file in ``.work`` (said each time; a new file of its
         name, or a start-up, tries again), where it would have stopped the daemon at every
-        start."""
+        start. ``once``: a file that stays in ``.work`` is said once (a repair tries again
+        every lease). Whether the file left ``.work`` (moved, or gone)."""
         try:
             self._remake(target.parent)
             move_file(path, target)
         except FileNotFoundError:
             if path.exists():
-                logger.error("cannot move %s to %s: its folder is gone", path.name, target.parent)
-            elif not gone_ok:
+                if self._first_failure(path.name, once):
+                    logger.error(
+                        "cannot move %s to %s: its folder is gone", path.name, target.parent
+                    )
+                return False
+            if not gone_ok:
                 logger.warning("manifest %s was removed from .work before its move", path.name)
         except OSError as err:
-            logger.error("cannot move %s to %s (it stays in .work): %s", path.name, target, err)
+            if self._first_failure(path.name, once):
+                logger.error("cannot move %s to %s (it stays in .work): %s", path.name, target, err)
+            return False
+        return True
+
+    def _first_failure(self, name: str, once: bool) -> bool:
+        """Whether a failed move of ``name`` is to be said (every one, or the first when
+        ``once``)."""
+        if not once:
+            return True
+        if name in self._unmoved:
+            return False
+        self._unmoved.add(name)
+        return True
 
     def _settle(self, name: str, status: SettledStatus, settled_as: str, lease: Any) -> None:
         if lease is None:

@@ -5,6 +5,7 @@ the exception, at every start), nor be said more than once by each daemon of the
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ import pytest
 
 from fashiontag_pipeline.daemon.inbox import Inbox
 from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
+from fashiontag_pipeline.daemon.ledger import ClaimRecord
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, write_manifest
@@ -186,3 +188,43 @@ async def test_a_shared_daemon_goes_on_after_work_was_removed(
             assert await daemon.stop() == 0
         finally:
             daemon.ensure_dead()
+
+
+def test_a_settled_file_that_cannot_leave_work_is_said_once_by_each_daemon(
+    tmp_path: Path, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A settled manifest stuck in ``.work`` beside other daemons (its move into ``done/``
+    refused, at every try): each daemon logged `cannot move ...` at every repair (every
+    --lease, 30 s). It is said once, and once more when it moves at last."""
+    ledger = PostgresClaimLedger(postgres_url, owner="a")
+    try:
+        root = tmp_path / "inbox"
+        root.mkdir()
+        inbox = Inbox(root, ledger=ledger, shared_after=0.0)
+        inbox.prepare()
+        (inbox.work / "stuck.csv").write_bytes(CSV)
+        sha = hashlib.sha256(CSV).hexdigest()
+        ledger.record_claim(ClaimRecord(name="stuck.csv", sha256=sha, size=len(CSV), claimed_at=1))
+        ledger.record_settled("stuck.csv", "done", "done/stuck.csv")
+        real_rename = os.rename
+
+        def rename(src: object, dst: object) -> None:
+            if str(src).endswith("/.work/stuck.csv"):
+                raise PermissionError(13, "Permission denied", str(src), None, str(dst))
+            real_rename(src, dst)  # type: ignore[arg-type]
+
+        with caplog.at_level(logging.INFO, "fashiontag_pipeline.daemon"):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(os, "rename", rename)
+                for _ in range(4):  # four repairs: two minutes at the default --lease
+                    inbox.repair_shared()
+            assert (inbox.work / "stuck.csv").exists()
+            said = [r for r in caplog.records if "stuck.csv" in r.getMessage()]
+            assert len(said) == 1 and said[0].levelno == logging.ERROR, said
+            inbox.repair_shared()
+            inbox.repair_shared()
+        assert (inbox.done / "stuck.csv").read_bytes() == CSV
+        said = [r.getMessage() for r in caplog.records if "stuck.csv" in r.getMessage()]
+        assert len(said) == 2 and "left .work" in said[1], said
+    finally:
+        ledger.close()
