@@ -45,6 +45,7 @@ import anyio
 import msgspec
 
 from .. import _exceptions as exc
+from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
 from .._models import Image, ImageType, TaggingResponse
 from .config import EngineConfig
@@ -308,8 +309,10 @@ class SingleRouter:
         # endpoint works, so the failure is this image's: a poison image).
         alone = 0
         tagged = self.tagged
+        # A drain ends the run's wait before a retry too (a Retry-After of a minute).
+        stopped = WRITES_STOPPED.get()
         while True:
-            if self._stop_scope.cancel_called:
+            if self._stop_scope.cancel_called or (stopped is not None and stopped.is_set()):
                 return  # a drain: refused (not tagged), the row waits in the state
             try:
                 response = await self.client.tag(image, context)
@@ -320,7 +323,7 @@ class SingleRouter:
             ) as err:
                 raise FatalRunError(f"the service refused the run: {err}") from err
             except exc.RateLimitedError as err:
-                await self.budget.failed(err, "single-mode tag")
+                await self.budget.failed(err, "single-mode tag", until=stopped)
                 continue
             except (exc.TransportError, exc.ServerError) as err:
                 if _singles_out(err) and self.tagged != tagged:
@@ -329,7 +332,7 @@ class SingleRouter:
                     if alone >= self.config.max_sends:
                         await self._reject(item, _poison_reason(alone, err), STAGE_UNRETURNED)
                         return
-                await self.budget.failed(err, "single-mode tag")
+                await self.budget.failed(err, "single-mode tag", until=stopped)
                 continue
             except exc.RequestError as err:
                 message = err.service_message or str(err)
@@ -345,7 +348,7 @@ class SingleRouter:
                 await self._reject(item, reason, STAGE_SERVER)
                 return
             except exc.ServiceError as err:  # an unexpected status: transient until proven
-                await self.budget.failed(err, "single-mode tag")
+                await self.budget.failed(err, "single-mode tag", until=stopped)
                 continue
             break
         self.budget.ok()

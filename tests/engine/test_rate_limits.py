@@ -159,3 +159,35 @@ async def test_tag_and_tasks_give_up_on_a_long_rate_limit_in_their_budget(tmp_pa
             last = err.strip().splitlines()[-1]
             assert "rate limit" in last and "asks to wait 600 s" in last, f"{command}: {err}"
     assert proxy.limited == len(commands), f"{proxy.limited} requests refused"
+
+
+async def test_sigint_while_single_mode_waits_a_long_retry_after_exits_130_at_once(
+    tmp_path: Path,
+) -> None:
+    """Single mode, every request answered 429 with Retry-After: 60 (under --give-up-after
+    30): Ctrl-C ended the client's wait, then the run's own retry waited the Retry-After
+    again (60 s, or to the give-up point and exit 1). It exits 130 within seconds."""
+    picture = red_picture(tmp_path / "red.png")
+    csv = write_csv_rows(tmp_path / "m.csv", [(f"s{i}", str(picture)) for i in range(20)])
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(limit="all", limit_retry_after="60")
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(csv), "--give-up-after", "30")
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        try:
+            with anyio.fail_after(20):
+                while proxy.limited == 0:
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            t0 = time.monotonic()
+            with anyio.move_on_after(8):
+                await proc.wait()
+            stopped_after = time.monotonic() - t0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await proc.aclose()
+    assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
+    assert proc.returncode == 130
