@@ -200,11 +200,19 @@ def _certificate_problem(cert: BaseException, shown_url: str) -> str:
 
 
 def unanswered(
-    err: BaseException, method: str, path: str, *, write: bool, waited: float, limit: float | None
+    err: BaseException,
+    method: str,
+    path: str,
+    *,
+    write: bool,
+    waited: float,
+    limit: float | None,
+    status: int | None = None,
 ) -> exc.TransportError:
     """The error of a request sent and not answered (``err``: aiohttp's error or a timeout)
     after ``waited`` seconds, with a deadline of ``limit``: a write's is an
-    :class:`~._exceptions.AmbiguousWriteError` (it may have been applied). A timeout that
+    :class:`~._exceptions.AmbiguousWriteError` (it may have been applied; it was, when its
+    answer's head said ``status`` 2xx and its body was refused as too long). A timeout that
     fired more than :data:`STALL_SLACK` after the deadline is marked ``stalled``."""
     timed_out = isinstance(err, TimeoutError)
     what = "timed out" if timed_out else f"failed: {type(err).__name__}"
@@ -217,7 +225,18 @@ def unanswered(
             else f"answered an unreadable HTTP head ({err.message[:100]})"
         )
     error: exc.TransportError
-    if write:
+    if (
+        write
+        and status is not None
+        and 200 <= status < 300
+        and isinstance(err, AnswerTooLargeError)
+    ):
+        # Applied (2xx), its answer unread: its task is found by token, never created again.
+        message = f"{method} {path}: HTTP {status} {what}; the write was applied"
+        error = exc.AmbiguousWriteError(
+            message, method=method, path=path, status=status, applied=True
+        )
+    elif write:
         message = f"{method} {path} {what}; the write may or may not have been applied"
         error = exc.AmbiguousWriteError(message, method=method, path=path)
     else:

@@ -344,7 +344,13 @@ class HttpExchange:
             waited = time.perf_counter() - started
             limit = deadline(self.timeout)
             raise unanswered(
-                err, method, path, write=not is_read, waited=waited, limit=limit
+                err,
+                method,
+                path,
+                write=not is_read,
+                waited=waited,
+                limit=limit,
+                status=resp.status if sent else None,
             ) from err
         finally:
             observer = self.observer

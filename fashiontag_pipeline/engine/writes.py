@@ -20,6 +20,7 @@ import anyio
 from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
+from .._connect import unreadable_answer
 from .._models import Task
 from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
 from .config import EngineConfig
@@ -32,6 +33,13 @@ from .tracker import TaskBook
 __all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "job_marks"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
+
+
+def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
+    """How a write applied with no readable answer is logged: a warning when its answer was
+    refused unread (longer than max_answer_bytes: something in front of the service is
+    wrong), else at info (a 204 is the service's own way)."""
+    return logger.warning if unreadable_answer(err) is not None else logger.info
 
 
 class TaskWrites(WriteAnswers):
@@ -111,10 +119,11 @@ class TaskWrites(WriteAnswers):
                     self.budget.ok()
                     self.slots.success()
                     self.writes_taken += 1
-                    logger.info(
+                    _applied_log(err)(
                         "a create was applied (HTTP %s) with no readable answer; its task is"
-                        " found by its token",
+                        " found by its token (%s)",
                         err.status,
+                        err,
                     )
                     await self._created_unanswered(task, chunk, err.status)
                     return True
@@ -322,11 +331,12 @@ class TaskWrites(WriteAnswers):
                     self.budget.ok()
                     self.slots.success()
                     self.writes_taken += 1
-                    logger.info(
+                    _applied_log(err)(
                         "task %s: a write was applied (HTTP %s) with no readable answer; its"
-                        " rows are settled from the task's results",
+                        " rows are settled from the task's results (%s)",
                         task.task_id,
                         err.status,
+                        err,
                     )
                     # Its rows are in the task (none was listed as refused): submitted, as
                     # those of a write answered 202, in the commit that orphans the chunk.
