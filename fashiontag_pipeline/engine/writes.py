@@ -128,7 +128,7 @@ class TaskWrites(WriteAnswers):
                     await self._created_unanswered(task, chunk, err.status)
                     return True
                 await self._failed(err, "create task")
-                adopted = None if self._stopped() else await self.find_task(task.token)
+                adopted = None if self._stopped() else await self._find_unless_stopped(task)
                 if adopted is None:
                     continue
                 # The id may have answered another create of the run meanwhile (a service
@@ -270,6 +270,31 @@ class TaskWrites(WriteAnswers):
             ops=self._opened_ops(task, task_id, expiry), counters={"tasks": 1}
         )
         task.created.set()
+
+    async def _find_unless_stopped(self, task: OpenTask) -> Task | None:
+        """:meth:`find_task` after a create of unknown fate, or None once the run stops writing
+        (a drain): a look-up kept waiting (a task list rate limited or shedding load) ends at
+        the stop, and the chunk, its task's token written ahead, is left to the resume."""
+        stopped = WRITES_STOPPED.get()
+        if stopped is None:
+            return await self.find_task(task.token)
+        found: list[Task | None] = [None]
+        failed: list[Exception] = []
+        async with anyio.create_task_group() as tg:
+
+            async def look() -> None:
+                try:
+                    found[0] = await self.find_task(task.token)
+                except Exception as err:  # raised below as itself, not in a group
+                    failed.append(err)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(look)
+            await stopped.wait()
+            tg.cancel_scope.cancel()
+        if failed:
+            raise failed[0]
+        return found[0]
 
     async def find_task(self, token: str) -> Task | None:
         """The task whose description carries ``token`` (after an ambiguous create): see

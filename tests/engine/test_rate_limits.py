@@ -191,3 +191,41 @@ async def test_sigint_while_single_mode_waits_a_long_retry_after_exits_130_at_on
             await proc.aclose()
     assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
     assert proc.returncode == 130
+
+
+async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once(
+    tmp_path: Path,
+) -> None:
+    """Every request answered 503 with Retry-After: 5 (load shed): a create so answered is of
+    unknown fate and looked up in the task list, itself answered 503. Ctrl-C: the look-up
+    went on waiting (and asking) until --give-up-after, then exit 1; no write is sent after
+    the signal and the run exits 130 within seconds, its rows left to the resume."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(limit="all", limit_status=503, limit_retry_after="5")
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(manifest), "--give-up-after", "30")
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        try:
+            with anyio.fail_after(20):
+                while proxy.limited < 2:  # the create, then its look-up
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            at_signal = proxy.writes
+            t0 = time.monotonic()
+            with anyio.move_on_after(8):
+                await proc.wait()
+            stopped_after = time.monotonic() - t0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await proc.aclose()
+        assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
+        assert proc.returncode == 130
+        assert proxy.writes == at_signal, f"{proxy.writes - at_signal} writes after SIGINT"
+        rules.limit = None
+        again = await anyio.run_process(args, check=False, env=ENV)
+    assert again.returncode == 0, again.stderr.decode()[-400:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1000)})
