@@ -112,7 +112,9 @@ class Engine:
             keep_lost=not fail_fast,
         )
         self.journal.counters = dict(state.counters)
-        self.budget = RetryBudget(config.give_up_after)
+        self.budget = RetryBudget(
+            config.give_up_after, max_retry_after=client.retry.max_retry_after
+        )
         self.book = TaskBook()
         self.validator = Validator()
         self.writer = TaskWriter(

@@ -124,8 +124,17 @@ class RetryBudget:
     """Backoff between engine-level retries, and the give-up rule: once failures have gone on
     for ``give_up_after`` seconds without a success in between, the run stops."""
 
-    def __init__(self, give_up_after: float, *, base: float = 0.05, cap: float = 5.0) -> None:
+    def __init__(
+        self,
+        give_up_after: float,
+        *,
+        base: float = 0.05,
+        cap: float = 5.0,
+        max_retry_after: float = DEFAULT_MAX_RETRY_AFTER,
+    ) -> None:
         self.give_up_after = give_up_after
+        #: The longest Retry-After waited (the client's ``retry.max_retry_after``).
+        self.max_retry_after = max_retry_after
         self.base = base
         self.cap = cap
         self.retries = 0
@@ -255,7 +264,7 @@ class RetryBudget:
                 raise FatalRunError(
                     f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
                 ) from err
-            delay = max(delay, min(wait, DEFAULT_MAX_RETRY_AFTER))
+            delay = max(delay, min(wait, self.max_retry_after))
         await _pause(delay, until)
 
 

@@ -192,3 +192,15 @@ async def test_a_task_watched_again_keeps_its_entry() -> None:
     assert book.entries["t1"] is entry and entry.next_offset == 300 and entry.orphans == {7}
     book.watch("t2", "fashiontag run R-t2")
     assert book.entries["t2"].orphans == {8}
+
+
+async def test_the_services_retry_after_is_capped_by_the_clients_max_retry_after() -> None:
+    """A Retry-After the client handed on (a write answered 503, a single-mode 429) is waited
+    at most the client's ``retry.max_retry_after``, as docs/configuration.md says: the run's
+    own wait used the default (120 s) whatever the setting, so ``max_retry_after = 0.2`` still
+    waited the service's 30 s."""
+    budget = RetryBudget(60, base=0.001, cap=0.002, max_retry_after=0.2)
+    calls, fn = failing([RateLimitedError("HTTP 429", status=429, retry_after=30.0)])
+    with anyio.fail_after(5):
+        assert await budget.call("single-mode tag", fn) == "ok"  # type: ignore[arg-type]
+    assert calls == [2]
