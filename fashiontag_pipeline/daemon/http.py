@@ -179,11 +179,12 @@ class Health:
 
 
 class ManifestProgress(msgspec.Struct, kw_only=True):
-    """One active or queued manifest, as ``/status`` shows it."""
+    """One active or queued manifest, as ``/status`` shows it (a queued file not claimed yet,
+    waiting for a ``max_active`` slot, has no ``sha256`` nor ``claimed_at``: null)."""
 
     manifest: str
-    sha256: str
-    claimed_at: str
+    sha256: str | None = None
+    claimed_at: str | None = None
     rows_read: int = 0
     submitted: int = 0
     tagged: int = 0

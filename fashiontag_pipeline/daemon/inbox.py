@@ -38,6 +38,7 @@ waits for it): a rename would otherwise replace a manifest in flight. One left t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -122,6 +123,8 @@ class Inbox(SharedInbox):
         self._immovable: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._held: set[str] = set()
         self._unmoved: set[str] = set()
+        #: Claims in flight at start-up that :meth:`claims` has not handed out yet (queued).
+        self.resumed: collections.deque[Claim] = collections.deque()
 
     def prepare(self) -> None:
         """Create the inbox's folders (the inbox itself must exist)."""
@@ -352,8 +355,9 @@ class Inbox(SharedInbox):
         """Every claim, forever: those in flight at start-up first, then each ready manifest
         as scans find it (one scan every ``scan_interval`` seconds). The consumer applies
         back-pressure (``max_active``) simply by not asking for the next one."""
-        for claim in await anyio.to_thread.run_sync(self.recover):
-            yield claim
+        self.resumed.extend(await anyio.to_thread.run_sync(self.recover))
+        while self.resumed:
+            yield self.resumed.popleft()
         while True:
             # One claim per scan: the consumer may take hours to ask for the next one, and a
             # file rewritten meanwhile must settle again, so each claim is decided on a scan

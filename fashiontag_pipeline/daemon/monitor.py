@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..engine.engine import Engine
     from ..engine.jobs import Job
     from .config import DaemonConfig
+    from .inbox import Inbox
 
 __all__ = ["ActiveManifest", "DaemonMonitor", "op_of"]
 
@@ -85,7 +86,12 @@ class DaemonMonitor:
         self.metrics = DaemonMetrics()
         self.health = Health(unreachable_after=config.unreachable_after)
         self.active: dict[str, ActiveManifest] = {}
+        #: Claims that wait for equal content in flight to end.
         self.queued: deque[Claim] = deque()
+        #: The inbox (its claims resumed at start-up and not started yet are queued), and the
+        #: names of the files ready in it while every ``max_active`` slot is taken.
+        self._inbox: Inbox | None = None
+        self._waiting: list[str] = []
         self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
         self._engine: Engine | None = None
         #: When a rate limit or the retry lines left out were last said.
@@ -96,13 +102,39 @@ class DaemonMonitor:
     def status(self) -> DaemonStatus:
         return DaemonStatus(
             active=[self._progress(a) for a in self.active.values()],
-            queued=[
-                ManifestProgress(manifest=c.name, sha256=c.sha256, claimed_at=rfc3339(c.claimed_at))
-                for c in self.queued
-            ],
+            queued=self._queued(),
             recent=list(self.recent),
             draining=self.health.draining,
         )
+
+    def _queued(self) -> list[ManifestProgress]:
+        """Manifests that wait: for equal content in flight, then for a slot (claims resumed
+        at start-up, then files ready in the inbox, not claimed yet: no sha256 nor claim)."""
+        resumed = self._inbox.resumed if self._inbox is not None else ()
+        return [
+            ManifestProgress(manifest=c.name, sha256=c.sha256, claimed_at=rfc3339(c.claimed_at))
+            for c in (*self.queued, *resumed)
+        ] + [ManifestProgress(manifest=name) for name in self._waiting]
+
+    async def take_slot(self, slots: anyio.Semaphore, inbox: Inbox, interval: float) -> None:
+        """``slots.acquire()``; while every slot is taken, the files ready in the inbox are
+        looked for every ``interval`` seconds and shown as queued (``/status``, the gauge)."""
+        self._inbox = inbox
+        if slots.value > 0:
+            await slots.acquire()
+            return
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_ready, inbox, interval)
+                await slots.acquire()
+                tg.cancel_scope.cancel()
+        finally:
+            self._waiting = []
+
+    async def _watch_ready(self, inbox: Inbox, interval: float) -> None:
+        while True:
+            self._waiting = [path.name for path in await inbox.ascan()]
+            await anyio.sleep(interval)
 
     @staticmethod
     def _progress(active: ActiveManifest) -> ManifestProgress:
@@ -200,7 +232,7 @@ class DaemonMonitor:
             for active in list(self.active.values()):
                 self.count_rows(active, final=False)
             self._summaries()
-            self.metrics.set_manifests(active=len(self.active), queued=len(self.queued))
+            self.metrics.set_manifests(active=len(self.active), queued=len(self._queued()))
             engine = self._engine
             if engine is not None:
                 stats = client.stats

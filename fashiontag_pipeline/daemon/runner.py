@@ -249,7 +249,7 @@ class Daemon(DaemonMonitor):
         claims = inbox.claims()
         try:
             while not self.control.stopping.is_set():
-                await slots.acquire()
+                await self.take_slot(slots, inbox, self.config.scan_interval)
                 try:
                     claim = await claims.__anext__()
                 except BaseException:
