@@ -49,6 +49,25 @@ async def test_tag_a_url_and_a_local_file(tmp_path: Path) -> None:
         assert colors and colors[0] == "red"  # measured from the pixels sent as base64
 
 
+async def test_tag_takes_a_url_whatever_the_case_of_its_scheme_and_a_file_url(
+    tmp_path: Path,
+) -> None:
+    """IMAGE_PATH_OR_URL (DESIGN 4.1): ``HTTPS://...`` (a scheme is case-insensitive) and
+    ``file:///absolute/path`` (as ``run`` takes them) were read as local file names: exit 2,
+    "cannot read image 'HTTPS://...': No such file or directory"."""
+    picture = tmp_path / "a picture.png"
+    canvas = PILImage.new("RGB", (240, 320), (250, 250, 250))
+    canvas.paste((200, 20, 30), (60, 60, 180, 280))
+    canvas.save(picture)
+    async with running_service(ServiceConfig()) as svc:
+        for image in ("HTTPS://img.example/look.jpg", picture.as_uri()):
+            code, out, err = await fashiontag("tag", image, "--base-url", svc.url)
+            assert code == 0, err
+            assert msgspec.json.decode(out)["status"] == "success"
+        code, _, err = await fashiontag("tag", "file://elsewhere/a.png", "--base-url", svc.url)
+        assert code == 2 and b"absolute local path" in err
+
+
 async def test_tag_errors_are_one_clear_line(tmp_path: Path) -> None:
     async with running_service(ServiceConfig(api_keys=("other",), bulk_api_keys=("b",))) as svc:
         code, _, err = await fashiontag("tag", str(tmp_path / "absent.png"), "--base-url", svc.url)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -82,10 +83,21 @@ def _giving_up_after(seconds: float) -> Iterator[None]:
 
 
 def _image_from_argument(value: str) -> Image:
-    if value.startswith(("http://", "https://")):
-        return Image(type=ImageType.URL, content=value)
+    """An http(s) URL (its scheme in any case, sent lower-cased), a ``data:image/`` URI, or a
+    local file (a path, or a ``file:///absolute/path`` URL as ``run`` takes it) as base64."""
+    for scheme in ("http://", "https://"):
+        if value[: len(scheme)].lower() == scheme:
+            return Image(type=ImageType.URL, content=scheme + value[len(scheme) :])
     if value.startswith("data:image/"):
         return Image(type=ImageType.BASE64, content=value)
+    if value[:5].lower() == "file:":  # the rule of run's engine.rules.single_target
+        parts = urlsplit(value)
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ConfigError(
+                f"cannot read image {value!r}: a file URL must name an absolute local path"
+                " (file:///path)"
+            )
+        value = unquote(parts.path)
     path = Path(value)
     try:
         data = path.read_bytes()
