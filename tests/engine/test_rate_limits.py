@@ -15,8 +15,34 @@ import anyio
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, run_args, write_csv
-from .proxy import Misbehaviour, misbehaving
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
 from .test_single_mode import red_picture, write_csv_rows
+
+
+async def _interrupted(
+    args: list[str], proxy: MisbehavingProxy, *, refused: int, settle: float, wait: float
+) -> tuple[float, int | None, int, int]:
+    """Start ``args``; once the proxy has refused ``refused`` requests and ``settle`` seconds
+    more have passed, send SIGINT. (Seconds until it exited, its exit code or None when it
+    was still running ``wait`` seconds after the signal, and the proxy's writes and refused
+    requests at the signal.)"""
+    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+    try:
+        with anyio.fail_after(20):
+            while proxy.limited < refused:
+                await anyio.sleep(0.05)
+        await anyio.sleep(settle)
+        proc.send_signal(signal.SIGINT)
+        at_signal = proxy.writes, proxy.limited
+        t0 = time.monotonic()
+        with anyio.move_on_after(wait):
+            await proc.wait()
+        return (time.monotonic() - t0, proc.returncode, *at_signal)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await proc.aclose()
 
 
 async def test_sigint_while_writes_are_rate_limited_sends_none_and_exits_130(
@@ -31,26 +57,12 @@ async def test_sigint_while_writes_are_rate_limited_sends_none_and_exits_130(
     rules = Misbehaviour(limit="writes", limit_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(manifest), "--rotate-images", "1000")
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        try:
-            with anyio.fail_after(20):
-                while proxy.limited == 0:
-                    await anyio.sleep(0.05)
-            await anyio.sleep(1.0)
-            proc.send_signal(signal.SIGINT)
-            at_signal = proxy.writes
-            t0 = time.monotonic()
-            with anyio.move_on_after(20):
-                await proc.wait()
-            stopped_after = time.monotonic() - t0
-            sent_after = proxy.writes - at_signal
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await proc.aclose()
+        stopped_after, code, writes, _ = await _interrupted(
+            args, proxy, refused=1, settle=1.0, wait=20
+        )
+        sent_after = proxy.writes - writes
         assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
-        assert proc.returncode == 130
+        assert code == 130
         assert sent_after == 0, f"{sent_after} writes sent after SIGINT"
         rules.limit = None
         again = await anyio.run_process(args, check=False, env=ENV)
@@ -69,26 +81,12 @@ async def test_sigint_while_single_mode_is_rate_limited_sends_none_and_exits_130
     rules = Misbehaviour(limit="all", limit_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(csv))
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        try:
-            with anyio.fail_after(20):
-                while proxy.limited == 0:
-                    await anyio.sleep(0.05)
-            await anyio.sleep(1.0)
-            proc.send_signal(signal.SIGINT)
-            at_signal = proxy.limited
-            t0 = time.monotonic()
-            with anyio.move_on_after(20):
-                await proc.wait()
-            stopped_after = time.monotonic() - t0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await proc.aclose()
+        stopped_after, code, _, refused = await _interrupted(
+            args, proxy, refused=1, settle=1.0, wait=20
+        )
     assert stopped_after < 7, f"still running {stopped_after:.0f} s after SIGINT"
-    assert proc.returncode == 130
-    assert proxy.limited == at_signal, f"{proxy.limited - at_signal} requests after SIGINT"
+    assert code == 130
+    assert proxy.limited == refused, f"{proxy.limited - refused} requests after SIGINT"
 
 
 async def test_a_retry_after_past_the_give_up_point_stops_the_run_there(tmp_path: Path) -> None:
@@ -173,24 +171,9 @@ async def test_sigint_while_single_mode_waits_a_long_retry_after_exits_130_at_on
     rules = Misbehaviour(limit="all", limit_retry_after="60")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(csv), "--give-up-after", "30")
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        try:
-            with anyio.fail_after(20):
-                while proxy.limited == 0:
-                    await anyio.sleep(0.05)
-            await anyio.sleep(0.5)
-            proc.send_signal(signal.SIGINT)
-            t0 = time.monotonic()
-            with anyio.move_on_after(8):
-                await proc.wait()
-            stopped_after = time.monotonic() - t0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await proc.aclose()
+        stopped_after, code, _, _ = await _interrupted(args, proxy, refused=1, settle=0.5, wait=8)
     assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
-    assert proc.returncode == 130
+    assert code == 130
 
 
 async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once(
@@ -205,26 +188,13 @@ async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once
     rules = Misbehaviour(limit="all", limit_status=503, limit_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(manifest), "--give-up-after", "30")
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        try:
-            with anyio.fail_after(20):
-                while proxy.limited < 2:  # the create, then its look-up
-                    await anyio.sleep(0.05)
-            await anyio.sleep(0.5)
-            proc.send_signal(signal.SIGINT)
-            at_signal = proxy.writes
-            t0 = time.monotonic()
-            with anyio.move_on_after(8):
-                await proc.wait()
-            stopped_after = time.monotonic() - t0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await proc.aclose()
+        # (Refused twice: the create, then its look-up.)
+        stopped_after, code, writes, _ = await _interrupted(
+            args, proxy, refused=2, settle=0.5, wait=8
+        )
         assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
-        assert proc.returncode == 130
-        assert proxy.writes == at_signal, f"{proxy.writes - at_signal} writes after SIGINT"
+        assert code == 130
+        assert proxy.writes == writes, f"{proxy.writes - writes} writes after SIGINT"
         rules.limit = None
         again = await anyio.run_process(args, check=False, env=ENV)
     assert again.returncode == 0, again.stderr.decode()[-400:]
