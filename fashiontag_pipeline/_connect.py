@@ -212,7 +212,8 @@ def unanswered(
     """The error of a request sent and not answered (``err``: aiohttp's error or a timeout)
     after ``waited`` seconds, with a deadline of ``limit``: a write's is an
     :class:`~._exceptions.AmbiguousWriteError` (it may have been applied; it was, when its
-    answer's head said ``status`` 2xx and its body was refused as too long). A timeout that
+    answer's head said ``status`` 2xx and its body could not be read: refused as too long, cut
+    by a dropped connection, timed out). A timeout that
     fired more than :data:`STALL_SLACK` after the deadline is marked ``stalled``."""
     timed_out = isinstance(err, TimeoutError)
     what = "timed out" if timed_out else f"failed: {type(err).__name__}"
@@ -225,13 +226,9 @@ def unanswered(
             else f"answered an unreadable HTTP head ({err.message[:100]})"
         )
     error: exc.TransportError
-    if (
-        write
-        and status is not None
-        and 200 <= status < 300
-        and isinstance(err, AnswerTooLargeError)
-    ):
-        # Applied (2xx), its answer unread: its task is found by token, never created again.
+    if write and status is not None and 200 <= status < 300:
+        # Applied (its head said 2xx), its body unread (too long, cut by a dropped connection,
+        # a timeout): its task is found by token, never created again.
         message = f"{method} {path}: HTTP {status} {what}; the write was applied"
         error = exc.AmbiguousWriteError(
             message, method=method, path=path, status=status, applied=True

@@ -241,6 +241,9 @@ class Misbehaviour:
     #: The huge answers gzip-compressed (``Content-Encoding: gzip``): a few hundred KiB on the
     #: wire, inflated by the client (a decompression bomb).
     huge_gzip: bool = False
+    #: The kinds of request (as ``storm_ops``) whose first 2xx answer is cut: its head and half
+    #: its body sent, then the connection dropped (a gateway restarting mid-answer).
+    cut_ops: set[str] = field(default_factory=set)
     #: The kinds of request (as ``storm_ops``) whose answers carry one more field, of arrays
     #: nested 100,000 deep (a 200 KB document deeper than a JSON reader's recursion limit).
     deep_ops: set[str] = field(default_factory=set)
@@ -321,6 +324,8 @@ class MisbehavingProxy:
         self.writes = 0
         self.limited = 0
         self._started = time.monotonic()
+        #: Answers cut (cut_ops).
+        self.cut_answers = 0
         #: Answers made huge (huge_ops).
         self.huge_answers = 0
         #: Answers made deep (deep_ops).
@@ -560,6 +565,17 @@ class MisbehavingProxy:
             if count is None or self.deep_answers < count:
                 self.deep_answers += 1
                 out = out[:-1] + b',"deep":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        cut = request_kind(request.method, path) in self.rules.cut_ops and status < 300
+        if cut and not self.cut_answers and request.transport is not None:
+            self.cut_answers += 1
+            resp = web.StreamResponse(
+                status=status,
+                headers={"Content-Type": ctype, "Content-Length": str(len(out))},
+            )
+            await resp.prepare(request)
+            await resp.write(out[: len(out) // 2])
+            request.transport.abort()
+            return resp
         if request_kind(request.method, path) in self.rules.huge_ops and status < 300:
             count = self.rules.huge_count
             if count is None or self.huge_answers < count:

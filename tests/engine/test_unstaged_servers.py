@@ -123,6 +123,23 @@ async def test_a_create_answered_200_too_long_to_read_is_looked_for_not_created_
     assert len(proxy.created) == 2, proxy.created
 
 
+async def test_a_create_answered_200_whose_body_is_cut_is_looked_for_not_created_again(
+    tmp_path: Path,
+) -> None:
+    """The first create is applied and answered ``200``, and the connection drops halfway
+    through its body (a gateway restarting mid-answer); the task list shows the task only 1.5 s
+    later (longer than ``list_lag``). The answer was taken for one of unknown fate, and the
+    task not listed within ``list_lag`` was created again, its rows billed twice, though the
+    200 said the create was applied. It is looked for until listed, as a create answered 204."""
+    rules = Misbehaviour(cut_ops={"create"}, list_lag=1.5)
+    engine = msgspec.structs.replace(TASKS_OF_1000, list_lag=0.2, give_up_after=30.0)
+    summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules, engine)
+    assert proxy.cut_answers == 1
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 2000 and not o.rejects
+    assert len(proxy.created) == 2, proxy.created
+
+
 async def test_a_create_answered_204_whose_task_is_never_listed_stops_the_run(
     tmp_path: Path,
 ) -> None:
