@@ -41,7 +41,7 @@ no message is built from request headers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._models import FailureItem
@@ -216,6 +216,18 @@ class ServiceError(FashiontagError):
         self.method = method
         self.path = path
         self.task_id = task_id
+
+    def answer(self) -> dict[str, Any]:
+        """The answer's attributes as keyword arguments: another error of the same answer
+        (reworded, or of another class) is ``Cls(message, **err.answer())``."""
+        return {
+            "status": self.status,
+            "code": self.code,
+            "service_message": self.service_message,
+            "method": self.method,
+            "path": self.path,
+            "task_id": self.task_id,
+        }
 
 
 class RequestError(ServiceError):

@@ -71,12 +71,7 @@ def _giving_up_after(seconds: float) -> Iterator[None]:
         raise RateLimitedError(
             f"the service rate limits this key; given up (--give-up-after {seconds:g}): {err}",
             retry_after=err.retry_after,
-            status=err.status,
-            code=err.code,
-            service_message=err.service_message,
-            method=err.method,
-            path=err.path,
-            task_id=err.task_id,
+            **err.answer(),
         ) from None
     finally:
         GIVE_UP.reset(token)

@@ -39,15 +39,7 @@ def poll_fault(err: exc.ResultsNotReadyError) -> exc.ServerError:
     """A 409 to a poll (list, status): no results were asked for, so it says nothing of the
     request; a fault of the service (a gateway's conflict), asked again like a 5xx. Before,
     the first one stopped ``run`` (exit 1) and the daemon (a restart loop)."""
-    return exc.ServerError(
-        str(err),
-        status=err.status,
-        code=err.code,
-        service_message=err.service_message,
-        method=err.method,
-        path=err.path,
-        task_id=err.task_id,
-    )
+    return exc.ServerError(str(err), **err.answer())
 
 
 class StatusReads:
