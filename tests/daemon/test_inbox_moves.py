@@ -9,13 +9,13 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fashiontag_pipeline.daemon.inbox import Inbox
+from fashiontag_pipeline.daemon.inbox import Claim, Inbox
 from fashiontag_pipeline.daemon.ledger import ClaimRecord, MemoryClaimLedger
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -109,8 +109,16 @@ async def test_an_immovable_manifest_does_not_stop_the_daemon(tmp_path: Path) ->
     """A real daemon, a real EPERM: ``chattr +i`` makes the dropped file impossible to rename
     even for root (as a sticky drop folder does for another account's file). The daemon
     exited 1 at its first scan, and again at every start; ``ok.csv`` was never tagged."""
+    await tag_beside_an_immovable_manifest(tmp_path)
+
+
+async def tag_beside_an_immovable_manifest(tmp_path: Path, extra: Sequence[str] = ()) -> None:
+    """A real daemon (``extra``: more of its arguments) with ``theirs.csv`` made immovable in
+    its inbox (``chattr +i``; skipped where it cannot be done) and ``ok.csv`` dropped beside
+    it: ``ok.csv`` is tagged, the daemon drains (exit 0), ``theirs.csv`` is said once and left
+    where it is."""
     async with running_service(ServiceConfig()) as svc:
-        daemon = DaemonProcess(tmp_path, svc.url)
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra)
         daemon.inbox.mkdir(parents=True)
         stuck = daemon.inbox / "theirs.csv"
         stuck.write_bytes(write_manifest(Path(), ["a", "b"]))
@@ -126,6 +134,7 @@ async def test_an_immovable_manifest_does_not_stop_the_daemon(tmp_path: Path) ->
             assert await daemon.stop() == 0
             said = [e for e in daemon.logs() if "theirs.csv" in str(e)]
             assert len(said) == 1, daemon.tail()
+            assert stuck.exists() and not (daemon.inbox / ".work" / "theirs.csv").exists()
         finally:
             daemon.ensure_dead()
             _chattr("-i", stuck)
@@ -168,6 +177,16 @@ async def test_the_next_nights_manifest_of_the_same_name_is_tagged_after_done_wa
     assert not list((daemon.inbox / ".work").iterdir())
 
 
+def _claimed(root: Path, ledger: MemoryClaimLedger | None = None) -> tuple[Inbox, Claim]:
+    """An inbox at ``root`` with ``catalogue.csv`` dropped and claimed."""
+    inbox = _inbox(root, ledger)
+    (root / "catalogue.csv").write_bytes(CSV)
+    [path] = inbox.scan()
+    claim = inbox.claim(path)
+    assert claim is not None
+    return inbox, claim
+
+
 def _exdev(real: Callable[..., None], *, only_from_work: bool) -> Callable[[object, object], None]:
     """``os.rename`` for ``done/`` on another file system: EXDEV for a rename into it from
     ``.work`` (or for every rename into it: no way in at all)."""
@@ -187,11 +206,7 @@ def test_a_settled_file_left_in_work_does_not_hold_back_its_name(
     of that name was held back for ever ([] from every scan). Its record says it is settled:
     it is moved where the record says, and the new one is claimed."""
     root = tmp_path / "inbox"
-    inbox = _inbox(root)
-    (root / "catalogue.csv").write_bytes(CSV)
-    [path] = inbox.scan()
-    claim = inbox.claim(path)
-    assert claim is not None
+    inbox, claim = _claimed(root)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "rename", _exdev(os.rename, only_from_work=False))  # no way in
         inbox.finish(claim, "done")
@@ -211,11 +226,7 @@ def test_a_done_folder_on_another_file_system_gets_a_copy(
     """``done/`` a mount of another file system: the rename out of ``.work`` fails (EXDEV),
     and the manifest stayed in ``.work``; it is copied (fsync, then the original removed)."""
     root = tmp_path / "inbox"
-    inbox = _inbox(root)
-    (root / "catalogue.csv").write_bytes(CSV)
-    [path] = inbox.scan()
-    claim = inbox.claim(path)
-    assert claim is not None
+    inbox, claim = _claimed(root)
     monkeypatch.setattr(os, "rename", _exdev(os.rename, only_from_work=True))
     moved = inbox.finish(claim, "done")
     assert moved.read_bytes() == CSV
@@ -306,11 +317,7 @@ def test_a_copy_to_done_killed_before_its_source_was_removed_is_not_kept_twice(
     one in ``.work`` is removed."""
     root = tmp_path / "inbox"
     ledger = MemoryClaimLedger()
-    inbox = _inbox(root, ledger)
-    (root / "catalogue.csv").write_bytes(CSV)
-    [path] = inbox.scan()
-    claim = inbox.claim(path)
-    assert claim is not None
+    inbox, claim = _claimed(root, ledger)
     monkeypatch.setattr(os, "rename", _exdev(os.rename, only_from_work=True))
     real_unlink = os.unlink
 
@@ -339,11 +346,7 @@ def test_a_copy_to_done_killed_midway_leaves_no_temp_file_after_a_restart(
     name than the one the killed copy was for."""
     root = tmp_path / "inbox"
     ledger = MemoryClaimLedger()
-    inbox = _inbox(root, ledger)
-    (root / "catalogue.csv").write_bytes(CSV)
-    [path] = inbox.scan()
-    claim = inbox.claim(path)
-    assert claim is not None
+    inbox, claim = _claimed(root, ledger)
     monkeypatch.setattr(os, "rename", _exdev(os.rename, only_from_work=True))
     real_copy, real_path_unlink = shutil.copyfileobj, Path.unlink
 

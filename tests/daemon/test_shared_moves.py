@@ -20,7 +20,7 @@ from fashiontag_pipeline.daemon.ledger import ClaimRecord
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, write_manifest
-from .test_inbox_moves import CSV, _chattr
+from .test_inbox_moves import CSV, tag_beside_an_immovable_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="posix file semantics")
 
@@ -117,28 +117,7 @@ async def test_an_immovable_manifest_does_not_stop_a_shared_daemon(
     """A real daemon on a PostgreSQL state, a real EPERM: ``chattr +i`` refuses the claim's
     hard link even to root (as protected_hardlinks does another account's file). The daemon
     exited 1 at its first scan, and again at every start; ``ok.csv`` was never tagged."""
-    async with running_service(ServiceConfig()) as svc:
-        extra = ["--state", postgres_url, "--lease", "2"]
-        daemon = DaemonProcess(tmp_path, svc.url, extra=extra)
-        daemon.inbox.mkdir(parents=True)
-        stuck = daemon.inbox / "theirs.csv"
-        stuck.write_bytes(write_manifest(Path(), ["a", "b"]))
-        if not _chattr("+i", stuck):
-            pytest.skip("chattr +i is not available here")
-        try:
-            daemon.start()
-            await daemon.wait_ready_endpoint()
-            drop_atomic(daemon.inbox, "ok.csv", write_manifest(Path(), ["c", "d"]))
-            summary = await daemon.wait_summary("ok", timeout=30)
-            daemon.check_alive()
-            assert summary["status"] == "done" and summary["tagged"] == 2
-            assert await daemon.stop() == 0
-            said = [e for e in daemon.logs() if "theirs.csv" in str(e)]
-            assert len(said) == 1, daemon.tail()
-            assert stuck.exists() and not (daemon.inbox / ".work" / "theirs.csv").exists()
-        finally:
-            daemon.ensure_dead()
-            _chattr("-i", stuck)
+    await tag_beside_an_immovable_manifest(tmp_path, ["--state", postgres_url, "--lease", "2"])
 
 
 # -- .work removed while the daemons run --------------------------------------------------

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -283,19 +284,14 @@ async def test_rows_appended_after_the_dump_was_read_are_not_reported_complete(
     async with running_service(ServiceConfig(rate=2000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
         args += ["--summary", str(summary)]
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        with anyio.fail_after(60):  # results flow: every row was read long before
-            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
-                await anyio.sleep(0.02)
-        assert proc.returncode is None, "the run ended before the row was appended"
-        with manifest.open("a") as fh:
-            fh.write("late-1,https://img.example/late-1.jpg,acme,TOP\n")
-        with anyio.fail_after(60):
-            err = (await _all_of(proc.stderr)).decode(errors="replace")
-            await proc.wait()
-        await proc.aclose()
+
+        def append() -> None:
+            with manifest.open("a") as fh:
+                fh.write("late-1,https://img.example/late-1.jpg,acme,TOP\n")
+
+        code, err = await _changed_while_tagged(args, out, append)
         assert "late-1" not in read_outcomes(out, out.with_suffix(".rej")).ids
-        assert proc.returncode == 3, err[-600:]
+        assert code == 3, err[-600:]
         assert str(manifest) in err and "not tagged" in err and "run complete" not in err
         assert "rows appended after the read were not tagged" in err, err[-600:]
         assert "run the same command again" in err, err[-600:]
@@ -318,17 +314,10 @@ async def test_a_dump_cut_after_it_was_read_is_not_said_to_have_rows_written_aft
     out = tmp_path / "results.jsonl"
     async with running_service(ServiceConfig(rate=2000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        with anyio.fail_after(60):  # results flow: every row was read long before
-            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
-                await anyio.sleep(0.02)
-        assert proc.returncode is None, "the run ended before the dump was cut"
-        os.truncate(manifest, manifest.stat().st_size // 2)
-        with anyio.fail_after(60):
-            err = (await _all_of(proc.stderr)).decode(errors="replace")
-            await proc.wait()
-        await proc.aclose()
-    assert proc.returncode == 3, err[-600:]
+        code, err = await _changed_while_tagged(
+            args, out, lambda: os.truncate(manifest, manifest.stat().st_size // 2)
+        )
+    assert code == 3, err[-600:]
     assert f"manifest {manifest} was cut" in err, err[-600:]
     assert "no longer the one tagged" in err, err[-600:]
     assert "written after" not in err and "appended" not in err, err[-600:]
@@ -364,6 +353,24 @@ def test_a_dump_renamed_over_after_it_was_read_is_told_and_stdin_is_not_checked(
             reader.close()
 
 
+async def _changed_while_tagged(
+    args: list[str], out: Path, change: Callable[[], object]
+) -> tuple[int | None, str]:
+    """Run ``args``; once its results flow (every row was read long before), ``change`` the
+    dump; (its exit code, its stderr)."""
+    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+    with anyio.fail_after(60):
+        while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+            await anyio.sleep(0.02)
+    assert proc.returncode is None, "the run ended before the dump was changed"
+    change()
+    with anyio.fail_after(60):
+        err = (await _all_of(proc.stderr)).decode(errors="replace")
+        await proc.wait()
+    await proc.aclose()
+    return proc.returncode, err
+
+
 async def _all_of(stream: anyio.abc.ByteReceiveStream | None) -> bytes:
     assert stream is not None
     chunks = []
@@ -385,17 +392,12 @@ async def test_a_dump_exported_again_unchanged_after_it_was_read_is_complete(
     out = tmp_path / "results.jsonl"
     async with running_service(ServiceConfig(rate=2000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
-        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        with anyio.fail_after(60):  # results flow: every row was read long before
-            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
-                await anyio.sleep(0.02)
-        assert proc.returncode is None, "the run ended before the dump was exported again"
-        (tmp_path / "m.csv.tmp").write_bytes(manifest.read_bytes())
-        os.replace(tmp_path / "m.csv.tmp", manifest)
-        with anyio.fail_after(60):
-            err = (await _all_of(proc.stderr)).decode(errors="replace")
-            await proc.wait()
-        await proc.aclose()
-    assert proc.returncode == 0, err[-600:]
+
+        def export_again() -> None:
+            (tmp_path / "m.csv.tmp").write_bytes(manifest.read_bytes())
+            os.replace(tmp_path / "m.csv.tmp", manifest)
+
+        code, err = await _changed_while_tagged(args, out, export_again)
+    assert code == 0, err[-600:]
     assert "another file" not in err and "not tagged" not in err, err[-600:]
     assert len(read_outcomes(out, out.with_suffix(".rej")).ids) == 4000

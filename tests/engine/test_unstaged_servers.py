@@ -106,35 +106,26 @@ async def test_a_create_answered_204_is_looked_for_not_created_again(tmp_path: P
     assert summary.submitted == 2000
 
 
-async def test_a_create_answered_200_too_long_to_read_is_looked_for_not_created_again(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("rules", "counter"),
+    [
+        (Misbehaviour(huge_ops={"create"}, huge_bytes=20 << 20, list_lag=1.5), "huge_answers"),
+        (Misbehaviour(cut_ops={"create"}, list_lag=1.5), "cut_answers"),
+    ],
+    ids=["too-long", "cut"],
+)
+async def test_a_create_answered_200_unreadable_is_looked_for_not_created_again(
+    tmp_path: Path, rules: Misbehaviour, counter: str
 ) -> None:
-    """The first create is applied and answered ``200`` with a body longer than
-    ``max_answer_bytes`` (refused unread), and the task list shows a new task only 1.5 s later
+    """The first create is applied and answered ``200``, with a body longer than
+    ``max_answer_bytes`` (refused unread) or whose connection drops halfway through it (a
+    gateway restarting mid-answer), and the task list shows a new task only 1.5 s later
     (longer than ``list_lag``). The answer was taken for one of unknown fate: the task not
     listed within ``list_lag`` was created again, its rows billed twice, though the 200 said
     the create was applied. It is looked for until listed, as a create answered 204."""
-    rules = Misbehaviour(huge_ops={"create"}, huge_bytes=20 << 20, list_lag=1.5)
     engine = msgspec.structs.replace(TASKS_OF_1000, list_lag=0.2, give_up_after=30.0)
     summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules, engine)
-    assert proxy.huge_answers == 1
-    assert summary.complete and summary.unsettled == 0
-    assert len(o.results) == 2000 and not o.rejects
-    assert len(proxy.created) == 2, proxy.created
-
-
-async def test_a_create_answered_200_whose_body_is_cut_is_looked_for_not_created_again(
-    tmp_path: Path,
-) -> None:
-    """The first create is applied and answered ``200``, and the connection drops halfway
-    through its body (a gateway restarting mid-answer); the task list shows the task only 1.5 s
-    later (longer than ``list_lag``). The answer was taken for one of unknown fate, and the
-    task not listed within ``list_lag`` was created again, its rows billed twice, though the
-    200 said the create was applied. It is looked for until listed, as a create answered 204."""
-    rules = Misbehaviour(cut_ops={"create"}, list_lag=1.5)
-    engine = msgspec.structs.replace(TASKS_OF_1000, list_lag=0.2, give_up_after=30.0)
-    summary, proxy, o = await run_misbehaving(tmp_path, 2000, rules, engine)
-    assert proxy.cut_answers == 1
+    assert getattr(proxy, counter) == 1
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 2000 and not o.rejects
     assert len(proxy.created) == 2, proxy.created
