@@ -19,14 +19,14 @@ from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 async def test_sigterm_while_writes_are_rate_limited_drains_at_once(tmp_path: Path) -> None:
     ids = [f"p{i}" for i in range(2000)]
-    rules = Misbehaviour(limit="writes", limit_retry_after="5")
+    rules = Misbehaviour(storm=429, storm_ops={"create", "append"}, storm_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         daemon = DaemonProcess(tmp_path, proxy.url).start()
         try:
             await daemon.wait_ready_endpoint()
             drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
             with anyio.fail_after(30):
-                while proxy.limited == 0:
+                while proxy.storm_answers == 0:
                     daemon.check_alive()
                     await anyio.sleep(0.05)
             await anyio.sleep(1.0)
@@ -39,7 +39,7 @@ async def test_sigterm_while_writes_are_rate_limited_drains_at_once(tmp_path: Pa
             assert took < 5, f"exited {took:.1f} s after SIGTERM"
             assert proxy.writes == at_signal, f"{proxy.writes - at_signal} writes after SIGTERM"
             assert not any("drain timeout" in str(line) for line in daemon.logs())
-            rules.limit = None
+            rules.storm = None
             daemon = DaemonProcess(tmp_path, proxy.url, port=daemon.port).start()
             summary = await daemon.wait_summary("m", timeout=60)
             assert await daemon.stop() == 0

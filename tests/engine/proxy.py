@@ -221,15 +221,8 @@ class Misbehaviour:
     #: The kinds of request a storm answers (``create``, ``append``, ``list``, ``status``,
     #: ``results``, ``single``); None: every one.
     storm_ops: set[str] | None = None
-    #: Requests answered ``limit_status`` with the spec's failure body and ``Retry-After:
-    #: limit_retry_after`` (no such header when None), not forwarded: a key rate limited (429)
-    #: or a service shedding load (503). ``"writes"``: creates and appends; ``"all"``: every
-    #: request to the service's API. None: none.
-    limit: str | None = None
-    limit_status: int = 429
-    limit_retry_after: str | None = None
-    #: Seconds since the proxy started during which ``limit`` holds (None: for ever).
-    limit_window: tuple[float, float] | None = None
+    #: Seconds since the proxy started during which a storm set holds (None: while set).
+    storm_window: tuple[float, float] | None = None
     #: The kinds of request (as ``storm_ops``) whose answers are huge: their JSON followed by
     #: whitespace (JSON still), streamed in 1 MiB writes (a service or gateway whose answer is
     #: far bigger than any page).
@@ -319,10 +312,8 @@ class MisbehavingProxy:
         self.pages_shifted = 0
         #: Ids whose row stray_in_place_of replaced.
         self._strayed: set[str] = set()
-        #: Writes (creates and appends) received, whatever their answer, and the requests
-        #: answered by ``limit``.
+        #: Writes (creates and appends) received, whatever their answer.
         self.writes = 0
-        self.limited = 0
         self._started = time.monotonic()
         #: Answers cut (cut_ops).
         self.cut_answers = 0
@@ -345,27 +336,26 @@ class MisbehavingProxy:
     def _headers(self) -> dict[str, str]:
         return {"Date": formatdate(time.time() + self.rules.clock_ahead, usegmt=True)}
 
-    def _limited(self, method: str, path: str) -> web.Response | None:
-        """The answer of :attr:`Misbehaviour.limit` to this request (None: not limited)."""
-        rules = self.rules
-        write = method in ("POST", "PUT") and path.startswith(BULK)
-        if write:
+    async def _stormed(self, request: web.Request) -> web.Response | None:
+        """The answer of :attr:`Misbehaviour.storm` to this request (None: not stormed)."""
+        method, path, rules = request.method, request.path, self.rules
+        if method in ("POST", "PUT") and path.startswith(BULK):
             self.writes += 1
-        if rules.limit is None or not path.startswith("/tagger/"):
+        storm, window = rules.storm, rules.storm_window
+        if storm is None or not path.startswith("/tagger/"):
             return None
-        if rules.limit == "writes" and not write:
+        if rules.storm_ops is not None and request_kind(method, path) not in rules.storm_ops:
             return None
-        window = rules.limit_window
-        now = time.monotonic() - self._started
-        if window is not None and not window[0] <= now < window[1]:
+        if window is not None and not window[0] <= time.monotonic() - self._started < window[1]:
             return None
-        self.limited += 1
+        await request.read()
+        self.storm_answers += 1
         headers = self._headers()
-        if rules.limit_retry_after is not None:
-            headers["Retry-After"] = rules.limit_retry_after
+        if rules.storm_retry_after is not None:
+            headers["Retry-After"] = rules.storm_retry_after
         return web.json_response(
-            {"status": "failure", "error": "Too many requests"},
-            status=rules.limit_status,
+            {"status": "failure", "error": "Too many requests" if storm == 429 else "busy"},
+            status=storm,
             headers=headers,
         )
 
@@ -374,21 +364,9 @@ class MisbehavingProxy:
         path = request.path
         if self.rules.on_request is not None:
             self.rules.on_request(request.method, path)
-        storm = self.rules.storm
-        if storm is not None and path.startswith("/tagger/"):
-            ops = self.rules.storm_ops
-            if ops is None or request_kind(request.method, path) in ops:
-                await request.read()
-                self.storm_answers += 1
-                after = self.rules.storm_retry_after
-                return web.json_response(
-                    {"status": "failure", "error": "Too many requests" if storm == 429 else "busy"},
-                    status=storm,
-                    headers={"Retry-After": after} if after is not None else None,
-                )
-        limited = self._limited(request.method, path)
-        if limited is not None:
-            return limited
+        stormed = await self._stormed(request)
+        if stormed is not None:
+            return stormed
         if request.method == "POST" and path == BULK and self.rules.merge_creates:
             self.creates_seen += 1
             if self.creates_seen in self.rules.merge_creates:

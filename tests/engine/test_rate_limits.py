@@ -1,6 +1,6 @@
 """A service that rate limits (429) or sheds load (503) with Retry-After: the run stops on a
 signal, gives up on time, and waits as long as it is asked to (through
-:attr:`~.proxy.Misbehaviour.limit`)."""
+:attr:`~.proxy.Misbehaviour.storm`)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ async def _interrupted(
     proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
     try:
         with anyio.fail_after(20):
-            while proxy.limited < refused:
+            while proxy.storm_answers < refused:
                 await anyio.sleep(0.05)
         await anyio.sleep(settle)
         proc.send_signal(signal.SIGINT)
-        at_signal = proxy.writes, proxy.limited
+        at_signal = proxy.writes, proxy.storm_answers
         t0 = time.monotonic()
         with anyio.move_on_after(wait):
             await proc.wait()
@@ -54,7 +54,7 @@ async def test_sigint_while_writes_are_rate_limited_sends_none_and_exits_130(
     same command sends its rows once the limit is lifted."""
     manifest = write_csv(tmp_path / "m.csv", 3000)
     out = tmp_path / "out.jsonl"
-    rules = Misbehaviour(limit="writes", limit_retry_after="5")
+    rules = Misbehaviour(storm=429, storm_ops={"create", "append"}, storm_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(manifest), "--rotate-images", "1000")
         stopped_after, code, writes, _ = await _interrupted(
@@ -64,7 +64,7 @@ async def test_sigint_while_writes_are_rate_limited_sends_none_and_exits_130(
         assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
         assert code == 130
         assert sent_after == 0, f"{sent_after} writes sent after SIGINT"
-        rules.limit = None
+        rules.storm = None
         again = await anyio.run_process(args, check=False, env=ENV)
     assert again.returncode == 0, again.stderr.decode()[-400:]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
@@ -78,7 +78,7 @@ async def test_sigint_while_single_mode_is_rate_limited_sends_none_and_exits_130
     picture = red_picture(tmp_path / "red.png")
     csv = write_csv_rows(tmp_path / "m.csv", [(f"s{i}", str(picture)) for i in range(200)])
     out = tmp_path / "out.jsonl"
-    rules = Misbehaviour(limit="all", limit_retry_after="5")
+    rules = Misbehaviour(storm=429, storm_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(csv))
         stopped_after, code, _, refused = await _interrupted(
@@ -86,7 +86,7 @@ async def test_sigint_while_single_mode_is_rate_limited_sends_none_and_exits_130
         )
     assert stopped_after < 7, f"still running {stopped_after:.0f} s after SIGINT"
     assert code == 130
-    assert proxy.limited == refused, f"{proxy.limited - refused} requests after SIGINT"
+    assert proxy.storm_answers == refused, f"{proxy.storm_answers - refused} requests after SIGINT"
 
 
 async def test_a_retry_after_past_the_give_up_point_stops_the_run_there(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ async def test_a_retry_after_past_the_give_up_point_stops_the_run_there(tmp_path
     point, sends nothing more meanwhile, and says the service asked to wait 86400 s."""
     manifest = write_csv(tmp_path / "m.csv", 500)
     out = tmp_path / "out.jsonl"
-    rules = Misbehaviour(limit="all", limit_retry_after="86400")
+    rules = Misbehaviour(storm=429, storm_retry_after="86400")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(manifest), "--give-up-after", "3")
         started = time.monotonic()
@@ -106,7 +106,7 @@ async def test_a_retry_after_past_the_give_up_point_stops_the_run_there(tmp_path
     assert took < 10, f"still running {took:.0f} s after start with --give-up-after 3"
     err = done.stderr.decode()
     assert done.returncode == 1, err[-600:]
-    assert proxy.limited == 1, f"{proxy.limited} requests refused"
+    assert proxy.storm_answers == 1, f"{proxy.storm_answers} requests refused"
     assert "in 120.0 s" not in err, err
     last = err.strip().splitlines()[-1]
     assert "asks to wait 86400 s" in last and "24 h" in last, err
@@ -119,15 +119,15 @@ async def test_a_503_with_retry_after_is_waited_like_a_429(tmp_path: Path) -> No
     fate) looked up in the task list at once and sent again."""
     manifest = write_csv(tmp_path / "m.csv", 3000)
     out = tmp_path / "out.jsonl"
-    rules = Misbehaviour(
-        limit="all", limit_status=503, limit_retry_after="5", limit_window=(0.0, 5.0)
-    )
+    rules = Misbehaviour(storm=503, storm_retry_after="5", storm_window=(0.0, 5.0))
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(manifest))
         with anyio.fail_after(40):
             done = await anyio.run_process(args, check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()[-600:]
-    assert proxy.limited <= 6, f"{proxy.limited} requests answered 503 in 5 s of Retry-After: 5"
+    assert proxy.storm_answers <= 6, (
+        f"{proxy.storm_answers} requests answered 503 in 5 s of Retry-After: 5"
+    )
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
 
 
@@ -136,7 +136,7 @@ async def test_tag_and_tasks_give_up_on_a_long_rate_limit_in_their_budget(tmp_pa
     tasks list|status|results`` waited up to 5 x 120 s (10 minutes) with one warning. They
     now give up after --give-up-after (default 30 s), exit 1, and say the key is rate limited
     and how long the service asks to wait."""
-    rules = Misbehaviour(limit="all", limit_retry_after="600")
+    rules = Misbehaviour(storm=429, storm_retry_after="600")
     commands = [
         ["tag", "https://img.example/a.jpg"],
         ["tasks", "list"],
@@ -156,7 +156,7 @@ async def test_tag_and_tasks_give_up_on_a_long_rate_limit_in_their_budget(tmp_pa
             assert done.returncode == 1, f"{command}: {err[-600:]}"
             last = err.strip().splitlines()[-1]
             assert "rate limit" in last and "asks to wait 600 s" in last, f"{command}: {err}"
-    assert proxy.limited == len(commands), f"{proxy.limited} requests refused"
+    assert proxy.storm_answers == len(commands), f"{proxy.storm_answers} requests refused"
 
 
 async def test_sigint_while_single_mode_waits_a_long_retry_after_exits_130_at_once(
@@ -168,7 +168,7 @@ async def test_sigint_while_single_mode_waits_a_long_retry_after_exits_130_at_on
     picture = red_picture(tmp_path / "red.png")
     csv = write_csv_rows(tmp_path / "m.csv", [(f"s{i}", str(picture)) for i in range(20)])
     out = tmp_path / "out.jsonl"
-    rules = Misbehaviour(limit="all", limit_retry_after="60")
+    rules = Misbehaviour(storm=429, storm_retry_after="60")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(csv), "--give-up-after", "30")
         stopped_after, code, _, _ = await _interrupted(args, proxy, refused=1, settle=0.5, wait=8)
@@ -185,7 +185,7 @@ async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once
     the signal and the run exits 130 within seconds, its rows left to the resume."""
     manifest = write_csv(tmp_path / "m.csv", 1000)
     out = tmp_path / "out.jsonl"
-    rules = Misbehaviour(limit="all", limit_status=503, limit_retry_after="5")
+    rules = Misbehaviour(storm=503, storm_retry_after="5")
     async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
         args = run_args(proxy.url, out, str(manifest), "--give-up-after", "30")
         # (Refused twice: the create, then its look-up.)
@@ -195,7 +195,7 @@ async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once
         assert stopped_after < 5, f"still running {stopped_after:.0f} s after SIGINT"
         assert code == 130
         assert proxy.writes == writes, f"{proxy.writes - writes} writes after SIGINT"
-        rules.limit = None
+        rules.storm = None
         again = await anyio.run_process(args, check=False, env=ENV)
     assert again.returncode == 0, again.stderr.decode()[-400:]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1000)})
