@@ -10,11 +10,12 @@ outcome as it stands, and every row of such a service would be sent (and billed)
 :func:`id_key` reduces an id to what those changes leave of it; :class:`IdMatcher` finds, among
 the ids sent to one task, the one a changed id stands for: the single sent id with the same key,
 or, for a key of at least :data:`MIN_PREFIX` characters, the single sent id whose key starts
-with it (an id cut short). When two ids sent to the task share that key or prefix, the result
-cannot be told apart and is none (its row is sent again in another task, where it may not be
-shared). An id cut short is also checked against the run's other ids by the pagers (another
-task's result, under its own id or the start of it, is none of this task's rows). Pure and
-cheap to build; only a task whose results carry a changed id builds one.
+with it (an id cut short; one cut by UTF-16 code units across an emoji ends in U+FFFD, which is
+left out). When two ids sent to the task share that key or prefix, the result cannot be told
+apart and is none (its row is sent again in another task, where it may not be shared). An id
+cut short is also checked against the run's other ids by the pagers (another task's result,
+under its own id or the start of it, is none of this task's rows). Pure and cheap to build;
+only a task whose results carry a changed id builds one.
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ import bisect
 import re
 import unicodedata
 
-__all__ = ["MIN_PREFIX", "IdMatcher", "id_key"]
+__all__ = ["CUT_PAIR", "MIN_PREFIX", "IdMatcher", "id_key"]
 
 #: The shortest key taken as an id cut short: a service that cuts ids does so at a length
 #: meant for ids (tens of characters), and a short prefix shared by one id is a coincidence.
 MIN_PREFIX = 16
+
+#: What is left of a surrogate pair cut in half by a service that cuts ids by UTF-16 code units
+#: (an emoji across the cut), as the pagers read it (:mod:`.._surrogates`).
+CUT_PAIR = "\ufffd"
 
 _INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
 
@@ -71,6 +76,8 @@ class IdMatcher:
         key = id_key(ident)
         if key in self._by_key:
             return self._by_key[key], False
+        if isinstance(ident, str) and key.endswith(CUT_PAIR):
+            key = key.rstrip(CUT_PAIR)  # cut across an emoji: its first half, read as U+FFFD
         if not isinstance(ident, str) or len(key) < MIN_PREFIX:
             return None, False
         # Cut short: the one key that starts with it (sorted, they sit side by side).

@@ -23,7 +23,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
-from .idmatch import IdMatcher
+from .idmatch import CUT_PAIR, IdMatcher
 from .pages import NotAPage, PageRow, decode_page, screen
 from .state import Journal
 from .tracker import TaskEntry
@@ -220,7 +220,10 @@ class PageRows:
                 return {
                     ident
                     for ident, sent_id in cut.items()
-                    if any(other != sent_id for other in db.ids_starting(ident, 2))
+                    if any(
+                        other != sent_id
+                        for other in db.ids_starting(ident.rstrip(CUT_PAIR) or ident, 2)
+                    )
                 }
 
             others = await self.journal.run(elsewhere)

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from .._models import STATUS_SUCCESS
+from .._surrogates import mend
 
 __all__ = [
     "NO_ID",
@@ -121,12 +122,19 @@ def decode_page(body: bytes) -> list[PageRow]:
     valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
     string), so each becomes a space. A page with none (one ``memchr`` over the body) is
     taken as it is. JSON nested deeper than msgspec reads (its recursion limit) is no page
-    either: a DecodeError, never a RecursionError."""
+    either: a DecodeError, never a RecursionError. A page that escapes half of a surrogate
+    pair (an id cut by UTF-16 code units across an emoji) is read with ``\ufffd`` in its place
+    (:mod:`.._surrogates`; an id cut so is matched by :mod:`.idmatch`)."""
     try:
         try:
             page = page_decoder.decode(body)
         except msgspec.DecodeError:
             page = _numbered(body)
+    except msgspec.DecodeError:
+        mended = mend(body)
+        if mended is None:
+            raise
+        return decode_page(mended)
     except RecursionError as err:
         raise msgspec.DecodeError(f"JSON nested too deep to read ({err})") from None
     if page.status != STATUS_SUCCESS:

@@ -92,6 +92,13 @@ def _number(ident: str) -> Any:
     return int(ident) if ident.isdigit() else ident
 
 
+def _cut_utf16(ident: str) -> str:
+    """``ident`` cut to 64 UTF-16 code units, as a Java, .NET or JavaScript service cuts a
+    string: an emoji across the cut leaves its first half, a lone surrogate (``\\ud83d``)."""
+    units = ident.encode("utf-16-le", "surrogatepass")[:128]
+    return units.decode("utf-16-le", "surrogatepass")
+
+
 #: name -> (the manifest's ids, what the service makes of each id it echoes)
 CHANGES: dict[str, tuple[list[str], Callable[[str], Any]]] = {
     "stripped": ([f"  sku {i}\t" for i in range(1500)], str.strip),
@@ -99,6 +106,10 @@ CHANGES: dict[str, tuple[list[str], Callable[[str], Any]]] = {
     "upper-case": ([f"sku-{i}-ab" for i in range(1500)], str.upper),
     "lower-case": ([f"SKU-{i}" for i in range(1500)], str.lower),
     "cut-to-64": ([f"{i:06d}-" + "x" * 70 for i in range(1500)], lambda s: s[:64]),
+    "cut-in-an-emoji": (
+        [f"{i:06d}-" + "x" * 56 + "\U0001f600" * 4 for i in range(1500)],
+        _cut_utf16,
+    ),
     "a-number": ([str(i) for i in range(1500)], _number),
     "zeros-dropped": ([f"{i:08d}" for i in range(1500)], _number),
 }

@@ -44,6 +44,9 @@ def test_a_match_is_the_one_sent_id_it_stands_for() -> None:
     assert matcher.find(long[1][:MIN_PREFIX]) == (long[1], True)
     assert matcher.find("SKU-1") == ("sku-1", False)
     assert matcher.find("p9") == (None, False)
+    # Cut by UTF-16 code units across an emoji: its first half, read as U+FFFD.
+    emoji = "0001-" + "x" * 20 + "\U0001f600y"
+    assert IdMatcher({emoji, "p9"}).find("0001-" + "x" * 20 + "\ufffd") == (emoji, True)
 
 
 def test_a_prefix_shared_by_two_sent_ids_matches_neither() -> None:

@@ -95,6 +95,22 @@ def test_a_pretty_printed_page_gives_one_line_results() -> None:
     assert bytes(decode_page(compact)[0].tagging_result) == b'{"s":1}'
 
 
+def test_a_page_escaping_half_a_surrogate_pair_is_read_with_the_replacement_character() -> None:
+    """Half a surrogate pair (``\\ud83d``: a string cut by UTF-16 code units across an emoji)
+    in an id or a result is read as U+FFFD, the page's other escapes as they were: the results
+    line is written with ``\\ufffd``, readable by any JSON reader. Before, msgspec refused the
+    page and its 100 rows were sent again."""
+    body = (
+        rb'{"status":"success","data":{"results":['
+        rb'{"id":"sku-\ud83d","taggingResult":{"status":"success","n":"\udc00x\ud83d\ude00"}},'
+        rb'{"id":"a\\ud800\u00e9\/","taggingResult":{"status":"success","n":"\\\udfff"}}]}}'
+    )
+    rows = decode_page(body)
+    assert [r.id for r in rows] == ["sku-\ufffd", "a\\ud800\u00e9/"]
+    assert msgspec.json.decode(bytes(rows[0].tagging_result))["n"] == "\ufffdx\U0001f600"
+    assert msgspec.json.decode(bytes(rows[1].tagging_result))["n"] == "\\\ufffd"
+
+
 def test_rows_without_a_tagging_result_object_are_screened_out() -> None:
     """``null``, a string, a number, a result with a non-string status and no result at all
     are no outcome: :func:`screen` leaves them out (the pagers send their rows again), keeps

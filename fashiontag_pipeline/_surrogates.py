@@ -1,0 +1,40 @@
+"""Answers whose JSON escapes half of a UTF-16 surrogate pair (``"\\ud83d"``, no second half).
+
+Java, .NET and JavaScript services hold strings as UTF-16 and cut them by code units: an id or
+a name cut to a length across an emoji keeps its first half, which their JSON writers (and
+Python's ``json`` with ``ensure_ascii``) escape as ``\\ud83d``. That is JSON by its grammar,
+but no Unicode text, and msgspec refuses the whole answer for it: one such id made its results
+page unreadable, the page was taken as empty, and its 100 rows were sent (and billed) again.
+
+:func:`mend` gives the answer with each such escape replaced by ``\\ufffd`` (the replacement
+character, as a lenient reader decodes it), pairs and every other byte as they were; it runs
+only after a decode failed, so an answer without one costs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["mend"]
+
+#: An escaped backslash (so that ``\\\\ud800``, the text ``\\ud800``, is never read as an
+#: escape), a surrogate pair, or a lone surrogate, leftmost first.
+_ESCAPE = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})"
+)
+_LONE = re.compile(rb"\\u[dD][89a-fA-F]")
+_REPLACEMENT = rb"\ufffd"
+
+
+def _replace(found: re.Match[bytes]) -> bytes:
+    return found.group() if found.group(1) is None else _REPLACEMENT
+
+
+def mend(body: bytes) -> bytes | None:
+    """``body`` with every lone surrogate escape replaced by ``\\ufffd``; None when it holds
+    none (the body's fault is another)."""
+    if _LONE.search(body) is None:
+        return None
+    mended = _ESCAPE.sub(_replace, body)
+    return None if mended == body else mended
