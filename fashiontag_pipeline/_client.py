@@ -306,7 +306,7 @@ class TaggerClient:
         path = self._task_path(task_id)
         try:
             decoded = _results_decoder.decode(body)
-        except (msgspec.DecodeError, RecursionError) as err:
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
             raise exc.DecodeError(
                 f"GET {path}: response is not a results page: {err}", method="GET", path=path
             ) from err

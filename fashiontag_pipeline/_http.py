@@ -376,7 +376,9 @@ class HttpExchange:
             self.raise_for_status(response, method, path, None)
         try:
             return decoder.decode(response.body)
-        except (msgspec.DecodeError, RecursionError) as err:  # (nested past msgspec's depth)
+        # (nested past msgspec's depth; bytes that are not UTF-8: msgspec says so with a
+        # UnicodeDecodeError, no DecodeError)
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
             raise exc.DecodeError(
                 f"{method} {path}: HTTP {response.status} body is not the expected JSON: {err}",
                 method=method,

@@ -132,7 +132,7 @@ def _front_end_page(body: bytes) -> bool:
         return False
     try:
         _error_body_decoder.decode(body)
-    except (msgspec.DecodeError, RecursionError):  # (nested past msgspec's depth)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # (see _http.decode)
         return True
     return False
 
@@ -188,7 +188,7 @@ def parse_error_body(body: bytes) -> tuple[int | None, str, list[FailureItem]]:
     """(code, message, failureList) from either error body shape of DESIGN section 3."""
     try:
         data = _error_body_decoder.decode(body)
-    except (msgspec.DecodeError, RecursionError):  # (nested past msgspec's depth)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # (see _http.decode)
         return None, _page_text(body), []
     code: int | None = None
     message = ""

@@ -121,8 +121,9 @@ def decode_page(body: bytes) -> list[PageRow]:
     sends line breaks inside them, and the results JSONL must hold one line per result: in a
     valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
     string), so each becomes a space. A page with none (one ``memchr`` over the body) is
-    taken as it is. JSON nested deeper than msgspec reads (its recursion limit) is no page
-    either: a DecodeError, never a RecursionError. A page that escapes half of a surrogate
+    taken as it is. JSON nested deeper than msgspec reads (its recursion limit), or a string
+    that is not UTF-8 (a server writing ISO-8859-1), is no page either: a DecodeError, never
+    a RecursionError or UnicodeDecodeError. A page that escapes half of a surrogate
     pair (an id cut by UTF-16 code units across an emoji) is read with ``\ufffd`` in its place
     (:mod:`.._surrogates`; an id cut so is matched by :mod:`.idmatch`)."""
     try:
@@ -137,6 +138,8 @@ def decode_page(body: bytes) -> list[PageRow]:
         return decode_page(mended)
     except RecursionError as err:
         raise msgspec.DecodeError(f"JSON nested too deep to read ({err})") from None
+    except UnicodeDecodeError as err:  # (msgspec's word for bytes that are not UTF-8)
+        raise msgspec.DecodeError(f"not UTF-8 text ({err})") from None
     if page.status != STATUS_SUCCESS:
         raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
     rows = page.data.results if page.data is not None else []

@@ -92,7 +92,9 @@ class SqliteResultSink:
     def _insert(self, rows: list[tuple[str, str, msgspec.Raw]], *, reused: int) -> None:
         values = []
         for ident, task_id, raw in rows:
-            values.append((ident, task_id, *_columns(raw), bytes(raw).decode(), reused))
+            # (A byte that is not UTF-8, from a server writing ISO-8859-1, becomes U+FFFD.)
+            text = bytes(raw).decode("utf-8", "replace")
+            values.append((ident, task_id, *_columns(raw), text, reused))
         try:
             self._db.execute("BEGIN")
             self._db.executemany(
@@ -187,10 +189,10 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
     status): its whole JSON is in ``result``, as the JSONL sink writes it."""
     try:
         typed = _typed_decoder.decode(raw)
-    except msgspec.DecodeError:  # (a ValidationError too)
+    except (msgspec.DecodeError, UnicodeDecodeError):  # (a ValidationError too; not UTF-8)
         try:
             loose = _loose_decoder.decode(raw)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):
             return ("", None, None, None, None)
         # (No status, or not a string: "", as the pages read it; the column takes no NULL.)
         status = loose.status if isinstance(loose.status, str) else ""

@@ -247,6 +247,9 @@ class Misbehaviour:
     header_bytes: int = 0
     #: How many answers carry it (None: every one).
     header_count: int | None = None
+    #: The kinds of request (as ``storm_ops``) whose JSON answers are written in ISO-8859-1,
+    #: not UTF-8 (``é`` as the byte E9: a Java servlet that never set its answer's charset).
+    latin1_ops: set[str] = field(default_factory=set)
 
 
 def request_kind(method: str, path: str) -> str:
@@ -538,6 +541,9 @@ class MisbehavingProxy:
             out = self._http_dates(out)
         if self.rules.bom:
             out = b"\xef\xbb\xbf" + out
+        if request_kind(request.method, path) in self.rules.latin1_ops and status < 300:
+            text = json.dumps(json.loads(out), ensure_ascii=False)
+            out = text.encode("latin-1", "replace")
         if request_kind(request.method, path) in self.rules.deep_ops and out.endswith(b"}"):
             count = self.rules.deep_count
             if count is None or self.deep_answers < count:

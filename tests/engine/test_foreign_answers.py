@@ -37,7 +37,8 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, fetch, run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import TASKS_OF_1000, Outcomes, client_config, read_outcomes, run_misbehaving
@@ -195,6 +196,17 @@ async def test_another_teams_task_in_a_state_the_spec_does_not_name(
     with anyio.fail_after(60):
         summary, _, o = await run_misbehaving(tmp_path, 2000, Misbehaviour(stranger_status=word))
     assert summary.complete and summary.resent == 0 and len(o.results) == 2000
+
+
+async def test_pages_written_in_latin_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every results page comes in ISO-8859-1 (``café`` with the byte E9, no UTF-8): no
+    page can be read, and the run stops as for any garbled page (exit 1, state saved, the
+    rows not sent again for ever). Before, msgspec's UnicodeDecodeError (no DecodeError)
+    escaped the page reader and the run ended on a traceback."""
+    monkeypatch.setattr(fetch, "NOT_READY_GRACE", 1.0)  # (no page read: asked again meanwhile)
+    ids = [f"caf\u00e9-{i}" for i in range(1000)]
+    with pytest.raises(FatalRunError, match="garbled 10 results pages"):
+        await run_ids(tmp_path, ids, Misbehaviour(latin1_ops={"results"}))
 
 
 async def test_a_page_answered_with_the_page_before_it(tmp_path: Path) -> None:

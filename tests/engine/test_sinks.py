@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from fashiontag_pipeline._exceptions import StateConflictError, StateError
+from fashiontag_pipeline._responses import parse_error_body
 from fashiontag_pipeline.engine import outfiles
 from fashiontag_pipeline.engine.pages import (
     PageRow,
@@ -163,6 +164,17 @@ def test_the_sqlite_sink_cuts_back_to_its_checkpoint(tmp_path: Path) -> None:
     sink.truncate(0)
     assert _sqlite_rows(path) == [] and sink.checkpoint() == 0
     sink.close()
+
+
+def test_a_result_in_latin_1_is_no_crash_of_the_sqlite_sink(tmp_path: Path) -> None:
+    """A tagging result written in ISO-8859-1 (a name with the byte E9: msgspec passes it on
+    as raw JSON) is written with its columns unread, as any result it cannot read; msgspec's
+    UnicodeDecodeError stopped the state thread."""
+    sink = SqliteResultSink(tmp_path / "r.db")
+    sink.write_page("t1", [_row(b'{"status":"success","data":{"n":"caf\xe9"}}')])
+    assert _sqlite_rows(tmp_path / "r.db") == ["x"]
+    sink.close()
+    assert parse_error_body(b'{"status":"failure","error":"caf\xe9"}')[1].startswith("{")
 
 
 def test_an_older_sqlite_results_file_is_resumed_as_it_was_and_emptied_by_a_new_run(
