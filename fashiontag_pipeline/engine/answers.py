@@ -135,6 +135,7 @@ class WriteAnswers:
                 task.task_id,
                 len(reasons),
                 next(iter(reasons.values())),
+                extra={"task_id": task.task_id},
             )
             if opened:
                 await self.journal.commit(ops=opened, counters={"tasks": 1})

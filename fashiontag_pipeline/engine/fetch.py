@@ -173,6 +173,7 @@ class PageFetcher:
                     what,
                     offset,
                     reason,
+                    extra={"task_id": entry.task_id},
                 )
                 await anyio.sleep(NOT_READY_PAUSE)
                 continue
@@ -184,6 +185,7 @@ class PageFetcher:
                     offset,
                     unusable,
                     reason,
+                    extra={"task_id": entry.task_id},
                 )
                 self._unreadable += 1
                 if self._unreadable >= UNREADABLE_PAGES and math.isfinite(
@@ -210,6 +212,7 @@ class PageFetcher:
                 entry.task_id,
                 len(decoded) - len(rows),
                 offset,
+                extra={"task_id": entry.task_id},
             )
         return FetchedRows(rows, all_success, len(decoded))
 
@@ -225,6 +228,7 @@ class PageFetcher:
             entry.ended,
             offset,
             " ".join(str(err).split()),
+            extra={"task_id": entry.task_id},
         )
         return LOST
 

@@ -104,6 +104,7 @@ class PageRows:
                     entry.task_id,
                     found,
                     max(missing, 0),
+                    extra={"task_id": entry.task_id},
                 )
                 passes += 1
             if missing > 0 and offsets is not every_page:
@@ -169,6 +170,7 @@ class PageRows:
                 " (their rejects stand); left out",
                 entry.task_id,
                 taken,
+                extra={"task_id": entry.task_id},
             )
         if changed:
             log = logger.info if self._warned_changed else logger.warning
@@ -179,6 +181,7 @@ class PageRows:
                 " sent to the task whose id it stands for",
                 entry.task_id,
                 changed,
+                extra={"task_id": entry.task_id},
             )
         if foreign:
             logger.warning(
@@ -186,12 +189,14 @@ class PageRows:
                 " without a result are sent again)",
                 entry.task_id,
                 foreign,
+                extra={"task_id": entry.task_id},
             )
         if len(rows) - len(out) > foreign + taken and not again:
             logger.warning(
                 "task %s: %d results repeated an id already read; kept the first of each",
                 entry.task_id,
                 len(rows) - len(out) - foreign - taken,
+                extra={"task_id": entry.task_id},
             )
         return out
 
@@ -234,6 +239,7 @@ class PageRows:
                     " left out (the rows without a result are sent again)",
                     entry.task_id,
                     len(others),
+                    extra={"task_id": entry.task_id},
                 )
             found.update((ident, cut[ident]) for ident in cut.keys() - others)
         return found

@@ -155,6 +155,7 @@ class ResultPagers(PageFetcher, PageRows):
                     entry.total,
                     len(entry.sent),
                     len(entry.sent),
+                    extra={"task_id": entry.task_id},
                 )
                 entry.total = len(entry.sent)
             elif entry.sent and entry.next_offset == 0:
@@ -199,6 +200,7 @@ class ResultPagers(PageFetcher, PageRows):
             entry.task_id,
             entry.total,
             rows,
+            extra={"task_id": entry.task_id},
         )
 
     def _sent_ids(self, task_id: str) -> tuple[set[str] | None, frozenset[str]]:
@@ -351,6 +353,7 @@ class ResultPagers(PageFetcher, PageRows):
                 entry.task_id,
                 len(rows),
                 entry.total,
+                extra={"task_id": entry.task_id},
             )
             await self.journal.commit(
                 page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success

@@ -105,6 +105,7 @@ class TaskSettler:
             else f"{entry.ended}, its pages can no longer be read",
             entry.next_offset,
             entry.total,
+            extra={"task_id": entry.task_id},
         )
         await self.journal.commit(
             ops=[changes.task_state(entry.task_id, "lost")],
@@ -159,6 +160,7 @@ class TaskSettler:
             read_upto,
             entry.total,
             len(rejects),
+            extra={"task_id": task_id},
         )
         await journal.commit(
             rejects=rejects, settle=True, ops=changes.task_drained(task_id, "expired")
@@ -221,6 +223,7 @@ class TaskSettler:
             len(rejects),
             sends,
             STAGE_UNRETURNED,
+            extra={"task_id": entry.task_id},
         )
         await self.journal.commit(
             rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk_id)

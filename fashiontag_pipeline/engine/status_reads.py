@@ -110,6 +110,7 @@ class StatusReads:
                     if limited
                     else "does not give its status",
                     reason,
+                    extra={"task_id": task_id},
                 )
             elif now - since > self.budget.give_up_after:
                 given = "rate limited its status (HTTP 429)" if limited else "not given its status"

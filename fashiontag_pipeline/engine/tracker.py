@@ -334,6 +334,7 @@ class Tracker:
             " processing",
             task.task_id,
             status,
+            extra={"task_id": task.task_id},
         )
 
     async def poll(self, sealed: list[TaskEntry]) -> bool:
@@ -368,12 +369,14 @@ class Tracker:
                     " forgotten",
                     entry.task_id,
                     (task.description or "")[:80],
+                    extra={"task_id": entry.task_id},
                 )
                 task = None
             elif task is None:
                 logger.warning(
                     "task %s: the service no longer knows it; its rows are sent again",
                     entry.task_id,
+                    extra={"task_id": entry.task_id},
                 )
             elif task.ended:
                 # Failed, cancelled, ...: it will never be done, but the rows it processed
@@ -383,6 +386,7 @@ class Tracker:
                     " its rows without a result are sent again",
                     entry.task_id,
                     task.task_status,
+                    extra={"task_id": entry.task_id},
                 )
                 entry.ended = str(task.task_status)
                 await self.journal.commit(counters={"lost_tasks": 1})

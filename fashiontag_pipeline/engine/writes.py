@@ -362,6 +362,7 @@ class TaskWrites(WriteAnswers):
                         task.task_id,
                         err.status,
                         err,
+                        extra={"task_id": task.task_id},
                     )
                     # Its rows are in the task (none was listed as refused): submitted, as
                     # those of a write answered 202, in the commit that orphans the chunk.
@@ -403,6 +404,7 @@ class TaskWrites(WriteAnswers):
                         " tagged, the others sent again",
                         task.task_id,
                         err.service_message or err,
+                        extra={"task_id": task.task_id},
                     )
                     await self._orphan(chunk)
                     return True
@@ -413,6 +415,7 @@ class TaskWrites(WriteAnswers):
                     "task %s refused a write whole (HTTP %s): its rows go to a new task",
                     task.task_id,
                     err.status,
+                    extra={"task_id": task.task_id},
                 )
                 self.refused_writes += 1
                 task.closing = True

@@ -15,6 +15,7 @@ Found by a hunt, each failing before its fix:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -162,3 +163,21 @@ async def test_outputs_removed_while_a_task_with_refused_rows_drains(tmp_path: P
             daemon.ensure_dead()
     assert victim["status"] == "failed", victim
     assert not problems_of(daemon.outbox, "late", ids_of("late", 50), late)
+
+
+async def test_the_engines_lines_about_a_task_carry_its_id_as_a_field(tmp_path: Path) -> None:
+    """DESIGN's logs: fields such as ``task_id``. A log pipeline that keeps the lines of one
+    task (``jq 'select(.task_id == ...)'``) found none: the engine named tasks only inside its
+    messages. Every engine line about a task now carries the id as ``task_id``."""
+    rules = Misbehaviour(forget_when_done={1}, duplicate_in_first_page={2})
+    daemon = await run_together(tmp_path, rules, dict(list(SAME.items())[:2]))
+    about_a_task = [
+        (found.group(1), line)
+        for line in daemon.logs()
+        if str(line.get("logger", "")).startswith("fashiontag_pipeline.engine")
+        and (found := re.match(r"(?:results of )?task (\S+?):? ", str(line["event"])))
+    ]
+    events = [str(line["event"]) for _, line in about_a_task]
+    assert any("no longer knows it" in e for e in events), events
+    assert any("repeated an id" in e for e in events), events
+    assert [(t, line.get("task_id")) for t, line in about_a_task if line.get("task_id") != t] == []
