@@ -18,7 +18,15 @@ from pathlib import Path
 
 from ..._postgres import is_postgres_url
 from .journal import JobReject, Journal
-from .schema import BODY_SQL, COUNTERS, JOB_COUNTERS, POS_SHIFT, position, split_position
+from .schema import (
+    BODY_SQL,
+    COUNTERS,
+    JOB_COUNTERS,
+    POS_SHIFT,
+    STATE_FILE_VERSION,
+    position,
+    split_position,
+)
 from .sqlite import StateDB
 from .store import JobRow, Reconciliation, RunState, StateStore
 
@@ -38,6 +46,7 @@ __all__ = [
     "COUNTERS",
     "JOB_COUNTERS",
     "POS_SHIFT",
+    "STATE_FILE_VERSION",
     "JobReject",
     "JobRow",
     "Journal",

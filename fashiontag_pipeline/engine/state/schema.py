@@ -72,12 +72,20 @@ __all__ = [
     "JOB_COUNTERS",
     "POS_SHIFT",
     "SCHEMA",
+    "STATE_FILE_VERSION",
     "TABLES",
     "position",
     "split_position",
 ]
 
 POS_SHIFT = 40
+
+#: The layout of a SQLite state file (``PRAGMA user_version``). Raised with any change an
+#: older build would misread (it refuses the file: ``upgrade fashiontag``); a column added
+#: with a default that older builds may leave unset does not need it. 0: a file of every build
+#: before the version was kept (2026-11-26), this layout or one :class:`~.sqlite.StateDB`
+#: migrates.
+STATE_FILE_VERSION = 1
 
 COUNTERS = (
     "submitted",

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from ... import _exceptions as exc
-from .schema import SCHEMA
+from .schema import SCHEMA, STATE_FILE_VERSION
 from .store import StateStore
 
 __all__ = ["RECLAIM_MIN_BYTES", "STATE_CACHE_KIB", "WAL_CHECKPOINT_PAGES", "StateDB"]
@@ -75,10 +75,24 @@ class StateDB(StateStore):
         except sqlite3.Error as err:
             os.close(self._lock)
             raise exc.StateError(f"cannot use state file {path}: {err}") from None
+        except BaseException:
+            os.close(self._lock)
+            raise
 
     @staticmethod
     def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
         db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > STATE_FILE_VERSION:
+            # Before anything is written to it, or read from it and acted on: a layout this
+            # build does not know would be misread (outputs cut back to a wrong checkpoint).
+            db.close()
+            raise exc.StateError(
+                f"state file {path} has layout version {version}, written by a newer"
+                f" fashiontag; this one reads up to version {STATE_FILE_VERSION}: upgrade"
+                " fashiontag to go on with it (it is left untouched; another --state starts"
+                " a new run, and tags every row again)"
+            )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         # A bounded page cache keeps memory flat however many ids the run holds.
@@ -103,6 +117,8 @@ class StateDB(StateStore):
         if "failure" not in columns:  # state files written before a job kept its failure
             db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
             db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
+        if version < STATE_FILE_VERSION:  # new, or of a build before the version was kept
+            db.execute(f"PRAGMA user_version={STATE_FILE_VERSION}")
         return db
 
     def mark_complete(self, when: str) -> None:

@@ -1,0 +1,105 @@
+"""A SQLite state file and the fashiontag that wrote it: the file carries the version of its
+layout (``PRAGMA user_version``), a file of a newer layout is refused before anything is read
+or written, and a file of every build before the version was kept (0) is taken and marked.
+
+Why it matters: a build before 2026-11-23 04:00 (no ``jobs`` table, its watermarks in ``meta``)
+resuming a state file a newer build had written cut the results file back to a checkpoint it
+misread (3,000 committed lines -> 400), then died on ``OperationalError: table chunk_bodies has
+3 columns but 2 values were supplied``; the newer build, put back, could only ``--restart``
+(every row billed again). The layouts never had a version, so no build could tell."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline import StateError
+from fashiontag_pipeline.engine.state import STATE_FILE_VERSION, StateDB
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, read_outcomes, run_args, write_csv
+
+
+def _version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def _mark(path: Path, version: int) -> None:
+    """What a newer fashiontag leaves: its layout's version in the file's header."""
+    db = sqlite3.connect(path)
+    try:
+        db.execute(f"PRAGMA user_version = {version}")
+    finally:
+        db.close()
+
+
+async def test_a_state_file_of_a_newer_fashiontag_is_refused_and_left_as_it_is(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "nightly.state"
+    tonight = write_csv(tmp_path / "tonight.csv", 300, start=1000)
+    async with running_service(ServiceConfig()) as svc:
+        last_night = write_csv(tmp_path / "last.csv", 200)
+        first = await anyio.run_process(
+            run_args(svc.url, out, str(last_night), "--state", str(state)), check=False, env=ENV
+        )
+        assert first.returncode == 0, first.stderr.decode()
+        assert _version(state) == STATE_FILE_VERSION
+        _mark(state, STATE_FILE_VERSION + 1)  # (a newer build ran on it, and was put back)
+        results = out.read_bytes()
+        again = await anyio.run_process(
+            run_args(svc.url, out, str(tonight), "--state", str(state)), check=False, env=ENV
+        )
+    err = again.stderr.decode()
+    assert again.returncode == 1, err
+    assert f"state file {state}" in err and f"version {STATE_FILE_VERSION + 1}" in err, err
+    assert "upgrade fashiontag" in err, err
+    assert out.read_bytes() == results  # never rewritten for a run it could not read
+    assert len(read_outcomes(out, out.with_suffix(".rej")).results) == 200
+    assert _version(state) == STATE_FILE_VERSION + 1
+
+
+def test_a_daemon_state_file_of_a_newer_layout_is_refused_untouched(tmp_path: Path) -> None:
+    """The daemon's state (engine tables and claims, one file) is opened the same way: a
+    newer layout (here a file with only its ``meta``) gets none of this build's tables."""
+    path = tmp_path / "daemon.state"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute(f"PRAGMA user_version = {STATE_FILE_VERSION + 3}")
+    db.close()
+    with pytest.raises(StateError, match=r"upgrade fashiontag") as caught:
+        StateDB(path)
+    assert str(path) in str(caught.value)
+    db = sqlite3.connect(path)
+    tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    db.close()
+    assert tables == {"meta"}
+    _mark(path, STATE_FILE_VERSION)
+    StateDB(path).close()  # (the refused open let its lock go)
+
+
+def test_a_state_file_of_every_build_before_versions_is_taken_and_marked(tmp_path: Path) -> None:
+    """A file written before the version was kept (user_version 0: every build up to
+    2026-11-26) is of this layout or an older one this build migrates: it is opened as ever,
+    its run kept, and marked with this version."""
+    path = tmp_path / "old.state"
+    db = StateDB(path)
+    try:
+        db.set_meta("run_token", "0123456789abcdef")
+    finally:
+        db.close()
+    _mark(path, 0)
+    db = StateDB(path)
+    try:
+        assert db.meta("run_token") == "0123456789abcdef"
+    finally:
+        db.close()
+    assert _version(path) == STATE_FILE_VERSION
