@@ -63,6 +63,7 @@ __all__ = [
     "ResultStoreError",
     "ResultsExpiredError",
     "ResultsNotReadyError",
+    "SchemaTooNewError",
     "ServerError",
     "ServiceError",
     "StateConflictError",
@@ -115,6 +116,11 @@ class LeaseLostError(StateConflictError):
 class StateError(FashiontagError):
     """The state file cannot be opened or written (permissions, a full disk, not a state
     file); the message names the file."""
+
+
+class SchemaTooNewError(StateError):
+    """The state was written by a newer fashiontag (a database another daemon migrated, a
+    state file of a newer layout): this process must be upgraded; no manifest is at fault."""
 
 
 class ResultStoreError(FashiontagError):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, LiteralString, NamedTuple
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ._config import shown_url
-from ._exceptions import StateError
+from ._exceptions import SchemaTooNewError, StateError
 
 if TYPE_CHECKING:
     import psycopg
@@ -235,7 +235,7 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], *, target: int = SCHEM
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         found = schema_version(conn)
         if found > SCHEMA_VERSION:
-            raise StateError(
+            raise SchemaTooNewError(
                 f"the PostgreSQL state has schema version {found}; this fashiontag knows up to "
                 f"{SCHEMA_VERSION}: upgrade fashiontag"
             )

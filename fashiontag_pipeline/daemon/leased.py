@@ -9,8 +9,11 @@ summary, the published outputs) are written only after a fenced check (:func:`st
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -26,7 +29,12 @@ from .inbox import Claim
 from .keeper import LeaseKeeper
 from .leases import Lease, PostgresClaimLedger
 
-__all__ = ["run_leased", "still_held"]
+if TYPE_CHECKING:
+    from .runner import Daemon
+
+__all__ = ["hand_back_outdated", "run_leased", "still_held"]
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 
 async def still_held(lease: Lease, keeper: LeaseKeeper, ledger: PostgresClaimLedger | None) -> None:
@@ -45,6 +53,24 @@ async def still_held(lease: Lease, keeper: LeaseKeeper, ledger: PostgresClaimLed
             pass
 
     await anyio.to_thread.run_sync(check)
+
+
+async def hand_back_outdated(
+    lease: Lease, keeper: LeaseKeeper, daemon: Daemon, err: exc.SchemaTooNewError
+) -> None:
+    """The database was migrated by a newer fashiontag (daemons upgraded one at a time): this
+    one cannot tag on it, and no manifest is at fault. The manifest is handed back at once (no
+    attempt counted: it never goes to failed/) for an upgraded daemon to take, and this one
+    drains and stops (its run raises ``err``: exit 1, saying to upgrade it)."""
+    with contextlib.suppress(exc.StateError):  # (else its lease ends by itself)
+        await keeper.release(lease)
+    if not daemon.health.draining:
+        logger.error(
+            "the database was migrated by a newer fashiontag: this daemon stops taking"
+            " manifests (upgrade it); the manifest is handed back",
+            extra={"manifest": lease.name, "reason": str(err)},
+        )
+    daemon.stop()
 
 
 async def run_leased(

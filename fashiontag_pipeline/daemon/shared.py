@@ -53,7 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
-from .leased import run_leased, still_held
+from .leased import hand_back_outdated, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -87,6 +87,7 @@ class SharedDaemon:
         self._acquire_failed = False
         self._attempts = Attempts(MAX_ATTEMPTS)
         self._ledger: PostgresClaimLedger | None = None
+        self._outdated: exc.SchemaTooNewError | None = None  # (a newer daemon migrated)
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -141,6 +142,8 @@ class SharedDaemon:
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(ledger.close)
+        if self._outdated is not None:
+            raise self._outdated  # (exit 1, saying to upgrade this daemon)
         logger.info("daemon stopped")
 
     def _drop_settled_states(self, ledger: PostgresClaimLedger | None) -> None:
@@ -294,6 +297,9 @@ class SharedDaemon:
                         err,
                         extra={"manifest": lease.name},
                     )
+        except exc.SchemaTooNewError as err:
+            self._outdated = self._outdated or err
+            await hand_back_outdated(lease, keeper, daemon, err)
         except exc.LeaseLostError:
             keeper.forget(lease)
             logger.warning(

@@ -243,7 +243,7 @@ class PostgresStateDB(StateStore):
                 "SELECT version FROM states WHERE name = %s", (self.schema,)
             ).fetchone()
             if row is not None and int(row[0]) > STATE_VERSION:
-                raise exc.StateError(
+                raise exc.SchemaTooNewError(
                     f"{self.where} has tables of version {row[0]}; this fashiontag knows up to "
                     f"{STATE_VERSION}: upgrade fashiontag"
                 )

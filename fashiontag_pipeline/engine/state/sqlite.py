@@ -87,7 +87,7 @@ class StateDB(StateStore):
             # Before anything is written to it, or read from it and acted on: a layout this
             # build does not know would be misread (outputs cut back to a wrong checkpoint).
             db.close()
-            raise exc.StateError(
+            raise exc.SchemaTooNewError(
                 f"state file {path} has layout version {version}, written by a newer"
                 f" fashiontag; this one reads up to version {STATE_FILE_VERSION}: upgrade"
                 " fashiontag to go on with it (it is left untouched; another --state starts"
