@@ -183,6 +183,19 @@ class WriteAnswers:
         )
         self.book.orphan(chunk.task_id, chunk.chunk_id)
 
+    async def record_applied_create(self, chunk: Chunk) -> None:
+        """A create of unknown fate that a resume found applied (its task listed under its
+        token): its rows are in the task, submitted (as a create answered 2xx with no body,
+        :meth:`~.writes.TaskWrites._created_unanswered`), and the chunk is an orphan settled
+        from the task's results (a row the task does not return is sent again), never
+        written to the task a second time. The caller attaches it to its task's entry."""
+        assert chunk.task_id is not None
+        await self.journal.commit(
+            ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
+            counters={"submitted": len(chunk.ids)},
+            by_job=self._submitted(chunk, {}),
+        )
+
     def _fatal(self, err: exc.FashiontagError) -> FatalRunError:
         return refused(err)
 

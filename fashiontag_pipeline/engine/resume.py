@@ -107,6 +107,13 @@ async def reattach(run: Engine) -> list[Chunk]:
                 task_id = found.task_id
                 writable.add(task_id)
                 resumed.add(task_id)
+            if found is not None and state == "pending":
+                # Its create was applied (the task is listed under its token): its rows are
+                # in the task and count as submitted; settled from the task's results.
+                chunk = chunk_of(chunk_id, body)
+                chunk.task_id = task_id
+                await run.writer.record_applied_create(chunk)
+                state = "orphan"
         if state == "pending" and task_id is not None and task_id not in writable:
             # Its write was in flight to a task that takes no more writes: an orphan, settled
             # from that task's results. Decided here, before any task is read, so the chunk

@@ -758,6 +758,40 @@ async def test_kill_9_while_a_create_is_unanswered_then_a_lost_answer_on_resume(
     assert len(descriptions) == len(set(descriptions)), sorted(descriptions)
 
 
+@pytest.mark.parametrize("rate", [4000.0, 100000.0], ids=["task-open", "task-done"])
+async def test_kill_9_while_a_create_is_unanswered_counts_its_rows_as_submitted(
+    tmp_path: Path, rate: float
+) -> None:
+    """Killed while the service had applied the run's first create and not answered it; the
+    resume finds its task by token (its rows are in it). The summary said ``submitted
+    2,000`` of 3,000 rows all tagged once the task was done by then (the chunk taken as of
+    unknown fate and settled from the task's results, its rows never counted): a create
+    whose task is found by its token was applied, and its rows count as submitted."""
+    n = 3000
+    manifest = write_night(tmp_path / "m.csv", n, "s")
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    async with running_service(ServiceConfig(rate=rate)) as svc:
+        async with misbehaving(svc.url, Misbehaviour(hold_first_create=True)) as proxy:
+            args = run_args(proxy.url, out, str(manifest), "--summary", str(summary))
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            with anyio.fail_after(30):
+                while not proxy.created:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.3)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            await proc.aclose()
+        args = run_args(svc.url, out, str(manifest), "--summary", str(summary), "--resume")
+        final = await anyio.run_process(args, check=False, env=ENV)
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n, "s"))
+    figures = msgspec.json.decode(summary.read_bytes())
+    assert figures["tagged"] + figures["failed"] == n
+    assert (figures["submitted"], billed) == (n, n)
+
+
 async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:
     """The service forgets tasks 2, 4 and 6 once done; the engine is killed (SIGKILL) just
     after the first and again after the next are forgotten, in the middle of settling them;
