@@ -34,7 +34,7 @@ from ..engine.run import (
     first_error,
     run_pipeline,
 )
-from ..engine.run_checks import not_a_file, not_utf8
+from ..engine.run_checks import not_a_file, not_utf8, same_file
 from .common import (
     ABORT_GRACE,
     EXIT_ERROR,
@@ -237,18 +237,7 @@ def _same_file(
     if reuse is not None and not is_postgres_url(reuse):
         named.append(("--reuse", Path(reuse)))
     named += [("manifest", Path(m)) for m in manifests if m != "-"]
-    seen: dict[object, str] = {}
-    for what, path in named:
-        # An existing file is known by its inode, so a hard link is the same file too.
-        try:
-            info = os.stat(path)
-            key: object = (info.st_dev, info.st_ino)
-        except OSError:
-            key = os.path.realpath(path)
-        if key in seen:
-            return f"{seen[key]} and {what} are the same file ({path}): give each its own path"
-        seen[key] = what
-    return None
+    return same_file(named)
 
 
 def _shown(path: Path) -> str:

@@ -359,11 +359,11 @@ class Engine:
     async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None = None) -> Job:
         """Add a job (resumed when the state holds one of ``spec.key``). Its manifests are
         opened first (``readers``: already opened, in order): one that cannot be read raises
-        :class:`~fashiontag_pipeline.ManifestError`. A submit that cannot be honoured (a key in
-        flight, other content under a key, ...: see :mod:`.submits`) raises
-        :class:`~fashiontag_pipeline.StateConflictError` or, for outputs that cannot be
-        opened, :class:`~fashiontag_pipeline.StateError`; either way nothing is recorded. A
-        submit under way when the engine is closed still has its job read."""
+        :class:`~fashiontag_pipeline.ManifestError`. A submit that cannot be honoured (see
+        :mod:`.submits`) raises :class:`~fashiontag_pipeline.StateConflictError`, for outputs
+        that cannot be opened :class:`~fashiontag_pipeline.StateError`, for an output on a
+        manifest or the state file :class:`~fashiontag_pipeline.ConfigError`; nothing is
+        recorded. A submit under way when the engine is closed still has its job read."""
         return await self.submits.submit(spec, readers)
 
     async def _finalize_when_settled(self, job: Job) -> None:

@@ -24,6 +24,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import ClientStats, TaggerClient
 from .._config import ClientConfig
+from .._postgres import is_postgres_url
 from .config import EngineConfig, RunSummary
 from .engine import Engine, RunControl
 from .flow import FatalRunError
@@ -43,6 +44,7 @@ from .run_checks import (
     not_utf8,
     outputs_elsewhere,
     outputs_free,
+    same_file,
 )
 from .source import open_manifests
 from .state import Reconciliation, StateStore, open_state
@@ -92,10 +94,11 @@ async def run_pipeline(
     (content fingerprints; stdin only with ``resume_stdin``); after a completed run it does
     nothing for the same manifests and starts a new run for others; ``restart`` discards
     whatever the state holds. Returns the summary, ``complete`` only when the state store shows
-    every row taken in with an outcome; raises :class:`ManifestError` (before any request) for
-    an unreadable manifest, :class:`StateConflictError` (touching nothing) for an unfinished
-    state of other manifests, and :class:`FatalRunError` when the run cannot go on (state
-    saved).
+    every row taken in with an outcome; raises :class:`ConfigError` (before anything is made)
+    for an output that is a manifest, the state or the other output, :class:`ManifestError`
+    (before any request) for an unreadable manifest, :class:`StateConflictError` (touching
+    nothing) for an unfinished state of other manifests, and :class:`FatalRunError` when the
+    run cannot go on (state saved).
     """
     started = time.monotonic()
     # Recorded absolute: a resume from another working directory names the same files.
@@ -111,6 +114,8 @@ async def run_pipeline(
     if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
         named.append(("state", state_path))
     problem = not_utf8(named) or not_a_file([("results", out), ("rejects", rejects)])
+    # An output on a manifest or the state destroys it (the sinks cut it to 0 bytes).
+    problem = problem or same_file(_own_files(out, rejects, named, engine.reuse))
     if problem is not None:  # refused before anything is made
         raise exc.ConfigError(problem)
     # Another run writing an output refuses this one before its state is made, so that the
@@ -273,6 +278,20 @@ async def run_pipeline(
         )
         logger.error("run incomplete: %s", summary.error)
     return summary
+
+
+def _own_files(
+    out: Path, rejects: Path, named: list[tuple[str, Path | str]], reuse: str | None
+) -> list[tuple[str, Path | str]]:
+    """The run's files by the names of :func:`run_pipeline`'s parameters, for
+    :func:`~.run_checks.same_file` (``named``: the outputs, the manifests read from files and
+    a state file's path)."""
+    files: list[tuple[str, Path | str]] = [("out", out), ("rejects", rejects)]
+    files += [(what, path) for what, path in named[2:] if what == "state"]
+    if reuse is not None and not is_postgres_url(reuse):
+        files.append(("reuse", reuse))
+    files += [(what, path) for what, path in named[2:] if what == "manifest"]
+    return files
 
 
 def _outputs_without_state(location: str, out: Path, rejects: Path) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "not_utf8",
     "outputs_elsewhere",
     "outputs_free",
+    "same_file",
     "same_tail",
 ]
 
@@ -129,6 +130,26 @@ def outputs_free(*paths: Path) -> None:
             lock_output(fd, path)
         finally:
             os.close(fd)
+
+
+def same_file(named: Sequence[tuple[str, Path | str]]) -> str | None:
+    """Why two of a run's files are one file (None when they are not): two sinks writing one
+    file through two handles overwrite each other's lines, and an output on a manifest, the
+    state or the result store destroys it (the sinks cut an output back to its checkpoint, 0
+    for a new run, before a row is read). ``named``: (what the caller calls it, its path).
+    A few ``stat`` calls, once per run or submit."""
+    seen: dict[object, str] = {}
+    for what, path in named:
+        # An existing file is known by its inode, so a hard link is the same file too.
+        try:
+            info = os.stat(path)
+            key: object = (info.st_dev, info.st_ino)
+        except OSError:
+            key = os.path.realpath(path)
+        if key in seen:
+            return f"{seen[key]} and {what} are the same file ({path}): give each its own path"
+        seen[key] = what
+    return None
 
 
 def absolute(path: Path) -> Path:

@@ -12,7 +12,9 @@ One that cannot be honoured is refused, and records nothing:
 * a job the state holds open (opened with the engine, at its outputs) named with other
   outputs: the state would count its lines in files it does not write;
 * a job whose outputs cannot be opened, or are locked by another job: a job recorded just now
-  is forgotten again, so no later start resumes it.
+  is forgotten again, so no later start resumes it;
+* a job whose results or rejects path is one of its manifests, the state file or its other
+  output (:class:`~fashiontag_pipeline.ConfigError`): its sink would cut that file to 0 bytes.
 
 A submit under way when the engine is closed still has its job read: the source waits for it
 (:attr:`JobSource.adding`).
@@ -21,6 +23,7 @@ A submit under way when the engine is closed still has its job read: the source 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import msgspec
@@ -28,8 +31,9 @@ import msgspec
 from .. import _exceptions as exc
 from .config import EngineConfig
 from .jobs import Job, Jobs, JobSpec
-from .manifests import ManifestPrint, describe, same_manifests
+from .manifests import STDIN, ManifestPrint, describe, same_manifests
 from .outcome import completed_job
+from .run_checks import same_file
 from .scheduler import JobSource
 from .source import ManifestReader, open_manifests
 from .state import Journal
@@ -90,6 +94,12 @@ class Submits:
                 )
 
     async def _submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
+        clash = await anyio.to_thread.run_sync(self._same_file, spec)
+        if clash is not None:
+            if readers is not None:
+                for reader in readers:
+                    reader.close()
+            raise exc.ConfigError(f"job {spec.key!r}: {clash}")
         if readers is None:
             readers = await open_manifests(spec.manifests, self.config.read_batch_rows)
         try:
@@ -138,6 +148,19 @@ class Submits:
         job.submitted = True
         self.source.add(job, readers)
         return job
+
+    def _same_file(self, spec: JobSpec) -> str | None:
+        """An output that is one of the job's manifests or the state file (a SQLite file):
+        its sink would cut it to 0 bytes, or write lines into the database. Blocking."""
+        files: list[tuple[str, Path | str]] = [
+            ("results", spec.results),
+            ("rejects", spec.rejects),
+        ]
+        location = self.journal.db.location
+        if location and "://" not in location:
+            files.append(("state", location))
+        files += [("manifest", m) for m in spec.manifests if m != STDIN]
+        return same_file(files)
 
     @staticmethod
     def _check_content(row: JobRow, recorded: str | None, prints: list[ManifestPrint]) -> None:

@@ -1,0 +1,96 @@
+"""The paths a program gives the engine as a library (``run_pipeline``, ``Engine.submit``):
+an output that is one of the run's other files (its manifest, its state, the other output)
+destroyed that file. ``fashiontag run`` refused such a command line with exit 2; the
+library, which the CLI checks before calling, did not. Found by a hunt; each failed before
+its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline import ConfigError
+from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.jobs import JobSpec
+from fashiontag_pipeline.engine.state import StateDB
+
+from .helpers import client_config, dead_port
+
+#: A run that went on against the dead service gives up within a second.
+FAST = EngineConfig(
+    poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0, give_up_after=1.0
+)
+
+
+def _jsonl_manifest(path: Path, n: int) -> Path:
+    rows = (f'{{"id": "p{i}", "url": "https://img.example/{i}.jpg"}}\n' for i in range(n))
+    path.write_text("".join(rows))
+    return path
+
+
+@pytest.mark.parametrize("clash", ["out=manifest", "rejects=manifest", "out=state", "out=rejects"])
+async def test_run_pipeline_refuses_an_output_that_is_another_of_its_files(
+    tmp_path: Path, clash: str
+) -> None:
+    """A program whose manifest is JSONL and whose results path is made from it
+    (``out=manifest.with_suffix(".jsonl")``) had its catalogue cut to 0 bytes by the results
+    sink before a row was read (then a `changed while it was read` error); an output on the
+    state file overwrote the database. Refused now before anything is opened or sent: the
+    file is untouched, no state is made."""
+    manifest = _jsonl_manifest(tmp_path / "catalogue.jsonl", 50)
+    before = manifest.read_bytes()
+    files = {
+        "out": tmp_path / "results.jsonl",
+        "rejects": tmp_path / "rejects.jsonl",
+        "state": tmp_path / "run.state",
+    }
+    left, right = clash.split("=")
+    files[left] = manifest.with_suffix(".jsonl") if right == "manifest" else files[right]
+    with pytest.raises(ConfigError, match=f"{left} and {right} are the same file"):
+        await run_pipeline(
+            [manifest],
+            # A service that refuses connections: a run that went on would fail otherwise.
+            client=client_config(f"http://127.0.0.1:{dead_port()}"),
+            out=files["out"],
+            rejects=files["rejects"],
+            state=files["state"],
+            engine=FAST,
+        )
+    assert manifest.read_bytes() == before
+    assert not (tmp_path / "run.state").exists()
+
+
+@pytest.mark.parametrize("clash", ["results=manifest", "rejects=manifest", "results=state"])
+async def test_a_submit_whose_output_is_another_of_its_files_is_refused(
+    tmp_path: Path, clash: str
+) -> None:
+    """``Engine.submit`` of a job whose results (or rejects) path is its manifest cut the
+    manifest to 0 bytes; one whose results path is the engine's SQLite state file had result
+    lines appended to the database. Refused now, nothing recorded: the engine goes on (the
+    same key with proper paths is taken) and the files are untouched."""
+    manifest = _jsonl_manifest(tmp_path / "catalogue.jsonl", 50)
+    before = manifest.read_bytes()
+    state = tmp_path / "engine.state"
+    db = StateDB(state)
+    paths = {"results": tmp_path / "out" / "results.jsonl", "rejects": tmp_path / "out" / "r.jsonl"}
+    left, right = clash.split("=")
+    paths[left] = manifest if right == "manifest" else state
+    async with TaggerClient(config=client_config(f"http://127.0.0.1:{dead_port()}")) as client:
+        engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True)
+        with anyio.fail_after(20):
+            async with engine:
+                with pytest.raises(ConfigError, match=f"{left} and {right} are the same file"):
+                    await engine.submit(JobSpec(key="a", manifests=[str(manifest)], **paths))
+                assert engine.active_jobs() == []
+                engine.close()
+    assert manifest.read_bytes() == before
+    check = StateDB(state)  # still a state (nothing appended to it), with no job recorded
+    try:
+        assert check.find_job("a") is None
+    finally:
+        check.close()
