@@ -1,0 +1,48 @@
+"""The engine inside a host program (``run_pipeline`` called by an application): what a run
+leaves of the process's own settings once it returns. Found by a hunt; each failed before its
+fix.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, ids_of, write_csv
+
+FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0)
+
+
+async def test_a_run_keeps_the_objects_its_host_froze_out_of_the_collector(tmp_path: Path) -> None:
+    """A pre-fork server (``gc.freeze()`` before it forks its workers, as Python's documentation
+    advises, so that the workers share the parent's memory) whose worker ran a pipeline: the
+    run's end unfroze every object, the host's included, and the next full collection wrote to
+    each of them, copying every shared page into the worker. A run leaves a freeze it did not
+    make alone, and the collector's thresholds as they were."""
+    manifest = write_csv(tmp_path / "m.csv", 200)
+    held = [[i] for i in range(20_000)]  # the host's objects, frozen before the run
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    try:
+        async with running_service(ServiceConfig()) as svc:
+            with anyio.fail_after(30):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(svc.url),
+                    out=tmp_path / "out.jsonl",
+                    rejects=tmp_path / "rej.jsonl",
+                    engine=FAST,
+                )
+        assert summary.complete
+        # (Frozen objects freed since leave the count: the host's are still there.)
+        assert gc.get_freeze_count() > len(held), "the run unfroze the host's objects"
+        assert gc.get_threshold() == thresholds
+    finally:
+        gc.unfreeze()
+    assert len(held) == 20_000
+    assert_exactly_once(tmp_path / "out.jsonl", tmp_path / "rej.jsonl", ids_of(200))
