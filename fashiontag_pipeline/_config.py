@@ -56,6 +56,7 @@ DEV_BULK_API_KEY = "dev-bulk-api-key"
 ENV_BASE_URL = "FASHIONTAG_BASE_URL"
 ENV_API_KEY = "FASHIONTAG_API_KEY"
 ENV_BULK_API_KEY = "FASHIONTAG_BULK_API_KEY"
+_KEY_VARS = (("api_key", ENV_API_KEY), ("bulk_api_key", ENV_BULK_API_KEY))
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
@@ -207,15 +208,20 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 def with_default_keys(config: ClientConfig) -> ClientConfig:
-    """``config`` with the public development keys when it has no key at all.
-
-    The CLI, :func:`~fashiontag_pipeline.engine.run_pipeline` and
-    :class:`~fashiontag_pipeline.TaggerClient` all apply this rule, so the embedded reference
-    service works with no setup from the command line and from Python alike (a real service
-    answers 401, and the error says the development key was sent and what to set).
+    """``config`` with keys when it has none at all: ``FASHIONTAG_API_KEY`` and
+    ``FASHIONTAG_BULK_API_KEY`` when either is set (a program's ``ClientConfig`` sent the
+    development keys past them), else the public development keys. The CLI, ``run_pipeline``
+    and :class:`~fashiontag_pipeline.TaggerClient` all apply it, so the embedded reference
+    service works with no setup (a real service answers 401, and the error says what to set).
     """
     if config.api_key is not None or config.bulk_api_key is not None:
         return config
+    env = {k: Secret(os.environ[v], source=v) for k, v in _KEY_VARS if os.environ.get(v)}
+    for key, secret in env.items():  # named by its variable, never shown
+        if (problem := key_problem(secret)) is not None:
+            raise ConfigError(f"the {key.replace('_', ' ')} from {secret.source} {problem}")
+    if env:  # (an empty variable is none, as load_client_config reads it)
+        return msgspec.structs.replace(config, **env)
     return msgspec.structs.replace(
         config,
         api_key=Secret(DEV_API_KEY, source=DEV_KEY_SOURCE),
@@ -327,11 +333,7 @@ def load_client_config(
             sources[key] = f"{key} in [client] of {path}"
     if "base_url" in data:
         sources["base_url"] = f"base_url in [client] of {path}"
-    for key, var in (
-        ("base_url", ENV_BASE_URL),
-        ("api_key", ENV_API_KEY),
-        ("bulk_api_key", ENV_BULK_API_KEY),
-    ):
+    for key, var in (("base_url", ENV_BASE_URL), *_KEY_VARS):
         if env.get(var):
             data[key] = env[var]
             sources[key] = var

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from fashiontag_pipeline import (
+    AuthenticationError,
     ClientConfig,
     ConfigError,
     RetryPolicy,
@@ -149,15 +150,62 @@ def test_every_key_knows_where_it_came_from(tmp_path: Path) -> None:
     assert config.api_key is not None and config.api_key.source == f"api_key in [client] of {path}"
 
 
-async def test_library_clients_send_the_development_keys_when_none_is_configured() -> None:
+async def test_library_clients_send_the_development_keys_when_none_is_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from fashiontag_pipeline import ClientConfig
     from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    monkeypatch.delenv("FASHIONTAG_API_KEY", raising=False)  # (set, they would be sent)
+    monkeypatch.delenv("FASHIONTAG_BULK_API_KEY", raising=False)
 
     async with running_service(ServiceConfig()) as svc:
         async with TaggerClient(config=ClientConfig(base_url=svc.url)) as client:
             assert await client.list_tasks() == []
         async with TaggerClient(svc.url, bulk_api_key="dev-bulk-api-key") as client:
             assert await client.list_tasks() == []
+
+
+async def test_library_clients_send_the_keys_of_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program that exported FASHIONTAG_API_KEY / FASHIONTAG_BULK_API_KEY and ran the
+    README's example (``ClientConfig(base_url=...)``, no key given) sent the development keys:
+    its run was refused, "the bulk key from the development default (no key configured) was
+    refused: set FASHIONTAG_BULK_API_KEY", the variable it had set. With no key given, the
+    library takes the variables, as the CLI does; the development keys only without them."""
+    from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    monkeypatch.setenv("FASHIONTAG_API_KEY", "my-key")
+    monkeypatch.setenv("FASHIONTAG_BULK_API_KEY", "my-bulk")
+    manifest = tmp_path / "catalogue.csv"
+    manifest.write_text("id,url\nsku-1,https://img.example/1.jpg\n")
+    service = ServiceConfig(api_keys=("my-key",), bulk_api_keys=("my-bulk",))
+    async with running_service(service) as svc:
+        async with TaggerClient(config=ClientConfig(base_url=svc.url)) as client:
+            assert await client.list_tasks() == []
+        summary = await run_pipeline(
+            [manifest],
+            client=ClientConfig(base_url=svc.url),
+            out=tmp_path / "results.jsonl",
+            rejects=tmp_path / "rejects.jsonl",
+            engine=EngineConfig(give_up_after=2.0, poll_min=0.02, linger_seconds=0.05),
+        )
+        assert summary.complete and summary.tagged == 1
+        # A variable's key refused: the error names the variable, never the key.
+        monkeypatch.setenv("FASHIONTAG_BULK_API_KEY", "stale-bulk")
+        async with TaggerClient(config=ClientConfig(base_url=svc.url)) as client:
+            with pytest.raises(AuthenticationError) as refused:
+                await client.list_tasks()
+        assert "the bulk key from FASHIONTAG_BULK_API_KEY was refused" in str(refused.value)
+        assert "stale-bulk" not in str(refused.value)
+        # An empty variable is none (``FASHIONTAG_API_KEY= cmd``): the development keys.
+        monkeypatch.setenv("FASHIONTAG_API_KEY", "")
+        monkeypatch.setenv("FASHIONTAG_BULK_API_KEY", "")
+        async with TaggerClient(config=ClientConfig(base_url=svc.url)) as client:
+            with pytest.raises(AuthenticationError, match="development default"):
+                await client.list_tasks()
 
 
 @pytest.mark.parametrize(
