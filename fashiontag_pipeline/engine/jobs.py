@@ -40,7 +40,8 @@ _LINE_MASK = (1 << POS_SHIFT) - 1
 class JobSpec:
     """What a caller hands the engine: ``key`` names the job in the state (the same key
     again resumes it, on the same manifest content), ``manifests`` are read in order, outcomes
-    go to ``results`` and ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results).
+    go to ``results`` and ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results). One path
+    given as ``manifests`` is that one manifest.
 
     ``prints``: the manifests' fingerprints (size and SHA-256), when the caller has them
     already; else the engine takes them (reading each file once more). A key submitted again
@@ -53,6 +54,10 @@ class JobSpec:
     sink: str = "jsonl"
     name: str = ""
     prints: Sequence[ManifestPrint] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.manifests, str | Path):  # one path: not one manifest a character
+            object.__setattr__(self, "manifests", [str(self.manifests)])
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ async def run_pipeline(
     resume_stdin: bool = False,
     watch: Callable[[Job], None] | None = None,
 ) -> RunSummary:
-    """Tag every image of ``manifests`` into ``out`` (results) and ``rejects``; exactly once.
+    """Tag every image of ``manifests`` (paths, or one path) into ``out`` (results) and
+    ``rejects``; exactly once.
 
     ``state``: a SQLite file, a ``postgresql://`` URL (:mod:`.state.pgstore`) or a state
     already open (the daemon's fenced PostgreSQL state; closed here). Re-running with the same
@@ -103,6 +104,8 @@ async def run_pipeline(
     started = time.monotonic()
     # Recorded absolute: a resume from another working directory names the same files.
     out, rejects = absolute(out), absolute(rejects)
+    if isinstance(manifests, str | Path):  # one path (not a sequence of one-letter names)
+        manifests = [manifests]
     names = [str(m) for m in manifests]
     if not names:
         raise exc.ManifestError("no manifest given")

@@ -1,8 +1,8 @@
 """The paths a program gives the engine as a library (``run_pipeline``, ``Engine.submit``):
 an output that is one of the run's other files (its manifest, its state, the other output)
-destroyed that file. ``fashiontag run`` refused such a command line with exit 2; the
-library, which the CLI checks before calling, did not. Found by a hunt; each failed before
-its fix.
+destroyed that file (``fashiontag run`` refused such a command line with exit 2; the
+library, which the CLI checks before calling, did not), and one path given where a list of
+them is asked for. Found by a hunt; each failed before its fix.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import client_config, dead_port
+from .helpers import assert_exactly_once, client_config, dead_port, ids_of
 
 #: A run that went on against the dead service gives up within a second.
 FAST = EngineConfig(
@@ -94,3 +95,44 @@ async def test_a_submit_whose_output_is_another_of_its_files_is_refused(
         assert check.find_job("a") is None
     finally:
         check.close()
+
+
+async def test_one_manifest_given_as_a_bare_path_is_that_manifest(tmp_path: Path) -> None:
+    """``run_pipeline("catalogue.csv", ...)`` (one path, not a list of them) and
+    ``JobSpec(manifests="catalogue.csv")`` read each character of the name as a manifest of its
+    own: refused for a file ``c`` that does not exist, or for ``a`` named twice. One path
+    (``str`` or ``Path``) is that one manifest."""
+    manifest = _jsonl_manifest(tmp_path / "catalogue.jsonl", 20)
+    async with running_service(ServiceConfig()) as svc:
+        with anyio.fail_after(20):
+            summary = await run_pipeline(
+                str(manifest),  # one path, not a list: what a caller writes
+                client=client_config(svc.url),
+                out=tmp_path / "a" / "results.jsonl",
+                rejects=tmp_path / "a" / "rejects.jsonl",
+                engine=FAST,
+            )
+        assert summary.complete and summary.rows_read == 20
+        assert_exactly_once(
+            tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(20)
+        )
+        db = StateDB(tmp_path / "engine.state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            with anyio.fail_after(20):
+                async with engine:
+                    spec = JobSpec(
+                        key="b",
+                        manifests=manifest,  # one Path
+                        results=tmp_path / "b" / "results.jsonl",
+                        rejects=tmp_path / "b" / "rejects.jsonl",
+                    )
+                    job = await engine.submit(spec)
+                    engine.close()
+                    await engine.outcome(job)
+    assert job.rows_read == 20
+    assert_exactly_once(
+        tmp_path / "b" / "results.jsonl", tmp_path / "b" / "rejects.jsonl", ids_of(20)
+    )
