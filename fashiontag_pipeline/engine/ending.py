@@ -6,13 +6,18 @@ The stages run in a task group of their own inside the caller's ``async with`` b
 :attr:`Engine.ended`, never the caller's block, whose code after :meth:`Engine.outcome` runs.
 An end from outside (a drain or an abort of its :class:`~.flow.RunControl`) cancels the block
 as well: a daemon's waits for its manifests end with it, and resume on the next start.
+
+The end itself (reconciling, closing the outputs and the state) is :func:`finish`-ed: it runs
+to its end whatever cancels the caller meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -23,7 +28,7 @@ from .._models import format_time
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["cancel_when", "conclude", "watch_control"]
+__all__ = ["cancel_when", "conclude", "end", "finish", "watch_control"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
@@ -32,6 +37,38 @@ async def cancel_when(event: anyio.Event, scope: anyio.CancelScope) -> None:
     """Cancel ``scope`` once ``event`` is set (a wait that ends with the engine)."""
     await event.wait()
     scope.cancel()
+
+
+async def finish(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Run ``fn(*args)`` to its end whatever cancels the caller meanwhile, then let that
+    cancel go on (an end that must not be cut short: the state, its lock, the outputs).
+
+    anyio's shielded scopes hold off anyio's own cancellation only. asyncio's (a host's
+    ``task.cancel()`` or ``asyncio.timeout``, a shutdown cancelling its tasks until they end)
+    cut such an end short at its next await, or kept a thread's close from starting: the state
+    file stayed locked for the process's life ("in use by another run" to the next run in it).
+    ``fn`` runs in a task of its own, which the caller waits for through every cancel."""
+    task = asyncio.ensure_future(fn(*args))
+    cancelled: asyncio.CancelledError | None = None
+    with anyio.CancelScope(shield=True):  # (no anyio cancel delivered meanwhile)
+        while True:
+            try:
+                await asyncio.shield(task)
+                break
+            except asyncio.CancelledError as err:
+                if task.done():
+                    raise
+                cancelled = err
+    if cancelled is not None:
+        raise cancelled
+
+
+async def end(engine: Engine, failed: bool) -> None:
+    """An engine's end (see :func:`conclude`), then its outputs and state closed."""
+    try:
+        await conclude(engine, failed=failed)
+    finally:
+        await anyio.to_thread.run_sync(engine.journal.close)
 
 
 async def conclude(engine: Engine, *, failed: bool = False) -> None:

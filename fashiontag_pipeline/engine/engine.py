@@ -43,7 +43,7 @@ from .._client import TaggerClient
 from .._models import format_time
 from .batcher import TaskWriter
 from .config import EngineConfig
-from .ending import cancel_when, conclude, watch_control
+from .ending import cancel_when, end, finish, watch_control
 from .flow import FatalRunError, RetryBudget, RunControl
 from .intake import Idle, intake
 from .jobs import IdSpace, Job, JobEnd, Jobs, JobSpec
@@ -212,8 +212,7 @@ class Engine:
             try:
                 await stack.aclose()
             finally:  # the state and any output opened: a caller's cancel lands here too
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.journal.close)
+                await finish(anyio.to_thread.run_sync, self.journal.close)
             raise
         self._stack = stack
         self._entered = True
@@ -259,13 +258,9 @@ class Engine:
             raise
         finally:
             self.source.close_readers()
-            # Shielded: an engine cancelled from outside still reconciles, flushes and closes
-            # every open job's outputs and the state store.
-            with anyio.CancelScope(shield=True):
-                try:
-                    await conclude(self, failed=failed)
-                finally:
-                    await anyio.to_thread.run_sync(self.journal.close)
+            # Finished whatever cancels the caller: an engine cancelled from outside still
+            # reconciles, flushes and closes every open job's outputs and the state store.
+            await finish(end, self, failed)
 
     def close(self) -> None:
         """No more jobs: the engine ends once every job in flight is complete."""

@@ -26,6 +26,7 @@ from .._client import ClientStats, TaggerClient
 from .._config import ClientConfig
 from .._postgres import is_postgres_url
 from .config import EngineConfig, RunSummary
+from .ending import finish
 from .engine import Engine, RunControl
 from .flow import FatalRunError
 from .gcpolicy import tune_gc
@@ -33,7 +34,7 @@ from .jobs import Job, JobSpec
 from .manifest_bytes import ReadEnd
 from .manifests import STDIN, check_readable_twice
 from .outcome import already_complete
-from .reuse import open_reuse
+from .reuse import ReuseHook, open_reuse
 from .run_checks import (
     ASKED,
     absolute,
@@ -257,14 +258,9 @@ async def run_pipeline(
     finally:
         restore_gc()
         close_readers()
-        # Shielded: a run cancelled from outside (a caller's timeout, a daemon's drain) still
-        # flushes and closes its sinks and state.
-        with anyio.CancelScope(shield=True):
-            if own_client:
-                await tagger.aclose()
-            await anyio.to_thread.run_sync(core.journal.close)
-            if reuse is not None:
-                await anyio.to_thread.run_sync(reuse.close_store)
+        # Finished whatever cancels the caller (a timeout, a daemon's drain, a host's
+        # shutdown): the run still flushes and closes its sinks, state and store.
+        await finish(_close_run, tagger if own_client else None, core, reuse)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         _fill(core, since, core.reconciliation, summary)
     if changed:
@@ -281,6 +277,19 @@ async def run_pipeline(
         )
         logger.error("run incomplete: %s", summary.error)
     return summary
+
+
+async def _close_run(tagger: TaggerClient | None, core: Engine, reuse: ReuseHook | None) -> None:
+    """A run's end: its own client's sessions, its state and outputs, its result store."""
+    try:
+        if tagger is not None:
+            await tagger.aclose()
+    finally:
+        try:
+            await anyio.to_thread.run_sync(core.journal.close)
+        finally:
+            if reuse is not None:
+                await anyio.to_thread.run_sync(reuse.close_store)
 
 
 def _own_files(

@@ -5,13 +5,16 @@ the reference service on loopback. Each case was found by a hunt and failed befo
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from fashiontag_pipeline._client import TaggerClient
-from fashiontag_pipeline.engine import EngineConfig, FatalRunError, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, FatalRunError, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import Job
 from fashiontag_pipeline.engine.state import StateDB
@@ -131,3 +134,36 @@ async def test_a_run_on_a_client_of_the_caller_counts_its_own_retries(tmp_path: 
     assert summary.complete
     assert (summary.retries, summary.rate_limited, summary.ambiguous_writes) == (0, 0, 0)
     assert_exactly_once(out, rej, ids_of(300))
+
+
+async def test_a_run_cancelled_again_while_it_winds_down_leaves_its_state_free(
+    tmp_path: Path,
+) -> None:
+    """asyncio's own cancel (``task.cancel()``, ``asyncio.timeout``) is not held off by anyio's
+    shields: a ``run_pipeline`` task cancelled again while it wound down (a host's shutdown that
+    cancels its tasks until they end) had its end cut short, the state never closed: the same
+    call in the same process was refused, "state file ... is in use by another run", for as
+    long as the process lived, and the client's connections were left open. The end of a run
+    is finished whatever cancels it; the same call resumes at once, every row once, none sent
+    twice."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig(rate=3000)) as svc:
+
+        def run() -> Coroutine[Any, Any, RunSummary]:
+            return run_pipeline([manifest], client=client_config(svc.url), out=out, rejects=rej)
+
+        task = asyncio.ensure_future(run())
+        with anyio.fail_after(30):
+            while not out.exists() or out.stat().st_size == 0:  # results being written
+                await asyncio.sleep(0.01)
+            while not task.done():  # cancelled, and again, until it ends
+                task.cancel()
+                await asyncio.sleep(0.001)
+        assert task.cancelled()
+        with anyio.fail_after(30):
+            summary = await run()
+    assert summary.complete and summary.opened == "resumed"
+    assert_exactly_once(out, rej, ids_of(n))
+    assert svc.store.image_count == n  # no row sent twice
