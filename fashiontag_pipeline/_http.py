@@ -23,6 +23,7 @@ to aiohttp pre-encoded, and a request has one deadline (:attr:`Timeout.total`, e
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -117,6 +118,7 @@ class HttpExchange:
         self._session: aiohttp.ClientSession | None = None
         #: The pool of writes (see WRITE_IDLE_MAX).
         self._write_session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # (the pools' own)
         #: The proxy the environment names for the service (decided with the first session).
         self.proxy: ProxyRoute | None = None
         self._proxy_url: str | None = None
@@ -143,7 +145,10 @@ class HttpExchange:
         """The pool of reads (the pool of writes is made with it)."""
         if self._closed:
             raise RuntimeError("TaggerClient is closed")
+        if self._session is not None and self._loop is not asyncio.get_running_loop():
+            self._leave_loop()
         if self._session is None:
+            self._loop = asyncio.get_running_loop()
             base = URL(self._base_encoded, encoded=True)
             self.proxy = proxy_for(base.scheme, base.host or "", base.explicit_port)
             if self.proxy is not None:
@@ -161,6 +166,16 @@ class HttpExchange:
                 writes._retry_connection = False
             self._write_session = writes
         return self._session
+
+    def _leave_loop(self) -> None:
+        """Pools of a loop that is gone (``asyncio.run`` each night on one client failed the
+        second with "Event loop is closed": aiohttp binds a session to its loop) are dropped."""
+        if self._loop is not None and not self._loop.is_closed():
+            raise RuntimeError("TaggerClient is in use in another event loop: one per loop")
+        for session in (self._session, self._write_session):
+            if session is not None:
+                session.detach()  # (closing needs the loop that is gone)
+        self._session = self._write_session = None
 
     def _new_session(self, keepalive: float) -> aiohttp.ClientSession:
         return new_session(

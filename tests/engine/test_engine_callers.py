@@ -6,6 +6,8 @@ the reference service on loopback. Each case was found by a hunt and failed befo
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,43 @@ async def test_a_run_cancelled_again_while_it_winds_down_leaves_its_state_free(
     assert summary.complete and summary.opened == "resumed"
     assert_exactly_once(out, rej, ids_of(n))
     assert svc.store.image_count == n  # no row sent twice
+
+
+# The first night's connections belong to its loop, closed with them open (the script's
+# way, not the client's): the garbage collector closes their sockets, with a ResourceWarning.
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_client_of_the_caller_serves_a_run_in_each_new_event_loop(tmp_path: Path) -> None:
+    """A nightly script that makes its ``TaggerClient`` once and runs each night's
+    ``run_pipeline`` with ``asyncio.run``: the second night failed at its first request with
+    aiohttp's bare "Event loop is closed" (the client's connection pools belonged to the first
+    night's loop). A client whose loop is gone makes its pools anew in the running one."""
+    started = threading.Event()
+    stop = threading.Event()
+    url: list[str] = []
+
+    async def serve() -> None:
+        async with running_service(ServiceConfig()) as svc:
+            url.append(svc.url)
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    server = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    server.start()
+    try:
+        assert started.wait(10)
+        client = TaggerClient(config=client_config(url[0]))
+        for night in range(2):
+            manifest = write_csv(tmp_path / f"night{night}.csv", 200, start=1000 * night)
+            out, rej = tmp_path / f"out{night}.jsonl", tmp_path / f"rej{night}.jsonl"
+            run = run_pipeline([manifest], client=client, out=out, rejects=rej, engine=FAST)
+            summary = asyncio.run(asyncio.wait_for(run, 30))
+            assert summary.complete
+            first = 1000 * night
+            assert_exactly_once(out, rej, {f"p{i}" for i in range(first, first + 200)})
+        asyncio.run(client.aclose())
+    finally:
+        stop.set()
+        server.join(10)
+        gc.collect()  # (those sockets closed here, their warnings ignored, not in a later test)
