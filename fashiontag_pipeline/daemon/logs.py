@@ -15,7 +15,8 @@ comes out as::
 The client writes a line for each request it retries, and the engine one for each call it
 tries again: at the daemon's INFO level a 429 storm made a line per refused request (111 in
 20 s). :data:`RETRY_LINES` lets :data:`RETRY_BURST` of them through per minute and logger
-and counts the rest, which the daemon's monitor reports once a minute (``-v`` logs each).
+and counts the rest, which the daemon's monitor reports once a minute (``-v`` logs each); the
+line ending a streak ("answers again") passes after a shown line of the streak only.
 
 Stdout stays empty (nothing here writes to it). Every configured API key is replaced by
 ``********`` wherever it appears (message, fields, traceback), before and after JSON encoding
@@ -106,19 +107,30 @@ RETRY_WINDOW = 60.0
 
 class RetryLineLimiter(logging.Filter):
     """Lets :data:`RETRY_BURST` INFO lines per :data:`RETRY_WINDOW` s of each logger of
-    :data:`RETRY_LOGGERS` through and counts the others (:meth:`take_left_out`). Warnings, and
-    the lines saying the service answers again, always pass."""
+    :data:`RETRY_LOGGERS` through and counts the others (:meth:`take_left_out`). Warnings
+    always pass; a line saying the service answers again passes when a failure line of its
+    logger passed since its last one (a flaky service, each failure retried with success,
+    would otherwise write a line per failure for the daemon's whole life, each saying the end
+    of a streak the log never showed)."""
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         super().__init__()
         self._clock = clock
         self._windows: dict[str, tuple[float, int]] = {}
+        #: Loggers with a failure line shown since their last "answers again".
+        self._shown: set[str] = set()
         self.left_out = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING or record.name not in RETRY_LOGGERS:
+        if record.name not in RETRY_LOGGERS:
             return True
         if "answers again" in str(record.msg):
+            if record.name in self._shown:
+                self._shown.discard(record.name)
+                return True
+            return False  # no request retried: not in left_out
+        if record.levelno >= logging.WARNING:
+            self._shown.add(record.name)
             return True
         now = self._clock()
         start, seen = self._windows.get(record.name, (-RETRY_WINDOW, 0))
@@ -126,6 +138,7 @@ class RetryLineLimiter(logging.Filter):
             start, seen = now, 0
         self._windows[record.name] = (start, seen + 1)
         if seen < RETRY_BURST:
+            self._shown.add(record.name)
             return True
         self.left_out += 1
         return False

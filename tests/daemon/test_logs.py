@@ -117,7 +117,8 @@ def test_configuring_again_replaces_the_handler() -> None:
 
 def test_retry_lines_are_bounded_and_counted() -> None:
     """The client's line per request retried (INFO) passes a few times a minute per logger;
-    the rest are counted, and warnings and "answers again" always pass."""
+    the rest are counted; warnings always pass, and "answers again" when a failure line of
+    its logger passed since the last one."""
     now = [0.0]
     limiter = RetryLineLimiter(clock=lambda: now[0])
     client = logging.getLogger("fashiontag_pipeline.client")
@@ -130,5 +131,11 @@ def test_retry_lines_are_bounded_and_counted() -> None:
     assert passes(logging.INFO, "the service at %s answers again")
     assert passes(logging.INFO, "manifest claimed", logging.getLogger("fashiontag_pipeline.daemon"))
     assert limiter.take_left_out() == 3 and limiter.take_left_out() == 0
+    # A streak whose failure lines were all left out ends unsaid (not counted: no retry).
+    assert not passes(logging.INFO, "%s; %s")
+    assert not passes(logging.INFO, "the service at %s answers again")
+    assert limiter.take_left_out() == 1
     now[0] += 60.0
     assert passes(logging.INFO, "%s; %s")
+    assert passes(logging.INFO, "the service at %s answers again")
+    assert not passes(logging.INFO, "the service at %s answers again")
