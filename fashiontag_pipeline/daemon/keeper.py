@@ -62,7 +62,8 @@ class LeaseKeeper:
         """True when the lease is lost, or past its deadline on this process's clock though no
         renewal has said so yet (a process paused longer than its lease wakes up with its work
         running before the keeper): it is then declared lost."""
-        if self.lost_event(lease).is_set():
+        lost = self._lost.get(lease.claim_id)
+        if lost is not None and lost.is_set():
             return True
         deadline = self._deadline.get(lease.claim_id)
         if deadline is not None and deadline <= self._clock():
@@ -97,6 +98,7 @@ class LeaseKeeper:
         else:
             self._held.pop(lease.claim_id, None)
             self._deadline.pop(lease.claim_id, None)
+        self._done_with(lease.claim_id)
         await anyio.to_thread.run_sync(self._ledger.release, current)
 
     def forget(self, lease: Lease) -> None:
@@ -106,6 +108,13 @@ class LeaseKeeper:
         if current is not None and current.epoch == lease.epoch:
             self._held.pop(lease.claim_id, None)
             self._deadline.pop(lease.claim_id, None)
+        self._done_with(lease.claim_id)
+
+    def _done_with(self, claim_id: int) -> None:
+        """Its lease forgotten or released: the claim's loss event goes too, unless a newer
+        lease of it is held (a daemon lives for weeks: one event per lease ever held stayed)."""
+        if claim_id not in self._held:
+            self._lost.pop(claim_id, None)
 
     def _expire_overdue(self) -> None:
         now = self._clock()
