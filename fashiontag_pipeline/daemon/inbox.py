@@ -351,10 +351,12 @@ class Inbox(SharedInbox):
         """:meth:`claim` in a worker thread (hashing a large manifest takes seconds)."""
         return await anyio.to_thread.run_sync(self.claim, path)
 
-    async def claims(self) -> AsyncIterator[Claim]:
+    async def claims(self, stopping: anyio.Event | None = None) -> AsyncIterator[Claim]:
         """Every claim, forever: those in flight at start-up first, then each ready manifest
         as scans find it (one scan every ``scan_interval`` seconds). The consumer applies
-        back-pressure (``max_active``) simply by not asking for the next one."""
+        back-pressure (``max_active``) simply by not asking for the next one. Once
+        ``stopping`` is set (the daemon drains), nothing more is claimed: a file ready then
+        stays in the inbox for the next start."""
         self.resumed.extend(await anyio.to_thread.run_sync(self.recover))
         while self.resumed:
             yield self.resumed.popleft()
@@ -362,6 +364,9 @@ class Inbox(SharedInbox):
             # One claim per scan: the consumer may take hours to ask for the next one, and a
             # file rewritten meanwhile must settle again, so each claim is decided on a scan
             # made just before it, never on an older one.
+            if stopping is not None and stopping.is_set():
+                await anyio.sleep(self.scan_interval)
+                continue
             ready = await self.ascan()
             claimed = await self.aclaim(ready[0]) if ready else None
             if claimed is not None:

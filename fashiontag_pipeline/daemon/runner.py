@@ -246,7 +246,7 @@ class Daemon(DaemonMonitor):
         self, tg: anyio.abc.TaskGroup, inbox: Inbox, outbox: Outbox, engine: Engine
     ) -> None:
         slots = anyio.Semaphore(self.config.max_active)
-        claims = inbox.claims()
+        claims = inbox.claims(self.control.stopping)
         try:
             while not self.control.stopping.is_set():
                 await self.take_slot(slots, inbox, self.config.scan_interval)

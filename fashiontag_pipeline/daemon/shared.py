@@ -179,7 +179,7 @@ class SharedDaemon:
     async def _claim(self, inbox: Inbox) -> None:
         """Claim every ready manifest (the rename), and wake the lease loop for each."""
         control = self.daemon.control
-        claims = inbox.claims()
+        claims = inbox.claims(control.stopping)
         try:
             while not control.stopping.is_set():
                 try:
@@ -187,7 +187,7 @@ class SharedDaemon:
                 except exc.StateError as err:
                     logger.warning("cannot record a claim: %s; retrying", err)
                     await anyio.sleep(self.config.scan_interval)
-                    claims = inbox.claims()
+                    claims = inbox.claims(control.stopping)
                     continue
                 self._wake.set()
         finally:
