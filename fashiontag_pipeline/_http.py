@@ -349,6 +349,7 @@ class HttpExchange:
                 result = Response(resp.status, payload, resp.headers)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
         except (aiohttp.ClientConnectorError, aiohttp.ClientHttpProxyError) as err:
+            scrub_request_info(err)  # (a proxy's refusal keeps the CONNECT's credentials)
             self.stats.transport_errors += 1
             raise connect_failure(err, method, path, self.shown_url, self.proxy) from err
         except (TimeoutError, aiohttp.ClientError) as err:

@@ -22,7 +22,8 @@ _SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
 
 def scrub_request_info(err: BaseException) -> None:
     """Mask the secrets in the request aiohttp keeps on an error it raises after sending
-    (``ClientResponseError.request_info``: its repr shows every header, ``x-api-key`` and the
+    (``ClientResponseError.request_info``, a proxy's refusal of the CONNECT included, whose
+    request holds ``Proxy-Authorization``: its repr shows every header, ``x-api-key`` and the
     ``Authorization`` of a base URL's password too, and the URL), on ``err`` and the errors it
     chains, since ours chain it (``raise ... from err``)."""
     import aiohttp

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import pytest
 
 from .test_contracts_cli import BULK_KEY, KEY, _chain
 
@@ -75,3 +76,33 @@ async def test_rows_of_a_write_answered_204_count_as_submitted(tmp_path: Path) -
     assert summary.complete and len(o.results) == 3000
     assert summary.tagged + summary.failed == 3000
     assert summary.submitted == 3000, (summary.submitted, summary.tagged)
+
+
+async def test_a_proxy_password_is_in_no_exception_of_a_407s_chain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ``https://`` service behind a proxy that refuses the credentials of HTTPS_PROXY
+    (407 to the CONNECT): aiohttp's ClientHttpProxyError, chained under the ConfigError, keeps
+    the CONNECT's RequestInfo, whose repr showed ``Proxy-Authorization: Basic <user:password
+    in base64>``: only errors of an exchange were scrubbed, not those of a connection."""
+    from fashiontag_pipeline import ClientConfig, ConfigError, RetryPolicy, TaggerClient
+
+    from .gateways import ForwardProxy
+
+    basic = base64.b64encode(f"team:{PASSWORD}".encode()).decode()
+    async with ForwardProxy({}, require_auth="team:another").running() as proxy:
+        monkeypatch.setenv("HTTPS_PROXY", f"http://team:{PASSWORD}@127.0.0.1:{proxy.port}")
+        config = ClientConfig(
+            base_url="https://tagger.test/v1",
+            api_key=KEY,
+            bulk_api_key=BULK_KEY,
+            retry=RetryPolicy(max_attempts=1),
+        )
+        async with TaggerClient(config=config) as client:
+            with pytest.raises(ConfigError) as caught:
+                await client.list_tasks()
+    assert "407" in str(caught.value)
+    for item in _chain(caught.value):
+        text = f"{item!r} {item}"
+        for secret in (PASSWORD, basic, KEY, BULK_KEY):
+            assert secret not in text, f"{type(item).__name__} shows a secret: {text}"
