@@ -170,12 +170,17 @@ class PostgresClaimLedger:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         max_connections: int = 4,
     ) -> None:
+        import psycopg.conninfo
         import psycopg_pool
 
         from .. import _postgres
 
         if lease <= 0:
             raise ValueError("the lease must last more than 0 seconds")
+        with _postgres.state_errors(url, "cannot open"):
+            # A URL libpq cannot read is refused here, its message scrubbed: the pool would log
+            # that message (which may quote the password) at each try, then time out.
+            psycopg.conninfo.conninfo_to_dict(url)
         self._url = url
         self.owner = owner or default_owner()
         self.lease = lease

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,44 @@ def test_run_names_a_state_url_it_cannot_use_without_its_password(tmp_path: Path
     assert b"cannot open" in proc.stderr
     assert b"s3cret" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+
+
+def test_a_daemon_state_url_libpq_cannot_read_is_refused_at_once_without_its_password(
+    tmp_path: Path,
+) -> None:
+    """A password with a ``%`` that is no percent-encoding (``s%zz...``, pasted unencoded):
+    libpq's message quotes it (``invalid percent-encoded token: "s%zz..."``). The daemon's
+    connection pool logged that message at each of its tries, the password in clear in the
+    JSON logs, and the daemon stopped 10 s later on ``pool initialization incomplete``, the
+    reason hidden. The URL is read before the pool is made: one line, at once, masked."""
+    (tmp_path / "IN").mkdir()
+    password = "s%zzPG-CANARY"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "daemon",
+            "--inbox",
+            str(tmp_path / "IN"),
+            "--outbox",
+            str(tmp_path / "OUT"),
+            "--state",
+            f"postgresql://tagger:{password}@/fashiontag?host={tmp_path}",
+            "--listen",
+            "",
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "PG-CANARY" not in err, err
+    assert "percent-encoded" in err and took < 8, (took, err)
 
 
 def test_daemon_help_offers_only_the_sink_it_accepts() -> None:
