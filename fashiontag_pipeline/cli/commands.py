@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -69,13 +70,46 @@ def _task_id(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser that keeps the usage error it exits with (for ``run --summary``)."""
+    """An ArgumentParser that keeps the usage error it exits with (for ``run --summary``),
+    the secrets of the command line out of it."""
 
     refusal: str | None = None
+    #: The command line parsed (its secrets are masked in a usage error).
+    arguments: Sequence[str] = ()
 
     def error(self, message: str) -> NoReturn:
+        message = _without_secrets(message, _Parser.arguments)
         _Parser.refusal = f"{self.prog}: {message}"
         super().error(message)
+
+
+#: A flag named like a secret (``--api_key``, a misspelt ``--bulk-apikey``, ``--password``).
+_SECRET_FLAG = re.compile(r"--?[\w-]*(?:key|pass|password|passwd|secret|token)", re.IGNORECASE)
+
+
+def _without_secrets(message: str, arguments: Sequence[str]) -> str:
+    """``message`` with the value of each flag named like a secret, and a URL's password,
+    masked: argparse repeats what it refuses (``unrecognized arguments: --api_key=KEY``, the
+    config file's spelling as a flag), on stderr and in ``run``'s ``--summary``. Only on this
+    unusual path."""
+    from .._postgres import redact_url
+
+    shown: dict[str, str] = {}
+    secret_next = False
+    for word in arguments:
+        flag, eq, value = word.partition("=") if word.startswith("-") else ("", "", word)
+        if secret_next and not word.startswith("-"):
+            shown[word] = "***"
+        elif eq and _SECRET_FLAG.fullmatch(flag):
+            shown[value] = "***"
+        elif "://" in value and ("***" in (masked := redact_url(value)) or "%2A%2A" in masked):
+            shown[value] = masked
+        secret_next = not eq and _SECRET_FLAG.fullmatch(word) is not None
+    for secret in sorted(shown, key=len, reverse=True):
+        if secret:  # a whole word of the message (a short key never cuts another word)
+            pattern = rf"(?<![^\s'\"=]){re.escape(secret)}(?![^\s'\"])"
+            message = re.sub(pattern, shown[secret].replace("\\", "\\\\"), message)
+    return message
 
 
 class _CommandParser(_Parser):
@@ -251,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_of(arguments)
     parser = _build_parser(command)
     try:
+        _Parser.arguments = arguments
         args = parser.parse_args(arguments)
     except SystemExit as stop:
         if stop.code == EXIT_USAGE and command == "run" and _Parser.refusal is not None:

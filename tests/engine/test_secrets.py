@@ -117,3 +117,32 @@ async def test_api_keys_appear_in_no_summary_error_or_repr(tmp_path: Path) -> No
     assert not _leaks("\n".join(texts).encode())
     for path in tmp_path.iterdir():
         assert not _leaks(path.read_bytes()), f"a key in {path.name}"
+
+
+@pytest.mark.parametrize(
+    "typo",
+    [
+        ("--api_key=" + KEY,),  # the [client] field's spelling, as a flag
+        ("--bulk-apikey", BULK_KEY),
+        ("--base_url=http://tagger:sk-LEAK-CANARY-pw@127.0.0.1:9",),
+        ("--password", "sk-LEAK-CANARY-pw"),
+    ],
+    ids=["api_key=", "bulk-apikey", "base_url=", "password"],
+)
+async def test_a_misspelt_key_flag_is_refused_without_its_key(
+    tmp_path: Path, typo: tuple[str, ...]
+) -> None:
+    """``--api_key=KEY`` (the config file's spelling) or ``--bulk-apikey KEY``: argparse
+    refused the line with ``unrecognized arguments: --api_key=KEY``, the key in clear on
+    stderr (cron's mail, the journal) and in the ``--summary`` a monitor reads (an output
+    file). The refusal names the flag, never its value (nor a URL's password)."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    summary = tmp_path / "summary.json"
+    for command in (["run", str(manifest), "--summary", str(summary)], ["tag", "x.jpg"]):
+        argv = [sys.executable, "-m", "fashiontag_pipeline", *command, *typo]
+        result = await anyio.run_process(argv, check=False)
+        err = result.stderr.decode()
+        assert result.returncode == 2, err
+        assert "unrecognized arguments" in err and typo[0].partition("=")[0] in err, err
+        assert not _leaks(result.stderr), err
+    assert not _leaks(summary.read_bytes()), summary.read_text()
