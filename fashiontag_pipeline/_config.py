@@ -378,14 +378,15 @@ def key_problem(secret: Secret) -> str | None:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as messages show it: a password in it (``https://user:PASSWORD@host``) masked.
-    Everything between ``://`` and the last ``@`` is the user's part, so a password holding an
-    unencoded ``/`` or ``@`` is masked too."""
+    """``url`` as messages show it: its password (``https://user:PASSWORD@host``), or an
+    ``http(s)://`` URL's user given alone (``https://TOKEN@gw``, sent as basic auth), masked.
+    Everything between ``://`` and the last ``@`` is the user's part (so a password holding an
+    unencoded ``/`` or ``@`` is masked too)."""
     scheme, sep, rest = url.partition("://")
     head, at, tail = rest.rpartition("@")
-    if not (sep and at and ":" in head):
-        return url
-    return f"{scheme}://{head.partition(':')[0]}:***@{tail}"
+    if sep and at and ":" not in head and scheme.lower() in ("http", "https"):
+        return f"{scheme}://***@{tail}"
+    return f"{scheme}://{head.partition(':')[0]}:***@{tail}" if sep and at and ":" in head else url
 
 
 def clean_base_url(url: str) -> str:

@@ -51,4 +51,6 @@ def scrub_request_info(err: BaseException) -> None:
 
 
 def _without_password(url: URL) -> URL:
-    return url.with_password(_MASK) if url.password else url
+    if url.password:
+        return url.with_password(_MASK)
+    return url.with_user(_MASK) if url.user else url  # (a token given as the user alone)

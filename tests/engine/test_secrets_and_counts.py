@@ -8,18 +8,26 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 
+from .helpers import dead_port
 from .test_contracts_cli import BULK_KEY, KEY, _chain
 
 PASSWORD = "pw-REVIEW-CANARY"
 
 
-async def test_a_base_url_password_is_in_no_exception_of_a_client_errors_chain() -> None:
+@pytest.mark.parametrize("userinfo", [f"tagger:{PASSWORD}", PASSWORD], ids=["password", "token"])
+async def test_a_base_url_password_is_in_no_exception_of_a_client_errors_chain(
+    userinfo: str,
+) -> None:
     """Promise 5, as 038847f reads it (a password in the base URL is a secret: ClientConfig's
     repr masks it). aiohttp moves ``user:password@`` of a URL into an ``Authorization: Basic``
     header and keeps the URL whole in ``RequestInfo.url``/``real_url``: the RequestInfo that
-    f5310ae masks (``x-api-key`` only) still shows the password twice, in clear and base64."""
+    f5310ae masks (``x-api-key`` only) still shows the password twice, in clear and base64.
+    A token given alone (``https://TOKEN@gw``, a gateway that takes the key as the basic-auth
+    user, as Stripe's does) is sent the same way, as ``TOKEN:``: it was shown in clear in
+    every message, the config's repr and the chain."""
 
     async def garbage(reader: anyio.abc.ByteStream) -> None:
         async with reader:
@@ -36,13 +44,13 @@ async def test_a_base_url_password_is_in_no_exception_of_a_client_errors_chain()
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     config = ClientConfig(
-        base_url=f"http://tagger:{PASSWORD}@127.0.0.1:{port}",
+        base_url=f"http://{userinfo}@127.0.0.1:{port}",
         api_key=KEY,
         bulk_api_key=BULK_KEY,
         retry=RetryPolicy(max_attempts=1),
     )
     assert PASSWORD not in repr(config)
-    basic = base64.b64encode(f"tagger:{PASSWORD}".encode()).decode()
+    basic = base64.b64encode(f"{userinfo}{'' if ':' in userinfo else ':'}".encode()).decode()
     errors: list[BaseException] = []
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, garbage)
@@ -53,7 +61,15 @@ async def test_a_base_url_password_is_in_no_exception_of_a_client_errors_chain()
                 except Exception as err:  # each call fails: its chain is checked
                     errors.append(err)
         tg.cancel_scope.cancel()
-    assert len(errors) == 2
+    unreachable = msgspec.structs.replace(
+        config, base_url=f"http://{userinfo}@127.0.0.1:{dead_port()}"
+    )
+    async with TaggerClient(config=unreachable) as client:
+        try:
+            await client.list_tasks()
+        except Exception as err:  # a message that names the base URL
+            errors.append(err)
+    assert len(errors) == 3
     for err in errors:
         for item in _chain(err):
             text = f"{item!r} {item}"
