@@ -23,6 +23,7 @@ Driver errors become :class:`~._exceptions.StateError` here, in one place (:func
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, LiteralString, NamedTuple
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -37,6 +38,7 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "Migration",
+    "foreign_url",
     "is_postgres_url",
     "migrate",
     "redact_url",
@@ -149,6 +151,12 @@ CREATE TABLE IF NOT EXISTS schema_version (
 def is_postgres_url(text: str) -> bool:
     """Whether a ``--state`` value names a PostgreSQL database rather than a file."""
     return text.startswith(URL_SCHEMES)
+
+
+def foreign_url(text: str) -> bool:
+    """Whether a ``--state`` or ``--reuse`` value is a URL of another kind than PostgreSQL's
+    (``mysql://``, SQLAlchemy's ``postgresql+psycopg://``): refused, never taken for a path."""
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) is not None and not is_postgres_url(text)
 
 
 def redact_url(url: str) -> str:

@@ -18,6 +18,7 @@ import msgspec
 
 from .._exceptions import FashiontagError
 from .._models import format_time
+from .._postgres import foreign_url, redact_url
 from ..engine.reuse import StoreStats, open_store, parse_duration
 from .common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 
@@ -83,6 +84,13 @@ def reuse_command(args: argparse.Namespace) -> int:
         except ValueError as err:
             print(f"fashiontag: --older-than: {err}", file=sys.stderr)
             return EXIT_USAGE
+    if foreign_url(args.store):
+        print(
+            f"fashiontag: {redact_url(args.store)}: not a result store this fashiontag can use:"
+            " give a file path or a postgresql:// URL",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         store = open_store(args.store, create=False)
         with contextlib.closing(store):

@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from .._models import MAX_REQUESTS_PER_WRITE, Detection
-from .._postgres import is_postgres_url, redact_url
+from .._postgres import foreign_url, is_postgres_url, redact_url
 from .reuse.durations import parse_duration
 
 __all__ = ["EngineConfig", "RunSummary", "SinkKind"]
@@ -178,6 +178,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             parse_duration(self.reuse_max_age)
         except ValueError as err:
             raise ValueError(f"engine.reuse_max_age: {err}") from None
+        if self.reuse is not None and foreign_url(self.reuse):
+            raise ValueError(
+                f"--reuse {redact_url(self.reuse)}: not a result store this fashiontag can use:"
+                " give a file path or a postgresql:// URL"
+            )
 
 
 class RunSummary(msgspec.Struct, kw_only=True):

@@ -20,7 +20,7 @@ from fashiontag_pipeline import ClientConfig, Secret, TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import write_csv
+from .helpers import dead_port, write_csv
 
 KEY = "sk-LEAK-CANARY-1"
 BULK_KEY = "sk-LEAK-CANARY-2"
@@ -146,3 +146,35 @@ async def test_a_misspelt_key_flag_is_refused_without_its_key(
         assert "unrecognized arguments" in err and typo[0].partition("=")[0] in err, err
         assert not _leaks(result.stderr), err
     assert not _leaks(summary.read_bytes()), summary.read_text()
+
+
+async def test_a_reuse_url_of_another_kind_is_refused_without_its_password(
+    tmp_path: Path,
+) -> None:
+    """``--reuse postgresql+psycopg://tagger:PASSWORD@db/x`` (SQLAlchemy's spelling, pasted
+    from an application's settings) was taken for a file path: the run created a SQLite store
+    in ``./postgresql+psycopg:/tagger:PASSWORD@db/x``, warned ``result store ... did not
+    exist: created it`` with the password in clear, and tagged every row without the shared
+    store; ``reuse stats`` showed it too. It is refused as such a ``--state`` is (exit 2, the
+    URL shown without its password), nothing created."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    url = "postgresql+psycopg://tagger:sk-LEAK-CANARY-pw@db.internal/fashiontag"
+    summary = tmp_path / "summary.json"
+    fashiontag = [sys.executable, "-m", "fashiontag_pipeline"]
+    dead = f"http://127.0.0.1:{dead_port()}"
+    runs = [
+        ["run", str(manifest), "--reuse", url, "--summary", str(summary), "--base-url", dead],
+        ["run", str(manifest), "--reuse", url, "--state", "postgresql://tagger@db.internal/x"],
+        ["daemon", "--inbox", str(tmp_path), "--outbox", str(tmp_path / "o"), "--reuse", url],
+        ["reuse", "stats", url],
+        ["reuse", "prune", url, "--older-than", "30d"],
+    ]
+    for args in runs:
+        with anyio.fail_after(30):  # (before, the daemon ran on with a store of its own)
+            result = await anyio.run_process([*fashiontag, *args], check=False, cwd=tmp_path)
+        err = result.stderr.decode()
+        assert result.returncode == 2, (args, err)
+        assert "postgresql+psycopg://tagger:***@db.internal" in err, err
+        assert not _leaks(result.stdout + result.stderr), err
+    assert not _leaks(summary.read_bytes())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "summary.json"]
