@@ -18,6 +18,7 @@ The environment overrides the file: ``FASHIONTAG_BASE_URL``, ``FASHIONTAG_API_KE
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ import msgspec
 
 from ._exceptions import ConfigError
 from ._models import LANGUAGES
+from ._urls import base_url_problem, clean_base_url, shown_url
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -123,6 +125,19 @@ class Timeout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     read: float | None = DEFAULT_READ_TIMEOUT
     total: float | None = None
 
+    def __post_init__(self) -> None:
+        # aiohttp reads 0, a negative number or nan as "no limit" (a frozen service would hold
+        # a run for ever) and fails on inf mid-run (an OverflowError). TOML has no None: inf is
+        # "no limit" here.
+        for name in ("connect", "read", "total"):
+            value = getattr(self, name)
+            if value == math.inf:
+                msgspec.structs.force_setattr(self, name, None)
+            elif value is not None and not 0 < value < math.inf:
+                raise ValueError(
+                    f"timeout.{name} must be a number of seconds > 0 (inf: no limit), got {value}"
+                )
+
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Retries of reads and of writes known not to have been applied.
@@ -140,8 +155,10 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("retry.max_attempts must be at least 1")
-        if self.backoff_base < 0 or self.backoff_max < 0 or self.max_retry_after < 0:
-            raise ValueError("retry delays must not be negative")
+        for name in ("backoff_base", "backoff_max", "max_retry_after"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:  # nan, inf: a wait of nan, or for ever
+                raise ValueError(f"retry.{name} must be finite seconds >= 0, got {value}")
 
     def backoff(self, attempt: int, rand: float) -> float:
         """Delay before retry number ``attempt`` (1-based), given ``rand`` uniform in [0, 1)."""
@@ -159,6 +176,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_answer_bytes < 1:
             raise ValueError("limits.max_connections and max_answer_bytes must be at least 1")
+        if not 0 <= self.keepalive_expiry < math.inf:  # nan: idle connections kept for ever
+            raise ValueError(
+                "limits.keepalive_expiry must be a finite number of seconds >= 0, got"
+                f" {self.keepalive_expiry}"
+            )
 
 
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -374,63 +396,4 @@ def key_problem(secret: Secret) -> str | None:
             )
         if ord(char) > 0xFF:
             return "holds a character an HTTP header cannot carry (outside Latin-1)"
-    return None
-
-
-def shown_url(url: str) -> str:
-    """``url`` as messages show it: its password (``https://user:PASSWORD@host``), or an
-    ``http(s)://`` URL's user given alone (``https://TOKEN@gw``, sent as basic auth), masked.
-    Everything between ``://`` and the last ``@`` is the user's part (so a password holding an
-    unencoded ``/`` or ``@`` is masked too)."""
-    scheme, sep, rest = url.partition("://")
-    head, at, tail = rest.rpartition("@")
-    if sep and at and ":" not in head and scheme.lower() in ("http", "https"):
-        return f"{scheme}://***@{tail}"
-    return f"{scheme}://{head.partition(':')[0]}:***@{tail}" if sep and at and ":" in head else url
-
-
-def clean_base_url(url: str) -> str:
-    """``url`` without the white space around it (the line end of a value read from a file,
-    ``FASHIONTAG_BASE_URL=$(cat url.txt)`` from a CRLF file, a space pasted after it: sent,
-    it would be part of every request's path) and with its scheme in lower case."""
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme.lower() in ("http", "https"):
-        return scheme.lower() + sep + rest
-    return url
-
-
-def base_url_problem(url: str) -> str | None:
-    """Why ``url`` (cleaned by :func:`clean_base_url`) cannot be the service's base URL, as
-    the end of a sentence that starts with "base_url" (None when it can). A path prefix (an API
-    gateway's ``https://gw.example/tagging/v1``) is fine; the URL is shown with its password
-    masked, a query never (it may hold a key)."""
-    if not url.startswith(("http://", "https://")):
-        return f"must start with http:// or https://, got {shown_url(url)!r}"
-    if "?" in url or "#" in url:
-        # Request URLs are this text and a path: a query would come before the path (every
-        # request a 404), and a key put there would show in every retry line. Not echoed.
-        head = shown_url(url.split("?", 1)[0].split("#", 1)[0])
-        return (
-            f"must not hold a query (?...) or fragment (#...): give {head!r}; keys go in"
-            " FASHIONTAG_API_KEY / FASHIONTAG_BULK_API_KEY or the [client] table"
-        )
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in url):
-        return f"holds a control character: {shown_url(url)!r}"
-    from yarl import URL  # (aiohttp's own; imported here, when a URL is checked)
-
-    try:
-        parsed = URL(url)
-        port = parsed.port  # a port that is no number, or out of range, fails here
-    except (ValueError, TypeError) as err:
-        reason = str(err).removeprefix("Invalid URL: ")
-        user = url.partition("://")[2].rpartition("@")[0]
-        if user and user in reason:  # (yarl's messages do not quote the URL; never show it)
-            reason = "not a URL"
-        return f"is not a valid URL ({reason}): {shown_url(url)!r}"
-    host = parsed.raw_host
-    if not host:
-        return f"has no host: {shown_url(url)!r}"
-    if " " in host or port == 0:
-        return f"has no valid host and port: {shown_url(url)!r}"
     return None

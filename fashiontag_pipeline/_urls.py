@@ -1,0 +1,68 @@
+"""The service's base URL: how it is cleaned, checked and shown (a password in it masked).
+
+Used by the client's configuration (:mod:`._config`, which re-exports these) and by every
+message that names the service or a proxy.
+"""
+
+from __future__ import annotations
+
+__all__ = ["base_url_problem", "clean_base_url", "shown_url"]
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages show it: its password (``https://user:PASSWORD@host``), or an
+    ``http(s)://`` URL's user given alone (``https://TOKEN@gw``, sent as basic auth), masked.
+    Everything between ``://`` and the last ``@`` is the user's part (so a password holding an
+    unencoded ``/`` or ``@`` is masked too)."""
+    scheme, sep, rest = url.partition("://")
+    head, at, tail = rest.rpartition("@")
+    if sep and at and ":" not in head and scheme.lower() in ("http", "https"):
+        return f"{scheme}://***@{tail}"
+    return f"{scheme}://{head.partition(':')[0]}:***@{tail}" if sep and at and ":" in head else url
+
+
+def clean_base_url(url: str) -> str:
+    """``url`` without the white space around it (the line end of a value read from a file,
+    ``FASHIONTAG_BASE_URL=$(cat url.txt)`` from a CRLF file, a space pasted after it: sent,
+    it would be part of every request's path) and with its scheme in lower case."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        return scheme.lower() + sep + rest
+    return url
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why ``url`` (cleaned by :func:`clean_base_url`) cannot be the service's base URL, as
+    the end of a sentence that starts with "base_url" (None when it can). A path prefix (an API
+    gateway's ``https://gw.example/tagging/v1``) is fine; the URL is shown with its password
+    masked, a query never (it may hold a key)."""
+    if not url.startswith(("http://", "https://")):
+        return f"must start with http:// or https://, got {shown_url(url)!r}"
+    if "?" in url or "#" in url:
+        # Request URLs are this text and a path: a query would come before the path (every
+        # request a 404), and a key put there would show in every retry line. Not echoed.
+        head = shown_url(url.split("?", 1)[0].split("#", 1)[0])
+        return (
+            f"must not hold a query (?...) or fragment (#...): give {head!r}; keys go in"
+            " FASHIONTAG_API_KEY / FASHIONTAG_BULK_API_KEY or the [client] table"
+        )
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in url):
+        return f"holds a control character: {shown_url(url)!r}"
+    from yarl import URL  # (aiohttp's own; imported here, when a URL is checked)
+
+    try:
+        parsed = URL(url)
+        port = parsed.port  # a port that is no number, or out of range, fails here
+    except (ValueError, TypeError) as err:
+        reason = str(err).removeprefix("Invalid URL: ")
+        user = url.partition("://")[2].rpartition("@")[0]
+        if user and user in reason:  # (yarl's messages do not quote the URL; never show it)
+            reason = "not a URL"
+        return f"is not a valid URL ({reason}): {shown_url(url)!r}"
+    host = parsed.raw_host
+    if not host:
+        return f"has no host: {shown_url(url)!r}"
+    if " " in host or port == 0:
+        return f"has no valid host and port: {shown_url(url)!r}"
+    return None

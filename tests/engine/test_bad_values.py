@@ -1,0 +1,70 @@
+"""Bad numbers in the config file and the flags, as a user gives them to the real CLI: each is
+exit 2 with one line naming the setting, before anything is made (DESIGN 4.1 exit codes), not
+a traceback mid-run, a hang, or a setting silently read as something else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, dead_port, run_args, write_csv
+
+CLIENT_VALUES = [
+    # inf: aiohttp's timer did ceil(inf), an OverflowError traceback once the state was made
+    ("[client.limits]\nkeepalive_expiry = inf", (), "keepalive_expiry"),
+    # read by aiohttp as "no limit": a frozen service held the run for ever
+    ("[client.timeout]\nread = -1.0", (), "timeout.read"),
+    ("[client.timeout]\nconnect = nan", (), "timeout.connect"),
+    ("[client.timeout]\ntotal = 0.0", (), "timeout.total"),
+    # nan: idle connections never expire, writes go on stale ones (of unknown fate)
+    ("[client.limits]\nkeepalive_expiry = nan", (), "keepalive_expiry"),
+    ("[client.retry]\nbackoff_max = nan", (), "retry"),
+    ("[client.retry]\nbackoff_base = inf", (), "retry"),
+    ("[client.retry]\nmax_retry_after = nan", (), "retry"),
+]
+
+
+@pytest.mark.parametrize(("config", "flags", "named"), CLIENT_VALUES)
+def test_a_bad_number_is_exit_2_naming_it_before_anything_is_made(
+    tmp_path: Path, config: str, flags: tuple[str, ...], named: str
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 3)
+    settings = tmp_path / "c.toml"
+    settings.write_text(config + "\n")
+    out = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "fashiontag_pipeline", "run", str(manifest), "--out", str(out)]
+    argv += ["--base-url", f"http://127.0.0.1:{dead_port()}", "--no-progress"]
+    argv += ["--config", str(settings), "--give-up-after", "1", *flags]
+    result = subprocess.run(argv, capture_output=True, env=ENV, timeout=30, check=False)
+    err = result.stderr.decode()
+    assert "Traceback" not in err, err[-600:]
+    assert result.returncode == 2, (result.returncode, err[-600:])
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fashiontag: "), err
+    assert named in lines[0], lines[0]
+    assert not out.with_name("out.jsonl.state").exists()
+
+
+@pytest.mark.parametrize("timeout", ["read", "total", "connect"])
+async def test_an_infinite_timeout_is_no_limit(tmp_path: Path, timeout: str) -> None:
+    """TOML has no None: ``inf`` is how a file says "no limit". aiohttp's timer did ceil(inf):
+    an OverflowError traceback once the run had made its state (and in ``tasks``, ``tag``)."""
+    manifest = write_csv(tmp_path / "m.csv", 3)
+    settings = tmp_path / "c.toml"
+    settings.write_text(f"[client.timeout]\n{timeout} = inf\n")
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig(rate=0.0)) as svc:
+        run = run_args(svc.url, out, str(manifest), "--config", str(settings))
+        tasks = [sys.executable, "-m", "fashiontag_pipeline", "tasks", "list"]
+        tasks += ["--base-url", svc.url, "--config", str(settings)]
+        for argv in (run, tasks):
+            result = await anyio.run_process(argv, check=False, env=ENV)
+            err = result.stderr.decode()
+            assert "Traceback" not in err and result.returncode == 0, err[-600:]
+    assert len(out.read_text().splitlines()) == 3
