@@ -148,14 +148,23 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def __post_init__(self) -> None:
         if not 1 <= self.chunk_size <= MAX_REQUESTS_PER_WRITE:
             raise ValueError(f"engine.chunk_size must be between 1 and {MAX_REQUESTS_PER_WRITE}")
-        if self.rotate_images < 1 or self.rotate_seconds <= 0:
+        # (``not x > 0``, not ``x <= 0``: a nan passes every comparison's negation, and was
+        # taken: a partial chunk that waited for ever, a task never sealed by age, one task
+        # per chunk, outputs never fsync-ed, a progress line that ended the run on a traceback.)
+        if self.rotate_images < 1 or not self.rotate_seconds > 0:
             raise ValueError("engine.rotate_images and engine.rotate_seconds must be positive")
         if self.rotate_min_images < 1 or not 0 <= self.rotate_fraction <= 1:
             raise ValueError(
                 "engine.rotate_min_images must be positive and rotate_fraction in [0, 1]"
             )
-        if self.expiry_margin < 0 or self.linger_seconds <= 0:
-            raise ValueError("engine.expiry_margin must be >= 0 and linger_seconds > 0")
+        if not 0 <= self.expiry_margin < math.inf or not self.linger_seconds > 0:
+            raise ValueError(
+                "engine.expiry_margin must be finite seconds >= 0 and linger_seconds > 0"
+            )
+        if not self.fsync_seconds >= 0:
+            raise ValueError("engine.fsync_seconds must be >= 0 (0: every commit)")
+        if self.read_batch_rows < 1 or self.queue_batches < 0:
+            raise ValueError("engine.read_batch_rows must be at least 1, queue_batches >= 0")
         if self.max_write_concurrency < 1 or self.max_page_concurrency < 1:
             raise ValueError("engine concurrency caps must be at least 1")
         if self.single_concurrency < 1 or self.single_max_bytes < 1:
@@ -170,7 +179,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             )
         if not self.stall_timeout > 0:
             raise ValueError("engine.stall_timeout must be positive (inf: wait for ever)")
-        if self.progress_seconds <= 0:
+        if not self.progress_seconds > 0:
             raise ValueError("engine.progress_seconds must be positive")
         if not 0 < self.poll_min <= self.poll_max:
             raise ValueError("engine.poll_min must be > 0 and <= poll_max")

@@ -29,8 +29,21 @@ CLIENT_VALUES = [
     ("[client.retry]\nmax_retry_after = nan", (), "retry"),
 ]
 
+ENGINE_VALUES = [
+    ("", ("--linger", "nan"), "linger_seconds"),  # a partial chunk waited for ever: a hang
+    ("", ("--progress-interval", "nan"), "progress_seconds"),  # a traceback mid-run
+    ("[engine]\nqueue_batches = -1", (), "queue_batches"),  # a traceback mid-run
+    ("[engine]\nread_batch_rows = 0", (), "read_batch_rows"),
+    ("", ("--expiry-margin", "nan"), "expiry_margin"),  # one task per chunk, silently
+    ("", ("--expiry-margin", "inf"), "expiry_margin"),
+    ("", ("--rotate-seconds", "nan"), "rotate_seconds"),  # a task never sealed by age
+    ("[engine]\nfsync_seconds = nan", (), "fsync_seconds"),  # never fsync-ed
+    ("[engine]\nfsync_seconds = -1.0", (), "fsync_seconds"),
+    ("[engine]\nreuse_max_age = nan", (), "reuse_max_age"),  # no stored result ever reused
+]
 
-@pytest.mark.parametrize(("config", "flags", "named"), CLIENT_VALUES)
+
+@pytest.mark.parametrize(("config", "flags", "named"), CLIENT_VALUES + ENGINE_VALUES)
 def test_a_bad_number_is_exit_2_naming_it_before_anything_is_made(
     tmp_path: Path, config: str, flags: tuple[str, ...], named: str
 ) -> None:

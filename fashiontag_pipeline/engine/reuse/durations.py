@@ -25,8 +25,8 @@ def parse_duration(value: str | float) -> float:
                 f"invalid duration {value!r}: a number with a unit s, m, h, d or w (e.g. 30d)"
             )
         seconds = float(found.group(1)) * _UNITS[(found.group(2) or "s").lower()]
-    if seconds < 0:
-        raise ValueError(f"invalid duration {value!r}: must not be negative")
+    if not seconds >= 0:  # (nan too: no stored result would ever be young enough)
+        raise ValueError(f"invalid duration {value!r}: must be a number >= 0")
     return seconds
 
 
