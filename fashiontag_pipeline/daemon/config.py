@@ -15,6 +15,7 @@ Command-line flags (``--inbox``, ``--settle``...) override the file field by fie
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -121,19 +122,22 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ValueError(f"daemon.{name} must not be empty")
-        if self.settle < 0:
+        # (``not x >= 0``, not ``x < 0``: nan passes every comparison's negation.)
+        if not self.settle >= 0:
             raise ValueError(f"daemon.settle must be >= 0 seconds, got {self.settle}")
-        if self.scan_interval <= 0:
-            raise ValueError(f"daemon.scan_interval must be > 0 seconds, got {self.scan_interval}")
+        if not 0 < self.scan_interval < math.inf:
+            raise ValueError(
+                f"daemon.scan_interval must be finite seconds > 0, got {self.scan_interval}"
+            )
         if self.max_active < 1:
             raise ValueError(f"daemon.max_active must be at least 1, got {self.max_active}")
-        if self.unreachable_after <= 0:
+        if not self.unreachable_after > 0:
             raise ValueError(
                 f"daemon.unreachable_after must be > 0 seconds, got {self.unreachable_after}"
             )
         if not 0 < self.lease <= 86_400:
             raise ValueError(f"daemon.lease must be > 0 and <= 86400 seconds, got {self.lease}")
-        if self.drain_timeout < 0:
+        if not self.drain_timeout >= 0:
             raise ValueError(f"daemon.drain_timeout must be >= 0 seconds, got {self.drain_timeout}")
         try:
             parse_listen(self.listen)

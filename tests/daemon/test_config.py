@@ -64,6 +64,7 @@ def test_the_example_file_decodes_whole() -> None:
         ('inbox = ""', "daemon.inbox"),
         ("max_active = 'eight'", "daemon.max_active"),
         ("watch = true", "watch"),
+        ("unreachable_after = nan", "daemon.unreachable_after"),  # /readyz never said 503
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, line: str, field: str) -> None:

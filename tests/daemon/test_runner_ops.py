@@ -55,6 +55,12 @@ def test_every_request_has_its_op(method: str, path: str, op: str) -> None:
         (["--inbox", "IN", "--outbox", "OUT", "--sink", "sqlite"], "--sink sqlite is for"),
         (["--inbox", "IN", "--outbox", "OUT", "--max-active", "0"], "max_active"),
         (["--inbox", "IN", "--outbox", "OUT", "--listen", "nope"], "listen"),
+        # nan was taken: no file without NAME.ready ever settled (nothing tagged, no word), a
+        # traceback at the first scan, or at SIGTERM's drain; /readyz never said 503
+        (["--inbox", "IN", "--outbox", "OUT", "--settle", "nan"], "daemon.settle"),
+        (["--inbox", "IN", "--outbox", "OUT", "--scan-interval", "nan"], "daemon.scan_interval"),
+        (["--inbox", "IN", "--outbox", "OUT", "--scan-interval", "inf"], "daemon.scan_interval"),
+        (["--inbox", "IN", "--outbox", "OUT", "--drain-timeout", "nan"], "daemon.drain_timeout"),
     ],
 )
 def test_bad_daemon_options_are_one_clear_line_and_exit_2(
