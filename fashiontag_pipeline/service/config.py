@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
 
 DEFAULT_TASK_TTL = 600.0
 DEFAULT_RESULT_TTL = 7 * 86400.0
+MAX_TTL = 100 * 365 * 86400.0
 #: 1,000 requests with 8 KB URLs and full contexts fit with room to spare; so does a 10 MB
 #: base64 single-mode image.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -88,10 +90,13 @@ class ServiceConfig:
     decode_workers: int = DEFAULT_DECODE_WORKERS
 
     def __post_init__(self) -> None:
-        if self.task_ttl <= 0 or self.result_ttl <= 0:
-            raise ValueError("task_ttl and result_ttl must be positive")
-        if self.rate < 0:
-            raise ValueError("rate must not be negative")
+        # (nan passes ``x <= 0``; an expiry past year 9999 cannot be written: every list and
+        # status answered 500, and a rate of inf stopped the tagging worker.)
+        for name in ("task_ttl", "result_ttl"):
+            if not 0 < getattr(self, name) <= MAX_TTL:
+                raise ValueError(f"{name} must be seconds > 0 and <= {MAX_TTL:.0f} (100 years)")
+        if not 0 <= self.rate < math.inf:
+            raise ValueError("rate must be a finite number >= 0 (0: no delay)")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.max_bodies_bytes is not None and self.max_bodies_bytes < self.max_body_bytes:
@@ -100,7 +105,7 @@ class ServiceConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("keepalive_timeout", "header_timeout", "body_timeout"):
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:  # (nan: every request's connection dropped)
                 raise ValueError(f"{name} must be positive")
 
     @property

@@ -154,3 +154,35 @@ def test_serve_refuses_a_port_out_of_range(
     assert bad.returncode == 2, bad.stdout
     assert "port" in bad.stderr and "65535" in bad.stderr
     assert "listening" not in bad.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "toml", "named"),
+    [
+        (("--task-ttl", "nan"), None, "task_ttl"),
+        (("--task-ttl", "inf"), None, "task_ttl"),
+        (("--task-ttl", "1e300"), None, "task_ttl"),
+        (("--result-ttl", "nan"), None, "result_ttl"),
+        (("--rate", "inf"), None, "rate"),
+        (("--rate", "nan"), None, "rate"),
+        ((), "[service]\ntask_ttl = nan\n", "task_ttl"),
+        ((), "[service]\nheader_timeout = nan\n", "header_timeout"),
+    ],
+)
+def test_serve_refuses_a_ttl_or_rate_it_cannot_keep(
+    tmp_path: Path, flags: tuple[str, ...], toml: str | None, named: str
+) -> None:
+    """A TTL of nan, inf or 1e300 (a date past year 9999) was taken: the service listened, then
+    answered every list or status HTTP 500; ``--rate inf`` stopped its tagging worker on an
+    OverflowError (every status 503); a header_timeout of nan dropped every connection. Exit 2
+    naming the flag, nothing listened on."""
+    argv = list(flags)
+    if toml is not None:
+        (tmp_path / "svc.toml").write_text(toml)
+        argv += ["--config", str(tmp_path / "svc.toml")]
+    bad = subprocess.run(
+        serve_argv("--port", "0", *argv), capture_output=True, text=True, timeout=5
+    )
+    assert bad.returncode == 2, bad.stdout
+    assert named in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    assert "listening" not in bad.stdout
