@@ -29,6 +29,8 @@ DEFAULT_LINGER_SECONDS = 2.0
 DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_PROGRESS_SECONDS = 30.0
 DEFAULT_REUSE_MAX_AGE = "30d"
+#: Page readers are started up front, one per slot of the page concurrency.
+MAX_PAGE_CONCURRENCY = 1_000
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -167,6 +169,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.read_batch_rows must be at least 1, queue_batches >= 0")
         if self.max_write_concurrency < 1 or self.max_page_concurrency < 1:
             raise ValueError("engine concurrency caps must be at least 1")
+        if self.max_page_concurrency > MAX_PAGE_CONCURRENCY:  # a reader task per slot
+            raise ValueError(
+                f"engine.max_page_concurrency must be at most {MAX_PAGE_CONCURRENCY:,}"
+                " (a page reader is started for each; the pool has max_connections)"
+            )
         if self.single_concurrency < 1 or self.single_max_bytes < 1:
             raise ValueError("engine.single_concurrency and single_max_bytes must be positive")
         if self.max_sends < 1:

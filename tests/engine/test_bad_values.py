@@ -40,6 +40,8 @@ ENGINE_VALUES = [
     ("[engine]\nfsync_seconds = nan", (), "fsync_seconds"),  # never fsync-ed
     ("[engine]\nfsync_seconds = -1.0", (), "fsync_seconds"),
     ("[engine]\nreuse_max_age = nan", (), "reuse_max_age"),  # no stored result ever reused
+    # a reader task was started per slot: 10**12 of them took every byte of memory (OOM kill)
+    ("", ("--page-concurrency", "1000000000000"), "max_page_concurrency"),
 ]
 
 
@@ -54,7 +56,7 @@ def test_a_bad_number_is_exit_2_naming_it_before_anything_is_made(
     argv = [sys.executable, "-m", "fashiontag_pipeline", "run", str(manifest), "--out", str(out)]
     argv += ["--base-url", f"http://127.0.0.1:{dead_port()}", "--no-progress"]
     argv += ["--config", str(settings), "--give-up-after", "1", *flags]
-    result = subprocess.run(argv, capture_output=True, env=ENV, timeout=30, check=False)
+    result = subprocess.run(argv, capture_output=True, env=ENV, timeout=20, check=False)
     err = result.stderr.decode()
     assert "Traceback" not in err, err[-600:]
     assert result.returncode == 2, (result.returncode, err[-600:])
