@@ -34,7 +34,7 @@ from ..engine.run import (
     first_error,
     run_pipeline,
 )
-from ..engine.run_checks import not_a_file, not_utf8, same_file
+from ..engine.run_checks import a_folder, not_a_file, not_utf8, same_file
 from .common import (
     ABORT_GRACE,
     EXIT_ERROR,
@@ -264,7 +264,12 @@ def run_command(args: argparse.Namespace) -> int:
         """Exit 2 before anything is made; the summary says so (a cron job reading it must
         not find the last night's), unless it is itself the path at fault."""
         print(f"fashiontag: {problem}", file=sys.stderr)
-        if args.summary is not None and not_utf8([("--summary", args.summary)]) is None:
+        summary = args.summary
+        if (
+            summary is not None
+            and not_utf8([("--summary", summary)]) is None
+            and not summary.is_dir()
+        ):
             clash = _same_file(out, rejects, state, args.manifests, reuse, args.summary)
             if clash == _same_file(out, rejects, state, args.manifests, reuse):
                 with contextlib.suppress(OSError):
@@ -292,7 +297,9 @@ def run_command(args: argparse.Namespace) -> int:
         named.append(("--summary", args.summary))
     if reuse is not None and not is_postgres_url(reuse):
         named.append(("--reuse", reuse))
+    files = [(what, p) for what, p in named if what in ("--state", "--summary")]
     problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)])
+    problem = problem or a_folder([(what, Path(p)) for what, p in files])
     if str(out) == "-" or str(rejects) == "-":
         which = "--out" if str(out) == "-" else "--rejects"
         problem = (

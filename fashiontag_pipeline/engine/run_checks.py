@@ -22,6 +22,7 @@ from .state import JobRow
 
 __all__ = [
     "ASKED",
+    "a_folder",
     "absolute",
     "asked_text",
     "check_asked",
@@ -191,6 +192,16 @@ def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
                 " file, which it cuts back to its last checkpoint to resume; give a file path"
                 " (and read or delete it after the run)"
             )
+    return None
+
+
+def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
+    """Why a file the run writes whole cannot be used (None when each can): one that is a
+    folder (``--summary reports/``: every row was tagged, then the run failed at its end;
+    ``--state`` one: SQLite's "unable to open database file")."""
+    for what, path in named:
+        if path.is_dir():
+            return f"{what} {path} is a folder: give the path of a file (in it, if you like)"
     return None
 
 

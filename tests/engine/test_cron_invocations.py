@@ -290,3 +290,25 @@ async def test_a_run_refused_before_it_starts_rewrites_the_summary(
     assert result.returncode == 2, result.stderr.decode()
     data = json.loads(summary.read_text())
     assert data["complete"] is False and data["error"], data
+
+
+@pytest.mark.parametrize("which", ["--summary", "--state"])
+async def test_a_folder_given_as_the_summary_or_state_is_refused_before_any_request(
+    tmp_path: Path, which: str
+) -> None:
+    """``--summary reports/`` (a folder, its file name forgotten): every row was tagged and
+    billed, then the run ended with exit 1, "cannot write --summary reports: Is a directory",
+    every night; ``--state FOLDER`` was exit 1 with SQLite's "unable to open database file".
+    Both are exit 2 naming the flag and the folder, before any request."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, tmp_path / "results.jsonl", str(manifest), which, str(folder))
+        result = await anyio.run_process(args, check=False, env=ENV)
+        tasks = len(svc.store.tasks)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-300:]
+    assert f"{which} {folder} is a folder" in err, err
+    assert tasks == 0, "rows were tagged for a run that cannot say what it did"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "reports"]
