@@ -40,6 +40,9 @@ ENGINE_VALUES = [
     ("[engine]\nfsync_seconds = nan", (), "fsync_seconds"),  # never fsync-ed
     ("[engine]\nfsync_seconds = -1.0", (), "fsync_seconds"),
     ("[engine]\nreuse_max_age = nan", (), "reuse_max_age"),  # no stored result ever reused
+    # "": exit 1 naming a store "." it cannot open; "  ": a store made as a file named "  "
+    ('[engine]\nreuse = ""', (), "engine.reuse"),
+    ('[engine]\nreuse = "  "', (), "engine.reuse"),
     # a reader task was started per slot: 10**12 of them took every byte of memory (OOM kill)
     ("", ("--page-concurrency", "1000000000000"), "max_page_concurrency"),
 ]
