@@ -281,7 +281,7 @@ class TaskWriter(TaskWrites):
     async def resend(self, items: list[Item], chunk_id: int, sends: int) -> None:
         """Send again rows without an outcome, in place of chunk ``chunk_id`` (a lost task,
         rows a task did not return, orphans); they were sent ``sends`` times already."""
-        size = self.config.chunk_size
+        size = self.policy.chunk_size
         for start in range(0, len(items), size):
             part = items[start : start + size]
             replaces = chunk_id if start == 0 else None

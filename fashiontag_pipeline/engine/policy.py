@@ -182,7 +182,8 @@ class WritePolicy:
     """The writer's decisions, pure functions of the config and a time ``now``."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.chunk_size = config.chunk_size
+        # A chunk goes whole to one task: one larger than ``rotate_images`` overfilled it.
+        self.chunk_size = min(config.chunk_size, config.rotate_images)
         self.rotate_images = config.rotate_images
         self.rotate_min_images = min(config.rotate_min_images, config.rotate_images)
         self.rotate_fraction = config.rotate_fraction

@@ -86,3 +86,17 @@ async def test_an_infinite_timeout_is_no_limit(tmp_path: Path, timeout: str) -> 
             err = result.stderr.decode()
             assert "Traceback" not in err and result.returncode == 0, err[-600:]
     assert len(out.read_text().splitlines()) == 3
+
+
+async def test_rotate_images_below_the_chunk_size_caps_each_task(tmp_path: Path) -> None:
+    """``--rotate-images 500`` ("a task holds at most N images") made tasks of 1,000: a chunk
+    of ``chunk_size`` (1,000) rows went whole to a task. Chunks are no larger than the cap."""
+    manifest = write_csv(tmp_path / "m.csv", 2500)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig(rate=0.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--rotate-images", "500")
+        result = await anyio.run_process(args, check=False, env=ENV)
+        sizes = sorted(len(task.ids) for task in svc.store.tasks.values())
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    assert len(out.read_text().splitlines()) == 2500
+    assert sizes == [500] * 5, sizes
