@@ -177,21 +177,30 @@ async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
     return 0 if summary.complete else 1
 
 
+#: The demo writes each image as a file: a catalogue past this is no demo (``benchmarks/``).
+MAX_DEMO_IMAGES = 10_000
+
+
 def _catalogue_size(text: str) -> int:
     """An argparse type: at least one image (a bad value is exit 2 with usage)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if not 1 <= value <= MAX_DEMO_IMAGES:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {MAX_DEMO_IMAGES:,} (each is a file of ~8 KB), got {value}"
+        )
     return value
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``fashiontag demo``."""
     parser.add_argument(
-        "--images", type=_catalogue_size, default=200, help="catalogue size (default 200)"
+        "--images",
+        type=_catalogue_size,
+        default=200,
+        help="catalogue size, at most 10,000 (default 200)",
     )
     parser.add_argument(
         "--workdir",

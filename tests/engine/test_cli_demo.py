@@ -62,12 +62,14 @@ async def test_demo_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "run complete" in out and "tagged 30" in out
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "many"])
-def test_demo_refuses_a_catalogue_size_below_one(
+@pytest.mark.parametrize("value", ["0", "-3", "many", "10001", "99999999999"])
+def test_demo_refuses_a_catalogue_size_it_cannot_make(
     value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`demo --images -3` generated nothing and exited 0, "the demo ran end to end": a bad
-    flag value is exit 2 with usage, as `demo --help` says."""
+    flag value is exit 2 with usage, as `demo --help` says. `--images 99999999999` began to
+    write that many image files (~8 KB each) into the temp folder: 627 MB in 20 s, until the
+    disk was full."""
     from fashiontag_pipeline.cli.demo import add_demo_arguments
 
     parser = argparse.ArgumentParser()
