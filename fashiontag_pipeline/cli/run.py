@@ -93,13 +93,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "the state there; default run); the same command with the same state resumes "
         "(default: OUT.state, next to OUT)",
     )
-    parser.add_argument(
+    once = parser.add_mutually_exclusive_group()  # (--restart discards what --resume resumes)
+    once.add_argument(
         "--restart",
         action="store_true",
         help="discard what the state file holds (even an unfinished run of other manifests) "
         "and start over; the outputs are rewritten",
     )
-    parser.add_argument(
+    once.add_argument(
         "--resume",
         action="store_true",
         help="resume an unfinished run that read stdin (only if stdin carries the same rows "

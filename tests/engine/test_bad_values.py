@@ -100,3 +100,19 @@ async def test_rotate_images_below_the_chunk_size_caps_each_task(tmp_path: Path)
     assert result.returncode == 0, result.stderr.decode()[-600:]
     assert len(out.read_text().splitlines()) == 2500
     assert sizes == [500] * 5, sizes
+
+
+def test_restart_and_resume_together_are_refused(tmp_path: Path) -> None:
+    """``--restart`` (discard the state) with ``--resume`` (resume the unfinished stdin run it
+    holds) was taken, --restart winning without a word: the run the user meant to resume was
+    discarded and every row tagged (billed) again. Exit 2 naming both."""
+    manifest = write_csv(tmp_path / "m.csv", 3)
+    out = tmp_path / "out.jsonl"
+    argv = run_args(f"http://127.0.0.1:{dead_port()}", out, str(manifest), "--give-up-after", "1")
+    result = subprocess.run(
+        [*argv, "--restart", "--resume"], capture_output=True, env=ENV, timeout=30
+    )
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-600:]
+    assert "--restart" in err and "--resume" in err and "not allowed with" in err, err
+    assert not out.with_name("out.jsonl.state").exists()
