@@ -24,7 +24,8 @@ from ..engine import EngineConfig, RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job
 from ..engine.run import first_error, run_pipeline
-from ..engine.state.pgstore import PostgresStateDB
+from ..engine.state.pgstore import PostgresStateDB, drop_state
+from .epochs import claim_state_url
 from .inbox import Claim
 from .keeper import LeaseKeeper
 from .leases import Lease, PostgresClaimLedger
@@ -32,7 +33,7 @@ from .leases import Lease, PostgresClaimLedger
 if TYPE_CHECKING:
     from .runner import Daemon
 
-__all__ = ["hand_back_outdated", "run_leased", "still_held"]
+__all__ = ["drop_settled", "hand_back_outdated", "run_leased", "still_held"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
@@ -53,6 +54,14 @@ async def still_held(lease: Lease, keeper: LeaseKeeper, ledger: PostgresClaimLed
             pass
 
     await anyio.to_thread.run_sync(check)
+
+
+def drop_settled(ledger: PostgresClaimLedger | None, url: str, idle_timeout: float) -> None:
+    """The states of manifests settled by a daemon that died before dropping them."""
+    if ledger is None:
+        return
+    for claim_id in ledger.settled_claim_states():
+        drop_state(claim_state_url(url, claim_id), idle_timeout=idle_timeout)
 
 
 async def hand_back_outdated(

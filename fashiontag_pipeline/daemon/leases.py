@@ -362,6 +362,17 @@ class PostgresClaimLedger:
             expires_at=expires_at,
         )
 
+    def unleased(self, limit: int = 100) -> list[ClaimRecord]:
+        """Claims in flight that no daemon holds (the cluster's queue, oldest first): what
+        ``/status`` shows as queued while every slot is taken."""
+        with self._transaction("list the queued claims") as conn:
+            rows = conn.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE status = 'claimed' AND (owner IS NULL"
+                " OR lease_expires_at <= statement_timestamp()) ORDER BY id LIMIT %s",
+                (limit,),
+            ).fetchall()
+        return [record for row in rows if (record := self._record(row)) is not None]
+
     def acquire(self, limit: int = 1, *, lease: float | None = None) -> list[Lease]:
         """Lease up to ``limit`` claims in flight that nobody holds (never leased, released,
         or expired), oldest first. Rows another daemon is leasing at this moment are skipped,

@@ -24,11 +24,14 @@ from .metrics import DaemonMetrics, Op
 from .outbox import ManifestSummary, rfc3339
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._client import TaggerClient
     from ..engine.engine import Engine
     from ..engine.jobs import Job
     from .config import DaemonConfig
     from .inbox import Inbox
+    from .ledger import ClaimRecord
 
 __all__ = ["ActiveManifest", "DaemonMonitor", "op_of"]
 
@@ -92,6 +95,8 @@ class DaemonMonitor:
         #: names of the files ready in it while every ``max_active`` slot is taken.
         self._inbox: Inbox | None = None
         self._waiting: list[str] = []
+        #: Shared mode: claims in flight no daemon leases yet (the cluster's queue).
+        self.unleased: Sequence[ClaimRecord] = ()
         self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
         self._engine: Engine | None = None
         #: When a rate limit or the retry lines left out were last said.
@@ -111,9 +116,11 @@ class DaemonMonitor:
         """Manifests that wait: for equal content in flight, then for a slot (claims resumed
         at start-up, then files ready in the inbox, not claimed yet: no sha256 nor claim)."""
         resumed = self._inbox.resumed if self._inbox is not None else ()
+        # (Shared mode: the cluster's queue as last looked at, less any leased here since.)
+        unleased = [c for c in self.unleased if c.name not in self.active]
         return [
             ManifestProgress(manifest=c.name, sha256=c.sha256, claimed_at=rfc3339(c.claimed_at))
-            for c in (*self.queued, *resumed)
+            for c in (*self.queued, *resumed, *unleased)
         ] + [ManifestProgress(manifest=name) for name in self._waiting]
 
     async def take_slot(self, slots: anyio.Semaphore, inbox: Inbox, interval: float) -> None:

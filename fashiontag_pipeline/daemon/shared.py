@@ -53,7 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
-from .leased import hand_back_outdated, run_leased, still_held
+from .leased import drop_settled, hand_back_outdated, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -108,7 +108,7 @@ class SharedDaemon:
         outbox = Outbox(outbox_dir)
         try:
             await anyio.to_thread.run_sync(inbox.prepare)
-            await anyio.to_thread.run_sync(self._drop_settled_states, ledger)
+            await anyio.to_thread.run_sync(drop_settled, ledger, self.url, self.config.lease)
             async with TaggerClient(config=daemon.client_config) as client:
                 client.set_observer(daemon.observe)
                 async with (
@@ -146,13 +146,6 @@ class SharedDaemon:
             raise self._outdated  # (exit 1, saying to upgrade this daemon)
         logger.info("daemon stopped")
 
-    def _drop_settled_states(self, ledger: PostgresClaimLedger | None) -> None:
-        """The states of manifests settled by a daemon that died before dropping them."""
-        if ledger is None:
-            return
-        for claim_id in ledger.settled_claim_states():
-            drop_state(claim_state_url(self.url, claim_id), idle_timeout=self.config.lease)
-
     async def _drain_watch(self) -> None:
         """After ``drain_timeout`` seconds of a drain, stop at once (writes in flight resume)."""
         control = self.daemon.control
@@ -170,7 +163,9 @@ class SharedDaemon:
             await anyio.sleep(self.config.lease)
             try:
                 await anyio.to_thread.run_sync(inbox.repair_shared)
-                await anyio.to_thread.run_sync(self._drop_settled_states, self._ledger)
+                await anyio.to_thread.run_sync(
+                    drop_settled, self._ledger, self.url, self.config.lease
+                )
             except exc.StateError as err:
                 logger.warning("cannot repair the claims: %s; retrying", err)
             else:
@@ -225,6 +220,8 @@ class SharedDaemon:
                 for lease in leases:
                     self.leased[lease.claim_id, lease.epoch] = lease
                     tg.start_soon(self._manifest, lease, ledger, keeper, inbox, outbox, client)
+            with contextlib.suppress(exc.StateError):  # (shown queued: /status, the gauge)
+                self.daemon.unleased = await anyio.to_thread.run_sync(ledger.unleased)
             with anyio.move_on_after(period):
                 await self._wake.wait()
             self._wake = anyio.Event()

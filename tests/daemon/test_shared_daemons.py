@@ -9,6 +9,7 @@ mid-run loses nothing. Every id of every manifest is written exactly once.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ from fashiontag_pipeline.daemon.outbox import Outbox
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from ..postgres import PostgresCluster
-from .helpers import DaemonProcess, read_lines, write_manifest
+from .helpers import DaemonProcess, metric_samples, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
 
@@ -383,3 +384,39 @@ async def test_an_id_the_state_cannot_hold_is_a_reject_not_a_failed_manifest(
     assert summary["rejected"] == 1
     (reject,) = read_lines(tmp_path / "outbox" / "bad" / "rejects.jsonl")
     assert reject["id"] == "x\u0000y" and reject["reason"] == "id contains a NUL character"
+
+
+async def test_claims_no_daemon_leases_yet_are_queued_in_status(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """DESIGN's ``/status`` lists the queued manifests, and ``fashiontag_manifests_queued``
+    counts them. In shared mode both stayed empty: with every ``--max-active`` slot taken,
+    manifests claimed into ``.work`` and leased by no daemon were a backlog no monitor saw."""
+    async with running_service(ServiceConfig(rate=300.0)) as svc:
+        daemon = DaemonProcess(
+            tmp_path,
+            svc.url,
+            extra=["--state", postgres_url, "--lease", LEASE, "--max-active", "1"],
+        ).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            for name in ("q1.csv", "q2.csv", "q3.csv"):
+                _drop(daemon.inbox, name, _ids(name[:2] + "-", 600))
+            queued: set[str] = set()
+            gauge = 0.0
+            with anyio.move_on_after(20):
+                while len(queued) < 2 or gauge < 2:
+                    daemon.check_alive()
+                    status = json.loads((await daemon.get("/status"))[1])
+                    queued = {q["manifest"] for q in status["queued"]}
+                    active = {a["manifest"] for a in status["active"]}
+                    samples = metric_samples((await daemon.get("/metrics"))[1])
+                    gauge = samples[("fashiontag_manifests_queued", ())]
+                    await anyio.sleep(0.1)
+            assert len(queued) == 2 and gauge == 2, (queued, gauge)
+            assert len(active) == 1 and not active & queued
+            for name in ("q1", "q2", "q3"):
+                await daemon.wait_summary(name, timeout=60)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
