@@ -83,8 +83,18 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-#: A flag named like a secret (``--api_key``, a misspelt ``--bulk-apikey``, ``--password``).
-_SECRET_FLAG = re.compile(r"--?[\w-]*(?:key|pass|password|passwd|secret|token)", re.IGNORECASE)
+#: A flag named like a secret (``--api_key``, a misspelt ``--bulk-apikey``, ``--password``),
+#: or several (``--api-keys``).
+_SECRET_FLAG = re.compile(r"--?[\w-]*(?:key|pass|password|passwd|secret|token)s?", re.IGNORECASE)
+#: The key flags: an abbreviation of one (``--bulk=KEY``; ``--b=KEY``, ambiguous, is repeated
+#: whole by argparse) holds a key too.
+_KEY_FLAGS = ("--api-key", "--bulk-api-key")
+
+
+def _secret_flag(flag: str) -> bool:
+    return _SECRET_FLAG.fullmatch(flag) is not None or (
+        len(flag) > 2 and flag.startswith("--") and any(k.startswith(flag) for k in _KEY_FLAGS)
+    )
 
 
 def _without_secrets(message: str, arguments: Sequence[str]) -> str:
@@ -98,13 +108,13 @@ def _without_secrets(message: str, arguments: Sequence[str]) -> str:
     secret_next = False
     for word in arguments:
         flag, eq, value = word.partition("=") if word.startswith("-") else ("", "", word)
-        if secret_next and not word.startswith("-"):
+        if secret_next and not word.startswith("--"):  # (a key may begin with '-')
             shown[word] = "***"
-        elif eq and _SECRET_FLAG.fullmatch(flag):
+        elif eq and _secret_flag(flag):
             shown[value] = "***"
         elif "://" in value and ("***" in (masked := redact_url(value)) or "%2A%2A" in masked):
             shown[value] = masked
-        secret_next = not eq and _SECRET_FLAG.fullmatch(word) is not None
+        secret_next = not eq and _secret_flag(word)
     for secret in sorted(shown, key=len, reverse=True):
         if secret:  # a whole word of the message (a short key never cuts another word)
             pattern = rf"(?<![^\s'\"=]){re.escape(secret)}(?![^\s'\"])"

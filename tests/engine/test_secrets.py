@@ -126,8 +126,21 @@ async def test_api_keys_appear_in_no_summary_error_or_repr(tmp_path: Path) -> No
         ("--bulk-apikey", BULK_KEY),
         ("--base_url=http://tagger:sk-LEAK-CANARY-pw@127.0.0.1:9",),
         ("--password", "sk-LEAK-CANARY-pw"),
+        ("--api-keys=" + KEY,),  # the plural (serve takes several)
+        ("--bulk_api_keys", BULK_KEY),
+        ("--api_key", "-" + KEY),  # a key that begins with '-' (base64url)
+        ("--b=" + BULK_KEY,),  # an ambiguous abbreviation of --bulk-api-key
     ],
-    ids=["api_key=", "bulk-apikey", "base_url=", "password"],
+    ids=[
+        "api_key=",
+        "bulk-apikey",
+        "base_url=",
+        "password",
+        "api-keys=",
+        "bulk_api_keys",
+        "dash-key",
+        "ambiguous",
+    ],
 )
 async def test_a_misspelt_key_flag_is_refused_without_its_key(
     tmp_path: Path, typo: tuple[str, ...]
@@ -143,7 +156,8 @@ async def test_a_misspelt_key_flag_is_refused_without_its_key(
         result = await anyio.run_process(argv, check=False)
         err = result.stderr.decode()
         assert result.returncode == 2, err
-        assert "unrecognized arguments" in err and typo[0].partition("=")[0] in err, err
+        refused = "unrecognized arguments" in err or "ambiguous option" in err
+        assert refused and typo[0].partition("=")[0] in err, err
         assert not _leaks(result.stderr), err
     assert not _leaks(summary.read_bytes()), summary.read_text()
 
