@@ -163,11 +163,12 @@ def daemon_command(args: argparse.Namespace) -> int:
         where = "" if blocker == outbox else f" ({blocker} is a file)"
         print(f"fashiontag: outbox {outbox} is not a folder{where}", file=sys.stderr)
         return EXIT_USAGE
-    if "://" not in location and Path(location).is_dir():  # (exit 1 at every restart)
-        print(
-            f"fashiontag: --state {location} is a folder: give the path of a file", file=sys.stderr
-        )
-        return EXIT_USAGE
+    for what, path in (("--state", location), ("--reuse", engine.reuse)):
+        # (Else exit 1 with SQLite's "unable to open database file", at every restart.)
+        if path is not None and "://" not in path and Path(path).is_dir():
+            problem = f"{what} {path} is a folder: give the path of a file"
+            print(f"fashiontag: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     level = logging.INFO if args.verbose < 2 else logging.DEBUG
     configure_logging(
         log_format=config.log_format,

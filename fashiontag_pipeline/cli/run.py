@@ -298,7 +298,7 @@ def run_command(args: argparse.Namespace) -> int:
         named.append(("--summary", args.summary))
     if reuse is not None and not is_postgres_url(reuse):
         named.append(("--reuse", reuse))
-    files = [(what, p) for what, p in named if what in ("--state", "--summary")]
+    files = [(what, p) for what, p in named if what in ("--state", "--summary", "--reuse")]
     problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)])
     problem = problem or a_folder([(what, Path(p)) for what, p in files])
     if str(out) == "-" or str(rejects) == "-":

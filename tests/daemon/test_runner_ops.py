@@ -63,6 +63,8 @@ def test_every_request_has_its_op(method: str, path: str, op: str) -> None:
         (["--inbox", "IN", "--outbox", "OUT", "--drain-timeout", "nan"], "daemon.drain_timeout"),
         # exit 1 (SQLite's "unable to open database file"), at every restart of a supervisor
         (["--inbox", "IN", "--outbox", "OUT", "--state", "IN"], "is a folder"),
+        # --reuse FOLDER: exit 1, "move it away to start an empty store", at every restart
+        (["--inbox", "IN", "--outbox", "OUT", "--listen", "", "--reuse", "IN"], "is a folder"),
     ],
 )
 def test_bad_daemon_options_are_one_clear_line_and_exit_2(

@@ -292,14 +292,15 @@ async def test_a_run_refused_before_it_starts_rewrites_the_summary(
     assert data["complete"] is False and data["error"], data
 
 
-@pytest.mark.parametrize("which", ["--summary", "--state"])
+@pytest.mark.parametrize("which", ["--summary", "--state", "--reuse"])
 async def test_a_folder_given_as_the_summary_or_state_is_refused_before_any_request(
     tmp_path: Path, which: str
 ) -> None:
     """``--summary reports/`` (a folder, its file name forgotten): every row was tagged and
     billed, then the run ended with exit 1, "cannot write --summary reports: Is a directory",
-    every night; ``--state FOLDER`` was exit 1 with SQLite's "unable to open database file".
-    Both are exit 2 naming the flag and the folder, before any request."""
+    every night; ``--state FOLDER`` was exit 1 with SQLite's "unable to open database file",
+    ``--reuse FOLDER`` too (its state made, "move it away to start an empty store"). Each is
+    exit 2 naming the flag and the folder, before any request and with nothing made."""
     manifest = write_csv(tmp_path / "m.csv", 20)
     folder = tmp_path / "reports"
     folder.mkdir()
