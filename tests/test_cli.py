@@ -222,7 +222,8 @@ async def test_help_shows_defaults_key_flags_and_exit_codes() -> None:
     code, out, _ = await fashiontag("serve", "--help")
     assert code == 0 and "0 = none (default 0)" in " ".join(out.decode().split())
     code, out, _ = await fashiontag("demo", "--help")
-    assert code == 0 and "catalogue size (default 200)" in " ".join(out.decode().split())
+    text = " ".join(out.decode().split())
+    assert code == 0 and "catalogue size, at most 10,000 (default 200)" in text, text
 
 
 async def test_an_undecodable_image_error_is_plain_text(tmp_path: Path) -> None:
