@@ -238,6 +238,8 @@ def _status_of(raw: msgspec.Raw) -> bytes | None:
         return _status_decoder.decode(raw).status.encode()
     except msgspec.DecodeError:  # not an object, or its status is not a string
         return None
+    except UnicodeDecodeError:  # a status not in UTF-8 (ISO-8859-1): no success, U+FFFD in it
+        return _status_of(msgspec.Raw(bytes(raw).decode("utf-8", "replace").encode()))
 
 
 def success_flags(rows: list[PageRow]) -> list[bool]:

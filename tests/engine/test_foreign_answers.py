@@ -41,7 +41,14 @@ from fashiontag_pipeline.engine import EngineConfig, RunSummary, fetch, run_pipe
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import TASKS_OF_1000, Outcomes, client_config, read_outcomes, run_misbehaving
+from .helpers import (
+    TASKS_OF_1000,
+    Outcomes,
+    client_config,
+    read_outcomes,
+    run_misbehaving,
+    write_csv,
+)
 from .proxy import MisbehavingProxy, Misbehaviour
 
 #: Tasks of 3,000 rows (a create then PUTs of 1,000), polled fast.
@@ -207,6 +214,36 @@ async def test_pages_written_in_latin_1(tmp_path: Path, monkeypatch: pytest.Monk
     ids = [f"caf\u00e9-{i}" for i in range(1000)]
     with pytest.raises(FatalRunError, match="garbled 10 results pages"):
         await run_ids(tmp_path, ids, Misbehaviour(latin1_ops={"results"}))
+
+
+async def test_a_result_whose_status_is_written_in_latin_1(tmp_path: Path) -> None:
+    """A page in ISO-8859-1 whose ids are ASCII reads (msgspec keeps each tagging result
+    unread), and one result says ``"status": "\u00e9chec"`` (the byte E9) between other keys:
+    its status was decoded on its own and msgspec's UnicodeDecodeError escaped the page
+    reader, the run ending on a traceback at every resume. It is a status that is not
+    ``success``: the row is a failed one, every other row tagged. (The results JSONL keeps
+    the result's bytes as the service sent them.)"""
+    failed = {"error": {"code": 803, "message": "image"}, "status": "\u00e9chec", "tags": []}
+    ids = [f"p{i}" for i in range(1000)]
+    rules = Misbehaviour(results_given={"p7": failed}, latin1_ops={"results"})
+    out = tmp_path / "out.jsonl"
+    proxy = CountingProxy(rules)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=tmp_path / "rej.jsonl",
+                    engine=TASKS_OF_1000,
+                )
+    assert summary.complete and (summary.tagged, summary.failed) == (999, 1)
+    assert set(proxy.written.values()) == {1}  # no row sent twice
+    lines = out.read_bytes().splitlines()
+    assert len(lines) == len(ids) and sum(b'"status": "\xe9chec"' in line for line in lines) == 1
 
 
 async def test_a_page_answered_with_the_page_before_it(tmp_path: Path) -> None:
