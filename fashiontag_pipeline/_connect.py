@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 
 from . import _exceptions as exc
-from ._config import Limits
+from ._config import Limits, Timeout
 from ._proxies import ProxyRoute
 from ._tls import deferred_trust_store
 
@@ -33,7 +33,10 @@ __all__ = [
     "WRITE_IDLE_MAX",
     "AnswerTooLargeError",
     "connect_failure",
+    "deadline",
+    "drop_sessions",
     "new_session",
+    "session_pair",
     "unanswered",
     "unreadable_answer",
 ]
@@ -84,6 +87,54 @@ def new_session(
         max_field_size=MAX_HEADER_BYTES,
         response_class=_bounded_response(limits.max_answer_bytes),
     )
+
+
+def session_pair(
+    limits: Limits, timeout: Timeout, user_agent: str
+) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
+    """The pool of reads and the pool of writes (see :data:`WRITE_IDLE_MAX`)."""
+    total = deadline(timeout)
+    reads = new_session(limits, total, timeout.connect, limits.keepalive_expiry, user_agent)
+    keepalive = min(limits.keepalive_expiry, WRITE_IDLE_MAX)
+    writes = new_session(limits, total, timeout.connect, keepalive, user_agent)
+    # aiohttp sends a PUT again, silently, when a reused connection drops before the answer
+    # (HTTP calls PUT idempotent). An append is not: its rows may be in the task already, and
+    # only the exchange can say "the write may have been applied" (AmbiguousWriteError), so
+    # that the engine reads the retry's refusals as such. Reads keep aiohttp's rule (a GET
+    # sent again once). No public switch exists (aiohttp 3.14).
+    if hasattr(writes, "_retry_connection"):
+        writes._retry_connection = False
+    return reads, writes
+
+
+def drop_sessions(*sessions: aiohttp.ClientSession | None) -> None:
+    """Close pools whose event loop is closed (a client used in each night's ``asyncio.run``:
+    aiohttp binds a session to its loop). Closing one needs no loop then (its connector has
+    nothing to wait for): it ends at its first step. Left to the garbage collector, each
+    logged "Unclosed connector" at ERROR on asyncio's logger, every night; the connections'
+    sockets, of the closed loop, are the collector's still (a ResourceWarning)."""
+    for session in sessions:
+        if session is None:
+            continue
+        closing = session.close()
+        try:
+            closing.send(None)
+        except StopIteration:
+            continue
+        except Exception:  # (its close failed: the pool is let go as it is)
+            pass
+        else:
+            closing.close()  # (it would wait: not with a closed loop)
+        session.detach()
+
+
+def deadline(timeout: Timeout) -> float | None:
+    """The one deadline of a request: ``total``, else ``connect + read`` (None: no limit)."""
+    if timeout.total is not None:
+        return timeout.total
+    if timeout.read is None:
+        return None
+    return timeout.read + (timeout.connect or 0.0)
 
 
 class AnswerTooLargeError(aiohttp.ClientPayloadError):

@@ -40,7 +40,7 @@ from . import _exceptions as exc
 from ._callctx import GIVE_UP, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
-from ._connect import WRITE_IDLE_MAX, connect_failure, new_session, unanswered
+from ._connect import connect_failure, deadline, drop_sessions, session_pair, unanswered
 from ._models import STATUS_SUCCESS
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
@@ -154,33 +154,16 @@ class HttpExchange:
             if self.proxy is not None:
                 self._proxy_url = self.proxy.url
                 self._proxy_headers = self.proxy.headers or None
-            self._session = self._new_session(self.limits.keepalive_expiry)
-            writes = self._new_session(min(self.limits.keepalive_expiry, WRITE_IDLE_MAX))
-            # aiohttp sends a PUT again, silently, when a reused connection drops before the
-            # answer (HTTP calls PUT idempotent). An append is not: its rows may be in the task
-            # already, and only this layer can say "the write may have been applied"
-            # (AmbiguousWriteError), so that the engine reads the retry's refusals as such.
-            # Reads keep aiohttp's rule (a GET sent again once). No public switch exists
-            # (aiohttp 3.14).
-            if hasattr(writes, "_retry_connection"):
-                writes._retry_connection = False
-            self._write_session = writes
+            self._session, self._write_session = session_pair(self.limits, self.timeout, USER_AGENT)
         return self._session
 
     def _leave_loop(self) -> None:
         """Pools of a loop that is gone (``asyncio.run`` each night on one client failed the
-        second with "Event loop is closed": aiohttp binds a session to its loop) are dropped."""
+        second with "Event loop is closed": aiohttp binds a session to its loop) are closed."""
         if self._loop is not None and not self._loop.is_closed():
             raise RuntimeError("TaggerClient is in use in another event loop: one per loop")
-        for session in (self._session, self._write_session):
-            if session is not None:
-                session.detach()  # (closing needs the loop that is gone)
+        drop_sessions(self._session, self._write_session)
         self._session = self._write_session = None
-
-    def _new_session(self, keepalive: float) -> aiohttp.ClientSession:
-        return new_session(
-            self.limits, deadline(self.timeout), self.timeout.connect, keepalive, USER_AGENT
-        )
 
     async def call(
         self,
@@ -430,12 +413,3 @@ class HttpExchange:
         """Map an error response to the exception tree. Never returns."""
         endpoint = self.shown_url + path if path in (BULK_PATH, SINGLE_PATH) else None
         raise error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)
-
-
-def deadline(timeout: Timeout) -> float | None:
-    """The one deadline of a request: ``total``, else ``connect + read`` (None: no limit)."""
-    if timeout.total is not None:
-        return timeout.total
-    if timeout.read is None:
-        return None
-    return timeout.read + (timeout.connect or 0.0)
