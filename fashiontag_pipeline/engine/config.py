@@ -188,8 +188,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.stall_timeout must be positive (inf: wait for ever)")
         if not self.progress_seconds > 0:
             raise ValueError("engine.progress_seconds must be positive")
-        if not 0 < self.poll_min <= self.poll_max:
-            raise ValueError("engine.poll_min must be > 0 and <= poll_max")
+        if not 0 < self.poll_min <= self.poll_max < math.inf:  # (inf: never polled again)
+            raise ValueError("engine.poll_min must be > 0 and <= poll_max, poll_max finite")
         if self.reuse is not None and not self.reuse.strip():  # (--reuse "" is refused too)
             raise ValueError("engine.reuse must not be empty: omit it for no result store")
         try:

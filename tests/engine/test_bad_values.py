@@ -41,6 +41,8 @@ ENGINE_VALUES = [
     ("[engine]\nfsync_seconds = -1.0", (), "fsync_seconds"),
     ("[engine]\nreuse_max_age = nan", (), "reuse_max_age"),  # no stored result ever reused
     # "": exit 1 naming a store "." it cannot open; "  ": a store made as a file named "  "
+    ("[engine]\npoll_min = inf\npoll_max = inf", (), "poll_min"),  # never polled: 2 h, exit 1
+    ("[engine]\npoll_max = inf", (), "poll_max"),  # backed off without a bound in an outage
     ('[engine]\nreuse = ""', (), "engine.reuse"),
     ('[engine]\nreuse = "  "', (), "engine.reuse"),
     # a reader task was started per slot: 10**12 of them took every byte of memory (OOM kill)
