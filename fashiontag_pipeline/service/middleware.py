@@ -45,12 +45,15 @@ async def log_and_map_errors(
     except web.HTTPException as http_exc:
         status = http_exc.status
         if http_exc.status in (404, 405):
+            # A 405 names the methods the path takes (RFC 9110: Allow is required).
+            allow = http_exc.headers.get("Allow") if http_exc.status == 405 else None
             return error_response(
                 request.path,
                 Reject(
                     http_exc.status,
                     CODE_BAD_ROUTE,
                     f"invalid URI or method: {request.method} {request.path}",
+                    headers={"Allow": allow} if allow is not None else None,
                 ),
             )
         raise

@@ -2,7 +2,8 @@
 failed before its fix): results that expired while the task still took writes (unreadable
 images accepted with a 202, a duplicate id accepted, a task stuck processing for ever), a
 task list that gave only the newest 100 to a client that asks with no parameters, as the spec
-does, failure echoes cut at 256 characters, and single-mode context fields of any type.
+does, failure echoes cut at 256 characters, single-mode context fields of any type, and a
+405 without the ``Allow`` header HTTP requires.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from fashiontag_pipeline.service import RunningService
 
-from .conftest import FakeClock, StartService
+from .conftest import BULK_KEY, FakeClock, StartService
 from .test_bulk import BULK, raw
 
 
@@ -172,3 +173,21 @@ async def test_append_after_results_expired_never_stalls_in_processing(
     assert status == 410 and "results of task" in put["error"], put
     data = await wait_done(task_id)
     assert data["taskStatus"] == "TASK_DONE", data
+
+
+async def test_a_405_names_the_methods_the_path_takes(service: RunningService) -> None:
+    """HTTP (RFC 9110 15.5.6): a 405 must carry ``Allow``, the methods the resource takes. The
+    service's JSON 405 (error 623) left it out, so a client could not tell which method was
+    meant (``GET /tagger/v2/tags`` said only "invalid URI or method")."""
+    single_key = "single-SECRET-key-0001"
+    cases = [
+        ("DELETE", BULK, {"GET", "POST"}, BULK_KEY),
+        ("GET", "/tagger/v2/tags", {"POST"}, single_key),
+        ("POST", f"{BULK}/some-task", {"GET", "PUT"}, BULK_KEY),
+        ("PUT", f"{BULK}/some-task/status", {"GET"}, BULK_KEY),
+    ]
+    for method, path, allowed, key in cases:
+        status, body, headers = await raw(service, method, path, key=key)
+        assert status == 405 and body["status"] == "failure", (method, path, body)
+        given = {m.strip() for m in headers.get("Allow", "").split(",") if m.strip()}
+        assert allowed <= given, (method, path, headers.get("Allow"))
