@@ -191,6 +191,7 @@ async def test_all_failed_create_is_an_empty_done_task(service: RunningService) 
         ({"taggingRequest": [_element(f"i{i}") for i in range(1001)]}, "1 to 1000"),
         ({"taggingRequest": [_element("a")], "description": "x" * 1025}, "1024"),
         ({"taggingRequest": [_element("a")], "option": ["FAST"]}, "STRICT"),
+        ({"taggingRequest": [_element("a")], "albumName": "a" * 257}, "256"),
         ({"taggingRequest": [_element("a")], "defaultDetection": ["HATS"]}, "HATS"),
         ({"noRequests": 1}, "taggingRequest"),
         ([1, 2], "object"),
