@@ -8,8 +8,10 @@ rejects, their tails rows of ids the manifest never had, and the same bytes read
 pieces gave other rows). So the csv module itself decides: the chunk is parsed with a marker
 line after it. A record still open at the chunk's end (a quoted field the cut went through)
 takes the marker in; its text is handed back (:attr:`CsvChunk.rest`) to be parsed whole with
-the bytes that follow. The input's last chunk gets no marker: an open quoted field there ends
-with the input, as the csv module reads a whole file.
+the bytes that follow. In the input's last chunk such a record is a quote never closed: its
+first line is refused and the lines after it are read as rows (the csv module would end the
+field with the input, every row after the quote read into it: tagged as one row's brand, say,
+or one reject, the rows themselves without an outcome).
 
 Line numbers are the csv module's (``\\r``, ``\\n`` and ``\\r\\n`` each end a line), counted
 from the chunk's first line: a record's number is where it starts, the same however the input
@@ -60,8 +62,7 @@ class CsvChunk:
         """A csv reader of the chunk's lines from ``first`` on (then the marker line)."""
         self._from = first
         lines = itertools.islice(self._lines, first, None)
-        feed = lines if self._last else itertools.chain(lines, (_MARK + "\n",))
-        return csv.reader(feed)
+        return csv.reader(itertools.chain(lines, (_MARK + "\n",)))
 
     def rows(self, limit: int, base: int) -> list[tuple[int, list[str] | str]]:
         """Up to ``limit`` rows: (line number, fields), or (line, reason) for a record the
@@ -84,19 +85,29 @@ class CsvChunk:
                 self.done = True
                 self.consumed = self._count
                 break
-            if (isinstance(fields, str) and span > 1) or span > MAX_RECORD_LINES:
+            open_at_end = self.consumed > self._count
+            if (
+                (isinstance(fields, str) and span > 1)
+                or span > MAX_RECORD_LINES
+                or (open_at_end and self._last)
+            ):
                 # Refused (or unterminated): its first line is the reject, and the lines the
                 # record swallowed are read again as rows, never lost with it.
                 if not isinstance(fields, str):
+                    within = (
+                        f"within {MAX_RECORD_LINES:,} lines"
+                        if span > MAX_RECORD_LINES
+                        else "by the end of the manifest"
+                    )
                     fields = (
                         "not a valid CSV row: a quoted field opened on this line is not closed"
-                        f" within {MAX_RECORD_LINES:,} lines (an unmatched quote?)"
+                        f" {within} (an unmatched quote?)"
                     )
                 append((base + start + 1, fields))
                 self.consumed = start + 1
                 reader = self._reader = self._read_from(start + 1)
                 continue
-            if self.consumed > self._count:  # open at the chunk's end
+            if open_at_end:  # open at the chunk's end (not the input's)
                 self.done = True
                 # parsed again with what follows
                 self.rest = "".join(self._lines[start:])
