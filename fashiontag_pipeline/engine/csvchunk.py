@@ -113,6 +113,35 @@ class CsvChunk:
                 self.rest = "".join(self._lines[start:])
                 self.consumed = start
                 break
+            if span > 1 and (bad := _misquoted(self._lines[start : start + span])):
+                # A stray quote that a later field's quote seemed to close: its first line is
+                # the reject, and the lines it swallowed are read again as rows.
+                append(
+                    (
+                        base + start + 1,
+                        f"not a valid CSV row: it spans {span:,} lines, and on line"
+                        f" {base + start + bad:,} a quote that ends a field is followed by"
+                        " neither a comma nor a line end (an unmatched quote?)",
+                    )
+                )
+                self.consumed = start + 1
+                reader = self._reader = self._read_from(start + 1)
+                continue
             if fields:
                 append((base + start + 1, fields))
         return rows
+
+
+def _misquoted(lines: list[str]) -> int:
+    """The line (counted from 1) of a record's ``lines`` where it breaks the quoting rules
+    (a closing quote followed by another character than a comma, a quote or a line end), else
+    0. The csv module takes such a quote, leniently, for a plain character, so a stray quote
+    that opens a field is "closed" by the next field that opens with one, the rows between
+    read into it: run only on the rare record that spans several lines."""
+    reader = csv.reader(lines, strict=True)
+    try:
+        for _ in reader:
+            pass
+    except csv.Error:
+        return reader.line_num or 1
+    return 0

@@ -24,14 +24,26 @@ UNCLOSED = (
     "4,https://x/4.jpg,acme\n"
     "5,https://x/5.jpg,acme"
 )
+#: The same stray quote, and a quoted brand two rows below: the csv module took its opening
+#: quote for the stray one's end (a quote followed by a letter, not by a comma or a line end),
+#: so rows 3 and 4 were row 2's brand, without an outcome, wherever the manifest ends.
+CLOSED_LATER = UNCLOSED.replace("4,https://x/4.jpg,acme", '4,https://x/4.jpg,"Tommy"')
 
 
-@pytest.mark.parametrize("how", ["file", "stdin"])
-async def test_a_quote_never_closed_costs_its_row_not_the_rows_after_it(
-    tmp_path: Path, how: str
+@pytest.mark.parametrize(
+    ("text", "how", "reason"),
+    [
+        (UNCLOSED, "file", "not closed by the end of the manifest"),
+        (UNCLOSED, "stdin", "not closed by the end of the manifest"),
+        (CLOSED_LATER, "file", "on line 5 a quote that ends a field is followed"),
+    ],
+    ids=["unclosed-file", "unclosed-stdin", "closed-later"],
+)
+async def test_a_stray_quote_costs_its_row_not_the_rows_after_it(
+    tmp_path: Path, text: str, how: str, reason: str
 ) -> None:
     manifest = tmp_path / "m.csv"
-    manifest.write_text(UNCLOSED)
+    manifest.write_text(text)
     out = tmp_path / "out.jsonl"
     async with running_service(ServiceConfig()) as svc:
         if how == "file":
@@ -43,4 +55,4 @@ async def test_a_quote_never_closed_costs_its_row_not_the_rows_after_it(
     o = read_outcomes(out, out.with_suffix(".rej"))
     assert sorted(o.ids) == ["1", "3", "4", "5"]
     assert [(r["id"], r["line"]) for r in o.rejects] == [(None, 3)]  # its id is unreadable
-    assert "not closed" in o.rejects[0]["reason"]
+    assert reason in o.rejects[0]["reason"]
