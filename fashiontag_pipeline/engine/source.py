@@ -49,6 +49,9 @@ __all__ = [
 MAX_ROWS = 2000
 #: The columns of a CSV manifest that the engine reads (others are ignored).
 READ_COLUMNS = frozenset({"id", "url", "detection", "age", *CONTEXT_FIELDS})
+#: Each read column by its name in lower case: a header's names are taken in any case (``ID``,
+#: ``Url``, ``Brand``: an Excel or ERP export), once per manifest.
+_READ_BY_LOWER = {name.lower(): name for name in READ_COLUMNS}
 
 #: The header a URL list is read with: each row is (url, url), the URL being its own id.
 URL_LIST_HEADER = ["id", "url"]
@@ -124,7 +127,7 @@ class ManifestReader(ManifestBytes):
                 )
             header = next(csv.reader([lines[skip]]))
             self._line += skip + 1
-            names = [h.strip() for h in header]
+            names = [_READ_BY_LOWER.get(h.strip().lower(), h.strip()) for h in header]
             missing = [c for c in ("id", "url") if c not in names]
             if missing:
                 raise ManifestError(

@@ -9,9 +9,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from fashiontag_pipeline.engine.source import open_manifest
+from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, read_outcomes, run_args, run_piped
+from .helpers import ENV, assert_exactly_once, ids_of, read_outcomes, run_args, run_piped
 
 #: A brand opened with a quote that no quote closes (an exporter that does not escape them),
 #: a few rows before the end of a small manifest: the csv module read every row after it into
@@ -56,3 +58,30 @@ async def test_a_stray_quote_costs_its_row_not_the_rows_after_it(
     assert sorted(o.ids) == ["1", "3", "4", "5"]
     assert [(r["id"], r["line"]) for r in o.rejects] == [(None, 3)]  # its id is unreadable
     assert reason in o.rejects[0]["reason"]
+
+
+@pytest.mark.parametrize("header", ["ID,URL,BRAND", "Id,Url,Brand", "url,id,Brand"])
+async def test_a_header_in_capitals_is_read(tmp_path: Path, header: str) -> None:
+    """A header spelled ``ID,URL`` (an Excel or ERP export) was refused as "missing column: id,
+    url", naming columns the file has; ``id,url,Brand`` tagged every row without its brand, the
+    column ignored without a word. The columns the engine reads are named in any case."""
+    names = header.lower().split(",")
+    rows = {"id": "p{}", "url": "https://x/{}.jpg", "brand": "acme"}
+    lines = [header] + [",".join(rows[c].format(i) for c in names) for i in range(30)]
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    reader = open_manifest(str(manifest), 0)
+    try:
+        batch = reader.read_batch()
+        assert batch is not None
+        items, rejects = Validator().validate(batch)
+    finally:
+        reader.close()
+    assert not rejects and {request.context.brand for _, _, request in items} == {"acme"}
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV
+        )
+    assert result.returncode == 0, result.stderr.decode()[-400:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(30))
