@@ -4,6 +4,10 @@ fix; never rows lost, ids changed or a file read as something else."""
 
 from __future__ import annotations
 
+import bz2
+import io
+import lzma
+import zipfile
 from pathlib import Path
 
 import anyio
@@ -85,3 +89,62 @@ async def test_a_header_in_capitals_is_read(tmp_path: Path, header: str) -> None
         )
     assert result.returncode == 0, result.stderr.decode()[-400:]
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(30))
+
+
+ROWS = "1{0}https://x/1.jpg\r\n2{0}https://x/2.jpg\r\n"
+
+
+def _zipped(data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("m.csv", data)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("data", "fix"),
+    [
+        (f"id;url\r\n{ROWS.format(';')}".encode(), "separated by semicolons"),
+        (f"sep=;\r\nid;url\r\n{ROWS.format(';')}".encode(), "Excel's sep=; line"),
+        (f"id\turl\n{ROWS.format(chr(9))}".encode(), "tab-separated"),
+        (f"id\turl\r\n{ROWS.format(chr(9))}".encode("utf-16"), "UTF-16"),
+        (f"id,url\r\n{ROWS.format(',')}".encode("utf-16-le"), "UTF-16"),
+        (b'[{"id": "1", "url": "https://x/1.jpg"}]\n', "a JSON array"),
+        (b'[\n  {"id": "1", "url": "https://x/1.jpg"}\n]\n', "a JSON array"),
+        (ROWS.format(",").encode(), "has no header: its first line is a row"),
+        (_zipped(f"id,url\n{ROWS.format(',')}".encode()), "a ZIP archive"),
+        (bz2.compress(f"id,url\n{ROWS.format(',')}".encode()), "bzip2-compressed"),
+        (lzma.compress(f"id,url\n{ROWS.format(',')}".encode()), "xz-compressed"),
+    ],
+    ids=[
+        "semicolons",
+        "sep-line",
+        "tabs",
+        "utf-16",
+        "utf-16-no-bom",
+        "json",
+        "json-pretty",
+        "no-header",
+        "zip",
+        "bz2",
+        "xz",
+    ],
+)
+async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
+    tmp_path: Path, data: bytes, fix: str
+) -> None:
+    """Excel's CSV in a locale with a decimal comma (semicolons, a ``sep=;`` first line), its
+    Unicode text (UTF-16, tabs), a JSON array, a dump without its header: each was refused as
+    "neither JSONL nor a CSV with a header naming id and url (missing column: id, url)" (or
+    "its first line is not UTF-8 text"), which names columns the file has and no fix (and a
+    ZIP, bzip2 or xz archive, not read, was "not UTF-8 text")."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes(data)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+        assert not svc.store.tasks
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err, err[-400:]
+    assert f"manifest {manifest}" in err and fix in err, err
