@@ -62,6 +62,7 @@ from .names import (
     READY_SUFFIX,
     WORK_DIR,
     hash_file,
+    is_ignored_name,
     is_manifest_name,
 )
 from .settled import remove_marker
@@ -123,6 +124,8 @@ class Inbox(SharedInbox):
         self._immovable: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._held: set[str] = set()
         self._unmoved: set[str] = set()
+        #: Files whose name is no manifest's (``catalogue.tsv``), said once while they stay.
+        self._foreign: set[str] = set()
         #: Claims in flight at start-up that :meth:`claims` has not handed out yet (queued).
         self.resumed: collections.deque[Claim] = collections.deque()
 
@@ -204,6 +207,7 @@ class Inbox(SharedInbox):
         names: dict[str, os.stat_result] = {}
         markers: dict[str, int] = {}  # name -> the marker's mtime
         odd: list[str] = []
+        foreign: set[str] = set()
         with os.scandir(self.root) as entries:
             for entry in entries:
                 if entry.name.endswith(READY_SUFFIX) and not entry.name.startswith("."):
@@ -212,6 +216,8 @@ class Inbox(SharedInbox):
                         markers[entry.name[: -len(READY_SUFFIX)]] = mtime
                     continue
                 if not is_manifest_name(entry.name):
+                    if not is_ignored_name(entry.name) and entry.is_file(follow_symlinks=False):
+                        foreign.add(entry.name)
                     continue
                 try:
                     if not entry.is_file(follow_symlinks=False):
@@ -221,6 +227,14 @@ class Inbox(SharedInbox):
                     names[entry.name] = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
+        for name in sorted(foreign - self._foreign):  # never tagged: never in silence either
+            logger.warning(
+                "file %s in the inbox is not a manifest (a manifest's name ends in .csv, .jsonl"
+                " or .ndjson, optionally .gz): left where it is, never tagged; save it as"
+                " CSV UTF-8 or JSONL under such a name",
+                os.fsencode(name).decode("utf-8", "backslashreplace"),
+            )
+        self._foreign = foreign
         for name in odd:  # never tagged, so never left in silence
             if name in self._stuck:
                 continue

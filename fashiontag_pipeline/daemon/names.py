@@ -29,6 +29,7 @@ __all__ = [
     "fit",
     "free_name",
     "hash_file",
+    "is_ignored_name",
     "is_manifest_name",
     "manifest_stem",
     "suffix_of",
@@ -43,6 +44,12 @@ DONE_DIR = "done"
 FAILED_DIR = "failed"
 ERROR_SUFFIX = ".error.json"
 HASH_BLOCK = 1 << 20
+
+
+def is_ignored_name(name: str) -> bool:
+    """Whether the inbox leaves a file of this name alone without a word (hidden, a marker, a
+    temporary file): any other file that is no manifest is said to be one."""
+    return not name or name.startswith(".") or name.lower().endswith(IGNORED_SUFFIXES)
 
 
 def is_manifest_name(name: str) -> bool:

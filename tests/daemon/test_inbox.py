@@ -696,3 +696,25 @@ def test_a_file_that_cannot_be_moved_to_failed_is_left_alone_said_once(
     assert list((root / "failed").iterdir()) == []
     assert sum("cannot be moved" in r.getMessage() for r in caplog.records) == 1
     assert (root / "link.csv").is_symlink()
+
+
+def test_a_file_named_as_no_manifest_is_said_once(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A catalogue dropped as ``catalogue.tsv`` or ``.txt`` (Excel's text exports), the
+    workbook itself (``.xlsx``) or a ``dump.csv.zip`` sat in the inbox for ever, nothing
+    logged: never tagged, and nobody told. Each is said once (a warning naming it and the
+    names a manifest has) and left where it is; hidden, temporary and marker files and
+    folders are not."""
+    foreign = ["catalogue.tsv", "catalogue.txt", "catalogue.xlsx", "dump.csv.zip"]
+    for name in [*foreign, ".hidden.csv", "x.csv.part", "x.csv.tmp", "x.csv.ready"]:
+        (root / name).write_bytes(CSV)
+    (root / "sub").mkdir()
+    inbox = make_inbox(root, MemoryClaimLedger(), FakeClock(), settle=0.0)
+    caplog.set_level("WARNING", logger="fashiontag_pipeline.daemon")
+    assert inbox.scan() == []
+    assert inbox.scan() == []
+    said = [r.getMessage() for r in caplog.records if "is not a manifest" in r.getMessage()]
+    assert sorted(m.split()[1] for m in said) == sorted(foreign), said
+    assert all(".csv" in m and ".ndjson" in m for m in said)
+    assert all((root / name).read_bytes() == CSV for name in foreign)
