@@ -8,11 +8,14 @@ from pathlib import Path
 
 import anyio
 import msgspec
+import pytest
 from PIL import Image as PILImage
 
 from fashiontag_pipeline import BulkContext, Image, ImageType, TaggerClient, TaggingRequest
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
 from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .engine.helpers import dead_port
 
 ENV = {
     k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")
@@ -77,6 +80,49 @@ async def test_tag_errors_are_one_clear_line(tmp_path: Path) -> None:
         assert DEV_API_KEY.encode() not in err
     code, _, err = await fashiontag("tag", "https://x/a.jpg", "--detection", "SOCKS")
     assert code == 2 and b"unknown detection value 'SOCKS'" in err
+
+
+#: ``fashiontag tag`` under an address-space limit: an image read without a bound (/dev/zero)
+#: ends in MemoryError here, not in the machine's memory.
+_LIMITED = (
+    "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31));"
+    " sys.argv[0] = 'fashiontag'; runpy.run_module('fashiontag_pipeline', run_name='__main__')"
+)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "over-20MiB", "data-text"])
+async def test_tag_refuses_what_is_no_image_file_at_once(tmp_path: Path, kind: str) -> None:
+    """``tag`` read its file whole, whatever it was: a FIFO blocked for ever, /dev/zero read
+    until memory ran out (a MemoryError traceback), a 2 GB video by mistake was read and sent
+    whole; a ``data:`` URI of another type was 'No such file or directory'. Each is exit 2 at
+    once, saying why, as ``run`` rejects such rows."""
+    image, expected = {
+        "fifo": (str(tmp_path / "pipe.png"), b"not a regular file"),
+        "dev-zero": ("/dev/zero", b"not a regular file"),
+        "over-20MiB": (str(tmp_path / "huge.png"), b"larger than 20971520 bytes"),
+        "data-text": ("data:text/plain;base64,AAAA", b"data:image/<ext>;base64,<content>"),
+    }[kind]
+    if kind == "fifo":
+        os.mkfifo(image)
+    elif kind == "over-20MiB":
+        with open(image, "wb") as fh:  # sparse: no disk used
+            fh.truncate((20 << 20) + 1)
+    with anyio.fail_after(20):
+        result = await anyio.run_process(
+            [
+                sys.executable,
+                "-c",
+                _LIMITED,
+                "tag",
+                image,
+                "--base-url",
+                f"http://127.0.0.1:{dead_port()}",
+            ],
+            check=False,
+            env=ENV,
+        )
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and result.stderr.count(b"\n") == 1, result.stderr
 
 
 async def test_tag_an_image_the_service_cannot_tag_says_why_on_stderr(tmp_path: Path) -> None:

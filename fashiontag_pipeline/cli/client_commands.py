@@ -6,12 +6,10 @@ from __future__ import annotations
 import argparse
 import base64
 import math
-import mimetypes
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -20,6 +18,7 @@ import msgspec
 from .._callctx import GIVE_UP
 from .._client import TaggerClient
 from .._exceptions import ConfigError, RateLimitedError
+from .._images import DEFAULT_SINGLE_MAX_BYTES, ImageFileError, read_image_file, sniff_ext
 from .._models import Context, Image, ImageType, Task
 from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
 
@@ -79,12 +78,18 @@ def _giving_up_after(seconds: float) -> Iterator[None]:
 
 def _image_from_argument(value: str) -> Image:
     """An http(s) URL (its scheme in any case, sent lower-cased), a ``data:image/`` URI, or a
-    local file (a path, or a ``file:///absolute/path`` URL as ``run`` takes it) as base64."""
+    local file (a path, or a ``file:///absolute/path`` URL as ``run`` takes it) as base64, read
+    as ``run`` reads one (a regular file of at most 20 MiB, its type from its magic bytes)."""
     for scheme in ("http://", "https://"):
         if value[: len(scheme)].lower() == scheme:
             return Image(type=ImageType.URL, content=scheme + value[len(scheme) :])
     if value.startswith("data:image/"):
         return Image(type=ImageType.BASE64, content=value)
+    if value[:5].lower() == "data:":
+        raise ConfigError(
+            f"cannot read image {value[:40]!r}: a data: URI must be"
+            " data:image/<ext>;base64,<content>"
+        )
     if value[:5].lower() == "file:":  # the rule of run's engine.rules.single_target
         parts = urlsplit(value)
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
@@ -93,15 +98,14 @@ def _image_from_argument(value: str) -> Image:
                 " (file:///path)"
             )
         value = unquote(parts.path)
-    path = Path(value)
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read image {value!r}: {err.strerror}") from None
-    mime = mimetypes.guess_type(path.name)[0] or "image/jpeg"
-    ext = mime.split("/", 1)[1] if mime.startswith("image/") else "jpeg"
+        data = read_image_file(value, DEFAULT_SINGLE_MAX_BYTES)
+    except ImageFileError as err:
+        raise ConfigError(f"cannot read image: {err}") from None
     encoded = base64.b64encode(data).decode("ascii")
-    return Image(type=ImageType.BASE64, content=f"data:image/{ext};base64,{encoded}")
+    return Image(
+        type=ImageType.BASE64, content=f"data:image/{sniff_ext(data, value)};base64,{encoded}"
+    )
 
 
 async def tag_command(args: argparse.Namespace) -> int:

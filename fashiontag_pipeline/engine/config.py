@@ -12,6 +12,7 @@ from typing import Literal
 
 import msgspec
 
+from .._images import DEFAULT_SINGLE_MAX_BYTES
 from .._models import MAX_REQUESTS_PER_WRITE, Detection
 from .._postgres import foreign_url, is_postgres_url, redact_url
 from .reuse.durations import parse_duration
@@ -26,7 +27,6 @@ DEFAULT_ROTATE_FRACTION = 0.02
 DEFAULT_ROTATE_SECONDS = 30.0
 DEFAULT_EXPIRY_MARGIN = 30.0
 DEFAULT_LINGER_SECONDS = 2.0
-DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_PROGRESS_SECONDS = 30.0
 DEFAULT_REUSE_MAX_AGE = "30d"
 #: Page readers are started up front, one per slot of the page concurrency.

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
-import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +45,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
+from .._images import ImageFileError, read_image_file, sniff_ext
 from .._models import Image, ImageType, TaggingResponse
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
@@ -64,9 +63,6 @@ STAGE_SERVER = "server-validation"
 _body_encoder = msgspec.json.Encoder()
 _body_decoder = msgspec.json.Decoder(SingleRequest)
 _result_encoder = msgspec.json.Encoder()
-
-
-_SUFFIXES = {"jpg": "jpeg", "jpe": "jpeg", "tif": "tiff"}
 
 
 def _poison_reason(times: int, err: BaseException) -> str:
@@ -95,26 +91,6 @@ class SingleRejected(Exception):
     """A routed row that has no image to send; the message is the reject reason."""
 
 
-def sniff_ext(data: bytes, path: str) -> str:
-    """The ``<ext>`` of ``data:image/<ext>;base64,``: from the magic bytes, else the suffix."""
-    if data.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "png"
-    if data.startswith(b"\xff\xd8\xff"):
-        return "jpeg"
-    if data.startswith((b"GIF87a", b"GIF89a")):
-        return "gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data.startswith((b"II*\x00", b"MM\x00*")):
-        return "tiff"
-    if data.startswith(b"BM"):
-        return "bmp"
-    suffix = os.path.splitext(path)[1][1:].lower()
-    if suffix.isalnum():
-        return _SUFFIXES.get(suffix, suffix)
-    return "octet-stream"
-
-
 def load_image(request: SingleRequest, max_bytes: int) -> str:
     """The ``data:image/<ext>;base64,...`` content of a routed row (blocking: run in a
     thread). Raises :class:`SingleRejected` with the reason when there is nothing to send."""
@@ -129,25 +105,9 @@ def load_image(request: SingleRequest, max_bytes: int) -> str:
         return request.content
     path = request.content
     try:
-        info = os.stat(path)
-        if stat.S_ISDIR(info.st_mode):
-            raise SingleRejected(f"local path is a directory, not an image file: {path}")
-        if not stat.S_ISREG(info.st_mode):
-            raise SingleRejected(f"local path is not a regular file: {path}")
-        if info.st_size > max_bytes:
-            raise SingleRejected(
-                f"local file is larger than {max_bytes} bytes ({info.st_size}): {path}"
-            )
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
-    except FileNotFoundError:
-        raise SingleRejected(f"local file not found: {path}") from None
-    except OSError as err:
-        raise SingleRejected(f"local file unreadable ({err.strerror}): {path}") from None
-    if not data:
-        raise SingleRejected(f"local file is empty: {path}")
-    if len(data) > max_bytes:
-        raise SingleRejected(f"local file is larger than {max_bytes} bytes: {path}")
+        data = read_image_file(path, max_bytes)
+    except ImageFileError as err:
+        raise SingleRejected(str(err)) from None
     ext = sniff_ext(data, path)
     return f"data:image/{ext};base64," + base64.b64encode(data).decode("ascii")
 

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,12 @@ import pytest
 from PIL import Image as PILImage
 
 from fashiontag_pipeline import RetryPolicy, TaggerClient
+from fashiontag_pipeline._models import Context
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.engine.single import SingleRejected, load_image
 from fashiontag_pipeline.engine.source import open_manifest
-from fashiontag_pipeline.engine.validate import Validator
+from fashiontag_pipeline.engine.validate import SINGLE_FILE, SingleRequest, Validator
 from fashiontag_pipeline.service import FaultSpec, ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, read_outcomes
@@ -105,6 +108,30 @@ def test_route_rules_without_a_service(tmp_path: Path) -> None:
     assert all(r.stage == "client" for _, r in rejects)
     # Bulk-only validation still refuses all of them.
     assert [i[0] for i in Validator().validate(batch)[0]] == ["h"]
+
+
+def test_a_path_made_a_fifo_after_its_check_is_refused_not_read_for_ever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file was checked by path, then opened: a path made a FIFO in between blocked the
+    single router's thread until a writer came (for ever, the row never settled)."""
+    fifo = tmp_path / "p.png"
+    os.mkfifo(fifo)
+    regular = os.stat(red_picture(tmp_path / "r.png"))
+    real_stat = os.stat
+
+    def checked(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        # its check (by path) saw a regular file
+        return regular if str(path) == str(fifo) else real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", checked)
+    unblock = threading.Timer(3, lambda: open(fifo, "wb").close())  # else it hangs for ever
+    unblock.start()
+    try:
+        with pytest.raises(SingleRejected, match="not a regular file"):
+            load_image(SingleRequest(SINGLE_FILE, str(fifo), Context(id="p"), 2, "m"), 1000)
+    finally:
+        unblock.cancel()
 
 
 # --------------------------------------------------------------------------- end to end

@@ -1,0 +1,76 @@
+"""A local image file read for the single endpoint, as ``run`` (its single router) and ``tag``
+read it: a regular file only, at most ``max_bytes``, its type from its magic bytes.
+
+The file is opened without blocking and checked again through its descriptor, so a path that
+is (or has just become) a FIFO, a device (``/dev/zero``) or a directory is refused, never read
+for ever, and no more than ``max_bytes + 1`` bytes are ever read, whatever the file holds.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+__all__ = ["DEFAULT_SINGLE_MAX_BYTES", "ImageFileError", "read_image_file", "sniff_ext"]
+
+#: The largest local image file sent, by default (``[engine] single_max_bytes``; ``tag``).
+DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
+
+_SUFFIXES = {"jpg": "jpeg", "jpe": "jpeg", "tif": "tiff"}
+
+
+class ImageFileError(Exception):
+    """A local path that holds no image to send; the message says why and names the path."""
+
+
+def sniff_ext(data: bytes, path: str) -> str:
+    """The ``<ext>`` of ``data:image/<ext>;base64,``: from the magic bytes, else the suffix."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data.startswith((b"II*\x00", b"MM\x00*")):
+        return "tiff"
+    if data.startswith(b"BM"):
+        return "bmp"
+    suffix = os.path.splitext(path)[1][1:].lower()
+    if suffix.isalnum():
+        return _SUFFIXES.get(suffix, suffix)
+    return "octet-stream"
+
+
+def _check(info: os.stat_result, path: str, max_bytes: int) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise ImageFileError(f"local path is a directory, not an image file: {path}")
+    if not stat.S_ISREG(info.st_mode):
+        raise ImageFileError(f"local path is not a regular file: {path}")
+    if info.st_size > max_bytes:
+        raise ImageFileError(
+            f"local file is larger than {max_bytes} bytes ({info.st_size}): {path}"
+        )
+
+
+def read_image_file(path: str, max_bytes: int) -> bytes:
+    """The bytes of the image file at ``path`` (blocking). Raises :class:`ImageFileError`
+    when it is missing, unreadable, not a regular file, empty or larger than ``max_bytes``."""
+    try:
+        _check(os.stat(path), path, max_bytes)  # a device is never opened
+        # Without blocking: a path made a FIFO since the stat opens at once, and its fstat
+        # refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            _check(os.fstat(fd), path, max_bytes)
+            data = fh.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise ImageFileError(f"local file not found: {path}") from None
+    except OSError as err:
+        raise ImageFileError(f"local file unreadable ({err.strerror}): {path}") from None
+    if not data:
+        raise ImageFileError(f"local file is empty: {path}")
+    if len(data) > max_bytes:  # grew since its stat
+        raise ImageFileError(f"local file is larger than {max_bytes} bytes: {path}")
+    return data
