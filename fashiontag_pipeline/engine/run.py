@@ -37,6 +37,7 @@ from .outcome import already_complete
 from .reuse import ReuseHook, open_reuse
 from .run_checks import (
     ASKED,
+    PATHS_BASE,
     absolute,
     asked_text,
     check_asked,
@@ -45,6 +46,7 @@ from .run_checks import (
     not_utf8,
     outputs_elsewhere,
     outputs_free,
+    paths_base,
     same_file,
 )
 from .source import open_manifests
@@ -186,6 +188,9 @@ async def run_pipeline(
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
         with db.transaction():  # the state's side of --reuse, in a (fenced) transaction
             db.set_meta(ASKED, asked)
+            base = paths_base(db.meta(PATHS_BASE) if run.resumed else None)
+            if base is not None:
+                db.set_meta(PATHS_BASE, base)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,
                 language=client.language,
@@ -221,6 +226,8 @@ async def run_pipeline(
         state=db.location,
     )
     core = Engine(client=tagger, db=db, state=run, config=engine, control=control, reuse=reuse)
+    if base is not None:  # relative image paths: from where the run was begun
+        core.validator.cwd = base
     spec = JobSpec(
         key=RUN_JOB,
         manifests=names,

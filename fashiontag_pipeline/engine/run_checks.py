@@ -106,6 +106,25 @@ def describe_asked(asked: str) -> str:
     return f"--language {options.get('language')} and --detection {shown}"
 
 
+#: The meta key of the directory a run reads its relative image paths from: the working
+#: directory of its first start, so that a resume from another directory reads the same files.
+PATHS_BASE = "paths_base"
+
+
+def paths_base(recorded: str | None) -> str | None:
+    """The directory relative image paths are read from: the one the run recorded, else this
+    process's working directory; None when that cannot be recorded (a name not UTF-8: the
+    validator's own working directory then)."""
+    if recorded is not None:
+        return recorded
+    try:
+        base = os.getcwd()
+        base.encode()
+    except (OSError, UnicodeEncodeError):
+        return None
+    return base
+
+
 def check_asked(where: str, before: str | None, asked: str) -> None:
     """A resumed run must ask its rows what the run was begun with: rows already sent were
     asked that (their results are read in its language), and a result store files results by

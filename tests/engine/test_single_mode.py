@@ -422,3 +422,41 @@ async def test_a_single_endpoint_failing_for_every_image_rejects_none(tmp_path: 
         )
     assert summary.complete and summary.rejected == 0
     assert_exactly_once(out, rej, {i for i, _ in rows})
+
+
+async def test_relative_paths_resumed_from_another_directory_are_the_run_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Relative image paths are read from the directory the run was begun in: a run stopped
+    (the single endpoint down past give_up_after) and resumed from another directory (cron's
+    next start, a person's shell) had the rows it had not yet read made rejects, 'local file
+    not found' under the new directory, and reported complete (exit 0)."""
+    begun, other = tmp_path / "begun", tmp_path / "other"
+    (begun / "imgs").mkdir(parents=True)
+    other.mkdir()
+    red_picture(begun / "imgs" / "red.png")
+    rows = [(f"s{i}", "imgs/red.png") for i in range(200)]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state.db"
+    engine = msgspec.structs.replace(
+        FAST, read_batch_rows=10, queue_batches=1, single_concurrency=2, give_up_after=1.0
+    )
+    monkeypatch.chdir(begun)
+    async with running_service(ServiceConfig(faults=FaultSpec.parse("503=1.0"))) as svc:
+        with pytest.raises(FatalRunError, match="single-mode tag"):
+            await run_pipeline(
+                [csv],
+                client=client_config(svc.url),
+                out=out,
+                rejects=rej,
+                state=state,
+                engine=engine,
+            )
+    monkeypatch.chdir(other)
+    async with running_service(ServiceConfig()) as svc:
+        summary = await run_pipeline(
+            [csv], client=client_config(svc.url), out=out, rejects=rej, state=state, engine=engine
+        )
+    assert summary.complete and summary.rejected == 0, read_outcomes(out, rej).rejects[:1]
+    o = assert_exactly_once(out, rej, {i for i, _ in rows})
+    assert all(r["taggingResult"]["status"] == "success" for r in o.results)
