@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from pathlib import Path
@@ -63,7 +64,8 @@ async def test_tag_takes_a_url_whatever_the_case_of_its_scheme_and_a_file_url(
     canvas.paste((200, 20, 30), (60, 60, 180, 280))
     canvas.save(picture)
     async with running_service(ServiceConfig()) as svc:
-        for image in ("HTTPS://img.example/look.jpg", picture.as_uri()):
+        upper = "DATA:IMAGE/PNG;BASE64," + base64.b64encode(picture.read_bytes()).decode()
+        for image in ("HTTPS://img.example/look.jpg", picture.as_uri(), upper):
             code, out, err = await fashiontag("tag", image, "--base-url", svc.url)
             assert code == 0, err
             assert msgspec.json.decode(out)["status"] == "success"

@@ -83,8 +83,9 @@ def _image_from_argument(value: str) -> Image:
     for scheme in ("http://", "https://"):
         if value[: len(scheme)].lower() == scheme:
             return Image(type=ImageType.URL, content=scheme + value[len(scheme) :])
-    if value.startswith("data:image/"):
-        return Image(type=ImageType.BASE64, content=value)
+    if value[:11].lower() == "data:image/":  # in any case (RFC 2397): sent lower-cased
+        head, sep, payload = value.partition(",")
+        return Image(type=ImageType.BASE64, content=head.lower() + sep + payload)
     if value[:5].lower() == "data:":
         raise ConfigError(
             f"cannot read image {value[:40]!r}: a data: URI must be"

@@ -132,8 +132,12 @@ def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
     when it cannot (or when ``route`` is off: bulk-only validation)."""
     if not route:
         raise RowError(_BULK_ONLY)
-    if value.startswith("data:"):
+    if value[:5].lower() == "data:":
         head, sep, payload = value.partition(",")
+        if not head.startswith("data:image/") or not head.endswith(";base64"):
+            # Its scheme, media type and ;base64 in any case (RFC 2397): sent lower-cased.
+            head = head.lower()
+            value = head + sep + payload
         ext = head[len("data:image/") : -len(";base64")]
         if (
             not sep

@@ -311,7 +311,7 @@ class Validator:
             kind = image.get("type")
             raw = image.get("content")
             if kind == "base64" and route:
-                if not isinstance(raw, str) or not raw.startswith("data:image/"):
+                if not isinstance(raw, str) or raw[:11].lower() != "data:image/":
                     raise RowError(
                         "image.content of type base64 must begin with data:image/<ext>;base64,"
                     )

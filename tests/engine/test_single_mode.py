@@ -460,3 +460,29 @@ async def test_relative_paths_resumed_from_another_directory_are_the_run_s(
     assert summary.complete and summary.rejected == 0, read_outcomes(out, rej).rejects[:1]
     o = assert_exactly_once(out, rej, {i for i, _ in rows})
     assert all(r["taggingResult"]["status"] == "success" for r in o.results)
+
+
+async def test_a_data_uri_in_capitals_is_tagged(tmp_path: Path) -> None:
+    """A data: URI's scheme, media type and ``;base64`` are case-insensitive (RFC 2397, as
+    ``HTTPS://`` is taken): ``DATA:image/png;base64,...`` was a reject saying that scheme
+    'DATA' is not supported, and ``data:IMAGE/PNG;BASE64,...`` that it must be data:image/...;
+    JSONL's ``image.content`` likewise. Each is sent lower-cased and tagged."""
+    png = data_uri(red_picture(tmp_path / "red.png"))
+    payload = png.partition(",")[2]
+    rows = [
+        ("upper", "DATA:image/png;base64," + payload),
+        ("mixed", "Data:IMAGE/PNG;BASE64," + payload),
+    ]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    jsonl = tmp_path / "m.jsonl"
+    image = {"type": "base64", "content": "DATA:Image/Png;Base64," + payload}
+    jsonl.write_text(json.dumps({"id": "j", "image": image}) + "\n")
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        summary = await run_pipeline(
+            [csv, jsonl], client=client_config(svc.url), out=out, rejects=rej, engine=FAST
+        )
+    assert summary.complete and summary.rejected == 0, read_outcomes(out, rej).rejects
+    o = assert_exactly_once(out, rej, {"upper", "mixed", "j"})
+    for r in o.results:
+        assert r["taggingResult"]["status"] == "success" and colors_of(r)[:1] == ["red"], r
