@@ -159,6 +159,11 @@ def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
         return SINGLE_FILE, path
     scheme = _SCHEME.match(value)
     if scheme is not None:
+        if len(scheme.group()) == 2 and value[2:3] in ("\\", "/"):  # C:\images\a.jpg
+            raise RowError(
+                f"url is a Windows path ({value[:3]}...), no path on this machine: give the"
+                " image's path here, or an http(s) URL"
+            )
         raise RowError(_BAD_SCHEME.format(scheme=scheme.group()[:-1]))
     return SINGLE_FILE, os.path.join(cwd, value)
 

@@ -80,6 +80,8 @@ def test_route_rules_without_a_service(tmp_path: Path) -> None:
         {"id": "x3", "url": "data:text/plain;base64,AAAA"},
         {"id": "x4", "image": {"type": "base64", "content": "AAAA"}},
         {"id": "x5", "image": {"type": "path", "content": "a.png"}},
+        {"id": "w1", "url": "C:\\images\\a.png"},
+        {"id": "w2", "url": "d:/images/a.png"},
     ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     reader = open_manifest(str(p), 0)
@@ -105,6 +107,9 @@ def test_route_rules_without_a_service(tmp_path: Path) -> None:
     assert "data:image/<ext>;base64,<content>" in reasons["x3"]
     assert "must begin with data:image/" in reasons["x4"]
     assert "url or base64" in reasons["x5"]
+    # A Windows path (a catalogue exported on Windows) is said to be one, not a URL scheme.
+    assert reasons["w1"].startswith("url is a Windows path (C:\\...), no path on this machine")
+    assert reasons["w2"].startswith("url is a Windows path (d:/...), no path on this machine")
     assert all(r.stage == "client" for _, r in rejects)
     # Bulk-only validation still refuses all of them.
     assert [i[0] for i in Validator().validate(batch)[0]] == ["h"]
