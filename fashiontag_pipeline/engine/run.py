@@ -41,6 +41,7 @@ from .run_checks import (
     absolute,
     asked_text,
     check_asked,
+    check_sink,
     file_size,
     not_a_file,
     not_utf8,
@@ -183,6 +184,8 @@ async def run_pipeline(
         asked = asked_text(client.language, engine.default_detection)
         if run.resumed:
             check_asked(where, db.meta(ASKED), asked)
+            if not isinstance(state_path, StateStore):  # (the daemon fails the manifest)
+                check_sink(where, recorded, engine.sink)
         # The job's outputs are the ones given now (a resume may name other paths, once
         # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)

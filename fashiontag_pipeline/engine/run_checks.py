@@ -26,6 +26,7 @@ __all__ = [
     "absolute",
     "asked_text",
     "check_asked",
+    "check_sink",
     "describe_asked",
     "file_size",
     "not_a_file",
@@ -136,6 +137,19 @@ def check_asked(where: str, before: str | None, asked: str) -> None:
         f" gives {describe_asked(asked)}: resume it with the options it was begun with, so"
         " that every row is answered alike, or pass --restart to start over (every row is"
         " tagged again)"
+    )
+
+
+def check_sink(where: str, job: JobRow | None, sink: str) -> None:
+    """A resumed run writes its results in the format its committed lines are in: the other
+    sink took the file for another run's (its checkpoint, rows or bytes, read the other way)
+    or for one that is not a database, and said to start over or give another ``--out``."""
+    if job is None or job.sink == sink or job.results_ckpt <= 0:
+        return  # (no result committed yet: nothing to read back in the old format)
+    raise exc.StateConflictError(
+        f"{where} holds an unfinished run begun with --sink {job.sink}, whose results so far"
+        f" are in {job.results} in that format; this command gives --sink {sink}: resume it"
+        f" with --sink {job.sink}, and change the sink once the run is complete"
     )
 
 

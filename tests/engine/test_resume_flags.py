@@ -1,0 +1,82 @@
+"""A run resumed with other flags than the attempt that began it (a cron line edited between
+nights, a failing run "fixed" by changing a flag): resumed exactly once, or refused with what
+to give, never a silent change that loses rows or bills them twice.
+
+Found by a hunt: ``--sink`` changed on a resume was refused as a results file rewritten by
+another run (the SQLite sink's row checkpoint read as a byte count), or as a file that is not a
+database, with ``--restart`` (every row billed again) or another ``--out`` as the way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+
+N = 1000
+
+
+def _committed(out: Path, sink: str) -> int:
+    """Results lines (or SQLite rows) in ``out`` now."""
+    if sink == "jsonl":
+        return out.read_bytes().count(b"\n") if out.exists() else 0
+    try:
+        with contextlib.closing(sqlite3.connect(out)) as db:
+            return int(db.execute("SELECT count(*) FROM results").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+async def _killed_once_results_are_committed(args: list[str], out: Path, sink: str) -> None:
+    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+    with anyio.fail_after(30):
+        while _committed(out, sink) == 0 and proc.returncode is None:
+            await anyio.sleep(0.01)
+    assert proc.returncode is None, "the run ended before it was killed"
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    await proc.aclose()
+
+
+def _sqlite_to_jsonl(out: Path) -> None:
+    """The SQLite results as JSONL lines beside them, for :func:`assert_exactly_once`."""
+    with contextlib.closing(sqlite3.connect(out)) as db:
+        ids = [r[0] for r in db.execute("SELECT id FROM results")]
+    lines = "".join(
+        f'{{"id":"{i}","taskId":"t","taggingResult":{{"status":"success"}}}}\n' for i in ids
+    )
+    out.with_suffix(".lines").write_text(lines)
+
+
+@pytest.mark.parametrize(("begun", "resumed"), [("jsonl", "sqlite"), ("sqlite", "jsonl")])
+async def test_a_resume_with_another_sink_is_refused_naming_the_sink_it_was_begun_with(
+    tmp_path: Path, begun: str, resumed: str
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", N)
+    out, rej = tmp_path / "out.res", tmp_path / "out.rej"
+    async with running_service(ServiceConfig(rate=400.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--rotate-images", "200")
+        args += ["--rotate-min-images", "200"]
+        await _killed_once_results_are_committed([*args, "--sink", begun], out, begun)
+        with anyio.fail_after(30):
+            other = await anyio.run_process([*args, "--sink", resumed], check=False, env=ENV)
+        err = other.stderr.decode()
+        assert other.returncode == 2, err
+        assert f"begun with --sink {begun}" in err and "--restart" not in err, err
+        with anyio.fail_after(30):
+            done = await anyio.run_process([*args, "--sink", begun], check=False, env=ENV)
+        assert done.returncode == 0, done.stderr.decode()
+        assert svc.store.image_count == N  # no row billed twice
+    if begun == "sqlite":
+        _sqlite_to_jsonl(out)
+        out = out.with_suffix(".lines")
+    assert_exactly_once(out, rej, ids_of(N))
