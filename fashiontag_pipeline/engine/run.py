@@ -25,6 +25,7 @@ from .. import _exceptions as exc
 from .._client import ClientStats, TaggerClient
 from .._config import ClientConfig
 from .._postgres import is_postgres_url
+from .._urls import clean_base_url
 from .config import EngineConfig, RunSummary
 from .ending import finish
 from .engine import Engine, RunControl
@@ -50,6 +51,7 @@ from .run_checks import (
     paths_base,
     same_file,
 )
+from .service_check import SERVICE, check_service, service_text
 from .source import open_manifests
 from .state import Reconciliation, StateStore, open_state
 
@@ -186,6 +188,10 @@ async def run_pipeline(
             check_asked(where, db.meta(ASKED), asked)
             if not isinstance(state_path, StateStore):  # (the daemon fails the manifest)
                 check_sink(where, recorded, engine.sink)
+        own_state = not isinstance(state_path, StateStore)  # (the daemon's always resumes)
+        service = service_text(clean_base_url(client.base_url))
+        if run.resumed and own_state:  # (one request, only when the base URL changed)
+            await check_service(where, db, client, service)
         # The job's outputs are the ones given now (a resume may name other paths, once
         # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
@@ -194,6 +200,8 @@ async def run_pipeline(
             base = paths_base(db.meta(PATHS_BASE) if run.resumed else None)
             if base is not None:
                 db.set_meta(PATHS_BASE, base)
+            if own_state:
+                db.set_meta(SERVICE, service)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,
                 language=client.language,

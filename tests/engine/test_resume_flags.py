@@ -2,7 +2,9 @@
 nights, a failing run "fixed" by changing a flag): resumed exactly once, or refused with what
 to give, never a silent change that loses rows or bills them twice.
 
-Found by a hunt: ``--sink`` changed on a resume was refused as a results file rewritten by
+Found by a hunt: ``--base-url`` changed on a resume (a staging URL, a new region) had every
+row of the run's live tasks sent, and billed, again to the new service, which did not know
+the tasks, with exit 0. ``--sink`` changed on a resume was refused as a results file rewritten by
 another run (the SQLite sink's row checkpoint read as a byte count), or as a file that is not a
 database, with ``--restart`` (every row billed again) or another ``--out`` as the way out.
 """
@@ -18,9 +20,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.engine.service_check import service_text
+from fashiontag_pipeline.service import RunningService, ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .proxy import Misbehaviour, misbehaving
 
 N = 1000
 
@@ -80,3 +84,53 @@ async def test_a_resume_with_another_sink_is_refused_naming_the_sink_it_was_begu
         _sqlite_to_jsonl(out)
         out = out.with_suffix(".lines")
     assert_exactly_once(out, rej, ids_of(N))
+
+
+async def _killed_once_every_row_is_sent(args: list[str], svc: RunningService, n: int) -> None:
+    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+    with anyio.fail_after(30):
+        while svc.store.image_count < n and proc.returncode is None:
+            await anyio.sleep(0.01)
+    assert proc.returncode is None, "the run ended before it was killed"
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    await proc.aclose()
+
+
+@pytest.mark.parametrize("elsewhere", ["another service", "the same one by another name"])
+async def test_a_resume_against_another_service_is_refused_before_a_row_is_billed_there(
+    tmp_path: Path, elsewhere: str
+) -> None:
+    """``--base-url`` changed on a resume (a staging URL, a new region): the run's tasks are
+    unknown there, and every row in them was sent to the new service too (billed on both,
+    exit 0). A URL that reaches the same service (a proxy, a new name) resumes as before."""
+    manifest = write_csv(tmp_path / "m.csv", N)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "out.rej"
+    extra = [str(manifest), "--rotate-images", "200", "--rotate-min-images", "200"]
+    async with (
+        running_service(ServiceConfig(rate=400.0)) as first,
+        running_service(ServiceConfig()) as other,
+        misbehaving(first.url, Misbehaviour()) as proxy,
+    ):
+        await _killed_once_every_row_is_sent(run_args(first.url, out, *extra), first, N)
+        url = other.url if elsewhere == "another service" else proxy.url
+        with anyio.fail_after(30):
+            again = await anyio.run_process(run_args(url, out, *extra), check=False, env=ENV)
+        err = again.stderr.decode()
+        if elsewhere == "another service":
+            assert again.returncode == 2, err
+            assert f"--base-url {first.url}" in err, err
+            assert other.store.image_count == 0  # nothing sent (billed) there
+            with anyio.fail_after(30):
+                again = await anyio.run_process(
+                    run_args(first.url, out, *extra), check=False, env=ENV
+                )
+        assert again.returncode == 0, again.stderr.decode()
+        assert first.store.image_count == N and other.store.image_count == 0
+    assert_exactly_once(out, rej, ids_of(N))
+
+
+def test_the_service_is_recorded_without_its_user_part() -> None:
+    for url in ("https://u:s3cret@gw.example/tag/", "https://s3cret@gw.example/tag"):
+        assert service_text(url) == "https://gw.example/tag"
+    assert service_text("https://u:s3c/ret@gw.example") == "https://gw.example"

@@ -18,7 +18,8 @@ import anyio
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour
 
 
 def open_tasks(state: Path) -> int:
@@ -32,13 +33,19 @@ def open_tasks(state: Path) -> int:
     return int(n)
 
 
-async def interrupted_with_an_open_task(tmp_path: Path, n: int) -> tuple[list[str], Path]:
+async def interrupted_with_an_open_task(
+    tmp_path: Path, n: int, proxy: MisbehavingProxy | None = None
+) -> tuple[list[str], Path]:
     """A run killed (SIGKILL) while a task of it is open, its service then gone: the args of
-    the same command against that dead address, and the results path."""
+    the same command against that dead address (or ``proxy``, in front of it), and the
+    results path."""
     manifest = write_csv(tmp_path / "m.csv", n)
     out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
     async with running_service(ServiceConfig(rate=500.0)) as svc:
-        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        url = svc.url
+        if proxy is not None:
+            proxy.upstream, url = svc.url, proxy.url
+        args = run_args(url, out, str(manifest), "--state", str(state))
         args += ["--rotate-images", "5000", "--rotate-min-images", "5000"]
         proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
         with anyio.fail_after(60):
@@ -82,15 +89,17 @@ async def test_sigterm_while_a_resume_waits_for_the_service_stops_it(tmp_path: P
 async def test_the_same_command_finishes_once_the_service_is_back(tmp_path: Path) -> None:
     """After a resume gave up, the same command against a service that is up again ends
     with every id once (the task the dead service held is lost with it: its rows are sent
-    again)."""
-    args, out = await interrupted_with_an_open_task(tmp_path, 3000)
-    with anyio.fail_after(60):
-        gave_up = await anyio.run_process([*args, "--give-up-after", "1"], check=False, env=ENV)
-    assert gave_up.returncode == 1
-    async with running_service(ServiceConfig()) as svc:
-        base = args.index("--base-url")
-        again = [*args[: base + 1], svc.url, *args[base + 2 :]]
-        with anyio.fail_after(120):
-            done = await anyio.run_process(again, check=False, env=ENV)
+    again). The service is reached through a proxy, so that it comes back at the address
+    the run was begun with (another address is another service: refused)."""
+    async with MisbehavingProxy("", Misbehaviour()).running() as proxy:
+        args, out = await interrupted_with_an_open_task(tmp_path, 3000, proxy)
+        proxy.upstream = f"http://127.0.0.1:{dead_port()}"
+        with anyio.fail_after(60):
+            gave_up = await anyio.run_process([*args, "--give-up-after", "1"], check=False, env=ENV)
+        assert gave_up.returncode == 1
+        async with running_service(ServiceConfig()) as svc:
+            proxy.upstream = svc.url
+            with anyio.fail_after(120):
+                done = await anyio.run_process(args, check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
