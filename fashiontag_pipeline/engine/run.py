@@ -51,7 +51,7 @@ from .run_checks import (
     paths_base,
     same_file,
 )
-from .service_check import SERVICE, check_service, service_text
+from .service_check import check_service, record_service, service_text
 from .source import open_manifests
 from .state import Reconciliation, StateStore, open_state
 
@@ -201,7 +201,7 @@ async def run_pipeline(
             if base is not None:
                 db.set_meta(PATHS_BASE, base)
             if own_state:
-                db.set_meta(SERVICE, service)
+                record_service(db, client, service)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,
                 language=client.language,

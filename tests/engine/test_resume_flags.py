@@ -4,7 +4,8 @@ to give, never a silent change that loses rows or bills them twice.
 
 Found by a hunt: ``--base-url`` changed on a resume (a staging URL, a new region) had every
 row of the run's live tasks sent, and billed, again to the new service, which did not know
-the tasks, with exit 0. ``--sink`` changed on a resume was refused as a results file rewritten by
+the tasks, with exit 0; another account's key, at the same URL, did the same under it.
+``--sink`` changed on a resume was refused as a results file rewritten by
 another run (the SQLite sink's row checkpoint read as a byte count), or as a file that is not a
 database, with ``--restart`` (every row billed again) or another ``--out`` as the way out.
 """
@@ -134,3 +135,38 @@ def test_the_service_is_recorded_without_its_user_part() -> None:
     for url in ("https://u:s3cret@gw.example/tag/", "https://s3cret@gw.example/tag"):
         assert service_text(url) == "https://gw.example/tag"
     assert service_text("https://u:s3c/ret@gw.example") == "https://gw.example"
+
+
+async def test_a_resume_with_another_accounts_key_is_refused_before_a_row_is_billed_to_it(
+    tmp_path: Path,
+) -> None:
+    """The key changed on a resume (another account's, at the same URL): the run's tasks are
+    404 to it, and every row in them was sent again under it (billed to both accounts, exit
+    0). Neither key shows in the message or the state."""
+    keys = ("bulk-key-of-account-one", "bulk-key-of-account-two")
+    manifest = write_csv(tmp_path / "m.csv", N)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "out.rej"
+    extra = [str(manifest), "--rotate-images", "200", "--rotate-min-images", "200"]
+    env = [{**ENV, "FASHIONTAG_BULK_API_KEY": key, "FASHIONTAG_API_KEY": key} for key in keys]
+    async with running_service(ServiceConfig(rate=400.0, bulk_api_keys=keys)) as svc:
+        args = run_args(svc.url, out, *extra)
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=env[0])
+        with anyio.fail_after(30):
+            while svc.store.image_count < N and proc.returncode is None:
+                await anyio.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        with anyio.fail_after(30):
+            again = await anyio.run_process(args, check=False, env=env[1])
+        err = again.stderr.decode()
+        assert again.returncode == 2, err
+        assert "FASHIONTAG_BULK_API_KEY" in err and not any(key in err for key in keys), err
+        assert svc.store.image_count == N  # nothing sent (billed) under the other key
+        with anyio.fail_after(30):
+            done = await anyio.run_process(args, check=False, env=env[0])
+        assert done.returncode == 0, done.stderr.decode()
+        assert svc.store.image_count == N
+    state = out.with_name(out.name + ".state").read_bytes()
+    assert not any(key.encode() in state for key in keys)
+    assert_exactly_once(out, rej, ids_of(N))
