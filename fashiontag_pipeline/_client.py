@@ -26,6 +26,7 @@ from ._config import (
     base_url_problem,
     clean_base_url,
     key_hint,
+    key_mac,
     shown_url,
     with_default_keys,
 )
@@ -142,6 +143,23 @@ class TaggerClient:
     def server_clock(self) -> ServerClock:
         """The service's clock offset, from responses' ``Date`` (write deadlines use it)."""
         return self._http.server_clock
+
+    def bulk_key_mac(self, salt: bytes) -> str:
+        """16 hex digits of HMAC-SHA256 under ``salt`` of the key sent on bulk paths: tells one
+        key from another (a resume under another account's) without keeping it."""
+        return key_mac(self._bulk_api_key, salt)
+
+    def at(self, base_url: str, *, retry: RetryPolicy | None = None) -> TaggerClient:
+        """A client of the same keys and settings for the service at ``base_url``."""
+        return TaggerClient(
+            base_url,
+            api_key=self._api_key,
+            bulk_api_key=self._bulk_api_key,
+            language=self.language,
+            timeout=self.timeout,
+            retry=retry or self.retry,
+            limits=self.limits,
+        )
 
     def _key_hint(self, path: str) -> str:
         bulk = path != SINGLE_PATH

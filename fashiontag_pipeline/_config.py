@@ -18,6 +18,8 @@ The environment overrides the file: ``FASHIONTAG_BASE_URL``, ``FASHIONTAG_API_KE
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import os
 from collections.abc import Mapping
@@ -39,6 +41,7 @@ __all__ = [
     "Timeout",
     "base_url_problem",
     "clean_base_url",
+    "key_mac",
     "key_problem",
     "load_client_config",
     "load_section",
@@ -249,6 +252,13 @@ def with_default_keys(config: ClientConfig) -> ClientConfig:
         api_key=Secret(DEV_API_KEY, source=DEV_KEY_SOURCE),
         bulk_api_key=Secret(DEV_BULK_API_KEY, source=DEV_KEY_SOURCE),
     )
+
+
+def key_mac(secret: Secret | None, salt: bytes) -> str:
+    """16 hex digits of HMAC-SHA256 under ``salt`` of a key (of "" for none): one key told from
+    another in a state, never the key nor a digest of it alone."""
+    value = (secret.reveal() if secret is not None else "").encode("utf-8", "surrogatepass")
+    return hmac.new(salt, value, hashlib.sha256).hexdigest()[:16]
 
 
 def key_hint(secret: Secret | None, *, bulk: bool) -> str:

@@ -7,18 +7,20 @@ a new region) or another key (another account's) asks the service for one of the
 tasks, once: a service or account that does not know it would have every row of those tasks
 sent, and billed, again (the engine takes a task 404 as one the service forgot), while the
 first still tags them. That is refused; a URL reaching the same service (a proxy, a new name),
-or a key of the same account (a rotated key), finds the task and the run resumes.
+or a key of the same account (a rotated key), finds the task and the run resumes. When the
+URL changed and the first service is gone (it cannot be reached, or no longer knows the task:
+a region shut down), the run resumes on the service given now, its live tasks' rows sent
+there, as for tasks a service forgot: refusing would leave ``--restart`` (every row billed
+again) as the only way on.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
-from .._config import ClientConfig, Secret, with_default_keys
+from .._config import ClientConfig, RetryPolicy, Secret, key_mac, with_default_keys
 from .._urls import shown_url
 from .state import StateStore
 
@@ -38,25 +40,28 @@ def service_text(base_url: str) -> str:
     return f"{scheme}{sep}{rest.rpartition('@')[2]}".rstrip("/")
 
 
-def _bulk_key(client: ClientConfig | TaggerClient) -> Secret | None:
-    """The key the client sends on bulk paths (as :class:`TaggerClient` picks it)."""
-    if isinstance(client, TaggerClient):
-        return client._bulk_api_key
-    config = with_default_keys(client)
+def _bulk_key(config: ClientConfig) -> Secret | None:
+    """The key a client of ``config`` sends on bulk paths (as :class:`TaggerClient` picks it)."""
+    config = with_default_keys(config)
     return config.bulk_api_key if config.bulk_api_key is not None else config.api_key
 
 
-def _key_text(key: Secret | None, salt: str) -> str:
-    value = (key.reveal() if key is not None else "").encode("utf-8", "surrogatepass")
-    digest = hmac.new(bytes.fromhex(salt), value, hashlib.sha256).hexdigest()[:16]
-    return f"{salt}:{digest}"
+def _mac(client: ClientConfig | TaggerClient, salt: bytes) -> str:
+    """The HMAC of the key the client sends on bulk paths."""
+    if isinstance(client, TaggerClient):
+        return client.bulk_key_mac(salt)
+    return key_mac(_bulk_key(client), salt)
 
 
-def _same_key(recorded: str | None, key: Secret | None) -> bool:
+def _key_text(client: ClientConfig | TaggerClient, salt: str) -> str:
+    return f"{salt}:{_mac(client, bytes.fromhex(salt))}"
+
+
+def _same_key(recorded: str | None, client: ClientConfig | TaggerClient) -> bool:
     if recorded is None:
         return True  # (a state of an older build: nothing to compare)
     try:
-        return hmac.compare_digest(_key_text(key, recorded.partition(":")[0]), recorded)
+        return secrets.compare_digest(_key_text(client, recorded.partition(":")[0]), recorded)
     except ValueError:  # (not hex: not ours)
         return True
 
@@ -64,9 +69,9 @@ def _same_key(recorded: str | None, key: Secret | None) -> bool:
 def record_service(db: StateStore, client: ClientConfig | TaggerClient, given: str) -> None:
     """Record the service and key the run sends to now (in the caller's transaction)."""
     db.set_meta(SERVICE, given)
-    key, recorded = _bulk_key(client), db.meta(KEY)
-    if recorded is None or not _same_key(recorded, key):
-        db.set_meta(KEY, _key_text(key, secrets.token_hex(16)))
+    recorded = db.meta(KEY)
+    if recorded is None or not _same_key(recorded, client):
+        db.set_meta(KEY, _key_text(client, secrets.token_hex(16)))
 
 
 async def check_service(
@@ -74,11 +79,11 @@ async def check_service(
 ) -> None:
     """:class:`StateConflictError` when the state's unfinished run has live tasks on another
     service than ``given`` (the base URL as :func:`service_text` records it), or under
-    another bulk key, and the service asked with these does not know them. One request, only
-    when the URL or the key changed."""
-    before, key = db.meta(SERVICE), _bulk_key(client)
+    another bulk key, the service asked with these does not know them, and (for another URL)
+    the first service still does. A request or two, only when the URL or the key changed."""
+    before = db.meta(SERVICE)
     moved = before is not None and before != given
-    rekeyed = not _same_key(db.meta(KEY), key)
+    rekeyed = not _same_key(db.meta(KEY), client)
     if not (moved or rekeyed):
         return
     live = [row[0] for row in db.resume_tasks() if row[3] != "lost"]
@@ -86,13 +91,14 @@ async def check_service(
         return  # nothing in flight: the rows left are sent to the service given now
     tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
     try:
-        await tagger.task_status(live[0])
-    except exc.TaskNotFoundError:
-        pass
-    except exc.FashiontagError:
-        return  # unreachable, refused, ...: the run meets it and says so
-    else:
-        return  # the same service by another name, or the same account's new key
+        if await _ask(tagger, live[0]) != "unknown":
+            return  # the same service by another name, or the same account's new key; or
+            # it cannot tell (unreachable, refused, ...): the run meets that and says so
+        if moved and not rekeyed and before is not None:
+            # One try, no retry: a service gone (a region shut down) is not waited for.
+            async with tagger.at(before, retry=RetryPolicy(max_attempts=1)) as first:
+                if await _ask(first, live[0]) in ("unknown", "gone"):
+                    return  # the first service is gone: its tasks' rows go to this one
     finally:
         if tagger is not client:
             await tagger.aclose()
@@ -104,8 +110,9 @@ async def check_service(
         if rekeyed:
             fix += ", and the bulk key it was begun with"
     else:
-        source = key.source if key is not None and key.source else "the caller"
         begun = f"whose {tasks} were created with another bulk key (another account's?)"
+        key = _bulk_key(client) if isinstance(client, ClientConfig) else None
+        source = key.source if key is not None and key.source else "the caller"
         now = f"the service, asked with the bulk key from {source},"
         fix = "resume it with the bulk key it was begun with, to read their results"
     raise exc.StateConflictError(
@@ -114,3 +121,17 @@ async def check_service(
         " (only if those tasks are gone for good, --restart starts over: every row is tagged"
         " again)"
     )
+
+
+async def _ask(tagger: TaggerClient, task_id: str) -> str:
+    """What the service says of the task: "known", "unknown" (404), "gone" (no connection,
+    no answer in time) or "unclear" (any other failure: a refused key, a 5xx...)."""
+    try:
+        await tagger.task_status(task_id)
+    except exc.TaskNotFoundError:
+        return "unknown"
+    except (exc.ConnectError, exc.TimeoutError_):
+        return "gone"
+    except exc.FashiontagError:
+        return "unclear"
+    return "known"

@@ -131,6 +131,25 @@ async def test_a_resume_against_another_service_is_refused_before_a_row_is_bille
     assert_exactly_once(out, rej, ids_of(N))
 
 
+async def test_a_resume_on_another_service_once_the_first_is_gone_goes_on_there(
+    tmp_path: Path,
+) -> None:
+    """The first service is gone for good (a region shut down: no connection): refusing the
+    new URL left ``--restart`` (every row billed again) as the only way on. The run resumes on
+    the service given now, its live tasks' rows sent there, as for tasks a service forgot."""
+    manifest = write_csv(tmp_path / "m.csv", N)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "out.rej"
+    extra = [str(manifest), "--rotate-images", "200", "--rotate-min-images", "200"]
+    async with running_service(ServiceConfig()) as other:
+        async with running_service(ServiceConfig(rate=400.0)) as first:
+            await _killed_once_every_row_is_sent(run_args(first.url, out, *extra), first, N)
+        with anyio.fail_after(60):
+            again = await anyio.run_process(run_args(other.url, out, *extra), check=False, env=ENV)
+        assert again.returncode == 0, again.stderr.decode()
+        assert 0 < other.store.image_count <= N
+    assert_exactly_once(out, rej, ids_of(N))
+
+
 def test_the_service_is_recorded_without_its_user_part() -> None:
     for url in ("https://u:s3cret@gw.example/tag/", "https://s3cret@gw.example/tag"):
         assert service_text(url) == "https://gw.example/tag"
