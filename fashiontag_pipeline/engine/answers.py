@@ -174,10 +174,13 @@ class WriteAnswers:
         by_job: dict[int, dict[str, int]] | None = None,
     ) -> None:
         """Record ``chunk`` as of unknown fate in its task (settled from the task's results),
-        in one transaction with ``ops`` (the task it created) and the counts given."""
+        in one transaction with ``ops`` (the task it created) and the counts given (its rows
+        counted as submitted are recorded with it: the others are counted when the task
+        returns them, :mod:`.returned`)."""
         assert chunk.task_id is not None
+        counted = (counters or {}).get("submitted")
         await self.journal.commit(
-            ops=[*(ops or ()), changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
+            ops=[*(ops or ()), changes.chunk_orphan(chunk.chunk_id, chunk.task_id, counted)],
             counters=counters,
             by_job=by_job,
         )
@@ -191,7 +194,7 @@ class WriteAnswers:
         written to the task a second time. The caller attaches it to its task's entry."""
         assert chunk.task_id is not None
         await self.journal.commit(
-            ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id)],
+            ops=[changes.chunk_orphan(chunk.chunk_id, chunk.task_id, len(chunk.ids))],
             counters={"submitted": len(chunk.ids)},
             by_job=self._submitted(chunk, {}),
         )

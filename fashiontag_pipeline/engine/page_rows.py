@@ -25,6 +25,7 @@ from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
 from .idmatch import CUT_PAIR, IdMatcher
 from .pages import NotAPage, PageRow, decode_page, screen
+from .returned import ReturnedRows
 from .state import Journal
 from .tracker import TaskEntry
 
@@ -48,6 +49,7 @@ class PageRows:
 
     client: TaggerClient
     journal: Journal
+    returned: ReturnedRows
     pages: int
     _warned_changed: bool
 
@@ -93,8 +95,11 @@ class PageRows:
                 if not rows:
                     continue
                 found += len(rows)
-                await self.journal.commit(
-                    page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success
+                await self.returned.commit(
+                    entry,
+                    page=(entry.task_id, rows),
+                    counters={"pages": 1},
+                    all_success=all_success,
                 )
                 self.pages += 1
             missing -= found

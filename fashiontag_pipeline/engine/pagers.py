@@ -78,6 +78,7 @@ class ResultPagers(PageFetcher, PageRows):
         self.config = config
         self.budget = budget
         self.settler = settler
+        self.returned = settler.returned
         self.finished = finished
         self.slots = AIMDLimiter(config.max_page_concurrency)
         self._heap: list[tuple[float, int, TaskEntry]] = []
@@ -307,8 +308,12 @@ class ResultPagers(PageFetcher, PageRows):
             quick = drained and await self.settler.all_written(entry)
             if quick:
                 ops.extend(changes.task_drained(task_id))
-            await self.journal.commit(
-                page=(task_id, rows), ops=ops, counters={"pages": pages}, all_success=all_success
+            await self.returned.commit(
+                entry,
+                page=(task_id, rows),
+                ops=ops,
+                counters={"pages": pages},
+                all_success=all_success,
             )
             self.pages += pages
             if drained:
@@ -355,7 +360,7 @@ class ResultPagers(PageFetcher, PageRows):
                 entry.total,
                 extra={"task_id": entry.task_id},
             )
-            await self.journal.commit(
-                page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success
+            await self.returned.commit(
+                entry, page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success
             )
             self.pages += 1

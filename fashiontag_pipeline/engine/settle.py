@@ -28,6 +28,7 @@ from .._models import TaggingRequest
 from .batcher import STAGE_SERVER
 from .jobs import Jobs
 from .policy import decode_body, decode_chunk
+from .returned import ReturnedRows
 from .state import JobReject, Journal, changes
 from .tracker import TaskBook, TaskEntry
 from .validate import Item
@@ -65,6 +66,8 @@ class TaskSettler:
         self.book = book
         self.resend = resend
         self.max_sends = max_sends
+        #: Rows of orphan chunks counted as submitted when the task returns them.
+        self.returned = ReturnedRows(journal, jobs)
 
     async def all_written(self, entry: TaskEntry) -> bool:
         """True when the task has no orphan chunk and its lines (those written and the page
@@ -179,6 +182,9 @@ class TaskSettler:
         lost = entry.state == "lost"
         seen = entry.seen or set()
         journal = self.journal
+        # Rows of its orphans it returned and no page commit counted (a resume that found
+        # the write in flight at the kill, its task read to its end already): counted first.
+        await self.returned.commit(entry)
         refused = await journal.run(journal.refused_ids, STAGE_SERVER)
         is_open = self.jobs.is_open
         for chunk_id, sends, rows in await self._rows_of(entry.task_id, states):
@@ -196,6 +202,7 @@ class TaskSettler:
                 await journal.commit(ops=changes.chunk_resolved(chunk_id))
             if chunk_id in entry.orphans:
                 entry.orphans.discard(chunk_id)
+                self.returned.forget((chunk_id,))
                 self.book.orphans_pending -= 1
         if lost:
             self.done_with(entry)

@@ -794,6 +794,48 @@ async def test_kill_9_while_a_create_is_unanswered_counts_its_rows_as_submitted(
     assert (figures["submitted"], billed) == (n, n)
 
 
+async def test_kill_9_after_a_lost_put_answer_counts_its_rows_as_submitted(
+    tmp_path: Path,
+) -> None:
+    """The service applied a PUT and its answer was lost; the run was killed before its
+    retry, and resumed once the task had expired (it takes no more writes). The chunk is
+    settled from the task's results: its rows the task returned were tagged, but the summary
+    said ``submitted 2,000`` of 3,000 rows (3,000 billed). They count as submitted, in the
+    commit that writes their lines."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    state = ["--state", str(tmp_path / "s.db"), "--summary", str(summary)]
+    state += ["--rotate-min-images", "5000", "--rotate-images", "5000", "--expiry-margin", "0.2"]
+    async with running_service(ServiceConfig(task_ttl=2.0)) as svc:
+        proc: anyio.abc.Process | None = None
+
+        def kill_once_lost(method: str, path: str) -> None:
+            if proxy.lost_answers and proc is not None and proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+
+        rules = Misbehaviour(lose_first_put_answer=True, on_request=kill_once_lost)
+        async with misbehaving(svc.url, rules) as proxy:
+            args = run_args(proxy.url, out, str(manifest), *state)
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            with anyio.fail_after(30):
+                await proc.wait()
+            await proc.aclose()
+        assert proxy.lost_answers == ["append"] and proc.returncode == -signal.SIGKILL
+        await anyio.sleep(2.5)  # the task expires
+        args = run_args(svc.url, out, str(manifest), *state, "--resume")
+        final = await anyio.run_process(args, check=False, env=ENV)
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    figures = msgspec.json.decode(summary.read_bytes())
+    assert (figures["tagged"] + figures["failed"], figures["rejected"]) == (len(o.results), 0)
+    assert (figures["submitted"], billed) == (n, n)
+    with sqlite3.connect(tmp_path / "s.db") as db:  # the job's own figure (the daemon's)
+        assert db.execute("SELECT submitted FROM jobs").fetchall() == [(n,)]
+
+
 async def test_kill_9_while_forgotten_tasks_are_settled_then_resume(tmp_path: Path) -> None:
     """The service forgets tasks 2, 4 and 6 once done; the engine is killed (SIGKILL) just
     after the first and again after the next are forgotten, in the middle of settling them;

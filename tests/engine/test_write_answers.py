@@ -12,6 +12,7 @@ id exactly once in the outputs, and that the run ends complete.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -288,3 +289,40 @@ async def test_a_row_refused_whole_before_any_write_was_taken_is_still_its_rejec
     assert summary.complete and summary.unsettled == 0
     assert [(r["id"], r["stage"]) for r in o.rejects] == [("p0", "server-validation")]
     assert len(o.results) == 999
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        Misbehaviour(lose_first_put_answer=True, duplicate_wording="Duplicated image id:"),
+        Misbehaviour(lose_first_put_answer=True, refuse_all_failed_with_400=True),
+        Misbehaviour(lose_first_create_answer=True, refuse_all_failed_with_400=True),
+        Misbehaviour(lose_first_put_answer=True, no_content_writes={"PUT"}),
+    ],
+    ids=["put-reworded", "put-400", "create-400", "put-204"],
+)
+async def test_rows_of_a_write_whose_answer_was_lost_count_as_submitted(
+    tmp_path: Path, rules: Misbehaviour, state_location: Callable[[str], Path | str]
+) -> None:
+    """A write applied, its answer lost, and its retry refused in words of the service's own
+    (or whole, with 400): the chunk is settled from the task's results. Its rows the task
+    returned were billed, yet the summary said ``submitted 2,000`` of 3,000 rows all tagged
+    (the service took 3,000). They count as submitted once, when the task returns them; the
+    figures match the outputs and the bill."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            state=state_location("run"),
+            engine=LONG_TASKS,
+        )
+        billed = svc.store.image_count
+    o = read_outcomes(out, rej)
+    assert proxy.lost_answers and summary.complete
+    assert (summary.tagged + summary.failed, summary.rejected) == (len(o.results), len(o.rejects))
+    assert (summary.submitted, billed, len(o.results)) == (n, n, n)

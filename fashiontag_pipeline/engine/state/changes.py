@@ -21,6 +21,7 @@ __all__ = [
     "STDIN_DIGEST",
     "Change",
     "chunk_accepted",
+    "chunk_counted",
     "chunk_detached",
     "chunk_orphan",
     "chunk_resolved",
@@ -148,10 +149,21 @@ def chunk_accepted(chunk_id: int, task_id: str, n_ok: int) -> Change:
     )
 
 
-def chunk_orphan(chunk_id: int, task_id: str) -> Change:
+def chunk_orphan(chunk_id: int, task_id: str, counted: int | None = None) -> Change:
     """The chunk's fate is unknown and its task takes no more writes: settled from that task's
-    results (its task is recorded: after an ambiguous create the row had only the token)."""
-    return ("UPDATE chunks SET state='orphan', task_id=? WHERE chunk_id=?", (task_id, chunk_id))
+    results (its task is recorded: after an ambiguous create the row had only the token).
+    ``counted``: its rows counted as submitted already (a write answered 2xx with no body:
+    all of them); None: none, each is counted when its task returns it (``chunk_counted``)."""
+    return (
+        "UPDATE chunks SET state='orphan', task_id=?, n_ok=? WHERE chunk_id=?",
+        (task_id, counted, chunk_id),
+    )
+
+
+def chunk_counted(chunk_id: int, counted: int) -> Change:
+    """``counted`` rows of a chunk of unknown fate are counted as submitted (those its task
+    returned), in the transaction that adds them to the counter: never counted twice."""
+    return ("UPDATE chunks SET n_ok=? WHERE chunk_id=?", (counted, chunk_id))
 
 
 def chunk_state(chunk_id: int, state: ChunkState) -> Change:

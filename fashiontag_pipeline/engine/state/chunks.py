@@ -163,6 +163,19 @@ class ChunkTables(JobTables):
             )
         )
 
+    def orphan_rows(self, chunk_ids: Sequence[int]) -> list[tuple[int, int | None, bytes]]:
+        """(chunk_id, rows counted as submitted (``n_ok``), body) of the orphan chunks among
+        ``chunk_ids`` that still have a body (:mod:`~..returned`)."""
+        marks = ",".join("?" * len(chunk_ids))
+        return [
+            (int(cid), None if n_ok is None else int(n_ok), bytes(body))
+            for cid, n_ok, body in self.db.execute(
+                f"SELECT chunk_id, n_ok, {BODY_SQL} FROM chunks WHERE chunk_id IN ({marks})"
+                f" AND state='orphan' AND {BODY_SQL} IS NOT NULL",
+                tuple(chunk_ids),
+            )
+        ]
+
     def sent_chunks(self, task_id: str) -> list[tuple[bytes | None, bytes | None]] | None:
         """Every chunk written to the task whose rows may still come from it (the ids it can
         hold): (the JSON list of its ids, None) where they were kept apart, else (None, its

@@ -23,7 +23,8 @@ Schema::
     chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok)
                                state: pending (written ahead, fate unknown) | accepted |
                                orphan (fate unknown, task no longer writable) | resolved;
-                               n_ok: rows of the chunk the service accepted; an
+                               n_ok: rows of the chunk the service accepted (an orphan:
+                               its rows counted as submitted so far, NULL for none); an
                                accepted chunk is deleted when its task is drained or expired
     chunk_bodies(chunk_id, ids, body)
                                a chunk's rows ({"p": [positions], "r": [requests]}), written
