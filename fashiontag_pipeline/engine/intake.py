@@ -139,8 +139,8 @@ async def intake(
                 if change is not None:
                     also.append(change)
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
-            #: What the validator measured of the rows' URLs (the writer's cut by bytes).
-            measured: int | None = getattr(items, "url_bytes", None)
+            #: What the validator measured of the rows' text (the writer's cut by bytes).
+            measured: int | None = getattr(items, "size", None)
             fresh: list[JobReject] = []
             #: Position of a refused row -> its reject's index in ``fresh`` (a later row of an
             #: id is a ``duplicate id`` reject whatever else is wrong with it: see claimed).

@@ -249,44 +249,67 @@ class WritePolicy:
         return [self.chunk_size] * (buffered // self.chunk_size)
 
 
-#: The most bytes of image URLs one chunk carries (besides ``chunk_size`` requests). Chunks
-#: were cut by count alone: 1,000 rows of 250 KB URLs made a 250 MB chunk, held in the buffer,
-#: encoded, written ahead and sent by each write slot at once (2.2 GB peak RSS for a 500 MB
-#: manifest); a chunk past the service's body limit is refused and split anyway. (Under 1 MB,
-#: past which aiohttp warns that sending a body may block the event loop; a chunk of the
-#: common ~100-byte URLs is ~0.1 MB, never cut by it.)
+#: The most characters of requests (ids, image URLs and context fields: :func:`text_size`)
+#: one chunk carries (besides ``chunk_size`` requests). Chunks were cut by count alone: 1,000
+#: rows of 250 KB URLs made a 250 MB chunk, held in the buffer, encoded, written ahead and sent
+#: by each write slot at once (2.2 GB peak RSS for a 500 MB manifest), and then by their URLs
+#: alone: 1,000 rows of 50 KB keywords or ids, 407 MB; a chunk past the service's body limit is
+#: refused and split anyway. (Under 1 MB, past which aiohttp warns that sending a body may
+#: block the event loop; a chunk of the common ~100-byte rows is ~0.1 MB, never cut by it.)
 MAX_CHUNK_BYTES = 512 << 10
 
 
 class Measured(list[Any]):
-    """Items whose URLs are known to hold at most ``url_bytes`` bytes, measured where it cost
-    nothing (the validator's block of plain lines has their URLs joined already)."""
+    """Items whose requests are known to hold at most ``size`` characters (:func:`text_size`),
+    measured where it cost nothing (the validator's block of plain lines has their text)."""
 
-    __slots__ = ("url_bytes",)
+    __slots__ = ("size",)
 
-    def __init__(self, items: Iterable[Any], url_bytes: int) -> None:
+    def __init__(self, items: Iterable[Any], size: int) -> None:
         super().__init__(items)
-        self.url_bytes = url_bytes
+        self.size = size
 
 
-def url_bytes(items: Sequence[Any]) -> int:
-    """The bytes of the image URLs of ``items``: as measured (:class:`Measured`), else one
-    C-level pass over them (~400 instructions an item)."""
-    known: int | None = getattr(items, "url_bytes", None)
+def batch_size(items: Sequence[Any]) -> int:
+    """At least the :func:`text_size` of ``items`` together: as measured (:class:`Measured`),
+    else the length of their JSON, encoded in C (~90 ns an item; every string at least as long
+    as its characters)."""
+    known: int | None = getattr(items, "size", None)
     if known is not None:
         return known
-    return sum(map(len, map(_url, map(_request, items))))
+    return len(_body_encoder.encode(list(map(_request, items))))
+
+
+def text_size(request: TaggingRequest) -> int:
+    """The characters of a request's strings: its URL, its id and its context fields (what
+    may be long in a manifest's row; the JSON around them is ~60 bytes a request)."""
+    context = request.context
+    size = len(request.image.content) + len(context.id)
+    for value in (
+        context.gender,
+        context.brand,
+        context.currency,
+        context.price,
+        context.keywords,
+        context.product_content_name,
+        context.season,
+    ):
+        if value:
+            size += len(value)
+    if context.age:
+        size += sum(map(len, context.age))
+    return size
 
 
 class ChunkCutter:
     """Where the task writer's buffer is cut into chunks: every ``size`` requests, or sooner
-    when their URLs pass ``max_bytes`` (at least one request a chunk).
+    when their :func:`text_size` passes ``max_bytes`` (at least one request a chunk).
 
-    An upper bound of the buffer's URL bytes is kept as items come in (a :class:`Measured`
-    batch adds its known bytes; any other is measured once, in C): while it is within
-    ``max_bytes`` the buffer is cut by count alone. Past it, the buffer is measured again
-    (the bound only grew as chunks left), and only a buffer that really holds that many
-    bytes (long URLs) is cut item by item. Measuring every chunk item by item cost ~700
+    An upper bound of the buffer's size is kept as items come in (a :class:`Measured` batch
+    adds its known size; any other is measured once, in C): while it is within ``max_bytes``
+    the buffer is cut by count alone. Past it, the buffer is measured again (the bound only
+    grew as chunks left), and only a buffer that really holds that much (long URLs, ids or
+    context fields) is cut item by item. Measuring every chunk item by item cost ~700
     instructions an image (~1.3% of the engine's CPU)."""
 
     __slots__ = ("bound", "max_bytes", "size")
@@ -297,7 +320,7 @@ class ChunkCutter:
         self.bound = 0
 
     def added(self, items: Sequence[Any]) -> None:
-        self.bound += url_bytes(items)
+        self.bound += batch_size(items)
 
     def emptied(self) -> None:
         self.bound = 0
@@ -305,7 +328,7 @@ class ChunkCutter:
     def cut(self, buffer: list[Any]) -> int:
         """How many items from the front of ``buffer`` make a full chunk; 0: none yet."""
         if self.bound > self.max_bytes:
-            self.bound = url_bytes(buffer)  # (the buffer is a plain list: measured)
+            self.bound = batch_size(buffer)  # (the buffer is a plain list: measured)
             if self.bound > self.max_bytes:
                 return chunk_cut(buffer, self.size, self.max_bytes)
         return self.size if len(buffer) >= self.size else 0
@@ -313,14 +336,14 @@ class ChunkCutter:
 
 def chunk_cut(buffer: list[Any], size: int, max_bytes: int) -> int:
     """How many items from the front of ``buffer`` make a full chunk (``size`` requests, or
-    the most, at least one, whose URLs stay within ``max_bytes``); 0 when they make none yet."""
+    the most, at least one, whose :func:`text_size` stays within ``max_bytes``); 0 when they
+    make none yet."""
     total = 0
     for i, item in enumerate(buffer[:size]):
-        total += len(item[2].image.content)
+        total += text_size(item[2])
         if total > max_bytes:
             return max(i, 1)
     return size if len(buffer) >= size else 0
 
 
 _request = operator.itemgetter(2)
-_url = operator.attrgetter("image.content")

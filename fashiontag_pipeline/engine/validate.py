@@ -194,7 +194,7 @@ class Validator:
                 (ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident)))
                 for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
             ],
-            len(joined),
+            len(text),  # (ids and URLs, a comma and a newline each)
         )
 
     def _csv_row(

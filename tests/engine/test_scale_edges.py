@@ -162,3 +162,65 @@ async def test_a_chunk_of_long_urls_is_cut_by_bytes_not_only_by_count(
     assert summary.complete
     assert_exactly_once(out, rej, {f"p{i}" for i in range(n)})
     assert sum(sizes) >= n * 8000 and max(sizes) <= budget, sizes
+
+
+def _rich_manifest(path: Path, kind: str, n: int) -> set[str]:
+    """``n`` rows whose bytes are not in their URLs: long keywords (CSV), long ids in plain
+    ``id,url`` lines (each under the reference service's 1,024 characters), long brands
+    (JSONL)."""
+    ids = [f"p{i}" + ("i" * 1000 if kind == "ids" else "") for i in range(n)]
+    if kind == "keywords":
+        pad = "k" * 5000
+        path.write_text(
+            "id,url,keywords\n" + "".join(f"{i},https://x/{i}.jpg,{pad}\n" for i in ids)
+        )
+    elif kind == "ids":
+        path.write_text("id,url\n" + "".join(f"{i},https://x/{k}.jpg\n" for k, i in enumerate(ids)))
+    else:
+        pad = "b" * 5000
+        path.write_text(
+            "".join(f'{{"id":"{i}","url":"https://x/{i}.jpg","brand":"{pad}"}}\n' for i in ids)
+        )
+    return set(ids)
+
+
+@pytest.mark.parametrize("kind", ["keywords", "ids", "jsonl"])
+async def test_a_chunk_of_long_ids_or_context_fields_is_cut_by_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Chunks were cut by the bytes of their URLs alone: 1,000 rows of 50 KB keywords (or
+    ids) made a 50 MB chunk, encoded, written ahead and sent by each write slot (407 MB peak
+    RSS for a 50 MB manifest, 626 MB for 2,000 rows of 50 KB ids)."""
+    import msgspec
+
+    from fashiontag_pipeline.engine import EngineConfig, batcher, run_pipeline
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    from .helpers import assert_exactly_once, client_config
+
+    budget = 50_000  # stands in for 512 KiB
+    monkeypatch.setattr(batcher, "MAX_CHUNK_BYTES", budget)
+    sizes: list[int] = []
+    dispatch = batcher.TaskWriter.dispatch
+
+    async def recording(self: batcher.TaskWriter, items: list, **kw: object) -> None:  # type: ignore[type-arg]
+        sizes.append(len(msgspec.json.encode([item[2] for item in items])))
+        await dispatch(self, items, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(batcher.TaskWriter, "dispatch", recording)
+    p = tmp_path / "m.manifest"
+    n = 300 if kind == "ids" else 150  # (chunks under 1 MB, aiohttp's large-body warning)
+    ids = _rich_manifest(p, kind, n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        summary = await run_pipeline(
+            [p],
+            client=client_config(svc.url),
+            out=out,
+            rejects=rej,
+            engine=EngineConfig(poll_min=0.02, poll_max=0.2),
+        )
+    assert summary.complete
+    assert_exactly_once(out, rej, ids)
+    # (The budget counts the requests' strings; their JSON adds ~60 bytes a request.)
+    assert sum(sizes) >= n * 1000 and max(sizes) <= 1.1 * budget, sizes
