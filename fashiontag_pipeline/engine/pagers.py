@@ -213,15 +213,15 @@ class ResultPagers(PageFetcher, PageRows):
         (a service may list a row as refused and still take it); they are read from the
         rejects, only when a chunk of the task had rows refused (rarely)."""
         db = self.journal.db
+        chunks = db.sent_chunks(task_id)
+        sent: set[str] | None = None
+        if chunks is not None:
+            sent = set()
+            for ids, body in chunks:
+                sent.update(decode_ids(ids) if ids is not None else body_ids(body or b""))
         refused: frozenset[str] = frozenset()
         if db.may_have_refused(task_id):
-            refused = frozenset(self.journal.refused_ids(STAGE_SERVER))
-        chunks = db.sent_chunks(task_id)
-        if chunks is None:
-            return None, refused
-        sent: set[str] = set()
-        for ids, body in chunks:
-            sent.update(decode_ids(ids) if ids is not None else body_ids(body or b""))
+            refused = frozenset(self.journal.refused_ids(STAGE_SERVER, sent))
         return sent, refused
 
     async def _written(self, entry: TaskEntry) -> set[str]:

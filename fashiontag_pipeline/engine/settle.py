@@ -141,15 +141,17 @@ class TaskSettler:
         jobs = self.jobs
 
         def unread() -> list[tuple[int, str]]:
-            bodies = [body for _, body in journal.db.chunk_bodies(task_id, ("accepted",))]
-            refused = journal.refused_ids(STAGE_SERVER)
-            out: list[tuple[int, str]] = []
-            for body in bodies:
-                for pos, request in decode_body(body):
-                    ident = request.context.id
-                    if ident not in written and ident not in refused and jobs.is_open(pos):
-                        out.append((pos, ident))
-            return out
+            rows = [
+                (pos, request.context.id)
+                for _, body in journal.db.chunk_bodies(task_id, ("accepted",))
+                for pos, request in decode_body(body)
+            ]
+            refused = journal.refused_ids(STAGE_SERVER, {ident for _, ident in rows})
+            return [
+                (pos, ident)
+                for pos, ident in rows
+                if ident not in written and ident not in refused and jobs.is_open(pos)
+            ]
 
         rejects: list[JobReject] = [
             jobs.reject(
@@ -185,9 +187,11 @@ class TaskSettler:
         # Rows of its orphans it returned and no page commit counted (a resume that found
         # the write in flight at the kill, its task read to its end already): counted first.
         await self.returned.commit(entry)
-        refused = await journal.run(journal.refused_ids, STAGE_SERVER)
+        chunks = await self._rows_of(entry.task_id, states)
+        ids = {r.context.id for _, _, rows in chunks for _, r in rows}
+        refused = await journal.run(journal.refused_ids, STAGE_SERVER, ids)
         is_open = self.jobs.is_open
-        for chunk_id, sends, rows in await self._rows_of(entry.task_id, states):
+        for chunk_id, sends, rows in chunks:
             # Rows of a job already complete have their outcome (it completed on them).
             missing: list[Item] = [
                 (r.context.id, pos, r)

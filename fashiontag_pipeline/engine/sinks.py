@@ -255,9 +255,10 @@ class RejectSink(_AppendFile):
         if rejects:
             self.write(_encoder.encode_lines(rejects))
 
-    def ids_of_stage(self, stage: str) -> set[str]:
-        """Ids of the rejects written at ``stage`` (a scan of the file; rare paths only)."""
-        return {r.id for r in self._where(b"stage", stage) if r.id is not None}
+    def ids_of_stage(self, stage: str) -> Iterator[str]:
+        """Ids of the rejects written at ``stage``, as the file is read (a scan of the file;
+        rare paths only)."""
+        return (r.id for r in self._where(b"stage", stage) if r.id is not None)
 
     def lines_of(self, source: str) -> set[int]:
         """The lines of ``source`` with a reject: a scan of the file, for a resume of stdin

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..pages import PageRow, count_outcomes
@@ -339,12 +339,19 @@ class Journal(Intake):
             found |= job.results.ids_among(ids) | job.rejects.ids_among(ids)
         return found
 
-    def refused_ids(self, stage: str) -> set[str]:
-        """Ids (as sent) of the rejects written at ``stage`` in every open job (thread side;
-        a scan of the rejects: rare paths only)."""
+    def refused_ids(self, stage: str, among: Container[str] | None) -> set[str]:
+        """Ids (as sent) among ``among`` (a task's; None: every id) of the rejects written at
+        ``stage`` in every open job (thread side; a scan of the rejects: rare paths only).
+        Only those are kept: a run whose service refused most rows held them all, per task."""
         out: set[str] = set()
+        sent = self.jobs.ids.sent
         for job in self._open_jobs():
-            out.update(self.jobs.ids.sent(job.id, i) for i in job.rejects.ids_of_stage(stage))
+            key = job.id
+            out.update(
+                ident
+                for ident in (sent(key, i) for i in job.rejects.ids_of_stage(stage))
+                if among is None or ident in among
+            )
         return out
 
     async def write_ahead(
