@@ -69,6 +69,11 @@ PAGE_RETRY_DELAY = 0.1
 NOT_READY_GRACE = 10.0
 #: The longest pause between two of those attempts.
 NOT_READY_PAUSE = 1.0
+#: Bytes of results pages read at once (each held, with its copy while it is read, until its
+#: commit). A page is ~0.5 MB, so the page concurrency bounds them; a service whose pages
+#: come near ``max_answer_bytes`` (16 MiB) had them read 16 at a time (245 MB peak RSS for
+#: 15 MiB pages). Past it, the concurrency is cut to the pages of that length it holds.
+PAGE_BYTES = 64 << 20
 #: Pages in a row taken as empty, with no readable page between them, after which a run that
 #: may give up (``fashiontag run``; not the daemon) stops instead of sending their rows again.
 UNREADABLE_PAGES = 10
@@ -159,6 +164,8 @@ class PageFetcher:
                 problem = err
             else:
                 self.slots.success()
+                if len(raw) * self.slots.limit > PAGE_BYTES:
+                    self.slots.window = float(max(1, PAGE_BYTES // len(raw)))
                 try:
                     decoded = decode_page(raw)
                 except (msgspec.DecodeError, NotAPage) as err:

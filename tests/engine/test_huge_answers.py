@@ -154,3 +154,42 @@ async def test_a_long_header_is_taken_and_a_huge_one_refused_naming_it(tmp_path:
     assert "service answering HTTP heads it cannot read for 2s" in last, last
     assert "answered a header line longer than 64 KiB: refused" in last
     assert "ClientResponseError" not in stderr
+
+
+async def test_pages_near_the_answer_limit_are_read_a_few_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every results page 2 MiB long (JSON and whitespace: each within max_answer_bytes) with
+    a bytes budget of 4 MiB for pages in memory: page reads grew to the page concurrency as
+    with small pages, each holding its body (and its copy while it is read) until its commit:
+    pages of 15 MiB at the default concurrency of 16 took 245 MB (81 MB one at a time). The
+    reads are cut to the pages the budget holds once a page that long is met (the first 4
+    pages are read before any is)."""
+    from fashiontag_pipeline import TaggerClient
+    from fashiontag_pipeline.engine import EngineConfig, fetch
+
+    from .helpers import run_misbehaving
+
+    monkeypatch.setattr(fetch, "PAGE_BYTES", 4 << 20, raising=False)
+    reading = [0, 0]  # (now, most at once after the first 4 pages)
+    pages = [0]
+    read = TaggerClient.task_results_raw
+
+    async def counting(self: TaggerClient, *args: object, **kwargs: object) -> bytes:
+        reading[0] += 1
+        pages[0] += 1
+        if pages[0] > 8:
+            reading[1] = max(reading[1], reading[0])
+        try:
+            return await read(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            reading[0] -= 1
+
+    monkeypatch.setattr(TaggerClient, "task_results_raw", counting)
+    rules = Misbehaviour(huge_ops={"results"}, huge_count=None, huge_bytes=2 << 20)
+    engine = EngineConfig(
+        poll_min=0.02, poll_max=0.2, linger_seconds=0.1, rotate_images=4000, rotate_min_images=4000
+    )
+    summary, proxy, _ = await run_misbehaving(tmp_path, 4000, rules, engine)
+    assert summary.complete and proxy.huge_answers == 40
+    assert reading[1] <= 2, reading
