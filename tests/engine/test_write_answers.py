@@ -326,6 +326,8 @@ async def test_rows_of_a_write_whose_answer_was_lost_count_as_submitted(
     assert proxy.lost_answers and summary.complete
     assert (summary.tagged + summary.failed, summary.rejected) == (len(o.results), len(o.rejects))
     assert (summary.submitted, billed, len(o.results)) == (n, n, n)
+
+
 async def test_each_task_holds_only_its_own_refused_ids(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
