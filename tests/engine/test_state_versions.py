@@ -10,10 +10,12 @@ misread (3,000 committed lines -> 400), then died on ``OperationalError: table c
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from fashiontag_pipeline import StateError
@@ -21,6 +23,7 @@ from fashiontag_pipeline.engine.state import STATE_FILE_VERSION, StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, read_outcomes, run_args, write_csv
+from .proxy import BULK, Misbehaviour, misbehaving
 
 
 def _version(path: Path) -> int:
@@ -103,3 +106,48 @@ def test_a_state_file_of_every_build_before_versions_is_taken_and_marked(tmp_pat
     finally:
         db.close()
     assert _version(path) == STATE_FILE_VERSION
+
+
+async def test_an_orphan_counted_by_an_older_build_is_not_counted_again(tmp_path: Path) -> None:
+    """Every append answered 204 (applied, no body): its rows count as submitted in the commit
+    that makes the chunk an orphan. A build before 2026-11-26 23:55 left ``n_ok`` NULL there;
+    this one takes NULL for "none counted yet" and counts them again when the task returns
+    them. A run killed then, resumed by this build, said ``submitted 5,000`` of 3,000 rows
+    (3,000 billed). An orphan of such a file is taken as counted whole."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "s.db"
+    summary = tmp_path / "summary.json"
+    extra = ["--state", str(state), "--summary", str(summary), "--rotate-min-images", "5000"]
+    extra += ["--rotate-images", "5000"]
+    async with running_service(ServiceConfig()) as svc:
+        proc: anyio.abc.Process | None = None
+
+        def kill_at_first_page(method: str, path: str) -> None:
+            page = method == "GET" and path.startswith(f"{BULK}/") and not path.endswith("/status")
+            if page and proc is not None and proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+
+        rules = Misbehaviour(no_content_writes={"PUT"}, on_request=kill_at_first_page)
+        async with misbehaving(svc.url, rules) as proxy:
+            proc = await anyio.open_process(
+                run_args(proxy.url, out, str(manifest), *extra), env=ENV
+            )
+            with anyio.fail_after(30):
+                await proc.wait()
+            await proc.aclose()
+        assert proc.returncode == -signal.SIGKILL
+        with sqlite3.connect(state) as db:  # what a build before the count left
+            (orphans,) = db.execute("SELECT count(*) FROM chunks WHERE state='orphan'").fetchone()
+            db.execute("UPDATE chunks SET n_ok = NULL WHERE state='orphan'")
+            db.execute("DELETE FROM meta WHERE key = 'orphans_counted'")
+        assert orphans >= 1  # (every append: 2 with chunks of 1,000)
+        final = await anyio.run_process(
+            run_args(svc.url, out, str(manifest), *extra), check=False, env=ENV
+        )
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    assert len(read_outcomes(out, out.with_suffix(".rej")).results) == n
+    figures = msgspec.json.decode(summary.read_bytes())
+    assert (figures["submitted"], billed) == (n, n)

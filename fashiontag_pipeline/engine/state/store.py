@@ -29,6 +29,13 @@ __all__ = ["JobRow", "Reconciliation", "RunState", "StateStore"]
 
 _prints_decoder = msgspec.json.Decoder(list[ManifestPrint])
 
+#: The meta key of a state whose orphan chunks' ``n_ok`` is their rows counted as submitted so
+#: far (NULL: none yet; :mod:`~..returned`). A build before it (2026-11-26) left NULL on an
+#: orphan whose rows it had counted whole (a write answered 2xx with no body), and counted
+#: none of the others: on a resume its orphans are taken as counted, so that no row is
+#: counted twice (a run of such a build undercounts as that build did, never over).
+ORPHANS_COUNTED = "orphans_counted"
+
 
 class RunState(msgspec.Struct, kw_only=True):
     """What the state file says about the run when it is opened.
@@ -158,6 +165,7 @@ class StateStore(ChunkTables):
                     + ": starting a new run"
                 )
             elif same and (not stdin or resume_stdin):
+                self._orphans_counted()
                 return self._run_state(token, opened="resumed")
             else:
                 raise exc.StateConflictError(self._conflict(stored, prints, same))
@@ -169,9 +177,18 @@ class StateStore(ChunkTables):
             self.set_meta("manifests", msgspec.json.encode([p.name for p in prints]).decode())
             self.set_meta("task_seq", 0)
             self.set_meta("next_source", 0)
+            self.set_meta(ORPHANS_COUNTED, 1)
             for key in COUNTERS:
                 self.set_meta(f"n_{key}", 0)
         return self._run_state(token, opened=opened, note=note)
+
+    def _orphans_counted(self) -> None:
+        """A state of a build before :data:`ORPHANS_COUNTED`: its orphans counted whole."""
+        if self.meta(ORPHANS_COUNTED) is not None:
+            return
+        with self.transaction():
+            self.db.execute("UPDATE chunks SET n_ok = n WHERE state='orphan' AND n_ok IS NULL")
+            self.set_meta(ORPHANS_COUNTED, 1)
 
     def _conflict(
         self, stored: list[ManifestPrint] | None, prints: list[ManifestPrint], same: bool
@@ -223,9 +240,11 @@ class StateStore(ChunkTables):
                 self.set_meta("run_token", token)
                 self.set_meta("task_seq", 0)
                 self.set_meta("next_source", 0)
+                self.set_meta(ORPHANS_COUNTED, 1)
                 for key in COUNTERS:
                     self.set_meta(f"n_{key}", 0)
             return self._run_state(token, opened="new")
+        self._orphans_counted()
         return self._run_state(token, opened="resumed")
 
     def reconcile(self) -> Reconciliation:
