@@ -190,8 +190,9 @@ async def run_pipeline(
                 check_sink(where, recorded, engine.sink)
         own_state = not isinstance(state_path, StateStore)  # (the daemon's always resumes)
         service = service_text(clean_base_url(client.base_url))
+        confirmed = True  # (the service given and its key are the run's: recorded)
         if run.resumed and own_state:  # (one request, only when the base URL changed)
-            await check_service(where, db, client, service)
+            confirmed = await check_service(where, db, client, service)
         # The job's outputs are the ones given now (a resume may name other paths, once
         # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
@@ -200,7 +201,7 @@ async def run_pipeline(
             base = paths_base(db.meta(PATHS_BASE) if run.resumed else None)
             if base is not None:
                 db.set_meta(PATHS_BASE, base)
-            if own_state:
+            if own_state and confirmed:
                 record_service(db, client, service)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,

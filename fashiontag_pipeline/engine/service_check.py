@@ -11,7 +11,8 @@ or a key of the same account (a rotated key), finds the task and the run resumes
 URL changed and the first service is gone (it cannot be reached, or no longer knows the task:
 a region shut down), the run resumes on the service given now, its live tasks' rows sent
 there, as for tasks a service forgot: refusing would leave ``--restart`` (every row billed
-again) as the only way on.
+again) as the only way on. A service that cannot tell (unreachable, a 5xx) leaves the URL and
+key recorded as they were, so that the next resume asks again.
 """
 
 from __future__ import annotations
@@ -76,29 +77,36 @@ def record_service(db: StateStore, client: ClientConfig | TaggerClient, given: s
 
 async def check_service(
     where: str, db: StateStore, client: ClientConfig | TaggerClient, given: str
-) -> None:
+) -> bool:
     """:class:`StateConflictError` when the state's unfinished run has live tasks on another
     service than ``given`` (the base URL as :func:`service_text` records it), or under
     another bulk key, the service asked with these does not know them, and (for another URL)
-    the first service still does. A request or two, only when the URL or the key changed."""
+    the first service still does. A request or two, only when the URL or the key changed.
+
+    True when the service and key given are the run's from now on (:func:`record_service`);
+    False when the service could not tell (unreachable, a 5xx, a refused key): the run goes on
+    and meets that, and the next resume asks again (recorded, they would be taken as the
+    run's, and a service that does not know its tasks sent every row of them again)."""
     before = db.meta(SERVICE)
     moved = before is not None and before != given
     rekeyed = not _same_key(db.meta(KEY), client)
     if not (moved or rekeyed):
-        return
+        return True
     live = [row[0] for row in db.resume_tasks() if row[3] != "lost"]
     if not live:
-        return  # nothing in flight: the rows left are sent to the service given now
+        return True  # nothing in flight: the rows left are sent to the service given now
     tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
     try:
-        if await _ask(tagger, live[0]) != "unknown":
-            return  # the same service by another name, or the same account's new key; or
-            # it cannot tell (unreachable, refused, ...): the run meets that and says so
+        said = await _ask(tagger, live[0])
+        if said != "unknown":
+            # The same service by another name, or the same account's new key; or it cannot
+            # tell (unreachable, refused, ...): the run meets that and says so.
+            return said == "known"
         if moved and not rekeyed and before is not None:
             # One try, no retry: a service gone (a region shut down) is not waited for.
             async with tagger.at(before, retry=RetryPolicy(max_attempts=1)) as first:
                 if await _ask(first, live[0]) in ("unknown", "gone"):
-                    return  # the first service is gone: its tasks' rows go to this one
+                    return True  # the first service is gone: its tasks' rows go to this one
     finally:
         if tagger is not client:
             await tagger.aclose()

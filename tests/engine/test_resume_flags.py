@@ -24,8 +24,8 @@ import pytest
 from fashiontag_pipeline.engine.service_check import service_text
 from fashiontag_pipeline.service import RunningService, ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
-from .proxy import Misbehaviour, misbehaving
+from .helpers import ENV, assert_exactly_once, dead_port, ids_of, run_args, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
 
 N = 1000
 
@@ -147,6 +147,41 @@ async def test_a_resume_on_another_service_once_the_first_is_gone_goes_on_there(
             again = await anyio.run_process(run_args(other.url, out, *extra), check=False, env=ENV)
         assert again.returncode == 0, again.stderr.decode()
         assert 0 < other.store.image_count <= N
+    assert_exactly_once(out, rej, ids_of(N))
+
+
+async def test_a_resume_that_could_not_reach_another_service_is_refused_there_later(
+    tmp_path: Path,
+) -> None:
+    """A resume given another URL whose service could not be asked (down that night: no
+    answer) went on and failed on it (exit 1), but recorded that URL as the run's: the next
+    resume there, the service up, asked nothing and sent every row of the run's live tasks
+    to it (billed on both, exit 0). The URL is the run's only once that service knew a task
+    (or the first one is gone): until then each resume asks again."""
+    manifest = write_csv(tmp_path / "m.csv", N)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "out.rej"
+    extra = [str(manifest), "--rotate-images", "200", "--rotate-min-images", "200"]
+    async with (
+        running_service(ServiceConfig(rate=400.0)) as first,
+        running_service(ServiceConfig()) as other,
+        MisbehavingProxy(f"http://127.0.0.1:{dead_port()}", Misbehaviour()).running() as proxy,
+    ):
+        await _killed_once_every_row_is_sent(run_args(first.url, out, *extra), first, N)
+        args = run_args(proxy.url, out, *extra, "--give-up-after", "1")
+        with anyio.fail_after(30):
+            down = await anyio.run_process(args, check=False, env=ENV)
+        assert down.returncode == 1, down.stderr.decode()
+        proxy.upstream = other.url  # that service is up the next night
+        with anyio.fail_after(30):
+            again = await anyio.run_process(args, check=False, env=ENV)
+        err = again.stderr.decode()
+        assert again.returncode == 2, err
+        assert f"--base-url {first.url}" in err, err
+        assert other.store.image_count == 0  # nothing sent (billed) there
+        with anyio.fail_after(30):
+            done = await anyio.run_process(run_args(first.url, out, *extra), check=False, env=ENV)
+        assert done.returncode == 0, done.stderr.decode()
+        assert first.store.image_count == N and other.store.image_count == 0
     assert_exactly_once(out, rej, ids_of(N))
 
 
