@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fashiontag_pipeline._models import BulkContext, Image, TaggingRequest
-from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine import EngineConfig, policy
 from fashiontag_pipeline.engine.policy import ChunkCutter, OpenTask, WritePolicy, chunk_cut
 
 configs = st.builds(
@@ -159,3 +163,34 @@ def test_the_chunk_cutter_cuts_where_measuring_every_item_would(
             if not expected:
                 break
             buffer = buffer[expected:]
+
+
+def test_a_buffer_of_several_chunks_is_cut_by_count_without_measuring_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer's buffer holding three chunks of 200-character URLs (each chunk ~210 KB, the
+    buffer past the 512 KiB bound) was measured whole again at every cut (a JSON encoding of
+    every request in it): three times the CPU of the cut by URLs alone. Each batch's size is
+    known as it comes; a chunk is measured only when the batches it is in pass the bound."""
+    measured: list[int] = []
+    real = policy.batch_size
+
+    def counting(items: Sequence[Any]) -> int:
+        if not isinstance(items, policy.Measured):
+            measured.append(len(items))
+        return real(items)
+
+    monkeypatch.setattr(policy, "batch_size", counting)
+    cutter = ChunkCutter(1000, policy.MAX_CHUNK_BYTES)
+    buffer: list[tuple[str, int, TaggingRequest]] = []
+    for start in range(0, 6000, 500):
+        batch = [
+            (f"p{n}", n, TaggingRequest(Image("url", "h" * 200), BulkContext(f"p{n}")))
+            for n in range(start, start + 500)
+        ]
+        buffer.extend(batch)
+        cutter.added(policy.Measured(batch, 500 * 210))
+        while len(buffer) > 3000 and (cut := cutter.cut(buffer)):
+            assert cut == 1000
+            buffer = buffer[cut:]
+    assert measured == []
