@@ -103,8 +103,10 @@ async def check_service(
             # tell (unreachable, refused, ...): the run meets that and says so.
             return said == "known"
         if moved and not rekeyed and before is not None:
-            # One try, no retry: a service gone (a region shut down) is not waited for.
-            async with tagger.at(before, retry=RetryPolicy(max_attempts=1)) as first:
+            # A few tries (seconds, not the run's give-up time): a connection refused each
+            # time, or no such host, is a service gone (a region shut down), not a blip; a
+            # service that answers slowly is no service gone.
+            async with tagger.at(before, retry=RetryPolicy(max_attempts=3)) as first:
                 if await _ask(first, live[0]) in ("unknown", "gone"):
                     return True  # the first service is gone: its tasks' rows go to this one
     finally:
@@ -132,13 +134,14 @@ async def check_service(
 
 
 async def _ask(tagger: TaggerClient, task_id: str) -> str:
-    """What the service says of the task: "known", "unknown" (404), "gone" (no connection,
-    no answer in time) or "unclear" (any other failure: a refused key, a 5xx...)."""
+    """What the service says of the task: "known", "unknown" (404), "gone" (no connection:
+    refused, no such host) or "unclear" (any other failure: no answer in time, a refused key,
+    a 5xx...)."""
     try:
         await tagger.task_status(task_id)
     except exc.TaskNotFoundError:
         return "unknown"
-    except (exc.ConnectError, exc.TimeoutError_):
+    except exc.ConnectError:
         return "gone"
     except exc.FashiontagError:
         return "unclear"
