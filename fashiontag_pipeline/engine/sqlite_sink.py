@@ -166,6 +166,11 @@ class SqliteResultSink:
         return None
 
     def close(self) -> None:
+        # Every row into the file itself: SQLite folds the WAL in at the last connection's
+        # close only, so with a reader connected (a dashboard) the results stayed in r.db-wal
+        # and a copy of r.db alone held no table. PASSIVE waits for no reader; it fsyncs.
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         self._db.close()
         if self._probe >= 0:
             os.close(self._probe)
