@@ -41,10 +41,20 @@ def _committed(out: Path, sink: str) -> int:
         return 0
 
 
+def _checkpointed(out: Path) -> int:
+    """The results the run's state counts as committed (its sink may hold more: they are
+    written before the state's commit that counts them)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{out}.state")) as db:
+            return int(db.execute("SELECT max(results_ckpt) FROM jobs").fetchone()[0] or 0)
+    except sqlite3.Error:
+        return 0
+
+
 async def _killed_once_results_are_committed(args: list[str], out: Path, sink: str) -> None:
     proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
     with anyio.fail_after(30):
-        while _committed(out, sink) == 0 and proc.returncode is None:
+        while (_committed(out, sink) == 0 or _checkpointed(out) == 0) and proc.returncode is None:
             await anyio.sleep(0.01)
     assert proc.returncode is None, "the run ended before it was killed"
     proc.send_signal(signal.SIGKILL)
