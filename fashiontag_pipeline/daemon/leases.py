@@ -65,11 +65,13 @@ _LEASE_COLUMNS = (
 
 # The database's clock decides every lease: statement_timestamp() is its time when the statement
 # began (now() would be the transaction's start, early in a long transaction).
+#: Claims in flight that no daemon holds: never leased, released, or their lease ended.
+_FREE = "status = 'claimed' AND (owner IS NULL OR lease_expires_at <= statement_timestamp())"
+
 _ACQUIRE_SQL = f"""
 WITH free AS (
     SELECT id FROM claims
-    WHERE status = 'claimed'
-      AND (owner IS NULL OR lease_expires_at <= statement_timestamp())
+    WHERE {_FREE}
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -339,6 +341,16 @@ class PostgresClaimLedger:
             ).fetchall()
         return [r for r in map(self._record, rows) if r is not None]
 
+    def unleased(self, limit: int = 100) -> list[ClaimRecord]:
+        """Claims in flight that no daemon holds (the cluster's queue, oldest first, the ones
+        :meth:`acquire` would take): what ``/status`` shows as queued."""
+        with self._transaction("list the queued claims") as conn:
+            rows = conn.execute(
+                f"SELECT {self._COLUMNS} FROM claims WHERE {_FREE} ORDER BY id LIMIT %s",
+                (limit,),
+            ).fetchall()
+        return [r for r in map(self._record, rows) if r is not None]
+
     def find_completed(self, sha256: str) -> ClaimRecord | None:
         with self._transaction("look up a completed manifest") as conn:
             row = conn.execute(
@@ -361,17 +373,6 @@ class PostgresClaimLedger:
             epoch=epoch,
             expires_at=expires_at,
         )
-
-    def unleased(self, limit: int = 100) -> list[ClaimRecord]:
-        """Claims in flight that no daemon holds (the cluster's queue, oldest first): what
-        ``/status`` shows as queued while every slot is taken."""
-        with self._transaction("list the queued claims") as conn:
-            rows = conn.execute(
-                f"SELECT {self._COLUMNS} FROM claims WHERE status = 'claimed' AND (owner IS NULL"
-                " OR lease_expires_at <= statement_timestamp()) ORDER BY id LIMIT %s",
-                (limit,),
-            ).fetchall()
-        return [record for row in rows if (record := self._record(row)) is not None]
 
     def acquire(self, limit: int = 1, *, lease: float | None = None) -> list[Lease]:
         """Lease up to ``limit`` claims in flight that nobody holds (never leased, released,
