@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import csv
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,43 +126,62 @@ def test_the_unmatched_quote_reject_is_a_client_reject(tmp_path: Path) -> None:
     assert reject.line == 7 and reject.stage == "client"
 
 
-async def test_a_chunk_of_long_urls_is_cut_by_bytes_not_only_by_count(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Chunks were cut at 1,000 rows whatever their size: 1,000 rows of 250 KB URLs made a
-    250 MB chunk, several in flight at once (2.2 GB peak RSS for a 500 MB manifest)."""
+async def _chunk_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+    manifest: Path,
+    ids: set[str],
+    budget: int,
+    measure: Callable[[list[Any]], int],
+) -> list[int]:
+    """Run ``manifest`` with chunks cut at ``budget`` bytes (standing in for 512 KiB) against
+    the reference service; every id once; the ``measure`` of each chunk the writer sent."""
     from fashiontag_pipeline.engine import EngineConfig, batcher, run_pipeline
     from fashiontag_pipeline.service import ServiceConfig, running_service
 
     from .helpers import assert_exactly_once, client_config
 
-    budget = 100_000  # stands in for 512 KiB
     monkeypatch.setattr(batcher, "MAX_CHUNK_BYTES", budget)
     sizes: list[int] = []
     dispatch = batcher.TaskWriter.dispatch
 
     async def recording(self: batcher.TaskWriter, items: list, **kw: object) -> None:  # type: ignore[type-arg]
-        sizes.append(sum(len(item[2].image.content) for item in items))
+        sizes.append(measure(items))
         await dispatch(self, items, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(batcher.TaskWriter, "dispatch", recording)
-    n = 100
-    pad = "x" * 8000  # each URL under the reference service's 8,192 characters
-    p = tmp_path / "m.csv"
-    p.write_text(
-        "id,url\n" + "".join(f"p{i},https://img.example/{i}/{pad}.jpg\n" for i in range(n))
-    )
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    out, rej = manifest.with_suffix(".out"), manifest.with_suffix(".rej")
     async with running_service(ServiceConfig()) as svc:
         summary = await run_pipeline(
-            [p],
+            [manifest],
             client=client_config(svc.url),
             out=out,
             rejects=rej,
             engine=EngineConfig(poll_min=0.02, poll_max=0.2),
         )
     assert summary.complete
-    assert_exactly_once(out, rej, {f"p{i}" for i in range(n)})
+    assert_exactly_once(out, rej, ids)
+    return sizes
+
+
+async def test_a_chunk_of_long_urls_is_cut_by_bytes_not_only_by_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks were cut at 1,000 rows whatever their size: 1,000 rows of 250 KB URLs made a
+    250 MB chunk, several in flight at once (2.2 GB peak RSS for a 500 MB manifest)."""
+    budget = 100_000
+    n = 100
+    pad = "x" * 8000  # each URL under the reference service's 8,192 characters
+    p = tmp_path / "m.csv"
+    p.write_text(
+        "id,url\n" + "".join(f"p{i},https://img.example/{i}/{pad}.jpg\n" for i in range(n))
+    )
+    sizes = await _chunk_sizes(
+        monkeypatch,
+        p,
+        {f"p{i}" for i in range(n)},
+        budget,
+        lambda items: sum(len(item[2].image.content) for item in items),
+    )
     assert sum(sizes) >= n * 8000 and max(sizes) <= budget, sizes
 
 
@@ -193,34 +214,12 @@ async def test_a_chunk_of_long_ids_or_context_fields_is_cut_by_bytes(
     RSS for a 50 MB manifest, 626 MB for 2,000 rows of 50 KB ids)."""
     import msgspec
 
-    from fashiontag_pipeline.engine import EngineConfig, batcher, run_pipeline
-    from fashiontag_pipeline.service import ServiceConfig, running_service
-
-    from .helpers import assert_exactly_once, client_config
-
-    budget = 50_000  # stands in for 512 KiB
-    monkeypatch.setattr(batcher, "MAX_CHUNK_BYTES", budget)
-    sizes: list[int] = []
-    dispatch = batcher.TaskWriter.dispatch
-
-    async def recording(self: batcher.TaskWriter, items: list, **kw: object) -> None:  # type: ignore[type-arg]
-        sizes.append(len(msgspec.json.encode([item[2] for item in items])))
-        await dispatch(self, items, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(batcher.TaskWriter, "dispatch", recording)
+    budget = 50_000
     p = tmp_path / "m.manifest"
     n = 300 if kind == "ids" else 150  # (chunks under 1 MB, aiohttp's large-body warning)
     ids = _rich_manifest(p, kind, n)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with running_service(ServiceConfig()) as svc:
-        summary = await run_pipeline(
-            [p],
-            client=client_config(svc.url),
-            out=out,
-            rejects=rej,
-            engine=EngineConfig(poll_min=0.02, poll_max=0.2),
-        )
-    assert summary.complete
-    assert_exactly_once(out, rej, ids)
+    sizes = await _chunk_sizes(
+        monkeypatch, p, ids, budget, lambda items: len(msgspec.json.encode([i[2] for i in items]))
+    )
     # (The budget counts the requests' strings; their JSON adds ~60 bytes a request.)
     assert sum(sizes) >= n * 1000 and max(sizes) <= 1.1 * budget, sizes
