@@ -157,6 +157,12 @@ async def test_the_next_nights_manifest_of_the_same_name_is_tagged_after_done_wa
             nights = [[f"n{night}-{i}" for i in range(5)] for night in range(3)]
             drop_atomic(daemon.inbox, "catalogue.csv", write_manifest(Path(), nights[0]))
             await daemon.wait_summary("catalogue", timeout=30)
+            # The summary is written before the manifest moves to done/: the cleanup job runs
+            # once it has moved, or it would find done/ empty and the move would make it again.
+            with anyio.fail_after(10):
+                while not (daemon.inbox / "done" / "catalogue.csv").exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
             shutil.rmtree(daemon.inbox / "done")  # the cleanup job
             seen: set[Path] = {daemon.outbox / "catalogue"}
             for night in nights[1:]:
