@@ -40,6 +40,7 @@ from ..engine.jobs import JobSpec
 from ..engine.manifests import ManifestPrint
 from ..engine.outfiles import lock_exclusively
 from ..engine.reuse import ReuseHook, open_reuse
+from ..engine.service_check import confirm_service
 from ..engine.source import RESOURCE_ERRNOS
 from ..engine.state import StateDB
 from .config import DaemonConfig
@@ -159,6 +160,7 @@ class Daemon(DaemonMonitor):
             reuse = await anyio.to_thread.run_sync(self._open_reuse, db, state_path)
             async with TaggerClient(config=self.client_config) as client:
                 client.set_observer(self.observe)
+                await confirm_service(f"state file {state_path}", db, client)
                 engine = Engine(
                     client=client,
                     db=db,

@@ -22,10 +22,10 @@ import secrets
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig, RetryPolicy, Secret, key_mac, with_default_keys
-from .._urls import shown_url
+from .._urls import clean_base_url, shown_url
 from .state import StateStore
 
-__all__ = ["SERVICE", "check_service", "record_service", "service_text"]
+__all__ = ["SERVICE", "check_service", "confirm_service", "record_service", "service_text"]
 
 #: The meta key of the base URL a run's tasks were created on.
 SERVICE = "service"
@@ -75,8 +75,17 @@ def record_service(db: StateStore, client: ClientConfig | TaggerClient, given: s
         db.set_meta(KEY, _key_text(client, secrets.token_hex(16)))
 
 
+#: How a run starts over, as the refusal names it (the daemon's is another state).
+RESTART = "--restart starts over: every row is tagged again"
+NEW_STATE = "a daemon on a new --state starts over: the manifests in flight are tagged again"
+
+
 async def check_service(
-    where: str, db: StateStore, client: ClientConfig | TaggerClient, given: str
+    where: str,
+    db: StateStore,
+    client: ClientConfig | TaggerClient,
+    given: str,
+    start_over: str = RESTART,
 ) -> bool:
     """:class:`StateConflictError` when the state's unfinished run has live tasks on another
     service than ``given`` (the base URL as :func:`service_text` records it), or under
@@ -128,9 +137,20 @@ async def check_service(
     raise exc.StateConflictError(
         f"{where} holds an unfinished run {begun}; {now} does not know them (their rows"
         f" would be sent, and billed, again): {fix}; change it once the run is complete"
-        " (only if those tasks are gone for good, --restart starts over: every row is tagged"
-        " again)"
+        f" (only if those tasks are gone for good, {start_over})"
     )
+
+
+async def confirm_service(
+    where: str, db: StateStore, client: TaggerClient, start_over: str = NEW_STATE
+) -> None:
+    """:func:`check_service` for the service and key ``client`` sends to, then
+    :func:`record_service` (in a transaction of its own) when they are the state's from now on:
+    a long-lived state's start (the daemon's), whose manifests in flight resume on them."""
+    given = service_text(clean_base_url(client.base_url))
+    if await check_service(where, db, client, given, start_over):
+        with db.transaction():
+            record_service(db, client, given)
 
 
 async def _ask(tagger: TaggerClient, task_id: str) -> str:

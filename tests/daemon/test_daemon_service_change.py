@@ -1,0 +1,65 @@
+"""``fashiontag daemon`` restarted with another ``--base-url`` (a unit file edited to a staging
+URL or a new region) while manifests were in flight: their tasks are on the first service, and
+the second does not know them.
+
+Found by a hunt: the restarted daemon took every such task as forgotten and sent its rows, and
+billed them, to the second service, while the first still tagged them. ``fashiontag run`` has
+refused such a resume since the eighth session; the daemon did not. It now exits 2 at start-up
+naming the service the tasks are on, and a URL that reaches the same service (a proxy, a new
+name) resumes as before.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from ..engine.proxy import Misbehaviour, misbehaving
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
+
+N = 600
+
+
+@pytest.mark.parametrize("elsewhere", ["another service", "the same one by another name"])
+async def test_a_daemon_restarted_on_another_service_bills_no_row_there(
+    tmp_path: Path, elsewhere: str
+) -> None:
+    ids = [f"p{i}" for i in range(N)]
+    async with (
+        running_service(ServiceConfig(rate=300.0)) as first,
+        running_service(ServiceConfig()) as other,
+        misbehaving(first.url, Misbehaviour()) as proxy,
+    ):
+        daemon = DaemonProcess(tmp_path, first.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            with anyio.fail_after(30):
+                while first.store.image_count < N:
+                    daemon.check_alive()
+                    await anyio.sleep(0.02)
+            await daemon.kill()  # every row sent, none read back yet
+            url = other.url if elsewhere == "another service" else proxy.url
+            daemon = DaemonProcess(tmp_path, url, port=daemon.port).start()
+            if elsewhere == "another service":
+                code = await daemon.wait_exit(timeout=30)
+                log = daemon.tail()
+                assert code == 2, log
+                assert f"--base-url {first.url}" in log and "--restart" not in log, log
+                assert other.store.image_count == 0  # nothing sent (billed) there
+                daemon = DaemonProcess(tmp_path, first.url, port=daemon.port).start()
+            summary = await daemon.wait_summary("m", timeout=60)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+        assert summary["status"] == "done" and summary["tagged"] == N, summary
+        assert first.store.image_count == N and other.store.image_count == 0
+    lines = read_lines(daemon.outbox / "m" / "results.jsonl")
+    assert sorted(line["id"] for line in lines) == sorted(ids)
