@@ -25,11 +25,17 @@ rows (not bytes) is what keeps the memory in flight small and independent of the
 from __future__ import annotations
 
 import csv
+import errno
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import anyio
 import msgspec
+
+try:
+    import resource
+except ImportError:  # (not on Windows)
+    resource = None  # type: ignore[assignment]
 
 from .._exceptions import ManifestError
 from . import strays
@@ -345,16 +351,50 @@ def open_manifest(path: str, source: int, max_rows: int = MAX_ROWS) -> ManifestR
     return reader
 
 
+#: Files a run holds open beside its manifests: connections, the state, outputs, logs.
+FILES_BESIDE = 512
+
+
+def _room_for(manifests: int) -> tuple[int, int]:
+    """Raise the soft limit of open files (``ulimit -n``, 1,024 on most systems) as far as
+    the hard limit lets it when the manifests, all open at once, would not fit beside the
+    run's own files (a dump of 2,000 part files), as the Go runtime does for every program;
+    returns the limits (soft, hard) then in force."""
+    if resource is None:
+        return (-1, -1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = manifests + FILES_BESIDE
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return soft, hard
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, hard
+        soft = target
+    return soft, hard
+
+
 async def open_manifests(names: Sequence[str], max_rows: int = MAX_ROWS) -> list[ManifestReader]:
     """Open every manifest in a worker thread, the i-th as source i; none stays open when one
-    cannot be read (its :class:`ManifestError` is raised)."""
+    cannot be read (its :class:`ManifestError` is raised, or one saying that the limit of
+    open files is too low for them all)."""
+    soft, hard = _room_for(len(names))
     readers: list[ManifestReader] = []
     try:
         for i, name in enumerate(names):
             readers.append(await anyio.to_thread.run_sync(open_manifest, name, i, max_rows))
-    except BaseException:
+    except BaseException as err:
         for reader in readers:
             reader.close()
+        if isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE):
+            limit = "the system's" if err.errno == errno.ENFILE else f"{soft} (hard limit {hard})"
+            raise ManifestError(
+                f"{len(names)} manifests are read in one run, each open from its start, and"
+                f" the limit of open files is {limit}: raise it (ulimit -n"
+                f" {len(names) + FILES_BESIDE}) or give the rows in fewer files"
+            ) from None
         raise
     return readers
 
