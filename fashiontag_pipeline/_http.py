@@ -41,7 +41,7 @@ from ._callctx import GIVE_UP, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._connect import connect_failure, deadline, drop_sessions, session_pair, unanswered
-from ._models import STATUS_SUCCESS
+from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
 from ._retrying import FIRST_FAILURE, FailureNotes, failed_what, pause, retry_wait
@@ -393,7 +393,7 @@ class HttpExchange:
         path: str,
         task_id: str | None,
     ) -> None:
-        if status != STATUS_SUCCESS:
+        if not says_success(status):
             # A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no
             # request error of ours can be told from it, and asking again is harmless, so it
             # is a transient fault of the service (retried under the run's give-up budget).

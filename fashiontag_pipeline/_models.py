@@ -38,6 +38,7 @@ from ._tagging import (  # the tagging response (spec 2.3), re-exported
     TaggingData,
     TaggingResponse,
 )
+from ._tagging import says_success as says_success
 from ._taskstatus import is_done_word, is_ended_word
 
 __all__ = [

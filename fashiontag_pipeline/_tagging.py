@@ -21,6 +21,14 @@ __all__ = [
 STATUS_SUCCESS = "success"
 
 
+def says_success(status: str) -> bool:
+    """True when a ``status`` (a request's or a tagging result's) says success. The spec shows
+    no values for it ("success or failure"); the reference service writes ``success``, and
+    a service writing the word in another case (``SUCCESS``, ``Success``) or with spaces
+    around it means the same."""
+    return status == STATUS_SUCCESS or status.strip().casefold() == STATUS_SUCCESS
+
+
 class IdName(msgspec.Struct, omit_defaults=True, gc=False):
     """An ``{id, name}`` pair (imageinfo, genderInfo, category, info, sleeveLength)."""
 

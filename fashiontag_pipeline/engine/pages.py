@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from .._models import STATUS_SUCCESS
+from .._models import STATUS_SUCCESS, says_success
 from .._surrogates import mend
 
 __all__ = [
@@ -140,7 +140,7 @@ def decode_page(body: bytes) -> list[PageRow]:
         raise msgspec.DecodeError(f"JSON nested too deep to read ({err})") from None
     except UnicodeDecodeError as err:  # (msgspec's word for bytes that are not UTF-8)
         raise msgspec.DecodeError(f"not UTF-8 text ({err})") from None
-    if page.status != STATUS_SUCCESS:
+    if not says_success(page.status):
         raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
     rows = page.data.results if page.data is not None else []
     if b"\n" in body or b"\r" in body:

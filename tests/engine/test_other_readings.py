@@ -1,0 +1,101 @@
+"""Other legitimate readings of the spec: a service that is not the reference one.
+
+The spec leaves open much the reference service settles its own way (the words of a
+``status``, the JSON type a count is written in, ...). Each test runs ``fashiontag run`` over
+HTTP against the reference service behind the misbehaving proxy (:mod:`.proxy`), its answers
+rewritten as such a service would write them, and checks the promises: every row once in the
+outputs, none billed twice, exit code and summary right.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, ids_of, read_outcomes, run_args, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour, request_kind
+
+#: (request kind, the answer's JSON) -> the JSON to answer instead.
+Rewrite = Callable[[str, Any], Any]
+#: Tasks of 1,000 rows, polled fast; a service that cannot be understood stops the run soon.
+FLAGS = (
+    "--rotate-images",
+    "1000",
+    "--rotate-min-images",
+    "1000",
+    "--linger",
+    "0.2",
+    "--give-up-after",
+    "4",
+)
+
+
+class Rewriting(MisbehavingProxy):
+    """The misbehaving proxy (no misbehaviour of its own) whose 2xx JSON answers are passed
+    through ``rewrite``."""
+
+    def __init__(self, rewrite: Rewrite) -> None:
+        super().__init__("", Misbehaviour())
+        self.rewrite = rewrite
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if not (isinstance(answer, web.Response) and isinstance(answer.body, bytes)):
+            return answer
+        if answer.status >= 300 or not answer.body:
+            return answer
+        data = self.rewrite(request_kind(request.method, request.path), json.loads(answer.body))
+        return web.json_response(data, status=answer.status)
+
+
+async def run_cli(tmp_path: Path, n: int, rewrite: Rewrite) -> tuple[int, dict[str, Any], str]:
+    """``fashiontag run`` of ``n`` rows through a :class:`Rewriting` proxy: (exit code, the
+    ``--summary`` JSON, stderr)."""
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    async with running_service(ServiceConfig()) as svc:
+        proxy = Rewriting(rewrite)
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, str(manifest), "--summary", str(summary), *FLAGS)
+            with anyio.fail_after(60):
+                done = await anyio.run_process(args, check=False, env=ENV)
+    written = json.loads(summary.read_text()) if summary.exists() else {}
+    return done.returncode, written, done.stderr.decode()
+
+
+def each_once(tmp_path: Path, n: int) -> list[dict[str, Any]]:
+    """The results lines, once each of the ``n`` ids, no rejects."""
+    o = read_outcomes(tmp_path / "out.jsonl", tmp_path / "out.rej")
+    assert not o.rejects
+    assert len(o.ids) == n and set(o.ids) == ids_of(n)
+    return o.results
+
+
+def _envelope_in(word: str) -> Rewrite:
+    def rewrite(kind: str, data: Any) -> Any:
+        if kind in ("list", "status", "results") and data.get("status") == "success":
+            data["status"] = word
+        return data
+
+    return rewrite
+
+
+@pytest.mark.parametrize("word", ["SUCCESS", "Success"])
+async def test_a_request_status_of_success_in_another_case(tmp_path: Path, word: str) -> None:
+    """The task list, the status and the results pages say ``"status": "SUCCESS"`` (the spec
+    leaves its values open: "success or failure of the request"). Every poll was taken as the
+    service's refusal and asked again until ``--give-up-after``: exit 1, no row written, and
+    every resume the same. The request status is read in any case."""
+    code, summary, err = await run_cli(tmp_path, 2000, _envelope_in(word))
+    assert code == 0, err[-600:]
+    assert summary["tagged"] == 2000 and summary["failed"] == 0 and summary["resent"] == 0
+    each_once(tmp_path, 2000)
