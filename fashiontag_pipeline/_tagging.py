@@ -126,4 +126,4 @@ class TaggingResponse(msgspec.Struct, omit_defaults=True, gc=False):
     @property
     def ok(self) -> bool:
         """True when the service says the analysis succeeded."""
-        return self.status == STATUS_SUCCESS
+        return says_success(self.status)

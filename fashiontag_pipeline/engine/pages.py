@@ -109,6 +109,7 @@ _SUCCESS_EXACT = re.compile(rb'\{"status":"success"')
 _SUCCESS_LAST = re.compile(rb'"status"\s*:\s*"success"\s*\}\s*\Z')
 _TAIL = 64
 _SUCCESS = STATUS_SUCCESS.encode()
+_FAILURE = b"failure"
 _tagging_result = operator.attrgetter("tagging_result")
 
 
@@ -248,5 +249,14 @@ def success_flags(rows: list[PageRow]) -> list[bool]:
     raws = list(map(_tagging_result, rows))
     if _all_success(raws) is not None:
         return [True] * len(raws)
-    success = _SUCCESS
-    return [_status_of(raw) == success for raw in raws]
+    success, failure = _SUCCESS, _FAILURE
+    # ``success`` in another case (``SUCCESS``: the spec shows no values) is a success too;
+    # the usual two words cost a comparison each.
+    return [
+        status == success or (status is not None and status != failure and _says(status))
+        for status in map(_status_of, raws)
+    ]
+
+
+def _says(status: bytes) -> bool:
+    return says_success(status.decode("utf-8", "replace"))

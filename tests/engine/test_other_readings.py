@@ -99,3 +99,26 @@ async def test_a_request_status_of_success_in_another_case(tmp_path: Path, word:
     assert code == 0, err[-600:]
     assert summary["tagged"] == 2000 and summary["failed"] == 0 and summary["resent"] == 0
     each_once(tmp_path, 2000)
+
+
+def _results_in(word: str) -> Rewrite:
+    def rewrite(kind: str, data: Any) -> Any:
+        if kind == "results":
+            for row in data["data"]["results"]:
+                if row["taggingResult"]["status"] == "success":
+                    row["taggingResult"]["status"] = word
+        return data
+
+    return rewrite
+
+
+async def test_tagging_results_whose_status_says_success_in_another_case(tmp_path: Path) -> None:
+    """Every tagging result says ``"status": "SUCCESS"`` (the spec: "Allowed values: not
+    shown"). Each was counted a failed tagging: the summary said 0 tagged and 2,000 failed
+    (``--reuse`` stores only successes, so such rows were billed again every night). They are
+    tagged; the lines keep the service's word."""
+    code, summary, err = await run_cli(tmp_path, 2000, _results_in("SUCCESS"))
+    assert code == 0, err[-600:]
+    assert (summary["tagged"], summary["failed"], summary["resent"]) == (2000, 0, 0)
+    results = each_once(tmp_path, 2000)
+    assert {r["taggingResult"]["status"] for r in results} == {"SUCCESS"}
