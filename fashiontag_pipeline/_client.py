@@ -65,11 +65,14 @@ _encoder = msgspec.json.Encoder()
 LIST_PAGE_SIZE = 1000
 
 _failure_list_decoder = msgspec.json.Decoder(list[FailureItem])
-_bulk_response_decoder = msgspec.json.Decoder(BulkTaskResponse)
 _tagging_decoder = msgspec.json.Decoder(TaggingResponse)
-_list_decoder = msgspec.json.Decoder(TaskListResponse)
-_status_decoder = msgspec.json.Decoder(TaskStatusResponse)
-_results_decoder = msgspec.json.Decoder(TaskResultsResponse)
+# The bulk answers' counts (``count``, ``validation``, ``taskInfo``) are read as integers
+# whether the service writes ``1000`` or ``"1000"`` (a JSON writer that quotes 64-bit integers)
+# or ``1000.0``: ``strict=False``. No text field takes a number for text that way.
+_bulk_response_decoder = msgspec.json.Decoder(BulkTaskResponse, strict=False)
+_list_decoder = msgspec.json.Decoder(TaskListResponse, strict=False)
+_status_decoder = msgspec.json.Decoder(TaskStatusResponse, strict=False)
+_results_decoder = msgspec.json.Decoder(TaskResultsResponse, strict=False)
 
 
 class TaggerClient:

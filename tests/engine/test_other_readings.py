@@ -122,3 +122,26 @@ async def test_tagging_results_whose_status_says_success_in_another_case(tmp_pat
     assert (summary["tagged"], summary["failed"], summary["resent"]) == (2000, 0, 0)
     results = each_once(tmp_path, 2000)
     assert {r["taggingResult"]["status"] for r in results} == {"SUCCESS"}
+
+
+def _as_text(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _as_text(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_as_text(v) for v in node]
+    return str(node) if isinstance(node, int) and not isinstance(node, bool) else node
+
+
+def _counts_as_text(kind: str, data: Any) -> Any:
+    return _as_text(data) if kind in ("create", "append", "list", "status") else data
+
+
+async def test_counts_written_as_strings(tmp_path: Path) -> None:
+    """A service writing every integer of its write answers, task list and status as a
+    string (``"total": "1000"``, ``"accept": "1000"``, ``"totalCount": "3"``: a JSON writer
+    that quotes 64-bit integers). The list and status were unreadable (exit 1 after
+    ``--give-up-after``, every resume the same). Integers written as strings are read."""
+    code, summary, err = await run_cli(tmp_path, 2000, _counts_as_text)
+    assert code == 0, err[-600:]
+    assert (summary["tagged"], summary["resent"]) == (2000, 0)
+    each_once(tmp_path, 2000)
