@@ -21,9 +21,9 @@ from aiohttp import web
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, ids_of, read_outcomes, run_args, write_csv
-from .proxy import MisbehavingProxy, Misbehaviour, request_kind
+from .proxy import BULK, MisbehavingProxy, Misbehaviour, request_kind
 
-#: (request kind, the answer's JSON) -> the JSON to answer instead.
+#: (request kind, the answer's JSON) -> the JSON to answer instead (or a whole answer).
 Rewrite = Callable[[str, Any], Any]
 #: Tasks of 1,000 rows, polled fast; a service that cannot be understood stops the run soon.
 FLAGS = (
@@ -53,19 +53,25 @@ class Rewriting(MisbehavingProxy):
         if answer.status >= 300 or not answer.body:
             return answer
         data = self.rewrite(request_kind(request.method, request.path), json.loads(answer.body))
+        if isinstance(data, web.Response):  # an answer of another status or headers
+            return data
         return web.json_response(data, status=answer.status)
 
 
-async def run_cli(tmp_path: Path, n: int, rewrite: Rewrite) -> tuple[int, dict[str, Any], str]:
-    """``fashiontag run`` of ``n`` rows through a :class:`Rewriting` proxy: (exit code, the
-    ``--summary`` JSON, stderr)."""
+async def run_cli(
+    tmp_path: Path, n: int, rewrite: Rewrite, *flags: str
+) -> tuple[int, dict[str, Any], str]:
+    """``fashiontag run`` of ``n`` rows (more ``flags``) through a :class:`Rewriting` proxy:
+    (exit code, the ``--summary`` JSON, stderr)."""
     manifest = write_csv(tmp_path / "m.csv", n)
     out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
     async with running_service(ServiceConfig()) as svc:
         proxy = Rewriting(rewrite)
         proxy.upstream = svc.url
         async with proxy.running():
-            args = run_args(proxy.url, out, str(manifest), "--summary", str(summary), *FLAGS)
+            args = run_args(
+                proxy.url, out, str(manifest), "--summary", str(summary), *FLAGS, *flags
+            )
             with anyio.fail_after(60):
                 done = await anyio.run_process(args, check=False, env=ENV)
     written = json.loads(summary.read_text()) if summary.exists() else {}
@@ -145,3 +151,35 @@ async def test_counts_written_as_strings(tmp_path: Path) -> None:
     assert code == 0, err[-600:]
     assert (summary["tagged"], summary["resent"]) == (2000, 0)
     each_once(tmp_path, 2000)
+
+
+def _created_201(kind: str, data: Any) -> Any:
+    if kind != "create":
+        return data
+    return web.json_response(data, status=201, headers={"Location": f"{BULK}/{data['taskId']}"})
+
+
+def _appends_refused_409(kind: str, data: Any) -> Any:
+    if kind != "append":
+        return data
+    return web.json_response({"status": "failure", "error": "task is processing"}, status=409)
+
+
+TASKS_OF_3000 = ("--rotate-images", "3000", "--rotate-min-images", "3000")
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "flags"),
+    [(_created_201, ()), (_appends_refused_409, TASKS_OF_3000)],
+    ids=["create-201-location", "append-409-processing"],
+)
+async def test_writes_answered_in_statuses_the_spec_does_not_show(
+    tmp_path: Path, rewrite: Rewrite, flags: tuple[str, ...]
+) -> None:
+    """Creates answered ``201 Created`` with a ``Location`` (the spec shows 202), or every
+    append to a task refused ``409`` once it is processing (the spec shows no status for it):
+    each row tagged once, none sent twice (found to hold; kept as a guard)."""
+    code, summary, err = await run_cli(tmp_path, 3000, rewrite, *flags)
+    assert code == 0, err[-600:]
+    assert (summary["tagged"], summary["resent"]) == (3000, 0)
+    each_once(tmp_path, 3000)
