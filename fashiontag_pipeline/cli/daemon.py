@@ -27,6 +27,7 @@ from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
 from ..engine.engine import RunControl
+from ..engine.run_checks import same_file
 from .common import (
     ABORT_GRACE,
     EXIT_ERROR,
@@ -168,6 +169,13 @@ def daemon_command(args: argparse.Namespace) -> int:
         if path is not None and "://" not in path and Path(path).is_dir():
             problem = f"{what} {path} is a folder: give the path of a file"
             print(f"fashiontag: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+    if engine.reuse is not None and "://" not in location and "://" not in engine.reuse:
+        # (As run refuses it: else the state went into the result store, or, for a new file,
+        # exit 1 at every restart since the state made it first.)
+        clash = same_file([("--state", location), ("--reuse", engine.reuse)])
+        if clash is not None:
+            print(f"fashiontag: {clash}", file=sys.stderr)
             return EXIT_USAGE
     level = logging.INFO if args.verbose < 2 else logging.DEBUG
     configure_logging(

@@ -11,6 +11,7 @@ import pytest
 
 from fashiontag_pipeline._http import BULK_PATH, SINGLE_PATH
 from fashiontag_pipeline.daemon.monitor import op_of
+from fashiontag_pipeline.engine.reuse import ResultStore
 
 
 @pytest.mark.parametrize(
@@ -113,6 +114,36 @@ def test_an_outbox_that_is_a_file_is_one_clear_line_and_exit_2(tmp_path: Path, u
     assert "FileExistsError" not in err and "NotADirectoryError" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "d.state").exists()
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["last-nights-store", "missing"])
+def test_a_daemon_given_one_file_as_state_and_result_store_is_refused(
+    tmp_path: Path, existing: bool
+) -> None:
+    """``--state`` and ``--reuse`` naming one file (a config line copied, a variable set
+    twice): ``run`` refuses it (exit 2), but the daemon wrote its state (its manifests' rows,
+    claims and tasks) into last night's result store and ran on, one file that losing the state
+    (the way to start a daemon over) took the store with, and every row billed again; a
+    missing file was exit 1 at every restart ("not a fashiontag result store", the state made
+    it first). Refused as ``run`` refuses it: exit 2, naming both, the file left as it was."""
+    (tmp_path / "IN").mkdir()
+    store = tmp_path / "results.db"
+    if existing:
+        ResultStore.open(store).close()
+    before = store.read_bytes() if existing else None
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fashiontag_pipeline", "daemon"),
+            *("--inbox", str(tmp_path / "IN"), "--outbox", str(tmp_path / "OUT")),
+            *("--listen", "", "--state", str(store), "--reuse", str(store)),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--state and --reuse are the same file" in proc.stderr.decode()
+    assert (store.read_bytes() if existing else None) == before
+    assert existing or not store.exists()
 
 
 def test_run_names_a_state_url_it_cannot_use_without_its_password(tmp_path: Path) -> None:
