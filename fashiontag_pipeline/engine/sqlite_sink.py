@@ -15,6 +15,7 @@ from .._exceptions import StateError
 from .._models import TaggingResponse
 from .outfiles import lock_output, removed_from
 from .pages import PageRow
+from .reuse.store import APPLICATION_ID as RESULT_STORE_ID
 
 if TYPE_CHECKING:
     from .sinks import ReusedLine
@@ -54,6 +55,15 @@ class SqliteResultSink:
                 f"{path} is not an SQLite results file ({err}): --sink sqlite writes a"
                 " database; give it another --out (or move this file away)"
             ) from None
+        foreign = self._foreign()
+        if foreign is not None:
+            # Before any write: a new run cuts its results file back to nothing, and the
+            # result store's table is named results too (a store given as --out emptied).
+            self._db.close()
+            raise StateError(
+                f"{path} is {foreign}, not an SQLite results file: --sink sqlite writes a"
+                " database of its own; give it another --out (this file is left as it is)"
+            )
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"
@@ -76,6 +86,19 @@ class SqliteResultSink:
         self._rowids = version >= self.ROWID_CHECKPOINTS
         if not self._rowids and self._last == 0:
             self._mark_rowids()
+
+    def _foreign(self) -> str | None:
+        """What the file is when it is another kind of SQLite database (None: a results file
+        of ours, or a new one): the ``--reuse`` result store, or another program's."""
+        (app,) = self._db.execute("PRAGMA application_id").fetchone()
+        if app == RESULT_STORE_ID:
+            return "a fashiontag result store (--reuse)"
+        if app:
+            return f"another program's SQLite database (application id {app:#x})"
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+        if columns and not {"id", "task_id", "result"} <= columns:
+            return "another program's SQLite database (its results table is not ours)"
+        return None
 
     def _mark_rowids(self) -> None:
         self._db.execute(f"PRAGMA user_version = {self.ROWID_CHECKPOINTS}")

@@ -4,6 +4,7 @@ stops, and what the next command does."""
 
 from __future__ import annotations
 
+import json
 import resource
 import subprocess
 from collections.abc import Callable
@@ -58,3 +59,48 @@ async def test_a_result_store_that_cannot_grow_says_so_and_the_same_command_fini
         billed = svc.store.image_count
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert billed == n  # the 100 stored rows once (night 1), the new ones once
+
+
+async def test_an_sqlite_results_file_given_the_result_stores_path_leaves_the_store_alone(
+    tmp_path: Path,
+) -> None:
+    """The nightly cron keeps its store at ``results.db`` (the docs' name); an ad hoc run of
+    another file given ``--sink sqlite --out results.db`` (the natural name for SQLite
+    results) took the store for a results file of its own: it emptied the store's
+    ``results`` table (a new run cuts its output back to nothing), added a column to it,
+    then stopped on ``table results has no column named id`` saying the same command
+    resumes; the next night found an empty store and tagged, and billed, the whole
+    catalogue again. It is refused before anything is written or sent, naming the file, and
+    the next night reuses every row."""
+    store = tmp_path / "results.db"
+    write_csv(tmp_path / "m.csv", 50)
+    write_csv(tmp_path / "extra.csv", 3, start=1000)
+    async with running_service(ServiceConfig()) as svc:
+        night = run_args(svc.url, tmp_path / "n1.jsonl", str(tmp_path / "m.csv"))
+        first = await anyio.run_process([*night, "--reuse", str(store)], check=False, env=ENV)
+        assert first.returncode == 0, first.stderr.decode()
+        before = store.read_bytes()
+        tasks = len(svc.store.tasks)
+        adhoc = await anyio.run_process(
+            [
+                *run_args(svc.url, store, str(tmp_path / "extra.csv")),
+                *("--sink", "sqlite", "--state", str(tmp_path / "adhoc.state")),
+            ],
+            check=False,
+            env=ENV,
+        )
+        message = adhoc.stderr.decode()
+        assert adhoc.returncode == 1, message
+        assert str(store) in message and "result store" in message, message
+        assert "resumes once this is fixed" not in message, message
+        assert len(svc.store.tasks) == tasks  # nothing sent
+        assert store.read_bytes() == before
+        night2 = run_args(svc.url, tmp_path / "n2.jsonl", str(tmp_path / "m.csv"))
+        second = await anyio.run_process(
+            [*night2, "--reuse", str(store), "--summary", str(tmp_path / "s.json")],
+            check=False,
+            env=ENV,
+        )
+        assert second.returncode == 0, second.stderr.decode()
+        assert len(svc.store.tasks) == tasks  # every row answered from the store
+    assert json.loads((tmp_path / "s.json").read_text())["reused"] == 50
