@@ -104,3 +104,32 @@ async def test_an_sqlite_results_file_given_the_result_stores_path_leaves_the_st
         assert second.returncode == 0, second.stderr.decode()
         assert len(svc.store.tasks) == tasks  # every row answered from the store
     assert json.loads((tmp_path / "s.json").read_text())["reused"] == 50
+
+
+async def test_a_night_given_the_result_store_as_its_state_is_refused_before_a_request(
+    tmp_path: Path,
+) -> None:
+    """``--state`` and ``--reuse`` swapped in the cron line (both SQLite paths): the run
+    wrote its state's tables into the result store, made a new, empty store at the state's
+    path (a warning said it "did not exist") and tagged, and billed, the whole catalogue. A
+    state file that is a result store is refused before anything is written or sent."""
+    store, state = tmp_path / "results.db", tmp_path / "night.state"
+    write_csv(tmp_path / "m.csv", 40)
+    async with running_service(ServiceConfig()) as svc:
+        night = run_args(svc.url, tmp_path / "n.jsonl", str(tmp_path / "m.csv"))
+        first = await anyio.run_process(
+            [*night, "--state", str(state), "--reuse", str(store)], check=False, env=ENV
+        )
+        assert first.returncode == 0, first.stderr.decode()
+        state.unlink()  # (a state on a tmpfs after a reboot, or a new state path)
+        before = store.read_bytes()
+        tasks = len(svc.store.tasks)
+        swapped = await anyio.run_process(
+            [*night, "--state", str(store), "--reuse", str(state)], check=False, env=ENV
+        )
+        message = swapped.stderr.decode()
+        assert swapped.returncode == 1, message
+        assert f"state file {store}" in message and "result store" in message, message
+        assert len(svc.store.tasks) == tasks  # nothing sent
+    assert store.read_bytes() == before
+    assert not state.exists()

@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from ... import _exceptions as exc
+from ..reuse.store import APPLICATION_ID as RESULT_STORE_ID
 from .schema import SCHEMA, STATE_FILE_VERSION
 from .store import StateStore
 
@@ -92,6 +93,15 @@ class StateDB(StateStore):
                 f" fashiontag; this one reads up to version {STATE_FILE_VERSION}: upgrade"
                 " fashiontag to go on with it (it is left untouched; another --state starts"
                 " a new run, and tags every row again)"
+            )
+        (app,) = db.execute("PRAGMA application_id").fetchone()
+        if app == RESULT_STORE_ID:
+            # --state and --reuse swapped: the state's tables went into the store, and the
+            # state's path became a new, empty store (every row tagged, and billed, again).
+            db.close()
+            raise exc.StateError(
+                f"state file {path} is a fashiontag result store (--reuse STORE): give --state"
+                " another path (the store is left as it is)"
             )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
