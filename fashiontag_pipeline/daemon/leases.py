@@ -186,6 +186,7 @@ class PostgresClaimLedger:
         self._url = url
         self.owner = owner or default_owner()
         self.lease = lease
+        timeout = max(1, round(connect_timeout))
         self._pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
@@ -194,14 +195,17 @@ class PostgresClaimLedger:
             timeout=connect_timeout,
             check=psycopg_pool.ConnectionPool.check_connection,
             configure=self._configure,
-            kwargs={"connect_timeout": max(1, round(connect_timeout)), "autocommit": False},
+            kwargs={"connect_timeout": timeout, "autocommit": False},
             name="fashiontag-state",
         )
         try:
             with _postgres.state_errors(url, "cannot open"):
-                self._pool.open(wait=True, timeout=connect_timeout)
-                with self._pool.connection() as conn:
+                # The first connection is made here, not by the pool: a pool that cannot
+                # connect retries until its timeout and then says only that, the reason
+                # (a password refused, no server) left in its log lines.
+                with psycopg.connect(url, connect_timeout=timeout) as conn:
                     _postgres.migrate(conn)
+                self._pool.open(wait=True, timeout=connect_timeout)
         except BaseException:
             self._pool.close()
             raise

@@ -1,0 +1,80 @@
+"""Daemons on a PostgreSQL that refuses their credentials.
+
+The tests' server trusts every local connection: here one role, made for the test, must give
+its password (``scram-sha-256``), and the daemon is given a wrong one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ..postgres import PostgresCluster
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="unix sockets")
+
+PASSWORD = "WRONG-PG-CANARY"
+
+
+@pytest.fixture
+def wrong_password_url(postgres_cluster: PostgresCluster, postgres_url: str) -> Iterator[str]:
+    """``postgres_url`` as a role that must give its password, with a wrong one."""
+    role = f"pw_{os.getpid()}"
+    hba = postgres_cluster.data / "pg_hba.conf"
+    trusted = hba.read_text()
+    hba.write_text(f"local all {role} scram-sha-256\n{trusted}")  # (read before the trust line)
+    with psycopg.connect(postgres_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'the-right-one'")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield postgres_url.replace("postgresql://postgres@", f"postgresql://{role}:{PASSWORD}@")
+    finally:
+        hba.write_text(trusted)
+        with psycopg.connect(postgres_cluster.url(), autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_daemon_given_a_wrong_password_stops_at_once_saying_why(
+    tmp_path: Path, wrong_password_url: str
+) -> None:
+    """The daemon's connection pool logged its failed tries for 10 s, then the daemon stopped
+    on ``cannot open: pool initialization incomplete after 10.0 sec``: the reason (the
+    password refused) was never in its error. It stops at once, exit 1, saying why, with no
+    password in its output."""
+    (tmp_path / "IN").mkdir()
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "daemon",
+            "--inbox",
+            str(tmp_path / "IN"),
+            "--outbox",
+            str(tmp_path / "OUT"),
+            "--state",
+            wrong_password_url,
+            "--listen",
+            "",
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert PASSWORD not in err + proc.stdout.decode(), err
+    (stopped,) = [line for line in err.splitlines() if "daemon stopped on an error" in line]
+    assert "password authentication failed" in stopped, err
+    assert took < 8, (took, err)
