@@ -23,6 +23,7 @@ from .._client import TaggerClient
 from ..engine import EngineConfig, RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job
+from ..engine.reuse.store import open_store
 from ..engine.run import first_error, run_pipeline
 from ..engine.state.pgstore import PostgresStateDB, drop_state
 from .epochs import claim_state_url
@@ -33,7 +34,7 @@ from .leases import Lease, PostgresClaimLedger
 if TYPE_CHECKING:
     from .runner import Daemon
 
-__all__ = ["drop_settled", "hand_back_outdated", "run_leased", "still_held"]
+__all__ = ["check_reuse", "drop_settled", "hand_back_outdated", "run_leased", "still_held"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
@@ -54,6 +55,25 @@ async def still_held(lease: Lease, keeper: LeaseKeeper, ledger: PostgresClaimLed
             pass
 
     await anyio.to_thread.run_sync(check)
+
+
+def check_reuse(location: str | None) -> None:
+    """``--reuse``: the result store opened (made when missing) and closed again at the start.
+    Each manifest's engine opens it for itself; a store that cannot be used at all (a password
+    refused) would fail each manifest in turn, attempt after attempt, and send it to
+    ``failed/``: it stops the daemon now, with the reason, as with a state file."""
+    if location is None:
+        return
+    store = open_store(location)
+    try:
+        if store.created:
+            logger.warning(
+                "result store %s did not exist: created it (every row is tagged this time, "
+                "and its successful results are stored for the next run)",
+                store.path,
+            )
+    finally:
+        store.close()
 
 
 def drop_settled(ledger: PostgresClaimLedger | None, url: str, idle_timeout: float) -> None:

@@ -53,7 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
-from .leased import drop_settled, hand_back_outdated, run_leased, still_held
+from .leased import check_reuse, drop_settled, hand_back_outdated, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -107,6 +107,7 @@ class SharedDaemon:
         )
         outbox = Outbox(outbox_dir)
         try:
+            await anyio.to_thread.run_sync(check_reuse, self.engine_config.reuse)
             await anyio.to_thread.run_sync(inbox.prepare)
             await anyio.to_thread.run_sync(drop_settled, ledger, self.url, self.config.lease)
             async with TaggerClient(config=daemon.client_config) as client:

@@ -16,7 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from ..engine.helpers import dead_port
 from ..postgres import PostgresCluster
+from .helpers import DaemonProcess, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="unix sockets")
 
@@ -78,3 +80,33 @@ def test_a_daemon_given_a_wrong_password_stops_at_once_saying_why(
     (stopped,) = [line for line in err.splitlines() if "daemon stopped on an error" in line]
     assert "password authentication failed" in stopped, err
     assert took < 8, (took, err)
+
+
+def test_a_shared_daemon_whose_result_store_refuses_its_password_stops_at_start(
+    tmp_path: Path, postgres_url: str, wrong_password_url: str
+) -> None:
+    """``--reuse postgresql://`` with a wrong password beside a good ``--state``: the shared
+    daemon started, leased each manifest dropped, failed to open the store at each attempt and
+    after five moved it to ``failed/`` ("manifest cannot be read": the manifest was fine), one
+    after another. A daemon with its state in a file stops at start on that (exit 1, the
+    reason); the shared one does too now, and the manifest waits in the inbox."""
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "m.csv").write_bytes(write_manifest(Path(), ["a", "b"]))
+    args = ["--state", postgres_url, "--reuse", wrong_password_url, "--lease", "0.5"]
+    daemon = DaemonProcess(tmp_path, f"http://127.0.0.1:{dead_port()}", extra=args)
+    daemon.start()
+    try:
+        assert daemon.proc is not None
+        try:
+            code = daemon.proc.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        daemon.ensure_dead()
+    err = daemon.stderr_path.read_text()
+    assert code == 1, daemon.tail(8)
+    assert PASSWORD not in err
+    (stopped,) = [line for line in err.splitlines() if "daemon stopped on an error" in line]
+    assert "password authentication failed" in stopped, err
+    assert not list((daemon.inbox / "failed").glob("*")), "a good manifest failed"
+    assert (daemon.inbox / "m.csv").exists()  # (the next start takes it)
