@@ -61,6 +61,7 @@ __all__ = [
     "RateLimitedError",
     "RequestError",
     "ResultStoreError",
+    "ResultStoreUnavailable",
     "ResultsExpiredError",
     "ResultsNotReadyError",
     "SchemaTooNewError",
@@ -127,6 +128,12 @@ class ResultStoreError(FashiontagError):
     """The result store of ``--reuse`` cannot be opened, read or written (not a result store,
     damaged, a newer schema, a full disk); the message names the file. Never silently
     replaced: a store that cannot be read would otherwise mean a full, billed re-tag."""
+
+
+class ResultStoreUnavailable(ResultStoreError):
+    """The result store's database cannot be reached (a restart, a failover, connections
+    refused): no fault of the manifests using it. A shared daemon counts no attempt of a
+    manifest for it; the manifest waits until the store answers again."""
 
 
 class TLSError(FashiontagError):

@@ -8,11 +8,13 @@ when the next attempt begins and reads what the state holds (the database may be
 stops), so that is where it is decided (:meth:`Attempts.begun`); an attempt that committed rows
 written ahead, results or rejects starts the count again, and a long manifest outlives any
 number of restarts or failovers that each let it progress. An attempt that stops before it can
-look (:meth:`Attempts.over`) fails the manifest at once.
+look (:meth:`Attempts.over`) fails the manifest at once. A result store whose database cannot
+be reached counts no attempt: the manifest waits for it, as for the state's database.
 """
 
 from __future__ import annotations
 
+from .. import _exceptions as exc
 from ..engine.state.jobtables import JobRow
 
 __all__ = ["Attempts"]
@@ -40,10 +42,14 @@ class Attempts:
             return None
         return f"{self._reasons.get(claim, 'it stopped on an error')} ({failed} attempts)"
 
-    def failed(self, claim: int, reason: str) -> int:
-        """An attempt stopped on an error: how many in a row now."""
+    def failed(self, claim: int, error: Exception) -> int:
+        """An attempt stopped on ``error``: how many in a row now. A result store that cannot
+        be reached (an outage of its database) is no attempt of the manifest's: not counted,
+        or an outage of a few lease lengths sent every manifest in flight to failed/."""
+        if isinstance(error, exc.ResultStoreUnavailable):
+            return self._failed.get(claim, 0)
         count = self._failed[claim] = self._failed.get(claim, 0) + 1
-        self._reasons[claim] = reason
+        self._reasons[claim] = str(error)
         return count
 
     def over(self, claim: int) -> bool:

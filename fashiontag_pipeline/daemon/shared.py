@@ -309,7 +309,7 @@ class SharedDaemon:
             # cannot be kept in the state at all: it is leased again and resumed, and fails
             # after attempts in a row with no progress (see .attempts).
             keeper.forget(lease)
-            attempts = self._attempts.failed(lease.claim_id, str(err))
+            attempts = self._attempts.failed(lease.claim_id, err)
             logger.warning(
                 "the manifest stopped on an error; it resumes when it is leased again",
                 extra={"manifest": lease.name, "reason": str(err), "attempts": attempts},

@@ -1,7 +1,8 @@
-"""Daemons on a PostgreSQL that refuses their credentials.
+"""Daemons on a PostgreSQL that refuses them: a wrong password for the state or the result
+store, and a result store's database that stops taking connections for a while.
 
-The tests' server trusts every local connection: here one role, made for the test, must give
-its password (``scram-sha-256``), and the daemon is given a wrong one.
+The tests' server trusts every local connection: for the password, one role made for the test
+must give its password (``scram-sha-256``), and the daemon is given a wrong one.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import psycopg
+import psycopg.conninfo
 import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from ..engine.helpers import dead_port
 from ..postgres import PostgresCluster
-from .helpers import DaemonProcess, write_manifest
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="unix sockets")
 
@@ -110,3 +115,53 @@ def test_a_shared_daemon_whose_result_store_refuses_its_password_stops_at_start(
     assert "password authentication failed" in stopped, err
     assert not list((daemon.inbox / "failed").glob("*")), "a good manifest failed"
     assert (daemon.inbox / "m.csv").exists()  # (the next start takes it)
+
+
+async def test_an_outage_of_the_result_stores_database_fails_no_manifest(
+    tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
+) -> None:
+    """The result store in a database of its own, which stops taking connections for a while
+    (a restart, a failover, maintenance): each attempt at a manifest stopped on the store, and
+    after five (two minutes and a half at the default lease) the manifest went to ``failed/``
+    ("manifest cannot be read"), every manifest in flight or dropped meanwhile with it; rows
+    already sent were billed again when it was dropped again. A store that cannot be reached
+    is no attempt of the manifest's: it waits, and is tagged once the store answers again."""
+    store = postgres_cluster.create_database("store")
+    name = psycopg.conninfo.conninfo_to_dict(store)["dbname"]
+    args = ["--state", postgres_url, "--reuse", store, "--lease", "0.5"]
+    ids = [f"o{i}" for i in range(50)]
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=args).start()
+        admin = psycopg.connect(postgres_cluster.url(), autocommit=True)
+        try:
+            await daemon.wait_ready_endpoint()
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            failed = daemon.inbox / "failed" / "m.csv"
+            with anyio.fail_after(20):  # more attempts than a manifest is given
+                while len(_stopped(daemon)) < 7 and not failed.exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            assert not failed.exists(), daemon.tail(3)
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            summary = await daemon.wait_summary("m", timeout=30)
+            assert await daemon.stop() == 0
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            admin.close()
+            daemon.ensure_dead()
+    assert summary["status"] == "done", summary
+    assert sorted(r["id"] for r in read_lines(daemon.outbox / "m" / "results.jsonl")) == sorted(ids)
+    assert (daemon.inbox / "done" / "m.csv").exists()
+    assert not list((daemon.inbox / "failed").glob("*"))
+
+
+STOPPED = "the manifest stopped on an error; it resumes when it is leased again"
+
+
+def _stopped(daemon: DaemonProcess) -> list[object]:
+    return [line for line in daemon.logs() if line.get("event") == STOPPED]

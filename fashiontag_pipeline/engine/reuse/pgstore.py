@@ -286,5 +286,11 @@ class PostgresResultStore(StoreConnections):
 
 
 def _error(where: str, err: BaseException, url: str) -> exc.ResultStoreError:
+    import psycopg
+
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return exc.ResultStoreError(f"result store {where} cannot be used: {scrub(reason, url)}")
+    # The database not reached, or the connection lost: an outage, not the store's fault.
+    kind = exc.ResultStoreUnavailable if isinstance(err, psycopg.OperationalError) else None
+    return (kind or exc.ResultStoreError)(
+        f"result store {where} cannot be used: {scrub(reason, url)}"
+    )
