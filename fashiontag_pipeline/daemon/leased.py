@@ -34,7 +34,14 @@ from .leases import Lease, PostgresClaimLedger
 if TYPE_CHECKING:
     from .runner import Daemon
 
-__all__ = ["check_reuse", "drop_settled", "hand_back_outdated", "run_leased", "still_held"]
+__all__ = [
+    "check_reuse",
+    "drop_settled",
+    "hand_back_outdated",
+    "queued",
+    "run_leased",
+    "still_held",
+]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
@@ -74,6 +81,18 @@ def check_reuse(location: str | None) -> None:
             )
     finally:
         store.close()
+
+
+async def queued(daemon: Daemon, ledger: PostgresClaimLedger) -> None:
+    """The claims no daemon leases yet (``/status``'s queue, the gauge), asked at each turn
+    of the lease loop; whether the state answers goes to ``/readyz`` (a daemon whose database
+    is gone leases nothing: it said ready all along)."""
+    try:
+        daemon.unleased = await anyio.to_thread.run_sync(ledger.unleased)
+    except exc.StateError as err:
+        daemon.health.mark_store_unwritable(str(err))
+    else:
+        daemon.health.mark_store_writable()
 
 
 def drop_settled(ledger: PostgresClaimLedger | None, url: str, idle_timeout: float) -> None:

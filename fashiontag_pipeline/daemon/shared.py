@@ -53,7 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
-from .leased import check_reuse, drop_settled, hand_back_outdated, run_leased, still_held
+from .leased import check_reuse, drop_settled, hand_back_outdated, queued, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -213,6 +213,7 @@ class SharedDaemon:
                     if not self._acquire_failed:
                         logger.warning("cannot lease manifests: %s; retrying", err)
                     self._acquire_failed = True
+                    self.daemon.health.mark_store_unwritable(str(err))  # (/readyz)
                     leases = []
                 else:
                     if self._acquire_failed:
@@ -221,8 +222,7 @@ class SharedDaemon:
                 for lease in leases:
                     self.leased[lease.claim_id, lease.epoch] = lease
                     tg.start_soon(self._manifest, lease, ledger, keeper, inbox, outbox, client)
-            with contextlib.suppress(exc.StateError):  # (shown queued: /status, the gauge)
-                self.daemon.unleased = await anyio.to_thread.run_sync(ledger.unleased)
+            await queued(self.daemon, ledger)
             with anyio.move_on_after(period):
                 await self._wake.wait()
             self._wake = anyio.Event()

@@ -7,6 +7,7 @@ must give its password (``scram-sha-256``), and the daemon is given a wrong one.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -165,3 +166,46 @@ STOPPED = "the manifest stopped on an error; it resumes when it is leased again"
 
 def _stopped(daemon: DaemonProcess) -> list[object]:
     return [line for line in daemon.logs() if line.get("event") == STOPPED]
+
+
+async def _readiness(daemon: DaemonProcess, ready: bool) -> str:
+    """Until ``/readyz`` says ``ready`` (or not); its reason."""
+    with anyio.fail_after(25):
+        while True:
+            daemon.check_alive()
+            status, body = await daemon.get("/readyz")
+            if (status == 200) == ready:
+                return str(json.loads(body).get("reason", ""))
+            await anyio.sleep(0.1)
+
+
+async def test_readyz_says_when_the_shared_state_cannot_be_reached(
+    tmp_path: Path, postgres_cluster: PostgresCluster
+) -> None:
+    """``/readyz`` is 200 "when the state store is writable": a shared daemon whose database
+    stopped taking connections (for minutes: an outage, a failover) leased nothing and said
+    200 all along, so no probe or alert saw it. It says 503 with the reason while the state
+    cannot be reached (once a call has waited its 10 s for a connection), and 200 again once it
+    answers."""
+    state = postgres_cluster.create_database("state")
+    name = psycopg.conninfo.conninfo_to_dict(state)["dbname"]
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--state", state, "--lease", "1"])
+        daemon.start()
+        admin = psycopg.connect(postgres_cluster.url(), autocommit=True)
+        try:
+            await _readiness(daemon, True)
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            reason = await _readiness(daemon, False)
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            await _readiness(daemon, True)
+            assert await daemon.stop() == 0
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            admin.close()
+            daemon.ensure_dead()
+    assert reason.startswith("state store not writable: PostgreSQL state postgresql://"), reason
