@@ -133,11 +133,30 @@ class _Connection:
     connection in autocommit mode (transactions are explicit ``BEGIN``/``COMMIT``, as in the
     SQLite store). Driver errors become :class:`StateError` naming the redacted URL."""
 
-    def __init__(self, conn: psycopg.Connection[Any], url: str) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        url: str,
+        reopen: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
         self.conn = conn
         self._url = url
+        self._reopen = reopen
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor[Any]:
+        idle = self.conn.info.transaction_status == 0  # (pq.TransactionStatus.IDLE)
+        try:
+            with state_errors(self._url, "write the state"):
+                return self.conn.execute(_dialect(sql), params)
+        except exc.StateError:
+            # The server ended the session while it sat idle between transactions (an
+            # idle_session_timeout, a killer of idle sessions, a restart): each transaction
+            # was committed or rolled back by then, and a BEGIN or a read outside one is
+            # made again on a new session; anything else stops, as it did.
+            harmless = sql == "BEGIN" or sql.lstrip()[:6].upper() == "SELECT"
+            if not (idle and harmless and self.conn.broken and self._reopen is not None):
+                raise
+        self.conn = self._reopen()
         with state_errors(self._url, "write the state"):
             return self.conn.execute(_dialect(sql), params)
 
@@ -182,6 +201,7 @@ class PostgresStateDB(StateStore):
         self._fence = fence
         self._closed = False
         self._alone = False  # (the advisory lock taken: unlocked at close)
+        self._idle_timeout = idle_timeout
         with state_errors(conninfo, "cannot open"):
             conn = psycopg.connect(
                 conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
@@ -207,7 +227,7 @@ class PostgresStateDB(StateStore):
         except BaseException:
             conn.close()
             raise
-        self.db = _Connection(conn, conninfo)
+        self.db = _Connection(conn, conninfo, self._reopen)
 
     def __repr__(self) -> str:
         return f"PostgresStateDB({self.where!r})"
@@ -271,6 +291,34 @@ class PostgresStateDB(StateStore):
             except BaseException:
                 self.rollback()
                 raise
+
+    def _reopen(self) -> psycopg.Connection[Any]:
+        """A new session in place of a broken one, set up as the first was (idle timeout,
+        search_path, and the state's lock when held: refused if another run took it)."""
+        import psycopg
+        from psycopg import sql
+
+        self.db.conn.close()
+        with state_errors(self._url, "connect again"):
+            conn = psycopg.connect(self._url, autocommit=True, connect_timeout=10)
+        try:
+            with state_errors(self._url, "connect again"):
+                if self._idle_timeout is not None:
+                    conn.execute(
+                        "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                        (f"{max(1, round(self._idle_timeout * 1000))}ms",),
+                    )
+                if self._alone:
+                    self._lock_alone(conn)
+                conn.execute(
+                    sql.SQL("SET search_path TO {}, {}").format(
+                        sql.Identifier(self.schema), sql.Identifier(self.base)
+                    )
+                )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def rollback(self) -> None:
         if self.db.conn.closed:
