@@ -261,9 +261,11 @@ class TaggerClient:
         return (await self._task_page(offset, size)).tasks
 
     async def all_tasks(self, *, page_size: int = LIST_PAGE_SIZE) -> list[Task]:
-        """Every task of the bulk key, newest first where the service pages its list: pages of
-        ``page_size`` until the service's ``totalCount`` is reached (a service that gives no
-        count is taken to have answered with every task at once)."""
+        """Every task of the bulk key, newest first where the service pages its list: pages
+        until its ``totalCount`` is reached (no count: every task was in the first answer).
+        A page shorter than asked is no end (a service may cap its pages below ``page_size``:
+        a lost create's task past the first was missed, its rows billed again); an empty
+        page, or one with no task not seen before, is."""
         seen: dict[str, Task] = {}
         offset = 0
         while True:
@@ -275,7 +277,7 @@ class TaggerClient:
             offset += len(page.tasks)
             if info is None or info.total_count is None or not fresh:
                 break
-            if offset >= info.total_count or len(page.tasks) < page_size:
+            if offset >= info.total_count:
                 break
         return list(seen.values())
 

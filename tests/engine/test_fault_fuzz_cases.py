@@ -1,0 +1,55 @@
+"""Cases a seeded fuzz of ``fashiontag run`` found: random combinations of the reference
+service's faults, the misbehaving proxy's and the engine's flags, each run resumed until it
+ends, then every row checked for exactly one outcome and the service's bill against the rows
+and the re-sends the summary reports. Each test failed before its fix and holds its case
+with no timing."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .proxy import Misbehaviour, misbehaving
+
+
+async def test_a_lost_create_found_past_the_first_page_of_a_short_paged_task_list(
+    tmp_path: Path,
+) -> None:
+    """A service whose task list answers fewer tasks than asked (its own cap: 2 here, 100 in
+    the wild against the 1,000 the engine asks for) and counts all of them in ``totalCount``.
+    The engine looked for the task of a create whose answer it never got on the first page
+    only (a page shorter than asked was taken as the last): killed while its first create was
+    unanswered and after three more tasks were made, the resume did not find that task (the
+    oldest, on the second page), took the create as never applied and sent its 300 rows again
+    in a new task: 300 images billed twice, ``resent`` 0, exit 0. The fuzz met it with no
+    kill: eight creates at once, one answer lost, the list capped at 7."""
+    n = 1200
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    flags = ("--rotate-images", "300", "--rotate-min-images", "300", "--summary", str(summary))
+    async with running_service(ServiceConfig(rate=1000.0)) as svc:
+        async with misbehaving(svc.url, Misbehaviour(hold_first_create=True)) as proxy:
+            args = run_args(proxy.url, out, str(manifest), *flags)
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            with anyio.fail_after(30):
+                while len(svc.store.tasks) < 4:  # the held create's task and three after it
+                    await anyio.sleep(0.01)
+            proc.kill()
+            await proc.wait()
+            await proc.aclose()
+        async with misbehaving(svc.url, Misbehaviour(page_cap=2)) as proxy:
+            args = run_args(proxy.url, out, str(manifest), *flags)
+            with anyio.fail_after(60):
+                final = await anyio.run_process(args, check=False, env=ENV)
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    figures = msgspec.json.decode(summary.read_bytes())
+    assert billed == n + figures["resent"] == n, f"{billed - n} images billed twice"
