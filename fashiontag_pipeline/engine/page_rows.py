@@ -81,27 +81,30 @@ class PageRows:
         while missing > 0:
             found = 0
             for offset in offsets:
-                if missing - found <= 0:
-                    break
-                size = min(MAX_PAGE_SIZE, entry.total - offset)
-                try:
-                    raw = await self.client.task_results_raw(
-                        entry.task_id, offset=offset, size=size
+                end = min(offset + MAX_PAGE_SIZE, entry.total)
+                # A page shorter than asked is read on to its range's end: a service whose
+                # pages hold fewer rows than asked answers each range in parts.
+                while offset < end and missing - found > 0:
+                    try:
+                        raw = await self.client.task_results_raw(
+                            entry.task_id, offset=offset, size=end - offset
+                        )
+                        given = decode_page(raw)
+                        page, all_success = screen(given)
+                    except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
+                        return
+                    offset = offset + len(given) if given else end
+                    rows = await self._first_of_each_id(entry, page, again=True)
+                    if not rows:
+                        continue
+                    found += len(rows)
+                    await self.returned.commit(
+                        entry,
+                        page=(entry.task_id, rows),
+                        counters={"pages": 1},
+                        all_success=all_success,
                     )
-                    page, all_success = screen(decode_page(raw))
-                except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
-                    return
-                rows = await self._first_of_each_id(entry, page, again=True)
-                if not rows:
-                    continue
-                found += len(rows)
-                await self.returned.commit(
-                    entry,
-                    page=(entry.task_id, rows),
-                    counters={"pages": 1},
-                    all_success=all_success,
-                )
-                self.pages += 1
+                    self.pages += 1
             missing -= found
             if found:
                 logger.info(

@@ -14,7 +14,7 @@ import msgspec
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, run_misbehaving, write_csv
 from .proxy import Misbehaviour, misbehaving
 
 
@@ -53,3 +53,19 @@ async def test_a_lost_create_found_past_the_first_page_of_a_short_paged_task_lis
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     figures = msgspec.json.decode(summary.read_bytes())
     assert billed == n + figures["resent"] == n, f"{billed - n} images billed twice"
+
+
+async def test_pages_read_again_on_a_service_whose_pages_are_smaller_than_asked(
+    tmp_path: Path,
+) -> None:
+    """A service whose pages hold 30 rows whatever the size asked, and whose results store
+    lags its status (for a moment after "done" its pages hold only the task's first half).
+    The rows missing once the pages were in were asked for again one page per 100-row range,
+    but each of those answers held the range's first 30 rows only and the rest of the range
+    was never asked for: 350 of the 1,000 rows were sent again, each billed twice, although
+    the task held them. A page read again that comes short is read on to its range's end."""
+    rules = Misbehaviour(page_cap=30, lagging_results=0.3)
+    with anyio.fail_after(60):
+        summary, _, o = await run_misbehaving(tmp_path, 1000, rules)
+    assert summary.complete and summary.tagged == 1000 and not o.rejects
+    assert summary.resent == 0, f"{summary.resent} rows sent (and billed) again"
