@@ -9,10 +9,12 @@ the benchmark harness both call :func:`run_pipeline`; the daemon drives the engi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -58,6 +60,9 @@ from .state import Reconciliation, StateStore, open_state
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
+
+#: The attribute in which an exception that stopped a run carries the run's summary.
+_SUMMARY = "fashiontag_run_summary"
 
 
 #: The key of ``run``'s one job in its state file.
@@ -282,6 +287,10 @@ async def run_pipeline(
         await finish(_close_run, tagger if own_client else None, core, reuse)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         _fill(core, since, core.reconciliation, summary)
+        failure = sys.exc_info()[1]
+        if isinstance(failure, Exception):  # what the run did: see summary_of_failure
+            with contextlib.suppress(AttributeError):
+                setattr(failure, _SUMMARY, summary)
     if changed:
         # Every row read has its outcome (the state says complete, and holds the manifests as
         # read: the same command again is a new run of them as they are by then), but the
@@ -397,8 +406,15 @@ def _fill(
         summary.rows_per_s = round(core.rows_read / summary.elapsed_s, 1)
 
 
+def summary_of_failure(err: BaseException) -> RunSummary | None:
+    """The summary of the run ``err`` stopped (its counts as the state held them then), or
+    None when it stopped none: ``run --summary`` writes it, not one of zeros."""
+    found = getattr(err, _SUMMARY, None)
+    return found if isinstance(found, RunSummary) else None
+
+
 def summary_json(summary: RunSummary) -> bytes:
     return msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
 
 
-__all__ += ["FatalRunError", "summary_json"]
+__all__ += ["FatalRunError", "summary_json", "summary_of_failure"]

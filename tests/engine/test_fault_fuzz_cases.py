@@ -14,7 +14,15 @@ import msgspec
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, ids_of, run_args, run_misbehaving, write_csv
+from .helpers import (
+    ENV,
+    assert_exactly_once,
+    ids_of,
+    read_outcomes,
+    run_args,
+    run_misbehaving,
+    write_csv,
+)
 from .proxy import Misbehaviour, misbehaving
 
 
@@ -69,3 +77,40 @@ async def test_pages_read_again_on_a_service_whose_pages_are_smaller_than_asked(
         summary, _, o = await run_misbehaving(tmp_path, 1000, rules)
     assert summary.complete and summary.tagged == 1000 and not o.rejects
     assert summary.resent == 0, f"{summary.resent} rows sent (and billed) again"
+
+
+async def test_a_run_that_stops_on_an_error_writes_its_counts_in_its_summary(
+    tmp_path: Path,
+) -> None:
+    """A run that stopped with exit 1 (here: the service answers 503 to everything once some
+    results are in, past ``--give-up-after``) wrote a ``--summary`` of zeros beside its error:
+    ``submitted`` 0, ``tagged`` 0, ``resent`` 0 for a results file of hundreds of lines, rows
+    the service had taken (and billed). A data team reconciling the bill or the files against
+    the summary after a failed night read nothing done. The summary of a failure holds the
+    counts the state holds when the run stopped, as the summary of a run that ends does."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    flags = ("--summary", str(summary), "--give-up-after", "1")
+    async with (
+        running_service(ServiceConfig(rate=3000.0)) as svc,
+        misbehaving(svc.url, Misbehaviour()) as proxy,
+    ):
+        args = run_args(proxy.url, out, str(manifest), *flags)
+        async with await anyio.open_process(args, env=ENV) as proc:
+            with anyio.fail_after(30):
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.01)
+            proxy.rules.storm = 503
+            with anyio.fail_after(30):
+                code = await proc.wait()
+    assert code == 1
+    figures = msgspec.json.decode(summary.read_bytes())
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    assert figures["error"] and not figures["complete"]
+    assert 0 < len(o.results) < n
+    assert figures["tagged"] + figures["failed"] == len(o.results)
+    assert figures["rejected"] == len(o.rejects)
+    assert figures["submitted"] >= len(o.results)
+    assert figures["state"] == str(out) + ".state"
