@@ -13,9 +13,9 @@ import msgspec
 
 from .._exceptions import StateError
 from .._models import TaggingResponse
+from .fileids import RESULT_STORE_ID
 from .outfiles import lock_output, removed_from
 from .pages import PageRow
-from .reuse.store import APPLICATION_ID as RESULT_STORE_ID
 
 if TYPE_CHECKING:
     from .sinks import ReusedLine

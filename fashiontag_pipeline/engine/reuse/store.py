@@ -46,6 +46,7 @@ import msgspec
 
 from ... import _exceptions as exc
 from ..._postgres import is_postgres_url
+from ..fileids import RESULT_STORE_ID
 from .durations import DAY
 
 __all__ = [
@@ -60,8 +61,8 @@ __all__ = [
     "open_store",
 ]
 
-#: ``PRAGMA application_id`` of a result store ("FTRS").
-APPLICATION_ID = 0x46545253
+#: ``PRAGMA application_id`` of a result store (see :mod:`..fileids`).
+APPLICATION_ID = RESULT_STORE_ID
 SCHEMA_VERSION = 1
 DEFAULT_MAX_AGE = 30 * DAY
 #: Fingerprints per lookup query (well under SQLite's bound-parameter limit).

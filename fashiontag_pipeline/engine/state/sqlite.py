@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from ... import _exceptions as exc
-from ..reuse.store import APPLICATION_ID as RESULT_STORE_ID
+from ..fileids import RESULT_STORE_ID
 from .schema import SCHEMA, STATE_FILE_VERSION
 from .store import StateStore
 
