@@ -4,14 +4,16 @@ the file hashed."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
 
+from ..engine.manifest_bytes import ReadEnd
 from .ledger import ClaimRecord
 from .names import hash_file
 
-__all__ = ["Claim", "as_moved", "same_file"]
+__all__ = ["Claim", "as_moved", "changed_since_read", "same_file"]
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,3 +51,19 @@ def as_moved(moved: Path, hashed: os.stat_result, record: ClaimRecord) -> ClaimR
         return record
     sha256, size = hash_file(moved)
     return ClaimRecord(name=record.name, sha256=sha256, size=size, claimed_at=record.claimed_at)
+
+
+def changed_since_read(ends: Sequence[ReadEnd]) -> str | None:
+    """Why a manifest whose rows all have an outcome is not done (None: it is): its file in
+    ``.work`` grew, was cut or replaced after the engine had read it to its end. An export
+    written in place that pauses longer than ``--settle`` is claimed after a burst, and the
+    next lands in the file claimed: said ``done``, its rows would be lost in silence. (A file
+    removed from ``.work`` by hand is no change: it was read whole.) Blocking: a stat."""
+    changed = [c for end in ends if (c := end.changed()) is not None]
+    if not changed:
+        return None
+    return (
+        f"{'; '.join(changed)}. Drop the whole file again once it is complete (write it under"
+        " a hidden or .part name and rename it in, or write NAME.ready after it): its rows are"
+        " tagged again, unless --reuse answers them from a result store"
+    )

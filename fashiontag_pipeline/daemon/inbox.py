@@ -50,6 +50,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from ..engine.outfiles import lock_exclusively
 from ..engine.source import RESOURCE_ERRNOS
 from ._files import fsync_dir
 from .claims import Claim, as_moved, same_file
@@ -67,9 +68,27 @@ from .names import (
 )
 from .settled import remove_marker
 
-__all__ = ["Claim", "Inbox"]
+__all__ = ["Claim", "Inbox", "lock_inbox"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
+
+
+def lock_inbox(inbox: Path) -> int:
+    """An exclusive lock on ``INBOX/.fashiontag-daemon.lock`` while a daemon with a SQLite
+    state watches the inbox: two of them (each given its own ``--state``) would both resume
+    the manifests in flight and tag them twice. Several daemons share an inbox only with a
+    shared PostgreSQL state."""
+    fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        lock_exclusively(
+            fd,
+            f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
+            ".lock): several daemons share an inbox only with a PostgreSQL --state",
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass(slots=True)

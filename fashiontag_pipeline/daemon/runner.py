@@ -38,14 +38,14 @@ from ..engine import EngineConfig, RunSummary
 from ..engine.engine import Engine, RunControl
 from ..engine.jobs import JobSpec
 from ..engine.manifests import ManifestPrint
-from ..engine.outfiles import lock_exclusively
 from ..engine.reuse import ReuseHook, open_reuse
 from ..engine.service_check import confirm_service
 from ..engine.source import RESOURCE_ERRNOS
 from ..engine.state import StateDB
+from .claims import changed_since_read
 from .config import DaemonConfig
 from .http import MonitoringServer
-from .inbox import Claim, Inbox
+from .inbox import Claim, Inbox, lock_inbox
 from .ledger import SQLiteClaimLedger
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
@@ -65,24 +65,6 @@ DEFAULT_MAX_PENDING_ROWS = 20_000
 RESOURCE_RETRY_SECONDS = 1.0
 #: The counts a summary.json carries (besides rows_read and elapsed_s).
 _COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
-
-
-def _lock_inbox(inbox: Path) -> int:
-    """An exclusive lock on ``INBOX/.fashiontag-daemon.lock`` while a daemon with a SQLite
-    state watches the inbox: two of them (each given its own ``--state``) would both resume
-    the manifests in flight and tag them twice. Several daemons share an inbox only with a
-    shared PostgreSQL state."""
-    fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        lock_exclusively(
-            fd,
-            f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
-            ".lock): several daemons share an inbox only with a PostgreSQL --state",
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _job_key(claim: Claim) -> str:
@@ -131,7 +113,7 @@ class Daemon(DaemonMonitor):
             await SharedDaemon(self, state_path).run()
             return
         await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
-        inbox_lock = await anyio.to_thread.run_sync(_lock_inbox, inbox_dir)
+        inbox_lock = await anyio.to_thread.run_sync(lock_inbox, inbox_dir)
         try:
             await self._run_alone(inbox_dir, outbox_dir, state_path)
         finally:
@@ -358,12 +340,14 @@ class Daemon(DaemonMonitor):
                         return
                     await anyio.sleep(RESOURCE_RETRY_SECONDS)
             active.watch(job)
+            ends = [reader.read_end for reader in job.readers]  # (none once read: taken now)
             logger.info(
                 "manifest claimed" if not claim.resumed else "manifest resumed",
                 extra={"manifest": claim.name, "sha256": claim.sha256, "job": job.id},
             )
             await engine.outcome(job)
-            await self.conclude(active, outputs, inbox)
+            changed = await anyio.to_thread.run_sync(changed_since_read, ends)
+            await self.conclude(active, outputs, inbox, changed=changed)
         finally:
             self.active.pop(claim.name, None)
 
@@ -375,15 +359,17 @@ class Daemon(DaemonMonitor):
         *,
         summary: RunSummary | None = None,
         lease: Lease | None = None,
+        changed: str | None = None,
     ) -> None:
         """Every row of the manifest has its outcome: its summary is written last, then it
         moves to ``done/`` (``failed/`` when it could not be read to the end). ``summary``:
-        the counts of a manifest tagged by an engine of its own (several daemons)."""
+        the counts of a manifest tagged by an engine of its own (several daemons); ``changed``:
+        how its file changed after it was read to its end (it fails then)."""
         claim, job = active.claim, active.job
         self.count_rows(active, final=True)
         c = dict(job.counters) if job is not None else {}
         rows_read = job.rows_read if job is not None else 0
-        failure = job.failure if job is not None else None
+        failure = (job.failure if job is not None else None) or changed
         if summary is not None:
             c = {k: getattr(summary, k) for k in _COUNTED}
             rows_read = summary.rows_read

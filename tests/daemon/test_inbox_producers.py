@@ -1,0 +1,69 @@
+"""The inbox as real producers fill it, beside the documented ways (a rename, ``NAME.ready``,
+a copy that settles): a file written in place in bursts with pauses longer than ``--settle``,
+a file created empty and written later. Each row of a manifest is tagged once into its own
+folder, or the summary says why not: never a manifest said done without some of its rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, read_lines
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="posix file semantics")
+
+
+def _rows(ids: list[str]) -> bytes:
+    return "".join(f"{i},https://img.example/{i}.jpg\n" for i in ids).encode()
+
+
+async def _status(daemon: DaemonProcess) -> dict[str, object]:
+    code, text = await daemon.get("/status")
+    assert code == 200
+    return dict(json.loads(text))
+
+
+async def test_rows_appended_after_the_daemon_read_the_manifest_are_never_lost_in_silence(
+    tmp_path: Path,
+) -> None:
+    """An export writes ``catalogue.csv`` in place, its file held open, and pauses longer than
+    ``--settle`` between bursts (a slow query): the daemon claims it after the first burst,
+    reads it to its end, and the next burst lands in the file in ``.work/``. The summary said
+    ``done`` with the first burst's rows, the rows appended were in no output and nothing said
+    so. It now says ``failed``, why (the rows appended after the read were not tagged), and
+    the manifest goes to ``failed/``: the producer drops the whole file again."""
+    first = [f"a{i}" for i in range(20)]
+    later = [f"b{i}" for i in range(10)]
+    async with running_service(ServiceConfig(rate=10.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            with (daemon.inbox / "catalogue.csv").open("ab") as export:
+                export.write(b"id,url\n" + _rows(first))
+                export.flush()
+                with anyio.fail_after(20):  # settled, claimed, read to its end
+                    while True:
+                        daemon.check_alive()
+                        active = (await _status(daemon))["active"]
+                        if active and active[0]["rows_read"] == len(first):  # type: ignore[index]
+                            break
+                        await anyio.sleep(0.05)
+                export.write(_rows(later))  # the next burst, into the file claimed
+            summary = await daemon.wait_summary("catalogue", timeout=30)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    written = {r["id"] for r in read_lines(daemon.outbox / "catalogue" / "results.jsonl")}
+    assert written == set(first)  # the rows read, tagged once
+    assert svc.store.image_count == len(first)
+    assert summary["status"] == "failed", summary
+    assert "grew" in summary["reason"] and "not tagged" in summary["reason"]
+    assert (daemon.inbox / "failed" / "catalogue.csv").exists()
+    error = json.loads((daemon.inbox / "failed" / "catalogue.csv.error.json").read_text())
+    assert "grew" in error["reason"]
