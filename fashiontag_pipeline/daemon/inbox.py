@@ -145,6 +145,8 @@ class Inbox(SharedInbox):
         self._unmoved: set[str] = set()
         #: Files whose name is no manifest's (``catalogue.tsv``), said once while they stay.
         self._foreign: set[str] = set()
+        #: Empty files (no manifest yet) said to be waiting for their content, once each.
+        self._empty: set[str] = set()
         #: Claims in flight at start-up that :meth:`claims` has not handed out yet (queued).
         self.resumed: collections.deque[Claim] = collections.deque()
 
@@ -263,6 +265,7 @@ class Inbox(SharedInbox):
         for gone in self._seen.keys() - names.keys():
             del self._seen[gone]
         self._stuck &= names.keys() | set(odd)
+        self._empty = {n for n in self._empty if n in names and names[n].st_size == 0}
         for gone in self._immovable.keys() - names.keys():
             del self._immovable[gone]
         ready: list[tuple[float, str]] = []
@@ -279,6 +282,19 @@ class Inbox(SharedInbox):
             # server's): one left from an earlier drop never makes a file written in place
             # later look complete; it waits to settle instead.
             marked = markers.get(name, -1) >= st.st_mtime_ns
+            if not marked and st.st_size == 0 and now - seen.since >= self.settle:
+                # Opened by an export that has not written yet (a slow query): claimed, its
+                # rows would go to the file in .work. No manifest is empty (no header).
+                if name not in self._empty:
+                    self._empty.add(name)
+                    logger.warning(
+                        "manifest %s is empty: waiting for its content (a %s%s beside it"
+                        " claims it as it is)",
+                        shown := os.fsencode(name).decode("utf-8", "backslashreplace"),
+                        shown,
+                        READY_SUFFIX,
+                    )
+                continue
             if marked or now - seen.since >= self.settle:
                 if name in self._claimed or (
                     (self.work / name).exists()

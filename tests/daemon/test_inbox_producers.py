@@ -67,3 +67,30 @@ async def test_rows_appended_after_the_daemon_read_the_manifest_are_never_lost_i
     assert (daemon.inbox / "failed" / "catalogue.csv").exists()
     error = json.loads((daemon.inbox / "failed" / "catalogue.csv.error.json").read_text())
     assert "grew" in error["reason"]
+
+
+async def test_a_file_created_empty_and_written_later_is_tagged_whole(tmp_path: Path) -> None:
+    """An export opens ``catalogue.csv`` (zero bytes), then runs its query for longer than
+    ``--settle`` before it writes: the empty file settled and was claimed, and the rows then
+    written went into the file claimed. Empty, it was never a manifest (no header): it waits
+    for its content, said once, and is tagged whole once that settles."""
+    ids = [f"a{i}" for i in range(20)]
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            with (daemon.inbox / "catalogue.csv").open("wb") as export:
+                await anyio.sleep(daemon.settle * 4)  # the query, longer than --settle
+                export.write(b"id,url\n" + _rows(ids))
+            summary = await daemon.wait_summary("catalogue", timeout=30)
+            await anyio.sleep(daemon.settle * 3)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    written = [r["id"] for r in read_lines(daemon.outbox / "catalogue" / "results.jsonl")]
+    assert sorted(written) == sorted(ids), summary
+    assert summary["status"] == "done" and summary["tagged"] == len(ids)
+    assert svc.store.image_count == len(ids)
+    assert [p.name for p in daemon.outbox.iterdir()] == ["catalogue"]
+    said = [r for r in daemon.logs() if "catalogue.csv" in json.dumps(r) and "empty" in r["event"]]
+    assert len(said) == 1, said
