@@ -244,15 +244,20 @@ class Inbox(SharedInbox):
                     if not entry.is_file(follow_symlinks=False):
                         if not entry.is_dir(follow_symlinks=False):
                             odd.append(entry.name)  # a symlink, a FIFO, a socket
+                        else:  # a Spark or Hadoop export: a folder of part files
+                            foreign.add(entry.name)
                         continue
                     names[entry.name] = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
         for name in sorted(foreign - self._foreign):  # never tagged: never in silence either
             logger.warning(
-                "file %s in the inbox is not a manifest (a manifest's name ends in .csv, .jsonl"
-                " or .ndjson, optionally .gz): left where it is, never tagged; save it as"
-                " CSV UTF-8 or JSONL under such a name",
+                "folder %s in the inbox is not a manifest: left where it is, never tagged;"
+                " drop the files in it themselves (each a manifest of its own, with its header)"
+                if is_manifest_name(name)
+                else "file %s in the inbox is not a manifest (a manifest's name ends in .csv,"
+                " .jsonl or .ndjson, optionally .gz): left where it is, never tagged; save it"
+                " as CSV UTF-8 or JSONL under such a name",
                 os.fsencode(name).decode("utf-8", "backslashreplace"),
             )
         self._foreign = foreign

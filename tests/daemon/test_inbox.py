@@ -718,3 +718,22 @@ def test_a_file_named_as_no_manifest_is_said_once(
     assert sorted(m.split()[1] for m in said) == sorted(foreign), said
     assert all(".csv" in m and ".ndjson" in m for m in said)
     assert all((root / name).read_bytes() == CSV for name in foreign)
+
+
+def test_a_folder_named_as_a_manifest_is_said_once(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark and Hadoop write ``df.write.csv("inbox/export.csv")`` as a folder of part files
+    named like a manifest: it sat in the inbox for ever, nothing logged. It is said once (a
+    warning naming it) and left where it is; other folders are not."""
+    (root / "export.csv").mkdir()
+    (root / "export.csv" / "part-00000.csv").write_bytes(CSV)
+    (root / "archive").mkdir()
+    inbox = make_inbox(root, MemoryClaimLedger(), FakeClock(), settle=0.0)
+    caplog.set_level("WARNING", logger="fashiontag_pipeline.daemon")
+    assert inbox.scan() == []
+    assert inbox.scan() == []
+    said = [r.getMessage() for r in caplog.records if "export.csv" in r.getMessage()]
+    assert len(said) == 1 and "folder" in said[0], said
+    assert not [r for r in caplog.records if "archive" in r.getMessage()]
+    assert (root / "export.csv" / "part-00000.csv").read_bytes() == CSV
