@@ -378,8 +378,8 @@ def _room_for(manifests: int) -> tuple[int, int]:
 
 async def open_manifests(names: Sequence[str], max_rows: int = MAX_ROWS) -> list[ManifestReader]:
     """Open every manifest in a worker thread, the i-th as source i; none stays open when one
-    cannot be read (its :class:`ManifestError` is raised, or one saying that the limit of
-    open files is too low for them all)."""
+    cannot be read (its :class:`ManifestError` is raised; an OSError saying what to do when
+    the limit of open files is too low for them all)."""
     soft, hard = _room_for(len(names))
     readers: list[ManifestReader] = []
     try:
@@ -390,10 +390,13 @@ async def open_manifests(names: Sequence[str], max_rows: int = MAX_ROWS) -> list
             reader.close()
         if isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE):
             limit = "the system's" if err.errno == errno.ENFILE else f"{soft} (hard limit {hard})"
-            raise ManifestError(
+            # Still the OSError of its errno: a shortage of the process (the daemon waits
+            # and tries again), never a manifest that cannot be read.
+            raise OSError(
+                err.errno,
                 f"{len(names)} manifests are read in one run, each open from its start, and"
                 f" the limit of open files is {limit}: raise it (ulimit -n"
-                f" {len(names) + FILES_BESIDE}) or give the rows in fewer files"
+                f" {len(names) + FILES_BESIDE}) or give the rows in fewer files",
             ) from None
         raise
     return readers
