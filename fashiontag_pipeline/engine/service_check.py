@@ -17,7 +17,10 @@ key recorded as they were, so that the next resume asks again.
 
 from __future__ import annotations
 
+import logging
 import secrets
+
+import anyio
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
@@ -26,6 +29,8 @@ from .._urls import clean_base_url, shown_url
 from .state import StateStore
 
 __all__ = ["SERVICE", "check_service", "confirm_service", "record_service", "service_text"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 #: The meta key of the base URL a run's tasks were created on.
 SERVICE = "service"
@@ -141,16 +146,39 @@ async def check_service(
     )
 
 
+#: How long a daemon's start waits for the service to say whether it knows the tasks in
+#: flight. Past it (a service answering 503 with a minute's Retry-After, one that takes
+#: connections and never answers) it is a service that cannot tell: the daemon starts,
+#: nothing recorded, and the next start asks again. Asked with the client's retries, the
+#: daemon did not listen for minutes, and systemd's TimeoutStartSec killed it over and over.
+CONFIRM_WITHIN = 8.0
+
+
 async def confirm_service(
-    where: str, db: StateStore, client: TaggerClient, start_over: str = NEW_STATE
+    where: str,
+    db: StateStore,
+    client: TaggerClient,
+    start_over: str = NEW_STATE,
+    within: float = CONFIRM_WITHIN,
 ) -> None:
     """:func:`check_service` for the service and key ``client`` sends to, then
     :func:`record_service` (in a transaction of its own) when they are the state's from now on:
-    a long-lived state's start (the daemon's), whose manifests in flight resume on them."""
+    a long-lived state's start (the daemon's), whose manifests in flight resume on them. The
+    question takes ``within`` seconds at most (see :data:`CONFIRM_WITHIN`)."""
     given = service_text(clean_base_url(client.base_url))
-    if await check_service(where, db, client, given, start_over):
+    confirmed = False
+    with anyio.move_on_after(within) as scope:
+        confirmed = await check_service(where, db, client, given, start_over)
+    if confirmed:
         with db.transaction():
             record_service(db, client, given)
+    elif scope.cancelled_caught:
+        logger.warning(
+            "the service at %s did not say within %g s whether it knows the tasks in flight:"
+            " going on; the next start asks again",
+            shown_url(given),
+            within,
+        )
 
 
 async def _ask(tagger: TaggerClient, task_id: str) -> str:

@@ -81,3 +81,41 @@ async def test_a_daemon_restarted_on_another_service_bills_no_row_there(
         assert first.store.image_count == N and other.store.image_count == 0
     lines = read_lines(daemon.outbox / "m" / "results.jsonl")
     assert sorted(line["id"] for line in lines) == sorted(ids)
+
+
+async def test_a_restart_on_a_service_that_does_not_answer_starts_within_seconds(
+    tmp_path: Path,
+) -> None:
+    """Found in review: the start-up question was asked with the client's full retries, so a
+    new --base-url answering 503 with ``Retry-After: 60`` (a maintenance page) kept the daemon
+    from listening for minutes (systemd's TimeoutStartSec killed it, over and over): it is
+    now bounded, as a service that cannot tell (the URL not recorded: the next start asks
+    again)."""
+    ids = [f"p{i}" for i in range(N)]
+    async with (
+        running_service(ServiceConfig(rate=300.0)) as first,
+        running_service(ServiceConfig()) as other,
+        misbehaving(other.url, Misbehaviour(storm=503, storm_retry_after="60")) as busy,
+    ):
+        daemon = DaemonProcess(tmp_path, first.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            with anyio.fail_after(30):
+                while first.store.image_count < N or not _tasks_recorded(daemon):
+                    daemon.check_alive()
+                    await anyio.sleep(0.02)
+            await daemon.kill()  # every row sent, none read back yet
+            daemon = DaemonProcess(tmp_path, busy.url, port=daemon.port).start()
+            await daemon.wait_ready_endpoint(timeout=20)
+            assert busy.storm_answers >= 1  # it was asked, and said nothing
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+        assert other.store.image_count == 0
+    state = sqlite3.connect(daemon.inbox / DEFAULT_STATE_NAME)
+    try:
+        (service,) = state.execute("SELECT value FROM meta WHERE key = 'service'").fetchone()
+    finally:
+        state.close()
+    assert service == first.url.rstrip("/")  # not taken as the tasks' service
