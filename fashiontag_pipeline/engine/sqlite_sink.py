@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._exceptions import StateError
-from .._models import TaggingResponse
+from .._models import STATUS_SUCCESS, TaggingResponse, says_success
 from .fileids import RESULT_STORE_ID
 from .outfiles import lock_output, removed_from
 from .pages import PageRow
@@ -223,7 +223,7 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
         except (msgspec.DecodeError, UnicodeDecodeError):
             return ("", None, None, None, None)
         # (No status, or not a string: "", as the pages read it; the column takes no NULL.)
-        status = loose.status if isinstance(loose.status, str) else ""
+        status = _word(loose.status) if isinstance(loose.status, str) else ""
         code = loose.error.get("code") if isinstance(loose.error, dict) else None
         return (status, None, None, None, code if isinstance(code, int | str) else None)
     category = item = None
@@ -236,4 +236,12 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
                 if tag.item is not None:
                     item, confidence = tag.item.name, tag.item.confidence
                 break
-    return (typed.status, category, item, confidence, typed.error.code if typed.error else None)
+    code = typed.error.code if typed.error else None
+    return (_word(typed.status), category, item, confidence, code)
+
+
+def _word(status: str) -> str:
+    """The ``status`` column: ``success`` for a success in any case (``SUCCESS``: counted
+    tagged, as the summary counts it, so that ``WHERE status = 'success'`` agrees with it);
+    any other word as the service wrote it (``result`` keeps the JSON as it came)."""
+    return STATUS_SUCCESS if says_success(status) else status

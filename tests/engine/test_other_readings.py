@@ -10,6 +10,7 @@ outputs, none billed twice, exit code and summary right.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,23 @@ async def test_writes_answered_in_statuses_the_spec_does_not_show(
     assert code == 0, err[-600:]
     assert (summary["tagged"], summary["resent"]) == (3000, 0)
     each_once(tmp_path, 3000)
+
+
+async def test_the_sqlite_sinks_status_column_agrees_with_the_summary(tmp_path: Path) -> None:
+    """Found in review: with ``--sink sqlite`` the tagging results that say ``SUCCESS`` were
+    counted tagged (2,000 in the summary) while the ``status`` column kept the service's word:
+    ``WHERE status = 'success'`` found none of them. The column says ``success`` for them (the
+    ``result`` column keeps the service's JSON as it came)."""
+    code, summary, err = await run_cli(tmp_path, 300, _results_in("SUCCESS"), "--sink", "sqlite")
+    assert code == 0, err[-600:]
+    assert summary["tagged"] == 300
+    db = sqlite3.connect(tmp_path / "out.jsonl")
+    try:
+        counts = dict(db.execute("SELECT status, count(*) FROM results GROUP BY status"))
+        (word,) = db.execute(
+            "SELECT json_extract(result, '$.status') FROM results LIMIT 1"
+        ).fetchone()
+    finally:
+        db.close()
+    assert counts == {"success": 300}
+    assert word == "SUCCESS"
