@@ -389,14 +389,23 @@ async def open_manifests(names: Sequence[str], max_rows: int = MAX_ROWS) -> list
         for reader in readers:
             reader.close()
         if isinstance(err, OSError) and err.errno in (errno.EMFILE, errno.ENFILE):
-            limit = "the system's" if err.errno == errno.ENFILE else f"{soft} (hard limit {hard})"
+            need = len(names) + FILES_BESIDE
+            if err.errno == errno.ENFILE:
+                limit, fix = "the system's", "raise it (fs.file-max)"
+            else:
+                limit, fix = f"{soft}", f"raise it (ulimit -n {need})"
+                if resource is not None and hard != resource.RLIM_INFINITY and hard < need:
+                    limit = f"{soft}, and its hard limit {hard}"
+                    fix = (
+                        f"raise the hard limit to {need} (as root: LimitNOFILE= in a systemd"
+                        " unit, nofile in /etc/security/limits.conf), then ulimit -n"
+                    )
             # Still the OSError of its errno: a shortage of the process (the daemon waits
             # and tries again), never a manifest that cannot be read.
             raise OSError(
                 err.errno,
                 f"{len(names)} manifests are read in one run, each open from its start, and"
-                f" the limit of open files is {limit}: raise it (ulimit -n"
-                f" {len(names) + FILES_BESIDE}) or give the rows in fewer files",
+                f" the limit of open files is {limit}: {fix}, or give the rows in fewer files",
             ) from None
         raise
     return readers

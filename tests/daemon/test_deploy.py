@@ -77,6 +77,9 @@ def test_unit_sections_and_service_keys() -> None:
     assert single["Type"] == "notify"
     assert single["NotifyAccess"] in ("main", "all")
     assert single["Restart"] == "on-failure"
+    # Exit 2 (a bad flag or config value, a state begun on another service) is not cured by
+    # starting again: restarted every RestartSec, the daemon logged the same refusal for ever.
+    assert "2" in single.get("RestartPreventExitStatus", "").split()
     watchdog = seconds(single["WatchdogSec"])
     assert 0 < watchdog <= 120
     # SIGTERM drains within the drain timeout; systemd must wait at least that long.

@@ -66,4 +66,5 @@ async def test_past_the_hard_limit_the_run_says_what_to_do(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr
     err = done.stderr
     assert f"{FILES} manifests" in err and "ulimit -n" in err and "64" in err, err
+    assert "hard limit to" in err, err  # (ulimit -n alone cannot go past it)
     assert "Traceback" not in err, err
