@@ -27,6 +27,7 @@ from .._client import TaggerClient
 from .._config import ClientConfig, RetryPolicy, Secret, key_mac, with_default_keys
 from .._urls import clean_base_url, shown_url
 from .state import StateStore
+from .writes import task_description
 
 __all__ = ["SERVICE", "check_service", "confirm_service", "record_service", "service_text"]
 
@@ -108,7 +109,9 @@ async def check_service(
         return True
     live = [row[0] for row in db.resume_tasks() if row[3] != "lost"]
     if not live:
-        return True  # nothing in flight: the rows left are sent to the service given now
+        if not moved or before is None:
+            return True  # nothing in flight: the rows left are sent to the service given now
+        return await _check_creates(where, db, client, before, given)
     tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
     try:
         said = await _ask(tagger, live[0])
@@ -179,6 +182,42 @@ async def confirm_service(
             shown_url(given),
             within,
         )
+
+
+async def _check_creates(
+    where: str, db: StateStore, client: ClientConfig | TaggerClient, before: str, given: str
+) -> bool:
+    """:func:`check_service` for a state with no task yet, only creates whose answer never
+    came (killed while one was on its way): the first service may hold their task, unknown
+    to the one given now, which would be sent (and bill) their rows again. The first is asked
+    for the creates' tokens, once (its list may lag a create: a task not listed yet is not
+    seen); a service gone or that cannot tell lets the run go on as for a live task."""
+    tokens = {row[3] for row in db.resume_chunks() if row[2] is None and row[3] is not None}
+    if not tokens:
+        return True
+    wanted = {task_description(token) for token in tokens}
+    tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
+    try:
+        async with tagger.at(before, retry=RetryPolicy(max_attempts=3)) as first:
+            try:
+                listed = await first.all_tasks()
+            except exc.ConnectError:
+                return True  # the first service is gone: the creates' rows go to this one
+            except exc.FashiontagError:
+                return False
+    finally:
+        if tagger is not client:
+            await tagger.aclose()
+    held = sum(1 for task in listed if (task.description or "") in wanted)
+    if not held:
+        return True
+    raise exc.StateConflictError(
+        f"{where} holds an unfinished run whose {held} task(s), created just before it"
+        f" stopped, are on the service at {shown_url(before)}; the service given now,"
+        f" {shown_url(given)}, does not know them (their rows would be sent, and billed,"
+        f" again): resume it with --base-url {before}, where their results are read; change"
+        " it once the run is complete"
+    )
 
 
 async def _ask(tagger: TaggerClient, task_id: str) -> str:

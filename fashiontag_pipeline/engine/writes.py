@@ -42,6 +42,12 @@ def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
     return logger.warning if unreadable_answer(err) is not None else logger.info
 
 
+def task_description(token: str) -> str:
+    """The description a create carries: its token, by which the run finds the task of a
+    create whose answer it never got."""
+    return f"fashiontag run {token}"
+
+
 class TaskWrites(WriteAnswers):
     """Requests to the service for :class:`~.batcher.TaskWriter` (see the module docstring)."""
 
@@ -65,7 +71,7 @@ class TaskWrites(WriteAnswers):
     _seq: int
 
     def description(self, token: str) -> str:
-        return f"fashiontag run {token}"
+        return task_description(token)
 
     def _new_token(self) -> tuple[int, str]:
         self._seq += 1

@@ -234,3 +234,41 @@ async def test_a_resume_with_another_accounts_key_is_refused_before_a_row_is_bil
     state = out.with_name(out.name + ".state").read_bytes()
     assert not any(key.encode() in state for key in keys)
     assert_exactly_once(out, rej, ids_of(N))
+
+
+async def test_a_resume_on_another_service_after_a_create_unanswered_bills_nothing_there(
+    tmp_path: Path,
+) -> None:
+    """Killed while its create's answer was on its way (applied by the service, recorded by
+    the run only by its token), then resumed with another ``--base-url``: the state held no
+    task to ask the new service about, so the run went on there, did not find the create's
+    task and sent its rows again: billed on both services, ``resent`` 0, exit 0. The first
+    service is asked for the creates' tokens: it holds their task, so the resume is refused,
+    and resumed where it was begun, the task is adopted and nothing is sent twice."""
+    n = 300
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    extra = [str(manifest), "--rotate-images", "300", "--rotate-min-images", "300"]
+    async with (
+        running_service(ServiceConfig(rate=400.0)) as first,
+        running_service(ServiceConfig()) as other,
+        misbehaving(first.url, Misbehaviour(hold_first_create=True)) as proxy,
+    ):
+        proc = await anyio.open_process(run_args(proxy.url, out, *extra), env=ENV)
+        with anyio.fail_after(30):
+            while not first.store.tasks:  # applied; its answer held by the proxy
+                await anyio.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        with anyio.fail_after(60):
+            again = await anyio.run_process(run_args(other.url, out, *extra), check=False, env=ENV)
+        err = again.stderr.decode()
+        assert again.returncode == 2, err
+        assert f"--base-url {proxy.url}" in err, err
+        assert other.store.image_count == 0  # nothing sent (billed) there
+        with anyio.fail_after(60):
+            again = await anyio.run_process(run_args(proxy.url, out, *extra), check=False, env=ENV)
+        assert again.returncode == 0, again.stderr.decode()
+        assert first.store.image_count == n and other.store.image_count == 0
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
