@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
-import msgspec
 
 from .._exceptions import ConfigError, FashiontagError, ManifestError, StateConflictError
 from .._http import FIRST_FAILURE
@@ -34,7 +33,7 @@ from ..engine.run import (
     default_state_path,
     first_error,
     run_pipeline,
-    summary_of_failure,
+    summary_of,
 )
 from ..engine.run_checks import a_folder, not_a_file, not_utf8, same_file
 from .common import (
@@ -363,21 +362,12 @@ def run_command(args: argparse.Namespace) -> int:
     return code
 
 
-def _counted(err: BaseException, failed: RunSummary) -> RunSummary:
-    """``failed`` with the counts of the run ``err`` stopped (a summary of zeros said nothing
-    was sent or written), when it stopped one."""
-    done = summary_of_failure(err)
-    if done is None:
-        return failed
-    where = {"out": failed.out, "rejects": failed.rejects, "state": failed.state}
-    return msgspec.structs.replace(done, complete=False, **where)
-
-
 def _run_and_report(
     args: argparse.Namespace, run: Callable[[], RunSummary], failed: RunSummary
 ) -> int:
-    """Run, print the summary and write ``--summary``: on a failure too (``failed``, with
-    the reason), so that a cron job reading it never finds the last night's report."""
+    """Run, print the summary and write ``--summary``: on a failure too (with the reason: the
+    run's counts when it stopped after its engine started, else ``failed``), so that a cron
+    job reading it never finds the last night's report."""
     try:
         summary = run()
     except _StoppedWhileStarting:
@@ -395,15 +385,16 @@ def _run_and_report(
             else ""
         )
         reason = f"{' '.join(str(err).split())}{hint}"
-        return report_failure(args, _counted(err, failed), reason, EXIT_ERROR)
+        return report_failure(args, summary_of(err) or failed, reason, EXIT_ERROR)
     except FashiontagError as err:
-        return report_failure(args, _counted(err, failed), " ".join(str(err).split()), EXIT_ERROR)
+        reason = " ".join(str(err).split())
+        return report_failure(args, summary_of(err) or failed, reason, EXIT_ERROR)
     except (OSError, sqlite3.Error) as err:  # a disk or file failure mid-run: one line
         reason = (
             f"{type(err).__name__}: {err} (what was committed is kept: the same command"
             " resumes once this is fixed)"
         )
-        return report_failure(args, _counted(err, failed), reason, EXIT_ERROR)
+        return report_failure(args, summary_of(err) or failed, reason, EXIT_ERROR)
     if summary.opened == "complete":
         print(
             f"fashiontag: run {summary.note} (state {summary.state}; results in {summary.out}; "

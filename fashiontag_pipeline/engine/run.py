@@ -9,12 +9,10 @@ the benchmark harness both call :func:`run_pipeline`; the daemon drives the engi
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import sqlite3
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -60,9 +58,6 @@ from .state import Reconciliation, StateStore, open_state
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-#: The attribute in which an exception that stopped a run carries the run's summary.
-_SUMMARY = "fashiontag_run_summary"
 
 
 #: The key of ``run``'s one job in its state file.
@@ -276,8 +271,12 @@ async def run_pipeline(
                 changed = await anyio.to_thread.run_sync(_changed_since_read, ends)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
-    except exc.ManifestError as err:
-        err.mid_run = True  # past the rows taken in: the state holds a run of this very file
+    except Exception as err:
+        if isinstance(err, exc.ManifestError):
+            err.mid_run = True  # past the rows taken in: the state holds a run of this very file
+        # The run's counts go with the error (filled below): the CLI's --summary of a run that
+        # stopped (exit 1) holds what it did, as on every other exit.
+        setattr(err, _SUMMARY, summary)
         raise
     finally:
         restore_gc()
@@ -287,10 +286,6 @@ async def run_pipeline(
         await finish(_close_run, tagger if own_client else None, core, reuse)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         _fill(core, since, core.reconciliation, summary)
-        failure = sys.exc_info()[1]
-        if isinstance(failure, Exception):  # what the run did: see summary_of_failure
-            with contextlib.suppress(AttributeError):
-                setattr(failure, _SUMMARY, summary)
     if changed:
         # Every row read has its outcome (the state says complete, and holds the manifests as
         # read: the same command again is a new run of them as they are by then), but the
@@ -406,15 +401,19 @@ def _fill(
         summary.rows_per_s = round(core.rows_read / summary.elapsed_s, 1)
 
 
-def summary_of_failure(err: BaseException) -> RunSummary | None:
-    """The summary of the run ``err`` stopped (its counts as the state held them then), or
-    None when it stopped none: ``run --summary`` writes it, not one of zeros."""
-    found = getattr(err, _SUMMARY, None)
-    return found if isinstance(found, RunSummary) else None
+#: The attribute of an error that stopped a run after its engine started: its summary.
+_SUMMARY = "run_summary"
+
+
+def summary_of(err: BaseException) -> RunSummary | None:
+    """The summary of the run ``err`` stopped (counts, ``complete`` false), or None when it
+    stopped before its engine started (nothing done yet)."""
+    summary = getattr(err, _SUMMARY, None)
+    return summary if isinstance(summary, RunSummary) else None
 
 
 def summary_json(summary: RunSummary) -> bytes:
     return msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n"
 
 
-__all__ += ["FatalRunError", "summary_json", "summary_of_failure"]
+__all__ += ["FatalRunError", "summary_json", "summary_of"]

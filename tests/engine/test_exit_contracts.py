@@ -1,0 +1,54 @@
+"""What a downstream loader reads after each way ``fashiontag run`` ends (found by a hunt; each
+test failed before its fix): the ``--summary`` JSON against the results and rejects lines and
+the service's own count of images it accepted, and the exit code of a refusal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, run_args, write_csv
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+async def test_the_summary_of_a_run_that_gave_up_holds_its_counts(tmp_path: Path) -> None:
+    """The service gone mid-run past ``--give-up-after`` (exit 1): the summary said
+    ``tagged 0, submitted 0, rejected 0`` beside a results file of hundreds of lines and a
+    service that billed every row; a loader or a monitor read that nothing was done. It holds
+    the run's counts, as on every other exit."""
+    n = 1500
+    dup = "p1,https://img.example/dup.jpg,acme,TOP"  # a duplicate id: one rejects line
+    manifest = write_csv(tmp_path / "m.csv", n, extra=[dup])
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    async with running_service(ServiceConfig(rate=300.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--summary", str(summary))
+        proc = await anyio.open_process(
+            [*args, "--give-up-after", "1"], stderr=subprocess.PIPE, env=ENV
+        )
+        with anyio.fail_after(30):  # every row accepted (billed), some written: then it goes
+            while svc.store.image_count < n or _lines(out) == 0:
+                await anyio.sleep(0.02)
+        billed = svc.store.image_count
+    with anyio.fail_after(30):
+        await proc.wait()
+    assert proc.stderr is not None
+    err = (await proc.stderr.receive(65536)).decode()
+    await proc.aclose()
+    assert proc.returncode == 1, err[-400:]
+    data = json.loads(summary.read_text())
+    assert data["complete"] is False and data["error"], data
+    written = _lines(out)
+    assert 0 < written < n
+    assert data["tagged"] + data["failed"] == written, data
+    assert data["rejected"] == _lines(out.with_suffix(".rej")) == 1, data
+    assert data["submitted"] == billed == n, data
+    assert data["rows_read"] == n + 1, data
+    assert data["unsettled"] == n - written, data
