@@ -256,8 +256,11 @@ def _state_location(text: str) -> Path | str:
 def run_command(args: argparse.Namespace) -> int:
     """``fashiontag run``: returns the exit code."""
     out: Path = args.out
-    rejects: Path = args.rejects or out.with_name(out.stem + ".rejects.jsonl")
-    state: Path | str = args.state or default_state_path(out)
+    # (``--out .`` or ``/`` has no name to put the others beside: refused below as a folder.)
+    rejects: Path = args.rejects or (
+        out.with_name(out.stem + ".rejects.jsonl") if out.name else out
+    )
+    state: Path | str = args.state or (default_state_path(out) if out.name else out)
     failed = RunSummary(out=_shown(out.absolute()), rejects=_shown(rejects.absolute()))
     failed.state = _shown(state.absolute()) if isinstance(state, Path) else redact_url(state)
     reuse: str | None = None

@@ -52,3 +52,29 @@ async def test_the_summary_of_a_run_that_gave_up_holds_its_counts(tmp_path: Path
     assert data["submitted"] == billed == n, data
     assert data["rows_read"] == n + 1, data
     assert data["unsettled"] == n - written, data
+
+
+async def test_out_given_as_the_current_folder_is_refused_as_a_folder(tmp_path: Path) -> None:
+    """``--out .`` (a cron line meant "here"): a traceback (``PosixPath('.') has an empty
+    name``) and exit 1, last night's ``--summary`` left saying complete; ``--out dir`` is
+    refused as a folder (exit 2, the summary saying so). ``.`` and ``/`` are refused the same."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    summary = tmp_path / "summary.json"
+    for folder in (".", "/"):
+        summary.write_text(json.dumps({"complete": True, "tagged": 5, "error": None}))
+        args = run_args("http://127.0.0.1:9", tmp_path / "x.jsonl", str(manifest))
+        i = args.index("--out")
+        del args[i : i + 4]  # --out and --rejects
+        result = await anyio.run_process(
+            [*args, "--out", folder, "--summary", str(summary)],
+            check=False,
+            env=ENV,
+            cwd=tmp_path,
+        )
+        err = result.stderr.decode()
+        assert result.returncode == 2, err[-400:]
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-400:]
+        assert f"--out {folder} is not a regular file (a folder)" in err, err
+        data = json.loads(summary.read_text())
+        assert data["complete"] is False and "--out" in data["error"], data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "summary.json"]
