@@ -193,6 +193,14 @@ class RetryBudget:
                 self.ok()
             return result
 
+    def _gave_up(self, what: str, state: str, reason: str) -> str:
+        """The fatal error of a run out of budget: what failed, and what to do (the last line
+        on stderr, all a cron mail's subject or a monitor keeps)."""
+        return (
+            f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}; stopped with"
+            " the state saved: the same command resumes once the service answers"
+        )
+
     async def failed(
         self, err: BaseException, what: str, *, until: anyio.Event | None = None
     ) -> None:
@@ -211,9 +219,7 @@ class RetryBudget:
             self._failing_since = since
             self._reminded_at = now
             if now - since > self.give_up_after:
-                raise FatalRunError(
-                    f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
-                ) from err
+                raise FatalRunError(self._gave_up(what, state, reason)) from err
             # A warning for the first streak in STILL_FAILING_EVERY s (a flaky service must
             # not flood the log: the progress reporter warns when retries pile up).
             log = logger.info
@@ -232,9 +238,7 @@ class RetryBudget:
                     self.give_up_after,
                 )
         elif now - self._failing_since > self.give_up_after:
-            raise FatalRunError(
-                f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
-            ) from err
+            raise FatalRunError(self._gave_up(what, state, reason)) from err
         elif now - self._reminded_at >= STILL_FAILING_EVERY:
             self._reminded_at = now
             logger.warning(
@@ -261,9 +265,7 @@ class RetryBudget:
                 await _pause(max(0.0, left), until)
                 if until is not None and until.is_set():
                     return  # a stop: the caller sends nothing more
-                raise FatalRunError(
-                    f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}"
-                ) from err
+                raise FatalRunError(self._gave_up(what, state, reason)) from err
             delay = max(delay, min(wait, self.max_retry_after))
         await _pause(delay, until)
 

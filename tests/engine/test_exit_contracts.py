@@ -12,7 +12,7 @@ import anyio
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, run_args, write_csv
+from .helpers import ENV, dead_port, run_args, write_csv
 
 
 def _lines(path: Path) -> int:
@@ -78,3 +78,22 @@ async def test_out_given_as_the_current_folder_is_refused_as_a_folder(tmp_path: 
         data = json.loads(summary.read_text())
         assert data["complete"] is False and "--out" in data["error"], data
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "summary.json"]
+
+
+async def test_the_last_line_of_a_run_that_gave_up_says_the_same_command_resumes(
+    tmp_path: Path,
+) -> None:
+    """The service unreachable past ``--give-up-after`` (exit 1, the commonest fatal end): the
+    last line (and the summary's ``error``), all a cron mail's subject or a monitor keeps,
+    named the failure and no fix, where every other fatal end says the state is saved and
+    the same command resumes; an operator left to guess may ``--restart`` (every row billed
+    again)."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    url = f"http://127.0.0.1:{dead_port()}"
+    args = run_args(url, out, str(manifest), "--summary", str(summary), "--give-up-after", "1")
+    result = await anyio.run_process(args, check=False, env=ENV)
+    last = result.stderr.decode().strip().splitlines()[-1]
+    assert result.returncode == 1, last
+    assert "unreachable for 1s" in last and "the same command resumes" in last, last
+    assert "the same command resumes" in json.loads(summary.read_text())["error"]
