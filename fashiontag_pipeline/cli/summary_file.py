@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..engine.config import RunSummary
 from ..engine.run import summary_json
+from .common import EXIT_INTERRUPTED
 
 __all__ = ["format_summary", "report_failure", "summary_of_refused_flags", "write_summary"]
 
@@ -66,6 +67,8 @@ def report_failure(args: argparse.Namespace, summary: RunSummary, reason: str, c
     print(f"fashiontag: {reason}", file=sys.stderr)
     if args.summary is not None:
         summary.error = reason
+        if code == EXIT_INTERRUPTED:  # (while starting; a second signal's stop that hung)
+            summary.interrupted = True
         write_summary(args.summary, summary)
     return code
 
