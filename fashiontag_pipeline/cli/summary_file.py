@@ -78,10 +78,15 @@ def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
     names one, is replaced by a summary that says so."""
     path: str | None = None
     for i, arg in enumerate(arguments):
-        if arg == "--summary" and i + 1 < len(arguments):
+        flag, equals, value = arg.partition("=")
+        # argparse takes a unique prefix of a flag as the flag: ``--su`` and longer are
+        # ``--summary`` (no other flag of run begins so; ``--s`` is ambiguous, refused)
+        if len(flag) < 4 or not "--summary".startswith(flag):
+            continue
+        if equals:
+            path = value
+        elif i + 1 < len(arguments):
             path = arguments[i + 1]
-        elif arg.startswith("--summary="):
-            path = arg.partition("=")[2]
     if not path:
         return
     summary = RunSummary(error=" ".join(reason.split()))

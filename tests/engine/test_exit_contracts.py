@@ -9,7 +9,9 @@ import subprocess
 from pathlib import Path
 
 import anyio
+import pytest
 
+from fashiontag_pipeline.cli.commands import _build_parser
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, dead_port, run_args, write_csv
@@ -97,3 +99,24 @@ async def test_the_last_line_of_a_run_that_gave_up_says_the_same_command_resumes
     assert result.returncode == 1, last
     assert "unreachable for 1s" in last and "the same command resumes" in last, last
     assert "the same command resumes" in json.loads(summary.read_text())["error"]
+
+
+@pytest.mark.parametrize("given", [["--summ", "S"], ["--sum=S"], ["--su", "S"]])
+async def test_summary_abbreviated_is_rewritten_on_a_usage_error(
+    tmp_path: Path, given: list[str]
+) -> None:
+    """``--summ FILE`` is ``--summary FILE`` to argparse (a unique prefix), and runs as such
+    every night; a usage error beside it (a typo in another flag, exit 2) left last night's
+    summary saying ``complete: true``, only the flag spelt whole being looked for."""
+    (commands,) = (a for a in _build_parser("run")._actions if a.choices and "run" in a.choices)
+    flags = commands.choices["run"]._option_string_actions  # type: ignore[index]
+    assert [flag for flag in flags if flag.startswith("--su")] == ["--summary"]
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"complete": True, "tagged": 5, "error": None}))
+    flag = [part.replace("S", str(summary)) for part in given]
+    args = run_args("http://127.0.0.1:9", tmp_path / "out.jsonl", str(manifest), *flag)
+    result = await anyio.run_process([*args, "--bogus-flag"], check=False, env=ENV)
+    assert result.returncode == 2, result.stderr.decode()
+    data = json.loads(summary.read_text())
+    assert data["complete"] is False and "--bogus-flag" in data["error"], data
