@@ -52,7 +52,7 @@ from .common import (
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
 from .startup import hold_to_exit, take
-from .summary_file import format_summary, report_failure, write_summary
+from .summary_file import format_summary, report_failure, summary_under_way, write_summary
 
 __all__ = ["add_run_arguments", "format_summary", "run_command"]
 
@@ -340,6 +340,8 @@ def run_command(args: argparse.Namespace) -> int:
             args.summary.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             print(f"fashiontag: --summary {args.summary}: {err.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        if not summary_under_way(args.summary, failed):  # (before the outputs are touched)
             return EXIT_USAGE
 
     def hung() -> int:

@@ -11,14 +11,23 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import msgspec
 
 from ..engine.config import RunSummary
 from ..engine.run import summary_json
 from .common import EXIT_INTERRUPTED
 
-__all__ = ["format_summary", "report_failure", "summary_of_refused_flags", "write_summary"]
+__all__ = [
+    "format_summary",
+    "report_failure",
+    "summary_of_refused_flags",
+    "summary_under_way",
+    "write_summary",
+]
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -93,6 +102,21 @@ def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
     with contextlib.suppress(OSError):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_summary(Path(path), summary)
+
+
+def summary_under_way(path: Path, failed: RunSummary) -> bool:
+    """``--summary`` replaced, as the run starts, by one that says it has not ended: a loader
+    told to read the results once the summary says ``complete`` must not find last night's
+    while tonight's run rewrites them, nor after a kill (SIGKILL, the OOM killer) that left
+    no summary of its own."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    under_way = msgspec.structs.replace(
+        failed,
+        error=f"the run has not ended (started at {started}, process {os.getpid()}): this is"
+        " replaced when it ends; if no fashiontag is at work on it, it was killed (the same"
+        " command resumes it)",
+    )
+    return write_summary(path, under_way)
 
 
 def write_summary(path: Path, summary: RunSummary) -> bool:

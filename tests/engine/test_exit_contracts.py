@@ -5,6 +5,7 @@ the service's own count of images it accepted, and the exit code of a refusal.""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -120,3 +121,35 @@ async def test_summary_abbreviated_is_rewritten_on_a_usage_error(
     assert result.returncode == 2, result.stderr.decode()
     data = json.loads(summary.read_text())
     assert data["complete"] is False and "--bogus-flag" in data["error"], data
+
+
+async def test_the_summary_of_last_night_is_not_left_saying_complete_while_tonight_runs(
+    tmp_path: Path,
+) -> None:
+    """The docs tell a loader to read the results once ``--summary`` says ``complete``. While
+    tonight's run (a new dump) rewrote ``results.jsonl`` from nothing, and after it was killed
+    (the OOM killer, SIGKILL: no summary written), the file still held last night's
+    ``complete: true``: the loader read a half-written night as a whole one. Once the run is
+    under way the summary says it has not ended; the same command then replaces it."""
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    async with running_service(ServiceConfig(rate=400.0)) as svc:
+        night1 = write_csv(tmp_path / "m.csv", 10)
+        args = run_args(svc.url, out, str(night1), "--summary", str(summary))
+        done = await anyio.run_process(args, check=False, env=ENV)
+        assert done.returncode == 0 and json.loads(summary.read_text())["complete"] is True
+        write_csv(tmp_path / "m.csv", 1000, start=10)  # the next night's dump, same path
+        proc = await anyio.open_process(args, env=ENV)
+        with anyio.fail_after(30):  # under way: last night's lines cut, tonight's coming
+            while _lines(out) in (0, 10) and proc.returncode is None:
+                await anyio.sleep(0.01)
+        during = json.loads(summary.read_text())
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        after_kill = json.loads(summary.read_text())
+        assert during["complete"] is False and "not ended" in during["error"], during
+        assert after_kill["complete"] is False, after_kill
+        again = await anyio.run_process(args, check=False, env=ENV)
+    assert again.returncode == 0, again.stderr.decode()[-400:]
+    data = json.loads(summary.read_text())
+    assert data["complete"] is True and data["tagged"] == _lines(out) == 1000, data
