@@ -11,16 +11,15 @@ Every shape is a msgspec Struct:
 
 Expiry times come under two spellings (``taskExpiredAt`` in create/append responses,
 ``taskExpireAt`` on task resources); both are decoded and :attr:`expires_at` reads either.
-Times stay strings on the wire and are parsed with :func:`parse_time`, which also accepts the
+Times stay as the service wrote them (strings, or JSON numbers of epoch seconds or
+milliseconds: :data:`WireTime`) and are parsed with :func:`parse_time`, which also accepts the
 looser forms a real service may send.
 """
 
 from __future__ import annotations
 
-import email.utils
 import enum
-import math
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import msgspec
@@ -40,6 +39,9 @@ from ._tagging import (  # the tagging response (spec 2.3), re-exported
 )
 from ._tagging import says_success as says_success
 from ._taskstatus import is_done_word, is_ended_word
+from ._times import WireTime, time_or_none
+from ._times import format_time as format_time
+from ._times import parse_time as parse_time
 
 __all__ = [
     "BulkContext",
@@ -239,15 +241,15 @@ class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
 
     task_id: str
     album_name: str | None = None
-    task_expired_at: str | None = None
-    task_expire_at: str | None = None
+    task_expired_at: WireTime = None
+    task_expire_at: WireTime = None
     validation: Validation = msgspec.field(default_factory=Validation)
     failure_list: list[FailureItem] = []
 
     @property
     def expires_at(self) -> datetime | None:
         """The task expiry, whichever spelling the service used."""
-        return _time_or_none(self.task_expired_at or self.task_expire_at)
+        return time_or_none(self.task_expired_at or self.task_expire_at)
 
 
 class TaskCount(msgspec.Struct, gc=False):
@@ -270,10 +272,10 @@ class Task(msgspec.Struct, rename="camel", gc=False):
     #: a state of its own must not make the whole list unreadable). See :attr:`done` and
     #: :attr:`ended`.
     task_status: str = TaskStatus.PROCESSING
-    task_expire_at: str | None = None
-    task_expired_at: str | None = None
-    result_expired_at: str | None = None
-    create_date: str | None = None
+    task_expire_at: WireTime = None
+    task_expired_at: WireTime = None
+    result_expired_at: WireTime = None
+    create_date: WireTime = None
     album_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -304,12 +306,17 @@ class Task(msgspec.Struct, rename="camel", gc=False):
     @property
     def expires_at(self) -> datetime | None:
         """The task (append) expiry, whichever spelling the service used."""
-        return _time_or_none(self.task_expire_at or self.task_expired_at)
+        return time_or_none(self.task_expire_at or self.task_expired_at)
 
     @property
     def results_expire_at(self) -> datetime | None:
         """When results stop being readable; None until the task is done."""
-        return _time_or_none(self.result_expired_at)
+        return time_or_none(self.result_expired_at)
+
+    @property
+    def created_at(self) -> datetime | None:
+        """The task's creation time (None: not given, or in no form :func:`parse_time` reads)."""
+        return time_or_none(self.create_date)
 
 
 class TaskListPage(msgspec.Struct, rename="camel", gc=False):
@@ -365,74 +372,3 @@ class TaskResultsResponse(msgspec.Struct, omit_defaults=True, gc=False):
     status: str
     data: TaskResultsData | None = None
     error: str | None = None
-
-
-# --------------------------------------------------------------------------- times
-
-_TIME_FORMATS = (
-    "%Y-%m-%dT%H:%M:%S.%f%z",
-    "%Y-%m-%dT%H:%M:%S%z",
-    "%Y-%m-%d %H:%M:%S.%f",
-    "%Y-%m-%d %H:%M:%S",
-)
-
-
-def parse_time(value: str | None) -> datetime | None:
-    """Parse a service time to an aware UTC datetime: RFC 3339 (with or without fraction or
-    zone), an HTTP date (``Thu, 26 Nov 2026 05:00:00 GMT``) or epoch seconds (milliseconds
-    when the number is too large to be seconds).
-
-    A time without a zone is taken as UTC. ``None`` and the empty string give ``None``; any other
-    unparseable text raises :class:`ValueError` naming it.
-    """
-    if not value:
-        return None
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        for fmt in _TIME_FORMATS:
-            try:
-                parsed = datetime.strptime(text, fmt)
-                break
-            except ValueError:
-                continue
-        else:
-            parsed = _other_time(text, value)
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
-
-
-def _other_time(text: str, value: str) -> datetime:
-    """An HTTP date or epoch seconds/milliseconds (see :func:`parse_time`)."""
-    try:
-        number = float(text)
-    except ValueError:
-        try:
-            return email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError):
-            raise ValueError(f"unrecognised time {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"unrecognised time {value!r}")
-    try:
-        return datetime.fromtimestamp(number / 1000 if number > 1e11 else number, UTC)
-    except (OverflowError, OSError, ValueError):
-        raise ValueError(f"unrecognised time {value!r}") from None
-
-
-def _time_or_none(value: str | None) -> datetime | None:
-    """:func:`parse_time`, None for a time no form above reads (an expiry the client cannot
-    read is an unknown one: the engine then assumes the spec's, never stops over it)."""
-    try:
-        return parse_time(value)
-    except ValueError:
-        return None
-
-
-def format_time(moment: datetime) -> str:
-    """Format an aware datetime the way the reference service does: ``2026-11-22T03:46:13.123Z``."""
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"

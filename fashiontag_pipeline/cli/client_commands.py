@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -129,9 +130,27 @@ async def tag_command(args: argparse.Namespace) -> int:
     return EXIT_ERROR
 
 
+def _newest_first(tasks: Sequence[Task]) -> list[Task]:
+    """Tasks by creation time, newest first (a time given in no form read: last)."""
+    oldest = datetime.min.replace(tzinfo=UTC)
+    return sorted(tasks, key=lambda t: t.created_at or oldest, reverse=True)
+
+
+def _created(task: Task) -> str:
+    """A task's creation time for a person: as the service wrote it (to the second), or,
+    written as an epoch number, in UTC."""
+    given = task.create_date
+    if not given:
+        return ""
+    if isinstance(given, str):
+        return given[:19].replace("T", " ")
+    moment = task.created_at
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else str(given)
+
+
 def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
     """``tasks list`` for a person: newest first, one line per task."""
-    ordered = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+    ordered = _newest_first(tasks)
     shown = ordered if limit is None else ordered[:limit]
     rows = [("TASK", "STATUS", "TOTAL", "DONE", "FAILED", "CREATED", "DESCRIPTION")]
     for t in shown:
@@ -146,7 +165,7 @@ def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
                 f"{t.count.total:,}",
                 f"{t.count.done:,}",
                 f"{t.count.failure:,}",
-                (t.create_date or "")[:19].replace("T", " "),
+                _created(t),
                 description,
             )
         )
@@ -172,7 +191,7 @@ async def tasks_command(args: argparse.Namespace) -> int:
                 if not args.json:
                     sys.stdout.write(_task_table(tasks, args.limit))
                     return EXIT_OK
-                tasks = sorted(tasks, key=lambda t: t.create_date or "", reverse=True)
+                tasks = _newest_first(tasks)
                 result = tasks if args.limit is None else tasks[: args.limit]
             elif args.tasks_command == "status":
                 result = await client.task_status(args.task_id)

@@ -26,6 +26,7 @@ from fashiontag_pipeline._models import (
     format_time,
     parse_time,
 )
+from fashiontag_pipeline.cli.client_commands import _task_table
 
 TAG = {
     "info": [{"id": "i1", "name": "long sleeve"}],
@@ -236,3 +237,27 @@ def test_times_parse_loosely_and_format_with_milliseconds() -> None:
             parse_time(garbage)
     # A task's expiry no form reads is an unknown one, never an error in the engine.
     assert Task(task_id="t", result_expired_at="next tuesday").results_expire_at is None
+
+
+def test_times_written_as_json_numbers_are_read() -> None:
+    """A service writing its times as epoch numbers (a Java service's default): before, such a
+    task list, status or write answer was unreadable (the run stopped, exit 1)."""
+    whole = datetime(2026, 11, 22, 3, 46, 13, tzinfo=UTC)
+    seconds, millis = int(whole.timestamp()), int(whole.timestamp() * 1000) + 123
+    listed = msgspec.json.decode(
+        b'{"taskId":"t","taskExpireAt":%d,"resultExpiredAt":0,"createDate":%d}' % (millis, seconds),
+        type=Task,
+    )
+    assert listed.expires_at == whole.replace(microsecond=123000)
+    assert listed.results_expire_at is None  # 0: a field left unset, not 1970
+    assert listed.created_at == whole
+    assert msgspec.json.decode(msgspec.json.encode(listed))["createDate"] == seconds  # as given
+    written = msgspec.json.decode(
+        b'{"taskId":"t","taskExpiredAt":%d.5}' % seconds, type=BulkTaskResponse
+    )
+    assert written.expires_at == whole.replace(microsecond=500000)
+    # ``tasks list`` shows such a time in UTC, the newest task first.
+    older = msgspec.json.decode(b'{"taskId":"o","createDate":"2026-01-01T00:00:00Z"}', type=Task)
+    table = _task_table([older, listed], None).splitlines()
+    assert table[1].split()[0] == "t" and "2026-11-22 03:46:13" in table[1]
+    assert table[2].split()[0] == "o" and "2026-01-01 00:00:00" in table[2]
