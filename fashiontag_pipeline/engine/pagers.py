@@ -172,6 +172,9 @@ class ResultPagers(PageFetcher, PageRows):
             if entry.state == "lost":
                 await self.settler.settle(entry, ("orphan", "accepted", "pending"))
                 continue
+            if entry.state == "expired":  # gone (410) before it was done: nothing to read
+                await self.settler.expired(entry)
+                continue
             if entry.next_offset >= entry.total:
                 # Read to its count (a resume after a kill between its last page and the
                 # page past its count): that page is asked for first, as _page does.

@@ -57,12 +57,16 @@ class StatusReads:
         self.clock = clock
         #: Task id -> since when its status has not been given.
         self.unread_since: dict[str, float] = {}
+        #: Task id -> the service's words, for the tasks whose status was answered 410 (gone:
+        #: the task expired, its results with it), until the tracker takes them.
+        self.gone: dict[str, str] = {}
 
     async def read(
         self, task_ids: list[str], *, answered: bool
     ) -> tuple[dict[str, Task], set[str]]:
         """(the tasks read, the ids of those unread); tasks the service does not know (404)
-        are in neither. ``answered``: the service answered this poll already (its list)."""
+        are in neither, nor are those it says are gone (410: :attr:`gone`). ``answered``: the
+        service answered this poll already (its list)."""
         found: dict[str, Task] = {}
         failed: dict[str, exc.FashiontagError] = {}
         limiter = anyio.CapacityLimiter(STATUS_MAX)
@@ -72,6 +76,10 @@ class StatusReads:
                 try:
                     task = await self.client.task_status(task_id)
                 except exc.TaskNotFoundError:
+                    task = None
+                except exc.ResultsExpiredError as err:
+                    # Gone (410): the task expired, and its results cannot be read any more.
+                    self.gone[task_id] = err.service_message or str(err)
                     task = None
                 except exc.ResultsNotReadyError as err:
                     failed[task_id] = poll_fault(err)

@@ -12,9 +12,10 @@ at once (at most one poll per ``poll_min``), so a task done on arrival is not wa
 The list is one page of the key's newest tasks (``LIST_PAGE_SIZE``; a service that does not
 page answers with every task), and a long-lived account keeps days of them (results are
 readable for a week). A watched task missing from the page is asked for by its status,
-concurrently; only a 404 there marks it lost. When the last list carried more than
-``LIST_FACTOR`` times the tasks being watched and few are watched, the tracker asks for each
-watched task's status instead, concurrently, and lists again every ``LIST_RECHECK`` polls.
+concurrently; only a 404 there marks it lost (a 410, gone: its rows become ``expired``
+rejects). When the last list carried more than ``LIST_FACTOR`` times the tasks being watched
+and few are watched, the tracker asks for each watched task's status instead, concurrently,
+and lists again every ``LIST_RECHECK`` polls.
 """
 
 from __future__ import annotations
@@ -372,6 +373,17 @@ class Tracker:
                     extra={"task_id": entry.task_id},
                 )
                 task = None
+            elif task is None and (gone := self.reads.gone.pop(entry.task_id, None)):
+                logger.warning(  # results no longer readable: as for a page answered 410
+                    "task %s: the service says it is gone (HTTP 410: %s) before it was done;"
+                    " its rows are written as rejects (stage expired)",
+                    entry.task_id,
+                    gone,
+                    extra={"task_id": entry.task_id},
+                )
+                entry.state = "expired"
+                await self.on_done(entry)
+                continue
             elif task is None:
                 logger.warning(
                     "task %s: the service no longer knows it; its rows are sent again",

@@ -19,12 +19,13 @@ from typing import Any
 
 import anyio
 import pytest
+from aiohttp import web
 
 from fashiontag_pipeline._models import parse_time
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, Outcomes, ids_of, read_outcomes, run_args
-from .proxy import MisbehavingProxy
+from .helpers import ENV, Outcomes, assert_exactly_once, ids_of, read_outcomes, run_args, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour, request_kind
 from .test_other_readings import Rewriting
 
 #: The time fields of the spec's answers (create/append, task list, status).
@@ -76,6 +77,27 @@ async def trickle(
     return Run(code, written, read_outcomes(out, out.with_suffix(".rej")), billed, err.decode())
 
 
+async def run_file(
+    tmp_path: Path, proxy: MisbehavingProxy, config: ServiceConfig, n: int, *flags: str
+) -> Run:
+    """``fashiontag run`` of a manifest of ``n`` rows (tasks of 1,000) through ``proxy`` in
+    front of the reference service (``config``)."""
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    async with running_service(config) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = [*run_args(proxy.url, out), str(manifest), "--summary", str(summary)]
+            args += ["--rotate-images", "1000", "--rotate-min-images", "1000", "--linger", "0.2"]
+            args += ["--give-up-after", "4", *flags]
+            with anyio.fail_after(30):
+                done = await anyio.run_process(args, check=False, env=ENV)
+        billed = svc.store.image_count
+    written = json.loads(summary.read_text()) if summary.exists() else {}
+    outcomes = read_outcomes(out, out.with_suffix(".rej"))
+    return Run(done.returncode, written, outcomes, billed, done.stderr.decode())
+
+
 def _stamp(value: str) -> float:
     """Epoch seconds of a time the reference service wrote."""
     moment = parse_time(value)
@@ -115,3 +137,47 @@ async def test_times_written_as_epoch_numbers(tmp_path: Path, unit: int) -> None
     assert run.billed == 3
     assert run.summary["expired_writes"] == 0
     assert run.summary["tasks"] == 3 and run.summary["complete"]
+
+
+class ExpiredTaskGone(MisbehavingProxy):
+    """A service that shows only live tasks: its first task, once created, is left out of the
+    task list and its status is answered 410 (``task expired``), as a service whose tasks
+    expire (results with them) sooner than it says would."""
+
+    def __init__(self) -> None:
+        super().__init__("", Misbehaviour())
+        self.gone_answers = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        kind = request_kind(request.method, request.path)
+        first = self.created[0] if self.created else None
+        if first is not None and kind == "status" and first in request.path:
+            self.gone_answers += 1
+            return web.json_response({"status": "failure", "error": "task expired"}, status=410)
+        answer = await super().handle(request)
+        if first is None or kind != "list" or not isinstance(answer, web.Response):
+            return answer
+        data = json.loads(answer.body) if isinstance(answer.body, bytes) else None
+        if answer.status != 200 or data is None:
+            return answer
+        data["data"]["tasks"] = [t for t in data["data"]["tasks"] if t["taskId"] != first]
+        return web.json_response(data)
+
+
+async def test_a_task_whose_status_is_answered_410_gone(tmp_path: Path) -> None:
+    """Task 1 leaves the list and its status is answered 410 (expired) before the run sees it
+    done: its results can no longer be read, so its rows are ``expired`` rejects, as rows
+    whose result pages are answered 410 are; the other tasks are read; nothing is sent twice,
+    exit 0. Before, the 410 stopped the run (exit 1), and every resume the same."""
+    proxy = ExpiredTaskGone()
+    run = await run_file(tmp_path, proxy, ServiceConfig(), 2500)
+    assert run.code == 0, run.stderr
+    assert proxy.gone_answers >= 1
+    o = assert_exactly_once(tmp_path / "out.jsonl", tmp_path / "out.rej", ids_of(2500))
+    expired = [r for r in o.rejects if r["stage"] == "expired"]
+    assert len(expired) == len(o.rejects) == 1000
+    assert {r["taskId"] for r in o.results} == set(proxy.created[1:])
+    assert run.billed == 2500
+    assert run.summary["rejected"] == 1000 and run.summary["resent"] == 0
+    assert run.summary["complete"] and run.summary["tagged"] == 1500
+    assert "task expired" in run.stderr
