@@ -74,10 +74,61 @@ class WriteAnswers:
     default_ttl: float
     writes_taken: int
     sent_requests: int
+    refused_writes: int
+    current: OpenTask | None
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).
         return self.clock() + self.client.server_clock.remaining(response_expiry, self.default_ttl)
+
+    async def _refused_row_by_row(
+        self, task: OpenTask, chunk: Chunk, response: BulkTaskResponse
+    ) -> bool:
+        """True when an append answered 2xx refused every row of ``chunk`` (none as a
+        duplicate): the chunk is then given back (:meth:`_give_back`) and goes to a new task,
+        whose create's answer is the rows' verdict. A task that takes no more writes
+        (expired: the spec does not show how a PUT after expiry is answered) may say so row
+        by row, ``task has expired`` for each: before, every row became a reject."""
+        if not self._refused_every_row(chunk, response):
+            return False
+        logger.info(
+            "task %s refused every row of a write (%s): they go to a new task",
+            task.task_id,
+            response.failure_list[0].error_message,
+            extra={"task_id": task.task_id},
+        )
+        await self._give_back(task, chunk)
+        return True
+
+    @staticmethod
+    def _refused_every_row(chunk: Chunk, response: BulkTaskResponse) -> bool:
+        """Whether a write answered 2xx refused every row of ``chunk``, none as a duplicate
+        (read only when its ``failureList`` holds as many entries as the chunk has rows)."""
+        failures = response.failure_list
+        if len(failures) < len(chunk.ids) or chunk.fate_unknown:
+            return False
+        mine = set(chunk.ids)
+        refused: set[str] = set()
+        for failure in failures:
+            if failure.error_message.startswith(DUPLICATE_PREFIX):
+                return False
+            ident = failure.context_id
+            if ident is not None and ident not in mine:
+                ident = _echoed(ident, chunk.ids)
+            if ident is not None and ident in mine:
+                refused.add(ident)
+        return len(refused) == len(mine)
+
+    async def _give_back(self, task: OpenTask, chunk: Chunk) -> None:
+        """A write to ``task`` refused, not applied: the task takes no more writes, and the
+        chunk belongs to no task until it is sent again (were the task found lost meanwhile,
+        its rows must not be sent again twice)."""
+        self.refused_writes += 1
+        task.closing = True
+        if self.current is task:
+            self.current = None
+        chunk.task_id = None
+        await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
 
     def _reject_rows(self, chunk: Chunk, ids: dict[str, str], stage: str) -> list[JobReject]:
         out: list[JobReject] = []

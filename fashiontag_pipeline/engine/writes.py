@@ -381,18 +381,15 @@ class TaskWrites(WriteAnswers):
                 await self._failed(err, f"append to task {task.task_id}")
                 continue
             except (exc.TaskExpiredError, exc.TaskNotFoundError):
+                if not chunk.fate_unknown:
+                    await self._give_back(task, chunk)  # refused, so not applied
+                    return False
                 self.refused_writes += 1
                 task.closing = True
                 if self.current is task:
                     self.current = None
-                if chunk.fate_unknown:
-                    await self._orphan(chunk)
-                    return True
-                # Refused, so not applied: the chunk belongs to no task until it is sent again
-                # (were the task found lost meanwhile, its rows must not be re-sent twice).
-                chunk.task_id = None
-                await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
-                return False
+                await self._orphan(chunk)
+                return True
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
                 if isinstance(err, exc.RateLimitedError):
                     self.slots.throttled()
@@ -423,15 +420,12 @@ class TaskWrites(WriteAnswers):
                     err.status,
                     extra={"task_id": task.task_id},
                 )
-                self.refused_writes += 1
-                task.closing = True
-                if self.current is task:
-                    self.current = None
-                chunk.task_id = None
-                await self.journal.commit(ops=[changes.chunk_detached(chunk.chunk_id)])
+                await self._give_back(task, chunk)
                 return False
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1
+            if response.failure_list and await self._refused_row_by_row(task, chunk, response):
+                return False  # every row refused: sent again to a new task
             await self._accept(task, chunk, response)
             return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import anyio
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline._models import parse_time
+from fashiontag_pipeline._models import format_time, parse_time
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, Outcomes, assert_exactly_once, ids_of, read_outcomes, run_args, write_csv
@@ -51,8 +52,8 @@ async def trickle(
     *flags: str,
 ) -> Run:
     """``fashiontag run -`` through ``proxy`` in front of the reference service (``config``),
-    fed ``rows`` rows on stdin, one every ``pause`` seconds (a producer slower than the task
-    expiry)."""
+    fed ``rows`` rows on stdin, each ``pause`` seconds after the previous one was written (a
+    producer slower than the task expiry)."""
     out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
     async with running_service(config) as svc:
         proxy.upstream = svc.url
@@ -66,7 +67,11 @@ async def trickle(
                 assert proc.stdin is not None and proc.stderr is not None
                 await proc.stdin.send(b"id,url\n")
                 for i in range(rows):
+                    writes = proxy.writes
                     await proc.stdin.send(b"c%d,https://img.example/%d.jpg\n" % (i, i))
+                    with anyio.fail_after(10):  # the row written (a slow start is no pause)
+                        while proxy.writes == writes:
+                            await anyio.sleep(0.02)
                     await anyio.sleep(pause)
                 await proc.stdin.aclose()
                 with anyio.fail_after(30):
@@ -181,3 +186,54 @@ async def test_a_task_whose_status_is_answered_410_gone(tmp_path: Path) -> None:
     assert run.summary["rejected"] == 1000 and run.summary["resent"] == 0
     assert run.summary["complete"] and run.summary["tagged"] == 1500
     assert "task expired" in run.stderr
+
+
+class ExpiredPutRefusedRowByRow(Rewriting):
+    """A service whose tasks live a second though its answers say ten minutes (its TTL is not
+    the one it states), and whose PUT after expiry is answered 202 with every row in the
+    ``failureList`` as ``task has expired`` (the spec does not show how a PUT after expiry is
+    answered; this is its per-row validation's way)."""
+
+    def __init__(self) -> None:
+        super().__init__(self.ten_minutes)
+        self.refused_row_by_row = 0
+
+    @staticmethod
+    def ten_minutes(kind: str, data: Any) -> Any:
+        if kind in ("create", "append"):
+            data["taskExpiredAt"] = format_time(datetime.now(UTC) + timedelta(minutes=10))
+        return data
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if request_kind(request.method, request.path) != "append" or answer.status != 410:
+            return answer
+        self.refused_row_by_row += 1
+        sent = json.loads(await request.read())["taggingRequest"]
+        failures = [{"request": r, "errorMessage": "task has expired"} for r in sent]
+        return web.json_response(
+            {
+                "taskId": request.path.rsplit("/", 1)[-1],
+                "taskExpiredAt": format_time(datetime.now(UTC) - timedelta(seconds=1)),
+                "validation": {"accept": 0, "failure": len(sent)},
+                "failureList": failures,
+            },
+            status=202,
+        )
+
+
+async def test_a_put_after_expiry_answered_202_with_every_row_refused(tmp_path: Path) -> None:
+    """Rows written to a task that expired sooner than its answers said, the PUT answered 202
+    with each row refused (``task has expired``): they are no rejects (nothing is wrong with
+    them) but go to a new task, whose answer is their verdict; each row tagged once, none
+    billed twice, exit 0. Before, 2 of 3 rows were ``server-validation`` rejects."""
+    proxy = ExpiredPutRefusedRowByRow()
+    run = await trickle(tmp_path, proxy, ServiceConfig(task_ttl=1.0), 3, 1.6)
+    assert run.code == 0, run.stderr
+    assert proxy.refused_row_by_row >= 1
+    assert not run.outcomes.rejects
+    assert set(run.outcomes.ids) == ids_of(3, "c") and len(run.outcomes.ids) == 3
+    assert run.billed == 3
+    assert run.summary["expired_writes"] == proxy.refused_row_by_row
+    assert run.summary["tasks"] == 3 and run.summary["complete"]
+    assert run.summary["submitted"] == 3 and run.summary["rejected"] == 0
