@@ -4,15 +4,18 @@ The spec says a task expires 10 minutes after its creation, each PUT extending i
 results cannot be read after ``resultExpiredAt``; DESIGN.md fixes the rest for the reference
 service (times in RFC 3339, a PUT after expiry 410). Each test stages a fair reading of the
 spec that differs (times written as epoch numbers, a task's status answered 410 once it has
-expired) in front of the reference service with a short TTL, drives ``fashiontag run`` over
-HTTP, and checks the promises: every row once in the outputs, none billed twice (the service's
-own count of images taken), exit code and summary right, no hang.
+expired, a PUT after expiry answered 202 with every row refused, a clock minutes off, a TTL
+shorter than ten minutes and not said) in front of the reference service with a short TTL,
+drives ``fashiontag run`` over HTTP, and checks the promises: every row once in the outputs,
+none billed twice (the service's own count of images taken), exit code and summary right, no
+hang.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -237,3 +240,58 @@ async def test_a_put_after_expiry_answered_202_with_every_row_refused(tmp_path: 
     assert run.summary["expired_writes"] == proxy.refused_row_by_row
     assert run.summary["tasks"] == 3 and run.summary["complete"]
     assert run.summary["submitted"] == 3 and run.summary["rejected"] == 0
+
+
+# ------------------------------------------------------------------ readings that held
+
+
+@pytest.mark.parametrize("offset", [300.0, -300.0], ids=["ahead", "behind"])
+async def test_a_service_clock_minutes_off(tmp_path: Path, offset: float) -> None:
+    """The service's clock (its expiry times and its ``Date``) runs five minutes ahead of or
+    behind ours, tasks live 4 s: the rows, a second apart, all go to one task (its expiry read
+    in the service's clock), none meets an expired task. (It held.)"""
+    proxy = MisbehavingProxy("", Misbehaviour(clock_ahead=offset))
+    config = ServiceConfig(task_ttl=4.0, clock=lambda: time.time() + offset)
+    run = await trickle(tmp_path, proxy, config, 4, 1.0)
+    assert run.code == 0, run.stderr
+    assert set(run.outcomes.ids) == ids_of(4, "c") and len(run.outcomes.ids) == 4
+    assert run.billed == 4 and not run.outcomes.rejects
+    assert run.summary["tasks"] == 1 and run.summary["expired_writes"] == 0
+    assert abs(run.summary["server_clock_offset_s"] - offset) <= 1.5
+
+
+class SilentShortTtl(Rewriting):
+    """Tasks live a second and no answer says when they expire; a PUT after expiry is
+    answered ``status`` (410, or 404 as a service that no longer finds the open task)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(self.no_expiry)
+        self.status = status
+
+    @staticmethod
+    def no_expiry(kind: str, data: Any) -> Any:
+        if kind in ("create", "append"):
+            data.pop("taskExpiredAt", None)
+            data.pop("taskExpireAt", None)
+        return data
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if request_kind(request.method, request.path) == "append" and answer.status == 410:
+            return web.json_response(
+                {"status": "failure", "error": "task expired"}, status=self.status
+            )
+        return answer
+
+
+@pytest.mark.parametrize("status", [410, 404])
+async def test_a_ttl_shorter_than_ten_minutes_and_not_said(tmp_path: Path, status: int) -> None:
+    """The engine assumes the spec's 10 minutes; each PUT after the real expiry is refused
+    (410 or 404) and its row goes to a new task: each row once, none billed twice. (It
+    held.)"""
+    run = await trickle(tmp_path, SilentShortTtl(status), ServiceConfig(task_ttl=1.0), 3, 1.6)
+    assert run.code == 0, run.stderr
+    assert set(run.outcomes.ids) == ids_of(3, "c") and len(run.outcomes.ids) == 3
+    assert run.billed == 3 and not run.outcomes.rejects
+    assert run.summary["tasks"] == 3 and run.summary["expired_writes"] == 2
+    assert run.summary["resent"] == 0 and run.summary["lost_tasks"] == 0
