@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .._client import TaggerClient
     from ..engine.engine import Engine
     from ..engine.jobs import Job
+    from ..engine.manifest_bytes import ReadEnd
     from .config import DaemonConfig
     from .inbox import Inbox
     from .ledger import ClaimRecord
@@ -75,11 +76,15 @@ class ActiveManifest:
     counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
     baseline: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
     started: float = field(default_factory=time.monotonic)
+    #: Its file as the engine opened it, looked at again once its rows have their outcome
+    #: (:func:`~.claims.changed_since_read`: one that grew after it was read is not done).
+    ends: list[ReadEnd] = field(default_factory=list)
 
     def watch(self, job: Job) -> None:
         """The manifest's job, once the engine has it: its counters from now on."""
         self.job = job
         self.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
+        self.ends = [reader.read_end for reader in job.readers]  # (none once read: taken now)
 
 
 class DaemonMonitor:

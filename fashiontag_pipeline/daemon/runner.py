@@ -340,14 +340,12 @@ class Daemon(DaemonMonitor):
                         return
                     await anyio.sleep(RESOURCE_RETRY_SECONDS)
             active.watch(job)
-            ends = [reader.read_end for reader in job.readers]  # (none once read: taken now)
             logger.info(
                 "manifest claimed" if not claim.resumed else "manifest resumed",
                 extra={"manifest": claim.name, "sha256": claim.sha256, "job": job.id},
             )
             await engine.outcome(job)
-            changed = await anyio.to_thread.run_sync(changed_since_read, ends)
-            await self.conclude(active, outputs, inbox, changed=changed)
+            await self.conclude(active, outputs, inbox)
         finally:
             self.active.pop(claim.name, None)
 
@@ -359,16 +357,17 @@ class Daemon(DaemonMonitor):
         *,
         summary: RunSummary | None = None,
         lease: Lease | None = None,
-        changed: str | None = None,
     ) -> None:
         """Every row of the manifest has its outcome: its summary is written last, then it
-        moves to ``done/`` (``failed/`` when it could not be read to the end). ``summary``:
-        the counts of a manifest tagged by an engine of its own (several daemons); ``changed``:
-        how its file changed after it was read to its end (it fails then)."""
+        moves to ``done/`` (``failed/`` when it could not be read to the end, or its file
+        changed after it was read to its end). ``summary``: the counts of a manifest tagged
+        by an engine of its own (several daemons)."""
         claim, job = active.claim, active.job
         self.count_rows(active, final=True)
         c = dict(job.counters) if job is not None else {}
         rows_read = job.rows_read if job is not None else 0
+        # A file that grew, was cut or replaced after it was read to its end: not done.
+        changed = await anyio.to_thread.run_sync(changed_since_read, active.ends)
         failure = (job.failure if job is not None else None) or changed
         if summary is not None:
             c = {k: getattr(summary, k) for k in _COUNTED}

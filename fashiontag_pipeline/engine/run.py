@@ -267,7 +267,7 @@ async def run_pipeline(
                 else:
                     await core.wait()
             if core.complete and not core.interrupted and not isinstance(state, StateStore):
-                # (The daemon claims its manifests whole: only run's are looked at again.)
+                # (The daemons look at theirs as they conclude: daemon/claims.py.)
                 changed = await anyio.to_thread.run_sync(_changed_since_read, ends)
         except BaseExceptionGroup as group:
             raise first_error(group) from None

@@ -29,19 +29,23 @@ async def _status(daemon: DaemonProcess) -> dict[str, object]:
     return dict(json.loads(text))
 
 
+@pytest.mark.parametrize("state", ["sqlite", "postgresql"])
 async def test_rows_appended_after_the_daemon_read_the_manifest_are_never_lost_in_silence(
-    tmp_path: Path,
+    tmp_path: Path, state: str, request: pytest.FixtureRequest
 ) -> None:
     """An export writes ``catalogue.csv`` in place, its file held open, and pauses longer than
     ``--settle`` between bursts (a slow query): the daemon claims it after the first burst,
     reads it to its end, and the next burst lands in the file in ``.work/``. The summary said
     ``done`` with the first burst's rows, the rows appended were in no output and nothing said
     so. It now says ``failed``, why (the rows appended after the read were not tagged), and
-    the manifest goes to ``failed/``: the producer drops the whole file again."""
+    the manifest goes to ``failed/``: the producer drops the whole file again. The same with
+    daemons sharing a PostgreSQL state, whose manifests each run an engine of their own: they
+    said ``done`` still."""
     first = [f"a{i}" for i in range(20)]
     later = [f"b{i}" for i in range(10)]
+    extra = [] if state == "sqlite" else ["--state", request.getfixturevalue("postgres_url")]
     async with running_service(ServiceConfig(rate=10.0)) as svc:
-        daemon = DaemonProcess(tmp_path, svc.url).start()
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
         try:
             await daemon.wait_ready_endpoint()
             with (daemon.inbox / "catalogue.csv").open("ab") as export:
