@@ -251,6 +251,7 @@ async def run_pipeline(
     restore_gc = tune_gc()
     changed: list[str] = []
     ends = [reader.read_end for reader in readers]  # (the engine drops its readers)
+    stopped = False  # (an error ended it: never complete, though every row had its outcome)
     try:
         try:
             async with core:
@@ -272,6 +273,7 @@ async def run_pipeline(
         except BaseExceptionGroup as group:
             raise first_error(group) from None
     except Exception as err:
+        stopped = True
         if isinstance(err, exc.ManifestError):
             err.mid_run = True  # past the rows taken in: the state holds a run of this very file
         # The run's counts go with the error (filled below): the CLI's --summary of a run that
@@ -286,6 +288,7 @@ async def run_pipeline(
         await finish(_close_run, tagger if own_client else None, core, reuse)
         summary.elapsed_s = round(time.monotonic() - started, 3)
         _fill(core, since, core.reconciliation, summary)
+        summary.complete = summary.complete and not stopped
     if changed:
         # Every row read has its outcome (the state says complete, and holds the manifests as
         # read: the same command again is a new run of them as they are by then), but the

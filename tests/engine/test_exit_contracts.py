@@ -153,3 +153,41 @@ async def test_the_summary_of_last_night_is_not_left_saying_complete_while_tonig
     assert again.returncode == 0, again.stderr.decode()[-400:]
     data = json.loads(summary.read_text())
     assert data["complete"] is True and data["tagged"] == _lines(out) == 1000, data
+
+
+async def test_a_run_whose_last_commit_fails_is_never_summed_up_complete(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Every row tagged, then the state's last write (``completed_at``) refused by its
+    database (here a trigger; a failover or a full disk at that instant): exit 1 with the
+    error, and the summary said ``"complete": true`` beside it, though the state was not
+    marked complete; a loader gating on ``complete`` took a failed run for a whole one."""
+    import psycopg
+
+    from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB
+
+    state = PostgresStateDB(f"{postgres_url}#nightly")  # (its schema and tables made)
+    base, tables = state.base, state.schema
+    state.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION refuse_completed() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN IF NEW.key = 'completed_at' THEN RAISE EXCEPTION 'disk full'; END IF;"
+            " RETURN NEW; END $$"
+        )
+        conn.execute(
+            f'CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON "{tables}".meta'
+            f' FOR EACH ROW EXECUTE FUNCTION "{base}".refuse_completed()'
+        )
+    out, summary = tmp_path / "out.jsonl", tmp_path / "summary.json"
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest), "--summary", str(summary))
+        result = await anyio.run_process(
+            [*args, "--state", f"{postgres_url}#nightly"], check=False, env=ENV
+        )
+    assert result.returncode == 1, result.stderr.decode()[-400:]
+    assert "disk full" in result.stderr.decode()
+    data = json.loads(summary.read_text())
+    assert data["complete"] is False and "disk full" in data["error"], data
+    assert data["tagged"] == 20, data
