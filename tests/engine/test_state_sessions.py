@@ -11,7 +11,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-from fashiontag_pipeline import StateConflictError
+from fashiontag_pipeline import StateConflictError, StateError
 from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -67,3 +67,33 @@ def test_a_state_whose_session_was_ended_keeps_its_lock(postgres_url: str) -> No
     finally:
         db.close()
     PostgresStateDB(f"{postgres_url}#held").close()  # (unlocked at its close)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_state_another_run_held_while_the_session_was_ended_is_not_written(
+    postgres_url: str, restart: bool
+) -> None:
+    """The lock went with the ended session: another run (the same command started by hand, a
+    cron line overlapping) took the state, resumed or restarted it, and ended before this run
+    touched its state again. Taking the lock again, this run went on from what it held in
+    memory over what the other had written (its outputs cut back, pages written again, its
+    checkpoints): it stops instead, nothing written, and the same command resumes."""
+    db = PostgresStateDB(f"{postgres_url}#held")
+    try:
+        db.open_engine()
+        db.set_meta("probe", 7)
+        assert _end_lock_holders(postgres_url) >= 1
+        other = PostgresStateDB(f"{postgres_url}#held")  # (free: the lock went with it)
+        if restart:
+            other._wipe()
+        other.set_meta("probe", 9)
+        other.close()
+        with pytest.raises(StateError, match="another run"):
+            db.meta("probe")
+        with pytest.raises(StateError):
+            db.begin()
+    finally:
+        db.close()
+    again = PostgresStateDB(f"{postgres_url}#held")
+    assert again.meta("probe") == "9"
+    again.close()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,10 @@ _NAME = re.compile(r"[a-z0-9_]{1,40}")
 LOCK_GRACE = 2.0
 #: A constant: the advisory lock (with the state's schema) that serializes creating a state.
 _CREATE_LOCK = 0x66747374  # "ftst"
+#: The meta key of the run holding the state alone (a token of its own, written as it opens):
+#: a session the server ended took the lock with it, and another run may have held the state
+#: meanwhile; the lock taken again, a token not its own says so.
+_HOLDER = "holder"
 
 
 def split_state_url(url: str) -> tuple[str, str]:
@@ -202,6 +207,7 @@ class PostgresStateDB(StateStore):
         self._closed = False
         self._alone = False  # (the advisory lock taken: unlocked at close)
         self._idle_timeout = idle_timeout
+        self._holder = secrets.token_hex(8)
         with state_errors(conninfo, "cannot open"):
             conn = psycopg.connect(
                 conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
@@ -224,6 +230,8 @@ class PostgresStateDB(StateStore):
                 if fence is None:
                     self._lock_alone(conn)
                 self._create(conn)
+                if fence is None:
+                    self._hold(conn)
         except BaseException:
             conn.close()
             raise
@@ -250,6 +258,18 @@ class PostgresStateDB(StateStore):
             f"{self.where} is in use by another run (it holds the state's lock); wait for "
             "that run to end, or give this one another state (#name)"
         )
+
+    def _hold(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(
+            "INSERT INTO meta VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = %s",
+            (_HOLDER, self._holder, self._holder),
+        )
+
+    def _wipe(self) -> None:
+        super()._wipe()
+        if self._alone:  # (its token went with the meta table's rows)
+            with state_errors(self._url, "write the state"):
+                self._hold(self.db.conn)
 
     def _create(self, conn: psycopg.Connection[Any]) -> None:
         """Create the state's schema and tables once (under a lock), or check their version;
@@ -314,6 +334,15 @@ class PostgresStateDB(StateStore):
                     sql.SQL("SET search_path TO {}, {}").format(
                         sql.Identifier(self.schema), sql.Identifier(self.base)
                     )
+                )
+                held = self._alone and conn.execute(
+                    "SELECT value FROM meta WHERE key = %s", (_HOLDER,)
+                ).fetchone() != (self._holder,)
+            if held:  # (what it holds in memory is not the state's any more)
+                raise exc.StateError(
+                    f"{self.where} was opened by another run while the server had ended this"
+                    " run's session (its lock went with it): this run stops, writing nothing"
+                    " more; the same command resumes once no other run holds the state"
                 )
         except BaseException:
             conn.close()
