@@ -111,7 +111,7 @@ async def check_service(
     if not live:
         if not moved or before is None:
             return True  # nothing in flight: the rows left are sent to the service given now
-        return await _check_creates(where, db, client, before, given)
+        return await _check_creates(where, db, client, before, given, start_over)
     tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
     try:
         said = await _ask(tagger, live[0])
@@ -185,13 +185,21 @@ async def confirm_service(
 
 
 async def _check_creates(
-    where: str, db: StateStore, client: ClientConfig | TaggerClient, before: str, given: str
+    where: str,
+    db: StateStore,
+    client: ClientConfig | TaggerClient,
+    before: str,
+    given: str,
+    start_over: str,
 ) -> bool:
     """:func:`check_service` for a state with no task yet, only creates whose answer never
     came (killed while one was on its way): the first service may hold their task, unknown
     to the one given now, which would be sent (and bill) their rows again. The first is asked
     for the creates' tokens, once (its list may lag a create: a task not listed yet is not
-    seen); a service gone or that cannot tell lets the run go on as for a live task."""
+    seen). A first service gone lets the run go on (its tasks' rows sent to the one given
+    now); one that cannot tell (a 5xx, no answer in time, a refused key) lets it go on too,
+    unrecorded, so the next resume asks again: refusing would leave ``--restart`` (every row
+    billed again) as the only way on past a first service that never answers again."""
     tokens = {row[3] for row in db.resume_chunks() if row[2] is None and row[3] is not None}
     if not tokens:
         return True
@@ -216,7 +224,7 @@ async def _check_creates(
         f" stopped, are on the service at {shown_url(before)}; the service given now,"
         f" {shown_url(given)}, does not know them (their rows would be sent, and billed,"
         f" again): resume it with --base-url {before}, where their results are read; change"
-        " it once the run is complete"
+        f" it once the run is complete (only if those tasks are gone for good, {start_over})"
     )
 
 
