@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar, cast
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import msgspec
 
 from . import _exceptions as exc
+from ._bodies import bulk_body, tagging_result
 from ._clock import ServerClock
 from ._config import (
     ClientConfig,
@@ -30,13 +31,10 @@ from ._config import (
     shown_url,
     with_default_keys,
 )
-from ._http import BULK_PATH, SINGLE_PATH, ClientStats, HttpExchange
+from ._http import BULK_PATH, SINGLE_PATH, ClientStats, HttpExchange, Response
 from ._models import (
     LANGUAGES,
-    MAX_DESCRIPTION_LENGTH,
     MAX_PAGE_SIZE,
-    MAX_REQUESTS_PER_WRITE,
-    BulkTaskRequest,
     BulkTaskResponse,
     Context,
     Detection,
@@ -219,12 +217,33 @@ class TaggerClient:
         Returns the tagging response even when ``status`` is a failure for this image (bad
         image, fetch failed): the caller decides; :attr:`TaggingResponse.ok` tells which.
         """
+        # Error statuses are mapped to the exception tree inside decode.
+        response = await self._tag(image, context, language)
+        return self._http.decode(_tagging_decoder, response, "POST", SINGLE_PATH)
+
+    async def tag_raw(
+        self, image: Image, context: Context | None = None, *, language: str | None = None
+    ) -> bytes:
+        """:meth:`tag`'s answer as the service sent it, on one line, for callers that write it
+        on unchanged (the engine's single route, as bulk results are): any tagging result of
+        the shape bulk results are taken in (see :func:`~._bodies.tagging_result`)."""
+        response = await self._tag(image, context, language)
+        if response.status >= 300:
+            self._http.raise_for_status(response, "POST", SINGLE_PATH, None)
+        try:
+            return tagging_result(response.body)
+        except ValueError as err:
+            raise exc.DecodeError(
+                f"POST {SINGLE_PATH}: HTTP {response.status} body is not a tagging result: {err}",
+                method="POST",
+                path=SINGLE_PATH,
+            ) from None
+
+    async def _tag(self, image: Image, context: Context | None, language: str | None) -> Response:
         body = _encoder.encode(SingleTagRequest(image=image, context=context))
-        response = await self._http.call(
+        return await self._http.call(
             "POST", SINGLE_PATH, body=body, key=self._api_key, language=language, retry_all=True
         )
-        # Error statuses are mapped to the exception tree inside _decode.
-        return self._http.decode(_tagging_decoder, response, "POST", SINGLE_PATH)
 
     async def create_task(
         self,
@@ -236,7 +255,7 @@ class TaggerClient:
         strict: bool = False,
     ) -> BulkTaskResponse:
         """Create a bulk task with up to 1,000 requests (``POST /tagger/v2.12/bulk``)."""
-        body = self._bulk_body(requests, description, album_name, default_detection, strict)
+        body = bulk_body(requests, description, album_name, default_detection, strict)
         return await self._write("POST", BULK_PATH, body, task_id=None)
 
     async def append_to_task(
@@ -251,7 +270,7 @@ class TaggerClient:
 
         Raises :class:`TaskExpiredError` when the task is past its expiry.
         """
-        body = self._bulk_body(requests, None, None, default_detection, strict)
+        body = bulk_body(requests, None, None, default_detection, strict)
         return await self._write("PUT", self._task_path(task_id), body, task_id=task_id)
 
     async def list_tasks(self, *, offset: int | None = None, size: int | None = None) -> list[Task]:
@@ -373,37 +392,6 @@ class TaggerClient:
         if not task_id:
             raise ValueError("task_id must not be empty")
         return f"{BULK_PATH}/{quote(task_id, safe='')}"
-
-    @staticmethod
-    def _bulk_body(
-        requests: Sequence[TaggingRequest] | EncodedRequests,
-        description: str | None,
-        album_name: str | None,
-        default_detection: Sequence[Detection] | None,
-        strict: bool,
-    ) -> bytes:
-        count = requests.size if isinstance(requests, EncodedRequests) else len(requests)
-        if not count:
-            raise ValueError("a bulk write needs at least one tagging request")
-        if count > MAX_REQUESTS_PER_WRITE:
-            raise ValueError(
-                f"a bulk write takes at most {MAX_REQUESTS_PER_WRITE} requests, got {count}"
-            )
-        if description is not None and len(description) > MAX_DESCRIPTION_LENGTH:
-            raise ValueError(f"description is longer than {MAX_DESCRIPTION_LENGTH} characters")
-        return _encoder.encode(
-            BulkTaskRequest(
-                # Encoded requests are spliced in as they are (msgspec writes a Raw verbatim).
-                tagging_request=cast(
-                    list[TaggingRequest],
-                    requests.raw if isinstance(requests, EncodedRequests) else list(requests),
-                ),
-                album_name=album_name,
-                option=["STRICT"] if strict else None,
-                default_detection=list(default_detection) if default_detection else None,
-                description=description,
-            )
-        )
 
     async def _write(
         self, method: str, path: str, body: bytes, *, task_id: str | None

@@ -14,7 +14,9 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   of a file takes ``<ext>`` from the magic bytes (PNG, JPEG, GIF, BMP, TIFF, WEBP), else from
   the file's suffix.
 * Outcome: a 200 answer (``status`` success or failure) is a results line
-  ``{"id", "taskId": null, "taggingResult"}`` (``taskId`` null marks single mode); a 4xx
+  ``{"id", "taskId": null, "taggingResult"}`` (``taskId`` null marks single mode), the
+  answer as the service sent it (a shape the typed model does not take too, as in bulk); a
+  200 that is no tagging result (not JSON, not an object) is retried as a dropped one; a 4xx
   request error (801/802/804/805/413...) is a rejects line with stage ``server-validation`` and
   the service's message; transport errors, 429 and 5xx left after the client's own retries are
   retried under the run's :class:`~.flow.RetryBudget` (the run stops with
@@ -46,7 +48,7 @@ from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
 from .._images import ImageFileError, read_image_file, sniff_ext
-from .._models import Image, ImageType, TaggingResponse
+from .._models import Image, ImageType
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
 from .jobs import Jobs
@@ -62,7 +64,6 @@ STAGE_SERVER = "server-validation"
 
 _body_encoder = msgspec.json.Encoder()
 _body_decoder = msgspec.json.Decoder(SingleRequest)
-_result_encoder = msgspec.json.Encoder()
 
 
 def _poison_reason(times: int, err: BaseException) -> str:
@@ -275,7 +276,7 @@ class SingleRouter:
             if self._stop_scope.cancel_called or (stopped is not None and stopped.is_set()):
                 return  # a drain: refused (not tagged), the row waits in the state
             try:
-                response = await self.client.tag(image, context)
+                answer = await self.client.tag_raw(image, context)
             except (
                 exc.AuthenticationError,
                 exc.PermissionDeniedError,
@@ -314,14 +315,15 @@ class SingleRouter:
         self.budget.ok()
         self.tagged += 1
         del image
-        await self._result(ident, pos, response)
+        await self._result(ident, pos, answer)
 
     def _job(self, pos: int) -> int:
         job = self.jobs.of_pos(pos)
         return job.id if job is not None else -1
 
-    async def _result(self, ident: str, pos: int, response: TaggingResponse) -> None:
-        row = PageRow(ident, msgspec.Raw(_result_encoder.encode(response)))
+    async def _result(self, ident: str, pos: int, answer: bytes) -> None:
+        # As the service sent it (on one line), as a bulk result is written.
+        row = PageRow(ident, msgspec.Raw(answer))
         job = self._job(pos)
         await self.journal.commit(
             page=(None, [row]),

@@ -178,6 +178,9 @@ class Misbehaviour:
     #: Those requests have their connection closed with no answer instead (a worker that
     #: crashes on the image).
     drop_single: bool = False
+    #: Every request to the single endpoint answered HTTP 200 with this JSON, not forwarded (a
+    #: shape the spec leaves open: a failure whose code is a word, a field the model lacks).
+    single_given: Any = None
     #: Methods (``POST``, ``PUT``) whose writes are applied by the service and answered
     #: ``204 No Content`` with no body (a server that says "done" with no content).
     no_content_writes: set[str] = field(default_factory=set)
@@ -292,6 +295,8 @@ class MisbehavingProxy:
         #: Polls answered for ``unreadable_status`` and ``unreadable_list``.
         self.unreadable_polls = 0
         self.single_failed = 0
+        #: Requests answered by ``single_given``.
+        self.single_given_sent = 0
         #: Requests answered by ``storm``.
         self.storm_answers = 0
         self._left_out: set[str] = set()
@@ -399,6 +404,9 @@ class MisbehavingProxy:
                 body=b"<html><body><h1>Not Found</h1></body></html>",
                 headers={"Content-Type": "text/html", **self._headers()},
             )
+        if path == SINGLE and self.rules.single_given is not None:
+            self.single_given_sent += 1
+            return web.json_response(self.rules.single_given, headers=self._headers())
         poison = self.rules.fail_single_holding
         if path == SINGLE and poison is not None and poison in body:
             self.single_failed += 1

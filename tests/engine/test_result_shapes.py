@@ -106,3 +106,40 @@ async def test_a_single_endpoint_that_is_not_there_stops_the_run_and_rejects_no_
     assert summary.complete
     o = read_outcomes(out, rej)
     assert sorted(o.ids) == sorted(i for i, _ in rows) and not o.rejects
+
+
+#: A single-mode success carrying what the typed model lacks: a field of its own and a
+#: ``pairIndex`` that is a number (the spec's type) but not an integer.
+RICHER_SUCCESS = {
+    "status": "success",
+    "data": {
+        "objects": [{"type": "SHOES", "tags": [{"pairIndex": 12.5, "heelColor": "red"}]}],
+        "modelVersion": "7.1",
+    },
+}
+
+
+@pytest.mark.parametrize(("given", "tagged"), [(WORDED_FAILURE, 0), (RICHER_SUCCESS, 1)])
+async def test_a_single_mode_answer_of_another_shape_is_the_row_s_result_as_it_came(
+    tmp_path: Path, given: dict[str, object], tagged: int
+) -> None:
+    """The single endpoint answers 200 with a tagging result the typed model does not take (a
+    failure whose ``error.code`` is a word; a success with a field of its own, a fractional
+    ``pairIndex``): bulk writes such a result as it came. Single mode decoded it into the
+    model: a word code was an unreadable answer, the image sent (and billed) again until the
+    run stopped, no row tagged; a field the model lacks was dropped from the output."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(3)] + [("h0", "https://img.example/0.jpg")]
+    manifest = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, give_up_after=2.0)
+    rules = Misbehaviour(single_given=given)
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        summary = await run_pipeline(
+            [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+        )
+    assert summary.complete and summary.single == 3 and summary.rejected == 0
+    assert proxy.single_given_sent == 3  # each image sent (and billed) once
+    results = {r["id"]: r["taggingResult"] for r in read_outcomes(out, rej).results}
+    assert all(results[f"s{i}"] == given for i in range(3))
+    assert summary.tagged == 1 + 3 * tagged and summary.failed == 3 * (1 - tagged)

@@ -274,13 +274,13 @@ class CountingClient(TaggerClient):
         self.peak = 0
         self.calls = 0
 
-    async def tag(self, *args: Any, **kwargs: Any) -> Any:
+    async def tag_raw(self, *args: Any, **kwargs: Any) -> Any:
         self.inflight += 1
         self.calls += 1
         self.peak = max(self.peak, self.inflight)
         try:
             await anyio.sleep(0.02)
-            return await super().tag(*args, **kwargs)
+            return await super().tag_raw(*args, **kwargs)
         finally:
             self.inflight -= 1
 
