@@ -94,9 +94,11 @@ class ManifestError(FashiontagError):
     """A manifest cannot be read at all (not CSV/JSONL, no ``url`` column, unreadable file).
 
     ``mid_run``: found after the run had taken rows of it in (a truncated gzip), so the state
-    holds a run of that very file."""
+    holds a run of that very file. ``stdin``: found reading stdin (``-``), whose rows piped
+    again are resumed with ``--resume``, where a file's repaired copy is a new run."""
 
     mid_run: bool = False
+    stdin: bool = False
 
 
 class StateConflictError(FashiontagError):

@@ -382,13 +382,20 @@ def _run_and_report(
         return report_failure(args, failed, " ".join(str(err).split()), EXIT_USAGE)
     except ManifestError as err:
         # A file broken past its first rows (a truncated download): its repaired copy is
-        # other content, which the state (a run of this one) would refuse with exit 2.
-        hint = (
-            "; the state keeps the rows read before it: once the file is whole, run again"
-            " with --restart"
-            if err.mid_run
-            else ""
-        )
+        # other content, which the state (a run of this one) would refuse with exit 2. Stdin
+        # cut short is resumed by its whole stream piped again (--restart bills every row
+        # read again).
+        hint = ""
+        if err.mid_run and err.stdin:
+            hint = (
+                "; the state keeps the rows read before it: pipe the whole stream again with"
+                " --resume (the rows already taken in are not sent again)"
+            )
+        elif err.mid_run:
+            hint = (
+                "; the state keeps the rows read before it: once the file is whole, run again"
+                " with --restart"
+            )
         reason = f"{' '.join(str(err).split())}{hint}"
         return report_failure(args, summary_of(err) or failed, reason, EXIT_ERROR)
     except FashiontagError as err:

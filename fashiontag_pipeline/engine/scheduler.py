@@ -183,6 +183,7 @@ class JobSource:
                 batch = await anyio.to_thread.run_sync(reader.read_batch, abandon_on_cancel=True)
             except exc.ManifestError as err:
                 if self.fail_fast:
+                    err.stdin = reader.name == "-"  # (a CLI's way on differs: see ManifestError)
                     raise
                 job.failure = str(err)
                 logger.error("manifest %s broke while read: %s", reader.name, err)
