@@ -3,12 +3,12 @@
 :class:`ManifestBytes` is the lower half of :class:`~.source.ManifestReader` (its records
 half parses what this one hands over). It opens the file (or takes stdin), reads whatever is
 available (``read1``: rows on a slow stdin are delivered as they arrive), detects gzip from
-its magic bytes (multi-member files included; a file that ends inside compressed data is a
-truncated manifest, never its end), and gives out bytes holding only complete lines. At the
-end of a regular file it checks that the file is as long as when it was opened and was read
-whole: a manifest rewritten in place while read is an error, not a shorter manifest; and
-when the run ends, :meth:`ManifestBytes.changed_since_read` looks once more (an exporter still
-appending when the reader reached the end).
+its magic bytes (multi-member files included, NUL padding after the data skipped; a file that
+ends inside compressed data is a truncated manifest, never its end), and gives out bytes
+holding only complete lines. At the end of a regular file it checks that the file is as long
+as when it was opened and was read whole: a manifest rewritten in place while read is an
+error, not a shorter manifest; and when the run ends, :meth:`ManifestBytes.changed_since_read`
+looks once more (an exporter still appending when the reader reached the end).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ __all__ = [
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 GZIP_MAGIC = b"\x1f\x8b"
+#: A gzip member of nothing: what an ended decompressor is given to hold no bytes.
+_EMPTY_MEMBER = bytes.fromhex("1f8b080000000000020303000000000000000000")
 READ_SIZE = 1 << 20
 #: The longest line a manifest may hold (also the CSV field limit: a row's one big field,
 #: a ``data:`` image, and its few short ones). A line is held whole until its newline, and
@@ -219,7 +221,9 @@ class ManifestBytes:
             try:
                 out: bytes = self._gunzip.decompress(raw)
                 while self._gunzip.eof and self._gunzip.unused_data:
-                    rest = self._gunzip.unused_data  # next member of a multi-member gzip
+                    rest = self._after_member()
+                    if rest is None:
+                        break
                     self._gunzip = zlib.decompressobj(wbits=31)
                     out += self._gunzip.decompress(rest)
             except zlib.error as err:
@@ -228,6 +232,25 @@ class ManifestBytes:
                 ) from None
             if out:
                 return out
+
+    def _after_member(self) -> bytes | None:
+        """The bytes after a gzip member's end: the next member's (a multi-member gzip,
+        ``cat a.gz b.gz``), or None for NUL bytes padding the file (a block device's, ``dd
+        conv=sync``), which gzip and zcat skip: the decompressor is then one that has ended
+        and holds nothing, and bytes read later are looked at the same way. Anything else
+        after the gzip data is refused: rows of another kind would be lost."""
+        rest: bytes = self._gunzip.unused_data.lstrip(b"\0")
+        if not rest:
+            self._gunzip = zlib.decompressobj(wbits=31)
+            self._gunzip.decompress(_EMPTY_MEMBER)
+            return None
+        if not GZIP_MAGIC.startswith(rest[:2]):
+            raise ManifestError(
+                f"manifest {self.name} has bytes that are not gzip after the end of its gzip"
+                f" data (trailing garbage, within its first {self.bytes_read:,} bytes): rows"
+                " in them could not be read; remove them, or gzip them as a member of their own"
+            )
+        return rest
 
     def _next_records(self) -> bytes | None:
         """Bytes holding only complete lines, or None at end of input."""
