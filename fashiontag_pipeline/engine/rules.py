@@ -36,6 +36,7 @@ __all__ = [
     "RowError",
     "SingleRequest",
     "http_url",
+    "jsonl_keys",
     "single_request",
     "single_target",
 ]
@@ -76,6 +77,12 @@ CONTEXT_FIELDS = {
     "productContentName": "product_content_name",
     "product_content_name": "product_content_name",
     "season": "season",
+}
+
+#: The keys a JSONL row is read by, by their name in lower case: taken in any case (``ID``,
+#: ``Brand``), as a CSV header's names are.
+_JSONL_KEYS = {
+    k.lower(): k for k in ("id", "url", "image", "context", "detection", "age", *CONTEXT_FIELDS)
 }
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
@@ -125,6 +132,25 @@ def _lower_scheme(value: str) -> str:
         if head.startswith(scheme):
             return scheme + value[len(scheme) :]
     return value
+
+
+def jsonl_keys(keys: tuple[str, ...]) -> list[tuple[str, str]] | str:
+    """(key as written, name read) of each key of a JSONL object that names a read key in
+    another case (``ID``: ``id``; none for the usual row); the reason of a reject when two keys
+    name one field (``brand`` and ``Brand``, ``productContentName`` and
+    ``product_content_name``: which holds the value would be a guess)."""
+    renames: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
+    for key in keys:
+        name = _JSONL_KEYS.get(key.lower())
+        if name is None:
+            continue
+        first = seen.setdefault(CONTEXT_FIELDS.get(name, name), key)
+        if first != key:
+            return f"keys {first!r} and {key!r} name the same field: keep one"
+        if key != name:
+            renames.append((key, name))
+    return renames
 
 
 def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:

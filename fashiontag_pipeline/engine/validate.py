@@ -39,6 +39,7 @@ from .rules import (
     RowError,
     SingleRequest,
     http_url,
+    jsonl_keys,
     single_request,
     single_target,
 )
@@ -69,6 +70,8 @@ URL = ImageType.URL
 _NUL_ID = "id contains a NUL character"
 #: (index of id, index of url, of detection, of age, [(index, context field)]) of a header.
 _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
+#: Key orders of JSONL objects whose reading is kept (:meth:`Validator._keyed`).
+_MAX_KEY_ORDERS = 4096
 
 #: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
 #: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
@@ -91,6 +94,7 @@ class Validator:
         self.cwd = cwd if cwd is not None else os.getcwd()
         self._detection = DetectionRule()
         self._layouts: dict[tuple[str, ...], _Layout] = {}
+        self._key_orders: dict[tuple[str, ...], list[tuple[str, str]] | str] = {}
 
     # ------------------------------------------------------------------ batches
 
@@ -274,9 +278,16 @@ class Validator:
                     raise RowError(obj)
                 if not isinstance(obj, dict):
                     raise RowError("line is not a JSON object")
+                obj, clash = self._keyed(obj)
+                source = obj.get("context")
+                if isinstance(source, dict):  # the fields in a context object
+                    source, in_context = self._keyed(source)
+                    clash = clash or in_context
+                else:
+                    source = obj
                 raw_id = obj.get("id")
-                if raw_id is None and isinstance(obj.get("context"), dict):
-                    raw_id = obj["context"].get("id")
+                if raw_id is None and source is not obj:
+                    raw_id = source.get("id")
                 if raw_id is None or raw_id == "":
                     raise RowError("id is missing")
                 if not isinstance(raw_id, str):
@@ -284,21 +295,42 @@ class Validator:
                 ident = raw_id
                 if "\x00" in ident:
                     raise RowError(_NUL_ID)
+                if clash:
+                    raise RowError(clash)
                 url, target = self._jsonl_image(obj, singles is not None)
                 if target is not None:
                     assert singles is not None
-                    kwargs = self._jsonl_context(obj)
+                    kwargs = self._jsonl_context(source)
                     singles.append((ident, pos, single_request(target, ident, kwargs, line, name)))
                     continue
                 request = TaggingRequest(
                     image=Image(type=ImageType.URL, content=url),
-                    context=BulkContext(id=ident, **self._jsonl_context(obj)),
+                    context=BulkContext(id=ident, **self._jsonl_context(source)),
                 )
             except RowError as err:
                 rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
                 continue
             items.append((ident, pos, request))
         return items, rejects
+
+    def _keyed(self, obj: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """(``obj`` with the keys it names in another case under their names, the reason of a
+        reject when two of its keys name one field, else ""): :func:`.rules.jsonl_keys`, once
+        per key order (an export writes every row's keys alike; the usual row has none to
+        rename and is not copied)."""
+        keys = tuple(obj)
+        renames = self._key_orders.get(keys)
+        if renames is None:
+            renames = jsonl_keys(keys)
+            if len(self._key_orders) < _MAX_KEY_ORDERS:
+                self._key_orders[keys] = renames
+        if isinstance(renames, str):
+            return obj, renames
+        if renames:
+            obj = dict(obj)
+            for key, name in renames:
+                obj[name] = obj.pop(key)
+        return obj, ""
 
     def _jsonl_image(self, obj: dict[str, Any], route: bool) -> tuple[str, tuple[str, str] | None]:
         """(http(s) URL, "") for bulk, or ("", (kind, content)) for the single endpoint."""
@@ -325,9 +357,8 @@ class Validator:
         except NotHttp as not_http:
             return "", single_target(not_http.args[0], route, self.cwd)
 
-    def _jsonl_context(self, obj: dict[str, Any]) -> dict[str, Any]:
-        source = obj.get("context") if isinstance(obj.get("context"), dict) else obj
-        assert isinstance(source, dict)
+    def _jsonl_context(self, source: dict[str, Any]) -> dict[str, Any]:
+        """The request's context fields of a row (``source``: the row, or its context object)."""
         kwargs: dict[str, Any] = {}
         for column, field in CONTEXT_FIELDS.items():
             value = source.get(column)

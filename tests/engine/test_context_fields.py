@@ -1,0 +1,92 @@
+"""Context fields and JSONL rows as catalogues hold them, fed to ``fashiontag run`` (each test
+failed before its fix): every field the row gives is sent as the spec takes it, or the row is a
+reject saying why and carrying its id; never a field silently dropped or changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from fashiontag_pipeline._models import Detection
+from fashiontag_pipeline.engine.source import open_manifest
+from fashiontag_pipeline.engine.validate import Validator
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, Outcomes, read_outcomes, run_args
+
+URL = "https://x.example/{}.jpg"
+
+
+def _sent(manifest: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """(id -> the context fields each accepted row is sent with, its rejects) of a manifest,
+    as the engine's validator makes them."""
+    reader = open_manifest(str(manifest), 0)
+    sent: dict[str, dict[str, Any]] = {}
+    refused: list[dict[str, Any]] = []
+    try:
+        while (batch := reader.read_batch()) is not None:
+            items, singles, rejects = Validator(cwd=str(manifest.parent)).route(batch)
+            for ident, _, request in items:
+                sent[ident] = _fields(request.context)
+            for ident, _, single in singles:
+                sent[ident] = _fields(single.context)
+            refused += [{"id": r.id, "reason": r.reason, "line": r.line} for _, r in rejects]
+    finally:
+        reader.close()
+    return sent, refused
+
+
+def _fields(context: Any) -> dict[str, Any]:
+    fields = {f: getattr(context, f) for f in context.__struct_fields__}
+    return {f: v for f, v in fields.items() if v is not None and f != "id"}
+
+
+async def _run(manifest: Path, *flags: str) -> tuple[int, str, Outcomes]:
+    out = manifest.with_suffix(".out")
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, *flags, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    return result.returncode, result.stderr.decode(), read_outcomes(out, out.with_suffix(".rej"))
+
+
+def _jsonl(path: Path, rows: list[str]) -> Path:
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+async def test_jsonl_keys_in_another_case_are_read_as_a_csv_header_is(tmp_path: Path) -> None:
+    """A JSONL export whose keys are capitalised (``{"ID": ..., "URL": ..., "Brand": ...}``, as
+    an ERP writes them) had every row refused as "id is missing" (its id there), and a row
+    with ``"Brand"`` or ``"Gender"`` beside ``id`` and ``url`` was sent without them, not a
+    word said; a CSV header takes the same names in any case. Two keys naming one field
+    (``brand`` and ``Brand``, ``productContentName`` and ``product_content_name``) were one of
+    them sent, a guess: the row is a reject naming both."""
+    manifest = _jsonl(
+        tmp_path / "m.jsonl",
+        [
+            json.dumps({"ID": "a", "URL": URL.format("a"), "Brand": "acme", "Gender": "F"}),
+            json.dumps({"id": "b", "Url": URL.format("b"), "PRICE": "1,299.00", "Age": ["3-5"]}),
+            json.dumps({"Id": "c", "url": URL.format("c"), "Detection": ["top"], "SKU": "x"}),
+            json.dumps({"id": "d", "url": URL.format("d"), "brand": "a", "Brand": "b"}),
+            json.dumps({"id": "e", "url": URL.format("e"), "productContentName": "n"})[:-1]
+            + ', "product_content_name": "m"}',
+            json.dumps({"id": "f", "url": URL.format("f"), "productcontentname": "Name"}),
+        ],
+    )
+    sent, refused = _sent(manifest)
+    assert sent == {
+        "a": {"brand": "acme", "gender": "F"},
+        "b": {"price": "1,299.00", "age": ["3-5"]},
+        "c": {"detection": [Detection.TOP]},
+        "f": {"product_content_name": "Name"},
+    }
+    assert [(r["id"], r["line"]) for r in refused] == [("d", 4), ("e", 5)]
+    assert "'brand' and 'Brand'" in refused[0]["reason"]
+    assert "'productContentName' and 'product_content_name'" in refused[1]["reason"]
+    code, err, o = await _run(manifest)
+    assert code == 0, err[-400:]
+    assert sorted(o.ids) == ["a", "b", "c", "f"]
+    assert sorted(r["id"] for r in o.rejects) == ["d", "e"]
