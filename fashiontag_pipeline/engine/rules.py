@@ -37,6 +37,7 @@ __all__ = [
     "SingleRequest",
     "http_url",
     "jsonl_keys",
+    "merged_context",
     "single_request",
     "single_target",
 ]
@@ -151,6 +152,34 @@ def jsonl_keys(keys: tuple[str, ...]) -> list[tuple[str, str]] | str:
         if key != name:
             renames.append((key, name))
     return renames
+
+
+#: The keys a JSONL row's ``context`` object gives the request, each with its field's
+#: spellings (``productContentName``, ``product_content_name``).
+_CONTEXT_KEYS = [
+    (key, [k for k, f in CONTEXT_FIELDS.items() if f == CONTEXT_FIELDS.get(key, key)] or [key])
+    for key in ("id", "detection", "age", *CONTEXT_FIELDS)
+]
+
+
+def merged_context(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a JSONL row and of its ``context`` object, as one object: a field given in
+    only one place is taken from there; one given in both with two values is a RowError
+    (which was meant would be a guess)."""
+    merged = dict(row)
+    for key, spellings in _CONTEXT_KEYS:
+        value = context.get(key)
+        if value is None:
+            continue
+        given = [merged[k] for k in spellings if merged.get(k) is not None]
+        if not given:
+            merged[key] = value
+        elif given[0] != value:
+            raise RowError(
+                f"{key} is given both in the row and in its context object, with different"
+                " values: keep one"
+            )
+    return merged
 
 
 def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:

@@ -40,6 +40,7 @@ from .rules import (
     SingleRequest,
     http_url,
     jsonl_keys,
+    merged_context,
     single_request,
     single_target,
 )
@@ -279,15 +280,15 @@ class Validator:
                 if not isinstance(obj, dict):
                     raise RowError("line is not a JSON object")
                 obj, clash = self._keyed(obj)
-                source = obj.get("context")
-                if isinstance(source, dict):  # the fields in a context object
-                    source, in_context = self._keyed(source)
+                context = obj.get("context")
+                if isinstance(context, dict):  # fields in a context object (the spec's shape)
+                    context, in_context = self._keyed(context)
                     clash = clash or in_context
                 else:
-                    source = obj
+                    context = None
                 raw_id = obj.get("id")
-                if raw_id is None and source is not obj:
-                    raw_id = source.get("id")
+                if raw_id is None and context is not None:
+                    raw_id = context.get("id")
                 if raw_id is None or raw_id == "":
                     raise RowError("id is missing")
                 if not isinstance(raw_id, str):
@@ -297,6 +298,7 @@ class Validator:
                     raise RowError(_NUL_ID)
                 if clash:
                     raise RowError(clash)
+                source = obj if context is None else merged_context(obj, context)
                 url, target = self._jsonl_image(obj, singles is not None)
                 if target is not None:
                     assert singles is not None

@@ -90,3 +90,40 @@ async def test_jsonl_keys_in_another_case_are_read_as_a_csv_header_is(tmp_path: 
     assert code == 0, err[-400:]
     assert sorted(o.ids) == ["a", "b", "c", "f"]
     assert sorted(r["id"] for r in o.rejects) == ["d", "e"]
+
+
+async def test_jsonl_fields_beside_a_context_object_are_sent(tmp_path: Path) -> None:
+    """A JSONL row with a ``context`` object (the spec's request shape, or an export's own
+    ``"context": {"source": "feed"}``) had every context field beside it dropped without a
+    word (``brand`` at the top, ``gender`` in the object: only ``gender`` sent), and a field
+    given in both with other values (``"id": "d"``, ``"context": {"id": "e"}``) one of them
+    sent, a guess. Both places are read; a field in both with two values is a reject."""
+    manifest = _jsonl(
+        tmp_path / "m.jsonl",
+        [
+            json.dumps({"id": "a", "url": URL.format("a"), "brand": "acme", "context": {"x": 1}}),
+            json.dumps(
+                {"url": URL.format("b"), "price": "12", "context": {"id": "b", "gender": "F"}}
+            ),
+            json.dumps(
+                {"id": "c", "url": URL.format("c"), "brand": "x", "context": {"brand": "y"}}
+            ),
+            json.dumps({"id": "d", "url": URL.format("d"), "context": {"id": "e"}}),
+            json.dumps({"id": "f", "url": URL.format("f"), "age": ["3-5"], "context": {"id": "f"}}),
+            json.dumps(
+                {"id": "g", "url": URL.format("g"), "Season": "SS24", "context": {"season": "AW"}}
+            ),
+        ],
+    )
+    sent, refused = _sent(manifest)
+    assert sent == {
+        "a": {"brand": "acme"},
+        "b": {"price": "12", "gender": "F"},
+        "f": {"age": ["3-5"]},
+    }
+    assert [(r["id"], r["line"]) for r in refused] == [("c", 3), ("d", 4), ("g", 6)]
+    assert all("in its context object" in r["reason"] for r in refused), refused
+    code, err, o = await _run(manifest)
+    assert code == 0, err[-400:]
+    assert sorted(o.ids) == ["a", "b", "f"]
+    assert sorted(r["id"] for r in o.rejects) == ["c", "d", "g"]
