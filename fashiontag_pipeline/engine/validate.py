@@ -292,6 +292,11 @@ class Validator:
                 if raw_id is None or raw_id == "":
                     raise RowError("id is missing")
                 if not isinstance(raw_id, str):
+                    if type(raw_id) is int:  # its text is the id: the reject carries it
+                        ident = str(raw_id)
+                        raise RowError(
+                            f'id must be a string, not the number {ident}: write it as "{ident}"'
+                        )
                     raise RowError("id must be a string")
                 ident = raw_id
                 if "\x00" in ident:

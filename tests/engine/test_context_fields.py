@@ -127,3 +127,28 @@ async def test_jsonl_fields_beside_a_context_object_are_sent(tmp_path: Path) -> 
     assert code == 0, err[-400:]
     assert sorted(o.ids) == ["a", "b", "f"]
     assert sorted(r["id"] for r in o.rejects) == ["c", "d", "g"]
+
+
+async def test_a_jsonl_id_written_as_a_number_is_a_reject_carrying_it(tmp_path: Path) -> None:
+    """A JSONL export writing its ids as numbers (``{"id": 123, ...}``) had each row a reject
+    with ``"id": null``: nothing to join it to the catalogue by, and a row repeating it
+    (``"123"``, or ``123`` again) tagged beside it, two lines for one id. The reject carries
+    the id as its text and says how to write it; later rows of it are its duplicates."""
+    manifest = _jsonl(
+        tmp_path / "m.jsonl",
+        [
+            '{"id": 123, "url": "https://x.example/1.jpg"}',
+            '{"id": "123", "url": "https://x.example/2.jpg"}',
+            '{"id": 9007199254740993, "url": "https://x.example/3.jpg"}',
+            '{"id": 1.5, "url": "https://x.example/4.jpg"}',
+            '{"id": "ok", "url": "https://x.example/5.jpg"}',
+        ],
+    )
+    code, err, o = await _run(manifest)
+    assert code == 0, err[-400:]
+    assert o.ids == ["ok"]
+    got = {r["line"]: (r["id"], r["reason"]) for r in o.rejects}
+    assert got[1] == ("123", 'id must be a string, not the number 123: write it as "123"')
+    assert got[2] == ("123", f"duplicate id (first seen at {manifest} line 1)")
+    assert got[3][0] == "9007199254740993"
+    assert got[4] == (None, "id must be a string")
