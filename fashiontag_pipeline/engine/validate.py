@@ -247,7 +247,9 @@ class Validator:
                     if value:
                         kwargs[field] = value
                 if i_det >= 0 and fields[i_det]:
-                    kwargs["detection"] = self._detection(fields[i_det])
+                    detection = self._detection(fields[i_det])
+                    if detection:  # (a cell of separators or spaces is none, as an empty one)
+                        kwargs["detection"] = detection
                 if i_age >= 0 and fields[i_age]:
                     kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
                 if target is not None:

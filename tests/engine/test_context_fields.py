@@ -4,16 +4,20 @@ reject saying why and carrying its id; never a field silently dropped or changed
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import anyio
+from PIL import Image
 
 from fashiontag_pipeline._models import Detection
 from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service._synthesis import scene_of
+from fashiontag_pipeline.service.analyzer import content_hash
 
 from .helpers import ENV, Outcomes, read_outcomes, run_args
 
@@ -152,3 +156,39 @@ async def test_a_jsonl_id_written_as_a_number_is_a_reject_carrying_it(tmp_path: 
     assert got[2] == ("123", f"duplicate id (first seen at {manifest} line 1)")
     assert got[3][0] == "9007199254740993"
     assert got[4] == (None, "id must be a string")
+
+
+def _a_top_alone() -> bytes:
+    """A PNG the reference service sees as a top and nothing else: tagged as clothing, and as
+    no product when shoes are asked for."""
+    for g in range(256):
+        buf = io.BytesIO()
+        Image.new("RGB", (300, 400), (g, 40, 90)).save(buf, "PNG")
+        if scene_of(content_hash(buf.getvalue())) == [Detection.TOP]:
+            return buf.getvalue()
+    raise AssertionError("no such image")
+
+
+async def test_a_detection_cell_of_separators_or_spaces_is_no_detection(tmp_path: Path) -> None:
+    """A CSV ``detection`` cell holding only a separator or spaces (``|``, `` ``: an export
+    joining an empty list) was sent as ``"detection": []`` where an empty cell sends none: in
+    single mode the run's ``--detection SHOES`` was not applied to the row, its image tagged
+    as clothing (a top) while the same image with an empty cell was tagged for shoes (none).
+    Such a cell is no detection, as in JSONL, and the run's default applies."""
+    top = tmp_path / "top.png"
+    top.write_bytes(_a_top_alone())
+    manifest = tmp_path / "m.csv"
+    manifest.write_text(
+        "id,url,detection\n"
+        f"empty,{top},\n"
+        f"sep,{top},|\n"
+        f"space,{top}, \n"
+        "bulk,https://x.example/1.jpg, | \n"
+    )
+    sent, refused = _sent(manifest)
+    assert not refused and sent == {"empty": {}, "sep": {}, "space": {}, "bulk": {}}
+    code, err, o = await _run(manifest, "--detection", "SHOES")
+    assert code == 0, err[-400:]
+    kinds = {r["id"]: [x["type"] for x in r["taggingResult"]["data"]["objects"]] for r in o.results}
+    assert kinds["empty"] == ["no detected product"]  # the run's SHOES, and no shoes in it
+    assert kinds["sep"] == kinds["space"] == kinds["empty"]
