@@ -73,6 +73,7 @@ _NUL_ID = "id contains a NUL character"
 _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
 #: Key orders of JSONL objects whose reading is kept (:meth:`Validator._keyed`).
 _MAX_KEY_ORDERS = 4096
+_UNSEEN = "unseen"
 
 #: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
 #: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
@@ -270,6 +271,7 @@ class Validator:
         shifted = position(src, 0)
         items: list[Item] = []
         rejects: list[tuple[int, Reject]] = []
+        orders = self._key_orders
         for line, obj in batch.rows:
             pos = shifted | line
             if pos <= skip_upto:
@@ -281,7 +283,9 @@ class Validator:
                     raise RowError(obj)
                 if not isinstance(obj, dict):
                     raise RowError("line is not a JSON object")
-                obj, clash = self._keyed(obj)
+                clash = ""
+                if orders.get(tuple(obj), _UNSEEN):  # (the usual row: keys read as written)
+                    obj, clash = self._keyed(obj)
                 context = obj.get("context")
                 if isinstance(context, dict):  # fields in a context object (the spec's shape)
                     context, in_context = self._keyed(context)
