@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from fashiontag_pipeline._bodies import bulk_body
 from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
 from fashiontag_pipeline.engine.policy import body_ids, decode_body, decode_chunk, encode_body
 from fashiontag_pipeline.engine.state import BODY_SQL, StateDB, changes
@@ -67,8 +68,6 @@ def test_a_chunk_is_encoded_once_for_the_state_and_the_write() -> None:
     from the encoded requests is byte for byte the one built from the request objects."""
     import msgspec
 
-    from fashiontag_pipeline import TaggerClient
-
     requests = [
         TaggingRequest(Image(ImageType.URL, f"https://x/{i}.jpg"), BulkContext(f"id{i}"))
         for i in range(3)
@@ -79,8 +78,8 @@ def test_a_chunk_is_encoded_once_for_the_state_and_the_write() -> None:
     assert [(p, r.context.id) for p, r in decode_body(old)] == [(7, "id0")]
     assert encoded.size == 3
     for description in (None, "fashiontag run t-1"):
-        spliced = TaggerClient._bulk_body(encoded, description, None, None, False)
-        plain = TaggerClient._bulk_body(requests, description, None, None, False)
+        spliced = bulk_body(encoded, description, None, None, False)
+        plain = bulk_body(requests, description, None, None, False)
         assert spliced == plain
 
 
