@@ -20,7 +20,7 @@ from .._callctx import GIVE_UP
 from .._client import TaggerClient
 from .._exceptions import ConfigError, RateLimitedError
 from .._images import DEFAULT_SINGLE_MAX_BYTES, ImageFileError, read_image_file, sniff_ext
-from .._models import Context, Image, ImageType, Task
+from .._models import Context, Image, ImageType, Task, says_success
 from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
 
 __all__ = ["ONE_SHOT_GIVE_UP", "add_give_up_argument", "tag_command", "tasks_command"]
@@ -110,22 +110,33 @@ def _image_from_argument(value: str) -> Image:
     )
 
 
+class _Answer(msgspec.Struct, gc=False):
+    """What ``tag`` reads of an answer it prints as the service sent it: any tagging result
+    (:meth:`~.._client.TaggerClient.tag_raw`), a shape the typed model does not take too."""
+
+    status: str = ""
+    error: Any = None
+
+
 async def tag_command(args: argparse.Namespace) -> int:
     config = client_config_from_args(args)
     image = _image_from_argument(args.image)
     context = Context(detection=args.detection) if args.detection else None
     with _giving_up_after(args.give_up_after):
         async with TaggerClient(config=config) as client:
-            response = await client.tag(image, context, language=args.language)
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(response), indent=2) + b"\n")
-    if response.ok:
+            answer = await client.tag_raw(image, context, language=args.language)
+    sys.stdout.buffer.write(msgspec.json.format(answer, indent=2) + b"\n")
+    response = msgspec.json.decode(answer, type=_Answer)
+    if says_success(response.status):
         return EXIT_OK
     error = response.error
-    reason = (
-        f"code {error.code}: {' '.join(str(error.message).split())}"
-        if error is not None
-        else f"status {response.status!r}, no error given"
-    )
+    if isinstance(error, dict) and ("code" in error or "message" in error):
+        message = " ".join(str(error.get("message") or "").split())
+        reason = f"code {error.get('code')}: {message}" if message else f"code {error.get('code')}"
+    elif error is not None:
+        reason = " ".join(str(error).split())
+    else:
+        reason = f"status {response.status!r}, no error given"
     print(f"fashiontag: the service could not tag the image ({reason})", file=sys.stderr)
     return EXIT_ERROR
 

@@ -6,13 +6,17 @@
 * A single endpoint answered 404 (a gateway that does not route ``/tagger/v2/tags``) made
   every local-file and ``data:`` row a ``server-validation`` reject, and the run ended
   complete: no row was ever tagged. A 404 is about no image; the run stops, its rows kept.
+* ``fashiontag tag`` decoded the single endpoint's answer into the typed model after ``run``
+  stopped doing so: an answer ``run`` writes as it came was exit 1, nothing printed.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 
@@ -20,7 +24,7 @@ from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import client_config, read_outcomes, write_csv
+from .helpers import ENV, client_config, read_outcomes, write_csv
 from .proxy import Misbehaviour, misbehaving
 from .test_single_mode import red_picture, write_csv_rows
 
@@ -143,3 +147,26 @@ async def test_a_single_mode_answer_of_another_shape_is_the_row_s_result_as_it_c
     results = {r["id"]: r["taggingResult"] for r in read_outcomes(out, rej).results}
     assert all(results[f"s{i}"] == given for i in range(3))
     assert summary.tagged == 1 + 3 * tagged and summary.failed == 3 * (1 - tagged)
+
+
+@pytest.mark.parametrize(("given", "code"), [(WORDED_FAILURE, 1), (RICHER_SUCCESS, 0)])
+async def test_fashiontag_tag_prints_an_answer_of_another_shape_as_it_came(
+    given: dict[str, object], code: int
+) -> None:
+    """``fashiontag tag`` decoded the answer into the typed model, as single mode in ``run``
+    did: the answer ``run`` writes as it came was an error there (``HTTP 200 body is not the
+    expected JSON``, exit 1 with no answer printed), and a field the model lacks would be
+    dropped from what it prints. It prints the answer as the service sent it; the exit code
+    and the reason still come from its ``status`` and ``error``."""
+    rules = Misbehaviour(single_given=given)
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        argv = ["tag", "https://img.example/0.jpg", "--base-url", proxy.url]
+        argv += ["--give-up-after", "2"]
+        done = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv], check=False, env=ENV
+        )
+    assert done.returncode == code, done.stderr.decode()
+    assert msgspec.json.decode(done.stdout) == given
+    assert proxy.single_given_sent == 1
+    if code:
+        assert "(code IMAGE_DOWNLOAD_FAILED: image could not be fetched)" in done.stderr.decode()
