@@ -5,13 +5,14 @@ and the single-mode answer it hands on as the service sent it.
 them. :func:`tagging_result` takes a single-mode answer that is a tagging result in the shape
 bulk results are taken in (a JSON object whose ``status``, if it has one, is text), so a
 shape the typed model does not take (a word for ``error.code``, a field of its own) is
-written on unchanged, on one line, and a lone surrogate escape is mended.
+written on unchanged, on one line, and a lone surrogate escape is mended; a failure whose
+``error`` is text (the bulk paths' error body) is a refusal of the request, no result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 
@@ -22,10 +23,11 @@ from ._models import (
     Detection,
     EncodedRequests,
     TaggingRequest,
+    says_success,
 )
 from ._surrogates import mend
 
-__all__ = ["bulk_body", "tagging_result"]
+__all__ = ["Refusal", "bulk_body", "tagging_result"]
 
 _encoder = msgspec.json.Encoder()
 
@@ -34,6 +36,18 @@ class _ResultShape(msgspec.Struct, gc=False):
     """A tagging result read for its shape only (its other fields skipped, yet read as JSON)."""
 
     status: str = ""
+    error: Any = None
+
+
+class Refusal(ValueError):
+    """A single-mode answer that is the bulk paths' error body, ``{"status": "failure",
+    "error": "<message>"}`` (DESIGN's single error body has an ``error`` object): the request
+    refused (a gateway's quota, a rate limit worded so), no outcome of the image."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
 
 
 _shape_decoder = msgspec.json.Decoder(_ResultShape)
@@ -41,14 +55,17 @@ _shape_decoder = msgspec.json.Decoder(_ResultShape)
 
 def tagging_result(body: bytes) -> bytes:
     """``body`` on one line when it is a tagging result (mended when it holds a lone surrogate
-    escape); ValueError saying why when it is not."""
+    escape); ValueError saying why when it is not, :class:`Refusal` when it refuses the
+    request."""
     try:
-        _shape_decoder.decode(body)
+        shape = _shape_decoder.decode(body)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
         mended = mend(body)
         if mended is None:
             raise ValueError(str(err)) from None
         return tagging_result(mended)
+    if isinstance(shape.error, str) and not says_success(shape.status):
+        raise Refusal(shape.status, shape.error)
     # JSON text holds a line break only as whitespace between its tokens.
     if b"\n" in body or b"\r" in body:
         return body.replace(b"\r", b" ").replace(b"\n", b" ")

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import msgspec
 
 from . import _exceptions as exc
-from ._bodies import bulk_body, tagging_result
+from ._bodies import Refusal, bulk_body, tagging_result
 from ._clock import ServerClock
 from ._config import (
     ClientConfig,
@@ -232,6 +232,12 @@ class TaggerClient:
             self._http.raise_for_status(response, "POST", SINGLE_PATH, None)
         try:
             return tagging_result(response.body)
+        except Refusal as refused:
+            # The bulk paths' error body: a fault of the service (ServerError), as on a read.
+            self._http.check_bulk_status(
+                refused.status, refused.error, response, "POST", SINGLE_PATH, None
+            )
+            raise  # (not reached: the status is no success)
         except ValueError as err:
             raise exc.DecodeError(
                 f"POST {SINGLE_PATH}: HTTP {response.status} body is not a tagging result: {err}",

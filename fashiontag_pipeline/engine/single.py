@@ -16,11 +16,12 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
 * Outcome: a 200 answer (``status`` success or failure) is a results line
   ``{"id", "taskId": null, "taggingResult"}`` (``taskId`` null marks single mode), the
   answer as the service sent it (a shape the typed model does not take too, as in bulk); a
-  200 that is no tagging result (not JSON, not an object) is retried as a dropped one; a 4xx
-  request error (801/802/804/805/413...) is a rejects line with stage ``server-validation`` and
-  the service's message; transport errors, 429 and 5xx left after the client's own retries are
-  retried under the run's :class:`~.flow.RetryBudget` (the run stops with
-  :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
+  200 that is no tagging result (not JSON, not an object) is retried as a dropped one, and
+  one with the bulk paths' error body (``{"status": "failure", "error": "<text>"}``) as a
+  5xx; a 4xx request error (801/802/804/805/413...) is a rejects line with stage
+  ``server-validation`` and the service's message; transport errors, 429 and 5xx left after
+  the client's own retries are retried under the run's :class:`~.flow.RetryBudget` (the run
+  stops with :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
   fatal at once. An image whose request is answered a 5xx other than 502/503/504 (a 500, say)
   ``max_sends`` times, each time with another image tagged since its previous failure, is one
   the service fails on (a poison image, not an outage; a connection dropped or timed out on

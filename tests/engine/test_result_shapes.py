@@ -170,3 +170,36 @@ async def test_fashiontag_tag_prints_an_answer_of_another_shape_as_it_came(
     assert proxy.single_given_sent == 1
     if code:
         assert "(code IMAGE_DOWNLOAD_FAILED: image could not be fetched)" in done.stderr.decode()
+
+
+async def test_a_single_mode_refusal_in_the_bulk_paths_shape_is_no_result(tmp_path: Path) -> None:
+    """A gateway (or the service) answering the single endpoint HTTP 200 with the error body
+    of the bulk paths, ``{"status": "failure", "error": "<message>"}`` (a quota, a rate limit
+    worded so; DESIGN's single error body has an ``error`` object), refused the request, not
+    the image. Taken as a tagging result, every row was written as a failure and the run
+    ended complete, exit 0, its rows never tagged and never sent again on a resume. It is a
+    fault of the service, retried under the run's budget: the run stops, the rows wait."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(3)]
+    manifest = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state"
+    engine = msgspec.structs.replace(FAST, give_up_after=1.0)
+    refusal = {"status": "failure", "error": "quota exceeded for this key"}
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(single_given=refusal)) as proxy:
+            with pytest.raises(FatalRunError, match="quota exceeded for this key"):
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=state,
+                    engine=engine,
+                )
+        o = read_outcomes(out, rej)
+        assert not o.results and not o.rejects
+        again = client_config(svc.url)
+        summary = await run_pipeline(
+            [manifest], client=again, out=out, rejects=rej, state=state, engine=FAST
+        )
+    assert summary.complete and summary.tagged == 3 and summary.failed == 0
