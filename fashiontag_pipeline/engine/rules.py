@@ -162,16 +162,21 @@ _CONTEXT_KEYS = [
 ]
 
 
+#: Field values that give nothing (what :func:`merged_context` takes for no value).
+_EMPTY: tuple[Any, ...] = (None, "", [])
+
+
 def merged_context(row: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     """The fields of a JSONL row and of its ``context`` object, as one object: a field given in
     only one place is taken from there; one given in both with two values is a RowError
-    (which was meant would be a guess)."""
+    (which was meant would be a guess). An empty field (``""``, ``[]``: an export writing
+    every column) is given nowhere, as it sends nothing."""
     merged = dict(row)
     for key, spellings in _CONTEXT_KEYS:
         value = context.get(key)
-        if value is None:
+        if value is None or value == "" or value == []:
             continue
-        given = [merged[k] for k in spellings if merged.get(k) is not None]
+        given = [merged[k] for k in spellings if merged.get(k) not in _EMPTY]
         if not given:
             merged[key] = value
         elif given[0] != value:

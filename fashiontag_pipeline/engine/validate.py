@@ -293,7 +293,7 @@ class Validator:
                 else:
                     context = None
                 raw_id = obj.get("id")
-                if raw_id is None and context is not None:
+                if (raw_id is None or raw_id == "") and context is not None:
                     raw_id = context.get("id")
                 if raw_id is None or raw_id == "":
                     raise RowError("id is missing")

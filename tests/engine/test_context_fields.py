@@ -192,3 +192,24 @@ async def test_a_detection_cell_of_separators_or_spaces_is_no_detection(tmp_path
     kinds = {r["id"]: [x["type"] for x in r["taggingResult"]["data"]["objects"]] for r in o.results}
     assert kinds["empty"] == ["no detected product"]  # the run's SHOES, and no shoes in it
     assert kinds["sep"] == kinds["space"] == kinds["empty"]
+
+
+def test_an_empty_field_beside_a_context_object_is_no_second_value(tmp_path: Path) -> None:
+    """An export that writes every column, an empty one as ``""`` (or ``[]``), beside a
+    ``context`` object holding the value (``"brand": "", "context": {"brand": "acme"}``) had
+    the row a reject, "given both ... with different values": an empty field is no value
+    anywhere else (it sends nothing), so it is none here either; the other place's is sent."""
+    manifest = _jsonl(
+        tmp_path / "m.jsonl",
+        [
+            json.dumps({"id": "a", "url": URL.format("a"), "brand": "", "context": {"brand": "x"}}),
+            json.dumps(
+                {"id": "b", "url": URL.format("b"), "gender": "M", "context": {"gender": ""}}
+            ),
+            json.dumps({"id": "c", "url": URL.format("c"), "age": [], "context": {"age": ["3-5"]}}),
+            json.dumps({"id": "", "url": URL.format("d"), "context": {"id": "d"}}),
+        ],
+    )
+    sent, refused = _sent(manifest)
+    assert not refused, refused
+    assert sent == {"a": {"brand": "x"}, "b": {"gender": "M"}, "c": {"age": ["3-5"]}, "d": {}}
