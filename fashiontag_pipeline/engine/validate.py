@@ -296,7 +296,7 @@ class Validator:
                 if (raw_id is None or raw_id == "") and context is not None:
                     raw_id = context.get("id")
                 if raw_id is None or raw_id == "":
-                    raise RowError("id is missing")
+                    raise RowError(clash or "id is missing")  # (its keys may clash: ID, Id)
                 if not isinstance(raw_id, str):
                     if type(raw_id) is int:  # its text is the id: the reject carries it
                         ident = str(raw_id)

@@ -213,3 +213,12 @@ def test_an_empty_field_beside_a_context_object_is_no_second_value(tmp_path: Pat
     sent, refused = _sent(manifest)
     assert not refused, refused
     assert sent == {"a": {"brand": "x"}, "b": {"gender": "M"}, "c": {"age": ["3-5"]}, "d": {}}
+
+
+def test_two_id_keys_are_a_reject_naming_both_not_id_is_missing(tmp_path: Path) -> None:
+    """An object whose id is under two keys in other cases (``"ID"`` and ``"Id"``, no ``id``)
+    was a reject saying ``id is missing``, its id there twice: it names both keys, as
+    two keys naming any other field do."""
+    manifest = _jsonl(tmp_path / "m.jsonl", ['{"ID": "a", "Id": "b", "url": "https://x/1.jpg"}'])
+    _, refused = _sent(manifest)
+    assert [r["reason"] for r in refused] == ["keys 'ID' and 'Id' name the same field: keep one"]
