@@ -23,6 +23,7 @@ from .._client import TaggerClient
 from ..engine import EngineConfig, RunSummary
 from ..engine.engine import RunControl
 from ..engine.jobs import Job
+from ..engine.reuse.setup import said_created
 from ..engine.reuse.store import open_store
 from ..engine.run import first_error, run_pipeline
 from ..engine.state.pgstore import PostgresStateDB, drop_state
@@ -73,12 +74,7 @@ def check_reuse(location: str | None) -> None:
         return
     store = open_store(location)
     try:
-        if store.created:
-            logger.warning(
-                "result store %s did not exist: created it (every row is tagged this time, "
-                "and its successful results are stored for the next run)",
-                store.path,
-            )
+        said_created(store, logger)
     finally:
         store.close()
 

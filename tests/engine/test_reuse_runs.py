@@ -208,6 +208,26 @@ async def test_corrupt_store_is_an_error_before_any_request(tmp_path: Path) -> N
     assert fresh.exists()
 
 
+async def test_an_empty_store_file_is_said_to_be_empty_not_missing(tmp_path: Path) -> None:
+    """A 0-byte ``--reuse`` file (truncated, ``touch``ed, a copy that failed) is taken as a
+    new store, every row tagged (two runs may create one store at once, the second finding
+    the first's empty file). The warning said the store "did not exist", which sent the user
+    looking for a path error rather than for what emptied last night's store."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\np1,https://img.example/1.jpg\n")
+    store = tmp_path / "reuse.db"
+    store.write_bytes(b"")
+    async with running_service(ServiceConfig()) as svc:
+        cli = await anyio.run_process(
+            [*run_args(svc.url, tmp_path / "a.jsonl", str(manifest)), "--reuse", str(store)],
+            check=False,
+            env=ENV,
+        )
+    err = cli.stderr.decode()
+    assert cli.returncode == 0, err
+    assert f"result store {store} was an empty file" in err and "did not exist" not in err, err
+
+
 def _any_line(out: Path) -> bool:
     return out.exists() and b"\n" in out.read_bytes()
 

@@ -9,7 +9,7 @@ from ... import _exceptions as exc
 from ..state import reuse_rows
 from .fingerprint import Fingerprinter
 from .hook import ReuseHook
-from .store import open_store
+from .store import ResultStoreAPI, open_store
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -46,12 +46,7 @@ def open_reuse(
         return None
     store = open_store(engine.reuse)
     try:
-        if store.created:
-            logger.warning(
-                "result store %s did not exist: created it (every row is tagged this time, "
-                "and its successful results are stored for the next run)",
-                store.path,
-            )
+        said_created(store, logger)
         hook = ReuseHook(
             store,
             Fingerprinter(language=language, default_detection=engine.default_detection),
@@ -62,3 +57,18 @@ def open_reuse(
         store.close()
         raise
     return hook
+
+
+def said_created(store: ResultStoreAPI, log: logging.Logger) -> None:
+    """Warn that the store was made by this run (every row tagged this time): a missing file,
+    or an empty one (truncated, ``touch``ed, a copy that failed: said so, not "did not
+    exist", which sends the user after a wrong path)."""
+    if not store.created:
+        return
+    what = "was an empty file" if getattr(store, "was_empty", False) else "did not exist"
+    log.warning(
+        "result store %s %s: created it (every row is tagged this time, and its successful"
+        " results are stored for the next run)",
+        store.path,
+        what,
+    )

@@ -49,17 +49,8 @@ from ..._postgres import is_postgres_url
 from ..fileids import RESULT_STORE_ID
 from .durations import DAY
 
-__all__ = [
-    "APPLICATION_ID",
-    "DEFAULT_MAX_AGE",
-    "SCHEMA_VERSION",
-    "LastRun",
-    "ResultStore",
-    "ResultStoreAPI",
-    "StoreStats",
-    "StoredResult",
-    "open_store",
-]
+__all__ = ["APPLICATION_ID", "DEFAULT_MAX_AGE", "SCHEMA_VERSION", "LastRun", "ResultStore"]
+__all__ += ["ResultStoreAPI", "StoreStats", "StoredResult", "open_store"]
 
 #: ``PRAGMA application_id`` of a result store (see :mod:`..fileids`).
 APPLICATION_ID = RESULT_STORE_ID
@@ -201,6 +192,7 @@ def open_store(location: str | Path, *, create: bool = True) -> ResultStoreAPI:
 class ResultStore(StoreConnections):
     """A result store file; see the module docstring. Use :meth:`open`."""
 
+    was_empty: bool = False  # the file was there, empty
     _reader: sqlite3.Connection
     _writer: sqlite3.Connection
 
@@ -246,7 +238,9 @@ class ResultStore(StoreConnections):
             if writer is not None:
                 writer.close()
             raise
-        return cls(path, reader, writer, created=created)
+        store = cls(path, reader, writer, created=created)
+        store.was_empty = created and size == 0  # (see setup.said_created)
+        return store
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
