@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import stat
 import sys
@@ -24,6 +25,8 @@ from typing import Any, BinaryIO, Literal
 
 from .._exceptions import ManifestError
 from .manifests import ManifestPrint, fingerprint, fingerprint_open
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
 
 __all__ = [
     "GZIP_MAGIC",
@@ -258,7 +261,11 @@ class ManifestBytes:
             if self._eof:
                 if self._pending:
                     data, self._pending = self._pending, b""
-                    return data if data.endswith(b"\n") else data + b"\n"
+                    if data.endswith(b"\n"):
+                        return data
+                    if self.size is None and self._gunzip is None:
+                        self._said_cut()
+                    return data + b"\n"
                 return None
             chunk = self._read_bytes()
             if not chunk:
@@ -287,6 +294,19 @@ class ManifestBytes:
                 continue
             self._pending = data[cut:]
             return data[:cut]
+
+    def _said_cut(self) -> None:
+        """A plain stream (stdin, a pipe) that ended without a line end: its last line may be
+        a producer's, cut where it stopped (``head -c``, a killed ``curl``), and no byte says
+        which. It is read as it is (a file may end so), and said."""
+        logger.warning(
+            "manifest %s ended without a line end: its last line (line %d) was read as it is;"
+            " if the command writing it failed, its rows were cut there: pipe the whole stream"
+            " again with --resume (each row is sent once), or gzip it on the way (a cut gzip"
+            " stream is refused)",
+            self.name,
+            self._line + 1,
+        )
 
     def _check_unchanged(self) -> None:
         """At the end of a regular file: as long as it was when opened, and read whole. A

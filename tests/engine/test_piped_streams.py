@@ -102,3 +102,23 @@ def test_nul_padding_is_skipped_wherever_reads_cut_it(
             list(iter_rows_sync(reader))
     finally:
         reader.close()
+
+
+async def test_a_plain_stream_that_ends_mid_line_is_said_to(tmp_path: Path) -> None:
+    """``head -c 50000 dump.csv | fashiontag run -`` (a producer killed mid-line): its last
+    row, cut short (``p1491,https://img.example/14``), was tagged and the run reported complete
+    with nothing said, the rows after the cut never seen. Nothing on a pipe tells that from a
+    stream whose last line has no line end, so the run goes on as before, and says it: a
+    warning names the last line and how to go on if the producer failed. A stream ending
+    with a line end says nothing."""
+    data = _dump(100)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, "-")
+        cut = await anyio.run_process(args, input=data[: len(data) - 9], check=False, env=ENV)
+        whole = await anyio.run_process([*args, "--restart"], input=data, check=False, env=ENV)
+    said = cut.stderr.decode()
+    assert cut.returncode == 0, said
+    assert "ended without a line end" in said and "line 101" in said, said
+    assert "--resume" in said, said
+    assert whole.returncode == 0 and "without a line end" not in whole.stderr.decode()
