@@ -120,13 +120,25 @@ def summary_under_way(path: Path, failed: RunSummary) -> bool:
 
 
 def write_summary(path: Path, summary: RunSummary) -> bool:
-    """``--summary`` replaced whole (a reader never sees half of it); False, said on stderr,
-    when it cannot be written."""
+    """``--summary`` replaced whole (a reader never sees half of it, nor, after a power cut,
+    an empty file under its name: the data is synced before the rename, the folder after
+    it); False, said on stderr, when it cannot be written (no temp file left)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_bytes(summary_json(summary))
+        with open(tmp, "wb") as fh:
+            fh.write(summary_json(summary))
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         print(f"fashiontag: cannot write --summary {path}: {err.strerror or err}", file=sys.stderr)
         return False
+    with contextlib.suppress(OSError):  # (a folder some file systems cannot sync)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     return True

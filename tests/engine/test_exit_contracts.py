@@ -191,3 +191,38 @@ async def test_a_run_whose_last_commit_fails_is_never_summed_up_complete(
     data = json.loads(summary.read_text())
     assert data["complete"] is False and "disk full" in data["error"], data
     assert data["tagged"] == 20, data
+
+
+def test_the_summary_is_on_disk_before_it_is_renamed_and_no_temp_file_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--summary`` was renamed into place unsynced: after a power cut the name could hold
+    an empty file (ext4 and XFS may order the rename before the data), which a loader reads
+    as no summary at all; and a write that failed left ``.NAME.tmp`` behind. The file's data
+    is on disk before the rename, the folder's entry after it, and a failed write leaves
+    nothing."""
+    import os
+
+    from fashiontag_pipeline.cli import summary_file
+    from fashiontag_pipeline.engine.config import RunSummary
+
+    done: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        done.append("fsync:" + ("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file"))
+        real_fsync(fd)
+
+    def replace(src: object, dst: object) -> None:
+        done.append("rename")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(summary_file.os, "fsync", fsync)
+    monkeypatch.setattr(summary_file.os, "replace", replace)
+    path = tmp_path / "summary.json"
+    assert summary_file.write_summary(path, RunSummary(tagged=3))
+    assert done == ["fsync:file", "rename", "fsync:dir"]
+    assert json.loads(path.read_text())["tagged"] == 3
+    (tmp_path / "folder.json").mkdir()  # a folder where the summary goes: the rename fails
+    assert not summary_file.write_summary(tmp_path / "folder.json", RunSummary())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.json", "summary.json"]
