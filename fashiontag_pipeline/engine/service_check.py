@@ -17,8 +17,10 @@ key recorded as they were, so that the next resume asks again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
+from collections.abc import AsyncIterator
 
 import anyio
 
@@ -112,23 +114,16 @@ async def check_service(
         if not moved or before is None:
             return True  # nothing in flight: the rows left are sent to the service given now
         return await _check_creates(where, db, client, before, given, start_over)
-    tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
-    try:
+    async with _asking(client) as tagger:
         said = await _ask(tagger, live[0])
         if said != "unknown":
             # The same service by another name, or the same account's new key; or it cannot
             # tell (unreachable, refused, ...): the run meets that and says so.
             return said == "known"
         if moved and not rekeyed and before is not None:
-            # A few tries (seconds, not the run's give-up time): a connection refused each
-            # time, or no such host, is a service gone (a region shut down), not a blip; a
-            # service that answers slowly is no service gone.
-            async with tagger.at(before, retry=RetryPolicy(max_attempts=3)) as first:
+            async with _first(tagger, before) as first:
                 if await _ask(first, live[0]) in ("unknown", "gone"):
                     return True  # the first service is gone: its tasks' rows go to this one
-    finally:
-        if tagger is not client:
-            await tagger.aclose()
     tasks = f"{len(live)} live task(s)"
     if moved:
         begun = f"whose {tasks} are on the service at {shown_url(before or '')}"
@@ -142,7 +137,31 @@ async def check_service(
         source = key.source if key is not None and key.source else "the caller"
         now = f"the service, asked with the bulk key from {source},"
         fix = "resume it with the bulk key it was begun with, to read their results"
-    raise exc.StateConflictError(
+    raise _refusal(where, begun, now, fix, start_over)
+
+
+@contextlib.asynccontextmanager
+async def _asking(client: ClientConfig | TaggerClient) -> AsyncIterator[TaggerClient]:
+    """The client to ask with: ``client`` itself, or one made of its config (closed after)."""
+    if isinstance(client, TaggerClient):
+        yield client
+        return
+    tagger = TaggerClient(config=client)
+    try:
+        yield tagger
+    finally:
+        await tagger.aclose()
+
+
+def _first(tagger: TaggerClient, before: str) -> TaggerClient:
+    """The service the run was begun on, asked with a few tries (seconds, not the run's
+    give-up time): a connection refused each time, or no such host, is a service gone (a
+    region shut down), not a blip; a service that answers slowly is no service gone."""
+    return tagger.at(before, retry=RetryPolicy(max_attempts=3))
+
+
+def _refusal(where: str, begun: str, now: str, fix: str, start_over: str) -> exc.StateConflictError:
+    return exc.StateConflictError(
         f"{where} holds an unfinished run {begun}; {now} does not know them (their rows"
         f" would be sent, and billed, again): {fix}; change it once the run is complete"
         f" (only if those tasks are gone for good, {start_over})"
@@ -204,27 +223,23 @@ async def _check_creates(
     if not tokens:
         return True
     wanted = {task_description(token) for token in tokens}
-    tagger = TaggerClient(config=client) if isinstance(client, ClientConfig) else client
-    try:
-        async with tagger.at(before, retry=RetryPolicy(max_attempts=3)) as first:
-            try:
-                listed = await first.all_tasks()
-            except exc.ConnectError:
-                return True  # the first service is gone: the creates' rows go to this one
-            except exc.FashiontagError:
-                return False
-    finally:
-        if tagger is not client:
-            await tagger.aclose()
+    async with _asking(client) as tagger, _first(tagger, before) as first:
+        try:
+            listed = await first.all_tasks()
+        except exc.ConnectError:
+            return True  # the first service is gone: the creates' rows go to this one
+        except exc.FashiontagError:
+            return False
     held = sum(1 for task in listed if (task.description or "") in wanted)
     if not held:
         return True
-    raise exc.StateConflictError(
-        f"{where} holds an unfinished run whose {held} task(s), created just before it"
-        f" stopped, are on the service at {shown_url(before)}; the service given now,"
-        f" {shown_url(given)}, does not know them (their rows would be sent, and billed,"
-        f" again): resume it with --base-url {before}, where their results are read; change"
-        f" it once the run is complete (only if those tasks are gone for good, {start_over})"
+    raise _refusal(
+        where,
+        f"whose {held} task(s), created just before it stopped, are on the service at"
+        f" {shown_url(before)}",
+        f"the service given now, {shown_url(given)},",
+        f"resume it with --base-url {before}, where their results are read",
+        start_over,
     )
 
 
