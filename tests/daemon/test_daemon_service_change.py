@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from fashiontag_pipeline.daemon.config import DEFAULT_STATE_NAME
-from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service import RunningService, ServiceConfig, running_service
 
 from ..engine.proxy import Misbehaviour, misbehaving
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
@@ -45,6 +45,20 @@ def _tasks_recorded(daemon: DaemonProcess) -> bool:
         state.close()
 
 
+async def _killed_with_rows_in_flight(
+    daemon: DaemonProcess, first: RunningService, ids: list[str]
+) -> None:
+    """``ids`` dropped as a manifest, killed (SIGKILL) once every row is sent to ``first`` and
+    the state holds their task, none read back yet."""
+    await daemon.wait_ready_endpoint()
+    drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+    with anyio.fail_after(30):
+        while first.store.image_count < N or not _tasks_recorded(daemon):
+            daemon.check_alive()
+            await anyio.sleep(0.02)
+    await daemon.kill()
+
+
 @pytest.mark.parametrize("elsewhere", ["another service", "the same one by another name"])
 async def test_a_daemon_restarted_on_another_service_bills_no_row_there(
     tmp_path: Path, elsewhere: str
@@ -57,13 +71,7 @@ async def test_a_daemon_restarted_on_another_service_bills_no_row_there(
     ):
         daemon = DaemonProcess(tmp_path, first.url).start()
         try:
-            await daemon.wait_ready_endpoint()
-            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
-            with anyio.fail_after(30):
-                while first.store.image_count < N or not _tasks_recorded(daemon):
-                    daemon.check_alive()
-                    await anyio.sleep(0.02)
-            await daemon.kill()  # every row sent, none read back yet
+            await _killed_with_rows_in_flight(daemon, first, ids)
             url = other.url if elsewhere == "another service" else proxy.url
             daemon = DaemonProcess(tmp_path, url, port=daemon.port).start()
             if elsewhere == "another service":
@@ -99,13 +107,7 @@ async def test_a_restart_on_a_service_that_does_not_answer_starts_within_seconds
     ):
         daemon = DaemonProcess(tmp_path, first.url).start()
         try:
-            await daemon.wait_ready_endpoint()
-            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
-            with anyio.fail_after(30):
-                while first.store.image_count < N or not _tasks_recorded(daemon):
-                    daemon.check_alive()
-                    await anyio.sleep(0.02)
-            await daemon.kill()  # every row sent, none read back yet
+            await _killed_with_rows_in_flight(daemon, first, ids)
             daemon = DaemonProcess(tmp_path, busy.url, port=daemon.port).start()
             await daemon.wait_ready_endpoint(timeout=20)
             assert busy.storm_answers >= 1  # it was asked, and said nothing

@@ -16,6 +16,7 @@ import contextlib
 import signal
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -52,14 +53,7 @@ def _checkpointed(out: Path) -> int:
 
 
 async def _killed_once_results_are_committed(args: list[str], out: Path, sink: str) -> None:
-    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-    with anyio.fail_after(30):
-        while (_committed(out, sink) == 0 or _checkpointed(out) == 0) and proc.returncode is None:
-            await anyio.sleep(0.01)
-    assert proc.returncode is None, "the run ended before it was killed"
-    proc.send_signal(signal.SIGKILL)
-    await proc.wait()
-    await proc.aclose()
+    await _killed_once(args, lambda: _committed(out, sink) > 0 and _checkpointed(out) > 0)
 
 
 def _sqlite_to_jsonl(out: Path) -> None:
@@ -97,15 +91,20 @@ async def test_a_resume_with_another_sink_is_refused_naming_the_sink_it_was_begu
     assert_exactly_once(out, rej, ids_of(N))
 
 
-async def _killed_once_every_row_is_sent(args: list[str], svc: RunningService, n: int) -> None:
+async def _killed_once(args: list[str], reached: Callable[[], bool]) -> None:
+    """The run of ``args`` killed (SIGKILL) once ``reached()`` says so, before it ended."""
     proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
     with anyio.fail_after(30):
-        while svc.store.image_count < n and proc.returncode is None:
+        while not reached() and proc.returncode is None:
             await anyio.sleep(0.01)
     assert proc.returncode is None, "the run ended before it was killed"
     proc.send_signal(signal.SIGKILL)
     await proc.wait()
     await proc.aclose()
+
+
+async def _killed_once_every_row_is_sent(args: list[str], svc: RunningService, n: int) -> None:
+    await _killed_once(args, lambda: svc.store.image_count >= n)
 
 
 @pytest.mark.parametrize("elsewhere", ["another service", "the same one by another name"])
@@ -254,13 +253,8 @@ async def test_a_resume_on_another_service_after_a_create_unanswered_bills_nothi
         running_service(ServiceConfig()) as other,
         misbehaving(first.url, Misbehaviour(hold_first_create=True)) as proxy,
     ):
-        proc = await anyio.open_process(run_args(proxy.url, out, *extra), env=ENV)
-        with anyio.fail_after(30):
-            while not first.store.tasks:  # applied; its answer held by the proxy
-                await anyio.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-        await proc.aclose()
+        # Killed once the create is applied, its answer held by the proxy.
+        await _killed_once(run_args(proxy.url, out, *extra), lambda: bool(first.store.tasks))
         with anyio.fail_after(60):
             again = await anyio.run_process(run_args(other.url, out, *extra), check=False, env=ENV)
         err = again.stderr.decode()
