@@ -28,6 +28,23 @@ __all__ = [
 ]
 
 
+def daemon_once(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    """``fashiontag daemon`` on ``root/IN`` (made) and ``root/OUT``, no endpoints, with
+    ``args``, run to its end (a daemon refused at start): its process and the seconds it took."""
+    (root / "IN").mkdir(exist_ok=True)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fashiontag_pipeline", "daemon"),
+            *("--inbox", str(root / "IN"), "--outbox", str(root / "OUT"), "--listen", ""),
+            *args,
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    return proc, time.monotonic() - started
+
+
 def write_manifest(path: Path, ids: Sequence[str], *, url_tag: str = "") -> bytes:
     lines = ["id,url,brand"] + [f"{i},https://img.example/{url_tag}{i}.jpg,acme" for i in ids]
     return ("\n".join(lines) + "\n").encode()

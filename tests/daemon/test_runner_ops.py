@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,8 @@ import pytest
 from fashiontag_pipeline._http import BULK_PATH, SINGLE_PATH
 from fashiontag_pipeline.daemon.monitor import op_of
 from fashiontag_pipeline.engine.reuse import ResultStore
+
+from .helpers import daemon_once
 
 
 @pytest.mark.parametrize(
@@ -126,20 +127,11 @@ def test_a_daemon_given_one_file_as_state_and_result_store_is_refused(
     (the way to start a daemon over) took the store with, and every row billed again; a
     missing file was exit 1 at every restart ("not a fashiontag result store", the state made
     it first). Refused as ``run`` refuses it: exit 2, naming both, the file left as it was."""
-    (tmp_path / "IN").mkdir()
     store = tmp_path / "results.db"
     if existing:
         ResultStore.open(store).close()
     before = store.read_bytes() if existing else None
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "fashiontag_pipeline", "daemon"),
-            *("--inbox", str(tmp_path / "IN"), "--outbox", str(tmp_path / "OUT")),
-            *("--listen", "", "--state", str(store), "--reuse", str(store)),
-        ],
-        capture_output=True,
-        timeout=60,
-    )
+    proc, _ = daemon_once(tmp_path, "--state", str(store), "--reuse", str(store))
     assert proc.returncode == 2, proc.stderr
     assert "--state and --reuse are the same file" in proc.stderr.decode()
     assert (store.read_bytes() if existing else None) == before
@@ -180,30 +172,9 @@ def test_a_daemon_state_url_libpq_cannot_read_is_refused_at_once_without_its_pas
     connection pool logged that message at each of its tries, the password in clear in the
     JSON logs, and the daemon stopped 10 s later on ``pool initialization incomplete``, the
     reason hidden. The URL is read before the pool is made: one line, at once, masked."""
-    (tmp_path / "IN").mkdir()
     password = "s%zzPG-CANARY"
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fashiontag_pipeline",
-            "daemon",
-            "--inbox",
-            str(tmp_path / "IN"),
-            "--outbox",
-            str(tmp_path / "OUT"),
-            "--state",
-            f"postgresql://tagger:{password}@/fashiontag?host={tmp_path}",
-            "--listen",
-            "",
-            "--log-format",
-            "json",
-        ],
-        capture_output=True,
-        timeout=60,
-    )
-    took = time.monotonic() - started
+    state = f"postgresql://tagger:{password}@/fashiontag?host={tmp_path}"
+    proc, took = daemon_once(tmp_path, "--state", state, "--log-format", "json")
     err = proc.stderr.decode()
     assert proc.returncode == 1, err
     assert "PG-CANARY" not in err, err

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from ..engine.helpers import dead_port
 from ..postgres import PostgresCluster
-from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+from .helpers import DaemonProcess, daemon_once, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="unix sockets")
 
@@ -57,29 +55,7 @@ def test_a_daemon_given_a_wrong_password_stops_at_once_saying_why(
     on ``cannot open: pool initialization incomplete after 10.0 sec``: the reason (the
     password refused) was never in its error. It stops at once, exit 1, saying why, with no
     password in its output."""
-    (tmp_path / "IN").mkdir()
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fashiontag_pipeline",
-            "daemon",
-            "--inbox",
-            str(tmp_path / "IN"),
-            "--outbox",
-            str(tmp_path / "OUT"),
-            "--state",
-            wrong_password_url,
-            "--listen",
-            "",
-            "--log-format",
-            "json",
-        ],
-        capture_output=True,
-        timeout=60,
-    )
-    took = time.monotonic() - started
+    proc, took = daemon_once(tmp_path, "--state", wrong_password_url, "--log-format", "json")
     err = proc.stderr.decode()
     assert proc.returncode == 1, err
     assert PASSWORD not in err + proc.stdout.decode(), err
