@@ -202,9 +202,13 @@ async def test_two_runs_never_share_a_state(tmp_path: Path, state_location: Stat
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(8000))
 
 
-async def test_a_run_whose_database_restarts_stops_clearly_and_the_same_command_resumes(
+async def test_a_run_whose_database_restarts_stops_clearly_or_goes_on_and_loses_nothing(
     tmp_path: Path, postgres_url: str, postgres_cluster: PostgresCluster
 ) -> None:
+    """The restart lands either inside a transaction (the run stops, exit 1, naming the
+    PostgreSQL state, and the same command resumes) or while the session sat idle between
+    two (the run opens a new session and goes on, exit 0). Which one is the machine's
+    timing; both keep every row exactly once."""
     n = 12_000
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"
@@ -220,8 +224,12 @@ async def test_a_run_whose_database_restarts_stops_clearly_and_the_same_command_
         stderr = (await proc.stderr.receive()).decode()
         await proc.aclose()
         final = await anyio.run_process(args, check=False, env=ENV)
-    assert code == 1, stderr
-    assert "PostgreSQL state" in stderr and "Traceback" not in stderr
+    assert code in (0, 1), stderr
+    assert "Traceback" not in stderr
+    if code == 1:
+        assert "PostgreSQL state" in stderr
+    else:
+        assert b"already complete" in final.stderr
     assert final.returncode == 0, final.stderr.decode()
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
 

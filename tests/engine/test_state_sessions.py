@@ -97,3 +97,25 @@ def test_a_state_another_run_held_while_the_session_was_ended_is_not_written(
     again = PostgresStateDB(f"{postgres_url}#held")
     assert again.meta("probe") == "9"
     again.close()
+
+
+def test_a_session_ended_inside_a_transaction_stops_the_state(postgres_url: str) -> None:
+    """Ended inside a transaction, the session took that transaction's writes with it: the
+    state does not go on in a new session (it would go on from a checkpoint the database
+    never kept); it stops with a StateError naming the PostgreSQL state, and a new opening
+    finds what was committed before."""
+    db = PostgresStateDB(f"{postgres_url}#mid")
+    try:
+        db.open_engine()
+        db.set_meta("probe", 1)
+        db.begin()
+        db.set_meta("probe", 2)
+        assert _end_lock_holders(postgres_url) >= 1
+        with pytest.raises(StateError, match="PostgreSQL state"):
+            db.set_meta("probe", 3)
+            db.commit()
+    finally:
+        db.close()
+    again = PostgresStateDB(f"{postgres_url}#mid")
+    assert again.meta("probe") == "1"
+    again.close()
