@@ -64,6 +64,7 @@ __all__ = [
     "ResultStoreUnavailable",
     "ResultsExpiredError",
     "ResultsNotReadyError",
+    "ResumeMismatchError",
     "SchemaTooNewError",
     "ServerError",
     "ServiceError",
@@ -104,6 +105,13 @@ class ManifestError(FashiontagError):
 class StateConflictError(FashiontagError):
     """The state file holds an unfinished run of other manifests (or of stdin, which cannot be
     checked before it is read); the message names the file and how to go on."""
+
+
+class ResumeMismatchError(StateConflictError):
+    """A resume given another service, account or question than its run was begun with,
+    whose rows in flight would be sent (and billed) again, or answered otherwise: the state is
+    left as it was. Daemons sharing a state hand such a manifest back for one given what it
+    was begun with, and stop."""
 
 
 class LeaseLostError(StateConflictError):

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_reuse",
     "drop_settled",
-    "hand_back_outdated",
+    "hand_back",
     "queued",
     "run_leased",
     "still_held",
@@ -99,19 +99,31 @@ def drop_settled(ledger: PostgresClaimLedger | None, url: str, idle_timeout: flo
         drop_state(claim_state_url(url, claim_id), idle_timeout=idle_timeout)
 
 
-async def hand_back_outdated(
-    lease: Lease, keeper: LeaseKeeper, daemon: Daemon, err: exc.SchemaTooNewError
+async def hand_back(
+    lease: Lease,
+    keeper: LeaseKeeper,
+    daemon: Daemon,
+    err: exc.SchemaTooNewError | exc.ResumeMismatchError,
 ) -> None:
-    """The database was migrated by a newer fashiontag (daemons upgraded one at a time): this
-    one cannot tag on it, and no manifest is at fault. The manifest is handed back at once (no
-    attempt counted: it never goes to failed/) for an upgraded daemon to take, and this one
-    drains and stops (its run raises ``err``: exit 1, saying to upgrade it)."""
+    """This daemon cannot tag the manifest, and the manifest is not at fault: the database was
+    migrated by a newer fashiontag (daemons upgraded one at a time: exit 1, saying to upgrade
+    this one), or the manifest was begun on another service, account or question than this
+    daemon is given (a unit file edited on one machine only: exit 2, naming the one it was
+    begun with; taken as forgotten, its tasks' rows were sent and billed again). The manifest
+    is handed back at once (no attempt counted: it never goes to failed/) for another daemon
+    to take, and this one drains and stops (its run raises ``err``)."""
     with contextlib.suppress(exc.StateError):  # (else its lease ends by itself)
         await keeper.release(lease)
     if not daemon.health.draining:
-        logger.error(
+        why = (
             "the database was migrated by a newer fashiontag: this daemon stops taking"
-            " manifests (upgrade it); the manifest is handed back",
+            " manifests (upgrade it)"
+            if isinstance(err, exc.SchemaTooNewError)
+            else "the manifest was begun with another service, account or question than this"
+            " daemon is given: this daemon stops taking manifests"
+        )
+        logger.error(
+            f"{why}; the manifest is handed back",
             extra={"manifest": lease.name, "reason": str(err)},
         )
     daemon.stop()

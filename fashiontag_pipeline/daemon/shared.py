@@ -53,7 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
-from .leased import check_reuse, drop_settled, hand_back_outdated, queued, run_leased, still_held
+from .leased import check_reuse, drop_settled, hand_back, queued, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -87,7 +87,9 @@ class SharedDaemon:
         self._acquire_failed = False
         self._attempts = Attempts(MAX_ATTEMPTS)
         self._ledger: PostgresClaimLedger | None = None
-        self._outdated: exc.SchemaTooNewError | None = None  # (a newer daemon migrated)
+        #: Why this daemon stops taking manifests (a newer daemon migrated the database; a
+        #: manifest begun on another service than this daemon is given).
+        self._outdated: exc.SchemaTooNewError | exc.ResumeMismatchError | None = None
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -144,7 +146,7 @@ class SharedDaemon:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(ledger.close)
         if self._outdated is not None:
-            raise self._outdated  # (exit 1, saying to upgrade this daemon)
+            raise self._outdated  # (exit 1, saying to upgrade it; exit 2: its --base-url)
         logger.info("daemon stopped")
 
     async def _drain_watch(self) -> None:
@@ -295,9 +297,9 @@ class SharedDaemon:
                         err,
                         extra={"manifest": lease.name},
                     )
-        except exc.SchemaTooNewError as err:
+        except (exc.SchemaTooNewError, exc.ResumeMismatchError) as err:
             self._outdated = self._outdated or err
-            await hand_back_outdated(lease, keeper, daemon, err)
+            await hand_back(lease, keeper, daemon, err)
         except exc.LeaseLostError:
             keeper.forget(lease)
             logger.warning(

@@ -51,7 +51,13 @@ from .run_checks import (
     paths_base,
     same_file,
 )
-from .service_check import check_service, record_service, service_text
+from .service_check import (
+    NEW_STATE,
+    RESTART,
+    check_service,
+    record_service,
+    service_text,
+)
 from .source import open_manifests
 from .state import Reconciliation, StateStore, open_state
 
@@ -191,8 +197,9 @@ async def run_pipeline(
         own_state = not isinstance(state_path, StateStore)  # (the daemon's always resumes)
         service = service_text(clean_base_url(client.base_url))
         confirmed = True  # (the service given and its key are the run's: recorded)
-        if run.resumed and own_state:  # (one request, only when the base URL changed)
-            confirmed = await check_service(where, db, client, service)
+        if run.resumed:  # (one request, only when the base URL or the key changed)
+            start_over = RESTART if own_state else NEW_STATE
+            confirmed = await check_service(where, db, client, service, start_over)
         # The job's outputs are the ones given now (a resume may name other paths, once
         # the files are there).
         db.open_job(RUN_JOB, ", ".join(names), names, str(out), str(rejects), engine.sink)
@@ -201,7 +208,7 @@ async def run_pipeline(
             base = paths_base(db.meta(PATHS_BASE) if run.resumed else None)
             if base is not None:
                 db.set_meta(PATHS_BASE, base)
-            if own_state and confirmed:
+            if confirmed:  # (a shared daemon's manifest too: its taker asks)
                 record_service(db, client, service)
             reuse = open_reuse(  # --reuse: None without a store
                 engine,

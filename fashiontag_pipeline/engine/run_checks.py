@@ -132,7 +132,7 @@ def check_asked(where: str, before: str | None, asked: str) -> None:
     the question (``--reuse``)."""
     if before is None or before == asked:
         return
-    raise exc.StateConflictError(
+    raise exc.ResumeMismatchError(
         f"{where} holds an unfinished run begun with {describe_asked(before)}; this command"
         f" gives {describe_asked(asked)}: resume it with the options it was begun with, so"
         " that every row is answered alike, or pass --restart to start over (every row is"

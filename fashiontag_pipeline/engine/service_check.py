@@ -31,7 +31,15 @@ from .._urls import clean_base_url, shown_url
 from .state import StateStore
 from .writes import task_description
 
-__all__ = ["SERVICE", "check_service", "confirm_service", "record_service", "service_text"]
+__all__ = [
+    "NEW_STATE",
+    "RESTART",
+    "SERVICE",
+    "check_service",
+    "confirm_service",
+    "record_service",
+    "service_text",
+]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
@@ -160,8 +168,10 @@ def _first(tagger: TaggerClient, before: str) -> TaggerClient:
     return tagger.at(before, retry=RetryPolicy(max_attempts=3))
 
 
-def _refusal(where: str, begun: str, now: str, fix: str, start_over: str) -> exc.StateConflictError:
-    return exc.StateConflictError(
+def _refusal(
+    where: str, begun: str, now: str, fix: str, start_over: str
+) -> exc.ResumeMismatchError:
+    return exc.ResumeMismatchError(
         f"{where} holds an unfinished run {begun}; {now} does not know them (their rows"
         f" would be sent, and billed, again): {fix}; change it once the run is complete"
         f" (only if those tasks are gone for good, {start_over})"
