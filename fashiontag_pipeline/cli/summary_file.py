@@ -17,8 +17,11 @@ from pathlib import Path
 
 import msgspec
 
+from .._exceptions import StateConflictError
 from ..engine.config import RunSummary
 from ..engine.run import summary_json
+from ..engine.run_checks import outputs_free
+from ..engine.state.sqlite import state_free
 from .common import EXIT_INTERRUPTED
 
 __all__ = [
@@ -28,6 +31,10 @@ __all__ = [
     "summary_under_way",
     "write_summary",
 ]
+
+
+#: How the summary of a run at work begins its ``error``.
+UNDER_WAY = "the run has not ended"
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -108,15 +115,43 @@ def summary_under_way(path: Path, failed: RunSummary) -> bool:
     """``--summary`` replaced, as the run starts, by one that says it has not ended: a loader
     told to read the results once the summary says ``complete`` must not find last night's
     while tonight's run rewrites them, nor after a kill (SIGKILL, the OOM killer) that left
-    no summary of its own."""
+    no summary of its own.
+
+    False (refused, said on stderr) when another run is at work on these outputs or this state
+    (the same cron line fired again): a summary naming them is that run's, and left to it."""
+    try:
+        outputs_free(Path(failed.out), Path(failed.rejects))
+        if "://" not in failed.state:  # (PostgreSQL's lock is taken by the run)
+            state_free(Path(failed.state))
+    except StateConflictError as err:
+        print(f"fashiontag: {err}", file=sys.stderr)
+        if not _under_way_on(path, (failed.out, failed.rejects, failed.state)):
+            write_summary(path, msgspec.structs.replace(failed, error=str(err)))
+        return False
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     under_way = msgspec.structs.replace(
         failed,
-        error=f"the run has not ended (started at {started}, process {os.getpid()}): this is"
+        error=f"{UNDER_WAY} (started at {started}, process {os.getpid()}): this is"
         " replaced when it ends; if no fashiontag is at work on it, it was killed (the same"
         " command resumes it)",
     )
     return write_summary(path, under_way)
+
+
+def _under_way_on(path: Path, files: Sequence[str]) -> bool:
+    """Whether the summary at ``path`` is a run's "has not ended" on one of ``files`` (its
+    results, rejects or state): the live run's, replaced by it when it ends. Any other (last
+    night's ``complete``) is replaced by the refusal: those files are being rewritten."""
+    try:
+        data = msgspec.json.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return False
+    return (
+        isinstance(data, dict)
+        and data.get("complete") is False
+        and str(data.get("error")).startswith(UNDER_WAY)
+        and any(data.get(k) in files for k in ("out", "rejects", "state"))
+    )
 
 
 def write_summary(path: Path, summary: RunSummary) -> bool:

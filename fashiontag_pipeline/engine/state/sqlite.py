@@ -51,12 +51,32 @@ def _lock_exclusively(path: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise exc.StateConflictError(
-            f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
-            "wait for that run to end, or give this one another --state (and outputs of its"
-            " own)"
-        ) from None
+        raise _in_use(path) from None
     return fd
+
+
+def _in_use(path: Path) -> exc.StateConflictError:
+    return exc.StateConflictError(
+        f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
+        "wait for that run to end, or give this one another --state (and outputs of its own)"
+    )
+
+
+def state_free(path: Path) -> None:
+    """StateConflictError when another process holds the lock of the state file ``path``;
+    nothing made (a lock file not there, or unreadable, is no run at work)."""
+    try:
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(path) from None
+    except OSError:
+        pass  # (a file system without locks)
+    finally:
+        os.close(fd)
 
 
 class StateDB(StateStore):

@@ -1,0 +1,55 @@
+"""Cron lines that overlap, third hunt (each test failed before its fix): the nightly command
+fired again while last night's is still at work on the same files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
+
+
+@pytest.mark.parametrize("held", ["outputs", "state"])
+async def test_a_run_refused_for_a_live_runs_files_leaves_its_summary(
+    tmp_path: Path, held: str
+) -> None:
+    """The same cron line fired while the first run is still at work (or another line on its
+    state): the second is refused (exit 2), but it replaced the first's ``--summary`` with its
+    refusal, first with a "has not ended" of its own. A monitor read "is being written by
+    another run" for the first run; after a timeout killed that run it no longer said that the
+    same command resumes it. The summary now stays the live run's; the next command finishes."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    state = tmp_path / "run.state"
+    args = run_args("", out, str(manifest), "--state", str(state), "--summary", str(summary))
+    async with running_service(ServiceConfig(rate=1000.0)) as svc:
+        args[args.index("--base-url") + 1] = svc.url
+        first = await anyio.open_process(args, env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.05)
+            again = list(args)
+            if held == "state":  # (outputs of its own, the first's state)
+                again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
+                again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
+            second = await anyio.run_process(again, check=False, env=ENV)
+            during = json.loads(summary.read_text())
+        finally:
+            first.kill()
+            await first.wait()
+            await first.aclose()
+        assert second.returncode == 2, second.stderr.decode()
+        assert b"another run" in second.stderr
+        assert f"process {first.pid})" in during["error"], during
+        assert f"process {first.pid})" in json.loads(summary.read_text())["error"]
+        nightly = await anyio.run_process(args, check=False, env=ENV)
+    assert nightly.returncode == 0, nightly.stderr.decode()[-400:]
+    assert json.loads(summary.read_text())["complete"] is True
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
