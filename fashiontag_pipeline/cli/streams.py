@@ -4,8 +4,10 @@
   next file opened takes its number, and the event loop (uvloop) aborts on an epoll descriptor
   numbered 0-2, or a sink would write results onto "stderr".
 * Stderr read by nobody any more (``2>&1 | head -1``, a log collector that died) makes every
-  progress line and log record a broken pipe: stderr is for people, so once it is broken its
-  writes are dropped and the run goes on. Stdout, which may carry data, keeps the usual rule.
+  progress line and log record a broken pipe, and a log file on a full disk (``2>>
+  /var/log/...``) or one that fails makes them ENOSPC or EIO: stderr is for people, so once a
+  write to it fails its writes are dropped and the run goes on, its exit code and
+  ``--summary`` its own. Stdout, which may carry data, keeps the usual rule.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ __all__ = ["guard_standard_streams"]
 
 
 class _ForgivingStream:
-    """A text stream whose writes stop, silently, once its reader has gone."""
+    """A text stream whose writes stop, silently, once its reader has gone or a write fails."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -29,7 +31,7 @@ class _ForgivingStream:
             return len(text)
         try:
             return self._stream.write(text)
-        except (BrokenPipeError, ConnectionResetError, ValueError):
+        except (OSError, ValueError):  # (a broken pipe, ENOSPC, EIO; closed)
             self._broken = True
             return len(text)
 
@@ -38,7 +40,7 @@ class _ForgivingStream:
             return
         try:
             self._stream.flush()
-        except (BrokenPipeError, ConnectionResetError, ValueError):
+        except (OSError, ValueError):  # (a broken pipe, ENOSPC, EIO; closed)
             self._broken = True
 
     def isatty(self) -> bool:

@@ -1,5 +1,6 @@
-"""Cron lines that overlap, third hunt (each test failed before its fix): the nightly command
-fired again while last night's is still at work on the same files."""
+"""How cron runs ``fashiontag run``, third hunt (each test failed before its fix): the nightly
+command fired again while last night's is still at work on the same files, and a log on a full
+disk."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
 
 
 @pytest.mark.parametrize("held", ["outputs", "state"])
@@ -53,3 +54,30 @@ async def test_a_run_refused_for_a_live_runs_files_leaves_its_summary(
     assert nightly.returncode == 0, nightly.stderr.decode()[-400:]
     assert json.loads(summary.read_text())["complete"] is True
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+
+
+@pytest.mark.parametrize("service", ["up", "down"])
+async def test_stderr_on_a_full_disk_changes_no_exit_code(tmp_path: Path, service: str) -> None:
+    """``fashiontag run ... >> /var/log/fashiontag.log 2>&1`` with /var/log full: every row
+    was tagged, then the summary lines met ENOSPC, a traceback nobody could read, exit 120, and
+    ``--summary`` kept saying the run had not ended (a failed run exited 120 too, not 1).
+    Stderr is for people: its writes are dropped once they fail, and the exit and ``--summary``
+    are the run's."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    async with running_service(ServiceConfig()) as svc:
+        url = svc.url if service == "up" else f"http://127.0.0.1:{dead_port()}"
+        args = run_args(url, out, str(manifest), "--summary", str(summary), "--progress")
+        with open("/dev/full", "wb") as full:
+            result = await anyio.run_process(
+                [*args, "--give-up-after", "1"], check=False, env=ENV, stdout=full, stderr=full
+            )
+    data = json.loads(summary.read_text())
+    if service == "up":
+        assert result.returncode == 0
+        assert data["complete"] is True, data
+        assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(300)})
+    else:
+        assert result.returncode == 1
+        assert data["complete"] is False and "has not ended" not in data["error"], data
