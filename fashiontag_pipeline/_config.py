@@ -306,10 +306,15 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
     p = Path(path)
     try:
-        with p.open("rb") as fh:
-            data = tomllib.load(fh)
+        # (a byte order mark, as Notepad saves UTF-8, is read past, as in manifests)
+        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {p} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset"
+            f" {exc.start}, as a Latin-1 editor writes an accent): save it as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
     except OSError as exc:

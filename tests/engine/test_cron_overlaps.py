@@ -81,3 +81,32 @@ async def test_stderr_on_a_full_disk_changes_no_exit_code(tmp_path: Path, servic
     else:
         assert result.returncode == 1
         assert data["complete"] is False and "has not ended" not in data["error"], data
+
+
+@pytest.mark.parametrize("saved_as", ["latin-1", "utf-8 with a BOM"])
+async def test_a_config_file_saved_by_another_editor(tmp_path: Path, saved_as: str) -> None:
+    """``--config /etc/fashiontag.toml`` with a comment ``# Katalog für die Nacht`` saved in
+    Latin-1: the refusal said only ``'utf-8' codec can't decode byte 0xfc in position 11``,
+    naming no file. Saved by Notepad (UTF-8 with a byte order mark): "not valid TOML: Invalid
+    statement (at line 1, column 1)", a line that looks right. The first now names the file
+    and its encoding; the second is read, as a manifest with a BOM is."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "out.jsonl"
+    config = tmp_path / "fashiontag.toml"
+    async with running_service(ServiceConfig()) as svc:
+        text = f'# Katalog f\u00fcr die Nacht\n[client]\nbase_url = "{svc.url}"\n'
+        if saved_as == "latin-1":
+            config.write_bytes(text.encode("latin-1"))
+        else:
+            config.write_bytes(text.encode("utf-8-sig"))
+        args = run_args("", out, str(manifest), "--config", str(config))
+        del args[args.index("--base-url") : args.index("--base-url") + 2]
+        result = await anyio.run_process(args, check=False, env=ENV)
+    if saved_as == "latin-1":
+        assert result.returncode == 2
+        stderr = result.stderr.decode()
+        assert str(config) in stderr and "UTF-8" in stderr, stderr
+        assert not out.exists()
+    else:
+        assert result.returncode == 0, result.stderr.decode()
+        assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(20)})
