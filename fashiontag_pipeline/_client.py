@@ -125,6 +125,7 @@ class TaggerClient:
             limits=self.limits,
             key_hint=self._key_hint,
             sleep=sleep,
+            secrets=[k.reveal() for k in (self._api_key, self._bulk_api_key) if k is not None],
         )
 
     #: Set once the service refuses the list's paging parameters (see :meth:`_task_page`).

@@ -28,7 +28,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -45,7 +45,7 @@ from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
 from ._retrying import FIRST_FAILURE, FailureNotes, failed_what, pause, retry_wait
-from ._scrub import scrub_request_info
+from ._scrub import mask_secrets, scrub_request_info, secret_forms
 from ._tls import deferred_trust_store
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
@@ -101,6 +101,7 @@ class HttpExchange:
         limits: Limits,
         key_hint: Callable[[str], str],
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        secrets: Iterable[str] = (),
     ) -> None:
         self.base_url = base_url
         #: As messages show it (a password in it masked).
@@ -113,6 +114,8 @@ class HttpExchange:
         #: The service's clock offset, from responses' ``Date`` (write deadlines use it).
         self.server_clock = ServerClock()
         self._key_hint = key_hint
+        #: The keys sent, as an error answer may echo them (masked there: ``mask_secrets``).
+        self._secret_forms = secret_forms(secrets)
         self._sleep = sleep or anyio.sleep
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
@@ -329,6 +332,8 @@ class HttpExchange:
                 payload = await resp.read()
                 if payload.startswith(_BOM):  # a byte order mark, which JSON readers may skip
                     payload = payload[3:]
+                if resp.status >= 300:  # (an error answer may echo the key it was sent)
+                    payload = mask_secrets(payload, self._secret_forms)
                 result = Response(resp.status, payload, resp.headers)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
         except (aiohttp.ClientConnectorError, aiohttp.ClientHttpProxyError) as err:
@@ -394,6 +399,8 @@ class HttpExchange:
         task_id: str | None,
     ) -> None:
         if not says_success(status):
+            if error:  # (a refusal may echo the key it was sent)
+                error = mask_secrets(error.encode(), self._secret_forms).decode()
             # A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no
             # request error of ours can be told from it, and asking again is harmless, so it
             # is a transient fault of the service (retried under the run's give-up budget).

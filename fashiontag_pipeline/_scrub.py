@@ -6,18 +6,43 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from yarl import URL
 
 # aiohttp is imported when an error is scrubbed, never here: ``_http`` imports it under
 # ``_tls.deferred_trust_store`` (its SSL contexts load their trust store on first use), and
 # this module is imported before that.
 
-__all__ = ["scrub_request_info"]
+__all__ = ["mask_secrets", "scrub_request_info", "secret_forms"]
 
 _MASK = "********"
 #: Request headers that carry a secret: the API key, and the ``Authorization: Basic`` header
 #: aiohttp makes of a base URL's ``user:password@`` (a secret too: ``shown_url``).
 _SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
+
+
+def secret_forms(values: Iterable[str]) -> tuple[bytes, ...]:
+    """The byte strings an answer may echo ``values`` (the keys sent) as: UTF-8, and as a JSON
+    string holds them (escaped), longest first (a key that holds another is masked whole). A
+    key with white space around it (an env file's) is read by the service without it."""
+    import msgspec
+
+    keys = {k for v in values for k in (v, v.strip()) if k}
+    forms = {k.encode("utf-8", "replace") for k in keys} | {
+        msgspec.json.encode(k)[1:-1] for k in keys
+    }
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def mask_secrets(data: bytes, forms: Iterable[bytes]) -> bytes:
+    """``data`` with every one of ``forms`` (:func:`secret_forms`) masked: a gateway's refusal
+    that echoes the key it was sent (``{"error": "invalid api key sk-..."}``) would put the key
+    into the error's message, the run's one-line reason and a ``--summary``."""
+    for form in forms:
+        if form in data:
+            data = data.replace(form, _MASK.encode())
+    return data
 
 
 def scrub_request_info(err: BaseException) -> None:
