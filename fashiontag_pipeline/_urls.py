@@ -39,6 +39,14 @@ def base_url_problem(url: str) -> str | None:
     masked, a query never (it may hold a key)."""
     if not url.startswith(("http://", "https://")):
         return f"must start with http:// or https://, got {shown_url(url)!r}"
+    user = url.partition("://")[2].rpartition("@")[0]
+    if "?" in user or "#" in user:
+        # A password holding an unencoded ``#`` or ``?`` (pasted as generated): cut there
+        # as a query would be, its start was shown as the URL to give. Shown masked whole.
+        return (
+            "must not hold a query (?...) or fragment (#...), nor a password with an unencoded"
+            f" '#' or '?' (percent-encode them: %23, %3F): {shown_url(url)!r}"
+        )
     if "?" in url or "#" in url:
         # Request URLs are this text and a path: a query would come before the path (every
         # request a 404), and a key put there would show in every retry line. Not echoed.
@@ -56,7 +64,6 @@ def base_url_problem(url: str) -> str | None:
         port = parsed.port  # a port that is no number, or out of range, fails here
     except (ValueError, TypeError) as err:
         reason = str(err).removeprefix("Invalid URL: ")
-        user = url.partition("://")[2].rpartition("@")[0]
         if user and user in reason:  # (yarl's messages do not quote the URL; never show it)
             reason = "not a URL"
         return f"is not a valid URL ({reason}): {shown_url(url)!r}"

@@ -1,5 +1,6 @@
 """Promise 5 against what stands in front of a service: a gateway whose refusal echoes the key it
-was sent (``{"error": "invalid api key sk-..."}``, as some do)."""
+was sent (``{"error": "invalid api key sk-..."}``, as some do), and a base URL whose password
+holds a character that ends a URL's authority early (``#``, ``?``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import anyio
 import pytest
 from aiohttp import web
 
-from .helpers import write_csv
+from .helpers import dead_port, write_csv
 
 KEY = "sk-LEAK-123456789"
 BULK_KEY = "sk-LEAK-BULK-987654321"
@@ -82,3 +83,21 @@ async def test_a_key_a_gateway_echoes_in_its_refusal_is_shown_nowhere(
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert FRAGMENT.encode() not in path.read_bytes(), path.name
+
+
+@pytest.mark.parametrize("password", ["pwLEAK#987", "pwLEAK?987"], ids=["hash", "question"])
+async def test_a_base_url_password_holding_a_hash_or_question_mark_is_not_shown(
+    tmp_path: Path, password: str
+) -> None:
+    """``--base-url https://tagger:pw#987@gw/`` (a generated password pasted unencoded) was
+    refused for its "query or fragment" with the URL to give instead: the URL up to the ``#``,
+    the password's start in clear on stderr. It is masked as any password is."""
+    url = f"http://tagger:{password}@127.0.0.1:{dead_port()}/"
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    argv = [sys.executable, "-m", "fashiontag_pipeline", "run", str(manifest), "--base-url", url]
+    with anyio.fail_after(60):
+        result = await anyio.run_process(argv, check=False, cwd=tmp_path)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "base_url" in err and "%23" in err, err
+    assert FRAGMENT not in err, err
