@@ -79,6 +79,17 @@ def _stdin_before(job: Job, source: int) -> bool | None:
     return None if stdin is None else stdin < source
 
 
+def _forget(ended: int, jobs: Jobs, past: set[int], *per_job: dict[int, Any]) -> None:
+    """A job read to its end (its last batch passed) and every job dropped since (failed:
+    its rows on their way are skipped) leave the intake's marks: kept, they grew with every
+    job of a long-lived engine (a daemon's thousand manifests a day), for its whole life."""
+    for job in [ended, *(j for j in past if j not in jobs.by_id)]:
+        past.discard(job)
+    for marks in per_job:
+        for job in [ended, *(j for j in marks if j not in jobs.by_id)]:
+            marks.pop(job, None)
+
+
 async def intake(
     receive: anyio.abc.ObjectReceiveStream[RowBatch | JobEnd | Idle],
     send: anyio.abc.ObjectSendStream[list[Item]],
@@ -105,6 +116,7 @@ async def intake(
                     await _stdin_ended(job_done, digests, journal)
                     job_done.read_all = True
                     jobs.check([batch.job])
+                _forget(batch.job, jobs, past_stdin, digests, replay_rejects)
                 continue
             if isinstance(batch, Idle):
                 await send.send([])

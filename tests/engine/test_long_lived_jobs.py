@@ -8,7 +8,9 @@ where a real service's answers are needed).
 
 from __future__ import annotations
 
+import gc
 import sqlite3
+import tracemalloc
 from pathlib import Path
 
 import anyio
@@ -16,6 +18,7 @@ import pytest
 
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine import intake as intake_module
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
@@ -124,3 +127,42 @@ async def test_a_job_with_a_row_refused_whole_completes_without_another_job(
         tmp_path / "m0" / "results.jsonl", tmp_path / "m0" / "rejects.jsonl", ids_of(250)
     )
     assert [(r["id"], r["stage"]) for r in o.rejects] == [("p3", "server-validation")]
+
+
+async def test_memory_the_intake_keeps_does_not_grow_with_every_job(tmp_path: Path) -> None:
+    """The intake kept, for the engine's whole life, a mark per job ever read ("its stdin,
+    if any, was read before this manifest"): a daemon taking a thousand manifests a day grew
+    by that much every day. What the intake's code holds once every job is complete is the
+    same after 20 jobs as after 220 (a set of 220 ints is ~8 KiB of table alone)."""
+    manifests = [write_csv(tmp_path / f"m{i}.csv", 2, start=i) for i in range(220)]
+
+    def held() -> int:
+        gc.collect()
+        snap = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, intake_module.__file__)]
+        )
+        return sum(stat.size for stat in snap.statistics("filename"))
+
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            tracemalloc.start(1)
+            try:
+                async with engine:
+                    sizes = []
+                    for first in range(0, 220, 20):
+                        jobs = [
+                            await engine.submit(_spec(tmp_path, f"m{i}", manifests[i]))
+                            for i in range(first, first + 20)
+                        ]
+                        with anyio.fail_after(30):
+                            for job in jobs:
+                                await engine.outcome(job)
+                        sizes.append(held())
+                    engine.close()
+            finally:
+                tracemalloc.stop()
+    assert sizes[-1] - sizes[0] < 2048, f"held by the intake after each 20 jobs: {sizes}"
