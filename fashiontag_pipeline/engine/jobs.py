@@ -24,7 +24,7 @@ from pathlib import Path
 import anyio
 
 from .._exceptions import StateError
-from .manifests import ManifestPrint
+from .manifests import ManifestPrint, manifest_names
 from .pages import PageRow
 from .sinks import Reject, RejectSink, ResultSink
 from .source import ManifestReader
@@ -56,8 +56,8 @@ class JobSpec:
     prints: Sequence[ManifestPrint] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.manifests, str | Path):  # one path: not one manifest a character
-            object.__setattr__(self, "manifests", [str(self.manifests)])
+        # One path is that one manifest (not one a character); each a str.
+        object.__setattr__(self, "manifests", manifest_names(self.manifests))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -34,10 +34,31 @@ __all__ = [
     "fingerprint",
     "fingerprint_open",
     "job_prints",
+    "manifest_names",
     "same_manifests",
 ]
 
 STDIN = "-"
+
+
+def manifest_names(manifests: object) -> list[str]:
+    """The names of the manifests a caller gives (``run_pipeline``, ``JobSpec``): a sequence
+    of paths (``str`` or ``Path``), or one path. Anything else (``None``, an int, bytes) is a
+    :class:`TypeError` that says which, before anything is opened: its ``str()`` would be read
+    as a file name ("cannot read manifest 99" for ``b"c..."``, a file named ``None``)."""
+    if isinstance(manifests, str | os.PathLike):
+        manifests = [manifests]
+    if isinstance(manifests, bytes | bytearray) or not isinstance(manifests, Iterable):
+        raise TypeError(f"manifests: a list of paths (str or Path), not {manifests!r}")
+    names: list[str] = []
+    for i, name in enumerate(manifests):
+        path = os.fspath(name) if isinstance(name, os.PathLike) else name
+        if not isinstance(path, str):
+            raise TypeError(f"manifest {i}: a path (str or Path), not {name!r}")
+        names.append(path)
+    return names
+
+
 _READ = 1 << 20
 
 

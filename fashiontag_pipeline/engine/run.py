@@ -33,7 +33,7 @@ from .flow import FatalRunError
 from .gcpolicy import tune_gc
 from .jobs import Job, JobSpec
 from .manifest_bytes import ReadEnd
-from .manifests import STDIN, check_readable_twice
+from .manifests import STDIN, check_readable_twice, manifest_names
 from .outcome import already_complete
 from .reuse import ReuseHook, open_reuse
 from .run_checks import (
@@ -116,9 +116,7 @@ async def run_pipeline(
     started = time.monotonic()
     # Recorded absolute: a resume from another working directory names the same files.
     out, rejects = absolute(out), absolute(rejects)
-    if isinstance(manifests, str | Path):  # one path (not a sequence of one-letter names)
-        manifests = [manifests]
-    names = [str(m) for m in manifests]
+    names = manifest_names(manifests)  # (one path: not a sequence of one-letter names)
     if not names:
         raise exc.ManifestError("no manifest given")
     if names.count(STDIN) > 1:  # the second reader would find stdin read to its end

@@ -136,3 +136,51 @@ async def test_one_manifest_given_as_a_bare_path_is_that_manifest(tmp_path: Path
     assert_exactly_once(
         tmp_path / "b" / "results.jsonl", tmp_path / "b" / "rejects.jsonl", ids_of(20)
     )
+
+
+async def test_manifests_given_as_a_list_of_paths_are_read(tmp_path: Path) -> None:
+    """``JobSpec(manifests=[Path("a.csv"), Path("b.csv")])`` (a list of ``Path``, as
+    ``run_pipeline`` takes them) failed the submit with a bare ``TypeError: sequence item 0:
+    expected str instance, PosixPath found`` from deep inside the engine. Every path is taken,
+    ``str`` or ``Path``; a name of another type (``None``, an int, bytes) is a ``TypeError``
+    that says which, before anything is opened or recorded, on either API."""
+    a = _jsonl_manifest(tmp_path / "a.jsonl", 20)
+    b = tmp_path / "b.jsonl"
+    b.write_text(
+        "".join(f'{{"id": "q{i}", "url": "https://img.example/q{i}"}}\n' for i in range(5))
+    )
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "engine.state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            with anyio.fail_after(20):
+                async with engine:
+                    spec = JobSpec(
+                        key="a",
+                        manifests=[a, b],  # Paths, as run_pipeline takes them
+                        results=tmp_path / "a" / "results.jsonl",
+                        rejects=tmp_path / "a" / "rejects.jsonl",
+                    )
+                    job = await engine.submit(spec)
+                    engine.close()
+                    await engine.outcome(job)
+        for bad in ([a, None], [7], [b"a.jsonl"], b"a.jsonl"):
+            with pytest.raises(TypeError, match="manifest"):
+                JobSpec(key="b", manifests=bad, results=tmp_path / "r", rejects=tmp_path / "j")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="manifest"):
+                await run_pipeline(
+                    bad,  # type: ignore[arg-type]
+                    client=client_config(svc.url),
+                    out=tmp_path / "c" / "results.jsonl",
+                    rejects=tmp_path / "c" / "rejects.jsonl",
+                    engine=FAST,
+                )
+    assert job.rows_read == 25
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl",
+        tmp_path / "a" / "rejects.jsonl",
+        ids_of(20) | ids_of(5, "q"),
+    )
+    assert not (tmp_path / "c").exists()  # nothing made for a refused call
