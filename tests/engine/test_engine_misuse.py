@@ -24,6 +24,7 @@ from .helpers import (
     assert_exactly_once,
     client_config,
     dead_port,
+    ids_of,
     job_spec,
     read_outcomes,
     write_csv,
@@ -362,3 +363,41 @@ async def test_a_job_open_in_the_engine_is_resumed_only_at_its_own_outputs(
         tmp_path / "out" / "rejects.jsonl",
         {f"p{i}" for i in range(2000)},
     )
+
+
+async def test_a_second_engine_on_the_state_of_an_engine_in_flight_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Two ``Engine`` objects made on one ``StateDB`` (a program that runs two feeds side by
+    side and hands both the state it opened) shared its one SQLite connection from two state
+    threads: both stopped with ``cannot start a transaction within a transaction`` or
+    ``Cannot operate on a closed database`` (no row tagged), and the end of the one logged a
+    traceback. The second engine is refused when it is made, saying what to do, and the first
+    runs on: every row once, none sent twice."""
+    n = 600
+    a = write_csv(tmp_path / "a.csv", n)
+    async with running_service(ServiceConfig(rate=4000)) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            first = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            with anyio.fail_after(30):
+                async with first:
+                    job = await first.submit(job_spec("a", a, tmp_path / "a"))
+                    with pytest.raises(StateConflictError, match="one Engine") as refused:
+                        Engine(
+                            client=client,
+                            db=db,
+                            state=db.open_engine(),
+                            config=FAST,
+                            namespaced=True,
+                        )
+                    first.close()
+                    await first.outcome(job)
+    assert str(tmp_path / "state") in str(refused.value)
+    assert first.complete
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(n)
+    )
+    assert svc.store.image_count == n

@@ -78,6 +78,7 @@ class Journal(Intake):
         reuse: ReuseLedger | None = None,
         keep_lost: bool = False,
     ) -> None:
+        db.claim(self)  # (one engine per store)
         self.db = db
         self.jobs = jobs
         self.fsync_seconds = fsync_seconds
@@ -317,6 +318,7 @@ class Journal(Intake):
                 self.close_job_outputs(job)
         finally:
             self.db.close()
+            self.db.claim(None)
 
     def _open_jobs(self) -> list[Job]:
         """The jobs whose outputs are open (thread side): a copy, since the event loop adds

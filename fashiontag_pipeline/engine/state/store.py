@@ -83,6 +83,27 @@ class StateStore(ChunkTables):
     #: Where the state is, as a summary shows it (a path, or the URL without its password).
     location: str = ""
 
+    #: The journal of the one engine that uses this store (:meth:`claim`), None when free.
+    owner: object | None = None
+
+    def claim(self, owner: object | None) -> None:
+        """Hold the store for one engine's journal (``None``: free it again). A second engine
+        on a store in use would share its one connection from a second state thread (each
+        transaction begun inside the other's): refused, saying what to do."""
+        if owner is not None and owner is not self.owner:
+            self.check_free()
+        self.owner = owner
+
+    def check_free(self) -> None:
+        """:class:`StateConflictError` while an engine uses the store (see :meth:`claim`)."""
+        if self.owner is not None:
+            raise exc.StateConflictError(
+                f"{self.where} is in use by another Engine of this process: one Engine per"
+                " state store (an engine's journal owns it, and closes it when the engine"
+                " ends); submit every job to that engine (made with namespaced=True), or give"
+                " this one a state of its own"
+            )
+
     def begin(self) -> None:
         """Start a write transaction."""
         self.db.execute("BEGIN")
@@ -233,6 +254,7 @@ class StateStore(ChunkTables):
     def open_engine(self) -> RunState:
         """The state of a long-lived engine (the daemon): one token for its whole life, jobs
         added as they come, never complete as a whole."""
+        self.check_free()  # (another engine's: its state thread uses the connection)
         token = self.meta("run_token")
         if token is None:
             token = secrets.token_hex(8)
