@@ -43,11 +43,11 @@ from .run_checks import (
     asked_text,
     check_asked,
     check_sink,
-    file_size,
     not_a_file,
     not_utf8,
     outputs_elsewhere,
     outputs_free,
+    outputs_without_state,
     paths_base,
     same_file,
 )
@@ -58,7 +58,7 @@ from .service_check import (
     record_service,
     service_text,
 )
-from .source import open_manifests
+from .source import ManifestReader, open_manifests
 from .state import Reconciliation, StateStore, open_state
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
@@ -116,33 +116,14 @@ async def run_pipeline(
     started = time.monotonic()
     # Recorded absolute: a resume from another working directory names the same files.
     out, rejects = absolute(out), absolute(rejects)
-    names = manifest_names(manifests)  # (one path: not a sequence of one-letter names)
-    if not names:
-        raise exc.ManifestError("no manifest given")
-    if names.count(STDIN) > 1:  # the second reader would find stdin read to its end
-        raise exc.ManifestError("stdin (-) can be given as a manifest only once")
-    state_path = state if state is not None else default_state_path(out)
-    named: list[tuple[str, Path | str]] = [("results", out), ("rejects", rejects)]
-    named += [("manifest", name) for name in names if name != STDIN]
-    if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
-        named.append(("state", state_path))
-    problem = not_utf8(named) or not_a_file([("results", out), ("rejects", rejects)])
-    # An output on a manifest or the state destroys it (the sinks cut it to 0 bytes).
-    problem = problem or same_file(_own_files(out, rejects, named, engine.reuse))
-    if problem is not None:  # refused before anything is made
-        raise exc.ConfigError(problem)
-    # Another run writing an output refuses this one before its state is made, so that the
-    # refusal leaves nothing behind (the sinks take the same lock when they open).
-    await anyio.to_thread.run_sync(outputs_free, out, rejects)
-    for name in names:
-        check_readable_twice(name)  # (a FIFO is refused before it is opened)
-    readers = await open_manifests(names, engine.read_batch_rows)
+    readers: list[ManifestReader] = []
 
     def close_readers() -> None:
         for reader in readers:
             reader.close()
 
     try:
+        names, state_path, readers = await _open_inputs(manifests, out, rejects, state, engine)
         # The fingerprints of the files the readers have open: hashing the paths first, an
         # exporter's rename landing meanwhile made the run read one dump under another's
         # fingerprint (resumed by line numbers, or tagged again by the same command).
@@ -150,6 +131,8 @@ async def run_pipeline(
         db = state_path if isinstance(state_path, StateStore) else open_state(state_path)
     except BaseException:
         close_readers()
+        if isinstance(state, StateStore):  # (handed over open: closed here on every end)
+            await finish(anyio.to_thread.run_sync, state.close)
         raise
     where = db.where
     try:
@@ -165,7 +148,7 @@ async def run_pipeline(
             )
         run = db.open_run(prints, restart=restart, resume_stdin=resume_stdin)
         if run.opened == "new" and not restart and not isinstance(state_path, StateStore):
-            run.note = _outputs_without_state(db.location, out, rejects)
+            run.note = outputs_without_state(db.location, out, rejects)
             if run.note:  # said before the sinks cut them to nothing
                 logger.warning("%s", run.note)
         recorded = db.find_job(RUN_JOB) if run.opened in ("complete", "resumed") else None
@@ -310,6 +293,39 @@ async def run_pipeline(
     return summary
 
 
+async def _open_inputs(
+    manifests: Sequence[str | Path],
+    out: Path,
+    rejects: Path,
+    state: Path | str | StateStore | None,
+    engine: EngineConfig,
+) -> tuple[list[str], Path | str | StateStore, list[ManifestReader]]:
+    """A run's checks before its state is opened (each refusal leaves nothing made), then its
+    manifests opened: their names, the state to open, their readers."""
+    names = manifest_names(manifests)  # (one path: not a sequence of one-letter names)
+    if not names:
+        raise exc.ManifestError("no manifest given")
+    if names.count(STDIN) > 1:  # the second reader would find stdin read to its end
+        raise exc.ManifestError("stdin (-) can be given as a manifest only once")
+    state_path = state if state is not None else default_state_path(out)
+    named: list[tuple[str, Path | str]] = [("results", out), ("rejects", rejects)]
+    named += [("manifest", name) for name in names if name != STDIN]
+    if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
+        named.append(("state", state_path))
+    problem = not_utf8(named) or not_a_file([("results", out), ("rejects", rejects)])
+    # An output on a manifest or the state destroys it (the sinks cut it to 0 bytes).
+    problem = problem or same_file(_own_files(out, rejects, named, engine.reuse))
+    if problem is not None:  # refused before anything is made
+        raise exc.ConfigError(problem)
+    # Another run writing an output refuses this one before its state is made, so that the
+    # refusal leaves nothing behind (the sinks take the same lock when they open).
+    await anyio.to_thread.run_sync(outputs_free, out, rejects)
+    for name in names:
+        check_readable_twice(name)  # (a FIFO is refused before it is opened)
+    readers = await open_manifests(names, engine.read_batch_rows)
+    return names, state_path, readers
+
+
 async def _close_run(tagger: TaggerClient | None, core: Engine, reuse: ReuseHook | None) -> None:
     """A run's end: its own client's sessions, its state and outputs, its result store."""
     try:
@@ -335,22 +351,6 @@ def _own_files(
         files.append(("reuse", reuse))
     files += [(what, path) for what, path in named[2:] if what == "manifest"]
     return files
-
-
-def _outputs_without_state(location: str, out: Path, rejects: Path) -> str:
-    """What a new run over outputs that are not empty says ("" when they are empty or
-    missing): no state was found, so what they hold (a run's whose state was lost: a state
-    on a tmpfs after a reboot) is rewritten and every row tagged again, as after a
-    completed run of other manifests."""
-    held = [f"{path} ({size:,} bytes)" for path in (out, rejects) if (size := file_size(path)) > 0]
-    if not held:
-        return ""
-    return (
-        f"no state at {location}, but {' and '.join(held)} already"
-        f" hold{'s' if len(held) == 1 else ''} outcomes (a run whose state was lost, such as a"
-        " state on a tmpfs after a reboot, or another program's): starting a new run; they are"
-        " rewritten and every row is tagged again"
-    )
 
 
 def _changed_since_read(ends: Sequence[ReadEnd]) -> list[str]:

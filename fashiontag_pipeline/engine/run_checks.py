@@ -33,6 +33,7 @@ __all__ = [
     "not_utf8",
     "outputs_elsewhere",
     "outputs_free",
+    "outputs_without_state",
     "same_file",
     "same_tail",
 ]
@@ -244,3 +245,19 @@ def file_size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return -1
+
+
+def outputs_without_state(location: str, out: Path, rejects: Path) -> str:
+    """What a new run over outputs that are not empty says ("" when they are empty or
+    missing): no state was found, so what they hold (a run's whose state was lost: a state
+    on a tmpfs after a reboot) is rewritten and every row tagged again, as after a
+    completed run of other manifests."""
+    held = [f"{path} ({size:,} bytes)" for path in (out, rejects) if (size := file_size(path)) > 0]
+    if not held:
+        return ""
+    return (
+        f"no state at {location}, but {' and '.join(held)} already"
+        f" hold{'s' if len(held) == 1 else ''} outcomes (a run whose state was lost, such as a"
+        " state on a tmpfs after a reboot, or another program's): starting a new run; they are"
+        " rewritten and every row is tagged again"
+    )

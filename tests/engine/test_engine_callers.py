@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+from fashiontag_pipeline import ConfigError, ManifestError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, FatalRunError, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
@@ -215,3 +216,37 @@ def test_a_client_of_the_caller_serves_a_run_in_each_new_event_loop(
         stop.set()
         server.join(10)
         gc.collect()  # (those sockets closed here, their warnings ignored, not in a later test)
+
+
+async def test_a_state_handed_to_a_refused_run_is_closed(tmp_path: Path) -> None:
+    """``run_pipeline(..., state=StateDB(path))`` closes the state it is handed, but not when
+    it refused the run before starting it (a manifest that cannot be read, an output that is
+    the manifest, stdin named twice): the state stayed open, its lock held, so the same
+    call once the manifest was there was refused "state file ... is in use by another run"
+    for as long as the process lived. A refused run closes it too."""
+    manifest = write_csv(tmp_path / "m.csv", 100)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        refusals: list[tuple[list[str | Path], Path, type[Exception]]] = [
+            ([tmp_path / "missing.csv"], out, ManifestError),  # not there yet
+            ([manifest], manifest, ConfigError),  # the results path is the manifest
+            (["-", "-"], out, ManifestError),  # stdin twice
+        ]
+        for manifests, results, error in refusals:
+            db = StateDB(tmp_path / "state")
+            with pytest.raises(error):
+                await run_pipeline(
+                    manifests,
+                    client=client_config(svc.url),
+                    out=results,
+                    rejects=rej,
+                    state=db,
+                    engine=FAST,
+                )
+        db = StateDB(tmp_path / "state")  # (refused while the first was left open)
+        with anyio.fail_after(30):
+            summary = await run_pipeline(
+                [manifest], client=client_config(svc.url), out=out, rejects=rej, state=db
+            )
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(100))
