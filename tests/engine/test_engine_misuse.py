@@ -401,3 +401,34 @@ async def test_a_second_engine_on_the_state_of_an_engine_in_flight_is_refused(
         tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(n)
     )
     assert svc.store.image_count == n
+
+
+async def test_an_engine_on_the_state_an_ended_engine_closed_says_to_open_it_again(
+    tmp_path: Path,
+) -> None:
+    """A program that opens its ``StateDB`` once and makes each night's ``Engine`` on it (the
+    engine closes its state when it ends) had the second night fail with SQLite's bare
+    ``Cannot operate on a closed database``. It says what happened and what to do; the state
+    opened again runs the night, every row once."""
+    a = write_csv(tmp_path / "a.csv", 200)
+    b = write_csv(tmp_path / "b.csv", 200, start=1000)
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            with anyio.fail_after(30):
+                async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
+                    await e.outcome(await e.submit(job_spec("a", a, tmp_path / "a")))
+            with pytest.raises(StateError, match=r"closed.*open it again"):
+                db.open_engine()
+            db = StateDB(tmp_path / "state")
+            with anyio.fail_after(30):
+                async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
+                    await e.outcome(await e.submit(job_spec("b", b, tmp_path / "b")))
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(200)
+    )
+    assert_exactly_once(
+        tmp_path / "b" / "results.jsonl",
+        tmp_path / "b" / "rejects.jsonl",
+        {f"p{i}" for i in range(1000, 1200)},
+    )

@@ -356,6 +356,10 @@ class PostgresStateDB(StateStore):
         with contextlib.suppress(exc.StateError):
             self.db.execute("ROLLBACK")
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Close the connection (idempotent); the advisory lock is unlocked first, so that a
         run that starts as this one ends finds it free (the server frees a closed session's

@@ -182,6 +182,10 @@ class StateDB(StateStore):
         except sqlite3.Error as err:
             logger.warning("%s: free space not given back: %s", self.where, err)
 
+    @property
+    def closed(self) -> bool:
+        return self._lock < 0
+
     def close(self) -> None:
         """Close the file and release its lock (idempotent)."""
         lock, self._lock = self._lock, -1

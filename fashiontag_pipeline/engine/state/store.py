@@ -94,8 +94,19 @@ class StateStore(ChunkTables):
             self.check_free()
         self.owner = owner
 
+    @property
+    def closed(self) -> bool:
+        """Closed (an engine closes its store when it ends): a backend says."""
+        return False
+
     def check_free(self) -> None:
-        """:class:`StateConflictError` while an engine uses the store (see :meth:`claim`)."""
+        """:class:`StateConflictError` while an engine uses the store (see :meth:`claim`), a
+        :class:`StateError` once it is closed."""
+        if self.closed:
+            raise exc.StateError(
+                f"{self.where} is closed (an engine closes its state store when it ends):"
+                " open it again (StateDB, open_state) for the next engine"
+            )
         if self.owner is not None:
             raise exc.StateConflictError(
                 f"{self.where} is in use by another Engine of this process: one Engine per"
