@@ -21,8 +21,7 @@ done tasks and the writer's ``resend`` for rows without an outcome. One client s
 rotation, one concurrency budget and one state store serve every job; :meth:`Engine.submit`
 adds a job at any time and :meth:`Engine.outcome` waits until every row of it has its outcome.
 
-``fashiontag run`` is one job (:func:`~.run.run_pipeline`); the daemon submits one job per
-manifest.
+``fashiontag run`` is one job (:func:`~.run.run_pipeline`); the daemon one per manifest.
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ from .single import SingleRouter
 from .source import ManifestReader
 from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
-from .submits import Submits
+from .submits import NOT_STARTED, Submits
 from .tracker import TaskBook, Tracker
 from .validate import Item, SingleItem, Validator
 
@@ -215,7 +214,7 @@ class Engine:
                 await finish(anyio.to_thread.run_sync, self.journal.close)
             raise
         self._stack = stack
-        self._entered = True
+        self._entered = self.submits.running = True
         if self.interrupted and self.ended.is_set():
             self._outer.cancel_scope.cancel()  # stopped while it started: the block ends
         return self
@@ -269,6 +268,8 @@ class Engine:
     async def wait(self) -> None:
         """Until the engine ends (closed and finished, or stopped from outside: that end
         cancels the ``async with`` block, which then exits normally)."""
+        if not self._entered:
+            raise RuntimeError(NOT_STARTED)
         await self.ended.wait()
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
@@ -357,15 +358,15 @@ class Engine:
         :class:`~fashiontag_pipeline.ManifestError`. A submit that cannot be honoured (see
         :mod:`.submits`) raises :class:`~fashiontag_pipeline.StateConflictError`, for outputs
         that cannot be opened :class:`~fashiontag_pipeline.StateError`, for an output on a
-        manifest or the state file :class:`~fashiontag_pipeline.ConfigError`; nothing is
-        recorded. A submit under way when the engine is closed still has its job read."""
+        manifest or the state file :class:`~fashiontag_pipeline.ConfigError`, outside the
+        ``async with`` block ``RuntimeError``; nothing is recorded. A submit under way when the
+        engine is closed still has its job read."""
         return await self.submits.submit(spec, readers)
 
     async def _finalize_when_settled(self, job: Job) -> None:
         await job.settled.wait()
         with anyio.CancelScope(shield=True):
             stamp = format_time(datetime.now(UTC))
-
             await self.journal.run(finalize_job, self.journal, job, stamp, self.jobs.ids.namespaced)
             self.jobs.remove(job)
             job.row.state = "complete"

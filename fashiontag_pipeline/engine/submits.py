@@ -39,7 +39,10 @@ from .source import ManifestReader, open_manifests
 from .state import Journal
 from .state.store import JobRow
 
-__all__ = ["Submits"]
+__all__ = ["NOT_STARTED", "Submits"]
+
+#: An engine made but not entered: nothing reads or sends, so a job would wait for ever.
+NOT_STARTED = "the engine is not started: use it inside `async with Engine(...) as engine:`"
 
 
 class Submits:
@@ -61,10 +64,14 @@ class Submits:
         self.register = register
         #: Keys of the submits under way.
         self.under_way: set[str] = set()
+        #: The engine's stages run (its ``async with`` block was entered).
+        self.running = False
 
     async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
         if self.source.closing:
             raise RuntimeError("the engine is closed")
+        if not self.running:
+            raise RuntimeError(NOT_STARTED)
         self._check_key(spec.key)
         self.under_way.add(spec.key)
         self.source.adding += 1

@@ -432,3 +432,30 @@ async def test_an_engine_on_the_state_an_ended_engine_closed_says_to_open_it_aga
         tmp_path / "b" / "rejects.jsonl",
         {f"p{i}" for i in range(1000, 1200)},
     )
+
+
+async def test_a_submit_to_an_engine_not_started_is_refused(tmp_path: Path) -> None:
+    """``Engine(...)`` made but never entered (``async with`` forgotten): ``submit`` recorded
+    the job and opened (and locked) its outputs, and then ``outcome`` and ``wait`` waited for
+    ever, nothing being read or sent. Both refuse at once, saying how to start it, nothing
+    recorded; the engine entered afterwards runs the job, every row once."""
+    a = write_csv(tmp_path / "a.csv", 200)
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST)
+            with anyio.fail_after(10):
+                with pytest.raises(RuntimeError, match="async with"):
+                    await engine.submit(job_spec("a", a, tmp_path / "a"))
+                with pytest.raises(RuntimeError, match="async with"):
+                    await engine.wait()
+            assert not (tmp_path / "a").exists()
+            with anyio.fail_after(30):
+                async with engine:
+                    assert engine.job_of_key("a") is None  # (nothing recorded)
+                    job = await engine.submit(job_spec("a", a, tmp_path / "a"))
+                    engine.close()
+                    await engine.outcome(job)
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(200)
+    )
