@@ -26,6 +26,7 @@ adds a job at any time and :meth:`Engine.outcome` waits until every row of it ha
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from contextlib import AsyncExitStack, suppress
@@ -273,10 +274,6 @@ class Engine:
         await self.ended.wait()
 
     async def _start(self, tg: anyio.abc.TaskGroup) -> None:
-        q = self.config.queue_batches
-        raw_send, raw_recv = anyio.create_memory_object_stream[RowBatch | JobEnd | Idle](q)
-        item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
-        single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         self.writer.attach(tg)
         pending: list[Chunk] = []
         if self.state.resumed:
@@ -288,33 +285,29 @@ class Engine:
                 return
             pending = found
         pending_singles = await self.single.load_pending()
+        q = self.config.queue_batches  # (made once nothing before their stages can cancel)
+        raw_send, raw_recv = anyio.create_memory_object_stream[RowBatch | JobEnd | Idle](q)
+        item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
+        single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         tg.start_soon(watch_control, self, tg)
         self.writer.active += 1  # held until the resumed chunks are dispatched
         tg.start_soon(self.writer.run, item_recv)
-        for chunk in pending:
-            await self.writer.start(chunk)
+        try:
+            for chunk in pending:
+                await self.writer.start(chunk)
+        except BaseException:  # (cancelled: their stages never start)
+            for stream in (raw_send, raw_recv, item_send, single_send, single_recv):
+                stream.close()
+            raise
         self.writer.active -= 1
         tg.start_soon(self.source.run, raw_send)
         tg.start_soon(self.single.run, single_recv, pending_singles)
-        tg.start_soon(self._intake, raw_recv, item_send, single_send)
+        stage = functools.partial(
+            intake, validator=self.validator, journal=self.journal, jobs=self.jobs, reuse=self.reuse
+        )
+        tg.start_soon(stage, raw_recv, item_send, single_send)
         await self.writer.seal_idle()
         tg.start_soon(self._track_and_page, tg)
-
-    async def _intake(
-        self,
-        raw: anyio.abc.ObjectReceiveStream[RowBatch | JobEnd | Idle],
-        items: anyio.abc.ObjectSendStream[list[Item]],
-        singles: anyio.abc.ObjectSendStream[list[SingleItem]],
-    ) -> None:
-        await intake(
-            raw,
-            items,
-            singles,
-            validator=self.validator,
-            journal=self.journal,
-            jobs=self.jobs,
-            reuse=self.reuse,
-        )
 
     async def _track_and_page(self, tg: anyio.abc.TaskGroup) -> None:
         async with anyio.create_task_group() as inner:

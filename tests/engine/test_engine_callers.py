@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import warnings
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from .helpers import (
     job_spec,
     write_csv,
 )
+from .proxy import Misbehaviour, misbehaving
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0)
 
@@ -250,3 +252,43 @@ async def test_a_state_handed_to_a_refused_run_is_closed(tmp_path: Path) -> None
             )
     assert summary.complete
     assert_exactly_once(out, rej, ids_of(100))
+
+
+async def test_a_run_cancelled_while_it_resumes_leaves_no_stream_unclosed(tmp_path: Path) -> None:
+    """A resumed run cancelled while it looked its tasks up again (the service shedding load,
+    503, and the caller's timeout expiring) left the three streams between its stages
+    unclosed: each logged ``ResourceWarning: Unclosed <MemoryObjectSendStream ...>`` when
+    collected, an error in a host's tests run with ``-W error``. They are closed; the same
+    call then resumes, every row once, none sent twice."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = EngineConfig(
+        poll_min=0.02, poll_max=0.2, linger_seconds=0.05, rotate_images=1000, rotate_min_images=200
+    )
+    async with (
+        running_service(ServiceConfig(rate=2000)) as svc,
+        misbehaving(svc.url, Misbehaviour(storm_retry_after="0.3")) as proxy,
+    ):
+
+        async def run() -> RunSummary:
+            return await run_pipeline(
+                [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+            )
+
+        with anyio.move_on_after(0.6):  # tasks left in flight
+            await run()
+        proxy.rules.storm = 503
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with anyio.move_on_after(0.5) as scope:  # while it looks its tasks up again
+                await run()
+            assert scope.cancelled_caught
+            gc.collect()
+        assert not [str(w.message) for w in caught if w.category is ResourceWarning]
+        proxy.rules.storm = None
+        with anyio.fail_after(60):
+            summary = await run()
+    assert summary.complete and summary.opened == "resumed"
+    assert_exactly_once(out, rej, ids_of(n))
+    assert svc.store.image_count == n
