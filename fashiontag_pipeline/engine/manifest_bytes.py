@@ -141,7 +141,10 @@ class ManifestBytes:
         self.name = "-" if path == "-" else str(path)
         self._fh: BinaryIO
         if path == "-":
-            self._fh = sys.stdin.buffer
+            stdin = sys.stdin  # None in a process started with its standard input closed
+            if stdin is None or stdin.closed:
+                raise ManifestError("cannot read manifest -: this process has no standard input")
+            self._fh = stdin.buffer
             self._owns = False
         else:
             try:

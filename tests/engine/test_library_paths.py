@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fashiontag_pipeline import ConfigError
+from fashiontag_pipeline import ConfigError, ManifestError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
@@ -184,3 +184,29 @@ async def test_manifests_given_as_a_list_of_paths_are_read(tmp_path: Path) -> No
         ids_of(20) | ids_of(5, "q"),
     )
     assert not (tmp_path / "c").exists()  # nothing made for a refused call
+
+
+@pytest.mark.parametrize("stdin", ["none", "closed"])
+async def test_stdin_as_a_manifest_of_a_process_without_one_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stdin: str
+) -> None:
+    """``run_pipeline(["-"])`` in a program started with its standard input closed (Python's
+    ``sys.stdin`` is then None) or one that closed it failed with a bare ``AttributeError:
+    'NoneType' object has no attribute 'buffer'`` or ``ValueError: read of closed file``. It
+    is a ManifestError that says so, before anything is made."""
+    if stdin == "none":
+        monkeypatch.setattr("sys.stdin", None)
+    else:
+        closed = (tmp_path / "in").open("w+")
+        closed.close()
+        monkeypatch.setattr("sys.stdin", closed)
+    out = tmp_path / "out" / "results.jsonl"
+    with pytest.raises(ManifestError, match="no standard input"):
+        await run_pipeline(
+            ["-"],
+            client=client_config(f"http://127.0.0.1:{dead_port()}"),
+            out=out,
+            rejects=tmp_path / "out" / "rejects.jsonl",
+            engine=FAST,
+        )
+    assert not (tmp_path / "out").exists()
