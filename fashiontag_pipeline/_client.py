@@ -51,6 +51,7 @@ from ._models import (
     TaskResultsResponse,
     TaskStatusResponse,
 )
+from ._responses import front_end_answer
 
 __all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
 
@@ -390,6 +391,8 @@ class TaggerClient:
         )
         if response.status != 200:
             self._http.raise_for_status(response, "GET", path, task_id)
+        if (front_end := front_end_answer(response, "GET", path, task_id)) is not None:
+            raise front_end
         return response.body
 
     # ------------------------------------------------------------------ internals

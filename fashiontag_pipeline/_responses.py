@@ -18,7 +18,7 @@ from . import _exceptions as exc
 from ._config import shown_url
 from ._models import FailureItem
 
-__all__ = ["Response", "error_for", "parse_error_body", "retry_after"]
+__all__ = ["Response", "error_for", "front_end_answer", "parse_error_body", "retry_after"]
 
 CODE_UNSUPPORTED_LANGUAGE = 826
 
@@ -102,6 +102,28 @@ def error_for(
     if status == 400 or status == 422:
         return exc.ValidationError(text, failure_list=failures, **common)
     return exc.RequestError(text, **common)
+
+
+def front_end_answer(
+    response: Response, method: str, path: str, task_id: str | None
+) -> exc.ServerError | None:
+    """The error for a 2xx answer whose body is not JSON at all (an HTML or text page), None
+    for any other. The service answers JSON; such a page comes from a front end in its way (a
+    load balancer's maintenance page served 200 OK while the service is switched over), says
+    nothing of what was asked, and is gone a moment later: transient, like a 5xx. Only the
+    first byte is looked at for a body that begins as the service's objects do."""
+    body = response.body
+    if body[:1] == b"{" or not _front_end_page(body):
+        return None
+    return exc.ServerError(
+        f"{method} {path}: HTTP {response.status} with a page that is not the service's JSON:"
+        f" {_page_text(body)} (not the service's answer)",
+        status=response.status,
+        service_message=_page_text(body),
+        method=method,
+        path=path,
+        task_id=task_id,
+    )
 
 
 def _asks_to_wait(wait: float | None) -> str:

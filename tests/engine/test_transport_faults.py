@@ -192,3 +192,59 @@ async def test_one_error_from_a_slow_service_is_not_give_up_after_of_failure(
     assert summary.complete
     o = assert_exactly_once(out, rej, ids_of(300))
     assert len(o.results) == 300
+
+
+#: A load balancer's maintenance page, served with 200 OK (as many are, so that browsers
+#: show it), for a second or two while the service behind it is switched over.
+MAINTENANCE_PAGE = (
+    b"<!DOCTYPE html>\n<html><head><title>Down for maintenance</title></head>"
+    b"<body><h1>We'll be back in a moment</h1></body></html>\n"
+)
+
+
+class MaintenanceBlip(MisbehavingProxy):
+    """The proxy with a front end that, once ``after`` results pages have been answered,
+    answers every results page request for ``seconds`` with its maintenance page, 200 OK,
+    ``text/html`` (the service never sees them, and still holds every task)."""
+
+    def __init__(self, upstream: str, after: int, seconds: float) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.after = after
+        self.seconds = seconds
+        self.pages = 0
+        self.blipped = 0
+        self.began: float | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        page = request.method == "GET" and "offset" in request.query
+        if page and self.pages >= self.after:
+            now = anyio.current_time()
+            self.began = now if self.began is None else self.began
+            if now - self.began < self.seconds:
+                self.blipped += 1
+                return web.Response(
+                    status=200,
+                    body=MAINTENANCE_PAGE,
+                    headers={"Content-Type": "text/html; charset=utf-8"},
+                )
+        if page:
+            self.pages += 1
+        return await super().handle(request)
+
+
+async def test_a_maintenance_page_served_200_for_a_moment_bills_no_row_twice(
+    tmp_path: Path,
+) -> None:
+    """A load balancer answers results pages for 1.5 s with its maintenance page, served 200
+    OK as ``text/html`` (the service is switched over behind it). Such a page was taken for
+    a results page the service garbled, which asking again rarely cures: asked four times in
+    0.7 s, then taken as empty, and its 100 rows sent (and billed) again in a new task. A 200
+    whose body is not JSON at all is no answer of the service: it is retried like a 5xx,
+    under the run's give-up budget."""
+    proxy = MaintenanceBlip("", after=3, seconds=1.5)
+    summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
+    assert proxy.blipped >= 4
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0 and summary.lost_tasks == 0
+    assert len(proxy.created) == 1, proxy.created
