@@ -122,3 +122,64 @@ async def test_a_proxy_password_is_in_no_exception_of_a_407s_chain(
         text = f"{item!r} {item}"
         for secret in (PASSWORD, basic, KEY, BULK_KEY):
             assert secret not in text, f"{type(item).__name__} shows a secret: {text}"
+
+
+async def test_a_service_that_quotes_the_key_in_its_refusals_leaks_it_nowhere(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service (or a gateway) whose refusals quote the key they were sent with, as some
+    do (``request refused for API key sk-...: ...``): the refusal of one row's write became its
+    reject's reason, and a refused key the run's one-line error, key and all, in the rejects
+    file, the logs and the summary. The keys sent are masked in every message of an answer."""
+    import logging
+
+    from aiohttp import web
+
+    from fashiontag_pipeline._config import DEV_BULK_API_KEY
+    from fashiontag_pipeline.engine import run_pipeline
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    from .helpers import client_config, run_through, write_csv
+    from .proxy import MisbehavingProxy, Misbehaviour
+    from .test_unstaged_servers import LONG_TASKS
+
+    class Quoting(MisbehavingProxy):
+        """Writes holding ``p1500`` refused 400, every request once ``refuse_all`` is set
+        refused 401, each message quoting the key it came with."""
+
+        refuse_all = False
+
+        async def handle(self, request: web.Request) -> web.StreamResponse:
+            key = request.headers.get("x-api-key", "")
+            if self.refuse_all:
+                error = {"code": 609, "message": f"authentication failed for API key {key}"}
+                return web.json_response({"status": "failure", "error": error}, status=401)
+            if request.method in ("POST", "PUT") and b'"p1500"' in await request.read():
+                message = f"request refused for API key {key}: image p1500 is not allowed"
+                return web.json_response({"status": "failure", "error": message}, status=400)
+            return await super().handle(request)
+
+    caplog.set_level(logging.DEBUG)
+    (tmp_path / "a").mkdir()
+    proxy = Quoting("", Misbehaviour())
+    summary, o = await run_through(tmp_path / "a", 3000, proxy, LONG_TASKS)
+    assert summary.complete and [r["id"] for r in o.rejects] == ["p1500"]
+    assert "image p1500 is not allowed" in o.rejects[0]["reason"]
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    proxy = Quoting("", Misbehaviour())
+    proxy.refuse_all = True
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with pytest.raises(Exception) as caught:
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=tmp_path / "out.jsonl",
+                    rejects=tmp_path / "rej.jsonl",
+                )
+    assert "authentication failed" in str(caught.value)
+    texts = [caplog.text, *(f"{e!r} {e}" for e in _chain(caught.value))]
+    texts += [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
+    leaked = [t for t in texts if DEV_BULK_API_KEY in t]
+    assert not leaked, leaked[0][:2000]
