@@ -147,6 +147,12 @@ class PageFetcher:
                 await self.budget.failed(err, what)
                 continue
             except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
+                if 300 <= err.status < 400:
+                    # A redirect (never followed): a front end's (to its maintenance page, for
+                    # a while); it says nothing of the page. Taken as empty after four tries
+                    # in 0.7 s, its rows were billed again: transient, like a 5xx.
+                    await self.budget.failed(exc.ServerError(str(err), **err.answer()), what)
+                    continue
                 if entry.ended is not None:
                     return self._ended_unread(entry, offset, err)
                 if entry.counted is not None and offset >= entry.counted:
