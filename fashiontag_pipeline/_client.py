@@ -51,7 +51,7 @@ from ._models import (
     TaskResultsResponse,
     TaskStatusResponse,
 )
-from ._responses import front_end_answer
+from ._responses import front_end_answer, unreadable_write
 
 __all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
 
@@ -414,17 +414,9 @@ class TaggerClient:
         try:
             return self._http.decode(_bulk_response_decoder, response, method, path)
         except exc.DecodeError as err:
-            # The write was accepted (2xx) but its answer is unreadable: its outcome (which task,
-            # which rows) is unknown, exactly like a lost answer. Never retried blindly.
             self.stats.ambiguous_writes += 1
-            raise exc.AmbiguousWriteError(
-                f"{method} {path}: HTTP {response.status} answer could not be read ({err}); "
-                "the write was applied",
-                method=method,
-                path=path,
-                status=response.status,
-                applied=True,
-            ) from err
+            page = self._http.front_end(response, method, path, task_id)
+            raise unreadable_write(response, method, path, err, page) from err
 
 
 def _as_secret(value: str | Secret) -> Secret:

@@ -18,7 +18,14 @@ from . import _exceptions as exc
 from ._config import shown_url
 from ._models import FailureItem
 
-__all__ = ["Response", "error_for", "front_end_answer", "parse_error_body", "retry_after"]
+__all__ = [
+    "Response",
+    "error_for",
+    "front_end_answer",
+    "parse_error_body",
+    "retry_after",
+    "unreadable_write",
+]
 
 CODE_UNSUPPORTED_LANGUAGE = 826
 
@@ -123,6 +130,31 @@ def front_end_answer(
         method=method,
         path=path,
         task_id=task_id,
+    )
+
+
+def unreadable_write(
+    response: Response,
+    method: str,
+    path: str,
+    err: exc.DecodeError,
+    page: exc.ServerError | None,
+) -> exc.AmbiguousWriteError:
+    """The error of a write answered 2xx whose answer cannot be read (``err``): which task,
+    which rows is unknown, and it is never sent again blindly. It was applied (the service
+    answered it), unless its body is a front end's ``page`` (not JSON at all: a maintenance
+    page served 200 OK, which the service never saw): then its fate is unknown. Taken as
+    applied, a create so answered was looked for by its token until the give-up budget ran
+    out, and the run stopped."""
+    return exc.AmbiguousWriteError(
+        f"{page}; the write may or may not have been applied"
+        if page is not None
+        else f"{method} {path}: HTTP {response.status} answer could not be read ({err});"
+        " the write was applied",
+        method=method,
+        path=path,
+        status=response.status,
+        applied=page is None,
     )
 
 

@@ -204,15 +204,24 @@ MAINTENANCE_PAGE = (
 
 class MaintenanceBlip(MisbehavingProxy):
     """The proxy with a front end that, once ``after`` results pages have been answered,
-    answers every results page request for ``seconds`` with its maintenance page, 200 OK,
-    ``text/html`` (the service never sees them, and still holds every task)."""
+    answers every results page request (or, with ``method``, every request of that method)
+    for ``seconds`` with its maintenance page, 200 OK, ``text/html`` (the service never sees
+    them, and still holds every task)."""
 
-    def __init__(self, upstream: str, after: int, seconds: float, moved: bool = False) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        after: int,
+        seconds: float,
+        moved: bool = False,
+        method: str | None = None,
+    ) -> None:
         super().__init__(upstream, Misbehaviour())
         self.after = after
         self.seconds = seconds
         #: Redirect to the page (302 to another host) instead of serving it.
         self.moved = moved
+        self.method = method
         self.pages = 0
         self.blipped = 0
         self.began: float | None = None
@@ -220,6 +229,8 @@ class MaintenanceBlip(MisbehavingProxy):
     async def handle(self, request: web.Request) -> web.StreamResponse:
         page = request.method == "GET" and request.path.startswith(BULK + "/")
         page = page and "offset" in request.query
+        if self.method is not None:
+            page = request.method == self.method
         if page and self.pages >= self.after:
             now = anyio.current_time()
             self.began = now if self.began is None else self.began
@@ -272,3 +283,21 @@ async def test_a_redirect_to_a_maintenance_page_for_a_moment_bills_no_row_twice(
     assert len(o.results) == 3000 and not o.rejects
     assert summary.resent == 0 and summary.lost_tasks == 0
     assert len(proxy.created) == 1, proxy.created
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT"])
+async def test_a_maintenance_page_served_200_to_writes_is_no_write_applied(
+    tmp_path: Path, method: str
+) -> None:
+    """The same maintenance page (HTML, 200 OK) answers the creates (or the appends) for
+    1.5 s. A 2xx to a write was taken as the write applied with an answer that cannot be read:
+    a create so answered was looked for in the task list by its token until
+    ``--give-up-after``, and never found (the service never saw it): the run stopped, exit 1,
+    after a blip of a second. A page that is not JSON at all is no answer of the service: the
+    write's fate is unknown (its task looked for once, then sent again)."""
+    proxy = MaintenanceBlip("", after=0, seconds=1.5, method=method)
+    summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
+    assert proxy.blipped >= 1
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0 and summary.lost_tasks == 0
