@@ -117,16 +117,19 @@ def front_end_answer(
     """The error for a 2xx answer whose body is not JSON at all (an HTML or text page), None
     for any other. The service answers JSON; such a page comes from a front end in its way (a
     load balancer's maintenance page served 200 OK while the service is switched over), says
-    nothing of what was asked, and is gone a moment later: transient, like a 5xx. Only the
+    nothing of what was asked, and is gone a moment later: transient, like a 5xx. So is an
+    empty answer to a read (a front end's fixed response; a write's is applied: 204). Only the
     first byte is looked at for a body that begins as the service's objects do."""
     body = response.body
-    if body[:1] == b"{" or not _front_end_page(body):
+    empty = method == "GET" and not body.strip()
+    if body[:1] == b"{" or not (empty or _front_end_page(body)):
         return None
+    text = "an empty body" if empty else _page_text(body)
     return exc.ServerError(
         f"{method} {path}: HTTP {response.status} with a page that is not the service's JSON:"
-        f" {_page_text(body)} (not the service's answer)",
+        f" {text} (not the service's answer)",
         status=response.status,
-        service_message=_page_text(body),
+        service_message=text,
         method=method,
         path=path,
         task_id=task_id,

@@ -216,6 +216,7 @@ class MaintenanceBlip(MisbehavingProxy):
         seconds: float,
         moved: bool = False,
         method: str | None = None,
+        body: bytes = MAINTENANCE_PAGE,
     ) -> None:
         super().__init__(upstream, Misbehaviour())
         self.after = after
@@ -223,6 +224,7 @@ class MaintenanceBlip(MisbehavingProxy):
         #: Redirect to the page (302 to another host) instead of serving it.
         self.moved = moved
         self.method = method
+        self.body = body
         self.pages = 0
         self.blipped = 0
         self.began: float | None = None
@@ -242,7 +244,7 @@ class MaintenanceBlip(MisbehavingProxy):
                     return web.Response(status=302, headers={"Location": where})
                 return web.Response(
                     status=200,
-                    body=MAINTENANCE_PAGE,
+                    body=self.body,
                     headers={"Content-Type": "text/html; charset=utf-8"},
                 )
         if page:
@@ -260,6 +262,21 @@ async def test_a_maintenance_page_served_200_for_a_moment_bills_no_row_twice(
     whose body is not JSON at all is no answer of the service: it is retried like a 5xx,
     under the run's give-up budget."""
     proxy = MaintenanceBlip("", after=3, seconds=1.5)
+    summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
+    assert proxy.blipped >= 4
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0 and summary.lost_tasks == 0
+    assert len(proxy.created) == 1, proxy.created
+
+
+async def test_an_empty_200_for_a_moment_bills_no_row_twice(tmp_path: Path) -> None:
+    """The load balancer answers results pages for 1.5 s with 200 OK and no body at all (a
+    fixed response of its own while the service is switched over): each page so answered was
+    asked four times in 0.7 s, then taken as empty, its rows sent (and billed) again. The
+    service never answers a read with nothing: retried like a 5xx, as a page that is not
+    JSON."""
+    proxy = MaintenanceBlip("", after=3, seconds=1.5, body=b"")
     summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
     assert proxy.blipped >= 4
     assert summary.complete and summary.unsettled == 0
