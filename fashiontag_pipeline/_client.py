@@ -415,7 +415,7 @@ class TaggerClient:
             return self._http.decode(_bulk_response_decoder, response, method, path)
         except exc.DecodeError as err:
             self.stats.ambiguous_writes += 1
-            page = self._http.front_end(response, method, path, task_id)
+            page = front_end_answer(response, method, path, task_id)
             raise unreadable_write(response, method, path, err, page) from err
 
 
