@@ -121,8 +121,10 @@ def front_end_answer(
     empty answer to a read (a front end's fixed response; a write's is applied: 204). Only the
     first byte is looked at for a body that begins as the service's objects do."""
     body = response.body
+    if body[:1] == b"{":  # (every page of the service's: nothing more is looked at)
+        return None
     empty = method == "GET" and not body.strip()
-    if body[:1] == b"{" or not (empty or _front_end_page(body)):
+    if not (empty or _front_end_page(body)):
         return None
     text = "an empty body" if empty else _page_text(body)
     return exc.ServerError(
