@@ -24,14 +24,15 @@ _SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
 
 def secret_forms(values: Iterable[str]) -> tuple[bytes, ...]:
     """The byte strings an answer may echo ``values`` (the keys sent) as: UTF-8, and as a JSON
-    string holds them (escaped), longest first (a key that holds another is masked whole). A
-    key with white space around it (an env file's) is read by the service without it."""
+    string holds them (escaped; ``/`` as ``\\/`` too, as PHP's ``json_encode`` writes it: a
+    base64 key holds some), longest first (a key that holds another is masked whole). A key
+    with white space around it (an env file's) is read by the service without it."""
     import msgspec
 
     keys = {k for v in values for k in (v, v.strip()) if k}
-    forms = {k.encode("utf-8", "replace") for k in keys} | {
-        msgspec.json.encode(k)[1:-1] for k in keys
-    }
+    escaped = {msgspec.json.encode(k)[1:-1] for k in keys}
+    forms = {k.encode("utf-8", "replace") for k in keys} | escaped
+    forms |= {form.replace(b"/", b"\\/") for form in escaped}
     return tuple(sorted(forms, key=len, reverse=True))
 
 

@@ -101,3 +101,44 @@ async def test_a_base_url_password_holding_a_hash_or_question_mark_is_not_shown(
     assert result.returncode == 2, err
     assert "base_url" in err and "%23" in err, err
     assert FRAGMENT not in err, err
+
+
+#: A key as many are issued: base64, with a ``/`` in it.
+SLASHED_KEY = "LEAK+ab/Cd9/xyZ0=="
+
+
+@pytest.mark.parametrize("status", [401, 403, 429, 503])
+async def test_a_key_echoed_with_its_slashes_escaped_is_masked(tmp_path: Path, status: int) -> None:
+    """A gateway whose JSON encoder escapes ``/`` as ``\\/`` (PHP's ``json_encode`` does, by
+    default) echoes a base64 key ``LEAK+ab/Cd9...`` as ``LEAK+ab\\/Cd9...``: neither of the
+    forms masked (the key as sent, as a JSON string holds it) is in the answer, and its message,
+    read, held the key in clear: in the error, the run's one-line reason and ``--summary``."""
+    from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
+
+    async def refuse(request: web.Request) -> web.Response:
+        sent = request.headers.get("x-api-key", "").replace("/", "\\/")
+        body = '{"error": {"code": 609, "message": "invalid api key ' + sent + '"}}'
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    config = ClientConfig(
+        base_url=f"http://127.0.0.1:{port}",
+        api_key=Secret(SLASHED_KEY),
+        bulk_api_key=Secret(SLASHED_KEY),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    try:
+        async with TaggerClient(config=config) as client:
+            with anyio.fail_after(30), pytest.raises(Exception) as caught:
+                await client.task_status("t1")
+    finally:
+        await runner.cleanup()
+    text = f"{caught.value!r} {caught.value} {vars(caught.value)}"
+    assert "invalid api key" in text, text
+    assert FRAGMENT not in text, text
