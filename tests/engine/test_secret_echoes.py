@@ -142,3 +142,55 @@ async def test_a_key_echoed_with_its_slashes_escaped_is_masked(tmp_path: Path, s
     text = f"{caught.value!r} {caught.value} {vars(caught.value)}"
     assert "invalid api key" in text, text
     assert FRAGMENT not in text, text
+
+
+async def test_a_key_quoted_in_a_written_rows_refusal_is_masked() -> None:
+    """A service whose answer to a write (202) refuses a row quoting the key it came with
+    (``failureList: [{"errorMessage": "refused for API key sk-...: ..."}]``): only answers of
+    HTTP 300 and up were masked, so the row's reason, key and all, went into the rejects
+    file. A write's answer is masked whatever its status (a write is one request per chunk of
+    rows: no cost of note), as is a front end's page that is not JSON."""
+    from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
+
+    async def accept(request: web.Request) -> web.Response:
+        sent = request.headers.get("x-api-key", "")
+        body = {
+            "taskId": "t1",
+            "taskExpiredAt": "2099-01-01T00:00:00Z",
+            "validation": {"accept": 0, "failure": 1},
+            "failureList": [
+                {
+                    "request": {"context": {"id": "p1"}},
+                    "errorMessage": f"refused for API key {sent}: image p1 is not allowed",
+                }
+            ],
+        }
+        return web.json_response(body, status=202)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", accept)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    config = ClientConfig(
+        base_url=f"http://127.0.0.1:{port}",
+        api_key=Secret(KEY),
+        bulk_api_key=Secret(BULK_KEY),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+
+    image = Image(type=ImageType("url"), content="https://img.example/1.jpg")
+    try:
+        async with TaggerClient(config=config) as client:
+            with anyio.fail_after(30):
+                answer = await client.create_task(
+                    [TaggingRequest(image=image, context=BulkContext(id="p1"))]
+                )
+    finally:
+        await runner.cleanup()
+    reasons = [item.error_message for item in answer.failure_list]
+    assert reasons and all("image p1 is not allowed" in r for r in reasons), reasons
+    assert not any(FRAGMENT in r for r in reasons), reasons
