@@ -200,3 +200,30 @@ async def test_daemon_sighup_while_starting_is_logged_and_ignored_as_once_runnin
     (hup_line,) = [e for e in logs if "SIGHUP" in e["event"]]
     assert "ignored" in hup_line["event"], shown
     assert any(e["event"] == "daemon stopped" for e in logs), shown
+
+
+def test_stderr_that_cannot_take_a_line_right_now_takes_the_next() -> None:
+    """Stderr inherited non-blocking (``O_NONBLOCK`` set by the parent on a pipe it shares: a
+    CI runner's, a Node.js supervisor's) and read slowly: a line met a full pipe, EAGAIN
+    (``BlockingIOError``), and stderr was taken as gone, as after a broken pipe or ENOSPC:
+    every later line dropped, the run's final error among them (exit 1 with no word why).
+    That line is dropped; the next ones are written once the reader has caught up."""
+    import io
+
+    from fashiontag_pipeline.cli.streams import _ForgivingStream
+
+    class SlowReader(io.StringIO):
+        full = True
+
+        def write(self, text: str) -> int:
+            if self.full:
+                self.full = False
+                raise BlockingIOError(11, "write could not complete without blocking", 0)
+            return super().write(text)
+
+    target = SlowReader()
+    stream = _ForgivingStream(target)
+    stream.write("progress 10%\n")
+    stream.write("fashiontag: the service is unreachable\n")
+    stream.flush()
+    assert target.getvalue() == "fashiontag: the service is unreachable\n"

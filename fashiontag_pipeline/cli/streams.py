@@ -7,7 +7,8 @@
   progress line and log record a broken pipe, and a log file on a full disk (``2>>
   /var/log/...``) or one that fails makes them ENOSPC or EIO: stderr is for people, so once a
   write to it fails its writes are dropped and the run goes on, its exit code and
-  ``--summary`` its own. Stdout, which may carry data, keeps the usual rule.
+  ``--summary`` its own. A write that would block (a non-blocking stderr its reader is slow
+  to drain: EAGAIN) drops that line only. Stdout, which may carry data, keeps the usual rule.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ __all__ = ["guard_standard_streams"]
 
 
 class _ForgivingStream:
-    """A text stream whose writes stop, silently, once its reader has gone or a write fails."""
+    """A text stream whose writes stop, silently, once its reader has gone or a write fails
+    (one that would block is dropped alone)."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -31,6 +33,8 @@ class _ForgivingStream:
             return len(text)
         try:
             return self._stream.write(text)
+        except BlockingIOError:  # (a non-blocking stderr read slowly: this line only)
+            return len(text)
         except (OSError, ValueError):  # (a broken pipe, ENOSPC, EIO; closed)
             self._broken = True
             return len(text)
@@ -40,6 +44,8 @@ class _ForgivingStream:
             return
         try:
             self._stream.flush()
+        except BlockingIOError:
+            pass
         except (OSError, ValueError):  # (a broken pipe, ENOSPC, EIO; closed)
             self._broken = True
 
