@@ -147,6 +147,10 @@ class TaggerClient:
         """The service's clock offset, from responses' ``Date`` (write deadlines use it)."""
         return self._http.server_clock
 
+    def masked(self, text: str) -> str:
+        """``text`` (an answer's words, for a message) with the keys this client sends masked."""
+        return self._http.masked(text)
+
     def bulk_key_mac(self, salt: bytes) -> str:
         """16 hex digits of HMAC-SHA256 under ``salt`` of the key sent on bulk paths: tells one
         key from another (a resume under another account's) without keeping it."""

@@ -403,8 +403,7 @@ class HttpExchange:
         task_id: str | None,
     ) -> None:
         if not says_success(status):
-            if error:  # (a refusal may echo the key it was sent)
-                error = mask_secrets(error.encode(), self._secret_forms).decode()
+            error = self.masked(error) if error else error  # (it may echo the key sent)
             # A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no
             # request error of ours can be told from it, and asking again is harmless, so it
             # is a transient fault of the service (retried under the run's give-up budget).
@@ -417,6 +416,11 @@ class HttpExchange:
                 path=path,
                 task_id=task_id,
             )
+
+    def masked(self, text: str) -> str:
+        """``text`` (words of an answer) with the keys sent masked (:func:`mask_secrets`)."""
+        raw = mask_secrets(text.encode("utf-8", "surrogatepass"), self._secret_forms)
+        return raw.decode("utf-8", "surrogatepass")
 
     def raise_for_status(
         self, response: Response, method: str, path: str, task_id: str | None

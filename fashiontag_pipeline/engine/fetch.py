@@ -174,7 +174,9 @@ class PageFetcher:
                     self.slots.window = float(max(1, PAGE_BYTES // len(raw)))
                 try:
                     decoded = decode_page(raw)
-                except (msgspec.DecodeError, NotAPage) as err:
+                except NotAPage as err:  # (a refusal with 200, whose words may quote the key)
+                    problem = NotAPage(self.client.masked(str(err)))
+                except msgspec.DecodeError as err:
                     problem = err
                 else:
                     break

@@ -183,3 +183,52 @@ async def test_a_service_that_quotes_the_key_in_its_refusals_leaks_it_nowhere(
     texts += [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
     leaked = [t for t in texts if DEV_BULK_API_KEY in t]
     assert not leaked, leaked[0][:2000]
+
+
+async def test_a_results_page_refused_200_quoting_the_key_leaks_it_nowhere(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway answering the results reads HTTP 200 with the spec's failure body quoting the
+    key (``{"status": "failure", "error": "refused for API key sk-..."}``): the status and list
+    reads mask it, but a results page so answered is read by the engine's own decoder, whose
+    reason ("HTTP 200 with status 'failure': ...") went whole into the log lines and the run's
+    final error, key and all. It is masked there too (a results page the service gives is not
+    scanned: the hot path)."""
+    import logging
+
+    from aiohttp import web
+
+    from fashiontag_pipeline._config import DEV_BULK_API_KEY
+    from fashiontag_pipeline.engine import run_pipeline
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    from .helpers import client_config, write_csv
+    from .proxy import MisbehavingProxy, Misbehaviour
+
+    class Refusing(MisbehavingProxy):
+        async def handle(self, request: web.Request) -> web.StreamResponse:
+            page = request.path.startswith("/tagger/v2.12/bulk/") and "offset" in request.query
+            if request.method == "GET" and page:
+                key = request.headers.get("x-api-key", "")
+                body = {"status": "failure", "error": f"refused for API key {key}"}
+                return web.json_response(body, status=200)
+            return await super().handle(request)
+
+    caplog.set_level(logging.DEBUG)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    proxy = Refusing("", Misbehaviour())
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(120), pytest.raises(Exception) as caught:
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=tmp_path / "out.jsonl",
+                    rejects=tmp_path / "rej.jsonl",
+                )
+    assert "refused for API key" in str(caught.value)
+    texts = [caplog.text, *(f"{e!r} {e}" for e in _chain(caught.value))]
+    texts += [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
+    leaked = [t for t in texts if DEV_BULK_API_KEY in t]
+    assert not leaked, leaked[0][:2000]
