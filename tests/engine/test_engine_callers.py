@@ -276,8 +276,21 @@ async def test_a_run_cancelled_while_it_resumes_leaves_no_stream_unclosed(tmp_pa
                 [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
             )
 
-        with anyio.move_on_after(0.6):  # tasks left in flight
-            await run()
+        async def left_in_flight() -> None:
+            # Tasks left in flight: stopped once one is created and its answer committed
+            # (not a fixed 0.6 s, which on a loaded machine may come before any create, and
+            # the resume below would then have no task to look up).
+            while not proxy.created:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
+            tg.cancel_scope.cancel()
+
+        ended: list[RunSummary] = []
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(left_in_flight)
+                ended.append(await run())
+        assert not ended, "the first run ended before it was stopped"
         proxy.rules.storm = 503
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ResourceWarning)
