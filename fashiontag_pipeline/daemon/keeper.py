@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import anyio
 import anyio.abc
@@ -81,10 +81,11 @@ class LeaseKeeper:
         self._deadline.pop(claim_id, None)
         self._lost.setdefault(claim_id, anyio.Event()).set()
 
-    async def acquire(self, limit: int = 1) -> list[Lease]:
-        """Lease up to ``limit`` manifests (:meth:`PostgresClaimLedger.acquire`) and keep them."""
+    async def acquire(self, limit: int = 1, skip: Collection[int] = ()) -> list[Lease]:
+        """Lease up to ``limit`` manifests, none of ``skip`` (claim ids), and keep them
+        (:meth:`PostgresClaimLedger.acquire`)."""
         sent_at = self._clock()
-        leases = await anyio.to_thread.run_sync(self._ledger.acquire, limit)
+        leases = await anyio.to_thread.run_sync(lambda: self._ledger.acquire(limit, skip=skip))
         for lease in leases:
             self._hold(lease, sent_at)
         return leases

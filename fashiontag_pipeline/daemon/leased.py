@@ -105,25 +105,31 @@ async def hand_back(
     daemon: Daemon,
     err: exc.SchemaTooNewError | exc.ResumeMismatchError,
 ) -> None:
-    """This daemon cannot tag the manifest, and the manifest is not at fault: the database was
-    migrated by a newer fashiontag (daemons upgraded one at a time: exit 1, saying to upgrade
-    this one), or the manifest was begun on another service, account or question than this
-    daemon is given (a unit file edited on one machine only: exit 2, naming the one it was
-    begun with; taken as forgotten, its tasks' rows were sent and billed again). The manifest
-    is handed back at once (no attempt counted: it never goes to failed/) for another daemon
-    to take, and this one drains and stops (its run raises ``err``)."""
+    """This daemon cannot tag the manifest, and the manifest is not at fault. The manifest is
+    handed back at once (no attempt counted: it never goes to failed/) for another daemon to
+    take:
+
+    * the database was migrated by a newer fashiontag (daemons upgraded one at a time): this
+      one drains and stops (its run raises ``err``: exit 1, saying to upgrade it);
+    * the manifest was begun on another service, account or question than this daemon is
+      given (a unit file edited on one machine only, a canary aimed at staging): taken as
+      forgotten, its tasks' rows were sent and billed again. This daemon leaves it to one
+      given what it was begun with and goes on with the others: which of the two is the
+      misconfigured one, it cannot tell, and stopping would let one canary's manifest stop
+      every daemon of the fleet, one after the other."""
     with contextlib.suppress(exc.StateError):  # (else its lease ends by itself)
         await keeper.release(lease)
-    if not daemon.health.draining:
-        why = (
-            "the database was migrated by a newer fashiontag: this daemon stops taking"
-            " manifests (upgrade it)"
-            if isinstance(err, exc.SchemaTooNewError)
-            else "the manifest was begun with another service, account or question than this"
-            " daemon is given: this daemon stops taking manifests"
-        )
+    if isinstance(err, exc.ResumeMismatchError):
         logger.error(
-            f"{why}; the manifest is handed back",
+            "the manifest was begun with another service, account or question than this"
+            " daemon is given; it is handed back, for a daemon given those to finish",
+            extra={"manifest": lease.name, "reason": str(err)},
+        )
+        return
+    if not daemon.health.draining:
+        logger.error(
+            "the database was migrated by a newer fashiontag: this daemon stops taking"
+            " manifests (upgrade it); the manifest is handed back",
             extra={"manifest": lease.name, "reason": str(err)},
         )
     daemon.stop()

@@ -16,7 +16,7 @@ import contextlib
 import os
 import secrets
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -71,7 +71,7 @@ _FREE = "status = 'claimed' AND (owner IS NULL OR lease_expires_at <= statement_
 _ACQUIRE_SQL = f"""
 WITH free AS (
     SELECT id FROM claims
-    WHERE {_FREE}
+    WHERE {_FREE} AND NOT id = ANY(%(skip)s::bigint[])
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -378,12 +378,19 @@ class PostgresClaimLedger:
             expires_at=expires_at,
         )
 
-    def acquire(self, limit: int = 1, *, lease: float | None = None) -> list[Lease]:
+    def acquire(
+        self, limit: int = 1, *, lease: float | None = None, skip: Collection[int] = ()
+    ) -> list[Lease]:
         """Lease up to ``limit`` claims in flight that nobody holds (never leased, released,
-        or expired), oldest first. Rows another daemon is leasing at this moment are skipped,
-        not waited for, so concurrent callers get disjoint sets. Each lease's epoch is one more
-        than the claim's last."""
-        params = {"limit": limit, "owner": self.owner, "lease": lease or self.lease}
+        or expired), oldest first, none of ``skip`` (claim ids). Rows another daemon is leasing
+        at this moment are skipped, not waited for, so concurrent callers get disjoint sets.
+        Each lease's epoch is one more than the claim's last."""
+        params = {
+            "limit": limit,
+            "owner": self.owner,
+            "lease": lease or self.lease,
+            "skip": sorted(skip),
+        }
         with self._transaction("acquire leases") as conn:
             rows = conn.execute(_ACQUIRE_SQL, params).fetchall()
         return sorted(map(self._lease, rows), key=lambda held: held.claim_id)

@@ -87,9 +87,8 @@ class SharedDaemon:
         self._acquire_failed = False
         self._attempts = Attempts(MAX_ATTEMPTS)
         self._ledger: PostgresClaimLedger | None = None
-        #: Why this daemon stops taking manifests (a newer daemon migrated the database; a
-        #: manifest begun on another service than this daemon is given).
-        self._outdated: exc.SchemaTooNewError | exc.ResumeMismatchError | None = None
+        self._outdated: exc.SchemaTooNewError | None = None  # (a newer daemon migrated)
+        self._foreign: set[int] = set()  # (claims begun on another service: left to others)
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -146,7 +145,7 @@ class SharedDaemon:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(ledger.close)
         if self._outdated is not None:
-            raise self._outdated  # (exit 1, saying to upgrade it; exit 2: its --base-url)
+            raise self._outdated  # (exit 1, saying to upgrade this daemon)
         logger.info("daemon stopped")
 
     async def _drain_watch(self) -> None:
@@ -210,7 +209,7 @@ class SharedDaemon:
             free = self.config.max_active - len(self.leased)
             if free > 0:
                 try:
-                    leases = await keeper.acquire(free)
+                    leases = await keeper.acquire(free, skip=self._foreign)
                 except exc.StateError as err:
                     if not self._acquire_failed:
                         logger.warning("cannot lease manifests: %s; retrying", err)
@@ -297,8 +296,11 @@ class SharedDaemon:
                         err,
                         extra={"manifest": lease.name},
                     )
-        except (exc.SchemaTooNewError, exc.ResumeMismatchError) as err:
+        except exc.SchemaTooNewError as err:
             self._outdated = self._outdated or err
+            await hand_back(lease, keeper, daemon, err)
+        except exc.ResumeMismatchError as err:
+            self._foreign.add(lease.claim_id)
             await hand_back(lease, keeper, daemon, err)
         except exc.LeaseLostError:
             keeper.forget(lease)
