@@ -28,6 +28,7 @@ from ..engine.reuse.store import open_store
 from ..engine.run import first_error, run_pipeline
 from ..engine.state.pgstore import PostgresStateDB, drop_state
 from .epochs import claim_state_url
+from .heap import release_free_heap
 from .inbox import Claim
 from .keeper import LeaseKeeper
 from .leases import Lease, PostgresClaimLedger
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_reuse",
+    "drop_done",
     "drop_settled",
     "hand_back",
     "queued",
@@ -97,6 +99,15 @@ def drop_settled(ledger: PostgresClaimLedger | None, url: str, idle_timeout: flo
         return
     for claim_id in ledger.settled_claim_states():
         drop_state(claim_state_url(url, claim_id), idle_timeout=idle_timeout)
+
+
+def drop_done(url: str, claim_id: int, idle_timeout: float) -> None:
+    """Drop the state of a manifest this daemon settled, then give the C heap's free memory
+    back to the system (see :mod:`.heap`: else the RSS grows with every manifest)."""
+    try:
+        drop_state(claim_state_url(url, claim_id), idle_timeout=idle_timeout)
+    finally:
+        release_free_heap()
 
 
 async def hand_back(

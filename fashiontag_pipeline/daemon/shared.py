@@ -41,7 +41,7 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from ..engine.engine import RunControl
 from ..engine.run import RUN_JOB
-from ..engine.state.pgstore import PostgresStateDB, drop_state
+from ..engine.state.pgstore import PostgresStateDB
 from .attempts import Attempts
 from .epochs import (
     claim_state_url,
@@ -53,7 +53,7 @@ from .epochs import (
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .keeper import LeaseKeeper
-from .leased import check_reuse, drop_settled, hand_back, queued, run_leased, still_held
+from .leased import check_reuse, drop_done, drop_settled, hand_back, queued, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
 
@@ -284,10 +284,7 @@ class SharedDaemon:
                 self._attempts.forget(lease.claim_id)
                 try:
                     await anyio.to_thread.run_sync(
-                        lambda: drop_state(
-                            claim_state_url(self.url, lease.claim_id),
-                            idle_timeout=self.config.lease,
-                        )
+                        drop_done, self.url, lease.claim_id, self.config.lease
                     )
                 except exc.StateError as err:
                     # Settled all the same: the state is dropped later (_repair, any daemon).
