@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 from fashiontag_pipeline import TaggerClient
@@ -227,3 +228,39 @@ def test_stderr_that_cannot_take_a_line_right_now_takes_the_next() -> None:
     stream.write("fashiontag: the service is unreachable\n")
     stream.flush()
     assert target.getvalue() == "fashiontag: the service is unreachable\n"
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "command", [["tag", "https://img.example/1.jpg"], ["tasks", "list"]], ids=["tag", "tasks"]
+)
+async def test_tag_and_tasks_stopped_at_work_exit_130_with_one_line(
+    command: list[str], signum: int
+) -> None:
+    """``tag --help`` and ``tasks --help``: "130 interrupted (Ctrl-C, SIGTERM)". Ctrl-C was,
+    but SIGTERM (a supervisor's stop, ``timeout``) killed them where they stood: exit -15, no
+    word on stderr."""
+    asked = anyio.Event()
+
+    async def hang(stream: anyio.abc.SocketStream) -> None:  # a service that never answers
+        asked.set()
+        async with stream:
+            await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    args = [sys.executable, "-m", "fashiontag_pipeline", *command]
+    args += ["--base-url", f"http://127.0.0.1:{port}"]
+    launch = [sys.executable, "-c", _DEFAULT_SIGNALS, *args[1:]]
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hang)
+        async with await anyio.open_process(
+            launch, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        ) as proc:
+            with anyio.fail_after(20):
+                await asked.wait()  # at work: its request sent
+                proc.send_signal(signum)
+                code = await proc.wait()
+            assert proc.stderr is not None
+            err = b"".join([chunk async for chunk in proc.stderr]).decode(errors="replace")
+        tg.cancel_scope.cancel()
+    assert code == 130, f"exit {code}\n{err}"
+    assert "interrupted" in err and "Traceback" not in err, err

@@ -36,7 +36,7 @@ from .common import (
     add_client_arguments,
     parse_detection,
 )
-from .startup import HELD, release, take
+from .startup import HELD, interrupt_on_term, release, take
 from .streams import guard_standard_streams
 
 __all__ = ["configure_logging", "main"]
@@ -288,6 +288,10 @@ def configure_logging(verbosity: int) -> None:
     )
 
 
+def _nothing() -> None:
+    pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``fashiontag`` command line (:func:`fashiontag_pipeline.cli.main` is its entry point)."""
     guard_standard_streams()
@@ -306,9 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     configure_logging(args.verbose)
     handler: Callable[[argparse.Namespace], Any] = args.handler
+    restore_term: Callable[[], None] = _nothing
     try:
         if not getattr(args, "takes_signals", False):
-            release()  # a Ctrl-C while it started: KeyboardInterrupt here
+            restore_term = interrupt_on_term()  # SIGTERM: as Ctrl-C, exit 130
+            release()  # a Ctrl-C (or SIGTERM) while it started: KeyboardInterrupt here
         if args.is_async:
             return int(anyio.run(handler, args))
         return int(handler(args))
@@ -325,3 +331,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         # run or daemon ended before taking the signals over (a bad flag value): a stop
         # asked for meanwhile has its answer, the process ends now.
         release(taken=HELD)
+        restore_term()

@@ -126,6 +126,7 @@ DEMO_EXIT_CODES = """exit codes:
   0    the demo ran end to end and every row has an outcome
   1    it did not (one line on stderr)
   2    bad usage (unknown flag, bad flag value)
+  130  interrupted (Ctrl-C, SIGTERM)
 """
 
 KEYS_HELP = """keys and URL: flags, then FASHIONTAG_BASE_URL / FASHIONTAG_API_KEY /

@@ -9,8 +9,9 @@ takes them over, SIGINT, SIGTERM and SIGHUP are only noted (:func:`hold_signals`
   (:func:`take`): a stop noted before then ends the command before it reads, claims or sends
   anything, with its documented exit code;
 - every other command gives them back before it starts (:func:`release`): one noted
-  meanwhile acts then as it would have (SIGINT: ``KeyboardInterrupt``; the others end the
-  process).
+  meanwhile acts then as it would have (SIGINT: ``KeyboardInterrupt``; SIGHUP ends the
+  process), except SIGTERM, which such a command takes as a Ctrl-C
+  (:func:`interrupt_on_term`): "interrupted", exit 130, as its ``--help`` says.
 
 Imports only :mod:`signal`: this module is loaded before anything heavy.
 """
@@ -21,7 +22,7 @@ import signal
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["HELD", "hold_signals", "hold_to_exit", "release", "take"]
+__all__ = ["HELD", "hold_signals", "hold_to_exit", "interrupt_on_term", "release", "take"]
 
 #: The signals held while the command starts.
 HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -94,3 +95,34 @@ def release(taken: tuple[int, ...] = ()) -> None:
     _noted.clear()
     for signum in pending:
         signal.raise_signal(signum)
+
+
+def interrupt_on_term() -> Callable[[], None]:
+    """For a command without stop handlers of its own (``tag``, ``tasks``, ``reuse``, ``demo``):
+    SIGTERM (a supervisor's stop, ``timeout``) acts as Ctrl-C does, through whatever handles
+    SIGINT then (asyncio's cancels the command's task), so that the command ends saying it was
+    interrupted, exit 130 as its ``--help`` says, not killed where it stood (-15, no word). Call
+    it before :func:`release`: a SIGTERM noted while the command started is taken so too. One
+    inherited as ignored stays ignored. Returns what gives SIGTERM its disposition back."""
+    current = signal.getsignal(signal.SIGTERM)
+    if current is not _note and current != signal.SIG_DFL:
+        return lambda: None
+    before = _before.get(signal.SIGTERM, current)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # (SIGINT inherited as ignored: a shell's background job)
+            raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGTERM, forward)
+    except ValueError:  # not the main thread
+        return lambda: None
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is forward:
+            signal.signal(signal.SIGTERM, before)
+
+    return restore
