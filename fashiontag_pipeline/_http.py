@@ -231,7 +231,9 @@ class HttpExchange:
                 if isinstance(err, exc.AmbiguousWriteError):
                     raise
                 retryable = retry_all or isinstance(err, exc.ConnectError)
-                if not retryable or last_attempt:
+                # (An attempt that hung to its deadline past the give-up point: no retry starts.)
+                spent = given_up is not None and given_up(failing[0]) < 0
+                if not retryable or last_attempt or spent:
                     self._notes.failure(str(err), None, attempt)
                     raise
                 self.stats.retries += 1
@@ -266,11 +268,11 @@ class HttpExchange:
             # 9110 gives one to a 503 too), else a backoff; never past the give-up point.
             wait = retry_after(response.headers)
             what = failed_what(method, path, status, wait)
-            if last_attempt:
+            left = given_up(failing[0]) if given_up is not None else math.inf
+            if last_attempt or left < 0:
                 if status != 429:
                     self._notes.failure(what, None, attempt)
                 self.raise_for_status(response, method, path, task_id)
-            left = given_up(failing[0]) if given_up is not None else math.inf
             if wait is not None and wait > left:
                 # Asked to wait past the give-up point: no retry; given up at that point.
                 self._notes.failure(what, None, attempt, give_up_in=left)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import msgspec
 import pytest
 from PIL import Image as PILImage
@@ -305,3 +306,39 @@ async def test_verbose_is_taken_after_the_command_too(tmp_path: Path) -> None:
             assert code == 0, err
         code, _, err = await fashiontag("tasks", "list", "-vv", "--base-url", svc.url)
         assert code == 0 and b"DEBUG" in err, err
+
+
+async def test_tag_starts_no_retry_past_give_up_after_on_a_service_that_never_answers(
+    tmp_path: Path,
+) -> None:
+    """``--give-up-after``: "no retry starts ... past ``seconds`` after a call began failing".
+    A request that hung to its deadline past that point was sent once more all the same, to
+    its deadline again: ``tag`` against a service that takes connections and never answers took
+    142 s at the defaults (30 s; a 70 s deadline, twice)."""
+    connections = []
+
+    async def hang(stream: anyio.abc.SocketStream) -> None:
+        connections.append(stream)
+        async with stream:
+            await anyio.sleep_forever()
+
+    config = tmp_path / "c.toml"
+    config.write_text("[client.timeout]\nconnect = 0.5\nread = 0.5\n")
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hang)
+        for command in (["tag", "https://img.example/1.jpg"], ["tasks", "list"]):
+            connections.clear()
+            code, _, err = await fashiontag(
+                *command,
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--config",
+                str(config),
+                "--give-up-after",
+                "0.5",
+            )
+            assert code == 1 and b"timed out" in err, err
+            assert len(connections) == 1, (command, len(connections), err)
+        tg.cancel_scope.cancel()
