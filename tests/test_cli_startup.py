@@ -228,6 +228,8 @@ def test_stderr_that_cannot_take_a_line_right_now_takes_the_next() -> None:
     stream.write("fashiontag: the service is unreachable\n")
     stream.flush()
     assert target.getvalue() == "fashiontag: the service is unreachable\n"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize(
     "command", [["tag", "https://img.example/1.jpg"], ["tasks", "list"]], ids=["tag", "tasks"]
