@@ -20,6 +20,7 @@ from aiohttp import web
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from .gateways import _tcp_serving
 from .helpers import assert_exactly_once, client_config, ids_of, run_through, write_csv
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
@@ -351,3 +352,40 @@ async def test_answers_compressed_as_x_gzip_are_read(tmp_path: Path) -> None:
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 2500 and not o.rejects
     assert summary.resent == 0 and summary.ambiguous_writes == 0
+
+
+async def test_give_up_after_holds_when_the_service_takes_connections_and_never_answers(
+    tmp_path: Path,
+) -> None:
+    """A service that accepts connections and never sends a byte: with a 3 s deadline and
+    --give-up-after 3.5, the create timed out (0-3 s) and its look-up in the task list timed
+    out too (3-6 s), past the give-up point; the client still sent that read once more (its
+    give-up check ran before each attempt, with the time left when the failed one began) and
+    the run stopped after ~9 s. No retry starts past the give-up point: it stops when the
+    request under way at that point ends."""
+    from fashiontag_pipeline import Timeout
+
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    held = 0
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        nonlocal held
+        held += 1
+        async with stream:
+            await anyio.sleep_forever()
+
+    async with _tcp_serving(hold) as port:
+        started = anyio.current_time()
+        with anyio.fail_after(60), pytest.raises(Exception) as caught:
+            await run_pipeline(
+                [manifest],
+                client=client_config(f"http://127.0.0.1:{port}", timeout=Timeout(total=3.0)),
+                out=tmp_path / "out.jsonl",
+                rejects=tmp_path / "rej.jsonl",
+                engine=msgspec.structs.replace(LONG_TASKS, give_up_after=3.5),
+            )
+        elapsed = anyio.current_time() - started
+    assert "unreachable" in str(caught.value), caught.value
+    assert held == 2, f"{held} requests sent"
+    # The budget: 3.5 s; then the request under way ends within its 3 s deadline. Before: 9 s.
+    assert elapsed < 7.8, elapsed
