@@ -211,6 +211,9 @@ class AmbiguousWriteError(TransportError):
         #: not be read (``204 No Content``, a body that is not the spec's): which rows it
         #: took is unknown, not whether it took the write.
         self.applied = applied
+        #: Seconds a write that timed out went unanswered (0: not a timeout): a service that
+        #: slow may still be at work on it, and apply it as late again.
+        self.unanswered_for = 0.0
 
 
 class ServiceError(FashiontagError):

@@ -134,7 +134,8 @@ class TaskWrites(WriteAnswers):
                     await self._created_unanswered(task, chunk, err.status)
                     return True
                 await self._failed(err, "create task")
-                adopted = None if self._stopped() else await self._find_unless_stopped(task)
+                late = err.unanswered_for  # (a create that timed out may be applied as late)
+                adopted = None if self._stopped() else await self._find_unless_stopped(task, late)
                 if adopted is None:
                     continue
                 # The id may have answered another create of the run meanwhile (a service
@@ -277,20 +278,20 @@ class TaskWrites(WriteAnswers):
         )
         task.created.set()
 
-    async def _find_unless_stopped(self, task: OpenTask) -> Task | None:
-        """:meth:`find_task` after a create of unknown fate, or None once the run stops writing
-        (a drain): a look-up kept waiting (a task list rate limited or shedding load) ends at
-        the stop, and the chunk, its task's token written ahead, is left to the resume."""
+    async def _find_unless_stopped(self, task: OpenTask, late: float) -> Task | None:
+        """:meth:`find_task` (``late``: its ``lag``) after a create of unknown fate, or None once
+        the run stops writing (a drain): a look-up kept waiting (a task list rate limited or
+        shedding load) ends at the stop, the chunk (its token written ahead) left to the resume."""
         stopped = WRITES_STOPPED.get()
         if stopped is None:
-            return await self.find_task(task.token)
+            return await self.find_task(task.token, late)
         found: list[Task | None] = [None]
         failed: list[Exception] = []
         async with anyio.create_task_group() as tg:
 
             async def look() -> None:
                 try:
-                    found[0] = await self.find_task(task.token)
+                    found[0] = await self.find_task(task.token, late)
                 except Exception as err:  # raised below as itself, not in a group
                     failed.append(err)
                 tg.cancel_scope.cancel()
@@ -302,14 +303,14 @@ class TaskWrites(WriteAnswers):
             raise failed[0]
         return found[0]
 
-    async def find_task(self, token: str) -> Task | None:
+    async def find_task(self, token: str, lag: float = 0.0) -> Task | None:
         """The task whose description carries ``token`` (after an ambiguous create): see
         :meth:`find_tasks`."""
-        return (await self.find_tasks({token})).get(token)
+        return (await self.find_tasks({token}, lag)).get(token)
 
-    async def find_tasks(self, tokens: Collection[str]) -> dict[str, Task]:
+    async def find_tasks(self, tokens: Collection[str], lag: float = 0.0) -> dict[str, Task]:
         """The tasks whose descriptions carry ``tokens`` (after ambiguous creates), by token.
-        A token not listed within ``list_lag`` seconds of the first list is left out: a
+        A token not listed within ``list_lag + lag`` seconds of the first list is left out: a
         service's list may lag its writes, and one look cannot tell "not created" from "not
         listed yet"."""
         wanted = {self.description(token): token for token in tokens}
@@ -326,7 +327,7 @@ class TaskWrites(WriteAnswers):
                 return found
             now = time.monotonic()
             if deadline is None:  # from the first answer: retries of the list do not count
-                deadline = now + self.config.list_lag
+                deadline = now + self.config.list_lag + lag
             if now >= deadline:
                 return found
             await anyio.sleep(min(pause, deadline - now))

@@ -4,7 +4,8 @@ engine once lost a row or wrote one twice:
 * a write applied but its answer lost, then the retry's duplicate failures worded another way
   (the spec leaves message texts open), or the retry refused whole with 400;
 * a row the write's answer lists as refused, which the service took anyway and returns;
-* a results page, or a poll (list, status), answered 200 with the spec's failure body.
+* a results page, or a poll (list, status), answered 200 with the spec's failure body;
+* a create held in a slow service's queue past the client's deadline, applied later.
 
 Each runs the reference service behind the misbehaving proxy (:mod:`.proxy`) and asserts every
 id exactly once in the outputs, and that the run ends complete.
@@ -18,14 +19,23 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from aiohttp import web
 
+from fashiontag_pipeline import Timeout
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import TASKS_OF_1000 as FAST
-from .helpers import client_config, read_outcomes, run_misbehaving, write_csv
-from .proxy import Misbehaviour, misbehaving
+from .helpers import (
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    read_outcomes,
+    run_misbehaving,
+    write_csv,
+)
+from .proxy import BULK, MisbehavingProxy, Misbehaviour, misbehaving
 
 #: Tasks of 5,000 rows (a create then PUTs of 1,000), polled fast.
 LONG_TASKS = EngineConfig(
@@ -368,3 +378,53 @@ async def test_each_task_holds_only_its_own_refused_ids(
     assert len(o.rejects) == tasks * refused
     assert {r["stage"] for r in o.rejects} == {"server-validation"}
     assert held and max(held) <= per_task, held
+
+
+class LateCreate(MisbehavingProxy):
+    """The proxy with a service slow to take writes: the first create waits ``delay`` seconds
+    in its queue (longer than the client's deadline) before the service applies it."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.delay = delay
+        self.held = 0
+        self.applied = anyio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.held:
+            self.held += 1
+            await request.read()  # (then held: the client's deadline passes meanwhile)
+            await anyio.sleep(self.delay)
+            try:
+                return await super().handle(request)
+            finally:
+                self.applied.set()
+        return await super().handle(request)
+
+
+async def test_a_create_timed_out_and_applied_late_is_not_created_again(tmp_path: Path) -> None:
+    """A service that answers slowly, near the client's deadline: a create held 3 s (deadline
+    1.5 s) timed out, its task looked for in the list for ``list_lag`` (1 s), not found (the
+    service had not got to it yet), and its chunk created again; the first create was then
+    applied: two tasks of the same 1,000 rows, each row billed twice, one task never read. A
+    create that timed out is looked for as long again as it went unanswered (the service may
+    still be at work on it) before its rows are sent again."""
+    proxy = LateCreate("", 3.0)
+    engine = msgspec.structs.replace(FAST, list_lag=1.0, give_up_after=30.0)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url, timeout=Timeout(total=1.5)),
+                    out=out,
+                    rejects=rej,
+                    engine=engine,
+                )
+                await proxy.applied.wait()
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(1000))
+    assert len(proxy.created) == 1, f"{len(proxy.created)} tasks hold the rows"
