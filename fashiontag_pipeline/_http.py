@@ -236,11 +236,11 @@ class HttpExchange:
                 if not retryable or last_attempt or spent:
                     self._notes.failure(str(err), None, attempt)
                     raise
-                self.stats.retries += 1
                 delay = self.retry.backoff(attempt, self._random.random())
                 self._notes.failure(str(err), delay, attempt)
                 if await pause(self._sleep, delay, stopped):
                     raise
+                self.stats.retries += 1
                 continue
 
             status = response.status
@@ -280,10 +280,10 @@ class HttpExchange:
                 self.raise_for_status(response, method, path, task_id)
             backoff = self.retry.backoff(attempt, self._random.random())
             delay = retry_wait(wait, backoff, self.retry.max_retry_after)
-            self.stats.retries += 1
             self._notes.failure(what, delay, attempt)
-            if await pause(self._sleep, delay, stopped):
+            if await pause(self._sleep, delay, stopped):  # (a stop: no retry, none counted)
                 self.raise_for_status(response, method, path, task_id)
+            self.stats.retries += 1
             continue
 
     async def send(

@@ -252,14 +252,14 @@ class RetryBudget:
         else:
             logger.info("%s failed (%s); retrying", what, reason)
         self._streak += 1
-        self.retries += 1
         delay = min(self.cap, self.base * 2 ** min(self._streak, 10)) * (
             0.5 + self._random.random() / 2
         )
         wait = getattr(err, "retry_after", None)
         if wait is not None and self._failing_since is not None:
             # The service's Retry-After (a 429 or 503 the client did not wait out, a write
-            # answered 503); one past the give-up point is waited to it, then the run stops.
+            # answered 503); one past the give-up point is waited to it, then the run stops
+            # (no retry: none counted).
             left = self.give_up_after - (time.monotonic() - self._failing_since)
             if wait > left:
                 await _pause(max(0.0, left), until)
@@ -267,6 +267,7 @@ class RetryBudget:
                     return  # a stop: the caller sends nothing more
                 raise FatalRunError(self._gave_up(what, state, reason)) from err
             delay = max(delay, min(wait, self.max_retry_after))
+        self.retries += 1
         await _pause(delay, until)
 
 

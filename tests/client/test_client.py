@@ -343,6 +343,29 @@ async def test_write_rate_limited_is_retried_because_it_was_not_applied(
     assert created.task_id == "t-1" and sleeps.delays == [0.25]
 
 
+async def test_a_write_refused_after_writes_stopped_counts_no_retry(
+    mocked: Any, make_client: Callable[..., TaggerClient]
+) -> None:
+    """A create answered 429 once the caller has stopped writing (a drain) is not sent again,
+    yet it was counted as a retry (an interrupted run's summary said "retries 1")."""
+    import anyio
+
+    from fashiontag_pipeline._callctx import WRITES_STOPPED
+
+    mocked.post(BULK, status=429, headers={"Retry-After": "0.25"}, body=b"{}")
+    stopped = anyio.Event()
+    stopped.set()
+    client = make_client()
+    token = WRITES_STOPPED.set(stopped)
+    try:
+        with pytest.raises(RateLimitedError):
+            await client.create_task(requests())
+    finally:
+        WRITES_STOPPED.reset(token)
+    assert client.stats.requests == 1
+    assert client.stats.retries == 0 and client.stats.rate_limited == 1
+
+
 async def test_write_that_cannot_connect_is_retried_then_raises_connect_error() -> None:
     # Port 9 on loopback: nothing listens, the connection is refused, nothing was sent.
     sleeps = Sleeps()

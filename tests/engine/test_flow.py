@@ -204,3 +204,15 @@ async def test_the_services_retry_after_is_capped_by_the_clients_max_retry_after
     with anyio.fail_after(5):
         assert await budget.call("single-mode tag", fn) == "ok"  # type: ignore[arg-type]
     assert calls == [2]
+
+
+async def test_a_retry_after_past_the_give_up_point_counts_no_retry() -> None:
+    """A 429 asking to wait past the give-up point is waited to it, then the run stops: no
+    retry is made, yet the summary and the progress line counted one ("retries 1" for a run
+    that sent its request once)."""
+    budget = RetryBudget(0.05, base=0.001, cap=0.002)
+    calls, fn = failing([RateLimitedError("HTTP 429", status=429, retry_after=30.0)])
+    with anyio.fail_after(5), pytest.raises(FatalRunError, match="rate limiting"):
+        await budget.call("create task", fn)  # type: ignore[arg-type]
+    assert calls == [1]
+    assert budget.retries == 0
