@@ -30,6 +30,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -45,6 +46,7 @@ from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for
 from ._responses import Response, error_for, retry_after
 from ._retrying import FIRST_FAILURE, FailureNotes, failed_what, pause, retry_wait
+from ._retrying import wait_past_give_up as wait_out
 from ._scrub import mask_secrets, scrub_request_info, secret_forms
 from ._tls import deferred_trust_store
 
@@ -52,14 +54,7 @@ from ._tls import deferred_trust_store
 with deferred_trust_store():
     import aiohttp
 
-__all__ = [
-    "BULK_PATH",
-    "FIRST_FAILURE",
-    "SINGLE_PATH",
-    "ClientStats",
-    "HttpExchange",
-    "Response",
-]
+__all__ = ["BULK_PATH", "FIRST_FAILURE", "SINGLE_PATH", "ClientStats", "HttpExchange", "Response"]
 
 
 logger = logging.getLogger("fashiontag_pipeline.client")
@@ -273,11 +268,14 @@ class HttpExchange:
                 if status != 429:
                     self._notes.failure(what, None, attempt)
                 self.raise_for_status(response, method, path, task_id)
-            if wait is not None and wait > left:
-                # Asked to wait past the give-up point: no retry; given up at that point.
+            if wait is not None and wait > left and given_up is not None:
+                # Asked to wait past the give-up point: given up there, unless it moved on.
                 self._notes.failure(what, None, attempt, give_up_in=left)
-                await pause(self._sleep, max(0.0, left), stopped)
-                self.raise_for_status(response, method, path, task_id)
+                cap, left_now = min(wait, self.retry.max_retry_after), partial(given_up, failing[0])
+                if not await wait_out(self._sleep, stopped, cap, left_now):
+                    self.raise_for_status(response, method, path, task_id)
+                self.stats.retries += 1
+                continue
             backoff = self.retry.backoff(attempt, self._random.random())
             delay = retry_wait(wait, backoff, self.retry.max_retry_after)
             self._notes.failure(what, delay, attempt)

@@ -11,7 +11,15 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-__all__ = ["FIRST_FAILURE", "WARN_EVERY", "FailureNotes", "failed_what", "pause", "retry_wait"]
+__all__ = [
+    "FIRST_FAILURE",
+    "WARN_EVERY",
+    "FailureNotes",
+    "failed_what",
+    "pause",
+    "retry_wait",
+    "wait_past_give_up",
+]
 
 logger = logging.getLogger("fashiontag_pipeline.client")
 
@@ -45,11 +53,11 @@ class FailureNotes:
     ) -> None:
         """Log a failed attempt: the first of a streak as a warning, the rest at info (-v).
         ``give_up_in``: the service asks to wait past the caller's give-up point, this many
-        seconds away (no retry)."""
+        seconds away (no retry, unless the point moves on: :func:`wait_past_give_up`)."""
         if give_up_in is not None:
             plan = (
-                "that is past the give-up point: no retry, this request given up"
-                f" in {max(0.0, give_up_in):.1f} s"
+                "that is past the give-up point: this request is given up"
+                f" in {max(0.0, give_up_in):.1f} s, unless other requests are answered meanwhile"
             )
         elif delay is None:
             plan = f"giving up on this request after {attempt} attempt(s)"
@@ -81,6 +89,35 @@ async def pause(
         with anyio.move_on_after(delay):
             await stopped.wait()
     return stopped.is_set()
+
+
+#: Seconds by which a give-up point must move on to count as moved (clocks and sleeps are
+#: that coarse).
+_MOVED = 0.01
+
+
+async def wait_past_give_up(
+    sleep: Callable[[float], Awaitable[None]],
+    stopped: anyio.Event | None,
+    wait: float,
+    left: Callable[[], float],
+) -> bool:
+    """Wait a Retry-After of ``wait`` seconds (capped) that runs past the give-up point
+    (``left()``: seconds to it): to that point, then on while the point moves on (the
+    caller's other requests were answered meanwhile: its failing is not on end), to the
+    wait's end. True: waited out (retry); False: given up at the point, or ``stopped``."""
+    end = time.monotonic() + wait
+    point = time.monotonic() + left()
+    while True:
+        if await pause(sleep, max(0.0, min(point, end) - time.monotonic()), stopped):
+            return False
+        now = time.monotonic()
+        if now >= end - _MOVED:
+            return True
+        moved = now + left()
+        if moved <= point + _MOVED:
+            return False
+        point = moved
 
 
 def failed_what(method: str, path: str, status: int, wait: float | None) -> str:

@@ -16,6 +16,7 @@ from .. import _exceptions as exc
 from .._config import DEFAULT_MAX_RETRY_AFTER
 from .._connect import unreadable_answer
 from .._exceptions import FashiontagError
+from .._retrying import wait_past_give_up
 
 __all__ = [
     "REFUSED",
@@ -169,6 +170,12 @@ class RetryBudget:
             since = self._failing_from(started, now)
         return self.give_up_after - (now - since)
 
+    def _left(self) -> float:
+        """Seconds to the give-up point of the failing under way (it began no earlier than
+        the last success)."""
+        since = self._failing_since if self._failing_since is not None else self._last_ok
+        return self.give_up_after - (time.monotonic() - since)
+
     def _failing_from(self, began: float | None, now: float) -> float:
         """When a failure that began at ``began`` (None: not known) makes the service's
         failing begin: no later than now, no earlier than the last success."""
@@ -259,10 +266,13 @@ class RetryBudget:
         if wait is not None and self._failing_since is not None:
             # The service's Retry-After (a 429 or 503 the client did not wait out, a write
             # answered 503); one past the give-up point is waited to it, then the run stops
-            # (no retry: none counted).
-            left = self.give_up_after - (time.monotonic() - self._failing_since)
-            if wait > left:
-                await _pause(max(0.0, left), until)
+            # (no retry: none counted), unless the point moved on meanwhile (other requests
+            # answered: no failing on end), then to its end.
+            if wait > self._left():
+                cap = min(wait, self.max_retry_after)
+                if await wait_past_give_up(anyio.sleep, until, cap, self._left):
+                    self.retries += 1
+                    return
                 if until is not None and until.is_set():
                     return  # a stop: the caller sends nothing more
                 raise FatalRunError(self._gave_up(what, state, reason)) from err

@@ -199,3 +199,31 @@ async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once
         again = await anyio.run_process(args, check=False, env=ENV)
     assert again.returncode == 0, again.stderr.decode()[-400:]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1000)})
+
+
+async def test_a_retry_after_past_the_give_up_point_on_one_endpoint_is_waited_out(
+    tmp_path: Path,
+) -> None:
+    """Results pages answered 429 with Retry-After: 4 for the first 6 s (a quota of reads),
+    --give-up-after 2.5, while the service answers every other request (polls, creates):
+    the page waited to the give-up point, then to it again in the run's budget, and the run
+    stopped, exit 1, "rate limiting this key for 2s", though nothing had failed for 2.5 s
+    on end. While the service answers other requests the give-up point moves on: the page
+    waits and is read, the run completes."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(
+        storm=429, storm_ops={"results"}, storm_retry_after="4", storm_window=(0.0, 6.0)
+    )
+    async with (
+        running_service(ServiceConfig(rate=500)) as svc,
+        misbehaving(svc.url, rules) as proxy,
+    ):
+        args = run_args(
+            proxy.url, out, str(manifest), "--give-up-after", "2.5", "--rotate-images", "1000"
+        )
+        with anyio.fail_after(60):
+            done = await anyio.run_process(args, check=False, env=ENV)
+    assert proxy.storm_answers >= 1
+    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
