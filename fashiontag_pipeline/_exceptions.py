@@ -202,6 +202,7 @@ class AmbiguousWriteError(TransportError):
         status: int | None = None,
         applied: bool = False,
         retry_after: float | None = None,
+        unanswered_for: float = 0.0,
     ) -> None:
         super().__init__(message, method=method, path=path)
         self.status = status
@@ -211,9 +212,10 @@ class AmbiguousWriteError(TransportError):
         #: not be read (``204 No Content``, a body that is not the spec's): which rows it
         #: took is unknown, not whether it took the write.
         self.applied = applied
-        #: Seconds a write that timed out went unanswered (0: not a timeout): a service that
-        #: slow may still be at work on it, and apply it as late again.
-        self.unanswered_for = 0.0
+        #: Seconds a write that timed out (or was answered 504 by a gateway that gave up on
+        #: the service) went unanswered, else 0: a service that slow may still be at work on
+        #: it, and apply it as late again.
+        self.unanswered_for = unanswered_for
 
 
 class ServiceError(FashiontagError):

@@ -217,6 +217,7 @@ class HttpExchange:
             last_attempt = attempt >= self.retry.max_attempts or (
                 attempt > 1 and given_up is not None and given_up(failing[0]) < 0
             )
+            sent_at = time.monotonic()
             try:
                 response = await self.send(method, path, key, body, query, language, retry_all)
             except exc.TransportError as err:
@@ -255,6 +256,7 @@ class HttpExchange:
                         path=path,
                         status=status,
                         retry_after=retry_after(response.headers),
+                        unanswered_for=time.monotonic() - sent_at if status == 504 else 0.0,
                     )
             else:
                 self._notes.answered()

@@ -100,8 +100,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       show the task before the chunk is created again: a service's list may lag its writes
       (an index updated a moment later), and a second create would leave a second live task,
       its rows billed twice. Looked at again at growing intervals within that time; after a
-      create that timed out, for as long again as it went unanswered (a service that slow may
-      still apply it).
+      create that timed out (or a gateway answered 504), for as long again as it went
+      unanswered (a service that slow may still apply it).
     * ``max_sends``: how many times a row is sent to the service in all (its first write and
       the re-sends after a task that did not return it or was forgotten) before it is written
       as a reject of stage ``unreturned`` instead of being sent forever.

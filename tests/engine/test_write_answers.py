@@ -5,7 +5,8 @@ engine once lost a row or wrote one twice:
   (the spec leaves message texts open), or the retry refused whole with 400;
 * a row the write's answer lists as refused, which the service took anyway and returns;
 * a results page, or a poll (list, status), answered 200 with the spec's failure body;
-* a create held in a slow service's queue past the client's deadline, applied later.
+* a create held in a slow service's queue past the client's deadline (or a gateway's: 504),
+  applied later.
 
 Each runs the reference service behind the misbehaving proxy (:mod:`.proxy`) and asserts every
 id exactly once in the outputs, and that the run ends complete.
@@ -13,6 +14,7 @@ id exactly once in the outputs, and that the run ends complete.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline import Timeout
+from fashiontag_pipeline import TaggerClient, Timeout
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -428,3 +430,61 @@ async def test_a_create_timed_out_and_applied_late_is_not_created_again(tmp_path
     assert summary.complete
     assert_exactly_once(out, rej, ids_of(1000))
     assert len(proxy.created) == 1, f"{len(proxy.created)} tasks hold the rows"
+
+
+class GatewayTimeout(MisbehavingProxy):
+    """The proxy as a gateway with a ``gateway`` seconds timeout in front of a service slow to
+    take writes: the first create is answered 504 after ``gateway`` s, and the service it was
+    handed to applies it ``delay`` s after it came."""
+
+    def __init__(self, upstream: str, gateway: float, delay: float) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.gateway, self.delay = gateway, delay
+        self.held = 0
+        self.applied = anyio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.held:
+            self.held += 1
+            body = await request.read()
+            headers = {
+                "x-api-key": request.headers["x-api-key"],
+                "Content-Type": "application/json",
+            }
+            asyncio.get_running_loop().create_task(self._late(body, headers))
+            await anyio.sleep(self.gateway)
+            return web.Response(status=504, body=b"<html><title>504 Gateway Time-out</title>")
+        return await super().handle(request)
+
+    async def _late(self, body: bytes, headers: dict[str, str]) -> None:
+        await anyio.sleep(self.delay)
+        assert self._session is not None
+        async with self._session.post(self.upstream + BULK, data=body, headers=headers) as up:
+            await up.read()
+        self.applied.set()
+
+
+async def test_a_create_answered_504_and_applied_late_is_not_created_again(
+    tmp_path: Path,
+) -> None:
+    """The same behind a gateway that gives up first: the create answered 504 after 1.5 s
+    (the service behind it still at work), its task looked for for ``list_lag`` and created
+    again; the service applied the first 1.5 s later: two tasks of the same rows. A create
+    answered 504 is looked for as long again as it went unanswered, as one that timed out."""
+    proxy = GatewayTimeout("", 1.5, 3.0)
+    engine = msgspec.structs.replace(FAST, list_lag=1.0, give_up_after=30.0)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+                )
+                await proxy.applied.wait()
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            tasks = await client.all_tasks()
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(1000))
+    assert len(tasks) == 1, f"{len(tasks)} tasks hold the rows"
