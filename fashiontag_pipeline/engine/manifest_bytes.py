@@ -142,9 +142,16 @@ class ManifestBytes:
         self._fh: BinaryIO
         if path == "-":
             stdin = sys.stdin  # None in a process started with its standard input closed
-            if stdin is None or stdin.closed:
-                raise ManifestError("cannot read manifest -: this process has no standard input")
-            self._fh = stdin.buffer
+            # (A stand-in a program set, io.StringIO or its own, may have no ``closed``.)
+            buffer = getattr(stdin, "buffer", None)
+            if buffer is None or getattr(stdin, "closed", False):
+                raise ManifestError(
+                    "cannot read manifest -: this process has no standard input"
+                    if stdin is None or buffer is not None
+                    else "cannot read manifest -: standard input here has no bytes to read (a"
+                    " stand-in for it, a notebook's): give the manifest as a file"
+                )
+            self._fh = buffer
             self._owns = False
         else:
             try:

@@ -7,6 +7,7 @@ them is asked for. Found by a hunt; each failed before its fix.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import anyio
@@ -186,7 +187,7 @@ async def test_manifests_given_as_a_list_of_paths_are_read(tmp_path: Path) -> No
     assert not (tmp_path / "c").exists()  # nothing made for a refused call
 
 
-@pytest.mark.parametrize("stdin", ["none", "closed"])
+@pytest.mark.parametrize("stdin", ["none", "closed", "text only"])
 async def test_stdin_as_a_manifest_of_a_process_without_one_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stdin: str
 ) -> None:
@@ -196,12 +197,15 @@ async def test_stdin_as_a_manifest_of_a_process_without_one_is_a_clear_error(
     is a ManifestError that says so, before anything is made."""
     if stdin == "none":
         monkeypatch.setattr("sys.stdin", None)
+    elif stdin == "text only":  # (a notebook's stand-in: text, no bytes under it)
+        monkeypatch.setattr("sys.stdin", io.StringIO("id,url\n"))
     else:
         closed = (tmp_path / "in").open("w+")
         closed.close()
         monkeypatch.setattr("sys.stdin", closed)
     out = tmp_path / "out" / "results.jsonl"
-    with pytest.raises(ManifestError, match="no standard input"):
+    said = "has no bytes to read" if stdin == "text only" else "no standard input"
+    with pytest.raises(ManifestError, match=said):
         await run_pipeline(
             ["-"],
             client=client_config(f"http://127.0.0.1:{dead_port()}"),
