@@ -307,8 +307,9 @@ def unanswered(
     elif write:
         message = f"{method} {path} {what}; the write may or may not have been applied"
         error = exc.AmbiguousWriteError(message, method=method, path=path)
-        if timed_out:  # (a deadline that fired late, this process frozen: the deadline)
-            error.unanswered_for = waited if limit is None else min(waited, limit)
+        # However its wait ended (a timeout, a gateway dropping it at its own): the service
+        # may still be at work on it. (Past the deadline, this process frozen: the deadline.)
+        error.unanswered_for = waited if limit is None else min(waited, limit)
     else:
         cls = exc.TimeoutError_ if timed_out else exc.TransportError
         error = cls(f"{method} {path} {what}", method=method, path=path)

@@ -212,9 +212,9 @@ class AmbiguousWriteError(TransportError):
         #: not be read (``204 No Content``, a body that is not the spec's): which rows it
         #: took is unknown, not whether it took the write.
         self.applied = applied
-        #: Seconds a write that timed out (or was answered 504 by a gateway that gave up on
-        #: the service) went unanswered, else 0: a service that slow may still be at work on
-        #: it, and apply it as late again.
+        #: Seconds a write of unknown fate went unanswered (to its timeout, a dropped
+        #: connection, or a gateway's 5xx: it may have given up on the service), else 0: a
+        #: service that slow may still be at work on it, and apply it as late again.
         self.unanswered_for = unanswered_for
 
 

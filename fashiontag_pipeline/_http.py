@@ -256,7 +256,7 @@ class HttpExchange:
                         path=path,
                         status=status,
                         retry_after=retry_after(response.headers),
-                        unanswered_for=time.monotonic() - sent_at if status == 504 else 0.0,
+                        unanswered_for=time.monotonic() - sent_at,
                     )
             else:
                 self._notes.answered()

@@ -99,9 +99,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     * ``list_lag``: after a create whose answer was lost, seconds the task list is given to
       show the task before the chunk is created again: a service's list may lag its writes
       (an index updated a moment later), and a second create would leave a second live task,
-      its rows billed twice. Looked at again at growing intervals within that time; after a
-      create that timed out (or a gateway answered 504), for as long again as it went
-      unanswered (a service that slow may still apply it).
+      its rows billed twice. Looked at again at growing intervals within that time, and for
+      as long again as the create went unanswered (it timed out, a gateway answered 502/504
+      or dropped it: a service that slow may still apply it).
     * ``max_sends``: how many times a row is sent to the service in all (its first write and
       the re-sends after a task that did not return it or was forgotten) before it is written
       as a reject of stage ``unreturned`` instead of being sent forever.

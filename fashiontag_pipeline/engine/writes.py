@@ -134,7 +134,7 @@ class TaskWrites(WriteAnswers):
                     await self._created_unanswered(task, chunk, err.status)
                     return True
                 await self._failed(err, "create task")
-                late = err.unanswered_for  # (a create that timed out may be applied as late)
+                late = err.unanswered_for  # (a create that slow may be applied as late)
                 adopted = None if self._stopped() else await self._find_unless_stopped(task, late)
                 if adopted is None:
                     continue

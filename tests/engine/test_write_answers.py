@@ -5,8 +5,8 @@ engine once lost a row or wrote one twice:
   (the spec leaves message texts open), or the retry refused whole with 400;
 * a row the write's answer lists as refused, which the service took anyway and returns;
 * a results page, or a poll (list, status), answered 200 with the spec's failure body;
-* a create held in a slow service's queue past the client's deadline (or a gateway's: 504),
-  applied later.
+* a create held in a slow service's queue past the client's deadline (or a gateway's: 504, 502,
+  a dropped connection), applied later.
 
 Each runs the reference service behind the misbehaving proxy (:mod:`.proxy`) and asserts every
 id exactly once in the outputs, and that the run ends complete.
@@ -437,9 +437,9 @@ class GatewayTimeout(MisbehavingProxy):
     take writes: the first create is answered 504 after ``gateway`` s, and the service it was
     handed to applies it ``delay`` s after it came."""
 
-    def __init__(self, upstream: str, gateway: float, delay: float) -> None:
+    def __init__(self, upstream: str, gateway: float, delay: float, status: int = 504) -> None:
         super().__init__(upstream, Misbehaviour())
-        self.gateway, self.delay = gateway, delay
+        self.gateway, self.delay, self.status = gateway, delay, status
         self.held = 0
         self.applied = anyio.Event()
 
@@ -453,7 +453,11 @@ class GatewayTimeout(MisbehavingProxy):
             }
             asyncio.get_running_loop().create_task(self._late(body, headers))
             await anyio.sleep(self.gateway)
-            return web.Response(status=504, body=b"<html><title>504 Gateway Time-out</title>")
+            if not self.status:  # (a gateway that drops the connection at its timeout)
+                assert request.transport is not None
+                request.transport.abort()
+                raise ConnectionResetError("dropped at the gateway's timeout")
+            return web.Response(status=self.status, body=b"<html><title>Gateway</title>")
         return await super().handle(request)
 
     async def _late(self, body: bytes, headers: dict[str, str]) -> None:
@@ -472,6 +476,34 @@ async def test_a_create_answered_504_and_applied_late_is_not_created_again(
     again; the service applied the first 1.5 s later: two tasks of the same rows. A create
     answered 504 is looked for as long again as it went unanswered, as one that timed out."""
     proxy = GatewayTimeout("", 1.5, 3.0)
+    engine = msgspec.structs.replace(FAST, list_lag=1.0, give_up_after=30.0)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+                )
+                await proxy.applied.wait()
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            tasks = await client.all_tasks()
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(1000))
+    assert len(tasks) == 1, f"{len(tasks)} tasks hold the rows"
+
+
+@pytest.mark.parametrize("status", [502, 0], ids=["502", "dropped"])
+async def test_a_create_a_gateway_gave_up_on_otherwise_is_not_created_again(
+    tmp_path: Path, status: int
+) -> None:
+    """The same behind a gateway that says it gave up otherwise than with 504: with 502 (a
+    cloud load balancer's backend timeout; 503, 524 elsewhere), or by dropping the connection
+    at its timeout. The create was looked for for ``list_lag`` only and created again, the
+    first applied 1.5 s later: two tasks of the same rows. A create whose answer was lost after
+    going unanswered so long is looked for as long again, whatever ended its wait."""
+    proxy = GatewayTimeout("", 1.5, 3.0, status)
     engine = msgspec.structs.replace(FAST, list_lag=1.0, give_up_after=30.0)
     manifest = write_csv(tmp_path / "m.csv", 1000)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
