@@ -277,8 +277,9 @@ class RetryBudget:
                     return  # a stop: the caller sends nothing more
                 raise FatalRunError(self._gave_up(what, state, reason)) from err
             delay = max(delay, min(wait, self.max_retry_after))
-        self.retries += 1
         await _pause(delay, until)
+        if until is None or not until.is_set():  # (a stop: the caller sends nothing more)
+            self.retries += 1
 
 
 async def _pause(delay: float, until: anyio.Event | None) -> None:

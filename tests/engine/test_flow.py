@@ -216,3 +216,24 @@ async def test_a_retry_after_past_the_give_up_point_counts_no_retry() -> None:
         await budget.call("create task", fn)  # type: ignore[arg-type]
     assert calls == [1]
     assert budget.retries == 0
+
+
+async def test_a_writes_retry_called_off_by_a_stop_counts_no_retry() -> None:
+    """A write failed (a create answered 503, its fate unknown) while the run drains: the
+    wait before its retry ends at the stop and the writer sends nothing more, yet the budget
+    counted a retry ("retries 1" in an interrupted run's summary for a create sent once). The
+    client counts none in that case; the engine neither."""
+    budget = RetryBudget(60.0, base=0.5, cap=1.0)
+    until = anyio.Event()
+
+    async def stop_soon() -> None:
+        await anyio.sleep(0.05)
+        until.set()
+
+    err = AmbiguousWriteError("HTTP 503", method="POST", path="/bulk", status=503)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_soon)
+        with anyio.fail_after(5):
+            await budget.failed(err, "create task", until=until)
+    await budget.failed(err, "create task", until=until)  # (stopped already)
+    assert budget.retries == 0
