@@ -114,14 +114,14 @@ class HttpExchange:
         self._sleep = sleep or anyio.sleep
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
-        #: The pool of writes (see WRITE_IDLE_MAX).
-        self._write_session: aiohttp.ClientSession | None = None
+        self._write_session: aiohttp.ClientSession | None = None  # (writes: WRITE_IDLE_MAX)
         self._loop: asyncio.AbstractEventLoop | None = None  # (the pools' own)
         #: The proxy the environment names for the service (decided with the first session).
         self.proxy: ProxyRoute | None = None
         self._proxy_url: str | None = None
         self._proxy_headers: dict[str, str] | None = None
         self._closed = False
+        self._longest = deadline(timeout) or math.inf  # (an answer seen later: a freeze)
         self._notes = FailureNotes(self.shown_url, retry.max_attempts - 1)
         # The base URL in its encoded form: request URLs are this text plus an encoded path.
         self._base_encoded = str(URL(self.base_url))
@@ -256,7 +256,7 @@ class HttpExchange:
                         path=path,
                         status=status,
                         retry_after=retry_after(response.headers),
-                        unanswered_for=time.monotonic() - sent_at,
+                        unanswered_for=min(time.monotonic() - sent_at, self._longest),
                     )
             else:
                 self._notes.answered()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import traceback
@@ -30,6 +31,7 @@ from fashiontag_pipeline import (
     TaggingRequest,
     TaskExpiredError,
     TaskNotFoundError,
+    Timeout,
     TransportError,
     UnsupportedLanguageError,
     ValidationError,
@@ -514,3 +516,24 @@ async def test_a_refused_key_error_names_its_source_never_the_key(
     text = str(info.value)
     assert "the bulk key from the caller was refused" in text
     assert "FASHIONTAG_BULK_API_KEY" in text and BULK_KEY not in text
+
+
+async def test_a_write_answered_after_a_freeze_went_unanswered_its_deadline_at_most(
+    mocked: Any, make_client: Callable[..., TaggerClient]
+) -> None:
+    """A create answered 502 by a gateway, the answer seen long after the request's deadline
+    (this process frozen meanwhile: a suspended laptop, a SIGSTOP): it went unanswered for
+    the freeze, and its task was looked for as long again (an hour's suspend: the writer held
+    an hour). An answer cannot take longer than the deadline: that is the most, as for a
+    timeout."""
+    from aioresponses import CallbackResult
+
+    async def frozen(url: Any, **kwargs: Any) -> CallbackResult:
+        await asyncio.sleep(0.5)
+        return CallbackResult(status=502, body=b"<html>502 Bad Gateway</html>")
+
+    mocked.post(BULK, callback=frozen)
+    client = make_client(timeout=Timeout(total=0.1))
+    with pytest.raises(AmbiguousWriteError) as info:
+        await client.create_task(requests())
+    assert 0 < info.value.unanswered_for <= 0.1
