@@ -7,7 +7,7 @@ billed them, to the second service, while the first still tagged them. The SQLit
 ``fashiontag run`` have refused such a resume since the ninth session. A shared daemon now
 asks, as they do, when it resumes a manifest begun elsewhere: one that meets tasks its
 service does not know hands the manifest back untouched (for a daemon given the service it
-was begun on) and stops, exit 2, naming that service.
+was begun on), logging an error naming that service, and goes on with the other manifests.
 """
 
 from __future__ import annotations
