@@ -16,7 +16,7 @@ import anyio.to_thread
 from .._exceptions import StateError
 from .leases import Lease, PostgresClaimLedger
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["FOREIGN_RETRY", "ForeignClaims", "LeaseKeeper"]
 
 
 class LeaseKeeper:
@@ -165,3 +165,30 @@ class LeaseKeeper:
             if self._deadline:
                 delay = min(delay, max(min(self._deadline.values()) - self._clock(), 0))
             await anyio.sleep(delay)
+
+
+#: How long (seconds) a daemon leaves a manifest begun on another service to the other daemons
+#: before it asks again: the first service may be shut down meanwhile, or have forgotten the
+#: tasks, and the question then lets this daemon resume the manifest.
+FOREIGN_RETRY = 600.0
+
+
+class ForeignClaims:
+    """The claims this daemon met begun on another service, account or question than it is
+    given (see :func:`~.leased.hand_back`): not leased again for :data:`FOREIGN_RETRY`
+    seconds, then asked about again. Bounded: a claim leaves the set when its time is up."""
+
+    def __init__(
+        self, retry: float = FOREIGN_RETRY, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._retry, self._clock = retry, clock
+        self._since: dict[int, float] = {}
+
+    def add(self, claim_id: int) -> None:
+        self._since[claim_id] = self._clock()
+
+    def current(self) -> list[int]:
+        """The claims not to lease now (those whose time is up are dropped)."""
+        now = self._clock()
+        self._since = {c: t for c, t in self._since.items() if now - t < self._retry}
+        return sorted(self._since)

@@ -125,7 +125,8 @@ async def hand_back(
     * the manifest was begun on another service, account or question than this daemon is
       given (a unit file edited on one machine only, a canary aimed at staging): taken as
       forgotten, its tasks' rows were sent and billed again. This daemon leaves it to one
-      given what it was begun with and goes on with the others: which of the two is the
+      given what it was begun with (asking again after ``FOREIGN_RETRY``: the first service
+      may be gone by then) and goes on with the others: which of the two is the
       misconfigured one, it cannot tell, and stopping would let one canary's manifest stop
       every daemon of the fleet, one after the other."""
     with contextlib.suppress(exc.StateError):  # (else its lease ends by itself)

@@ -52,7 +52,7 @@ from .epochs import (
 )
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
-from .keeper import LeaseKeeper
+from .keeper import ForeignClaims, LeaseKeeper
 from .leased import check_reuse, drop_done, drop_settled, hand_back, queued, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
@@ -88,7 +88,7 @@ class SharedDaemon:
         self._attempts = Attempts(MAX_ATTEMPTS)
         self._ledger: PostgresClaimLedger | None = None
         self._outdated: exc.SchemaTooNewError | None = None  # (a newer daemon migrated)
-        self._foreign: set[int] = set()  # (claims begun on another service: left to others)
+        self._foreign = ForeignClaims()  # (claims begun on another service: left to others)
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -209,7 +209,7 @@ class SharedDaemon:
             free = self.config.max_active - len(self.leased)
             if free > 0:
                 try:
-                    leases = await keeper.acquire(free, skip=self._foreign)
+                    leases = await keeper.acquire(free, skip=self._foreign.current())
                 except exc.StateError as err:
                     if not self._acquire_failed:
                         logger.warning("cannot lease manifests: %s; retrying", err)

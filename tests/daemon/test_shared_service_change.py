@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from fashiontag_pipeline.daemon.keeper import ForeignClaims
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from ..engine.proxy import Misbehaviour, misbehaving
@@ -111,3 +112,20 @@ async def test_a_manifest_taken_over_by_a_daemon_on_another_service_bills_no_row
         assert first.store.image_count == N and other.store.image_count == 0
     got = [line["id"] for line in read_lines(daemon.outbox / "m" / "results.jsonl")]
     assert len(got) == len(set(got)) and sorted(got) == sorted(ids)
+
+
+def test_a_manifest_left_to_other_daemons_is_asked_about_again_later() -> None:
+    """Found in review: a manifest handed back was never leased again by that daemon, even
+    once its first service was shut down (the question would then let it resume there), and
+    the set of such manifests grew for the daemon's whole life. Each is left alone for
+    FOREIGN_RETRY seconds, then asked about again."""
+    now = [0.0]
+    foreign = ForeignClaims(retry=600.0, clock=lambda: now[0])
+    foreign.add(7)
+    now[0] = 300.0
+    foreign.add(3)
+    assert foreign.current() == [3, 7]
+    now[0] = 650.0
+    assert foreign.current() == [3]  # 7's time is up: leased, and asked, again
+    now[0] = 1000.0
+    assert foreign.current() == []
