@@ -9,8 +9,10 @@ The PostgreSQL ledger, with the manifest leases of several daemons, is in :mod:`
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -171,9 +173,10 @@ class SQLiteClaimLedger:
     alone for the parts built before it. Safe to call from worker threads (one lock)."""
 
     def __init__(self, path: str | Path) -> None:
+        self.where = f"state file {path}"
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
-        with self._lock:
+        with self._lock, self._named():
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_LEDGER_SCHEMA)
@@ -182,6 +185,17 @@ class SQLiteClaimLedger:
         """Close the database (idempotent)."""
         with self._lock:
             self._db.close()
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """A SQLite error names the state file ("database or disk is full" alone said neither
+        which database nor which disk), as the engine's state errors do."""
+        try:
+            yield
+        except sqlite3.Error as err:
+            if self.where in str(err):
+                raise
+            raise type(err)(f"{self.where}: {err}") from err
 
     def _row(self, row: tuple[str, str, int, float, str, str] | None) -> ClaimRecord | None:
         if row is None:
@@ -199,7 +213,7 @@ class SQLiteClaimLedger:
     _COLUMNS = "name, sha256, size, claimed_at, status, settled_as"
 
     def record_claim(self, record: ClaimRecord) -> None:
-        with self._lock, self._db:
+        with self._lock, self._named(), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
                 "DELETE FROM claims WHERE name = ? AND status = 'claimed'", (record.name,)
@@ -211,7 +225,7 @@ class SQLiteClaimLedger:
             )
 
     def _finish(self, name: str, status: ClaimStatus, settled_as: str) -> None:
-        with self._lock:
+        with self._lock, self._named():
             cursor = self._db.execute(
                 "UPDATE claims SET status = ?, settled_as = ? "
                 "WHERE name = ? AND status = 'claimed'",
@@ -227,7 +241,7 @@ class SQLiteClaimLedger:
         self._finish(name, "abandoned", "")
 
     def lookup(self, name: str) -> ClaimRecord | None:
-        with self._lock:
+        with self._lock, self._named():
             row = self._db.execute(
                 f"SELECT {self._COLUMNS} FROM claims WHERE name = ? ORDER BY id DESC LIMIT 1",
                 (name,),
@@ -235,14 +249,14 @@ class SQLiteClaimLedger:
         return self._row(row)
 
     def in_flight(self) -> list[ClaimRecord]:
-        with self._lock:
+        with self._lock, self._named():
             rows = self._db.execute(
                 f"SELECT {self._COLUMNS} FROM claims WHERE status = 'claimed' ORDER BY id"
             ).fetchall()
         return [r for r in map(self._row, rows) if r is not None]
 
     def find_completed(self, sha256: str) -> ClaimRecord | None:
-        with self._lock:
+        with self._lock, self._named():
             row = self._db.execute(
                 f"SELECT {self._COLUMNS} FROM claims WHERE sha256 = ? AND status = 'done' "
                 "ORDER BY id LIMIT 1",

@@ -1,0 +1,138 @@
+"""The daemon on real file systems that fill up: the outbox or the inbox (and the state file
+beside it) on a tmpfs of its own (a second file system: EXDEV between inbox and outbox), filled
+to the last page by a filler file, then given room again by removing the filler.
+
+The daemon may stop on a full disk (exit 1; its supervisor restarts it); what it must do is
+say which file could not be written, and once there is room, finish every manifest exactly
+once: every row in the results, none twice, none billed twice. Skipped unless root (mount).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounting a tmpfs needs root"
+)
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill(folder: Path, leave_pages: int = 0) -> Path:
+    """A filler file taking all of ``folder``'s file system but ``leave_pages`` pages."""
+    st = os.statvfs(folder)
+    filler = folder / ".filler"
+    filler.write_bytes(b"x" * max(0, st.f_bavail * st.f_frsize - leave_pages * st.f_frsize))
+    return filler
+
+
+async def _until_exit_or_summary(daemon: DaemonProcess, stem: str, timeout: float = 20) -> None:
+    with anyio.fail_after(timeout):
+        while not (daemon.outbox / stem / "summary.json").exists():
+            assert daemon.proc is not None
+            if daemon.proc.poll() is not None:
+                return
+            await anyio.sleep(0.05)
+
+
+async def _finish_after_room(daemon: DaemonProcess, filler: Path, stem: str) -> dict[str, object]:
+    """Room again (the filler removed): the daemon restarted if it stopped, until ``stem``'s
+    summary exists. That summary."""
+    filler.unlink()
+    assert daemon.proc is not None
+    if daemon.proc.poll() is not None:
+        daemon.start()
+    summary = await daemon.wait_summary(stem, timeout=30)
+    assert await daemon.stop() == 0, daemon.tail()
+    return summary
+
+
+def _stopped_line(daemon: DaemonProcess) -> str:
+    logs = "".join(p.read_text() for p in daemon.root.glob("daemon-*.err"))
+    lines = [line for line in logs.splitlines() if "daemon stopped on an error" in line]
+    assert lines, logs[-3000:]
+    return str(json.loads(lines[0])["error"])
+
+
+async def test_an_outbox_on_another_full_file_system_stops_then_finishes_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """The outbox is its own file system, full while a 2,000-row manifest's results are
+    written: the daemon stops naming results.jsonl; with room again it finishes every row
+    once, with a ``done`` summary, and the manifest moves to ``done/``."""
+    ids = [f"a{i}" for i in range(2000)]
+    with _tmpfs(tmp_path / "outbox", "8m") as outbox:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            try:
+                await daemon.wait_ready_endpoint()
+                filler = _fill(outbox, leave_pages=4)
+                drop_atomic(daemon.inbox, "a.csv", write_manifest(Path(), ids))
+                await _until_exit_or_summary(daemon, "a")
+                assert await daemon.wait_exit() == 1, daemon.tail()
+                stopped = _stopped_line(daemon)
+                assert "No space left" in stopped and "results.jsonl" in stopped, stopped
+                summary = await _finish_after_room(daemon, filler, "a")
+            finally:
+                daemon.ensure_dead()
+            billed = svc.store.image_count
+        results = read_lines(outbox / "a" / "results.jsonl")
+        assert summary["status"] == "done" and summary["tagged"] == len(ids), summary
+        assert sorted(r["id"] for r in results) == sorted(ids)
+        assert billed == len(ids)
+        assert (daemon.inbox / "done" / "a.csv").exists()
+
+
+async def test_a_state_file_on_a_full_file_system_is_named_then_finishes_exactly_once(
+    tmp_path: Path,
+) -> None:
+    """The inbox (and the state file in it, the default) on a full file system when a
+    manifest is dropped: SQLite cannot record the claim. The daemon stopped with exit 1 on
+    "OperationalError: database or disk is full": which database, which disk? (the
+    outbox's? the reuse store's?) The line names the state file; with room again, the manifest
+    is tagged once."""
+    ids = [f"a{i}" for i in range(10)]
+    with _tmpfs(tmp_path / "inbox") as inbox:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            try:
+                await daemon.wait_ready_endpoint()
+                filler = _fill(inbox, leave_pages=1)
+                drop_atomic(inbox, "a.csv", write_manifest(Path(), ids))
+                await _until_exit_or_summary(daemon, "a")
+                assert await daemon.wait_exit() == 1, daemon.tail()
+                stopped = _stopped_line(daemon)
+                assert "full" in stopped, stopped
+                assert str(inbox / ".fashiontag-daemon.sqlite") in stopped, stopped
+                summary = await _finish_after_room(daemon, filler, "a")
+            finally:
+                daemon.ensure_dead()
+            billed = svc.store.image_count
+        results = read_lines(daemon.outbox / "a" / "results.jsonl")
+        assert summary["status"] == "done" and summary["tagged"] == len(ids), summary
+        assert sorted(r["id"] for r in results) == sorted(ids)
+        assert billed == len(ids)
