@@ -9,7 +9,8 @@ One module per piece, each usable and tested on its own:
   rename; :class:`~.outbox.ManifestSummary` is its shape.
 * :mod:`.metrics`: the Prometheus metrics of the contract, in their own registry.
 * :mod:`.http`: ``/metrics``, ``/livez``, ``/readyz``, ``/status`` (aiohttp), with the
-  :class:`~.http.Health` facts ``/readyz`` decides from.
+  :class:`~.http.Health` facts ``/readyz`` decides from; :mod:`.room` tells it whether a
+  SQLite state file can be written (a full or read-only file system under an idle daemon).
 * :mod:`.notify`: systemd ``READY=1`` / ``WATCHDOG=1`` / ``STOPPING=1`` (never blocks).
 * :mod:`.logs`: JSON lines on stderr (text on a terminal), API keys redacted.
 * :mod:`.config`: :class:`~.config.DaemonConfig`, the ``[daemon]`` table.

@@ -50,6 +50,7 @@ from .ledger import SQLiteClaimLedger
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
+from .room import watch_state_file
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -165,6 +166,7 @@ class Daemon(DaemonMonitor):
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self.report, client)
                         tg.start_soon(self.probe, client)
+                        tg.start_soon(watch_state_file, self.health, Path(state_path))
                         tg.start_soon(self.notifier.run_watchdog)
                         tg.start_soon(self._drain_watch, engine)
                         self.notifier.ready(f"watching {inbox_dir}")

@@ -136,3 +136,63 @@ async def test_a_state_file_on_a_full_file_system_is_named_then_finishes_exactly
         assert summary["status"] == "done" and summary["tagged"] == len(ids), summary
         assert sorted(r["id"] for r in results) == sorted(ids)
         assert billed == len(ids)
+
+
+async def _readyz_until(daemon: DaemonProcess, ready: bool, timeout: float = 15) -> str:
+    """The body of ``/readyz`` once its status says ``ready`` (the last body at the timeout)."""
+    body = ""
+    with anyio.move_on_after(timeout):
+        while True:
+            status, body = await daemon.get("/readyz")
+            if (status == 200) == ready:
+                return body
+            await anyio.sleep(0.1)
+    raise AssertionError(f"/readyz never said ready={ready}: {body}")
+
+
+async def test_readyz_says_an_idle_daemons_state_file_has_no_room(tmp_path: Path) -> None:
+    """An idle daemon whose state file's file system fills up: the next manifest dropped will
+    stop it (exit 1, the claim cannot be recorded), yet ``/readyz`` said 200 for as long as
+    none came: a load balancer or an operator's check saw a daemon ready that could not take
+    a single manifest (DESIGN 6: 200 when the state store is writable). It says 503 naming
+    the state file, and 200 again once there is room."""
+    with _tmpfs(tmp_path / "inbox") as inbox:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            try:
+                await daemon.wait_ready_endpoint()
+                await _readyz_until(daemon, ready=True)
+                filler = _fill(inbox)
+                body = await _readyz_until(daemon, ready=False)
+                assert "state store not writable" in body, body
+                assert str(inbox / ".fashiontag-daemon.sqlite") in body, body
+                filler.unlink()
+                await _readyz_until(daemon, ready=True)
+                drop_atomic(inbox, "a.csv", write_manifest(Path(), ["a1", "a2"]))
+                summary = await daemon.wait_summary("a")
+                assert summary["status"] == "done", summary
+                assert await daemon.stop() == 0, daemon.tail()
+            finally:
+                daemon.ensure_dead()
+
+
+def test_a_state_file_on_a_read_only_mount_is_said_not_writable(tmp_path: Path) -> None:
+    """What ``/readyz`` is told of a state file whose folder went read-only (a remount after
+    an I/O error): not writable, the file named; then writable again."""
+    from fashiontag_pipeline.daemon.room import state_file_problem
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    state = folder / "daemon.sqlite"
+    state.write_bytes(b"")
+    assert state_file_problem(state) is None
+    bound = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount: {bound.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+        problem = state_file_problem(state)
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+    assert problem is not None and str(state) in problem and "read-only" in problem, problem
+    assert state_file_problem(state) is None
