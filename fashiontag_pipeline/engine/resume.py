@@ -30,12 +30,6 @@ __all__ = ["reattach", "reattach_unless_stopped"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
-#: At most this long (seconds) besides ``list_lag`` for a long-lived engine's look (the SQLite
-#: daemon's, whose start, and systemd's READY=1, waits for it): past ``TimeoutStartSec`` (60 s
-#: in the unit we ship, 90 s by default) systemd kills the daemon and starts it again, over
-#: and over, each start waiting as long.
-START_LOOK_CAP = 30.0
-
 
 async def reattach_unless_stopped(
     run: Engine, stopping: anyio.Event, tg: anyio.abc.TaskGroup
@@ -89,8 +83,6 @@ async def reattach(run: Engine) -> list[Chunk]:
         late = 0.0
         if any(c[1] == "pending" and c[2] is None and c[3] is not None for c in chunks):
             late = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
-            if run.jobs.ids.namespaced:  # (a daemon: its start waits for the look)
-                late = min(late, START_LOOK_CAP)
             logger.info(
                 "a create was on its way when the run stopped: its task is looked for in the"
                 " task list for up to %.0f s (list_lag and the client's request deadline)"
