@@ -8,7 +8,6 @@ writes, else as orphans settled from their task's results).
 
 from __future__ import annotations
 
-import logging
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -16,19 +15,14 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.abc
 
-from .._config import Timeout
-from .._connect import deadline
 from .policy import Chunk, chunk_of, decode_chunk
 from .state import changes
 from .tracker import TaskEntry
 
 if TYPE_CHECKING:
-    from .._models import Task
     from .engine import Engine
 
 __all__ = ["reattach", "reattach_unless_stopped"]
-
-logger = logging.getLogger("fashiontag_pipeline.engine")
 
 
 async def reattach_unless_stopped(
@@ -73,23 +67,10 @@ async def reattach(run: Engine) -> list[Chunk]:
     #: Tasks finished with (drained, expired) that still have a chunk of unknown fate.
     settle_only: set[str] = set()
     # Creates of unknown fate (recorded by their token only): one look for all of them, so
-    # the task list's lag is waited for once, not once per chunk. A pending one may have been
-    # on its way when the run died (when it was sent is not recorded), and a service may apply
-    # it as late as a request may go unanswered: looked for that long besides (a stop ends it).
+    # the task list's lag is waited for once, not once per chunk.
     run.writer.tokens_taken(c[3] for c in chunks if c[3] is not None)
     tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
-    found_by_token: dict[str, Task] = {}
-    if tokens:
-        late = 0.0
-        if any(c[1] == "pending" and c[2] is None and c[3] is not None for c in chunks):
-            late = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
-            logger.info(
-                "a create was on its way when the run stopped: its task is looked for in the"
-                " task list for up to %.0f s (list_lag and the client's request deadline)"
-                " before its rows are created again",
-                run.config.list_lag + late,
-            )
-        found_by_token = await run.writer.find_tasks(tokens, late)
+    found_by_token = await run.writer.find_tasks(tokens) if tokens else {}
     # A listed task the state holds under another create already (a service that merged two
     # creates into one task, the run stopped at it): not adopted twice, whose results could
     # not be read exactly once; the create's rows are sent again. Every task the state knows

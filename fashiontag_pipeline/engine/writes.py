@@ -331,7 +331,7 @@ class TaskWrites(WriteAnswers):
             if now >= deadline:
                 return found
             await anyio.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, 5.0)  # (a look of a minute: listed again every 5 s)
+            pause *= 2
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
         """PUT the chunk to ``task``. True when settled (or left to the resume:

@@ -178,11 +178,7 @@ async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_compl
     and every manifest dropped after it, never completes (DESIGN 6: SIGKILL at any moment,
     then a restart: nothing lost)."""
     ids = [f"w{i}" for i in range(300)]
-    # (A create written ahead and never answered is looked for at the restart for list_lag
-    # and the client's request deadline: both short here.)
-    config = tmp_path / "c.toml"
-    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
-    bound = ["--max-pending-rows", "100", "--config", str(config)]
+    bound = ["--max-pending-rows", "100"]
     async with running_service(ServiceConfig()) as svc:
         hooked = _hooked(tmp_path, HOOK_KILL_AFTER_WRITE_AHEAD="1")
         a = DaemonProcess(tmp_path, svc.url, extra=bound, env=hooked).start()
