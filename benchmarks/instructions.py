@@ -138,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1000,20000", help="manifest sizes, comma-separated")
     p.add_argument("--async-script", action="store_true", help="count the async script too")
     p.add_argument(
+        "--ids",
+        choices=("sequential", "random"),
+        default="sequential",
+        help="the manifest's ids: sequential (sorted) or random (hash-like)",
+    )
+    p.add_argument(
         "--functions",
         type=int,
         default=0,
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     counted: dict[str, dict[int, int]] = {name: {} for name, _ in clients}
     functions: dict[str, dict[int, dict[str, int]]] = {name: {} for name, _ in clients}
     for rows in sizes:
-        m = manifest(work, rows)
+        m = manifest(work, rows, args.ids)
         for name, path in clients:
             for f in runs.glob("run.*"):
                 f.unlink()

@@ -68,6 +68,12 @@ def hot_spots(speedscope: Path, top: int = 25) -> dict[str, list[tuple[float, st
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile")
     p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument(
+        "--ids",
+        choices=("sequential", "random"),
+        default="sequential",
+        help="the manifest's ids: sequential (sorted) or random (hash-like)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
@@ -78,7 +84,7 @@ def main() -> int:
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    m = manifest(out.parent, args.rows)
+    m = manifest(out.parent, args.rows, args.ids)
     with running_service(out) as svc:
         for fmt, name in (("speedscope", "engine.speedscope.json"), ("flamegraph", "engine.svg")):
             for f in out.glob("run.*"):

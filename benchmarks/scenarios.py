@@ -564,13 +564,16 @@ def _distinct_ids(*paths: Path) -> tuple[int, int]:
     return len(seen), dupes
 
 
-#: The clients of ``compare``: (key, label, maker, through the foreign-format proxy).
+#: The clients of ``compare``: (key, label, maker, through the foreign-format proxy, ids of
+#: the manifest: see :func:`~.harness.manifest`).
 _CLIENTS = (
-    ("engine", "engine CLI", "engine", False),
-    ("async", "async script", "async", False),
-    ("naive", "naive script", "naive", False),
-    ("engine_foreign", "engine CLI, foreign formatting", "engine", True),
-    ("async_foreign", "async script, foreign formatting", "async", True),
+    ("engine", "engine CLI", "engine", False, "sequential"),
+    ("async", "async script", "async", False, "sequential"),
+    ("naive", "naive script", "naive", False, "sequential"),
+    ("engine_foreign", "engine CLI, foreign formatting", "engine", True, "sequential"),
+    ("async_foreign", "async script, foreign formatting", "async", True, "sequential"),
+    ("engine_random", "engine CLI, random ids", "engine", False, "random"),
+    ("async_random", "async script, random ids", "async", False, "random"),
 )
 
 
@@ -588,14 +591,15 @@ def scenario_compare(b: Bench) -> Outcome:
     o = Outcome()
     table: list[dict[str, Any]] = []
     for n in b.sizes.compare_rows:
-        m = manifest(b.work, n)
+        manifests = {ids: manifest(b.work, n, ids) for ids in ("sequential", "random")}
         clients = [c for c in _CLIENTS if b.with_baseline or c[2] != "naive"]
         runs: dict[str, list[MeasuredRun]] = {key: [] for key, *_ in clients}
         # Rounds of one run per client, so that every client sees the same changes in the
         # machine's load (other processes on a shared machine come and go).
         for i in range(b.repeat):
-            for key, label, maker, foreign in clients:
+            for key, label, maker, foreign, ids in clients:
                 tag = f"cmp-{key}-{n}-{i}"
+                m = manifests[ids]
                 with (
                     running_service(b.work) as svc,
                     _maybe_foreign(b.work, svc.url, foreign) as url,
@@ -617,7 +621,7 @@ def scenario_compare(b: Bench) -> Outcome:
                         )
                     )
         medians: dict[str, dict[str, Any]] = {}
-        for key, label, _, _ in clients:
+        for key, label, *_ in clients:
             done = runs[key]
             o.runs += done
             cpu = [r.cpu_us_per_row for r in done]
@@ -656,6 +660,16 @@ def scenario_compare(b: Bench) -> Outcome:
             f"same outcomes through the foreign-format proxy ({n:,} rows)",
             f"tagged {fe['tagged']} / failed {fe['failed']} vs {eng['tagged']} / {eng['failed']}",
             same,
+        )
+        er, ar = medians["engine_random"], medians["async_random"]
+        o.budget(
+            f"engine CPU <= async script CPU, random ids ({n:,} rows)",
+            f"engine {er['cpu_us_per_image']:.1f}, async script "
+            f"{ar['cpu_us_per_image']:.1f} us/image",
+            er["complete"] and er["cpu_us_per_image"] <= ar["cpu_us_per_image"],
+        )
+        o.figures[f"random_over_sequential_ids_cpu_{n}"] = _r(
+            _ratio(er["cpu_us_per_image"], eng["cpu_us_per_image"])
         )
         o.figures[f"foreign_over_plain_cpu_{n}"] = _r(
             _ratio(fe["cpu_us_per_image"], eng["cpu_us_per_image"])

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from benchmarks.harness import manifest
 from benchmarks.instructions import function_table, parse_annotated
 
 ANNOTATED = """\
@@ -38,3 +43,17 @@ def test_function_table_is_marginal_per_image_largest_difference_first() -> None
     assert rows[3] == "| `b` | 2 | 1 | +1 |"
     assert rows[4] == "| ... | | | |"
     assert rows[5] == "| `c` | 0 | 4 | -4 |"  # the one the script spends more on
+
+
+def test_manifest_random_ids_are_distinct_unsorted_and_the_same_each_time(tmp_path: Path) -> None:
+    path = manifest(tmp_path, 5_000, "random")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "id,url"
+    ids = [line.split(",")[0] for line in lines[1:]]
+    assert len(ids) == len(set(ids)) == 5_000
+    assert ids != sorted(ids)
+    path.unlink()
+    assert manifest(tmp_path, 5_000, "random").read_text().splitlines()[1:] == lines[1:]
+    assert manifest(tmp_path, 5_000) != path  # sequential ids: another file
+    with pytest.raises(ValueError, match="sequential or random"):
+        manifest(tmp_path, 10, "uuid")
