@@ -48,8 +48,7 @@ def taken_in(state: Path | str) -> int:
     """Ids the state took in (read through the store, whatever the backend)."""
     db = open_state(state)
     try:
-        (n,) = db.db.execute("SELECT count(*) FROM ids").fetchone()
-        return int(n)
+        return db.ids_taken()
     finally:
         db.close()
 
@@ -333,8 +332,7 @@ def test_dedupe_gives_each_row_the_first_position_of_its_id(state_location: Stat
             assert db.dedupe([("d", 4), ("e", 5), ("d", 6), ("e", 7), ("d", 8)]) == [4, 5, 4, 5, 4]
         with db.transaction():
             assert db.dedupe([("f", 9), ("b", 10), ("f", 11), ("a", 12)]) == [9, 2, 9, 1]
-        (n,) = db.db.execute("SELECT count(*) FROM ids").fetchone()
-        assert n == 6
+        assert db.ids_taken() == 6
     finally:
         db.close()
 

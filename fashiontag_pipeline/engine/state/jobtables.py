@@ -84,6 +84,10 @@ class JobTables:
     def meta(self, key: str, default: str | None = None) -> str | None:
         raise NotImplementedError
 
+    def _forget_ids(self, job: int) -> None:
+        """Delete the ids of ``job`` (``JOB/ID``), in the open transaction."""
+        self.db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
+
     def set_meta(self, key: str, value: object) -> None:
         raise NotImplementedError
 
@@ -232,7 +236,7 @@ class JobTables:
         db = self.db
         with self.transaction():
             if forget_rows:
-                db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
+                self._forget_ids(job)
                 if forget_reuse:
                     db.execute(
                         "DELETE FROM reuse_pending WHERE id >= ? AND id < ?",

@@ -37,6 +37,9 @@ Schema::
                                body's overflow pages (a file of an older version gets it last,
                                by ALTER TABLE, and NULL in the chunks written before)
     ids(id, pos)               every id taken into the run, with the position of its first row
+    ids_log(seq, batch)        (SQLite) ids taken in but not in ``ids`` yet: a JSON object
+                               {id: pos} per intake batch whose ids did not sort after the
+                               last of ``ids``; moved into it 100,000 at a time (:mod:`.idset`)
     singles(pos, state, body)  rows routed to the single endpoint (local files, data: URIs):
                                pending (body: the request) | done (outcome written, body NULL)
 
@@ -85,8 +88,10 @@ POS_SHIFT = 40
 #: older build would misread (it refuses the file: ``upgrade fashiontag``); a column added
 #: with a default that older builds may leave unset does not need it. 0: a file of every build
 #: before the version was kept (2026-11-26), this layout or one :class:`~.sqlite.StateDB`
-#: migrates.
-STATE_FILE_VERSION = 1
+#: migrates. 2: ids taken in may wait in ``ids_log`` before they reach ``ids``
+#: (:mod:`.idset`); a build of version 1 would not see them, and take their rows' later
+#: duplicates in.
+STATE_FILE_VERSION = 2
 
 COUNTERS = (
     "submitted",
@@ -130,6 +135,7 @@ CREATE INDEX IF NOT EXISTS chunks_task ON chunks (task_id);
 CREATE TABLE IF NOT EXISTS chunk_bodies (
     chunk_id INTEGER PRIMARY KEY, ids BLOB, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ids_log (seq INTEGER PRIMARY KEY, batch BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS singles (pos INTEGER PRIMARY KEY, state TEXT NOT NULL, body BLOB);
 CREATE TABLE IF NOT EXISTS jobs (
     job INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, name TEXT NOT NULL,

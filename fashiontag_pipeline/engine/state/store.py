@@ -343,6 +343,11 @@ class StateStore(ChunkTables):
         first.update(self.first_positions(list(first)))
         return [first[key] for key, _ in keyed]
 
+    def ids_taken(self) -> int:
+        """How many ids the run took in."""
+        (n,) = self.db.execute("SELECT count(*) FROM ids").fetchone()
+        return int(n)
+
     def first_positions(self, ids: Sequence[str]) -> dict[str, int]:
         """The position of the first row of each of ``ids`` the run took in (others left out)."""
         found: dict[str, int] = {}
