@@ -210,6 +210,7 @@ class StateDB(DeferredIds, StateStore):
     def begin(self) -> None:
         # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
         self.db.execute("BEGIN IMMEDIATE")
+        self._ids_committed()  # (changes made outside a transaction were committed as made)
 
     def commit(self) -> None:
         try:
