@@ -13,6 +13,7 @@ from datetime import datetime
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
+from .._connect import unreadable_answer
 from .._models import BulkTaskResponse
 from .flow import FatalRunError, refused
 from .jobs import Jobs
@@ -76,6 +77,13 @@ class WriteAnswers:
     sent_requests: int
     refused_writes: int
     current: OpenTask | None
+
+    @staticmethod
+    def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
+        """How a write applied with no readable answer is logged: a warning when its answer
+        was refused unread (over max_answer_bytes: something in front of the service is
+        wrong), else at info (a 204 is the service's own way)."""
+        return logger.warning if unreadable_answer(err) is not None else logger.info
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).

@@ -8,21 +8,34 @@ writes, else as orphans settled from their task's results).
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
+from .._config import Timeout
+from .._connect import deadline
 from .policy import Chunk, chunk_of, decode_chunk
 from .state import changes
 from .tracker import TaskEntry
 
 if TYPE_CHECKING:
+    from .._models import Task
     from .engine import Engine
 
-__all__ = ["reattach", "reattach_unless_stopped"]
+__all__ = ["late_look", "reattach", "reattach_unless_stopped"]
+
+logger = logging.getLogger("fashiontag_pipeline.engine")
+
+#: At most this long (seconds) besides ``list_lag`` for a long-lived engine's look (the SQLite
+#: daemon's, whose start, and systemd's READY=1, waits for it): past ``TimeoutStartSec`` (60 s
+#: in the unit we ship, 90 s by default) systemd kills the daemon and starts it again, over
+#: and over, each start waiting as long.
+START_LOOK_CAP = 30.0
 
 
 async def reattach_unless_stopped(
@@ -67,10 +80,22 @@ async def reattach(run: Engine) -> list[Chunk]:
     #: Tasks finished with (drained, expired) that still have a chunk of unknown fate.
     settle_only: set[str] = set()
     # Creates of unknown fate (recorded by their token only): one look for all of them, so
-    # the task list's lag is waited for once, not once per chunk.
+    # the task list's lag is waited for once, not once per chunk. A pending one may have been
+    # on its way when the run died, and a service may apply it as late as a request may go
+    # unanswered: looked for until then besides (:func:`late_look`; a stop ends it).
     run.writer.tokens_taken(c[3] for c in chunks if c[3] is not None)
     tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
-    found_by_token = await run.writer.find_tasks(tokens) if tokens else {}
+    found_by_token: dict[str, Task] = {}
+    if tokens:
+        late = late_look(run, chunks, time.time())
+        if late > 0:
+            logger.info(
+                "a create may have been on its way when the run stopped: its task is looked"
+                " for in the task list for up to %.0f s (list_lag, and the client's request"
+                " deadline from when it was sent) before its rows are created again",
+                run.config.list_lag + late,
+            )
+        found_by_token = await run.writer.find_tasks(tokens, late)
     # A listed task the state holds under another create already (a service that merged two
     # creates into one task, the run stopped at it): not adopted twice, whose results could
     # not be read exactly once; the create's rows are sent again. Every task the state knows
@@ -93,7 +118,7 @@ async def reattach(run: Engine) -> list[Chunk]:
         k: t for k, t in found_by_token.items() if t.task_id not in held or held[t.task_id] == k
     }
     adopted: set[str] = set()
-    for chunk_id, state, task_id, token, body in chunks:
+    for chunk_id, state, task_id, token, body, _ in chunks:
         if state == "pending" and task_id in lost:
             continue  # settled with its lost task (re-sent once, by the pagers)
         if task_id is None and token is not None:
@@ -161,6 +186,32 @@ async def reattach(run: Engine) -> list[Chunk]:
             run.book.add(entry)
             await run.pagers.add(entry)
     return pending
+
+
+def late_look(run: Engine, chunks: Sequence[tuple[Any, ...]], now: float) -> float:
+    """Seconds the resume's look for creates of unknown fate (``chunks`` as
+    :meth:`~.state.StateStore.resume_chunks` gives them) lasts besides ``list_lag``: at most
+    the client's request deadline (``total``, else ``connect + read``; 30 s at most in a
+    daemon, :data:`START_LOOK_CAP`), until that long after the latest create written ahead (or
+    sent again) and never answered: a create sent then may be applied until then, and listed
+    ``list_lag`` later. Negative (down to ``-list_lag``) when every such create was sent long
+    enough ago (one look at the list). A chunk's time unknown (a state of an earlier version):
+    the whole deadline. 0 for a token of an applied create (``list_lag``, as before)."""
+    window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
+    late: float | None = None
+    for _, state, task_id, token, _, written_at in chunks:
+        if task_id is not None or token is None:
+            continue
+        if state != "pending":
+            need = 0.0
+        elif written_at is None or written_at > now:  # (unknown, or the clock set back)
+            need = window
+        else:
+            need = max(-run.config.list_lag, min(window, written_at + window - now))
+        late = need if late is None else max(late, need)
+    if late is not None and run.jobs.ids.namespaced:  # (a daemon: its start waits for it)
+        late = min(late, START_LOOK_CAP)
+    return late or 0.0
 
 
 async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:

@@ -20,7 +20,6 @@ import anyio
 from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
-from .._connect import unreadable_answer
 from .._models import Task
 from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
 from .config import EngineConfig
@@ -33,13 +32,6 @@ from .tracker import TaskBook
 __all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "job_marks"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-
-def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
-    """How a write applied with no readable answer is logged: a warning when its answer was
-    refused unread (longer than max_answer_bytes: something in front of the service is
-    wrong), else at info (a 204 is the service's own way)."""
-    return logger.warning if unreadable_answer(err) is not None else logger.info
 
 
 def task_description(token: str) -> str:
@@ -105,6 +97,7 @@ class TaskWrites(WriteAnswers):
         ``token_written``: the chunk's write-ahead recorded the task's token already."""
         if not token_written and not self._stopped():
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
+        retry = False
         while True:
             if self._stopped():  # not created: a chunk waiting for the task goes on
                 task.failed = True
@@ -112,6 +105,9 @@ class TaskWrites(WriteAnswers):
                 if self.current is task:
                     self.current = None
                 return True
+            if retry:  # (a resume looks for it as long as it may be applied after this send)
+                await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id)])
+            retry = True
             try:
                 response = await self.client.create_task(
                     chunk.requests,
@@ -125,7 +121,7 @@ class TaskWrites(WriteAnswers):
                     self.budget.ok()
                     self.slots.success()
                     self.writes_taken += 1
-                    _applied_log(err)(
+                    self._applied_log(err)(
                         "a create was applied (HTTP %s) with no readable answer; its task is"
                         " found by its token (%s)",
                         err.status,
@@ -312,7 +308,7 @@ class TaskWrites(WriteAnswers):
         """The tasks whose descriptions carry ``tokens`` (after ambiguous creates), by token.
         A token not listed within ``list_lag + lag`` seconds of the first list is left out: a
         service's list may lag its writes, and one look cannot tell "not created" from "not
-        listed yet"."""
+        listed yet". (``lag`` down to ``-list_lag``: one look, for creates sent long ago.)"""
         wanted = {self.description(token): token for token in tokens}
         found: dict[str, Task] = {}
         deadline: float | None = None
@@ -331,7 +327,7 @@ class TaskWrites(WriteAnswers):
             if now >= deadline:
                 return found
             await anyio.sleep(min(pause, deadline - now))
-            pause *= 2
+            pause = min(pause * 2, 5.0)  # (a look of a minute: listed again every 5 s)
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:
         """PUT the chunk to ``task``. True when settled (or left to the resume:
@@ -363,7 +359,7 @@ class TaskWrites(WriteAnswers):
                     self.budget.ok()
                     self.slots.success()
                     self.writes_taken += 1
-                    _applied_log(err)(
+                    self._applied_log(err)(
                         "task %s: a write was applied (HTTP %s) with no readable answer; its"
                         " rows are settled from the task's results (%s)",
                         task.task_id,

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
+from fashiontag_pipeline.engine.config import EngineConfig
+from fashiontag_pipeline.engine.resume import START_LOOK_CAP
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
@@ -29,6 +32,8 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 #: before the manifest is recorded settled and moved to ``done/``.
 #: ``HOOK_TERM_IN_SUMMARY``: SIGTERM while the first ``summary.json`` is being written (in
 #: the worker thread, which then lasts 0.5 s more).
+#: ``HOOK_LOOK_CAP``: the daemon's cap on its resume's look for a create (``START_LOOK_CAP``,
+#: 30 s) set to this many seconds.
 #: ``HOOK_KILL_AT_MARK``: SIGKILL right after the outbox created (``O_EXCL``) a folder's
 #: ``.claim`` mark, or a file named for it (``.claim.*``), before its content is written.
 HOOK = textwrap.dedent(
@@ -69,6 +74,9 @@ HOOK = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
             return chunk_id
         journal.Journal.write_ahead = write_ahead_then_die
+    if os.environ.get("HOOK_LOOK_CAP"):
+        from fashiontag_pipeline.engine import resume
+        resume.START_LOOK_CAP = float(os.environ["HOOK_LOOK_CAP"])
     if os.environ.get("HOOK_TERM_IN_SENT_IDS"):
         import time
         from fashiontag_pipeline.engine import pagers
@@ -178,7 +186,11 @@ async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_compl
     and every manifest dropped after it, never completes (DESIGN 6: SIGKILL at any moment,
     then a restart: nothing lost)."""
     ids = [f"w{i}" for i in range(300)]
-    bound = ["--max-pending-rows", "100"]
+    # (A create written ahead and never answered is looked for at the restart for list_lag
+    # and the client's request deadline: both short here.)
+    config = tmp_path / "c.toml"
+    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
+    bound = ["--max-pending-rows", "100", "--config", str(config)]
     async with running_service(ServiceConfig()) as svc:
         hooked = _hooked(tmp_path, HOOK_KILL_AFTER_WRITE_AHEAD="1")
         a = DaemonProcess(tmp_path, svc.url, extra=bound, env=hooked).start()
@@ -272,3 +284,47 @@ async def test_sigterm_while_the_summary_is_written_moves_the_manifest_to_done(
     assert summary["status"] == "done"
     assert sorted(p.name for p in (a.inbox / ".work").iterdir()) == []
     assert (a.inbox / "done" / "m.csv").exists()
+
+
+async def test_a_restart_over_a_create_written_ahead_starts_within_systemds_timeout(
+    tmp_path: Path,
+) -> None:
+    """Found in review: the restart looks for a create written ahead and never answered for
+    list_lag and the client's request deadline (a slow service may apply it that late), and
+    the daemon's start waited for it: 75 s with the defaults, past the unit's
+    ``TimeoutStartSec=60s``, so systemd killed it and started it again, over and over. A
+    daemon's look is capped (START_LOOK_CAP, 30 s, within the unit's timeout): here a
+    deadline of 20 s and a cap of 2 s, so the restart starts well before the deadline, and
+    the manifest completes, each row once."""
+    unit = (Path(__file__).parents[2] / "deploy" / "fashiontag-daemon.service").read_text()
+    (timeout,) = (line.split("=")[1] for line in unit.splitlines() if "TimeoutStartSec=" in line)
+    assert START_LOOK_CAP + EngineConfig().list_lag + 20 <= float(timeout.rstrip("s"))
+    ids = [f"s{i}" for i in range(50)]
+    config = tmp_path / "c.toml"
+    config.write_text("[client.timeout]\ntotal = 20.0\n")
+    extra = ["--config", str(config)]
+    async with running_service(ServiceConfig()) as svc:
+        hooked = _hooked(tmp_path, HOOK_KILL_AFTER_WRITE_AHEAD="1")
+        a = DaemonProcess(tmp_path, svc.url, extra=extra, env=hooked).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            assert await a.wait_exit(timeout=30) == -9  # killed after the write-ahead
+            began = time.monotonic()
+            capped = _hooked(tmp_path, HOOK_LOOK_CAP="2")
+            b = DaemonProcess(tmp_path, svc.url, port=a.port, extra=extra, env=capped).start()
+            with anyio.fail_after(30):
+                while '"daemon started"' not in b.tail(200):
+                    b.check_alive()
+                    await anyio.sleep(0.2)
+            assert time.monotonic() - began < 15  # (uncapped: 20 s and list_lag)
+            summary = await b.wait_summary("m", timeout=30)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done"
+    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
+    assert sorted(got) == sorted(ids)

@@ -63,9 +63,14 @@ def _stopped(pid: int) -> bool:
         return fh.read().rpartition(")")[2].split()[0] == "T"
 
 
-#: The daemons' flags: one PostgreSQL state, a short lease (the taker comes in 2 s).
-def _common(postgres_url: str) -> list[str]:
-    return ["--state", postgres_url, "--lease", "2", "--max-active", "2"]
+#: The daemons' flags: one PostgreSQL state, a short lease (the taker comes in 2 s), and a
+#: short resume look for a create A had written ahead and not had answered (until a request's
+#: deadline, here 3 s, has gone by since it was sent; list_lag 0.5 s: the reference service
+#: lists a task as soon as it is created).
+def _common(postgres_url: str, tmp_path: Path) -> list[str]:
+    config = tmp_path / "quick.toml"
+    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
+    return ["--state", postgres_url, "--lease", "2", "--max-active", "2", "--config", str(config)]
 
 
 def _hooked(tmp_path: Path, url: str, postgres_url: str, hook: str, **env: str) -> DaemonProcess:
@@ -74,7 +79,10 @@ def _hooked(tmp_path: Path, url: str, postgres_url: str, hook: str, **env: str) 
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(hook)
     return DaemonProcess(
-        tmp_path, url, extra=_common(postgres_url), env={"PYTHONPATH": _path(folder), **env}
+        tmp_path,
+        url,
+        extra=_common(postgres_url, tmp_path),
+        env={"PYTHONPATH": _path(folder), **env},
     ).start()
 
 
@@ -122,7 +130,7 @@ async def _paused_then_woken(tmp_path: Path, postgres_url: str, where: str) -> P
             a.inbox.mkdir(parents=True, exist_ok=True)
             drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
             await _until_paused(a)
-            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url, tmp_path)).start()
             summary = await b.wait_summary("m", timeout=60)
             assert summary["status"] == "done"
             with anyio.fail_after(30):
@@ -191,7 +199,7 @@ async def test_a_daemon_paused_while_dropping_a_state_does_not_hold_up_the_other
             await a.wait_ready_endpoint()
             drop_atomic(a.inbox, "m.csv", write_manifest(Path(), [f"m{i}" for i in range(50)]))
             await _until_paused(a)
-            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url, tmp_path)).start()
             await b.wait_ready_endpoint(timeout=20)
             drop_atomic(a.inbox, "n.csv", write_manifest(Path(), [f"n{i}" for i in range(50)]))
             summary = await b.wait_summary("n", timeout=30)
@@ -236,7 +244,7 @@ async def test_a_daemon_woken_past_its_lease_sends_no_rows_the_taker_sent(
             await a.wait_ready_endpoint()
             drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
             await _until_paused(a)
-            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url, tmp_path)).start()
             summary = await b.wait_summary("m", timeout=60)
             await _woken_until_lease_lost(a, 1.0)
             assert await a.stop() == 0

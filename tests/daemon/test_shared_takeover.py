@@ -85,8 +85,13 @@ def _drop(inbox: Path, name: str, ids: list[str]) -> None:
     os.rename(tmp, inbox / name)
 
 
-def _common(url: str) -> list[str]:
-    return ["--state", url, "--lease", "2", "--max-active", "2"]
+def _common(url: str, tmp_path: Path) -> list[str]:
+    # (A stop or a kill with a create written ahead and never answered: the next attempt
+    # looks for its task until a request's deadline has gone by since it was sent, here 3 s,
+    # and list_lag, here 0.5 s: the reference service lists a task as soon as it is created.)
+    config = tmp_path / "quick.toml"
+    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
+    return ["--state", url, "--lease", "2", "--max-active", "2", "--config", str(config)]
 
 
 def _ids_once(folder: Path, ids: list[str]) -> None:
@@ -101,14 +106,14 @@ async def test_a_daemon_killed_between_publishing_and_settling_is_taken_over_as_
     ids = [f"g{i}" for i in range(300)]
     async with running_service(ServiceConfig()) as svc:
         env = _hooked(tmp_path, HOOK_KILL_AFTER_PUBLISH="1")
-        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
+        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url, tmp_path), env=env).start()
         b: DaemonProcess | None = None
         try:
             await a.wait_ready_endpoint()
             _drop(a.inbox, "m.csv", ids)
             assert await a.wait_exit(timeout=60) == -9  # killed right after publishing
             assert len(read_lines(a.outbox / "m" / "results.jsonl")) == len(ids)
-            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url)).start()
+            b = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url, tmp_path)).start()
             summary = await b.wait_summary("m", timeout=90)
             assert await b.stop() == 0
         finally:
@@ -129,7 +134,7 @@ async def _attempts_planned(
     its summary, and the attempt count each stop logged. Every id is checked once."""
     async with running_service(ServiceConfig(rate=1500.0)) as svc:
         env = _hooked(tmp_path, HOOK_FAIL_PLAN=plan)
-        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url), env=env).start()
+        a = DaemonProcess(tmp_path, svc.url, extra=_common(postgres_url, tmp_path), env=env).start()
         try:
             await a.wait_ready_endpoint()
             _drop(a.inbox, "m.csv", ids)
@@ -174,7 +179,9 @@ async def test_a_taker_that_mounts_the_share_elsewhere_finishes_the_manifest(
     ids = [f"k{i}" for i in range(6_000)]
     folder = share / "outbox" / "big"
     async with running_service(ServiceConfig(rate=2500.0)) as svc:
-        a = DaemonProcess(tmp_path / "mnt_a", svc.url, extra=_common(postgres_url)).start()
+        a = DaemonProcess(
+            tmp_path / "mnt_a", svc.url, extra=_common(postgres_url, tmp_path)
+        ).start()
         b: DaemonProcess | None = None
         try:
             await a.wait_ready_endpoint()
@@ -185,7 +192,9 @@ async def test_a_taker_that_mounts_the_share_elsewhere_finishes_the_manifest(
                     await anyio.sleep(0.02)
             await a.kill()
             (tmp_path / "mnt_a").unlink()
-            b = DaemonProcess(tmp_path / "mnt_b", svc.url, extra=_common(postgres_url)).start()
+            b = DaemonProcess(
+                tmp_path / "mnt_b", svc.url, extra=_common(postgres_url, tmp_path)
+            ).start()
             summary = await b.wait_summary("big", timeout=120)
             assert await b.stop() == 0
         finally:

@@ -171,7 +171,9 @@ async def test_kill_9_in_a_tasks_final_settle_leaves_no_row_without_an_outcome(
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SETTLE_HOOK)
     config = tmp_path / "c.toml"
-    config.write_text("[engine]\nchunk_size = 2\nmax_sends = 2\n")
+    # (Killed right after a create was written ahead: the resume looks for its task for as
+    # long as a request may go unanswered, here 3 s.)
+    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nchunk_size = 2\nmax_sends = 2\n")
     n = 4
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"

@@ -15,6 +15,7 @@ longer writable) | ``resolved`` (settled some other way: rejected, or re-sent in
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "chunk_detached",
     "chunk_orphan",
     "chunk_resolved",
+    "chunk_sending",
     "chunk_state",
     "chunk_task",
     "chunk_token",
@@ -127,8 +129,18 @@ def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
 
 
 def chunk_token(chunk_id: int, token: str) -> Change:
-    """The chunk is about to create the task whose description carries ``token``."""
-    return ("UPDATE chunks SET task_id=NULL, token=? WHERE chunk_id=?", (token, chunk_id))
+    """The chunk is about to create the task whose description carries ``token`` (now: see
+    :func:`chunk_sending`)."""
+    return (
+        "UPDATE chunks SET task_id=NULL, token=?, written_at=? WHERE chunk_id=?",
+        (token, time.time(), chunk_id),
+    )
+
+
+def chunk_sending(chunk_id: int) -> Change:
+    """The chunk's create is about to be sent again (a retry): a resume counts the time a
+    create may still be applied from now (``chunks.written_at``, wall clock)."""
+    return ("UPDATE chunks SET written_at=? WHERE chunk_id=?", (time.time(), chunk_id))
 
 
 def chunk_task(chunk_id: int, task_id: str) -> Change:

@@ -10,6 +10,7 @@ the ids each task may hold).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,10 +73,11 @@ class ChunkTables(JobTables):
         with self.transaction():
             # The body goes to its own table: the chunk's row is updated several times (token,
             # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
+            # (written_at: a create may be on its way from now on, see resume_chunks.)
             (chunk_id,) = db.execute(
-                "INSERT INTO chunks (state, n, last_pos, token, task_id)"
-                " VALUES ('pending', ?, ?, ?, ?) RETURNING chunk_id",
-                (n, last_pos, token, task_id),
+                "INSERT INTO chunks (state, n, last_pos, token, task_id, written_at)"
+                " VALUES ('pending', ?, ?, ?, ?, ?) RETURNING chunk_id",
+                (n, last_pos, token, task_id, time.time()),
             ).fetchone()
             self._insert_body(chunk_id, body, ids)
             if replaces is not None:
@@ -143,10 +145,13 @@ class ChunkTables(JobTables):
         return tuple(row) if row is not None else None
 
     def resume_chunks(self) -> list[tuple[Any, ...]]:
-        """Chunks of unknown fate: (chunk_id, state, task_id, token, body)."""
+        """Chunks of unknown fate: (chunk_id, state, task_id, token, body, written_at).
+        ``written_at``: when the chunk was written ahead, or its create last sent, in Unix
+        seconds (None: unknown, a chunk of an earlier version): a create may have been on its
+        way since, and applied as late as a request may go unanswered after it."""
         return list(
             self.db.execute(
-                f"SELECT chunk_id, state, task_id, token, {BODY_SQL} FROM chunks"
+                f"SELECT chunk_id, state, task_id, token, {BODY_SQL}, written_at FROM chunks"
                 " WHERE state IN ('pending', 'orphan') ORDER BY chunk_id"
             )
         )

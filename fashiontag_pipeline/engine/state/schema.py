@@ -20,12 +20,16 @@ Schema::
                                (sealed: only in files of earlier versions)
                                (lost: the service forgot it; its chunks are settled by sending
                                their unwritten rows again, each chunk then ``resolved``)
-    chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok)
+    chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok, written_at)
                                state: pending (written ahead, fate unknown) | accepted |
                                orphan (fate unknown, task no longer writable) | resolved;
                                n_ok: rows of the chunk the service accepted (an orphan:
                                its rows counted as submitted so far, NULL for none); an
-                               accepted chunk is deleted when its task is drained or expired
+                               accepted chunk is deleted when its task is drained or expired;
+                               written_at: wall-clock time (Unix seconds) the chunk was
+                               written ahead, or its create last sent (a retry), after which
+                               a create may have been on its way (NULL: unknown, in files of
+                               earlier versions: a resume looks for its task the longest)
     chunk_bodies(chunk_id, ids, body)
                                a chunk's rows ({"p": [positions], "r": [requests]}), written
                                once with the chunk and deleted when its task is drained; apart

@@ -1,0 +1,274 @@
+"""A run killed while a create was on its way to a service slow to apply it, then resumed: the
+resume looks for the create's task long enough to see it applied late (until the client's
+request deadline has gone by since it was sent, as the state records), and does not create its
+rows again (two tasks of the same rows, each row billed twice); a resume long after the kill
+does not wait."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import anyio
+from aiohttp import web
+
+from fashiontag_pipeline._config import Timeout
+from fashiontag_pipeline.engine.resume import START_LOOK_CAP, late_look
+from fashiontag_pipeline.engine.state import open_state
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .proxy import BULK, MisbehavingProxy, Misbehaviour
+
+
+class SlowCreate(MisbehavingProxy):
+    """The proxy in front of a service slow to take writes: the first create is held (no
+    answer), and applied by the service ``delay`` seconds after it came."""
+
+    def __init__(self, upstream: str, delay: float) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.delay = delay
+        self.received = anyio.Event()
+        self.applied = anyio.Event()
+        self.late: asyncio.Task[None] | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.received.is_set():
+            body = await request.read()
+            headers = {
+                "x-api-key": request.headers["x-api-key"],
+                "Content-Type": "application/json",
+            }
+            self.late = asyncio.get_running_loop().create_task(self._late(body, headers))
+            self.received.set()
+            await self.applied.wait()  # (no answer: the client is killed meanwhile)
+            return web.Response(status=504)
+        return await super().handle(request)
+
+    async def _late(self, body: bytes, headers: dict[str, str]) -> None:
+        await anyio.sleep(self.delay)
+        assert self._session is not None
+        async with self._session.post(self.upstream + BULK, data=body, headers=headers) as up:
+            await up.read()
+        self.applied.set()
+
+
+async def killed_after_a_create(
+    tmp_path: Path, proxy: SlowCreate, timeout: float, state: Path | str | None = None
+) -> list[str]:
+    """A run of 50 rows through ``proxy`` killed (SIGKILL) once its create came: the args of
+    the same command (a client deadline of ``timeout`` s, ``list_lag`` 0.5 s; the state
+    ``state``, a file of ``tmp_path`` by default)."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "s.state" if state is None else state
+    config = tmp_path / "c.toml"
+    config.write_text(f"[client.timeout]\ntotal = {timeout}\n\n[engine]\nlist_lag = 0.5\n")
+    args = run_args(proxy.url, out, str(manifest), "--state", str(state))
+    args += ["--config", str(config), "--linger", "0.1"]
+    proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+    with anyio.fail_after(30):
+        await proxy.received.wait()
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    await proc.aclose()
+    return args
+
+
+async def test_a_create_on_its_way_at_a_kill_and_applied_late_is_not_created_again(
+    tmp_path: Path,
+) -> None:
+    """A run killed (SIGKILL) right after it sent a create, which the service applied 3 s
+    later. The resume looked for the create's task (its token in the state, no task id) for
+    ``list_lag`` (0.5 s) only, not found it, and created the rows again: two tasks of the same
+    rows, each billed twice, one never read. A create still on its way when the run died is
+    looked for as long as a request may go unanswered (the client's deadline, 4 s) besides."""
+    proxy = SlowCreate("", 3.0)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 4.0)
+            started = time.monotonic()
+            with anyio.fail_after(30):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+                await proxy.applied.wait()
+            took = time.monotonic() - started
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    held = [i for ids in tasks for i in ids]
+    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+    assert took < 15
+
+
+async def test_sigterm_while_a_resume_looks_for_a_create_stops_it(tmp_path: Path) -> None:
+    """The look of a resume for a create of unknown fate (here up to a minute: a client
+    deadline of 60 s, the create never applied) ends at SIGTERM, as any wait of a resume."""
+    proxy = SlowCreate("", 3600.0)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 60.0)
+            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+            try:
+                await anyio.sleep(2.0)
+                assert proc.returncode is None
+                proc.send_signal(signal.SIGTERM)
+                with anyio.fail_after(10):
+                    await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.aclose()
+                assert proxy.late is not None
+                proxy.late.cancel()
+                proxy.applied.set()
+        assert len(svc.store.tasks) == 0  # (not created again)
+    assert proc.returncode == 130
+
+
+def _in_state(location: Path | str, sql: str) -> None:
+    """One statement run on a state (SQLite or PostgreSQL), committed."""
+    db = open_state(location)
+    try:
+        with db.transaction():
+            db.db.execute(sql)
+    finally:
+        db.close()
+
+
+async def test_a_resume_long_after_a_kill_does_not_wait_for_the_create_it_sent(
+    tmp_path: Path, state_location: Callable[[str], Path | str]
+) -> None:
+    """Each chunk's state row says when it was written ahead (its create sent): a resume looks
+    for a create of unknown fate until the client's request deadline has gone by since then
+    (and list_lag), not for the whole deadline again. Here the kill came an hour before the
+    resume (the next night's cron; the state's times moved back an hour): with a deadline of
+    60 s, the resume does not wait a minute for a create that cannot be applied any more."""
+    proxy = SlowCreate("", 3600.0)
+    out = tmp_path / "out.jsonl"
+    state = state_location("late")
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 60.0, state)
+            assert proxy.late is not None
+            proxy.late.cancel()  # (never applied)
+            proxy.applied.set()
+            _in_state(state, "UPDATE chunks SET written_at = written_at - 3600")
+            started = time.monotonic()
+            with anyio.fail_after(20):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+            took = time.monotonic() - started
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    assert sorted(len(ids) for ids in tasks) == [50]
+    assert took < 15
+
+
+async def test_a_state_of_an_earlier_version_looks_for_a_create_the_whole_deadline(
+    tmp_path: Path, state_location: Callable[[str], Path | str]
+) -> None:
+    """A state written before chunks kept their time (no ``written_at`` column; added at the
+    open, NULL: unknown): the resume looks for the create for the whole deadline (4 s), and
+    finds it applied 3 s after it came, not creating its rows again."""
+    proxy = SlowCreate("", 3.0)
+    out = tmp_path / "out.jsonl"
+    state = state_location("old")
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 4.0, state)
+            _in_state(state, "ALTER TABLE chunks DROP COLUMN written_at")
+            with anyio.fail_after(30):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+                await proxy.applied.wait()
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    held = [i for ids in tasks for i in ids]
+    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+
+
+class RefusedThenSlow(SlowCreate):
+    """Creates answered 503 for their first ``refusing`` seconds (the run sends the create
+    again, with the same token), then one held and applied ``delay`` seconds later."""
+
+    def __init__(self, upstream: str, delay: float, refusing: float) -> None:
+        super().__init__(upstream, delay)
+        self.refusing = refusing
+        self.first: float | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.received.is_set():
+            now = time.monotonic()
+            self.first = now if self.first is None else self.first
+            if now - self.first < self.refusing:
+                await request.read()
+                return web.Response(status=503, text="busy")
+        return await super().handle(request)
+
+
+async def test_a_create_sent_again_before_the_kill_is_looked_for_from_its_last_send(
+    tmp_path: Path,
+) -> None:
+    """A create refused (503) for 2.5 s, sent again with its token, then held by a service
+    that applied it 3 s later, the run killed meanwhile. The time a resume counts from is
+    its last send, not its write-ahead: counted from the write-ahead, the look (a deadline of
+    4 s, list_lag 0.5 s) ended before the create was applied, and the rows were created again
+    (each billed twice)."""
+    proxy = RefusedThenSlow("", 3.0, 2.5)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 4.0)
+            with anyio.fail_after(30):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+                await proxy.applied.wait()
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    held = [i for ids in tasks for i in ids]
+    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+
+
+def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent() -> None:
+    """:func:`late_look` (seconds besides list_lag; a deadline of 10 s, list_lag 5 s) over
+    chunks as the state gives them: (chunk_id, state, task_id, token, body, written_at)."""
+
+    def run(daemon: bool = False, total: float = 10.0) -> Any:
+        return cast(
+            Any,
+            SimpleNamespace(
+                client=SimpleNamespace(timeout=Timeout(total=total)),
+                config=SimpleNamespace(list_lag=5.0),
+                jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=daemon)),
+            ),
+        )
+
+    now = 1_000_000.0
+
+    def pending(written_at: float | None) -> tuple[Any, ...]:
+        return (1, "pending", None, "r-t1", b"", written_at)
+
+    assert late_look(run(), [pending(None)], now) == 10.0  # (unknown: the whole deadline)
+    assert late_look(run(), [pending(now - 3)], now) == 7.0
+    assert late_look(run(), [pending(now - 12)], now) == -2.0  # (list_lag less 2 s)
+    assert late_look(run(), [pending(now - 3600)], now) == -5.0  # (one look)
+    assert late_look(run(), [pending(now + 60)], now) == 10.0  # (the clock set back)
+    assert late_look(run(), [pending(now - 3600), pending(now - 1)], now) == 9.0
+    # A token of an applied create (an orphan, its task unknown): list_lag, as before.
+    orphan = (2, "orphan", None, "r-t2", b"", now - 3600)
+    assert late_look(run(), [pending(now - 3600), orphan], now) == 0.0
+    # Appends (a task id) and chunks with no token are not looked for.
+    assert late_look(run(), [(3, "pending", "task-1", None, b"", now)], now) == 0.0
+    assert late_look(run(daemon=True, total=300.0), [pending(None)], now) == START_LOOK_CAP
