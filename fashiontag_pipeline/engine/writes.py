@@ -95,11 +95,15 @@ class TaskWrites(WriteAnswers):
         """POST the chunk as a new task. True when the chunk is settled (or left to the
         resume: :meth:`_stopped`), or the parts it was split into (:meth:`_refused_whole`).
         ``token_written``: the chunk's write-ahead recorded the task's token already."""
+        recorded = token_written  # (the state holds this create's token for the chunk)
         if not token_written and not self._stopped():
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
+            recorded = True
         retry = False
         while True:
             if self._stopped():  # not created: a chunk waiting for the task goes on
+                if recorded and not retry:  # (never sent: a resume need not wait for it)
+                    await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, False)])
                 task.failed = True
                 task.created.set()
                 if self.current is task:
@@ -308,7 +312,7 @@ class TaskWrites(WriteAnswers):
         """The tasks whose descriptions carry ``tokens`` (after ambiguous creates), by token.
         A token not listed within ``list_lag + lag`` seconds of the first list is left out: a
         service's list may lag its writes, and one look cannot tell "not created" from "not
-        listed yet". (``lag`` down to ``-list_lag``: one look, for creates sent long ago.)"""
+        listed yet" (``lag`` down to ``-list_lag``: one look)."""
         wanted = {self.description(token): token for token in tokens}
         found: dict[str, Task] = {}
         deadline: float | None = None

@@ -7,6 +7,7 @@ does not wait."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import time
@@ -272,3 +273,58 @@ def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent
     # Appends (a task id) and chunks with no token are not looked for.
     assert late_look(run(), [(3, "pending", "task-1", None, b"", now)], now) == 0.0
     assert late_look(run(daemon=True, total=300.0), [pending(None)], now) == START_LOOK_CAP
+
+
+#: With ``HOOK_TERM_BEFORE_CREATE`` set, the run SIGTERMs itself as its first create is about
+#: to be sent (its chunk written ahead with the create's token), and lets the drain begin.
+TERM_HOOK = """
+import os, signal
+if os.environ.get("HOOK_TERM_BEFORE_CREATE"):
+    from fashiontag_pipeline._callctx import WRITES_STOPPED
+    from fashiontag_pipeline.engine import writes
+    _create = writes.TaskWrites._create
+    fired = []
+    async def term_then_create(self, *args, **kwargs):
+        if not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+            await WRITES_STOPPED.get().wait()
+        return await _create(self, *args, **kwargs)
+    writes.TaskWrites._create = term_then_create
+"""
+
+
+async def test_a_resume_after_a_stop_that_kept_a_create_from_being_sent_does_not_wait(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM right after a chunk was written ahead with its create's token: the drain kept
+    the create from being sent. The resume took it for a create that may have been on its way
+    and looked for its task for the whole request deadline (70 s with the defaults; a daemon's
+    restart after every deploy, 30 s). A create the run knows it never sent is recorded so:
+    the resume looks at the task list once and sends its rows."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(TERM_HOOK)
+    pythonpath = os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")])
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    out = tmp_path / "out.jsonl"
+    args = run_args("URL", out, str(manifest), "--state", str(tmp_path / "s.state"))
+    async with running_service(ServiceConfig()) as svc:
+        args[args.index("URL")] = svc.url
+        with anyio.fail_after(30):
+            stopped = await anyio.run_process(
+                args,
+                check=False,
+                env={**ENV, "PYTHONPATH": pythonpath, "HOOK_TERM_BEFORE_CREATE": "1"},
+            )
+        assert stopped.returncode != 0, stopped.stderr.decode()[-800:]
+        assert not svc.store.tasks, "the create was sent"
+        started = time.monotonic()
+        with anyio.fail_after(40):
+            resumed = await anyio.run_process(args, check=False, env=ENV)
+        took = time.monotonic() - started
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    assert sorted(len(ids) for ids in tasks) == [50]
+    assert took < 15

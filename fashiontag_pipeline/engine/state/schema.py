@@ -29,7 +29,8 @@ Schema::
                                written_at: wall-clock time (Unix seconds) the chunk was
                                written ahead, or its create last sent (a retry), after which
                                a create may have been on its way (NULL: unknown, in files of
-                               earlier versions: a resume looks for its task the longest)
+                               earlier versions: a resume looks for its task the longest; 0:
+                               a stop kept its create from being sent)
     chunk_bodies(chunk_id, ids, body)
                                a chunk's rows ({"p": [positions], "r": [requests]}), written
                                once with the chunk and deleted when its task is drained; apart
