@@ -1,6 +1,7 @@
 """What the answer to a task write changes: the chunk's rows accepted into the task (those the
 service refused, as rejects), a chunk of unknown fate orphaned, a write refused whole split in
-two or rejected, and the per-job counts a chunk's rows add to.
+two or rejected, a create answered with a task id the run holds already (a stop), and the
+per-job counts a chunk's rows add to.
 
 :class:`WriteAnswers` is a part of :class:`~.writes.TaskWrites` (the requests are there).
 """
@@ -77,6 +78,8 @@ class WriteAnswers:
     sent_requests: int
     refused_writes: int
     current: OpenTask | None
+    tasks: dict[str, OpenTask]
+    _checking: set[str]
 
     @staticmethod
     def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
@@ -84,6 +87,38 @@ class WriteAnswers:
         was refused unread (over max_answer_bytes: something in front of the service is
         wrong), else at info (a 204 is the service's own way)."""
         return logger.warning if unreadable_answer(err) is not None else logger.info
+
+    async def _check_new_id(self, task_id: str, chunk: Chunk) -> None:
+        """Stop the run when a create's task id (answered, or adopted from the list after an
+        answer was lost) is one the run holds already. The chunk's rows went into that task
+        (the service took them, and bills them): the chunk is recorded as its orphan, so the
+        resume settles it from that task's results and counts this send toward
+        ``max_sends``, instead of taking it for a create of unknown fate (sent again with the
+        send count it had: a row billed ``max_sends + 1`` times).
+
+        The check and the claim are one step on the event loop: two creates answered with one
+        new id at the same moment each asked the state (a thread hop), neither found it, and
+        both chunks went to one task. An id being checked is held in :attr:`_checking` until
+        its caller attaches it (with no await between)."""
+        checking = self._checking
+        known = task_id in self.tasks or task_id in checking
+        if not known:
+            checking.add(task_id)
+            try:
+                known = await self.journal.run(self.journal.db.task_known, task_id)
+            finally:
+                checking.discard(task_id)
+        if known:
+            await self.journal.commit(ops=[changes.chunk_orphan(chunk.chunk_id, task_id)])
+            # One id, two tasks' rows: their results, counts and expiries cannot be told
+            # apart, so rows would be settled by each other's lines (some lost, some twice).
+            raise FatalRunError(
+                f"the service answered a create with task id {task_id!r}, which"
+                " it had given to this run before (a service that hands out a task id"
+                " twice, or adds a new task's rows to another): its results cannot be"
+                " read exactly once; stopped with the state saved (the same command"
+                " resumes once the service gives each task its own id)"
+            )
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).

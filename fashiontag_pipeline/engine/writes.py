@@ -99,18 +99,19 @@ class TaskWrites(WriteAnswers):
         if not token_written and not self._stopped():
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
             recorded = True
-        retry = False
+        retry, unknown = False, 0.0  # (unknown: when the last send of unknown fate left)
         while True:
             if self._stopped():  # not created: a chunk waiting for the task goes on
                 if recorded and not retry:  # (never sent: a resume need not wait for it)
-                    await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, False)])
+                    await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, 0.0)])
                 task.failed = True
                 task.created.set()
                 if self.current is task:
                     self.current = None
                 return True
-            if retry:  # (a resume looks for it as long as it may be applied after this send)
-                await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id)])
+            sent = time.time()  # (a resume looks for it as long as it may be applied after)
+            if retry:
+                await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
             retry = True
             try:
                 response = await self.client.create_task(
@@ -133,6 +134,7 @@ class TaskWrites(WriteAnswers):
                     )
                     await self._created_unanswered(task, chunk, err.status)
                     return True
+                unknown = sent
                 await self._failed(err, "create task")
                 late = err.unanswered_for  # (a create that slow may be applied as late)
                 adopted = None if self._stopped() else await self._find_unless_stopped(task, late)
@@ -146,6 +148,10 @@ class TaskWrites(WriteAnswers):
                 chunk.task_id = adopted.task_id
                 return False
             except (exc.TransportError, exc.RateLimitedError, exc.ServerError) as err:
+                if isinstance(err, (exc.ConnectError, exc.RateLimitedError, exc.ServerError)):
+                    # Not applied (never delivered, or answered so): the state's time goes
+                    # back to the last send of unknown fate (0: none, not waited for).
+                    await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, unknown)])
                 if isinstance(err, exc.RateLimitedError):
                     self.slots.throttled()
                 await self._failed(err, "create task")
@@ -228,38 +234,6 @@ class TaskWrites(WriteAnswers):
                 )
             await anyio.sleep(min(pause, max(0.0, limit - (now - started))))
             pause = min(pause * 2, 5.0)
-
-    async def _check_new_id(self, task_id: str, chunk: Chunk) -> None:
-        """Stop the run when a create's task id (answered, or adopted from the list after an
-        answer was lost) is one the run holds already. The chunk's rows went into that task
-        (the service took them, and bills them): the chunk is recorded as its orphan, so the
-        resume settles it from that task's results and counts this send toward
-        ``max_sends``, instead of taking it for a create of unknown fate (sent again with the
-        send count it had: a row billed ``max_sends + 1`` times).
-
-        The check and the claim are one step on the event loop: two creates answered with one
-        new id at the same moment each asked the state (a thread hop), neither found it, and
-        both chunks went to one task. An id being checked is held in :attr:`_checking` until
-        its caller attaches it (with no await between)."""
-        checking = self._checking
-        known = task_id in self.tasks or task_id in checking
-        if not known:
-            checking.add(task_id)
-            try:
-                known = await self.journal.run(self.journal.db.task_known, task_id)
-            finally:
-                checking.discard(task_id)
-        if known:
-            await self.journal.commit(ops=[changes.chunk_orphan(chunk.chunk_id, task_id)])
-            # One id, two tasks' rows: their results, counts and expiries cannot be told
-            # apart, so rows would be settled by each other's lines (some lost, some twice).
-            raise FatalRunError(
-                f"the service answered a create with task id {task_id!r}, which"
-                " it had given to this run before (a service that hands out a task id"
-                " twice, or adds a new task's rows to another): its results cannot be"
-                " read exactly once; stopped with the state saved (the same command"
-                " resumes once the service gives each task its own id)"
-            )
 
     def _opened_ops(
         self, task: OpenTask, task_id: str, expiry: datetime | None

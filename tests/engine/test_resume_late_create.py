@@ -24,7 +24,7 @@ from fashiontag_pipeline.engine.resume import START_LOOK_CAP, late_look
 from fashiontag_pipeline.engine.state import open_state
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 
@@ -322,6 +322,39 @@ async def test_a_resume_after_a_stop_that_kept_a_create_from_being_sent_does_not
         started = time.monotonic()
         with anyio.fail_after(40):
             resumed = await anyio.run_process(args, check=False, env=ENV)
+        took = time.monotonic() - started
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    assert sorted(len(ids) for ids in tasks) == [50]
+    assert took < 15
+
+
+async def test_a_resume_after_the_service_was_down_does_not_wait_for_creates_never_delivered(
+    tmp_path: Path,
+) -> None:
+    """Last night's run gave up (exit 1): the service was down, each create refused at the
+    connection. The resume took the create written ahead for one that may have been on its
+    way and waited the whole request deadline (70 s with the defaults) before sending its
+    rows. A create never delivered (the connection refused), or answered with an error, is
+    recorded so: the resume looks at the task list once."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    out = tmp_path / "out.jsonl"
+    state = ["--state", str(tmp_path / "s.state"), "--linger", "0.1"]
+    dead = f"http://127.0.0.1:{dead_port()}"
+    with anyio.fail_after(30):
+        first = await anyio.run_process(
+            run_args(dead, out, str(manifest), *state, "--give-up-after", "1"),
+            check=False,
+            env=ENV,
+        )
+    assert first.returncode == 1, first.stderr.decode()[-800:]
+    async with running_service(ServiceConfig()) as svc:
+        started = time.monotonic()
+        with anyio.fail_after(40):
+            resumed = await anyio.run_process(
+                run_args(svc.url, out, str(manifest), *state), check=False, env=ENV
+            )
         took = time.monotonic() - started
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
     assert resumed.returncode == 0, resumed.stderr.decode()[-800:]

@@ -137,14 +137,11 @@ def chunk_token(chunk_id: int, token: str) -> Change:
     )
 
 
-def chunk_sending(chunk_id: int, sent: bool = True) -> Change:
-    """The chunk's create is about to be sent again (a retry): a resume counts the time a
-    create may still be applied from now (``chunks.written_at``, wall clock). ``sent``
-    False: a stop kept it from being sent at all (0: a resume looks at the task list once)."""
-    return (
-        "UPDATE chunks SET written_at=? WHERE chunk_id=?",
-        (time.time() if sent else 0.0, chunk_id),
-    )
+def chunk_sending(chunk_id: int, at: float) -> Change:
+    """The chunk's create was sent (again) at ``at`` (wall clock), or its last send of unknown
+    fate was then: a resume looks for its task as long as it may be applied after that
+    (``chunks.written_at``; 0: no send of unknown fate, one look at the task list)."""
+    return ("UPDATE chunks SET written_at=? WHERE chunk_id=?", (at, chunk_id))
 
 
 def chunk_task(chunk_id: int, task_id: str) -> Change:
