@@ -20,11 +20,12 @@ So a batch's ids go one of two ways (:meth:`DeferredIds.dedupe`):
   into the tree in key order in one transaction, which writes each page of the tree it touches
   once for all of them, and ``ids_log`` is emptied.
 
-Lookups read both (the pending ids first: a dict). The memory is bounded by the flush
-thresholds, whatever the manifest's size. ``ids_log`` rows left by a run that stopped (kill -9
-included) are read back when the state is opened again (nothing written then: a run refused
-at its start leaves the state as it was); the close of a process that took ids in puts the
-pending ids into the tree.
+Lookups read both (the pending ids first: a dict; an id's start, as a service that cuts ids
+sends it back, in the pending ids sorted once, not in each of them). The memory is bounded by
+the flush thresholds, whatever the manifest's size. ``ids_log`` rows left by a run that
+stopped (kill -9 included) are read back when the state is opened again (nothing written then:
+a run refused at its start leaves the state as it was); the close of a process that took ids
+in puts the pending ids into the tree.
 
 The pending ids and the tree's last id are state of this process that must follow the
 database's transactions: each change registers how to undo it, run in reverse when the
@@ -33,6 +34,7 @@ transaction rolls back (or its COMMIT fails) and dropped when it commits.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -73,6 +75,11 @@ class DeferredIds:
     _pending_chars: int
     _tree_max: str | None
     _undo: list[Callable[[], None]]
+    #: The pending ids in order (built by the first :meth:`ids_starting` that needs them;
+    #: None once the pending ids changed otherwise than by ``_sorted_added``, ids taken in
+    #: since it was built, merged in by the next one).
+    _sorted: list[str] | None
+    _sorted_added: list[str]
     #: Whether this process took ids in (only then does :meth:`_ids_close` write).
     _ids_added: bool
 
@@ -82,6 +89,7 @@ class DeferredIds:
         """Read the tree's last id and the ids a stopped run left in ``ids_log`` (nothing is
         written: a run refused at its start leaves the state as it found it)."""
         self._pending, self._pending_chars, self._undo = {}, 0, []
+        self._sorted, self._sorted_added = None, []
         self._ids_added = False
         (self._tree_max,) = self.db.execute("SELECT max(id) FROM ids").fetchone()
         pending: dict[str, int] = {}
@@ -164,8 +172,28 @@ class DeferredIds:
                 (prefix, prefix + "\U0010ffff", limit),
             )
         ]
-        waiting = [key for key in self._pending if key.startswith(prefix)]
+        if not self._pending:
+            return stored
+        keys = self._sorted_pending()
+        waiting: list[str] = []
+        at = bisect_left(keys, prefix)  # (the ids starting with it come from there on)
+        while at < len(keys) and len(waiting) < limit and keys[at].startswith(prefix):
+            waiting.append(keys[at])
+            at += 1
         return sorted(stored + waiting)[:limit] if waiting else stored
+
+    def _sorted_pending(self) -> list[str]:
+        """The pending ids in order: sorted once, then the ids taken in since merged in (one
+        pass: two sorted runs), so that a look-up by an id's start reads a few of them."""
+        keys = self._sorted
+        if keys is None:
+            keys = self._sorted = sorted(self._pending)
+            self._sorted_added = []
+        elif self._sorted_added:
+            keys += sorted(self._sorted_added)
+            keys.sort()
+            self._sorted_added = []
+        return keys
 
     def _forget_ids(self, job: int) -> None:
         """Delete the ids of ``job`` (``JOB/ID``: a long-lived engine's complete job)."""
@@ -208,11 +236,14 @@ class DeferredIds:
         pending.update(new)
         chars = sum(map(len, new))
         self._pending_chars += chars
+        if self._sorted is not None:
+            self._sorted_added.extend(new)
 
         def undo() -> None:
             for key in new:
                 self._pending.pop(key, None)
             self._pending_chars -= chars
+            self._sorted = None
 
         self._undo.append(undo)
         if len(pending) >= self.flush_ids or self._pending_chars >= self.flush_chars:
@@ -261,9 +292,11 @@ class DeferredIds:
 
         def undo() -> None:
             self._pending, self._pending_chars = old
+            self._sorted = None
 
         self._undo.append(undo)
         self._pending, self._pending_chars = pending, chars
+        self._sorted = None
 
     def _set_tree_max(self, value: str | None) -> None:
         old = self._tree_max
