@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from fashiontag_pipeline import StateError
 from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -238,3 +239,15 @@ def test_ids_cut_short_are_looked_up_without_reading_every_waiting_id(state: Sta
     assert time.perf_counter() - started < 1.0
     assert state.ids_starting(ids[5][:16], 2) == [ids[5]]
     assert state.ids_starting("", 3) == sorted(ids)[:3]
+
+
+def test_a_damaged_ids_log_row_is_a_state_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "state"
+    StateDB(path).close()
+    with sqlite3.connect(path) as raw:
+        raw.execute("INSERT INTO ids_log (batch) VALUES (?)", (b"\x00not json",))
+    with pytest.raises(StateError, match=f"state file {path}.*ids_log row 1"):
+        StateDB(path)
+    StateDB(path.with_name("other")).close()  # (the lock of the first was released)
+    with pytest.raises(StateError):
+        StateDB(path)  # and again: its lock is free

@@ -34,6 +34,7 @@ transaction rolls back (or its COMMIT fails) and dropped when it commits.
 
 from __future__ import annotations
 
+import sqlite3
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -93,8 +94,14 @@ class DeferredIds:
         self._ids_added = False
         (self._tree_max,) = self.db.execute("SELECT max(id) FROM ids").fetchone()
         pending: dict[str, int] = {}
-        for (blob,) in self.db.execute("SELECT batch FROM ids_log ORDER BY seq"):
-            for key, pos in _log_decoder.decode(blob).items():
+        for seq, blob in self.db.execute("SELECT seq, batch FROM ids_log ORDER BY seq"):
+            try:
+                batch = _log_decoder.decode(blob)
+            except (msgspec.DecodeError, TypeError) as err:  # (damaged from outside)
+                raise sqlite3.DatabaseError(
+                    f"ids_log row {seq} is no batch of ids: {err}"
+                ) from None
+            for key, pos in batch.items():
                 pending.setdefault(key, pos)
         self._pending, self._pending_chars = pending, sum(map(len, pending))
 
