@@ -89,7 +89,8 @@ async def reattach(run: Engine) -> list[Chunk]:
     if tokens:
         late = late_look(run, chunks, time.time())
         if late > 0:
-            logger.info(
+            # A wait a user would take for a hang is said at warning level (the default).
+            (logger.warning if run.config.list_lag + late >= 10 else logger.info)(
                 "a create may have been on its way when the run stopped: its task is looked"
                 " for in the task list for up to %.0f s (list_lag, and the client's request"
                 " deadline from when it was sent) before its rows are created again",

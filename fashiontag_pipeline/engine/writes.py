@@ -156,7 +156,12 @@ class TaskWrites(WriteAnswers):
                     self.slots.throttled()
                 await self._failed(err, "create task")
                 continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+            except (exc.TLSError, exc.AuthenticationError, exc.PermissionDeniedError) as err:
+                # The run stops; this create was never taken (a handshake that failed, a key
+                # refused): a resume need not wait for it, only for an earlier unknown send.
+                await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, unknown)])
+                if isinstance(err, exc.TLSError):
+                    raise
                 raise self._fatal(err) from err
             except exc.RequestError as err:
                 task.failed = True

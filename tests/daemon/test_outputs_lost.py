@@ -90,7 +90,12 @@ async def test_a_failed_manifest_still_sends_the_rows_it_took_in_before_a_restar
     ]
     spec = faults.FaultSpec(latency=1.0, latency_seconds=1.0)
     async with running_service(ServiceConfig(rate=3000.0, faults=spec)) as svc:
-        daemon = DaemonProcess(tmp_path, svc.url).start()
+        # (The restart looks for the creates killed on their way for the request deadline
+        # after they were sent: 12 s here, above the service's 8 s, not the 30 s cap.)
+        deadline = tmp_path / "deadline.toml"
+        deadline.write_text("[client.timeout]\ntotal = 12.0\n\n[engine]\nlist_lag = 0.5\n")
+        extra = ["--config", str(deadline)]
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
         try:
             await daemon.wait_ready_endpoint()
             tmp = daemon.inbox / ".m.csv.part"
@@ -111,7 +116,7 @@ async def test_a_failed_manifest_still_sends_the_rows_it_took_in_before_a_restar
             await daemon.kill()
             slow[0] = 0.0
             shutil.rmtree(daemon.outbox / "m")
-            daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port).start()
+            daemon = DaemonProcess(tmp_path, svc.url, port=daemon.port, extra=extra).start()
             summary = await daemon.wait_summary("m", timeout=90)
             assert await daemon.stop() == 0
         finally:

@@ -54,6 +54,16 @@ async def run_piped(args: Sequence[str], stdin: Path) -> subprocess.CompletedPro
         return await anyio.run_process(list(args), stdin=piped, check=False, env=ENV)
 
 
+def short_deadline(folder: Path, total: float = 3.0) -> tuple[str, str]:
+    """``--config FILE`` giving the client a request deadline of ``total`` seconds and
+    ``list_lag`` 0.5 s: a resume over a create whose fate is unknown (killed or stopped with
+    it on its way, or answered by a gateway that gave up) looks for it that long after it was
+    sent, not the default 75 s."""
+    path = folder / "short-deadline.toml"
+    path.write_text(f"[client.timeout]\ntotal = {total}\n\n[engine]\nlist_lag = 0.5\n")
+    return "--config", str(path)
+
+
 def client_config(url: str, **kwargs: Any) -> ClientConfig:
     return ClientConfig(
         base_url=url,

@@ -361,3 +361,30 @@ async def test_a_resume_after_the_service_was_down_does_not_wait_for_creates_nev
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
     assert sorted(len(ids) for ids in tasks) == [50]
     assert took < 15
+
+
+async def test_a_resume_after_a_refused_key_does_not_wait_for_the_create_refused(
+    tmp_path: Path,
+) -> None:
+    """The first run used a key the service refuses (401: the run stops at once, exit 1); the
+    same command with the right key then waited the whole request deadline (70 s) for that
+    create, which the service had answered, and so never took."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    out = tmp_path / "out.jsonl"
+    state = ["--state", str(tmp_path / "s.state"), "--linger", "0.1"]
+    async with running_service(ServiceConfig(bulk_api_keys=("right-key",))) as svc:
+        args = run_args(svc.url, out, str(manifest), *state)
+        with anyio.fail_after(30):
+            first = await anyio.run_process(
+                args, check=False, env={**ENV, "FASHIONTAG_BULK_API_KEY": "wrong-key"}
+            )
+        assert first.returncode == 1, first.stderr.decode()[-800:]
+        started = time.monotonic()
+        with anyio.fail_after(40):
+            resumed = await anyio.run_process(
+                args, check=False, env={**ENV, "FASHIONTAG_BULK_API_KEY": "right-key"}
+            )
+        took = time.monotonic() - started
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    assert took < 15, f"{took:.0f} s"

@@ -21,7 +21,14 @@ from fashiontag_pipeline.service import ServiceConfig, running_service
 from fashiontag_pipeline.service.analyzer import Analysis, ImageRejected, ReferenceAnalyzer
 from fashiontag_pipeline.service.app import RunningService
 
-from .helpers import ENV, assert_exactly_once, client_config, read_outcomes, run_args
+from .helpers import (
+    ENV,
+    assert_exactly_once,
+    client_config,
+    read_outcomes,
+    run_args,
+    short_deadline,
+)
 
 DAY = 86_400.0
 
@@ -277,6 +284,7 @@ async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(
         before = set(svc.store.tasks)
         args = run_args(svc.url, out, str(manifest), "--state", str(state), "--reuse", str(store))
         args += ["--rotate-images", "1000", "--write-concurrency", "2", "--linger", "1"]
+        args += short_deadline(tmp_path)  # (the resume looks for a create killed on its way)
         killed: list[int | None] = []
         lines_out: list[int] = []
         # First as soon as a line is out (reused lines come first), then once a tagged one is.

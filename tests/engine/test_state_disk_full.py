@@ -20,7 +20,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, short_deadline, write_csv
 
 
 def _file_size_limit(limit: int) -> Callable[[], None]:
@@ -44,7 +44,9 @@ async def test_a_state_file_that_cannot_grow_is_named_and_the_same_command_finis
     out = tmp_path / "results.jsonl"
     state = Path(f"{out}.state")
     async with running_service(ServiceConfig()) as svc:
-        args = run_args(svc.url, out, str(manifest))
+        # (A create on its way when the state filled up is looked for by the resume for the
+        # request deadline after it was sent: short here.)
+        args = run_args(svc.url, out, str(manifest), *short_deadline(tmp_path))
         full = await anyio.to_thread.run_sync(
             lambda: subprocess.run(
                 args, env=ENV, capture_output=True, preexec_fn=_file_size_limit(limit)
