@@ -131,6 +131,7 @@ async def check_service(
         if moved and not rekeyed and before is not None:
             async with _first(tagger, before) as first:
                 if await _ask(first, live[0]) in ("unknown", "gone"):
+                    _creates_elsewhere(db)
                     return True  # the first service is gone: its tasks' rows go to this one
     tasks = f"{len(live)} live task(s)"
     if moved:
@@ -213,6 +214,13 @@ async def confirm_service(
         )
 
 
+def _creates_elsewhere(db: StateStore) -> None:
+    """The run goes on on another service: a create of unknown fate went to the first one, and
+    can never be listed by this one (its rows are sent here): a resume looks at the task list
+    once, not for the request deadline after it was sent."""
+    db.creates_sent_elsewhere()
+
+
 async def _check_creates(
     where: str,
     db: StateStore,
@@ -237,6 +245,7 @@ async def _check_creates(
         try:
             listed = await first.all_tasks()
         except exc.ConnectError:
+            _creates_elsewhere(db)
             return True  # the first service is gone: the creates' rows go to this one
         except exc.FashiontagError:
             return False

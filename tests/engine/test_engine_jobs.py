@@ -15,6 +15,7 @@ import anyio
 import msgspec
 
 from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline._config import Timeout
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import JobSpec
@@ -261,7 +262,11 @@ async def test_the_fairness_bound_never_blocks_a_resume(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "a", manifest)
     config = msgspec.structs.replace(FAST, rotate_seconds=5.0)
     db = StateDB(tmp_path / "state")
-    async with TaggerClient(config=client_config(f"http://127.0.0.1:{dead_port()}")) as client:
+    # (Creates cut short by the kill are looked for at the restart for the request deadline
+    # after they were sent: short here.)
+    short = Timeout(total=3.0)
+    dead = f"http://127.0.0.1:{dead_port()}"
+    async with TaggerClient(config=client_config(dead, timeout=short)) as client:
         engine = Engine(
             client=client,
             db=db,
@@ -278,7 +283,7 @@ async def test_the_fairness_bound_never_blocks_a_resume(tmp_path: Path) -> None:
     assert engine.rows_pending() >= 5000
     async with running_service(ServiceConfig()) as svc:
         db = StateDB(tmp_path / "state")
-        async with TaggerClient(config=client_config(svc.url)) as client:
+        async with TaggerClient(config=client_config(svc.url, timeout=short)) as client:
             engine = Engine(
                 client=client,
                 db=db,

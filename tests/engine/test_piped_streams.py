@@ -15,7 +15,7 @@ from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args
+from .helpers import ENV, assert_exactly_once, run_args, short_deadline
 
 
 def _dump(n: int) -> bytes:
@@ -36,7 +36,9 @@ async def test_a_gzip_stream_cut_short_tells_how_to_resume_it_without_billing_tw
     whole = gzip.compress(_dump(n))
     out = tmp_path / "out.jsonl"
     async with running_service(ServiceConfig()) as svc:
-        args = run_args(svc.url, out, "-")
+        # (Creates on their way when the cut stopped the run are looked for by the resume
+        # for the request deadline after they were sent: short here.)
+        args = run_args(svc.url, out, "-", *short_deadline(tmp_path))
         head = whole[: len(whole) * 3 // 5]
         cut = await anyio.run_process(args, input=head, check=False, env=ENV)
         message = cut.stderr.decode()

@@ -144,6 +144,16 @@ class ChunkTables(JobTables):
         ).fetchone()
         return tuple(row) if row is not None else None
 
+    def creates_sent_elsewhere(self) -> None:
+        """The creates of unknown fate went to a service the run has left (it is gone): none
+        can be listed by the one it goes on with, so a resume looks for them once
+        (``written_at`` 0), not for the request deadline after they were sent."""
+        with self.transaction():
+            self.db.execute(
+                "UPDATE chunks SET written_at = 0"
+                " WHERE state = 'pending' AND task_id IS NULL AND token IS NOT NULL"
+            )
+
     def resume_chunks(self) -> list[tuple[Any, ...]]:
         """Chunks of unknown fate: (chunk_id, state, task_id, token, body, written_at).
         ``written_at``: when the chunk was written ahead, or its create last sent, in Unix
