@@ -388,3 +388,33 @@ async def test_a_resume_after_a_refused_key_does_not_wait_for_the_create_refused
     assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
     assert took < 15, f"{took:.0f} s"
+
+
+async def test_a_resume_on_another_service_once_the_first_is_gone_does_not_wait_for_its_create(
+    tmp_path: Path,
+) -> None:
+    """Killed with a create on its way to a service that is then gone for good; the same
+    command given another service's URL goes on there (the first is gone). The create went to
+    the first: the new service's task list can never show it, and the resume looked for it
+    there for the whole request deadline (60 s here) before sending its rows."""
+    async with running_service(ServiceConfig()) as other:
+        async with (
+            running_service(ServiceConfig()) as first,
+            SlowCreate(first.url, delay=600.0).running() as proxy,
+        ):
+            args = await killed_after_a_create(tmp_path, proxy, timeout=60.0)
+            gone = proxy.url
+            assert proxy.late is not None
+            proxy.late.cancel()  # (never applied: the service goes first)
+            proxy.applied.set()  # (the held request is let go, to a client killed)
+        args[args.index(gone)] = other.url
+        started = time.monotonic()
+        with anyio.fail_after(40):
+            resumed = await anyio.run_process(args, check=False, env=ENV)
+        took = time.monotonic() - started
+        billed = other.store.image_count
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    out = tmp_path / "out.jsonl"
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    assert billed == 50
+    assert took < 15, f"{took:.0f} s"
