@@ -41,6 +41,8 @@ from typing import Any
 
 import msgspec
 
+from .store import first_rows, stored_positions
+
 __all__ = ["FLUSH_CHARS", "FLUSH_IDS", "IDS_LOG_DDL", "DeferredIds"]
 
 #: Pending ids (or characters of them) past which they go into the tree (~13 MB of memory
@@ -57,7 +59,6 @@ _log_decoder = msgspec.json.Decoder(dict[str, int])
 #: a payload holding one is bound id by id instead. (A backslash before ``u0000`` in an id
 #: lands here too, harmlessly.)
 _ESCAPED_NUL = b"\\u0000"
-_IN_LIST = 900
 
 
 class DeferredIds:
@@ -132,13 +133,7 @@ class DeferredIds:
         caller commits), so a returned position equal to ``pos`` means "first seen here";
         None means that of every row (the common case: no id of the batch was seen before,
         none is repeated in it)."""
-        first = dict(keyed)  # in C; right as long as no id repeats within the batch
-        repeated = len(first) < len(keyed)
-        if repeated:  # the first row of each id wins (dict() kept the last)
-            first = {}
-            setdefault = first.setdefault
-            for key, pos in keyed:
-                setdefault(key, pos)
+        first, repeated = first_rows(keyed)
         known: dict[str, int] = {}
         pending = self._pending
         new = first
@@ -285,12 +280,7 @@ class DeferredIds:
                     (payload,),
                 )
             )
-        found: dict[str, int] = {}
-        for start in range(0, len(ids), _IN_LIST):
-            part = ids[start : start + _IN_LIST]
-            marks = ",".join("?" * len(part))
-            found.update(db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part))
-        return found
+        return stored_positions(db, ids)
 
     # ------------------------------------------------------------------ undoable changes
 

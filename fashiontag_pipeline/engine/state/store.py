@@ -71,6 +71,29 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
         return self.unsettled == 0 and not self.in_flight
 
 
+def first_rows(keyed: Sequence[tuple[str, int]]) -> tuple[dict[str, int], bool]:
+    """(each id's position in a batch of (id, position) rows, the first row's when an id
+    repeats; whether one does)."""
+    first = dict(keyed)  # in C; right as long as no id repeats within the batch
+    repeated = len(first) < len(keyed)
+    if repeated:  # the first row of each id wins (dict() kept the last)
+        first = {}
+        setdefault = first.setdefault
+        for key, pos in keyed:
+            setdefault(key, pos)
+    return first, repeated
+
+
+def stored_positions(db: Any, ids: Sequence[str]) -> dict[str, int]:
+    """The positions the ``ids`` table holds for ``ids`` (900 bound parameters a query)."""
+    found: dict[str, int] = {}
+    for start in range(0, len(ids), 900):
+        part = ids[start : start + 900]
+        marks = ",".join("?" * len(part))
+        found.update(db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part))
+    return found
+
+
 class StateStore(ChunkTables):
     """The queries of the state, whatever holds it. Not thread-safe: used from one thread at a
     time (the journal). A backend sets :attr:`db` (``execute``/``executemany`` as in
@@ -331,13 +354,7 @@ class StateStore(ChunkTables):
         One insert of the batch's distinct ids, skipping those already there, does the work;
         when it inserted every one of them no id was seen before and nothing is read back.
         Otherwise the stored positions are read back."""
-        first = dict(keyed)  # in C; right as long as no id repeats within the batch
-        repeated = len(first) < len(keyed)
-        if repeated:  # the first row of each id wins (dict() kept the last)
-            first = {}
-            setdefault = first.setdefault
-            for key, pos in keyed:
-                setdefault(key, pos)
+        first, repeated = first_rows(keyed)
         if self._insert_new_ids(first) == len(first):
             return [first[key] for key, _ in keyed] if repeated else None
         first.update(self.first_positions(list(first)))
@@ -350,13 +367,7 @@ class StateStore(ChunkTables):
 
     def first_positions(self, ids: Sequence[str]) -> dict[str, int]:
         """The position of the first row of each of ``ids`` the run took in (others left out)."""
-        found: dict[str, int] = {}
-        for start in range(0, len(ids), 900):
-            part = ids[start : start + 900]
-            marks = ",".join("?" * len(part))
-            for key, pos in self.db.execute(f"SELECT id, pos FROM ids WHERE id IN ({marks})", part):
-                found[key] = pos
-        return found
+        return stored_positions(self.db, ids)
 
     def ids_starting(self, prefix: str, limit: int) -> list[str]:
         """Up to ``limit`` ids the run took in that start with ``prefix`` (a range of the
