@@ -82,6 +82,37 @@ async def killed_after_a_create(
     return args
 
 
+async def timed_run(
+    args: list[str], bound: float, env: dict[str, str] = ENV
+) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    """``args`` run to their end (within ``bound`` seconds), and the seconds they took."""
+    started = time.monotonic()
+    with anyio.fail_after(bound):
+        done = await anyio.run_process(args, check=False, env=env)
+    return done, time.monotonic() - started
+
+
+def assert_rows_once(
+    resumed: subprocess.CompletedProcess[bytes],
+    out: Path,
+    tasks: list[list[str]] | None = None,
+    *,
+    one_task: bool = False,
+) -> None:
+    """The resume ended (exit 0) with each of the 50 rows once in its outputs; with ``tasks``
+    (the ids each task of the service holds), no row in two tasks (each billed once), or
+    (``one_task``) all of them in one."""
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    if tasks is None:
+        return
+    if one_task:
+        assert sorted(len(ids) for ids in tasks) == [50]
+        return
+    held = [i for ids in tasks for i in ids]
+    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+
+
 async def test_a_create_on_its_way_at_a_kill_and_applied_late_is_not_created_again(
     tmp_path: Path,
 ) -> None:
@@ -102,10 +133,7 @@ async def test_a_create_on_its_way_at_a_kill_and_applied_late_is_not_created_aga
                 await proxy.applied.wait()
             took = time.monotonic() - started
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
-    held = [i for ids in tasks for i in ids]
-    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+    assert_rows_once(resumed, out, tasks)
     assert took < 15
 
 
@@ -164,14 +192,9 @@ async def test_a_resume_long_after_a_kill_does_not_wait_for_the_create_it_sent(
             proxy.late.cancel()  # (never applied)
             proxy.applied.set()
             _in_state(state, "UPDATE chunks SET written_at = written_at - 3600")
-            started = time.monotonic()
-            with anyio.fail_after(20):
-                resumed = await anyio.run_process(args, check=False, env=ENV)
-            took = time.monotonic() - started
+            resumed, took = await timed_run(args, 20)
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
-    assert sorted(len(ids) for ids in tasks) == [50]
+    assert_rows_once(resumed, out, tasks, one_task=True)
     assert took < 15
 
 
@@ -193,10 +216,7 @@ async def test_a_state_of_an_earlier_version_looks_for_a_create_the_whole_deadli
                 resumed = await anyio.run_process(args, check=False, env=ENV)
                 await proxy.applied.wait()
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
-    held = [i for ids in tasks for i in ids]
-    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+    assert_rows_once(resumed, out, tasks)
 
 
 class RefusedThenSlow(SlowCreate):
@@ -236,10 +256,7 @@ async def test_a_create_sent_again_before_the_kill_is_looked_for_from_its_last_s
                 resumed = await anyio.run_process(args, check=False, env=ENV)
                 await proxy.applied.wait()
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
-    held = [i for ids in tasks for i in ids]
-    assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
+    assert_rows_once(resumed, out, tasks)
 
 
 def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent() -> None:
@@ -319,14 +336,9 @@ async def test_a_resume_after_a_stop_that_kept_a_create_from_being_sent_does_not
             )
         assert stopped.returncode != 0, stopped.stderr.decode()[-800:]
         assert not svc.store.tasks, "the create was sent"
-        started = time.monotonic()
-        with anyio.fail_after(40):
-            resumed = await anyio.run_process(args, check=False, env=ENV)
-        took = time.monotonic() - started
+        resumed, took = await timed_run(args, 40)
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
-    assert sorted(len(ids) for ids in tasks) == [50]
+    assert_rows_once(resumed, out, tasks, one_task=True)
     assert took < 15
 
 
@@ -350,16 +362,9 @@ async def test_a_resume_after_the_service_was_down_does_not_wait_for_creates_nev
         )
     assert first.returncode == 1, first.stderr.decode()[-800:]
     async with running_service(ServiceConfig()) as svc:
-        started = time.monotonic()
-        with anyio.fail_after(40):
-            resumed = await anyio.run_process(
-                run_args(svc.url, out, str(manifest), *state), check=False, env=ENV
-            )
-        took = time.monotonic() - started
+        resumed, took = await timed_run(run_args(svc.url, out, str(manifest), *state), 40)
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
-    assert sorted(len(ids) for ids in tasks) == [50]
+    assert_rows_once(resumed, out, tasks, one_task=True)
     assert took < 15
 
 
@@ -379,14 +384,8 @@ async def test_a_resume_after_a_refused_key_does_not_wait_for_the_create_refused
                 args, check=False, env={**ENV, "FASHIONTAG_BULK_API_KEY": "wrong-key"}
             )
         assert first.returncode == 1, first.stderr.decode()[-800:]
-        started = time.monotonic()
-        with anyio.fail_after(40):
-            resumed = await anyio.run_process(
-                args, check=False, env={**ENV, "FASHIONTAG_BULK_API_KEY": "right-key"}
-            )
-        took = time.monotonic() - started
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+        resumed, took = await timed_run(args, 40, {**ENV, "FASHIONTAG_BULK_API_KEY": "right-key"})
+    assert_rows_once(resumed, out)
     assert took < 15, f"{took:.0f} s"
 
 
@@ -408,13 +407,8 @@ async def test_a_resume_on_another_service_once_the_first_is_gone_does_not_wait_
             proxy.late.cancel()  # (never applied: the service goes first)
             proxy.applied.set()  # (the held request is let go, to a client killed)
         args[args.index(gone)] = other.url
-        started = time.monotonic()
-        with anyio.fail_after(40):
-            resumed = await anyio.run_process(args, check=False, env=ENV)
-        took = time.monotonic() - started
+        resumed, took = await timed_run(args, 40)
         billed = other.store.image_count
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    out = tmp_path / "out.jsonl"
-    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
+    assert_rows_once(resumed, tmp_path / "out.jsonl")
     assert billed == 50
     assert took < 15, f"{took:.0f} s"
