@@ -20,6 +20,7 @@ from fashiontag_pipeline.engine.config import EngineConfig
 from fashiontag_pipeline.engine.resume import START_LOOK_CAP
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..engine.helpers import short_deadline
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
@@ -188,9 +189,7 @@ async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_compl
     ids = [f"w{i}" for i in range(300)]
     # (A create written ahead and never answered is looked for at the restart for list_lag
     # and the client's request deadline: both short here.)
-    config = tmp_path / "c.toml"
-    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
-    bound = ["--max-pending-rows", "100", "--config", str(config)]
+    bound = ["--max-pending-rows", "100", *short_deadline(tmp_path)]
     async with running_service(ServiceConfig()) as svc:
         hooked = _hooked(tmp_path, HOOK_KILL_AFTER_WRITE_AHEAD="1")
         a = DaemonProcess(tmp_path, svc.url, extra=bound, env=hooked).start()

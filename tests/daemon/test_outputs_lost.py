@@ -19,6 +19,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, faults, running_service
 
+from ..engine.helpers import short_deadline
 from .helpers import DaemonProcess, drop_atomic, until_results, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
@@ -92,9 +93,7 @@ async def test_a_failed_manifest_still_sends_the_rows_it_took_in_before_a_restar
     async with running_service(ServiceConfig(rate=3000.0, faults=spec)) as svc:
         # (The restart looks for the creates killed on their way for the request deadline
         # after they were sent: 12 s here, above the service's 8 s, not the 30 s cap.)
-        deadline = tmp_path / "deadline.toml"
-        deadline.write_text("[client.timeout]\ntotal = 12.0\n\n[engine]\nlist_lag = 0.5\n")
-        extra = ["--config", str(deadline)]
+        extra = list(short_deadline(tmp_path, 12.0))
         daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
         try:
             await daemon.wait_ready_endpoint()

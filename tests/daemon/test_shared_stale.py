@@ -21,6 +21,7 @@ import pytest
 import fashiontag_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..engine.helpers import short_deadline
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
@@ -68,9 +69,7 @@ def _stopped(pid: int) -> bool:
 #: deadline, here 3 s, has gone by since it was sent; list_lag 0.5 s: the reference service
 #: lists a task as soon as it is created).
 def _common(postgres_url: str, tmp_path: Path) -> list[str]:
-    config = tmp_path / "quick.toml"
-    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
-    return ["--state", postgres_url, "--lease", "2", "--max-active", "2", "--config", str(config)]
+    return ["--state", postgres_url, "--lease", "2", "--max-active", "2", *short_deadline(tmp_path)]
 
 
 def _hooked(tmp_path: Path, url: str, postgres_url: str, hook: str, **env: str) -> DaemonProcess:

@@ -24,6 +24,7 @@ import pytest
 import fashiontag_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..engine.helpers import short_deadline
 from .helpers import DaemonProcess, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix sockets")
@@ -89,9 +90,7 @@ def _common(url: str, tmp_path: Path) -> list[str]:
     # (A stop or a kill with a create written ahead and never answered: the next attempt
     # looks for its task until a request's deadline has gone by since it was sent, here 3 s,
     # and list_lag, here 0.5 s: the reference service lists a task as soon as it is created.)
-    config = tmp_path / "quick.toml"
-    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nlist_lag = 0.5\n")
-    return ["--state", url, "--lease", "2", "--max-active", "2", "--config", str(config)]
+    return ["--state", url, "--lease", "2", "--max-active", "2", *short_deadline(tmp_path)]
 
 
 def _ids_once(folder: Path, ids: list[str]) -> None:

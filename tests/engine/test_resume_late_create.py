@@ -24,7 +24,7 @@ from fashiontag_pipeline.engine.resume import START_LOOK_CAP, late_look
 from fashiontag_pipeline.engine.state import open_state
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, short_deadline, write_csv
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 
@@ -69,10 +69,8 @@ async def killed_after_a_create(
     manifest = write_csv(tmp_path / "m.csv", 50)
     out = tmp_path / "out.jsonl"
     state = tmp_path / "s.state" if state is None else state
-    config = tmp_path / "c.toml"
-    config.write_text(f"[client.timeout]\ntotal = {timeout}\n\n[engine]\nlist_lag = 0.5\n")
     args = run_args(proxy.url, out, str(manifest), "--state", str(state))
-    args += ["--config", str(config), "--linger", "0.1"]
+    args += [*short_deadline(tmp_path, timeout), "--linger", "0.1"]
     proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
     with anyio.fail_after(30):
         await proxy.received.wait()
