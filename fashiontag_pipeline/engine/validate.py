@@ -13,21 +13,20 @@ become :class:`~.rules.SingleRequest` items for the single endpoint (:mod:`.sing
 file exists and whether the base64 decodes is checked by the single stage (in a thread), not
 here. :meth:`Validator.validate` keeps the bulk-only rules (every non-http(s) image is a reject).
 
-Cost: the common manifest has the columns ``id`` and ``url`` only. A block of such lines with no
-quote (:class:`~.rows.PlainRows`) is checked with one regex over the whole block and its
-requests are built in one comprehension; a block with any row that breaks a rule, and every
-other layout, is checked row by row (an ``id,url`` row with one regex match, any other row with
-the full rule set). All three give the same items and rejects.
+Cost: a block of lines with no quote (:class:`~.rows.PlainRows`) whose columns are ``id``,
+``url`` and context fields taken as text is checked and built as a whole
+(:mod:`.plainblock`); a block with any row that breaks a rule, and every other layout, is
+checked row by row (an ``id,url`` row with one regex match, any other row with the full rule
+set). All give the same items and rejects.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
-from .policy import Measured
+from .plainblock import context_block, plain_block
 from .rows import PlainRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
@@ -74,18 +73,6 @@ _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
 #: Key orders of JSONL objects whose reading is kept (:meth:`Validator._keyed`).
 _MAX_KEY_ORDERS = 4096
 _UNSEEN = "unseen"
-
-#: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
-#: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
-#: line (an id with no comma, the scheme, a first host character that is not ``/``, ``?`` or
-#: whitespace) and lets the rest of the URL be anything up to the line's end; the caller adds
-#: what it leaves out with two C-level passes over the block: as many commas as lines (so no
-#: URL holds one) and no whitespace in any URL. Character classes that sre matches a byte at a
-#: time (``[^\s,]``: a category test per character) cost 2.5x this split of the work.
-_PLAIN_BLOCKS = {
-    (0, 1): re.compile(r"(?:[^,\n]+,https?://[^/?\s][^\n]*\n)*"),
-    (1, 0): re.compile(r"(?:https?://[^/?\s][^,\n]*,[^\n]+\n)*"),
-}
 
 
 class Validator:
@@ -148,13 +135,22 @@ class Validator:
         items: list[Item] = []
         rejects: list[tuple[int, Reject]] = []
         row = self._csv_row
+        rows = batch.rows
         if extras or i_det >= 0 or i_age >= 0:
-            for line, fields in batch.rows:
+            if (
+                isinstance(rows, PlainRows)
+                and i_det < 0
+                and i_age < 0
+                and (shifted | rows.first) > skip_upto
+            ):
+                block = context_block(rows, width, i_id, i_url, extras, shifted)
+                if block is not None:
+                    return block, rejects
+            for line, fields in rows:
                 pos = shifted | line
                 if pos > skip_upto:
                     row(batch, layout, line, fields, pos, items, rejects, singles)
             return items, rejects
-        rows = batch.rows
         if isinstance(rows, PlainRows) and width == 2 and (shifted | rows.first) > skip_upto:
             block = self._plain_block(rows, i_id, shifted)
             if block is not None:
@@ -177,31 +173,8 @@ class Validator:
             row(batch, layout, line, fields, pos, items, rejects, singles)
         return items, rejects
 
-    @staticmethod
-    def _plain_block(rows: PlainRows, i_id: int, shifted: int) -> list[Item] | None:
-        """The items of a block of ``id,url`` / ``url,id`` lines when every row passes (one
-        regex over the block), else None (the caller checks row by row)."""
-        lines = rows.lines
-        text = "\n".join(lines) + "\n"
-        if "\x00" in text:  # an id holding a NUL is refused row by row (see _csv_row)
-            return None
-        if text.count(",") != len(lines) or _PLAIN_BLOCKS[i_id, 1 - i_id].fullmatch(text) is None:
-            return None
-        cells = text.replace(",", "\n").split("\n")  # id/url of each line, then "" at the end
-        ids = cells[i_id:-1:2]
-        urls = cells[1 - i_id : -1 : 2]
-        # No whitespace in any URL: ``str.split()`` cuts at exactly what ``\s`` matches.
-        joined = "".join(urls)
-        if joined.split(None, 1) != [joined]:
-            return None
-        first = shifted | rows.first
-        return Measured(
-            [
-                (ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident)))
-                for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
-            ],
-            len(text),  # (ids and URLs, a comma and a newline each)
-        )
+    #: The block of ``id,url`` lines (:func:`.plainblock.plain_block`).
+    _plain_block = staticmethod(plain_block)
 
     def _csv_row(
         self,

@@ -1,0 +1,111 @@
+"""Blocks of plain CSV lines with context columns (``id,url,brand,...``) are validated as a
+whole (:func:`~fashiontag_pipeline.engine.plainblock.context_block`) exactly as row by row.
+
+The whole-block path must give the same requests as the general path whenever it takes a
+block, and must leave to the general path (return None) every block holding a row that path
+would reject, so that the row's reject is written with its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from fashiontag_pipeline.engine.plainblock import context_block
+from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
+from fashiontag_pipeline.engine.source import open_manifest
+from fashiontag_pipeline.engine.validate import Validator
+
+from .test_fast_paths import TRICKY_URLS
+
+HEADERS = ["id,url,brand", "brand,url,id,gender", "url,season,id,notes,price", "url,id,price"]
+
+
+def _line(header: str, ident: str, url: str, value: str) -> str:
+    """A line of ``header``: the id and URL in their columns, ``value`` in every other one."""
+    cells = {"id": ident, "url": url}
+    return ",".join(cells.get(name, value) for name in header.split(","))
+
+
+def _layout(header: str) -> tuple[int, int, int, list[tuple[int, str]]]:
+    names = header.split(",")
+    extras = [(i, n) for i, n in enumerate(names) if n not in ("id", "url", "notes")]
+    return len(names), names.index("id"), names.index("url"), extras
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_each_bad_line_fails_its_context_block(header: str) -> None:
+    """For each tricky line among good ones: the block passes whole exactly when every line
+    passes row by row, with the same requests (encoded alike); lines whose commas add up to
+    the header's count over two lines (one short, one long) fail too."""
+    width, i_id, i_url, extras = _layout(header)
+    good = [_line(header, f"g{i}", f"https://img.example/{i}.jpg", f"v{i}") for i in range(5)]
+    urls = [u for u in TRICKY_URLS if "\n" not in u and "," not in u]
+    urls += ["https://h/a\x1cb", "https://h/a\x85b", "https://h/a\u3000b"]
+    ids = ["x", " spaced ", "a\tb", "", "\u00e9t\u00e9", "a\x1cb"]
+    values = ["", " ", "a b", "x|y", "\u00e9t\u00e9", "0"]
+    odd = [_line(header, i, u, v) for i in ids for u in urls for v in values[:2]]
+    odd += [_line(header, "id", "https://h/x", v) for v in values]
+    odd += [good[0] + ",", good[0].rsplit(",", 1)[0], "", ","]
+    pairs = [[good[0] + ",x", good[1].split(",", 1)[1]], [good[0][:-1] + ",", "a,b"]]
+    blocks = [[*good[:2], o, *good[2:]] for o in odd] + [[*good, *p] for p in pairs]
+    v = Validator()
+    encode = msgspec.json.encode
+    passed = 0
+    for lines in blocks:
+        plain = PlainRows(2, lines)
+        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
+        items, rejects = v.validate(listed)
+        whole = context_block(plain, width, i_id, i_url, extras, 0)
+        if rejects:
+            assert whole is None, lines
+        elif whole is None:  # left to the row-by-row path: a scheme in capitals, lower-cased
+            assert "HTTPS://" in lines[2] or "Http://" in lines[2], lines
+        else:
+            assert whole == items, lines
+            assert encode([r for *_, r in whole]) == encode([r for *_, r in items]), lines
+            passed += 1
+    assert passed > 20  # good URLs with odd but valid ids and values pass whole
+
+
+@pytest.mark.parametrize("header", HEADERS)
+@pytest.mark.parametrize("route", [False, True])
+def test_context_manifests_validate_like_row_by_row(
+    tmp_path: Path, header: str, route: bool
+) -> None:
+    """A manifest with context columns read in blocks: the items and rejects of each batch
+    are those of the same rows checked one by one, and its good blocks did pass whole."""
+    good = [_line(header, f"g{i}", f"https://img.example/{i}.jpg", f"v{i % 3}") for i in range(300)]
+    empty = [_line(header, f"e{i}", f"https://img.example/e{i}.jpg", "") for i in range(50)]
+    bad = [_line(header, "", "https://h/x", "v"), _line(header, "b", "ftp://h/x", "v")]
+    bad += [_line(header, "s", "relative/path.jpg", "v"), _line(header, "t", "https://h/a b", "")]
+    p = tmp_path / "m.csv"
+    p.write_text(header + "\n" + "\n".join(good + empty + bad + good[:40]) + "\n")
+    reader = open_manifest(str(p), 0, 100)
+    batches = []
+    while (batch := reader.read_batch()) is not None:
+        batches.append(batch)
+    reader.close()
+    assert all(isinstance(b.rows, PlainRows) for b in batches)
+    v = Validator(cwd=str(tmp_path))
+    fast: list[object] = []
+    slow: list[object] = []
+    for b in batches:
+        listed = RowBatch(b.source, b.name, b.kind, b.header, list(b.rows))
+        if route:
+            fast.append(v.route(b))
+            slow.append(v.route(listed))
+        else:
+            fast.append(v.validate(b))
+            slow.append(v.validate(listed))
+    assert fast == slow
+    assert sum(len(f[0]) for f in fast) == 300 + 50 + 40
+    assert sum(len(f[-1]) for f in fast) == (3 if route else 4)  # (a local path: single mode)
+    first = batches[0].rows
+    assert isinstance(first, PlainRows)
+    assert context_block(first, *_layout(header), 0) is not None
+    # An empty cell is no value: the request leaves the field out, as the general path does.
+    (empty_item,) = [item for f in fast for item in f[0] if item[0] == "e0"]
+    assert msgspec.json.decode(msgspec.json.encode(empty_item[2].context)) == {"id": "e0"}
