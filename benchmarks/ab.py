@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .harness import PY, manifest, run_measured, running_service
+from .harness import PY, manifest, manifest_options, run_measured, running_service
 from .scenarios import ASYNC_SCRIPT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="20000,200000", help="manifest sizes, comma-separated")
     p.add_argument("--repeat", type=int, default=5, help="rounds per size")
     p.add_argument("--no-pyc-before", action="store_true")
-    p.add_argument(
-        "--ids",
-        choices=("sequential", "random"),
-        default="sequential",
-        help="the manifest's ids: sequential (sorted) or random (hash-like)",
-    )
+    manifest_options(p)
     p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / "results" / "tmp")
     args = p.parse_args(argv)
     work: Path = args.work_dir.resolve()
@@ -84,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
     table: list[str] = []
     for rows in (int(r) for r in args.rows.split(",")):
-        m = manifest(work, rows, args.ids)
+        m = manifest(work, rows, args.ids, args.context)
         cells: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in clients}
         for round_ in range(args.repeat):
             for name, path in clients:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .harness import manifest, running_foreign_proxy, running_service
+from .harness import manifest, manifest_options, running_foreign_proxy, running_service
 
 #: (owner module or class path, attribute, label, exactly-once part?)
 _PARTS = (
@@ -154,12 +154,7 @@ def _instrument(parts: _Timed, sql: _Timed) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.breakdown")
     p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument(
-        "--ids",
-        choices=("sequential", "random"),
-        default="sequential",
-        help="the manifest's ids: sequential (sorted) or random (hash-like)",
-    )
+    manifest_options(p)
     p.add_argument("--sql", type=int, default=12, help="SQL statements to list (most CPU first)")
     p.add_argument("--work", type=Path, default=Path(__file__).parent / "results" / "tmp")
     p.add_argument(
@@ -177,7 +172,7 @@ def main() -> int:
     from fashiontag_pipeline import ClientConfig
     from fashiontag_pipeline.engine.run import run_pipeline
 
-    source = manifest(args.work, rows, args.ids)
+    source = manifest(args.work, rows, args.ids, args.context)
     with contextlib.ExitStack() as stack:
         service = stack.enter_context(running_service(args.work))
         url = service.url

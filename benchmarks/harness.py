@@ -8,6 +8,7 @@ process too; its CPU time is read from ``/proc/PID/stat``.
 
 from __future__ import annotations
 
+import argparse
 import compileall
 import importlib.util
 import os
@@ -30,6 +31,7 @@ __all__ = [
     "byte_compile_package",
     "count_lines",
     "manifest",
+    "manifest_options",
     "run_measured",
     "running_foreign_proxy",
     "running_service",
@@ -48,6 +50,10 @@ _URL = "https://img.example.com/catalog/{b}/{i}.jpg"
 #: Random-looking ids (:func:`manifest`): an odd multiplier is a bijection modulo 2**64.
 _SPREAD = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
+#: Values of the context columns of :func:`manifest` (``context=True``).
+_BRANDS = ("acme", "northwind", "maison-lune", "fjord & co", "atelier 9", "kōbō")
+_GENDERS = ("women", "men", "unisex")
+_SEASONS = ("", "fw26")
 
 
 # --------------------------------------------------------------------------- package
@@ -224,7 +230,7 @@ def _num(value: float) -> str:
 # --------------------------------------------------------------------------- manifests
 
 
-def manifest(work: Path, rows: int, ids: str = "sequential") -> Path:
+def manifest(work: Path, rows: int, ids: str = "sequential", context: bool = False) -> Path:
     """A CSV manifest of ``rows`` valid rows (``id,url``), cached in ``work`` by size.
 
     ``ids``: ``sequential`` (``sku-000000000``, ``sku-000000001``, ...: a dump sorted by id)
@@ -233,35 +239,56 @@ def manifest(work: Path, rows: int, ids: str = "sequential") -> Path:
     ids that are hashes or UUIDs). The engine's run-wide dedupe keeps the ids in a B-tree
     that sequential ids fill at its right edge only and random ids everywhere.
 
+    ``context``: three context columns after the URL, ``brand,gender,season`` (a fashion
+    catalogue's usual shape; the engine sends each non-empty one in the request's context,
+    and so does the async script). Every seventh row's ``season`` is empty (no value).
+
     Written in 100k-row blocks with one ``join`` each: about 1 s per million rows.
     """
     if ids not in ("sequential", "random"):
         raise ValueError(f"ids must be sequential or random, not {ids!r}")
     work.mkdir(parents=True, exist_ok=True)
-    path = work / (f"manifest-{rows}.csv" if ids == "sequential" else f"manifest-{rows}-{ids}.csv")
+    name = f"manifest-{rows}" + ("" if ids == "sequential" else f"-{ids}")
+    path = work / (name + ("-context" if context else "") + ".csv")
     if path.exists():
         return path
     tmp = path.with_suffix(".csv.part")
     block = 100_000
-    with tmp.open("w", encoding="ascii", newline="") as fh:
-        fh.write("id,url\n")
+    with tmp.open("w", encoding="utf-8", newline="") as fh:
+        fh.write("id,url,brand,gender,season\n" if context else "id,url\n")
         for start in range(0, rows, block):
             stop = min(rows, start + block)
             if ids == "random":
-                fh.write(
-                    "".join(
-                        f"{i * _SPREAD & _MASK:016x},{_URL.format(b=i % 997, i=i)}\n"
-                        for i in range(start, stop)
-                    )
-                )
+                lines = [
+                    f"{i * _SPREAD & _MASK:016x},{_URL.format(b=i % 997, i=i)}"
+                    for i in range(start, stop)
+                ]
             else:
-                fh.write(
-                    "".join(
-                        f"sku-{i:09d},{_URL.format(b=i % 997, i=i)}\n" for i in range(start, stop)
-                    )
-                )
+                lines = [f"sku-{i:09d},{_URL.format(b=i % 997, i=i)}" for i in range(start, stop)]
+            if context:
+                lines = [
+                    f"{line},{_BRANDS[i % len(_BRANDS)]},{_GENDERS[i % 3]},{_SEASONS[i % 7 != 0]}"
+                    for i, line in enumerate(lines, start)
+                ]
+            fh.write("\n".join(lines) + "\n")
     tmp.replace(path)
     return path
+
+
+def manifest_options(p: argparse.ArgumentParser) -> None:
+    """The options of a measuring tool that choose its manifest (``args.ids``,
+    ``args.context``: the arguments of :func:`manifest`)."""
+    p.add_argument(
+        "--ids",
+        choices=("sequential", "random"),
+        default="sequential",
+        help="the manifest's ids: sequential (sorted) or random (hash-like)",
+    )
+    p.add_argument(
+        "--context",
+        action="store_true",
+        help="three context columns after the URL (brand,gender,season), as a catalogue has",
+    )
 
 
 def count_lines(path: Path) -> int:

@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 
 from .ab import ROOT, _export
-from .harness import PY, manifest, running_service
+from .harness import PY, manifest, manifest_options, running_service
 from .scenarios import ASYNC_SCRIPT
 
 _TOTALS = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
@@ -137,12 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("revisions", nargs="+")
     p.add_argument("--rows", default="1000,20000", help="manifest sizes, comma-separated")
     p.add_argument("--async-script", action="store_true", help="count the async script too")
-    p.add_argument(
-        "--ids",
-        choices=("sequential", "random"),
-        default="sequential",
-        help="the manifest's ids: sequential (sorted) or random (hash-like)",
-    )
+    manifest_options(p)
     p.add_argument(
         "--functions",
         type=int,
@@ -173,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     counted: dict[str, dict[int, int]] = {name: {} for name, _ in clients}
     functions: dict[str, dict[int, dict[str, int]]] = {name: {} for name, _ in clients}
     for rows in sizes:
-        m = manifest(work, rows, args.ids)
+        m = manifest(work, rows, args.ids, args.context)
         for name, path in clients:
             for f in runs.glob("run.*"):
                 f.unlink()

@@ -45,7 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from .ab import _export
-from .harness import PY, MeasuredRun, byte_compile_package, manifest, running_service
+from .harness import (
+    PY,
+    MeasuredRun,
+    byte_compile_package,
+    manifest,
+    manifest_options,
+    running_service,
+)
 from .scenarios import QUICK, Bench, _median
 
 RESULTS = Path(__file__).parent / "results"
@@ -171,7 +178,7 @@ def _one_run(
 
 
 #: The ids of the manifests measured (``--ids``: see :func:`~.harness.manifest`).
-_IDS = ["sequential"]
+_MANIFEST: list[tuple[str, bool]] = [("sequential", False)]
 
 
 def measure(
@@ -179,7 +186,7 @@ def measure(
 ) -> list[dict[str, Any]]:
     table: list[dict[str, Any]] = []
     for n in sizes:
-        m = manifest(bench.work, n, _IDS[0])
+        m = manifest(bench.work, n, *_MANIFEST[0])
         runs: dict[str, list[tuple[MeasuredRun, float | None]]] = {v.name: [] for v in variants}
         # Rounds of one run per variant, so all see the same changes in the machine's load.
         for i in range(repeat):
@@ -232,7 +239,7 @@ def breakdown(
 ) -> dict[str, Any]:
     """Instrumented runs (``--drive`` in a child process), ``repeat`` rounds of one per
     variant; every figure is the median of the rounds."""
-    m = manifest(bench.work, n, _IDS[0])
+    m = manifest(bench.work, n, *_MANIFEST[0])
     got: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
     for i in range(repeat):
         for variant in variants:
@@ -460,7 +467,7 @@ def profile(bench: Bench, cluster: Any, n: int, rate: int) -> dict[str, Any]:
     spy = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
     if not Path(spy).exists():
         return {"error": "py-spy not found: pip install -e '.[bench]'"}
-    m = manifest(bench.work, n, _IDS[0])
+    m = manifest(bench.work, n, *_MANIFEST[0])
     out_dir = bench.work / "profile"
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {}
@@ -777,18 +784,13 @@ def main(argv: list[str] | None = None) -> int:
         "with git archive; rounds interleaved with the checkout's; repeatable)",
     )
     p.add_argument("--breakdown-repeat", type=int, default=3, help="rounds of --breakdown (median)")
-    p.add_argument(
-        "--ids",
-        choices=("sequential", "random"),
-        default="sequential",
-        help="the manifest's ids: sequential (sorted) or random (hash-like)",
-    )
+    manifest_options(p)
     p.add_argument("--micro", action="store_true", help="the costly statements in isolation")
     p.add_argument("--drive", help=argparse.SUPPRESS)
     for flag in ("--base-url", "--out", "--rejects", "--state", "--report"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    _IDS[0] = args.ids
+    _MANIFEST[0] = (args.ids, args.context)
     if args.drive:
         return _drive(args)
     compiled = byte_compile_package()

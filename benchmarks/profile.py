@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .harness import PY, manifest, running_service
+from .harness import PY, manifest, manifest_options, running_service
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "tmp" / "profile"
 
@@ -68,12 +68,7 @@ def hot_spots(speedscope: Path, top: int = 25) -> dict[str, list[tuple[float, st
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile")
     p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument(
-        "--ids",
-        choices=("sequential", "random"),
-        default="sequential",
-        help="the manifest's ids: sequential (sorted) or random (hash-like)",
-    )
+    manifest_options(p)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
@@ -84,7 +79,7 @@ def main() -> int:
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    m = manifest(out.parent, args.rows, args.ids)
+    m = manifest(out.parent, args.rows, args.ids, args.context)
     with running_service(out) as svc:
         for fmt, name in (("speedscope", "engine.speedscope.json"), ("flamegraph", "engine.svg")):
             for f in out.glob("run.*"):

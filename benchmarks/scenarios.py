@@ -564,8 +564,9 @@ def _distinct_ids(*paths: Path) -> tuple[int, int]:
     return len(seen), dupes
 
 
-#: The clients of ``compare``: (key, label, maker, through the foreign-format proxy, ids of
-#: the manifest: see :func:`~.harness.manifest`).
+#: The clients of ``compare``: (key, label, maker, through the foreign-format proxy, the
+#: manifest: sorted ids, random ids, or sorted ids with context columns; see
+#: :func:`~.harness.manifest`).
 _CLIENTS = (
     ("engine", "engine CLI", "engine", False, "sequential"),
     ("async", "async script", "async", False, "sequential"),
@@ -574,6 +575,8 @@ _CLIENTS = (
     ("async_foreign", "async script, foreign formatting", "async", True, "sequential"),
     ("engine_random", "engine CLI, random ids", "engine", False, "random"),
     ("async_random", "async script, random ids", "async", False, "random"),
+    ("engine_context", "engine CLI, context columns", "engine", False, "context"),
+    ("async_context", "async script, context columns", "async", False, "context"),
 )
 
 
@@ -592,6 +595,7 @@ def scenario_compare(b: Bench) -> Outcome:
     table: list[dict[str, Any]] = []
     for n in b.sizes.compare_rows:
         manifests = {ids: manifest(b.work, n, ids) for ids in ("sequential", "random")}
+        manifests["context"] = manifest(b.work, n, context=True)
         clients = [c for c in _CLIENTS if b.with_baseline or c[2] != "naive"]
         runs: dict[str, list[MeasuredRun]] = {key: [] for key, *_ in clients}
         # Rounds of one run per client, so that every client sees the same changes in the
@@ -667,6 +671,13 @@ def scenario_compare(b: Bench) -> Outcome:
             f"engine {er['cpu_us_per_image']:.1f}, async script "
             f"{ar['cpu_us_per_image']:.1f} us/image",
             er["complete"] and er["cpu_us_per_image"] <= ar["cpu_us_per_image"],
+        )
+        ec, ac = medians["engine_context"], medians["async_context"]
+        o.budget(
+            f"engine CPU <= async script CPU, context columns ({n:,} rows)",
+            f"engine {ec['cpu_us_per_image']:.1f}, async script "
+            f"{ac['cpu_us_per_image']:.1f} us/image",
+            ec["complete"] and ec["cpu_us_per_image"] <= ac["cpu_us_per_image"],
         )
         o.figures[f"random_over_sequential_ids_cpu_{n}"] = _r(
             _ratio(er["cpu_us_per_image"], eng["cpu_us_per_image"])

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from benchmarks.baselines.async_script import CONTEXT_COLUMNS, request_body
 from benchmarks.harness import manifest
 from benchmarks.instructions import function_table, parse_annotated
+from fashiontag_pipeline.engine.plainblock import context_block
+from fashiontag_pipeline.engine.rows import PlainRows
+from fashiontag_pipeline.engine.source import open_manifest
 
 ANNOTATED = """\
 --------------------------------------------------------------------------------
@@ -57,3 +62,29 @@ def test_manifest_random_ids_are_distinct_unsorted_and_the_same_each_time(tmp_pa
     assert manifest(tmp_path, 5_000) != path  # sequential ids: another file
     with pytest.raises(ValueError, match="sequential or random"):
         manifest(tmp_path, 10, "uuid")
+
+
+def test_context_manifest_is_validated_whole_and_the_script_sends_the_same_context(
+    tmp_path: Path,
+) -> None:
+    """The ``context`` manifest measures the engine's block path for context columns (its
+    blocks pass whole), and the async script sends each row the context the engine sends (an
+    empty cell is no value), so that both do the same work."""
+    path = manifest(tmp_path, 2_000, context=True)
+    assert path != manifest(tmp_path, 2_000)
+    text = path.read_text(encoding="utf-8")
+    header, *lines = text.splitlines()
+    assert header == "id,url,brand,gender,season" and len(lines) == 2_000
+    reader = open_manifest(str(path), 0, 500)
+    batch = reader.read_batch()
+    reader.close()
+    assert batch is not None and isinstance(batch.rows, PlainRows)
+    i_id, i_url = 0, 1
+    context = [(2, "brand"), (3, "gender"), (4, "season")]
+    block = context_block(batch.rows, 5, i_id, i_url, context, 0)
+    assert block is not None and len(block) == 500
+    rows = [line.split(",") for line in lines[:500]]
+    body = request_body(rows, i_id, i_url, [(i, CONTEXT_COLUMNS[n]) for i, n in context])
+    sent = msgspec.json.decode(msgspec.json.encode(body["taggingRequest"]))
+    assert sent == msgspec.json.decode(msgspec.json.encode([r for *_, r in block]))
+    assert sum(b'"season"' not in msgspec.json.encode(r) for *_, r in block) == 72  # 1 in 7

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """The script a competent engineer writes in an afternoon: aiohttp + msgspec, no state.
 
-Read the CSV manifest with ``csv.reader``; send it in requests of 1,000 rows, the first of a
-task by POST and the next ones by PUT until the task holds ``--task-size`` rows (a new task
-when a PUT gets 410); each filled task is handed to a reader coroutine that polls its status
-every ``--poll`` seconds and, once it is TASK_DONE, reads its 100-result pages ``--pages`` at a
-time over one keep-alive connection pool, decoding each page once with msgspec (the tagging
-result kept as raw bytes) and writing one JSONL line ``{"id","taskId","taggingResult"}`` per
-result. Reads are retried on 429/5xx/transport errors a few times; writes are not (a write
-whose outcome is unknown would need the state this script does not keep). No resume: a crash
-means starting over.
+Read the CSV manifest with ``csv.reader``; send it in requests of 1,000 rows (with the
+context columns a catalogue may have, ``brand``, ``gender``, ..., in each request's context),
+the first of a task by POST and the next ones by PUT until the task holds ``--task-size`` rows
+(a new task when a PUT gets 410); each filled task is handed to a reader coroutine that
+polls its status every ``--poll`` seconds and, once it is TASK_DONE, reads its 100-result
+pages ``--pages`` at a time over one keep-alive connection pool, decoding each page once with
+msgspec (the tagging result kept as raw bytes) and writing one JSONL line
+``{"id","taskId","taggingResult"}`` per result. Reads are retried on 429/5xx/transport errors
+a few times; writes are not (a write whose outcome is unknown would need the state this script
+does not keep). No resume: a crash means starting over.
 
     python benchmarks/baselines/async_script.py MANIFEST.csv --base-url URL --out results.jsonl
 
@@ -128,10 +129,35 @@ class Script:
         await asyncio.gather(*(page(o) for o in range(0, task.count.total, PAGE)))
 
 
-def request_body(rows: list[list[str]], i_id: int, i_url: int) -> dict[str, object]:
+#: Manifest columns sent as context fields (text; an empty cell is no value), by their name
+#: in the request.
+CONTEXT_COLUMNS = {
+    "gender": "gender",
+    "brand": "brand",
+    "currency": "currency",
+    "price": "price",
+    "keywords": "keywords",
+    "product_content_name": "productContentName",
+    "season": "season",
+}
+
+
+def request_body(
+    rows: list[list[str]], i_id: int, i_url: int, context: list[tuple[int, str]]
+) -> dict[str, object]:
+    if not context:
+        return {
+            "taggingRequest": [
+                {"image": {"type": "url", "content": r[i_url]}, "context": {"id": r[i_id]}}
+                for r in rows
+            ]
+        }
     return {
         "taggingRequest": [
-            {"image": {"type": "url", "content": r[i_url]}, "context": {"id": r[i_id]}}
+            {
+                "image": {"type": "url", "content": r[i_url]},
+                "context": {"id": r[i_id], **{key: r[i] for i, key in context if r[i]}},
+            }
             for r in rows
         ]
     }
@@ -156,7 +182,7 @@ async def main_async(args: argparse.Namespace, manifest: TextIO, out: BinaryIO) 
 
         async def send(rows: list[list[str]]) -> None:
             nonlocal task_id, in_task
-            body = s.encoder.encode(request_body(rows, i_id, i_url))
+            body = s.encoder.encode(request_body(rows, i_id, i_url, context))
             if task_id is not None:
                 resp = await s.write("PUT", f"{base}{BULK_PATH}/{task_id}", body)
                 if resp.status == 202:
@@ -180,6 +206,7 @@ async def main_async(args: argparse.Namespace, manifest: TextIO, out: BinaryIO) 
         reader = csv.reader(manifest)
         header = next(reader)
         i_id, i_url = header.index("id"), header.index("url")
+        context = [(i, CONTEXT_COLUMNS[c]) for i, c in enumerate(header) if c in CONTEXT_COLUMNS]
         batch: list[list[str]] = []
         for row in reader:
             batch.append(row)
