@@ -5,14 +5,14 @@ and the give-up rule that ends a request's retries. :class:`~._http.HttpExchange
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import anyio
 
-__all__ = ["GIVE_UP", "WRITES_STOPPED", "WRITE_GUARD"]
+__all__ = ["GIVE_UP", "WRITES_STOPPED", "WRITE_AGAIN", "WRITE_GUARD"]
 
 #: Called right before each write (a POST or PUT: the writes the service tags and bills) is
 #: sent, by the task that sends it and the tasks it starts: it raises to keep the write from
@@ -40,4 +40,12 @@ GIVE_UP: ContextVar[Callable[[float], float] | None] = ContextVar(
 #: sets it to its :class:`~.engine.flow.RunControl`'s ``stopping``.
 WRITES_STOPPED: ContextVar[anyio.Event | None] = ContextVar(
     "fashiontag_writes_stopped", default=None
+)
+
+#: Awaited before the client sends a write again itself (its earlier try refused: a 429, a
+#: connection that could not be made, so not applied), by the task that sends it. The engine
+#: records there when a create goes out again: a resume looks for a create of unknown fate
+#: until the request deadline has gone by since its last send, not its first.
+WRITE_AGAIN: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar(
+    "fashiontag_write_again", default=None
 )

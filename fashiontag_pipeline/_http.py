@@ -38,7 +38,7 @@ import msgspec
 from yarl import URL
 
 from . import _exceptions as exc
-from ._callctx import GIVE_UP, WRITE_GUARD, WRITES_STOPPED
+from ._callctx import GIVE_UP, WRITE_AGAIN, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._connect import connect_failure, deadline, drop_sessions, session_pair, unanswered
@@ -217,6 +217,8 @@ class HttpExchange:
             last_attempt = attempt >= self.retry.max_attempts or (
                 attempt > 1 and given_up is not None and given_up(failing[0]) < 0
             )
+            if attempt > 1 and method != "GET" and (again := WRITE_AGAIN.get()) is not None:
+                await again()  # (a write sent again: its caller records when)
             sent_at = time.monotonic()
             try:
                 response = await self.send(method, path, key, body, query, language, retry_all)

@@ -18,7 +18,7 @@ from datetime import datetime
 import anyio
 
 from .. import _exceptions as exc
-from .._callctx import WRITES_STOPPED
+from .._callctx import WRITE_AGAIN, WRITES_STOPPED
 from .._client import TaggerClient
 from .._models import Task
 from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
@@ -113,6 +113,13 @@ class TaskWrites(WriteAnswers):
             if retry:
                 await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
             retry = True
+
+            async def again() -> None:  # (the client sends it again itself: after a 429)
+                nonlocal sent
+                sent = time.time()
+                await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
+
+            hook = WRITE_AGAIN.set(again)
             try:
                 response = await self.client.create_task(
                     chunk.requests,
@@ -169,6 +176,8 @@ class TaskWrites(WriteAnswers):
                 if self.current is task:
                     self.current = None
                 return await self._refused_whole(chunk, err)
+            finally:
+                WRITE_AGAIN.reset(hook)
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1

@@ -257,6 +257,44 @@ async def test_a_create_sent_again_before_the_kill_is_looked_for_from_its_last_s
     assert_rows_once(resumed, out, tasks)
 
 
+class RateLimitedThenSlow(SlowCreate):
+    """The first create answered 429 with a Retry-After of ``wait`` seconds (the client sends
+    it again itself, after that wait), the next one held and applied ``delay`` seconds later."""
+
+    def __init__(self, upstream: str, delay: float, wait: int) -> None:
+        super().__init__(upstream, delay)
+        self.wait = wait
+        self.limited = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.limited:
+            self.limited = True
+            await request.read()
+            return web.Response(status=429, headers={"Retry-After": str(self.wait)})
+        return await super().handle(request)
+
+
+async def test_a_create_the_client_sent_again_after_a_429_is_looked_for_from_that_send(
+    tmp_path: Path,
+) -> None:
+    """A create answered 429 with a Retry-After of 5 s, sent again by the client after it (a
+    retry of the same request, not of the engine), held by a service that applied it 3 s
+    later, the run killed meanwhile. The resume counted from the first send (the chunk's
+    write-ahead): its look (a deadline of 4 s, list_lag 0.5 s) was over at once, and the rows
+    were created again before the late create was applied (each billed twice)."""
+    proxy = RateLimitedThenSlow("", 3.0, 5)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 4.0)
+            with anyio.fail_after(30):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+                await proxy.applied.wait()
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert_rows_once(resumed, out, tasks)
+
+
 def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent() -> None:
     """:func:`late_look` (seconds besides list_lag; a deadline of 10 s, list_lag 5 s) over
     chunks as the state gives them: (chunk_id, state, task_id, token, body, written_at)."""
