@@ -95,6 +95,37 @@ def test_sorted_ids_go_into_the_tree_at_once_and_others_wait(state: StateDB) -> 
     assert state.ids_taken() == 5
 
 
+def test_a_batch_whose_range_the_tree_holds_no_id_of_goes_in_at_once(state: StateDB) -> None:
+    """A daemon sends ``JOB/ID``: job 10's ids sort before job 9's (``"10/" < "9/"``), and the
+    jobs in flight take turns. Each job's sorted batches went to ``ids_log`` and memory (every
+    batch of job 10 sorts before the tree's last id, job 9's), then into the tree at the next
+    flush or job end: the costly path of a shuffled catalogue for sorted ones. A batch none of
+    whose range the tree holds goes in at once, wherever that range is."""
+    with state.transaction():
+        assert state.dedupe([("9/a", 1), ("9/b", 2)]) is None
+    with state.transaction():
+        assert state.dedupe([("10/a", 3), ("10/b", 4)]) is None
+    with state.transaction():
+        assert state.dedupe([("9/c", 5), ("9/d", 6)]) is None
+    with state.transaction():
+        assert state.dedupe([("10/c", 7)]) is None
+    assert _log_rows(state.path) == 0
+    assert _tree(state.path) == {
+        "9/a": 1,
+        "9/b": 2,
+        "10/a": 3,
+        "10/b": 4,
+        "9/c": 5,
+        "9/d": 6,
+        "10/c": 7,
+    }
+    with state.transaction():  # a range that holds ids: they are looked up
+        assert state.dedupe([("10/b", 8), ("10/bb", 9)]) == [4, 9]
+    with state.transaction():  # the tree's last id is still job 9's
+        assert state.dedupe([("9/e", 10), ("9/c", 11)]) == [10, 5]
+    assert state.ids_taken() == 9
+
+
 @pytest.mark.usefixtures("small_flush")
 def test_a_rolled_back_batch_takes_no_id_in(state: StateDB) -> None:
     with state.transaction():
@@ -228,7 +259,7 @@ def test_ids_cut_short_are_looked_up_without_reading_every_waiting_id(state: Sta
     thread (every commit of the run waits on it), a 1M-row run most of an hour more."""
     ids = [f"{(i * 0x9E3779B97F4A7C15) & ((1 << 64) - 1):016x}/" + "x" * 60 for i in range(40_000)]
     with state.transaction():
-        state.dedupe([("~", 0)])  # the tree's last id: every id below waits
+        state.dedupe([("8", 0)])  # in the middle of every batch's range: each batch waits
     for start in range(0, len(ids), 2000):
         with state.transaction():
             state.dedupe([(key, n + 1) for n, key in enumerate(ids[start : start + 2000], start)])

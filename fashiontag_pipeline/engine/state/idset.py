@@ -12,8 +12,10 @@ id (6.4 GB vs 60 MB of WAL); it grows with the tree.
 
 So a batch's ids go one of two ways (:meth:`DeferredIds.dedupe`):
 
-* **to the tree**, when they all sort after its last id (a sorted catalogue, or the first
-  batch): the tree takes them at its right edge, a few pages a batch, as before;
+* **to the tree**, when the tree holds no id between the batch's lowest and highest (one
+  look-up; none when they all sort after its last id): a sorted catalogue, the first batch, a
+  daemon's jobs taking turns (``JOB/ID``: each job's sorted ids fill a range of their own).
+  The tree takes them where that range is, a few pages a batch;
 * **to the pending ids** otherwise: the ones the tree does not hold (looked up, read-only)
   are written as one row of ``ids_log`` (a JSON object, appended: a few pages a batch) and
   kept in memory. Once they are :data:`FLUSH_IDS` (or :data:`FLUSH_CHARS` characters) they go
@@ -142,7 +144,8 @@ class DeferredIds:
             new = {key: pos for key, pos in first.items() if key not in known}
         if new:
             tree_max = self._tree_max
-            if tree_max is None or min(new) > tree_max:
+            low = min(new)
+            if tree_max is None or low > tree_max or self._range_free(low, max(new)):
                 known.update(self._to_tree(new))
             else:
                 found = self._tree_positions(list(new))
@@ -213,9 +216,15 @@ class DeferredIds:
 
     # ------------------------------------------------------------------ the two levels
 
+    def _range_free(self, low: str, high: str) -> bool:
+        """Whether the tree holds no id from ``low`` to ``high`` (one look-up)."""
+        found = self.db.execute("SELECT 1 FROM ids WHERE id >= ? AND id <= ? LIMIT 1", (low, high))
+        return found.fetchone() is None
+
     def _to_tree(self, new: dict[str, int]) -> dict[str, int]:
-        """Insert ``new`` (ids past the tree's last one) into the tree; the positions of any
-        that was there after all (an order this process and SQLite disagree on)."""
+        """Insert ``new`` (ids in a range of the tree that holds none) into the tree; the
+        positions of any that was there after all (an order this process and SQLite disagree
+        on)."""
         db = self.db
         before = db.total_changes
         payload = _encoder.encode(new)
@@ -224,7 +233,9 @@ class DeferredIds:
         else:
             db.execute("INSERT OR IGNORE INTO ids SELECT key, value FROM json_each(?)", (payload,))
         inserted = db.total_changes - before
-        self._set_tree_max(max(new))
+        high = max(new)
+        if self._tree_max is None or high > self._tree_max:
+            self._set_tree_max(high)
         if inserted == len(new):
             return {}
         stored = self._tree_positions(list(new))
