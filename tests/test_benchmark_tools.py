@@ -81,8 +81,8 @@ def test_context_manifest_is_validated_whole_and_the_script_sends_the_same_conte
     assert batch is not None and isinstance(batch.rows, PlainRows)
     i_id, i_url = 0, 1
     context = [(2, "brand"), (3, "gender"), (4, "season")]
-    block = context_block(batch.rows, 5, i_id, i_url, context, 0)
-    assert block is not None and len(block) == 500
+    block, rest = context_block(batch.rows, 5, i_id, i_url, context, 0)
+    assert rest == [] and len(block) == 500
     rows = [line.split(",") for line in lines[:500]]
     body = request_body(rows, i_id, i_url, [(i, CONTEXT_COLUMNS[n]) for i, n in context])
     sent = msgspec.json.decode(msgspec.json.encode(body["taggingRequest"]))

@@ -2,17 +2,17 @@
 
 A :class:`~.rows.PlainRows` block holds lines with no quote, CR or NUL, so each row is its
 line split at commas. When every row of a block passes every rule, the block's requests can be
-built column by column in C-level passes instead of row by row in Python; when any row breaks
-a rule the functions here return None and the validator checks the block row by row (the
-general path, which writes each bad row's reject). Both give the same items: the tests compare
-them on every kind of bad line.
+built column by column in C-level passes instead of row by row in Python; the rows that break
+a rule go through the validator's general path (which writes each bad row's reject). Both
+give the same items: the tests compare them on every kind of bad line.
 
 * :func:`plain_block`: the ``id,url`` (or ``url,id``) manifest, checked with one regex over
   the whole block.
 * :func:`context_block`: ``id``, ``url`` and context fields taken as text (``brand``,
   ``gender``, ``price``, ...; a fashion catalogue's usual columns), any order, other columns
   ignored. A row of such a manifest cost ~4.3 us in the general path (a keyword-argument call
-  per row, a rule per field) against ~1.3 for an ``id,url`` row. ``detection`` and ``age``
+  per row, a rule per field) against ~1.3 for an ``id,url`` row. The lines that break a rule
+  are left to the general path, the others are built whole. ``detection`` and ``age``
   columns have rules of their own (a list of allowed values; a ``|``-separated list): blocks
   with them take the general path.
 """
@@ -20,12 +20,13 @@ them on every kind of bad line.
 from __future__ import annotations
 
 import re
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
 from .policy import Measured
 from .rows import PlainRows
+from .rules import PLAIN_URL
 
 __all__ = ["context_block", "plain_block"]
 
@@ -42,10 +43,6 @@ _PLAIN_BLOCKS = {
     (0, 1): re.compile(r"(?:[^,\n]+,https?://[^/?\s][^\n]*\n)*"),
     (1, 0): re.compile(r"(?:https?://[^/?\s][^,\n]*,[^\n]+\n)*"),
 }
-#: URLs one a line (none holds a comma or a line break: they are cells of plain lines), each
-#: as :data:`~.rules.PLAIN_URL` takes it but for whitespace after the host's first character,
-#: which one C-level split over all of them finds.
-_PLAIN_URLS = re.compile(r"(?:https?://[^/?\s][^\n]*\n)*")
 
 
 def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
@@ -81,39 +78,55 @@ def context_block(
     i_url: int,
     extras: list[tuple[int, str]],
     shifted: int,
-) -> Measured | None:
-    """The items of a block of lines of ``width`` fields (the id at ``i_id``, the URL at
+) -> tuple[Measured, list[int]]:
+    """The items of the lines of a block of ``width`` fields (the id at ``i_id``, the URL at
     ``i_url``, the context field ``name`` at each ``(index, name)`` of ``extras``, other
-    columns ignored) when every row passes, else None (the caller checks row by row).
+    columns ignored) that pass every rule, and the indexes (in ``rows.lines``) of the lines
+    left to the caller's row by row check: each of those breaks a rule (or has a scheme in
+    capitals, which the general path lower-cases).
 
-    The rules, as the general path applies them to such a row: as many fields as the header
-    (checked per line: a line short of a comma beside one with an extra one would keep the
-    total), a non-empty id without NUL, an http(s) URL with a host and no whitespace, and each
-    context field sent when it is not empty (as it is: no rule but its being text)."""
+    The rules, as the general path applies them to such a row: as many fields as the header,
+    a non-empty id without NUL, an http(s) URL with a host and no whitespace
+    (:data:`~.rules.PLAIN_URL`), and each context field sent when it is not empty (as it is:
+    no rule but its being text). A few bad rows in a block cost their own check only: a
+    catalogue with a missing URL every few hundred rows keeps the block path for the rest."""
     lines = rows.lines
     n = len(lines)
-    if set(map(str.count, lines, repeat(","))) != {width - 1}:
-        return None
-    cells = ",".join(lines).split(",")
+    counts = list(map(str.count, lines, repeat(",")))
+    rest: list[int] = []
+    kept: list[int] | None = None  # the indexes of the lines the columns hold (None: all)
+    if counts.count(width - 1) != n:
+        kept = [k for k, count in enumerate(counts) if count == width - 1]
+        rest = [k for k, count in enumerate(counts) if count != width - 1]
+        lines = [lines[k] for k in kept]
+    cells = ",".join(lines).split(",") if lines else []
     ids = cells[i_id::width]
     urls = cells[i_url::width]
-    if "" in ids or "\x00" in "".join(ids):
-        return None
-    if _PLAIN_URLS.fullmatch("\n".join(urls) + "\n") is None:
-        return None
-    joined = "".join(urls)
-    if joined.split(None, 1) != [joined]:  # (``\s``, as in plain_block)
-        return None
-    size = len(joined) + sum(map(len, ids))
+    columns = [(name, cells[index::width]) for index, name in extras]
+    passed = list(map(PLAIN_URL.fullmatch, urls))
+    if None in passed or "" in ids or "\x00" in "".join(ids):
+        good = [
+            match is not None and ident != "" and "\x00" not in ident
+            for match, ident in zip(passed, ids, strict=True)
+        ]
+        at = range(n) if kept is None else kept
+        rest += [k for k, ok in zip(at, good, strict=True) if not ok]
+        rest.sort()
+        kept = list(compress(at, good))
+        ids = list(compress(ids, good))
+        urls = list(compress(urls, good))
+        columns = [(name, list(compress(column, good))) for name, column in columns]
+    size = sum(map(len, urls)) + sum(map(len, ids))
     # The context's fields in the struct's order, positionally: a column per field named by
-    # the header (an empty cell is no value), None for every row where the header has none.
+    # the header (an empty cell is no value), None for each one before the last it names.
     by_name: dict[str, Any] = {"id": ids}
-    for index, name in extras:
-        column = cells[index::width]
+    for name, column in columns:
         size += sum(map(len, column))
         by_name[name] = [value or None for value in column]
-    fields = [by_name.get(name, repeat(None)) for name in BulkContext.__struct_fields__]
-    contexts = map(BulkContext, *fields)
+    names = BulkContext.__struct_fields__
+    last = max(map(names.index, by_name))  # (the fields after it left to their default)
+    contexts = map(BulkContext, *[by_name.get(name, repeat(None)) for name in names[: last + 1]])
     requests = map(TaggingRequest, map(Image, repeat(_URL), urls), contexts)
     first = shifted | rows.first
-    return Measured(zip(ids, range(first, first + n), requests, strict=True), size)
+    positions = range(first, first + n) if kept is None else [first + k for k in kept]
+    return Measured(zip(ids, positions, requests, strict=True), size), rest

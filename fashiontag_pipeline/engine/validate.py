@@ -23,10 +23,12 @@ set). All give the same items and rejects.
 from __future__ import annotations
 
 import os
+from operator import itemgetter
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
 from .plainblock import context_block, plain_block
+from .policy import Measured, batch_size
 from .rows import PlainRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
@@ -65,6 +67,7 @@ Item = tuple[str, int, TaggingRequest]
 SingleItem = tuple[str, int, SingleRequest]
 
 URL = ImageType.URL
+_POSITION = itemgetter(1)
 #: An id holding a NUL: no PostgreSQL text column takes one (a state there stopped the run,
 #: every night), and few consumers of the outputs would.
 _NUL_ID = "id contains a NUL character"
@@ -143,18 +146,17 @@ class Validator:
                 and i_age < 0
                 and (shifted | rows.first) > skip_upto
             ):
-                block = context_block(rows, width, i_id, i_url, extras, shifted)
-                if block is not None:
-                    return block, rejects
+                return self._mixed_block(batch, layout, rows, shifted, singles)
             for line, fields in rows:
                 pos = shifted | line
                 if pos > skip_upto:
                     row(batch, layout, line, fields, pos, items, rejects, singles)
             return items, rejects
         if isinstance(rows, PlainRows) and width == 2 and (shifted | rows.first) > skip_upto:
-            block = self._plain_block(rows, i_id, shifted)
-            if block is not None:
-                return block, rejects
+            whole = self._plain_block(rows, i_id, shifted)
+            if whole is not None:
+                return whole, rejects
+            return self._mixed_block(batch, layout, rows, shifted, singles)
         # id and url only (the common manifest): a row whose id is set and whose url is an
         # http(s) URL with a host and no whitespace (one C-level regex match, the same rule as
         # rules.http_url) becomes its request right here; any other row takes the general path.
@@ -175,6 +177,31 @@ class Validator:
 
     #: The block of ``id,url`` lines (:func:`.plainblock.plain_block`).
     _plain_block = staticmethod(plain_block)
+
+    def _mixed_block(
+        self,
+        batch: RowBatch,
+        layout: _Layout,
+        rows: PlainRows,
+        shifted: int,
+        singles: list[SingleItem] | None,
+    ) -> tuple[list[Item], list[tuple[int, Reject]]]:
+        """A block of plain lines whose columns are the id, the URL and text context fields:
+        the lines that pass every rule built whole (:func:`.plainblock.context_block`), the
+        others checked one by one (their rejects, single-mode items, or requests the general
+        path builds otherwise), all in line order."""
+        i_id, i_url, _, _, extras = layout
+        block, rest = context_block(rows, len(batch.header), i_id, i_url, extras, shifted)
+        items: list[Item] = []
+        rejects: list[tuple[int, Reject]] = []
+        for k in rest:
+            line = rows.first + k
+            fields = rows.lines[k].split(",")
+            self._csv_row(batch, layout, line, fields, shifted | line, items, rejects, singles)
+        if not items:
+            return block, rejects
+        size = block.size + batch_size(items)
+        return Measured(sorted([*block, *items], key=_POSITION), size), rejects
 
     def _csv_row(
         self,

@@ -1,9 +1,9 @@
 """Blocks of plain CSV lines with context columns (``id,url,brand,...``) are validated as a
 whole (:func:`~fashiontag_pipeline.engine.plainblock.context_block`) exactly as row by row.
 
-The whole-block path must give the same requests as the general path whenever it takes a
-block, and must leave to the general path (return None) every block holding a row that path
-would reject, so that the row's reject is written with its reason.
+The whole-block path must give the same requests as the general path for the lines it
+builds, and must leave to the general path every line that path would reject (so that the
+line's reject is written with its reason) or build otherwise.
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ def _layout(header: str) -> tuple[int, int, int, list[tuple[int, str]]]:
 
 @pytest.mark.parametrize("header", HEADERS)
 def test_each_bad_line_fails_its_context_block(header: str) -> None:
-    """For each tricky line among good ones: the block passes whole exactly when every line
-    passes row by row, with the same requests (encoded alike); lines whose commas add up to
-    the header's count over two lines (one short, one long) fail too."""
+    """For each tricky line among good ones: the block's lines that pass row by row are built
+    whole, with the same requests (encoded alike), and the others are left to the general
+    path, whose rejects and requests the validator returns; lines whose commas add up to the
+    header's count over two lines (one short, one long) are both left to it."""
     width, i_id, i_url, extras = _layout(header)
     good = [_line(header, f"g{i}", f"https://img.example/{i}.jpg", f"v{i}") for i in range(5)]
     urls = [u for u in TRICKY_URLS if "\n" not in u and "," not in u]
@@ -51,23 +52,34 @@ def test_each_bad_line_fails_its_context_block(header: str) -> None:
     odd += [good[0] + ",", good[0].rsplit(",", 1)[0], "", ","]
     pairs = [[good[0] + ",x", good[1].split(",", 1)[1]], [good[0][:-1] + ",", "a,b"]]
     blocks = [[*good[:2], o, *good[2:]] for o in odd] + [[*good, *p] for p in pairs]
+    # A line with a bad URL before one with a field too many: their rejects in line order.
+    blocks.append([*good[:2], _line(header, "u", "ftp://h/x", "v"), good[2], good[3] + ",x"])
     v = Validator()
     encode = msgspec.json.encode
-    passed = 0
+    whole_blocks = 0
     for lines in blocks:
         plain = PlainRows(2, lines)
         listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
         items, rejects = v.validate(listed)
-        whole = context_block(plain, width, i_id, i_url, extras, 0)
-        if rejects:
-            assert whole is None, lines
-        elif whole is None:  # left to the row-by-row path: a scheme in capitals, lower-cased
-            assert "HTTPS://" in lines[2] or "Http://" in lines[2], lines
-        else:
-            assert whole == items, lines
-            assert encode([r for *_, r in whole]) == encode([r for *_, r in items]), lines
-            passed += 1
-    assert passed > 20  # good URLs with odd but valid ids and values pass whole
+        # The validator's answer for the block is the general path's, row for row.
+        assert v.validate(RowBatch(0, "m.csv", "csv", header.split(","), plain)) == (
+            items,
+            rejects,
+        ), lines
+        built, rest = context_block(plain, width, i_id, i_url, extras, 0)
+        left = {pos for pos, _ in rejects}
+        assert {2 + k for k in rest} >= left, lines  # every refused line is left to it
+        if not rest:
+            assert built == items, lines
+            assert encode([r for *_, r in built]) == encode([r for *_, r in items]), lines
+            whole_blocks += 1
+        else:  # the others are built whole, as the general path builds them
+            assert {2 + k for k in rest} <= {4, 6, 7, 8}, lines  # (the odd line(s), the pair)
+            assert built == [item for item in items if item[1] - 2 not in rest], lines
+            assert all(
+                "HTTPS://" in lines[k] or "Http://" in lines[k] or 2 + k in left for k in rest
+            ), lines
+    assert whole_blocks > 20  # good URLs with odd but valid ids and values pass whole
 
 
 @pytest.mark.parametrize("header", HEADERS)
@@ -105,7 +117,7 @@ def test_context_manifests_validate_like_row_by_row(
     assert sum(len(f[-1]) for f in fast) == (3 if route else 4)  # (a local path: single mode)
     first = batches[0].rows
     assert isinstance(first, PlainRows)
-    assert context_block(first, *_layout(header), 0) is not None
+    assert context_block(first, *_layout(header), 0)[1] == []  # passed whole
     # An empty cell is no value: the request leaves the field out, as the general path does.
     (empty_item,) = [item for f in fast for item in f[0] if item[0] == "e0"]
     assert msgspec.json.decode(msgspec.json.encode(empty_item[2].context)) == {"id": "e0"}
