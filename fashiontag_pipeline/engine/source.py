@@ -193,14 +193,14 @@ class ManifestReader(ManifestBytes):
             self._line = self._base + text.count("\n")
         elif (
             '"' not in text
-            and "\r" not in text
             and "\x00" not in text
             and len(text) <= csv.field_size_limit()
+            and "\r" not in (plain := text.replace("\r\n", "\n") if "\r" in text else text)
         ):
-            # Without quotes, CRs or NULs (and no field past the csv module's limit) its rows
-            # are exactly the lines split at commas (blank lines give no row), at a fraction of
-            # its cost per row.
-            lines = text.split("\n")
+            # Without quotes, NULs or CRs but those of CRLF line ends (and no field past the csv
+            # module's limit) its rows are exactly the lines split at commas (blank lines give
+            # no row), at a fraction of its cost per row.
+            lines = plain.split("\n")
             if lines and not lines[-1]:
                 lines.pop()
             self._plain = lines

@@ -91,6 +91,26 @@ def test_csv_split_at_commas_is_the_csv_module(
     assert _rows(p) == _csv_module_rows(text)
 
 
+@pytest.mark.parametrize("read_size", [7, 64, 1 << 20])
+def test_crlf_lines_split_at_commas_are_the_csv_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int
+) -> None:
+    """A manifest with Windows line ends (what a spreadsheet exports) and no quote takes the
+    split at commas too (it went through the csv module, and every row through the general
+    rules); a CR anywhere else still sends its chunk to the csv module."""
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", read_size)
+    body = ["a,https://x/a.jpg", "", "b,https://x/b.jpg,extra", "c", ","]
+    body += [f"p{i},https://x/{i}.jpg" for i in range(300)]
+    text = "id,url\r\n" + "\r\n".join(body) + "\r\n"
+    p = tmp_path / "m.csv"
+    p.write_text(text, newline="")
+    assert _rows(p) == _csv_module_rows(text)
+    assert any(isinstance(b.rows, PlainRows) for b in _batches(p, max_rows=100))
+    for odd in ("q,https://x/q\r.jpg\r\n", "q,https://x/q.jpg\r", "q,https://x/q.jpg\n"):
+        p.write_text(text + odd + "z,https://x/z.jpg\r\n", newline="")
+        assert _rows(p) == _csv_module_rows(text + odd + "z,https://x/z.jpg\r\n"), odd
+
+
 def test_chunks_with_quotes_or_crs_still_use_the_csv_module(tmp_path: Path) -> None:
     text = 'id,url\r\na,"https://x/a,b.jpg"\r\nb,https://x/b.jpg\r\n'
     p = tmp_path / "m.csv"
