@@ -8,7 +8,8 @@ give the same items: the tests compare them on every kind of bad line.
 
 * :func:`plain_block`: the ``id,url`` (or ``url,id``) manifest, checked with one regex over
   the whole block.
-* :func:`context_block`: ``id``, ``url`` and context fields taken as text (``brand``,
+* :func:`context_block` (and :func:`parsed_block`, for rows the csv module parsed: a
+  manifest with quoted fields): ``id``, ``url`` and context fields taken as text (``brand``,
   ``gender``, ``price``, ...; a fashion catalogue's usual columns), any order, other columns
   ignored. A row of such a manifest cost ~4.3 us in the general path (a keyword-argument call
   per row, a rule per field) against ~1.3 for an ``id,url`` row. The lines that break a rule
@@ -20,7 +21,9 @@ give the same items: the tests compare them on every kind of bad line.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import compress, repeat
+from operator import itemgetter
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
@@ -28,9 +31,10 @@ from .policy import Measured
 from .rows import PlainRows
 from .rules import PLAIN_URL
 
-__all__ = ["context_block", "plain_block"]
+__all__ = ["context_block", "parsed_block", "plain_block"]
 
 _URL = ImageType.URL
+_FIELDS = itemgetter(1)
 
 #: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
 #: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
@@ -100,19 +104,57 @@ def context_block(
         rest = [k for k, count in enumerate(counts) if count != width - 1]
         lines = [lines[k] for k in kept]
     cells = ",".join(lines).split(",") if lines else []
-    ids = cells[i_id::width]
-    urls = cells[i_url::width]
     columns = [(name, cells[index::width]) for index, name in extras]
+    first = shifted | rows.first
+    at = range(first, first + n)
+    return _built(cells[i_id::width], cells[i_url::width], columns, at, kept, rest)
+
+
+def parsed_block(
+    rows: Sequence[tuple[int, Any]],
+    width: int,
+    i_id: int,
+    i_url: int,
+    extras: list[tuple[int, str]],
+    shifted: int,
+) -> tuple[Measured, list[int]]:
+    """:func:`context_block` for rows the csv module parsed (a chunk with quotes, or CRs that
+    end no line): ``(line, fields)`` each, ``fields`` the error text of a row it could not
+    parse. Fields come whole from the csv module (a quoted one may hold commas), so the
+    columns are the rows transposed; the indexes returned are in ``rows``."""
+    fields = list(map(_FIELDS, rows))
+    rest: list[int] = []
+    kept: list[int] | None = None
+    if set(map(type, fields)) != {list} or set(map(len, fields)) != {width}:
+        kept = [k for k, f in enumerate(fields) if type(f) is list and len(f) == width]
+        rest = [k for k, f in enumerate(fields) if type(f) is not list or len(f) != width]
+        fields = [fields[k] for k in kept]
+    cells = list(zip(*fields, strict=True)) if fields else [()] * width
+    columns = [(name, cells[index]) for index, name in extras]
+    at = [shifted | line for line, _ in rows]
+    return _built(list(cells[i_id]), list(cells[i_url]), columns, at, kept, rest)
+
+
+def _built(
+    ids: list[str],
+    urls: list[str],
+    columns: Sequence[tuple[str, Sequence[str]]],
+    at: Sequence[int],
+    kept: list[int] | None,
+    rest: list[int],
+) -> tuple[Measured, list[int]]:
+    """The items of the rows whose id and URL pass (``at``: the positions of all the block's
+    rows; ``kept``: the indexes of those the columns hold, None for all; ``rest``: those the
+    caller checks, to which the rows that fail here are added)."""
     passed = list(map(PLAIN_URL.fullmatch, urls))
     if None in passed or "" in ids or "\x00" in "".join(ids):
         good = [
             match is not None and ident != "" and "\x00" not in ident
             for match, ident in zip(passed, ids, strict=True)
         ]
-        at = range(n) if kept is None else kept
-        rest += [k for k, ok in zip(at, good, strict=True) if not ok]
-        rest.sort()
-        kept = list(compress(at, good))
+        indexes = range(len(at)) if kept is None else kept
+        rest = sorted(rest + [k for k, ok in zip(indexes, good, strict=True) if not ok])
+        kept = list(compress(indexes, good))
         ids = list(compress(ids, good))
         urls = list(compress(urls, good))
         columns = [(name, list(compress(column, good))) for name, column in columns]
@@ -127,6 +169,5 @@ def context_block(
     last = max(map(names.index, by_name))  # (the fields after it left to their default)
     contexts = map(BulkContext, *[by_name.get(name, repeat(None)) for name in names[: last + 1]])
     requests = map(TaggingRequest, map(Image, repeat(_URL), urls), contexts)
-    first = shifted | rows.first
-    positions = range(first, first + n) if kept is None else [first + k for k in kept]
+    positions = at if kept is None else [at[k] for k in kept]
     return Measured(zip(ids, positions, requests, strict=True), size), rest

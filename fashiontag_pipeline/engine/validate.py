@@ -13,21 +13,23 @@ become :class:`~.rules.SingleRequest` items for the single endpoint (:mod:`.sing
 file exists and whether the base64 decodes is checked by the single stage (in a thread), not
 here. :meth:`Validator.validate` keeps the bulk-only rules (every non-http(s) image is a reject).
 
-Cost: a block of lines with no quote (:class:`~.rows.PlainRows`) whose columns are ``id``,
-``url`` and context fields taken as text is checked and built as a whole
-(:mod:`.plainblock`); a block with any row that breaks a rule, and every other layout, is
-checked row by row (an ``id,url`` row with one regex match, any other row with the full rule
-set). All give the same items and rejects.
+Cost: a batch whose columns are ``id``, ``url`` and context fields taken as text, plain lines
+(:class:`~.rows.PlainRows`) or rows the csv module parsed, is checked and built column by
+column (:mod:`.plainblock`), its rows that break a rule one by one with the full rule set
+(:meth:`Validator.general`, which the tests compare the block paths with); a batch with
+``detection`` or ``age`` columns, or part of which a resume skips, row by row. All give the
+same items and rejects.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
-from .plainblock import context_block, plain_block
+from .plainblock import context_block, parsed_block, plain_block
 from .policy import Measured, batch_size
 from .rows import PlainRows, RowBatch
 from .rules import (
@@ -112,6 +114,23 @@ class Validator:
             items, rejects = self._validate_csv(batch, skip_upto, singles)
         return items, singles, rejects
 
+    def general(
+        self, batch: RowBatch, *, route: bool = False
+    ) -> tuple[list[Item], list[SingleItem], list[tuple[int, Reject]]]:
+        """Every CSV row of ``batch`` through the full rule set, one by one: what the block
+        paths of :meth:`route` must give (the tests compare them)."""
+        layout = self._layout(batch.header)
+        shifted = position(batch.source, 0)
+        items: list[Item] = []
+        singles: list[SingleItem] = []
+        rejects: list[tuple[int, Reject]] = []
+        for line, fields in batch.rows:
+            pos = shifted | line
+            self._csv_row(
+                batch, layout, line, fields, pos, items, rejects, singles if route else None
+            )
+        return items, singles, rejects
+
     def _layout(self, header: list[str]) -> _Layout:
         key = tuple(header)
         layout = self._layouts.get(key)
@@ -139,23 +158,20 @@ class Validator:
         rejects: list[tuple[int, Reject]] = []
         row = self._csv_row
         rows = batch.rows
+        whole_past = bool(rows) and (shifted | rows[0][0]) > skip_upto  # (none resumed past)
         if extras or i_det >= 0 or i_age >= 0:
-            if (
-                isinstance(rows, PlainRows)
-                and i_det < 0
-                and i_age < 0
-                and (shifted | rows.first) > skip_upto
-            ):
+            if i_det < 0 and i_age < 0 and whole_past:
                 return self._mixed_block(batch, layout, rows, shifted, singles)
             for line, fields in rows:
                 pos = shifted | line
                 if pos > skip_upto:
                     row(batch, layout, line, fields, pos, items, rejects, singles)
             return items, rejects
-        if isinstance(rows, PlainRows) and width == 2 and (shifted | rows.first) > skip_upto:
-            whole = self._plain_block(rows, i_id, shifted)
-            if whole is not None:
-                return whole, rejects
+        if width == 2 and whole_past:
+            if isinstance(rows, PlainRows):
+                whole = self._plain_block(rows, i_id, shifted)
+                if whole is not None:
+                    return whole, rejects
             return self._mixed_block(batch, layout, rows, shifted, singles)
         # id and url only (the common manifest): a row whose id is set and whose url is an
         # http(s) URL with a host and no whitespace (one C-level regex match, the same rule as
@@ -182,21 +198,22 @@ class Validator:
         self,
         batch: RowBatch,
         layout: _Layout,
-        rows: PlainRows,
+        rows: Sequence[tuple[int, Any]],
         shifted: int,
         singles: list[SingleItem] | None,
     ) -> tuple[list[Item], list[tuple[int, Reject]]]:
-        """A block of plain lines whose columns are the id, the URL and text context fields:
-        the lines that pass every rule built whole (:func:`.plainblock.context_block`), the
-        others checked one by one (their rejects, single-mode items, or requests the general
-        path builds otherwise), all in line order."""
+        """A batch whose columns are the id, the URL and text context fields: the rows that
+        pass every rule built whole (:mod:`.plainblock`), the others checked one by one
+        (their rejects, single-mode items, or requests the general path builds otherwise),
+        all in line order."""
         i_id, i_url, _, _, extras = layout
-        block, rest = context_block(rows, len(batch.header), i_id, i_url, extras, shifted)
+        width = len(batch.header)
+        whole = context_block if isinstance(rows, PlainRows) else parsed_block
+        block, rest = whole(rows, width, i_id, i_url, extras, shifted)  # type: ignore[arg-type]
         items: list[Item] = []
         rejects: list[tuple[int, Reject]] = []
         for k in rest:
-            line = rows.first + k
-            fields = rows.lines[k].split(",")
+            line, fields = rows[k]
             self._csv_row(batch, layout, line, fields, shifted | line, items, rejects, singles)
         if not items:
             return block, rejects

@@ -9,6 +9,7 @@ line's reject is written with its reason) or build otherwise.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -60,12 +61,14 @@ def test_each_bad_line_fails_its_context_block(header: str) -> None:
     for lines in blocks:
         plain = PlainRows(2, lines)
         listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
-        items, rejects = v.validate(listed)
-        # The validator's answer for the block is the general path's, row for row.
+        items, _, rejects = v.general(listed)
+        # The validator's answer for the block is the general path's, row for row, whether
+        # its rows come as plain lines or parsed (the csv module's, for a quoted manifest).
         assert v.validate(RowBatch(0, "m.csv", "csv", header.split(","), plain)) == (
             items,
             rejects,
         ), lines
+        assert v.validate(listed) == (items, rejects), lines
         built, rest = context_block(plain, width, i_id, i_url, extras, 0)
         left = {pos for pos, _ in rejects}
         assert {2 + k for k in rest} >= left, lines  # every refused line is left to it
@@ -102,17 +105,21 @@ def test_context_manifests_validate_like_row_by_row(
     reader.close()
     assert all(isinstance(b.rows, PlainRows) for b in batches)
     v = Validator(cwd=str(tmp_path))
-    fast: list[object] = []
-    slow: list[object] = []
+    fast: list[Any] = []
+    parsed: list[Any] = []
+    slow: list[Any] = []
     for b in batches:
         listed = RowBatch(b.source, b.name, b.kind, b.header, list(b.rows))
         if route:
             fast.append(v.route(b))
-            slow.append(v.route(listed))
+            parsed.append(v.route(listed))
+            slow.append(v.general(listed, route=True))
         else:
             fast.append(v.validate(b))
-            slow.append(v.validate(listed))
-    assert fast == slow
+            parsed.append(v.validate(listed))
+            items, _, rejects = v.general(listed)
+            slow.append((items, rejects))
+    assert fast == slow and parsed == slow
     assert sum(len(f[0]) for f in fast) == 300 + 50 + 40
     assert sum(len(f[-1]) for f in fast) == (3 if route else 4)  # (a local path: single mode)
     first = batches[0].rows
