@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
-import html
 import math
 import re
 import time
@@ -240,6 +239,8 @@ def _page_text(body: bytes) -> str:
     title = _TITLE.search(text)
     titled = title is not None and title.group(1).strip()
     text = title.group(1) if title is not None and titled else _TAG.sub(" ", text)
+    import html  # (its entity table only for an HTML error page: not at every start-up)
+
     return " ".join(html.unescape(text).split())[:200]
 
 

@@ -137,6 +137,35 @@ class _CommandParser(_Parser):
         )
 
 
+def _add_tasks_actions(tasks: argparse.ArgumentParser) -> None:
+    """``tasks``' actions (``list``, ``status``, ``results``) and their arguments."""
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
+    t_list = tasks_sub.add_parser(
+        "list", help="the bulk key's tasks, newest first (a table; --json for programs)"
+    )
+    t_list.add_argument("--json", action="store_true", help="JSON array of the tasks")
+    t_list.add_argument(
+        "--limit", type=_int_from(1), default=None, metavar="N", help="only the N newest tasks"
+    )
+    add_client_arguments(t_list)
+    add_give_up_argument(t_list)
+    t_status = tasks_sub.add_parser("status", help="one task's status")
+    t_status.add_argument("task_id", type=_task_id)
+    add_client_arguments(t_status)
+    add_give_up_argument(t_status)
+    t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
+    t_results.add_argument("task_id", type=_task_id)
+    t_results.add_argument(
+        "--offset", type=_int_from(0), default=0, help="first result (default 0)"
+    )
+    t_results.add_argument(
+        "--size", type=_int_from(1, MAX_PAGE_SIZE), default=100, help="results, 1-100 (default 100)"
+    )
+    add_client_arguments(t_results)
+    add_give_up_argument(t_results)
+    tasks.set_defaults(handler=tasks_command, is_async=True)
+
+
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
     """The parser. Each half's arguments (and so its imports: the whole service package, the
     engine with SQLite) are registered only when its subcommand is the one invoked, which keeps
@@ -189,11 +218,12 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
-    tag.add_argument("--detection", type=parse_detection, help="e.g. TOP,SHOES")
-    add_client_arguments(tag)
-    add_give_up_argument(tag)
-    tag.set_defaults(handler=tag_command, is_async=True)
+    if command == "tag":
+        tag.add_argument("image", metavar="IMAGE_PATH_OR_URL")
+        tag.add_argument("--detection", type=parse_detection, help="e.g. TOP,SHOES")
+        add_client_arguments(tag)
+        add_give_up_argument(tag)
+        tag.set_defaults(handler=tag_command, is_async=True)
 
     tasks = sub.add_parser(
         "tasks",
@@ -201,31 +231,8 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         epilog=KEYS_HELP + "\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True, metavar="ACTION")
-    t_list = tasks_sub.add_parser(
-        "list", help="the bulk key's tasks, newest first (a table; --json for programs)"
-    )
-    t_list.add_argument("--json", action="store_true", help="JSON array of the tasks")
-    t_list.add_argument(
-        "--limit", type=_int_from(1), default=None, metavar="N", help="only the N newest tasks"
-    )
-    add_client_arguments(t_list)
-    add_give_up_argument(t_list)
-    t_status = tasks_sub.add_parser("status", help="one task's status")
-    t_status.add_argument("task_id", type=_task_id)
-    add_client_arguments(t_status)
-    add_give_up_argument(t_status)
-    t_results = tasks_sub.add_parser("results", help="one page of a done task's results")
-    t_results.add_argument("task_id", type=_task_id)
-    t_results.add_argument(
-        "--offset", type=_int_from(0), default=0, help="first result (default 0)"
-    )
-    t_results.add_argument(
-        "--size", type=_int_from(1, MAX_PAGE_SIZE), default=100, help="results, 1-100 (default 100)"
-    )
-    add_client_arguments(t_results)
-    add_give_up_argument(t_results)
-    tasks.set_defaults(handler=tasks_command, is_async=True)
+    if command == "tasks":
+        _add_tasks_actions(tasks)
 
     reuse = sub.add_parser(
         "reuse",

@@ -33,7 +33,7 @@ from contextlib import AsyncExitStack, suppress
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -51,7 +51,6 @@ from .outcome import finalize_job, open_job
 from .pagers import ResultPagers
 from .policy import Chunk
 from .resume import reattach_unless_stopped
-from .reuse import ReuseHook
 from .rows import RowBatch
 from .scheduler import JobSource
 from .settle import TaskSettler
@@ -62,6 +61,9 @@ from .state.store import JobRow
 from .submits import NOT_STARTED, Submits
 from .tracker import TaskBook, Tracker
 from .validate import Item, SingleItem, Validator
+
+if TYPE_CHECKING:
+    from .reuse import ReuseHook  # (only a run with --reuse loads it)
 
 __all__ = ["Engine", "RunControl"]
 

@@ -19,19 +19,21 @@ transaction and hands back only the rows to send.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .jobs import Job, JobEnd, Jobs
 from .manifests import STDIN
 from .policy import Measured
-from .reuse import ReuseHook
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .stdin_replay import StdinDigest, check_replayed
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
+
+if TYPE_CHECKING:
+    from .reuse import ReuseHook  # (only a run with --reuse loads it)
 
 __all__ = ["IDLE", "Idle", "intake"]
 

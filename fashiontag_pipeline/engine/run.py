@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -35,7 +35,7 @@ from .jobs import Job, JobSpec
 from .manifest_bytes import ReadEnd
 from .manifests import STDIN, check_readable_twice, manifest_names
 from .outcome import already_complete
-from .reuse import ReuseHook, open_reuse
+from .reuse.setup import open_reuse
 from .run_checks import (
     ASKED,
     PATHS_BASE,
@@ -60,6 +60,9 @@ from .service_check import (
 )
 from .source import ManifestReader, open_manifests
 from .state import Reconciliation, StateStore, open_state
+
+if TYPE_CHECKING:
+    from .reuse import ReuseHook  # (only a run with --reuse loads it)
 
 __all__ = ["RunControl", "default_state_path", "run_pipeline"]
 

@@ -16,19 +16,53 @@ The state file's side (rows sent and their fingerprints, where reuse began) is i
 
 from __future__ import annotations
 
-from .durations import format_duration, parse_duration
-from .fingerprint import Fingerprinter
-from .hook import IntakePlan, ReuseHook
-from .setup import open_reuse
-from .store import (
-    DEFAULT_MAX_AGE,
-    LastRun,
-    ResultStore,
-    ResultStoreAPI,
-    StoredResult,
-    StoreStats,
-    open_store,
-)
+import importlib
+
+#: typing.TYPE_CHECKING: the names below load on first use (PEP 562), so that a run without
+#: ``--reuse`` (which imports :mod:`.durations` for its flags, and :mod:`.setup` to check the
+#: state) loads neither the store nor the hook.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .durations import format_duration, parse_duration
+    from .fingerprint import Fingerprinter
+    from .hook import IntakePlan, ReuseHook
+    from .setup import open_reuse
+    from .store import (
+        DEFAULT_MAX_AGE,
+        LastRun,
+        ResultStore,
+        ResultStoreAPI,
+        StoredResult,
+        StoreStats,
+        open_store,
+    )
+
+#: Each public name's module.
+_HOMES = {
+    "DEFAULT_MAX_AGE": "store",
+    "Fingerprinter": "fingerprint",
+    "IntakePlan": "hook",
+    "LastRun": "store",
+    "ResultStore": "store",
+    "ResultStoreAPI": "store",
+    "ReuseHook": "hook",
+    "StoreStats": "store",
+    "StoredResult": "store",
+    "format_duration": "durations",
+    "open_reuse": "setup",
+    "open_store": "store",
+    "parse_duration": "durations",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_MAX_AGE",

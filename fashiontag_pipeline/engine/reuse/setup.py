@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from ... import _exceptions as exc
 from ..state import reuse_rows
-from .fingerprint import Fingerprinter
-from .hook import ReuseHook
-from .store import ResultStoreAPI, open_store
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
+    from .hook import ReuseHook
+    from .store import ResultStoreAPI
 
 __all__ = ["open_reuse"]
 
@@ -44,6 +43,11 @@ def open_reuse(
                 "it with --reuse (the same store), or start over (run: --restart)"
             )
         return None
+    # Only a run with --reuse loads the store and the hook (a plain run's start-up spares them).
+    from .fingerprint import Fingerprinter
+    from .hook import ReuseHook
+    from .store import open_store
+
     store = open_store(engine.reuse)
     try:
         said_created(store, logger)
