@@ -63,21 +63,17 @@ _encoder = msgspec.json.Encoder()
 #: Tasks asked for per list page (the reference service's maximum).
 LIST_PAGE_SIZE = 1000
 
-
-@functools.cache
-def _tagging_decoder() -> msgspec.json.Decoder[TaggingResponse]:
-    """The single mode's answer (built on first use: a bulk run never reads one, and the
-    decoder of its nested types costs ~0.5 ms of every start-up)."""
-    return msgspec.json.Decoder(TaggingResponse)
-
-
 # The bulk answers' counts (``count``, ``validation``, ``taskInfo``) are read as integers
 # whether the service writes ``1000`` or ``"1000"`` (a JSON writer that quotes 64-bit integers)
 # or ``1000.0``: ``strict=False``. No text field takes a number for text that way.
 _bulk_response_decoder = msgspec.json.Decoder(BulkTaskResponse, strict=False)
 _list_decoder = msgspec.json.Decoder(TaskListResponse, strict=False)
 _status_decoder = msgspec.json.Decoder(TaskStatusResponse, strict=False)
-_results_decoder = msgspec.json.Decoder(TaskResultsResponse, strict=False)
+
+# Built on first use: a run reads no single answer, and its results pages raw (the decoders of
+# these answers' nested types cost ~1 ms of every start-up).
+_tagging_decoder = functools.cache(lambda: msgspec.json.Decoder(TaggingResponse))
+_results_decoder = functools.cache(lambda: msgspec.json.Decoder(TaskResultsResponse, strict=False))
 
 
 class TaggerClient:
@@ -365,7 +361,7 @@ class TaggerClient:
         body = await self.task_results_raw(task_id, offset=offset, size=size, language=language)
         path = self._task_path(task_id)
         try:
-            decoded = _results_decoder.decode(body)
+            decoded = _results_decoder().decode(body)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
             raise exc.DecodeError(
                 f"GET {path}: response is not a results page: {err}", method="GET", path=path

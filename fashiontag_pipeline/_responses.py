@@ -8,7 +8,6 @@ import email.utils
 import math
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -31,8 +30,10 @@ CODE_UNSUPPORTED_LANGUAGE = 826
 _error_body_decoder = msgspec.json.Decoder(dict[str, Any])
 
 
-@dataclass(slots=True, frozen=True)
-class Response:
+class Response(msgspec.Struct, frozen=True):
+    """An answer of the service: its status, body and headers (a Struct, not a dataclass:
+    created in C, where a dataclass exec()s its generated methods at every start-up)."""
+
     status: int
     body: bytes
     headers: Any

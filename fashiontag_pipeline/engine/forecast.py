@@ -5,7 +5,7 @@ Pure (times are passed in), so it is tested with a fake clock (``tests/engine/te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 __all__ = ["CompletionForecast"]
 
@@ -20,8 +20,7 @@ def smooth(old: float, sample: float) -> float:
     return RATE_ALPHA * sample + (1 - RATE_ALPHA) * old
 
 
-@dataclass
-class _Watch:
+class _Watch(msgspec.Struct):
     """What the forecast knows of one task."""
 
     processed: int

@@ -18,10 +18,10 @@ looks after every commit that touched it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from .._exceptions import StateError
 from .manifests import ManifestPrint, manifest_names
@@ -36,8 +36,7 @@ __all__ = ["IdSpace", "Job", "JobEnd", "JobSpec", "Jobs", "lost_outputs"]
 _LINE_MASK = (1 << POS_SHIFT) - 1
 
 
-@dataclass(frozen=True)
-class JobSpec:
+class JobSpec(msgspec.Struct, frozen=True):
     """What a caller hands the engine: ``key`` names the job in the state (the same key
     again resumes it, on the same manifest content), ``manifests`` are read in order, outcomes
     go to ``results`` and ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results). One path
@@ -57,34 +56,32 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         # One path is that one manifest (not one a character); each a str.
-        object.__setattr__(self, "manifests", manifest_names(self.manifests))
+        msgspec.structs.force_setattr(self, "manifests", manifest_names(self.manifests))
 
 
-@dataclass(frozen=True)
-class JobEnd:
+class JobEnd(msgspec.Struct, frozen=True):
     """The source read a job's manifests to the end (sent down the line after its last
     batch)."""
 
     job: int
 
 
-@dataclass(eq=False)
-class Job:
+class Job(msgspec.Struct, eq=False):
     """A job in flight: its state row, its outputs and its readers."""
 
     row: JobRow
     results: ResultSink
     rejects: RejectSink
-    readers: list[ManifestReader] = field(default_factory=list)
+    readers: list[ManifestReader] = msgspec.field(default_factory=list)
     #: Submitted in this engine's life (its manifests are being read): a job the state held
     #: open when the engine started is not, until its key is submitted again.
     submitted: bool = False
     #: Set once the source read every manifest of the job and intake committed the last row.
     read_all: bool = False
     #: Set when every row taken in has its outcome written (or the job failed).
-    settled: anyio.Event = field(default_factory=anyio.Event)
+    settled: anyio.Event = msgspec.field(default_factory=anyio.Event)
     #: Set once the engine recorded it complete and closed its outputs.
-    finalized: anyio.Event = field(default_factory=anyio.Event)
+    finalized: anyio.Event = msgspec.field(default_factory=anyio.Event)
     #: Why the job's manifests could not be read to the end (None: they could).
     failure: str | None = None
     rows_read: int = 0

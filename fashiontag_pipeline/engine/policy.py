@@ -15,7 +15,6 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -142,8 +141,7 @@ def halves(chunk: Chunk) -> list[tuple[Chunk, bytes]]:
     return out
 
 
-@dataclass(eq=False)
-class OpenTask:
+class OpenTask(msgspec.Struct, eq=False):
     """A task the writer may still write to (or is sealing)."""
 
     seq: int
@@ -158,11 +156,10 @@ class OpenTask:
     failed: bool = False
     #: Images after which the task is full (None: ``rotate_images``).
     limit: int | None = None
-    created: anyio.Event = field(default_factory=anyio.Event)
+    created: anyio.Event = msgspec.field(default_factory=anyio.Event)
 
 
-@dataclass(eq=False)
-class Chunk:
+class Chunk(msgspec.Struct, eq=False):
     """Up to ``chunk_size`` requests, written ahead under ``chunk_id``."""
 
     chunk_id: int

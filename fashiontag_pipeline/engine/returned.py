@@ -17,7 +17,8 @@ than look at :attr:`~.tracker.TaskEntry.orphans`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 from .answers import count_by_job
 from .jobs import Jobs
@@ -29,12 +30,11 @@ from .tracker import TaskEntry
 __all__ = ["ReturnedRows"]
 
 
-@dataclass
-class _Orphan:
+class _Orphan(msgspec.Struct):
     ids: list[str]
     positions: list[int]
     #: Indexes of its rows counted as submitted.
-    counted: set[int] = field(default_factory=set)
+    counted: set[int] = msgspec.field(default_factory=set)
 
 
 class ReturnedRows:
