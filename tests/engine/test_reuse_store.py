@@ -151,6 +151,16 @@ def test_durations() -> None:
         EngineConfig(reuse_max_age="soon")
 
 
+def test_duration_unit_lookalike_is_refused_not_a_traceback(tmp_path: Path) -> None:
+    # "s" matched the long s (U+017F) case-insensitively, whose lower() is no unit: KeyError.
+    assert parse_duration("2D") == 2 * DAY and parse_duration("45S") == 45
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration("5\u017f")
+    done = _cli("prune", str(tmp_path / "store.db"), "--older-than", "5\u017f")
+    assert done.returncode == 2, done.stderr
+    assert "invalid duration" in done.stderr and "Traceback" not in done.stderr
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fashiontag_pipeline", "reuse", *args],

@@ -11,7 +11,8 @@ __all__ = ["DAY", "format_duration", "parse_duration"]
 
 DAY = 86_400.0
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3_600.0, "d": DAY, "w": 7 * DAY}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*", re.IGNORECASE)
+# The units spelt out in both cases: IGNORECASE matched the long s (U+017F) as "s" too.
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdwSMHDW]?)\s*")
 
 
 def parse_duration(value: str | float) -> float:
