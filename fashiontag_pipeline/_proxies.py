@@ -19,7 +19,8 @@ import base64
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+
+import msgspec
 
 from ._config import shown_url
 from ._exceptions import ConfigError
@@ -27,16 +28,19 @@ from ._exceptions import ConfigError
 __all__ = ["ProxyRoute", "proxy_for"]
 
 
-@dataclass(frozen=True, slots=True)
-class ProxyRoute:
-    """A proxy to send the service's requests through."""
+class ProxyRoute(msgspec.Struct, frozen=True):
+    """A proxy to send the service's requests through (a Struct: created in C, where a
+    dataclass exec()s its generated methods at every start-up)."""
 
     #: ``http://host:port`` (its credentials are in ``headers``, never in the URL).
     url: str
     #: The variable it came from (``HTTPS_PROXY``, ``https_proxy``, ...).
     source: str
-    #: ``Proxy-Authorization`` when the variable held ``user:password@``.
-    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    #: ``Proxy-Authorization`` when the variable held ``user:password@`` (not in the repr).
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"ProxyRoute(url={self.url!r}, source={self.source!r})"
 
     @property
     def shown(self) -> str:
