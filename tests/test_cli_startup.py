@@ -266,3 +266,26 @@ async def test_tag_and_tasks_stopped_at_work_exit_130_with_one_line(
         tg.cancel_scope.cancel()
     assert code == 130, f"exit {code}\n{err}"
     assert "interrupted" in err and "Traceback" not in err, err
+
+
+def test_the_collector_waits_while_the_command_starts_and_is_back_for_the_command() -> None:
+    import gc
+
+    from fashiontag_pipeline.cli import startup
+
+    frozen = gc.get_freeze_count()
+    try:
+        startup.defer_collections()
+        assert not gc.isenabled()
+        startup.resume_collections()  # what the start made is frozen, the collector back on
+        assert gc.isenabled() and gc.get_freeze_count() > frozen
+        startup.resume_collections()  # (once only)
+        assert gc.isenabled()
+        # A collector its host turned off stays off.
+        gc.disable()
+        startup.defer_collections()
+        startup.resume_collections()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()

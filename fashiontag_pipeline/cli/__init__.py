@@ -18,6 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fashiontag`` console script (``argv`` None: ``sys.argv``)."""
     if argv is None:
         startup.hold_signals()
+        startup.defer_collections()  # (until the command runs)
     from .commands import main as command_line
 
     return command_line(argv)

@@ -36,7 +36,7 @@ from .common import (
     add_client_arguments,
     parse_detection,
 )
-from .startup import HELD, interrupt_on_term, release, take
+from .startup import HELD, interrupt_on_term, release, resume_collections, take
 from .streams import guard_standard_streams
 
 __all__ = ["configure_logging", "main"]
@@ -316,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary_of_refused_flags(arguments, _Parser.refusal)
         raise
     configure_logging(args.verbose)
+    resume_collections()  # the command's imports are done: its work has the usual collector
     handler: Callable[[argparse.Namespace], Any] = args.handler
     restore_term: Callable[[], None] = _nothing
     try:

@@ -29,7 +29,9 @@ def tune_gc() -> Callable[[], None]:
     A host that froze objects itself (a pre-fork server, before it forks its workers) is left
     its freeze: ``gc.unfreeze()`` cannot tell its objects from the run's, and unfreezing them
     at the run's end had the next full collection write to each, copying every page the
-    workers shared. Only the threshold is raised then."""
+    workers shared. Only the threshold is raised then; so too under the ``fashiontag``
+    command, which froze what its start made before the command ran
+    (:func:`fashiontag_pipeline.cli.startup.resume_collections`)."""
     global _gc_users, _gc_saved, _gc_froze
     if _gc_users == 0:
         _gc_saved = gc.get_threshold()
