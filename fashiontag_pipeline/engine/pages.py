@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import operator
 import re
+import struct
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -104,13 +106,14 @@ _STATUS_LAST = re.compile(rb'"status"\s*:\s*"([^"\\]*)"\s*\}\s*\Z')
 #: of one of these over its rows (``map``), no Python code per row, whichever the key order.
 _SUCCESS_FIRST = re.compile(rb'\{\s*"status"\s*:\s*"success"')
 #: The first of them without whitespace (how the reference service and most servers write it):
-#: a literal, which sre matches ~25% faster than the same with ``\s*`` between the tokens.
-_SUCCESS_EXACT = re.compile(rb'\{"status":"success"')
+#: the result's first bytes, read with a C-level struct unpack (:func:`_all_exact`).
+_EXACT_PREFIX = b'{"status":"success"'
+_EXACT_HEAD = (_EXACT_PREFIX,)
+_exact_head = struct.Struct(f"{len(_EXACT_PREFIX)}s").unpack_from
 _SUCCESS_LAST = re.compile(rb'"status"\s*:\s*"success"\s*\}\s*\Z')
 _TAIL = 64
 _SUCCESS = STATUS_SUCCESS.encode()
 _FAILURE = b"failure"
-_tagging_result = operator.attrgetter("tagging_result")
 
 
 def decode_page(body: bytes) -> list[PageRow]:
@@ -187,17 +190,36 @@ def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:
     the spacing; any other shape is decoded, which is correct but costs a parse of the row.
     A page whose every row says ``success`` in its first key, or every row in its last key,
     costs one C-level regex pass (see :func:`success_flags`)."""
-    ok = _all_success(list(map(_tagging_result, rows)))
+    ok = _all_success(_raws(rows))
     if ok is not None:
         return ok, 0
     ok = sum(success_flags(rows))
     return ok, len(rows) - ok
 
 
+def _all_exact(raws: list[msgspec.Raw]) -> bool:
+    """Whether every result starts with :data:`_EXACT_PREFIX` (no whitespace): each one's first
+    bytes, unpacked in C and compared, up to the first that differs. The same test as a match
+    of the literal's regex, at ~55% of its instructions per row (sre sets a match state up for
+    every call and allocates its match); a result shorter than the prefix (``null``, none)
+    raises, and is not one."""
+    try:
+        return all(map(operator.eq, map(_exact_head, raws), repeat(_EXACT_HEAD)))
+    except struct.error:
+        return False
+
+
+def _raws(rows: list[PageRow]) -> list[msgspec.Raw]:
+    """The rows' tagging results. (A comprehension: its attribute loads are specialized for the
+    struct's slots, ~half the instructions of ``map(operator.attrgetter(...))``, whose every
+    call looks the name up.)"""
+    return [row.tagging_result for row in rows]
+
+
 def _all_success(raws: list[msgspec.Raw]) -> int | None:
     """``len(raws)`` when every result's status is ``success`` (the usual page), found with
     one pass of a regex over the rows; None when some row needs a closer look."""
-    if None not in map(_SUCCESS_EXACT.match, raws) or None not in map(_SUCCESS_FIRST.match, raws):
+    if _all_exact(raws) or None not in map(_SUCCESS_FIRST.match, raws):
         return len(raws)
     # Keys in another order (status last): the same, from each row's last bytes. A row whose
     # first key is a status takes that status (as in success_flags), so none may have one.
@@ -217,7 +239,7 @@ def screen(rows: list[PageRow]) -> tuple[list[PageRow], bool]:
     page each row is classified as :func:`success_flags` does, and a row whose result is not an
     object (``null``, a string, none at all, or a ``status`` that is not a string) is left
     out."""
-    raws = list(map(_tagging_result, rows))
+    raws = _raws(rows)
     if _all_success(raws) is not None:
         return rows, True
     statuses = list(map(_status_of, raws))
@@ -246,7 +268,7 @@ def _status_of(raw: msgspec.Raw) -> bytes | None:
 def success_flags(rows: list[PageRow]) -> list[bool]:
     """Per row of a page: is its tagging result a success (see :func:`count_outcomes`; a row
     :func:`screen` would leave out is no success)."""
-    raws = list(map(_tagging_result, rows))
+    raws = _raws(rows)
     if _all_success(raws) is not None:
         return [True] * len(raws)
     success, failure = _SUCCESS, _FAILURE

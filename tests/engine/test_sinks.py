@@ -137,6 +137,33 @@ def test_rows_without_a_tagging_result_object_are_screened_out() -> None:
     assert screen([]) == ([], True)
 
 
+def test_the_unpacked_prefix_finds_a_page_all_successes_as_the_rows_say() -> None:
+    """The usual page is found all successes from each result's first bytes (unpacked, not
+    matched): a result shorter than them (``{}``, ``null``, none), one that differs in a byte
+    or with spacing, and one whose ``success`` sits in a nested key are each classified by
+    the rows' other readings, wherever on the page they are."""
+    exact = _row(b'{"status":"success","data":{}}')
+    others = [
+        (_row(b"{}"), 0),
+        (_row(b"null"), 0),
+        (_row(b""), 0),
+        (_row(b'{"status":"success"}'), 1),
+        (_row(b'{"status":"successful"}'), 0),
+        (_row(b'{"status":"failure","data":{"status":"success"}}'), 0),
+        (_row(b'{"data":{"status":"success"},"status":"failure"}'), 0),
+        (_row(b'{ "status" : "success", "data":{}}'), 1),
+        (_row(b'{"data":{},"status":"success"}'), 1),
+    ]
+    assert count_outcomes([exact] * 3) == (3, 0)
+    assert screen([exact] * 3)[1]
+    for row, ok in others:
+        for at in (0, 1, 2):
+            rows = [exact, exact]
+            rows.insert(at, row)
+            assert count_outcomes(rows) == (2 + ok, 1 - ok), (row, at)
+            assert success_flags(rows)[at] is bool(ok), (row, at)
+
+
 def _sqlite_rows(path: Path) -> list[str]:
     with sqlite3.connect(path) as db:
         return [r[0] for r in db.execute("SELECT id FROM results ORDER BY rowid")]
