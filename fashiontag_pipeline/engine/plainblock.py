@@ -1,10 +1,10 @@
-"""Whole blocks of plain CSV lines validated at once: the validator's fast paths.
+"""Whole batches of CSV rows validated at once: the validator's fast paths.
 
 A :class:`~.rows.PlainRows` block holds lines with no quote, CR or NUL, so each row is its
-line split at commas. When every row of a block passes every rule, the block's requests can be
-built column by column in C-level passes instead of row by row in Python; the rows that break
-a rule go through the validator's general path (which writes each bad row's reject). Both
-give the same items: the tests compare them on every kind of bad line.
+line split at commas; other CSV rows come parsed by the csv module. The requests of the rows
+that pass every rule are built column by column in C-level passes instead of row by row in
+Python; the rows that break a rule go through the validator's general path (which writes each
+bad row's reject). Both give the same items: the tests compare them on every kind of bad line.
 
 * :func:`plain_block`: the ``id,url`` (or ``url,id``) manifest, checked with one regex over
   the whole block.
