@@ -586,6 +586,17 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def _relative(o: Outcome, medians: dict[str, dict[str, Any]], n: int, key: str, what: str) -> None:
+    """The budget "engine CPU <= async script CPU" of the clients ``engine{key}`` and
+    ``async{key}`` (one manifest) at ``n`` rows."""
+    e, a = medians[f"engine{key}"], medians[f"async{key}"]
+    o.budget(
+        f"engine CPU <= async script CPU{what} ({n:,} rows)",
+        f"engine {e['cpu_us_per_image']:.1f}, async script {a['cpu_us_per_image']:.1f} us/image",
+        e["complete"] and e["cpu_us_per_image"] <= a["cpu_us_per_image"],
+    )
+
+
 def scenario_compare(b: Bench) -> Outcome:
     """0. Side by side: engine, competent async script, naive script (CPU, wall, peak RSS).
 
@@ -647,12 +658,7 @@ def scenario_compare(b: Bench) -> Outcome:
             table.append(row)
             medians[key] = row
         eng, asy = medians["engine"], medians["async"]
-        o.budget(
-            f"engine CPU <= async script CPU ({n:,} rows)",
-            f"engine {eng['cpu_us_per_image']:.1f}, async script "
-            f"{asy['cpu_us_per_image']:.1f} us/image",
-            eng["complete"] and eng["cpu_us_per_image"] <= asy["cpu_us_per_image"],
-        )
+        _relative(o, medians, n, "", "")
         o.budget(
             f"CPU <= {BUDGET_CPU_US:g} us/image ({n:,} rows)",
             f"{eng['cpu_us_per_image']:.1f} us/image",
@@ -665,20 +671,9 @@ def scenario_compare(b: Bench) -> Outcome:
             f"tagged {fe['tagged']} / failed {fe['failed']} vs {eng['tagged']} / {eng['failed']}",
             same,
         )
-        er, ar = medians["engine_random"], medians["async_random"]
-        o.budget(
-            f"engine CPU <= async script CPU, random ids ({n:,} rows)",
-            f"engine {er['cpu_us_per_image']:.1f}, async script "
-            f"{ar['cpu_us_per_image']:.1f} us/image",
-            er["complete"] and er["cpu_us_per_image"] <= ar["cpu_us_per_image"],
-        )
-        ec, ac = medians["engine_context"], medians["async_context"]
-        o.budget(
-            f"engine CPU <= async script CPU, context columns ({n:,} rows)",
-            f"engine {ec['cpu_us_per_image']:.1f}, async script "
-            f"{ac['cpu_us_per_image']:.1f} us/image",
-            ec["complete"] and ec["cpu_us_per_image"] <= ac["cpu_us_per_image"],
-        )
+        _relative(o, medians, n, "_random", ", random ids")
+        _relative(o, medians, n, "_context", ", context columns")
+        er = medians["engine_random"]
         o.figures[f"random_over_sequential_ids_cpu_{n}"] = _r(
             _ratio(er["cpu_us_per_image"], eng["cpu_us_per_image"])
         )

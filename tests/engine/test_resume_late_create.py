@@ -244,7 +244,12 @@ async def test_a_create_sent_again_before_the_kill_is_looked_for_from_its_last_s
     its last send, not its write-ahead: counted from the write-ahead, the look (a deadline of
     4 s, list_lag 0.5 s) ended before the create was applied, and the rows were created again
     (each billed twice)."""
-    proxy = RefusedThenSlow("", 3.0, 2.5)
+    await _killed_and_resumed_once(tmp_path, RefusedThenSlow("", 3.0, 2.5))
+
+
+async def _killed_and_resumed_once(tmp_path: Path, proxy: SlowCreate) -> None:
+    """A run killed after its first create went to ``proxy`` (which applies it late), resumed
+    at once with a request deadline of 4 s: every row tagged once, in one task."""
     out = tmp_path / "out.jsonl"
     async with running_service(ServiceConfig()) as svc:
         proxy.upstream = svc.url
@@ -282,17 +287,7 @@ async def test_a_create_the_client_sent_again_after_a_429_is_looked_for_from_tha
     later, the run killed meanwhile. The resume counted from the first send (the chunk's
     write-ahead): its look (a deadline of 4 s, list_lag 0.5 s) was over at once, and the rows
     were created again before the late create was applied (each billed twice)."""
-    proxy = RateLimitedThenSlow("", 3.0, 5)
-    out = tmp_path / "out.jsonl"
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            args = await killed_after_a_create(tmp_path, proxy, 4.0)
-            with anyio.fail_after(30):
-                resumed = await anyio.run_process(args, check=False, env=ENV)
-                await proxy.applied.wait()
-        tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert_rows_once(resumed, out, tasks)
+    await _killed_and_resumed_once(tmp_path, RateLimitedThenSlow("", 3.0, 5))
 
 
 def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent() -> None:
