@@ -35,6 +35,8 @@ __all__ = ["context_block", "parsed_block", "plain_block"]
 
 _URL = ImageType.URL
 _FIELDS = itemgetter(1)
+#: :data:`~.rules.PLAIN_URL` but for the whitespace its ``\S*`` refuses after the head.
+_URL_HEAD = re.compile(r"https?://[^/?\s]")
 
 #: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
 #: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
@@ -146,7 +148,14 @@ def _built(
     """The items of the rows whose id and URL pass (``at``: the positions of all the block's
     rows; ``kept``: the indexes of those the columns hold, None for all; ``rest``: those the
     caller checks, to which the rows that fail here are added)."""
-    passed = list(map(PLAIN_URL.fullmatch, urls))
+    # PLAIN_URL is a head (the scheme, a first host character) and no whitespace after it:
+    # with no whitespace in any URL (one C-level split over them all) the head alone is
+    # matched, not every character of every URL.
+    joined = "".join(urls)
+    if joined.split(None, 1) == [joined]:
+        passed = list(map(_URL_HEAD.match, urls))
+    else:
+        passed = list(map(PLAIN_URL.fullmatch, urls))
     if None in passed or "" in ids or "\x00" in "".join(ids):
         good = [
             match is not None and ident != "" and "\x00" not in ident
