@@ -25,7 +25,7 @@ import csv
 import io
 import itertools
 
-__all__ = ["MAX_RECORD_LINES", "CsvChunk"]
+__all__ = ["MAX_RECORD_LINES", "CsvChunk", "csv_lines"]
 
 #: The most lines one CSV record may span. A quote that opens a field and is never closed (one
 #: stray ``"`` at the start of a field) makes the rest of the input one record to the csv
@@ -41,11 +41,18 @@ MAX_RECORD_LINES = 1000
 _MARK = "\uffff\ufffe"
 
 
+def csv_lines(text: str) -> list[str]:
+    """The lines of ``text`` as the csv module ends them: at ``\\r``, ``\\n`` and ``\\r\\n``
+    only, not at the other characters ``str.splitlines`` ends a line at (NEL, U+2028, a
+    vertical tab, a form feed, ``\\x1c``), which are text in a field."""
+    return io.StringIO(text, newline="").readlines()
+
+
 class CsvChunk:
     """The rows of one chunk of CSV text (complete lines), parsed lazily, a batch at a time."""
 
     def __init__(self, text: str, *, last: bool) -> None:
-        self._lines = io.StringIO(text, newline="").readlines()
+        self._lines = csv_lines(text)
         self._count = len(self._lines)
         self._last = last
         #: The line the reader started at (0, or the line after a refused record).

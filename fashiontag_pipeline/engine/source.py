@@ -39,7 +39,7 @@ except ImportError:  # (not on Windows)
 
 from .._exceptions import ManifestError
 from . import strays
-from .csvchunk import CsvChunk
+from .csvchunk import CsvChunk, csv_lines
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
@@ -121,7 +121,7 @@ class ManifestReader(ManifestBytes):
                 self._head = text
                 return
             self.kind = "csv"
-            lines = text.splitlines(keepends=True)
+            lines = csv_lines(text)  # (where the csv module ends them)
             # The header is the first non-empty line.
             skip = 0
             while not lines[skip].strip():
