@@ -167,15 +167,16 @@ class Validator:
                 if pos > skip_upto:
                     row(batch, layout, line, fields, pos, items, rejects, singles)
             return items, rejects
-        if width == 2 and whole_past:
-            if isinstance(rows, PlainRows):
+        if whole_past:  # (id and url, and maybe columns no rule reads)
+            if width == 2 and isinstance(rows, PlainRows):
                 whole = self._plain_block(rows, i_id, shifted)
                 if whole is not None:
                     return whole, rejects
             return self._mixed_block(batch, layout, rows, shifted, singles)
-        # id and url only (the common manifest): a row whose id is set and whose url is an
-        # http(s) URL with a host and no whitespace (one C-level regex match, the same rule as
-        # rules.http_url) becomes its request right here; any other row takes the general path.
+        # Rows past a resume's mark (id and url only): a row whose id is set and whose url is
+        # an http(s) URL with a host and no whitespace (one C-level regex match, the same rule
+        # as rules.http_url) becomes its request right here; any other row takes the general
+        # path.
         plain_url = PLAIN_URL.fullmatch
         append = items.append
         for line, fields in rows:

@@ -21,7 +21,13 @@ from fashiontag_pipeline.engine.validate import Validator
 
 from .test_fast_paths import TRICKY_URLS
 
-HEADERS = ["id,url,brand", "brand,url,id,gender", "url,season,id,notes,price", "url,id,price"]
+HEADERS = [
+    "id,url,brand",
+    "brand,url,id,gender",
+    "url,season,id,notes,price",
+    "url,id,price",
+    "id,notes,url",
+]
 
 
 def _line(header: str, ident: str, url: str, value: str) -> str:
