@@ -12,6 +12,7 @@ import os
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -110,6 +111,13 @@ async def _any_summary(daemon: DaemonProcess, timeout: float = 60.0) -> Path:
     return found[0]
 
 
+def _done_once(tmp_path: Path, summary: dict[str, Any], ids: list[str]) -> None:
+    """Manifest ``m`` done, each of ``ids`` once in its results."""
+    assert summary["status"] == "done"
+    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
+    assert sorted(got) == sorted(ids)
+
+
 async def test_a_kill_while_the_outbox_marks_a_folder_keeps_the_outputs_in_stem(
     tmp_path: Path,
 ) -> None:
@@ -169,9 +177,7 @@ async def test_sigterm_while_the_pager_asks_the_state_drains_and_exits_0(tmp_pat
             a.ensure_dead()
             if b is not None:
                 b.ensure_dead()
-    assert summary["status"] == "done"
-    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
-    assert sorted(got) == sorted(ids)
+    _done_once(tmp_path, summary, ids)
 
 
 async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_completes(
@@ -206,9 +212,7 @@ async def test_a_chunk_written_ahead_then_a_restart_over_the_pending_bound_compl
             a.ensure_dead()
             if b is not None:
                 b.ensure_dead()
-    assert summary["status"] == "done"
-    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
-    assert sorted(got) == sorted(ids)
+    _done_once(tmp_path, summary, ids)
 
 
 @pytest.mark.parametrize("duplicate", [False, True], ids=["done", "duplicate"])
@@ -324,6 +328,4 @@ async def test_a_restart_over_a_create_written_ahead_starts_within_systemds_time
             a.ensure_dead()
             if b is not None:
                 b.ensure_dead()
-    assert summary["status"] == "done"
-    got = [r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")]
-    assert sorted(got) == sorted(ids)
+    _done_once(tmp_path, summary, ids)

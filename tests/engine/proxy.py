@@ -20,6 +20,7 @@ Tasks are named by their creation order (1 = the first task created through the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -576,6 +577,22 @@ class MisbehavingProxy:
         return web.Response(
             status=status, body=out, headers={"Content-Type": ctype, **self._headers()}
         )
+
+    def create_later(
+        self, request: web.Request, body: bytes, delay: float, applied: anyio.Event
+    ) -> asyncio.Task[None]:
+        """The create ``body`` (read from ``request``) sent upstream ``delay`` seconds from
+        now, as a service that applies a create late would; ``applied`` is set once it was."""
+        headers = {"x-api-key": request.headers["x-api-key"], "Content-Type": "application/json"}
+
+        async def late() -> None:
+            await anyio.sleep(delay)
+            assert self._session is not None
+            async with self._session.post(self.upstream + BULK, data=body, headers=headers) as up:
+                await up.read()
+            applied.set()
+
+        return asyncio.get_running_loop().create_task(late())
 
     async def _merged_create(self, request: web.Request, target: str) -> web.Response:
         """A create applied to ``target`` (as a PUT) and answered with its id."""

@@ -16,10 +16,9 @@ import pytest
 
 from fashiontag_pipeline.engine.plainblock import context_block
 from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
-from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 
-from .test_fast_paths import TRICKY_URLS
+from .test_fast_paths import TRICKY_URLS, _batches
 
 HEADERS = [
     "id,url,brand",
@@ -104,11 +103,7 @@ def test_context_manifests_validate_like_row_by_row(
     bad += [_line(header, "s", "relative/path.jpg", "v"), _line(header, "t", "https://h/a b", "")]
     p = tmp_path / "m.csv"
     p.write_text(header + "\n" + "\n".join(good + empty + bad + good[:40]) + "\n")
-    reader = open_manifest(str(p), 0, 100)
-    batches = []
-    while (batch := reader.read_batch()) is not None:
-        batches.append(batch)
-    reader.close()
+    batches = _batches(p, max_rows=100)
     assert all(isinstance(b.rows, PlainRows) for b in batches)
     v = Validator(cwd=str(tmp_path))
     fast: list[Any] = []

@@ -165,8 +165,9 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
     }
 
 
-def _batches(path: Path, max_rows: int = 2000) -> list[RowBatch]:
-    reader = open_manifest(str(path), 0, max_rows)
+def _batches(path: Path | str, max_rows: int = 2000, source: int = 0) -> list[RowBatch]:
+    """The batches of the manifest ``path`` (its manifest number ``source``)."""
+    reader = open_manifest(str(path), source, max_rows)
     try:
         out = []
         while (batch := reader.read_batch()) is not None:

@@ -30,11 +30,10 @@ from hypothesis import strategies as st
 from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.policy import text_size
 from fashiontag_pipeline.engine.rows import RowBatch
-from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.state import position
 from fashiontag_pipeline.engine.validate import Validator
 
-from .test_fast_paths import TRICKY_URLS, _csv_module_rows
+from .test_fast_paths import TRICKY_URLS, _batches, _csv_module_rows
 
 SOURCE = 3  # (positions carry the source's bits)
 CONTEXT = ["gender", "brand", "currency", "price", "keywords", "productContentName", "season"]
@@ -162,17 +161,6 @@ def manifests(draw: st.DrawFn) -> str:
     return text
 
 
-def _read(path: str, max_rows: int) -> list[RowBatch]:
-    reader = open_manifest(path, SOURCE, max_rows)
-    try:
-        out = []
-        while (batch := reader.read_batch()) is not None:
-            out.append(batch)
-        return out
-    finally:
-        reader.close()
-
-
 def _listed(batch: RowBatch, skip_upto: int = -1) -> RowBatch:
     shifted = position(batch.source, 0)
     rows = [(line, f) for line, f in batch.rows if shifted | line > skip_upto]
@@ -225,7 +213,7 @@ def test_fast_paths_are_the_csv_module_and_the_general_rules(
         mp.setattr(manifest_bytes, "READ_SIZE", read_size)
         path = Path(tmp) / "m.csv"
         path.write_text(text, encoding="utf-8", newline="")
-        batches = _read(str(path), max_rows)
+        batches = _batches(path, max_rows, SOURCE)
         assert [row for b in batches for row in b.rows] == _csv_module_rows(text)
         for batch in batches:
             if not batch.rows:
@@ -247,7 +235,7 @@ def test_a_header_holding_a_unicode_line_separator_is_one_line(tmp_path: Path, s
         text = header + "\na,https://x/a.jpg,b\n"
         p = tmp_path / "m.csv"
         p.write_text(text, encoding="utf-8", newline="")
-        batches = _read(str(p), 100)
+        batches = _batches(p, 100, SOURCE)
         assert [row for b in batches for row in b.rows] == _csv_module_rows(text), header
         v = Validator()
         (batch,) = batches

@@ -42,22 +42,11 @@ class SlowCreate(MisbehavingProxy):
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "POST" and request.path == BULK and not self.received.is_set():
             body = await request.read()
-            headers = {
-                "x-api-key": request.headers["x-api-key"],
-                "Content-Type": "application/json",
-            }
-            self.late = asyncio.get_running_loop().create_task(self._late(body, headers))
+            self.late = self.create_later(request, body, self.delay, self.applied)
             self.received.set()
             await self.applied.wait()  # (no answer: the client is killed meanwhile)
             return web.Response(status=504)
         return await super().handle(request)
-
-    async def _late(self, body: bytes, headers: dict[str, str]) -> None:
-        await anyio.sleep(self.delay)
-        assert self._session is not None
-        async with self._session.post(self.upstream + BULK, data=body, headers=headers) as up:
-            await up.read()
-        self.applied.set()
 
 
 async def killed_after_a_create(
@@ -111,6 +100,32 @@ def assert_rows_once(
     assert len(held) == len(set(held)) == 50, f"{len(tasks)} tasks hold {len(held)} rows"
 
 
+async def killed_and_resumed_once(
+    tmp_path: Path,
+    proxy: SlowCreate,
+    state: Path | str | None = None,
+    before_resume: Callable[[], None] | None = None,
+) -> float:
+    """A run killed after its first create went to ``proxy`` (which applies it late), resumed
+    at once with a request deadline of 4 s (``before_resume`` run between): every row tagged
+    once, in one task. The seconds the resume took."""
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 4.0, state)
+            if before_resume is not None:
+                before_resume()
+            started = time.monotonic()
+            with anyio.fail_after(30):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+                await proxy.applied.wait()
+            took = time.monotonic() - started
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert_rows_once(resumed, out, tasks)
+    return took
+
+
 async def test_a_create_on_its_way_at_a_kill_and_applied_late_is_not_created_again(
     tmp_path: Path,
 ) -> None:
@@ -119,20 +134,7 @@ async def test_a_create_on_its_way_at_a_kill_and_applied_late_is_not_created_aga
     ``list_lag`` (0.5 s) only, not found it, and created the rows again: two tasks of the same
     rows, each billed twice, one never read. A create still on its way when the run died is
     looked for as long as a request may go unanswered (the client's deadline, 4 s) besides."""
-    proxy = SlowCreate("", 3.0)
-    out = tmp_path / "out.jsonl"
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            args = await killed_after_a_create(tmp_path, proxy, 4.0)
-            started = time.monotonic()
-            with anyio.fail_after(30):
-                resumed = await anyio.run_process(args, check=False, env=ENV)
-                await proxy.applied.wait()
-            took = time.monotonic() - started
-        tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert_rows_once(resumed, out, tasks)
-    assert took < 15
+    assert await killed_and_resumed_once(tmp_path, SlowCreate("", 3.0)) < 15
 
 
 async def test_sigterm_while_a_resume_looks_for_a_create_stops_it(tmp_path: Path) -> None:
@@ -202,19 +204,13 @@ async def test_a_state_of_an_earlier_version_looks_for_a_create_the_whole_deadli
     """A state written before chunks kept their time (no ``written_at`` column; added at the
     open, NULL: unknown): the resume looks for the create for the whole deadline (4 s), and
     finds it applied 3 s after it came, not creating its rows again."""
-    proxy = SlowCreate("", 3.0)
-    out = tmp_path / "out.jsonl"
     state = state_location("old")
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            args = await killed_after_a_create(tmp_path, proxy, 4.0, state)
-            _in_state(state, "ALTER TABLE chunks DROP COLUMN written_at")
-            with anyio.fail_after(30):
-                resumed = await anyio.run_process(args, check=False, env=ENV)
-                await proxy.applied.wait()
-        tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert_rows_once(resumed, out, tasks)
+    await killed_and_resumed_once(
+        tmp_path,
+        SlowCreate("", 3.0),
+        state,
+        lambda: _in_state(state, "ALTER TABLE chunks DROP COLUMN written_at"),
+    )
 
 
 class RefusedThenSlow(SlowCreate):
@@ -244,22 +240,7 @@ async def test_a_create_sent_again_before_the_kill_is_looked_for_from_its_last_s
     its last send, not its write-ahead: counted from the write-ahead, the look (a deadline of
     4 s, list_lag 0.5 s) ended before the create was applied, and the rows were created again
     (each billed twice)."""
-    await _killed_and_resumed_once(tmp_path, RefusedThenSlow("", 3.0, 2.5))
-
-
-async def _killed_and_resumed_once(tmp_path: Path, proxy: SlowCreate) -> None:
-    """A run killed after its first create went to ``proxy`` (which applies it late), resumed
-    at once with a request deadline of 4 s: every row tagged once, in one task."""
-    out = tmp_path / "out.jsonl"
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            args = await killed_after_a_create(tmp_path, proxy, 4.0)
-            with anyio.fail_after(30):
-                resumed = await anyio.run_process(args, check=False, env=ENV)
-                await proxy.applied.wait()
-        tasks = [list(t.ids) for t in svc.store.tasks.values()]
-    assert_rows_once(resumed, out, tasks)
+    await killed_and_resumed_once(tmp_path, RefusedThenSlow("", 3.0, 2.5))
 
 
 class RateLimitedThenSlow(SlowCreate):
@@ -287,7 +268,7 @@ async def test_a_create_the_client_sent_again_after_a_429_is_looked_for_from_tha
     later, the run killed meanwhile. The resume counted from the first send (the chunk's
     write-ahead): its look (a deadline of 4 s, list_lag 0.5 s) was over at once, and the rows
     were created again before the late create was applied (each billed twice)."""
-    await _killed_and_resumed_once(tmp_path, RateLimitedThenSlow("", 3.0, 5))
+    await killed_and_resumed_once(tmp_path, RateLimitedThenSlow("", 3.0, 5))
 
 
 def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent() -> None:

@@ -14,7 +14,6 @@ id exactly once in the outputs, and that the run ends complete.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -447,11 +446,7 @@ class GatewayTimeout(MisbehavingProxy):
         if request.method == "POST" and request.path == BULK and not self.held:
             self.held += 1
             body = await request.read()
-            headers = {
-                "x-api-key": request.headers["x-api-key"],
-                "Content-Type": "application/json",
-            }
-            asyncio.get_running_loop().create_task(self._late(body, headers))
+            self.create_later(request, body, self.delay, self.applied)
             await anyio.sleep(self.gateway)
             if not self.status:  # (a gateway that drops the connection at its timeout)
                 assert request.transport is not None
@@ -459,13 +454,6 @@ class GatewayTimeout(MisbehavingProxy):
                 raise ConnectionResetError("dropped at the gateway's timeout")
             return web.Response(status=self.status, body=b"<html><title>Gateway</title>")
         return await super().handle(request)
-
-    async def _late(self, body: bytes, headers: dict[str, str]) -> None:
-        await anyio.sleep(self.delay)
-        assert self._session is not None
-        async with self._session.post(self.upstream + BULK, data=body, headers=headers) as up:
-            await up.read()
-        self.applied.set()
 
 
 @pytest.mark.parametrize("status", [504, 502, 0], ids=["504", "502", "dropped"])
