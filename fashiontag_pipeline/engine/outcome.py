@@ -14,7 +14,13 @@ import anyio
 from .. import _exceptions as exc
 from .config import RunSummary
 from .jobs import IdSpace, Job, lost_outputs
-from .sinks import RejectSink, ResultSink, committed_last_id, open_result_sink
+from .sinks import (
+    RejectSink,
+    ResultSink,
+    committed_last_id,
+    open_result_sink,
+    uncommitted_first_line,
+)
 from .state import JobRow, Journal, RunState, StateStore
 
 __all__ = ["already_complete", "completed_job", "finalize_job", "open_job", "open_sinks"]
@@ -26,16 +32,29 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     """The job's JSONL outputs whose committed part cannot be its own lines (in the state
     thread): no line ends at the checkpoint, or the line that does is of an id the run never
     took in. Another run given the same path with its own state rewrote the file since; cut
-    at the checkpoint, it would be split mid-line and appended to."""
+    at the checkpoint, it would be split mid-line and appended to.
+
+    At a checkpoint of 0 (killed before the state counted a byte of the file, rows taken in)
+    the first line decides, uncommitted: a results line is of an id the run took in
+    (committed before its task was made), a rejects line names one of the job's manifests
+    (its id is committed with the write it follows). Cut to nothing, another run's file was
+    lost. With no row taken in, the outputs are rewritten, as a new run's are."""
     foreign: list[Path] = []
     files = (
-        (row.results, row.results_ckpt, row.sink != "sqlite"),
-        (row.rejects, row.rejects_ckpt, True),
+        (row.results, row.results_ckpt, row.sink != "sqlite", False),
+        (row.rejects, row.rejects_ckpt, True, True),
     )
-    for path, checkpoint, jsonl in files:
-        if not jsonl or checkpoint <= 0:
-            continue
-        fits, ident = committed_last_id(Path(path), checkpoint)
+    manifests = {name for _, name in row.sources}
+    for path, checkpoint, jsonl, rejects in files:
+        if not jsonl or (checkpoint <= 0 and row.validated < 0):
+            continue  # (nothing committed, not a row: a new run, which rewrites the outputs)
+        if checkpoint > 0:
+            fits, ident = committed_last_id(Path(path), checkpoint)
+        else:
+            fits, first = uncommitted_first_line(Path(path))
+            ident = None if first is None or first.reused else first.id
+            if rejects and first is not None:
+                fits, ident = first.source in manifests, None
         if fits and ident is not None and "\x00" not in ident:
             # (An id holding a NUL is a client reject the dedupe never takes in: no store
             # holds one, so such a line is not looked up.)

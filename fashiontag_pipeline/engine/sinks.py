@@ -76,7 +76,16 @@ class _Id(msgspec.Struct, gc=False):
     id: str | None = None
 
 
+class FirstLine(msgspec.Struct, gc=False):
+    """What :func:`uncommitted_first_line` reads of a line."""
+
+    id: str | None = None
+    source: str | None = None
+    reused: bool = False
+
+
 _id_decoder = msgspec.json.Decoder(_Id)
+_first_line_decoder = msgspec.json.Decoder(FirstLine)
 _reject_decoder = msgspec.json.Decoder(Reject)
 _encoder = msgspec.json.Encoder()
 
@@ -301,6 +310,25 @@ def committed_last_id(path: Path, checkpoint: int) -> tuple[bool, str | None]:
         return True, None  # a line longer than the span: not checked
     try:
         return True, _id_decoder.decode(tail[cut + 1 :]).id
+    except msgspec.DecodeError:
+        return False, None
+
+
+def uncommitted_first_line(path: Path) -> tuple[bool, FirstLine | None]:
+    """(whether the JSONL file at ``path`` can begin with a line of a run that committed none
+    of its bytes, that line). Not when its first line is not JSON (another file at the
+    path). An empty file, one without a whole line (a run killed in its first write) or that
+    cannot be read is taken, with no line to look at: True, None. Blocking."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_TAIL_SPAN)
+    except OSError:
+        return True, None
+    end = head.find(b"\n")
+    if end < 0:
+        return True, None
+    try:
+        return True, _first_line_decoder.decode(head[: end + 1])
     except msgspec.DecodeError:
         return False, None
 

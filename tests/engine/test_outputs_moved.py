@@ -372,3 +372,54 @@ async def test_a_lost_state_beside_written_outputs_is_said_before_they_are_rewri
     assert f"no state at {state}" in head and str(out) in head and "rewritten" in head, err
     assert "no state" in json.loads(summary.read_text())["note"]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+
+
+def _validated(state: Path) -> int:
+    try:
+        with contextlib.closing(sqlite3.connect(state)) as db:
+            found = db.execute("SELECT validated FROM jobs").fetchone()
+    except sqlite3.Error:
+        return -1  # not made yet
+    return int(found[0]) if found else -1
+
+
+@pytest.mark.parametrize("file", ["results", "rejects"])
+async def test_a_resume_before_the_first_checkpoint_leaves_another_runs_file_alone(
+    tmp_path: Path, file: str
+) -> None:
+    """A run is killed before its state counted a byte of its outputs (checkpoint 0: no task
+    done yet); another run given the same path with its own state writes its outcomes there.
+    The resume cut the file back to 0 bytes, no check made: the other run's lines gone, exit 0
+    (a suite run's kill came before the first checkpoint once in a while). A first line that
+    is not a line of this run is another run's file: refused, the file left as it is."""
+    a = write_csv(tmp_path / "a.csv", 1000)
+    b_rows = [f"q{i},https://img.example/q/{i}.jpg" for i in range(300)]
+    b_rows[5] = "q5,ftp://img.example/q/5.jpg"  # one reject in the other run's rejects too
+    b = tmp_path / "b.csv"
+    b.write_text("id,url\n" + "\n".join(b_rows) + "\n")
+    out, state = tmp_path / "out.jsonl", tmp_path / "a.state"
+    async with running_service(ServiceConfig(rate=250.0)) as svc:
+        args = run_args(svc.url, out, str(a), "--state", str(state))
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):  # its rows taken in; its one task takes 4 s
+            while _validated(state) < 0 and proc.returncode is None:
+                await anyio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        with contextlib.closing(sqlite3.connect(state)) as db:
+            ckpts = db.execute("SELECT results_ckpt, rejects_ckpt FROM jobs").fetchone()
+        assert ckpts == (0, 0)
+        async with running_service(ServiceConfig()) as other:
+            args_b = run_args(other.url, out, str(b), "--state", str(tmp_path / "b.state"))
+            done_b = await anyio.run_process(args_b, check=False, env=ENV)
+        assert done_b.returncode == 0, done_b.stderr.decode()
+        if file == "rejects":
+            out.write_bytes(b"")  # only the rejects file is the other run's now
+        theirs = out.with_suffix(".rej").read_bytes(), out.read_bytes()
+        assert theirs[0] and (theirs[1] or file == "rejects")
+        again = await anyio.run_process(args, check=False, env=ENV)
+        message = again.stderr.decode()
+        assert again.returncode == 1, message
+        assert "another run" in message and "--restart" in message
+        assert (out.with_suffix(".rej").read_bytes(), out.read_bytes()) == theirs
