@@ -139,6 +139,9 @@ class ManifestBytes:
 
     def __init__(self, path: str) -> None:
         self.name = "-" if path == "-" else str(path)
+        #: The name its rows' rejects give (``source``): the one its job recorded when a
+        #: resume names the file otherwise (moved, relative from elsewhere).
+        self.label = self.name
         self._fh: BinaryIO
         if path == "-":
             stdin = sys.stdin  # None in a process started with its standard input closed

@@ -284,7 +284,7 @@ class ManifestReader(ManifestBytes):
                 text, dirty = strays.decode(data, "utf-8")
             self._dirty = dirty
             self._start(text)
-        return RowBatch(self.source, self.name, self.kind, self.header, self._take())
+        return RowBatch(self.source, self.label, self.kind, self.header, self._take())
 
 
 _SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"

@@ -150,8 +150,12 @@ class Submits:
             for reader in readers:
                 reader.close()
             raise
-        for reader, (src, _) in zip(readers, job.row.sources, strict=True):
+        for reader, (src, recorded) in zip(readers, job.row.sources, strict=True):
             reader.source = src
+            if STDIN not in (reader.name, recorded):
+                # Every reject of the job names its manifest alike (a resume's first reject,
+                # uncommitted, is then its own: see outcome.not_ours).
+                reader.label = recorded
         job.submitted = True
         self.source.add(job, readers)
         return job

@@ -1,0 +1,97 @@
+"""Runs killed early (rows taken in, nothing counted written: checkpoint 0), then resumed by a
+cron user who moved the manifest or ran from elsewhere in between: the resume takes its own
+lines as its own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
+
+
+def _job(state: Path) -> tuple[int, int, int]:
+    """(validated, results_ckpt, rejects_ckpt) of the state's job; validated -1 until made."""
+    try:
+        with contextlib.closing(sqlite3.connect(state)) as db:
+            found = db.execute("SELECT validated, results_ckpt, rejects_ckpt FROM jobs").fetchone()
+    except sqlite3.Error:
+        return -1, 0, 0
+    return (int(found[0]), int(found[1]), int(found[2])) if found else (-1, 0, 0)
+
+
+def _copy_state(src: Path, dst: Path) -> None:
+    """A consistent copy of a SQLite state (its WAL folded in)."""
+    for extra in ("", "-wal", "-shm"):
+        Path(f"{dst}{extra}").unlink(missing_ok=True)
+    with (
+        contextlib.closing(sqlite3.connect(src)) as a,
+        contextlib.closing(sqlite3.connect(dst)) as b,
+    ):
+        a.backup(b)
+
+
+async def _kill_when(proc: anyio.abc.Process, ready: Callable[[], bool]) -> None:
+    with anyio.fail_after(60):
+        while not ready() and proc.returncode is None:
+            await anyio.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    await proc.aclose()
+
+
+async def test_a_client_reject_written_by_a_resume_under_another_name_is_the_runs_own(
+    tmp_path: Path,
+) -> None:
+    """Begun as ``in/m.csv`` (relative), killed with its first 2,000 rows taken in and no
+    outcome counted written; the file moved to ``done/m.csv`` and the run resumed from there,
+    killed again as it wrote its first reject (before the commit that counts it: the state is
+    as it was). The reject line named the manifest as given to that resume, the check at
+    checkpoint 0 compared it with the name the run began with, and the third start was refused
+    as "another run's" file: only --restart, every row paid again. A job's rejects name its
+    manifests as the job recorded them, and the third start finishes the run."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "done").mkdir()
+    write_csv(tmp_path / "in" / "m.csv", 3999, extra=["bad,ftp://img.example/bad.jpg"])
+    out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
+    rej = out.with_suffix(".rej")
+    slow_intake = tmp_path / "slow-intake.toml"  # V moves row by row: killed before the reject
+    slow_intake.write_text("[engine]\nread_batch_rows = 1\n")
+    flags = ["--state", str(state), "--config", str(slow_intake)]
+    async with running_service(ServiceConfig(rate=500.0)) as svc:
+        first = run_args(svc.url, out, "in/m.csv", *flags)
+        proc = await anyio.open_process(first, stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
+        await _kill_when(proc, lambda: _job(state)[0] >= 0)
+        validated, *ckpts = _job(state)
+        assert ckpts == [0, 0] and validated < 3999, (validated, ckpts)
+        before = tmp_path / "before.state"
+        _copy_state(state, before)
+        shutil.move(tmp_path / "in" / "m.csv", tmp_path / "done" / "m.csv")
+        args = run_args(svc.url, out, "done/m.csv", *flags)
+        proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
+        await _kill_when(proc, lambda: rej.exists() and rej.stat().st_size > 0)
+        # Killed between its write and its commit: the state as before, the line written.
+        _copy_state(before, state)
+        out.write_bytes(b"")
+        assert b'"stage":"client"' in rej.read_bytes()
+        with anyio.fail_after(120):
+            done = await anyio.run_process(
+                args, check=False, env=ENV, stderr=subprocess.PIPE, cwd=tmp_path
+            )
+    message = done.stderr.decode()
+    assert done.returncode == 0, message
+    assert "another run" not in message
+    o = assert_exactly_once(out, rej, {f"p{i}" for i in range(3999)} | {"bad"})
+    assert {r["source"] for r in o.rejects} == {"in/m.csv"}
+    assert os.listdir(tmp_path / "in") == []
