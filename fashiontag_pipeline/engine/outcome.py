@@ -21,6 +21,7 @@ from .sinks import (
     open_result_sink,
     uncommitted_first_line,
 )
+from .sqlite_sink import committed_row_id
 from .state import JobRow, Journal, RunState, StateStore
 
 __all__ = ["already_complete", "completed_job", "finalize_job", "open_job", "open_sinks"]
@@ -38,7 +39,8 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     the first line decides, uncommitted: a results line is of an id the run took in
     (committed before its task was made), a rejects line names one of the job's manifests
     (its id is committed with the write it follows). Cut to nothing, another run's file was
-    lost. With no row taken in, the outputs are rewritten, as a new run's are."""
+    lost. With no row taken in, the outputs are rewritten, as a new run's are. A SQLite
+    results file (``--sink sqlite``): its row at the checkpoint, or its first at 0."""
     foreign: list[Path] = []
     files = (
         (row.results, row.results_ckpt, row.sink != "sqlite", False),
@@ -46,9 +48,11 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     )
     manifests = {name for _, name in row.sources}
     for path, checkpoint, jsonl, rejects in files:
-        if not jsonl or (checkpoint <= 0 and row.validated < 0):
+        if checkpoint <= 0 and row.validated < 0:
             continue  # (nothing committed, not a row: a new run, which rewrites the outputs)
-        if checkpoint > 0:
+        if not jsonl:  # --sink sqlite: the row at the checkpoint (the first at 0)
+            fits, ident = committed_row_id(Path(path), checkpoint)
+        elif checkpoint > 0:
             fits, ident = committed_last_id(Path(path), checkpoint)
         else:
             fits, first = uncommitted_first_line(Path(path))

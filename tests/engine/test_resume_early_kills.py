@@ -95,3 +95,31 @@ async def test_a_client_reject_written_by_a_resume_under_another_name_is_the_run
     o = assert_exactly_once(out, rej, {f"p{i}" for i in range(3999)} | {"bad"})
     assert {r["source"] for r in o.rejects} == {"in/m.csv"}
     assert os.listdir(tmp_path / "in") == []
+
+
+async def test_a_resume_leaves_another_runs_sqlite_results_alone(tmp_path: Path) -> None:
+    """``--sink sqlite``: a run killed with its rows taken in and no result counted written,
+    another run given the same results file with its own state writes its 300 results there,
+    and the first run's start again deleted them (every row past its checkpoint of 0) and
+    exited 0. The row at the checkpoint (the first at 0) must be of an id this run took in,
+    as the line of a JSONL file must: refused, the other run's rows kept."""
+    a = write_csv(tmp_path / "a.csv", 1000)
+    b = write_csv(tmp_path / "b.csv", 300, start=5000)
+    out, state = tmp_path / "out.db", tmp_path / "a.state"
+    async with running_service(ServiceConfig(rate=250.0)) as svc:
+        args = run_args(svc.url, out, str(a), "--state", str(state), "--sink", "sqlite")
+        proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
+        await _kill_when(proc, lambda: _job(state)[0] >= 0)
+        assert _job(state)[1:] == (0, 0)
+        async with running_service(ServiceConfig()) as other:
+            b_state = str(tmp_path / "b.state")
+            args_b = run_args(other.url, out, str(b), "--state", b_state, "--sink", "sqlite")
+            done_b = await anyio.run_process(args_b, check=False, env=ENV)
+        assert done_b.returncode == 0, done_b.stderr.decode()
+        again = await anyio.run_process(args, check=False, env=ENV)
+    message = again.stderr.decode()
+    assert again.returncode == 1, message
+    assert "another run" in message and "--restart" in message
+    with contextlib.closing(sqlite3.connect(out)) as db:
+        ids = {r[0] for r in db.execute("SELECT id FROM results")}
+    assert ids == {f"p{i}" for i in range(5000, 5300)}
