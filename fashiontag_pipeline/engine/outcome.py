@@ -68,6 +68,29 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     return foreign
 
 
+def _not_ours(path: object, checkpoint: int, sink: str, target: object) -> str:
+    """What a resume refused for another run's file at ``path`` says."""
+    rows = sink == "sqlite" and not isinstance(target, RejectSink)
+    if checkpoint <= 0:
+        where = (
+            f"{path} does not begin with a {'result' if rows else 'line'} of this run, which"
+            " was stopped before the state counted any of it written: another run given the"
+            " same path wrote it since (or it was edited)"
+        )
+    else:
+        what = f"row {checkpoint:,}" if rows else f"the {checkpoint:,} bytes"
+        where = (
+            f"{path} does not end, at {what} the state counts written, with a"
+            f" {'result' if rows else 'line'} of this run: it was rewritten since (another run"
+            " given the same path, an edit) or lost its last bytes (the machine crashed), so"
+            " this run's lines are not there"
+        )
+    return (
+        f"{where}; the file is left as it is: give this run other outputs, or start over with"
+        " --restart (run) to write them again"
+    )
+
+
 def open_sinks(
     out: Path,
     rejects: Path,
@@ -104,14 +127,7 @@ def open_sinks(
         for target, checkpoint, committed in cuts:
             try:
                 if Path(target.path) in foreign:
-                    raise exc.StateError(
-                        f"{target.path} does not end, at the {checkpoint:,} bytes the state"
-                        " counts written, with a line of this run: it was rewritten since"
-                        " (another run given the same path, an edit) or lost its last bytes"
-                        " (the machine crashed), so this run's lines are not there; the file"
-                        " is left as it is: give this run other outputs, or start over with"
-                        " --restart (run) to write them again"
-                    )
+                    raise exc.StateError(_not_ours(target.path, checkpoint, sink, target))
                 target.truncate(checkpoint, results_committed=committed)
             except exc.StateError:
                 if not keep_lost:

@@ -421,5 +421,6 @@ async def test_a_resume_before_the_first_checkpoint_leaves_another_runs_file_alo
         again = await anyio.run_process(args, check=False, env=ENV)
         message = again.stderr.decode()
         assert again.returncode == 1, message
+        assert "does not begin with a line of this run" in message
         assert "another run" in message and "--restart" in message
         assert (out.with_suffix(".rej").read_bytes(), out.read_bytes()) == theirs

@@ -302,6 +302,15 @@ async def test_single_concurrency_cap_is_respected(tmp_path: Path) -> None:
     assert_exactly_once(out, rej, {i for i, _ in rows})
 
 
+def _further(out: Path, seen: int) -> bool:
+    """Whether ``out`` holds more than ``seen`` bytes, a single row's result among them."""
+    try:
+        data = out.read_bytes()
+    except FileNotFoundError:
+        return False
+    return len(data) > seen and b'"taskId":null' in data
+
+
 async def test_kill_9_with_single_rows_in_flight_then_resume_exactly_once(tmp_path: Path) -> None:
     pictures = [red_picture(tmp_path / f"red{k}.png") for k in range(4)]
     rows: list[tuple[str, str]] = []
@@ -322,9 +331,15 @@ async def test_kill_9_with_single_rows_in_flight_then_resume_exactly_once(tmp_pa
         args += ["--rotate-images", "300", "--single-concurrency", "4"]
         killed = []
         singles_done = []
-        for delay in (0.9, 1.1, 1.3):
+        seen = 0
+        for _ in range(3):
             proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-            await anyio.sleep(delay)
+            # Killed once it got past the last kill with a single row's result written (kills
+            # 0.9-1.3 s after the start came before any on a loaded machine).
+            with anyio.fail_after(60):
+                while proc.returncode is None and not _further(out, seen):
+                    await anyio.sleep(0.02)
+            seen = out.stat().st_size
             if proc.returncode is None:
                 proc.send_signal(signal.SIGKILL)
             killed.append(await proc.wait())
