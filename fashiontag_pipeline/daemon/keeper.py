@@ -6,14 +6,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
-from .._exceptions import StateError
+from .._exceptions import FashiontagError, LeaseLostError, StateError
 from .leases import Lease, PostgresClaimLedger
 
 __all__ = ["FOREIGN_RETRY", "ForeignClaims", "LeaseKeeper"]
@@ -70,6 +71,26 @@ class LeaseKeeper:
             self._lose(lease.claim_id)
             return True
         return False
+
+    @contextlib.contextmanager
+    def lost_if_overdue(self, lease: Lease) -> Iterator[None]:
+        """An error met past ``lease``'s deadline on this process's clock is the loss's, raised
+        as :class:`LeaseLostError`. Woken past its lease (SIGSTOP, a long pause), a daemon
+        opens or reads the manifest's state before this keeper notices the loss, and may meet
+        it dropped by the daemon that took the manifest over and finished it ("schema ... does
+        not exist"): not the manifest stopped on an error, to resume and count as an attempt.
+        Another daemon can take the lease over only once that deadline has gone by (the
+        database's expiry is later): an error before it is the manifest's own."""
+        try:
+            yield
+        except LeaseLostError:
+            raise
+        except FashiontagError as err:
+            if self.overdue(lease):
+                raise LeaseLostError(
+                    f"lost the lease of {lease.name!r}", manifest=lease.name
+                ) from err
+            raise
 
     def _hold(self, lease: Lease, sent_at: float) -> None:
         self._held[lease.claim_id] = lease

@@ -279,7 +279,9 @@ class SharedDaemon:
                 await daemon.duplicate(claim, outputs, inbox, earlier.name, lease=lease)
                 keeper.forget(lease)
                 return
-            if await self._tag(claim, outputs, inbox, lease, keeper, client):
+            with keeper.lost_if_overdue(lease):
+                settled = await self._tag(claim, outputs, inbox, lease, keeper, client)
+            if settled:
                 keeper.forget(lease)
                 self._attempts.forget(lease.claim_id)
                 try:
@@ -344,6 +346,8 @@ class SharedDaemon:
         def fenced(conn: Any) -> None:
             fence(conn, lease)
 
+        # Woken past the lease: the state is not opened (made again, if the taker dropped it).
+        await still_held(lease, keeper, None)
         db = await anyio.to_thread.run_sync(
             lambda: PostgresStateDB(
                 claim_state_url(self.url, lease.claim_id),
@@ -401,15 +405,6 @@ class SharedDaemon:
                 await still_held(lease, keeper, self._ledger)
                 await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
                 return True
-            except exc.FashiontagError as err:
-                # Woken past its lease (SIGSTOP, a long pause), the engine may meet the state
-                # another daemon finished and dropped before the keeper notices the loss: the
-                # error is the loss's, not the manifest's.
-                if keeper.overdue(lease):
-                    raise exc.LeaseLostError(
-                        f"lost the lease of {claim.name!r}", manifest=claim.name
-                    ) from err
-                raise
             if lost.is_set():
                 raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
             if not summary.complete:

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
 import fashiontag_pipeline
@@ -28,12 +29,23 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix soc
 
 #: Loaded by a daemon at start (``sitecustomize``): ``HOOK_STOP=before|after`` stops the
 #: process (SIGSTOP) once, before or after its first look for an earlier completion of a
-#: manifest's content (``find_completed``), a moment between leasing a manifest and tagging it.
+#: manifest's content (``find_completed``), a moment between leasing a manifest and tagging it;
+#: ``HOOK_STOP=opened`` once it has opened the manifest's state, before it reads it.
 HOOK = textwrap.dedent(
     """
     import os, signal
     where = os.environ.get("HOOK_STOP")
-    if where:
+    if where == "opened":
+        from fashiontag_pipeline.engine.state import pgstore
+        _init = pgstore.PostgresStateDB.__init__
+        opened = []
+        def init(self, *args, **kwargs):
+            _init(self, *args, **kwargs)
+            if not opened:
+                opened.append(1)
+                os.kill(os.getpid(), signal.SIGSTOP)
+        pgstore.PostgresStateDB.__init__ = init
+    elif where:
         from fashiontag_pipeline.daemon import leases
         cls = leases.PostgresClaimLedger
         _find = cls.find_completed
@@ -99,8 +111,12 @@ async def _woken_until_lease_lost(a: DaemonProcess, settle: float) -> None:
     whatever it would still do."""
     a.signal(signal.SIGCONT)
     lost = "lease lost: another daemon finishes the manifest"
+    # Not a resume of the manifest (the taker finished it), nor an error of it: the taker's
+    # drop of its state, met before the keeper noticed the loss, is the loss's.
+    stopped = "the manifest stopped on an error; it resumes when it is leased again"
     with anyio.fail_after(30):
-        while not any(line.get("event") == lost for line in a.logs()):
+        while lost not in (events := [line.get("event") for line in a.logs()]):
+            assert stopped not in events, a.tail()
             a.check_alive()
             await anyio.sleep(0.05)
     await anyio.sleep(settle)
@@ -116,10 +132,17 @@ def _ensure_dead(a: DaemonProcess, b: DaemonProcess | None) -> None:
         b.ensure_dead()
 
 
-async def _paused_then_woken(tmp_path: Path, postgres_url: str, where: str) -> Path:
+def _no_states(url: str) -> bool:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM states").fetchone() == (0,)
+
+
+async def _paused_then_woken(
+    tmp_path: Path, postgres_url: str, where: str, *, dropped: bool = False
+) -> Path:
     """Daemon A stops ``where`` it looks for an earlier completion of ``m.csv``; daemon B takes
-    the manifest over and finishes it; A is woken and runs on until it says its lease is lost.
-    Returns the manifest's output folder."""
+    the manifest over and finishes it (``dropped``: and drops its state); A is woken and runs
+    on until it says its lease is lost. Returns the manifest's output folder."""
     ids = [f"p{i}" for i in range(300)]
     async with running_service(ServiceConfig()) as svc:
         a = _hooked(tmp_path, svc.url, postgres_url, HOOK, HOOK_STOP=where)
@@ -133,7 +156,9 @@ async def _paused_then_woken(tmp_path: Path, postgres_url: str, where: str) -> P
             summary = await b.wait_summary("m", timeout=60)
             assert summary["status"] == "done"
             with anyio.fail_after(30):
-                while not (a.inbox / "done" / "m.csv").exists():
+                while not (a.inbox / "done" / "m.csv").exists() or (
+                    dropped and not _no_states(postgres_url)
+                ):
                     b.check_alive()
                     await anyio.sleep(0.02)
             await _woken_until_lease_lost(a, 0.5)
@@ -151,6 +176,18 @@ async def test_a_daemon_woken_past_its_lease_does_not_fail_the_finished_manifest
     tmp_path: Path, postgres_url: str
 ) -> None:
     folder = await _paused_then_woken(tmp_path, postgres_url, "after")
+    summary = (folder / "summary.json").read_text()
+    assert '"status":"done"' in summary, summary
+    assert not list((tmp_path / "inbox" / "failed").iterdir())
+
+
+async def test_a_daemon_woken_past_its_lease_meeting_the_dropped_state_says_the_lease_lost(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # A stops with the manifest's state opened; B finishes the manifest and drops the state.
+    # Woken, A reads a state that is gone: its lease is lost, not the manifest stopped on an
+    # error that resumes (it never does: it is done), an attempt of it counted.
+    folder = await _paused_then_woken(tmp_path, postgres_url, "opened", dropped=True)
     summary = (folder / "summary.json").read_text()
     assert '"status":"done"' in summary, summary
     assert not list((tmp_path / "inbox" / "failed").iterdir())
