@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
     table: list[str] = []
     for rows in (int(r) for r in args.rows.split(",")):
-        m = manifest(work, rows, args.ids, args.context)
+        m = manifest(work, rows, args.ids, args.context, args.jsonl)
         cells: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in clients}
         for round_ in range(args.repeat):
             for name, path in clients:

@@ -172,7 +172,7 @@ def main() -> int:
     from fashiontag_pipeline import ClientConfig
     from fashiontag_pipeline.engine.run import run_pipeline
 
-    source = manifest(args.work, rows, args.ids, args.context)
+    source = manifest(args.work, rows, args.ids, args.context, args.jsonl)
     with contextlib.ExitStack() as stack:
         service = stack.enter_context(running_service(args.work))
         url = service.url

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import importlib.util
+import json
 import os
 import queue
 import re
@@ -54,6 +55,8 @@ _MASK = (1 << 64) - 1
 _BRANDS = ("acme", "northwind", "maison-lune", "fjord & co", "atelier 9", "kōbō")
 _GENDERS = ("women", "men", "unisex")
 _SEASONS = ("", "fw26")
+#: The keys of a JSONL manifest's objects (without and with context fields).
+_COLUMNS = {False: ("id", "url"), True: ("id", "url", "brand", "gender", "season")}
 
 
 # --------------------------------------------------------------------------- package
@@ -230,7 +233,9 @@ def _num(value: float) -> str:
 # --------------------------------------------------------------------------- manifests
 
 
-def manifest(work: Path, rows: int, ids: str = "sequential", context: bool = False) -> Path:
+def manifest(
+    work: Path, rows: int, ids: str = "sequential", context: bool = False, jsonl: bool = False
+) -> Path:
     """A CSV manifest of ``rows`` valid rows (``id,url``), cached in ``work`` by size.
 
     ``ids``: ``sequential`` (``sku-000000000``, ``sku-000000001``, ...: a dump sorted by id)
@@ -243,6 +248,10 @@ def manifest(work: Path, rows: int, ids: str = "sequential", context: bool = Fal
     catalogue's usual shape; the engine sends each non-empty one in the request's context,
     and so does the async script). Every seventh row's ``season`` is empty (no value).
 
+    ``jsonl``: the same rows as JSON Lines (``{"id": ..., "url": ..., "brand": ...}``, a
+    catalogue exported from a database or a product API; an empty ``season`` written as
+    ``""``). The async script reads CSV only.
+
     Written in 10k-row blocks with one ``join`` each (about 1 s per million rows): a larger
     block left this process (and so the peak RSS of every client it starts, which counts the
     memory of the process it was forked from) tens of MiB larger.
@@ -251,13 +260,15 @@ def manifest(work: Path, rows: int, ids: str = "sequential", context: bool = Fal
         raise ValueError(f"ids must be sequential or random, not {ids!r}")
     work.mkdir(parents=True, exist_ok=True)
     name = f"manifest-{rows}" + ("" if ids == "sequential" else f"-{ids}")
-    path = work / (name + ("-context" if context else "") + ".csv")
+    suffix = ".jsonl" if jsonl else ".csv"
+    path = work / (name + ("-context" if context else "") + suffix)
     if path.exists():
         return path
-    tmp = path.with_suffix(".csv.part")
+    tmp = path.with_suffix(suffix + ".part")
     block = 10_000  # (small: a measuring process forks its clients, which count its memory)
     with tmp.open("w", encoding="utf-8", newline="") as fh:
-        fh.write("id,url,brand,gender,season\n" if context else "id,url\n")
+        if not jsonl:
+            fh.write("id,url,brand,gender,season\n" if context else "id,url\n")
         for start in range(0, rows, block):
             stop = min(rows, start + block)
             if ids == "random":
@@ -272,6 +283,11 @@ def manifest(work: Path, rows: int, ids: str = "sequential", context: bool = Fal
                     f"{line},{_BRANDS[i % len(_BRANDS)]},{_GENDERS[i % 3]},{_SEASONS[i % 7 != 0]}"
                     for i, line in enumerate(lines, start)
                 ]
+            if jsonl:
+                columns = _COLUMNS[context]
+                lines = [
+                    json.dumps(dict(zip(columns, line.split(","), strict=True))) for line in lines
+                ]
             fh.write("\n".join(lines) + "\n")
     tmp.replace(path)
     return path
@@ -279,7 +295,7 @@ def manifest(work: Path, rows: int, ids: str = "sequential", context: bool = Fal
 
 def manifest_options(p: argparse.ArgumentParser) -> None:
     """The options of a measuring tool that choose its manifest (``args.ids``,
-    ``args.context``: the arguments of :func:`manifest`)."""
+    ``args.context``, ``args.jsonl``: the arguments of :func:`manifest`)."""
     p.add_argument(
         "--ids",
         choices=("sequential", "random"),
@@ -290,6 +306,11 @@ def manifest_options(p: argparse.ArgumentParser) -> None:
         "--context",
         action="store_true",
         help="three context columns after the URL (brand,gender,season), as a catalogue has",
+    )
+    p.add_argument(
+        "--jsonl",
+        action="store_true",
+        help="the manifest as JSON Lines (one object a row), as a database or API export is",
     )
 
 

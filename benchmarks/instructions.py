@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     counted: dict[str, dict[int, int]] = {name: {} for name, _ in clients}
     functions: dict[str, dict[int, dict[str, int]]] = {name: {} for name, _ in clients}
     for rows in sizes:
-        m = manifest(work, rows, args.ids, args.context)
+        m = manifest(work, rows, args.ids, args.context, args.jsonl)
         for name, path in clients:
             for f in runs.glob("run.*"):
                 f.unlink()

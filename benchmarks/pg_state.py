@@ -178,7 +178,7 @@ def _one_run(
 
 
 #: The ids of the manifests measured (``--ids``: see :func:`~.harness.manifest`).
-_MANIFEST: list[tuple[str, bool]] = [("sequential", False)]
+_MANIFEST: list[tuple[str, bool, bool]] = [("sequential", False, False)]
 
 
 def measure(
@@ -790,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--base-url", "--out", "--rejects", "--state", "--report"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    _MANIFEST[0] = (args.ids, args.context)
+    _MANIFEST[0] = (args.ids, args.context, args.jsonl)
     if args.drive:
         return _drive(args)
     compiled = byte_compile_package()

@@ -79,7 +79,7 @@ def main() -> int:
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    m = manifest(out.parent, args.rows, args.ids, args.context)
+    m = manifest(out.parent, args.rows, args.ids, args.context, args.jsonl)
     with running_service(out) as svc:
         for fmt, name in (("speedscope", "engine.speedscope.json"), ("flamegraph", "engine.svg")):
             for f in out.glob("run.*"):
