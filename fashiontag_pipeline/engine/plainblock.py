@@ -31,7 +31,7 @@ from .policy import Measured
 from .rows import PlainRows
 from .rules import PLAIN_URL
 
-__all__ = ["context_block", "parsed_block", "plain_block"]
+__all__ = ["built", "context_block", "parsed_block", "plain_block"]
 
 _URL = ImageType.URL
 _FIELDS = itemgetter(1)
@@ -109,7 +109,7 @@ def context_block(
     columns = [(name, cells[index::width]) for index, name in extras]
     first = shifted | rows.first
     at = range(first, first + n)
-    return _built(cells[i_id::width], cells[i_url::width], columns, at, kept, rest)
+    return built(cells[i_id::width], cells[i_url::width], columns, at, kept, rest)
 
 
 def parsed_block(
@@ -134,10 +134,10 @@ def parsed_block(
     cells = list(zip(*fields, strict=True)) if fields else [()] * width
     columns = [(name, cells[index]) for index, name in extras]
     at = [shifted | line for line, _ in rows]
-    return _built(list(cells[i_id]), list(cells[i_url]), columns, at, kept, rest)
+    return built(list(cells[i_id]), list(cells[i_url]), columns, at, kept, rest)
 
 
-def _built(
+def built(
     ids: list[str],
     urls: list[str],
     columns: Sequence[tuple[str, Sequence[str]]],

@@ -24,16 +24,20 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from .._models import Context, Detection
+from .._models import Context, Detection, TaggingRequest
 
 __all__ = [
     "CONTEXT_FIELDS",
+    "NUL_ID",
     "PLAIN_URL",
     "SINGLE_DATA",
     "SINGLE_FILE",
+    "STAGE_CLIENT",
     "DetectionRule",
+    "Item",
     "NotHttp",
     "RowError",
+    "SingleItem",
     "SingleRequest",
     "http_url",
     "jsonl_keys",
@@ -58,6 +62,19 @@ class SingleRequest(msgspec.Struct, gc=False):
     context: Context
     line: int
     source: str
+
+
+#: (id, position, request): a row that passed validation.
+Item = tuple[str, int, TaggingRequest]
+
+#: (id, position, request): a row routed to the single endpoint.
+SingleItem = tuple[str, int, SingleRequest]
+
+#: The stage of a reject the validator writes.
+STAGE_CLIENT = "client"
+#: An id holding a NUL: no PostgreSQL text column takes one (a state there stopped the run,
+#: every night), and few consumers of the outputs would.
+NUL_ID = "id contains a NUL character"
 
 
 class RowError(Exception):

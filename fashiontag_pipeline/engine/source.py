@@ -40,8 +40,9 @@ except ImportError:  # (not on Windows)
 from .._exceptions import ManifestError
 from . import strays
 from .csvchunk import CsvChunk, csv_lines
+from .foreign_heads import what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
-from .rows import PlainRows, RowBatch
+from .rows import JsonRows, PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
 
 __all__ = [
@@ -130,7 +131,7 @@ class ManifestReader(ManifestBytes):
                 raise ManifestError(
                     f"manifest {self.name} "
                     + (
-                        _what_else(lines[skip])
+                        what_else(lines[skip])
                         or "is neither CSV nor JSONL (its first line is not UTF-8 text)"
                     )
                 )
@@ -142,7 +143,7 @@ class ManifestReader(ManifestBytes):
                 raise ManifestError(
                     f"manifest {self.name} "
                     + (
-                        _what_else(lines[skip])
+                        what_else(lines[skip])
                         or "is neither JSONL nor a CSV with a header naming id and url"
                         f" (missing column: {', '.join(missing)})"
                     )
@@ -227,6 +228,21 @@ class ManifestReader(ManifestBytes):
             lines, i = self._lines, self._done
             end = len(lines)
             urls = self.kind == "urls"
+            if not urls and not self._dirty:
+                # The next ``limit`` lines decoded in one C-level pass: when every one decodes
+                # none is blank (a blank or whitespace line is no JSON), so they are exactly
+                # the rows the loop below takes, with the same values. A block holding a line
+                # that does not decode is read by the loop (its reject text, blank lines).
+                block = lines[i : i + limit]
+                try:
+                    values = list(map(_json_decoder.decode, block))
+                except msgspec.DecodeError:
+                    pass
+                else:
+                    self._done = i + len(block)
+                    if self._done >= end:
+                        self._lines = None
+                    return JsonRows(base + i + 1, values)
             while i < end and len(rows) < limit:
                 text_line = lines[i]
                 i += 1
@@ -285,53 +301,6 @@ class ManifestReader(ManifestBytes):
             self._dirty = dirty
             self._start(text)
         return RowBatch(self.source, self.label, self.kind, self.header, self._take())
-
-
-_SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"
-#: The first bytes (as decoded with stray bytes kept) of archives a manifest may be sent as.
-_ARCHIVES = (
-    ("PK\x03\x04", "a ZIP archive (an .xlsx workbook, or a zipped export)"),
-    ("BZh91AY&SY", "bzip2-compressed"),
-    ("\udcfd7zXZ\x00", "xz-compressed"),
-    ("(\udcb5/\udcfd", "zstd-compressed"),
-)
-
-
-def _what_else(line: str) -> str:
-    """What a first line naming no ``id`` and ``url`` columns shows the file to be, with what
-    to do, when it is a format a catalogue is often exported in; "" otherwise. (Only when a
-    manifest is refused.)"""
-    text = line.strip()
-    for magic, what in _ARCHIVES:
-        if text.startswith(magic):
-            return f"is {what}: gzip is the only compression read; unpack it, or {_SAVE_AS_CSV}"
-    head = text[:64]
-    if text.startswith(("\udcff\udcfe", "\udcfe\udcff")) or (
-        len(head) > 1 and {"\x00"} in ({*head[1::2]}, {*head[::2]})
-    ):
-        return (
-            "is UTF-16 text (Excel's Unicode Text): "
-            f"{_SAVE_AS_CSV}, or convert it (iconv -f UTF-16 -t UTF-8)"
-        )
-    if text[:4].lower() == "sep=":
-        return f"starts with Excel's {text} line (its separator): {_SAVE_AS_CSV}, without it"
-    if text.startswith("["):
-        return (
-            "is a JSON array, not JSONL: give one object per line (jq -c '.[]' FILE > FILE.jsonl)"
-        )
-    for sep, what in ((";", "separated by semicolons"), ("\t", "tab-separated")):
-        if {"id", "url"} <= {c.strip().strip('"').lower() for c in text.split(sep)}:
-            return f"is {what}, not commas: {_SAVE_AS_CSV}"
-    if any(_lower_head(f).startswith(("http://", "https://")) for f in next(csv.reader([text]))):
-        return (
-            "has no header: its first line is a row (a URL in it); add a first line naming"
-            " the columns, id and url among them (id,url)"
-        )
-    return ""
-
-
-def _lower_head(field: str) -> str:
-    return field.strip()[:8].lower()
 
 
 def manifests_size(readers: list[ManifestReader]) -> int:

@@ -17,8 +17,9 @@ Cost: a batch whose columns are ``id``, ``url`` and context fields taken as text
 (:class:`~.rows.PlainRows`) or rows the csv module parsed, is checked and built column by
 column (:mod:`.plainblock`), its rows that break a rule one by one with the full rule set
 (:meth:`Validator.general`, which the tests compare the block paths with); a batch with
-``detection`` or ``age`` columns, or part of which a resume skips, row by row. All give the
-same items and rejects.
+``detection`` or ``age`` columns, or part of which a resume skips, row by row. JSONL rows
+(:mod:`.jsonlrows`) likewise: a block of decoded lines (:class:`~.rows.JsonRows`) column by
+column, the rows of other key orders one by one. All give the same items and rejects.
 """
 
 from __future__ import annotations
@@ -29,21 +30,24 @@ from operator import itemgetter
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
+from .jsonlrows import JsonlRows
 from .plainblock import context_block, parsed_block, plain_block
 from .policy import Measured, batch_size
 from .rows import PlainRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
+    NUL_ID,
     PLAIN_URL,
     SINGLE_DATA,
     SINGLE_FILE,
+    STAGE_CLIENT,
     DetectionRule,
+    Item,
     NotHttp,
     RowError,
+    SingleItem,
     SingleRequest,
     http_url,
-    jsonl_keys,
-    merged_context,
     single_request,
     single_target,
 )
@@ -60,27 +64,13 @@ __all__ = [
     "Validator",
 ]
 
-STAGE_CLIENT = "client"
-
-#: (id, position, request): a row that passed validation.
-Item = tuple[str, int, TaggingRequest]
-
-#: (id, position, request): a row routed to the single endpoint.
-SingleItem = tuple[str, int, SingleRequest]
-
 URL = ImageType.URL
 _POSITION = itemgetter(1)
-#: An id holding a NUL: no PostgreSQL text column takes one (a state there stopped the run,
-#: every night), and few consumers of the outputs would.
-_NUL_ID = "id contains a NUL character"
 #: (index of id, index of url, of detection, of age, [(index, context field)]) of a header.
 _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
-#: Key orders of JSONL objects whose reading is kept (:meth:`Validator._keyed`).
-_MAX_KEY_ORDERS = 4096
-_UNSEEN = "unseen"
 
 
-class Validator:
+class Validator(JsonlRows):
     """Turns row batches into tagging requests and client-side rejects. Stateless per row."""
 
     def __init__(self, *, cwd: str | None = None) -> None:
@@ -117,13 +107,18 @@ class Validator:
     def general(
         self, batch: RowBatch, *, route: bool = False
     ) -> tuple[list[Item], list[SingleItem], list[tuple[int, Reject]]]:
-        """Every CSV row of ``batch`` through the full rule set, one by one: what the block
-        paths of :meth:`route` must give (the tests compare them)."""
-        layout = self._layout(batch.header)
+        """Every row of ``batch`` (CSV or JSONL) through the full rule set, one by one: what
+        the block paths of :meth:`route` must give (the tests compare them)."""
         shifted = position(batch.source, 0)
         items: list[Item] = []
         singles: list[SingleItem] = []
         rejects: list[tuple[int, Reject]] = []
+        if batch.kind == "jsonl":
+            for line, obj in batch.rows:
+                pos = shifted | line
+                self._jsonl_row(batch, line, obj, pos, items, rejects, singles if route else None)
+            return items, singles, rejects
+        layout = self._layout(batch.header)
         for line, fields in batch.rows:
             pos = shifted | line
             self._csv_row(
@@ -251,7 +246,7 @@ class Validator:
                 ident = None
                 raise RowError("id is missing")
             if "\x00" in ident:
-                raise RowError(_NUL_ID)
+                raise RowError(NUL_ID)
             target: tuple[str, str] | None = None
             try:
                 url = http_url(fields[i_url])
@@ -281,133 +276,3 @@ class Validator:
             rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
             return
         items.append((ident, pos, request))
-
-    def _validate_jsonl(
-        self, batch: RowBatch, skip_upto: int, singles: list[SingleItem] | None
-    ) -> tuple[list[Item], list[tuple[int, Reject]]]:
-        src, name = batch.source, batch.name
-        shifted = position(src, 0)
-        items: list[Item] = []
-        rejects: list[tuple[int, Reject]] = []
-        orders = self._key_orders
-        for line, obj in batch.rows:
-            pos = shifted | line
-            if pos <= skip_upto:
-                continue
-            ident: str | None = None
-            try:
-                if isinstance(obj, str):
-                    ident = getattr(obj, "ident", None)  # (a BadRow may know its id)
-                    raise RowError(obj)
-                if not isinstance(obj, dict):
-                    raise RowError("line is not a JSON object")
-                clash = ""
-                if orders.get(tuple(obj), _UNSEEN):  # (the usual row: keys read as written)
-                    obj, clash = self._keyed(obj)
-                context = obj.get("context")
-                if isinstance(context, dict):  # fields in a context object (the spec's shape)
-                    context, in_context = self._keyed(context)
-                    clash = clash or in_context
-                else:
-                    context = None
-                raw_id = obj.get("id")
-                if (raw_id is None or raw_id == "") and context is not None:
-                    raw_id = context.get("id")
-                if raw_id is None or raw_id == "":
-                    raise RowError(clash or "id is missing")  # (its keys may clash: ID, Id)
-                if not isinstance(raw_id, str):
-                    if type(raw_id) is int:  # its text is the id: the reject carries it
-                        ident = str(raw_id)
-                        raise RowError(
-                            f'id must be a string, not the number {ident}: write it as "{ident}"'
-                        )
-                    raise RowError("id must be a string")
-                ident = raw_id
-                if "\x00" in ident:
-                    raise RowError(_NUL_ID)
-                if clash:
-                    raise RowError(clash)
-                source = obj if context is None else merged_context(obj, context)
-                url, target = self._jsonl_image(obj, singles is not None)
-                if target is not None:
-                    assert singles is not None
-                    kwargs = self._jsonl_context(source)
-                    singles.append((ident, pos, single_request(target, ident, kwargs, line, name)))
-                    continue
-                request = TaggingRequest(
-                    image=Image(type=ImageType.URL, content=url),
-                    context=BulkContext(id=ident, **self._jsonl_context(source)),
-                )
-            except RowError as err:
-                rejects.append((pos, Reject(ident, str(err), STAGE_CLIENT, line, name)))
-                continue
-            items.append((ident, pos, request))
-        return items, rejects
-
-    def _keyed(self, obj: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """(``obj`` with the keys it names in another case under their names, the reason of a
-        reject when two of its keys name one field, else ""): :func:`.rules.jsonl_keys`, once
-        per key order (an export writes every row's keys alike; the usual row has none to
-        rename and is not copied)."""
-        keys = tuple(obj)
-        renames = self._key_orders.get(keys)
-        if renames is None:
-            renames = jsonl_keys(keys)
-            if len(self._key_orders) < _MAX_KEY_ORDERS:
-                self._key_orders[keys] = renames
-        if isinstance(renames, str):
-            return obj, renames
-        if renames:
-            obj = dict(obj)
-            for key, name in renames:
-                obj[name] = obj.pop(key)
-        return obj, ""
-
-    def _jsonl_image(self, obj: dict[str, Any], route: bool) -> tuple[str, tuple[str, str] | None]:
-        """(http(s) URL, "") for bulk, or ("", (kind, content)) for the single endpoint."""
-        image = obj.get("image")
-        if "url" in obj or image is None:
-            raw = obj.get("url")
-        else:
-            if not isinstance(image, dict):
-                raise RowError("image must be an object with type and content")
-            kind = image.get("type")
-            raw = image.get("content")
-            if kind == "base64" and route:
-                if not isinstance(raw, str) or raw[:11].lower() != "data:image/":
-                    raise RowError(
-                        "image.content of type base64 must begin with data:image/<ext>;base64,"
-                    )
-                return "", single_target(raw, route, self.cwd)
-            if kind != "url":
-                if route:
-                    raise RowError("image.type must be url or base64")
-                raise RowError("image.type must be url (bulk mode takes URLs only)")
-        try:
-            return http_url(raw), None
-        except NotHttp as not_http:
-            return "", single_target(not_http.args[0], route, self.cwd)
-
-    def _jsonl_context(self, source: dict[str, Any]) -> dict[str, Any]:
-        """The request's context fields of a row (``source``: the row, or its context object)."""
-        kwargs: dict[str, Any] = {}
-        for column, field in CONTEXT_FIELDS.items():
-            value = source.get(column)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise RowError(f"{column} must be a string")
-            if value:
-                kwargs[field] = value
-        age = source.get("age")
-        if age is not None:
-            if isinstance(age, str):
-                age = [age]
-            if not isinstance(age, list) or not all(isinstance(a, str) for a in age):
-                raise RowError("age must be a list of strings")
-            if age:
-                kwargs["age"] = age
-        detection = self._detection(source.get("detection"))
-        if detection:
-            kwargs["detection"] = detection
-        return kwargs
