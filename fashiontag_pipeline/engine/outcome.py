@@ -40,7 +40,9 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     (committed before its task was made), a rejects line names one of the job's manifests
     (its id is committed with the write it follows). Cut to nothing, another run's file was
     lost. With no row taken in, the outputs are rewritten, as a new run's are. A SQLite
-    results file (``--sink sqlite``): its row at the checkpoint, or its first at 0."""
+    results file (``--sink sqlite``): its row at the checkpoint, or its first at 0. A results
+    line (row) of a task must be of a task the state records: another run of the same ids
+    (a smaller dump of the catalogue) writes lines of those ids too."""
     foreign: list[Path] = []
     files = (
         (row.results, row.results_ckpt, row.sink != "sqlite", False),
@@ -50,19 +52,28 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     for path, checkpoint, jsonl, rejects in files:
         if checkpoint <= 0 and row.validated < 0:
             continue  # (nothing committed, not a row: a new run, which rewrites the outputs)
+        task: str | None = None
         if not jsonl:  # --sink sqlite: the row at the checkpoint (the first at 0)
-            fits, ident = committed_row_id(Path(path), checkpoint)
+            fits, ident, task = committed_row_id(Path(path), checkpoint)
         elif checkpoint > 0:
-            fits, ident = committed_last_id(Path(path), checkpoint)
+            fits, line = committed_last_id(Path(path), checkpoint)
+            ident = None if line is None else line.id
+            task = None if line is None or line.reused else line.task_id
         else:
-            fits, first = uncommitted_first_line(Path(path))
-            ident = None if first is None or first.reused else first.id
-            if rejects and first is not None:
-                fits, ident = first.source in manifests, None
+            fits, line = uncommitted_first_line(Path(path))
+            ident = None if line is None or line.reused else line.id
+            task = None if ident is None or line is None else line.task_id
+            if rejects and line is not None:
+                fits, ident = line.source in manifests, None
         if fits and ident is not None and "\x00" not in ident:
             # (An id holding a NUL is a client reject the dedupe never takes in: no store
             # holds one, so such a line is not looked up.)
             fits = bool(db.first_positions([ids.sent(row.job, ident)]))
+        if fits and task is not None and not rejects:
+            # Another run of the same ids (a smaller dump of the catalogue) writes lines of
+            # them too, alike to the byte when the service answers alike: only this run's
+            # tasks are its own.
+            fits = db.task_known(task)
         if not fits:
             foreign.append(Path(path))
     return foreign

@@ -77,9 +77,11 @@ class _Id(msgspec.Struct, gc=False):
 
 
 class FirstLine(msgspec.Struct, gc=False):
-    """What :func:`uncommitted_first_line` reads of a line."""
+    """What :func:`committed_last_id` and :func:`uncommitted_first_line` read of a line: its
+    id, its task (a results line; None for the single endpoint's), its manifest (a reject)."""
 
     id: str | None = None
+    task_id: str | None = msgspec.field(default=None, name="taskId")
     source: str | None = None
     reused: bool = False
 
@@ -286,12 +288,12 @@ class RejectSink(_AppendFile):
 _TAIL_SPAN = 1 << 20
 
 
-def committed_last_id(path: Path, checkpoint: int) -> tuple[bool, str | None]:
-    """(whether the JSONL file at ``path`` can hold a run's lines up to ``checkpoint``, the id
-    of the line that ends there). Not when a line does not end exactly at the checkpoint, or
+def committed_last_id(path: Path, checkpoint: int) -> tuple[bool, FirstLine | None]:
+    """(whether the JSONL file at ``path`` can hold a run's lines up to ``checkpoint``, the
+    line that ends there). Not when a line does not end exactly at the checkpoint, or
     that line is not JSON with an ``id`` (another file now at the path, which a cut there
     would split mid-line). A file shorter than the checkpoint, or that cannot be read, is left
-    to :meth:`_AppendFile.truncate` (it lost lines): taken, id None. Blocking."""
+    to :meth:`_AppendFile.truncate` (it lost lines): taken, line None. Blocking."""
     if checkpoint <= 0:
         return True, None
     try:
@@ -309,7 +311,7 @@ def committed_last_id(path: Path, checkpoint: int) -> tuple[bool, str | None]:
     if cut < 0 and start > 0:
         return True, None  # a line longer than the span: not checked
     try:
-        return True, _id_decoder.decode(tail[cut + 1 :]).id
+        return True, _first_line_decoder.decode(tail[cut + 1 :])
     except msgspec.DecodeError:
         return False, None
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -123,3 +124,43 @@ async def test_a_resume_leaves_another_runs_sqlite_results_alone(tmp_path: Path)
     with contextlib.closing(sqlite3.connect(out)) as db:
         ids = {r[0] for r in db.execute("SELECT id FROM results")}
     assert ids == {f"p{i}" for i in range(5000, 5300)}
+
+
+@pytest.mark.parametrize("killed", ["nothing-written", "pages-written"])
+async def test_a_resume_leaves_another_runs_results_of_the_same_ids_alone(
+    tmp_path: Path, killed: str
+) -> None:
+    """The full catalogue's run is killed (with rows taken in and nothing counted written, or
+    with some pages of its first task written); a run of a smaller dump of the same catalogue
+    (its first 1,000 rows, the same ids) given the same ``--out`` with its own state writes
+    its results there. The full run's same command took that file as its own, its lines
+    being of ids it took in (the first at a checkpoint of 0; the one ending at the
+    checkpoint, the same bytes as its own, the service answering the same rows alike): the
+    other run's results were cut to nothing (or appended to as this run's) and it exited 0.
+    A results line of this run is also of a task it recorded: refused, the file left as it
+    is."""
+    full = write_csv(tmp_path / "full.csv", 3000)
+    part = write_csv(tmp_path / "part.csv", 1000)
+    out, state = tmp_path / "out.jsonl", tmp_path / "full.state"
+    args = ["--state", str(state), "--rotate-images", "1000", "--rotate-min-images", "1000"]
+    async with running_service(ServiceConfig(rate=250.0)) as svc:
+        first = run_args(svc.url, out, str(full), *args)
+        proc = await anyio.open_process(first, stderr=subprocess.DEVNULL, env=ENV)
+        if killed == "nothing-written":
+            await _kill_when(proc, lambda: _job(state)[0] >= 0)
+            assert _job(state)[1:] == (0, 0)
+        else:
+            await _kill_when(proc, lambda: _job(state)[1] > 0)
+        async with running_service(ServiceConfig()) as other:
+            p_state = str(tmp_path / "part.state")
+            done_p = await anyio.run_process(
+                run_args(other.url, out, str(part), "--state", p_state), check=False, env=ENV
+            )
+        assert done_p.returncode == 0, done_p.stderr.decode()
+        theirs = out.read_bytes()
+        with anyio.fail_after(60):
+            again = await anyio.run_process(first, check=False, env=ENV)
+    message = again.stderr.decode()
+    assert again.returncode == 1, message
+    assert "another run" in message and "--restart" in message
+    assert out.read_bytes() == theirs
