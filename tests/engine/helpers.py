@@ -3,10 +3,12 @@ and a run behind the misbehaving proxy."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -114,6 +116,26 @@ class Outcomes:
     results: list[dict[str, Any]]
     rejects: list[dict[str, Any]]
     ids: list[str | None] = field(default_factory=list)
+
+
+def taken_in(state: Path) -> tuple[int, int, int]:
+    """What the SQLite state at ``state`` holds: rows taken in (``accepted``, its jobs
+    together), chunks written ahead, and creates of unknown fate (chunks with no task whose
+    ``written_at`` is not 0: their create may be on its way, and a stop then has the resume
+    look for its task for a request deadline). All 0 while it cannot be read.
+
+    For tests that stop a run once it got somewhere, not a fixed time after its start (which on
+    a loaded machine may come before it read a row)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
+            (accepted,) = db.execute("SELECT coalesce(sum(accepted), 0) FROM jobs").fetchone()
+            ahead, unknown = db.execute(
+                "SELECT count(*), count(*) FILTER (WHERE task_id IS NULL AND written_at IS NOT 0)"
+                " FROM chunks"
+            ).fetchone()
+    except sqlite3.Error:
+        return 0, 0, 0
+    return int(accepted), int(ahead), int(unknown)
 
 
 def read_outcomes(out: Path, rejects: Path) -> Outcomes:

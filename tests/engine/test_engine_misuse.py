@@ -27,6 +27,7 @@ from .helpers import (
     ids_of,
     job_spec,
     read_outcomes,
+    taken_in,
     write_csv,
 )
 
@@ -48,13 +49,24 @@ async def _written_ahead(tmp_path: Path, key: str, manifest: Path) -> None:
     """Job ``key`` (outputs in ``out/``) begun while the service is down: its rows are taken in
     and written ahead, then the process goes (the state in ``state`` keeps the job open)."""
     db = StateDB(tmp_path / "state")
+    rows = len(manifest.read_bytes().splitlines()) - 1
     async with TaggerClient(config=client_config(f"http://127.0.0.1:{dead_port()}")) as client:
         engine = Engine(
             client=client, db=db, state=db.open_engine(), config=SLOW_ROTATION, namespaced=True
         )
-        with anyio.move_on_after(2):
+        # Gone once every row is taken in, and written ahead as far as it goes with its creates
+        # refused (not a fixed 2 s, which on a loaded machine may come before the rows are
+        # read).
+        with anyio.CancelScope() as gone:
             async with engine:
                 job = await engine.submit(job_spec(key, manifest, tmp_path / "out"))
+                with anyio.fail_after(60):
+                    while True:
+                        accepted, ahead, unknown = taken_in(tmp_path / "state")
+                        if accepted >= rows and ahead and not unknown:
+                            break
+                        await anyio.sleep(0.02)
+                gone.cancel()
                 await engine.outcome(job)
     assert job.counters["accepted"] > 0
 
