@@ -22,7 +22,7 @@ from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, write_csv
+from .helpers import assert_exactly_once, client_config, taken_in, write_csv
 
 FAST = EngineConfig(
     poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0, rotate_images=3000
@@ -276,9 +276,18 @@ async def test_the_fairness_bound_never_blocks_a_resume(tmp_path: Path) -> None:
             fail_fast=False,
             max_pending_rows=5000,
         )
-        with anyio.move_on_after(2):  # the service is down: then the process is gone
+        # The service is down: the process is gone once the bound is reached, the rows in the
+        # state (not a fixed 2 s, which on a loaded machine may come before they are read).
+        with anyio.CancelScope() as gone:
             async with engine:
                 job = await engine.submit(spec)
+                with anyio.fail_after(60):
+                    while True:
+                        accepted, _, unknown = taken_in(tmp_path / "state")
+                        if engine.rows_pending() >= 5000 and accepted >= 5000 and not unknown:
+                            break
+                        await anyio.sleep(0.02)
+                gone.cancel()
                 await engine.outcome(job)
     assert engine.rows_pending() >= 5000
     async with running_service(ServiceConfig()) as svc:
