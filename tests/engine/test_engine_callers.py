@@ -31,6 +31,7 @@ from .helpers import (
     free_port,
     ids_of,
     job_spec,
+    taken_in,
     write_csv,
 )
 from .proxy import Misbehaviour, misbehaving
@@ -128,7 +129,21 @@ async def test_a_run_on_a_client_of_the_caller_counts_its_own_retries(tmp_path: 
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     port = free_port()
     async with TaggerClient(config=client_config(f"http://127.0.0.1:{port}")) as client:
-        with anyio.move_on_after(1):  # the service is down: every request is retried
+        # The service is down: every request is retried. Cancelled once one was, its create
+        # known refused (not a fixed 1 s, which on a loaded machine may come before any).
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_once_retried() -> None:
+                state = out.with_name(out.name + ".state")
+                with anyio.fail_after(60):
+                    while True:
+                        _, ahead, unknown = taken_in(state)
+                        if client.stats.retries and ahead and not unknown:
+                            break
+                        await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_once_retried)
             await run_pipeline([manifest], client=client, out=out, rejects=rej, engine=FAST)
         assert client.stats.retries > 0
         async with running_service(ServiceConfig(), port=port):
