@@ -29,7 +29,7 @@ from fashiontag_pipeline.engine.reuse.store import open_store
 from fashiontag_pipeline.engine.state import reuse_rows
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, client_config, run_args
+from .helpers import ENV, client_config, run_args, taken_in
 
 N = 300
 
@@ -101,7 +101,20 @@ async def test_a_resume_in_another_language_is_refused_and_the_store_stays_true(
         )
 
     async with running_service(ServiceConfig(rate=200.0)) as svc:
-        with anyio.move_on_after(1.0):  # stopped once its rows are sent, before their pages
+        # Stopped once its rows are sent, before their pages (not a fixed 1 s, which on a
+        # loaded machine may come before they are sent: the resume then has no task of them).
+        async with anyio.create_task_group() as tg:
+
+            async def stop_once_sent() -> None:
+                with anyio.fail_after(60):
+                    while True:
+                        accepted, _, unknown = taken_in(state)
+                        if svc.store.image_count >= N and accepted >= N and not unknown:
+                            break
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_once_sent)
             await attempt("en")
         if resumed_in != "en":
             with pytest.raises(StateConflictError, match="begun with --language en") as err:
