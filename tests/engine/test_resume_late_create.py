@@ -147,7 +147,13 @@ async def test_sigterm_while_a_resume_looks_for_a_create_stops_it(tmp_path: Path
             args = await killed_after_a_create(tmp_path, proxy, 60.0)
             proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
             try:
-                await anyio.sleep(2.0)
+                # Stopped once it says it looks (not a fixed 2 s, which on a loaded machine may
+                # come while it starts: a stop then ends it with 130 too, and tests nothing).
+                assert proc.stderr is not None
+                said = b""
+                with anyio.fail_after(60):
+                    while b"its task is looked for" not in said:
+                        said += await proc.stderr.receive()
                 assert proc.returncode is None
                 proc.send_signal(signal.SIGTERM)
                 with anyio.fail_after(10):
