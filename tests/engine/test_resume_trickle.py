@@ -69,7 +69,12 @@ async def test_sigterm_stops_intake_saves_state_and_resume_completes(tmp_path: P
     async with running_service(ServiceConfig(rate=8000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--rotate-images", "1000")
         proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        await anyio.sleep(1.0)
+        # Stopped once its first results are written (not a fixed 1 s, which on a loaded
+        # machine may come while it starts: a stop then ends it with 130 too, nothing begun).
+        with anyio.fail_after(60):
+            while (not out.exists() or out.stat().st_size == 0) and proc.returncode is None:
+                await anyio.sleep(0.02)
+        assert proc.returncode is None, "the run ended before it was stopped"
         proc.send_signal(signal.SIGTERM)
         with anyio.fail_after(30):
             code = await proc.wait()
