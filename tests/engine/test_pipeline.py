@@ -202,7 +202,12 @@ async def test_service_restart_mid_run(tmp_path: Path) -> None:
     async with anyio.create_task_group() as tg:
         async with running_service(cfg, port=port):
             tg.start_soon(pipeline)
-            await anyio.sleep(0.8)
+            # Stopped once the run wrote its first results (not a fixed 0.8 s, which on a
+            # loaded machine may come before it sent anything: no restart mid-run then).
+            with anyio.fail_after(60):
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.02)
+            assert not summary_box, "the run ended before the service stopped"
         await anyio.sleep(0.5)  # down for a while: connections refused
         async with running_service(cfg, port=port):
             restarted.set()
