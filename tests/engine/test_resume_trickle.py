@@ -48,9 +48,15 @@ async def test_kill_9_at_several_points_then_resume_exactly_once(tmp_path: Path)
         args = run_args(svc.url, out, str(manifest), "--state", str(state))
         args += ["--rotate-images", "1500", "--write-concurrency", "2"]
         killed = []
-        for delay in (0.8, 1.1, 1.3):
+        seen = 0
+        for _ in range(3):
             proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-            await anyio.sleep(delay)
+            # Killed once it wrote results past the last kill (kills 0.8-1.3 s after the start
+            # came before any on a loaded machine: three kills of a run that did nothing).
+            with anyio.fail_after(60):
+                while proc.returncode is None and (not out.exists() or out.stat().st_size <= seen):
+                    await anyio.sleep(0.02)
+            seen = out.stat().st_size
             if proc.returncode is None:
                 proc.send_signal(signal.SIGKILL)
             killed.append(await proc.wait())
