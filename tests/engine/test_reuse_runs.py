@@ -298,7 +298,9 @@ async def test_kill_9_mid_run_mixing_reused_and_sent_rows_then_resume(
             killed.append(await proc.wait())
             await proc.aclose()
             lines_out.append(out.read_bytes().count(b"\n"))  # whole lines (a kill may cut one)
-        assert killed.count(-signal.SIGKILL) == 2, killed
+        # (Tagged lines come last here, with the run's end: the second attempt may finish and
+        # exit 0 before its kill lands, a case the checks below already allow for.)
+        assert killed[0] == -signal.SIGKILL and killed[1] in (-signal.SIGKILL, 0), killed
         result = await anyio.run_process(
             [*args, "--summary", str(tmp_path / "s.json")], check=False, env=ENV
         )
