@@ -31,11 +31,20 @@ from .validate import Validator
 
 __all__ = ["StdinDigest", "check_replayed"]
 
+
+def _as_text(obj: Any) -> str:
+    """A row the source refuses (a :class:`~.strays.BadRow`: its reason, a ``str`` subclass
+    msgspec does not encode) digested as its text, as any row of an unparsable line is."""
+    if isinstance(obj, str):
+        return str(obj)
+    raise NotImplementedError(type(obj))
+
+
 #: The digest's encoding of a row: a JSONL object's keys sorted, so that their order, which
 #: an exporter may change, is not part of the row. States of builds before it recorded the
 #: digest with the keys as read (no ``:k`` after the CRC): :data:`_AS_READ` checks those.
-_KEYS_SORTED = msgspec.json.Encoder(order="deterministic")
-_AS_READ = msgspec.json.Encoder()
+_KEYS_SORTED = msgspec.json.Encoder(order="deterministic", enc_hook=_as_text)
+_AS_READ = msgspec.json.Encoder(enc_hook=_as_text)
 _SORTED_MARK = "k"
 _REFUSE = "; pipe the same rows again, or run with --restart to start over"
 

@@ -148,3 +148,29 @@ async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
     err = result.stderr.decode()
     assert result.returncode == 1 and "Traceback" not in err, err[-400:]
     assert f"manifest {manifest}" in err and fix in err, err
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "urls"])
+async def test_a_latin1_byte_in_an_id_on_stdin_is_one_reject_not_a_crash(
+    tmp_path: Path, kind: str
+) -> None:
+    """A dump piped to ``fashiontag run -`` with a Latin-1 byte in an id or URL (``caf\\xe9``)
+    stopped the run with a TypeError traceback (exit 1, no row written): the row the source
+    refuses could not be digested for a resume. It is one reject, the other rows tagged."""
+    rows = [(f"p{i}", f"https://x/{i}.jpg") for i in range(8)] + [("caf\xe9", "https://x/c.jpg")]
+    if kind == "csv":
+        text = "id,url\n" + "".join(f"{i},{u}\n" for i, u in rows)
+    elif kind == "jsonl":
+        text = "".join(f'{{"id": "{i}", "url": "{u}"}}\n' for i, u in rows)
+    else:
+        rows = [(u, u) for _, u in rows[:-1]] + [("", "https://x/caf\xe9.jpg")]
+        text = "".join(f"{u}\n" for _, u in rows)
+    manifest = tmp_path / "m.txt"
+    manifest.write_bytes(text.encode("latin-1"))
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await run_piped(run_args(svc.url, out, "-"), manifest)
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), {i for i, _ in rows[:-1]} | {None})
+    assert "not UTF-8 text" in o.rejects[0]["reason"]
