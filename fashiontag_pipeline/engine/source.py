@@ -236,7 +236,7 @@ class ManifestReader(ManifestBytes):
                 block = lines[i : i + limit]
                 try:
                     values = list(map(_json_decoder.decode, block))
-                except msgspec.DecodeError:
+                except strays.NOT_JSON:
                     pass
                 else:
                     self._done = i + len(block)
@@ -257,7 +257,7 @@ class ManifestReader(ManifestBytes):
                     continue
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
-                except msgspec.DecodeError as err:
+                except strays.NOT_JSON as err:
                     rows.append((base + i, f"not valid JSON: {err}"))
             self._done = i
             if i >= end:

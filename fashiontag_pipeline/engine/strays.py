@@ -16,11 +16,14 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["BadRow", "decode", "screen_csv", "screen_line"]
+__all__ = ["NOT_JSON", "BadRow", "decode", "screen_csv", "screen_line"]
 
 #: A byte that is not UTF-8, as ``surrogateescape`` keeps it.
 _STRAY = re.compile("[\udc80-\udcff]")
 _json_decoder = msgspec.json.Decoder()
+#: What the JSON decoder raises for a line that is not JSON: RecursionError for one nested
+#: deeper than the interpreter's recursion limit (~1,000 levels), the run's end otherwise.
+NOT_JSON = (msgspec.DecodeError, RecursionError)
 
 
 class BadRow(str):
@@ -92,7 +95,7 @@ def screen_line(text: str, kind: str) -> Any:
         return BadRow(_reason(text, "url") or "not UTF-8 text")
     try:
         obj = _json_decoder.decode(_replaced(text))
-    except msgspec.DecodeError as err:
+    except NOT_JSON as err:
         return f"not valid JSON: {err}"
     if not isinstance(obj, dict):
         return obj

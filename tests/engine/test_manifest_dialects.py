@@ -174,3 +174,26 @@ async def test_a_latin1_byte_in_an_id_on_stdin_is_one_reject_not_a_crash(
     assert result.returncode == 0 and "Traceback" not in err, err[-600:]
     o = assert_exactly_once(out, out.with_suffix(".rej"), {i for i, _ in rows[:-1]} | {None})
     assert "not UTF-8 text" in o.rejects[0]["reason"]
+
+
+@pytest.mark.parametrize("stray", [False, True], ids=["utf8", "latin1-byte"])
+async def test_a_jsonl_line_nested_too_deep_is_one_reject_not_a_crash(
+    tmp_path: Path, stray: bool
+) -> None:
+    """A JSONL line with a value nested thousands of levels deep (a runaway serializer) stopped
+    the run with a RecursionError traceback (exit 1, nothing tagged), the JSON decoder's error
+    for it not being the one the source took for a line that is not JSON. It is one reject."""
+    deep = "[" * 5000 + "]" * 5000
+    lines = [f'{{"id": "p{i}", "url": "https://x/{i}.jpg"}}' for i in range(6)]
+    brand = "Herm\xe8s" if stray else "Hermes"  # (a Latin-1 byte: the line is screened)
+    lines.insert(3, f'{{"id": "deep", "url": "https://x/d.jpg", "brand": "{brand}", "m": {deep}}}')
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(6) | {None})
+    assert [(r["line"], r["reason"][:15]) for r in o.rejects] == [(4, "not valid JSON:")]
