@@ -175,8 +175,10 @@ class JsonlRows:
         """One JSONL row, every rule: appends its item, single-mode item or reject."""
         ident: str | None = None
         try:
-            if isinstance(obj, str):
-                ident = getattr(obj, "ident", None)  # (a BadRow may know its id)
+            if isinstance(obj, str) and type(obj) is not str:
+                # The source's reason for a line it refuses (a BadRow, which may know its id);
+                # a line holding a JSON string is a str, and no object.
+                ident = getattr(obj, "ident", None)
                 raise RowError(obj)
             if not isinstance(obj, dict):
                 raise RowError("line is not a JSON object")

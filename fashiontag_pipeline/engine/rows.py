@@ -110,7 +110,8 @@ class JsonRows(Sequence[tuple[int, Any]]):
 class RowBatch(msgspec.Struct, gc=False):
     """Rows of one manifest. ``rows`` holds (line, value): for CSV a list of fields, for JSONL
     the decoded object; when a line cannot be parsed (not JSON, a CSV row the csv module
-    refuses), the value is the error text (a ``str``) and the row becomes one reject. A block
+    refuses), the value is the error text (a ``str``; for JSONL a :class:`~.strays.BadRow`,
+    as a line holding a JSON string is a ``str`` too) and the row becomes one reject. A block
     of plain CSV lines comes as :class:`PlainRows`, one of JSONL lines as :class:`JsonRows`
     (the same rows, made on demand)."""
 

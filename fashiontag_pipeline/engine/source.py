@@ -258,7 +258,7 @@ class ManifestReader(ManifestBytes):
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
                 except strays.NOT_JSON as err:
-                    rows.append((base + i, f"not valid JSON: {err}"))
+                    rows.append((base + i, strays.BadRow(f"not valid JSON: {err}")))
             self._done = i
             if i >= end:
                 self._lines = None

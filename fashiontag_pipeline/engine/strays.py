@@ -96,7 +96,7 @@ def screen_line(text: str, kind: str) -> Any:
     try:
         obj = _json_decoder.decode(_replaced(text))
     except NOT_JSON as err:
-        return f"not valid JSON: {err}"
+        return BadRow(f"not valid JSON: {err}")
     if not isinstance(obj, dict):
         return obj
     context = obj.get("context")

@@ -127,6 +127,8 @@ BAD_JSONL_ROWS = [
     ({"id": "j4", "url": "https://x/4", "detection": "TOP"}, None),
     ({"id": "j5", "url": "https://x/5", "detection": ["SOCKS"]}, "invalid detection"),
     ([1, 2], "not a JSON object"),
+    # A line that is a JSON string: its reject's reason was the string (a row's own text).
+    ("SKU-1,https://x/1.jpg", "line is not a JSON object"),
 ]
 
 
@@ -143,6 +145,26 @@ def test_every_kind_of_bad_jsonl_row_is_one_reject(tmp_path: Path) -> None:
     assert len(rejects) == len(expected)
     for (_, reject), message in zip(rejects, expected, strict=True):
         assert message in reject.reason
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["decoded-whole", "line-by-line"])
+def test_a_jsonl_line_that_is_a_json_string_is_not_an_object(tmp_path: Path, broken: bool) -> None:
+    """A line holding a JSON string (``"SKU-1,https://x/1.jpg"``: a CSV row quoted by an
+    exporter, a banner) was rejected with the string as its reason, read as the source's
+    reason for a line it could not parse. Its reason says the line is not a JSON object,
+    whether the block was decoded whole or line by line (a line that is not JSON in it)."""
+    lines = ['{"id": "a", "url": "https://x/a.jpg"}', '"SKU-1,https://x/1.jpg"', '"p"']
+    p = tmp_path / "m.jsonl"
+    p.write_text("\n".join(lines + (["{broken"] if broken else [])) + "\n")
+    reader = open_manifest(str(p), 0)
+    batch = reader.read_batch()
+    reader.close()
+    assert batch is not None
+    items, rejects = Validator().validate(batch)
+    assert [i[0] for i in items] == ["a"]
+    reasons = [(r.line, r.reason) for _, r in rejects]
+    assert reasons[:2] == [(2, "line is not a JSON object"), (3, "line is not a JSON object")]
+    assert len(reasons) == 2 + broken
 
 
 def test_csv_field_larger_than_the_csv_default_is_read(tmp_path: Path) -> None:
