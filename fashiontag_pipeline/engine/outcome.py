@@ -37,12 +37,13 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
 
     At a checkpoint of 0 (killed before the state counted a byte of the file, rows taken in)
     the first line decides, uncommitted: a results line is of an id the run took in
-    (committed before its task was made), a rejects line names one of the job's manifests
-    (its id is committed with the write it follows). Cut to nothing, another run's file was
-    lost. With no row taken in, the outputs are rewritten, as a new run's are. A SQLite
-    results file (``--sink sqlite``): its row at the checkpoint, or its first at 0. A results
-    line (row) of a task must be of a task the state records: another run of the same ids
-    (a smaller dump of the catalogue) writes lines of those ids too."""
+    (committed before its task was made), or of one it did not if answered from the result
+    store (``"reused": true``: written before its id is), a rejects line names one of the
+    job's manifests (its id is committed with the write it follows). Cut to nothing, another
+    run's file was lost. With no row taken in, the outputs are rewritten, as a new run's are.
+    A SQLite results file (``--sink sqlite``): its row at the checkpoint, or its first at 0.
+    A results line (row) of a task must be of a task the state records: another run of the
+    same ids (a smaller dump of the catalogue) writes lines of those ids too."""
     foreign: list[Path] = []
     files = (
         (row.results, row.results_ckpt, row.sink != "sqlite", False),
@@ -52,23 +53,30 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
     for path, checkpoint, jsonl, rejects in files:
         if checkpoint <= 0 and row.validated < 0:
             continue  # (nothing committed, not a row: a new run, which rewrites the outputs)
+        ident: str | None = None
         task: str | None = None
+        reused = False
         if not jsonl:  # --sink sqlite: the row at the checkpoint (the first at 0)
-            fits, ident, task = committed_row_id(Path(path), checkpoint)
-        elif checkpoint > 0:
-            fits, line = committed_last_id(Path(path), checkpoint)
-            ident = None if line is None else line.id
-            task = None if line is None or line.reused else line.task_id
+            fits, ident, task, reused = committed_row_id(Path(path), checkpoint)
         else:
-            fits, line = uncommitted_first_line(Path(path))
-            ident = None if line is None or line.reused else line.id
-            task = None if ident is None or line is None else line.task_id
-            if rejects and line is not None:
-                fits, ident = line.source in manifests, None
+            fits, line = (
+                committed_last_id(Path(path), checkpoint)
+                if checkpoint > 0
+                else uncommitted_first_line(Path(path))
+            )
+            if line is not None:
+                ident, reused = line.id, line.reused
+                task = None if reused else line.task_id
+                if rejects and checkpoint <= 0:
+                    fits, ident = line.source in manifests, None
         if fits and ident is not None and "\x00" not in ident:
             # (An id holding a NUL is a client reject the dedupe never takes in: no store
-            # holds one, so such a line is not looked up.)
-            fits = bool(db.first_positions([ids.sent(row.job, ident)]))
+            # holds one, so such a line is not looked up.) A line answered from the result
+            # store is written before the commit that takes its id in: uncommitted (at 0), a
+            # line of this run's is of an id not taken in yet, and one of an id taken in is
+            # another run's (this run's row of it was sent, or its line committed).
+            taken = bool(db.first_positions([ids.sent(row.job, ident)]))
+            fits = taken != (reused and checkpoint <= 0)
         if fits and task is not None and not rejects:
             # Another run of the same ids (a smaller dump of the catalogue) writes lines of
             # them too, alike to the byte when the service answers alike: only this run's

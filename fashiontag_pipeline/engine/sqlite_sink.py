@@ -250,18 +250,18 @@ def _word(status: str) -> str:
     return STATUS_SUCCESS if says_success(status) else status
 
 
-def committed_row_id(path: Path, checkpoint: int) -> tuple[bool, str | None, str | None]:
+def committed_row_id(path: Path, checkpoint: int) -> tuple[bool, str | None, str | None, bool]:
     """(whether the results file at ``path`` can hold a run's rows, the id of its row at
-    ``checkpoint``, or of its first row at 0: rows written, none counted, and that row's task)
-    for :func:`~.outcome.not_ours`, as :func:`~.sinks.committed_last_id` is for JSONL. A row
-    answered from the result store, no row there, a file of the older format (its checkpoint
-    a count) or one that cannot be read: taken, id None. The task is None for a row of the
-    single endpoint. Blocking."""
+    ``checkpoint``, or of its first row at 0: rows written, none counted, that row's task, and
+    whether it was answered from the result store) for :func:`~.outcome.not_ours`, as
+    :func:`~.sinks.committed_last_id` is for JSONL. No row there, a file of the older format
+    (its checkpoint a count) or one that cannot be read: taken, id None. The task is None for
+    a row of the single endpoint or of the result store. Blocking."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version < SqliteResultSink.ROWID_CHECKPOINTS:
-                return True, None, None
+                return True, None, None, False
             found = db.execute(
                 "SELECT id, reused, task_id FROM results WHERE rowid = ?"
                 if checkpoint > 0
@@ -269,7 +269,9 @@ def committed_row_id(path: Path, checkpoint: int) -> tuple[bool, str | None, str
                 (checkpoint,),
             ).fetchone()
     except sqlite3.Error:
-        return True, None, None
-    if found is None or found[1]:
-        return True, None, None
-    return True, str(found[0]), str(found[2]) if found[2] else None
+        return True, None, None, False
+    if found is None:
+        return True, None, None, False
+    reused = bool(found[1])
+    task = None if reused or not found[2] else str(found[2])
+    return True, str(found[0]), task, reused

@@ -19,7 +19,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, run_args, short_deadline, write_csv
 
 
 def _job(state: Path) -> tuple[int, int, int]:
@@ -164,3 +164,97 @@ async def test_a_resume_leaves_another_runs_results_of_the_same_ids_alone(
     assert again.returncode == 1, message
     assert "another run" in message and "--restart" in message
     assert out.read_bytes() == theirs
+
+
+@pytest.mark.parametrize("sink", ["jsonl", "sqlite"])
+async def test_a_resume_leaves_alone_another_runs_results_answered_from_the_store(
+    tmp_path: Path, sink: str
+) -> None:
+    """The full catalogue's run is killed with rows taken in and nothing counted written; a
+    run of a smaller dump of it (its first 1,000 rows, the same ids) given the same ``--out``
+    with its own state and ``--reuse`` of last night's store answers every row from the store
+    (``"reused": true``). The full run's same command took the first such line as its own
+    whatever its id (its own line of a reused row is written before the commit that takes the
+    id in), cut the other run's results to nothing and exited 0. A reused line of an id this
+    run took in is never its own uncommitted one (that id was answered another way, or its
+    line was committed with it): refused, the file left as it is."""
+    full = write_csv(tmp_path / "full.csv", 3000)
+    part = write_csv(tmp_path / "part.csv", 1000)
+    suffix = ".db" if sink == "sqlite" else ".jsonl"
+    out, state = tmp_path / f"out{suffix}", tmp_path / "full.state"
+    store = tmp_path / "store.db"
+    flags = ["--sink", sink, *short_deadline(tmp_path)]
+    async with running_service(ServiceConfig(rate=250.0)) as svc:
+        async with running_service(ServiceConfig()) as other:
+            last_night = run_args(
+                other.url, tmp_path / f"last{suffix}", str(part), "--reuse", str(store)
+            )
+            seeded = await anyio.run_process(
+                [*last_night, "--state", str(tmp_path / "last.state"), *flags],
+                check=False,
+                env=ENV,
+            )
+            assert seeded.returncode == 0, seeded.stderr.decode()
+            first = run_args(svc.url, out, str(full), "--state", str(state), *flags)
+            proc = await anyio.open_process(first, stderr=subprocess.DEVNULL, env=ENV)
+            await _kill_when(proc, lambda: _job(state)[0] >= 0)
+            assert _job(state)[1:] == (0, 0)
+            p_state = str(tmp_path / "part.state")
+            done_p = await anyio.run_process(
+                [*run_args(other.url, out, str(part), "--state", p_state, "--reuse", str(store)),
+                 *flags],
+                check=False,
+                env=ENV,
+            )  # fmt: skip
+        assert done_p.returncode == 0, done_p.stderr.decode()
+        theirs = out.read_bytes()
+        with anyio.fail_after(60):
+            again = await anyio.run_process(first, check=False, env=ENV)
+    message = again.stderr.decode()
+    assert again.returncode == 1, message
+    assert "another run" in message and "--restart" in message
+    assert out.read_bytes() == theirs
+
+
+async def test_a_resume_takes_its_own_uncommitted_line_answered_from_the_store(
+    tmp_path: Path,
+) -> None:
+    """The other side of the check above: a run with ``--reuse`` killed between writing its
+    first line answered from the store and the commit that takes that row's id in (the state
+    as before the write: checkpoint 0, the id not taken in) takes the line as its own: the
+    same command finishes the run, every row once, exit 0."""
+    part = write_csv(tmp_path / "part.csv", 500)
+    full = tmp_path / "full.csv"
+    head, *rows = part.read_text().splitlines()
+    fresh = [f"q{i},https://img.example/q{i}.jpg,acme,TOP|SHOES" for i in range(20)]
+    full.write_text("\n".join([head, *fresh, *rows]) + "\n")
+    out, state, store = tmp_path / "out.jsonl", tmp_path / "s.state", tmp_path / "store.db"
+    slow_intake = tmp_path / "slow-intake.toml"  # V moves row by row
+    slow_intake.write_text("[engine]\nread_batch_rows = 1\n")
+    flags = ["--state", str(state), "--reuse", str(store), "--config", str(slow_intake)]
+    async with running_service(ServiceConfig(rate=100.0)) as svc:
+        last_night = run_args(svc.url, tmp_path / "last.jsonl", str(part), "--reuse", str(store))
+        seeded = await anyio.run_process(
+            [*last_night, "--state", str(tmp_path / "last.state")], check=False, env=ENV
+        )
+        assert seeded.returncode == 0, seeded.stderr.decode()
+        args = run_args(svc.url, out, str(full), *flags)
+        proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
+        await _kill_when(proc, lambda: _job(state)[0] >= 0)
+        validated, *ckpts = _job(state)
+        assert ckpts == [0, 0] and validated < 20, (validated, ckpts)
+        before = tmp_path / "before.state"
+        _copy_state(state, before)
+        proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
+        await _kill_when(proc, lambda: out.exists() and b'"reused":true' in out.read_bytes())
+        # Killed between its write and its commit: the state as before, the lines written.
+        _copy_state(before, state)
+        assert b'"reused":true' in out.read_bytes().split(b"\n", 1)[0]
+        with anyio.fail_after(120):
+            done = await anyio.run_process(args, check=False, env=ENV, stderr=subprocess.PIPE)
+    message = done.stderr.decode()
+    assert done.returncode == 0, message
+    o = assert_exactly_once(
+        out, out.with_suffix(".rej"), {f"q{i}" for i in range(20)} | {f"p{i}" for i in range(500)}
+    )
+    assert sum(1 for r in o.results if r.get("reused")) == 500
