@@ -307,3 +307,41 @@ async def test_a_small_manifest_dropped_behind_a_big_one_is_done_first(tmp_path:
     assert not big_done_first and big_lines < 25_000, big_lines
     _assert_once(daemon.outbox / "small", small_ids)
     _assert_once(daemon.outbox / "big", big_ids)
+
+
+async def test_jsonl_drops_of_the_same_ids_are_each_tagged_once_under_their_own_ids(
+    tmp_path: Path,
+) -> None:
+    """JSONL manifests take the validator's block path (a block decoded and built column by
+    column); in the daemon each row is then sent as ``JOB/ID``. Two drops of the same ids at
+    once, each with a bad line and context fields: every id once per drop, under its own id,
+    the bad line one reject, each row sent once (under ids of its own job)."""
+    ids = _ids("j", 600)
+
+    def jsonl(tag: str) -> bytes:
+        rows = [
+            json.dumps({"id": i, "url": f"https://img.example/{tag}{i}.jpg", "brand": "acme"})
+            for i in ids
+        ]
+        rows[250] = json.dumps({"id": ids[250], "url": "ftp://img.example/x.jpg"})
+        return ("\n".join(rows) + "\n").encode()
+
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "one.jsonl", jsonl("a"))
+            drop_atomic(daemon.inbox, "two.jsonl", jsonl("b"))
+            summaries = [await daemon.wait_summary(stem) for stem in ("one", "two")]
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+        records = list(svc.store.tasks.values())
+    for stem, summary in zip(("one", "two"), summaries, strict=True):
+        assert summary["status"] == "done", summary
+        assert summary["tagged"] + summary["failed"] == 599 and summary["rejected"] == 1
+        _assert_once(daemon.outbox / stem, ids, rejected=1)
+        (reject,) = read_lines(daemon.outbox / stem / "rejects.jsonl")
+        assert reject["id"] == ids[250] and reject["line"] == 251 and reject["source"]
+    sent = [i for r in records for i in r.ids]
+    assert len(sent) == 2 * 599 == len(set(sent))
