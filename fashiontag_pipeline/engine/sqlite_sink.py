@@ -258,7 +258,9 @@ def committed_row_id(path: Path, checkpoint: int) -> tuple[bool, str | None, str
     (its checkpoint a count) or one that cannot be read: taken, id None. The task is None for
     a row of the single endpoint or of the result store. Blocking."""
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        # (A URI of the path quoted: ``?``, ``#`` or ``%`` in a file name are its own.)
+        uri = Path(path).absolute().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version < SqliteResultSink.ROWID_CHECKPOINTS:
                 return True, None, None, False

@@ -313,3 +313,20 @@ def test_an_output_is_written_by_one_run_at_a_time(tmp_path: Path, kind: str) ->
         RejectSink(path) if kind == "jsonl" else open_result_sink(path, kind)
     first.close()
     open_result_sink(path, kind).close()
+
+
+@pytest.mark.parametrize("name", ["out?x.db", "out#1.db", "out%3F.db"])
+def test_a_sqlite_results_file_named_with_uri_characters_is_read_where_it_is(
+    tmp_path: Path, name: str
+) -> None:
+    """A resume reads the row at its SQLite results file's checkpoint through a read-only
+    URI: a name holding ``?`` or ``#`` was cut there (``out?x.db`` opened ``out``, made in
+    read-write mode as a stray empty file, and the row went unchecked)."""
+    from fashiontag_pipeline.engine.sqlite_sink import committed_row_id
+
+    path = tmp_path / name
+    sink = SqliteResultSink(path)
+    sink.write_page("t1", _page("a", "b"))
+    sink.close()
+    assert committed_row_id(path, 0) == (True, "a", "t1", False)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(name)) == []
