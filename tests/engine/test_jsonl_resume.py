@@ -4,8 +4,10 @@ edge keep their line numbers."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
+import io
 import json
 import re
 import signal
@@ -17,6 +19,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
+from PIL import Image as PILImage
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -110,10 +113,31 @@ def _dups(data: bytes) -> bytes:
     return b"\n".join(lines)
 
 
-@pytest.mark.parametrize("kind", ["plain", "gzip", "reuse", "dups"])
+def _mixed(data: bytes) -> bytes:
+    """``data`` with rows of other key orders among the plain ones: fields in a context
+    object, an ``ID`` key, a product name, and images as data: URIs (the single endpoint)."""
+    buf = io.BytesIO()
+    PILImage.new("RGB", (8, 8), (200, 30, 30)).save(buf, "PNG")
+    png = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    lines = data.split(b"\n")
+    for k, line in enumerate(lines):
+        if not line.startswith(b'{"id": "p'):
+            continue
+        obj = json.loads(line)
+        if k % 7 == 0:
+            obj = {"context": {"id": obj["id"], "brand": "acme"}, "url": obj["url"]}
+        elif k % 11 == 0:
+            obj = {"ID": obj["id"], "url": obj["url"], "productName": "coat"}
+        elif k % 53 == 0:
+            obj["url"] = png
+        lines[k] = json.dumps(obj).encode() + (b"\r" if line.endswith(b"\r") else b"")
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize("kind", ["plain", "gzip", "reuse", "dups", "mixed"])
 @pytest.mark.parametrize("when", ["early", "results"])
 async def test_a_jsonl_manifest_killed_and_resumed(tmp_path: Path, kind: str, when: str) -> None:
-    data = _dups(_jsonl()) if kind == "dups" else _jsonl()
+    data = _dups(_jsonl()) if kind == "dups" else _mixed(_jsonl()) if kind == "mixed" else _jsonl()
     m = tmp_path / ("m.jsonl.gz" if kind == "gzip" else "m.jsonl")
     m.write_bytes(gzip.compress(data) if kind == "gzip" else data)
     out, state = tmp_path / "out.jsonl", tmp_path / "s.state"
