@@ -176,7 +176,17 @@ def _odd(data: bytes) -> bytes:
 
 @pytest.mark.parametrize(
     "change",
-    ["same", "same-gzip", "same-odd", "changed", "shorter", "changed-odd", "no-flag", "same-reuse"],
+    [
+        "same",
+        "same-gzip",
+        "same-odd",
+        "changed",
+        "shorter",
+        "changed-odd",
+        "no-flag",
+        "same-reuse",
+        "same-twice",
+    ],
 )
 async def test_a_jsonl_stdin_killed_and_resumed(tmp_path: Path, change: str) -> None:
     data = _jsonl()
@@ -203,6 +213,12 @@ async def test_a_jsonl_stdin_killed_and_resumed(tmp_path: Path, change: str) -> 
             piped.write_bytes(_jsonl(url="https://img.example/v2/{i}.jpg"))
         elif change == "changed-odd":  # (a row past the line with a stray byte)
             piped.write_bytes(data.replace(b'"p800"', b'"p800x"'))
+        elif change == "same-twice":  # the resume killed too, further on
+            with piped.open("rb") as stdin:
+                proc = await anyio.open_process(
+                    [*args, "--resume"], stdin=stdin, stderr=subprocess.DEVNULL, env=ENV
+                )
+                await _kill_when(proc, lambda: out.stat().st_size > 250_000)
         elif change == "shorter":
             piped.write_bytes(b"\n".join(data.split(b"\n")[:300]) + b"\n")
         with piped.open("rb") as stdin, anyio.fail_after(120):
