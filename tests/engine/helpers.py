@@ -7,16 +7,18 @@ import contextlib
 import gzip
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
@@ -136,6 +138,31 @@ def taken_in(state: Path) -> tuple[int, int, int]:
     except sqlite3.Error:
         return 0, 0, 0
     return int(accepted), int(ahead), int(unknown)
+
+
+def job_marks(state: Path) -> tuple[int, int, int]:
+    """(validated, results_ckpt, rejects_ckpt) of the job in the SQLite state at ``state``
+    (read-only: a state not made yet is not made by looking); validated is -1 until the job
+    takes a row in, and while the state cannot be read."""
+    try:
+        uri = state.absolute().as_uri() + "?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+            found = db.execute("SELECT validated, results_ckpt, rejects_ckpt FROM jobs").fetchone()
+    except sqlite3.Error:
+        return -1, 0, 0
+    return (int(found[0]), int(found[1]), int(found[2])) if found else (-1, 0, 0)
+
+
+async def kill_when(proc: anyio.abc.Process, ready: Callable[[], bool]) -> None:
+    """SIGKILL ``proc`` once ``ready()`` holds (polled, at most 60 s); a run that ended first
+    fails the test (its kill point was never reached)."""
+    with anyio.fail_after(60):
+        while not ready() and proc.returncode is None:
+            await anyio.sleep(0.005)
+    assert proc.returncode is None, "the run ended before it was killed"
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+    await proc.aclose()
 
 
 def read_outcomes(out: Path, rejects: Path) -> Outcomes:

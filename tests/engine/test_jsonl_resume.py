@@ -5,15 +5,11 @@ edge keep their line numbers."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import gzip
 import io
 import json
 import re
-import signal
-import sqlite3
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -21,9 +17,10 @@ import anyio.abc
 import pytest
 from PIL import Image as PILImage
 
+from fashiontag_pipeline.engine.state import split_position
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, read_outcomes, run_args
+from .helpers import ENV, assert_exactly_once, job_marks, kill_when, read_outcomes, run_args
 
 N = 2400
 BLOCK = 500
@@ -60,22 +57,9 @@ def _config(tmp_path: Path) -> str:
 
 
 def _validated(state: Path) -> int:
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{state}?mode=ro", uri=True)) as db:
-            found = db.execute("SELECT validated FROM jobs").fetchone()
-    except sqlite3.Error:
-        return -1
-    return int(found[0]) & 0xFFFFFFFF if found else -1
-
-
-async def _kill_when(proc: anyio.abc.Process, ready: Callable[[], bool]) -> None:
-    with anyio.fail_after(60):
-        while not ready() and proc.returncode is None:
-            await anyio.sleep(0.005)
-    assert proc.returncode is None, "the run ended before it was killed"
-    proc.send_signal(signal.SIGKILL)
-    await proc.wait()
-    await proc.aclose()
+    """The line up to which the state's job took its manifest's rows in (-1: none yet)."""
+    validated = job_marks(state)[0]
+    return split_position(validated)[1] if validated >= 0 else -1
 
 
 def _rejects(out: Path) -> list[tuple[object, ...]]:
@@ -164,9 +148,9 @@ async def test_a_jsonl_manifest_killed_and_resumed(tmp_path: Path, kind: str, wh
             assert (await anyio.run_process(last, check=False, env=ENV)).returncode == 0
         proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
         if when == "early":
-            await _kill_when(proc, lambda: _validated(state) > 600)
+            await kill_when(proc, lambda: _validated(state) > 600)
         else:
-            await _kill_when(proc, lambda: out.exists() and out.stat().st_size > 50_000)
+            await kill_when(proc, lambda: out.exists() and out.stat().st_size > 50_000)
         with anyio.fail_after(120):
             done = await anyio.run_process(args, check=False, env=ENV)
     assert done.returncode == 0, done.stderr.decode()[-800:]
@@ -212,7 +196,7 @@ async def test_a_jsonl_stdin_killed_and_resumed(tmp_path: Path, change: str) -> 
             assert (await anyio.run_process(last, check=False, env=ENV)).returncode == 0
         with piped.open("rb") as stdin:
             proc = await anyio.open_process(args, stdin=stdin, stderr=subprocess.DEVNULL, env=ENV)
-            await _kill_when(proc, lambda: out.exists() and out.stat().st_size > 50_000)
+            await kill_when(proc, lambda: out.exists() and out.stat().st_size > 50_000)
         assert _validated(state) > 0
         if change == "changed":
             piped.write_bytes(_jsonl(url="https://img.example/v2/{i}.jpg"))
@@ -223,7 +207,7 @@ async def test_a_jsonl_stdin_killed_and_resumed(tmp_path: Path, change: str) -> 
                 proc = await anyio.open_process(
                     [*args, "--resume"], stdin=stdin, stderr=subprocess.DEVNULL, env=ENV
                 )
-                await _kill_when(proc, lambda: out.stat().st_size > 250_000)
+                await kill_when(proc, lambda: out.stat().st_size > 250_000)
         elif change == "shorter":
             piped.write_bytes(b"\n".join(data.split(b"\n")[:300]) + b"\n")
         with piped.open("rb") as stdin, anyio.fail_after(120):
@@ -259,7 +243,7 @@ async def test_a_jsonl_manifest_edited_before_its_watermark_is_refused(tmp_path:
     async with running_service(ServiceConfig(rate=800.0)) as svc:
         args = run_args(svc.url, out, str(m), "--config", _config(tmp_path), "--state", str(state))
         proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
-        await _kill_when(proc, lambda: _validated(state) > 600)
+        await kill_when(proc, lambda: _validated(state) > 600)
         m.write_bytes(data.replace(b'"p5"', b'"p5x"', 1))
         with anyio.fail_after(60):
             done = await anyio.run_process(args, check=False, env=ENV)

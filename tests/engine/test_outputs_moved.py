@@ -29,7 +29,15 @@ from fashiontag_pipeline.engine.run_checks import outputs_elsewhere
 from fashiontag_pipeline.engine.state import JobRow
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, client_config, run_args, write_csv
+from .helpers import (
+    ENV,
+    assert_exactly_once,
+    client_config,
+    job_marks,
+    kill_when,
+    run_args,
+    write_csv,
+)
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2)
 
@@ -374,15 +382,6 @@ async def test_a_lost_state_beside_written_outputs_is_said_before_they_are_rewri
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
 
 
-def _validated(state: Path) -> int:
-    try:
-        with contextlib.closing(sqlite3.connect(state)) as db:
-            found = db.execute("SELECT validated FROM jobs").fetchone()
-    except sqlite3.Error:
-        return -1  # not made yet
-    return int(found[0]) if found else -1
-
-
 @pytest.mark.parametrize("file", ["results", "rejects"])
 async def test_a_resume_before_the_first_checkpoint_leaves_another_runs_file_alone(
     tmp_path: Path, file: str
@@ -401,12 +400,7 @@ async def test_a_resume_before_the_first_checkpoint_leaves_another_runs_file_alo
     async with running_service(ServiceConfig(rate=250.0)) as svc:
         args = run_args(svc.url, out, str(a), "--state", str(state))
         proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
-        with anyio.fail_after(60):  # its rows taken in; its one task takes 4 s
-            while _validated(state) < 0 and proc.returncode is None:
-                await anyio.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
-        await proc.aclose()
+        await kill_when(proc, lambda: job_marks(state)[0] >= 0)  # (its one task takes 4 s)
         with contextlib.closing(sqlite3.connect(state)) as db:
             ckpts = db.execute("SELECT results_ckpt, rejects_ckpt FROM jobs").fetchone()
         assert ckpts == (0, 0)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import sqlite3
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -19,17 +17,15 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args, short_deadline, write_csv
-
-
-def _job(state: Path) -> tuple[int, int, int]:
-    """(validated, results_ckpt, rejects_ckpt) of the state's job; validated -1 until made."""
-    try:
-        with contextlib.closing(sqlite3.connect(state)) as db:
-            found = db.execute("SELECT validated, results_ckpt, rejects_ckpt FROM jobs").fetchone()
-    except sqlite3.Error:
-        return -1, 0, 0
-    return (int(found[0]), int(found[1]), int(found[2])) if found else (-1, 0, 0)
+from .helpers import (
+    ENV,
+    assert_exactly_once,
+    job_marks,
+    kill_when,
+    run_args,
+    short_deadline,
+    write_csv,
+)
 
 
 def _copy_state(src: Path, dst: Path) -> None:
@@ -41,15 +37,6 @@ def _copy_state(src: Path, dst: Path) -> None:
         contextlib.closing(sqlite3.connect(dst)) as b,
     ):
         a.backup(b)
-
-
-async def _kill_when(proc: anyio.abc.Process, ready: Callable[[], bool]) -> None:
-    with anyio.fail_after(60):
-        while not ready() and proc.returncode is None:
-            await anyio.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    await proc.wait()
-    await proc.aclose()
 
 
 async def test_a_client_reject_written_by_a_resume_under_another_name_is_the_runs_own(
@@ -73,15 +60,15 @@ async def test_a_client_reject_written_by_a_resume_under_another_name_is_the_run
     async with running_service(ServiceConfig(rate=500.0)) as svc:
         first = run_args(svc.url, out, "in/m.csv", *flags)
         proc = await anyio.open_process(first, stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
-        await _kill_when(proc, lambda: _job(state)[0] >= 0)
-        validated, *ckpts = _job(state)
+        await kill_when(proc, lambda: job_marks(state)[0] >= 0)
+        validated, *ckpts = job_marks(state)
         assert ckpts == [0, 0] and validated < 3999, (validated, ckpts)
         before = tmp_path / "before.state"
         _copy_state(state, before)
         shutil.move(tmp_path / "in" / "m.csv", tmp_path / "done" / "m.csv")
         args = run_args(svc.url, out, "done/m.csv", *flags)
         proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
-        await _kill_when(proc, lambda: rej.exists() and rej.stat().st_size > 0)
+        await kill_when(proc, lambda: rej.exists() and rej.stat().st_size > 0)
         # Killed between its write and its commit: the state as before, the line written.
         _copy_state(before, state)
         out.write_bytes(b"")
@@ -110,8 +97,8 @@ async def test_a_resume_leaves_another_runs_sqlite_results_alone(tmp_path: Path)
     async with running_service(ServiceConfig(rate=250.0)) as svc:
         args = run_args(svc.url, out, str(a), "--state", str(state), "--sink", "sqlite")
         proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
-        await _kill_when(proc, lambda: _job(state)[0] >= 0)
-        assert _job(state)[1:] == (0, 0)
+        await kill_when(proc, lambda: job_marks(state)[0] >= 0)
+        assert job_marks(state)[1:] == (0, 0)
         async with running_service(ServiceConfig()) as other:
             b_state = str(tmp_path / "b.state")
             args_b = run_args(other.url, out, str(b), "--state", b_state, "--sink", "sqlite")
@@ -147,10 +134,10 @@ async def test_a_resume_leaves_another_runs_results_of_the_same_ids_alone(
         first = run_args(svc.url, out, str(full), *args)
         proc = await anyio.open_process(first, stderr=subprocess.DEVNULL, env=ENV)
         if killed == "nothing-written":
-            await _kill_when(proc, lambda: _job(state)[0] >= 0)
-            assert _job(state)[1:] == (0, 0)
+            await kill_when(proc, lambda: job_marks(state)[0] >= 0)
+            assert job_marks(state)[1:] == (0, 0)
         else:
-            await _kill_when(proc, lambda: _job(state)[1] > 0)
+            await kill_when(proc, lambda: job_marks(state)[1] > 0)
         async with running_service(ServiceConfig()) as other:
             p_state = str(tmp_path / "part.state")
             done_p = await anyio.run_process(
@@ -197,8 +184,8 @@ async def test_a_resume_leaves_alone_another_runs_results_answered_from_the_stor
             assert seeded.returncode == 0, seeded.stderr.decode()
             first = run_args(svc.url, out, str(full), "--state", str(state), *flags)
             proc = await anyio.open_process(first, stderr=subprocess.DEVNULL, env=ENV)
-            await _kill_when(proc, lambda: _job(state)[0] >= 0)
-            assert _job(state)[1:] == (0, 0)
+            await kill_when(proc, lambda: job_marks(state)[0] >= 0)
+            assert job_marks(state)[1:] == (0, 0)
             p_state = str(tmp_path / "part.state")
             done_p = await anyio.run_process(
                 [*run_args(other.url, out, str(part), "--state", p_state, "--reuse", str(store)),
@@ -240,13 +227,13 @@ async def test_a_resume_takes_its_own_uncommitted_line_answered_from_the_store(
         assert seeded.returncode == 0, seeded.stderr.decode()
         args = run_args(svc.url, out, str(full), *flags)
         proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
-        await _kill_when(proc, lambda: _job(state)[0] >= 0)
-        validated, *ckpts = _job(state)
+        await kill_when(proc, lambda: job_marks(state)[0] >= 0)
+        validated, *ckpts = job_marks(state)
         assert ckpts == [0, 0] and validated < 20, (validated, ckpts)
         before = tmp_path / "before.state"
         _copy_state(state, before)
         proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
-        await _kill_when(proc, lambda: out.exists() and b'"reused":true' in out.read_bytes())
+        await kill_when(proc, lambda: out.exists() and b'"reused":true' in out.read_bytes())
         # Killed between its write and its commit: the state as before, the lines written.
         _copy_state(before, state)
         assert b'"reused":true' in out.read_bytes().split(b"\n", 1)[0]
