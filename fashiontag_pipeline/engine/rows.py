@@ -6,105 +6,103 @@ in one go.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
 __all__ = ["JsonRows", "PlainRows", "RowBatch"]
 
 
-class PlainRows(Sequence[tuple[int, list[str]]]):
+_T = TypeVar("_T")
+
+
+class _LineBlock(Sequence[tuple[int, _T]], Generic[_T]):
+    """Consecutive lines of a manifest, ``first`` being the number of the first: the rows
+    ``(line, value)``, made when they are read (iteration, indexing), so that a validator
+    taking the lines as one block (:meth:`~.validate.Validator.route`) never builds them."""
+
+    __slots__ = ("first",)
+
+    first: int
+
+    def _items(self) -> list[Any]:
+        """The lines, as the block keeps them."""
+        raise NotImplementedError
+
+    def _row(self, item: Any) -> _T:
+        """The value of one line's row."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, _T]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int, _T]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[int, _T] | list[tuple[int, _T]]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        items = self._items()
+        n = len(items)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        return self.first + index, self._row(items[index])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LineBlock) and type(other) is type(self):
+            return self.first == other.first and self._items() == other._items()
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(first={self.first}, {len(self)} lines)"
+
+
+class PlainRows(_LineBlock[list[str]]):
     """Consecutive CSV lines with no quote, CR or NUL and no blank line: the rows are exactly
-    the lines split at commas, ``first`` being the line number of the first.
+    the lines split at commas."""
 
-    The rows are made when they are read (iteration, indexing), so a validator that can take
-    the lines as one block (:meth:`~.validate.Validator.route`) never builds them."""
-
-    __slots__ = ("first", "lines")
+    __slots__ = ("lines",)
 
     def __init__(self, first: int, lines: list[str]) -> None:
         self.first = first
         self.lines = lines
 
-    def __len__(self) -> int:
-        return len(self.lines)
+    def _items(self) -> list[str]:
+        return self.lines
 
-    @overload
-    def __getitem__(self, index: int) -> tuple[int, list[str]]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[int, list[str]]]: ...
-
-    def __getitem__(
-        self, index: int | slice
-    ) -> tuple[int, list[str]] | list[tuple[int, list[str]]]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        n = len(self.lines)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(index)
-        return self.first + index, self.lines[index].split(",")
+    def _row(self, item: str) -> list[str]:
+        return item.split(",")
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
         first = self.first
         return ((first + k, line.split(",")) for k, line in enumerate(self.lines))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PlainRows):
-            return self.first == other.first and self.lines == other.lines
-        return isinstance(other, Sequence) and list(self) == list(other)
 
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"PlainRows(first={self.first}, {len(self.lines)} lines)"
-
-
-class JsonRows(Sequence[tuple[int, Any]]):
+class JsonRows(_LineBlock[Any]):
     """Consecutive JSONL lines, none blank, each decoded (``values``: what the JSON decoder
-    made of each, an object or any other JSON value), ``first`` being the line number of the
-    first: the rows ``(line, value)``, made when they are read, so that a validator taking the
-    values as one block (:meth:`~.validate.Validator.route`) never builds them."""
+    made of each, an object or any other JSON value)."""
 
-    __slots__ = ("first", "values")
+    __slots__ = ("values",)
 
     def __init__(self, first: int, values: list[Any]) -> None:
         self.first = first
         self.values = values
 
-    def __len__(self) -> int:
-        return len(self.values)
+    def _items(self) -> list[Any]:
+        return self.values
 
-    @overload
-    def __getitem__(self, index: int) -> tuple[int, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[tuple[int, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> tuple[int, Any] | list[tuple[int, Any]]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        n = len(self.values)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(index)
-        return self.first + index, self.values[index]
+    def _row(self, item: Any) -> Any:
+        return item
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return enumerate(self.values, self.first)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, JsonRows):
-            return self.first == other.first and self.values == other.values
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"JsonRows(first={self.first}, {len(self.values)} lines)"
 
 
 class RowBatch(msgspec.Struct, gc=False):
