@@ -381,7 +381,7 @@ class TaskWriter(TaskWrites):
             task.sealed = True
             self.tasks.pop(task.task_id, None)
             # Not committed: a resume treats an open task the same way (closed, then watched).
-            self.book.watch(task.task_id, self.description(task.token))
+            self.book.watch(task.task_id, self.description(task.token), created=True)
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:

@@ -103,7 +103,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
       as long again as the create went unanswered (it timed out, a gateway answered 502/504
       or dropped it: a service that slow may still apply it); at a resume, for a create that
       was on its way when the run died, until the client's request deadline has gone by since
-      it was sent (the state records when), 30 s at most in a daemon.
+      it was sent (the state records when), 30 s at most in a daemon. Also how long after
+      its sealing a task the run created may be unknown to the service (404) before it is
+      taken for forgotten (a store that lags its writes as its list does).
     * ``max_sends``: how many times a row is sent to the service in all (its first write and
       the re-sends after a task that did not return it or was forgotten) before it is written
       as a reject of stage ``unreturned`` instead of being sent forever.

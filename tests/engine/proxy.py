@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -143,6 +144,9 @@ class Misbehaviour:
     #: Seconds a created task stays out of the task list (an eventually consistent index):
     #: status and results know it at once.
     list_lag: float = 0.0
+    #: Seconds a created task's status is answered 404 (an eventually consistent store that
+    #: does not know a task for a moment after its create was answered, then knows it).
+    status_lag: float = 0.0
     #: Creates (in arrival order, 1 = the first POST) the service applies as an append to the
     #: first task created and answers with that task's id: a create answered with the id of a
     #: task the client already holds (a server that hands out an id twice, or merges creates).
@@ -277,6 +281,8 @@ class MisbehavingProxy:
         self.created: list[str] = []
         self.created_at: dict[str, float] = {}
         self.forgotten: set[str] = set()
+        #: Status polls answered 404 under ``status_lag``.
+        self.status_lagged = 0
         self.pages_served: dict[str, int] = {}
         self.puts_refused = 0
         self.left_out = 0
@@ -390,6 +396,14 @@ class MisbehavingProxy:
                 self.puts += 1
             if request.method == "PUT" and self.ordinal(task_id) in self.rules.forget_at_first_put:
                 self.forgotten.add(task_id)
+            if (
+                request.method == "GET"
+                and path.endswith("/status")
+                and self.created_at.get(task_id, -math.inf)
+                > time.monotonic() - self.rules.status_lag
+            ):
+                self.status_lagged += 1
+                return self._not_found()
             if task_id in self.forgotten:
                 if request.method == "PUT":
                     self.puts_refused += 1
