@@ -51,7 +51,7 @@ from ._models import (
     TaskResultsResponse,
     TaskStatusResponse,
 )
-from ._responses import front_end_answer, unreadable_write
+from ._responses import front_end_answer, no_task_named, unreadable_write
 
 __all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
 
@@ -418,7 +418,10 @@ class TaggerClient:
         if not 200 <= response.status < 300:
             self._http.raise_for_status(response, method, path, task_id)
         try:
-            return self._http.decode(_bulk_response_decoder, response, method, path)
+            answer = self._http.decode(_bulk_response_decoder, response, method, path)
+            if task_id is None and not answer.task_id:  # a create's: see no_task_named
+                raise no_task_named(response, method, path)
+            return answer
         except exc.DecodeError as err:
             self.stats.ambiguous_writes += 1
             page = front_end_answer(response, method, path, task_id)

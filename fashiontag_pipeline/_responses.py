@@ -20,6 +20,7 @@ __all__ = [
     "Response",
     "error_for",
     "front_end_answer",
+    "no_task_named",
     "parse_error_body",
     "retry_after",
     "unreadable_write",
@@ -135,6 +136,17 @@ def front_end_answer(
         method=method,
         path=path,
         task_id=task_id,
+    )
+
+
+def no_task_named(response: Response, method: str, path: str) -> exc.DecodeError:
+    """A create's answer that names no task (``"taskId": ""``): an answer that cannot be
+    read, so applied, its task found by its token. Before, "" was taken for the task's id
+    and every request to the task failed with a ValueError traceback."""
+    return exc.DecodeError(
+        f"{method} {path}: HTTP {response.status} answer names no task (an empty taskId)",
+        method=method,
+        path=path,
     )
 
 

@@ -22,7 +22,14 @@ from .policy import Chunk, OpenTask, encode_ids, halves
 from .state import POS_SHIFT, JobReject, Journal, changes
 from .tracker import TaskBook
 
-__all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "WriteAnswers", "count_by_job", "job_marks"]
+__all__ = [
+    "DUPLICATE_PREFIX",
+    "STAGE_SERVER",
+    "WriteAnswers",
+    "count_by_job",
+    "job_marks",
+    "no_task_id",
+]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
@@ -63,6 +70,17 @@ def job_marks(jobs: Jobs, positions: Sequence[int], last: int) -> list[tuple[int
         job = jobs.of_pos(last)
         return [(job.id, last)] if job is not None else []
     return jobs.marks(positions)
+
+
+def no_task_id() -> FatalRunError:
+    """A task of the run's creates listed with an empty id (its create's answer named none):
+    it cannot be addressed, nor created again (its rows would be billed twice)."""
+    return FatalRunError(
+        "the service lists a task this run created with an empty task id (its create's answer"
+        " named none): the task cannot be addressed nor its results read; stopped with the"
+        " state saved, its rows not created again (each would be billed twice). The same"
+        " command resumes once the service lists the task under its id"
+    )
 
 
 class WriteAnswers:

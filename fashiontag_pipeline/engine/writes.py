@@ -21,7 +21,14 @@ from .. import _exceptions as exc
 from .._callctx import WRITE_AGAIN, WRITES_STOPPED
 from .._client import TaggerClient
 from .._models import Task
-from .answers import DUPLICATE_PREFIX, STAGE_SERVER, WriteAnswers, count_by_job, job_marks
+from .answers import (
+    DUPLICATE_PREFIX,
+    STAGE_SERVER,
+    WriteAnswers,
+    count_by_job,
+    job_marks,
+    no_task_id,
+)
 from .config import EngineConfig
 from .flow import STILL_FAILING_EVERY, AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
@@ -309,6 +316,8 @@ class TaskWrites(WriteAnswers):
             listed = await self.budget.call("list tasks", self.client.all_tasks, ends_streak=False)
             for task in listed:
                 token = wanted.get(task.description or "")
+                if token is not None and not task.task_id:
+                    raise no_task_id()
                 if token is not None and token not in found:
                     found[token] = task
             if len(found) == len(wanted):

@@ -1,14 +1,22 @@
 """The task lifecycle against a service that behaves in ways nobody staged: a task its status
-does not know for a moment after its create was answered, ..."""
+does not know for a moment after its create was answered, a create answered with an empty
+task id."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import anyio
 import msgspec
+import pytest
 
-from .helpers import TASKS_OF_1000, run_misbehaving
-from .proxy import Misbehaviour
+from fashiontag_pipeline.engine import run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import TASKS_OF_1000, client_config, run_misbehaving, run_through, write_csv
+from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 
 async def test_a_task_unknown_to_its_status_for_a_moment_after_its_create_is_not_lost(
@@ -23,4 +31,65 @@ async def test_a_task_unknown_to_its_status_for_a_moment_after_its_create_is_not
     summary, proxy, _ = await run_misbehaving(tmp_path, 1000, rules, engine)
     assert proxy.status_lagged >= 1
     assert summary.complete and summary.lost_tasks == 0 and summary.resent == 0
+    assert len(proxy.created) == 1
+
+
+class BlankIds(MisbehavingProxy):
+    """Creates answered with ``"taskId": ""`` (and, with ``in_list``, the task list showing
+    every task so: a service that lost its ids)."""
+
+    def __init__(self, upstream: str, *, in_list: bool) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.in_list = in_list
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+        if status >= 300 or method not in ("GET", "POST") or path != BULK:
+            return out
+        data = json.loads(out)
+        if method == "POST":
+            data["taskId"] = ""
+        elif self.in_list:
+            for task in data["data"]["tasks"]:
+                task["taskId"] = ""
+        return json.dumps(data).encode()
+
+
+async def test_a_create_answered_with_an_empty_task_id_finds_its_task_by_token(
+    tmp_path: Path,
+) -> None:
+    """Every create answered 202 with ``"taskId": ""``: the run took the empty string for the
+    task's id and ended in a ValueError traceback from the client at the first status poll
+    (its rows billed, none read). The answer names no task: the task is looked for in the
+    list by its token (as for a 202 with no readable body), never created again."""
+    proxy = BlankIds("", in_list=False)
+    summary, o = await run_through(tmp_path, 3000, proxy, TASKS_OF_1000)
+    assert summary.complete and summary.resent == 0
+    assert len(proxy.created) == 3
+    assert {r["taskId"] for r in o.results} == set(proxy.created)
+
+
+async def test_a_service_that_shows_every_task_with_an_empty_id_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """The list shows the task with an empty id too: its results cannot be read. The run
+    stops, state saved, saying so (before: a ValueError traceback), and so does its resume;
+    nothing is created again."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = BlankIds("", in_list=True)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            for _ in range(2):  # the run, then its resume
+                with anyio.fail_after(60), pytest.raises(FatalRunError, match="an empty task id"):
+                    await run_pipeline(
+                        [manifest],
+                        client=client_config(proxy.url),
+                        out=out,
+                        rejects=rej,
+                        engine=TASKS_OF_1000,
+                    )
     assert len(proxy.created) == 1
