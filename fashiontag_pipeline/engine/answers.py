@@ -98,6 +98,8 @@ class WriteAnswers:
     current: OpenTask | None
     tasks: dict[str, OpenTask]
     _checking: set[str]
+    _new_token: Callable[[], tuple[int, str]]
+    _opened_ops: Callable[[OpenTask, str, datetime | None], list[changes.Change]]
 
     @staticmethod
     def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
@@ -137,6 +139,34 @@ class WriteAnswers:
                 " read exactly once; stopped with the state saved (the same command"
                 " resumes once the service gives each task its own id)"
             )
+
+    async def _moved(self, task: OpenTask, chunk: Chunk, response: BulkTaskResponse) -> None:
+        """A write to ``task`` answered 2xx with another task's id (a service that made a new
+        task for it: the one written to no longer extended): its rows are in that task. It is
+        recorded as a task of the run (a new token, no description to match) and read like
+        one; ``task`` takes no more writes. Before, the rows were taken as added to ``task``,
+        found missing from its results and sent again: billed twice, the other task unread."""
+        new_id = response.task_id
+        logger.warning(
+            "task %s: a write to it was answered with task id %r, a task the service made for"
+            " it: its rows are read from that task, and no more rows go to %s",
+            task.task_id,
+            new_id,
+            task.task_id,
+            extra={"task_id": task.task_id},
+        )
+        task.closing = True
+        if self.current is task:
+            self.current = None
+        await self._check_new_id(new_id, chunk)
+        seq, token = self._new_token()
+        now = self.clock()
+        moved = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True, sealed=True)
+        opened = self._opened_ops(moved, new_id, response.expires_at)
+        await self._accept(moved, chunk, response, opened)
+        moved.created.set()
+        self.tasks.pop(new_id, None)
+        self.book.watch(new_id, "", created=True)  # (no description: the service chose it)
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).

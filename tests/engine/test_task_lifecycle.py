@@ -5,11 +5,13 @@ task id."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import anyio
 import msgspec
 import pytest
+from aiohttp import web
 
 from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
@@ -93,3 +95,46 @@ async def test_a_service_that_shows_every_task_with_an_empty_id_stops_the_run(
                         engine=TASKS_OF_1000,
                     )
     assert len(proxy.created) == 1
+
+
+class PutMakesATask(MisbehavingProxy):
+    """The second PUT is applied as the create of a new task (a service that starts a new
+    task for a write to one it no longer extends) and answered with that task's id."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.put_count = 0
+        self.made: list[str] = []
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "PUT" or not request.path.startswith(BULK + "/"):
+            return await super().handle(request)
+        self.put_count += 1
+        if self.put_count != 2:
+            return await super().handle(request)
+        assert self._session is not None
+        async with self._session.post(
+            f"{self.upstream}{BULK}",
+            data=await request.read(),
+            headers={"x-api-key": request.headers.get("x-api-key", "")},
+        ) as up:
+            status, payload = up.status, await up.read()
+        self.made.append(json.loads(payload)["taskId"])
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+
+async def test_a_write_answered_with_another_tasks_id_is_read_from_that_task(
+    tmp_path: Path,
+) -> None:
+    """A PUT answered 202 with the id of a new task the service made for it: its 1,000 rows
+    were taken as added to the task written to, missing from its results, and sent again to
+    another task (billed twice, the new task never read; exit 0). They are read from the
+    task the answer names now."""
+    engine = msgspec.structs.replace(TASKS_OF_1000, rotate_images=3000, rotate_min_images=3000)
+    proxy = PutMakesATask("")
+    summary, o = await run_through(tmp_path, 3000, proxy, engine)
+    assert len(proxy.made) == 1
+    assert summary.complete and summary.resent == 0
+    assert len(proxy.created) == 1  # no create of the run's own after the first
+    by_task = Counter(r["taskId"] for r in o.results)
+    assert by_task == {proxy.created[0]: 2000, proxy.made[0]: 1000}
