@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from .rules import jsonl_keys
+
 __all__ = ["NOT_JSON", "BadRow", "decode", "screen_csv", "screen_line"]
 
 #: A byte that is not UTF-8, as ``surrogateescape`` keeps it.
@@ -99,13 +101,15 @@ def screen_line(text: str, kind: str) -> Any:
         return BadRow(f"not valid JSON: {err}")
     if not isinstance(obj, dict):
         return obj
-    context = obj.get("context")
-    ident = obj.get("id")  # as the validator reads them
+    # Its id and URL as the validator reads them: under their keys in any case (``ID``, ``URL``).
+    read = _read_as(obj)
+    context = read.get("context")
+    ident = read.get("id")
     if ident is None and isinstance(context, dict):
-        ident = context.get("id")
-    image = obj.get("image")
-    url = obj.get("url")
-    if "url" not in obj and isinstance(image, dict):
+        ident = _read_as(context).get("id")
+    image = read.get("image")
+    url = read.get("url")
+    if "url" not in read and isinstance(image, dict):
         url = image.get("content")
     bad_id = isinstance(ident, str) and "\ufffd" in ident
     if bad_id or (isinstance(url, str) and "\ufffd" in url):
@@ -113,3 +117,16 @@ def screen_line(text: str, kind: str) -> Any:
         clean = ident if isinstance(ident, str) and ident and not bad_id else None
         return BadRow(f"not UTF-8 text (in the {what}): save the manifest as UTF-8", clean)
     return obj
+
+
+def _read_as(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with the keys it names in another case (``ID``) under their names, as the
+    validator reads them (:func:`.rules.jsonl_keys`); as it is when two keys name one field
+    (its row is refused for that)."""
+    renames = jsonl_keys(tuple(obj))
+    if isinstance(renames, str) or not renames:
+        return obj
+    read = dict(obj)
+    for key, name in renames:
+        read[name] = read.pop(key)
+    return read

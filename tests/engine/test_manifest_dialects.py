@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bz2
 import io
+import json
 import lzma
 import zipfile
 from pathlib import Path
@@ -197,3 +198,42 @@ async def test_a_jsonl_line_nested_too_deep_is_one_reject_not_a_crash(
     assert result.returncode == 0 and "Traceback" not in err, err[-600:]
     o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(6) | {None})
     assert [(r["line"], r["reason"][:15]) for r in o.rejects] == [(4, "not valid JSON:")]
+
+
+@pytest.mark.parametrize(
+    ("id_key", "url_key", "in_context"),
+    [("ID", "url", False), ("Id", "URL", True), ("id", "URL", False)],
+    ids=["ID", "context-Id", "URL"],
+)
+async def test_a_latin1_byte_under_a_key_in_capitals_is_refused_not_replaced(
+    tmp_path: Path, id_key: str, url_key: str, in_context: bool
+) -> None:
+    """A JSONL export in Latin-1 whose keys are in capitals (``{"ID": "caf\\xe9", ...}``, a SQL
+    Server or ERP dump) had the stray byte in its id (or URL) replaced by U+FFFD, where the same
+    row under ``id`` is refused: ``caf\\xe9`` and ``caf\\xe8`` were both tagged as ``caf\\ufffd``
+    (an id the catalogue does not have), the second a duplicate-id reject, and a URL was sent
+    changed. The keys are read in any case here too: each such row is one reject."""
+    bad = ["caf\xe9", "caf\xe8"] if url_key == "url" else ["p8", "p9"]
+    lines = []
+    for i, ident in enumerate([f"p{i}" for i in range(8)] + bad):
+        url = f"https://x/{i}.jpg" if url_key == "url" or i < 8 else f"https://x/caf\xe9{i}.jpg"
+        row = {url_key: url}
+        if in_context:
+            row["context"] = {id_key: ident}  # type: ignore[assignment]
+        else:
+            row[id_key] = ident
+        lines.append(json.dumps(row, ensure_ascii=False))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    err = result.stderr.decode()
+    assert "Traceback" not in err, err[-600:]
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    assert sorted(o.ids) == sorted(ids_of(8)), o.rejects
+    what = "url" if url_key == "URL" else "id"
+    assert [(r["line"], r["reason"]) for r in o.rejects] == [
+        (line, f"not UTF-8 text (in the {what}): save the manifest as UTF-8") for line in (9, 10)
+    ]
