@@ -1,21 +1,29 @@
 """What a manifest's first line shows it to be when it names no ``id`` and ``url`` columns: a
-format a catalogue is often exported in (an archive, UTF-16 text, Excel's ``sep=`` line, a JSON
-array, another separator, no header), with what to do; read only when a manifest is refused.
+format a catalogue is often exported in (an archive, a gzip of a gzip, a workbook or a warehouse
+unload, UTF-16 text, Excel's ``sep=`` line, a JSON array, another separator, no header), with
+what to do; read only when a manifest is refused.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 
 __all__ = ["what_else"]
 
 _SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"
 #: The first bytes (as decoded with stray bytes kept) of archives a manifest may be sent as.
 _ARCHIVES = (
-    ("PK\x03\x04", "a ZIP archive (an .xlsx workbook, or a zipped export)"),
-    ("BZh91AY&SY", "bzip2-compressed"),
-    ("\udcfd7zXZ\x00", "xz-compressed"),
-    ("(\udcb5/\udcfd", "zstd-compressed"),
+    (re.compile("PK\x03\x04"), "a ZIP archive (an .xlsx workbook, or a zipped export)"),
+    (re.compile("BZh[1-9]1AY&SY"), "bzip2-compressed"),  # (the digit: its block size, -1 to -9)
+    (re.compile("\udcfd7zXZ\x00"), "xz-compressed"),
+    (re.compile("\\(\udcb5/\udcfd"), "zstd-compressed"),
+)
+#: Files a warehouse unload or a spreadsheet is saved as, which no unpacking makes a manifest.
+_OTHER_FILES = (
+    (bytes.fromhex("d0cf11e0a1b11ae1"), "an Excel 97-2003 workbook (.xls)"),
+    (b"PAR1", "a Parquet file (a warehouse unload)"),
+    (b"Obj\x01", "an Avro file (a warehouse unload)"),
 )
 
 
@@ -23,10 +31,21 @@ def what_else(line: str) -> str:
     """What a first line naming no ``id`` and ``url`` columns shows the file to be, with what
     to do, when it is a format a catalogue is often exported in; "" otherwise. (Only when a
     manifest is refused.)"""
+    if line.startswith("\x1f\udc8b"):  # (its first byte is whitespace to str.strip)
+        return "is gzipped twice (a .gz of a .gz): gunzip it once, and give that .gz"
+    if line[257:262] == "ustar":  # (a tar header's magic; the first line is its whole block)
+        return (
+            "is a tar archive (tar cf, tar czf): give the manifest inside it (tar xzf, or"
+            " tar xzOf ARCHIVE | fashiontag run -)"
+        )
     text = line.strip()
     for magic, what in _ARCHIVES:
-        if text.startswith(magic):
+        if magic.match(text):
             return f"is {what}: gzip is the only compression read; unpack it, or {_SAVE_AS_CSV}"
+    head_bytes = line[:16].encode("utf-8", "surrogateescape")
+    for kind, what in _OTHER_FILES:
+        if head_bytes.startswith(kind):
+            return f"is {what}: export it as CSV (with a header naming id and url) or as JSONL"
     head = text[:64]
     if text.startswith(("\udcff\udcfe", "\udcfe\udcff")) or (
         len(head) > 1 and {"\x00"} in ({*head[1::2]}, {*head[::2]})

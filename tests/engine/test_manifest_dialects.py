@@ -5,9 +5,11 @@ fix; never rows lost, ids changed or a file read as something else."""
 from __future__ import annotations
 
 import bz2
+import gzip
 import io
 import json
 import lzma
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -95,6 +97,15 @@ async def test_a_header_in_capitals_is_read(tmp_path: Path, header: str) -> None
 ROWS = "1{0}https://x/1.jpg\r\n2{0}https://x/2.jpg\r\n"
 
 
+def _tarred(data: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as archive:
+        info = tarfile.TarInfo("m.csv")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _zipped(data: bytes) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -116,6 +127,14 @@ def _zipped(data: bytes) -> bytes:
         (_zipped(f"id,url\n{ROWS.format(',')}".encode()), "a ZIP archive"),
         (bz2.compress(f"id,url\n{ROWS.format(',')}".encode()), "bzip2-compressed"),
         (lzma.compress(f"id,url\n{ROWS.format(',')}".encode()), "xz-compressed"),
+        (bz2.compress(f"id,url\n{ROWS.format(',')}".encode(), 1), "bzip2-compressed"),
+        (_tarred(f"id,url\n{ROWS.format(',')}".encode()), "a tar archive"),
+        (gzip.compress(_tarred(f"id,url\n{ROWS.format(',')}".encode())), "a tar archive"),
+        (_tarred(b'{"id": "1", "url": "https://x/1.jpg"}\n'), "a tar archive"),
+        (gzip.compress(gzip.compress(f"id,url\n{ROWS.format(',')}".encode())), "gzipped twice"),
+        (bytes.fromhex("d0cf11e0a1b11ae1") + bytes(504), "an Excel 97-2003 workbook"),
+        (b"PAR1\x15\x04\x15\x10\x15\x14L\x15\x02" + bytes(64), "a Parquet file"),
+        (b"Obj\x01\x04\x14avro.codec\x08null" + bytes(64), "an Avro file"),
     ],
     ids=[
         "semicolons",
@@ -129,6 +148,14 @@ def _zipped(data: bytes) -> bytes:
         "zip",
         "bz2",
         "xz",
+        "bz2-level-1",
+        "tar",
+        "tar-gz",
+        "tar-jsonl",
+        "gzip-twice",
+        "xls",
+        "parquet",
+        "avro",
     ],
 )
 async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
@@ -138,7 +165,10 @@ async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
     Unicode text (UTF-16, tabs), a JSON array, a dump without its header: each was refused as
     "neither JSONL nor a CSV with a header naming id and url (missing column: id, url)" (or
     "its first line is not UTF-8 text"), which names columns the file has and no fix (and a
-    ZIP, bzip2 or xz archive, not read, was "not UTF-8 text")."""
+    ZIP, bzip2 or xz archive, not read, was "not UTF-8 text"). A CSV in a tar archive (``tar
+    czf``) was refused as "missing column: id", naming a column the CSV has, and a dump gzipped
+    twice, an ``.xls`` workbook, a Parquet or Avro unload (BigQuery, Snowflake) as "not UTF-8
+    text": each now says what the file is."""
     manifest = tmp_path / "m.csv"
     manifest.write_bytes(data)
     out = tmp_path / "out.jsonl"
