@@ -68,6 +68,18 @@ URL = ImageType.URL
 _POSITION = itemgetter(1)
 #: (index of id, index of url, of detection, of age, [(index, context field)]) of a header.
 _Layout = tuple[int, int, int, int, list[tuple[int, str]]]
+#: The reason of a row that is the header again (part files of an export joined with ``cat``).
+REPEATED_HEADER = (
+    "row repeats the header (manifests joined into one, each with its header): no image to tag"
+)
+
+
+def _repeats_header(fields: list[str], header: list[str]) -> bool:
+    """Whether a row's fields are the header's names (in any case, a BOM or spaces around
+    them): the header line of a part file that follows another in the same input."""
+    return [f.strip().lstrip("\ufeff").strip().lower() for f in fields] == [
+        name.lower() for name in header
+    ]
 
 
 class Validator(JsonlRows):
@@ -251,6 +263,9 @@ class Validator(JsonlRows):
             try:
                 url = http_url(fields[i_url])
             except NotHttp as not_http:
+                if _repeats_header(fields, batch.header):
+                    ident = None  # (the header's name, no row's id)
+                    raise RowError(REPEATED_HEADER) from None
                 target = single_target(not_http.args[0], singles is not None, self.cwd)
             if plain and target is None:
                 context = BulkContext(ident)

@@ -267,3 +267,34 @@ async def test_a_latin1_byte_under_a_key_in_capitals_is_refused_not_replaced(
     assert [(r["line"], r["reason"]) for r in o.rejects] == [
         (line, f"not UTF-8 text (in the {what}): save the manifest as UTF-8") for line in (9, 10)
     ]
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+async def test_a_header_repeated_by_concatenated_parts_is_one_clear_reject(
+    tmp_path: Path, how: str
+) -> None:
+    """A warehouse export split into parts (BigQuery's ``part-*.csv``, each with its header, the
+    later ones with a BOM from another tool) joined with ``cat`` into one manifest or one pipe:
+    each repeated header line was a row with the id ``id`` (or ``\\ufeffid``) whose url ``url``
+    was taken for a local path, rejected as ``local file not found: /the/cwd/url``, which
+    names no file of the user's. Each is now one reject saying the header is repeated."""
+    parts = []
+    for k in range(3):
+        rows = "".join(f"p{k * 4 + i},https://x/{k}-{i}.jpg,acme\n" for i in range(4))
+        parts.append(("\ufeff" if k == 2 else "") + "ID,Url,brand\n" + rows)
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("".join(parts), encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, "-" if how == "stdin" else str(manifest))
+        if how == "stdin":
+            result = await run_piped(args, manifest)
+        else:
+            result = await anyio.run_process(args, check=False, env=ENV, cwd=tmp_path)
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    assert sorted(o.ids) == sorted(ids_of(12))
+    assert [(r["line"], r["reason"][:41]) for r in o.rejects] == [
+        (line, "row repeats the header (manifests joined ") for line in (6, 11)
+    ]
