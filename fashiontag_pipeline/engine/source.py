@@ -111,6 +111,10 @@ class ManifestReader(ManifestBytes):
                 continue
             self._head_dirty = dirty
             if stripped.startswith("{"):
+                first = stripped.partition("\n")[0]
+                if "\x00" in first and (what := what_else(first)):
+                    # (No JSON line holds a NUL byte: UTF-16 without a BOM, SQL Server's bcp -w.)
+                    raise ManifestError(f"manifest {self.name} {what}")
                 self.kind = "jsonl"
                 self._check_line_ends(stripped, "\r{")
                 self._head = text

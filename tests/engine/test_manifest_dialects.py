@@ -121,6 +121,12 @@ def _zipped(data: bytes) -> bytes:
         (f"id\turl\n{ROWS.format(chr(9))}".encode(), "tab-separated"),
         (f"id\turl\r\n{ROWS.format(chr(9))}".encode("utf-16"), "UTF-16"),
         (f"id,url\r\n{ROWS.format(',')}".encode("utf-16-le"), "UTF-16"),
+        (
+            '{"id": "1", "url": "https://x/1.jpg"}\r\n{"id": "2", "url": "https://x/2.jpg"}\r\n'.encode(
+                "utf-16-le"
+            ),
+            "UTF-16",
+        ),
         (b'[{"id": "1", "url": "https://x/1.jpg"}]\n', "a JSON array"),
         (b'[\n  {"id": "1", "url": "https://x/1.jpg"}\n]\n', "a JSON array"),
         (ROWS.format(",").encode(), "has no header: its first line is a row"),
@@ -142,6 +148,7 @@ def _zipped(data: bytes) -> bytes:
         "tabs",
         "utf-16",
         "utf-16-no-bom",
+        "utf-16-jsonl-no-bom",
         "json",
         "json-pretty",
         "no-header",
@@ -165,7 +172,9 @@ async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
     Unicode text (UTF-16, tabs), a JSON array, a dump without its header: each was refused as
     "neither JSONL nor a CSV with a header naming id and url (missing column: id, url)" (or
     "its first line is not UTF-8 text"), which names columns the file has and no fix (and a
-    ZIP, bzip2 or xz archive, not read, was "not UTF-8 text"). A CSV in a tar archive (``tar
+    ZIP, bzip2 or xz archive, not read, was "not UTF-8 text"). JSONL in UTF-16 without a BOM
+    (SQL Server's ``bcp -w``) was read as JSONL, every line a "not valid JSON" reject (and one
+    more for the last line end's second byte), exit 0. A CSV in a tar archive (``tar
     czf``) was refused as "missing column: id", naming a column the CSV has, and a dump gzipped
     twice, an ``.xls`` workbook, a Parquet or Avro unload (BigQuery, Snowflake) as "not UTF-8
     text": each now says what the file is."""
