@@ -62,7 +62,7 @@ def csv_head(data: bytes) -> bool:
     """Whether the first bytes of an input are not those of a JSONL or URL list (see
     :meth:`ManifestReader.open`), before its format is known."""
     head = data.lstrip()
-    if head.startswith(b"\xef\xbb\xbf"):
+    while head.startswith(b"\xef\xbb\xbf"):  # (one or more: see ManifestReader.open)
         head = head[3:].lstrip()
     return not head.startswith(b"{") and not head[:8].lower().startswith((b"http://", b"https://"))
 

@@ -105,6 +105,8 @@ class ManifestReader(ManifestBytes):
             if data is None:
                 raise ManifestError(f"manifest {self.name} is empty")
             text, dirty = strays.decode(data, "utf-8-sig" if self._line == 0 else "utf-8")
+            if self._line == 0:  # (a BOM written twice: one kept as text, then saved with one)
+                text = text.lstrip("\ufeff")
             stripped = text.lstrip()
             if not stripped:
                 self._line += text.count("\n")

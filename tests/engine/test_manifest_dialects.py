@@ -307,3 +307,32 @@ async def test_a_header_repeated_by_concatenated_parts_is_one_clear_reject(
     assert [(r["line"], r["reason"][:41]) for r in o.rejects] == [
         (line, "row repeats the header (manifests joined ") for line in (6, 11)
     ]
+
+
+@pytest.mark.parametrize("kind", ["csv", "quoted-csv", "jsonl", "urls"])
+async def test_a_manifest_with_two_byte_order_marks_is_read(tmp_path: Path, kind: str) -> None:
+    """A manifest read as UTF-8 with its BOM kept as text and written again as UTF-8 with a BOM
+    (Python's ``open(encoding="utf-8")`` then ``"utf-8-sig"``; a converter run twice) starts
+    with two BOMs: the first was dropped, the second taken for text, and the manifest refused
+    as "a CSV with a header naming id and url (missing column: id)", its header plainly
+    naming id; JSONL and URL lists were refused as CSV. Leading BOMs are all dropped now."""
+    rows = [(f"p{i}", f"https://x/{i}.jpg") for i in range(5)]
+    if kind == "csv":
+        text = "id,url\n" + "".join(f"{i},{u}\n" for i, u in rows)
+    elif kind == "quoted-csv":
+        text = '"id","url"\r\n' + "".join(f'"{i}","{u}"\r\n' for i, u in rows)
+    elif kind == "jsonl":
+        text = "".join(json.dumps({"id": i, "url": u}) + "\n" for i, u in rows)
+    else:
+        text = "".join(f"{u}\n" for _, u in rows)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("\ufeff\ufeff" + text, encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    expected = {u for _, u in rows} if kind == "urls" else ids_of(5)
+    assert_exactly_once(out, out.with_suffix(".rej"), expected)
