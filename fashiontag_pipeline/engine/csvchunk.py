@@ -25,7 +25,14 @@ import csv
 import io
 import itertools
 
-__all__ = ["MAX_RECORD_LINES", "CsvChunk", "csv_lines"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_HEADER_LINES",
+    "MAX_RECORD_LINES",
+    "CsvChunk",
+    "csv_lines",
+    "header_record",
+]
 
 #: The most lines one CSV record may span. A quote that opens a field and is never closed (one
 #: stray ``"`` at the start of a field) makes the rest of the input one record to the csv
@@ -35,6 +42,12 @@ __all__ = ["MAX_RECORD_LINES", "CsvChunk", "csv_lines"]
 #: with the manifest). A record spanning more lines than this is refused at its first line and
 #: the lines after that line are read as rows again, however the input was cut.
 MAX_RECORD_LINES = 1000
+
+#: The most lines a header may span (cells holding line breaks: Alt+Enter in an Excel cell).
+MAX_HEADER_LINES = 50
+#: The most bytes read on for a header's quoted cell to close (then the header is its first
+#: line, and what follows is read as rows, a line with no end refused as too long).
+MAX_HEADER_BYTES = 4 << 20
 
 #: The marker line's text: two Unicode noncharacters, which no manifest holds. If one did, its
 #: record would only be handed back until the input's last chunk (no marker) reads it.
@@ -46,6 +59,26 @@ def csv_lines(text: str) -> list[str]:
     only, not at the other characters ``str.splitlines`` ends a line at (NEL, U+2028, a
     vertical tab, a form feed, ``\\x1c``), which are text in a field."""
     return io.StringIO(text, newline="").readlines()
+
+
+def header_record(lines: list[str], *, last: bool) -> tuple[list[str], int] | None:
+    """The header's names and the lines it spans, ``lines`` starting at its first: the first
+    CSV record, which a quoted cell holding a line break (``"Retail Price\nin EUR"``: Alt+Enter
+    in an Excel cell) makes span several lines. None when that record is still open at the end
+    of ``lines`` and more text may close it (not the input's ``last`` text). A record that
+    breaks the quoting rules, or spans more than :data:`MAX_HEADER_LINES`, is its first line
+    alone (a header with a stray quote reads as it always did)."""
+    window = lines[:MAX_HEADER_LINES]
+    reader = csv.reader(window, strict=True)
+    try:
+        return next(reader), reader.line_num
+    except csv.Error:
+        open_at_end = reader.line_num == len(window) < MAX_HEADER_LINES
+        if open_at_end and not last and len(window) == len(lines):
+            return None
+    except StopIteration:
+        pass
+    return next(csv.reader(lines[:1])), 1
 
 
 class CsvChunk:

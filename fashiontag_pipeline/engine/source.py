@@ -39,7 +39,7 @@ except ImportError:  # (not on Windows)
 
 from .._exceptions import ManifestError
 from . import strays
-from .csvchunk import CsvChunk, csv_lines
+from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, header_record
 from .foreign_heads import what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import JsonRows, PlainRows, RowBatch
@@ -129,11 +129,18 @@ class ManifestReader(ManifestBytes):
                 return
             self.kind = "csv"
             lines = csv_lines(text)  # (where the csv module ends them)
-            # The header is the first non-empty line.
+            # The header is the first record after blank lines (it may span several lines).
             skip = 0
             while not lines[skip].strip():
                 skip += 1
-            if dirty and strays.has_stray(lines[skip]):
+            held = len(data) + len(self._pending)  # (read on for a header so far only)
+            last = (self._eof and not self._pending) or held > MAX_HEADER_BYTES
+            record = header_record(lines[skip:], last=last)
+            if record is None:  # a header cell's line break the read stopped after: read on
+                self._pending = data + self._pending
+                continue
+            header, span = record
+            if dirty and strays.has_stray("".join(lines[skip : skip + span])):
                 raise ManifestError(
                     f"manifest {self.name} "
                     + (
@@ -141,8 +148,7 @@ class ManifestReader(ManifestBytes):
                         or "is neither CSV nor JSONL (its first line is not UTF-8 text)"
                     )
                 )
-            header = next(csv.reader([lines[skip]]))
-            self._line += skip + 1
+            self._line += skip + span
             names = [_READ_BY_LOWER.get(h.strip().lower(), h.strip()) for h in header]
             missing = [c for c in ("id", "url") if c not in names]
             if missing:
@@ -156,7 +162,7 @@ class ManifestReader(ManifestBytes):
                 )
             self._check_columns(names)
             self.header = names
-            self._head = "".join(lines[skip + 1 :])
+            self._head = "".join(lines[skip + span :])
             return
 
     def _check_line_ends(self, text: str, next_row: str) -> None:

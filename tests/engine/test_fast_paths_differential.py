@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fashiontag_pipeline._exceptions import ManifestError
 from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.policy import text_size
 from fashiontag_pipeline.engine.rows import RowBatch
@@ -241,3 +242,42 @@ def test_a_header_holding_a_unicode_line_separator_is_one_line(tmp_path: Path, s
         (batch,) = batches
         items, rejects = v.validate(batch)
         assert rejects == [] and [i[0] for i in items] == ["a"], header
+
+
+@pytest.mark.parametrize("read_size", [2, 5, 17, 1 << 20])
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_a_header_spanning_lines_is_read_whatever_the_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int, end: str
+) -> None:
+    """A header cell holding a line break is one header however the reads cut it (a pipe
+    that delivers its first line alone), and its rows are the csv module's, numbered as it
+    numbers them; a quote in a header that no quote closes leaves the header its first line,
+    as before."""
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", read_size)
+    for header in (f'id,url,"Retail{end}Price{end}(EUR)",brand', 'id,url,"brand'):
+        rows = "".join(f"p{i},https://x/{i}.jpg,9,acme{end}" for i in range(5))
+        text = header + end + rows
+        p = tmp_path / "m.csv"
+        p.write_text(text, encoding="utf-8", newline="")
+        batches = _batches(p, 3, SOURCE)
+        assert batches and batches[0].header[:3] == ["id", "url", header.split(",")[2].strip('"')]
+        read = [row for b in batches for row in b.rows]
+        if header.endswith('"brand'):  # (to the csv module, the rest of the file is its cell)
+            assert read == [(i + 2, [f"p{i}", f"https://x/{i}.jpg", "9", "acme"]) for i in range(5)]
+        else:
+            assert read == _csv_module_rows(text)
+
+
+@pytest.mark.parametrize("header", ["id,url", 'id,url,"brand'])
+def test_a_header_waits_for_its_cell_a_bounded_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, header: str
+) -> None:
+    """A header whose quote no quote closes, then a line with no end (a binary blob, a dump cut
+    before its first row's end): the reader reads on for the cell's close only so far (it
+    held and copied the whole blob, every read), and the line is refused as too long, as
+    after any header."""
+    monkeypatch.setattr(manifest_bytes, "MAX_LINE_BYTES", 8 << 20)
+    p = tmp_path / "m.csv"
+    p.write_bytes(header.encode() + b"\n" + b"x" * (12 << 20))
+    with pytest.raises(ManifestError, match="is longer than 8 MiB"):
+        _batches(p, 100, SOURCE)

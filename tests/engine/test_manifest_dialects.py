@@ -336,3 +336,50 @@ async def test_a_manifest_with_two_byte_order_marks_is_read(tmp_path: Path, kind
     assert result.returncode == 0 and "Traceback" not in err, err[-600:]
     expected = {u for _, u in rows} if kind == "urls" else ids_of(5)
     assert_exactly_once(out, out.with_suffix(".rej"), expected)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        'id,url,"Retail Price\nin EUR",brand',
+        '"Product\nName",ID,URL,Brand',
+        'id,url,brand,"a\r\nb"',
+    ],
+    ids=["middle", "first", "last-crlf"],
+)
+@pytest.mark.parametrize("how", ["file", "stdin"])
+async def test_a_header_cell_with_a_line_break_is_one_header(
+    tmp_path: Path, header: str, how: str
+) -> None:
+    """A header cell holding a line break (Alt+Enter in an Excel cell, ``"Retail Price\\nin
+    EUR"``: Excel quotes it) made the header its first line only: the columns after the cell
+    were not in it, so every row was rejected for its field count (``row has 4 fields, the
+    header has 3``, exit 0, nothing tagged) and the cell's second line was a reject of its
+    own; with the cell first, the manifest was refused as missing id and url. The header is
+    the first CSV record, whatever lines it spans."""
+    names = [n.strip('"').lower() for n in header.replace("\r\n", "\n").split(",")]
+    values = {"id": "p{}", "url": "https://x/{}.jpg", "brand": "acme"}
+    lines = [",".join(values.get(n, "9").format(i) for n in names) for i in range(6)]
+    lines[3] = lines[3].replace("https://x/3.jpg", "ftp://x/3.jpg")  # (a reject: its line)
+    manifest = tmp_path / "m.csv"
+    manifest.write_bytes((header + "\r\n" + "\r\n".join(lines) + "\r\n").encode())
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, "-" if how == "stdin" else str(manifest))
+        if how == "stdin":
+            result = await run_piped(args, manifest)
+        else:
+            result = await anyio.run_process(args, check=False, env=ENV)
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(6))
+    assert sorted(o.ids) == sorted(ids_of(6) - {"p3"})
+    assert [(r["id"], r["line"]) for r in o.rejects] == [("p3", 6)]
+    reader = open_manifest(str(manifest), 0)
+    try:
+        batch = reader.read_batch()
+        assert batch is not None
+        items, _ = Validator().validate(batch)
+    finally:
+        reader.close()
+    assert {request.context.brand for _, _, request in items} == {"acme"}
