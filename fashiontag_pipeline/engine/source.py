@@ -117,6 +117,11 @@ class ManifestReader(ManifestBytes):
                 if "\x00" in first and (what := what_else(first)):
                     # (No JSON line holds a NUL byte: UTF-16 without a BOM, SQL Server's bcp -w.)
                     raise ManifestError(f"manifest {self.name} {what}")
+                if first.strip() == "{":  # (an object's first line, as a pretty-printer ends it)
+                    raise ManifestError(
+                        f"manifest {self.name} is pretty-printed JSON (each object spans several"
+                        " lines), not JSONL: give one object per line (jq -c . FILE > FILE.jsonl)"
+                    )
                 self.kind = "jsonl"
                 self._check_line_ends(stripped, "\r{")
                 self._head = text

@@ -127,6 +127,7 @@ def _zipped(data: bytes) -> bytes:
             ),
             "UTF-16",
         ),
+        (b'{\n  "id": "1",\n  "url": "https://x/1.jpg"\n}\n{\n  "id": "2"\n}\n', "pretty-printed"),
         (b'[{"id": "1", "url": "https://x/1.jpg"}]\n', "a JSON array"),
         (b'[\n  {"id": "1", "url": "https://x/1.jpg"}\n]\n', "a JSON array"),
         (ROWS.format(",").encode(), "has no header: its first line is a row"),
@@ -149,6 +150,7 @@ def _zipped(data: bytes) -> bytes:
         "utf-16",
         "utf-16-no-bom",
         "utf-16-jsonl-no-bom",
+        "json-pretty-objects",
         "json",
         "json-pretty",
         "no-header",
@@ -174,7 +176,8 @@ async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
     "its first line is not UTF-8 text"), which names columns the file has and no fix (and a
     ZIP, bzip2 or xz archive, not read, was "not UTF-8 text"). JSONL in UTF-16 without a BOM
     (SQL Server's ``bcp -w``) was read as JSONL, every line a "not valid JSON" reject (and one
-    more for the last line end's second byte), exit 0. A CSV in a tar archive (``tar
+    more for the last line end's second byte), exit 0; objects pretty-printed one after another
+    (``jq .`` without ``-c``) were a reject per line, none per object. A CSV in a tar archive (``tar
     czf``) was refused as "missing column: id", naming a column the CSV has, and a dump gzipped
     twice, an ``.xls`` workbook, a Parquet or Avro unload (BigQuery, Snowflake) as "not UTF-8
     text": each now says what the file is."""
