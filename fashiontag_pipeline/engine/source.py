@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -64,6 +65,8 @@ _READ_BY_LOWER = {name.lower(): name for name in READ_COLUMNS}
 URL_LIST_HEADER = ["id", "url"]
 
 _json_decoder = msgspec.json.Decoder()
+#: BOMs at a line's start: parts of an export, each written with one, joined with ``cat``.
+_LINE_BOMS = re.compile("(?:^|(?<=[\r\n]))\ufeff+")
 
 
 # A ``data:`` URI is a legitimate CSV field (it routes to single mode), and one of an image up
@@ -315,6 +318,8 @@ class ManifestReader(ManifestBytes):
                 if data is None:
                     return None
                 text, dirty = strays.decode(data, "utf-8")
+            if "\ufeff" in text:  # (never an id's or a URL's first character, nor JSON's)
+                text = _LINE_BOMS.sub("", text)
             self._dirty = dirty
             self._start(text)
         return RowBatch(self.source, self.label, self.kind, self.header, self._take())
