@@ -204,9 +204,20 @@ def merged_context(row: dict[str, Any], context: dict[str, Any]) -> dict[str, An
     return merged
 
 
+#: A URL written without its scheme (``//cdn.example.com/x.jpg``: a storefront theme's, meant to
+#: take the page's): its host, a name with a dot. Never a local path anyone writes.
+_SCHEME_RELATIVE = re.compile(r"//[^/\s.]+\.[^/\s]+/")
+_NO_SCHEME = (
+    "url has no scheme (//host/...: a scheme-relative URL): write it with its scheme,"
+    " https://host/..."
+)
+
+
 def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
     """(kind, content) of a non-http(s) image that can go to the single endpoint; RowError
     when it cannot (or when ``route`` is off: bulk-only validation)."""
+    if _SCHEME_RELATIVE.match(value) is not None:
+        raise RowError(_NO_SCHEME)
     if not route:
         raise RowError(_BULK_ONLY)
     if value[:5].lower() == "data:":

@@ -44,3 +44,32 @@ async def test_an_upper_case_scheme_is_tagged_not_rejected(tmp_path: Path, kind:
     o = assert_exactly_once(out, out.with_suffix(".rej"), ids)
     assert o.rejects == []
     assert all(r["taggingResult"]["status"] == "success" for r in o.results), o.results
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+async def test_a_scheme_relative_url_is_one_reject_saying_so(tmp_path: Path, kind: str) -> None:
+    """An image URL without its scheme (``//cdn.shop.example/x.jpg``, as a storefront theme
+    writes it, meant to take the page's) was taken for a local path and rejected as ``local
+    file not found: //cdn.shop.example/x.jpg``, which says nothing of what to fix. It is one
+    reject saying the URL lacks its scheme; the other rows are tagged."""
+    rows = [("a", "https://img.example/a.jpg"), ("b", "//cdn.shop.example/files/b.jpg")]
+    rows.append(("c", "https://img.example/c.jpg"))
+    path = tmp_path / f"m.{kind}"
+    if kind == "csv":
+        path.write_text("id,url\n" + "".join(f"{i},{u}\n" for i, u in rows))
+    else:
+        path.write_text("".join(json.dumps({"id": i, "url": u}) + "\n" for i, u in rows))
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(run_args(svc.url, out, str(path)), check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), {"a", "b", "c"})
+    assert [(r["id"], r["line"], r["reason"]) for r in o.rejects] == [
+        ("b", 3 if kind == "csv" else 2, SCHEME_RELATIVE)
+    ]
+
+
+SCHEME_RELATIVE = (
+    "url has no scheme (//host/...: a scheme-relative URL): write it with its scheme,"
+    " https://host/..."
+)
