@@ -136,8 +136,10 @@ def http_url(value: Any) -> str:
     host = rest.split("/", 1)[0].split("?", 1)[0]
     # ``str.split()`` cuts at every (Unicode) whitespace: one part equal to the value means the
     # URL holds none, checked in C rather than per character.
-    if not host or url.split() != [url]:
+    if not host:
         raise RowError("url is not a valid http(s) URL")
+    if url.split() != [url]:  # (a file name with a space: Blue Shirt.jpg)
+        raise RowError("url holds whitespace (a space: write it as %20 in a URL)")
     return url
 
 

@@ -73,3 +73,23 @@ SCHEME_RELATIVE = (
     "url has no scheme (//host/...: a scheme-relative URL): write it with its scheme,"
     " https://host/..."
 )
+
+
+async def test_a_url_holding_a_space_is_a_reject_saying_so(tmp_path: Path) -> None:
+    """An image URL with a space in its file name (``Blue Shirt.jpg``: a DAM's export, which a
+    browser opens) was rejected as ``url is not a valid http(s) URL``, the reason a URL without
+    a host gets: nothing said what is wrong with it. The reason names the whitespace and how to
+    write a space in a URL."""
+    path = tmp_path / "m.csv"
+    path.write_text(
+        "id,url\na,https://img.example/Blue Shirt.jpg\nb,https:///x.jpg\nc,https://img.example/c.jpg\n"
+    )
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(run_args(svc.url, out, str(path)), check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), {"a", "b", "c"})
+    assert [(r["id"], r["reason"]) for r in o.rejects] == [
+        ("a", "url holds whitespace (a space: write it as %20 in a URL)"),
+        ("b", "url is not a valid http(s) URL"),
+    ]
