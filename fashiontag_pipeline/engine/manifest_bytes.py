@@ -48,6 +48,9 @@ GZIP_MAGIC = b"\x1f\x8b"
 #: A gzip member of nothing: what an ended decompressor is given to hold no bytes.
 _EMPTY_MEMBER = bytes.fromhex("1f8b080000000000020303000000000000000000")
 READ_SIZE = 1 << 20
+#: What may follow a manifest's last line end and is no row: NUL bytes padding it to a block (a
+#: tape or block device's, ``dd conv=sync``), a DOS end-of-file mark (Ctrl-Z, an old ERP's).
+_END_PADDING = b"\x00\x1a"
 #: The longest line a manifest may hold (also the CSV field limit: a row's one big field,
 #: a ``data:`` image, and its few short ones). A line is held whole until its newline, and
 #: decoded and parsed in copies of it: a file with no line end (a JSON array on one line, a
@@ -276,6 +279,8 @@ class ManifestBytes:
                     data, self._pending = self._pending, b""
                     if data.endswith(b"\n"):
                         return data
+                    if not data.strip(_END_PADDING):
+                        return None  # (after the last line end: no row)
                     if self.size is None and self._gunzip is None:
                         self._said_cut()
                     return data + b"\n"

@@ -425,3 +425,39 @@ async def test_parts_joined_with_their_byte_order_marks_keep_their_ids(
     expected = {u for _, u in rows} if kind == "urls" else {i for i, _ in rows}
     o = assert_exactly_once(out, out.with_suffix(".rej"), expected)
     assert o.rejects == []
+
+
+@pytest.mark.parametrize("tail", [b"\x1a", b"\x00" * 509], ids=["ctrl-z", "nul-padding"])
+@pytest.mark.parametrize("kind", ["csv", "jsonl", "urls"])
+@pytest.mark.parametrize("how", ["file", "stdin"])
+async def test_an_end_of_file_mark_or_padding_after_the_last_line_is_no_row(
+    tmp_path: Path, tail: bytes, kind: str, how: str
+) -> None:
+    """A dump ending with a DOS end-of-file mark (Ctrl-Z, ``\\x1a``, after its last line: an
+    old ERP's export) or NUL bytes padding it to a block (a tape or block device's, ``dd
+    conv=sync``; gzip and zcat skip them after gzip data, and so does the run) had that tail
+    read as one more row: a reject with the id ``\\x1a`` or 509 NULs and ``row has 1 fields``,
+    ``not valid JSON`` or a local file, every night, and on stdin a warning that the stream
+    was cut. It is no row now."""
+    rows = [(f"p{i}", f"https://x/{i}.jpg") for i in range(4)]
+    if kind == "csv":
+        text = "id,url\r\n" + "".join(f"{i},{u}\r\n" for i, u in rows)
+    elif kind == "jsonl":
+        text = "".join(json.dumps({"id": i, "url": u}) + "\r\n" for i, u in rows)
+    else:
+        text = "".join(f"{u}\r\n" for _, u in rows)
+    manifest = tmp_path / "m.txt"
+    manifest.write_bytes(text.encode() + tail)
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, "-" if how == "stdin" else str(manifest))
+        if how == "stdin":
+            result = await run_piped(args, manifest)
+        else:
+            result = await anyio.run_process(args, check=False, env=ENV)
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    assert "without a line end" not in err, err[-600:]
+    expected = {u for _, u in rows} if kind == "urls" else {i for i, _ in rows}
+    o = assert_exactly_once(out, out.with_suffix(".rej"), expected)
+    assert o.rejects == []
