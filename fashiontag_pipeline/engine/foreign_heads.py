@@ -68,6 +68,10 @@ def what_else(line: str) -> str:
             "has no header: its first line is a row (a URL in it); add a first line naming"
             " the columns, id and url among them (id,url)"
         )
+    for sep, what in (("\t", "tab-separated"), (";", "separated by semicolons")):
+        if any(_lower_head(f).startswith(("http://", "https://")) for f in text.split(sep)):
+            # (a database dump: MySQL's INTO OUTFILE, PostgreSQL's COPY in its text format)
+            return f"is {what}, with no header: {_SAVE_AS_CSV}, its first line naming the columns"
     return ""
 
 

@@ -131,6 +131,8 @@ def _zipped(data: bytes) -> bytes:
         (b'[{"id": "1", "url": "https://x/1.jpg"}]\n', "a JSON array"),
         (b'[\n  {"id": "1", "url": "https://x/1.jpg"}\n]\n', "a JSON array"),
         (ROWS.format(",").encode(), "has no header: its first line is a row"),
+        (ROWS.format("\t").encode(), "is tab-separated, with no header"),
+        (ROWS.format(";").encode(), "is separated by semicolons, with no header"),
         (_zipped(f"id,url\n{ROWS.format(',')}".encode()), "a ZIP archive"),
         (bz2.compress(f"id,url\n{ROWS.format(',')}".encode()), "bzip2-compressed"),
         (lzma.compress(f"id,url\n{ROWS.format(',')}".encode()), "xz-compressed"),
@@ -154,6 +156,8 @@ def _zipped(data: bytes) -> bytes:
         "json",
         "json-pretty",
         "no-header",
+        "no-header-tabs",
+        "no-header-semicolons",
         "zip",
         "bz2",
         "xz",
@@ -176,11 +180,12 @@ async def test_a_manifest_of_another_dialect_is_refused_saying_what_to_fix(
     "its first line is not UTF-8 text"), which names columns the file has and no fix (and a
     ZIP, bzip2 or xz archive, not read, was "not UTF-8 text"). JSONL in UTF-16 without a BOM
     (SQL Server's ``bcp -w``) was read as JSONL, every line a "not valid JSON" reject (and one
-    more for the last line end's second byte), exit 0; objects pretty-printed one after another
-    (``jq .`` without ``-c``) were a reject per line, none per object. A CSV in a tar archive (``tar
-    czf``) was refused as "missing column: id", naming a column the CSV has, and a dump gzipped
-    twice, an ``.xls`` workbook, a Parquet or Avro unload (BigQuery, Snowflake) as "not UTF-8
-    text": each now says what the file is."""
+    more for the last line end's second byte), exit 0; a database dump of tab-separated rows
+    with no header (MySQL's ``INTO OUTFILE``) was "missing column: id, url"; objects
+    pretty-printed one after another (``jq .`` without ``-c``) were a reject per line, none per
+    object. A CSV in a tar archive (``tar czf``) was refused as "missing column: id", naming a
+    column the CSV has, and a dump gzipped twice, an ``.xls`` workbook, a Parquet or Avro unload
+    (BigQuery, Snowflake) as "not UTF-8 text": each now says what the file is."""
     manifest = tmp_path / "m.csv"
     manifest.write_bytes(data)
     out = tmp_path / "out.jsonl"
