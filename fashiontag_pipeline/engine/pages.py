@@ -81,7 +81,9 @@ class _NumberedRow(msgspec.Struct, rename="camel", gc=False):
 
 
 class _NumberedData(msgspec.Struct, gc=False):
-    results: list[_NumberedRow] = []
+    #: Each element as it came (one that is no object, ``null`` in place of a result, is a
+    #: row with no id and no tagging result: :func:`screen` leaves it out).
+    results: list[msgspec.Raw] = []
 
 
 class _NumberedPage(msgspec.Struct, gc=False):
@@ -92,6 +94,7 @@ class _NumberedPage(msgspec.Struct, gc=False):
 
 page_decoder = msgspec.json.Decoder(Page)
 _numbered_decoder = msgspec.json.Decoder(_NumberedPage)
+_numbered_row_decoder = msgspec.json.Decoder(_NumberedRow)
 _status_decoder = msgspec.json.Decoder(_Status)
 
 
@@ -153,19 +156,28 @@ def decode_page(body: bytes) -> list[PageRow]:
 
 
 def _numbered(body: bytes) -> Page:
-    """A page whose ids are not all text: an integer's as text (``7`` -> ``"7"``: the pagers
-    find the sent id it stands for, ``"007"`` too), any other (``null``, ``7.0``, ``true``,
-    an object, none) :data:`NO_ID`, a result under no id sent (its row is sent again, the
-    rest of the page is read); the first error again when it is no page of that shape
-    either."""
+    """A page whose ids are not all text, or whose results are not all objects: an integer's
+    id as text (``7`` -> ``"7"``: the pagers find the sent id it stands for, ``"007"`` too),
+    any other (``null``, ``7.0``, ``true``, an object, none) :data:`NO_ID`, a result under no
+    id sent (its row is sent again, the rest of the page is read); an element that is no
+    object (``null`` in place of a result, a string) a row with neither id nor tagging result
+    (:func:`screen` leaves it out: its row is sent again, the rest of the page is read); the
+    first error again when it is no page of that shape either."""
     try:
         page = _numbered_decoder.decode(body)
     except msgspec.DecodeError:
         page_decoder.decode(body)  # raises the error of the spec's shape
         raise
     rows = page.data.results if page.data is not None else []
-    data = PageData([PageRow(_text_id(r.id), r.tagging_result) for r in rows])
-    return Page(page.status, data, page.error)
+    return Page(page.status, PageData([_numbered_row(raw) for raw in rows]), page.error)
+
+
+def _numbered_row(raw: msgspec.Raw) -> PageRow:
+    try:
+        row = _numbered_row_decoder.decode(raw)
+    except msgspec.DecodeError:  # no object (``null``, a string, a number, a list)
+        return PageRow(NO_ID, _NO_RESULT)
+    return PageRow(_text_id(row.id), row.tagging_result)
 
 
 def _text_id(ident: Any) -> str:
