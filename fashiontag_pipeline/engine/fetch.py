@@ -26,6 +26,7 @@ from .pages import NotAPage, PageRow, decode_page, screen
 from .tracker import TaskEntry
 
 __all__ = [
+    "EMPTY_TASKS",
     "LOST",
     "PAGE_ATTEMPTS",
     "UNREADABLE_PAGES",
@@ -77,6 +78,13 @@ PAGE_BYTES = 64 << 20
 #: Pages in a row taken as empty, with no readable page between them, after which a run that
 #: may give up (``fashiontag run``; not the daemon) stops instead of sending their rows again.
 UNREADABLE_PAGES = 10
+#: Done tasks whose pages, all read (and read again), gave not one result of a row written to
+#: them (pages of the spec's shape, empty: results under another key, a service whose results
+#: API changed), while no task has given one yet, after which a run that may give up stops
+#: instead of sending their rows again: every row was sent ``max_sends`` times, then rejected,
+#: exit 0. One such task alone (a service that lost its rows) has its rows sent again, and so
+#: has a task of rows a service that returns others never returns.
+EMPTY_TASKS = 2
 
 
 class PageFetcher:
@@ -88,6 +96,7 @@ class PageFetcher:
     budget: RetryBudget
     slots: AIMDLimiter
     _unreadable: int
+    _empty_tasks: int | None
 
     async def _fetch(self, entry: TaskEntry, offset: int) -> Fetched:
         """The page at ``offset`` (see :meth:`_fetch_range`), read to the end of its range.
@@ -230,6 +239,35 @@ class PageFetcher:
                 extra={"task_id": entry.task_id},
             )
         return FetchedRows(rows, all_success, len(decoded))
+
+    def _read_nothing(self, entry: TaskEntry) -> None:
+        """A done task whose pages are all in (and read again) has rows without a line: when
+        not one of its rows came back, and no task has given a row yet (``EMPTY_TASKS`` such
+        tasks), a run that may give up stops, state saved, before their rows are sent again.
+        A resume reads their pages again (``ResultPagers._schedule``)."""
+        sent, seen = entry.sent, entry.seen
+        if seen:
+            self._empty_tasks = None  # the service returns results: rows it left out are its
+            return
+        if self._empty_tasks is None or entry.ended is not None:
+            return
+        if not sent or not sent - (entry.refused or frozenset()):
+            return  # no row the service took
+        self._empty_tasks += 1
+        logger.warning(
+            "task %s is done but its pages gave not one result of the %d rows written to it",
+            entry.task_id,
+            len(sent),
+            extra={"task_id": entry.task_id},
+        )
+        if self._empty_tasks >= EMPTY_TASKS and math.isfinite(self.config.give_up_after):
+            raise FatalRunError(
+                f"the service has given no result yet: {self._empty_tasks} done tasks, their"
+                f" pages read to their end, gave none (last: task {entry.task_id}, {len(sent)} rows"
+                " written to it): results under another key, a results API that changed?"
+                " Stopped with the state saved rather than send their rows again: the same"
+                " command resumes, reading those pages again"
+            )
 
     @staticmethod
     def _ended_unread(entry: TaskEntry, offset: int, err: Exception) -> LostPage:

@@ -96,6 +96,8 @@ class ResultPagers(PageFetcher, PageRows):
         self._deposited: dict[str, anyio.Event] = {}
         #: Pages taken as empty since the last page that could be read.
         self._unreadable = 0
+        #: Done tasks that gave not one result, None once one has (``fetch.EMPTY_TASKS``).
+        self._empty_tasks: int | None = 0
         #: Results under an id the service changed were said once (then at info level).
         self._warned_changed = False
 
@@ -180,6 +182,10 @@ class ResultPagers(PageFetcher, PageRows):
                 # page past its count): that page is asked for first, as _page does.
                 if entry.total > 0:
                     await self._past_end(entry)
+                    if not entry.seen:  # (a run stopped by _read_nothing: read them again)
+                        entry.deficient = set(range(0, entry.total, MAX_PAGE_SIZE))
+                        await self._read_again(entry)
+                    self._read_nothing(entry)
                 await self.settler.finish(entry)
                 continue
             for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
@@ -323,6 +329,7 @@ class ResultPagers(PageFetcher, PageRows):
                 self._ready.pop(task_id, None)
                 self._fetching.pop(task_id, None)
             if quick:
+                self._empty_tasks = None
                 self.settler.done_with(entry)
             elif drained:
                 entry.state = "finishing"
@@ -330,6 +337,7 @@ class ResultPagers(PageFetcher, PageRows):
             if drained and not quick:
                 await self._past_end(entry)
                 await self._read_again(entry)
+                self._read_nothing(entry)
                 await self.settler.finish(entry)
         finally:
             self._committing.discard(task_id)

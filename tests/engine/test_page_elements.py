@@ -8,6 +8,10 @@ Found by a hunt, each failing before its fix:
   server that serializes a list with a hole in it writes; a string, a number): the whole page
   was unreadable, asked for four times, then taken as empty: its other 99 rows were sent (and
   billed) again.
+* **Done tasks whose every page holds no result** (results under another key, a service
+  whose results API changed; a page of the spec's shape, empty, while the task is counted
+  full): every row was sent (and billed) ``max_sends`` = 5 times, then written as an
+  ``unreturned`` reject, and the run ended complete, exit 0, with no result at all.
 """
 
 from __future__ import annotations
@@ -20,7 +24,18 @@ from typing import Any
 import anyio
 import pytest
 
-from .helpers import TASKS_OF_1000, run_through
+from fashiontag_pipeline.engine import run_pipeline
+from fashiontag_pipeline.engine.flow import FatalRunError
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import (
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    run_through,
+    write_csv,
+)
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 
@@ -66,3 +81,67 @@ async def test_an_element_of_the_results_that_is_no_object(tmp_path: Path, eleme
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 2000 and not o.rejects
     assert summary.resent == 1
+
+
+class RenamedResults(MisbehavingProxy):
+    """The misbehaving proxy whose results pages, every one of every task, give their results
+    under ``data.items`` (a service whose results API changed): a page of the spec's shape
+    with no result in it, while the task's count says it holds them."""
+
+    def __init__(self) -> None:
+        super().__init__("", Misbehaviour())
+        self.written = 0
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+        if method in ("POST", "PUT") and status < 300:
+            self.written += json.loads(out).get("validation", {}).get("accept", 0)
+        is_page = (
+            method == "GET"
+            and task_id is not None
+            and path.startswith(BULK + "/")
+            and not path.endswith("/status")
+        )
+        if status != 200 or not is_page:
+            return out
+        page = json.loads(out)
+        page["data"]["items"] = page["data"].pop("results")
+        return json.dumps(page).encode()
+
+
+async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path: Path) -> None:
+    """Every page of every task comes back empty although the tasks are done and counted
+    full (their results under another key): the run stops, state saved, once two tasks gave
+    not one result (none having given one), rather than send (and bill) every row
+    ``max_sends`` times and end complete with every row an ``unreturned`` reject; the same
+    command against a service that answers reads those tasks' pages again and sends nothing
+    again."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = RenamedResults()
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60), pytest.raises(FatalRunError, match="no result"):
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+        assert proxy.written <= 3000  # one task's rows sent again at most
+        with anyio.fail_after(60):
+            summary = await run_pipeline(
+                [manifest],
+                client=client_config(svc.url),
+                out=out,
+                rejects=rej,
+                engine=TASKS_OF_1000,
+            )
+    assert summary.complete and summary.unsettled == 0
+    o = assert_exactly_once(out, rej, ids_of(2000))
+    assert len(o.results) == 2000 and not o.rejects
+    assert summary.submitted == proxy.written  # (the whole run's): none sent on resume
