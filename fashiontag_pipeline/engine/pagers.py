@@ -151,7 +151,9 @@ class ResultPagers(PageFetcher, PageRows):
             if entry.sent is not None and entry.total > len(entry.sent):
                 # A count past the rows written to the task (a server's bug, a count of
                 # something else): those pages could only be empty or another's, and a huge
-                # count would be millions of requests. The task holds at most what was sent.
+                # count would be millions of requests. The task holds at most what was sent,
+                # or more of it (a write applied twice): _past_end reads on while pages past
+                # the rows written give rows of them.
                 logger.warning(
                     "task %s claims %d results but was given %d rows: reading %d",
                     entry.task_id,
@@ -343,27 +345,32 @@ class ResultPagers(PageFetcher, PageRows):
             self._committing.discard(task_id)
 
     async def _past_end(self, entry: TaskEntry) -> None:
-        """Rows written to a task still without a line once its last page is in: one page
-        past ``count.total`` is asked for them, once, before they are sent again (and billed
-        again). A service whose offsets start at 1 answers every page one row early, so the
-        last page ends a row short of the task's end, although every page was full; results
-        are in the order they were written, so the missing rows are the last ones. Any
-        answer but a page (a 400 past the end, an error) leaves them to be sent again."""
+        """Rows written to a task still without a line once its last page is in: pages past
+        ``count.total`` are asked for them, while each gives rows of them, before they are
+        sent again (and billed again). A service whose offsets start at 1 answers every page
+        one row early, so the last page ends a row short of the task's end, although every
+        page was full; a service that applied a write twice (ids and all) holds more results
+        than rows written, its count too, read only as far as those rows (see ``_schedule``).
+        Results are in the order they were written, so the missing rows are the last ones. A
+        page with none of them, or any answer but a page (a 400 past the end, an error),
+        leaves them to be sent again."""
         sent, seen = entry.sent, entry.seen
         if sent is None or seen is None or entry.total <= 0:
             return
         missing = len(sent - seen - (entry.refused or frozenset()))
-        if missing <= 0:
-            return
-        try:
-            raw = await self.client.task_results_raw(
-                entry.task_id, offset=entry.total, size=min(MAX_PAGE_SIZE, missing)
-            )
-            found, all_success = screen(decode_page(raw))
-        except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
-            return
-        rows = await self._first_of_each_id(entry, found)
-        if rows:
+        offset = entry.total
+        while missing > 0:
+            try:
+                raw = await self.client.task_results_raw(
+                    entry.task_id, offset=offset, size=min(MAX_PAGE_SIZE, missing)
+                )
+                given = decode_page(raw)
+                found, all_success = screen(given)
+            except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
+                return
+            rows = await self._first_of_each_id(entry, found)
+            if not rows:
+                return
             logger.info(
                 "task %s: %d results found past its count of %d",
                 entry.task_id,
@@ -375,3 +382,5 @@ class ResultPagers(PageFetcher, PageRows):
                 entry, page=(entry.task_id, rows), counters={"pages": 1}, all_success=all_success
             )
             self.pages += 1
+            missing -= len(rows)
+            offset += len(given)

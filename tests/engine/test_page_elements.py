@@ -12,6 +12,10 @@ Found by a hunt, each failing before its fix:
   whose results API changed; a page of the spec's shape, empty, while the task is counted
   full): every row was sent (and billed) ``max_sends`` = 5 times, then written as an
   ``unreturned`` reject, and the run ended complete, exit 0, with no result at all.
+* **A write the service applied twice** (ids and all: a service that does not keep ids unique
+  within a task), its count past the rows written: the task was read only as far as those
+  rows, and one page past them; the rows the doubled block pushed further were sent (and
+  billed) again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import anyio
 import pytest
+from aiohttp import web
 
 from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
@@ -145,3 +150,58 @@ async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path
     o = assert_exactly_once(out, rej, ids_of(2000))
     assert len(o.results) == 2000 and not o.rejects
     assert summary.submitted == proxy.written  # (the whole run's): none sent on resume
+
+
+class TwiceApplied(MisbehavingProxy):
+    """The misbehaving proxy whose task 1 holds ``block`` of its rows twice, from its row
+    ``at`` on (a write the service applied twice, ids and all: a service that does not hold
+    ids unique within a task), its count that much higher too."""
+
+    def __init__(self, at: int, block: int) -> None:
+        super().__init__("", Misbehaviour(inflate_total={1: block}))
+        self.at, self.block = at, block
+
+    async def _all_rows(self, task_id: str, key: str) -> list[Any]:
+        assert self._session is not None
+        rows: list[Any] = []
+        while True:
+            async with self._session.get(
+                f"{self.upstream}{BULK}/{task_id}",
+                params={"offset": str(len(rows)), "size": "100"},
+                headers={"x-api-key": key},
+            ) as up:
+                page = json.loads(await up.read())["data"]["results"]
+            if not page:
+                return rows
+            rows += page
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        task_id = path[len(BULK) + 1 :]
+        is_page = (
+            request.method == "GET" and path.startswith(BULK + "/") and not path.endswith("/status")
+        )
+        if not is_page or self.ordinal(task_id) != 1:
+            return await super().handle(request)
+        rows = await self._all_rows(task_id, request.headers.get("x-api-key", ""))
+        at = self.at
+        rows = rows[:at] + rows[at - self.block : at] + rows[at:]
+        offset, size = int(request.query["offset"]), int(request.query["size"])
+        info = {"totalCount": len(rows), "offset": offset, "size": size}
+        body = {
+            "status": "success",
+            "data": {"taskInfo": info, "results": rows[offset : offset + size]},
+        }
+        return web.json_response(body)
+
+
+async def test_a_write_the_service_applied_twice(tmp_path: Path) -> None:
+    """Task 1 holds 300 of its rows twice (a write applied twice by a service that does not
+    keep ids unique within a task), its count 1,300 for the 1,000 rows written: the pages are
+    read to the count's end as far as they give rows written to the task, so its last rows,
+    past the first 1,000 results, are read, not sent (and billed) again."""
+    with anyio.fail_after(60):
+        summary, o = await run_through(tmp_path, 2000, TwiceApplied(500, 300), TASKS_OF_1000)
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 2000 and not o.rejects
+    assert summary.resent == 0
