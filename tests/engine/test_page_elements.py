@@ -96,6 +96,8 @@ class RenamedResults(MisbehavingProxy):
     def __init__(self) -> None:
         super().__init__("", Misbehaviour())
         self.written = 0
+        #: The tasks whose pages are renamed (None: every task).
+        self.broken: set[str] | None = None
 
     def _rewrite(
         self, method: str, path: str, task_id: str | None, status: int, payload: bytes
@@ -109,7 +111,7 @@ class RenamedResults(MisbehavingProxy):
             and path.startswith(BULK + "/")
             and not path.endswith("/status")
         )
-        if status != 200 or not is_page:
+        if status != 200 or not is_page or (self.broken is not None and task_id not in self.broken):
             return out
         page = json.loads(out)
         page["data"]["items"] = page["data"].pop("results")
@@ -150,6 +152,41 @@ async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path
     o = assert_exactly_once(out, rej, ids_of(2000))
     assert len(o.results) == 2000 and not o.rejects
     assert summary.submitted == proxy.written  # (the whole run's): none sent on resume
+
+
+async def test_a_resume_goes_on_when_the_tasks_that_stopped_the_run_still_give_nothing(
+    tmp_path: Path,
+) -> None:
+    """The two tasks that stopped the run (done, not one result) give nothing on the resume
+    either (a service that lost them), while its new tasks answer: the resume, asked for by
+    the user who read why the run stopped, sends their rows again and completes; it does not
+    stop again on the same two tasks, every resume alike (a run no command could finish)."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = RenamedResults()
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60), pytest.raises(FatalRunError, match="no result"):
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+            proxy.broken = set(proxy.created)
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+    assert summary.complete and summary.unsettled == 0
+    o = assert_exactly_once(out, rej, ids_of(2000))
+    assert len(o.results) == 2000 and not o.rejects
 
 
 class TwiceApplied(MisbehavingProxy):
