@@ -232,6 +232,10 @@ def _link_exclusively(tmp: Path, path: Path) -> bool:
     return True
 
 
+#: Times a folder that vanishes while it is being taken is looked at again.
+_VANISHED_TRIES = 3
+
+
 class Outbox:
     """Allocates output folders under ``root`` (see the module docstring)."""
 
@@ -280,7 +284,20 @@ class Outbox:
         return await anyio.to_thread.run_sync(self.outputs, claim, recorded, taken)
 
     def _take(self, folder: Path, mark: _ClaimMark, *, adopt: bool = False) -> bool:
-        """Whether ``folder`` is this claim's: created now, or marked as its own before.
+        """Whether ``folder`` is this claim's: created now, or marked as its own before. One
+        that vanishes while it is looked at (the outbox's collector moving yesterday's
+        ``STEM`` away) is looked at again: free now, it is made (a FileNotFoundError out of
+        here stopped the daemon)."""
+        for tries in range(1, _VANISHED_TRIES + 1):
+            try:
+                return self._take_once(folder, mark, adopt=adopt)
+            except FileNotFoundError:
+                if tries == _VANISHED_TRIES or folder.is_dir() or not folder.parent.is_dir():
+                    raise  # not the folder vanishing (the outbox itself gone, say)
+        raise AssertionError("unreachable")
+
+    def _take_once(self, folder: Path, mark: _ClaimMark, *, adopt: bool) -> bool:
+        """:meth:`_take`, once.
 
         The mark is written whole under a name of its own, then linked in as ``.claim``,
         which fails if a mark exists: of two daemons on a shared outbox that want the same
@@ -325,7 +342,7 @@ class Outbox:
         except OSError:
             foreign = True
         if foreign and not adopt:
-            os.unlink(path)
+            os.unlink(path)  # (the folder gone meanwhile: FileNotFoundError, looked at again)
             return False
         fsync_dir(folder)
         return True

@@ -211,3 +211,62 @@ def test_marks_are_exclusive_with_or_without_hard_links(
     assert other.folder.name == f"cat.{b.sha256[:12]}"
     assert sorted(os.listdir(first.folder)) == [".claim"]
     assert sorted(os.listdir(other.folder)) == [".claim"]
+
+
+@pytest.mark.parametrize("when", ["before_the_mark", "before_the_link", "before_the_look"])
+def test_yesterdays_folder_collected_while_a_new_claim_of_its_name_is_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Yesterday's ``cat/`` (complete: its summary written) is moved away by the outbox's
+    collector (``mv OUTBOX/cat /archive/``) at the moment the daemon claims tonight's
+    ``cat.csv`` and finds the folder taken: the mark written into it, or linked in, met a
+    folder that was gone, the FileNotFoundError stopped the daemon (exit 1, every manifest
+    in flight cut off, ``daemon stopped on an error: ... .claim.<pid>.<hex>.tmp``). The
+    folder is looked at again: tonight's outputs go to ``cat`` (free now)."""
+    root = tmp_path / "out"
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    yesterday = Outbox(root).outputs(claim_of("cat.csv", b"yesterday", claimed_at=1.0))
+    yesterday.results.write_bytes(b'{"id":"1"}\n')
+    yesterday.write_summary(yesterday.new_summary("done", finished_at=2.0))
+    moved: list[Path] = []
+
+    def collect() -> None:
+        if not moved:
+            moved.append(archive / "cat")
+            os.rename(root / "cat", archive / "cat")
+
+    real_open, real_link, real_scandir = os.open, os.link, os.scandir
+
+    def opening(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
+        if when == "before_the_mark" and Path(path).name.startswith(".claim."):
+            collect()
+        return real_open(path, flags, mode)
+
+    def linking(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        if when == "before_the_link":
+            collect()
+        real_link(src, dst)
+
+    def scanning(path: str | os.PathLike[str]) -> object:
+        if when == "before_the_look" and Path(path).name == "cat":
+            collect()
+        return real_scandir(path)
+
+    if when == "before_the_look":  # the folder had no mark (a crash after its mkdir)
+        (root / "cat" / ".claim").unlink()
+    monkeypatch.setattr(outbox_module.os, "open", opening)
+    monkeypatch.setattr(outbox_module.os, "link", linking)
+    monkeypatch.setattr(outbox_module.os, "scandir", scanning)
+    claim = claim_of("cat.csv", b"tonight")
+    outputs = Outbox(root).outputs(claim)
+    monkeypatch.undo()
+    assert moved, "the collector never ran"
+    assert outputs.folder == root / "cat"
+    mark = json.loads((outputs.folder / ".claim").read_bytes())
+    assert mark["sha256"] == claim.sha256
+    # The folder collected is whole as it was: yesterday's summary and results.
+    assert json.loads((archive / "cat" / "summary.json").read_bytes())["sha256"] == (
+        yesterday.claim.sha256
+    )
+    assert (archive / "cat" / "results.jsonl").read_bytes() == b'{"id":"1"}\n'
