@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ..engine.manifests import ManifestPrint
 from .http import DaemonStatus, Health, ManifestProgress
 from .inbox import Claim
 from .logs import RETRY_LINES
@@ -85,6 +86,11 @@ class ActiveManifest:
         self.job = job
         self.baseline = {k: job.counters.get(k, 0) for k in _OUTCOMES}
         self.ends = [reader.read_end for reader in job.readers]  # (none once read: taken now)
+        for end in self.ends:  # the bytes read are the ones hashed when it was claimed
+            if end.read_print is None:
+                end.read_print = ManifestPrint(
+                    name=end.name, size=self.claim.size, sha256=self.claim.sha256
+                )
 
 
 class DaemonMonitor:

@@ -79,12 +79,14 @@ class ReadEnd:
     reached its end: a few ints a run keeps until it ends, when :meth:`changed` looks at the
     path once more (the reader is closed and dropped by then)."""
 
-    __slots__ = ("name", "opened", "reached", "read_print")
+    __slots__ = ("name", "opened", "opened_mtime_ns", "reached", "read_print")
 
     def __init__(self, name: str) -> None:
         self.name = name
         #: (st_dev, st_ino, st_size) of a regular file opened by path; None for stdin.
         self.opened: tuple[int, int, int] | None = None
+        #: Its modification time then: one written since, its size unchanged, is hashed.
+        self.opened_mtime_ns: int | None = None
         #: The fingerprint of the bytes read (the run's, taken when it started).
         self.read_print: ManifestPrint | None = None
         self.reached = False
@@ -120,6 +122,20 @@ class ReadEnd:
             return (
                 f"manifest {self.name} was cut after the run had read it to its end"
                 f" ({size:,} bytes read, {now.st_size:,} now): {_NOT_THE_FILE_TAGGED}"
+            )
+        if (
+            now.st_mtime_ns != self.opened_mtime_ns
+            and self.opened_mtime_ns is not None
+            and self.read_print is not None
+            and self.read_print.sha256 is not None
+            and not self._same_bytes()
+        ):
+            # Written in place, its size unchanged: a copy that set the file's size first
+            # (NUL bytes, then the rows) and paused; a mere touch keeps the bytes read.
+            return (
+                f"manifest {self.name} was written again after the run had read it to its end"
+                f" (its size unchanged, {size:,} bytes, its content not the one read: a copy"
+                f" that set its size first and filled it later): {_NOT_THE_FILE_TAGGED}"
             )
         return None
 
@@ -182,6 +198,7 @@ class ManifestBytes:
                 self._offset0 = os.lseek(self._fh.fileno(), 0, os.SEEK_CUR)
                 if self._owns:
                     self.read_end.opened = (info.st_dev, info.st_ino, info.st_size)
+                    self.read_end.opened_mtime_ns = info.st_mtime_ns
         except (OSError, ValueError, io.UnsupportedOperation):
             pass
         self._gunzip: Any = None

@@ -98,3 +98,47 @@ async def test_a_file_created_empty_and_written_later_is_tagged_whole(tmp_path: 
     assert [p.name for p in daemon.outbox.iterdir()] == ["catalogue"]
     said = [r for r in daemon.logs() if "catalogue.csv" in json.dumps(r) and "empty" in r["event"]]
     assert len(said) == 1, said
+
+
+@pytest.mark.parametrize("state", ["sqlite", "postgresql"])
+async def test_rows_written_into_a_preallocated_file_after_the_daemon_read_it_are_not_lost(
+    tmp_path: Path, state: str, request: pytest.FixtureRequest
+) -> None:
+    """A copy that sets the file's size first and fills it in place (a Windows copy to the
+    SMB share the inbox is, ``aria2c``'s preallocation) pauses longer than ``--settle``: the
+    daemon claims the file while its tail is still NUL bytes, reads the first rows and the
+    NULs (a row refused), and the copy's next burst fills the file claimed. Its size never
+    changed, so the daemon said ``done`` with the first rows and one reject: the rows
+    written later were in no output and nothing said so. Its content is now looked at
+    again when it was written after it was read: the summary says ``failed`` and why, and
+    the manifest goes to ``failed/``. The same with daemons sharing a PostgreSQL state."""
+    first = [f"a{i}" for i in range(20)]
+    later = [f"b{i}" for i in range(10)]
+    head = b"id,url\n" + _rows(first)
+    extra = [] if state == "sqlite" else ["--state", request.getfixturevalue("postgres_url")]
+    async with running_service(ServiceConfig(rate=10.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            with (daemon.inbox / "catalogue.csv").open("wb") as copy:
+                copy.truncate(len(head) + len(_rows(later)))  # the size set first
+                copy.write(head)
+                copy.flush()
+                with anyio.fail_after(20):  # settled, claimed, read to its end
+                    while True:
+                        daemon.check_alive()
+                        active = (await _status(daemon))["active"]
+                        if active and active[0]["rows_read"] >= len(first):  # type: ignore[index]
+                            break
+                        await anyio.sleep(0.05)
+                copy.write(_rows(later))  # the next burst, into the file claimed
+            summary = await daemon.wait_summary("catalogue", timeout=30)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    written = {r["id"] for r in read_lines(daemon.outbox / "catalogue" / "results.jsonl")}
+    if summary["status"] == "done":
+        assert written == set(first + later), summary
+    assert summary["status"] == "failed", summary
+    assert "written again" in summary["reason"], summary
+    assert (daemon.inbox / "failed" / "catalogue.csv").exists()
