@@ -401,3 +401,28 @@ async def test_a_dump_exported_again_unchanged_after_it_was_read_is_complete(
     assert code == 0, err[-600:]
     assert "another file" not in err and "not tagged" not in err, err[-600:]
     assert len(read_outcomes(out, out.with_suffix(".rej")).ids) == 4000
+
+
+async def test_a_dump_written_again_in_place_at_its_size_after_it_was_read_ends_with_exit_3(
+    tmp_path: Path,
+) -> None:
+    """A dump rewritten in place after the run read it (a copy tool that set the file's size
+    first and filled it later, a sync that writes over the file): the same size at the same
+    inode, other bytes. A `stat` sees nothing but its modification time, and the run ended
+    exit 0 'complete' for rows the file no longer holds. It ends with exit 3 naming the file
+    (its modification time changed, so it is hashed at the end)."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig(rate=2000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(tmp_path / "s.db"))
+
+        def write_again() -> None:
+            data = manifest.read_bytes().replace(b",acme,", b",ACME,")
+            st = manifest.stat()
+            with manifest.open("r+b") as fh:  # in place: the same inode and size
+                fh.write(data)
+            os.utime(manifest, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+
+        code, err = await _changed_while_tagged(args, out, write_again)
+    assert code == 3, err[-600:]
+    assert str(manifest) in err and "run complete" not in err, err[-600:]
