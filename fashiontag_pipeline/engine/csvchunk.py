@@ -67,11 +67,14 @@ def header_record(lines: list[str], *, last: bool) -> tuple[list[str], int] | No
     in an Excel cell) makes span several lines. None when that record is still open at the end
     of ``lines`` and more text may close it (not the input's ``last`` text). A record that
     breaks the quoting rules, or spans more than :data:`MAX_HEADER_LINES`, is its first line
-    alone (a header with a stray quote reads as it always did)."""
+    alone (a header with a stray quote reads as it always did), and so is one holding rows: a
+    stray quote's cell that a row's inch mark (``Monitor 27"``) seemed to close."""
     window = lines[:MAX_HEADER_LINES]
     reader = csv.reader(window, strict=True)
     try:
-        return next(reader), reader.line_num
+        names = next(reader)
+        if reader.line_num == 1 or not _holds_rows(names, len(next(csv.reader(lines[:1])))):
+            return names, reader.line_num
     except csv.Error:
         open_at_end = reader.line_num == len(window) < MAX_HEADER_LINES
         if open_at_end and not last and len(window) == len(lines):
@@ -79,6 +82,17 @@ def header_record(lines: list[str], *, last: bool) -> tuple[list[str], int] | No
     except StopIteration:
         pass
     return next(csv.reader(lines[:1])), 1
+
+
+def _holds_rows(names: list[str], width: int) -> bool:
+    """Whether a header record spanning lines holds rows: a URL, or a line of a cell (after
+    its line break) with as many fields as its first line has, a row's ``width`` (two at least:
+    a row's id and URL)."""
+    width = max(width, 2)
+    return any(
+        "://" in name or any(part.count(",") + 1 >= width for part in name.splitlines()[1:])
+        for name in names
+    )
 
 
 class CsvChunk:
