@@ -22,6 +22,7 @@ from operator import itemgetter
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
+from .jsonnums import id_text, minus_zero_row, number_text, texts
 from .plainblock import built
 from .policy import Measured, batch_size
 from .rows import JsonRows, RowBatch
@@ -129,7 +130,10 @@ class JsonlRows:
         if not set(map(type, ids)) | set(map(type, urls)) <= _TEXT or any(
             not set(map(type, column)) <= _TEXT for column in by_key.values()
         ):
-            # A value of another type (an id as a number, a list): its row is checked one by one.
+            # Numbers as their text (an id: integers only); a value of another type (a float id,
+            # a list) and its row are checked one by one.
+            ids = texts(ids, ints_only=True)
+            by_key = {key: texts(column) for key, column in by_key.items()}
             good = [
                 type(i) is str
                 and type(u) is str
@@ -171,8 +175,10 @@ class JsonlRows:
         items: list[Item],
         rejects: list[tuple[int, Reject]],
         singles: list[SingleItem] | None,
+        exact: bool = False,
     ) -> None:
-        """One JSONL row, every rule: appends its item, single-mode item or reject."""
+        """One JSONL row, every rule: appends its item, single-mode item or reject (``exact``:
+        ``obj`` read with its ``-0`` literals as floats)."""
         ident: str | None = None
         try:
             if isinstance(obj, str) and type(obj) is not str:
@@ -196,14 +202,13 @@ class JsonlRows:
                 raw_id = context.get("id")
             if raw_id is None or raw_id == "":
                 raise RowError(clash or "id is missing")  # (its keys may clash: ID, Id)
-            if not isinstance(raw_id, str):
-                if type(raw_id) is int:  # its text is the id: the reject carries it
-                    ident = str(raw_id)
-                    raise RowError(
-                        f'id must be a string, not the number {ident}: write it as "{ident}"'
-                    )
-                raise RowError("id must be a string")
-            ident = raw_id
+            if type(raw_id) is int and raw_id == 0 and not exact:  # (-0 too: jsonnums)
+                redone = minus_zero_row(batch.rows, line)
+                if redone is not None:
+                    self._jsonl_row(batch, line, redone, pos, items, rejects, singles, True)
+                    return
+            # (an integer is its decimal text: jsonnums)
+            ident = raw_id if isinstance(raw_id, str) else id_text(raw_id)
             if "\x00" in ident:
                 raise RowError(NUL_ID)
             if clash:
@@ -278,14 +283,17 @@ class JsonlRows:
             if value is None:
                 continue
             if not isinstance(value, str):
-                raise RowError(f"{column} must be a string")
+                value = number_text(value)  # (a number is sent as its text)
+                if value is None:
+                    raise RowError(f"{column} must be a string or a number")
             if value:
                 kwargs[field] = value
         age = source.get("age")
         if age is not None:
-            if isinstance(age, str):
+            if not isinstance(age, list):
                 age = [age]
-            if not isinstance(age, list) or not all(isinstance(a, str) for a in age):
+            age = texts(age)
+            if not all(isinstance(a, str) for a in age):
                 raise RowError("age must be a list of strings")
             if age:
                 kwargs["age"] = age

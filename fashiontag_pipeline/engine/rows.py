@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
-__all__ = ["JsonRows", "PlainRows", "RowBatch"]
+__all__ = ["JsonLines", "JsonRows", "PlainRows", "RowBatch"]
 
 
 _T = TypeVar("_T")
@@ -87,13 +87,19 @@ class PlainRows(_LineBlock[list[str]]):
 
 class JsonRows(_LineBlock[Any]):
     """Consecutive JSONL lines, none blank, each decoded (``values``: what the JSON decoder
-    made of each, an object or any other JSON value)."""
+    made of each, an object or any other JSON value; ``lines``: their text, read only for a
+    row whose id is the integer 0, which may have been written ``-0``: :mod:`.jsonnums`)."""
 
-    __slots__ = ("values",)
+    __slots__ = ("lines", "values")
 
-    def __init__(self, first: int, values: list[Any]) -> None:
+    def __init__(self, first: int, values: list[Any], lines: list[str] | None = None) -> None:
         self.first = first
         self.values = values
+        self.lines = lines
+
+    def text(self, line: int) -> str | None:
+        """The text of line ``line`` (None when not kept)."""
+        return None if self.lines is None else self.lines[line - self.first]
 
     def _items(self) -> list[Any]:
         return self.values
@@ -103,6 +109,18 @@ class JsonRows(_LineBlock[Any]):
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         return enumerate(self.values, self.first)
+
+
+class JsonLines(list[tuple[int, Any]]):
+    """JSONL rows decoded one by one, with the text of each line holding ``-0`` (``texts``,
+    by line number: for a row whose id is the integer 0, see :class:`JsonRows`)."""
+
+    def __init__(self, rows: list[tuple[int, Any]], texts: dict[int, str]) -> None:
+        super().__init__(rows)
+        self.texts = texts
+
+    def text(self, line: int) -> str | None:
+        return self.texts.get(line)
 
 
 class RowBatch(msgspec.Struct, gc=False):

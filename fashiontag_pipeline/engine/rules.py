@@ -42,6 +42,7 @@ __all__ = [
     "http_url",
     "jsonl_keys",
     "merged_context",
+    "number_text",
     "single_request",
     "single_target",
 ]
@@ -198,12 +199,29 @@ def merged_context(row: dict[str, Any], context: dict[str, Any]) -> dict[str, An
         given = [merged[k] for k in spellings if merged.get(k) not in _EMPTY]
         if not given:
             merged[key] = value
-        elif given[0] != value:
+        elif given[0] != value and _text(given[0]) != _text(value):  # (5 and "5" agree)
             raise RowError(
                 f"{key} is given both in the row and in its context object, with different"
                 " values: keep one"
             )
     return merged
+
+
+def number_text(value: Any) -> str | None:
+    """The text of a JSON number (an int in decimal, a float as its shortest round-trip text:
+    :mod:`.jsonnums`); None for any other value (a bool is no number)."""
+    kind = type(value)
+    if kind is int:
+        return str(value)  # (msgspec reads no integer longer than str() writes)
+    if kind is float:
+        return repr(value)
+    return None
+
+
+def _text(value: Any) -> Any:
+    """``value``, a number as its text."""
+    text = number_text(value)
+    return value if text is None else text
 
 
 #: A URL written without its scheme (``//cdn.example.com/x.jpg``: a storefront theme's, meant to

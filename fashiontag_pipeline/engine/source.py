@@ -43,7 +43,7 @@ from . import strays
 from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, header_record
 from .foreign_heads import what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
-from .rows import JsonRows, PlainRows, RowBatch
+from .rows import JsonLines, JsonRows, PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
 
 __all__ = [
@@ -262,7 +262,8 @@ class ManifestReader(ManifestBytes):
                     self._done = i + len(block)
                     if self._done >= end:
                         self._lines = None
-                    return JsonRows(base + i + 1, values)
+                    return JsonRows(base + i + 1, values, block)
+            texts: dict[int, str] = {}
             while i < end and len(rows) < limit:
                 text_line = lines[i]
                 i += 1
@@ -275,6 +276,8 @@ class ManifestReader(ManifestBytes):
                     url = text_line.strip()
                     rows.append((base + i, [url, url]))
                     continue
+                if "-0" in text_line:  # (its text, for a -0 id: jsonnums)
+                    texts[base + i] = text_line
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
                 except strays.NOT_JSON as err:
@@ -282,7 +285,7 @@ class ManifestReader(ManifestBytes):
             self._done = i
             if i >= end:
                 self._lines = None
-            return rows
+            return JsonLines(rows, texts) if texts else rows
         if self._plain is not None:
             start = self._done
             block = self._plain[start : start + limit]

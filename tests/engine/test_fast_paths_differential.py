@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from fashiontag_pipeline._exceptions import ManifestError
 from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.policy import text_size
-from fashiontag_pipeline.engine.rows import RowBatch
+from fashiontag_pipeline.engine.rows import JsonLines, RowBatch
 from fashiontag_pipeline.engine.state import position
 from fashiontag_pipeline.engine.validate import Validator
 
@@ -165,6 +165,9 @@ def manifests(draw: st.DrawFn) -> str:
 def _listed(batch: RowBatch, skip_upto: int = -1) -> RowBatch:
     shifted = position(batch.source, 0)
     rows = [(line, f) for line, f in batch.rows if shifted | line > skip_upto]
+    text = getattr(batch.rows, "text", None)  # (JSONL: the lines' text, read for a 0 id)
+    if text is not None:
+        rows = JsonLines(rows, {line: t for line, _ in rows if (t := text(line)) is not None})
     return RowBatch(batch.source, batch.name, batch.kind, batch.header, rows)
 
 

@@ -4,9 +4,10 @@ Generated JSONL manifests: objects with the read keys in any case and spelling (
 ``Brand``, a key escaped as ``\\u0069d``, the Kelvin sign that lower-cases to ``k``, both
 spellings of the product name, a key twice), unknown keys, ``image``, ``context``,
 ``detection`` and ``age`` keys, values of every JSON type (ids as numbers, nested objects,
-lists, null, empty and odd strings, every kind of image), and lines that are no object (not
-JSON, an array, a number, blank, CRLF ends) are read in pieces cut anywhere (a tiny
-``READ_SIZE``) and in batches of any size:
+lists, null, empty and odd strings, every kind of image; numbers as ids and context values,
+written as a database exports them, ``-0``, ``1e3``, ``19.90`` among them), and lines that
+are no object (not JSON, an array, a number, blank, CRLF ends) are read in pieces cut anywhere
+(a tiny ``READ_SIZE``) and in batches of any size:
 
 * the rows read are each line decoded on its own, as the row by row reading does;
 * each batch's :meth:`Validator.route` and :meth:`Validator.validate` (the block path over a
@@ -29,12 +30,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fashiontag_pipeline.engine import manifest_bytes
-from fashiontag_pipeline.engine.rows import JsonRows, RowBatch
+from fashiontag_pipeline.engine.rows import JsonRows
 from fashiontag_pipeline.engine.state import position
 from fashiontag_pipeline.engine.validate import Validator
 
 from .test_fast_paths import _batches
-from .test_fast_paths_differential import IMAGES, ODD_CELLS, _check_batch
+from .test_fast_paths_differential import IMAGES, ODD_CELLS, _check_batch, _listed
 
 SOURCE = 3
 CONTEXT = [
@@ -70,6 +71,20 @@ values = st.one_of(
     st.lists(st.one_of(texts, st.integers(0, 3)), max_size=2),
     st.dictionaries(st.sampled_from(["id", "url", "brand", "type", "content"]), texts, max_size=2),
 )
+
+
+class Raw(str):
+    """A value written as it is (a number literal json.dumps never writes)."""
+
+
+#: Numbers, as a database's JSON export writes them (and literals it might).
+numbers = st.one_of(
+    st.integers(-(10**30), 10**30),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["-0", "1e3", "1.0", "19.90", "-0.0", "0", "1E2", "-0 ", "123456789" * 9]).map(
+        Raw
+    ),
+)
 images = st.fixed_dictionaries(
     {"type": st.sampled_from(["url", "base64", "URL", 3]), "content": st.sampled_from(IMAGES)}
 )
@@ -86,7 +101,7 @@ def objects(draw: st.DrawFn) -> str:
     for key in keys:
         name = key.lower()
         if name == "id":
-            value: Any = draw(st.one_of(*[good_ids] * 6, values))
+            value: Any = draw(st.one_of(*[good_ids] * 6, numbers, values))
         elif name == "url":
             value = draw(st.one_of(*[good_urls] * 6, st.sampled_from(IMAGES), values))
         elif name == "image":
@@ -101,11 +116,14 @@ def objects(draw: st.DrawFn) -> str:
         elif name == "detection":
             value = draw(st.one_of(st.sampled_from(["TOP", "top|hat", ["TOP"], ["nope"]]), values))
         elif key in CONTEXT or name == "age":
-            value = draw(st.one_of(*[texts] * 4, values))
+            value = draw(st.one_of(*[texts] * 4, numbers, values, st.lists(numbers, max_size=2)))
         else:
             value = draw(values)
         written = json.dumps(key) if "\\u" not in key else f'"{key}"'
-        members.append(f"{written}: {json.dumps(value, ensure_ascii=draw(st.booleans()))}")
+        dumped = (
+            value if isinstance(value, Raw) else json.dumps(value, ensure_ascii=draw(st.booleans()))
+        )
+        members.append(f"{written}: {dumped}")
     sep = draw(st.sampled_from([", ", ","]))
     return "{" + sep.join(members) + "}"
 
@@ -178,13 +196,13 @@ def test_a_catalogue_export_takes_the_block_path(tmp_path: Path) -> None:
         {"id": f"s{i}", "url": f"https://h/{i}.jpg", "brand": "acme", "season": "", "notes": i}
         for i in range(50)
     ]
-    rows[7]["id"] = 7  # a number: its reject says how to write it
+    rows[7]["id"] = 7.0  # a float: its reject says why
     rows[9]["url"] = "HTTPS://h/9.jpg"  # (sent lower-cased, by the general rules)
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (batch,) = _batches(path, 2000, SOURCE)
     assert isinstance(batch.rows, JsonRows)
-    listed = RowBatch(batch.source, batch.name, batch.kind, batch.header, list(batch.rows))
+    listed = _listed(batch)
     items, singles, rejects = Validator().route(batch)
     assert (items, singles, rejects) == Validator().general(listed, route=True)
     assert len(items) == 49 and [r.line for _, r in rejects] == [8]
@@ -207,12 +225,14 @@ def test_rows_spelling_the_product_name_each_way(tmp_path: Path, bad: Any) -> No
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (batch,) = _batches(path, 2000, SOURCE)
     assert isinstance(batch.rows, JsonRows)
-    listed = RowBatch(batch.source, batch.name, batch.kind, batch.header, list(batch.rows))
+    listed = _listed(batch)
     routed = Validator().route(batch)
     assert routed == Validator().general(listed, route=True)
     names = {i: r.context.product_content_name for i, _, r in routed[0]}
     assert names["s0"] == "name 0" and names["s1"] == "name 1"
     if isinstance(bad, str) or bad is None:
         assert names["s3"] is None and names["s4"] is None
+    elif type(bad) is int:  # (a number: its text)
+        assert names["s3"] == "0" and names["s4"] == "0"
     else:
         assert [r.line for _, r in routed[2]] == [4, 5]

@@ -120,10 +120,10 @@ def test_every_kind_of_bad_csv_row_is_one_reject(tmp_path: Path) -> None:
 
 BAD_JSONL_ROWS = [
     ({"url": "https://x/1"}, "id is missing"),
-    ({"id": 7, "url": "https://x/1"}, "id must be a string"),
+    ({"id": 7.5, "url": "https://x/1"}, "id must be a string or an integer"),
     ({"id": "j1", "image": {"type": "base64", "content": "data:image/png;base64,AA"}}, "URLs only"),
-    ({"id": "j2", "url": "https://x/2", "price": 10}, "price must be a string"),
-    ({"id": "j3", "url": "https://x/3", "age": [20]}, "age must be a list of strings"),
+    ({"id": "j2", "url": "https://x/2", "price": True}, "price must be a string or a number"),
+    ({"id": "j3", "url": "https://x/3", "age": [None]}, "age must be a list of strings"),
     ({"id": "j4", "url": "https://x/4", "detection": "TOP"}, None),
     ({"id": "j5", "url": "https://x/5", "detection": ["SOCKS"]}, "invalid detection"),
     ([1, 2], "not a JSON object"),
