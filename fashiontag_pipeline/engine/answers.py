@@ -24,17 +24,29 @@ from .tracker import TaskBook
 
 __all__ = [
     "DUPLICATE_PREFIX",
+    "MOVED",
     "STAGE_SERVER",
     "WriteAnswers",
     "count_by_job",
     "job_marks",
     "no_task_id",
+    "task_description",
 ]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
 STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
+#: How the token of a task a write was moved to ends (:meth:`WriteAnswers._moved`): the
+#: service chose that task and its description, so none is expected of it (a resume took
+#: the one its token gives for the evidence of another's task and sent its rows again).
+MOVED = "~moved"
+
+
+def task_description(token: str) -> str:
+    """The description a create carries: its token, by which the run finds the task of a
+    create whose answer it never got."""
+    return f"fashiontag run {token}"
 
 
 def _echoed(echo: str, ids: list[str]) -> str | None:
@@ -160,6 +172,7 @@ class WriteAnswers:
             self.current = None
         await self._check_new_id(new_id, chunk)
         seq, token = self._new_token()
+        token += MOVED  # (no description of ours: see description())
         now = self.clock()
         moved = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True, sealed=True)
         opened = self._opened_ops(moved, new_id, response.expires_at)

@@ -28,8 +28,8 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig, RetryPolicy, Secret, key_mac, with_default_keys
 from .._urls import clean_base_url, shown_url
+from .answers import task_description
 from .state import StateStore
-from .writes import task_description
 
 __all__ = [
     "NEW_STATE",

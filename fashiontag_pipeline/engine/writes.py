@@ -23,11 +23,13 @@ from .._client import TaggerClient
 from .._models import Task
 from .answers import (
     DUPLICATE_PREFIX,
+    MOVED,
     STAGE_SERVER,
     WriteAnswers,
     count_by_job,
     job_marks,
     no_task_id,
+    task_description,
 )
 from .config import EngineConfig
 from .flow import STILL_FAILING_EVERY, AIMDLimiter, FatalRunError, RetryBudget
@@ -39,12 +41,6 @@ from .tracker import TaskBook
 __all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "job_marks"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
-
-
-def task_description(token: str) -> str:
-    """The description a create carries: its token, by which the run finds the task of a
-    create whose answer it never got."""
-    return f"fashiontag run {token}"
 
 
 class TaskWrites(WriteAnswers):
@@ -70,7 +66,7 @@ class TaskWrites(WriteAnswers):
     _seq: int
 
     def description(self, token: str) -> str:
-        return task_description(token)
+        return "" if token.endswith(MOVED) else task_description(token)
 
     def _new_token(self) -> tuple[int, str]:
         self._seq += 1

@@ -17,7 +17,15 @@ from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import TASKS_OF_1000, client_config, run_misbehaving, run_through, write_csv
+from .helpers import (
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    run_misbehaving,
+    run_through,
+    write_csv,
+)
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 
@@ -136,5 +144,86 @@ async def test_a_write_answered_with_another_tasks_id_is_read_from_that_task(
     assert len(proxy.made) == 1
     assert summary.complete and summary.resent == 0
     assert len(proxy.created) == 1  # no create of the run's own after the first
+    by_task = Counter(r["taskId"] for r in o.results)
+    assert by_task == {proxy.created[0]: 2000, proxy.made[0]: 1000}
+
+
+class PutMakesATaskLikeIt(PutMakesATask):
+    """:class:`PutMakesATask` whose made task carries the description of the task written to
+    (a service that goes on with the task under a new id), held processing while ``hold``."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.hold = True
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "PUT" and request.path.startswith(BULK + "/") and self.put_count == 1:
+            assert self._session is not None
+            task_id = request.path[len(BULK) + 1 :]
+            headers = {"x-api-key": request.headers.get("x-api-key", "")}
+            status_url = f"{self.upstream}{BULK}/{task_id}/status"
+            async with self._session.get(status_url, headers=headers) as up:
+                description = (await up.json())["data"]["description"]
+            body = json.loads(await request.read())
+            body["description"] = description
+            self.put_count += 1
+            create = self._session.post(f"{self.upstream}{BULK}", json=body, headers=headers)
+            async with create as up:
+                status, payload = up.status, await up.read()
+            self.made.append(json.loads(payload)["taskId"])
+            return web.Response(status=status, body=payload, content_type="application/json")
+        return await super().handle(request)
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+        if not self.hold or not self.made or status >= 300 or method != "GET":
+            return out
+        data = json.loads(out)
+        tasks = data["data"].get("tasks") if path == BULK else [data["data"]]
+        for task in tasks or ():
+            if isinstance(task, dict) and task.get("taskId") == self.made[0]:
+                task["count"].update(done=0, failure=0, processing=task["count"]["total"])
+                task["taskStatus"] = "TASK_PROCESSING"
+        return json.dumps(data).encode()
+
+
+async def test_a_task_a_write_moved_to_is_read_by_the_resume(tmp_path: Path) -> None:
+    """The run that read a write's rows from the task its answer named is stopped before that
+    task is done; the resume took the task, which the service shows with the description of
+    the task written to, for another's (its own token's description expected) and sent its
+    1,000 rows again: billed twice. The resume reads them from that task."""
+    engine = msgspec.structs.replace(TASKS_OF_1000, rotate_images=3000, rotate_min_images=3000)
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = PutMakesATaskLikeIt("")
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+
+            async def run() -> object:
+                return await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=engine,
+                )
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(run)
+                    while not (out.exists() and len(out.read_bytes().splitlines()) >= 2000):
+                        await anyio.sleep(0.05)
+                    await anyio.sleep(0.5)
+                    tg.cancel_scope.cancel()
+            assert len(proxy.made) == 1 and len(proxy.created) == 1
+            proxy.hold = False
+            with anyio.fail_after(60):
+                summary = await run()
+    assert summary.complete and summary.resent == 0  # type: ignore[attr-defined]
+    assert len(proxy.created) == 1  # nothing created again
+    o = assert_exactly_once(out, rej, ids_of(3000))
     by_task = Counter(r["taskId"] for r in o.results)
     assert by_task == {proxy.created[0]: 2000, proxy.made[0]: 1000}
