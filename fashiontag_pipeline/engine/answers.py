@@ -112,6 +112,8 @@ class WriteAnswers:
     _checking: set[str]
     _new_token: Callable[[], tuple[int, str]]
     _opened_ops: Callable[[OpenTask, str, datetime | None], list[changes.Change]]
+    #: A write answered with an id that names no task was said (then at info level).
+    _unnamed_said = False
 
     @staticmethod
     def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
@@ -152,13 +154,25 @@ class WriteAnswers:
                 " resumes once the service gives each task its own id)"
             )
 
-    async def _moved(self, task: OpenTask, chunk: Chunk, response: BulkTaskResponse) -> None:
+    async def _moved(self, task: OpenTask, chunk: Chunk, response: BulkTaskResponse) -> bool:
         """A write to ``task`` answered 2xx with another task's id (a service that made a new
         task for it: the one written to no longer extended): its rows are in that task. It is
         recorded as a task of the run (a new token, no description to match) and read like
         one; ``task`` takes no more writes. Before, the rows were taken as added to ``task``,
-        found missing from its results and sent again: billed twice, the other task unread."""
+        found missing from its results and sent again: billed twice, the other task unread.
+        False (nothing done) when the id names no task (:meth:`_names_a_task`)."""
         new_id = response.task_id
+        if not await self._names_a_task(new_id):
+            (logger.info if self._unnamed_said else logger.warning)(
+                "task %s: a write to it was answered with id %r, which the service knows no"
+                " task by: its rows are taken as added to %s, as the spec has it",
+                task.task_id,
+                new_id,
+                task.task_id,
+                extra={"task_id": task.task_id},
+            )
+            self._unnamed_said = True
+            return False
         logger.warning(
             "task %s: a write to it was answered with task id %r, a task the service made for"
             " it: its rows are read from that task, and no more rows go to %s",
@@ -180,6 +194,21 @@ class WriteAnswers:
         moved.created.set()
         self.tasks.pop(new_id, None)
         self.book.watch(new_id, "", created=True)  # (no description: the service chose it)
+        return True
+
+    async def _names_a_task(self, task_id: str) -> bool:
+        """Whether the service knows a task by the id a write's answer gave (its status read).
+        An id of the write's own (a batch id a service hands out per append) names none: its
+        rows are in the task written to ("appending keeps all images under one task id"),
+        and were looked for under that id, unknown (404), then sent again: billed twice. An
+        id the client cannot address names none either; no answer but a 404 says it does."""
+        try:
+            await self.client.task_status(task_id)
+        except (exc.TaskNotFoundError, ValueError):
+            return False
+        except exc.FashiontagError:
+            pass
+        return True
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).

@@ -419,8 +419,8 @@ class TaskWrites(WriteAnswers):
             self.budget.ok()
             self.slots.success()
             self.writes_taken += 1
-            if response.task_id and response.task_id != task.task_id:
-                await self._moved(task, chunk, response)  # (another task took the rows)
+            moved = response.task_id and response.task_id != task.task_id
+            if moved and await self._moved(task, chunk, response):  # (another task took them)
                 return True
             if response.failure_list and await self._refused_row_by_row(task, chunk, response):
                 return False  # every row refused: sent again to a new task

@@ -227,3 +227,40 @@ async def test_a_task_a_write_moved_to_is_read_by_the_resume(tmp_path: Path) -> 
     o = assert_exactly_once(out, rej, ids_of(3000))
     by_task = Counter(r["taskId"] for r in o.results)
     assert by_task == {proxy.created[0]: 2000, proxy.made[0]: 1000}
+
+
+class PutAnsweredWithABatchId(MisbehavingProxy):
+    """Every PUT applied to the task written to, as the spec says, but answered with an id of
+    the append's own (a batch id a service hands out per write) in ``taskId``: no task."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.batches = 0
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+        if method != "PUT" or status >= 300:
+            return out
+        data = json.loads(out)
+        self.batches += 1
+        data["taskId"] = f"batch-{self.batches}"
+        return json.dumps(data).encode()
+
+
+async def test_a_write_answered_with_an_id_that_names_no_task_is_read_from_its_task(
+    tmp_path: Path,
+) -> None:
+    """A PUT answered 202 with an id the service gives no task (a batch id of its own in
+    ``taskId``) had its rows looked for under that id: unknown to the status (404), taken for
+    forgotten once ``list_lag`` was past and sent again (billed twice), while the task
+    written to returned them. They are read from the task written to."""
+    engine = msgspec.structs.replace(
+        TASKS_OF_1000, rotate_images=3000, rotate_min_images=3000, list_lag=0.5
+    )
+    proxy = PutAnsweredWithABatchId("")
+    summary, o = await run_through(tmp_path, 3000, proxy, engine)
+    assert summary.complete and summary.resent == 0
+    assert len(proxy.created) == 1
+    assert Counter(r["taskId"] for r in o.results) == {proxy.created[0]: 3000}
