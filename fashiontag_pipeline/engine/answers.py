@@ -24,7 +24,6 @@ from .tracker import TaskBook
 
 __all__ = [
     "DUPLICATE_PREFIX",
-    "MOVED",
     "STAGE_SERVER",
     "WriteAnswers",
     "count_by_job",
@@ -37,10 +36,6 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 
 STAGE_SERVER = "server-validation"
 DUPLICATE_PREFIX = "duplicate context.id"
-#: How the token of a task a write was moved to ends (:meth:`WriteAnswers._moved`): the
-#: service chose that task and its description, so none is expected of it (a resume took
-#: the one its token gives for the evidence of another's task and sent its rows again).
-MOVED = "~moved"
 
 
 def task_description(token: str) -> str:
@@ -110,10 +105,6 @@ class WriteAnswers:
     current: OpenTask | None
     tasks: dict[str, OpenTask]
     _checking: set[str]
-    _new_token: Callable[[], tuple[int, str]]
-    _opened_ops: Callable[[OpenTask, str, datetime | None], list[changes.Change]]
-    #: A write answered with an id that names no task was said (then at info level).
-    _unnamed_said = False
 
     @staticmethod
     def _applied_log(err: exc.AmbiguousWriteError) -> Callable[..., None]:
@@ -122,7 +113,7 @@ class WriteAnswers:
         wrong), else at info (a 204 is the service's own way)."""
         return logger.warning if unreadable_answer(err) is not None else logger.info
 
-    async def _check_new_id(self, task_id: str, chunk: Chunk) -> None:
+    async def _check_new_id(self, task_id: str, chunk: Chunk, what: str = "a create") -> None:
         """Stop the run when a create's task id (answered, or adopted from the list after an
         answer was lost) is one the run holds already. The chunk's rows went into that task
         (the service took them, and bills them): the chunk is recorded as its orphan, so the
@@ -147,68 +138,12 @@ class WriteAnswers:
             # One id, two tasks' rows: their results, counts and expiries cannot be told
             # apart, so rows would be settled by each other's lines (some lost, some twice).
             raise FatalRunError(
-                f"the service answered a create with task id {task_id!r}, which"
+                f"the service answered {what} with task id {task_id!r}, which"
                 " it had given to this run before (a service that hands out a task id"
                 " twice, or adds a new task's rows to another): its results cannot be"
                 " read exactly once; stopped with the state saved (the same command"
                 " resumes once the service gives each task its own id)"
             )
-
-    async def _moved(self, task: OpenTask, chunk: Chunk, response: BulkTaskResponse) -> bool:
-        """A write to ``task`` answered 2xx with another task's id (a service that made a new
-        task for it: the one written to no longer extended): its rows are in that task. It is
-        recorded as a task of the run (a new token, no description to match) and read like
-        one; ``task`` takes no more writes. Before, the rows were taken as added to ``task``,
-        found missing from its results and sent again: billed twice, the other task unread.
-        False (nothing done) when the id names no task (:meth:`_names_a_task`)."""
-        new_id = response.task_id
-        if not await self._names_a_task(new_id):
-            (logger.info if self._unnamed_said else logger.warning)(
-                "task %s: a write to it was answered with id %r, which the service knows no"
-                " task by: its rows are taken as added to %s, as the spec has it",
-                task.task_id,
-                new_id,
-                task.task_id,
-                extra={"task_id": task.task_id},
-            )
-            self._unnamed_said = True
-            return False
-        logger.warning(
-            "task %s: a write to it was answered with task id %r, a task the service made for"
-            " it: its rows are read from that task, and no more rows go to %s",
-            task.task_id,
-            new_id,
-            task.task_id,
-            extra={"task_id": task.task_id},
-        )
-        task.closing = True
-        if self.current is task:
-            self.current = None
-        await self._check_new_id(new_id, chunk)
-        seq, token = self._new_token()
-        token += MOVED  # (no description of ours: see description())
-        now = self.clock()
-        moved = OpenTask(seq=seq, token=token, opened=now, expires=now, closing=True, sealed=True)
-        opened = self._opened_ops(moved, new_id, response.expires_at)
-        await self._accept(moved, chunk, response, opened)
-        moved.created.set()
-        self.tasks.pop(new_id, None)
-        self.book.watch(new_id, "", created=True)  # (no description: the service chose it)
-        return True
-
-    async def _names_a_task(self, task_id: str) -> bool:
-        """Whether the service knows a task by the id a write's answer gave (its status read).
-        An id of the write's own (a batch id a service hands out per append) names none: its
-        rows are in the task written to ("appending keeps all images under one task id"),
-        and were looked for under that id, unknown (404), then sent again: billed twice. An
-        id the client cannot address names none either; no answer but a 404 says it does."""
-        try:
-            await self.client.task_status(task_id)
-        except (exc.TaskNotFoundError, ValueError):
-            return False
-        except exc.FashiontagError:
-            pass
-        return True
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).

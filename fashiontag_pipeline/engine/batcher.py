@@ -382,6 +382,7 @@ class TaskWriter(TaskWrites):
             self.tasks.pop(task.task_id, None)
             # Not committed: a resume treats an open task the same way (closed, then watched).
             self.book.watch(task.task_id, self.description(task.token), created=True)
+            self._watch_moved(task.task_id)  # (the tasks writes to it were moved to)
 
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:

@@ -23,9 +23,7 @@ from .._client import TaggerClient
 from .._models import Task
 from .answers import (
     DUPLICATE_PREFIX,
-    MOVED,
     STAGE_SERVER,
-    WriteAnswers,
     count_by_job,
     job_marks,
     no_task_id,
@@ -34,6 +32,7 @@ from .answers import (
 from .config import EngineConfig
 from .flow import STILL_FAILING_EVERY, AIMDLimiter, FatalRunError, RetryBudget
 from .jobs import Jobs
+from .moves import MOVED, WriteMoves
 from .policy import Chunk, OpenTask, WritePolicy
 from .state import Journal, changes
 from .tracker import TaskBook
@@ -43,7 +42,7 @@ __all__ = ["DUPLICATE_PREFIX", "STAGE_SERVER", "TaskWrites", "count_by_job", "jo
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
 
-class TaskWrites(WriteAnswers):
+class TaskWrites(WriteMoves):
     """Requests to the service for :class:`~.batcher.TaskWriter` (see the module docstring)."""
 
     client: TaggerClient

@@ -264,3 +264,42 @@ async def test_a_write_answered_with_an_id_that_names_no_task_is_read_from_its_t
     assert summary.complete and summary.resent == 0
     assert len(proxy.created) == 1
     assert Counter(r["taskId"] for r in o.results) == {proxy.created[0]: 3000}
+
+
+class PutsGoOnInANewTask(PutMakesATask):
+    """:class:`PutMakesATask` whose made task goes on for the task written to: every later
+    PUT to that task is applied to the made one and answered with its id (a service that
+    continues a task under a new id, writes already on their way included)."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "PUT" or not request.path.startswith(BULK + "/"):
+            return await super().handle(request)
+        if self.put_count < 2:  # (the first PUT, then the one that makes the task)
+            return await super().handle(request)
+        while not self.made:  # a write on its way meanwhile is applied once it is made
+            await anyio.sleep(0.01)
+        if request.path[len(BULK) + 1 :] != self.created[0]:
+            return await super().handle(request)
+        assert self._session is not None
+        async with self._session.put(
+            f"{self.upstream}{BULK}/{self.made[0]}",
+            data=await request.read(),
+            headers={"x-api-key": request.headers.get("x-api-key", "")},
+        ) as up:
+            status, payload = up.status, await up.read()
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+
+async def test_writes_moved_to_one_task_are_all_read_from_it(tmp_path: Path) -> None:
+    """Two writes to a task, both on their way, answered with the id of the one new task the
+    service went on with: the second was taken for a create answered with an id the run held
+    already, and the run stopped (FatalRunError naming "a create") with every row in a task.
+    Both are read from that task."""
+    engine = msgspec.structs.replace(TASKS_OF_1000, rotate_images=4000, rotate_min_images=4000)
+    proxy = PutsGoOnInANewTask("")
+    summary, o = await run_through(tmp_path, 4000, proxy, engine)
+    assert len(proxy.made) == 1 and len(proxy.created) == 1
+    assert summary.complete and summary.resent == 0
+    by_task = Counter(r["taskId"] for r in o.results)
+    assert by_task[proxy.created[0]] + by_task[proxy.made[0]] == 4000
+    assert by_task[proxy.made[0]] >= 2000
