@@ -70,6 +70,7 @@ __all__ = [
     "ServiceError",
     "StateConflictError",
     "StateError",
+    "StateUnavailable",
     "TLSError",
     "TaskExpiredError",
     "TaskNotFoundError",
@@ -127,6 +128,12 @@ class LeaseLostError(StateConflictError):
 class StateError(FashiontagError):
     """The state file cannot be opened or written (permissions, a full disk, not a state
     file); the message names the file."""
+
+
+class StateUnavailable(StateError):
+    """A PostgreSQL state could not be connected to (connections refused, the server's or the
+    role's connection limit reached, the server down): no fault of the manifest whose state it
+    is. A shared daemon counts no attempt of a manifest for it; the manifest waits."""
 
 
 class SchemaTooNewError(StateError):

@@ -9,7 +9,8 @@ stops), so that is where it is decided (:meth:`Attempts.begun`); an attempt that
 written ahead, results or rejects starts the count again, and a long manifest outlives any
 number of restarts or failovers that each let it progress. An attempt that stops before it can
 look (:meth:`Attempts.over`) fails the manifest at once. A result store whose database cannot
-be reached counts no attempt: the manifest waits for it, as for the state's database.
+be reached counts no attempt, nor does a state that cannot be connected to (the database at
+its connection limit): the manifest waits for it, as for the state's database.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class Attempts:
     def failed(self, claim: int, error: Exception) -> int:
         """An attempt stopped on ``error``: how many in a row now. A result store that cannot
         be reached (an outage of its database) is no attempt of the manifest's: not counted,
-        or an outage of a few lease lengths sent every manifest in flight to failed/."""
-        if isinstance(error, exc.ResultStoreUnavailable):
+        or an outage of a few lease lengths sent every manifest in flight to failed/. Nor is
+        a state that cannot be connected to (the database at its connection limit while the
+        daemon's pool still holds its own connections)."""
+        if isinstance(error, exc.ResultStoreUnavailable | exc.StateUnavailable):
             return self._failed.get(claim, 0)
         count = self._failed[claim] = self._failed.get(claim, 0) + 1
         self._reasons[claim] = str(error)

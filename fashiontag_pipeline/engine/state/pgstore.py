@@ -208,10 +208,13 @@ class PostgresStateDB(StateStore):
         self._alone = False  # (the advisory lock taken: unlocked at close)
         self._idle_timeout = idle_timeout
         self._holder = secrets.token_hex(8)
-        with state_errors(conninfo, "cannot open"):
-            conn = psycopg.connect(
-                conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
-            )
+        try:
+            with state_errors(conninfo, "cannot open"):
+                conn = psycopg.connect(
+                    conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
+                )
+        except exc.StateError as err:  # (not connected: the database's, not the state's)
+            raise exc.StateUnavailable(str(err)) from None
         try:
             with state_errors(conninfo, "cannot open"):
                 if idle_timeout is not None:

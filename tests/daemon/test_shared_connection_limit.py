@@ -1,0 +1,76 @@
+"""A shared daemon whose database takes no more connections for a while (``max_connections``
+reached by other clients, the role's or the database's ``CONNECTION LIMIT``): the daemon's
+pool keeps the connections it has; each manifest's state needs a new one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import psycopg
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from ..postgres import PostgresCluster
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="unix sockets")
+
+STOPPED = "the manifest stopped on an error; it resumes when it is leased again"
+
+
+async def test_a_database_at_its_connection_limit_fails_no_manifest(
+    tmp_path: Path, postgres_cluster: PostgresCluster
+) -> None:
+    """The role at its connection limit ("too many connections for role", as "too many
+    clients already" once the server's max_connections is reached): each attempt at a manifest
+    stopped on opening its state, and after six lease lengths the manifest went to
+    ``failed/`` with that reason, a good manifest failed by a passing shortage. A state that
+    cannot be connected to is no attempt of the manifest's: it waits, and is tagged once the
+    database takes connections again."""
+    role = f"lim_{os.getpid()}"
+    admin = psycopg.connect(postgres_cluster.url(), autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+    name = f"limited_{os.getpid()}"
+    admin.execute(f'CREATE DATABASE "{name}" OWNER {role} STRATEGY FILE_COPY')
+    url = postgres_cluster.url(name).replace("postgresql://postgres@", f"postgresql://{role}@")
+    ids = [f"c{i}" for i in range(40)]
+    try:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url, extra=["--state", url, "--lease", "0.5"])
+            daemon.start()
+            try:
+                await daemon.wait_ready_endpoint()
+                (held,) = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)
+                ).fetchone() or (0,)
+                admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT {held}")
+                drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+                failed = daemon.inbox / "failed" / "m.csv"
+                with anyio.fail_after(20):  # more attempts than a manifest is given
+                    while len(_stopped(daemon)) < 8 and not failed.exists():
+                        daemon.check_alive()
+                        await anyio.sleep(0.05)
+                assert not failed.exists(), daemon.tail(3)
+                admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+                summary = await daemon.wait_summary("m", timeout=30)
+                assert await daemon.stop() == 0
+            finally:
+                daemon.ensure_dead()
+    finally:
+        admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
+    assert summary["status"] == "done", summary
+    assert sorted(r["id"] for r in read_lines(daemon.outbox / "m" / "results.jsonl")) == sorted(ids)
+    assert (daemon.inbox / "done" / "m.csv").exists()
+
+
+def _stopped(daemon: DaemonProcess) -> list[object]:
+    return [line for line in daemon.logs() if line.get("event") == STOPPED]
