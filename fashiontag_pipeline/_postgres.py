@@ -38,12 +38,14 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "Migration",
+    "check_url",
     "foreign_url",
     "is_postgres_url",
     "migrate",
     "redact_url",
     "schema_version",
     "state_errors",
+    "url_problem",
 ]
 
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -180,6 +182,27 @@ def redact_url(url: str) -> str:
         return f"{scheme}://***"
 
 
+def url_problem(url: str) -> str | None:
+    """Why libpq would misread ``url``'s authority (None when it would not): an unencoded
+    ``@`` in the user or the password. libpq ends the user's part at the first ``@`` and takes
+    the rest of the password for the host, which its errors then quote."""
+    authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0]
+    if authority.count("@") > 1:
+        return (
+            "the user or password in the URL holds an unencoded '@': write it as %40 "
+            "(percent-encode the password)"
+        )
+    return None
+
+
+def check_url(url: str) -> None:
+    """Raise StateError, naming the redacted URL, when libpq would misread it
+    (:func:`url_problem`)."""
+    problem = url_problem(url)
+    if problem is not None:
+        raise StateError(f"PostgreSQL state {redact_url(url)}: {problem}")
+
+
 def _secrets_of(url: str) -> list[str]:
     """The password of ``url`` as written and decoded (to scrub it from driver messages)."""
     found: list[str] = []
@@ -204,8 +227,9 @@ def scrub(message: str, url: str) -> str:
 
 
 @contextlib.contextmanager
-def state_errors(url: str, doing: str) -> Iterator[None]:
-    """Turn the driver's errors into :class:`StateError` naming the (redacted) database.
+def state_errors(url: str, doing: str, kind: type[StateError] = StateError) -> Iterator[None]:
+    """Turn the driver's errors into :class:`StateError` (or ``kind``) naming the (redacted)
+    database.
 
     LeaseLostError and other errors of the package pass through unchanged.
     """
@@ -217,9 +241,7 @@ def state_errors(url: str, doing: str) -> Iterator[None]:
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # The driver's own error is not chained: libpq's messages may quote the URL.
-        raise StateError(
-            f"PostgreSQL state {redact_url(url)}: {doing}: {scrub(reason, url)}"
-        ) from None
+        raise kind(f"PostgreSQL state {redact_url(url)}: {doing}: {scrub(reason, url)}") from None
 
 
 def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:

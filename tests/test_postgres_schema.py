@@ -119,6 +119,35 @@ def test_a_malformed_url_is_a_state_error_without_the_password(tmp_path: object)
         assert caught.value.__cause__ is None
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:hunter@2024@localhost:1/x",
+        "postgresql://u:hunter@2024@db.invalid/x#nightly",
+        "postgres://u:Qz7@Rk9:Xv2@localhost/x?sslmode=disable",
+    ],
+)
+def test_a_password_with_an_unencoded_at_sign_is_refused_without_showing_it(url: str) -> None:
+    """libpq ends the user's part at the first ``@``: the rest of the password became the
+    host, and the error quoted it (``failed to resolve host '2024@localhost'``), on stderr and
+    in the daemon's log, and said nothing of the real fault. The URL is refused before any
+    connection, saying to write ``@`` as ``%40``, with no piece of the password."""
+    from fashiontag_pipeline.engine.reuse.pgstore import PostgresResultStore
+
+    secret = url.partition("://u:")[2].rpartition("@")[0]
+    pieces = [p for p in secret.replace(":", "@").split("@") if p]
+    for opener in (
+        lambda: PostgresStateDB(url, connect_timeout=1),
+        lambda: PostgresClaimLedger(url.partition("#")[0], connect_timeout=1),
+        lambda: PostgresResultStore.open(url.partition("#")[0], connect_timeout=1),
+    ):
+        with pytest.raises(Exception) as caught:
+            opener()
+        message = str(caught.value)
+        assert "%40" in message, message
+        assert not [p for p in pieces if p in message.partition("://")[2].replace("u:***@", "")]
+
+
 def test_an_unreachable_database_is_a_state_error_without_the_password(tmp_path: object) -> None:
     url = f"postgresql://u:SECRET-PW@/x?host={tmp_path}/nowhere"
     with pytest.raises(StateError) as caught:

@@ -179,6 +179,7 @@ class PostgresClaimLedger:
 
         if lease <= 0:
             raise ValueError("the lease must last more than 0 seconds")
+        _postgres.check_url(url)
         with _postgres.state_errors(url, "cannot open"):
             # A URL libpq cannot read is refused here, its message scrubbed: the pool would log
             # that message (which may quote the password) at each try, then time out.

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ... import _exceptions as exc
-from ..._postgres import migrate, redact_url, scrub
+from ..._postgres import migrate, redact_url, scrub, url_problem
 from .store import LOOKUP_BATCH, StoreConnections, StoredResult, StoreStats, last_run_of
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ class PostgresResultStore(StoreConnections):
 
         conninfo = url.partition("#")[0]
         where = redact_url(conninfo)
+        problem = url_problem(conninfo)
+        if problem is not None:
+            raise exc.ResultStoreError(f"result store {where} cannot be used: {problem}")
         opened: list[psycopg.Connection[Any]] = []
         try:
             for _ in range(2):

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ... import _exceptions as exc
-from ..._postgres import migrate, redact_url, state_errors
+from ..._postgres import check_url, migrate, redact_url, state_errors
 from .store import StateStore
 
 if TYPE_CHECKING:
@@ -104,6 +104,7 @@ _HOLDER = "holder"
 def split_state_url(url: str) -> tuple[str, str]:
     """(the URL to connect to, the state's name): ``#name`` names the state (``run`` without)."""
     base, _, fragment = url.partition("#")
+    check_url(base)
     name = fragment or "run"
     if not _NAME.fullmatch(name):
         shown = name if len(name) <= 40 and "@" not in name and ":" not in name else "..."
@@ -208,13 +209,10 @@ class PostgresStateDB(StateStore):
         self._alone = False  # (the advisory lock taken: unlocked at close)
         self._idle_timeout = idle_timeout
         self._holder = secrets.token_hex(8)
-        try:
-            with state_errors(conninfo, "cannot open"):
-                conn = psycopg.connect(
-                    conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
-                )
-        except exc.StateError as err:  # (not connected: the database's, not the state's)
-            raise exc.StateUnavailable(str(err)) from None
+        with state_errors(conninfo, "cannot open", exc.StateUnavailable):  # (not the state's)
+            conn = psycopg.connect(
+                conninfo, autocommit=True, connect_timeout=max(1, round(connect_timeout))
+            )
         try:
             with state_errors(conninfo, "cannot open"):
                 if idle_timeout is not None:
