@@ -233,10 +233,21 @@ class PostgresClaimLedger:
 
     @contextlib.contextmanager
     def _transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
-        from .._postgres import state_errors
+        """A transaction on a connection of the pool. The tables gone (the database dropped
+        and made again under the daemon) are made again before the error, which the caller
+        retries: every call of a daemon failed on them until it was restarted."""
+        import psycopg
 
-        with state_errors(self._url, doing), self._pool.connection() as conn, conn.transaction():
-            yield conn
+        from .._postgres import migrate, state_errors
+
+        with state_errors(self._url, doing):
+            try:
+                with self._pool.connection() as conn, conn.transaction():
+                    yield conn
+            except psycopg.errors.UndefinedTable:
+                with self._pool.connection() as conn:
+                    migrate(conn)
+                raise
 
     @contextlib.contextmanager
     def fenced(self, lease: Lease) -> Iterator[psycopg.Connection[Any]]:

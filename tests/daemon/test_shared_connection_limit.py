@@ -1,6 +1,7 @@
-"""A shared daemon whose database takes no more connections for a while (``max_connections``
-reached by other clients, the role's or the database's ``CONNECTION LIMIT``): the daemon's
-pool keeps the connections it has; each manifest's state needs a new one."""
+"""A shared daemon whose database changes under it: it takes no more connections for a while
+(``max_connections`` reached by other clients, the role's or the database's ``CONNECTION
+LIMIT``: the daemon's pool keeps the connections it has; each manifest's state needs a new
+one), or it is dropped and made again, empty."""
 
 from __future__ import annotations
 
@@ -74,3 +75,36 @@ async def test_a_database_at_its_connection_limit_fails_no_manifest(
 
 def _stopped(daemon: DaemonProcess) -> list[object]:
     return [line for line in daemon.logs() if line.get("event") == STOPPED]
+
+
+async def test_a_database_dropped_and_made_again_under_an_idle_daemon_takes_manifests(
+    tmp_path: Path, postgres_cluster: PostgresCluster
+) -> None:
+    """The state's database dropped and made again, empty, while a shared daemon sat idle (a
+    staging database reset, a restore into a new database of the same name): every call
+    failed on ``relation "claims" does not exist``, logged ten times a second, and the
+    manifest sat in ``.work/`` until the daemon was restarted. The tables are made again at
+    the first call that misses them, and the manifest is tagged."""
+    name = f"remade_{os.getpid()}"
+    admin = psycopg.connect(postgres_cluster.url(), autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}" STRATEGY FILE_COPY')
+    url = postgres_cluster.url(name)
+    ids = [f"r{i}" for i in range(30)]
+    try:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url, extra=["--state", url, "--lease", "0.5"])
+            daemon.start()
+            try:
+                await daemon.wait_ready_endpoint()
+                admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+                admin.execute(f'CREATE DATABASE "{name}" STRATEGY FILE_COPY')
+                drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+                summary = await daemon.wait_summary("m", timeout=20)
+                assert await daemon.stop() == 0
+            finally:
+                daemon.ensure_dead()
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+    assert summary["status"] == "done", summary
+    assert sorted(r["id"] for r in read_lines(daemon.outbox / "m" / "results.jsonl")) == sorted(ids)
