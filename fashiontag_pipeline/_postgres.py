@@ -172,12 +172,12 @@ def redact_url(url: str) -> str:
     scheme, _, rest = shown_url(url).partition("://")  # (the authority's password masked)
     try:
         parts = urlsplit(f"{scheme}://{rest}")
-        query = urlencode(
-            [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="/"
-        )
-        return urlunsplit(
-            SplitResult(parts.scheme, parts.netloc, parts.path, query, parts.fragment)
-        )
+        pairs = parse_qsl(parts.query)
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="/")
+        # A fragment after a password parameter may be the password's tail (an unencoded #).
+        hidden = parts.fragment and any(k == "password" for k, _ in pairs)
+        fragment = "***" if hidden else parts.fragment
+        return urlunsplit(SplitResult(parts.scheme, parts.netloc, parts.path, query, fragment))
     except ValueError:
         return f"{scheme}://***"
 
@@ -191,6 +191,12 @@ def url_problem(url: str) -> str | None:
         return (
             "the user or password in the URL holds an unencoded '@': write it as %40 "
             "(percent-encode the password)"
+        )
+    # libpq refuses a query part without '=' and quotes it: a password's tail after a '&'.
+    if any(part and "=" not in part for part in url.partition("?")[2].split("&")):
+        return (
+            "a part of the URL's query has no '=' (an unencoded '&' in a value, such as a "
+            "password?): write '&' as %26 (percent-encode the password)"
         )
     return None
 

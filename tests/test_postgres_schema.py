@@ -148,6 +148,31 @@ def test_a_password_with_an_unencoded_at_sign_is_refused_without_showing_it(url:
         assert not [p for p in pieces if p in message.partition("://")[2].replace("u:***@", "")]
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@localhost:1/x?password=Qz7&Rk9Xv2",
+        "postgresql://u@localhost:1/x?sslmode=disable&password=Qz7&Rk9Xv2&connect_timeout=1",
+        "postgresql://u@localhost:1/x?password=Qz7#Rk9Xv2",
+    ],
+)
+def test_a_password_parameter_cut_by_an_unencoded_ampersand_or_hash_never_shows(
+    url: str,
+) -> None:
+    """``?password=`` holding an unencoded ``&`` or ``#``: libpq refused the part after the
+    ``&`` and its error quoted it (``missing key/value separator "=" in URI query parameter:
+    "Rk9Xv2"``); the part after ``#`` was taken for the state's name and the error quoted it
+    (``the state name 'Rk9Xv2' (after #) must be ...``). Neither shows now."""
+    for opener in (
+        lambda: PostgresStateDB(url, connect_timeout=1),
+        lambda: PostgresClaimLedger(url, connect_timeout=1),
+    ):
+        with pytest.raises(StateError) as caught:
+            opener()
+        message = str(caught.value)
+        assert "Rk9Xv2" not in message and "Qz7" not in message, message
+
+
 def test_an_unreachable_database_is_a_state_error_without_the_password(tmp_path: object) -> None:
     url = f"postgresql://u:SECRET-PW@/x?host={tmp_path}/nowhere"
     with pytest.raises(StateError) as caught:

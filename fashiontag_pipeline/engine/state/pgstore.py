@@ -107,7 +107,8 @@ def split_state_url(url: str) -> tuple[str, str]:
     check_url(base)
     name = fragment or "run"
     if not _NAME.fullmatch(name):
-        shown = name if len(name) <= 40 and "@" not in name and ":" not in name else "..."
+        plain = "@" not in name and ":" not in name and "password=" not in base
+        shown = name if len(name) <= 40 and plain else "..."  # (not a password's tail)
         raise exc.StateError(
             f"PostgreSQL state {redact_url(base)}: the state name {shown!r} (after #) must be 1 "
             "to 40 lowercase letters, digits or underscores"
