@@ -33,6 +33,7 @@ from .._client import TaggerClient
 from .._models import Task
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .idkeys import keyed
 from .jobs import Jobs
 from .policy import (
     MAX_CHUNK_BYTES,
@@ -44,14 +45,15 @@ from .policy import (
     encode_ids,
 )
 from .state import Journal
+from .targets import TaskTargets
 from .tracker import TaskBook
 from .validate import Item
-from .writes import STAGE_SERVER, TaskWrites, job_marks
+from .writes import STAGE_SERVER, job_marks
 
 __all__ = ["STAGE_SERVER", "TaskWriter"]
 
 
-class TaskWriter(TaskWrites):
+class TaskWriter(TaskTargets):
     """Turns validated items into task writes. See the module docstring."""
 
     def __init__(
@@ -237,6 +239,7 @@ class TaskWriter(TaskWrites):
         ``resent``: rows sent again (in place of chunk ``chunk_id`` when given), ``sends``
         times before (kept in the chunk's body)."""
         ids, positions, requests = (list(column) for column in zip(*items, strict=True))
+        keys = keyed(ids)  # (two ids of one key: written ahead whole, then split to send)
         body, encoded = encode_body(positions, requests, sends)
         last = max(positions)
         marks = [] if resent else job_marks(self.jobs, positions, last)
@@ -248,10 +251,12 @@ class TaskWriter(TaskWrites):
         await self.slots.acquire()
         self.active += 1
         task: OpenTask | None = None
+        create = False
         try:
-            task, create = await self._target(len(items))
+            if len(keys) == len(ids):
+                task, create = await self._target(len(items), keys)
             chunk = Chunk(0, ids, positions, encoded, sends=sends)
-            if not create:
+            if task is not None and not create:
                 chunk.task_id = task.task_id
             chunk.chunk_id = await self.journal.write_ahead(
                 len(items),
@@ -260,7 +265,7 @@ class TaskWriter(TaskWrites):
                 chunk_id,
                 len(items) if resent else 0,
                 marks,
-                token=task.token if create else None,
+                token=task.token if task is not None and create else None,
                 task_id=chunk.task_id,
                 ids=encode_ids(ids),
             )
@@ -272,7 +277,7 @@ class TaskWriter(TaskWrites):
             self._check_idle()
             raise
         self._tg.start_soon(self._send, chunk, task, create, create)
-        if resent and self.current is task:
+        if resent and task is not None and self.current is task:
             # Rows sent again come from no input batch: the intake loop may be waiting for
             # input with no deadline (a daemon with nothing to read), and nothing else would
             # seal this task. Sealed now (once its create is answered), it gets results.
@@ -292,11 +297,12 @@ class TaskWriter(TaskWrites):
         assert self._tg is not None, "TaskWriter.run is not running"
         await self.slots.acquire()
         self.active += 1
-        if chunk.fate_unknown and chunk.task_id is not None:
-            self._tg.start_soon(self._send, chunk, None, False)
+        keys = keyed(chunk.ids)
+        if (chunk.fate_unknown and chunk.task_id is not None) or len(keys) < len(chunk.ids):
+            self._tg.start_soon(self._send, chunk, None, False)  # (ids of one key: split there)
             return
         try:
-            task, create = await self._target(len(chunk.ids))
+            task, create = await self._target(len(chunk.ids), keys)
         except BaseException:
             self.active -= 1
             self.slots.release()
@@ -317,7 +323,10 @@ class TaskWriter(TaskWrites):
                     task.inflight += 1
                     create = False
                 else:
-                    task, create = await self._target(len(chunk.ids))
+                    target = await self._chunk_target(chunk)
+                    if isinstance(target, list):
+                        return target  # (split: ids of one key)
+                    task, create = target
             try:
                 if create:
                     done = await self._create(task, chunk, token_written)
@@ -331,74 +340,19 @@ class TaskWriter(TaskWrites):
                     self.current = None
                 await self._maybe_seal(task)
             if isinstance(done, list):
+                if not chunk.fate_unknown:  # refused whole, not applied: not the task's keys
+                    task.keys -= keyed(chunk.ids)
                 return done
             if done:
                 return []
             task = None
             token_written = False
 
-    # ------------------------------------------------------------------ targeting
-
-    async def _target(self, n: int) -> tuple[OpenTask, bool]:
-        """The task a chunk of ``n`` rows goes to; True when the chunk must create it."""
-        while True:
-            cur = self.current
-            if cur is not None and cur.task_id is None and not cur.failed:
-                await cur.created.wait()
-                continue
-            now = self.clock()
-            if cur is not None and not cur.failed and self.policy.usable(cur, now, n):
-                cur.images += n
-                cur.inflight += 1
-                self.assigned += n
-                if self.policy.full(cur):
-                    await self._close(cur)
-                return cur, False
-            if cur is not None:
-                await self._close(cur)
-                if self.current is not cur:
-                    continue
-            seq, token = self._new_token()
-            task = OpenTask(seq=seq, token=token, opened=now, expires=now + self.default_ttl)
-            task.limit = self.policy.task_limit(self.assigned)
-            task.images = n
-            task.inflight = 1
-            self.assigned += n
-            self.current = task
-            if self.policy.full(task):
-                task.closing = True
-                self.current = None
-            return task, True
-
-    async def _close(self, task: OpenTask) -> None:
-        task.closing = True
-        if self.current is task:
-            self.current = None
-        await self._maybe_seal(task)
-
-    async def _maybe_seal(self, task: OpenTask) -> None:
-        if task.closing and task.inflight == 0 and not task.sealed and task.task_id is not None:
-            task.sealed = True
-            self.tasks.pop(task.task_id, None)
-            # Not committed: a resume treats an open task the same way (closed, then watched).
-            self.book.watch(task.task_id, self.description(task.token), created=True)
-            self._watch_moved(task.task_id)  # (the tasks writes to it were moved to)
-
     def _check_idle(self) -> None:
         if self.intake_done and self.active == 0:
             self.idle.set()
 
     # ------------------------------------------------------------------ sending
-
-    def _unassign(self, task: OpenTask, create: bool) -> None:
-        """A chunk given ``task`` by :meth:`_target` will not be sent (its write-ahead
-        failed: the run is ending)."""
-        task.inflight -= 1
-        if create:
-            task.failed = True
-            task.created.set()
-            if self.current is task:
-                self.current = None
 
     async def _send(
         self, chunk: Chunk, task: OpenTask | None, create: bool, token_written: bool = False

@@ -157,6 +157,8 @@ class OpenTask(msgspec.Struct, eq=False):
     #: Images after which the task is full (None: ``rotate_images``).
     limit: int | None = None
     created: anyio.Event = msgspec.field(default_factory=anyio.Event)
+    #: The coarse keys of the ids sent to it (:mod:`.idkeys`: no two ids of one key).
+    keys: set[str] = msgspec.field(default_factory=set)
 
 
 class Chunk(msgspec.Struct, eq=False):

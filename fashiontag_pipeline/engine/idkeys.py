@@ -1,0 +1,92 @@
+"""Keeping ids a service may make one apart: never two of them in one task.
+
+A service that changes the ids it echoes (case, whitespace, Unicode form, leading zeros: see
+:mod:`.idmatch`) returns the results of ``a0`` and ``A0``, sent to one task, both under
+``A0``; the sent ``A0`` matches the first exactly, and row ``A0`` would be written with image
+``a0``'s result. So the task writer sends no two rows whose ids share a :func:`coarse_keys`
+key to one task: a chunk holding such rows is split into parts of distinct keys
+(:func:`key_parts`), and a chunk sharing a key with the open task's rows goes to a new task.
+Every pair of ids :func:`~.idmatch.id_key` makes one shares a coarse key (the coarse key of an
+id is that of its ``id_key``); the key is coarser (all whitespace dropped, a negative integer
+one with its positive), which only costs a row going to another task.
+
+The keys are made for a chunk at once, by string operations in C over its ids joined by NUL
+(an id never holds one: the client refuses it), not one id at a time.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from typing import cast
+
+import msgspec
+
+from .._models import TaggingRequest
+from .policy import Chunk, OpenTask, encode_body, encode_ids
+
+__all__ = ["clashes", "coarse_keys", "key_parts", "keyed"]
+
+#: The sign and leading zeros of an id that is an integer (after its NUL; one digit is kept).
+_SIGN_OR_ZEROS = re.compile(r"\x00(?:[+-]0*|0+)(?=[0-9]+(?:\x00|\Z))")
+#: An id starting with a sign or a zero (searched for first: cheaper than the substitution).
+_SIGN_OR_ZERO = re.compile(r"\x00[+0-]")
+
+#: A chunk's requests, each left encoded (encoded again as it is: the same bytes).
+_requests_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _block(ids: Sequence[str]) -> tuple[str, str]:
+    """``ids`` joined, each after a NUL, and their coarse keys joined the same way."""
+    joined = "\x00" + "\x00".join(ids)
+    text = unicodedata.normalize("NFC", joined).casefold()
+    text = "".join(unicodedata.normalize("NFC", text).split())
+    if _SIGN_OR_ZERO.search(text):
+        text = _SIGN_OR_ZEROS.sub("\x00", text)
+    return joined, text
+
+
+def coarse_keys(ids: Sequence[str]) -> list[str]:
+    """The coarse key of each of ``ids``: NFC, case-folded, NFC again, without whitespace,
+    and an integer without its sign and leading zeros."""
+    return _block(ids)[1][1:].split("\x00")
+
+
+def keyed(ids: Sequence[str]) -> set[str]:
+    """The coarse keys of ``ids``: fewer than ``ids`` when two of them share a key. (Ids that
+    are their own keys, lower-case ones, the common case, are not split out again.)"""
+    joined, text = _block(ids)
+    return set(ids) if text == joined else set(text[1:].split("\x00"))
+
+
+def clashes(task: OpenTask, keys: set[str]) -> bool:
+    """True when a row of ``keys`` may not go to ``task``: an id of the task has its key (one
+    sent again to it, a part of a write refused whole, goes to another task too)."""
+    return not task.keys.isdisjoint(keys)
+
+
+def key_parts(chunk: Chunk) -> list[tuple[Chunk, bytes]]:
+    """``chunk``'s rows in parts whose ids have distinct coarse keys (the n-th row of a key in
+    the n-th part), each with its body to store (chunk ids 0 until written ahead)."""
+    rows: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for i, key in enumerate(coarse_keys(chunk.ids)):
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == len(rows):
+            rows.append([])
+        rows[n].append(i)
+    requests = cast(list[TaggingRequest], _requests_decoder.decode(chunk.requests.raw))
+    out = []
+    for part in rows:
+        positions = [chunk.positions[i] for i in part]
+        body, encoded = encode_body(positions, [requests[i] for i in part], chunk.sends)
+        ids = [chunk.ids[i] for i in part]
+        out.append((Chunk(0, ids, positions, encoded, sends=chunk.sends), body))
+    return out
+
+
+def stored(parts: list[tuple[Chunk, bytes]]) -> list[tuple[int, int, bytes, bytes]]:
+    """``parts`` as :meth:`StateStore.split_chunk` stores them."""
+    return [(len(p.ids), max(p.positions), body, encode_ids(p.ids)) for p, body in parts]
