@@ -80,7 +80,7 @@ async def test_bad_rows_of_every_kind_one_reject_each(tmp_path: Path) -> None:
         {"url": "https://img.example/2.jpg"},
         {"id": "b1", "url": "ftp://x"},
         {"id": "b2", "url": "https://img.example/3.jpg", "detection": ["NOPE"]},
-        {"id": "b3", "url": "https://img.example/3.jpg", "price": 12},
+        {"id": "b3", "url": "https://img.example/3.jpg", "price": True},
         {"id": "ok1", "url": "https://img.example/again.jpg"},
         {"id": "ok2", "url": "https://img.example/4.jpg", "age": ["20s", "30s"]},
     ]
