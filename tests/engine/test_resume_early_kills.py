@@ -226,9 +226,15 @@ async def test_a_resume_takes_its_own_uncommitted_line_answered_from_the_store(
         )
         assert seeded.returncode == 0, seeded.stderr.decode()
         args = run_args(svc.url, out, str(full), *flags)
-        proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
-        await kill_when(proc, lambda: job_marks(state)[0] >= 0)
-        validated, *ckpts = job_marks(state)
+        for _ in range(5):  # (a loaded machine may look at the state too late: start again)
+            for f in tmp_path.glob("s.state*"):
+                f.unlink()
+            out.unlink(missing_ok=True)
+            proc = await anyio.open_process(args, stderr=subprocess.DEVNULL, env=ENV)
+            await kill_when(proc, lambda: job_marks(state)[0] >= 0)
+            validated, *ckpts = job_marks(state)
+            if ckpts == [0, 0] and validated < 20:
+                break
         assert ckpts == [0, 0] and validated < 20, (validated, ckpts)
         before = tmp_path / "before.state"
         _copy_state(state, before)
