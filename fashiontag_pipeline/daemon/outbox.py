@@ -240,7 +240,9 @@ class Outbox:
     """Allocates output folders under ``root`` (see the module docstring)."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+        # Absolute, as the engine records a job's outputs (a relative --outbox resumes its
+        # folders, not "another outbox").
+        self.root = Path(os.path.abspath(root))
 
     def prepare(self) -> None:
         """Create the outbox folder if needed."""

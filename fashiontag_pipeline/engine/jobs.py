@@ -17,11 +17,13 @@ looks after every commit that touched it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import anyio
 import msgspec
+from msgspec.structs import force_setattr
 
 from .._exceptions import StateError
 from .manifests import ManifestPrint, manifest_names
@@ -40,7 +42,10 @@ class JobSpec(msgspec.Struct, frozen=True):
     """What a caller hands the engine: ``key`` names the job in the state (the same key
     again resumes it, on the same manifest content), ``manifests`` are read in order, outcomes
     go to ``results`` and ``rejects`` (``sink``: ``jsonl`` or ``sqlite`` results). One path
-    given as ``manifests`` is that one manifest.
+    given as ``manifests`` is that one manifest. ``results`` and ``rejects`` are made
+    absolute against the working directory when the spec is made (recorded so, as
+    ``run_pipeline`` records its own): a program whose working directory changes, or which
+    starts again from another one, still writes and resumes the job's files.
 
     ``prints``: the manifests' fingerprints (size and SHA-256), when the caller has them
     already; else the engine takes them (reading each file once more). A key submitted again
@@ -56,7 +61,9 @@ class JobSpec(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         # One path is that one manifest (not one a character); each a str.
-        msgspec.structs.force_setattr(self, "manifests", manifest_names(self.manifests))
+        force_setattr(self, "manifests", manifest_names(self.manifests))
+        for name in ("results", "rejects"):
+            force_setattr(self, name, Path(os.path.abspath(getattr(self, name))))
 
 
 class JobEnd(msgspec.Struct, frozen=True):

@@ -22,6 +22,7 @@ A submit under way when the engine is closed still has its job read: the source 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -192,11 +193,9 @@ class Submits:
     def _check_outputs(self, row: JobRow, spec: JobSpec) -> None:
         if row.job not in self.jobs.by_id:
             return
-        if (row.results, row.rejects, row.sink) != (
-            str(spec.results),
-            str(spec.rejects),
-            spec.sink,
-        ):
+        # (A job recorded by an older version may hold relative paths: named by the spec's.)
+        recorded = (os.path.abspath(row.results), os.path.abspath(row.rejects), row.sink)
+        if recorded != (str(spec.results), str(spec.rejects), spec.sink):
             raise exc.StateConflictError(
                 f"job {row.key!r} is open in this engine and writes to {row.results} and"
                 f" {row.rejects}: submit it with those outputs (move its files once it is"

@@ -8,12 +8,13 @@ them is asked for. Found by a hunt; each failed before its fix.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fashiontag_pipeline import ConfigError, ManifestError
+from fashiontag_pipeline import ConfigError, ManifestError, StateConflictError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
@@ -21,7 +22,7 @@ from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, dead_port, ids_of
+from .helpers import assert_exactly_once, client_config, dead_port, ids_of, job_spec, write_csv
 
 #: A run that went on against the dead service gives up within a second.
 FAST = EngineConfig(
@@ -214,3 +215,53 @@ async def test_stdin_as_a_manifest_of_a_process_without_one_is_a_clear_error(
             engine=FAST,
         )
     assert not (tmp_path / "out").exists()
+
+
+async def test_a_job_of_relative_outputs_is_resumed_from_another_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``JobSpec(results=Path("a/results.jsonl"), ...)`` (outputs relative to the program's
+    working directory) was recorded as given: a program whose working directory changed (an
+    ``os.chdir`` of its own mid-run, or restarted by a scheduler from another directory) had
+    its run stopped, "the run's outputs were removed", or the next start opened the job's
+    outputs in the new directory, empty, and said its committed lines were lost: "start over
+    with --restart", every row billed again while its lines were intact where they were
+    written. A job's outputs are recorded absolute, as ``run_pipeline`` records its own."""
+    n = 3000
+    work, other = tmp_path / "work", tmp_path / "other"
+    (other / "a").mkdir(parents=True)
+    work.mkdir()
+    manifest = write_csv(work / "m.csv", n)
+    outputs = work / "a" / "results.jsonl", work / "a" / "rejects.jsonl"
+    monkeypatch.chdir(work)
+    config = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=0.05)
+    async with (
+        running_service(ServiceConfig(rate=3000)) as svc,
+        TaggerClient(config=client_config(svc.url)) as client,
+    ):
+
+        def engine() -> Engine:
+            db = StateDB(tmp_path / "state")
+            return Engine(client=client, db=db, state=db.open_engine(), config=config)
+
+        with anyio.fail_after(30), pytest.raises(ExceptionGroup) as stopped:
+            async with engine() as first:
+                await first.submit(job_spec("a", Path("m.csv"), Path("a")))
+                while not outputs[0].exists() or outputs[0].stat().st_size == 0:
+                    await anyio.sleep(0.01)
+                os.chdir(other)  # its outputs are written on where they were opened
+                await anyio.sleep(0.3)  # (fsync-ed meanwhile: the outputs looked at)
+                raise RuntimeError("the program stops")
+        assert stopped.value.subgroup(RuntimeError) is not None  # its own error, and no other
+        assert stopped.value.split(RuntimeError)[1] is None
+        with anyio.fail_after(30):
+            async with engine() as second:  # started in the other directory
+                with pytest.raises(StateConflictError, match=str(outputs[0])):
+                    await second.submit(job_spec("a", manifest, Path("a")))
+                job = await second.submit(job_spec("a", manifest, work / "a"))
+                second.close()
+                await second.outcome(job)
+    assert job.row.state == "complete"
+    assert_exactly_once(*outputs, ids_of(n))
+    assert svc.store.image_count == n  # no row sent twice
+    assert os.listdir(other / "a") == []
