@@ -14,7 +14,9 @@ One that cannot be honoured is refused, and records nothing:
 * a job whose outputs cannot be opened, or are locked by another job: a job recorded just now
   is forgotten again, so no later start resumes it;
 * a job whose results or rejects path is one of its manifests, the state file or its other
-  output (:class:`~fashiontag_pipeline.ConfigError`): its sink would cut that file to 0 bytes.
+  output (:class:`~fashiontag_pipeline.ConfigError`): its sink would cut that file to 0 bytes;
+  so too one whose output is a manifest of another job in flight, or whose manifest is the
+  output of one (its lines would be read as rows while they are written).
 
 A submit under way when the engine is closed still has its job read: the source waits for it
 (:attr:`JobSource.adding`).
@@ -41,6 +43,9 @@ from .state import Journal
 from .state.store import JobRow
 
 __all__ = ["NOT_STARTED", "Submits"]
+
+#: A file as a check names it: (what it is to the job, its path).
+Named = tuple[str, Path | str]
 
 #: An engine made but not entered: nothing reads or sends, so a job would wait for ever.
 NOT_STARTED = "the engine is not started: use it inside `async with Engine(...) as engine:`"
@@ -102,7 +107,8 @@ class Submits:
                 )
 
     async def _submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
-        clash = await anyio.to_thread.run_sync(self._same_file, spec)
+        others = self._files_in_flight(spec.key)  # (on the loop: the thread only stats)
+        clash = await anyio.to_thread.run_sync(self._same_file, spec, others)
         if clash is not None:
             if readers is not None:
                 for reader in readers:
@@ -161,18 +167,40 @@ class Submits:
         self.source.add(job, readers)
         return job
 
-    def _same_file(self, spec: JobSpec) -> str | None:
+    def _files_in_flight(self, key: str) -> list[tuple[list[Named], list[Named]]]:
+        """The (manifests, outputs) of each other job in flight."""
+        out = []
+        for job in self.jobs.by_id.values():
+            if job.row.key == key:
+                continue
+            whose = f"of job {job.row.key!r} (in flight)"
+            manifests: list[Named] = [
+                (f"a manifest {whose}", name) for _, name in job.row.sources if name != STDIN
+            ]
+            outputs: list[Named] = [
+                (f"the results {whose}", job.results.path),
+                (f"the rejects {whose}", job.rejects.path),
+            ]
+            out.append((manifests, outputs))
+        return out
+
+    def _same_file(
+        self, spec: JobSpec, others: list[tuple[list[Named], list[Named]]]
+    ) -> str | None:
         """An output that is one of the job's manifests or the state file (a SQLite file):
-        its sink would cut it to 0 bytes, or write lines into the database. Blocking."""
-        files: list[tuple[str, Path | str]] = [
-            ("results", spec.results),
-            ("rejects", spec.rejects),
-        ]
+        its sink would cut it to 0 bytes, or write lines into the database; or one that is a
+        manifest of another job in flight (cut while that job reads it), or a manifest that
+        is another job's output (its lines read as rows while written). Blocking."""
+        outputs: list[Named] = [("results", spec.results), ("rejects", spec.rejects)]
+        manifests: list[Named] = [("manifest", m) for m in spec.manifests if m != STDIN]
+        files = list(outputs)
         location = self.journal.db.location
         if location and "://" not in location:
             files.append(("state", location))
-        files += [("manifest", m) for m in spec.manifests if m != STDIN]
-        return same_file(files)
+        clash = same_file(files + manifests)
+        for theirs, written in others:
+            clash = clash or same_file(theirs + outputs) or same_file(written + manifests)
+        return clash
 
     @staticmethod
     def _check_content(row: JobRow, recorded: str | None, prints: list[ManifestPrint]) -> None:

@@ -265,3 +265,55 @@ async def test_a_job_of_relative_outputs_is_resumed_from_another_working_directo
     assert_exactly_once(*outputs, ids_of(n))
     assert svc.store.image_count == n  # no row sent twice
     assert os.listdir(other / "a") == []
+
+
+async def test_a_submit_whose_files_are_another_jobs_in_flight_is_refused(tmp_path: Path) -> None:
+    """A program that submits a job per file of a folder, results beside each
+    (``f.with_suffix(".jsonl")``), on a folder holding ``x.jsonl`` and ``x.csv``: the second
+    job's results were the first job's manifest. Its sink cut the catalogue to nothing while
+    the first job read it (the file lost, the engine stopped: "changed while it was read").
+    Likewise a job whose manifest is the results another job is writing read those lines. Such
+    a submit is refused (``ConfigError``, nothing recorded) and the job in flight completes."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rows = (f'{{"id": "p{i}", "url": "https://img.example/{i}.jpg"}}\n' for i in range(3000))
+    jsonl = folder / "x.jsonl"
+    jsonl.write_text("".join(rows))
+    catalogue = jsonl.read_bytes()
+    csv = write_csv(folder / "x.csv", 100, start=5000)
+    async with (
+        running_service(ServiceConfig(rate=2000)) as svc,
+        TaggerClient(config=client_config(svc.url)) as client,
+    ):
+        db = StateDB(tmp_path / "state")
+        engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True)
+        with anyio.fail_after(30):
+            async with engine:
+                first = await engine.submit(
+                    JobSpec(
+                        key="x.jsonl",
+                        manifests=jsonl,
+                        results=tmp_path / "out" / "x.results.jsonl",
+                        rejects=tmp_path / "out" / "x.rejects.jsonl",
+                    )
+                )
+                with pytest.raises(ConfigError, match=r"x\.jsonl"):  # its results: a manifest
+                    await engine.submit(
+                        JobSpec(key="x.csv", manifests=csv, results=jsonl, rejects=tmp_path / "r1")
+                    )
+                with pytest.raises(ConfigError, match=r"x\.results\.jsonl"):  # reads results
+                    await engine.submit(
+                        job_spec("again", tmp_path / "out" / "x.results.jsonl", tmp_path / "r2")
+                    )
+                engine.close()
+                await engine.outcome(first)
+    assert jsonl.read_bytes() == catalogue
+    assert first.row.state == "complete"
+    assert_exactly_once(
+        tmp_path / "out" / "x.results.jsonl", tmp_path / "out" / "x.rejects.jsonl", ids_of(3000)
+    )
+    check = StateDB(tmp_path / "state")
+    try:
+        assert check.find_job("x.csv") is None and check.find_job("again") is None
+    finally:
+        check.close()
