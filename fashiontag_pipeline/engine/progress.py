@@ -146,18 +146,28 @@ async def show_progress(
 ) -> AsyncIterator[None]:
     """Report progress from ``snapshot()`` while the body runs (see the module docstring).
 
-    ``file`` defaults to stderr; ``terminal`` to whether ``file`` is one."""
+    ``file`` defaults to stderr; ``terminal`` to whether ``file`` is one. Progress is for
+    people: a host without stderr (``None``) shows none, and once a line cannot be written (a
+    reader gone: a broken pipe; a full disk) no more are, and the run goes on."""
     out = file if file is not None else sys.stderr
-    is_terminal = terminal if terminal is not None else out.isatty()
+    if out is None:
+        yield
+        return
+    try:
+        is_terminal = terminal if terminal is not None else out.isatty()
+    except (OSError, ValueError):  # (closed)
+        is_terminal = False
     line = ProgressLine(clock=clock)
     if not is_terminal:
         async with anyio.create_task_group() as tg:
 
             async def report() -> None:
+                read = True  # (someone reads the lines: none failed yet)
                 while True:
                     await anyio.sleep(interval)
                     snap = snapshot()
-                    print(f"fashiontag: {line.plain(snap)}", file=out, flush=True)
+                    if read:
+                        read = _print(f"fashiontag: {line.plain(snap)}", out)
                     warning = line.pile_up(snap, interval)
                     if warning:
                         logger.warning("%s", warning)
@@ -198,3 +208,15 @@ async def show_progress(
             finally:
                 bar.update(task, line=line.terminal(snapshot(), width))
                 tg.cancel_scope.cancel()
+
+
+def _print(text: str, out: TextIO) -> bool:
+    """Write one progress line; False once nobody reads them (a broken pipe, a full disk, a
+    closed file). A write that would block (a slow reader) drops that line only."""
+    try:
+        print(text, file=out, flush=True)
+    except BlockingIOError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True

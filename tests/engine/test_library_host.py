@@ -5,10 +5,14 @@ fix.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
 from pathlib import Path
 
 import anyio
+import pytest
 
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -46,3 +50,42 @@ async def test_a_run_keeps_the_objects_its_host_froze_out_of_the_collector(tmp_p
         gc.unfreeze()
     assert len(held) == 20_000
     assert_exactly_once(tmp_path / "out.jsonl", tmp_path / "rej.jsonl", ids_of(200))
+
+
+@pytest.mark.parametrize("stderr", ["none", "reader gone"])
+async def test_a_run_with_progress_goes_on_when_nobody_reads_its_hosts_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stderr: str
+) -> None:
+    """``run_pipeline(..., progress=True)`` in a host whose stderr is gone: ``None`` (a process
+    started with descriptor 2 closed, pythonw) or a pipe whose reader died (``nightly.py 2>&1 |
+    head``, a log collector that stopped). The first progress line stopped the run with a bare
+    ``AttributeError: 'NoneType' object has no attribute 'isatty'`` or ``BrokenPipeError``
+    (as ``fashiontag run`` did before it guarded its streams). Progress is for people: once
+    nobody reads it, the run goes on without it and ends as it would."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    if stderr == "none":
+        monkeypatch.setattr(sys, "stderr", None)
+    else:
+        read, write = os.pipe()
+        os.close(read)
+        gone = open(write, "w")  # noqa: SIM115 - closed below
+        monkeypatch.setattr(sys, "stderr", gone)
+    engine = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, progress_seconds=0.01)
+    try:
+        async with running_service(ServiceConfig(rate=2000)) as svc:
+            with anyio.fail_after(30):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(svc.url),
+                    out=tmp_path / "out.jsonl",
+                    rejects=tmp_path / "rej.jsonl",
+                    engine=engine,
+                    progress=True,
+                )
+    finally:
+        monkeypatch.undo()
+        if stderr != "none":
+            with contextlib.suppress(OSError):
+                gone.close()
+    assert summary.complete
+    assert_exactly_once(tmp_path / "out.jsonl", tmp_path / "rej.jsonl", ids_of(2000))
