@@ -44,6 +44,7 @@ from .run_checks import (
     check_asked,
     check_sink,
     not_a_file,
+    not_state_file,
     not_utf8,
     outputs_elsewhere,
     outputs_free,
@@ -315,7 +316,8 @@ async def _open_inputs(
     named += [("manifest", name) for name in names if name != STDIN]
     if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
         named.append(("state", state_path))
-    problem = not_utf8(named) or not_a_file([("results", out), ("rejects", rejects)])
+    problem = not_state_file(named) or not_utf8(named)
+    problem = problem or not_a_file([("results", out), ("rejects", rejects)])
     # An output on a manifest or the state destroys it (the sinks cut it to 0 bytes).
     problem = problem or same_file(_own_files(out, rejects, named, engine.reuse))
     if problem is not None:  # refused before anything is made

@@ -30,6 +30,7 @@ __all__ = [
     "describe_asked",
     "file_size",
     "not_a_file",
+    "not_state_file",
     "not_utf8",
     "outputs_elsewhere",
     "outputs_free",
@@ -237,6 +238,16 @@ def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
         if path.is_dir():
             return f"{what} {path} is a folder: give the path of a file (in it, if you like)"
     return None
+
+
+def not_state_file(named: Sequence[tuple[str, Path | str]]) -> str | None:
+    """Why a state file's path given to ``run_pipeline`` cannot be used (None when it can):
+    empty (an unset variable: ``ValueError: PosixPath('.') has an empty name``) or a folder
+    (SQLite's "unable to open database file"), as ``fashiontag run`` refuses ``--state``."""
+    for what, path in named:
+        if what == "state" and not str(path).strip():
+            return "state is empty: give the path of a file or a postgresql:// URL"
+    return a_folder([(what, Path(path)) for what, path in named if what == "state"])
 
 
 def file_size(path: Path) -> int:

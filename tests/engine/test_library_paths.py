@@ -317,3 +317,31 @@ async def test_a_submit_whose_files_are_another_jobs_in_flight_is_refused(tmp_pa
         assert check.find_job("x.csv") is None and check.find_job("again") is None
     finally:
         check.close()
+
+
+@pytest.mark.parametrize("state", ["", "folder"])
+async def test_a_state_that_is_empty_or_a_folder_is_refused_plainly(
+    tmp_path: Path, state: str
+) -> None:
+    """``run_pipeline(..., state=os.environ.get("TAG_STATE", ""))`` with the variable unset,
+    or ``state=Path("states/")`` (a folder): the run failed with ``ValueError: PosixPath('.')
+    has an empty name`` or SQLite's "unable to open database file" (``fashiontag run``
+    refused both, naming the flag). The library says what is wrong too, before anything is
+    made."""
+    manifest = _jsonl_manifest(tmp_path / "m.jsonl", 20)
+    given: str | Path = state
+    if state == "folder":
+        given = tmp_path / "states"
+        given.mkdir()
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    with pytest.raises(ConfigError, match="state") as caught:
+        await run_pipeline(
+            [manifest],
+            client=client_config(f"http://127.0.0.1:{dead_port()}"),
+            out=out,
+            rejects=rej,
+            state=given,
+            engine=FAST,
+        )
+    assert ("empty" if state == "" else "is a folder") in str(caught.value)
+    assert not out.exists() and not list(tmp_path.glob("*.state*"))
