@@ -96,4 +96,5 @@ def error_response(path: str, reject: Reject) -> web.Response:
 
 
 class Dropped(Exception):
-    """The connection was closed on purpose (fault injection)."""
+    """The connection is gone: closed on purpose (fault injection), or by a client that went
+    away in the middle of its request body. Nothing is answered, nothing logged past DEBUG."""

@@ -12,7 +12,7 @@ from aiohttp import web
 from .._models import LANGUAGES, Detection
 from .analyzer import detection_mask
 from .context import STATE
-from .errors import CODE_BAD_JSON, CODE_INTERNAL, Reject
+from .errors import CODE_BAD_JSON, CODE_INTERNAL, Dropped, Reject
 from .taxonomy import parse_accept_language
 
 __all__ = ["language", "parse_detection", "query_int", "read_json"]
@@ -27,9 +27,10 @@ _CLOSE = {"Connection": "close"}
 
 async def read_json(request: web.Request) -> Any:
     """The decoded JSON body: 413 past ``max_body_bytes`` (declared or chunked), 408 when it
-    takes longer than ``body_timeout`` to arrive, 400 (824) when it is not JSON, 503 when the
-    bodies being read at once would pass ``bodies_budget`` (memory stays bounded whatever
-    the number of clients holding a large body open)."""
+    takes longer than ``body_timeout`` to arrive, 400 (824) when it is not JSON (or does not
+    decode as its ``Content-Encoding``), 503 when the bodies being read at once would pass
+    ``bodies_budget`` (memory stays bounded whatever the number of clients holding a large
+    body open)."""
     state = request.app[STATE]
     config = state.config
     max_bytes = config.max_body_bytes
@@ -60,6 +61,21 @@ async def read_json(request: web.Request) -> Any:
                 408,
                 CODE_BAD_JSON,
                 f"request body did not arrive within {config.body_timeout:g} s",
+                headers=_CLOSE,
+            ) from None
+        except ConnectionResetError:
+            # The client went away before its body was whole: nobody to answer.
+            raise Dropped from None
+        except web.RequestPayloadError:
+            # aiohttp could not read the body (a Content-Encoding it does not match, a broken
+            # chunked encoding): the caller's doing, not a 500.
+            encoding = request.headers.get("Content-Encoding")
+            raise Reject(
+                400,
+                CODE_BAD_JSON,
+                f"request body does not decode as its Content-Encoding {encoding[:32]!r}"
+                if encoding
+                else "request body could not be read as sent",
                 headers=_CLOSE,
             ) from None
         body = b"".join(chunks)

@@ -161,6 +161,56 @@ async def test_malformed_json_is_400_without_a_logged_traceback(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@pytest.mark.parametrize("path,key", [(SINGLE, KEY), (BULK, BULK_KEY)])
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_decompress_is_400_not_a_500(
+    service: RunningService,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+    key: str,
+    encoding: str,
+) -> None:
+    """A body labelled gzip (or deflate) that is not: the caller's mistake, not the service's."""
+    with caplog.at_level(logging.DEBUG):
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                service.url + path,
+                data=b"not compressed at all",
+                headers={
+                    "x-api-key": key,
+                    "content-type": "application/json",
+                    "content-encoding": encoding,
+                },
+            ) as resp,
+        ):
+            status, payload = resp.status, await resp.json(content_type=None)
+    assert status == 400
+    assert payload["status"] == "failure"
+    message = payload["error"]["message"] if path == SINGLE else payload["error"]
+    assert encoding in message
+    if path == SINGLE:
+        assert payload["error"]["code"] == 824
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_client_gone_mid_body_logs_no_traceback(
+    service: RunningService, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG), anyio.fail_after(10):
+        stream = await anyio.connect_tcp(service.host, service.port)
+        async with stream:
+            await stream.send(
+                b"POST " + BULK.encode() + b" HTTP/1.1\r\nHost: x\r\nx-api-key: "
+                b"%s\r\nContent-Length: 1000\r\n\r\n{" % BULK_KEY.encode()
+            )
+            await stream.send_eof()
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+                await stream.receive()
+        await anyio.sleep(0.1)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 async def test_failure_list_echoes_the_spec_fields_cut_short(service: RunningService) -> None:
     huge = "x" * 100_000
     element = {
