@@ -39,7 +39,8 @@ class Journal:
                 album_name TEXT NOT NULL, description TEXT, created REAL NOT NULL,
                 expire_at REAL NOT NULL, done_at REAL, result_expire_at REAL,
                 default_detection INTEGER NOT NULL, fetch INTEGER NOT NULL DEFAULT 0,
-                purged INTEGER NOT NULL DEFAULT 0
+                purged INTEGER NOT NULL DEFAULT 0, total INTEGER NOT NULL DEFAULT 0,
+                failures INTEGER NOT NULL DEFAULT 0
             );
             CREATE TABLE IF NOT EXISTS images (
                 task_id TEXT NOT NULL, idx INTEGER NOT NULL, image_id TEXT NOT NULL,
@@ -48,20 +49,30 @@ class Journal:
             ) WITHOUT ROWID;
             """
         )
+        # A purged task's counts are kept here (its images are gone): state files written
+        # before these columns get them, and their purged tasks keep showing 0.
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(tasks)")}
+        for column in ("total", "failures"):
+            if column not in columns:
+                self._db.execute(
+                    f"ALTER TABLE tasks ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                )
 
     def close(self) -> None:
         self._db.close()
 
     def _update_task(self, task: TaskRecord) -> None:
         self._db.execute(
-            "UPDATE tasks SET expire_at=?, done_at=?, result_expire_at=?, fetch=?, purged=? "
-            "WHERE task_id=?",
+            "UPDATE tasks SET expire_at=?, done_at=?, result_expire_at=?, fetch=?, purged=?,"
+            " total=?, failures=? WHERE task_id=?",
             (
                 task.expire_at,
                 task.done_at,
                 task.result_expire_at,
                 int(task.outcomes is not None),
                 int(task.purged),
+                task.total,
+                task.failures,
                 task.task_id,
             ),
         )
@@ -160,7 +171,8 @@ class Journal:
     def load_tasks(self) -> Iterator[TaskRecord]:
         cursor = self._db.execute(
             "SELECT task_id, seq, owner, album_name, description, created, expire_at, done_at,"
-            " result_expire_at, default_detection, fetch, purged FROM tasks ORDER BY seq"
+            " result_expire_at, default_detection, fetch, purged, total, failures FROM tasks"
+            " ORDER BY seq"
         )
         for row in cursor.fetchall():
             task = TaskRecord(
@@ -179,6 +191,10 @@ class Journal:
                 task.outcomes = array("H")
                 task.measured = []
             task.purged = bool(row[11])
+            if task.purged:
+                # Its images are gone (only a done task's results expire): the counts stay.
+                task.total = task.processed = row[12]
+                task.failures = row[13]
             yield task
 
     def load_images(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -246,3 +247,24 @@ async def test_a_worker_that_stops_makes_the_service_answer_503(
             await client.create_task(requests(1), description="u")
         assert not [t for t in svc.store.tasks.values() if t.description == "u"]
     assert "tagging worker stopped" in caplog.text
+
+
+async def test_a_task_whose_results_expired_keeps_its_counts_across_a_restart(
+    tmp_path: Path, client_for: Callable[..., TaggerClient], clock: Any
+) -> None:
+    config = ServiceConfig(
+        state_path=tmp_path / "state.sqlite",
+        clock=clock,
+        result_ttl=60.0,
+        **CONFIG,  # type: ignore[arg-type]
+    )
+    async with running_service(config) as svc:
+        client = client_for(svc.url)
+        created = await client.create_task(requests(3))
+        clock.advance(61)
+        svc.store.sweep()  # the images are freed; the task's header stays
+        status_before = await client.task_status(created.task_id)
+    assert status_before.count.total == 3
+    async with running_service(config) as svc:
+        client = client_for(svc.url)
+        assert await client.task_status(created.task_id) == status_before
