@@ -22,7 +22,7 @@ import zlib
 
 from . import _exceptions as exc
 from ._config import Limits, Timeout
-from ._proxies import ProxyRoute
+from ._proxies import ProxyRoute, proxy_wants_credentials
 from ._tls import deferred_trust_store
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
@@ -233,10 +233,7 @@ def connect_failure(
         # The proxy refused the CONNECT of an https:// service: nothing reached the service.
         assert proxy is not None
         if err.status == 407:
-            return exc.ConfigError(
-                f"{method} {path}: the proxy {proxy.shown} wants credentials (HTTP 407):"
-                f" give them in {proxy.source}=http://USER:PASSWORD@HOST:PORT"
-            )
+            return proxy_wants_credentials(method, path, proxy)
         return exc.ConnectError(
             f"{method} {path}: the proxy {proxy.shown} refused to connect to"
             f" {shown_url}: HTTP {err.status} {err.message}",

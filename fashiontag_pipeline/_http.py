@@ -43,7 +43,7 @@ from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._connect import connect_failure, deadline, drop_sessions, session_pair, unanswered
 from ._models import says_success
-from ._proxies import ProxyRoute, proxy_for
+from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
 from ._responses import Response, error_for, retry_after
 from ._retrying import FIRST_FAILURE, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
@@ -430,5 +430,7 @@ class HttpExchange:
         self, response: Response, method: str, path: str, task_id: str | None
     ) -> None:
         """Map an error response to the exception tree. Never returns."""
+        if response.status == 407 and self.proxy is not None:  # (the proxy's, for http://)
+            raise proxy_wants_credentials(method, path, self.proxy)
         endpoint = self.shown_url + path if path in (BULK_PATH, SINGLE_PATH) else None
         raise error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)

@@ -25,7 +25,7 @@ import msgspec
 from ._config import shown_url
 from ._exceptions import ConfigError
 
-__all__ = ["ProxyRoute", "proxy_for"]
+__all__ = ["ProxyRoute", "proxy_for", "proxy_wants_credentials"]
 
 
 class ProxyRoute(msgspec.Struct, frozen=True):
@@ -134,3 +134,18 @@ def proxy_for(
     if not hostport:
         raise ConfigError(f"{var}={shown_url(value)!r} names no proxy host")
     return ProxyRoute(url=f"http://{hostport}", source=var, headers=headers)
+
+
+def proxy_wants_credentials(method: str, path: str, proxy: ProxyRoute) -> ConfigError:
+    """The error of a proxy's 407: to the CONNECT of an ``https://`` service, or as the
+    answer to a request for an ``http://`` one (the proxy answers it itself). Nothing reached
+    the service; says whether credentials were given (never them)."""
+    if "Proxy-Authorization" in proxy.headers:
+        return ConfigError(
+            f"{method} {path}: the proxy {proxy.shown} refused the credentials of"
+            f" {proxy.source} (HTTP 407): give the right ones there"
+        )
+    return ConfigError(
+        f"{method} {path}: the proxy {proxy.shown} wants credentials (HTTP 407):"
+        f" give them in {proxy.source}=http://USER:PASSWORD@HOST:PORT"
+    )
