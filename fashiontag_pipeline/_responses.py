@@ -89,10 +89,11 @@ def error_for(
             return exc.AuthenticationError(text, **common)
         return exc.PermissionDeniedError(text, **common)
     if status == 404:
-        if method != "POST" and _front_end_page(response.body):
+        if method != "POST" and _not_an_error_of_the_service(response.body):
             # A read or an append answered 404 with a page that is not the service's JSON
-            # (``404 page not found``, an HTML page): a gateway or ingress that has no route
-            # to the service for a while (a redeploy). It says nothing about the task, which
+            # (``404 page not found``, an HTML page, Envoy's empty body, Kong's ``{"message":
+            # "no Route matched ..."}``): a gateway or ingress that has no route to the
+            # service for a while (a redeploy). It says nothing about the task, which
             # the service may well hold: taken for "task gone", its rows were sent and billed
             # again (a results page), or the run stopped (the task list). Transient, like a
             # 5xx. (A create or a single-mode request so answered stops the run, as a wrong
@@ -208,6 +209,16 @@ def _front_end_page(body: bytes) -> bool:
     return False
 
 
+def _not_an_error_of_the_service(body: bytes) -> bool:
+    """Whether an error answer's body is none of the service's error bodies (which are JSON
+    objects with ``status`` or ``error``): empty, not JSON, or JSON without either."""
+    try:
+        data = _error_body_decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # (b"" included)
+        return True
+    return "error" not in data and "status" not in data
+
+
 def retry_after(headers: Any, *, now: float | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
 
@@ -275,6 +286,8 @@ def parse_error_body(body: bytes) -> tuple[int | None, str, list[FailureItem]]:
         message = str(error.get("message", ""))
     elif isinstance(error, str):
         message = error
+    elif isinstance(data.get("message"), str):  # (a gateway's own: Kong, AWS API Gateway)
+        message = data["message"]
     failures: list[FailureItem] = []
     raw_failures = data.get("failureList")
     if isinstance(raw_failures, list):

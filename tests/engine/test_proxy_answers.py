@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .gateways import ForwardProxy, PrefixGateway
-from .helpers import ENV, write_csv
+from .helpers import ENV, run_through, write_csv
 from .test_deployments import one_line, run, run_cmd
+from .test_transport_faults import GATEWAY_404, LONG_TASKS, GatewayBlip
 
 
 @pytest.mark.parametrize("given", ["", "team:wrong-s3cret@"], ids=["none", "wrong"])
@@ -45,3 +47,46 @@ async def test_a_plain_http_proxy_that_wants_credentials_is_named_not_the_servic
     assert "http_proxy" in line and "wrong-s3cret" not in err, line
     assert ("refused the credentials" in line) == bool(given), line
     assert not gw.seen
+
+
+class ShapelessGatewayBlip(GatewayBlip):
+    """:class:`GatewayBlip` answering its 404s with ``body`` (``content_type``) in place of a
+    text page."""
+
+    def __init__(self, kind: str, body: bytes, content_type: str) -> None:
+        super().__init__("", kind, 3)
+        self.page = (body, content_type)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if answer.status == 404 and isinstance(answer, web.Response) and answer.body == GATEWAY_404:
+            body, content_type = self.page
+            return web.Response(status=404, body=body, headers={"Content-Type": content_type})
+        return answer
+
+
+@pytest.mark.parametrize("kind", ["page", "list", "PUT"])
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"", "text/plain"),
+        (b'{"message":"no Route matched with those values"}', "application/json"),
+    ],
+    ids=["envoy-empty", "kong-json"],
+)
+async def test_a_gateways_shapeless_404_while_the_service_is_redeployed(
+    tmp_path: Path, kind: str, body: bytes, content_type: str
+) -> None:
+    """A gateway answers a few requests 404 while the service behind it is redeployed, not
+    with a page but as Envoy (an Istio ingress with no route: an empty body) or Kong (``{"message":
+    "no Route matched with those values"}``) do. Neither is the service's answer (its errors
+    carry ``status`` and ``error``), and the service still holds every task; yet a results page
+    so answered was taken for the task gone: its rows were sent (and billed) again. It is
+    retried like the gateway's text page."""
+    proxy = ShapelessGatewayBlip(kind, body, content_type)
+    summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
+    assert proxy.blipped == 3 or (kind == "list" and proxy.blipped >= 1)
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0 and summary.lost_tasks == 0
+    assert len(proxy.created) == 1, proxy.created
