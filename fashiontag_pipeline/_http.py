@@ -13,7 +13,9 @@ answers are never retried.
 Connections: reads and writes have a pool each (:mod:`._connect`): a write goes only on a
 connection idle for at most ``WRITE_IDLE_MAX`` seconds, so a gateway that closes idle
 connections cannot make it of unknown fate. The proxy of ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
-``NO_PROXY`` is decided once (:mod:`._proxies`).
+``NO_PROXY`` is decided once (:mod:`._proxies`); its credentials go in the CONNECT of an
+``https://`` service, and with each request of an ``http://`` one (to the proxy, which
+answers a 407 itself: :meth:`HttpExchange.raise_for_status`).
 
 Cost: a request is the hot path of a run (one per 100 results read), so it does no work that
 does not depend on the request: URLs are built as text from a base URL parsed once and handed
@@ -29,7 +31,6 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
@@ -45,7 +46,7 @@ from ._connect import connect_failure, deadline, drop_sessions, session_pair, un
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
 from ._responses import Response, error_for, retry_after
-from ._retrying import FIRST_FAILURE, FailureNotes, failed_what, pause, retry_wait
+from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
 from ._scrub import mask_secrets, scrub_request_info, secret_forms
 from ._tls import deferred_trust_store
@@ -66,18 +67,6 @@ SINGLE_PATH = "/tagger/v2/tags"
 BULK_PATH = "/tagger/v2.12/bulk"
 USER_AGENT = "fashiontag_pipeline/0.1"
 T = TypeVar("T")
-
-
-@dataclass(slots=True)
-class ClientStats:
-    """Counters of what the client did; the engine reports them in its run summary."""
-
-    requests: int = 0
-    retries: int = 0
-    rate_limited: int = 0
-    server_errors: int = 0
-    transport_errors: int = 0
-    ambiguous_writes: int = 0
 
 
 class HttpExchange:
@@ -311,6 +300,8 @@ class HttpExchange:
         headers = {"accept-language": language or self.language}
         if key is not None:
             headers["x-api-key"] = key.reveal()
+        if self._proxy_headers is not None and not self._base_encoded.startswith("https:"):
+            headers.update(self._proxy_headers)  # (aiohttp sends proxy_headers in CONNECTs only)
         if body is not None:
             headers["Content-Type"] = "application/json"
         self.stats.requests += 1
@@ -430,7 +421,7 @@ class HttpExchange:
         self, response: Response, method: str, path: str, task_id: str | None
     ) -> None:
         """Map an error response to the exception tree. Never returns."""
-        if response.status == 407 and self.proxy is not None:  # (the proxy's, for http://)
+        if response.status == 407 and self.proxy is not None:
             raise proxy_wants_credentials(method, path, self.proxy)
         endpoint = self.shown_url + path if path in (BULK_PATH, SINGLE_PATH) else None
         raise error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)

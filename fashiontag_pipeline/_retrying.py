@@ -1,6 +1,7 @@
-"""The retry loop's policy helpers for :class:`~._http.HttpExchange`: how a failed attempt is
-told to the operator (the first failure of a streak a warning, the rest at info), and the
-wait before a retry (:func:`pause`).
+"""The counters of a client's requests (:class:`ClientStats`), and the retry loop's policy
+helpers for :class:`~._http.HttpExchange`: how a failed attempt is told to the operator (the
+first failure of a streak a warning, the rest at info), and the wait before a retry
+(:func:`pause`).
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import anyio
 
 __all__ = [
     "FIRST_FAILURE",
     "WARN_EVERY",
+    "ClientStats",
     "FailureNotes",
     "failed_what",
     "pause",
@@ -28,6 +31,18 @@ logger = logging.getLogger("fashiontag_pipeline.client")
 FIRST_FAILURE = "fashiontag_first_failure"
 #: At most one first-failure warning this often (seconds).
 WARN_EVERY = 30.0
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """Counters of what the client did; the engine reports them in its run summary."""
+
+    requests: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    server_errors: int = 0
+    transport_errors: int = 0
+    ambiguous_writes: int = 0
 
 
 class FailureNotes:

@@ -14,7 +14,7 @@ from aiohttp import web
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .gateways import ForwardProxy, PrefixGateway
-from .helpers import ENV, run_through, write_csv
+from .helpers import ENV, assert_exactly_once, run_through, write_csv
 from .test_deployments import one_line, run, run_cmd
 from .test_transport_faults import GATEWAY_404, LONG_TASKS, GatewayBlip
 
@@ -90,3 +90,30 @@ async def test_a_gateways_shapeless_404_while_the_service_is_redeployed(
     assert len(o.results) == 3000 and not o.rejects
     assert summary.resent == 0 and summary.lost_tasks == 0
     assert len(proxy.created) == 1, proxy.created
+
+
+async def test_a_plain_http_service_through_a_proxy_that_wants_credentials(
+    tmp_path: Path,
+) -> None:
+    """``HTTP_PROXY=http://user:password@proxy:3128`` for an ``http://`` service, as
+    docs/configuration.md says to give a proxy's credentials: they went nowhere (aiohttp sends
+    its ``proxy_headers`` only in an ``https://`` service's CONNECT), so every request was
+    refused 407 and the run could not start. They go to the proxy with each request now (and
+    never to the service)."""
+    manifest = write_csv(tmp_path / "m.csv", 1200)
+    out = tmp_path / "out.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        PrefixGateway(svc.url, "/v1").running() as gw,
+    ):
+        port = int(gw.url.rsplit(":", 1)[1])
+        routes = {"tagger.test:80": ("127.0.0.1", port)}
+        async with ForwardProxy(routes, require_auth="team:s3cret-proxy").running() as proxy:
+            env = {**ENV, "HTTP_PROXY": f"http://team:s3cret-proxy@127.0.0.1:{proxy.port}"}
+            code, err, _ = await run(
+                run_cmd(out, str(manifest), base_url="http://tagger.test/v1", extra=("-v",)), env
+            )
+    assert code == 0, err[-1500:]
+    assert "s3cret-proxy" not in err
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1200)})
+    assert proxy.seen and all(" http://tagger.test/v1/" in line for line in proxy.seen)
