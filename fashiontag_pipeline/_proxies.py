@@ -133,6 +133,14 @@ def proxy_for(
         headers["Proxy-Authorization"] = "Basic " + base64.b64encode(token).decode("ascii")
     if not hostport:
         raise ConfigError(f"{var}={shown_url(value)!r} names no proxy host")
+    from yarl import URL
+
+    try:  # (as aiohttp reads it at each request: "InvalidURL", taken for an outage)
+        URL(f"http://{hostport}")
+    except ValueError as err:
+        raise ConfigError(
+            f"{var}={shown_url(value)!r} is no proxy address ({err}): give it as http://HOST:PORT"
+        ) from None
     return ProxyRoute(url=f"http://{hostport}", source=var, headers=headers)
 
 

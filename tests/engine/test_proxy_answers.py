@@ -117,3 +117,37 @@ async def test_a_plain_http_service_through_a_proxy_that_wants_credentials(
     assert "s3cret-proxy" not in err
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1200)})
     assert proxy.seen and all(" http://tagger.test/v1/" in line for line in proxy.seen)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://proxy.corp:31a8",
+        "http://team:pw-secret@proxy.corp:99999",
+        "http://:3128",
+        "http://[::1:3128",
+    ],
+    ids=["port-typo", "port-range", "no-host", "bracket"],
+)
+async def test_a_malformed_proxy_variable_is_exit_2_naming_it(tmp_path: Path, value: str) -> None:
+    """A proxy variable with a typo in its address (a port with a letter or past 65535, no
+    host, an unclosed IPv6 bracket): every request failed "InvalidURL", each create taken for
+    a write that "may or may not have been applied" (never sent), and the run kept trying for
+    ``--give-up-after``, then stopped saying the service was unreachable, never naming the
+    variable. It is exit 2 at once, as for a proxy of another scheme (the password never
+    shown)."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    env = {**ENV, "HTTPS_PROXY": value}
+    code, err, took = await run(
+        run_cmd(
+            tmp_path / "o.jsonl",
+            str(manifest),
+            base_url="https://tagger.test",
+            extra=("--give-up-after", "3"),
+        ),
+        env,
+    )
+    assert code == 2 and took < 20, err[-1500:]
+    line = one_line(err)
+    assert "HTTPS_PROXY" in line and "pw-secret" not in err, line
+    assert "may or may not" not in err, err[-1500:]
