@@ -241,13 +241,22 @@ def connect_failure(
             path=path,
         )
     reason = err.os_error.strerror or str(err.os_error) or type(err).__name__
-    if isinstance(err, aiohttp.ClientProxyConnectionError) and proxy is not None:
+    # (A proxy's name that does not resolve is no ClientProxyConnectionError: its host is.)
+    if proxy is not None and (
+        isinstance(err, aiohttp.ClientProxyConnectionError) or err.host == _host(proxy.url)
+    ):
         where = f"the proxy {proxy.shown} for {shown_url}"
     else:
         where = shown_url
     return exc.ConnectError(
         f"{method} {path}: cannot connect to {where}: {reason}", method=method, path=path
     )
+
+
+def _host(url: str) -> str | None:
+    from yarl import URL  # (aiohttp's own)
+
+    return URL(url).host
 
 
 def _certificate_problem(cert: BaseException, shown_url: str) -> str:

@@ -151,3 +151,26 @@ async def test_a_malformed_proxy_variable_is_exit_2_naming_it(tmp_path: Path, va
     line = one_line(err)
     assert "HTTPS_PROXY" in line and "pw-secret" not in err, line
     assert "may or may not" not in err, err[-1500:]
+
+
+async def test_a_proxy_whose_name_does_not_resolve_is_named_not_the_service(
+    tmp_path: Path,
+) -> None:
+    """HTTPS_PROXY names a proxy host that does not resolve (a typo, a VPN's resolver not
+    up): the run stopped saying "cannot connect to https://tagger.test: Name or service not
+    known", the service's name, so the service's address was the one looked at. The proxy
+    and its variable are named, as for a proxy that refuses connections."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    env = {**ENV, "HTTPS_PROXY": "http://proxy.invalid:3128"}
+    code, err, _ = await run(
+        run_cmd(
+            tmp_path / "o.jsonl",
+            str(manifest),
+            base_url="https://tagger.test",
+            extra=("--give-up-after", "2"),
+        ),
+        env,
+    )
+    assert code == 1, err[-1500:]
+    line = one_line(err)
+    assert "the proxy http://proxy.invalid:3128 (from HTTPS_PROXY)" in line, line
