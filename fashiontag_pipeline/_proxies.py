@@ -60,8 +60,9 @@ def _loopback(host: str) -> bool:
 
 def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
     """Whether ``NO_PROXY`` names the host: ``*``, the host itself or a domain it is under
-    (``example.com`` and ``.example.com`` both cover ``api.example.com``), either with the
-    service's port (``host:8443``), or a network holding its address (``10.0.0.0/8``)."""
+    (``example.com``, ``.example.com`` and ``*.example.com`` all cover ``api.example.com``),
+    either with the service's port (``host:8443``; ``port``: the scheme's default when the
+    URL names none), or a network holding its address (``10.0.0.0/8``)."""
     host = host.strip("[]").lower().rstrip(".")
     try:
         address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
@@ -83,7 +84,7 @@ def _bypassed(host: str, port: int | None, no_proxy: str) -> bool:
         name, _, entry_port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
         if entry_port and (port is None or entry_port != str(port)):
             continue
-        name = name.strip("[]").lstrip(".").rstrip(".")
+        name = name.strip("[]").lstrip("*.").rstrip(".")  # (``*.example.com``: as Go reads it)
         if host == name or host.endswith("." + name):
             return True
     return False
@@ -112,7 +113,8 @@ def proxy_for(
         return None
     var, value = found
     no_proxy = _variable(env, "no_proxy")
-    if no_proxy is not None and _bypassed(host, port, no_proxy[1]):
+    default_port = {"https": 443, "http": 80}.get(scheme)  # (``host:443`` covers https://host)
+    if no_proxy is not None and _bypassed(host, port or default_port, no_proxy[1]):
         return None
     if "://" not in value:
         value = "http://" + value  # ``proxy.corp:3128``, as curl takes it
