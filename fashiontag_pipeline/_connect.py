@@ -253,6 +253,36 @@ def connect_failure(
     )
 
 
+def _ca_advice() -> str:
+    """What to do about a certificate whose issuer is not trusted, as ``SSL_CERT_FILE`` is
+    set: OpenSSL loads nothing, and says nothing, from a file that is not there (a typo, a
+    path relative to another directory than a cron job's) or holds no PEM certificate (a CA
+    exported in DER form)."""
+    import os
+
+    path = os.environ.get("SSL_CERT_FILE")
+    if not path:
+        return (
+            "if it comes from a private CA, give that CA's certificates in SSL_CERT_FILE"
+            " (a PEM file)"
+        )
+    given = f"SSL_CERT_FILE={path!r}"
+    try:
+        with open(path, "rb") as file:
+            head = file.read(1 << 20)
+    except OSError as err:
+        if not os.path.isfile(path):
+            where = "" if os.path.isabs(path) else f" (a relative path, from {os.getcwd()})"
+            return f"{given} names no file{where}: give the path of the CA's certificates (PEM)"
+        return f"{given} cannot be read ({err.strerror or err})"
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        return (
+            f"{given} holds no PEM certificate (a DER file? convert it: openssl x509 -inform"
+            " der -in FILE -out ca.pem)"
+        )
+    return f"{given} holds no CA that signed it: add that CA's certificates to it (PEM)"
+
+
 def _host(url: str) -> str | None:
     from yarl import URL  # (aiohttp's own)
 
@@ -269,10 +299,7 @@ def _certificate_problem(cert: BaseException, shown_url: str) -> str:
             " URL with a host name the certificate holds"
         )
     if code in _UNTRUSTED_ISSUER:
-        return (
-            f"the TLS certificate of {shown_url} is not trusted ({reason}): if it comes from a"
-            " private CA, give that CA's certificates in SSL_CERT_FILE (a PEM file)"
-        )
+        return f"the TLS certificate of {shown_url} is not trusted ({reason}): {_ca_advice()}"
     return f"the TLS certificate of {shown_url} is refused ({reason})"
 
 

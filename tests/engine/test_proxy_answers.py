@@ -174,3 +174,45 @@ async def test_a_proxy_whose_name_does_not_resolve_is_named_not_the_service(
     assert code == 1, err[-1500:]
     line = one_line(err)
     assert "the proxy http://proxy.invalid:3128 (from HTTPS_PROXY)" in line, line
+
+
+@pytest.mark.parametrize("given", ["missing", "der", "relative"])
+async def test_an_ssl_cert_file_that_holds_no_ca_is_named_for_what_it_is(
+    tmp_path: Path, given: str
+) -> None:
+    """SSL_CERT_FILE set to a file that is not there (a typo; a relative path, from a cron
+    job whose working directory is another) or to the CA in DER form (``ca.crt`` as Windows
+    exports it): OpenSSL loads nothing and says nothing, and the run stopped with "not
+    trusted ...: if it comes from a private CA, give that CA's certificates in
+    SSL_CERT_FILE", the variable the user had just set. The one line says what is wrong with
+    the file."""
+    import subprocess
+
+    from .gateways import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    if given == "der":
+        cert_file = str(tmp_path / "ca.crt")
+        subprocess.run(
+            ["openssl", "x509", "-in", str(pki.ca), "-outform", "der", "-out", cert_file],
+            check=True,
+            capture_output=True,
+        )
+        expected = "no PEM certificate"
+    else:
+        cert_file = "pki/ca.pem" if given == "relative" else str(tmp_path / "pki" / "ca.pm")
+        expected = "names no file"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        PrefixGateway(svc.url, "/api", tls=pki).running() as gw,
+    ):
+        url = gw.url.replace("127.0.0.1", "localhost") + "/api"
+        code, err, _ = await run(
+            run_cmd(tmp_path / "o.jsonl", str(manifest), base_url=url),
+            {**ENV, "SSL_CERT_FILE": cert_file},
+        )
+    assert code == 1, err[-1500:]
+    line = one_line(err)
+    assert "not trusted" in line and f"SSL_CERT_FILE={cert_file!r}" in line, line
+    assert expected in line, line
