@@ -4,6 +4,7 @@ refuses, ambiguous query strings. Real processes and sockets on 127.0.0.1; every
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from fashiontag_pipeline.service import RunningService
 
+from .conftest import BULK_KEY
 from .test_bulk import raw
 from .test_cli_openapi import start_serve, stop
 
@@ -103,3 +105,29 @@ async def test_a_repeated_query_parameter_is_refused(service: RunningService) ->
         status, body, _ = await raw(service, "GET", BULK + query)
         assert status == 400, (query, status, body)
         assert body["status"] == "failure" and "more than once" in body["error"], body
+
+
+async def test_a_client_gone_mid_body_is_no_error_with_a_traceback(
+    service: RunningService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``fashiontag run`` killed while it sent a create (cron's ``timeout``, a Kubernetes
+    Job's SIGKILL after its grace period, a laptop put to sleep) leaves the body half sent.
+    The service logged that as ``ERROR unhandled error in POST ...`` with a traceback
+    (``ConnectionResetError: Connection lost``) for every such request: its operator was
+    told of a service fault where a client had gone. Nothing is logged above debug, and
+    the service goes on answering."""
+    port = int(service.url.rsplit(":", 1)[1])
+    head = (
+        f"POST {BULK} HTTP/1.1\r\nHost: x\r\nx-api-key: {BULK_KEY}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+    with caplog.at_level("INFO", logger="fashiontag_pipeline.service"):
+        for _ in range(3):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(head + b'{"requests": [' * 100)
+                await anyio.sleep(0.1)
+        await anyio.sleep(0.3)
+        status, _, _ = await raw(service, "GET", BULK)
+    assert status == 200
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not errors, [r.getMessage() for r in errors]
