@@ -157,21 +157,23 @@ def _under_way_on(path: Path, files: Sequence[str]) -> bool:
 def write_summary(path: Path, summary: RunSummary) -> bool:
     """``--summary`` replaced whole (a reader never sees half of it, nor, after a power cut,
     an empty file under its name: the data is synced before the rename, the folder after
-    it); False, said on stderr, when it cannot be written (no temp file left)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    it); False, said on stderr, when it cannot be written (no temp file left). A symlink is
+    followed: the file it names (the one a loader watches) is replaced, the link kept."""
+    real = Path(os.path.realpath(path))
+    tmp = real.with_name(f".{real.name}.tmp")
     try:
         with open(tmp, "wb") as fh:
             fh.write(summary_json(summary))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, real)
     except OSError as err:
         with contextlib.suppress(OSError):
             tmp.unlink()
         print(f"fashiontag: cannot write --summary {path}: {err.strerror or err}", file=sys.stderr)
         return False
     with contextlib.suppress(OSError):  # (a folder some file systems cannot sync)
-        folder = os.open(path.parent, os.O_RDONLY)
+        folder = os.open(real.parent, os.O_RDONLY)
         try:
             os.fsync(folder)
         finally:

@@ -110,3 +110,28 @@ async def test_a_config_file_saved_by_another_editor(tmp_path: Path, saved_as: s
     else:
         assert result.returncode == 0, result.stderr.decode()
         assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(20)})
+
+
+async def test_a_summary_given_as_a_symlink_is_written_to_its_target(tmp_path: Path) -> None:
+    """``--summary /var/log/fashiontag/latest.json``, a symlink to the file a loader watches
+    (``/srv/status/catalogue.json``). Each write replaced the link with a file of its own:
+    the target kept last night's ``"complete": true`` while tonight's run rewrote the results,
+    and for ever after, so the loader read a finished run that was not tonight's (or one at
+    work as finished). The summary is now written to the file the link names, the link
+    kept."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    out = tmp_path / "out.jsonl"
+    status = tmp_path / "status"
+    status.mkdir()
+    target = status / "catalogue.json"
+    target.write_text(json.dumps({"complete": True, "tagged": 7, "note": "last night"}))
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest), "--summary", str(link))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()
+    assert link.is_symlink()
+    data = json.loads(target.read_text())
+    assert data["complete"] is True and data["tagged"] == 50, data
+    assert not list(status.glob(".*.tmp")) and not list(tmp_path.glob(".*.tmp"))
