@@ -1,7 +1,7 @@
-"""What a forward proxy answers in place of the service (found by a hunt; each test failed
-before its fix): ``fashiontag run`` against an ``http://`` service reached through
-``HTTP_PROXY``, whose proxy speaks for itself in the answers (absolute-form requests, no
-CONNECT), on loopback.
+"""What stands between the engine and the service, seen by a hunt (each test failed before its
+fix): a forward proxy that answers for itself (an ``http://`` service through ``HTTP_PROXY``:
+its 407, its credentials), proxy variables with a typo or a name that does not resolve, a
+gateway's 404 that is no page (Envoy, Kong), and an ``SSL_CERT_FILE`` that holds no CA. Every server is real, on loopback.
 """
 
 from __future__ import annotations
