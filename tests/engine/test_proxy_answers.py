@@ -1,7 +1,8 @@
 """What stands between the engine and the service, seen by a hunt (each test failed before its
 fix): a forward proxy that answers for itself (an ``http://`` service through ``HTTP_PROXY``:
 its 407, its credentials), proxy variables with a typo or a name that does not resolve, a
-gateway's 404 that is no page (Envoy, Kong), and an ``SSL_CERT_FILE`` that holds no CA. Every server is real, on loopback.
+gateway's 404 that is no page (Envoy, Kong), and an ``SSL_CERT_FILE`` that holds no CA.
+Every server is real, on loopback.
 """
 
 from __future__ import annotations
