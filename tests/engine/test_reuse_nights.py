@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import resource
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -133,3 +135,48 @@ async def test_a_night_given_the_result_store_as_its_state_is_refused_before_a_r
         assert len(svc.store.tasks) == tasks  # nothing sent
     assert store.read_bytes() == before
     assert not state.exists()
+
+
+async def test_a_result_store_on_a_read_only_mount_says_so_not_to_move_it_away(
+    tmp_path: Path,
+) -> None:
+    """Last night's store is on a file system that went read-only (a remount after an I/O
+    error, a snapshot mounted to look at). Tonight's run and ``reuse stats`` both said
+    ``unable to open database file (it is left untouched; move it away to start an empty
+    store, and every row will be tagged again)``: the store is whole, and moving it away
+    makes the night tag, and bill, the whole catalogue again. They say the folder is
+    read-only and that the same command resumes once it can be written; nothing is sent, and
+    once it can, the night reuses every row."""
+    folder = tmp_path / "stores"
+    folder.mkdir()
+    store = folder / "results.db"
+    write_csv(tmp_path / "m.csv", 30)
+    async with running_service(ServiceConfig()) as svc:
+        last = run_args(svc.url, tmp_path / "n1.jsonl", str(tmp_path / "m.csv"))
+        first = await anyio.run_process([*last, "--reuse", str(store)], check=False, env=ENV)
+        assert first.returncode == 0, first.stderr.decode()
+        night = run_args(svc.url, tmp_path / "n.jsonl", str(tmp_path / "m.csv"))
+        night += ["--reuse", str(store), "--summary", str(tmp_path / "s.json")]
+        tasks = len(svc.store.tasks)
+        bound = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True)
+        if bound.returncode != 0:
+            pytest.skip(f"cannot bind-mount: {bound.stderr.decode().strip()}")
+        try:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+            stats_cmd = [sys.executable, "-m", "fashiontag_pipeline", "reuse", "stats", str(store)]
+            stats = await anyio.run_process(stats_cmd, check=False, env=ENV)
+            second = await anyio.run_process(night, check=False, env=ENV)
+        finally:
+            subprocess.run(["umount", str(folder)], check=False)
+        for done in (stats, second):
+            message = done.stderr.decode()
+            assert done.returncode == 1, message
+            assert f"result store {store}" in message and "read-only" in message, message
+            assert "move it away" not in message and "Traceback" not in message, message
+        assert "the same command resumes" in second.stderr.decode()
+        assert len(svc.store.tasks) == tasks  # nothing sent
+        again = await anyio.run_process(night, check=False, env=ENV)
+        assert again.returncode == 0, again.stderr.decode()
+        assert len(svc.store.tasks) == tasks  # every row answered from the store
+    assert_exactly_once(tmp_path / "n.jsonl", tmp_path / "n.rej", ids_of(30))
+    assert json.loads((tmp_path / "s.json").read_text())["reused"] == 30

@@ -48,6 +48,7 @@ from ... import _exceptions as exc
 from ..._postgres import is_postgres_url
 from ..fileids import RESULT_STORE_ID
 from .durations import DAY
+from .failures import store_error
 
 __all__ = ["APPLICATION_ID", "DEFAULT_MAX_AGE", "SCHEMA_VERSION", "LastRun", "ResultStore"]
 __all__ += ["ResultStoreAPI", "StoreStats", "StoredResult", "open_store"]
@@ -61,8 +62,6 @@ LOOKUP_BATCH = 500
 #: SQLite page cache per connection, in KiB: memory flat however large the store is.
 CACHE_KIB = 4096
 _BUSY_MS = 30_000
-#: Errors of a whole store that cannot be written now (full disk, I/O, read-only, locked).
-_NOT_WRITTEN = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY")
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS results (fp BLOB NOT NULL UNIQUE, task_id TEXT NOT NULL,"
@@ -306,18 +305,7 @@ class ResultStore(StoreConnections):
 
     @staticmethod
     def _error(path: Path, err: BaseException) -> exc.ResultStoreError:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        if getattr(err, "sqlite_errorname", "").startswith(_NOT_WRITTEN):
-            # (Not "move it away": that would tag, and bill, every row again.)
-            return exc.ResultStoreError(
-                f"result store {path} cannot be used now: {reason} (what was committed is kept,"
-                " in the store and the state: once that is fixed, the same command resumes"
-                " without tagging a row twice)"
-            )
-        return exc.ResultStoreError(
-            f"result store {path} cannot be used: {reason} (it is left untouched; move it away "
-            "to start an empty store, and every row will be tagged again)"
-        )
+        return store_error(path, err)
 
     # -------------------------------------------------------------- the engine's calls
 
