@@ -14,6 +14,7 @@ Both broke a run that had done nothing wrong:
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -158,3 +159,37 @@ def test_reuse_stats_of_an_unused_postgresql_store_writes_nothing(
     open_store(postgres_url).close()
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute(tables).fetchone() != (0,)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_reuse_stats_with_a_read_only_postgresql_role_reads_the_figures(
+    postgres_url: str, as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The nightly runs' store in PostgreSQL, its figures read by a monitoring job with a
+    role that may only read (``GRANT SELECT``, the usual account for dashboards): ``reuse
+    stats`` said ``cannot be used: permission denied for schema ...`` (exit 1), since opening
+    the store ran the schema's migrations, DDL included, even to read it. A store whose schema
+    is current is read as it is; the role's ``stats`` shows the figures and writes nothing."""
+    import psycopg
+
+    from fashiontag_pipeline.cli.commands import main
+
+    store = open_store(postgres_url)
+    store.put([(b"a" * 16, "t1", RESULT), (b"b" * 16, "t1", RESULT)], stored_at=1.0e9)
+    store.record_run(started_at=1.0e9, finished_at=1.0e9 + 5, looked_up=4, reused=2, stored=2)
+    store.close()
+    schema = postgres_url.rsplit("%3D", 1)[1]
+    role = f"watcher_{schema}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        conn.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+    reader = postgres_url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+    code = main(["reuse", "stats", reader, *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    if as_json:
+        figures = json.loads(out)
+        assert figures["rows"] == 2 and figures["last_run"]["hit_rate"] == 0.5, figures
+    else:
+        assert "rows 2" in out and "hit rate 50.0%" in out, out

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from ... import _exceptions as exc
-from ..._postgres import migrate, redact_url, scrub, url_problem
+from ..._postgres import SCHEMA_VERSION, migrate, redact_url, schema_version, scrub, url_problem
 from .store import LOOKUP_BATCH, StoreConnections, StoredResult, StoreStats, last_run_of
 
 if TYPE_CHECKING:
@@ -115,7 +115,9 @@ class PostgresResultStore(StoreConnections):
             # before anything is written: reading figures must not create the schema.
             row = writer.execute("SELECT to_regclass('reuse_results') IS NULL").fetchone()
             created = bool(row and row[0])
-            if not created or create:
+            # Reading a store whose schema is current needs no migration: a role that may only
+            # read (a monitoring job's ``reuse stats``) was refused the migration's DDL.
+            if create or (not created and schema_version(writer) != SCHEMA_VERSION):
                 migrate(writer)
                 row = writer.execute(
                     "SELECT NOT EXISTS (SELECT 1 FROM reuse_results)"
