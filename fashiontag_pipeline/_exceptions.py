@@ -7,6 +7,8 @@
     ├── ManifestError                  a manifest that cannot be read at all
     ├── StateConflictError             a state file that belongs to an unfinished run of
     │   │                              other manifests, or is in use by another run
+    │   ├── StateInUseError            the state or an output is held (locked) by another
+    │   │                              run at work
     │   └── LeaseLostError             a manifest's lease moved to another owner (or ended):
     │                                  this process may no longer write its state
     ├── StateError                     a state file that cannot be opened or written
@@ -70,6 +72,7 @@ __all__ = [
     "ServiceError",
     "StateConflictError",
     "StateError",
+    "StateInUseError",
     "StateUnavailable",
     "TLSError",
     "TaskExpiredError",
@@ -113,6 +116,11 @@ class ResumeMismatchError(StateConflictError):
     whose rows in flight would be sent (and billed) again, or answered otherwise: the state is
     left as it was. Daemons sharing a state hand such a manifest back for one given what it
     was begun with, and stop."""
+
+
+class StateInUseError(StateConflictError):
+    """Another run at work holds the lock of this state or of an output: nothing was touched
+    (that run's files, and its ``--summary``, are its own)."""
 
 
 class LeaseLostError(StateConflictError):

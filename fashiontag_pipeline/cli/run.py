@@ -36,6 +36,7 @@ from ..engine.run import (
     summary_of,
 )
 from ..engine.run_checks import a_folder, not_a_file, not_utf8, same_file
+from . import summary_file
 from .common import (
     ABORT_GRACE,
     EXIT_ERROR,
@@ -379,7 +380,7 @@ def _run_and_report(
         reason = "interrupted while starting: nothing was read or sent (run it again to start)"
         return report_failure(args, failed, reason, EXIT_INTERRUPTED)
     except StateConflictError as err:
-        return report_failure(args, failed, " ".join(str(err).split()), EXIT_USAGE)
+        return summary_file.report_conflict(args, failed, err)
     except ManifestError as err:
         # A file broken past its first rows (a truncated download): its repaired copy is
         # other content, which the state (a run of this one) would refuse with exit 2. Stdin

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -17,15 +18,16 @@ from pathlib import Path
 
 import msgspec
 
-from .._exceptions import StateConflictError
+from .._exceptions import StateConflictError, StateInUseError
 from ..engine.config import RunSummary
 from ..engine.run import summary_json
 from ..engine.run_checks import outputs_free
 from ..engine.state.sqlite import state_free
-from .common import EXIT_INTERRUPTED
+from .common import EXIT_INTERRUPTED, EXIT_USAGE
 
 __all__ = [
     "format_summary",
+    "report_conflict",
     "report_failure",
     "summary_of_refused_flags",
     "summary_under_way",
@@ -89,6 +91,27 @@ def report_failure(args: argparse.Namespace, summary: RunSummary, reason: str, c
     return code
 
 
+def report_conflict(args: argparse.Namespace, failed: RunSummary, err: StateConflictError) -> int:
+    """The run refused for its state (exit 2). Refused at a lock another run at work holds
+    (two cron lines past :func:`summary_under_way`'s check at once, or a PostgreSQL state,
+    whose lock only the run takes): ``--summary`` is that run's, and left to it; when this
+    process's own "has not ended" replaced it, it says another run is at work (a refusal
+    there would read as that run's failure, and say nothing once a kill ended it)."""
+    reason = " ".join(str(err).split())
+    if not isinstance(err, StateInUseError) or args.summary is None:
+        return report_failure(args, failed, reason, EXIT_USAGE)
+    print(f"fashiontag: {reason}", file=sys.stderr)
+    if _under_way_on(args.summary, (failed.out, failed.rejects, failed.state), os.getpid()):
+        error = (
+            f"{UNDER_WAY}: another run is at work on these files (process {os.getpid()},"
+            f" started at the same time, was refused: {reason}); this is replaced when it"
+            " ends; if no fashiontag is at work on them, it was killed (the same command"
+            " resumes it)"
+        )
+        write_summary(args.summary, msgspec.structs.replace(failed, error=error))
+    return EXIT_USAGE
+
+
 def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
     """``run``'s command line refused by argparse (exit 2): the ``--summary`` it names, when it
     names one, is replaced by a summary that says so."""
@@ -138,10 +161,11 @@ def summary_under_way(path: Path, failed: RunSummary) -> bool:
     return write_summary(path, under_way)
 
 
-def _under_way_on(path: Path, files: Sequence[str]) -> bool:
+def _under_way_on(path: Path, files: Sequence[str], pid: int | None = None) -> bool:
     """Whether the summary at ``path`` is a run's "has not ended" on one of ``files`` (its
     results, rejects or state): the live run's, replaced by it when it ends. Any other (last
-    night's ``complete``) is replaced by the refusal: those files are being rewritten."""
+    night's ``complete``) is replaced by the refusal: those files are being rewritten.
+    ``pid``: only the one process ``pid`` wrote as it started."""
     try:
         data = msgspec.json.decode(path.read_bytes())
     except (OSError, msgspec.DecodeError):
@@ -151,6 +175,7 @@ def _under_way_on(path: Path, files: Sequence[str]) -> bool:
         and data.get("complete") is False
         and str(data.get("error")).startswith(UNDER_WAY)
         and any(data.get(k) in files for k in ("out", "rejects", "state"))
+        and (pid is None or f"process {pid})" in str(data.get("error")))
     )
 
 
@@ -160,9 +185,11 @@ def write_summary(path: Path, summary: RunSummary) -> bool:
     it); False, said on stderr, when it cannot be written (no temp file left). A symlink is
     followed: the file it names (the one a loader watches) is replaced, the link kept."""
     real = Path(os.path.realpath(path))
-    tmp = real.with_name(f".{real.name}.tmp")
+    # A temp name of its own (two runs ending at once with one --summary: one would truncate
+    # the other's half-written file and rename it, and the other's rename find none).
+    tmp = real.with_name(f".{real.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "xb") as fh:
             fh.write(summary_json(summary))
             fh.flush()
             os.fsync(fh.fileno())

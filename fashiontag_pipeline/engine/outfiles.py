@@ -16,19 +16,19 @@ import os
 import time
 from pathlib import Path
 
-from .._exceptions import StateConflictError
+from .._exceptions import StateInUseError
 
 __all__ = ["lock_exclusively", "lock_output", "removed_from"]
 
 
 def lock_exclusively(fd: int, refusal: str) -> None:
     """An exclusive ``flock`` on ``fd``, held until it is closed (or the process dies: no
-    stale lock); :class:`StateConflictError` with ``refusal`` when another process holds it.
+    stale lock); :class:`StateInUseError` with ``refusal`` when another process holds it.
     A file system without locks (some network ones) is used unlocked."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise StateConflictError(refusal) from None
+        raise StateInUseError(refusal) from None
     except OSError:
         pass
 

@@ -4,12 +4,16 @@ disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from pathlib import Path
 
 import anyio
 import pytest
 
+from fashiontag_pipeline.cli.summary_file import write_summary
+from fashiontag_pipeline.engine.config import RunSummary
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
@@ -135,3 +139,78 @@ async def test_a_summary_given_as_a_symlink_is_written_to_its_target(tmp_path: P
     data = json.loads(target.read_text())
     assert data["complete"] is True and data["tagged"] == 50, data
     assert not list(status.glob(".*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+async def test_a_run_refused_at_the_states_lock_leaves_the_live_runs_summary(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Two cron lines (or an Airflow retry racing its first attempt) on one state, both past
+    the "is anyone running?" check before either took the state's lock (always so for a
+    PostgreSQL state: its lock is taken by the run). The loser, refused at the lock (exit 2),
+    replaced the live run's ``--summary`` with its refusal: a monitor read that the run had
+    failed ("in use by another run") while it was at work, and after a kill nothing said the
+    same command resumes it. The summary now stays "has not ended", and says another run is at
+    work, not that the refused process is."""
+    manifest = write_csv(tmp_path / "m.csv", 4000)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    args = run_args("", out, str(manifest), "--state", postgres_url, "--summary", str(summary))
+    async with running_service(ServiceConfig(rate=1000.0)) as svc:
+        args[args.index("--base-url") + 1] = svc.url
+        first = await anyio.open_process(args, env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.05)
+            again = list(args)
+            again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
+            again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
+            second = await anyio.run_process(again, check=False, env=ENV)
+            during = json.loads(summary.read_text())
+        finally:
+            first.kill()
+            await first.wait()
+            await first.aclose()
+        assert second.returncode == 2, second.stderr.decode()
+        assert b"another run" in second.stderr
+        assert during["complete"] is False and "has not ended" in during["error"], during
+        assert "another run is at work" in during["error"], during
+        nightly = await anyio.run_process(args, check=False, env=ENV)
+    assert nightly.returncode == 0, nightly.stderr.decode()[-400:]
+    assert json.loads(summary.read_text())["complete"] is True
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
+
+
+def test_two_summaries_written_at_once_leave_one_whole_document(tmp_path: Path) -> None:
+    """Two runs ending (or starting) at the same instant with one ``--summary``: both wrote
+    through one temp name (``.NAME.tmp``), so one truncated the other's half-written file and
+    renamed it: a loader read a file that was no JSON (or two documents mixed), and the other
+    run's rename found no temp file ("cannot write --summary", exit 1 for a complete run).
+    Each write now has a temp file of its own: the file is always one whole summary."""
+    path = tmp_path / "summary.json"
+    big = RunSummary(complete=True, error="x" * 200_000, tagged=1)
+    small = RunSummary(complete=False, error="y", tagged=2)
+    failures: list[str] = []
+
+    def writer(summary: RunSummary) -> None:
+        for _ in range(40):
+            if not write_summary(path, summary):
+                failures.append("write failed")
+
+    threads = [threading.Thread(target=writer, args=(s,)) for s in (big, small, big, small)]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        with contextlib.suppress(FileNotFoundError):
+            data = path.read_bytes()
+            try:
+                decoded = json.loads(data)
+            except ValueError:
+                failures.append(f"not one JSON document ({len(data)} bytes)")
+            else:
+                if decoded["tagged"] not in (1, 2):
+                    failures.append("mixed")
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:3]
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -256,7 +256,7 @@ class PostgresStateDB(StateStore):
                 break
             time.sleep(pause)  # (blocking, at most LOCK_GRACE, once: as a run opens its state)
             pause = min(pause * 2, 0.4)
-        raise exc.StateConflictError(
+        raise exc.StateInUseError(
             f"{self.where} is in use by another run (it holds the state's lock); wait for "
             "that run to end, or give this one another state (#name)"
         )

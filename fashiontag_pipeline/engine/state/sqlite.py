@@ -52,8 +52,8 @@ def _lock_exclusively(path: Path) -> int:
     return fd
 
 
-def _in_use(path: Path) -> exc.StateConflictError:
-    return exc.StateConflictError(
+def _in_use(path: Path) -> exc.StateInUseError:
+    return exc.StateInUseError(
         f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
         "wait for that run to end, or give this one another --state (and outputs of its own)"
     )
