@@ -167,6 +167,7 @@ async def open_job(journal: Journal, row: JobRow, ids: IdSpace) -> Job:
     ``keep_lost`` (a long-lived engine), fail the job, recorded in the state at once (a later
     start knows it too): its manifests are not read on, and its rows already sent still get
     their outcome."""
+    await journal.run(journal.db.check_id_space, row, ids.namespaced)
     foreign = await journal.run(not_ours, journal.db, row, ids)
     results, rejects, lost = await anyio.to_thread.run_sync(
         functools.partial(

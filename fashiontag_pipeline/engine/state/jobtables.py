@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from ... import _exceptions as exc
 from .schema import JOB_COUNTERS, POS_SHIFT
 
 __all__ = ["JobRow", "JobTables"]
@@ -45,6 +46,10 @@ class JobRow(msgspec.Struct, kw_only=True):
     rows_read: int = 0
 
 
+#: The meta key of how the state's ids are sent: ``namespaced`` (``JOB/ID``, an engine made
+#: with namespaced=True) or ``plain`` (as they are). A state written before it has none.
+ID_SPACE = "id_space"
+
 #: The meta key of a job's manifest fingerprints (followed by the job number).
 _PRINTS = "job_prints:"
 
@@ -59,6 +64,7 @@ class JobTables:
     """The job half of the state store (mixed into :class:`~.store.StateStore`)."""
 
     db: Any
+    where: str
 
     def begin(self) -> None:
         raise NotImplementedError
@@ -163,6 +169,28 @@ class JobTables:
             if prints is not None:
                 self.set_meta(f"{_PRINTS}{found.job}", prints)
         return found
+
+    def check_id_space(self, row: JobRow, namespaced: bool) -> None:
+        """Record how the engine opening ``row`` sends ids (``namespaced``), or refuse one of
+        the other setting on a job that took rows in under the recorded one
+        (:class:`StateConflictError`, nothing written): its ids are recorded, and its lines
+        checked, as sent, so that engine would take its outputs for another run's. A state
+        written before the record is left as it was."""
+        want = "namespaced" if namespaced else "plain"
+        recorded = self.meta(ID_SPACE)
+        if recorded == want or (recorded is None and row.validated >= 0):
+            return
+        if row.validated >= 0:
+            made = recorded == "namespaced"
+            raise exc.StateConflictError(
+                f"{self.where} holds the unfinished job {row.key!r}, begun by an Engine made"
+                f" with namespaced={made} (ids sent {'as JOB/ID' if made else 'as they are'});"
+                f" this Engine was made with namespaced={namespaced}, and would not know its"
+                f" ids nor its lines: open the state with an Engine made with namespaced={made}"
+                " to finish it (nothing was changed)"
+            )
+        with self.transaction():
+            self.set_meta(ID_SPACE, want)
 
     def job_prints(self, job: int) -> str | None:
         """The fingerprints of a job's manifests as recorded when it was made (JSON), None for

@@ -3,7 +3,8 @@
 Schema::
 
     meta(key, value)           engine token, manifest fingerprints (``run``), task sequence,
-                               engine-wide counters (``n_*``), next_source, completed_at
+                               engine-wide counters (``n_*``), next_source, completed_at,
+                               id_space (ids sent as JOB/ID or as they are)
     jobs(job, key, name, sources, results, rejects, sink, state, validated, chunked,
          results_ckpt, rejects_ckpt, accepted, settled, submitted, tagged, failed, rejected,
          single, pages, tasks, completed_at, reused)
