@@ -4,8 +4,10 @@ stops, and what the next command does."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -180,3 +182,40 @@ async def test_a_result_store_on_a_read_only_mount_says_so_not_to_move_it_away(
         assert len(svc.store.tasks) == tasks  # every row answered from the store
     assert_exactly_once(tmp_path / "n.jsonl", tmp_path / "n.rej", ids_of(30))
     assert json.loads((tmp_path / "s.json").read_text())["reused"] == 30
+
+
+async def test_a_store_that_cannot_record_the_run_at_its_end_fails_no_complete_run(
+    tmp_path: Path,
+) -> None:
+    """``fashiontag run --reuse STORE`` whose store refuses the last write of the run, the
+    line of history ``reuse stats`` shows (the store locked past its busy timeout by another
+    run's long transaction, a full disk: here its ``runs`` table refusing every insert): every
+    row had its outcome and its result stored, yet the run exited 1 and ``--summary`` said it
+    was not complete, so the loader skipped the night and cron's retry sent the rows again.
+    The run is complete (exit 0); stderr says the store missed this run's line."""
+    manifest = write_csv(tmp_path / "m.csv", 200)
+    store = tmp_path / "reuse.db"
+    summary = tmp_path / "summary.json"
+    async with running_service(ServiceConfig()) as svc:
+        first = await anyio.run_process(
+            [*run_args(svc.url, tmp_path / "a.jsonl", str(manifest)), "--reuse", str(store)],
+            check=False,
+            env=ENV,
+        )
+        assert first.returncode == 0, first.stderr.decode()
+        with contextlib.closing(sqlite3.connect(store)) as db:
+            db.execute(
+                "CREATE TRIGGER full BEFORE INSERT ON runs"
+                " BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+            )
+            db.commit()
+        other = write_csv(tmp_path / "n.csv", 200, start=1000)
+        out = tmp_path / "b.jsonl"
+        args = [*run_args(svc.url, out, str(other)), "--reuse", str(store)]
+        result = await anyio.run_process([*args, "--summary", str(summary)], check=False, env=ENV)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr
+    assert "Traceback" not in stderr and str(store) in stderr, stderr
+    assert "was not recorded" in stderr and "move it away" not in stderr, stderr
+    assert json.loads(summary.read_text())["complete"] is True
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1000, 1200)})

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import anyio
 
+from ... import _exceptions as exc
 from ..._models import TaggingRequest
 from ..pages import PageRow, success_flags
 from ..state import changes, reuse_rows
@@ -190,7 +191,11 @@ class ReuseHook:
 
     def close_store(self) -> None:
         """Record the run in the store (``reuse stats``: the last run's hit rate) and close
-        it. Blocking: call from a worker thread once the run's tasks are done."""
+        it. Blocking: call from a worker thread once the run's tasks are done.
+
+        A store that refuses that line (locked past its busy timeout, a full disk) is said
+        in a warning: every result of the run is stored already (each page's, before the
+        state commits it), so the run's outcome stands; only ``reuse stats`` misses it."""
         try:
             self.store.record_run(
                 started_at=self.started_at,
@@ -198,6 +203,14 @@ class ReuseHook:
                 looked_up=self.looked_up,
                 reused=self.reused,
                 stored=self.stored,
+            )
+        except exc.ResultStoreError as err:
+            text = str(err)
+            reason = text.rsplit(" (", 1)[0] if text.endswith(")") else text
+            logger.warning(
+                "%s; this run's line of history (the last run 'reuse stats' shows) was not"
+                " recorded, nothing else: every result of the run is stored",
+                reason,
             )
         finally:
             self.store.close()
