@@ -8,7 +8,10 @@ key to one task: a chunk holding such rows is split into parts of distinct keys
 (:func:`key_parts`), and a chunk sharing a key with the open task's rows goes to a new task.
 Every pair of ids :func:`~.idmatch.id_key` makes one shares a coarse key (the coarse key of an
 id is that of its ``id_key``); the key is coarser (all whitespace dropped, a negative integer
-one with its positive), which only costs a row going to another task.
+one with its positive), which only costs a row going to another task. It also undoes changes
+:func:`~.idmatch.id_key` does not (NFKC: full-width digits, ligatures; invisible characters
+dropped): a result under such a changed id is no row's, and its row is sent again, but one that
+was another id of the same task exactly would be taken for that row's.
 
 The keys are made for a chunk at once, by string operations in C over its ids joined by NUL
 (an id never holds one: the client refuses it), not one id at a time.
@@ -33,6 +36,15 @@ _SIGN_OR_ZEROS = re.compile(r"\x00(?:[+-]0*|0+)(?=[0-9]+(?:\x00|\Z))")
 #: An id starting with a sign or a zero (searched for first: cheaper than the substitution).
 _SIGN_OR_ZERO = re.compile(r"\x00[+0-]")
 
+#: The default-ignorable code points (Unicode's DerivedCoreProperties): invisible, and dropped
+#: by services that clean the ids they echo (zero-width space and joiners, soft hyphen, byte
+#: order mark, variation selectors, ...).
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+"
+)
+
 #: A chunk's requests, each left encoded (encoded again as it is: the same bytes).
 _requests_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -40,16 +52,20 @@ _requests_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 def _block(ids: Sequence[str]) -> tuple[str, str]:
     """``ids`` joined, each after a NUL, and their coarse keys joined the same way."""
     joined = "\x00" + "\x00".join(ids)
-    text = unicodedata.normalize("NFC", joined).casefold()
-    text = "".join(unicodedata.normalize("NFC", text).split())
+    if joined.isascii():  # (NFKC changes no ASCII text, nor casefold but its case)
+        text = joined.lower()
+    else:
+        text = unicodedata.normalize("NFKC", _IGNORABLE.sub("", joined)).casefold()
+        text = _IGNORABLE.sub("", unicodedata.normalize("NFKC", text))
+    text = "".join(text.split())
     if _SIGN_OR_ZERO.search(text):
         text = _SIGN_OR_ZEROS.sub("\x00", text)
     return joined, text
 
 
 def coarse_keys(ids: Sequence[str]) -> list[str]:
-    """The coarse key of each of ``ids``: NFC, case-folded, NFC again, without whitespace,
-    and an integer without its sign and leading zeros."""
+    """The coarse key of each of ``ids``: NFKC, case-folded, NFKC again, without whitespace
+    and default-ignorable code points, and an integer without its sign and leading zeros."""
     return _block(ids)[1][1:].split("\x00")
 
 

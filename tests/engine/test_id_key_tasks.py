@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import unicodedata
 from pathlib import Path
 from typing import Any
 from unicodedata import category
@@ -168,3 +169,50 @@ def test_the_coarse_key_of_every_code_point() -> None:
     assert coarse_keys(ids) == ["a", "b", "a01", "7", "7", "7", "0", "0", "7", "7a", "07a", "1-0"]
     assert keyed(["sku-1", "sku-2"]) == {"sku-1", "sku-2"}  # their own keys
     assert keyed(["a0", "A0", " b"]) == {"a0", "b"}
+
+
+#: Ids a service that NFKC-normalises (full-width digits, ligatures) or drops invisible
+#: characters (zero-width space, soft hyphen, byte order mark) returns as another id of the run
+#: exactly, each changed one first and its twin on a later result page of the same task.
+_INVISIBLE = ["\uff11\uff12\uff13", "a\u200bb", "x\u00adz", "\ufeffbom", "\uff2e\u2060o"]
+_TWINS = ["123", "ab", "xz", "bom", "No"]
+
+
+def _unseen(ident: str) -> Any:
+    return "".join(c for c in unicodedata.normalize("NFKC", ident) if category(c) != "Cf")
+
+
+async def test_ids_a_service_makes_one_by_nfkc_or_invisible_characters_stay_apart(
+    tmp_path: Path,
+) -> None:
+    """Before, ``a<zero-width space>b`` and ``ab`` (full-width ``123`` and ``123``) went to
+    one task: the first's result came back as ``ab``, matched exactly, and row ``ab`` was
+    written with image ``a<ZWSP>b``'s tagging result. Now they go to two tasks; the result
+    under a changed id no row of its task has is none, and that row alone ends rejected after
+    its sends."""
+    ids = _INVISIBLE + [f"p{i}" for i in range(1500)] + _TWINS
+
+    async def run(url: str, folder: Path) -> dict[str, Any]:
+        folder.mkdir()
+        manifest = folder / "m.jsonl"
+        manifest.write_text(
+            "".join(
+                json.dumps({"id": i, "url": f"https://img.example/{n}.jpg"}) + "\n"
+                for n, i in enumerate(ids)
+            )
+        )
+        out = folder / "out.jsonl"
+        args = run_args(url, out, str(manifest), "--config", _config(folder))
+        with anyio.fail_after(120):
+            done = await anyio.run_process(args, check=False, env=ENV)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        o = assert_exactly_once(out, out.with_suffix(".rej"), set(ids))
+        return {r["id"]: r["taggingResult"] for r in o.results} | {r["id"]: None for r in o.rejects}
+
+    async with running_service(ServiceConfig()) as svc:
+        expected = await run(svc.url, tmp_path / "plain")
+        async with misbehaving(svc.url, Misbehaviour(echo_id=_unseen)) as proxy:
+            got = await run(proxy.url, tmp_path / "changed")
+    wrong = sorted(i for i in ids if got[i] is not None and got[i] != expected[i])
+    assert not wrong, f"rows written with another row's result: {wrong}"
+    assert sorted(i for i in ids if got[i] is None) == sorted(_INVISIBLE)
