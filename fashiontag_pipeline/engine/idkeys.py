@@ -10,8 +10,9 @@ Every pair of ids :func:`~.idmatch.id_key` makes one shares a coarse key (the co
 id is that of its ``id_key``); the key is coarser (all whitespace dropped, a negative integer
 one with its positive), which only costs a row going to another task. It also undoes changes
 :func:`~.idmatch.id_key` does not (NFKC: full-width digits, ligatures; invisible characters
-dropped): a result under such a changed id is no row's, and its row is sent again, but one that
-was another id of the same task exactly would be taken for that row's.
+dropped; percent escapes and ``+`` URL-decoded): a result under such a changed id is no row's,
+and its row is sent again, but one that was another id of the same task exactly would be taken
+for that row's.
 
 The keys are made for a chunk at once, by string operations in C over its ids joined by NUL
 (an id never holds one: the client refuses it), not one id at a time.
@@ -45,18 +46,35 @@ _IGNORABLE = re.compile(
     "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]+"
 )
 
+#: A run of percent-encoded bytes (a service that URL-decodes the ids it echoes).
+_PERCENT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
+
 #: A chunk's requests, each left encoded (encoded again as it is: the same bytes).
 _requests_decoder = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _folded(text: str) -> str:
+    """``text`` NFKC, case-folded, without default-ignorable code points."""
+    if text.isascii():  # (NFKC changes no ASCII text, nor casefold but its case)
+        return text.lower()
+    text = unicodedata.normalize("NFKC", _IGNORABLE.sub("", text)).casefold()
+    return _IGNORABLE.sub("", unicodedata.normalize("NFKC", text))
+
+
+def _bytes(match: re.Match[str]) -> str:
+    """A run of percent-encoded bytes decoded (as UTF-8; a NUL dropped: no id holds one)."""
+    data = bytes.fromhex(match.group().replace("%", ""))
+    return data.decode("utf-8", "replace").replace("\x00", "")
 
 
 def _block(ids: Sequence[str]) -> tuple[str, str]:
     """``ids`` joined, each after a NUL, and their coarse keys joined the same way."""
     joined = "\x00" + "\x00".join(ids)
-    if joined.isascii():  # (NFKC changes no ASCII text, nor casefold but its case)
-        text = joined.lower()
-    else:
-        text = unicodedata.normalize("NFKC", _IGNORABLE.sub("", joined)).casefold()
-        text = _IGNORABLE.sub("", unicodedata.normalize("NFKC", text))
+    text = _folded(joined)
+    if "%" in text or "+" in text:  # (URL-decoded: "a%20b" is "a b", and "x+y" "x y")
+        while (decoded := _PERCENT.sub(_bytes, text)) != text:
+            text = decoded  # (until no escape is left: "%2541" is "%41", then "a")
+        text = _folded(text).replace("+", "")
     text = "".join(text.split())
     if _SIGN_OR_ZERO.search(text):
         text = _SIGN_OR_ZEROS.sub("\x00", text)
@@ -64,8 +82,9 @@ def _block(ids: Sequence[str]) -> tuple[str, str]:
 
 
 def coarse_keys(ids: Sequence[str]) -> list[str]:
-    """The coarse key of each of ``ids``: NFKC, case-folded, NFKC again, without whitespace
-    and default-ignorable code points, and an integer without its sign and leading zeros."""
+    """The coarse key of each of ``ids``: URL-decoded, NFKC, case-folded, NFKC again, without
+    whitespace, ``+`` and default-ignorable code points, and an integer without its sign and
+    leading zeros."""
     return _block(ids)[1][1:].split("\x00")
 
 

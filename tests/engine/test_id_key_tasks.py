@@ -14,9 +14,11 @@ import json
 import sqlite3
 import subprocess
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unicodedata import category
+from urllib.parse import unquote_plus
 
 import anyio
 import pytest
@@ -182,6 +184,40 @@ def _unseen(ident: str) -> Any:
     return "".join(c for c in unicodedata.normalize("NFKC", ident) if category(c) != "Cf")
 
 
+async def _kept_apart(
+    folder: Path, changed: list[str], twins: list[str], echo: Callable[[str], Any]
+) -> None:
+    """Each of ``changed`` (which ``echo`` makes its twin exactly) first, its twin on a later
+    result page of the same task: no row is written with another row's result, and the rows
+    ``echo`` changes alone end rejected (their results come back under ids their tasks lack)."""
+    ids = changed + [f"p{i}" for i in range(1500)] + twins
+
+    async def run(url: str, sub: Path) -> dict[str, Any]:
+        sub.mkdir(parents=True)
+        manifest = sub / "m.jsonl"
+        manifest.write_text(
+            "".join(
+                json.dumps({"id": i, "url": f"https://img.example/{n}.jpg"}) + "\n"
+                for n, i in enumerate(ids)
+            )
+        )
+        out = sub / "out.jsonl"
+        args = run_args(url, out, str(manifest), "--config", _config(sub))
+        with anyio.fail_after(120):
+            done = await anyio.run_process(args, check=False, env=ENV)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        o = assert_exactly_once(out, out.with_suffix(".rej"), set(ids))
+        return {r["id"]: r["taggingResult"] for r in o.results} | {r["id"]: None for r in o.rejects}
+
+    async with running_service(ServiceConfig()) as svc:
+        expected = await run(svc.url, folder / "plain")
+        async with misbehaving(svc.url, Misbehaviour(echo_id=echo)) as proxy:
+            got = await run(proxy.url, folder / "changed")
+    wrong = sorted(i for i in ids if got[i] is not None and got[i] != expected[i])
+    assert not wrong, f"rows written with another row's result: {wrong}"
+    assert sorted(i for i in ids if got[i] is None) == sorted(i for i in ids if echo(i) != i)
+
+
 async def test_ids_a_service_makes_one_by_nfkc_or_invisible_characters_stay_apart(
     tmp_path: Path,
 ) -> None:
@@ -190,29 +226,12 @@ async def test_ids_a_service_makes_one_by_nfkc_or_invisible_characters_stay_apar
     written with image ``a<ZWSP>b``'s tagging result. Now they go to two tasks; the result
     under a changed id no row of its task has is none, and that row alone ends rejected after
     its sends."""
-    ids = _INVISIBLE + [f"p{i}" for i in range(1500)] + _TWINS
+    await _kept_apart(tmp_path, _INVISIBLE, _TWINS, _unseen)
 
-    async def run(url: str, folder: Path) -> dict[str, Any]:
-        folder.mkdir()
-        manifest = folder / "m.jsonl"
-        manifest.write_text(
-            "".join(
-                json.dumps({"id": i, "url": f"https://img.example/{n}.jpg"}) + "\n"
-                for n, i in enumerate(ids)
-            )
-        )
-        out = folder / "out.jsonl"
-        args = run_args(url, out, str(manifest), "--config", _config(folder))
-        with anyio.fail_after(120):
-            done = await anyio.run_process(args, check=False, env=ENV)
-        assert done.returncode == 0, done.stderr.decode()[-2000:]
-        o = assert_exactly_once(out, out.with_suffix(".rej"), set(ids))
-        return {r["id"]: r["taggingResult"] for r in o.results} | {r["id"]: None for r in o.rejects}
 
-    async with running_service(ServiceConfig()) as svc:
-        expected = await run(svc.url, tmp_path / "plain")
-        async with misbehaving(svc.url, Misbehaviour(echo_id=_unseen)) as proxy:
-            got = await run(proxy.url, tmp_path / "changed")
-    wrong = sorted(i for i in ids if got[i] is not None and got[i] != expected[i])
-    assert not wrong, f"rows written with another row's result: {wrong}"
-    assert sorted(i for i in ids if got[i] is None) == sorted(_INVISIBLE)
+async def test_ids_a_service_makes_one_by_percent_decoding_stay_apart(tmp_path: Path) -> None:
+    """Before, ``a%20b`` and ``a b`` (``c%2541`` and ``c%41``, ``x+y`` and ``x y``) went to
+    one task: a service that URL-decodes the ids it echoes returned the first's result as the
+    second exactly, and row ``a b`` was written with image ``a%20b``'s tagging result."""
+    changed = ["a%20b", "c%2541", "x+y", "caf%C3%A9"]
+    await _kept_apart(tmp_path, changed, ["a b", "c%41", "x y", "caf\u00e9"], unquote_plus)
