@@ -162,7 +162,7 @@ class ResultPagers(PageFetcher, PageRows):
                     len(entry.sent),
                     extra={"task_id": entry.task_id},
                 )
-                entry.total = len(entry.sent)
+                entry.claimed, entry.total = entry.total, len(entry.sent)
             elif entry.sent and entry.next_offset == 0:
                 # A count short of the rows the service took, or none (a service that leaves
                 # ``count.total`` out, or counts only some results there): read as far as
@@ -352,8 +352,9 @@ class ResultPagers(PageFetcher, PageRows):
         page was full; a service that applied a write twice (ids and all) holds more results
         than rows written, its count too, read only as far as those rows (see ``_schedule``).
         Results are in the order they were written, so the missing rows are the last ones. A
-        page with none of them, or any answer but a page (a 400 past the end, an error),
-        leaves them to be sent again."""
+        page with none of them (but copies of rows read, up to the count the service claims),
+        or any answer but a page (a 400 past the end, an error), leaves them to be sent
+        again."""
         sent, seen = entry.sent, entry.seen
         if sent is None or seen is None or entry.total <= 0:
             return
@@ -369,7 +370,10 @@ class ResultPagers(PageFetcher, PageRows):
             except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
                 return
             rows = await self._first_of_each_id(entry, found)
+            offset += len(given)
             if not rows:
+                if found and offset < (entry.claimed or 0):
+                    continue  # copies of rows read (a write applied twice): read on
                 return
             logger.info(
                 "task %s: %d results found past its count of %d",
@@ -383,4 +387,3 @@ class ResultPagers(PageFetcher, PageRows):
             )
             self.pages += 1
             missing -= len(rows)
-            offset += len(given)

@@ -41,6 +41,10 @@ class TaskEntry:
     #: The service's own count of the task's results when it is short of the rows written
     #: (:attr:`total` is raised to those rows): a page past it refused is a page past the end.
     counted: int | None = None
+    #: The service's own count of the task's results when it is past the rows written
+    #: (:attr:`total` is cut to those rows): pages past them holding rows of the task (a write
+    #: applied twice) are read on as far as it.
+    claimed: int | None = None
     #: When the tracker saw the task done (monotonic seconds; None: before this process).
     done_at: float | None = None
     #: The description the task was created with (it carries the run token): a task of that

@@ -242,3 +242,18 @@ async def test_a_write_the_service_applied_twice(tmp_path: Path) -> None:
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 2000 and not o.rejects
     assert summary.resent == 0
+
+
+async def test_a_write_applied_twice_whose_copy_is_longer_than_a_page_past_the_rows(
+    tmp_path: Path,
+) -> None:
+    """Task 1 holds rows 600-899 twice, the copy from its row 900 on (kill -9 fuzz, seed 17):
+    its last 100 rows are at 1,200-1,299 of its 1,300 results. The page past the 1,000 rows
+    written held copies only (rows with a line already), and the reading stopped there: those
+    100 rows were sent (and billed) again. Pages are read on, up to the count the service
+    claims, while they hold rows written to the task, copies or not."""
+    with anyio.fail_after(60):
+        summary, o = await run_through(tmp_path, 2000, TwiceApplied(900, 300), TASKS_OF_1000)
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 2000 and not o.rejects
+    assert summary.resent == 0, f"{summary.resent} rows sent (and billed) again"
