@@ -42,10 +42,12 @@ STAGE_UNRETURNED = "unreturned"
 
 
 def done_change(entry: TaskEntry) -> changes.Change:
-    """The task is done: its total and result expiry (committed with its first page)."""
+    """The task is done: its total and result expiry (committed with its first page). The
+    total kept is the service's count when it claims more than the rows written (a resume
+    cuts it to them again, and reads pages past them as far as it: a write applied twice)."""
     expiry = entry.results_expire_at
     stamp = expiry.timestamp() if expiry is not None else None
-    return changes.task_done(entry.task_id, entry.total, stamp)
+    return changes.task_done(entry.task_id, max(entry.total, entry.claimed or 0), stamp)
 
 
 class TaskSettler:

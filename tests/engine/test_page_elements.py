@@ -21,6 +21,8 @@ Found by a hunt, each failing before its fix:
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,17 @@ from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
+    ENV,
     TASKS_OF_1000,
     assert_exactly_once,
     client_config,
     ids_of,
+    run_args,
     run_through,
     write_csv,
 )
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
+from .test_kill_fuzz_cases import HOOK
 
 
 class PageProxy(MisbehavingProxy):
@@ -257,3 +262,37 @@ async def test_a_write_applied_twice_whose_copy_is_longer_than_a_page_past_the_r
     assert summary.complete and summary.unsettled == 0
     assert len(o.results) == 2000 and not o.rejects
     assert summary.resent == 0, f"{summary.resent} rows sent (and billed) again"
+
+
+async def test_a_kill_before_the_pages_past_the_rows_of_a_write_applied_twice(
+    tmp_path: Path,
+) -> None:
+    """The run of the test above killed (SIGKILL) once the task's pages up to the rows written
+    are committed, before the pages past them are asked for: the resume read the task to the
+    rows written and no further (the count the service claims was not kept), and sent its last
+    100 rows again (billed twice). It reads on past them as the run would have."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOOK)
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out = tmp_path / "out.jsonl"
+    summary = tmp_path / "summary.json"
+    pythonpath = os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")])
+    proxy = TwiceApplied(900, 300)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, str(manifest), "--summary", str(summary))
+            with anyio.fail_after(60):
+                killed = await anyio.run_process(
+                    args,
+                    check=False,
+                    env={**ENV, "PYTHONPATH": pythonpath, "HOOK_KILL_AT_PAST_END": "1"},
+                )
+            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-400:]
+            with anyio.fail_after(60):
+                resumed = await anyio.run_process(args, check=False, env=ENV)
+            assert resumed.returncode == 0, resumed.stderr.decode()[-400:]
+        billed = svc.store.image_count
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
+    assert billed == 1000, f"{billed - 1000} images billed twice"
