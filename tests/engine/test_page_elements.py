@@ -31,7 +31,7 @@ import anyio
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline.engine import run_pipeline
+from fashiontag_pipeline.engine import RunSummary, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -123,6 +123,14 @@ class RenamedResults(MisbehavingProxy):
         return json.dumps(page).encode()
 
 
+async def _run(manifest: Path, url: str, out: Path, rej: Path) -> RunSummary:
+    """``manifest`` through the service at ``url`` in tasks of 1,000 rows (60 s at most)."""
+    with anyio.fail_after(60):
+        return await run_pipeline(
+            [manifest], client=client_config(url), out=out, rejects=rej, engine=TASKS_OF_1000
+        )
+
+
 async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path: Path) -> None:
     """Every page of every task comes back empty although the tasks are done and counted
     full (their results under another key): the run stops, state saved, once two tasks gave
@@ -136,23 +144,10 @@ async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path
     async with running_service(ServiceConfig()) as svc:
         proxy.upstream = svc.url
         async with proxy.running():
-            with anyio.fail_after(60), pytest.raises(FatalRunError, match="no result"):
-                await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=TASKS_OF_1000,
-                )
+            with pytest.raises(FatalRunError, match="no result"):
+                await _run(manifest, proxy.url, out, rej)
         assert proxy.written <= 3000  # one task's rows sent again at most
-        with anyio.fail_after(60):
-            summary = await run_pipeline(
-                [manifest],
-                client=client_config(svc.url),
-                out=out,
-                rejects=rej,
-                engine=TASKS_OF_1000,
-            )
+        summary = await _run(manifest, svc.url, out, rej)
     assert summary.complete and summary.unsettled == 0
     o = assert_exactly_once(out, rej, ids_of(2000))
     assert len(o.results) == 2000 and not o.rejects
@@ -172,23 +167,10 @@ async def test_a_resume_goes_on_when_the_tasks_that_stopped_the_run_still_give_n
     async with running_service(ServiceConfig()) as svc:
         proxy.upstream = svc.url
         async with proxy.running():
-            with anyio.fail_after(60), pytest.raises(FatalRunError, match="no result"):
-                await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=TASKS_OF_1000,
-                )
+            with pytest.raises(FatalRunError, match="no result"):
+                await _run(manifest, proxy.url, out, rej)
             proxy.broken = set(proxy.created)
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    engine=TASKS_OF_1000,
-                )
+            summary = await _run(manifest, proxy.url, out, rej)
     assert summary.complete and summary.unsettled == 0
     o = assert_exactly_once(out, rej, ids_of(2000))
     assert len(o.results) == 2000 and not o.rejects
