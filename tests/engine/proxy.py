@@ -374,6 +374,22 @@ class MisbehavingProxy:
             headers=headers,
         )
 
+    async def upstream_rows(self, task_id: str, key: str) -> list[Any]:
+        """Every result of ``task_id`` as the upstream service holds them, read page by page
+        with ``key`` (for a subclass that answers a page of its own making)."""
+        assert self._session is not None
+        rows: list[Any] = []
+        while True:
+            async with self._session.get(
+                f"{self.upstream}{BULK}/{task_id}",
+                params={"offset": str(len(rows)), "size": "100"},
+                headers={"x-api-key": key},
+            ) as up:
+                page = json.loads(await up.read())["data"]["results"]
+            if not page:
+                return rows
+            rows += page
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         path = request.path

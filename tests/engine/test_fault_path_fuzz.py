@@ -59,18 +59,8 @@ class FaultPaths(MisbehavingProxy):
         return web.Response(status=status, body=payload, content_type="application/json")
 
     async def _doubled_page(self, request: web.Request, task_id: str) -> web.Response:
-        assert self._session is not None and self.twice is not None
-        rows: list[Any] = []
-        while True:
-            async with self._session.get(
-                f"{self.upstream}{BULK}/{task_id}",
-                params={"offset": str(len(rows)), "size": "100"},
-                headers={"x-api-key": request.headers.get("x-api-key", "")},
-            ) as up:
-                page = json.loads(await up.read())["data"]["results"]
-            if not page:
-                break
-            rows += page
+        assert self.twice is not None
+        rows = await self.upstream_rows(task_id, request.headers.get("x-api-key", ""))
         at, block = self.twice
         if len(rows) >= at:
             rows = rows[:at] + rows[at - block : at] + rows[at:]

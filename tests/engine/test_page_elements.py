@@ -185,20 +185,6 @@ class TwiceApplied(MisbehavingProxy):
         super().__init__("", Misbehaviour(inflate_total={1: block}))
         self.at, self.block = at, block
 
-    async def _all_rows(self, task_id: str, key: str) -> list[Any]:
-        assert self._session is not None
-        rows: list[Any] = []
-        while True:
-            async with self._session.get(
-                f"{self.upstream}{BULK}/{task_id}",
-                params={"offset": str(len(rows)), "size": "100"},
-                headers={"x-api-key": key},
-            ) as up:
-                page = json.loads(await up.read())["data"]["results"]
-            if not page:
-                return rows
-            rows += page
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         task_id = path[len(BULK) + 1 :]
@@ -207,7 +193,7 @@ class TwiceApplied(MisbehavingProxy):
         )
         if not is_page or self.ordinal(task_id) != 1:
             return await super().handle(request)
-        rows = await self._all_rows(task_id, request.headers.get("x-api-key", ""))
+        rows = await self.upstream_rows(task_id, request.headers.get("x-api-key", ""))
         at = self.at
         rows = rows[:at] + rows[at - self.block : at] + rows[at:]
         offset, size = int(request.query["offset"]), int(request.query["size"])

@@ -439,20 +439,6 @@ class PagesProxy(MisbehavingProxy):
         self.reads = 0
         self.refused_not_ready = 0
 
-    async def _all_rows(self, task_id: str, key: str) -> list[Any]:
-        assert self._session is not None
-        rows: list[Any] = []
-        while True:
-            async with self._session.get(
-                f"{self.upstream}{BULK}/{task_id}",
-                params={"offset": str(len(rows)), "size": "100"},
-                headers={"x-api-key": key},
-            ) as up:
-                page = json.loads(await up.read())["data"]["results"]
-            if not page:
-                return rows
-            rows += page
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         is_page = (
@@ -477,7 +463,7 @@ class PagesProxy(MisbehavingProxy):
             )
         if not (self.shuffle or self.extra):
             return await super().handle(request)
-        rows = await self._all_rows(task_id, request.headers.get("x-api-key", ""))
+        rows = await self.upstream_rows(task_id, request.headers.get("x-api-key", ""))
         self.reads += 1
         if self.shuffle:
             random.Random(self.reads).shuffle(rows)
