@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -236,10 +236,24 @@ class FailureItem(msgspec.Struct, rename="camel", gc=False):
         return None
 
 
+if TYPE_CHECKING:
+    WireTaskId = str
+else:
+    #: A task id as services send it: the spec's string, or a JSON integer (services that
+    #: number their resources). msgspec decodes either; ``__post_init__`` makes an integer its
+    #: decimal text, so the rest of the client only ever sees the ``str`` the type checker is
+    #: told about (``/bulk/42`` and ``"taskId": "42"`` are then the same task).
+    WireTaskId = str | int
+
+
+def _task_id_text(task_id: str | int) -> str:
+    return task_id if type(task_id) is str else str(task_id)
+
+
 class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
     """202 body of a bulk create or append."""
 
-    task_id: str
+    task_id: WireTaskId
     album_name: str | None = None
     task_expired_at: WireTime = None
     task_expire_at: WireTime = None
@@ -250,6 +264,9 @@ class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
     def expires_at(self) -> datetime | None:
         """The task expiry, whichever spelling the service used."""
         return time_or_none(self.task_expired_at or self.task_expire_at)
+
+    def __post_init__(self) -> None:
+        self.task_id = _task_id_text(self.task_id)
 
 
 class TaskCount(msgspec.Struct, gc=False):
@@ -264,7 +281,7 @@ class TaskCount(msgspec.Struct, gc=False):
 class Task(msgspec.Struct, rename="camel", gc=False):
     """A bulk task resource (spec 2.4)."""
 
-    task_id: str
+    task_id: WireTaskId
     count: TaskCount = msgspec.field(default_factory=TaskCount)
     description: str | None = None
     #: A :class:`TaskStatus` when it is one of the spec's two; any other string as the service
@@ -279,6 +296,7 @@ class Task(msgspec.Struct, rename="camel", gc=False):
     album_name: str | None = None
 
     def __post_init__(self) -> None:
+        self.task_id = _task_id_text(self.task_id)
         if self.task_status in _SPEC_STATUSES:
             self.task_status = TaskStatus(self.task_status)
 

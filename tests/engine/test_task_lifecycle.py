@@ -5,6 +5,7 @@ task id."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -303,3 +304,45 @@ async def test_writes_moved_to_one_task_are_all_read_from_it(tmp_path: Path) -> 
     by_task = Counter(r["taskId"] for r in o.results)
     assert by_task[proxy.created[0]] + by_task[proxy.made[0]] == 4000
     assert by_task[proxy.made[0]] >= 2000
+
+
+class IntegerIds(MisbehavingProxy):
+    """A service whose task ids are JSON integers (``"taskId": 1``, the spec says a string;
+    many APIs number their resources): its answers carry each task's number, and it takes the
+    number in its paths (``/bulk/1/status``)."""
+
+    _TASK_ID = re.compile(rb'"taskId"(\s*):(\s*)"([^"]*)"')
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        number, slash, tail = request.path.removeprefix(BULK + "/").partition("/")
+        if request.path.startswith(BULK + "/") and number.isdigit():
+            path = f"{BULK}/{self.created[int(number) - 1]}{slash}{tail}"
+            url = request.rel_url.with_path(path).with_query(request.rel_url.query)
+            request = request.clone(rel_url=url)
+        return await super().handle(request)
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+
+        def number(m: re.Match[bytes]) -> bytes:
+            ordinal = self.ordinal(m[3].decode())
+            return m[0] if ordinal is None else b'"taskId"%s:%s%d' % (m[1], m[2], ordinal)
+
+        return self._TASK_ID.sub(number, out)
+
+
+async def test_a_service_whose_task_ids_are_integers_is_read_as_any_other(
+    tmp_path: Path,
+) -> None:
+    """Every create answered ``"taskId": 1`` (a number): the answer failed to decode, so the
+    first chunk's 1,000 rows were billed with its task unknown, sent again until the run gave
+    up, exit 1, nothing read. A numeric task id is its decimal text: the run completes, each
+    row billed once, and the results name the task as the service numbers it."""
+    proxy = IntegerIds("", Misbehaviour())
+    summary, _ = await run_through(tmp_path, 3000, proxy, TASKS_OF_1000)
+    assert summary.complete and summary.resent == 0
+    assert len(proxy.created) == 3 and proxy.writes == 3
+    lines = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert {json.loads(line)["taskId"] for line in lines} == {"1", "2", "3"}
