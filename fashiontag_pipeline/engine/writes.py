@@ -373,7 +373,10 @@ class TaskWrites(WriteMoves):
                     return True
                 await self._failed(err, f"append to task {task.task_id}")
                 continue
-            except (exc.TaskExpiredError, exc.TaskNotFoundError):
+            except (exc.TaskExpiredError, exc.TaskNotFoundError, exc.PermissionDeniedError) as err:
+                if isinstance(err, exc.PermissionDeniedError):  # (about the task, not the
+                    # key: one closed to writes; the next create judges the key, fatal there)
+                    logger.info("task %s refused a write (%s): to a new task", task.task_id, err)
                 if not chunk.fate_unknown:
                     await self._give_back(task, chunk)  # refused, so not applied
                     return False
@@ -388,7 +391,7 @@ class TaskWrites(WriteMoves):
                     self.slots.throttled()
                 await self._failed(err, f"append to task {task.task_id}")
                 continue
-            except (exc.AuthenticationError, exc.PermissionDeniedError) as err:
+            except exc.AuthenticationError as err:
                 raise self._fatal(err) from err
             except exc.RequestError as err:
                 if chunk.fate_unknown:
