@@ -149,6 +149,8 @@ class PageFetcher:
                 exc.PermissionDeniedError,
                 exc.UnsupportedLanguageError,
             ) as err:
+                if isinstance(err, exc.PermissionDeniedError) and self._expired(entry):
+                    return None  # (past resultExpiredAt: a 403 is the expiry's, not the key's)
                 raise FatalRunError(f"the service refused the run: {err}") from err
             except (exc.ResultsNotReadyError, exc.TransportError, exc.ServerError) as err:
                 if entry.ended is not None and isinstance(err, exc.ResultsNotReadyError):
@@ -284,6 +286,14 @@ class PageFetcher:
             extra={"task_id": entry.task_id},
         )
         return LOST
+
+    def _expired(self, entry: TaskEntry) -> bool:
+        """Whether the task's ``resultExpiredAt`` has gone by, in the service's clock: a
+        refusal of its pages then says the results are gone (the spec shows no status for a
+        read after it: a 403 as well as a 410), not that the key is refused."""
+        expiry = entry.results_expire_at
+        now = time.time() + self.client.server_clock.correction
+        return expiry is not None and expiry.timestamp() <= now
 
     @staticmethod
     def _not_ready_yet(entry: TaskEntry) -> bool:

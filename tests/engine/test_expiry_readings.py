@@ -5,7 +5,8 @@ results cannot be read after ``resultExpiredAt``; DESIGN.md fixes the rest for t
 service (times in RFC 3339, a PUT after expiry 410). Each test stages a fair reading of the
 spec that differs (times written as epoch numbers, a task's status answered 410 once it has
 expired, a PUT after expiry answered 202 with every row refused, a clock minutes off, a TTL
-shorter than ten minutes and not said) in front of the reference service with a short TTL,
+shorter than ten minutes and not said, a PUT after expiry or a page read after the results'
+expiry answered 403) in front of the reference service with a short TTL,
 drives ``fashiontag run`` over HTTP, and checks the promises: every row once in the outputs,
 none billed twice (the service's own count of images taken), exit code and summary right, no
 hang.
@@ -298,3 +299,52 @@ async def test_a_ttl_shorter_than_ten_minutes_and_not_said(tmp_path: Path, statu
     assert run.billed == 3 and not run.outcomes.rejects
     assert run.summary["tasks"] == 3 and run.summary["expired_writes"] == 2
     assert run.summary["resent"] == 0 and run.summary["lost_tasks"] == 0
+
+
+class _Clock:
+    """The service's clock (and its ``Date``, through the proxy): real time plus ``offset``."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class ForbiddenOnceExpired(MisbehavingProxy):
+    """Results read after ``resultExpiredAt`` answered 403 (as a store that forbids reads of
+    what it deleted: the spec shows no status for them), not the reference service's 410. The
+    service's clock (and ``Date``) moves past the results' TTL when a page past the first is
+    asked for: the results expire partway through the reading."""
+
+    def __init__(self, clock: _Clock, ttl: float) -> None:
+        super().__init__("", Misbehaviour())
+        self.clock, self.ttl = clock, ttl
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        kind = request_kind(request.method, request.path)
+        if kind == "results" and request.query.get("offset", "0") != "0":
+            self.clock.offset = self.rules.clock_ahead = self.ttl * 10
+        answer = await super().handle(request)
+        if kind == "results" and answer.status == 410:
+            body = {"status": "failure", "error": "forbidden"}
+            return web.json_response(body, status=403, headers=self._headers())
+        return answer
+
+
+async def test_results_read_after_their_expiry_answered_403(tmp_path: Path) -> None:
+    """Results that expire partway through the reading, each later page answered 403: the rows
+    without a line are ``expired`` rejects, as after a 410 (the service's clock says the results
+    expired), exit 0, each row once and billed once. Before, the 403 stopped the run, exit 1,
+    saying the bulk key was refused and to set another (the key that had just read the first
+    page), and the same command met the same 403 at every resume: the run never completed."""
+    clock = _Clock()
+    proxy = ForbiddenOnceExpired(clock, 60.0)
+    config = ServiceConfig(result_ttl=60.0, clock=clock)
+    run = await run_file(tmp_path, proxy, config, 300, "--page-concurrency", "1")
+    assert run.code == 0, run.stderr
+    lines = [r["id"] for r in run.outcomes.results + run.outcomes.rejects]
+    assert set(lines) == ids_of(300) and len(lines) == 300
+    expired = [r for r in run.outcomes.rejects if r["stage"] == "expired"]
+    assert len(run.outcomes.results) == 100 and len(expired) == 200
+    assert run.billed == 300 and run.summary["complete"]
