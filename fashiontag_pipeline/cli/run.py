@@ -274,7 +274,7 @@ def run_command(args: argparse.Namespace) -> int:
         if (
             summary is not None
             and not_utf8([("--summary", summary)]) is None
-            and not summary.is_dir()
+            and a_folder([("--summary", summary)]) is None  # (nor a device: /dev/null)
         ):
             clash = _same_file(out, rejects, state, args.manifests, reuse, args.summary)
             if clash == _same_file(out, rejects, state, args.manifests, reuse):

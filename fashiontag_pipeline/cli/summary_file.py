@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -185,6 +186,10 @@ def write_summary(path: Path, summary: RunSummary) -> bool:
     it); False, said on stderr, when it cannot be written (no temp file left). A symlink is
     followed: the file it names (the one a loader watches) is replaced, the link kept."""
     real = Path(os.path.realpath(path))
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(os.stat(real).st_mode):  # /dev/null: the device is not replaced
+            print(f"fashiontag: cannot write --summary {path}: not a regular file", file=sys.stderr)
+            return False
     # A temp name of its own (two runs ending at once with one --summary: one would truncate
     # the other's half-written file and rename it, and the other's rename find none).
     tmp = real.with_name(f".{real.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

@@ -231,12 +231,23 @@ def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
 
 
 def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
-    """Why a file the run writes whole cannot be used (None when each can): one that is a
-    folder (``--summary reports/``: every row was tagged, then the run failed at its end;
-    ``--state`` one: SQLite's "unable to open database file")."""
+    """Why a file the run writes whole or as a database cannot be used (None when each can):
+    one that is a folder (``--summary reports/``: every row was tagged, then the run failed at
+    its end; ``--state`` one: SQLite's "unable to open database file"), or a device, a pipe or
+    a socket (``--summary /dev/null`` replaced the device with a JSON file; a state or a store
+    on one failed with "disk I/O error")."""
     for what, path in named:
-        if path.is_dir():
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue  # not there yet, or unreadable (its writer says so)
+        if stat.S_ISDIR(mode):
             return f"{what} {path} is a folder: give the path of a file (in it, if you like)"
+        if not stat.S_ISREG(mode):
+            return (
+                f"{what} {path} is not a regular file (a device, a pipe or a socket): the run"
+                " replaces it whole or keeps a database in it; give the path of a file"
+            )
     return None
 
 
