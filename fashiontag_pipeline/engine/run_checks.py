@@ -29,6 +29,7 @@ __all__ = [
     "check_sink",
     "describe_asked",
     "file_size",
+    "folder_blocked",
     "not_a_file",
     "not_state_file",
     "not_utf8",
@@ -216,6 +217,8 @@ def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
     back to their last checkpoint to resume and fsyncs them, which only a file allows: on
     /dev/null the run tagged every row and then failed at its end, every night."""
     for what, path in named:
+        if blocked := folder_blocked(what, path):
+            return blocked
         try:
             mode = os.stat(path).st_mode
         except OSError:
@@ -230,6 +233,25 @@ def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
     return None
 
 
+def folder_blocked(what: str, path: Path) -> str | None:
+    """Why the folder ``path`` is to be in cannot be made (None when it is there or can be):
+    the nearest name above it that exists is a symlink to nothing (a file system not mounted
+    tonight: ``mkdir`` said only "File exists") or a file ("Not a directory")."""
+    for folder in Path(os.path.abspath(path)).parents:
+        if folder.is_dir():
+            return None
+        if not os.path.lexists(folder):
+            continue
+        if folder.is_symlink():
+            return (
+                f"{what} {path}: its folder {folder} is a symlink to {os.readlink(folder)},"
+                " which does not exist (a file system not mounted?): mount or make it, or give"
+                " another path"
+            )
+        return f"{what} {path}: its folder {folder} is not a folder: give another path"
+    return None
+
+
 def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
     """Why a file the run writes whole or as a database cannot be used (None when each can):
     one that is a folder (``--summary reports/``: every row was tagged, then the run failed at
@@ -237,6 +259,8 @@ def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
     a socket (``--summary /dev/null`` replaced the device with a JSON file; a state or a store
     on one failed with "disk I/O error")."""
     for what, path in named:
+        if blocked := folder_blocked(what, path):
+            return blocked
         try:
             mode = os.stat(path).st_mode
         except OSError:

@@ -43,3 +43,42 @@ async def test_a_file_written_whole_that_is_a_pipe_or_a_device_is_refused_untouc
         args = run_args(svc.url, tmp_path / "o.jsonl", str(manifest), "--summary", str(fifo))
         result = await anyio.run_process([*args, "--no-such-flag"], check=False, env=ENV)
         assert result.returncode == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+async def test_an_output_whose_folder_is_a_dangling_symlink_is_named_plainly(
+    tmp_path: Path,
+) -> None:
+    """``--out /srv/exports/results.jsonl`` with ``/srv/exports`` a symlink to a file system
+    not mounted tonight: ``cannot open the outputs: [Errno 17] File exists`` (exit 1), or
+    ``cannot use state file ...: File exists``; a folder that is a file said ``Not a
+    directory``. Each names the folder at fault and what to do now, exit 2, nothing sent."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    gone = tmp_path / "exports"
+    gone.symlink_to(tmp_path / "not-mounted")
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("x\n")
+    async with running_service(ServiceConfig()) as svc:
+        for flag, path in (
+            ("--out", gone / "results.jsonl"),
+            ("--rejects", gone / "rejects.jsonl"),
+            ("--state", gone / "run.state"),
+            ("--summary", gone / "summary.json"),
+            ("--reuse", gone / "store.db"),
+            ("--out", a_file / "results.jsonl"),
+        ):
+            out = tmp_path / "out.jsonl" if flag != "--out" else path
+            args = run_args(svc.url, tmp_path / "out.jsonl", str(manifest))
+            args += [flag, str(path)]
+            with anyio.fail_after(60):
+                result = await anyio.run_process(args, check=False, env=ENV)
+            err = result.stderr.decode()
+            assert result.returncode == 2, (flag, err[-400:])
+            assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+            assert "File exists" not in err and "Not a directory" not in err, err
+            if path.parent == gone:
+                assert f"its folder {gone} is a symlink to {tmp_path / 'not-mounted'}" in err
+                assert "which does not exist" in err, err
+            else:
+                assert f"its folder {a_file} is not a folder" in err, err
+            assert not out.exists() and not (tmp_path / "not-mounted").exists(), flag
+        assert svc.store.image_count == 0
