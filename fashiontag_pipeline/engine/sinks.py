@@ -14,6 +14,7 @@ re-encode.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Protocol
 
 import msgspec
 
-from .._exceptions import StateError
+from .._exceptions import StateError, StateInUseError
 from .outfiles import lock_output, removed_from
 from .pages import PageRow
 from .sqlite_sink import SqliteResultSink
@@ -106,6 +107,11 @@ class _AppendFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._fh = self._open(path)
+        self._end = self._fh.seek(0, os.SEEK_END)
+
+    @staticmethod
+    def _open(path: Path) -> io.FileIO:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -113,8 +119,7 @@ class _AppendFile:
         except BaseException:
             os.close(fd)
             raise
-        self._fh = os.fdopen(fd, "r+b", buffering=0)
-        self._end = self._fh.seek(0, os.SEEK_END)
+        return os.fdopen(fd, "r+b", buffering=0)
 
     def truncate(self, checkpoint: int, *, results_committed: bool = True) -> None:
         """Cut the file back to ``checkpoint`` bytes (what the state says was committed;
@@ -154,10 +159,29 @@ class _AppendFile:
 
     def removed(self) -> bool:
         """Whether the file was removed, replaced or cut short at its path since it was
-        opened (the lines written before are no longer there)."""
-        return removed_from(self.path, self._fh.fileno(), self._end)
+        opened (the lines written before are no longer there). One removed before a line was
+        written to it (a cleanup job deleting empty files: a run's rejects, most nights) lost
+        nothing: it is made again at its path."""
+        if not removed_from(self.path, self._fh.fileno(), self._end):
+            return False
+        return not self._made_again()
+
+    def _made_again(self) -> bool:
+        """The file, removed with nothing written to it, made again at its path (False when
+        lines were written to it, or something else is at its path now)."""
+        if self._end or os.path.lexists(self.path):
+            return False
+        try:
+            fh = self._open(self.path)
+        except (OSError, StateInUseError):
+            return False
+        self._fh.close()
+        self._fh, self._end = fh, fh.seek(0, os.SEEK_END)
+        return self._end == 0
 
     def write(self, data: bytes) -> None:
+        if not self._end and removed_from(self.path, self._fh.fileno(), 0):
+            self._made_again()  # (its first line: the file may have been deleted empty)
         view = memoryview(data)
         while view:  # a write may take part of the bytes (a signal, a nearly full disk)
             try:

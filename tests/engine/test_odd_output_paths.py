@@ -12,7 +12,7 @@ import anyio
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
 
 
 async def test_a_file_written_whole_that_is_a_pipe_or_a_device_is_refused_untouched(
@@ -82,3 +82,35 @@ async def test_an_output_whose_folder_is_a_dangling_symlink_is_named_plainly(
                 assert f"its folder {a_file} is not a folder" in err, err
             assert not out.exists() and not (tmp_path / "not-mounted").exists(), flag
         assert svc.store.image_count == 0
+
+
+async def test_an_empty_rejects_file_deleted_mid_run_is_made_again_not_a_failure(
+    tmp_path: Path,
+) -> None:
+    """A cleanup job deleting empty files (``find /data -empty -delete``) while a run has no
+    reject yet: the run stopped, exit 1, calling its outputs lost and saying to run again
+    with ``--restart`` (every row tagged and billed again), though no line had been written
+    to it. The file is made again at its path and the run ends complete, every row once."""
+    good = write_csv(tmp_path / "good.csv", 1500).read_bytes()
+    bad = b"".join(f"bad{i},ftp://img.example/{i}.jpg,acme,TOP\n".encode() for i in range(5))
+    out = tmp_path / "out.jsonl"
+    rejects = out.with_suffix(".rej")
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, "-", "--linger", "0.05")
+        with anyio.fail_after(60):
+            async with await anyio.open_process(args, env=ENV) as proc:
+                assert proc.stdin is not None and proc.stderr is not None
+                await proc.stdin.send(good)
+                while not out.exists() or out.stat().st_size == 0:
+                    await anyio.sleep(0.05)
+                assert rejects.stat().st_size == 0
+                rejects.unlink()
+                await anyio.sleep(0.3)  # (a commit or two of the run meets it gone)
+                await proc.stdin.send(bad)
+                await proc.stdin.aclose()
+                err = b"".join([chunk async for chunk in proc.stderr]).decode()
+                code = await proc.wait()
+    assert code == 0, err[-600:]
+    ids = {f"p{i}" for i in range(1500)} | {f"bad{i}" for i in range(5)}
+    assert_exactly_once(out, rejects, ids)
+    assert svc.store.image_count == 1500
