@@ -15,6 +15,7 @@ from PIL import Image as PILImage
 
 from fashiontag_pipeline import BulkContext, Image, ImageType, TaggerClient, TaggingRequest
 from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
+from fashiontag_pipeline.engine.reuse import open_store
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .engine.helpers import dead_port
@@ -342,3 +343,44 @@ async def test_tag_starts_no_retry_past_give_up_after_on_a_service_that_never_an
             assert code == 1 and b"timed out" in err, err
             assert len(connections) == 1, (command, len(connections), err)
         tg.cancel_scope.cancel()
+
+
+async def test_an_answer_to_a_full_disk_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """``fashiontag tasks results ID > page.json`` (or ``tag``, ``tasks list``, ``reuse
+    stats``) on a full disk (``/dev/full`` here): a traceback ending in ``OSError: [Errno
+    28]``. One line naming stdout and the reason now, exit 1."""
+    store = tmp_path / "store.db"
+    open_store(store).close()
+    async with running_service(ServiceConfig()) as svc:
+        async with TaggerClient(svc.url, api_key=DEV_API_KEY, bulk_api_key=DEV_BULK_API_KEY) as c:
+            created = await c.create_task(
+                [
+                    TaggingRequest(
+                        image=Image(type=ImageType.URL, content=f"https://img.example/{i}.jpg"),
+                        context=BulkContext(id=f"sku-{i}"),
+                    )
+                    for i in range(3)
+                ],
+                description="cli test",
+            )
+        for command in (
+            ["tag", "https://img.example/look.jpg"],
+            ["tasks", "list"],
+            ["tasks", "list", "--json"],
+            ["tasks", "status", created.task_id],
+            ["tasks", "results", created.task_id],
+            ["reuse", "stats", str(store)],
+            ["reuse", "stats", str(store), "--json"],
+        ):
+            url = [] if command[0] == "reuse" else ["--base-url", svc.url]
+            with open("/dev/full", "wb") as full:
+                result = await anyio.run_process(
+                    [sys.executable, "-m", "fashiontag_pipeline", *command, *url],
+                    check=False,
+                    env=ENV,
+                    stdout=full,
+                )
+            err = result.stderr.decode()
+            assert result.returncode == 1, (command, err[-600:])
+            assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (command, err)
+            assert "cannot write to stdout: No space left on device" in err, (command, err)

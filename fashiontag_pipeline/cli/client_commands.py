@@ -22,6 +22,7 @@ from .._exceptions import ConfigError, RateLimitedError
 from .._images import DEFAULT_SINGLE_MAX_BYTES, ImageFileError, read_image_file, sniff_ext
 from .._models import Context, Image, ImageType, Task, says_success
 from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
+from .streams import write_stdout
 
 __all__ = ["ONE_SHOT_GIVE_UP", "add_give_up_argument", "tag_command", "tasks_command"]
 
@@ -125,7 +126,7 @@ async def tag_command(args: argparse.Namespace) -> int:
     with _giving_up_after(args.give_up_after):
         async with TaggerClient(config=config) as client:
             answer = await client.tag_raw(image, context, language=args.language)
-    sys.stdout.buffer.write(msgspec.json.format(answer, indent=2) + b"\n")
+    write_stdout(msgspec.json.format(answer, indent=2) + b"\n")
     response = msgspec.json.decode(answer, type=_Answer)
     if says_success(response.status):
         return EXIT_OK
@@ -200,7 +201,7 @@ async def tasks_command(args: argparse.Namespace) -> int:
             if args.tasks_command == "list":
                 tasks = await client.all_tasks()
                 if not args.json:
-                    sys.stdout.write(_task_table(tasks, args.limit))
+                    write_stdout(_task_table(tasks, args.limit))
                     return EXIT_OK
                 tasks = _newest_first(tasks)
                 result = tasks if args.limit is None else tasks[: args.limit]
@@ -210,5 +211,5 @@ async def tasks_command(args: argparse.Namespace) -> int:
                 result = await client.task_results(
                     args.task_id, offset=args.offset, size=args.size, language=args.language
                 )
-    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
+    write_stdout(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
     return EXIT_OK

@@ -21,6 +21,7 @@ from .._models import format_time
 from .._postgres import foreign_url, redact_url
 from ..engine.reuse import StoreStats, open_store, parse_duration
 from .common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from .streams import write_stdout
 
 __all__ = ["add_reuse_arguments", "format_stats", "reuse_command"]
 
@@ -100,9 +101,9 @@ def reuse_command(args: argparse.Namespace) -> int:
                     data = msgspec.to_builtins(stats)
                     if stats.last_run is not None:
                         data["last_run"]["hit_rate"] = stats.last_run.hit_rate
-                    sys.stdout.write(msgspec.json.encode(data).decode() + "\n")
+                    write_stdout(msgspec.json.encode(data).decode() + "\n")
                 else:
-                    print(format_stats(stats))
+                    write_stdout(format_stats(stats) + "\n")
             else:
                 deleted = store.prune(older_than)
                 left = store.stats().rows

@@ -8,16 +8,41 @@
   /var/log/...``) or one that fails makes them ENOSPC or EIO: stderr is for people, so once a
   write to it fails its writes are dropped and the run goes on, its exit code and
   ``--summary`` its own. A write that would block (a non-blocking stderr its reader is slow
-  to drain: EAGAIN) drops that line only. Stdout, which may carry data, keeps the usual rule.
+  to drain: EAGAIN) drops that line only. Stdout, which may carry data, keeps the usual rule:
+  :func:`write_stdout` writes a command's answer and flushes it, and a stdout that cannot take
+  it (``> page.json`` on a full disk) is a one-line error, exit 1, not a traceback (nor the
+  interpreter's exit 120 when its own flush at exit fails).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, TextIO
 
-__all__ = ["guard_standard_streams"]
+from .._exceptions import FashiontagError
+
+__all__ = ["guard_standard_streams", "write_stdout"]
+
+
+def write_stdout(data: bytes | str) -> None:
+    """``data`` written to stdout and flushed; :class:`FashiontagError` saying so when it
+    cannot be (a full disk, a file size limit, an I/O error)."""
+    try:
+        if isinstance(data, str):
+            sys.stdout.write(data)
+        else:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except OSError as err:
+        with contextlib.suppress(OSError, ValueError):  # (what is left unwritten is dropped)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        if not isinstance(err, BrokenPipeError):  # (``| head``: its reader had enough)
+            raise FashiontagError(f"cannot write to stdout: {err.strerror or err}") from None
 
 
 class _ForgivingStream:
