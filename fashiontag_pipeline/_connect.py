@@ -321,6 +321,11 @@ def unanswered(
     fired more than :data:`STALL_SLACK` after the deadline is marked ``stalled``."""
     timed_out = isinstance(err, TimeoutError)
     what = "timed out" if timed_out else f"failed: {type(err).__name__}"
+    # Past its deadline with its connection made: the service was reached, and did not answer
+    # in time (a connection not made in time says nothing of the service's speed).
+    late = timed_out and limit is not None and not isinstance(err, aiohttp.ConnectionTimeoutError)
+    if late:
+        what = f"timed out at its deadline of {limit:g} s"
     if isinstance(err, AnswerTooLargeError):
         what = str(err)
     elif isinstance(err, aiohttp.ClientResponseError):  # (the parser's: no raise_for_status)
@@ -347,6 +352,8 @@ def unanswered(
         cls = exc.TimeoutError_ if timed_out else exc.TransportError
         error = cls(f"{method} {path} {what}", method=method, path=path)
     error.stalled = timed_out and limit is not None and waited > limit + STALL_SLACK
+    if late and not error.stalled:
+        error.deadline = limit
     return error
 
 

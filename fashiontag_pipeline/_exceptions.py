@@ -179,13 +179,16 @@ class TransportError(FashiontagError):
 
     ``stalled``: the request's deadline fired long after it was due, so this process was not
     running meanwhile (SIGSTOP, a frozen container or cgroup, a paused VM): its wait says
-    nothing of the service, and its failing begins when it was seen, not when it was sent."""
+    nothing of the service, and its failing begins when it was seen, not when it was sent.
+    ``deadline``: the request deadline (seconds) a request sent went unanswered past, its
+    connection made (the service was reached, and is slower than that, or hangs); else None."""
 
     def __init__(self, message: str, *, method: str = "", path: str = "") -> None:
         super().__init__(message)
         self.method = method
         self.path = path
         self.stalled = False
+        self.deadline: float | None = None
 
 
 class ConnectError(TransportError):

@@ -58,6 +58,12 @@ def _trouble(err: BaseException) -> tuple[str, str]:
     answered = unreadable_answer(err)
     if answered is not None:
         return f"the service is {answered}", answered
+    deadline = getattr(err, "deadline", None)
+    if deadline is not None:
+        # Reached, and slower than the deadline (or hanging): no outage to look for; a
+        # deadline too short for this service is raised in [client.timeout].
+        within = f"within the request deadline ({deadline:g} s, [client.timeout])"
+        return f"the service does not answer {within}", f"not answering {within}"
     return "cannot reach the service", "unreachable"
 
 

@@ -385,7 +385,8 @@ async def test_give_up_after_holds_when_the_service_takes_connections_and_never_
                 engine=msgspec.structs.replace(LONG_TASKS, give_up_after=3.5),
             )
         elapsed = anyio.current_time() - started
-    assert "unreachable" in str(caught.value), caught.value
+    # (Reached each time: no outage, a deadline that ran out; see test_slow_answers.)
+    assert "not answering within the request deadline (3 s" in str(caught.value), caught.value
     assert held == 2, f"{held} requests sent"
     # The budget: 3.5 s; then the request under way ends within its 3 s deadline. Before: 9 s.
     assert elapsed < 7.8, elapsed
