@@ -87,6 +87,17 @@ def path_arg(text: str) -> Path:
     return Path(nonempty(text))
 
 
+def file_arg(text: str) -> Path:
+    """A flag naming a file the run writes (:func:`path_arg`), refused when it ends in ``/``:
+    ``--out exports/`` means a folder, and the path's parsing drops the slash (the results
+    went to a file named ``exports``)."""
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(
+            f"{text} ends in / (a folder): give the path of a file (in it, if you like)"
+        )
+    return path_arg(text)
+
+
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2

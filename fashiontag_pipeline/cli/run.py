@@ -46,9 +46,9 @@ from .common import (
     EXIT_USAGE,
     add_client_arguments,
     client_config_from_args,
+    file_arg,
     leave_if_hung,
     nonempty,
-    path_arg,
     run_async,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
@@ -73,14 +73,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_client_arguments(parser)
     parser.add_argument(
         "--out",
-        type=path_arg,
+        type=file_arg,
         metavar="FILE",
         default=Path("results.jsonl"),
         help="results file (default: results.jsonl in the current directory)",
     )
     parser.add_argument(
         "--rejects",
-        type=path_arg,
+        type=file_arg,
         metavar="FILE",
         default=None,
         help="rejects JSONL file (default: OUT's name with .rejects.jsonl, next to OUT: "
@@ -123,7 +123,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between progress lines when stderr is not a terminal (default 30)",
     )
     parser.add_argument(
-        "--summary", type=path_arg, metavar="FILE", help="write the run summary as JSON here"
+        "--summary", type=file_arg, metavar="FILE", help="write the run summary as JSON here"
     )
     add_engine_arguments(parser)
 
@@ -251,7 +251,7 @@ def _shown(path: Path) -> str:
 def _state_location(text: str) -> Path | str:
     """``--state``: a URL (``scheme://...``) stays text, anything else is a file path."""
     nonempty(text)
-    return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else Path(text)
+    return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else file_arg(text)
 
 
 def run_command(args: argparse.Namespace) -> int:
