@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from email.utils import formatdate
+
+import pytest
 
 from fashiontag_pipeline._clock import ServerClock
 
@@ -56,3 +59,22 @@ def test_our_clock_stepped_back_during_a_request_is_no_evidence() -> None:
     clock.observe(_date(1001.2), 701.1, 701.2)  # the service is now 300 s ahead of us
     assert clock.low is not None and clock.low > 290
     assert clock.correction == clock.high
+
+
+def test_a_date_without_its_zone_is_read_as_gmt_on_a_host_in_another_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Date: ... -0000`` (RFC 2822's "zone unknown", sent by some gateways; HTTP dates are
+    GMT): read as the host's local time, a service in agreement with our clock was taken for
+    9 hours behind on a host in Seoul (every task's expiry read 9 hours late: writes sent past
+    it; west of GMT, early: a task per chunk). It is read as GMT, as an HTTP date is."""
+    monkeypatch.setenv("TZ", "Asia/Seoul")
+    time.tzset()
+    try:
+        clock = ServerClock()
+        for t in (1000.2, 1000.7, 1001.4):
+            clock.observe(_date(t).replace("GMT", "-0000"), t - 0.01, t + 0.01)
+        assert clock.known and clock.correction == 0.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
