@@ -15,7 +15,8 @@ readable for a week). A watched task missing from the page is asked for by its s
 concurrently; only a 404 there marks it lost (a 410, gone: its rows become ``expired``
 rejects). When the last list carried more than ``LIST_FACTOR`` times the tasks being watched
 and few are watched, the tracker asks for each watched task's status instead, concurrently,
-and lists again every ``LIST_RECHECK`` polls.
+and lists again every ``LIST_RECHECK`` polls; so it does after a list the service did not
+give (an error, or no answer within the request deadline, which every poll waited out).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ class Tracker:
                     " ".join(str(err).split()),
                 )
             self._list_failing = True
+            self._since_list = 0  # (the statuses are read until the list is tried again)
             return None
         except REFUSED as err:
             raise refused(err) from err
@@ -228,7 +230,11 @@ class Tracker:
     async def poll(self, sealed: list[TaskEntry]) -> bool:
         """One round: True when some task became done or progressed."""
         unread: set[str] = set()
-        if self._prefer_status(len(sealed)):
+        if self._list_failing and len(sealed) <= STATUS_MAX and self._since_list < LIST_RECHECK:
+            # The list was not given at the last try (a hang costs the request deadline
+            # times the client's attempts): the statuses, until it is tried again.
+            listed, unread = await self._statuses(sealed, probe=True)
+        elif self._prefer_status(len(sealed)):
             listed, unread = await self._statuses(sealed)
         elif (given := await self._list()) is None:
             listed, unread = await self._statuses(sealed, probe=True)

@@ -73,8 +73,7 @@ def client_config(url: str, **kwargs: Any) -> ClientConfig:
         base_url=url,
         api_key=Secret(DEV_API_KEY),
         bulk_api_key=Secret(DEV_BULK_API_KEY),
-        retry=RetryPolicy(max_attempts=4, backoff_base=0.01, backoff_max=0.1),
-        **kwargs,
+        **{"retry": RetryPolicy(max_attempts=4, backoff_base=0.01, backoff_max=0.1), **kwargs},
     )
 
 
@@ -255,14 +254,16 @@ async def run_through(
     engine: EngineConfig = TASKS_OF_1000,
     *,
     fail_after: float | None = 60.0,
+    service: ServiceConfig | None = None,
     **client: Any,
 ) -> tuple[RunSummary, Outcomes]:
-    """A run of ``n`` rows against the reference service behind ``proxy`` (a misbehaving
-    proxy of any kind, its upstream set here; ``client``: more ClientConfig fields; the run
-    fails after ``fail_after`` seconds); every id exactly once in the outputs is asserted."""
+    """A run of ``n`` rows against the reference service (``service``, instant by default)
+    behind ``proxy`` (a misbehaving proxy of any kind, its upstream set here; ``client``: more
+    ClientConfig fields; the run fails after ``fail_after`` seconds); every id exactly once in
+    the outputs is asserted."""
     manifest = write_csv(tmp_path / "m.csv", n)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    async with running_service(ServiceConfig()) as svc:
+    async with running_service(service or ServiceConfig()) as svc:
         proxy.upstream = svc.url
         async with proxy.running():
             with anyio.fail_after(fail_after):

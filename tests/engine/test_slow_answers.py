@@ -11,8 +11,9 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline import Timeout
+from fashiontag_pipeline import RetryPolicy, Timeout
 from fashiontag_pipeline.engine import EngineConfig, FatalRunError
+from fashiontag_pipeline.service import ServiceConfig
 
 from .helpers import TASKS_OF_1000, run_through
 from .proxy import MisbehavingProxy, Misbehaviour, request_kind
@@ -56,3 +57,30 @@ async def test_a_service_slower_than_the_deadline_is_not_called_unreachable(
     assert "unreachable" not in message, message
     assert "request deadline (1 s, [client.timeout])" in message, message
     assert "the same command resumes" in message, message
+
+
+async def test_a_task_list_that_never_answers_is_not_waited_for_at_every_poll(
+    tmp_path: Path,
+) -> None:
+    """A service whose task list hangs (a slow query over an account's week of tasks) while
+    each task's status answers at once: every poll asked for the list first and waited out
+    the request deadline (times the client's attempts: ~7 minutes a poll at the defaults)
+    before it read the statuses, so every done task was noticed that much late. After a
+    list not given, the statuses are read for ``LIST_RECHECK`` polls before the list is
+    tried again."""
+    proxy = SlowAnswers({"list"}, 3.0)
+    engine = msgspec.structs.replace(FAST, give_up_after=60.0, poll_min=0.05, poll_max=0.2)
+    once = RetryPolicy(max_attempts=1)  # (so that each list asked for is one request)
+    summary, _ = await run_through(
+        tmp_path,
+        3000,
+        proxy,
+        engine,
+        fail_after=60,
+        service=ServiceConfig(rate=1000.0),  # (3 s of tagging: polls every 0.05-0.2 s)
+        timeout=Timeout(total=0.5),
+        retry=once,
+    )
+    assert summary.complete and summary.resent == 0
+    # (before, a list a poll: one each 0.5 s deadline of the 3 s, then the statuses)
+    assert 1 <= proxy.held <= 2, proxy.held
