@@ -28,7 +28,12 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   it counts too; load shedding, a gateway's 502/504, a 429 or a connection not made say
   nothing of the image and never count): a rejects line of
   stage ``unreturned`` that says so, rather than a run that stops on it every night. An
-  endpoint that fails every image rejects none.
+  endpoint that fails every image rejects none. With no other image left to compare with (the
+  manifests read, no other routed row in flight or waiting), each such failure counts once
+  the endpoint has tagged another image of the run (in this process or an earlier one), and
+  the image is a reject only when the run would otherwise stop on it (``give_up_after`` spent)
+  with ``max_sends`` failures counted: a failure of the endpoint shorter than that rejects
+  nothing. The counts are kept in the state (``meta``), so they add up across resumes.
 * Exactly once: each routed row was written ahead to the ``singles`` table (pending) with the
   intake that moved the validated watermark over it (see :mod:`.state`); its outcome line and
   its ``done`` mark are one journal commit. A resume re-tags the pending rows (single tagging
@@ -74,8 +79,13 @@ def _body_decoder() -> msgspec.json.Decoder[SingleRequest]:
     return msgspec.json.Decoder(SingleRequest)
 
 
-def _poison_reason(times: int, err: BaseException) -> str:
+def _poison_reason(times: int, err: BaseException, *, alone: bool = False) -> str:
     message = " ".join(str(err).split())[:300]
+    if alone:
+        return (
+            f"the service failed on this image {times} times, having tagged other images of"
+            f" the run, and went on failing it with no other image left to tag (last: {message})"
+        )
     return (
         f"the service failed on this image {times} times while it tagged others (last: {message})"
     )
@@ -192,6 +202,10 @@ class SingleRouter:
         #: Images the single endpoint has answered (200) so far: a failure with one of them
         #: since the image's previous failure is no outage of the endpoint.
         self.tagged = 0
+        #: Whether the endpoint tagged an image of the run in an earlier process (the state).
+        self.tagged_before = False
+        #: Failures counted toward ``max_sends`` in earlier processes, by pending position.
+        self.failures: dict[int, int] = {}
 
     def stop(self) -> None:
         """Start no new row (a drain): the requests in flight end."""
@@ -200,6 +214,7 @@ class SingleRouter:
     # ------------------------------------------------------------------ resume
 
     def _load_pending(self) -> list[SingleItem]:
+        self.tagged_before, self.failures = self.journal.db.single_failures()
         out: list[SingleItem] = []
         for pos, body in self.journal.db.pending_singles():
             request = _body_decoder().decode(body)
@@ -275,8 +290,9 @@ class SingleRouter:
                 context, detection=list(self.config.default_detection)
             )
         # This image's failures with another image tagged since its previous one (the
-        # endpoint works, so the failure is this image's: a poison image).
-        alone = 0
+        # endpoint works, so the failure is this image's: a poison image), or with no other
+        # image left to compare with, once the endpoint has tagged one (kept in the state).
+        alone = self.failures.pop(pos, 0)
         tagged = self.tagged
         # A drain ends the run's wait before a retry too (a Retry-After of a minute).
         stopped = WRITES_STOPPED.get()
@@ -295,13 +311,22 @@ class SingleRouter:
                 await self.budget.failed(err, "single-mode tag", until=stopped)
                 continue
             except (exc.TransportError, exc.ServerError) as err:
-                if _singles_out(err) and self.tagged != tagged:
+                last = _singles_out(err) and self._last_left()
+                if _singles_out(err) and (self.tagged != tagged or last):
                     alone += 1
                     tagged = self.tagged
-                    if alone >= self.config.max_sends:
+                    if alone >= self.config.max_sends and not last:
                         await self._reject(item, _poison_reason(alone, err), STAGE_UNRETURNED)
                         return
-                await self.budget.failed(err, "single-mode tag", until=stopped)
+                    await self.journal.commit(ops=[changes.single_failed(pos, alone)])
+                try:
+                    await self.budget.failed(err, "single-mode tag", until=stopped)
+                except FatalRunError:
+                    if not (last and alone >= self.config.max_sends and self._last_left()):
+                        raise
+                    reason = _poison_reason(alone, err, alone=True)
+                    await self._reject(item, reason, STAGE_UNRETURNED)
+                    return
                 continue
             except exc.RequestError as err:
                 message = err.service_message or str(err)
@@ -325,6 +350,13 @@ class SingleRouter:
         del image
         await self._result(ident, pos, answer)
 
+    def _last_left(self) -> bool:
+        """Whether a failing image is the last routed row left (the manifests read, no other
+        in flight or waiting) and the endpoint has tagged another image of the run: no other
+        image is left to show the endpoint works, and it worked for images."""
+        lone = self.intake_done and self.active == 1
+        return lone and (self.tagged > 0 or self.tagged_before)
+
     def _job(self, pos: int) -> int:
         job = self.jobs.of_pos(pos)
         return job.id if job is not None else -1
@@ -336,10 +368,14 @@ class SingleRouter:
         await self.journal.commit(
             page=(None, [row]),
             page_job=job,
-            ops=[changes.single_done(pos)],
+            ops=[
+                *changes.single_done(pos),
+                *([] if self.tagged_before else [changes.single_tagged()]),
+            ],
             counters={"single": 1},
             by_job={job: {"single": 1}},
         )
+        self.tagged_before = True
 
     async def _reject(self, item: SingleItem, reason: str, stage: str) -> None:
         ident, pos, request = item
@@ -347,7 +383,7 @@ class SingleRouter:
         await self.journal.commit(
             rejects=[(job, Reject(ident, reason, stage, request.line, request.source))],
             settle=True,
-            ops=[changes.single_done(pos)],
+            ops=changes.single_done(pos),
             counters={"single": 1},
             by_job={job: {"single": 1}},
         )

@@ -31,7 +31,9 @@ __all__ = [
     "chunk_task",
     "chunk_token",
     "single_done",
+    "single_failed",
     "single_pending",
+    "single_tagged",
     "stdin_digest",
     "task_done",
     "task_drained",
@@ -202,5 +204,29 @@ def single_pending(pos: int, body: bytes) -> Change:
     )
 
 
-def single_done(pos: int) -> Change:
-    return ("UPDATE singles SET state='done', body=NULL WHERE pos=?", (pos,))
+def single_done(pos: int) -> list[Change]:
+    """A routed row's outcome is written: its failures counted (if any) go with its body."""
+    return [
+        ("UPDATE singles SET state='done', body=NULL WHERE pos=?", (pos,)),
+        ("DELETE FROM meta WHERE key=?", (f"{SINGLE_FAILS}{pos}",)),
+    ]
+
+
+#: The meta key (followed by the row's position) of a routed row's failures that single it
+#: out (a poison image's), kept across runs; and the key saying the single endpoint has tagged
+#: an image of the run.
+SINGLE_FAILS = "single_fails:"
+SINGLE_TAGGED = "single_tagged"
+
+
+def single_failed(pos: int, times: int) -> Change:
+    """A routed row's request failed in a way that singles the image out, ``times`` in all."""
+    return (
+        "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (f"{SINGLE_FAILS}{pos}", str(times)),
+    )
+
+
+def single_tagged() -> Change:
+    """The single endpoint tagged an image of the run (it works for images)."""
+    return ("INSERT INTO meta VALUES (?, '1') ON CONFLICT DO NOTHING", (SINGLE_TAGGED,))

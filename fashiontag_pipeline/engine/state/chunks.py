@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .changes import SINGLE_FAILS, SINGLE_TAGGED
 from .jobtables import JobTables
 from .schema import BODY_SQL
 
@@ -243,3 +244,18 @@ class ChunkTables(JobTables):
         return list(
             self.db.execute("SELECT pos, body FROM singles WHERE state='pending' ORDER BY pos")
         )
+
+    def single_failures(self) -> tuple[bool, dict[int, int]]:
+        """Whether the single endpoint has tagged an image of the run, and the failures
+        counted so far (earlier runs) of the routed rows still pending, by position."""
+        tagged = False
+        counts: dict[int, int] = {}
+        for key, value in self.db.execute(
+            "SELECT key, value FROM meta WHERE key = ? OR key LIKE ?",
+            (SINGLE_TAGGED, SINGLE_FAILS + "%"),
+        ):
+            if key == SINGLE_TAGGED:
+                tagged = True
+            elif key.startswith(SINGLE_FAILS):
+                counts[int(key[len(SINGLE_FAILS) :])] = int(value)
+        return tagged, counts

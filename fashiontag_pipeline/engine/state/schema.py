@@ -4,7 +4,10 @@ Schema::
 
     meta(key, value)           engine token, manifest fingerprints (``run``), task sequence,
                                engine-wide counters (``n_*``), next_source, completed_at,
-                               id_space (ids sent as JOB/ID or as they are)
+                               id_space (ids sent as JOB/ID or as they are),
+                               single_fails:POS (a pending routed row's failures counted
+                               toward a poison image), single_tagged (the single endpoint
+                               tagged an image of the run)
     jobs(job, key, name, sources, results, rejects, sink, state, validated, chunked,
          results_ckpt, rejects_ckpt, accepted, settled, submitted, tagged, failed, rejected,
          single, pages, tasks, completed_at, reused)
