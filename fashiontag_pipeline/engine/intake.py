@@ -28,6 +28,7 @@ from .manifests import STDIN
 from .policy import Measured
 from .rows import RowBatch
 from .single import merge_routes, pending_ops, split_routes
+from .sinks import LineSet
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .stdin_replay import StdinDigest, check_replayed
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
@@ -105,7 +106,7 @@ async def intake(
     """Validate, dedupe and route every batch of ``receive`` (see the module docstring)."""
     namespaced = jobs.ids.namespaced
     #: Per job resumed from stdin: its old rejects' lines (see check_replayed).
-    replay_rejects: dict[int, set[int]] = {}
+    replay_rejects: dict[int, LineSet] = {}
     #: Per job reading stdin: the digest of its rows (see StdinDigest).
     digests: dict[int, StdinDigest] = {}
     #: Jobs whose stdin (if any) was read to its end before their current manifest.

@@ -25,6 +25,7 @@ import msgspec
 from .._exceptions import StateConflictError
 from .jobs import Jobs
 from .rows import RowBatch
+from .sinks import LineSet
 from .state import POS_SHIFT, Journal, split_position
 from .state.changes import STDIN_DIGEST, Change, stdin_digest
 from .validate import Validator
@@ -151,7 +152,7 @@ async def check_replayed(
     validator: Validator,
     journal: Journal,
     jobs: Jobs,
-    rejected: dict[int, set[int]],
+    rejected: dict[int, LineSet],
 ) -> None:
     """Rows of stdin that a resumed run had taken in (positions <= ``upto``) are skipped by
     their line numbers, on the caller's word (``--resume``) that stdin carries the same rows
@@ -162,7 +163,7 @@ async def check_replayed(
     A row with an id: the run took that id in at this very line, or earlier with a reject
     at this line (the row repeated the id: a duplicate, or a bad row under an id taken). A
     row without one: the run wrote a reject for this line. (``rejected``: per job, the lines
-    of stdin with a reject, from one scan of its rejects file.)"""
+    of stdin with a reject, from one scan of its rejects file, a bit a line.)"""
     job = jobs.of_source(batch.source)
     assert job is not None
     if job.id not in rejected:

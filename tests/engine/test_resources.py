@@ -20,7 +20,7 @@ from fashiontag_pipeline.engine import engine as engine_module
 from fashiontag_pipeline.engine import source
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import write_csv
+from .helpers import dead_port, run_args, run_piped, write_csv
 
 SMALL, LARGE = 4_000, 24_000
 
@@ -111,3 +111,36 @@ def test_source_batches_are_capped_in_rows(tmp_path: Path) -> None:
     finally:
         reader.close()
     assert sum(sizes) == 5000 and max(sizes) <= 300
+
+
+async def _resume_peak_rss_kib(tmp: Path, url: str, rows: int) -> int:
+    """Peak RSS (KiB) of ``run - --resume`` of a stdin run of ``rows`` rows under one id (one
+    taken in, every other a duplicate's reject) and one more, stopped unfinished at that last
+    row (its service unreachable)."""
+    dump = tmp / f"dump{rows}.csv"
+    dump.write_bytes(
+        b"id,url\n" + b"s0,https://img.example/0.jpg\n" * rows + b"last,https://img.example/l.jpg\n"
+    )
+    out = tmp / f"stdin{rows}.jsonl"
+    dead = f"http://127.0.0.1:{dead_port()}"
+    first = await run_piped([*run_args(dead, out, "-"), "--give-up-after", "1"], dump)
+    assert first.returncode == 1, first.stderr.decode(errors="replace")[-2000:]
+    resumed = await run_piped(
+        [sys.executable, "-c", WRAPPER, *run_args(url, out, "-"), "--resume"], dump
+    )
+    code, peak = resumed.stdout.decode().split()[-2:]
+    assert code == "0", resumed.stderr.decode(errors="replace")[-2000:]
+    assert out.read_bytes().count(b"\n") == 2
+    assert out.with_suffix(".rej").read_bytes().count(b"\n") == rows - 1
+    return int(peak)
+
+
+async def test_a_stdin_resume_does_not_hold_every_reject_line(tmp_path: Path) -> None:
+    """``run - --resume`` checks each replayed row against the lines the run rejected: it read
+    every such line of the rejects file into a set of ints first (~95 bytes each), so the
+    resume of a night's dump with millions of duplicates or bad rows took hundreds of MB
+    (300,000 rejects: ~22 MB more than 20,000)."""
+    async with running_service(ServiceConfig()) as svc:
+        small = await _resume_peak_rss_kib(tmp_path, svc.url, 20_000)
+        large = await _resume_peak_rss_kib(tmp_path, svc.url, 300_000)
+    assert large <= 1.15 * small, f"peak RSS {large} KiB at {300_000} rejects vs {small} at 20,000"
