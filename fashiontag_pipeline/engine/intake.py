@@ -119,7 +119,8 @@ async def intake(
                     await _stdin_ended(job_done, digests, journal)
                     job_done.read_all = True
                     jobs.check([batch.job])
-                _forget(batch.job, jobs, past_stdin, digests, replay_rejects)
+                marks = () if reuse is None else (reuse.reuse_from,)
+                _forget(batch.job, jobs, past_stdin, digests, replay_rejects, *marks)
                 continue
             if isinstance(batch, Idle):
                 await send.send([])

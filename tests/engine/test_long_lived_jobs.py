@@ -14,6 +14,7 @@ import tracemalloc
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from fashiontag_pipeline._client import TaggerClient
@@ -21,6 +22,8 @@ from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine import intake as intake_module
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import JobSpec
+from fashiontag_pipeline.engine.reuse import hook as hook_module
+from fashiontag_pipeline.engine.reuse import open_reuse
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -166,3 +169,47 @@ async def test_memory_the_intake_keeps_does_not_grow_with_every_job(tmp_path: Pa
             finally:
                 tracemalloc.stop()
     assert sizes[-1] - sizes[0] < 2048, f"held by the intake after each 20 jobs: {sizes}"
+
+
+async def test_memory_the_reuse_hook_keeps_does_not_grow_with_every_job(tmp_path: Path) -> None:
+    """A daemon with ``--reuse`` holds one result-store hook for its whole life, which kept a
+    mark per job ever read (the watermark from which its rows may be answered from the store)
+    and never dropped one: the daemon's memory grew with every manifest it ever took. What
+    the hook's code holds once every job is complete is the same after 20 jobs as after 220."""
+    manifests = [write_csv(tmp_path / f"m{i}.csv", 2, start=i) for i in range(220)]
+    config = msgspec.structs.replace(FAST, reuse=str(tmp_path / "store.sqlite"))
+
+    def held() -> int:
+        gc.collect()
+        snap = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, hook_module.__file__)]
+        )
+        return sum(stat.size for stat in snap.statistics("filename"))
+
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        state = db.open_engine()
+        reuse = open_reuse(config, language="en", db=db.db, resumed=True, state="state")
+        assert reuse is not None
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=state, config=config, namespaced=True, reuse=reuse
+            )
+            tracemalloc.start(1)
+            try:
+                async with engine:
+                    sizes = []
+                    for first in range(0, 220, 20):
+                        jobs = [
+                            await engine.submit(_spec(tmp_path, f"m{i}", manifests[i]))
+                            for i in range(first, first + 20)
+                        ]
+                        with anyio.fail_after(30):
+                            for job in jobs:
+                                await engine.outcome(job)
+                        sizes.append(held())
+                    engine.close()
+            finally:
+                tracemalloc.stop()
+                reuse.close_store()
+    assert sizes[-1] - sizes[0] < 2048, f"held by the reuse hook after each 20 jobs: {sizes}"

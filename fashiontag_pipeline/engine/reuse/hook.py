@@ -68,8 +68,10 @@ class ReuseHook:
         self.looked_up = 0
         self.reused = 0
         self.stored = 0
-        #: Per job: its validated watermark when it first used the store (see reuse_rows).
-        self._reuse_from: dict[int, int] = {}
+        #: Per job: its validated watermark when it first used the store (see reuse_rows),
+        #: read from the state once; the intake drops a job's once the job is read to its end
+        #: (kept, one per manifest a daemon ever took, for its whole life).
+        self.reuse_from: dict[int, int] = {}
         #: The state holds one run (``run``, not a daemon): its figures add up over attempts.
         self._one_run = False
         self._limiter = anyio.CapacityLimiter(1)
@@ -116,13 +118,13 @@ class ReuseHook:
         """(rows to send, (index, stored result) of the rows answered from the store, state
         changes) of the kept rows of a batch of ``job``."""
         ops: list[changes.Change] = []
-        floor = self._reuse_from.get(job)
+        floor = self.reuse_from.get(job)
         if floor is None:
             floor = reuse_rows.reuse_from(db, job)
             if floor is None:
                 floor = replay_upto
                 ops.append(reuse_rows.reuse_started(job, replay_upto))
-            self._reuse_from[job] = floor
+            self.reuse_from[job] = floor
         fps = plan.fps
         replayed = [
             keyed[i][0] for i in keep if floor < keyed[i][1] <= replay_upto and fps[i] is not None
