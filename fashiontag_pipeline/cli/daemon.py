@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sqlite3
 import sys
@@ -27,7 +28,7 @@ from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
 from ..engine.engine import RunControl
-from ..engine.run_checks import same_file
+from ..engine.run_checks import a_folder, same_file
 from .common import (
     ABORT_GRACE,
     EXIT_ERROR,
@@ -159,17 +160,25 @@ def daemon_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     blocker = _not_a_folder(outbox)
     if blocker is not None:
-        # The daemon creates the outbox: a file there (or on its path) made its mkdir fail
-        # with FileExistsError or NotADirectoryError as the only explanation (exit 1).
+        # The daemon creates the outbox: a file there (or on its path), or a symlink to
+        # nothing (a file system not mounted), made its mkdir fail with FileExistsError or
+        # NotADirectoryError as the only explanation (exit 1, at every restart).
         where = "" if blocker == outbox else f" ({blocker} is a file)"
+        if blocker.is_symlink():
+            where = (
+                f" ({blocker} is a symlink to {os.readlink(blocker)}, which does not exist:"
+                " a file system not mounted?)"
+            )
         print(f"fashiontag: outbox {outbox} is not a folder{where}", file=sys.stderr)
         return EXIT_USAGE
-    for what, path in (("--state", location), ("--reuse", engine.reuse)):
-        # (Else exit 1 with SQLite's "unable to open database file", at every restart.)
-        if path is not None and "://" not in path and Path(path).is_dir():
-            problem = f"{what} {path} is a folder: give the path of a file"
-            print(f"fashiontag: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+    # A folder, a device or a pipe, or a path under a symlink to nothing: else exit 1 on
+    # SQLite's "unable to open database file", "disk I/O error" or "File exists" (the store's
+    # advice then: move it away, every row tagged again), at every restart.
+    files = (("--state", location), ("--reuse", engine.reuse))
+    problem = a_folder([(w, Path(p)) for w, p in files if p is not None and "://" not in p])
+    if problem is not None:
+        print(f"fashiontag: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if engine.reuse is not None and "://" not in location and "://" not in engine.reuse:
         # (As run refuses it: else the state went into the result store, or, for a new file,
         # exit 1 at every restart since the state made it first.)
@@ -265,10 +274,11 @@ def daemon_command(args: argparse.Namespace) -> int:
 
 
 def _not_a_folder(path: Path) -> Path | None:
-    """The nearest of ``path`` and its parents that exists, when it is not a folder (the
-    folder cannot be created there); None when the folder exists or can be created."""
+    """The nearest of ``path`` and its parents that exists (a symlink to nothing too), when
+    it is not a folder (the folder cannot be created there); None when the folder exists or
+    can be created."""
     for at in (path, *path.parents):
-        if at.exists():
+        if os.path.lexists(at):
             return None if at.is_dir() else at
     return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,43 @@ def test_daemon_help_offers_only_the_sink_it_accepts() -> None:
     assert "--sink {jsonl}" in text and "{jsonl,sqlite}" not in text
     sink_help = text[text.index("  --sink") :].split("\n  --", 1)[0]
     assert "sqlite" not in sink_help.lower(), sink_help
+
+
+@pytest.mark.parametrize(
+    ("flag", "where", "message"),
+    [
+        ("--state", "fifo", "is not a regular file"),
+        ("--state", "/dev/null", "is not a regular file"),
+        ("--reuse", "/dev/null", "is not a regular file"),
+        ("--state", "gone/d.state", "is a symlink to"),
+        ("--reuse", "gone/results.db", "is a symlink to"),
+        ("--outbox", "gone", "is a symlink to"),
+        ("--outbox", "gone/out", "is a symlink to"),
+    ],
+)
+def test_a_daemon_state_store_or_outbox_on_a_pipe_or_an_unmounted_link_is_refused(
+    tmp_path: Path, flag: str, where: str, message: str
+) -> None:
+    """The daemon's ``--state`` or ``--reuse`` naming a pipe or a device, or a path whose
+    folder is a symlink to nothing (a file system not mounted tonight), and an ``--outbox``
+    that is one or under one: ``run`` refuses each (exit 2), but the daemon started and
+    stopped, exit 1, on SQLite's "disk I/O error" or a bare "File exists", at every restart
+    of its supervisor. Refused as ``run`` refuses them: exit 2, one line naming the path."""
+    (tmp_path / "IN").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "gone").symlink_to(tmp_path / "not-mounted")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    flags = {"--inbox": str(tmp_path / "IN"), "--outbox": str(tmp_path / "OUT"), "--listen": ""}
+    flags |= {"--state": str(tmp_path / "d.state"), "--base-url": "http://127.0.0.1:9", flag: path}
+    args = [word for pair in flags.items() for word in pair]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fashiontag_pipeline", "daemon", *args],
+        capture_output=True,
+        timeout=60,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert message in err and path in err, err
+    assert "File exists" not in err and "disk I/O" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "not-mounted").exists()
