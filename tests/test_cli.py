@@ -347,8 +347,8 @@ async def test_tag_starts_no_retry_past_give_up_after_on_a_service_that_never_an
 
 async def test_an_answer_to_a_full_disk_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     """``fashiontag tasks results ID > page.json`` (or ``tag``, ``tasks list``, ``reuse
-    stats``) on a full disk (``/dev/full`` here): a traceback ending in ``OSError: [Errno
-    28]``. One line naming stdout and the reason now, exit 1."""
+    stats``, ``reuse prune``) on a full disk (``/dev/full`` here): a traceback ending in
+    ``OSError: [Errno 28]``. One line naming stdout and the reason now, exit 1."""
     store = tmp_path / "store.db"
     open_store(store).close()
     async with running_service(ServiceConfig()) as svc:
@@ -371,6 +371,8 @@ async def test_an_answer_to_a_full_disk_is_one_line_not_a_traceback(tmp_path: Pa
             ["tasks", "results", created.task_id],
             ["reuse", "stats", str(store)],
             ["reuse", "stats", str(store), "--json"],
+            # (a traceback still: the store pruned, its line unwritten)
+            ["reuse", "prune", "--older-than", "1d", str(store)],
         ):
             url = [] if command[0] == "reuse" else ["--base-url", svc.url]
             with open("/dev/full", "wb") as full:

@@ -107,9 +107,9 @@ def reuse_command(args: argparse.Namespace) -> int:
             else:
                 deleted = store.prune(older_than)
                 left = store.stats().rows
-                print(
+                write_stdout(
                     f"pruned {deleted:,} results stored more than {args.older_than} ago; "
-                    f"{left:,} left in {store.path}"
+                    f"{left:,} left in {store.path}\n"
                 )
     except FashiontagError as err:
         print(f"fashiontag: {err}", file=sys.stderr)
