@@ -236,8 +236,19 @@ def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
 def folder_blocked(what: str, path: Path) -> str | None:
     """Why the folder ``path`` is to be in cannot be made (None when it is there or can be):
     the nearest name above it that exists is a symlink to nothing (a file system not mounted
-    tonight: ``mkdir`` said only "File exists") or a file ("Not a directory")."""
-    for folder in Path(os.path.abspath(path)).parents:
+    tonight: ``mkdir`` said only "File exists") or a file ("Not a directory"); or ``path``
+    is itself a symlink into a folder that does not exist ("unable to open database file",
+    "No such file or directory")."""
+    absolute = Path(os.path.abspath(path))
+    if os.path.islink(absolute) and not os.path.exists(absolute):
+        folder = Path(os.path.realpath(absolute)).parent
+        if not folder.is_dir():
+            return (
+                f"{what} {path} is a symlink to {os.readlink(absolute)}: its folder {folder}"
+                " does not exist (a file system not mounted?): mount or make it, or give"
+                " another path"
+            )
+    for folder in absolute.parents:
         if folder.is_dir():
             return None
         if not os.path.lexists(folder):

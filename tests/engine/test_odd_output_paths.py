@@ -133,6 +133,24 @@ async def test_a_file_path_ending_in_a_slash_is_refused_as_a_folder(tmp_path: Pa
                 args[args.index(str(out))] = f"{folder}/"
             else:
                 args += [flag, f"{folder}/"]
+async def test_an_output_that_is_a_symlink_into_an_unmounted_folder_is_named_plainly(
+    tmp_path: Path,
+) -> None:
+    """``--state tagger.state`` (or ``--out``, ``--rejects``, ``--summary``, ``--reuse``) a
+    symlink to a file on a file system not mounted tonight: ``cannot use state file ...:
+    unable to open database file`` or ``cannot open the outputs: [Errno 2] No such file or
+    directory`` naming the link, exit 1, a state file made beside it. As for a folder that
+    is such a link: exit 2, naming the link and its target's missing folder, nothing made."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    missing = tmp_path / "not-mounted"
+    async with running_service(ServiceConfig()) as svc:
+        for flag in ("--out", "--rejects", "--state", "--summary", "--reuse"):
+            link = tmp_path / f"link{flag}"
+            link.symlink_to(missing / "file")
+            out = link if flag == "--out" else tmp_path / "out.jsonl"
+            args = run_args(svc.url, out, str(manifest))
+            if flag != "--out":
+                args += [flag, str(link)]
             with anyio.fail_after(60):
                 result = await anyio.run_process(args, check=False, env=ENV)
             err = result.stderr.decode()
@@ -141,4 +159,10 @@ async def test_a_file_path_ending_in_a_slash_is_refused_as_a_folder(tmp_path: Pa
             last = err.strip().splitlines()[-1]  # (argparse's usage above it)
             assert f"argument {flag}: {folder}/ ends in / (a folder)" in last, err
             assert not os.path.lexists(folder), flag
+            assert len(err.strip().splitlines()) == 1, err
+            assert f"{link} is a symlink to {missing / 'file'}" in err, err
+            assert f"its folder {missing} does not exist" in err, err
+            assert not missing.exists(), flag
+            assert not [p for p in tmp_path.iterdir() if p.name.endswith((".state", ".lock"))]
+            link.unlink()
         assert svc.store.image_count == 0
