@@ -9,6 +9,7 @@ for ever, and no more than ``max_bytes + 1`` bytes are ever read, whatever the f
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 __all__ = ["DEFAULT_SINGLE_MAX_BYTES", "ImageFileError", "read_image_file", "sniff_ext"]
@@ -17,6 +18,10 @@ __all__ = ["DEFAULT_SINGLE_MAX_BYTES", "ImageFileError", "read_image_file", "sni
 DEFAULT_SINGLE_MAX_BYTES = 20 * 1024 * 1024
 
 _SUFFIXES = {"jpg": "jpeg", "jpe": "jpeg", "tif": "tiff"}
+
+#: A host name (with a dot and a top-level domain of letters; a port may follow): the first part
+#: of a missing path that is an image URL written without ``https://`` (an export that drops it).
+_HOST = re.compile(r"(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}(?::[0-9]{1,5})?")
 
 
 class ImageFileError(Exception):
@@ -43,6 +48,21 @@ def sniff_ext(data: bytes, path: str) -> str:
     return "octet-stream"
 
 
+def _missing(path: str) -> str:
+    """The reason for a missing ``path``: when the first of its folders that does not exist is
+    a host name (``www.shop.example/img/1.jpg``), it says how to write it as a URL."""
+    parts = path.split("/")
+    for i, name in enumerate(parts[:-1]):
+        if name and not os.path.lexists("/".join(parts[: i + 1])):
+            if _HOST.fullmatch(name) is not None:
+                url = "https://" + "/".join(parts[i:])
+                return (
+                    f"local file not found: {path} (a web address? write it with its scheme: {url})"
+                )
+            break
+    return f"local file not found: {path}"
+
+
 def _check(info: os.stat_result, path: str, max_bytes: int) -> None:
     if stat.S_ISDIR(info.st_mode):
         raise ImageFileError(f"local path is a directory, not an image file: {path}")
@@ -66,7 +86,7 @@ def read_image_file(path: str, max_bytes: int) -> bytes:
             _check(os.fstat(fd), path, max_bytes)
             data = fh.read(max_bytes + 1)
     except FileNotFoundError:
-        raise ImageFileError(f"local file not found: {path}") from None
+        raise ImageFileError(_missing(path)) from None
     except OSError as err:
         raise ImageFileError(f"local file unreadable ({err.strerror}): {path}") from None
     if not data:

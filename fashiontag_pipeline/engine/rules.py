@@ -233,11 +233,22 @@ _NO_SCHEME = (
 )
 
 
+#: A host and port written without the scheme (``cdn.example.com:8443/x.jpg``), which would
+#: otherwise read as a URL of the scheme ``cdn.example.com``.
+_HOST_PORT = re.compile(
+    r"(?:localhost|[0-9]{1,3}(?:\.[0-9]{1,3}){3}|(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}):[0-9]{1,5}(?:/|$)"
+)
+
+
 def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
     """(kind, content) of a non-http(s) image that can go to the single endpoint; RowError
     when it cannot (or when ``route`` is off: bulk-only validation)."""
     if _SCHEME_RELATIVE.match(value) is not None:
         raise RowError(_NO_SCHEME)
+    if _HOST_PORT.match(value) is not None:
+        raise RowError(
+            f"url has no scheme (host:port/...): write it with its scheme, https://{value}"
+        )
     if not route:
         raise RowError(_BULK_ONLY)
     if value[:5].lower() == "data:":

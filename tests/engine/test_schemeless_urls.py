@@ -1,0 +1,60 @@
+"""Image URLs exported without their scheme (``www.shop.example/img/1.jpg``,
+``cdn.shop.example/2.jpg``: a CMS or a spreadsheet that drops ``https://``), the first hour of
+a data team's run: such a value is no http(s) URL, so it is read as a local path, and the row
+is a reject; the reason must say what to write, not only that no such file exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args
+
+
+async def test_a_url_without_its_scheme_is_a_reject_saying_to_write_it(tmp_path: Path) -> None:
+    """Every row of such a catalogue was rejected ``local file not found:
+    /the/cwd/www.shop.example/img/1.jpg`` and the run exited 0: nothing said the values were
+    taken for paths, nor that ``https://`` was missing. A missing path whose first part is a
+    host name now says so; a missing local path (``images/3.jpg``) keeps its reason alone."""
+    rows = {
+        "a": "www.shop.example/img/1.jpg",
+        "b": "cdn.shop.example:8443/2.jpg",
+        "c": "images/3.jpg",
+        "d": "https://img.example/4.jpg",
+    }
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\n" + "".join(f"{i},{u}\n" for i, u in rows.items()))
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV, cwd=tmp_path
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), set(rows))
+    reasons = {r["id"]: r["reason"] for r in o.rejects}
+    assert set(reasons) == {"a", "b", "c"}
+    assert "https://www.shop.example/img/1.jpg" in reasons["a"], reasons["a"]
+    assert "https://cdn.shop.example:8443/2.jpg" in reasons["b"], reasons["b"]
+    assert reasons["c"] == f"local file not found: {tmp_path / 'images/3.jpg'}"
+
+
+def test_tag_of_a_url_without_its_scheme_says_to_write_it(tmp_path: Path) -> None:
+    """``fashiontag tag www.shop.example/img/1.jpg``: exit 2 saying the scheme is missing."""
+    result = subprocess.run(
+        [sys.executable, "-m", "fashiontag_pipeline", "tag", "www.shop.example/img/1.jpg"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "https://www.shop.example/img/1.jpg" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
