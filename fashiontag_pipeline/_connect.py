@@ -12,13 +12,18 @@ certificate the trust store refuses, or an ``https://`` address that does not sp
 is a :class:`~._exceptions.TLSError` (retrying cannot help: the run stops at once and says what
 to set); a proxy that wants credentials is a configuration error; anything else is a
 :class:`~._exceptions.ConnectError`, retried like an outage (nothing reached the service).
-:func:`unanswered` maps a request sent and never answered (a timeout, a dropped connection).
+:func:`unanswered` maps a request sent and never answered (a timeout, a dropped connection);
+:func:`tls_instead` makes one an ``http://`` address dropped a :class:`~._exceptions.TLSError`
+when that address speaks only TLS.
 """
 
 from __future__ import annotations
 
 import functools
+import ssl
 import zlib
+
+import anyio
 
 from . import _exceptions as exc
 from ._config import Limits, Timeout
@@ -38,6 +43,7 @@ __all__ = [
     "drop_sessions",
     "new_session",
     "session_pair",
+    "tls_instead",
     "unanswered",
     "unreadable_answer",
 ]
@@ -251,6 +257,55 @@ def connect_failure(
     return exc.ConnectError(
         f"{method} {path}: cannot connect to {where}: {reason}", method=method, path=path
     )
+
+
+async def tls_instead(
+    err: BaseException,
+    method: str,
+    path: str,
+    base_url: str,
+    shown_url: str,
+    probes: dict[tuple[str, int], bool],
+) -> exc.TLSError | None:
+    """For a request to an ``http://`` service dropped unanswered (or answered with bytes that
+    start no HTTP head): the error to raise instead when the address speaks TLS (a TLS server
+    drops a plain HTTP request; retrying cannot help), else None. The address is asked once
+    (``probes``, by host and port)."""
+    if not isinstance(err, aiohttp.ServerDisconnectedError | aiohttp.ClientResponseError):
+        return None
+    from yarl import URL
+
+    url = URL(base_url)
+    if url.scheme != "http" or not url.host:
+        return None
+    where = (url.host, url.port or 80)
+    if where not in probes:
+        probes[where] = await _speaks_tls(*where)
+    if not probes[where]:
+        return None
+    https = "https://" + shown_url.partition("://")[2]
+    return exc.TLSError(
+        f"{method} {path or '/'}: {shown_url} speaks TLS (it dropped a plain HTTP request"
+        " unanswered):"
+        f" give the base URL as {https}; nothing was sent",
+        method=method,
+        path=path,
+    )
+
+
+async def _speaks_tls(host: str, port: int) -> bool:
+    """Whether ``host:port`` completes a TLS handshake (its certificate not looked at)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with anyio.fail_after(5):
+            stream = await anyio.connect_tcp(host, port, ssl_context=context)
+    except Exception:  # (refused, reset, a handshake error, a timeout: no TLS service)
+        return False
+    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+        await stream.aclose()
+    return True
 
 
 def _ca_advice() -> str:

@@ -165,8 +165,10 @@ class TLSError(FashiontagError):
     """The TLS handshake with the service failed for a reason that asking again will not fix:
     its certificate is not trusted (a private CA missing from the trust store), has expired or
     names another host, or the address does not speak TLS (an ``http://`` service given as
-    ``https://``). The request was not sent. Not a :class:`TransportError`: no stage retries
-    it (a run that did would spend its whole ``--give-up-after`` on a configuration fault)."""
+    ``https://``), or speaks only TLS (the reverse: a plain request dropped unanswered). The
+    request was not sent, or not in a form the service could apply. Not a
+    :class:`TransportError`: no stage retries it (a run that did would spend its whole
+    ``--give-up-after`` on a configuration fault)."""
 
     def __init__(self, message: str, *, method: str = "", path: str = "") -> None:
         super().__init__(message)

@@ -43,6 +43,7 @@ from ._callctx import GIVE_UP, WRITE_AGAIN, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
 from ._connect import connect_failure, deadline, drop_sessions, session_pair, unanswered
+from ._connect import tls_instead as tls_speaker
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
 from ._responses import Response, error_for, retry_after
@@ -110,6 +111,7 @@ class HttpExchange:
         self._proxy_url: str | None = None
         self._proxy_headers: dict[str, str] | None = None
         self._closed = False
+        self._tls_probes: dict[tuple[str, int], bool] = {}  # (http:// addresses speaking TLS)
         self._longest = deadline(timeout) or math.inf  # (an answer seen later: a freeze)
         self._notes = FailureNotes(self.shown_url, retry.max_attempts - 1)
         # The base URL in its encoded form: request URLs are this text plus an encoded path.
@@ -342,6 +344,10 @@ class HttpExchange:
         except (TimeoutError, aiohttp.ClientError) as err:
             scrub_request_info(err)
             self.stats.transport_errors += 1
+            if not sent and self._proxy_url is None:
+                args = (method, path, self.base_url, self.shown_url, self._tls_probes)
+                if (tls := await tls_speaker(err, *args)) is not None:
+                    raise tls from err
             if not is_read:
                 self.stats.ambiguous_writes += 1
             waited = time.perf_counter() - started
