@@ -140,6 +140,8 @@ def http_url(value: Any) -> str:
     if not host:
         raise RowError("url is not a valid http(s) URL")
     if url.split() != [url]:  # (a file name with a space: Blue Shirt.jpg)
+        if len(url.split()) == 1:  # (a padded cell: "https://x/a.jpg ")
+            raise RowError("url has spaces around it (an http(s) URL holds none)")
         raise RowError("url holds whitespace (a space: write it as %20 in a URL)")
     return url
 
@@ -240,11 +242,21 @@ _HOST_PORT = re.compile(
 )
 
 
+#: An http(s) scheme without its two slashes (``http:/host``, ``https:host``) or its colon
+#: (``https//host``), which would read as another scheme or a local path.
+_MISTYPED = re.compile(r"(?i:https?)(?::/?(?!/)|//)")
+
+
 def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
     """(kind, content) of a non-http(s) image that can go to the single endpoint; RowError
     when it cannot (or when ``route`` is off: bulk-only validation)."""
     if _SCHEME_RELATIVE.match(value) is not None:
         raise RowError(_NO_SCHEME)
+    if _MISTYPED.match(value) is not None:  # (http:/host, https:host, https//host)
+        raise RowError(
+            "url is not a valid http(s) URL: its scheme is mistyped (write it http:// or"
+            " https://, a colon and two slashes, before the host)"
+        )
     if _HOST_PORT.match(value) is not None:
         raise RowError(
             f"url has no scheme (host:port/...): write it with its scheme, https://{value}"

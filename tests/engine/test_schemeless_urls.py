@@ -58,3 +58,38 @@ def test_tag_of_a_url_without_its_scheme_says_to_write_it(tmp_path: Path) -> Non
     assert result.returncode == 2, result.stderr
     assert "https://www.shop.example/img/1.jpg" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+async def test_a_url_with_its_scheme_mistyped_is_a_reject_saying_what_is_wrong(
+    tmp_path: Path,
+) -> None:
+    """A scheme typed with one slash (``http:/host/...``) was refused as ``url must be an
+    http:// or https:// URL ... (scheme 'http' is not supported)``, a reason that contradicts
+    itself; one without its colon (``https//host/...``) as ``local file not found:
+    /the/cwd/https//host/...``; a URL with a space after it inside quotes (an export's padded
+    cell) was told to write the space as ``%20``, which names another image. Each reason now
+    says what is wrong with the URL as written."""
+    rows = {
+        "a": "http:/img.example/a.jpg",
+        "b": "HTTPS:img.example/b.jpg",
+        "c": "https//img.example/c.jpg",
+        "d": '"https://img.example/d.jpg "',
+        "e": "https://img.example/e.jpg",
+    }
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\n" + "".join(f"{i},{u}\n" for i, u in rows.items()))
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV, cwd=tmp_path
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in err, err[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), set(rows))
+    reasons = {r["id"]: r["reason"] for r in o.rejects}
+    assert set(reasons) == {"a", "b", "c", "d"}
+    for ident in ("a", "b", "c"):
+        assert "not supported" not in reasons[ident], reasons[ident]
+        assert "local file" not in reasons[ident], reasons[ident]
+        assert "scheme is mistyped" in reasons[ident] and "https://" in reasons[ident]
+    assert reasons["d"] == "url has spaces around it (an http(s) URL holds none)"
