@@ -177,7 +177,10 @@ def redact_url(url: str) -> str:
         # A fragment after a password parameter may be the password's tail (an unencoded #).
         hidden = parts.fragment and any(k == "password" for k, _ in pairs)
         fragment = "***" if hidden else parts.fragment
-        return urlunsplit(SplitResult(parts.scheme, parts.netloc, parts.path, query, fragment))
+        # (The scheme as written: urlsplit lower-cases it, and a message about a URL written
+        # PostgreSQL:// must show it so.)
+        shown = urlunsplit(SplitResult("", parts.netloc, parts.path, query, fragment))
+        return f"{scheme}://{shown.removeprefix('//')}"
     except ValueError:
         return f"{scheme}://***"
 

@@ -142,7 +142,7 @@ def daemon_command(args: argparse.Namespace) -> int:
     if "://" in location and not is_postgres_url(location):
         print(
             f"fashiontag: --state {redact_url(location)}: not a state this fashiontag can use: "
-            "give a file path or a postgresql:// URL",
+            "give a file path or a postgresql:// URL (its scheme in lower case)",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -88,7 +88,7 @@ def reuse_command(args: argparse.Namespace) -> int:
     if foreign_url(args.store):
         print(
             f"fashiontag: {redact_url(args.store)}: not a result store this fashiontag can use:"
-            " give a file path or a postgresql:// URL",
+            " give a file path or a postgresql:// URL (its scheme in lower case)",
             file=sys.stderr,
         )
         return EXIT_USAGE

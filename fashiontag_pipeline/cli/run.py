@@ -293,7 +293,7 @@ def run_command(args: argparse.Namespace) -> int:
     if isinstance(state, str) and not is_postgres_url(state):
         return refuse(
             f"--state {redact_url(state)}: not a state this fashiontag can use: give "
-            "a file path or a postgresql:// URL"
+            "a file path or a postgresql:// URL (its scheme in lower case)"
         )
     named: list[tuple[str, Path | str]] = [("--out", out), ("--rejects", rejects)]
     named += [("manifest", m) for m in args.manifests if m != "-"]

@@ -205,7 +205,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         if self.reuse is not None and foreign_url(self.reuse):
             raise ValueError(
                 f"--reuse {redact_url(self.reuse)}: not a result store this fashiontag can use:"
-                " give a file path or a postgresql:// URL"
+                " give a file path or a postgresql:// URL (its scheme in lower case)"
             )
 
 
