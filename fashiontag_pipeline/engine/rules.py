@@ -323,7 +323,19 @@ class DetectionRule:
             if cached is not None:
                 return cached
             parts = [p.strip() for p in value.split("|")]
-            out = self._values([p for p in parts if p])
+            try:
+                out = self._values([p for p in parts if p])
+            except RowError:
+                if "," not in value and ";" not in value:
+                    raise
+                # ``TOP,SHOES``, as ``--detection`` takes them: say the separator, once every
+                # value is known (an unknown one is named first).
+                values = [p.strip() for p in re.split(r"[|,;]", value) if p.strip()]
+                good = "|".join(d.value for d in self._values(values))
+                raise RowError(
+                    f"detection {value!r}: in a manifest its values are separated by |, not by"
+                    f" commas or semicolons: write {good}"
+                ) from None
             if len(self._cache) < _MAX_CACHE:
                 self._cache[value] = out
             return out
