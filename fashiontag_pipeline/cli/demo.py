@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from .._config import DEV_API_KEY, DEV_BULK_API_KEY, ClientConfig, Secret
 from .._exceptions import FashiontagError
 from ..engine import EngineConfig, run_pipeline
 from ..service import ServiceConfig, running_service
-from .common import EXIT_ERROR, run_async
+from .common import EXIT_ERROR, EXIT_USAGE, run_async
 from .summary_file import format_summary
 
 __all__ = ["add_demo_arguments", "demo_command", "make_catalogue", "run_demo"]
@@ -99,11 +100,41 @@ def make_catalogue(folder: Path, images: int, seed: int = 1) -> list[tuple[str, 
     return rows
 
 
+#: What the demo writes in its folder: the names a first ``fashiontag run catalogue.csv`` gives
+#: its files too. A folder holding one of them that the demo did not make (no MARKER) is the
+#: user's, and is refused: the demo would replace the manifest and delete the outcomes.
+_WRITES = ("catalogue.csv", "results.jsonl", "rejects.jsonl", "results.jsonl.state", "images")
+MARKER = ".fashiontag-demo"
+
+
+def prepare_workdir(root: Path) -> str | None:
+    """Make ``--workdir`` the demo's folder (marked as such); why it cannot be, or None."""
+    if os.path.lexists(root) and not root.is_dir():
+        return f"--workdir {root} is not a folder: give a new or empty folder"
+    if root.is_dir() and not (root / MARKER).exists():
+        taken = [name for name in _WRITES if os.path.lexists(root / name)]
+        if taken:
+            return (
+                f"--workdir {root} holds {', '.join(taken)}, which the demo would overwrite:"
+                " give a new or empty folder"
+            )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / MARKER).touch()
+    except OSError as err:
+        return f"--workdir {root}: cannot make the folder ({err.strerror or err})"
+    return None
+
+
 async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
     """The demo; returns an exit code."""
 
     if workdir is not None:
         root = Path(workdir)
+        problem = await anyio.to_thread.run_sync(prepare_workdir, root)
+        if problem is not None:
+            print(f"fashiontag: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     else:
         root = Path(await anyio.to_thread.run_sync(tempfile.mkdtemp, "", "fashiontag-demo-"))
     catalogue = root / "images"
