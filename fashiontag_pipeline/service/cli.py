@@ -268,6 +268,12 @@ def serve_command(args: argparse.Namespace) -> int:
             "keys (set --api-key/--bulk-api-key or FASHIONTAG_API_KEY/FASHIONTAG_BULK_API_KEY)",
             file=sys.stderr,
         )
+    elif not config.bulk_api_keys:  # (single-mode keys only: bulk paths take none of them)
+        print(
+            "fashiontag serve: warning: no bulk key configured; the bulk paths refuse every key"
+            " (set --bulk-api-key or FASHIONTAG_BULK_API_KEY)",
+            file=sys.stderr,
+        )
     backend_options: dict[str, object] = {}
     try:
         import uvloop  # noqa: F401
