@@ -23,6 +23,7 @@ state, connections to the service) ran out: it exited on EMFILE.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -301,6 +302,14 @@ class MonitoringServer:
         try:
             site = GuardedSite(runner, host, port, self.connections)
             await site.start()
+        except OSError as err:  # (a second daemon on the machine, the default address)
+            await runner.cleanup()
+            where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            why = os.strerror(err.errno).lower() if err.errno else str(err)
+            raise OSError(
+                f"cannot listen on {where} (--listen, the monitoring endpoints): {why}: give"
+                " another --listen HOST:PORT, or --listen '' for none"
+            ) from None
         except BaseException:
             await runner.cleanup()
             raise
