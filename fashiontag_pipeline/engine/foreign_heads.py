@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import re
 
-__all__ = ["what_else"]
+__all__ = ["urls_under_header", "what_else"]
 
 _SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"
 #: The first bytes (as decoded with stray bytes kept) of archives a manifest may be sent as.
@@ -77,3 +77,15 @@ def what_else(line: str) -> str:
 
 def _lower_head(field: str) -> str:
     return field.strip()[:8].lower()
+
+
+def urls_under_header(header: list[str], after: list[str]) -> str:
+    """What a one-column CSV whose rows are URLs is (a URL list exported with a header line),
+    with what to do; "" for any other header. ``after``: the line after the header, if any."""
+    first = after[0].strip().strip('"').lower() if after else ""
+    if len(header) != 1 or not first.startswith(("http://", "https://")):
+        return ""
+    return (
+        f"is a list of URLs under a header line ({header[0].strip()}): remove that line to tag"
+        " it as a URL list (each URL its own id), or add an id column (id,url)"
+    )
