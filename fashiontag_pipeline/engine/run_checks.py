@@ -175,7 +175,7 @@ def same_file(named: Sequence[tuple[str, Path | str]]) -> str | None:
     state or the result store destroys it (the sinks cut an output back to its checkpoint, 0
     for a new run, before a row is read). ``named``: (what the caller calls it, its path).
     A few ``stat`` calls, once per run or submit."""
-    seen: dict[object, str] = {}
+    seen: dict[object, tuple[str, Path | str]] = {}
     for what, path in named:
         # An existing file is known by its inode, so a hard link is the same file too.
         try:
@@ -184,8 +184,13 @@ def same_file(named: Sequence[tuple[str, Path | str]]) -> str | None:
         except OSError:
             key = os.path.realpath(path)
         if key in seen:
-            return f"{seen[key]} and {what} are the same file ({path}): give each its own path"
-        seen[key] = what
+            first, at = seen[key]
+            if first == what == "manifest":  # (which two, else: "manifest and manifest")
+                if os.path.abspath(at) == os.path.abspath(path):
+                    return f"manifest {at} is given twice: give it once"
+                return f"manifests {at} and {path} are one file (a link): give it once"
+            return f"{first} and {what} are the same file ({path}): give each its own path"
+        seen[key] = (what, path)
     return None
 
 
