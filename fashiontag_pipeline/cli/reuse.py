@@ -48,7 +48,7 @@ def add_reuse_arguments(parser: argparse.ArgumentParser) -> None:
         "--older-than",
         required=True,
         metavar="DURATION",
-        help="e.g. 30d, 12h, 90m (a bare number is seconds)",
+        help="with its unit: 30d, 12h, 90m, 45s (a bare number is refused: it deletes)",
     )
 
 
@@ -80,6 +80,16 @@ def reuse_command(args: argparse.Namespace) -> int:
     """``fashiontag reuse``: returns the exit code."""
     older_than: float | None = None
     if args.reuse_command == "prune":
+        text = args.older_than.strip()
+        if text.replace(".", "", 1).isdigit():
+            # (--reuse-max-age takes a bare number as seconds; a prune deletes, and "30"
+            # meant 30 days would empty the store: every row billed again the next night)
+            print(
+                f"fashiontag: --older-than {text}: give its unit: {text}d for {text} days,"
+                f" {text}h for hours, {text}s for {text} seconds",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         try:
             older_than = parse_duration(args.older_than)
         except ValueError as err:

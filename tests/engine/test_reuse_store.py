@@ -210,3 +210,19 @@ def test_cli_stats_of_an_empty_file_says_so(tmp_path: Path) -> None:
         assert str(empty) in done.stderr and "is an empty file" in done.stderr, done.stderr
         assert "does not exist" not in done.stderr
     assert empty.read_bytes() == b""  # left as it was
+
+
+def test_prune_by_a_bare_number_is_refused_not_read_as_seconds(tmp_path: Path) -> None:
+    """``reuse prune STORE --older-than 30`` (meaning 30 days, as a retention setting is
+    usually written): the bare number was read as 30 seconds and every result stored before
+    half a minute ago was deleted, the store emptied; the next night billed every row
+    again. A prune deletes: it takes a duration with its unit, and a bare number is refused
+    naming both readings, the store left as it was."""
+    path = tmp_path / "store.db"
+    with ResultStore.open(path) as store:
+        store.put([(b"a" * 16, "t", b"{}"), (b"b" * 16, "t", b"{}")], stored_at=0.0)
+    done = _cli("prune", str(path), "--older-than", "30")
+    assert done.returncode == 2, done
+    assert "30d for 30 days" in done.stderr and "30s for 30 seconds" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads(_cli("stats", str(path), "--json").stdout)["rows"] == 2
