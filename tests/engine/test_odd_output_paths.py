@@ -119,8 +119,8 @@ async def test_an_empty_rejects_file_deleted_mid_run_is_made_again_not_a_failure
 async def test_a_file_path_ending_in_a_slash_is_refused_as_a_folder(tmp_path: Path) -> None:
     """``--out exports/`` (a folder not made yet, meant to hold the results): the slash was
     dropped with the path's parsing, and the run wrote its results to a FILE named
-    ``exports``, exit 0; the loader
-    looking in the folder found nothing, and the next night's ``mkdir exports`` failed.
+    ``exports``, exit 0; the loader looking in the folder found nothing, and the next
+    night's ``mkdir exports`` failed.
     ``--summary``/``--state`` so given made a file of the folder's name the same way. A path
     ending in ``/`` names a folder: refused as a usage error, exit 2, nothing made or sent."""
     manifest = write_csv(tmp_path / "m.csv", 20)
@@ -133,6 +133,17 @@ async def test_a_file_path_ending_in_a_slash_is_refused_as_a_folder(tmp_path: Pa
                 args[args.index(str(out))] = f"{folder}/"
             else:
                 args += [flag, f"{folder}/"]
+            with anyio.fail_after(60):
+                result = await anyio.run_process(args, check=False, env=ENV)
+            err = result.stderr.decode()
+            assert result.returncode == 2, (flag, err[-400:])
+            assert "Traceback" not in err, err
+            last = err.strip().splitlines()[-1]  # (argparse's usage above it)
+            assert f"argument {flag}: {folder}/ ends in / (a folder)" in last, err
+            assert not os.path.lexists(folder), flag
+        assert svc.store.image_count == 0
+
+
 async def test_an_output_that_is_a_symlink_into_an_unmounted_folder_is_named_plainly(
     tmp_path: Path,
 ) -> None:
@@ -155,10 +166,6 @@ async def test_an_output_that_is_a_symlink_into_an_unmounted_folder_is_named_pla
                 result = await anyio.run_process(args, check=False, env=ENV)
             err = result.stderr.decode()
             assert result.returncode == 2, (flag, err[-400:])
-            assert "Traceback" not in err, err
-            last = err.strip().splitlines()[-1]  # (argparse's usage above it)
-            assert f"argument {flag}: {folder}/ ends in / (a folder)" in last, err
-            assert not os.path.lexists(folder), flag
             assert len(err.strip().splitlines()) == 1, err
             assert f"{link} is a symlink to {missing / 'file'}" in err, err
             assert f"its folder {missing} does not exist" in err, err
