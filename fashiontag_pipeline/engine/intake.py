@@ -27,6 +27,7 @@ from .jobs import Job, JobEnd, Jobs
 from .manifests import STDIN
 from .policy import Measured
 from .rows import RowBatch
+from .rules import unkeyable
 from .single import merge_routes, pending_ops, split_routes
 from .sinks import LineSet
 from .state import POS_SHIFT, JobReject, Journal, split_position
@@ -208,7 +209,7 @@ async def intake(
             claimed = [
                 (sent(job.id, r.id), pos, fresh_at.get(pos, -1))
                 for pos, r in client_rejects
-                if r.id is not None and "\x00" not in r.id  # (no store takes a NUL)
+                if r.id is not None and not unkeyable(r.id)  # (no store takes a NUL, ...)
             ]
             keep = await journal.intake(
                 job.id,

@@ -28,7 +28,6 @@ from .policy import Measured, batch_size
 from .rows import JsonRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
-    NUL_ID,
     STAGE_CLIENT,
     DetectionRule,
     Item,
@@ -36,6 +35,7 @@ from .rules import (
     RowError,
     SingleItem,
     http_url,
+    id_error,
     jsonl_keys,
     merged_context,
     single_request,
@@ -209,8 +209,9 @@ class JsonlRows:
                     return
             # (an integer is its decimal text: jsonnums)
             ident = raw_id if isinstance(raw_id, str) else id_text(raw_id)
-            if "\x00" in ident:
-                raise RowError(NUL_ID)
+            refused = id_error(ident)
+            if refused is not None:
+                raise RowError(refused)
             if clash:
                 raise RowError(clash)
             source = obj if context is None else merged_context(obj, context)

@@ -14,6 +14,7 @@ import anyio
 from .. import _exceptions as exc
 from .config import RunSummary
 from .jobs import IdSpace, Job, lost_outputs
+from .rules import unkeyable
 from .sinks import (
     RejectSink,
     ResultSink,
@@ -69,9 +70,9 @@ def not_ours(db: StateStore, row: JobRow, ids: IdSpace) -> list[Path]:
                 task = None if reused else line.task_id
                 if rejects and checkpoint <= 0:
                     fits, ident = line.source in manifests, None
-        if fits and ident is not None and "\x00" not in ident:
-            # (An id holding a NUL is a client reject the dedupe never takes in: no store
-            # holds one, so such a line is not looked up.) A line answered from the result
+        if fits and ident is not None and not unkeyable(ident):
+            # (An id holding a NUL, or too long, is a client reject the dedupe never takes in:
+            # no store holds one, so such a line is not looked up.) A line answered from the result
             # store is written before the commit that takes its id in: uncommitted (at 0), a
             # line of this run's is of an id not taken in yet, and one of an id taken in is
             # another run's (this run's row of it was sent, or its line committed).

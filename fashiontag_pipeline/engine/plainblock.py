@@ -29,7 +29,7 @@ from typing import Any
 from .._models import BulkContext, Image, ImageType, TaggingRequest
 from .policy import Measured
 from .rows import PlainRows
-from .rules import PLAIN_URL
+from .rules import MAX_ID_SAFE_CHARS, PLAIN_URL, unkeyable
 
 __all__ = ["built", "context_block", "parsed_block", "plain_block"]
 
@@ -63,6 +63,8 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
     cells = text.replace(",", "\n").split("\n")  # id/url of each line, then "" at the end
     ids = cells[i_id:-1:2]
     urls = cells[1 - i_id : -1 : 2]
+    if max(map(len, ids)) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)):
+        return None  # (an id no store keys is refused row by row)
     # No whitespace in any URL: ``str.split()`` cuts at exactly what ``\s`` matches.
     joined = "".join(urls)
     if joined.split(None, 1) != [joined]:
@@ -156,9 +158,14 @@ def built(
         passed = list(map(_URL_HEAD.match, urls))
     else:
         passed = list(map(PLAIN_URL.fullmatch, urls))
-    if None in passed or "" in ids or "\x00" in "".join(ids):
+    if (
+        None in passed
+        or "" in ids
+        or "\x00" in "".join(ids)
+        or (max(map(len, ids), default=0) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)))
+    ):
         good = [
-            match is not None and ident != "" and "\x00" not in ident
+            match is not None and ident != "" and not unkeyable(ident)
             for match, ident in zip(passed, ids, strict=True)
         ]
         indexes = range(len(at)) if kept is None else kept

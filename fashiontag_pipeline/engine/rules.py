@@ -28,6 +28,8 @@ from .._models import Context, Detection, TaggingRequest
 
 __all__ = [
     "CONTEXT_FIELDS",
+    "LONG_ID",
+    "MAX_ID_BYTES",
     "NUL_ID",
     "PLAIN_URL",
     "SINGLE_DATA",
@@ -40,11 +42,13 @@ __all__ = [
     "SingleItem",
     "SingleRequest",
     "http_url",
+    "id_error",
     "jsonl_keys",
     "merged_context",
     "number_text",
     "single_request",
     "single_target",
+    "unkeyable",
 ]
 
 SINGLE_FILE = "file"
@@ -76,6 +80,34 @@ STAGE_CLIENT = "client"
 #: An id holding a NUL: no PostgreSQL text column takes one (a state there stopped the run,
 #: every night), and few consumers of the outputs would.
 NUL_ID = "id contains a NUL character"
+#: The longest id a row may have, in UTF-8 bytes: every id is a key of the state store, and
+#: PostgreSQL's index takes none of more than 2,704 bytes (the run failed on such a row, every
+#: night); the daemon adds its job's prefix, the store a few bytes of its own.
+MAX_ID_BYTES = 2048
+#: Characters below which no id can pass :data:`MAX_ID_BYTES` (4 bytes at most each).
+MAX_ID_SAFE_CHARS = MAX_ID_BYTES // 4
+LONG_ID = (
+    f"id is longer than {MAX_ID_BYTES} bytes (UTF-8): no state store keys a longer id (in a URL"
+    " list the id is the URL: give such images an id column in a CSV)"
+)
+
+
+def id_error(ident: str) -> str | None:
+    """The reason a row's id is refused (:data:`NUL_ID`, :data:`LONG_ID`), None for a good one."""
+    if "\x00" in ident:
+        return NUL_ID
+    if (
+        len(ident) > MAX_ID_SAFE_CHARS
+        and len(ident.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES
+    ):
+        return LONG_ID
+    return None
+
+
+def unkeyable(ident: str) -> bool:
+    """Whether no state store takes ``ident`` as a key (a reject of such a row holds it, and
+    the dedupe never takes it in)."""
+    return id_error(ident) is not None
 
 
 class RowError(Exception):

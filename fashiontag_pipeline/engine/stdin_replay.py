@@ -25,6 +25,7 @@ import msgspec
 from .._exceptions import StateConflictError
 from .jobs import Jobs
 from .rows import RowBatch
+from .rules import unkeyable
 from .sinks import LineSet
 from .state import POS_SHIFT, Journal, split_position
 from .state.changes import STDIN_DIGEST, Change, stdin_digest
@@ -172,9 +173,9 @@ async def check_replayed(
     items, singles, rejects = validator.route(batch)
     keyed = [(ident, pos) for ident, pos, _ in items]
     keyed += [(ident, pos) for ident, pos, _ in singles]
-    # An id holding a NUL is never taken in (no store holds one): that row is checked as a
-    # row without a usable id, by its reject's line.
-    keyed += [(r.id, pos) for pos, r in rejects if r.id is not None and "\x00" not in r.id]
+    # An id holding a NUL, or too long, is never taken in (no store holds one): that row is
+    # checked as a row without a usable id, by its reject's line.
+    keyed += [(r.id, pos) for pos, r in rejects if r.id is not None and not unkeyable(r.id)]
     sent = jobs.ids.sent
     replayed = sorted((pos, ident, sent(job.id, ident)) for ident, pos in keyed if pos <= upto)
     first = await journal.run(journal.db.first_positions, [key for _, _, key in replayed])
@@ -187,7 +188,7 @@ async def check_replayed(
             break
     for pos, r in rejects:
         line = split_position(pos)[1]
-        if (r.id is None or "\x00" in r.id) and pos <= upto and line not in refused:
+        if (r.id is None or unkeyable(r.id)) and pos <= upto and line not in refused:
             if mismatch is None or pos < mismatch[0]:
                 mismatch = (pos, f"line {line} has no usable id, where that run read one")
             break

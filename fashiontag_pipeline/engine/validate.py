@@ -36,7 +36,7 @@ from .policy import Measured, batch_size
 from .rows import PlainRows, RowBatch
 from .rules import (
     CONTEXT_FIELDS,
-    NUL_ID,
+    MAX_ID_SAFE_CHARS,
     PLAIN_URL,
     SINGLE_DATA,
     SINGLE_FILE,
@@ -48,6 +48,7 @@ from .rules import (
     SingleItem,
     SingleRequest,
     http_url,
+    id_error,
     single_request,
     single_target,
 )
@@ -193,7 +194,12 @@ class Validator(JsonlRows):
             if type(fields) is list and len(fields) == width:
                 ident = fields[i_id]
                 url = fields[i_url]
-                if ident and plain_url(url) is not None and "\x00" not in ident:
+                if (
+                    ident
+                    and plain_url(url) is not None
+                    and "\x00" not in ident
+                    and len(ident) <= MAX_ID_SAFE_CHARS
+                ):
                     append((ident, pos, TaggingRequest(Image(URL, url), BulkContext(ident))))
                     continue
             row(batch, layout, line, fields, pos, items, rejects, singles)
@@ -257,8 +263,9 @@ class Validator(JsonlRows):
             if not ident:
                 ident = None
                 raise RowError("id is missing")
-            if "\x00" in ident:
-                raise RowError(NUL_ID)
+            refused = id_error(ident)
+            if refused is not None:
+                raise RowError(refused)
             target: tuple[str, str] | None = None
             try:
                 url = http_url(fields[i_url])

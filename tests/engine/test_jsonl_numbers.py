@@ -84,15 +84,15 @@ def test_an_all_number_export_is_built_as_a_block(tmp_path: Path) -> None:
     ]
     rows[5]["id"] = 5.5
     rows[6]["price"] = True
-    rows[7]["id"] = "HUGE"  # (4,000 digits: kept exact)
-    text = "".join(json.dumps(r) + "\n" for r in rows).replace('"HUGE"', "1" + "0" * 4000)
+    rows[7]["id"] = "HUGE"  # (2,000 digits: kept exact)
+    text = "".join(json.dumps(r) + "\n" for r in rows).replace('"HUGE"', "1" + "0" * 2000)
     path = tmp_path / "m.jsonl"
     path.write_text(text, encoding="utf-8")
     (batch,) = _batches(path, 2000, 0)
     assert isinstance(batch.rows, JsonRows)
     items, _, rejects = _route(path)
     ids = [i for i, _, _ in items]
-    assert ids[:7] == ["1000", "1001", "1002", "1003", "1004", "1" + "0" * 4000, "1008"]
+    assert ids[:7] == ["1000", "1001", "1002", "1003", "1004", "1" + "0" * 2000, "1008"]
     assert items[1][2].context.price == "0.25" and items[0][2].context.price == "0.0"
     assert [r.line for _, r in rejects] == [6, 7]
 
