@@ -19,7 +19,13 @@ import msgspec
 from .._callctx import GIVE_UP
 from .._client import TaggerClient
 from .._exceptions import ConfigError, RateLimitedError
-from .._images import DEFAULT_SINGLE_MAX_BYTES, ImageFileError, read_image_file, sniff_ext
+from .._images import (
+    DEFAULT_SINGLE_MAX_BYTES,
+    ImageFileError,
+    read_image_file,
+    sniff_ext,
+    spec_data_uri,
+)
 from .._models import Context, Image, ImageType, Task, says_success
 from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
 from .streams import write_stdout
@@ -87,7 +93,7 @@ def _image_from_argument(value: str) -> Image:
             return Image(type=ImageType.URL, content=scheme + value[len(scheme) :])
     if value[:11].lower() == "data:image/":  # in any case (RFC 2397): sent lower-cased
         head, sep, payload = value.partition(",")
-        return Image(type=ImageType.BASE64, content=head.lower() + sep + payload)
+        return Image(type=ImageType.BASE64, content=spec_data_uri(head.lower() + sep + payload))
     if value[:5].lower() == "data:":
         raise ConfigError(
             f"cannot read image {value[:40]!r}: a data: URI must be"

@@ -54,7 +54,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
-from .._images import ImageFileError, read_image_file, sniff_ext
+from .._images import ImageFileError, read_image_file, sniff_ext, spec_data_uri
 from .._models import Image, ImageType
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
@@ -121,7 +121,7 @@ def load_image(request: SingleRequest, max_bytes: int) -> str:
             base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise SingleRejected("data: URI base64 content does not decode") from None
-        return request.content
+        return spec_data_uri(request.content)
     path = request.content
     try:
         data = read_image_file(path, max_bytes)

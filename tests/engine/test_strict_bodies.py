@@ -1,0 +1,85 @@
+"""The requests ``fashiontag run`` sends, checked as a service that takes nothing beyond the
+spec would check them (:mod:`.strict`, in front of the reference service, which is lenient in
+places): a catalogue's odd values in every field, each sent in the spec's shape (each test
+failed before its fix)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+from PIL import Image
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, Outcomes, read_outcomes, run_args
+from .strict import StrictFront
+
+
+async def _run(
+    manifests: list[Path], *flags: str, refuse: bool = False
+) -> tuple[int, str, Outcomes, StrictFront]:
+    out = manifests[0].with_suffix(".out")
+    async with running_service(ServiceConfig(fetch=False)) as svc:
+        front = StrictFront(svc.url, refuse=refuse)
+        async with front.running():
+            args = run_args(front.url, out, *flags, *map(str, manifests))
+            result = await anyio.run_process(args, check=False, env=ENV)
+    outcomes = read_outcomes(out, out.with_suffix(".rej"))
+    return result.returncode, result.stderr.decode(), outcomes, front
+
+
+def _png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 96), (200, 30, 30)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+async def test_a_data_uri_with_media_type_parameters_is_sent_with_the_spec_prefix(
+    tmp_path: Path,
+) -> None:
+    """A ``data:`` URI with a parameter before ``;base64`` (RFC 2397 allows them: a tool that
+    names the file, ``data:image/png;name=front.png;base64,...``) was sent as written, and a
+    service holding to the spec's ``data:image/<image_ext>;base64,`` prefix refuses it (801,
+    "base64 content without its prefix": a reject the user cannot make sense of, the URI being
+    a good one). It is now sent as ``data:image/png;base64,...``, and tagged."""
+    payload = base64.b64encode(_png()).decode()
+    manifest = _jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {"id": "n", "url": f"data:image/png;name=front.png;base64,{payload}"},
+            {"id": "c", "url": f"data:image/png;charset=binary;base64,{payload}"},
+            {"id": "p", "url": f"data:image/png;base64,{payload}"},
+        ],
+    )
+    code, err, outcomes, front = await _run([manifest], refuse=True)
+    assert code == 0, err
+    assert not outcomes.rejects, outcomes.rejects
+    assert not front.violations, front.violations
+    assert sorted(outcomes.ids) == ["c", "n", "p"]
+    sent = [b["image"]["content"] for _, _, b in front.bodies]
+    assert sent == [f"data:image/png;base64,{payload}"] * 3
+
+
+async def test_tag_sends_a_data_uri_with_parameters_with_the_spec_prefix() -> None:
+    """``fashiontag tag`` with such a URI: the same prefix (it printed the 801 failure)."""
+    payload = base64.b64encode(_png()).decode()
+    async with running_service(ServiceConfig(fetch=False)) as svc:
+        front = StrictFront(svc.url, refuse=True)
+        async with front.running():
+            uri = f"data:image/png;name=front.png;base64,{payload}"
+            args = [sys.executable, "-m", "fashiontag_pipeline", "tag", uri]
+            result = await anyio.run_process([*args, "--base-url", front.url], check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()
+    assert not front.violations, front.violations
+    assert front.bodies[0][2]["image"]["content"] == f"data:image/png;base64,{payload}"
