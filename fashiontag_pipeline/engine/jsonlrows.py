@@ -34,6 +34,7 @@ from .rules import (
     NotHttp,
     RowError,
     SingleItem,
+    age_values,
     http_url,
     id_error,
     jsonl_keys,
@@ -291,12 +292,12 @@ class JsonlRows:
                 kwargs[field] = value
         age = source.get("age")
         if age is not None:
-            if not isinstance(age, list):
-                age = [age]
-            age = texts(age)
-            if not all(isinstance(a, str) for a in age):
+            values = texts(age if isinstance(age, list) else [age])
+            if not all(isinstance(a, str) for a in values):
                 raise RowError("age must be a list of strings")
-            if age:
+            # (a text, or a number, is values separated by |, as a CSV cell: age_values)
+            given = values if isinstance(age, list) else values[0]
+            if (age := age_values(given)) is not None:
                 kwargs["age"] = age
         detection = self._detection(source.get("detection"))
         if detection:

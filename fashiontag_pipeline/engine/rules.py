@@ -41,6 +41,7 @@ __all__ = [
     "RowError",
     "SingleItem",
     "SingleRequest",
+    "age_values",
     "http_url",
     "id_error",
     "jsonl_keys",
@@ -239,6 +240,15 @@ def merged_context(row: dict[str, Any], context: dict[str, Any]) -> dict[str, An
                 " values: keep one"
             )
     return merged
+
+
+def age_values(value: str | list[str]) -> list[str] | None:
+    """``age`` as a bulk request takes it (an array of strings): a text is its values separated
+    by ``|`` (a CSV cell, a JSONL string alike), a list its items; each value without the
+    spaces around it, an empty one dropped; None when none is left (an empty field sends
+    nothing)."""
+    parts = value.split("|") if isinstance(value, str) else value
+    return [p.strip() for p in parts if p.strip()] or None
 
 
 def number_text(value: Any) -> str | None:

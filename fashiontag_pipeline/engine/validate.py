@@ -47,6 +47,7 @@ from .rules import (
     RowError,
     SingleItem,
     SingleRequest,
+    age_values,
     http_url,
     id_error,
     single_request,
@@ -287,7 +288,9 @@ class Validator(JsonlRows):
                     if detection:  # (a cell of separators or spaces is none, as an empty one)
                         kwargs["detection"] = detection
                 if i_age >= 0 and fields[i_age]:
-                    kwargs["age"] = [a.strip() for a in fields[i_age].split("|") if a.strip()]
+                    age = age_values(fields[i_age])
+                    if age:
+                        kwargs["age"] = age
                 if target is not None:
                     assert singles is not None
                     singles.append((ident, pos, single_request(target, ident, kwargs, line, name)))

@@ -83,3 +83,47 @@ async def test_tag_sends_a_data_uri_with_parameters_with_the_spec_prefix() -> No
     assert result.returncode == 0, result.stderr.decode()
     assert not front.violations, front.violations
     assert front.bodies[0][2]["image"]["content"] == f"data:image/png;base64,{payload}"
+
+
+async def test_age_is_read_alike_in_csv_and_jsonl(tmp_path: Path) -> None:
+    """``age`` (bulk: an array of strings) from a CSV cell ``20s|30s`` is two values; the same
+    text in a JSONL row was sent as one age group, ``["20s|30s"]``, which a service reads as
+    no group it knows; a JSONL ``"age": ""`` (an export writing every column) was sent as
+    ``[""]``, and a CSV cell of separators as ``[]``, where an empty field sends nothing.
+    Each row now sends what the CSV reading gives."""
+    jsonl = _jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {"id": "j1", "url": "https://x.example/1.jpg", "age": "20s|30s"},
+            {"id": "j2", "url": "https://x.example/2.jpg", "age": ""},
+            {"id": "j3", "url": "https://x.example/3.jpg", "age": ["20s", "", " 30s "]},
+            {"id": "j4", "url": "https://x.example/4.jpg", "age": [""]},
+            {"id": "j5", "url": "https://x.example/5.jpg", "context": {"age": "teen | 20s"}},
+        ],
+    )
+    csv = tmp_path / "m.csv"
+    csv.write_text(
+        "id,url,age\n"
+        "c1,https://x.example/c1.jpg,20s|30s\n"
+        "c2,https://x.example/c2.jpg,|\n"
+        "c3,https://x.example/c3.jpg, \n"
+    )
+    code, err, outcomes, front = await _run([jsonl, csv])
+    assert code == 0, err
+    assert not front.violations, front.violations
+    assert len(outcomes.ids) == 8 and not outcomes.rejects
+    sent = {
+        r["context"]["id"]: r["context"].get("age")
+        for _, _, body in front.bodies
+        for r in body.get("taggingRequest", [])
+    }
+    assert sent == {
+        "j1": ["20s", "30s"],
+        "j2": None,
+        "j3": ["20s", "30s"],
+        "j4": None,
+        "j5": ["teen", "20s"],
+        "c1": ["20s", "30s"],
+        "c2": None,
+        "c3": None,
+    }
