@@ -27,14 +27,14 @@ _LONE = re.compile(rb"\\u[dD][89a-fA-F]")
 _REPLACEMENT = rb"\ufffd"
 
 
-def _replace(found: re.Match[bytes]) -> bytes:
-    return found.group() if found.group(1) is None else _REPLACEMENT
-
-
-def mend(body: bytes) -> bytes | None:
-    """``body`` with every lone surrogate escape replaced by ``\\ufffd``; None when it holds
-    none (the body's fault is another)."""
+def mend(body: bytes, replacement: bytes = _REPLACEMENT) -> bytes | None:
+    """``body`` with every lone surrogate escape replaced by ``\\ufffd`` (or the escape
+    ``replacement``); None when it holds none (the body's fault is another)."""
     if _LONE.search(body) is None:
         return None
-    mended = _ESCAPE.sub(_replace, body)
+
+    def replace(found: re.Match[bytes]) -> bytes:
+        return found.group() if found.group(1) is None else replacement
+
+    mended = _ESCAPE.sub(replace, body)
     return None if mended == body else mended

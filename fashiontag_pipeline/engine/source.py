@@ -282,7 +282,10 @@ class ManifestReader(ManifestBytes):
                 try:
                     rows.append((base + i, _json_decoder.decode(text_line)))
                 except strays.NOT_JSON as err:
-                    rows.append((base + i, strays.BadRow(f"not valid JSON: {err}")))
+                    row = strays.screen_escapes(text_line)  # (half an emoji, escaped)
+                    if row is None:
+                        row = strays.BadRow(f"not valid JSON: {err}")
+                    rows.append((base + i, row))
             self._done = i
             if i >= end:
                 self._lines = None

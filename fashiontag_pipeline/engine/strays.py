@@ -5,7 +5,9 @@ byte is kept as a lone surrogate (U+DC80-U+DCFF), so the rows holding one can be
 whose id or URL holds one is refused (a :class:`BadRow` saying which byte, with its id when
 the id is clean): replacing the byte would change the id silently, and could make two ids one.
 In any other field (brand, keywords, ...) the byte becomes U+FFFD, as a lenient reader would.
-Clean chunks never come here.
+Clean chunks never come here. A JSONL line escaping half of a UTF-16 surrogate pair
+(``"\\ud83d"``), which the JSON decoder refuses, is read the same way
+(:func:`screen_escapes`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 
 import msgspec
 
+from .._surrogates import mend
 from .rules import jsonl_keys
 
-__all__ = ["NOT_JSON", "BadRow", "decode", "screen_csv", "screen_line"]
+__all__ = ["NOT_JSON", "BadRow", "decode", "screen_csv", "screen_escapes", "screen_line"]
 
 #: A byte that is not UTF-8, as ``surrogateescape`` keeps it.
 _STRAY = re.compile("[\udc80-\udcff]")
@@ -101,6 +104,43 @@ def screen_line(text: str, kind: str) -> Any:
         return BadRow(f"not valid JSON: {err}")
     if not isinstance(obj, dict):
         return obj
+    refused = _refused(obj, "\ufffd", "not UTF-8 text (in the {}): save the manifest as UTF-8")
+    return obj if refused is None else refused
+
+
+#: Where :func:`screen_escapes` mended an escape: a noncharacter, in no catalogue's text.
+_MARK = "\uffff"
+_HALF_PAIR = (
+    "the {} holds half of a UTF-16 surrogate pair (a lone \\ud83d-like escape: an emoji cut in"
+    " two by the exporter)"
+)
+
+
+def screen_escapes(text: str) -> Any:
+    """A JSONL line the JSON decoder refused for escaping half of a UTF-16 surrogate pair
+    (``\\ud83d``: an exporter in Java, .NET or JavaScript that cut a name across an emoji),
+    read as a line with a stray byte is: U+FFFD in its place in a context field; a
+    :class:`BadRow` saying so (with the id when it is clean) when the id or the URL holds
+    one. None when the line holds no such escape, or does not decode with them mended (its
+    fault is another)."""
+    data = text.encode("utf-8", "surrogateescape")
+    mended = mend(data)
+    marked = mend(data, _MARK.encode("unicode_escape"))
+    if mended is None or marked is None:
+        return None
+    try:
+        obj = _json_decoder.decode(mended)
+        if not isinstance(obj, dict):
+            return obj
+        refused = _refused(_json_decoder.decode(marked), _MARK, _HALF_PAIR)
+    except NOT_JSON:
+        return None
+    return obj if refused is None else refused
+
+
+def _refused(obj: dict[str, Any], mark: str, reason: str) -> BadRow | None:
+    """The reject of a row whose id or URL holds ``mark`` (``reason`` naming which), with its
+    id when that is clean; None when neither does."""
     # Its id and URL as the validator reads them: under their keys in any case (``ID``, ``URL``).
     read = _read_as(obj)
     context = read.get("context")
@@ -111,12 +151,11 @@ def screen_line(text: str, kind: str) -> Any:
     url = read.get("url")
     if "url" not in read and isinstance(image, dict):
         url = image.get("content")
-    bad_id = isinstance(ident, str) and "\ufffd" in ident
-    if bad_id or (isinstance(url, str) and "\ufffd" in url):
-        what = "id" if bad_id else "url"
+    bad_id = isinstance(ident, str) and mark in ident
+    if bad_id or (isinstance(url, str) and mark in url):
         clean = ident if isinstance(ident, str) and ident and not bad_id else None
-        return BadRow(f"not UTF-8 text (in the {what}): save the manifest as UTF-8", clean)
-    return obj
+        return BadRow(reason.format("id" if bad_id else "url"), clean)
+    return None
 
 
 def _read_as(obj: dict[str, Any]) -> dict[str, Any]:

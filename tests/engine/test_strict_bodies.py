@@ -127,3 +127,35 @@ async def test_age_is_read_alike_in_csv_and_jsonl(tmp_path: Path) -> None:
         "c2": None,
         "c3": None,
     }
+
+
+async def test_a_jsonl_field_holding_half_an_emoji_is_read_as_a_stray_byte_is(
+    tmp_path: Path,
+) -> None:
+    """A JSONL line escaping half of a UTF-16 surrogate pair (``"\\ud83d"``: an exporter in
+    Java, .NET or JavaScript that cut a name across an emoji) was a reject saying "not valid
+    JSON: Input data was truncated", without its id, whatever field held it. It is now read
+    as a stray byte is: U+FFFD in a context field (the row tagged, nothing but UTF-8 sent), a
+    reject saying so, with the id when that is clean, when the id or the URL holds it."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        '{"id": "a", "url": "https://x.example/a.jpg", "brand": "Smile \\ud83d"}\n'
+        '{"id": "b\\ud83d", "url": "https://x.example/b.jpg"}\n'
+        '{"id": "c", "url": "https://x.example/c\\ude00.jpg"}\n'
+        '{"id": "d", "url": "https://x.example/d.jpg", "brand": "\\\\ud83d \\ud83d\\ude00"}\n'
+    )
+    code, err, outcomes, front = await _run([manifest])
+    assert code == 0, err
+    assert not front.violations, front.violations
+    assert sorted(outcomes.ids) == ["a", "d"]
+    sent = {
+        r["context"]["id"]: r["context"].get("brand")
+        for _, _, body in front.bodies
+        for r in body.get("taggingRequest", [])
+    }
+    assert sent == {"a": "Smile \ufffd", "d": "\\ud83d \U0001f600"}
+    rejects = {r["line"]: r for r in outcomes.rejects}
+    assert set(rejects) == {2, 3}
+    assert rejects[2]["id"] is None and rejects[3]["id"] == "c"
+    for r in rejects.values():
+        assert "half of a UTF-16 surrogate pair" in r["reason"], r
