@@ -242,8 +242,10 @@ class ServiceError(FashiontagError):
     """The service answered with an error status.
 
     Attributes: ``status`` (HTTP status), ``code`` (service error code when the body has one),
-    ``service_message`` (the service's message), ``method``/``path`` of the request, and
-    ``task_id`` when the request named a task.
+    ``service_message`` (the service's message), ``method``/``path`` of the request,
+    ``task_id`` when the request named a task, and ``foreign``: a 400 or 422 whose body is
+    none of the service's error bodies (a front end's page: nginx's ``400 The plain HTTP
+    request was sent to HTTPS port``), which may be about no element of the request.
     """
 
     def __init__(
@@ -256,6 +258,7 @@ class ServiceError(FashiontagError):
         method: str = "",
         path: str = "",
         task_id: str | None = None,
+        foreign: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -264,6 +267,7 @@ class ServiceError(FashiontagError):
         self.method = method
         self.path = path
         self.task_id = task_id
+        self.foreign = foreign
 
     def answer(self) -> dict[str, Any]:
         """The answer's attributes as keyword arguments: another error of the same answer
@@ -275,6 +279,7 @@ class ServiceError(FashiontagError):
             "method": self.method,
             "path": self.path,
             "task_id": self.task_id,
+            "foreign": self.foreign,
         }
 
 

@@ -109,6 +109,8 @@ def error_for(
     if status == 413:
         return exc.PayloadTooLargeError(text, **common)
     if status == 400 or status == 422:
+        if _not_an_error_of_the_service(response.body):
+            common["foreign"] = True  # (a front end's page: see exc.ServiceError)
         return exc.ValidationError(text, failure_list=failures, **common)
     return exc.RequestError(text, **common)
 

@@ -49,6 +49,8 @@ def _trouble(err: BaseException) -> tuple[str, str]:
         return "the service is rate limiting this key (HTTP 429)", "rate limiting this key"
     if isinstance(err, exc.ServerError):
         return "the service answers with an error", "answering with errors"
+    if isinstance(err, exc.RequestError):  # (a front end's refusal of every request)
+        return f"the service refuses the requests (HTTP {err.status})", "refusing the requests"
     if isinstance(err, exc.AmbiguousWriteError) and err.status is not None:
         # A write answered (5xx, 408, or 2xx with a body that cannot be read): the service is
         # reachable, busy or failing.

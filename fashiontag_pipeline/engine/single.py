@@ -19,9 +19,12 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   200 that is no tagging result (not JSON, not an object) is retried as a dropped one, and
   one with the bulk paths' error body (``{"status": "failure", "error": "<text>"}``) as a
   5xx; a 4xx request error (801/802/804/805/413...) is a rejects line with stage
-  ``server-validation`` and the service's message; transport errors, 429 and 5xx left after
-  the client's own retries are retried under the run's :class:`~.flow.RetryBudget` (the run
-  stops with :class:`~.flow.FatalRunError`, state saved, when the budget is spent); a refused key is
+  ``server-validation`` and the service's message (a 400 or 422 that is a front end's page,
+  not the service's error body, only once another image was tagged: before, it is retried
+  under the budget, as nginx's answer to every request on a wrong port would be); transport
+  errors, 429 and 5xx left after the client's own retries are retried under the run's
+  :class:`~.flow.RetryBudget` (the run stops with :class:`~.flow.FatalRunError`, state
+  saved, when the budget is spent); a refused key is
   fatal at once. An image whose request is answered a 5xx other than 502/503/504 (a 500, say)
   ``max_sends`` times, each time with another image tagged since its previous failure, is one
   the service fails on (a poison image, not an outage; a connection dropped or timed out on
@@ -104,6 +107,16 @@ def _singles_out(err: BaseException) -> bool:
     if isinstance(err, exc.ServerError):
         return err.status not in SHEDDING_STATUSES
     return isinstance(err, exc.TransportError) and not isinstance(err, exc.ConnectError)
+
+
+def _unproven(err: exc.RequestError) -> exc.RequestError:
+    """A front end's refusal (see :attr:`~.._exceptions.ServiceError.foreign`) of a request
+    while the endpoint has tagged no image, worded for the run's warning and final error."""
+    return exc.RequestError(
+        f"{err} (a page that is not the service's answer, and no image tagged yet: is"
+        " --base-url right?)",
+        **err.answer(),
+    )
 
 
 class SingleRejected(Exception):
@@ -338,6 +351,13 @@ class SingleRouter:
                         f" image ({' '.join(message.split())[:200]}): check --base-url; the"
                         " rows for it wait in the state"
                     ) from err
+                if err.foreign and not self.tagged:
+                    # A front end's page, not the service's error (nginx's "400 The plain
+                    # HTTP request was sent to HTTPS port"), while no image is tagged: nothing
+                    # says it is about this image. Retried under the budget until one is
+                    # tagged (then it is), else the run stops with the rows kept.
+                    await self.budget.failed(_unproven(err), "single-mode tag", until=stopped)
+                    continue
                 reason = f"{err.code}: {message}" if err.code is not None else message
                 await self._reject(item, reason, STAGE_SERVER)
                 return
