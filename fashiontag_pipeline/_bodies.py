@@ -25,6 +25,7 @@ from ._models import (
     TaggingRequest,
     says_success,
 )
+from ._responses import REFUSING_CODES
 from ._surrogates import mend
 
 __all__ = ["Refusal", "bulk_body", "tagging_result"]
@@ -41,13 +42,23 @@ class _ResultShape(msgspec.Struct, gc=False):
 
 class Refusal(ValueError):
     """A single-mode answer that is the bulk paths' error body, ``{"status": "failure",
-    "error": "<message>"}`` (DESIGN's single error body has an ``error`` object): the request
-    refused (a gateway's quota, a rate limit worded so), no outcome of the image."""
+    "error": "<message>"}`` (DESIGN's single error body has an ``error`` object), or the
+    single one with a code of :data:`REFUSING_CODES` (``code``): the request refused (a
+    gateway's quota, a rate limit worded so, a key refused), no outcome of the image."""
 
-    def __init__(self, status: str, error: str) -> None:
+    def __init__(self, status: str, error: str, code: int | None = None) -> None:
         super().__init__(error)
         self.status = status
         self.error = error
+        self.code = code
+
+
+def _refusing_code(error: Any) -> int | None:
+    """The code of a single failure body's ``error`` object when it refuses the request."""
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    return code if type(code) is int and code in REFUSING_CODES else None
 
 
 _shape_decoder = msgspec.json.Decoder(_ResultShape)
@@ -66,6 +77,9 @@ def tagging_result(body: bytes) -> bytes:
         return tagging_result(mended)
     if isinstance(shape.error, str) and not says_success(shape.status):
         raise Refusal(shape.status, shape.error)
+    code = _refusing_code(shape.error) if shape.error is not None else None
+    if code is not None and not says_success(shape.status):
+        raise Refusal(shape.status, str(shape.error.get("message") or ""), code)
     # JSON text holds a line break only as whitespace between its tokens.
     if b"\n" in body or b"\r" in body:
         return body.replace(b"\r", b" ").replace(b"\n", b" ")

@@ -241,9 +241,9 @@ class TaggerClient:
         try:
             return tagging_result(response.body)
         except Refusal as refused:
-            # The bulk paths' error body: a fault of the service (ServerError), as on a read.
+            # The bulk paths' error body: a service fault (ServerError); a refusing code: its error.
             self._http.check_bulk_status(
-                refused.status, refused.error, response, "POST", SINGLE_PATH, None
+                refused.status, refused.error, response, "POST", SINGLE_PATH, None, refused.code
             )
             raise  # (not reached: the status is no success)
         except ValueError as err:

@@ -46,7 +46,7 @@ from ._connect import connect_failure, deadline, drop_sessions, session_pair, un
 from ._connect import tls_instead as tls_speaker
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
-from ._responses import Response, error_for, retry_after
+from ._responses import Response, error_for, refused_in_success, retry_after
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
 from ._scrub import mask_secrets, scrub_request_info, secret_forms
@@ -402,9 +402,12 @@ class HttpExchange:
         method: str,
         path: str,
         task_id: str | None,
+        code: int | None = None,
     ) -> None:
         if not says_success(status):
             error = self.masked(error) if error else error  # (it may echo the key sent)
+            if code is not None:  # (see _responses.REFUSING_CODES)
+                raise refused_in_success(response, code, error or "", path, self._key_hint(path))
             # A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no
             # request error of ours can be told from it, and asking again is harmless, so it
             # is a transient fault of the service (retried under the run's give-up budget).

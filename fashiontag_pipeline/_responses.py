@@ -27,6 +27,11 @@ __all__ = [
 ]
 
 CODE_UNSUPPORTED_LANGUAGE = 826
+#: Codes of the single endpoint's failure body (the service family's: docs/service.md) that
+#: refuse the request whatever its image, and the HTTP status each stands for: 500 internal
+#: error, 609 authentication failed, 612 API key required, 823 usage quota exceeded, 826
+#: unsupported language. An answer 200 with one is that error, no failure of the image.
+REFUSING_CODES = {500: 500, 609: 401, 612: 401, 823: 429, CODE_UNSUPPORTED_LANGUAGE: 400}
 
 _error_body_decoder = msgspec.json.Decoder(dict[str, Any])
 
@@ -113,6 +118,31 @@ def error_for(
             common["foreign"] = True  # (a front end's page: see exc.ServiceError)
         return exc.ValidationError(text, failure_list=failures, **common)
     return exc.RequestError(text, **common)
+
+
+def refused_in_success(
+    response: Response, code: int, message: str, path: str, key_hint: str
+) -> exc.FashiontagError:
+    """The error a single-mode answer of HTTP ``response.status`` (a success) stands for
+    when its failure body's code refuses the request (:data:`REFUSING_CODES`)."""
+    status = REFUSING_CODES[code]
+    text = f"POST {path}: HTTP {response.status} with a failure refusing the request (code {code})"
+    text += f": {message}" if message else ""
+    common: dict[str, Any] = {
+        "status": status,
+        "code": code,
+        "service_message": message,
+        "method": "POST",
+        "path": path,
+    }
+    if code == CODE_UNSUPPORTED_LANGUAGE:
+        return exc.UnsupportedLanguageError(text, **common)
+    if status == 401:
+        return exc.AuthenticationError(f"{text} ({key_hint})", **common)
+    if status == 429:
+        wait = retry_after(response.headers)
+        return exc.RateLimitedError(text + _asks_to_wait(wait), retry_after=wait, **common)
+    return exc.ServerError(text, **common)
 
 
 def front_end_answer(

@@ -18,7 +18,9 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   answer as the service sent it (a shape the typed model does not take too, as in bulk); a
   200 that is no tagging result (not JSON, not an object) is retried as a dropped one, and
   one with the bulk paths' error body (``{"status": "failure", "error": "<text>"}``) as a
-  5xx; a 4xx request error (801/802/804/805/413...) is a rejects line with stage
+  5xx, and one whose failure code refuses the request whatever the image (823 quota, 609
+  key...: ``_responses.REFUSING_CODES``) as the error it stands for; a 4xx request error
+  (801/802/804/805/413...) is a rejects line with stage
   ``server-validation`` and the service's message (a 400 or 422 that is a front end's page,
   not the service's error body, only once another image was tagged: before, it is retried
   under the budget, as nginx's answer to every request on a wrong port would be); transport

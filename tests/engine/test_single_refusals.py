@@ -25,6 +25,7 @@ from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, read_outcomes
+from .proxy import Misbehaviour, misbehaving
 from .test_single_mode import red_picture, write_csv_rows
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0)
@@ -151,3 +152,50 @@ async def test_a_gateway_refusing_one_image_while_others_are_tagged_rejects_that
     (reject,) = o.rejects
     assert reject["id"] == "big" and reject["stage"] == "server-validation"
     assert str(status) in reject["reason"], reject
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "fatal"),
+    [
+        (823, "usage quota exceeded", "rate limiting this key"),
+        (609, "authentication failed", "the service refused the run"),
+        (612, "API key required", "the service refused the run"),
+        (500, "internal error", "answering with errors"),
+    ],
+)
+async def test_a_single_mode_200_failure_about_no_image_is_no_result(
+    tmp_path: Path, code: int, message: str, fatal: str
+) -> None:
+    """The single endpoint answers HTTP 200 with the service's failure body, its ``error``
+    an object, whose code says the request was refused for no image of its own (823 usage
+    quota exceeded, 609 authentication failed, 612 API key required, 500 internal error:
+    codes the service family documents; the spec shows no HTTP status for them). Each row
+    was written as a tagging failure and the run ended complete, exit 0: no image tagged, none
+    sent again. A quota is retried as a 429 and an internal error as a 5xx (under the run's
+    budget), a refused key stops the run at once; the rows wait in the state either way."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(3)]
+    manifest = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state"
+    engine = msgspec.structs.replace(FAST, give_up_after=1.0)
+    refusal = {"status": "failure", "error": {"code": code, "message": message}}
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(single_given=refusal)) as proxy:
+            with pytest.raises(FatalRunError, match=fatal) as raised:
+                await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=state,
+                    engine=engine,
+                )
+        assert message in str(raised.value)
+        o = read_outcomes(out, rej)
+        assert not o.results and not o.rejects
+        again = client_config(svc.url)
+        summary = await run_pipeline(
+            [manifest], client=again, out=out, rejects=rej, state=state, engine=FAST
+        )
+    assert summary.complete and summary.tagged == 3 and summary.failed == 0
+    assert_exactly_once(out, rej, {i for i, _ in rows})
