@@ -105,9 +105,12 @@ def _singles_out(err: BaseException) -> bool:
     """Whether a failed single-mode request may be the image's fault: a 5xx answered for it
     (500, say), or its connection dropped or timed out (a worker that crashes or hangs on the
     image), while others are tagged. A 502/503/504 says the service is busy or a gateway
-    failed, and a connection not made never reached the service: not the image."""
+    failed, and a connection not made never reached the service: not the image. Nor does an
+    error below 500: a 408 (the body did not arrive in time) or a 200 refusing the request in
+    the bulk paths' error shape (a gateway's rate limit or quota, which refuses part of the
+    requests while others are tagged)."""
     if isinstance(err, exc.ServerError):
-        return err.status not in SHEDDING_STATUSES
+        return err.status >= 500 and err.status not in SHEDDING_STATUSES
     return isinstance(err, exc.TransportError) and not isinstance(err, exc.ConnectError)
 
 

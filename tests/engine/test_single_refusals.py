@@ -10,6 +10,7 @@ row was tagged, and none was ever sent again.
 from __future__ import annotations
 
 import base64
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -56,15 +57,26 @@ class Gateway:
     holding: bytes = b""
     url: str = ""
     refused: int = 0
+    #: Answer that share of the requests to the single endpoint (drawn by ``seed``) with
+    #: ``status`` and ``page`` (JSON), the rest forwarded; None: by ``holding``.
+    share: float | None = None
+    seed: int = 0
 
 
 @asynccontextmanager
 async def gateway(rules: Gateway) -> AsyncIterator[Gateway]:
     session = aiohttp.ClientSession()
+    dice = random.Random(rules.seed)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        if request.path == SINGLE and rules.holding in body:
+        if request.path == SINGLE and rules.share is not None:
+            if dice.random() < rules.share:
+                rules.refused += 1
+                return web.Response(
+                    status=rules.status, body=rules.page, content_type="application/json"
+                )
+        elif request.path == SINGLE and rules.holding in body:
             rules.refused += 1
             return web.Response(status=rules.status, body=rules.page, content_type="text/html")
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("x-api-key",)}
@@ -198,4 +210,29 @@ async def test_a_single_mode_200_failure_about_no_image_is_no_result(
             [manifest], client=again, out=out, rejects=rej, state=state, engine=FAST
         )
     assert summary.complete and summary.tagged == 3 and summary.failed == 0
+    assert_exactly_once(out, rej, {i for i, _ in rows})
+
+
+async def test_a_rate_limit_worded_as_a_failure_rejects_no_good_image(tmp_path: Path) -> None:
+    """A gateway's rate limit answered HTTP 200 in the bulk paths' error shape (``{"status":
+    "failure", "error": "rate limit exceeded"}``) to part of the single-mode requests, the
+    others tagged (a per-second limit under ``--single-concurrency``): it says nothing of the
+    image sent, yet counted as the image's failure with others tagged in between, so a good
+    picture refused ``max_sends`` times was rejected as one the service fails on (a fifth of
+    them here, ``max_sends`` 2; one in 30 at the default 5 with 50 % refused)."""
+    png = red_picture(tmp_path / "red.png")
+    rows = [(f"s{i}", str(png)) for i in range(100)]
+    manifest = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(FAST, max_sends=2, give_up_after=20.0)
+    page = b'{"status": "failure", "error": "rate limit exceeded"}'
+    rules = Gateway("", 200, page, share=0.45, seed=3)
+    async with running_service(ServiceConfig()) as svc:
+        rules.upstream = svc.url
+        async with gateway(rules) as gw:
+            summary = await run_pipeline(
+                [manifest], client=client_config(gw.url), out=out, rejects=rej, engine=engine
+            )
+    assert rules.refused > 20
+    assert summary.complete and summary.rejected == 0, read_outcomes(out, rej).rejects[:2]
     assert_exactly_once(out, rej, {i for i, _ in rows})
