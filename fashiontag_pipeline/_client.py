@@ -51,7 +51,7 @@ from ._models import (
     TaskResultsResponse,
     TaskStatusResponse,
 )
-from ._responses import front_end_answer, no_task_named, unreadable_write
+from ._responses import front_end_answer, no_tagging_result, no_task_named, unreadable_write
 
 __all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
 
@@ -247,11 +247,7 @@ class TaggerClient:
             )
             raise  # (not reached: the status is no success)
         except ValueError as err:
-            raise exc.DecodeError(
-                f"POST {SINGLE_PATH}: HTTP {response.status} body is not a tagging result: {err}",
-                method="POST",
-                path=SINGLE_PATH,
-            ) from None
+            raise no_tagging_result(response, SINGLE_PATH, err) from None
 
     async def _tag(self, image: Image, context: Context | None, language: str | None) -> Response:
         body = _encoder.encode(SingleTagRequest(image=image, context=context))

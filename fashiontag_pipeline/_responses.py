@@ -20,6 +20,7 @@ __all__ = [
     "Response",
     "error_for",
     "front_end_answer",
+    "no_tagging_result",
     "no_task_named",
     "parse_error_body",
     "retry_after",
@@ -143,6 +144,30 @@ def refused_in_success(
         wait = retry_after(response.headers)
         return exc.RateLimitedError(text + _asks_to_wait(wait), retry_after=wait, **common)
     return exc.ServerError(text, **common)
+
+
+def no_tagging_result(response: Response, path: str, err: ValueError) -> exc.FashiontagError:
+    """The error of a single-mode answer (a success status) that is no tagging result (why:
+    ``err``). An empty body or a page that is not JSON comes from a front end in the way (a
+    load balancer's maintenance page served 200 by a backend switched over, part of the
+    requests): it says nothing of the image sent, transient like a 5xx. Any other is the
+    service's answer, unreadable."""
+    body = response.body
+    if body[:1] != b"{" and (not body.strip() or _front_end_page(body)):
+        text = _page_text(body) if body.strip() else "an empty body"
+        return exc.ServerError(
+            f"POST {path}: HTTP {response.status} with a page that is not the service's JSON:"
+            f" {text} (not the service's answer)",
+            status=response.status,
+            service_message=text,
+            method="POST",
+            path=path,
+        )
+    return exc.DecodeError(
+        f"POST {path}: HTTP {response.status} body is not a tagging result: {err}",
+        method="POST",
+        path=path,
+    )
 
 
 def front_end_answer(

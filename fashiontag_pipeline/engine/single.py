@@ -16,7 +16,8 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
 * Outcome: a 200 answer (``status`` success or failure) is a results line
   ``{"id", "taskId": null, "taggingResult"}`` (``taskId`` null marks single mode), the
   answer as the service sent it (a shape the typed model does not take too, as in bulk); a
-  200 that is no tagging result (not JSON, not an object) is retried as a dropped one, and
+  200 that is no tagging result (not JSON, not an object) is retried as a dropped one (a
+  front end's page or an empty body as a 5xx below 500, never the image's fault), and
   one with the bulk paths' error body (``{"status": "failure", "error": "<text>"}``) as a
   5xx, and one whose failure code refuses the request whatever the image (823 quota, 609
   key...: ``_responses.REFUSING_CODES``) as the error it stands for; a 4xx request error
@@ -108,7 +109,7 @@ def _singles_out(err: BaseException) -> bool:
     failed, and a connection not made never reached the service: not the image. Nor does an
     error below 500: a 408 (the body did not arrive in time) or a 200 refusing the request in
     the bulk paths' error shape (a gateway's rate limit or quota, which refuses part of the
-    requests while others are tagged)."""
+    requests while others are tagged), or a front end's page or an empty body served 200."""
     if isinstance(err, exc.ServerError):
         return err.status >= 500 and err.status not in SHEDDING_STATUSES
     return isinstance(err, exc.TransportError) and not isinstance(err, exc.ConnectError)

@@ -213,19 +213,30 @@ async def test_a_single_mode_200_failure_about_no_image_is_no_result(
     assert_exactly_once(out, rej, {i for i, _ in rows})
 
 
-async def test_a_rate_limit_worded_as_a_failure_rejects_no_good_image(tmp_path: Path) -> None:
+MAINTENANCE = b"<!DOCTYPE html><html><head><title>Down for maintenance</title></head></html>"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [b'{"status": "failure", "error": "rate limit exceeded"}', MAINTENANCE, b""],
+    ids=["rate-limit-worded", "maintenance-page", "empty"],
+)
+async def test_a_rate_limit_worded_as_a_failure_rejects_no_good_image(
+    tmp_path: Path, page: bytes
+) -> None:
     """A gateway's rate limit answered HTTP 200 in the bulk paths' error shape (``{"status":
     "failure", "error": "rate limit exceeded"}``) to part of the single-mode requests, the
     others tagged (a per-second limit under ``--single-concurrency``): it says nothing of the
     image sent, yet counted as the image's failure with others tagged in between, so a good
     picture refused ``max_sends`` times was rejected as one the service fails on (a fifth of
-    them here, ``max_sends`` 2; one in 30 at the default 5 with 50 % refused)."""
+    them here, ``max_sends`` 2; one in 30 at the default 5 with 50 % refused). So did a
+    front end's page served 200 (a backend in maintenance behind the load balancer), or an
+    empty 200, to part of them."""
     png = red_picture(tmp_path / "red.png")
     rows = [(f"s{i}", str(png)) for i in range(100)]
     manifest = write_csv_rows(tmp_path / "m.csv", rows)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(FAST, max_sends=2, give_up_after=20.0)
-    page = b'{"status": "failure", "error": "rate limit exceeded"}'
     rules = Gateway("", 200, page, share=0.45, seed=3)
     async with running_service(ServiceConfig()) as svc:
         rules.upstream = svc.url
