@@ -6,8 +6,8 @@ that pass every rule are built column by column in C-level passes instead of row
 Python; the rows that break a rule go through the validator's general path (which writes each
 bad row's reject). Both give the same items: the tests compare them on every kind of bad line.
 
-* :func:`plain_block`: the ``id,url`` (or ``url,id``) manifest, checked with one regex over
-  the whole block.
+* :func:`plain_block`: the ``id,url`` (or ``url,id``) manifest, checked with a few C-level
+  passes over the whole block.
 * :func:`context_block` (and :func:`parsed_block`, for rows the csv module parsed: a
   manifest with quoted fields): ``id``, ``url`` and context fields taken as text (``brand``,
   ``gender``, ``price``, ...; a fashion catalogue's usual columns), any order, other columns
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import itemgetter
+from operator import contains, itemgetter
 from typing import Any
 
 from .._models import BulkContext, Image, ImageType, TaggingRequest
@@ -38,31 +38,44 @@ _FIELDS = itemgetter(1)
 #: :data:`~.rules.PLAIN_URL` but for the whitespace its ``\S*`` refuses after the head.
 _URL_HEAD = re.compile(r"https?://[^/?\s]")
 
-#: A whole block of ``id,url`` (or ``url,id``) lines in which every row passes: a non-empty id
-#: and an http(s) URL as :data:`~.rules.PLAIN_URL` takes it. The regex checks the shape of each
-#: line (an id with no comma, the scheme, a first host character that is not ``/``, ``?`` or
-#: whitespace) and lets the rest of the URL be anything up to the line's end; the caller adds
-#: what it leaves out with two C-level passes over the block: as many commas as lines (so no
-#: URL holds one) and no whitespace in any URL. Character classes that sre matches a byte at a
-#: time (``[^\s,]``: a category test per character) cost 2.5x this split of the work.
-_PLAIN_BLOCKS = {
-    (0, 1): re.compile(r"(?:[^,\n]+,https?://[^/?\s][^\n]*\n)*"),
-    (1, 0): re.compile(r"(?:https?://[^/?\s][^,\n]*,[^\n]+\n)*"),
+#: A URL's head that breaks :data:`~.rules.PLAIN_URL` (or a row that has none), found after
+#: the separator that starts each URL of a block of ``id,url`` lines (each comma) or of
+#: ``url,id`` lines (each newline, the block's text starting with one): no ``http://`` or
+#: ``https://``, or no host character after it (``/``, ``?``, whitespace, a comma, the end).
+#: sre searches for the separator with a tight C loop and runs the lookahead at each one, one
+#: per row: a whole-block ``fullmatch`` of each line's shape cost ~1,900 instructions a row (a
+#: repeated group, a character class tested on every character of every id and URL).
+_BAD_HEADS = {
+    0: re.compile(r",(?!https?://[^/?\s,])"),
+    1: re.compile(r"\n(?!https?://[^/?\s,])"),
 }
 
 
 def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
-    """The items of a block of ``id,url`` / ``url,id`` lines when every row passes (one
-    regex over the block), else None (the caller checks row by row)."""
+    """The items of a block of ``id,url`` / ``url,id`` lines when every row passes, else None
+    (the caller checks row by row).
+
+    A row passes when its line is a non-empty id and an http(s) URL as
+    :data:`~.rules.PLAIN_URL` takes it, separated by one comma. The block is checked with
+    C-level passes, none of them a Python step per row: as many commas as lines and a comma in
+    every line (so exactly one in each: the cells split at commas and newlines alternate id and
+    URL), no NUL, a URL head after each separator (:data:`_BAD_HEADS`), no empty id, and no
+    whitespace in any URL."""
     lines = rows.lines
-    text = "\n".join(lines) + "\n"
-    if "\x00" in text:  # an id holding a NUL is refused row by row (see Validator._csv_row)
+    if not lines:
         return None
-    if text.count(",") != len(lines) or _PLAIN_BLOCKS[i_id, 1 - i_id].fullmatch(text) is None:
+    body = "\n".join(lines)
+    if "\x00" in body:  # an id holding a NUL is refused row by row (see Validator._csv_row)
         return None
-    cells = text.replace(",", "\n").split("\n")  # id/url of each line, then "" at the end
-    ids = cells[i_id:-1:2]
-    urls = cells[1 - i_id : -1 : 2]
+    if body.count(",") != len(lines) or not all(map(contains, lines, repeat(","))):
+        return None
+    if _BAD_HEADS[i_id].search(body if i_id == 0 else "\n" + body) is not None:
+        return None
+    cells = body.replace(",", "\n").split("\n")  # id/url of each line
+    ids = cells[i_id::2]
+    if "" in ids:
+        return None
+    urls = cells[1 - i_id :: 2]
     if max(map(len, ids)) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)):
         return None  # (an id no store keys is refused row by row)
     # No whitespace in any URL: ``str.split()`` cuts at exactly what ``\s`` matches.
@@ -75,7 +88,7 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
             (ident, pos, TaggingRequest(Image(_URL, url), BulkContext(ident)))
             for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
         ],
-        len(text),  # (ids and URLs, a comma and a newline each)
+        len(body) + 1,  # (ids and URLs, a comma and a newline each)
     )
 
 

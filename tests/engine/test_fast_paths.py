@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import random
 from pathlib import Path
 
 import pytest
@@ -180,7 +181,7 @@ def _batches(path: Path | str, max_rows: int = 2000, source: int = 0) -> list[Ro
 @pytest.mark.parametrize("header", ["id,url", "url,id"])
 @pytest.mark.parametrize("route", [False, True])
 def test_plain_blocks_validate_like_row_by_row(tmp_path: Path, header: str, route: bool) -> None:
-    """Blocks of plain lines (checked with one regex over the block) give the same items and
+    """Blocks of plain lines (checked with C-level passes over the block) give the same items and
     rejects as the same rows checked one by one, whether the block passes whole or not."""
     urls = [u for u in TRICKY_URLS if "," not in u and "\n" not in u]
     ids = ["x", " spaced id ", "\u00e9t\u00e9", "a\tb"] + [f"id{i}" for i in range(40)]
@@ -239,10 +240,10 @@ def test_plain_rows_are_the_rows(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("header", ["id,url", "url,id"])
 def test_each_bad_line_fails_its_block(header: str) -> None:
-    """The block check splits its work (one regex for each line's shape, a comma count, one
-    whitespace test over all URLs): a block passes whole exactly when every one of its lines
-    passes row by row, for each tricky line alone among good ones, and for pairs of lines
-    whose commas add up to one per line."""
+    """The block check splits its work (commas counted in the block and found in each line, a
+    regex search for the URLs' heads, one whitespace test over all URLs): a block passes whole
+    exactly when every one of its lines passes row by row, for each tricky line alone among
+    good ones, and for pairs of lines whose commas add up to one per line."""
     i_id = header.split(",").index("id")
 
     def line(ident: str, url: str) -> str:
@@ -256,6 +257,8 @@ def test_each_bad_line_fails_its_block(header: str) -> None:
     odd += ["g", "https://h/x", "a,b,https://h/x", "https://h/x,a,b", ",", ",,"]
     # Commas that add up: a line without one next to a line with two.
     pairs = [["nocomma", line("a", "https://h/x,y")], ["https://h/x", "a,https://h/y,z"]]
+    # ... and one whose every comma is followed by a URL (the cells would still alternate).
+    pairs.append(["https://h/z" if i_id else "nocomma", line("a", "https://h/x,https://h/y")])
     blocks = [[*good[:2], o, *good[2:]] for o in odd] + [[*good, *p] for p in pairs]
     v = Validator()
     passed = 0
@@ -273,3 +276,35 @@ def test_each_bad_line_fails_its_block(header: str) -> None:
             assert whole == items, lines
             passed += 1
     assert passed > 10  # good URLs with odd but valid ids pass whole
+
+
+@pytest.mark.parametrize("header", ["id,url", "url,id"])
+def test_random_plain_blocks_pass_whole_exactly_when_every_row_does(header: str) -> None:
+    """Blocks of random lines built from the characters the block check looks at (commas,
+    scheme parts, host characters it refuses, whitespace, NUL): the block passes whole
+    exactly when the rows checked one by one all pass (or is left to them for a scheme in
+    capitals, which the general path lower-cases, or a NUL), with the same items."""
+    rng = random.Random(11)
+    parts = ["https://", "http://", "h", "/", "?", " ", "\t", "\x00", "a", "HTTP://", ":", ""]
+    i_id = header.split(",").index("id")
+    good = [f"g{i},https://h/{i}" if i_id == 0 else f"https://h/{i},g{i}" for i in range(3)]
+    v = Validator()
+    passed = 0
+    for _ in range(3000):
+        lines = list(good)
+        for _ in range(rng.randint(1, 3)):
+            cells = ["".join(rng.choices(parts, k=rng.randint(0, 3))) for _ in range(3)]
+            lines.insert(rng.randint(0, len(lines)), ",".join(cells[: rng.randint(1, 3)]))
+        lines = [line for line in lines if line]  # (a plain block has no blank line)
+        plain = PlainRows(2, lines)
+        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
+        items, _, rejects = v.general(listed)
+        whole = Validator._plain_block(plain, i_id, 0)
+        if rejects:
+            assert whole is None, lines
+        elif whole is None:  # (or a NUL in a URL: the block leaves any NUL to the rows)
+            assert any("HTTP://" in line or "\x00" in line for line in lines), lines
+        else:
+            assert whole == items, lines
+            passed += 1
+    assert passed > 100
