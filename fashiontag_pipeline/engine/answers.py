@@ -29,6 +29,7 @@ __all__ = [
     "count_by_job",
     "job_marks",
     "no_task_id",
+    "one_source",
     "task_description",
 ]
 
@@ -55,25 +56,32 @@ def _echoed(echo: str, ids: list[str]) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _one_source(positions: Sequence[int], last: int) -> bool:
+def one_source(positions: Sequence[int], last: int) -> bool:
     """Whether every position is of one manifest (one job), ``last`` being the largest: a
     chunk almost always is, and then the per-job figures below need no loop over its rows in
-    Python (min and max are C)."""
+    Python (min and max are C, but ~160 instructions a row each: the task writer finds it
+    once for a chunk it cuts, :attr:`~.policy.Chunk.one_source`)."""
     return bool(positions) and min(positions) >> POS_SHIFT == last >> POS_SHIFT
 
 
-def count_by_job(jobs: Jobs, positions: Sequence[int]) -> dict[int, int]:
-    """Rows per job among ``positions`` (:meth:`Jobs.count_by_job`)."""
-    if positions and _one_source(positions, max(positions)):
+def count_by_job(jobs: Jobs, positions: Sequence[int], one: bool = False) -> dict[int, int]:
+    """Rows per job among ``positions`` (:meth:`Jobs.count_by_job`); ``one``: they are known
+    to be of one manifest (rows of a chunk that is, :attr:`~.policy.Chunk.one_source`)."""
+    if positions and (one or one_source(positions, max(positions))):
         job = jobs.of_pos(positions[0])
         return {job.id: len(positions)} if job is not None else {}
     return jobs.count_by_job(positions)
 
 
-def job_marks(jobs: Jobs, positions: Sequence[int], last: int) -> list[tuple[int, int]]:
+def job_marks(
+    jobs: Jobs, positions: Sequence[int], last: int, one: bool | None = None
+) -> list[tuple[int, int]]:
     """(job, last position) of each job with rows among ``positions`` (:meth:`Jobs.marks`);
-    ``last`` is their largest, which the caller has at hand."""
-    if _one_source(positions, last):
+    ``last`` is their largest, which the caller has at hand (and ``one``, when it has it:
+    :func:`one_source`)."""
+    if one is None:
+        one = one_source(positions, last)
+    if one:
         job = jobs.of_pos(last)
         return [(job.id, last)] if job is not None else []
     return jobs.marks(positions)
@@ -214,7 +222,9 @@ class WriteAnswers:
         positions = chunk.positions
         if refused:
             positions = [p for i, p in zip(chunk.ids, positions, strict=True) if i not in refused]
-        return {job: {"submitted": n} for job, n in count_by_job(self.jobs, positions).items()}
+        # (A subset of a chunk of one manifest is of one manifest too.)
+        by_job = count_by_job(self.jobs, positions, chunk.one_source)
+        return {job: {"submitted": n} for job, n in by_job.items()}
 
     async def _accept(
         self,

@@ -31,6 +31,7 @@ from anyio.abc import TaskGroup
 
 from .._client import TaggerClient
 from .._models import Task
+from .answers import one_source
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .idkeys import keyed
@@ -242,7 +243,8 @@ class TaskWriter(TaskTargets):
         keys = keyed(ids)  # (two ids of one key: written ahead whole, then split to send)
         body, encoded = encode_body(positions, requests, sends)
         last = max(positions)
-        marks = [] if resent else job_marks(self.jobs, positions, last)
+        one = one_source(positions, last)
+        marks = [] if resent else job_marks(self.jobs, positions, last, one)
         assert self._tg is not None, "TaskWriter.run is not running"
         # The task is chosen before the chunk is written ahead, so the write-ahead records it
         # too (the token of the task it creates, or the task it is appended to): one state
@@ -255,7 +257,7 @@ class TaskWriter(TaskTargets):
         try:
             if len(keys) == len(ids):
                 task, create = await self._target(len(items), keys)
-            chunk = Chunk(0, ids, positions, encoded, sends=sends)
+            chunk = Chunk(0, ids, positions, encoded, sends=sends, one_source=one)
             if task is not None and not create:
                 chunk.task_id = task.task_id
             chunk.chunk_id = await self.journal.write_ahead(

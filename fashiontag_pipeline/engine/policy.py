@@ -176,6 +176,9 @@ class Chunk(msgspec.Struct, eq=False):
     waiting: str | None = None
     #: Sent while another part of its chunk waits: refused, it waits too rather than split.
     hold: bool = False
+    #: Every row is of one manifest, found when the chunk was cut (False: not known), so that
+    #: its rows are counted per job without a pass over its positions (:mod:`.answers`).
+    one_source: bool = False
 
 
 class WritePolicy:

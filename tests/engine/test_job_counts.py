@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import msgspec
 
+from fashiontag_pipeline.engine.answers import one_source
 from fashiontag_pipeline.engine.jobs import IdSpace, Job, Jobs
 from fashiontag_pipeline.engine.pages import PageRow
 from fashiontag_pipeline.engine.state import POS_SHIFT
@@ -48,7 +49,16 @@ def test_per_job_figures_of_a_chunk_equal_the_general_ones() -> None:
         ]
         assert count_by_job(jobs, positions) == jobs.count_by_job(positions)
         assert sorted(job_marks(jobs, positions, max(positions))) == sorted(jobs.marks(positions))
+        # The same with the chunk's one-manifest flag found once (as the task writer does),
+        # for its rows and for the rows of it the service took (some refused).
+        one = one_source(positions, max(positions))
+        assert one == (len({p >> POS_SHIFT for p in positions}) == 1)
+        marks = job_marks(jobs, positions, max(positions), one)
+        assert sorted(marks) == sorted(jobs.marks(positions))
+        taken = [p for p in positions if rnd.random() < 0.7]
+        assert count_by_job(jobs, taken, one) == jobs.count_by_job(taken)
     assert count_by_job(jobs, []) == {} and job_marks(jobs, [], 0) == []
+    assert count_by_job(jobs, [], True) == {} and not one_source([], 0)
 
 
 def test_a_page_committed_after_its_job_closed_is_routed_nowhere() -> None:
