@@ -22,6 +22,7 @@ import pytest
 from fashiontag_pipeline import StateError
 from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.engine.state.idset import _bounds
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config
@@ -93,6 +94,36 @@ def test_sorted_ids_go_into_the_tree_at_once_and_others_wait(state: StateDB) -> 
     with state.transaction():  # a duplicate of a waiting id, found in memory
         assert state.dedupe([("a0", 6), ("a4", 7)]) == [4, 7]
     assert state.ids_taken() == 5
+
+
+def test_a_batchs_bounds_are_its_min_and_max_sorted_or_not() -> None:
+    """A batch's lowest id and, when every id sorts after the tree's last, its highest: found
+    by sorting when its first id sorts after the tree (a sorted catalogue), by ``min``
+    otherwise; the same either way, whatever the order of the ids."""
+    rng = random.Random(3)
+    for _ in range(500):
+        ids = rng.sample(SHUFFLED[:20], rng.randint(1, 8))
+        if rng.random() < 0.5:
+            ids.sort()
+        new = {key: i for i, key in enumerate(ids)}
+        tree_max = rng.choice([None, *SHUFFLED[:20]])
+        after = tree_max is None or min(ids) > tree_max
+        assert _bounds(new, tree_max) == (min(ids), max(ids) if after else None)
+
+
+def test_ids_after_the_tree_in_any_order_go_in_at_once(state: StateDB) -> None:
+    with state.transaction():
+        assert state.dedupe([("a1", 1), ("a3", 2), ("a2", 3)]) is None
+    with state.transaction():  # all after the tree's last id, the first not the lowest
+        assert state.dedupe([("a9", 4), ("a5", 5)]) is None
+    with state.transaction():  # the first after the tree's last id, another not: looked up
+        assert state.dedupe([("b", 6), ("a0", 7), ("a5", 8)]) == [6, 7, 5]
+    with state.transaction():  # before the tree's last id, in a range it holds none of
+        assert state.dedupe([("a6", 9)]) is None
+    assert _tree(state.path) == {"a1": 1, "a2": 3, "a3": 2, "a5": 5, "a6": 9, "a9": 4}
+    assert _log_rows(state.path) == 1 and state.ids_taken() == 8
+    with state.transaction():
+        assert state.dedupe([("b", 10), ("a0", 11), ("a9", 12)]) == [6, 7, 4]
 
 
 def test_a_batch_whose_range_the_tree_holds_no_id_of_goes_in_at_once(state: StateDB) -> None:
