@@ -272,7 +272,17 @@ def key_hint(secret: Secret | None, *, bulk: bool) -> str:
     if secret is None:
         return f"no {kind} was sent: {fix}"
     source = secret.source or "the caller"
-    return f"the {kind} from {source} was refused: {fix}"
+    return f"the {kind} from {source} was refused{_key_oddity(secret.reveal())}: {fix}"
+
+
+def _key_oddity(value: str) -> str:
+    """What looks wrong in a refused key, never the key: the quotes a Docker ``--env-file``
+    or a systemd ``EnvironmentFile`` keeps from ``KEY="..."``. (Spaces at its ends are not
+    the key's: a header's value is read without them.)"""
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return " (it starts and ends with a quote, which is sent as part of the key: remove them)"
+    return ""
 
 
 def _dec_hook(type_: type, obj: Any) -> Any:

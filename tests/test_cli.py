@@ -245,6 +245,36 @@ async def test_a_refused_key_names_where_it_came_from_and_what_to_set() -> None:
         assert code == 0, raw
 
 
+async def test_a_refused_key_in_quotes_says_so_without_showing_it() -> None:
+    # `FASHIONTAG_BULK_API_KEY="b"` in a Docker --env-file or a systemd EnvironmentFile keeps
+    # the quotes: the service refuses "b" with them, and the error says what is odd.
+    async with running_service(ServiceConfig(api_keys=("s",), bulk_api_keys=("b3x",))) as svc:
+        env = {**ENV, "FASHIONTAG_BULK_API_KEY": '"b3x"'}
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", "tasks", "list", "--base-url", svc.url],
+            check=False,
+            env=env,
+        )
+        err = result.stderr.decode()
+        assert result.returncode == 1 and "HTTP 401" in err
+        assert "starts and ends with a quote" in err and "b3x" not in err
+        code, _, raw = await fashiontag(
+            "tag", "https://img.example/a.jpg", "--api-key", "'s' ", "--base-url", svc.url
+        )
+        err = raw.decode()
+        assert code == 1 and "HTTP 401" in err and "starts and ends with a quote" in err
+        # Spaces at a key's ends are not sent as the key's (a header's value is read without).
+        code, _, raw = await fashiontag(
+            "tag", "https://img.example/a.jpg", "--api-key", " s ", "--base-url", svc.url
+        )
+        assert code == 0, raw
+        # A plain wrong key has no such note.
+        code, _, raw = await fashiontag(
+            "tag", "https://img.example/a.jpg", "--api-key", "t", "--base-url", svc.url
+        )
+        assert code == 1 and "quote" not in raw.decode()
+
+
 async def test_help_shows_defaults_key_flags_and_exit_codes() -> None:
     code, out, _ = await fashiontag("run", "--help")
     text = " ".join(out.decode().split())
