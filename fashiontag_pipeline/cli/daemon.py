@@ -171,6 +171,10 @@ def daemon_command(args: argparse.Namespace) -> int:
             )
         print(f"fashiontag: outbox {outbox} is not a folder{where}", file=sys.stderr)
         return EXIT_USAGE
+    overlap = _overlap(inbox, outbox)
+    if overlap is not None:
+        print(f"fashiontag: {overlap}", file=sys.stderr)
+        return EXIT_USAGE
     # A folder, a device or a pipe, or a path under a symlink to nothing: else exit 1 on
     # SQLite's "unable to open database file", "disk I/O error" or "File exists" (the store's
     # advice then: move it away, every row tagged again), at every restart.
@@ -281,6 +285,25 @@ def _not_a_folder(path: Path) -> Path | None:
         if os.path.lexists(at):
             return None if at.is_dir() else at
     return None
+
+
+def _overlap(inbox: Path, outbox: Path) -> str | None:
+    """Why ``inbox`` and ``outbox`` cannot be used together (one folder, or one inside the
+    other, symlinks resolved), else None: a manifest ``done.csv`` wrote into the inbox's
+    ``done/``, an inbox inside the outbox took a manifest's ``results.jsonl`` for a manifest."""
+    real_in, real_out = inbox.resolve(), outbox.resolve()
+    if real_in == real_out:
+        how = f"and --outbox {outbox} are one folder ({real_in})"
+    elif real_in in real_out.parents:
+        how = f"holds --outbox {outbox}"
+    elif real_out in real_in.parents:
+        how = f"is inside --outbox {outbox}"
+    else:
+        return None
+    return (
+        f"--inbox {inbox} {how}: inbox and outbox must be separate folders, neither inside"
+        " the other"
+    )
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:

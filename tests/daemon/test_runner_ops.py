@@ -235,3 +235,43 @@ def test_a_daemon_state_store_or_outbox_on_a_pipe_or_an_unmounted_link_is_refuse
     assert "File exists" not in err and "disk I/O" not in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "not-mounted").exists()
+
+
+@pytest.mark.parametrize(
+    ("inbox", "outbox"),
+    [("box", "box"), ("box", "box/out"), ("box/in", "box"), ("box", "link")],
+    ids=["same", "outbox-inside", "inbox-inside", "same-by-symlink"],
+)
+def test_an_inbox_and_outbox_that_overlap_are_refused(
+    tmp_path: Path, inbox: str, outbox: str
+) -> None:
+    """``--inbox X --outbox X`` (or one inside the other): a manifest named ``done.csv``
+    wrote its outputs into the inbox's ``done/``, an inbox inside the outbox took a
+    manifest's ``results.jsonl`` for a manifest of its own. Refused at start: exit 2, one
+    line naming both, nothing written."""
+    (tmp_path / "box" / "in").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "box")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fashiontag_pipeline",
+            "daemon",
+            "--inbox",
+            str(tmp_path / inbox),
+            "--outbox",
+            str(tmp_path / outbox),
+            "--state",
+            str(tmp_path / "d.state"),
+            "--listen",
+            "",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "inbox and outbox must be separate folders" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "d.state").exists()
+    assert sorted(p.name for p in (tmp_path / "box").iterdir()) == ["in"]
