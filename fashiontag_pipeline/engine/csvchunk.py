@@ -24,6 +24,8 @@ import _csv
 import csv
 import io
 import itertools
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -31,7 +33,9 @@ __all__ = [
     "MAX_RECORD_LINES",
     "CsvChunk",
     "csv_lines",
+    "cut_unnamed",
     "header_record",
+    "unnamed_end",
 ]
 
 #: The most lines one CSV record may span. A quote that opens a field and is never closed (one
@@ -82,6 +86,26 @@ def header_record(lines: list[str], *, last: bool) -> tuple[list[str], int] | No
     except StopIteration:
         pass
     return next(csv.reader(lines[:1])), 1
+
+
+def unnamed_end(names: list[str]) -> int:
+    """How many names at the header's end are empty (``id,url,``: an exporter that writes a
+    trailing delimiter on the header only): no columns, so rows without those cells are read
+    (:func:`cut_unnamed`), not each refused as shorter than the header."""
+    n = len(names)
+    while n > 2 and not names[n - 1]:
+        n -= 1
+    return len(names) - n
+
+
+def cut_unnamed(rows: Iterable[tuple[int, Any]], width: int, unnamed: int) -> list[Any]:
+    """``rows`` with the cells under a header's ``unnamed`` empty end names cut off (those
+    rows that have them: a row may have none, some or all of them): each row is then as wide
+    as the header's names. Other rows (too short, too long, unreadable) are left as they are."""
+    most = width + unnamed
+    return [
+        (line, f[:width] if type(f) is list and width < len(f) <= most else f) for line, f in rows
+    ]
 
 
 def _holds_rows(names: list[str], width: int) -> bool:

@@ -40,7 +40,7 @@ except ImportError:  # (not on Windows)
 
 from .._exceptions import ManifestError
 from . import strays
-from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, header_record
+from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, cut_unnamed, header_record, unnamed_end
 from .foreign_heads import urls_under_header, what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import JsonLines, JsonRows, PlainRows, RowBatch
@@ -89,6 +89,7 @@ class ManifestReader(ManifestBytes):
         #: a lone surrogate): the rows holding one become rejects in :meth:`_take`.
         self._dirty = False
         self._head_dirty = False
+        self._unnamed = 0  # empty names the CSV header ends with (csvchunk.unnamed_end)
         # The chunk being parsed: its CSV records or its lines (JSONL), the line number before
         # the chunk and the line count consumed so far within it.
         self._csv: CsvChunk | None = None
@@ -158,6 +159,8 @@ class ManifestReader(ManifestBytes):
                 )
             self._line += skip + span
             names = [_READ_BY_LOWER.get(h.strip().lower(), h.strip()) for h in header]
+            self._unnamed = unnamed_end(names)  # (``id,url,``: no third column)
+            names = names[: len(names) - self._unnamed]
             missing = [c for c in ("id", "url") if c not in names]
             if missing:
                 raise ManifestError(
@@ -237,9 +240,9 @@ class ManifestReader(ManifestBytes):
         """Up to ``max_rows`` rows of the chunk being parsed (a row with bytes that are not
         UTF-8 is the reason it is refused, never an id or URL with those bytes replaced)."""
         rows = self._parse()
-        if not self._dirty or self.kind != "csv":
-            return rows  # (JSONL and URL lines are screened one by one in _parse)
-        return strays.screen_csv(rows, self.header)
+        if self._dirty and self.kind == "csv":  # (JSONL and URL lines: screened in _parse)
+            rows = strays.screen_csv(rows, self.header)
+        return cut_unnamed(rows, len(self.header), self._unnamed) if self._unnamed else rows
 
     def _parse(self) -> Sequence[tuple[int, Any]]:
         rows: list[tuple[int, Any]] = []
