@@ -26,6 +26,17 @@ _OTHER_FILES = (
     (b"Obj\x01", "an Avro file (a warehouse unload)"),
 )
 
+#: The first bytes of images (``fashiontag run photo.jpg``: one image where a manifest goes).
+_IMAGES = (
+    (re.compile(b"\xff\xd8\xff"), "a JPEG"),
+    (re.compile(b"\x89PNG"), "a PNG"),
+    (re.compile(b"GIF8[79]a"), "a GIF"),
+    (re.compile(b"RIFF.{4}WEBP", re.DOTALL), "a WebP"),
+    (re.compile(b".{4}ftyp(?:hei[cxms]|mif1|msf1)", re.DOTALL), "a HEIF"),
+    (re.compile(b".{4}ftypavi[fs]", re.DOTALL), "an AVIF"),
+    (re.compile(rb"II\*\x00|MM\x00\*"), "a TIFF"),
+)
+
 
 def what_else(line: str) -> str:
     """What a first line naming no ``id`` and ``url`` columns shows the file to be, with what
@@ -43,6 +54,12 @@ def what_else(line: str) -> str:
         if magic.match(text):
             return f"is {what}: gzip is the only compression read; unpack it, or {_SAVE_AS_CSV}"
     head_bytes = line[:16].encode("utf-8", "surrogateescape")
+    for image, format_name in _IMAGES:
+        if image.match(head_bytes):
+            return (
+                f"is {format_name} image, not a manifest (a CSV or JSONL file listing images):"
+                " to tag one image, give it to fashiontag tag FILE"
+            )
     for kind, what in _OTHER_FILES:
         if head_bytes.startswith(kind):
             return f"is {what}: export it as CSV (with a header naming id and url) or as JSONL"
