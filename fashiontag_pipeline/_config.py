@@ -331,9 +331,15 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
     unknown = sorted(set(data) - CONFIG_TABLES)
     if unknown:  # a misspelt table would be ignored, and its settings with it
+        tables = ", ".join(f"[{t}]" for t in sorted(CONFIG_TABLES))
+        if not isinstance(data[unknown[0]], dict):  # (a key above the first table's line)
+            raise ConfigError(
+                f"config file {p} has the key {unknown[0]} outside any table (above the first"
+                f" table's line): put it under its table, one of {tables}"
+            )
         raise ConfigError(
             f"config file {p} has [{unknown[0]}], which no command reads: the tables are"
-            f" {', '.join(f'[{t}]' for t in sorted(CONFIG_TABLES))} (a misspelling?)"
+            f" {tables} (a misspelling?)"
         )
     return data
 

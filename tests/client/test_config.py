@@ -84,6 +84,18 @@ def test_bad_files_give_a_clear_error_naming_the_field(
     assert fragment in str(info.value)
 
 
+def test_a_key_above_every_table_is_named_as_a_key_not_a_table(tmp_path: Path) -> None:
+    """``base_url = ...`` above ``[client]`` (a key outside every table) was refused as
+    "has [base_url], which no command reads", as if the file had a table of that name: the
+    user looked for a ``[base_url]`` line the file does not have."""
+    path = write(tmp_path, "base_url = 'http://x:1'\n[client]\nlanguage = 'en'\n")
+    with pytest.raises(ConfigError) as info:
+        load_client_config(path, environ={})
+    text = str(info.value)
+    assert "[base_url]" not in text and "the key base_url outside any table" in text, text
+    assert "[client]" in text
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_client_config(tmp_path / "absent.toml", environ={})
