@@ -32,6 +32,7 @@ from .single import merge_routes, pending_ops, split_routes
 from .sinks import LineSet
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .stdin_replay import StdinDigest, check_replayed
+from .taken_before import refused_since
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ async def intake(
     digests: dict[int, StdinDigest] = {}
     #: Jobs whose stdin (if any) was read to its end before their current manifest.
     past_stdin: set[int] = set()
+    #: Per job and manifest resumed: the lines with a reject (see refused_since).
+    reject_lines: dict[int, dict[str, LineSet]] = {}
     async with receive, send, single_send:
         async for batch in receive:
             if isinstance(batch, JobEnd):
@@ -121,7 +124,7 @@ async def intake(
                     job_done.read_all = True
                     jobs.check([batch.job])
                 marks = () if reuse is None else (reuse.reuse_from,)
-                _forget(batch.job, jobs, past_stdin, digests, replay_rejects, *marks)
+                _forget(batch.job, jobs, past_stdin, digests, replay_rejects, reject_lines, *marks)
                 continue
             if isinstance(batch, Idle):
                 await send.send([])
@@ -162,13 +165,23 @@ async def intake(
             #: Position of a refused row -> its reject's index in ``fresh`` (a later row of an
             #: id is a ``duplicate id`` reject whatever else is wrong with it: see claimed).
             fresh_at: dict[int, int] = {}
+            window: list[Any] = []
             for pos, r in client_rejects:
                 if pos > validated:
                     fresh_at[pos] = len(fresh)
                     fresh.append((job.id, r))
+                elif pos > chunked:
+                    window.append((pos, r))
+            # Rows of a resume's window refused now that the run took in (an earlier build's
+            # checks let them through): their rejects are their outcomes.
+            late = (
+                await refused_since(window, job, batch.name, journal, jobs, reject_lines)
+                if window
+                else []
+            )
             last = batch.rows[-1][0]
             watermark = (batch.source << POS_SHIFT) | last
-            if not items and not singles and not fresh and watermark <= validated:
+            if not items and not singles and not fresh and not late and watermark <= validated:
                 continue
             if namespaced:
                 items = _namespaced(items, job.id, jobs)
@@ -223,6 +236,8 @@ async def intake(
                 claimed,
                 also,
             )
+            if late:
+                await journal.commit(rejects=late, settle=True)
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)
                 if routed_rows:

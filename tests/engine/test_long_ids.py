@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import anyio
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, run_piped
 
 
 def _long(n: int) -> str:
@@ -71,3 +73,85 @@ async def test_an_id_too_long_to_key_is_one_reject_on_either_state(
         if r["reason"].startswith("row has"):
             continue  # (the row with a field too many: that is its reason)
         assert r["stage"] == "client" and "2048 bytes" in r["reason"], r
+
+
+#: ``fashiontag run`` as a build before the id limit ran it (2026-11-27: an id of any length
+#: was taken in, and a SQLite state keyed it).
+BEFORE_THE_LIMIT = (
+    "import sys\n"
+    "from fashiontag_pipeline.engine import plainblock, rules\n"
+    "rules.MAX_ID_SAFE_CHARS = plainblock.MAX_ID_SAFE_CHARS = 1 << 40\n"
+    "from fashiontag_pipeline.cli import main\n"
+    "sys.argv[0] = 'fashiontag'\n"
+    "sys.exit(main())\n"
+)
+
+
+async def test_a_long_id_taken_in_by_an_earlier_build_gets_its_reject_on_resume(
+    tmp_path: Path,
+) -> None:
+    """A build before the limit took a ~3 KB id in (a SQLite state keys it) and stopped
+    before the row went into a chunk (the service unreachable: rows validated, V, run ahead
+    of the chunks written, W). This build, resuming, refused the row as too long but wrote
+    no reject for it (a row at or below V had its reject written, it took for granted), nor
+    sent it: 'run incomplete: 1 rows have no outcome', exit 3 on every run again. Now the
+    row gets its reject on the resume, and the run completes."""
+    long_id = _long(3000)
+    manifest = tmp_path / "m.csv"
+    with manifest.open("w") as fh:
+        fh.write("id,url\n")
+        for i in range(30_000):
+            if i == 12_000:
+                fh.write(f"{long_id},https://x.example/long.jpg\n")
+            fh.write(f"a{i},https://x.example/{i}.jpg\n")
+    out, state = tmp_path / "out.jsonl", tmp_path / "run.state"
+    dead = f"http://127.0.0.1:{dead_port()}"
+    old = run_args(dead, out, "--state", str(state), "--give-up-after", "1", str(manifest))
+    first = await anyio.run_process(
+        [sys.executable, "-c", BEFORE_THE_LIMIT, *old[3:]], check=False, env=ENV
+    )
+    assert first.returncode == 1, first.stderr.decode()
+    db = sqlite3.connect(state)
+    try:
+        ((validated, chunked),) = db.execute("SELECT validated, chunked FROM jobs")
+        assert db.execute("SELECT pos FROM ids WHERE id = ?", (long_id,)).fetchone() is not None
+    finally:
+        db.close()
+    assert chunked < 12_001 < validated  # (the row was taken in, not chunked)
+    async with running_service(ServiceConfig(fetch=False)) as svc:
+        args = run_args(svc.url, out, "--state", str(state), str(manifest))
+        resumed = await anyio.run_process(args, check=False, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    ids = {f"a{i}" for i in range(30_000)} | {long_id}
+    outcomes = assert_exactly_once(out, out.with_suffix(".rej"), ids)
+    (reject,) = outcomes.rejects
+    assert reject["id"] == long_id and "2048 bytes" in reject["reason"], reject["reason"]
+
+
+async def test_a_stdin_resume_of_a_long_id_an_earlier_build_took_in_is_taken(
+    tmp_path: Path,
+) -> None:
+    """The same, piped on stdin (``run - --resume``): the resume refused the dump as 'stdin
+    does not carry the rows of the run being resumed: line N has no usable id, where that
+    run read one', though the same rows were piped again. Now the row's id, taken in at that
+    very line, is its row's: the resume goes on and the row gets its reject."""
+    long_id = _long(3000)
+    dump = tmp_path / "dump.csv"
+    with dump.open("w") as fh:
+        fh.write("id,url\n")
+        for i in range(30_000):
+            if i == 12_000:
+                fh.write(f"{long_id},https://x.example/long.jpg\n")
+            fh.write(f"a{i},https://x.example/{i}.jpg\n")
+    out = tmp_path / "out.jsonl"
+    dead = f"http://127.0.0.1:{dead_port()}"
+    old = run_args(dead, out, "--give-up-after", "1", "-")
+    first = await run_piped([sys.executable, "-c", BEFORE_THE_LIMIT, *old[3:]], dump)
+    assert first.returncode == 1, first.stderr.decode()
+    async with running_service(ServiceConfig(fetch=False)) as svc:
+        resumed = await run_piped([*run_args(svc.url, out, "-"), "--resume"], dump)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    ids = {f"a{i}" for i in range(30_000)} | {long_id}
+    outcomes = assert_exactly_once(out, out.with_suffix(".rej"), ids)
+    (reject,) = outcomes.rejects
+    assert reject["id"] == long_id and "2048 bytes" in reject["reason"], reject["reason"]

@@ -259,3 +259,18 @@ class ChunkTables(JobTables):
             elif key.startswith(SINGLE_FAILS):
                 counts[int(key[len(SINGLE_FAILS) :])] = int(value)
         return tagged, counts
+
+    def routed_at(self, positions: Sequence[int]) -> set[int]:
+        """Those of ``positions`` whose row was routed to the single endpoint (pending or
+        done)."""
+        found: set[int] = set()
+        for start in range(0, len(positions), 400):
+            part = tuple(positions[start : start + 400])
+            marks = ",".join("?" * len(part))
+            found.update(
+                pos
+                for (pos,) in self.db.execute(
+                    f"SELECT pos FROM singles WHERE pos IN ({marks})", part
+                )
+            )
+        return found
