@@ -181,7 +181,9 @@ class Health:
 
 class ManifestProgress(msgspec.Struct, kw_only=True):
     """One active or queued manifest, as ``/status`` shows it (a queued file not claimed yet,
-    waiting for a ``max_active`` slot, has no ``sha256`` nor ``claimed_at``: null)."""
+    waiting for a ``max_active`` slot, has no ``sha256`` nor ``claimed_at``: null). Its rows
+    read are those with an outcome (``tagged``, ``failed``, ``rejected``, ``reused``: answered
+    from the result store) and those ``pending``."""
 
     manifest: str
     sha256: str | None = None
@@ -191,6 +193,7 @@ class ManifestProgress(msgspec.Struct, kw_only=True):
     tagged: int = 0
     failed: int = 0
     rejected: int = 0
+    reused: int = 0
     pending: int = 0
 
 

@@ -167,6 +167,7 @@ class DaemonMonitor:
             tagged=c.get("tagged", 0),
             failed=c.get("failed", 0),
             rejected=c.get("rejected", 0),
+            reused=c.get("reused", 0),
             pending=job.pending() if job is not None else 0,
         )
 

@@ -87,3 +87,53 @@ async def test_a_postgresql_result_store_restarted_between_manifests_is_used_aga
     assert second["tagged"] + second["failed"] == 50
     ids = [r["id"] for r in read_lines(daemon.outbox / "tuesday" / "results.jsonl")]
     assert len(ids) == len(set(ids)) == 250
+
+
+async def test_status_of_a_manifest_in_flight_counts_its_reused_rows(tmp_path: Path) -> None:
+    """``/status`` shows each active manifest's rows with an outcome (``tagged``, ``failed``,
+    ``rejected``) and those still ``pending``; the rows answered from the result store were in
+    none of them: a night reused 9 rows in 10 showed ``rows_read`` 110 and 10 accounted for
+    (a dashboard read it as 9% done, or 100 rows lost) until its summary.json said
+    ``reused``. They are shown as ``reused``, so the figures add up to ``rows_read``."""
+    import json
+
+    from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+
+    from ..engine.helpers import client_config
+
+    store = tmp_path / "reuse.db"
+    monday = write_manifest(Path(), [f"p{i}" for i in range(100)])
+    (tmp_path / "monday.csv").write_bytes(monday)
+    async with running_service(ServiceConfig()) as fast:
+        primed = await run_pipeline(
+            [tmp_path / "monday.csv"],
+            client=client_config(fast.url),
+            out=tmp_path / "monday.jsonl",
+            rejects=tmp_path / "monday.rej",
+            engine=EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.1, reuse=str(store)),
+        )
+    assert primed.complete and primed.tagged == 100
+    # Tuesday: those 100 images under other ids, and 10 new ones for a slow service.
+    tuesday = write_manifest(Path(), [f"p{i}" for i in range(110)]).replace(b"\np", b"\nq")
+    async with running_service(ServiceConfig(rate=4.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--reuse", str(store)]).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "tuesday.csv", tuesday)
+            active: dict[str, int] = {}
+            with anyio.fail_after(30):
+                while True:
+                    daemon.check_alive()
+                    found = json.loads((await daemon.get("/status"))[1])["active"]
+                    if found and found[0]["rows_read"] == 110 and found[0]["pending"] > 0:
+                        active = found[0]
+                        break
+                    await anyio.sleep(0.05)
+            summary = await daemon.wait_summary("tuesday")
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert summary["status"] == "done" and summary["reused"] == 100
+    assert active.get("reused") == 100, active
+    outcomes = sum(active[k] for k in ("tagged", "failed", "rejected", "reused", "pending"))
+    assert outcomes == active["rows_read"], active
