@@ -92,3 +92,29 @@ def test_readme_self_contained_sh_blocks_run(index: int, tmp_path: Path) -> None
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_field_of_the_run_summary_is_told_and_whether_it_covers_every_attempt() -> None:
+    """``--summary FILE`` is read by loaders and billing checks, yet its fields were named
+    nowhere but in passing, and nothing said which of them describe the whole run and which
+    only the last attempt of a run stopped and resumed: ``ambiguous_writes`` and
+    ``rate_limited`` of a resumed run counted only its last attempt (the ``RunSummary``
+    docstring said they covered every one), while ``submitted`` and ``tagged`` count every
+    attempt. docs/engine.md holds a table with a row per field; those counted for the last
+    attempt only say ``this attempt``."""
+    from fashiontag_pipeline.engine.config import RunSummary
+
+    text = (ROOT / "docs" / "engine.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+) \|$", text, re.M))
+    fields = set(RunSummary.__struct_fields__)
+    assert fields <= set(rows), f"summary fields not in docs/engine.md: {fields - set(rows)}"
+    per_attempt = {f for f in fields if "this attempt" in rows[f]}
+    assert per_attempt == {
+        "rows_read",
+        "retries",
+        "rate_limited",
+        "ambiguous_writes",
+        "expired_writes",
+        "elapsed_s",
+        "rows_per_s",
+    }

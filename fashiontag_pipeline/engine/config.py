@@ -211,7 +211,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 class RunSummary(msgspec.Struct, kw_only=True):
     """What a run did. Counts are cumulative over every attempt of a resumed run, except
-    ``rows_read``, ``retries``, ``elapsed_s`` and ``rows_per_s`` which describe this attempt."""
+    ``rows_read``, ``retries``, ``rate_limited``, ``ambiguous_writes``, ``expired_writes``,
+    ``elapsed_s`` and ``rows_per_s`` which describe this attempt (docs/engine.md's table)."""
 
     rows_read: int = 0
     submitted: int = 0
