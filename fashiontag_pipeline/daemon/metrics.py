@@ -123,7 +123,7 @@ class DaemonMetrics:
         )
         self._oldest_pending = Gauge(
             "fashiontag_oldest_pending_seconds",
-            "Age of the oldest row submitted without an outcome (0 when none).",
+            "Age of the oldest row taken in without an outcome (0 when none).",
             registry=r,
         )
         self._task_headroom = Gauge(

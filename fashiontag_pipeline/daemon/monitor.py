@@ -77,6 +77,9 @@ class ActiveManifest:
     counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
     baseline: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OUTCOMES, 0))
     started: float = field(default_factory=time.monotonic)
+    #: (when, rows taken in by then) each time more were taken in, while rows taken in by
+    #: then have no outcome: :meth:`oldest_pending`.
+    intake: deque[tuple[float, int]] = field(default_factory=deque)
     #: Its file as the engine opened it, looked at again once its rows have their outcome
     #: (:func:`~.claims.changed_since_read`: one that grew after it was read is not done).
     ends: list[ReadEnd] = field(default_factory=list)
@@ -91,6 +94,23 @@ class ActiveManifest:
                 end.read_print = ManifestPrint(
                     name=end.name, size=self.claim.size, sha256=self.claim.sha256
                 )
+
+    def oldest_pending(self, now: float) -> float | None:
+        """Seconds since the oldest row without an outcome was taken in (None: none is), as
+        ``report`` saw the counts each second: at the first moment whose rows taken in
+        outnumber the rows with an outcome now, one of them had been taken in. (Not the
+        manifest's age: the rows of a long manifest flow.)"""
+        job = self.job
+        if job is None:
+            return None
+        c = job.row.counters
+        accepted, settled = c.get("accepted", 0), c.get("settled", 0)
+        intake = self.intake
+        if not intake or intake[-1][1] < accepted:
+            intake.append((now, accepted))
+        while intake and intake[0][1] <= settled:
+            intake.popleft()
+        return now - intake[0][0] if intake else None
 
 
 class DaemonMonitor:
@@ -284,7 +304,7 @@ class DaemonMonitor:
 
     def _oldest_pending(self) -> float | None:
         now = time.monotonic()
-        ages = [now - a.started for a in self.active.values() if a.job and a.job.pending() > 0]
+        ages = [age for a in self.active.values() if (age := a.oldest_pending(now)) is not None]
         return max(ages) if ages else None
 
     def begin_manifest(self, claim: Claim) -> ActiveManifest:
