@@ -273,11 +273,11 @@ class DaemonMonitor:
             self._summaries()
             self.metrics.set_manifests(active=len(self.active), queued=len(self._queued()))
             engine = self._engine
+            # (A shared daemon has an engine per leased manifest, none here: its client's.)
+            total = client.stats.retries + (engine.budget.retries if engine is not None else 0)
+            self.metrics.count_retries(max(0, total - retries))
+            retries = max(retries, total)
             if engine is not None:
-                stats = client.stats
-                total = stats.retries + engine.budget.retries
-                self.metrics.count_retries(total - retries)
-                retries = total
                 self.metrics.set_engine(
                     tasks_live=engine.tasks_live(),
                     rows_pending=max(0, engine.rows_pending()),
