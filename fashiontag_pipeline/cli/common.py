@@ -90,8 +90,9 @@ def path_arg(text: str) -> Path:
 def file_arg(text: str) -> Path:
     """A flag naming a file the run writes (:func:`path_arg`), refused when it ends in ``/``:
     ``--out exports/`` means a folder, and the path's parsing drops the slash (the results
-    went to a file named ``exports``)."""
-    if text.endswith(("/", os.sep)):
+    went to a file named ``exports``). (A folder that exists, ``/`` or ``exports/``, is
+    refused by the run's own check, which says what it is.)"""
+    if text.endswith(("/", os.sep)) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(
             f"{text} ends in / (a folder): give the path of a file (in it, if you like)"
         )
