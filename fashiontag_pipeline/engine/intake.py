@@ -32,7 +32,7 @@ from .single import merge_routes, pending_ops, split_routes
 from .sinks import LineSet
 from .state import POS_SHIFT, JobReject, Journal, split_position
 from .stdin_replay import StdinDigest, check_replayed
-from .taken_before import refused_since
+from .taken_before import refused_since, rejected_before
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
 
 if TYPE_CHECKING:
@@ -159,6 +159,16 @@ async def intake(
                 if change is not None:
                     also.append(change)
             items, singles, client_rejects = validator.route(batch, skip_upto=chunked)
+            if (
+                (items or singles)
+                and validated > chunked
+                and ((batch.source << POS_SHIFT) | batch.rows[0][0]) <= validated
+            ):
+                # Rows of a resume's window the run refused (an earlier build's checks):
+                # their rejects are their outcomes, they are not sent.
+                items, singles = await rejected_before(
+                    items, singles, (chunked, validated), job, batch.name, journal, reject_lines
+                )
             #: What the validator measured of the rows' text (the writer's cut by bytes).
             measured: int | None = getattr(items, "size", None)
             fresh: list[JobReject] = []

@@ -1,5 +1,6 @@
-"""Rows a resume refuses that the run it resumes took in to send (an earlier build's rules let
-them through: an id longer than 2,048 bytes, taken in before that limit).
+"""Rows of a resume's window whose fate an earlier build's rules decided otherwise than this
+build's: rows it took in that this build refuses (:func:`refused_since`), and rows it refused
+that this build reads (:func:`rejected_before`).
 
 A resume validates the rows of each job's window (W, V] again and sends the ones it accepts; it
 writes no reject there, since the run wrote each reject of those rows with V. A row that the
@@ -8,6 +9,13 @@ endpoint, not answered from the result store) but this build refuses would then 
 sent nor rejected: counted as taken in, never settled, 'run incomplete: 1 rows have no
 outcome' on every run again. :func:`refused_since` finds them, so that their rejects are written
 as the outcomes of rows taken in.
+
+The other way round: a row the earlier build refused (a JSONL line escaping half of a UTF-16
+surrogate pair, a CSV row without the cell its header's trailing delimiter named), its reject
+written with V, that this build reads would be sent too: a reject and a result for one row
+(more outcomes than rows taken in: 'the state cannot be trusted', exit 3). Its reject is its
+outcome: :func:`rejected_before` leaves it out of what is sent (and of the dedupe: the run never
+took its id in there).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from .jobs import Job, Jobs
 from .sinks import LineSet, Reject
 from .state import JobReject, Journal, reuse_rows, split_position
 
-__all__ = ["refused_since"]
+__all__ = ["refused_since", "rejected_before"]
 
 
 async def refused_since(
@@ -44,11 +52,44 @@ async def refused_since(
     taken = await journal.run(_taken_in, journal, job.id, keyed)
     if not taken:
         return []
+    written = await _reject_lines(job, name, journal, lines)
+    return [(job.id, r) for pos, r in taken if split_position(pos)[1] not in written]
+
+
+async def rejected_before(
+    items: list[Any],
+    singles: list[Any],
+    window: tuple[int, int],
+    job: Job,
+    name: str,
+    journal: Journal,
+    lines: dict[int, dict[str, LineSet]],
+) -> tuple[list[Any], list[Any]]:
+    """``items`` and ``singles`` (rows of ``job``'s manifest ``name`` this build accepts)
+    without those in ``window`` (W, V] whose line has a reject: the run refused them (an
+    earlier build's rules), and that reject is their outcome (see the module). ``lines``: as
+    for :func:`refused_since`."""
+    low, high = window
+    at = [pos for rows in (items, singles) for _, pos, _ in rows if low < pos <= high]
+    if not at:
+        return items, singles
+    written = await _reject_lines(job, name, journal, lines)
+    gone = {pos for pos in at if split_position(pos)[1] in written}
+    if not gone:
+        return items, singles
+    return [r for r in items if r[1] not in gone], [r for r in singles if r[1] not in gone]
+
+
+async def _reject_lines(
+    job: Job, name: str, journal: Journal, lines: dict[int, dict[str, LineSet]]
+) -> LineSet:
+    """The lines of ``job``'s manifest ``name`` with a reject (one scan of its rejects file
+    per job and manifest, kept in ``lines``: the rejects this resume writes there later are
+    those of rows it refuses, never asked about)."""
     known = lines.setdefault(job.id, {})
     if name not in known:
         known[name] = await journal.run(job.rejects.lines_of, name)
-    written = known[name]
-    return [(job.id, r) for pos, r in taken if split_position(pos)[1] not in written]
+    return known[name]
 
 
 def _taken_in(
