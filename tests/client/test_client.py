@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -478,6 +479,49 @@ async def test_retry_after_as_an_http_date_is_honoured(
     client = make_client(sleep=sleeps)
     assert (await client.task_status("t-1")).done
     assert sleeps.delays == [12.0]
+
+
+@pytest.mark.parametrize(
+    ("zone", "retry_after", "date"),
+    [
+        ("America/New_York", "Wed, 21 Oct 2026 07:28:12 -0000", "Wed, 21 Oct 2026 07:28:00 GMT"),
+        ("Asia/Seoul", "Wed, 21 Oct 2026 07:28:12 GMT", "Wed, 21 Oct 2026 07:28:00 -0000"),
+    ],
+)
+async def test_retry_after_and_date_with_the_zone_minus_0000_are_read_as_gmt(
+    mocked: Any,
+    make_client: Callable[..., TaggerClient],
+    monkeypatch: pytest.MonkeyPatch,
+    zone: str,
+    retry_after: str,
+    date: str,
+) -> None:
+    """A Retry-After or a Date written with ``-0000`` (RFC 2822's "zone unknown", as Python's
+    ``email.utils.formatdate()`` writes it; an HTTP date is GMT) was read in the host's local
+    time: asked to wait 12 s, the client waited the longest Retry-After it takes (4 h off,
+    capped), or, past the give-up point, the run stopped. It is read as GMT, as the clock's
+    Date is."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        mocked.get(
+            STATUS,
+            status=429,
+            headers={"Retry-After": retry_after, "Date": date},
+            body=body({"status": "failure", "error": "slow down"}),
+        )
+        mocked.get(
+            STATUS,
+            status=200,
+            body=body({"status": "success", "data": {"taskId": "t-1", "taskStatus": "TASK_DONE"}}),
+        )
+        sleeps = Sleeps()
+        client = make_client(sleep=sleeps)
+        assert (await client.task_status("t-1")).done
+        assert sleeps.delays == [12.0]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 async def test_first_failure_of_a_streak_is_a_warning_and_each_retry_is_logged(
