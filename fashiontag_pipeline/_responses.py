@@ -31,9 +31,17 @@ __all__ = [
 CODE_UNSUPPORTED_LANGUAGE = 826
 #: Codes of the single endpoint's failure body (the service family's: docs/service.md) that
 #: refuse the request whatever its image, and the HTTP status each stands for: 500 internal
-#: error, 609 authentication failed, 612 API key required, 823 usage quota exceeded, 826
+#: error, 609 authentication failed, 612 API key required, 623 invalid URI or method (the
+#: service's 405: a base URL that reaches it at another path), 823 usage quota exceeded, 826
 #: unsupported language. An answer 200 with one is that error, no failure of the image.
-REFUSING_CODES = {500: 500, 609: 401, 612: 401, 823: 429, CODE_UNSUPPORTED_LANGUAGE: 400}
+REFUSING_CODES = {
+    500: 500,
+    609: 401,
+    612: 401,
+    623: 405,
+    823: 429,
+    CODE_UNSUPPORTED_LANGUAGE: 400,
+}
 
 _error_body_decoder = msgspec.json.Decoder(dict[str, Any])
 
@@ -144,6 +152,8 @@ def refused_in_success(
     if status == 429:
         wait = retry_after(response.headers)
         return exc.RateLimitedError(text + _asks_to_wait(wait), retry_after=wait, **common)
+    if status == 405:  # (about no image: the run stops, as on a 405 answered so)
+        return exc.RequestError(text, **common)
     return exc.ServerError(text, **common)
 
 

@@ -173,6 +173,7 @@ async def test_a_gateway_refusing_one_image_while_others_are_tagged_rejects_that
         (609, "authentication failed", "the service refused the run"),
         (612, "API key required", "the service refused the run"),
         (500, "internal error", "answering with errors"),
+        (623, "invalid URI or method", "about no image"),
     ],
 )
 async def test_a_single_mode_200_failure_about_no_image_is_no_result(
@@ -180,11 +181,12 @@ async def test_a_single_mode_200_failure_about_no_image_is_no_result(
 ) -> None:
     """The single endpoint answers HTTP 200 with the service's failure body, its ``error``
     an object, whose code says the request was refused for no image of its own (823 usage
-    quota exceeded, 609 authentication failed, 612 API key required, 500 internal error:
-    codes the service family documents; the spec shows no HTTP status for them). Each row
-    was written as a tagging failure and the run ended complete, exit 0: no image tagged, none
-    sent again. A quota is retried as a 429 and an internal error as a 5xx (under the run's
-    budget), a refused key stops the run at once; the rows wait in the state either way."""
+    quota exceeded, 609 authentication failed, 612 API key required, 500 internal error,
+    623 invalid URI or method: codes the service family documents; the spec shows no HTTP
+    status for them). Each row was written as a tagging failure and the run ended complete,
+    exit 0: no image tagged, none sent again. A quota is retried as a 429 and an internal
+    error as a 5xx (under the run's budget), a refused key or a 623 (the 405 of a wrong base
+    URL) stops the run at once; the rows wait in the state either way."""
     png = red_picture(tmp_path / "red.png")
     rows = [(f"s{i}", str(png)) for i in range(3)]
     manifest = write_csv_rows(tmp_path / "m.csv", rows)
