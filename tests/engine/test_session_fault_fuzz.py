@@ -406,7 +406,10 @@ async def fuzz_case(tmp_path: Path, case: Case) -> None:
             # again, not counted resent (the service's doing).
             return
     assert unexplained <= 0, f"{unexplained} unexplained bills"
-    if not case.faults and "put_403" not in case.spices and "forget_when_done" not in case.rules:
+    # (The hanging list's case gives every request a 1 s deadline: on a loaded machine a write
+    # may outlast it, of unknown fate, its rows counted resent though billed once.)
+    exact = not case.faults and "put_403" not in case.spices and "list_hang" not in case.spices
+    if exact and "forget_when_done" not in case.rules:
         assert unexplained == 0, f"{-unexplained} rows counted resent, not billed twice"
 
 
