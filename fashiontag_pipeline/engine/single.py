@@ -38,8 +38,10 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
   manifests read, no other routed row in flight or waiting), each such failure counts once
   the endpoint has tagged another image of the run (in this process or an earlier one), and
   the image is a reject only when the run would otherwise stop on it (``give_up_after`` spent)
-  with ``max_sends`` failures counted: a failure of the endpoint shorter than that rejects
-  nothing. The counts are kept in the state (``meta``), so they add up across resumes.
+  with ``max_sends`` failures counted, some of them in an earlier run: a failure of the
+  endpoint shorter than that, or an outage as the last image is on its way (one run cannot
+  tell it from a poison image), rejects nothing. The counts are kept in the state (``meta``),
+  so they add up across resumes.
 * Exactly once: each routed row was written ahead to the ``singles`` table (pending) with the
   intake that moved the validated watermark over it (see :mod:`.state`); its outcome line and
   its ``done`` mark are one journal commit. A resume re-tags the pending rows (single tagging
@@ -312,6 +314,9 @@ class SingleRouter:
         # endpoint works, so the failure is this image's: a poison image), or with no other
         # image left to compare with, once the endpoint has tagged one (kept in the state).
         alone = self.failures.pop(pos, 0)
+        # Failures counted in an earlier run: a lone image is ended only then (inside one
+        # run, an outage of the endpoint as the last image is on its way looks the same).
+        earlier = alone > 0
         tagged = self.tagged
         # A drain ends the run's wait before a retry too (a Retry-After of a minute).
         stopped = WRITES_STOPPED.get()
@@ -341,7 +346,9 @@ class SingleRouter:
                 try:
                     await self.budget.failed(err, "single-mode tag", until=stopped)
                 except FatalRunError:
-                    if not (last and alone >= self.config.max_sends and self._last_left()):
+                    if not (
+                        last and earlier and alone >= self.config.max_sends and self._last_left()
+                    ):
                         raise
                     reason = _poison_reason(alone, err, alone=True)
                     await self._reject(item, reason, STAGE_UNRETURNED)

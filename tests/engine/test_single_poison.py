@@ -32,8 +32,9 @@ async def test_a_poison_image_left_last_is_a_reject_not_a_stopped_run(
     """The poison image is the last single-mode row (sent one at a time, so every other image
     is tagged before it): with nothing else to tag between its failures, it was retried until
     ``give_up_after`` and the run stopped, exit 1, every resume the same. Now its failures
-    count once the endpoint has tagged another image, and once ``give_up_after`` is spent with
-    ``max_sends`` of them counted, it is a reject of stage ``unreturned``: the run completes."""
+    count once the endpoint has tagged another image; the first run stops on it (one run
+    cannot tell it from an outage), and the resume, failing on it again with ``max_sends`` of
+    them counted, ends it as a reject of stage ``unreturned``: the run completes."""
     png = red_picture(tmp_path / "red.png")
     poison = red_picture(tmp_path / "poison.jpg")
     marker = base64.b64encode(poison.read_bytes())[-120:]
@@ -47,8 +48,19 @@ async def test_a_poison_image_left_last_is_a_reject_not_a_stopped_run(
             svc.url, Misbehaviour(fail_single_holding=marker, drop_single=how == "dropped")
         ) as proxy,
     ):
+        state = tmp_path / "state.db"
+        with pytest.raises(FatalRunError, match="single-mode tag"):
+            await run_pipeline(
+                [csv],
+                client=client_config(proxy.url),
+                out=out,
+                rejects=rej,
+                state=state,
+                engine=engine,
+            )
+        assert read_outcomes(out, rej).rejects == []
         summary = await run_pipeline(
-            [csv], client=client_config(proxy.url), out=out, rejects=rej, engine=engine
+            [csv], client=client_config(proxy.url), out=out, rejects=rej, state=state, engine=engine
         )
     assert summary.complete and summary.error is None
     o = assert_exactly_once(out, rej, {i for i, _ in rows})
@@ -125,3 +137,38 @@ async def test_a_lone_image_of_an_endpoint_that_tagged_none_is_no_reject(tmp_pat
         )
     assert summary.complete and summary.rejected == 0
     assert_exactly_once(out, rej, {i for i, _ in rows})
+
+
+async def test_an_outage_with_one_image_left_rejects_no_image(tmp_path: Path) -> None:
+    """Five images tagged, then the single endpoint answers 500 to everything (an outage of a
+    few minutes) while the last image is on its way: inside one run nothing tells that from
+    a poison image, and the image was an ``unreturned`` reject once ``give_up_after`` was
+    spent, the run complete, exit 0, a good picture never tagged. A lone image's failures
+    end it only when they were counted in an earlier run too: this run stops, state saved,
+    and the same command once the endpoint works tags it."""
+    png = red_picture(tmp_path / "red.png")
+    last = red_picture(tmp_path / "last.jpg")
+    marker = base64.b64encode(last.read_bytes())[-120:]
+    rows = [(f"s{i}", str(png)) for i in range(5)] + [("last", str(last))]
+    csv = write_csv_rows(tmp_path / "m.csv", rows)
+    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state.db"
+    engine = msgspec.structs.replace(ENGINE, give_up_after=3.0)
+    async with running_service(ServiceConfig()) as svc:
+        async with misbehaving(svc.url, Misbehaviour(fail_single_holding=marker)) as proxy:
+            with pytest.raises(FatalRunError, match="single-mode tag"):
+                await run_pipeline(
+                    [csv],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=state,
+                    engine=engine,
+                )
+        assert proxy.single_failed >= 5  # (max_sends counted: before, a reject here)
+        assert read_outcomes(out, rej).rejects == []
+        summary = await run_pipeline(
+            [csv], client=client_config(svc.url), out=out, rejects=rej, state=state, engine=engine
+        )
+    assert summary.complete and summary.rejected == 0
+    o = assert_exactly_once(out, rej, {i for i, _ in rows})
+    assert len(o.results) == 6
