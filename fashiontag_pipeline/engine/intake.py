@@ -27,7 +27,7 @@ from .jobs import Job, JobEnd, Jobs
 from .manifests import STDIN
 from .policy import Measured
 from .rows import RowBatch
-from .rules import unkeyable
+from .rules import LONG_ID, id_error, unkeyable
 from .single import merge_routes, pending_ops, split_routes
 from .sinks import LineSet
 from .state import POS_SHIFT, JobReject, Journal, split_position
@@ -234,6 +234,9 @@ async def intake(
                 for pos, r in client_rejects
                 if r.id is not None and not unkeyable(r.id)  # (no store takes a NUL, ...)
             ]
+            if any(r.id is not None and id_error(r.id) == LONG_ID for _, r in fresh):
+                # (Builds before that limit misread such a reject: the state says so.)
+                also.append(journal.db.long_ids_mark())
             keep = await journal.intake(
                 job.id,
                 keyed,
@@ -247,7 +250,7 @@ async def intake(
                 also,
             )
             if late:
-                await journal.commit(rejects=late, settle=True)
+                await journal.commit(rejects=late, settle=True, ops=[journal.db.long_ids_mark()])
             if singles:
                 bulk, routed_rows = split_routes(rows, keep, validated)
                 if routed_rows:

@@ -14,7 +14,7 @@ import anyio
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, dead_port, run_args, run_piped
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, run_piped, write_csv
 
 
 def _long(n: int) -> str:
@@ -155,3 +155,69 @@ async def test_a_stdin_resume_of_a_long_id_an_earlier_build_took_in_is_taken(
     outcomes = assert_exactly_once(out, out.with_suffix(".rej"), ids)
     (reject,) = outcomes.rejects
     assert reject["id"] == long_id and "2048 bytes" in reject["reason"], reject["reason"]
+
+
+#: The newest state each build before the id limit reads (2026-11-27): a SQLite file's
+#: ``user_version`` and a PostgreSQL state's ``states.version``; a newer one it refuses,
+#: saying to upgrade fashiontag.
+BEFORE_THE_LIMIT_READS = {"sqlite": 2, "postgresql": 1}
+
+
+def _state_version(state: Path | str) -> int:
+    if isinstance(state, Path):
+        db = sqlite3.connect(state)
+        try:
+            return int(db.execute("PRAGMA user_version").fetchone()[0])
+        finally:
+            db.close()
+    import psycopg
+
+    base, _, name = state.partition("#")
+    with psycopg.connect(base) as conn:
+        rows = conn.execute("SELECT name, version FROM states").fetchall()
+    (version,) = [v for schema, v in rows if schema.endswith(f"_{name}")]
+    return int(version)
+
+
+async def test_a_state_holding_a_long_id_s_reject_is_refused_by_a_build_before_the_limit(
+    tmp_path: Path, state_location: Callable[[str], Path | str]
+) -> None:
+    """A deploy put back (the night's run stopped: the service down) left a state holding the
+    reject of a ~3 KB id in the window a resume reads again (V ahead of W), which a build
+    before the limit misread: it took the id in again (no store held it), sent it and wrote
+    it a second reject, then called the state damaged (exit 3, '--restart starts over': every
+    row billed again); with that reject the last line of the rejects, it refused the file as
+    another run's, advising --restart too (a daemon failed the manifest). Now such a state is
+    marked a version newer, which those builds refuse ('upgrade fashiontag') before reading
+    anything; a state without such a reject keeps its version (a rollback takes it), and
+    this build resumes the marked one as ever."""
+    long_id = _long(3000)
+    manifest = tmp_path / "m.csv"
+    with manifest.open("w") as fh:
+        fh.write("id,url\n")
+        for i in range(30_000):
+            if i == 12_000:
+                fh.write(f"{long_id},https://x.example/long.jpg\n")
+            fh.write(f"a{i},https://x.example/{i}.jpg\n")
+    plain = write_csv(tmp_path / "plain.csv", 300)
+    backend = "sqlite" if isinstance(state_location("x"), Path) else "postgresql"
+    reads = BEFORE_THE_LIMIT_READS[backend]
+    out, state, other = tmp_path / "out.jsonl", state_location("long"), state_location("plain")
+    dead = f"http://127.0.0.1:{dead_port()}"
+    for path, where, to in ((manifest, state, out), (plain, other, tmp_path / "plain.jsonl")):
+        args = run_args(dead, to, "--state", str(where))
+        stopped = await anyio.run_process(
+            [*args, "--give-up-after", "1", str(path)], check=False, env=ENV
+        )
+        assert stopped.returncode == 1, stopped.stderr.decode()
+    assert _state_version(state) > reads  # (refused by those builds)
+    assert _state_version(other) == reads  # (taken by them: a rollback works)
+    async with running_service(ServiceConfig(fetch=False)) as svc:
+        args = run_args(svc.url, out, "--state", str(state), str(manifest))
+        resumed = await anyio.run_process(args, check=False, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    ids = {f"a{i}" for i in range(30_000)} | {long_id}
+    outcomes = assert_exactly_once(out, out.with_suffix(".rej"), ids)
+    (reject,) = outcomes.rejects
+    assert reject["id"] == long_id and "2048 bytes" in reject["reason"], reject["reason"]
+    assert _state_version(state) == reads  # (a completed run: none misreads it)

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from fashiontag_pipeline import StateError
-from fashiontag_pipeline.engine.state import STATE_FILE_VERSION, StateDB
+from fashiontag_pipeline.engine.state import STATE_FILE_BASE, STATE_FILE_VERSION, StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, read_outcomes, run_args, write_csv
@@ -55,7 +55,7 @@ async def test_a_state_file_of_a_newer_fashiontag_is_refused_and_left_as_it_is(
             run_args(svc.url, out, str(last_night), "--state", str(state)), check=False, env=ENV
         )
         assert first.returncode == 0, first.stderr.decode()
-        assert _version(state) == STATE_FILE_VERSION
+        assert _version(state) == STATE_FILE_BASE
         _mark(state, STATE_FILE_VERSION + 1)  # (a newer build ran on it, and was put back)
         results = out.read_bytes()
         again = await anyio.run_process(
@@ -92,7 +92,7 @@ def test_a_daemon_state_file_of_a_newer_layout_is_refused_untouched(tmp_path: Pa
 def test_a_state_file_of_every_build_before_versions_is_taken_and_marked(tmp_path: Path) -> None:
     """A file written before the version was kept (user_version 0: every build up to
     2026-11-26) is of this layout or an older one this build migrates: it is opened as ever,
-    its run kept, and marked with this version."""
+    its run kept, and marked with the version of its layout (a file holding no long id's reject)."""
     path = tmp_path / "old.state"
     db = StateDB(path)
     try:
@@ -105,7 +105,7 @@ def test_a_state_file_of_every_build_before_versions_is_taken_and_marked(tmp_pat
         assert db.meta("run_token") == "0123456789abcdef"
     finally:
         db.close()
-    assert _version(path) == STATE_FILE_VERSION
+    assert _version(path) == STATE_FILE_BASE
 
 
 async def test_an_orphan_counted_by_an_older_build_is_not_counted_again(tmp_path: Path) -> None:

@@ -51,8 +51,10 @@ __all__ = [
     "state_schema",
 ]
 
-#: The version of a state schema's tables (``states.version``).
-STATE_VERSION = 1
+#: The newest version of a state schema's tables (``states.version``) this build reads: 2 is
+#: 1 holding the reject of an id too long to key (see ``schema.STATE_FILE_VERSION``).
+STATE_VERSION = 2
+_STATE_BASE = 1
 
 #: The tables of :mod:`.schema` in PostgreSQL's types. Text keys compare byte-wise
 #: (``COLLATE "C"``): the daemon deletes a job's ids by range (``JOB/`` to ``JOB0``).
@@ -185,6 +187,9 @@ class PostgresStateDB(StateStore):
 
     #: Version 1 tables keep no ids beside a chunk's body: a task's sent ids come from bodies.
     chunk_ids = False
+    _VERSION_SET = "UPDATE states SET version = {} WHERE name = current_schema()"
+    LONG_IDS_MARK = _VERSION_SET.format(STATE_VERSION)
+    LONG_IDS_CLEAR = _VERSION_SET.format(_STATE_BASE)
 
     def __init__(
         self,
@@ -298,7 +303,7 @@ class PostgresStateDB(StateStore):
                     sql.SQL(
                         "INSERT INTO {}.states (name, schema_name, version) VALUES (%s, %s, %s)"
                     ).format(sql.Identifier(self.base)),
-                    (self.schema, self.schema, STATE_VERSION),
+                    (self.schema, self.schema, _STATE_BASE),
                 )
             else:
                 _add_written_at(conn, self.schema)

@@ -85,6 +85,7 @@ __all__ = [
     "JOB_COUNTERS",
     "POS_SHIFT",
     "SCHEMA",
+    "STATE_FILE_BASE",
     "STATE_FILE_VERSION",
     "TABLES",
     "position",
@@ -99,8 +100,15 @@ POS_SHIFT = 40
 #: before the version was kept (2026-11-26), this layout or one :class:`~.sqlite.StateDB`
 #: migrates. 2: ids taken in may wait in ``ids_log`` before they reach ``ids``
 #: (:mod:`.idset`); a build of version 1 would not see them, and take their rows' later
-#: duplicates in.
-STATE_FILE_VERSION = 2
+#: duplicates in. 3: the file holds the reject of an id too long to key (``rules.LONG_ID``),
+#: which no store holds: a build of version 2 (before that limit) took the reject for another
+#: run's line, or took the row in again and sent it. A file is marked 3 only with such a
+#: reject's commit (:meth:`~.store.StateStore.long_ids_mark`), and back to
+#: :data:`STATE_FILE_BASE` when its run completes: the others stay 2, which a build put back
+#: after a bad deploy still reads.
+STATE_FILE_VERSION = 3
+#: The version of a state file holding no such reject (see :data:`STATE_FILE_VERSION`).
+STATE_FILE_BASE = 2
 
 COUNTERS = (
     "submitted",

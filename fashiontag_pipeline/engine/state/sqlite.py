@@ -17,7 +17,7 @@ from pathlib import Path
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID
 from .idset import DeferredIds
-from .schema import SCHEMA, STATE_FILE_VERSION, TABLES
+from .schema import SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
 
 __all__ = ["RECLAIM_MIN_BYTES", "STATE_CACHE_KIB", "WAL_CHECKPOINT_PAGES", "StateDB"]
@@ -79,6 +79,9 @@ def state_free(path: Path) -> None:
 class StateDB(DeferredIds, StateStore):
     """The SQLite state file (WAL), locked while open; its run-wide dedupe is
     :class:`~.idset.DeferredIds`'s."""
+
+    LONG_IDS_MARK = f"PRAGMA user_version={STATE_FILE_VERSION}"
+    LONG_IDS_CLEAR = f"PRAGMA user_version={STATE_FILE_BASE}"
 
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
         self.path = path
@@ -155,8 +158,8 @@ class StateDB(DeferredIds, StateStore):
         if "failure" not in columns:  # state files written before a job kept its failure
             db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
             db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
-        if version < STATE_FILE_VERSION:  # new, or of a build before the version was kept
-            db.execute(f"PRAGMA user_version={STATE_FILE_VERSION}")
+        if version < STATE_FILE_BASE:  # new, or of a build before the version was kept
+            db.execute(f"PRAGMA user_version={STATE_FILE_BASE}")
         return db
 
     def mark_complete(self, when: str) -> None:

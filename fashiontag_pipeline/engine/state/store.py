@@ -109,6 +109,18 @@ class StateStore(ChunkTables):
     #: The journal of the one engine that uses this store (:meth:`claim`), None when free.
     owner: object | None = None
 
+    #: The statements that mark the state as holding the reject of an id too long to key,
+    #: which builds before that limit misread (they refuse the mark: see
+    #: :data:`~.schema.STATE_FILE_VERSION`), and that take the mark off (a run completed, or
+    #: emptied): a backend sets them.
+    LONG_IDS_MARK = ""
+    LONG_IDS_CLEAR = ""
+
+    def long_ids_mark(self) -> tuple[str, tuple[()]]:
+        """The change marking the state (see :attr:`LONG_IDS_MARK`), committed with such a
+        reject."""
+        return (self.LONG_IDS_MARK, ())
+
     def claim(self, owner: object | None) -> None:
         """Hold the store for one engine's journal (``None``: free it again). A second engine
         on a store in use would share its one connection from a second state thread (each
@@ -271,6 +283,7 @@ class StateStore(ChunkTables):
         with self.transaction():
             for table in TABLES:
                 self.db.execute(f"DELETE FROM {table}")
+            self.db.execute(self.LONG_IDS_CLEAR)
 
     def _run_state(
         self, token: str, *, opened: str, note: str = "", completed_at: str | None = None
@@ -344,6 +357,8 @@ class StateStore(ChunkTables):
         """Record that the run is reconciled: the same manifests again have nothing to do."""
         with self.transaction():  # a fenced backend checks its lease there
             self.set_meta("completed_at", when)
+            # (A completed run is never resumed: no build misreads its rejects.)
+            self.db.execute(self.LONG_IDS_CLEAR)
 
     def dedupe(self, keyed: Sequence[tuple[str, int]]) -> list[int] | None:
         """For each (id, pos): the position of the id's first row. New ids are inserted (the
