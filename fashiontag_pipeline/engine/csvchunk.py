@@ -136,10 +136,6 @@ class CsvChunk:
         #: The text of a record still open at the chunk's end (None: none was).
         self.rest: str | None = None
 
-    def share_done(self) -> float:
-        """The share of the chunk's lines parsed so far (the progress line's estimate)."""
-        return 1.0 if self.done or not self._count else min(1.0, self.consumed / self._count)
-
     def _read_from(self, first: int) -> _csv.Reader:
         """A csv reader of the chunk's lines from ``first`` on (then the marker line)."""
         self._from = first

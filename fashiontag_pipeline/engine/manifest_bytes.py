@@ -21,7 +21,7 @@ import stat
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, TypeVar
+from typing import Any, BinaryIO, Literal
 
 from .._exceptions import ManifestError
 from .manifests import ManifestPrint, fingerprint, fingerprint_open
@@ -51,7 +51,6 @@ READ_SIZE = 1 << 20
 #: What may follow a manifest's last line end and is no row: NUL bytes padding it to a block (a
 #: tape or block device's, ``dd conv=sync``), a DOS end-of-file mark (Ctrl-Z, an old ERP's).
 _END_PADDING = b"\x00\x1a"
-_T = TypeVar("_T")
 #: The longest line a manifest may hold (also the CSV field limit: a row's one big field,
 #: a ``data:`` image, and its few short ones). A line is held whole until its newline, and
 #: decoded and parsed in copies of it: a file with no line end (a JSON array on one line, a
@@ -188,10 +187,6 @@ class ManifestBytes:
         #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
         self.bytes_read = 0
         self.size: int | None = None
-        #: Bytes of text those reads gave (decompressed for gzip), and the bytes read that the
-        #: rows handed out so far stand for (:meth:`_noted`).
-        self.produced = 0
-        self.bytes_parsed = 0
         #: Where reading starts (stdin redirected from a file another command read part of).
         self._offset0 = 0
         #: What the run looks at again when it ends (kept after the reader is dropped).
@@ -250,7 +245,6 @@ class ManifestBytes:
                 if raw[:2] == GZIP_MAGIC:
                     self._gunzip = zlib.decompressobj(wbits=31)
             if self._gunzip is None:
-                self.produced += len(raw)
                 return raw
             if not raw:
                 if not self._gunzip.eof:
@@ -273,25 +267,7 @@ class ManifestBytes:
                     f"manifest {self.name} is not valid gzip after {self.bytes_read:,} bytes: {err}"
                 ) from None
             if out:
-                self.produced += len(out)
                 return out
-
-    def _noted(self, batch: _T) -> _T:
-        """``batch`` as it is handed out, :attr:`bytes_parsed` brought up to it: the progress
-        line's share read. A gzip read of 1 MiB holds ~10 MiB of rows, parsed a batch at a
-        time: a manifest under 1 MiB gzipped is read whole at once, and its rows parsed so far
-        were taken for all of them. (Set here, in the reader's thread, read from another.)"""
-        produced = self.produced
-        left = min(produced, len(self._pending) + self.unparsed())
-        self.bytes_parsed = (
-            round(self.bytes_read * (produced - left) / produced) if produced else self.bytes_read
-        )
-        return batch
-
-    def unparsed(self) -> int:
-        """Bytes of text taken from :meth:`_next_records` whose rows are not handed out yet
-        (the parsing half knows)."""
-        return 0
 
     def _after_member(self) -> bytes | None:
         """The bytes after a gzip member's end: the next member's (a multi-member gzip,

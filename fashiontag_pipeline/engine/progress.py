@@ -7,8 +7,7 @@
 * Both: a warning when retries or rate-limited answers pile up within one interval.
 
 The size is known when every manifest is a regular file: rows are estimated from the share of
-its bytes their rows parsed so far stand for (compressed bytes for a ``.gz``, read 1 MiB ahead
-of its rows: ``ManifestBytes._noted``), exact once every row is parsed.
+its bytes read so far (compressed bytes for a ``.gz``), exact once the input is read.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class JobSource:
             reader.close()
 
     def bytes_read(self) -> int:
-        return self._bytes_done + sum(r.bytes_parsed for r in self._readers)
+        return self._bytes_done + sum(r.bytes_read for r in self._readers)
 
     def bytes_total(self) -> int:
         """Total bytes of every manifest read so far (0 when one has no known size)."""

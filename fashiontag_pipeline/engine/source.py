@@ -97,7 +97,8 @@ class ManifestReader(ManifestBytes):
         # A CSV chunk with no quote, CR or NUL: its lines, split at commas without the csv
         # module (the same fields; see _start).
         self._plain: list[str] | None = None
-        self._base = self._done = self._chunk = 0  # (_chunk: its size, see unparsed)
+        self._base = 0
+        self._done = 0
 
     # -------------------------------------------------------------- records
 
@@ -207,7 +208,7 @@ class ManifestReader(ManifestBytes):
 
     def _start(self, text: str) -> None:
         """Begin parsing a chunk of complete records."""
-        self._base, self._chunk = self._line, len(text)
+        self._base = self._line
         self._done = 0
         if self.kind != "csv":
             lines = text.split("\n")
@@ -234,12 +235,6 @@ class ManifestReader(ManifestBytes):
         else:
             # The input's last chunk (read to its end, nothing pending) has no record after it.
             self._csv = CsvChunk(text, last=self._eof and not self._pending)
-
-    def unparsed(self) -> int:
-        """Bytes of the chunk being parsed whose rows are not handed out yet (an estimate)."""
-        lines, chunk = self._lines or self._plain, self._csv
-        share = self._done / len(lines) if lines else chunk.share_done() if chunk else 1.0
-        return round(self._chunk * (1.0 - min(1.0, share)))
 
     def _take(self) -> Sequence[tuple[int, Any]]:
         """Up to ``max_rows`` rows of the chunk being parsed (a row with bytes that are not
@@ -337,7 +332,7 @@ class ManifestReader(ManifestBytes):
                 text = _LINE_BOMS.sub("", text)
             self._dirty = dirty
             self._start(text)
-        return self._noted(RowBatch(self.source, self.label, self.kind, self.header, self._take()))
+        return RowBatch(self.source, self.label, self.kind, self.header, self._take())
 
 
 def manifests_size(readers: list[ManifestReader]) -> int:

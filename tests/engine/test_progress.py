@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import io
 import logging
-import re
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
@@ -146,39 +143,3 @@ def test_plain_progress_does_not_import_rich() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "False"
-
-
-async def test_a_gzip_manifest_read_whole_is_not_taken_for_its_rows_parsed(
-    tmp_path: Path,
-) -> None:
-    """A gzip manifest is read in 1 MiB reads of compressed bytes: a catalogue of 100,000 rows
-    (~0.5 MB gzipped) is read whole at the first read, while its rows are parsed 2,000 at a
-    time as the run takes them in. The estimate took the rows parsed so far for the
-    manifest's exact size: with the service pushing back on creates, the log said
-    ``(4.5%, 2,000/44,000 rows done, ETA ?)`` of a 100,000-row manifest, as if exact, and
-    ``100.0%`` once 44,000 rows were done. The bytes counted are those the rows parsed
-    stand for: the total stays an estimate (``~``) until every row is parsed, and near the
-    real one."""
-    from fashiontag_pipeline.service import ServiceConfig, running_service
-
-    from .helpers import ENV, write_csv
-    from .proxy import Misbehaviour, misbehaving
-
-    n = 100_000
-    manifest = write_csv(tmp_path / "m.csv.gz", n)
-    assert manifest.stat().st_size < 1 << 20  # read whole at once
-    rules = Misbehaviour(storm=429, storm_ops={"create"}, storm_window=(0.0, 3.0))
-    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
-        args = [sys.executable, "-m", "fashiontag_pipeline", "run", str(manifest)]
-        args += ["--base-url", proxy.url, "--out", str(tmp_path / "out.jsonl")]
-        args += ["--progress-interval", "0.2", "--give-up-after", "60"]
-        with anyio.fail_after(120):
-            done = await anyio.run_process(args, check=False, env=ENV)
-    err = done.stderr.decode()
-    assert done.returncode == 0, err[-2000:]
-    totals = re.findall(r"\(\d+\.\d%, [\d,]+/(~?)([\d,]+) rows done", err)
-    assert totals, err[-2000:]
-    for approx, total in totals:
-        rows = int(total.replace(",", ""))
-        assert approx == "~" or rows == n, f"{total} rows said exact of {n:,}"
-        assert rows >= n * 0.8, f"~{total} rows estimated of {n:,}"
