@@ -73,7 +73,7 @@ def test_many_rows_in_small_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         (b"id,url,id\na,https://x,b\n", "names the column id twice"),
         (b"id,url,brand, brand\na,https://x,b,c\n", "names the column brand twice"),
         (b"id,url,productContentName,product_content_name\na,https://x,b,c\n", "both"),
-        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "neither CSV nor JSONL"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "is a PNG image, not a manifest"),
         (b"", "empty"),
     ],
 )
