@@ -193,6 +193,37 @@ def test_the_sqlite_sink_cuts_back_to_its_checkpoint(tmp_path: Path) -> None:
     sink.close()
 
 
+def test_a_new_sqlite_results_file_has_16_kib_pages_and_an_older_one_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    """A new results file is made with 16 KiB pages (a quarter of the page writes of 4 KiB
+    for ~1.6 KB results); a file made with SQLite's 4 KiB pages (an earlier version's) keeps
+    them, its rows and its rowid checkpoints: resumed, cut back, written on."""
+    new = tmp_path / "new.db"
+    sink = SqliteResultSink(new)
+    sink.write_page("t1", _page("a"))
+    sink.close()
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as db:
+        db.execute("PRAGMA page_size = 4096")
+        db.execute("VACUUM")
+    sink = SqliteResultSink(old)
+    sink.write_page("t1", _page("a", "b"))
+    committed = sink.checkpoint()
+    sink.write_page("t1", _page("c"))
+    sink.close()
+    sink = SqliteResultSink(old)
+    sink.truncate(committed)
+    sink.write_page("t1", _page("d"))
+    sink.close()
+    sizes = {}
+    for path in (new, old):
+        with sqlite3.connect(path) as db:
+            sizes[path.name] = db.execute("PRAGMA page_size").fetchone()[0]
+    assert sizes == {"new.db": 16384, "old.db": 4096}
+    assert _sqlite_rows(new) == ["a"] and _sqlite_rows(old) == ["a", "b", "d"]
+
+
 def test_a_result_in_latin_1_is_no_crash_of_the_sqlite_sink(tmp_path: Path) -> None:
     """A tagging result written in ISO-8859-1 (a name with the byte E9: msgspec passes it on
     as raw JSON) is written with its columns unread, as any result it cannot read; msgspec's
