@@ -49,6 +49,23 @@ _IGNORABLE = re.compile(
 #: A run of percent-encoded bytes (a service that URL-decodes the ids it echoes).
 _PERCENT = re.compile(r"(?:%[0-9a-fA-F]{2})+")
 
+#: Each ASCII byte of ids joined after NULs, mapped for :func:`_own_keys`: a byte the coarse key
+#: changes anywhere (upper-case letters, ``%``, ``+``, the ASCII whitespace ``str.split``
+#: drops) to 0xFF, a byte it may change after a NUL (``0``, ``-``: an integer's leading zeros
+#: and sign) to 1, NUL to itself and every other byte to ``a``.
+_OWN_KEY_BYTES = bytes(
+    0
+    if b == 0
+    else 0xFF
+    if chr(b).isspace() or chr(b).lower() != chr(b) or chr(b) in "%+"
+    else 1
+    if chr(b) in "0-"
+    else ord("a")
+    for b in range(256)
+)
+#: An id starting with a zero or a minus sign, in ids mapped by ``_OWN_KEY_BYTES``.
+_MAPPED_SIGN_OR_ZERO = re.compile(b"\x00\x01")
+
 #: A chunk's requests, each left encoded (encoded again as it is: the same bytes).
 _requests_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -67,9 +84,30 @@ def _bytes(match: re.Match[str]) -> str:
     return data.decode("utf-8", "replace").replace("\x00", "")
 
 
+def _own_keys(joined: str) -> bool:
+    """True when every id of ``joined`` (ids each after a NUL) is its own coarse key, told by
+    one table lookup a byte where the general path (:func:`_block`) folds, splits and searches:
+    the common case (lower-case ASCII ids, no whitespace, ``%`` or ``+``, none starting with a
+    sign or zero). False is safe: the general path then makes the same keys, only slower."""
+    if not joined.isascii():
+        return False
+    mapped = joined.encode("ascii").translate(_OWN_KEY_BYTES)
+    # ASCII text folds by lower() alone (no upper-case letter: unchanged); without % or + it
+    # is not URL-decoded; without whitespace nothing is split out; and no id starts with a
+    # sign or zero (+ is refused anywhere) for the integer's sign and zeros to be dropped.
+    return b"\xff" not in mapped and _MAPPED_SIGN_OR_ZERO.search(mapped) is None
+
+
 def _block(ids: Sequence[str]) -> tuple[str, str]:
     """``ids`` joined, each after a NUL, and their coarse keys joined the same way."""
     joined = "\x00" + "\x00".join(ids)
+    if _own_keys(joined):
+        return joined, joined
+    return joined, _general(joined)
+
+
+def _general(joined: str) -> str:
+    """The coarse keys of the ids of ``joined`` (each after a NUL), joined the same way."""
     text = _folded(joined)
     if "%" in text or "+" in text:  # (URL-decoded: "a%20b" is "a b", and "x+y" "x y")
         while (decoded := _PERCENT.sub(_bytes, text)) != text:
@@ -78,7 +116,7 @@ def _block(ids: Sequence[str]) -> tuple[str, str]:
     text = "".join(text.split())
     if _SIGN_OR_ZERO.search(text):
         text = _SIGN_OR_ZEROS.sub("\x00", text)
-    return joined, text
+    return text
 
 
 def coarse_keys(ids: Sequence[str]) -> list[str]:
