@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from fashiontag_pipeline import RetryPolicy
-from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -23,6 +23,18 @@ from .test_single_mode import red_picture, write_csv_rows
 ENGINE = EngineConfig(
     poll_min=0.02, poll_max=0.1, linger_seconds=0.2, fsync_seconds=10.0, single_concurrency=1
 )
+
+
+async def _run(tmp_path: Path, csv: Path, url: str, engine: EngineConfig) -> RunSummary:
+    """``csv`` through the service at ``url``, outputs and state in ``tmp_path``."""
+    return await run_pipeline(
+        [csv],
+        client=client_config(url),
+        out=tmp_path / "out.jsonl",
+        rejects=tmp_path / "rej.jsonl",
+        state=tmp_path / "state.db",
+        engine=engine,
+    )
 
 
 @pytest.mark.parametrize("how", ["500", "dropped"])
@@ -48,20 +60,10 @@ async def test_a_poison_image_left_last_is_a_reject_not_a_stopped_run(
             svc.url, Misbehaviour(fail_single_holding=marker, drop_single=how == "dropped")
         ) as proxy,
     ):
-        state = tmp_path / "state.db"
         with pytest.raises(FatalRunError, match="single-mode tag"):
-            await run_pipeline(
-                [csv],
-                client=client_config(proxy.url),
-                out=out,
-                rejects=rej,
-                state=state,
-                engine=engine,
-            )
+            await _run(tmp_path, csv, proxy.url, engine)
         assert read_outcomes(out, rej).rejects == []
-        summary = await run_pipeline(
-            [csv], client=client_config(proxy.url), out=out, rejects=rej, state=state, engine=engine
-        )
+        summary = await _run(tmp_path, csv, proxy.url, engine)
     assert summary.complete and summary.error is None
     o = assert_exactly_once(out, rej, {i for i, _ in rows})
     (reject,) = o.rejects
@@ -117,24 +119,15 @@ async def test_a_lone_image_of_an_endpoint_that_tagged_none_is_no_reject(tmp_pat
     png = red_picture(tmp_path / "red.png")
     rows = [("s0", str(png))]
     csv = write_csv_rows(tmp_path / "m.csv", rows)
-    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state.db"
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(ENGINE, give_up_after=1.0)
     async with running_service(ServiceConfig()) as svc:
         async with misbehaving(svc.url, Misbehaviour(fail_single_holding=b"")) as proxy:
             with pytest.raises(FatalRunError, match="single-mode tag"):
-                await run_pipeline(
-                    [csv],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    state=state,
-                    engine=engine,
-                )
+                await _run(tmp_path, csv, proxy.url, engine)
         assert proxy.single_failed > 5
         assert read_outcomes(out, rej).rejects == []
-        summary = await run_pipeline(
-            [csv], client=client_config(svc.url), out=out, rejects=rej, state=state, engine=engine
-        )
+        summary = await _run(tmp_path, csv, svc.url, engine)
     assert summary.complete and summary.rejected == 0
     assert_exactly_once(out, rej, {i for i, _ in rows})
 
@@ -151,24 +144,15 @@ async def test_an_outage_with_one_image_left_rejects_no_image(tmp_path: Path) ->
     marker = base64.b64encode(last.read_bytes())[-120:]
     rows = [(f"s{i}", str(png)) for i in range(5)] + [("last", str(last))]
     csv = write_csv_rows(tmp_path / "m.csv", rows)
-    out, rej, state = tmp_path / "out.jsonl", tmp_path / "rej.jsonl", tmp_path / "state.db"
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(ENGINE, give_up_after=3.0)
     async with running_service(ServiceConfig()) as svc:
         async with misbehaving(svc.url, Misbehaviour(fail_single_holding=marker)) as proxy:
             with pytest.raises(FatalRunError, match="single-mode tag"):
-                await run_pipeline(
-                    [csv],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    state=state,
-                    engine=engine,
-                )
+                await _run(tmp_path, csv, proxy.url, engine)
         assert proxy.single_failed >= 5  # (max_sends counted: before, a reject here)
         assert read_outcomes(out, rej).rejects == []
-        summary = await run_pipeline(
-            [csv], client=client_config(svc.url), out=out, rejects=rej, state=state, engine=engine
-        )
+        summary = await _run(tmp_path, csv, svc.url, engine)
     assert summary.complete and summary.rejected == 0
     o = assert_exactly_once(out, rej, {i for i, _ in rows})
     assert len(o.results) == 6
