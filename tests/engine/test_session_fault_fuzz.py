@@ -9,7 +9,8 @@ killed (SIGKILL) at 0-3 points chosen by what the run has done, then resumed unt
 Every row must end exactly once, each result equal to a plain run's, and the service's bill
 the rows plus the re-sends the summary reports.
 
-``FUZZ_SEEDS=100-160`` runs those seeds; the seeds kept here are representative cases."""
+``FUZZ_SEEDS=100-160`` runs those seeds (``FUZZ_STATE=postgresql``: their states in PostgreSQL,
+``--state URL#fuzz``); the seeds kept here are representative cases."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
 from fashiontag_pipeline.service import ServiceConfig, running_service
 from fashiontag_pipeline.service.faults import FaultSpec
 
-from .helpers import ENV, job_marks, run_args, taken_in
+from .fuzz_state import StateProbe, deleter_of
+from .helpers import ENV, run_args
 from .proxy import BULK, MisbehavingProxy, Misbehaviour, request_kind
 from .test_single_mode import red_picture
 
@@ -245,38 +247,19 @@ def _lines(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _kill_point(
-    kind: str, share: float, case: Case, state: Path, proxy: SessionFaults
+    kind: str, share: float, case: Case, state: StateProbe, proxy: SessionFaults
 ) -> Callable[[], bool]:
     before = (proxy.events, len(proxy.lost_answers), proxy.status_lagged, len(proxy.forgotten))
     if kind == "unknown":
-        return lambda: taken_in(state)[2] >= 1
+        return lambda: state.taken()[2] >= 1
     if kind == "event":
         return lambda: (
             (proxy.events, len(proxy.lost_answers), proxy.status_lagged, len(proxy.forgotten))
             != before
         )
     if kind == "accepted":
-        return lambda: taken_in(state)[0] >= share * case.rows
-    return lambda: job_marks(state)[1] >= share * case.rows * 100
-
-
-def _deleter(out: Path, state: Path) -> Callable[[], None]:
-    """Deletes the results or rejects file once while it is empty and the run has rows in."""
-    done: list[bool] = []
-
-    def tick() -> None:
-        if done or taken_in(state)[0] == 0:
-            return
-        for path in (out.with_suffix(".rej"), out):
-            try:
-                if path.stat().st_size == 0:
-                    path.unlink()
-                    done.append(True)
-                    return
-            except FileNotFoundError:
-                pass
-
-    return tick
+        return lambda: state.taken()[0] >= share * case.rows
+    return lambda: state.marks()[1] >= share * case.rows * 100
 
 
 async def _open(
@@ -304,7 +287,7 @@ async def _feed(proc: Any, data: bytes) -> None:
         pass  # (killed meanwhile)
 
 
-async def fuzz_case(tmp_path: Path, case: Case) -> None:
+async def fuzz_case(tmp_path: Path, case: Case, state_url: str | None = None) -> None:
     manifest, singles, marker = _manifest(case, tmp_path)
     config = _config(case, tmp_path)
     source = "-" if case.fmt == "stdin" else str(manifest)
@@ -325,7 +308,7 @@ async def fuzz_case(tmp_path: Path, case: Case) -> None:
     faults = FaultSpec(**case.faults, seed=case.seed) if case.faults else None
     out = tmp_path / "fuzz" / "out.jsonl"
     out.parent.mkdir()
-    state, summary = Path(f"{out}.state"), tmp_path / "summary.json"
+    state, summary = StateProbe(state_url or Path(f"{out}.state")), tmp_path / "summary.json"
     clock = _Clock()
     result_ttl = 60.0
     proxy = SessionFaults(case, clock, result_ttl)
@@ -334,12 +317,12 @@ async def fuzz_case(tmp_path: Path, case: Case) -> None:
     codes: list[int] = []
     errors: list[str] = []
     service = ServiceConfig(rate=3000.0, faults=faults, result_ttl=result_ttl, clock=clock)
-    deleter = _deleter(out, state) if "delete_empty" in case.spices else (lambda: None)
+    deleter = deleter_of(out, state) if "delete_empty" in case.spices else (lambda: None)
     async with running_service(service) as svc, anyio.create_task_group() as tg:
         proxy.upstream = svc.url
         async with proxy.running():
             args = run_args(proxy.url, out, source, "--config", str(config))
-            args += ["--summary", str(summary)]
+            args += ["--summary", str(summary), *state.args]
             for point in [*case.kills, *[None] * 6]:  # the kills, then resumes to the end
                 if codes and codes[-1] == 0:
                     break
@@ -362,6 +345,7 @@ async def fuzz_case(tmp_path: Path, case: Case) -> None:
                 if stdin is not None and "--resume" not in args and state.exists():
                     args.append("--resume")
         billed = svc.store.image_count
+    state.close()
     assert codes[-1] == 0, (codes, errors)
     results, rejects = _lines(out)
     fuzz_lines = collections.Counter([*results, *(r["id"] for r in rejects)])
@@ -424,8 +408,24 @@ if os.environ.get("FUZZ_SEEDS"):
 KEPT = [182, 172, 187, 129, 189, 188, 134]
 
 
-@pytest.mark.parametrize("seed", SEEDS or KEPT)
-async def test_session_fault_paths_killed_and_resumed(tmp_path: Path, seed: int) -> None:
+#: Kept on a PostgreSQL state too: PUTs refused on a stdin run resumed three times; results
+#: expiring with three kills.
+KEPT_PG = [172, 188]
+BACKEND = os.environ.get("FUZZ_STATE", "sqlite")
+CASES = [pytest.param(s, BACKEND, id=str(s) if BACKEND == "sqlite" else f"{s}-pg") for s in SEEDS]
+CASES = CASES or [
+    *(pytest.param(s, "sqlite", id=str(s)) for s in KEPT),
+    *(pytest.param(s, "postgresql", id=f"{s}-pg") for s in KEPT_PG),
+]
+
+
+@pytest.mark.parametrize(("seed", "backend"), CASES)
+async def test_session_fault_paths_killed_and_resumed(
+    tmp_path: Path, seed: int, backend: str, request: pytest.FixtureRequest
+) -> None:
     case = draw(seed)
-    print(case)
-    await fuzz_case(tmp_path, case)
+    print(case, backend)
+    pg = backend == "postgresql"
+    await fuzz_case(
+        tmp_path, case, f"{request.getfixturevalue('postgres_url')}#fuzz" if pg else None
+    )
