@@ -174,7 +174,9 @@ async def test_a_resume_goes_on_when_the_tasks_that_stopped_the_run_still_give_n
         async with proxy.running():
             with pytest.raises(FatalRunError, match="no result"):
                 await _run(manifest, proxy.url, out, rej)
-            proxy.broken = set(proxy.created)
+            # The two tasks of the rows read (on a loaded machine a task of rows sent again
+            # may be made before the stop: it is not one of those that stopped the run).
+            proxy.broken = set(proxy.created[:2])
             summary = await _run(manifest, proxy.url, out, rej)
     assert summary.complete and summary.unsettled == 0
     o = assert_exactly_once(out, rej, ids_of(2000))
