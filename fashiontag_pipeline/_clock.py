@@ -20,8 +20,9 @@ and no correction is made: the engine's ``expiry_margin`` covers that last secon
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from datetime import datetime
+
+from ._times import http_date
 
 __all__ = ["ServerClock"]
 
@@ -43,10 +44,7 @@ class ServerClock:
             date = self._last_date
         else:
             try:
-                when = parsedate_to_datetime(header)
-                if when.tzinfo is None:  # ``-0000``, "zone unknown": an HTTP date is GMT
-                    when = when.replace(tzinfo=UTC)
-                date = when.timestamp()
+                date = http_date(header)
             except (TypeError, ValueError, IndexError, OverflowError):
                 return
             self._last_header, self._last_date = header, date

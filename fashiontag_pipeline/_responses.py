@@ -4,8 +4,6 @@ error body (either shape of the interface) to an exception, and reads ``Retry-Af
 from __future__ import annotations
 
 import contextlib
-import datetime
-import email.utils
 import math
 import re
 import time
@@ -16,6 +14,7 @@ import msgspec
 from . import _exceptions as exc
 from ._config import shown_url
 from ._models import FailureItem
+from ._times import http_date
 
 __all__ = [
     "Response",
@@ -305,25 +304,15 @@ def retry_after(headers: Any, *, now: float | None = None) -> float | None:
     else:
         return seconds if 0.0 <= seconds < math.inf else None
     try:
-        when = _http_date(value)
+        when = http_date(value)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     reference = now if now is not None else time.time()
     server_date = headers.get("Date")
     if server_date:
         with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
-            reference = _http_date(server_date)
+            reference = http_date(server_date)
     return max(0.0, when - reference)
-
-
-def _http_date(text: str) -> float:
-    """Epoch seconds of an HTTP date; one with the zone ``-0000`` (RFC 2822's "zone unknown",
-    Python's ``email.utils.formatdate()``) is GMT, as an HTTP date is, not the host's local
-    time (a Retry-After of 12 s was read as hours on a host away from GMT)."""
-    when = email.utils.parsedate_to_datetime(text)
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return when.timestamp()
 
 
 _HTML = re.compile(rb"<(?:!doctype|html|head|body|title)\b", re.IGNORECASE)

@@ -7,7 +7,7 @@ import email.utils
 import math
 from datetime import UTC, datetime
 
-__all__ = ["WireTime", "format_time", "parse_time", "time_or_none"]
+__all__ = ["WireTime", "format_time", "http_date", "parse_time", "time_or_none"]
 
 #: A time as a service writes it: text (:func:`parse_time`'s forms), or a JSON number of epoch
 #: seconds or milliseconds (a Java service's default); a number is not refused as not text.
@@ -89,3 +89,14 @@ def format_time(moment: datetime) -> str:
     """Format an aware datetime the way the reference service does: ``2026-11-22T03:46:13.123Z``."""
     utc = moment.astimezone(UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def http_date(text: str) -> float:
+    """Epoch seconds of an HTTP date (a ``Date`` or ``Retry-After`` header); one with the zone
+    ``-0000`` (RFC 2822's "zone unknown", Python's ``email.utils.formatdate()``) is GMT, as an
+    HTTP date is, not the host's local time (a host away from GMT read it hours off). Raises
+    what ``email.utils.parsedate_to_datetime`` raises."""
+    when = email.utils.parsedate_to_datetime(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
