@@ -28,7 +28,7 @@ from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
 from ..engine.engine import RunControl
-from ..engine.run_checks import a_folder, same_file
+from ..engine.run_checks import a_folder, not_a_folder, same_file
 from .common import (
     ABORT_GRACE,
     EXIT_ERROR,
@@ -158,7 +158,7 @@ def daemon_command(args: argparse.Namespace) -> int:
     if not inbox.is_dir():
         print(f"fashiontag: inbox {inbox} is not a folder", file=sys.stderr)
         return EXIT_USAGE
-    blocker = _not_a_folder(outbox)
+    blocker = not_a_folder(outbox)
     if blocker is not None:
         # The daemon creates the outbox: a file there (or on its path), or a symlink to
         # nothing (a file system not mounted), made its mkdir fail with FileExistsError or
@@ -275,16 +275,6 @@ def daemon_command(args: argparse.Namespace) -> int:
     except (FashiontagError, OSError, sqlite3.Error) as err:
         return _report(err, log)
     return EXIT_OK
-
-
-def _not_a_folder(path: Path) -> Path | None:
-    """The nearest of ``path`` and its parents that exists (a symlink to nothing too), when
-    it is not a folder (the folder cannot be created there); None when the folder exists or
-    can be created."""
-    for at in (path, *path.parents):
-        if os.path.lexists(at):
-            return None if at.is_dir() else at
-    return None
 
 
 def _overlap(inbox: Path, outbox: Path) -> str | None:

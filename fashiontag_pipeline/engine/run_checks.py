@@ -31,6 +31,7 @@ __all__ = [
     "file_size",
     "folder_blocked",
     "not_a_file",
+    "not_a_folder",
     "not_state_file",
     "not_utf8",
     "outputs_elsewhere",
@@ -238,6 +239,16 @@ def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
     return None
 
 
+def not_a_folder(path: Path) -> Path | None:
+    """The nearest of ``path`` and its parents that exists (a symlink to nothing too), when it
+    is not a folder (a folder cannot be made there); None when the folder is there (a symlink
+    to one too) or can be made."""
+    for at in (path, *path.parents):
+        if os.path.lexists(at):
+            return None if at.is_dir() else at
+    return None
+
+
 def folder_blocked(what: str, path: Path) -> str | None:
     """Why the folder ``path`` is to be in cannot be made (None when it is there or can be):
     the nearest name above it that exists is a symlink to nothing (a file system not mounted
@@ -246,26 +257,23 @@ def folder_blocked(what: str, path: Path) -> str | None:
     "No such file or directory")."""
     absolute = Path(os.path.abspath(path))
     if os.path.islink(absolute) and not os.path.exists(absolute):
-        folder = Path(os.path.realpath(absolute)).parent
-        if not folder.is_dir():
+        target = Path(os.path.realpath(absolute)).parent
+        if not target.is_dir():
             return (
-                f"{what} {path} is a symlink to {os.readlink(absolute)}: its folder {folder}"
+                f"{what} {path} is a symlink to {os.readlink(absolute)}: its folder {target}"
                 " does not exist (a file system not mounted?): mount or make it, or give"
                 " another path"
             )
-    for folder in absolute.parents:
-        if folder.is_dir():
-            return None
-        if not os.path.lexists(folder):
-            continue
-        if folder.is_symlink():
-            return (
-                f"{what} {path}: its folder {folder} is a symlink to {os.readlink(folder)},"
-                " which does not exist (a file system not mounted?): mount or make it, or give"
-                " another path"
-            )
-        return f"{what} {path}: its folder {folder} is not a folder: give another path"
-    return None
+    folder = not_a_folder(absolute.parent)
+    if folder is None:
+        return None
+    if folder.is_symlink():
+        return (
+            f"{what} {path}: its folder {folder} is a symlink to {os.readlink(folder)},"
+            " which does not exist (a file system not mounted?): mount or make it, or give"
+            " another path"
+        )
+    return f"{what} {path}: its folder {folder} is not a folder: give another path"
 
 
 def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
