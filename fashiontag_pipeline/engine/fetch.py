@@ -158,6 +158,12 @@ class PageFetcher:
                 await self.budget.failed(err, what)
                 continue
             except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
+                if err.status in (301, 308):
+                    # Moved for good (http -> https, a new host or path): asking again never
+                    # reads the page (it held a run to --give-up-after, a daemon for ever).
+                    # Stopped at once, as a status read or a write so answered: the line
+                    # names the base URL to give.
+                    raise FatalRunError(f"the service has moved: {err}") from err
                 if 300 <= err.status < 400:
                     # A redirect (never followed): a front end's (to its maintenance page, for
                     # a while); it says nothing of the page. Taken as empty after four tries

@@ -1,0 +1,92 @@
+"""Behaviours carried over from earlier sessions' notes, staged as a user meets them."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import anyio
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, run_args, write_csv
+
+MOVED = "http://new.example.invalid"
+
+
+@contextlib.asynccontextmanager
+async def moved_reads(
+    upstream: str, moved: str, *, status: int = 301, list_down: bool = False
+) -> AsyncIterator[str]:
+    """A front end that forwards writes and the task list, and answers every read of a task
+    (its status, its results) ``status`` to ``moved`` (the service moved mid-run);
+    ``list_down``: the task list answered 503 (the statuses are read instead)."""
+    session = aiohttp.ClientSession()
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        raw = request.raw_path
+        if request.method == "GET" and request.path.endswith("/bulk") and list_down:
+            return web.Response(status=503, text="down")
+        if request.method == "GET" and "/bulk/" in request.path:
+            return web.Response(status=status, headers={"Location": moved + raw}, text="Moved")
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() in ("x-api-key", "content-type", "accept-language")
+        }
+        async with session.request(
+            request.method, upstream + raw, data=body or None, headers=headers
+        ) as up:
+            payload = await up.read()
+            return web.Response(
+                status=up.status,
+                body=payload,
+                headers={"Content-Type": up.headers.get("Content-Type", "text/plain")},
+            )
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+@pytest.mark.parametrize(("status", "list_down"), [(301, False), (308, False), (301, True)])
+async def test_a_permanent_redirect_of_a_read_stops_the_run_at_once(
+    tmp_path: Path, status: int, list_down: bool
+) -> None:
+    """The service moved for good mid-run (http -> https, a new host): its front end answers
+    every read of a task 301 or 308 to the new address. A status read so answered stopped the
+    run at once; a results read was retried like a maintenance page's 302 until
+    --give-up-after (and for ever in a daemon). Now both stop at once, state saved, the line
+    naming the base URL to give; the key never goes to the new host."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "o.jsonl"
+    async with (
+        running_service(ServiceConfig(fetch=False)) as svc,
+        moved_reads(svc.url, MOVED, status=status, list_down=list_down) as url,
+    ):
+        started = time.monotonic()
+        args = run_args(url, out, str(manifest), "--state", str(tmp_path / "s.db"))
+        args += ["--give-up-after", "30"]
+        with anyio.fail_after(120):
+            result = await anyio.run_process(args, check=False, env=ENV)
+        took = time.monotonic() - started
+    err = result.stderr.decode()
+    assert result.returncode == 1 and took < 20, err[-2000:]
+    last = err.splitlines()[-1]
+    assert last.startswith("fashiontag: ") and "Traceback" not in err, err[-2000:]
+    assert "give the base URL http://new.example.invalid" in last, last
