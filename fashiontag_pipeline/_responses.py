@@ -293,10 +293,23 @@ def retry_after(headers: Any, *, now: float | None = None) -> float | None:
     (so a client whose clock differs from the server's still waits the intended time), else
     against the local clock; a date in the past means no wait. A number of seconds that is
     negative or not finite is no delay (RFC 9110: a non-negative integer): ignored, as any
-    other text that is not one."""
+    other text that is not one. A header a proxy merged from several (``5, 5``: field lines
+    joined with commas) is read as its longest wait, not as none (the run asked again after
+    its short backoffs, into the rate limit)."""
     value = headers.get("Retry-After") if headers is not None else None
     if value is None:
         return None
+    wait = _one_retry_after(value, headers, now)
+    if wait is not None or "," not in value:
+        return wait
+    parts = value.split(",")
+    # (an HTTP date holds a comma of its own: "Wed, 21 Oct 2026 07:28:12 GMT")
+    pieces = parts + [",".join(parts[i : i + 2]) for i in range(len(parts) - 1)]
+    waits = [w for w in (_one_retry_after(p, headers, now) for p in pieces) if w is not None]
+    return max(waits, default=None)
+
+
+def _one_retry_after(value: str, headers: Any, now: float | None) -> float | None:
     try:
         seconds = float(value)
     except ValueError:

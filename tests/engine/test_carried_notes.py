@@ -14,7 +14,8 @@ from aiohttp import web
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .proxy import Misbehaviour, misbehaving
 
 MOVED = "http://new.example.invalid"
 
@@ -90,3 +91,21 @@ async def test_a_permanent_redirect_of_a_read_stops_the_run_at_once(
     last = err.splitlines()[-1]
     assert last.startswith("fashiontag: ") and "Traceback" not in err, err[-2000:]
     assert "give the base URL http://new.example.invalid" in last, last
+
+
+@pytest.mark.parametrize("merged", ["5, 5", "5,5"])
+async def test_a_retry_after_merged_by_a_proxy_is_still_waited(tmp_path: Path, merged: str) -> None:
+    """A proxy that merges a repeated header into one (RFC 9110 lets it join field lines with
+    commas) passes the service's ``Retry-After: 5`` on as ``5, 5``: every request answered 429
+    so for 5 s (a rate limit). Read as no Retry-After, the run asked again after 0.2 s
+    backoffs (dozens of requests into the limit); it waits the 5 s it is asked to."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out = tmp_path / "out.jsonl"
+    rules = Misbehaviour(storm=429, storm_retry_after=merged, storm_window=(0.0, 5.0))
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        args = run_args(proxy.url, out, str(manifest))
+        with anyio.fail_after(40):
+            done = await anyio.run_process(args, check=False, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()[-600:]
+    assert proxy.storm_answers <= 6, f"{proxy.storm_answers} requests answered 429 in 5 s"
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
