@@ -134,6 +134,10 @@ class Health:
             self._failing_since = now
         self._last_heard = now
 
+    def unreachable_for(self) -> float | None:
+        """Seconds since the streak of requests that got no answer began (None: none)."""
+        return None if self._failing_since is None else self._clock() - self._failing_since
+
     def quiet_for(self) -> float:
         """Seconds since a request to the service last ended (answered or not); ``inf``
         before the first. The daemon probes the service when this grows: an idle daemon

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._urls import shown_url
 from ..engine.manifests import ManifestPrint
 from .http import DaemonStatus, Health, ManifestProgress
 from .inbox import Claim
@@ -295,12 +296,38 @@ class DaemonMonitor:
         and 200 for ever after its service went away."""
         health = self.health
         interval = max(0.1, min(PROBE_INTERVAL, health.unreachable_after / 3))
+        said: float | None = None
         while True:
             if health.quiet_for() >= interval and not health.draining:
                 # A probe cut short ends as "no answer" (the observer sees status 0).
                 with anyio.move_on_after(max(interval, PROBE_TIMEOUT)):
                     await client.probe()
+                said = self._say_unreachable(shown_url(client.base_url), said)
             await anyio.sleep(interval)
+
+    def _say_unreachable(self, where: str, said: float | None) -> float | None:
+        """While only the probe asks the service (nothing to send), a warning once it has not
+        answered for ``unreachable_after``, again every :data:`SUMMARY_EVERY` seconds (at most
+        ten times ``unreachable_after``) while that lasts, and a line when it answers. Before,
+        a daemon started with a wrong ``--base-url`` logged "daemon started" and nothing more
+        until a manifest came (``/readyz`` alone said so). Returns when it last said so."""
+        health = self.health
+        down = health.unreachable_for()
+        if down is None:
+            if said is not None:
+                logger.info("the service at %s answers now", where)
+            return None
+        now = time.monotonic()
+        every = min(SUMMARY_EVERY, 10 * health.unreachable_after)
+        if down < health.unreachable_after or (said is not None and now - said < every):
+            return said
+        logger.warning(
+            "the service at %s has not answered for %.0f s (nothing listens there, or it is"
+            " down: is --base-url right?); /readyz says 503, and the daemon keeps asking",
+            where,
+            down,
+        )
+        return now
 
     def _oldest_pending(self) -> float | None:
         now = time.monotonic()
