@@ -21,7 +21,7 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
-from .flow import AIMDLimiter, FatalRunError, RetryBudget
+from .flow import AIMDLimiter, FatalRunError, RetryBudget, redirect_fault
 from .pages import NotAPage, PageRow, decode_page, screen
 from .tracker import TaskEntry
 
@@ -164,11 +164,11 @@ class PageFetcher:
                     # Stopped at once, as a status read or a write so answered: the line
                     # names the base URL to give.
                     raise FatalRunError(f"the service has moved: {err}") from err
-                if 300 <= err.status < 400:
-                    # A redirect (never followed): a front end's (to its maintenance page, for
-                    # a while); it says nothing of the page. Taken as empty after four tries
-                    # in 0.7 s, its rows were billed again: transient, like a 5xx.
-                    await self.budget.failed(exc.ServerError(str(err), **err.answer()), what)
+                fault = redirect_fault(err)
+                if fault is not None:
+                    # It says nothing of the page. Taken as empty after four tries in 0.7 s,
+                    # its rows were billed again: transient, like a 5xx.
+                    await self.budget.failed(fault, what)
                     continue
                 if entry.ended is not None:
                     return self._ended_unread(entry, offset, err)

@@ -25,6 +25,7 @@ __all__ = [
     "FatalRunError",
     "RetryBudget",
     "RunControl",
+    "redirect_fault",
     "refused",
 ]
 
@@ -71,6 +72,16 @@ def _trouble(err: BaseException) -> tuple[str, str]:
 
 class FatalRunError(FashiontagError):
     """The run cannot go on (bad key, service unreachable after the retry budget)."""
+
+
+def redirect_fault(err: exc.ServiceError) -> exc.ServerError | None:
+    """A temporary redirect (302, 303, 307: never followed, the key would go with it) of a
+    read, as the transient fault it is: a front end's, to its maintenance page for a while;
+    it says nothing of the task. None for any other answer, a permanent one (301, 308: the
+    service moved, asking again never reads it) included."""
+    if 300 <= err.status < 400 and err.status not in (301, 308):
+        return exc.ServerError(str(err), **err.answer())
+    return None
 
 
 def refused(err: exc.FashiontagError) -> FatalRunError:

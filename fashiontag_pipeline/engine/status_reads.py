@@ -25,7 +25,7 @@ import anyio
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import Task
-from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, refused
+from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, redirect_fault, refused
 
 __all__ = ["StatusReads", "poll_fault"]
 
@@ -89,6 +89,12 @@ class StatusReads:
                     return
                 except REFUSED as err:
                     raise refused(err) from err
+                except exc.ServiceError as err:
+                    fault = redirect_fault(err)  # (a front end's, to its maintenance page)
+                    if fault is None:
+                        raise
+                    failed[task_id] = fault
+                    return
             self.unread_since.pop(task_id, None)
             if task is not None:
                 found[task_id] = task

@@ -31,7 +31,7 @@ from .. import _exceptions as exc
 from .._client import LIST_PAGE_SIZE, TaggerClient
 from .._models import Task, TaskStatus
 from .config import EngineConfig
-from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, refused
+from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, redirect_fault, refused
 from .forecast import CompletionForecast
 from .state import Journal, changes
 from .status_reads import STATUS_MAX, StatusReads
@@ -156,7 +156,13 @@ class Tracker:
         poll asked for the list again in place: a service whose list broke while its statuses
         answered stopped ``run`` after ``give_up_after`` and held the daemon for ever."""
         try:
-            tasks = await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
+            try:
+                tasks = await self.client.list_tasks(offset=0, size=LIST_PAGE_SIZE)
+            except exc.ServiceError as err:
+                fault = redirect_fault(err)  # (a front end's, to its maintenance page)
+                if fault is None:
+                    raise
+                raise fault from err
         except (*TRANSIENT, exc.ResultsNotReadyError) as err:
             if not self._list_failing:
                 logger.warning(

@@ -390,3 +390,47 @@ async def test_give_up_after_holds_when_the_service_takes_connections_and_never_
     assert held == 2, f"{held} requests sent"
     # The budget: 3.5 s; then the request under way ends within its 3 s deadline. Before: 9 s.
     assert elapsed < 7.8, elapsed
+
+
+class PollRedirectBlip(MisbehavingProxy):
+    """The proxy with a load balancer that, from the first poll on, redirects every read of
+    the task list and of a task's status (302 to its maintenance page on another host, or
+    ``status``) for ``seconds``: the service behind it is switched over, and still holds
+    every task."""
+
+    def __init__(self, upstream: str, seconds: float, status: int = 302) -> None:
+        super().__init__(upstream, Misbehaviour())
+        self.seconds = seconds
+        self.status = status
+        self.blipped = 0
+        self.began: float | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        poll = request.method == "GET" and (path == BULK or path.endswith("/status"))
+        if poll:
+            now = anyio.current_time()
+            self.began = now if self.began is None else self.began
+            if now - self.began < self.seconds:
+                self.blipped += 1
+                where = "https://status.example.com/maintenance.html"
+                return web.Response(status=self.status, headers={"Location": where})
+        return await super().handle(request)
+
+
+@pytest.mark.parametrize("status", [302, 303, 307])
+async def test_a_redirect_of_the_polls_for_a_moment_is_waited_out(
+    tmp_path: Path, status: int
+) -> None:
+    """The load balancer redirects the task list and every status read to its maintenance
+    page for 1.5 s (a switch-over behind it). The same redirect of a results page is waited
+    out under the give-up budget; of a poll it stopped the run at once (exit 1; a daemon
+    with it, for a moment's maintenance). A temporary redirect of a poll is transient too: the
+    run waits it out, every row once, nothing sent again."""
+    proxy = PollRedirectBlip("", seconds=1.5, status=status)
+    summary, o = await run_through(tmp_path, 3000, proxy, LONG_TASKS)
+    assert proxy.blipped >= 2
+    assert summary.complete and summary.unsettled == 0
+    assert len(o.results) == 3000 and not o.rejects
+    assert summary.resent == 0 and summary.lost_tasks == 0
+    assert len(proxy.created) == 1, proxy.created
