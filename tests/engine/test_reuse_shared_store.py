@@ -193,3 +193,73 @@ def test_reuse_stats_with_a_read_only_postgresql_role_reads_the_figures(
         assert figures["rows"] == 2 and figures["last_run"]["hit_rate"] == 0.5, figures
     else:
         assert "rows 2" in out and "hit rate 50.0%" in out, out
+
+
+def _role_on_store(postgres_url: str, name: str, *grants: str) -> str:
+    """A login role on the schema of ``postgres_url`` given ``grants`` (``{schema}`` and
+    ``{role}`` filled in); the URL its runs give."""
+    import psycopg
+
+    schema = postgres_url.rsplit("%3D", 1)[1]
+    role = f"{name}_{schema}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        for grant in grants:
+            conn.execute(grant.format(schema=schema, role=role))
+    return postgres_url.replace("postgresql://postgres@", f"postgresql://{role}@", 1)
+
+
+async def _tag(tmp_path: Path, reuse: str, n: int) -> tuple[int, str, list[str]]:
+    """``fashiontag run --reuse REUSE`` of ``n`` rows (its state a file): exit code, stderr,
+    the ids the service was sent."""
+    import anyio
+
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    from .helpers import ENV, run_args, write_csv
+
+    tmp_path.mkdir(exist_ok=True)
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = [*run_args(svc.url, out, str(manifest)), "--state", str(tmp_path / "s.state")]
+        done = await anyio.run_process([*args, "--reuse", reuse], check=False, env=ENV)
+        sent = [i for record in svc.store.tasks.values() for i in record.ids]
+    return done.returncode, done.stderr.decode(), sent
+
+
+_DML = 'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"'
+
+
+async def test_a_store_made_by_its_owner_is_used_by_a_role_granted_its_rows(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A DBA's least-privilege deployment: the shared store made once by the schema's owner,
+    the team's nightly role granted SELECT, INSERT, UPDATE and DELETE on its tables, no CREATE.
+    Every run of that role stopped at its start, exit 1, with ``cannot be used: permission
+    denied for schema ...`` (the migrations' DDL ran even on a current schema), pushing the
+    DBA to grant CREATE. A current schema is used as it is: the role tags and stores, and the
+    next night reuses what it stored."""
+    open_store(postgres_url).close()  # (made by the owner: the schema is current)
+    url = _role_on_store(postgres_url, "nightly", _DML)
+    code, err, sent = await _tag(tmp_path / "first", url, 5)
+    assert code == 0 and len(sent) == 5, err[-800:]
+    code, err, sent = await _tag(tmp_path / "second", url, 5)
+    assert code == 0 and sent == [], err[-800:]
+    assert "reused 5" in err, err[-800:]
+
+
+async def test_a_store_on_a_read_only_database_stops_the_run_before_anything_is_sent(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A store whose database only reads (a hot standby after a failover, a role or database
+    with ``default_transaction_read_only = on``): the run could look results up but store
+    none, so it stops at its start (exit 1, nothing sent), saying the database is read-only."""
+    open_store(postgres_url).close()
+    url = _role_on_store(
+        postgres_url, "standby", _DML, 'ALTER ROLE "{role}" SET default_transaction_read_only = on'
+    )
+    code, err, sent = await _tag(tmp_path, url, 5)
+    assert code == 1 and sent == [], err[-800:]
+    assert "read-only" in err and "Traceback" not in err, err[-800:]

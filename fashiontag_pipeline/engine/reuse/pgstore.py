@@ -124,6 +124,11 @@ class PostgresResultStore(StoreConnections):
                     " AND NOT EXISTS (SELECT 1 FROM reuse_runs)"
                 ).fetchone()
                 created = bool(row and row[0])
+            # A database that only reads (a hot standby after a failover, a role or database
+            # with default_transaction_read_only): told now, before a row is sent, not at the
+            # first page's results.
+            row = writer.execute("SELECT current_setting('transaction_read_only')").fetchone()
+            read_only = create and row == ("on",)
         except psycopg.Error as err:
             for conn in opened:
                 conn.close()
@@ -132,6 +137,13 @@ class PostgresResultStore(StoreConnections):
             for conn in opened:
                 conn.close()
             raise
+        if read_only:
+            for conn in opened:
+                conn.close()
+            raise exc.ResultStoreError(
+                f"result store {where} cannot be used: its database is read-only (a hot standby,"
+                " or default_transaction_read_only = on): give --reuse the primary's URL"
+            )
         if created and not create:
             for conn in opened:
                 conn.close()
