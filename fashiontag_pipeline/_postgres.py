@@ -270,7 +270,13 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], *, target: int = SCHEM
     """
     if not 0 <= target <= SCHEMA_VERSION:
         raise ValueError(f"no schema version {target}")
+    begins = conn.info.transaction_status == 0  # (pq.TransactionStatus.IDLE: ours to begin)
     with conn.transaction():
+        if begins:
+            # The version is read after the lock's wait, not from a snapshot taken before it
+            # (a database whose default isolation is repeatable read or serializable): else a
+            # caller that waited for another's migration found none and made it again.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         found = schema_version(conn)
         if found > SCHEMA_VERSION:

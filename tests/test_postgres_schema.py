@@ -5,12 +5,15 @@ when newer than the code; a URL's password never shows."""
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
+import psycopg.conninfo
 import pytest
 
 from fashiontag_pipeline import StateError
 from fashiontag_pipeline._postgres import (
+    MIGRATION_LOCK,
     MIGRATIONS,
     SCHEMA_VERSION,
     is_postgres_url,
@@ -21,6 +24,8 @@ from fashiontag_pipeline._postgres import (
 from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
 from fashiontag_pipeline.daemon.ledger import ClaimRecord
 from fashiontag_pipeline.engine.state.pgstore import PostgresStateDB
+
+from .postgres import PostgresCluster
 
 ALL = [m.version for m in MIGRATIONS]
 
@@ -80,6 +85,45 @@ def test_daemons_starting_together_create_the_schema_once(postgres_url: str) -> 
         thread.join(timeout=60)
     assert errors == []
     assert versions(postgres_url) == ALL
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_daemons_starting_together_on_a_database_of_stricter_isolation_create_it_once(
+    postgres_cluster: PostgresCluster, isolation: str
+) -> None:
+    """A database whose DBA set ``default_transaction_isolation`` to repeatable read or
+    serializable: of two daemons (or a daemon and a run) starting together on it while new,
+    the one that waited for the other's migration read the schema's version from a snapshot
+    taken before it waited, found none, created the tables again and stopped, exit 1
+    (``cannot open: relation "claims" already exists``). It reads the version after its
+    wait, finds the schema made, and opens."""
+    url = postgres_cluster.create_database("strict")
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(postgres_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{isolation}'")
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            PostgresClaimLedger(url).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    with psycopg.connect(url) as first:  # (the daemon that migrates first)
+        first.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        other = threading.Thread(target=start)
+        other.start()
+        deadline = time.monotonic() + 30
+        while not first.execute(  # (until the other waits for the lock)
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone():
+            assert time.monotonic() < deadline and other.is_alive(), errors
+            time.sleep(0.02)
+        migrate(first)
+        first.commit()
+    other.join(timeout=60)
+    assert errors == []
+    assert versions(url) == ALL
 
 
 def test_a_newer_schema_is_refused(postgres_url: str) -> None:
