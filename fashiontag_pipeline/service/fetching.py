@@ -10,6 +10,8 @@ decodes in its :class:`~.decoding.DecodePool`.
   names them or its host name resolves to them (checked at connection time, on every redirect),
   unless ``allow_private`` (tests serve images from 127.0.0.1). A refused URL fails with 803
   and says nothing of what is behind it.
+* A page answered 200 (text, HTML, JSON, XML) fails with 803; any other body, whatever its
+  ``Content-Type`` (``binary/octet-stream`` from S3), is decoded and fails only if it is no image.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MAX_REDIRECTS = 5
 #: Connections to all image hosts at once (single mode and the bulk worker together).
 MAX_FETCH_CONNECTIONS = 100
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_PAGE_SUBTYPES = ("html", "json", "xml", "javascript", "ecmascript")
 _REFUSED = "image URL host is not a public address (loopback and private hosts are refused)"
 
 
@@ -52,6 +55,17 @@ def is_public_address(address: str) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return ip.is_global and not ip.is_multicast
+
+
+def _is_page(content_type: str) -> bool:
+    """Whether a body of ``content_type`` is a page (an error or login page answered 200): text,
+    HTML, JSON, XML, script. Any other type is left to the decoder, which reads the bytes: S3
+    serves an object stored without a type as ``binary/octet-stream``, others send
+    ``application/binary``."""
+    major, _, minor = content_type.split(";", 1)[0].strip().lower().partition("/")
+    if major == "image":
+        return False
+    return major == "text" or minor.endswith(_PAGE_SUBTYPES)
 
 
 class _NonPublicHost(OSError):
@@ -154,7 +168,7 @@ class ImageFetcher:
         if resp.status != 200:
             raise ImageRejected(CODE_FETCH_FAILED, f"image URL answered HTTP {resp.status}")
         ctype = resp.headers.get("Content-Type", "")
-        if ctype and not ctype.lower().startswith(("image/", "application/octet-stream")):
+        if _is_page(ctype):
             raise ImageRejected(
                 CODE_FETCH_FAILED, f"image URL returned {ctype.split(';')[0][:64]}, not an image"
             )

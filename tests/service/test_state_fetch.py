@@ -268,3 +268,53 @@ async def test_a_task_whose_results_expired_keeps_its_counts_across_a_restart(
     async with running_service(config) as svc:
         client = client_for(svc.url)
         assert await client.task_status(created.task_id) == status_before
+
+
+async def test_images_served_as_generic_binary_are_tagged(
+    start_service: StartService, client_for: Callable[..., TaggerClient]
+) -> None:
+    """An image stored in S3 without a content type is served as ``binary/octet-stream`` (S3's
+    default); others send ``application/binary`` or ``application/x-octet-stream``. Each is an
+    image and is tagged, single mode and bulk, where a text page is still 803."""
+    red = product_png((200, 20, 30))
+    generic = ("binary/octet-stream", "application/binary", "application/x-octet-stream")
+
+    async def image(request: web.Request) -> web.Response:
+        return web.Response(body=red, headers={"Content-Type": request.match_info["ctype"]})
+
+    app = web.Application()
+    app.router.add_get("/{ctype:.+}/red.png", image)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    images = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        client = client_for((await start_service(fetch=True)).url)
+        everything = Context(detection=list(Detection))
+        for ctype in generic:
+            single = await client.tag(
+                Image(type=ImageType.URL, content=f"{images}/{ctype}/red.png"), everything
+            )
+            assert single.ok and single.data is not None, (ctype, single.error)
+        created = await client.create_task(
+            [
+                TaggingRequest(
+                    image=Image(type=ImageType.URL, content=f"{images}/{ctype}/red.png"),
+                    context=BulkContext(id=ctype, detection=list(Detection)),
+                )
+                for ctype in (*generic, "text/plain")
+            ]
+        )
+        with anyio.fail_after(10):
+            while not (task := await client.task_status(created.task_id)).done:
+                await anyio.sleep(0.02)
+        results = {
+            r.id: r.tagging_result for r in (await client.task_results(task.task_id)).results
+        }
+        assert [k for k, v in results.items() if v.ok] == list(generic), results
+        text = results["text/plain"].error
+        assert text is not None and text.code == 803
+        assert (task.count.done, task.count.failure) == (3, 1)
+    finally:
+        await runner.cleanup()
