@@ -35,6 +35,7 @@ from .config import (
     ServiceConfig,
 )
 from .faults import FaultSpec
+from .journal import StateFileError
 
 __all__ = ["ServiceConfigFile", "add_serve_arguments", "main", "serve_command"]
 
@@ -284,6 +285,8 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         take = getattr(args, "take_signals", None)
         anyio.run(_serve, config, host, port, take, backend_options=backend_options)
+    except StateFileError as err:
+        raise ConfigError(f"--state {config.state_path}: {err}") from None
     except OSError as err:
         raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     return 0

@@ -11,7 +11,17 @@ from pathlib import Path
 from .analyzer import Analysis
 from .records import OUTCOME_DONE, OUTCOME_PENDING, TaskRecord
 
-__all__ = ["Journal"]
+__all__ = ["Journal", "StateFileError"]
+
+#: The tables of a state file, and columns of its ``tasks`` no other program's ``tasks`` has
+#: all of (``fashiontag run --state`` keeps a ``tasks`` table too).
+_TABLES = frozenset({"tasks", "images"})
+_TASK_COLUMNS = frozenset({"task_id", "seq", "owner", "album_name", "created", "expire_at"})
+
+
+class StateFileError(Exception):
+    """The ``--state`` file cannot be opened, or is not a state file of this service."""
+
 
 _SIGN = 1 << 63
 _WRAP = 1 << 64
@@ -29,7 +39,37 @@ class Journal:
     """Write-through SQLite mirror of the store."""
 
     def __init__(self, path: Path) -> None:
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        """Open (or create) the state file; :class:`StateFileError` when it cannot be opened,
+        is no SQLite database, or holds another program's tables (nothing is written then)."""
+        try:
+            self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as err:
+            raise StateFileError(f"cannot open it: {err}") from None
+        try:
+            self._check_tables()
+            self._open()
+        except sqlite3.Error as err:
+            self._db.close()
+            raise StateFileError(f"cannot use it: {err}") from None
+        except StateFileError:
+            self._db.close()
+            raise
+
+    def _check_tables(self) -> None:
+        tables = {
+            row[0]
+            for row in self._db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"
+            )
+        }
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(tasks)")}
+        if tables - _TABLES or ("tasks" in tables and not columns >= _TASK_COLUMNS):
+            raise StateFileError(
+                f"it is not a state file of fashiontag serve (it holds the tables "
+                f"{', '.join(sorted(tables))}: another program's, `fashiontag run --state`?)"
+            )
+
+    def _open(self) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(

@@ -186,3 +186,37 @@ def test_serve_refuses_a_ttl_or_rate_it_cannot_keep(
     assert bad.returncode == 2, bad.stdout
     assert named in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     assert "listening" not in bad.stdout
+
+
+@pytest.mark.parametrize("kind", ["missing_dir", "directory", "not_sqlite", "run_state"])
+def test_serve_refuses_a_state_file_it_cannot_use(tmp_path: Path, kind: str) -> None:
+    """``serve --state FILE`` with FILE in a directory that does not exist, a directory, a file
+    that is no SQLite database, or the state file of ``fashiontag run --state`` (also a
+    ``tasks`` table): a traceback, exit 1, and the run's state file was given a column and a
+    table of the service's. Exit 2 naming the file and why, nothing written to it."""
+    import sqlite3
+
+    from fashiontag_pipeline.engine.state.schema import SCHEMA
+
+    state = {
+        "missing_dir": tmp_path / "no" / "such" / "state.sqlite",
+        "directory": tmp_path,
+        "not_sqlite": tmp_path / "notes.txt",
+        "run_state": tmp_path / "run-state.sqlite",
+    }[kind]
+    if kind == "not_sqlite":
+        state.write_text("not a database, some notes\n" * 50)
+    if kind == "run_state":
+        with sqlite3.connect(state) as db:
+            db.executescript(SCHEMA)
+        db.close()
+    before = state.read_bytes() if state.is_file() else None
+    bad = subprocess.run(
+        serve_argv("--port", "0", "--state", str(state)), capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2, (bad.stdout, bad.stderr)
+    assert "Traceback" not in bad.stderr, bad.stderr
+    assert "--state" in bad.stderr and str(state) in bad.stderr, bad.stderr
+    assert "listening" not in bad.stdout
+    if before is not None:
+        assert state.read_bytes() == before
