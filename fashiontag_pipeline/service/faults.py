@@ -100,6 +100,11 @@ class FaultSpec:
             if not sep:
                 raise ValueError(f"fault item {item!r} is not NAME=VALUE")
             prob_text, _, extra = value.partition(":")
+            if extra and ((name.isdigit() and name != "429") or name in ("drop", "ambiguous")):
+                raise ValueError(
+                    f"fault {name} takes no duration ({item!r}): only 429=P:RETRY_AFTER and"
+                    " latency=P:DURATION do"
+                )
             if name.isdigit():
                 code = int(name)
                 if code == 429:

@@ -36,6 +36,15 @@ def test_parse_spec() -> None:
             FaultSpec.parse(bad)
 
 
+@pytest.mark.parametrize("item", ["503=0.1:2s", "drop=0.1:1s", "ambiguous=0.1:5s"])
+def test_a_duration_where_the_fault_takes_none_is_refused(item: str) -> None:
+    """``503=0.1:2s`` (a Retry-After for the 503s, as ``429=P:D`` gives one) was taken as
+    ``503=0.1``, the ``:2s`` dropped in silence: the tester believed the 503s carried a wait.
+    Only 429 and latency take a duration; any other is refused, saying which take one."""
+    with pytest.raises(ValueError, match="takes no duration"):
+        FaultSpec.parse(item)
+
+
 def test_dice_are_reproducible() -> None:
     spec = FaultSpec.parse("500=0.2,429=0.2,drop=0.2,ambiguous=0.2", seed=42)
     rolls = [spec.dice().roll(is_write=True) for _ in range(3)]
