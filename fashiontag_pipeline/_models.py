@@ -385,8 +385,9 @@ class TaskResultsData(msgspec.Struct, rename="camel", gc=False):
 
 
 class TaskResultsResponse(msgspec.Struct, omit_defaults=True, gc=False):
-    """Body of ``GET /tagger/v2.12/bulk/{task}?offset=&size=``."""
+    """Body of ``GET /tagger/v2.12/bulk/{task}?offset=&size=``. Spec 4.6 shows ``data`` alone:
+    ``status`` may be absent."""
 
-    status: str
+    status: str | None = None
     data: TaskResultsData | None = None
     error: str | None = None

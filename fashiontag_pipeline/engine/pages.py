@@ -56,9 +56,10 @@ class PageData(msgspec.Struct, gc=False):
 
 
 class Page(msgspec.Struct, gc=False):
-    """A results page as the pagers decode it (the typed shape is in ``_models``)."""
+    """A results page as the pagers decode it (the typed shape is in ``_models``). Its
+    ``status`` may be absent: spec 4.6 shows a results body of ``data`` alone."""
 
-    status: str
+    status: str | None = None
     data: PageData | None = None
     error: str | None = None
 
@@ -87,7 +88,7 @@ class _NumberedData(msgspec.Struct, gc=False):
 
 
 class _NumberedPage(msgspec.Struct, gc=False):
-    status: str
+    status: str | None = None
     data: _NumberedData | None = None
     error: str | None = None
 
@@ -147,7 +148,15 @@ def decode_page(body: bytes) -> list[PageRow]:
         raise msgspec.DecodeError(f"JSON nested too deep to read ({err})") from None
     except UnicodeDecodeError as err:  # (msgspec's word for bytes that are not UTF-8)
         raise msgspec.DecodeError(f"not UTF-8 text ({err})") from None
-    if not says_success(page.status):
+    if page.status is None:
+        # Spec 4.6 lists a results page's body as ``data`` alone (4.4 and 4.5 list a
+        # ``status``): a page without one is the page, unless it holds no ``data`` (an
+        # ``{"error": ...}``). Before, such a page was "missing required field status", every
+        # read of it failed, and its rows were sent, and billed, again.
+        if page.data is None:
+            reason = page.error or "no reason given"
+            raise NotAPage(f"HTTP 200 with no status and no data: {reason}")
+    elif not says_success(page.status):
         raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
     rows = page.data.results if page.data is not None else []
     if b"\n" in body or b"\r" in body:
