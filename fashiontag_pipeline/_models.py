@@ -246,6 +246,18 @@ else:
     WireTaskId = str | int
 
 
+if TYPE_CHECKING:
+    WireFailures = list[FailureItem]
+else:
+    #: An array of a bulk answer as services write it: the spec's array, or ``null`` for an
+    #: empty one (a Go service's nil slice: encoding/json writes one never filled as
+    #: ``null``). ``__post_init__`` makes ``null`` the empty list, so the client only ever
+    #: sees the ``list`` the type checker is told about. Before, such an answer was "not the
+    #: expected JSON": an empty task list, looked in for a create whose answer was lost, was
+    #: asked again until the run gave up, and every resume the same.
+    WireFailures = list[FailureItem] | None
+
+
 def _task_id_text(task_id: str | int) -> str:
     return task_id if type(task_id) is str else str(task_id)
 
@@ -258,7 +270,7 @@ class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
     task_expired_at: WireTime = None
     task_expire_at: WireTime = None
     validation: Validation = msgspec.field(default_factory=Validation)
-    failure_list: list[FailureItem] = []
+    failure_list: WireFailures = []
 
     @property
     def expires_at(self) -> datetime | None:
@@ -267,6 +279,8 @@ class BulkTaskResponse(msgspec.Struct, rename="camel", gc=False):
 
     def __post_init__(self) -> None:
         self.task_id = _task_id_text(self.task_id)
+        if self.failure_list is None:
+            self.failure_list = []
 
 
 class TaskCount(msgspec.Struct, gc=False):
@@ -345,9 +359,19 @@ class TaskListPage(msgspec.Struct, rename="camel", gc=False):
     size: int = 0
 
 
+if TYPE_CHECKING:
+    WireTasks = list[Task]
+else:
+    WireTasks = list[Task] | None  # (null: an empty array, see WireFailures)
+
+
 class TaskListData(msgspec.Struct, rename="camel", gc=False):
-    tasks: list[Task] = []
+    tasks: WireTasks = []
     task_info: TaskListPage | None = None
+
+    def __post_init__(self) -> None:
+        if self.tasks is None:
+            self.tasks = []
 
 
 class TaskListResponse(msgspec.Struct, omit_defaults=True, gc=False):
@@ -379,9 +403,19 @@ class ResultItem(msgspec.Struct, rename="camel", gc=False):
     tagging_result: TaggingResponse
 
 
+if TYPE_CHECKING:
+    WireResults = list[ResultItem]
+else:
+    WireResults = list[ResultItem] | None  # (null: an empty array, see WireFailures)
+
+
 class TaskResultsData(msgspec.Struct, rename="camel", gc=False):
     task_info: TaskInfo = msgspec.field(default_factory=TaskInfo)
-    results: list[ResultItem] = []
+    results: WireResults = []
+
+    def __post_init__(self) -> None:
+        if self.results is None:
+            self.results = []
 
 
 class TaskResultsResponse(msgspec.Struct, omit_defaults=True, gc=False):

@@ -52,7 +52,8 @@ class PageRow(msgspec.Struct, rename="camel", gc=False):
 
 
 class PageData(msgspec.Struct, gc=False):
-    results: list[PageRow] = []
+    #: ``null`` (a Go service's empty slice) is no row: see :func:`decode_page`.
+    results: list[PageRow] | None = []
 
 
 class Page(msgspec.Struct, gc=False):
@@ -84,7 +85,7 @@ class _NumberedRow(msgspec.Struct, rename="camel", gc=False):
 class _NumberedData(msgspec.Struct, gc=False):
     #: Each element as it came (one that is no object, ``null`` in place of a result, is a
     #: row with no id and no tagging result: :func:`screen` leaves it out).
-    results: list[msgspec.Raw] = []
+    results: list[msgspec.Raw] | None = []
 
 
 class _NumberedPage(msgspec.Struct, gc=False):
@@ -158,7 +159,7 @@ def decode_page(body: bytes) -> list[PageRow]:
             raise NotAPage(f"HTTP 200 with no status and no data: {reason}")
     elif not says_success(page.status):
         raise NotAPage(f"HTTP 200 with status {page.status!r}: {page.error or 'no reason given'}")
-    rows = page.data.results if page.data is not None else []
+    rows = (page.data.results if page.data is not None else None) or []
     if b"\n" in body or b"\r" in body:
         rows = [_one_line(row) for row in rows]
     return rows
@@ -177,7 +178,7 @@ def _numbered(body: bytes) -> Page:
     except msgspec.DecodeError:
         page_decoder.decode(body)  # raises the error of the spec's shape
         raise
-    rows = page.data.results if page.data is not None else []
+    rows = (page.data.results if page.data is not None else None) or []
     return Page(page.status, PageData([_numbered_row(raw) for raw in rows]), page.error)
 
 

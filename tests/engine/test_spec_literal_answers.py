@@ -3,7 +3,7 @@
 The reference service adds what DESIGN section 3 settles (a ``status`` on every answer, ...);
 a real service may send only what the spec lists. Each test rewrites the reference service's
 answers to the spec's letter and checks the promises: every row once, no row billed twice, an
-honest exit.
+honest exit. The empty arrays of a Go service (``null``: a nil slice) are read here too.
 """
 
 from __future__ import annotations
@@ -86,3 +86,74 @@ async def test_the_library_reads_a_results_page_that_carries_only_data(tmp_path:
                     await anyio.sleep(0.02)
             page = await client.task_results(task.task_id)
     assert proxy.rewritten and [r.id for r in page.results] == ["a"]
+
+
+class NullProxy(LiteralProxy):
+    """A service whose empty arrays are written ``null`` (a Go service's nil slice: its
+    encoding/json writes ``null`` for a slice it never filled)."""
+
+    def __init__(self, kinds: set[str]) -> None:
+        super().__init__(kinds, _nulled)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method in ("POST", "PUT") and "write" in self.kinds:
+            answer = await MisbehavingProxy.handle(self, request)
+            if not isinstance(answer, web.Response) or not isinstance(answer.body, bytes):
+                return answer
+            if answer.status != 202:
+                return answer
+            self.rewritten += 1
+            return web.json_response(_nulled(json.loads(answer.body)), status=202)
+        return await super().handle(request)
+
+
+def _nulled(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: None if v == [] else _nulled(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_nulled(v) for v in node]
+    return node
+
+
+async def test_writes_answered_with_a_null_failure_list(tmp_path: Path) -> None:
+    """A create or append whose every row was taken, answered ``"failureList": null`` (a Go
+    service's empty slice): the write was taken, its rows tagged once."""
+    proxy = NullProxy({"write"})
+    summary, o = await run_through(tmp_path, 2500, proxy, fail_after=60)
+    assert proxy.rewritten
+    assert summary.complete and len(o.results) == 2500 and summary.resent == 0
+
+
+async def test_reads_answered_with_null_for_empty_arrays(tmp_path: Path) -> None:
+    """Task lists, statuses and results pages whose empty arrays are ``null``."""
+    proxy = NullProxy({"results", "status", "other"})
+    summary, o = await run_through(tmp_path, 2500, proxy, fail_after=60)
+    assert summary.complete and len(o.results) == 2500 and summary.resent == 0
+
+
+class NullListLostCreate(NullProxy):
+    """Empty arrays written ``null``, and the first create dropped unforwarded, its
+    connection closed: a create the service never saw, whose answer never came."""
+
+    def __init__(self) -> None:
+        super().__init__({"other"})
+        self.dropped = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.dropped:
+            self.dropped += 1
+            await request.read()
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError("create dropped on purpose")
+        return await super().handle(request)
+
+
+async def test_a_lost_create_looked_for_in_a_task_list_written_null(tmp_path: Path) -> None:
+    """A key with no task yet, whose list is ``{"data": {"tasks": null}}`` (a Go service's
+    empty slice), and a create lost on its way: the create is looked for in that list, which
+    must read as empty, and the rows sent once."""
+    proxy = NullListLostCreate()
+    summary, o = await run_through(tmp_path, 300, proxy, fail_after=60)
+    assert proxy.dropped and proxy.rewritten
+    assert summary.complete and len(o.results) == 300
