@@ -419,9 +419,10 @@ class TaggerClient:
                 raise no_task_named(response, method, path)
             return answer
         except exc.DecodeError as err:
-            self.stats.ambiguous_writes += 1
             page = front_end_answer(response, method, path, task_id)
-            raise unreadable_write(response, method, path, err, page) from err
+            error = unreadable_write(response, method, path, err, page, create=task_id is None)
+            self.stats.ambiguous_writes += isinstance(error, exc.AmbiguousWriteError)
+            raise error from err
 
 
 def _as_secret(value: str | Secret) -> Secret:

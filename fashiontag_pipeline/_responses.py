@@ -13,7 +13,7 @@ import msgspec
 
 from . import _exceptions as exc
 from ._config import shown_url
-from ._models import FailureItem
+from ._models import FailureItem, Validation
 from ._times import http_date
 
 __all__ = [
@@ -224,13 +224,23 @@ def unreadable_write(
     path: str,
     err: exc.DecodeError,
     page: exc.ServerError | None,
-) -> exc.AmbiguousWriteError:
+    *,
+    create: bool = False,
+) -> exc.AmbiguousWriteError | exc.ValidationError:
     """The error of a write answered 2xx whose answer cannot be read (``err``): which task,
     which rows is unknown, and it is never sent again blindly. It was applied (the service
     answered it), unless its body is a front end's ``page`` (not JSON at all: a maintenance
     page served 200 OK, which the service never saw): then its fate is unknown. Taken as
     applied, a create so answered was looked for by its token until the give-up budget ran
-    out, and the run stopped."""
+    out, and the run stopped.
+
+    A ``create`` answered with no task, its ``validation.accept`` 0 and the rows refused in
+    its ``failureList`` (a service that makes no task of a create that took nothing: the spec
+    does not say it makes one), is the refusal of those rows, as a 400 with them: before, its
+    task was looked for until the give-up budget ran out, the run stopped, and every resume
+    the same."""
+    if create and (refused := _took_nothing(response, method, path)) is not None:
+        return refused
     return exc.AmbiguousWriteError(
         f"{page}; the write may or may not have been applied"
         if page is not None
@@ -240,6 +250,40 @@ def unreadable_write(
         path=path,
         status=response.status,
         applied=page is None,
+    )
+
+
+class _Untasked(msgspec.Struct, rename="camel", gc=False):
+    """A create's answer read for whether it took any row (``taskId`` of any type, or none)."""
+
+    task_id: Any = None
+    validation: Validation | None = None
+    failure_list: list[FailureItem] | None = None
+
+
+_untasked_decoder = msgspec.json.Decoder(_Untasked, strict=False)
+
+
+def _took_nothing(response: Response, method: str, path: str) -> exc.ValidationError | None:
+    """See :func:`unreadable_write`."""
+    try:
+        answer = _untasked_decoder.decode(response.body)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None
+    failures = answer.failure_list
+    if answer.task_id not in (None, "") or answer.validation is None or not failures:
+        return None
+    if answer.validation.accept != 0:
+        return None
+    reason = next((f.error_message for f in failures if f.error_message), "no reason given")
+    return exc.ValidationError(
+        f"{method} {path}: HTTP {response.status} took none of the rows and named no task"
+        f" ({len(failures)} refused): {reason}",
+        failure_list=failures,
+        status=response.status,
+        service_message=reason,
+        method=method,
+        path=path,
     )
 
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._connect import unreadable_answer
-from .._models import BulkTaskResponse
+from .._models import BulkTaskResponse, FailureItem
 from .flow import FatalRunError, refused
 from .jobs import Jobs
 from .policy import Chunk, OpenTask, encode_ids, halves
@@ -287,8 +287,30 @@ class WriteAnswers:
             counters=counters,
         )
 
-    async def _reject_chunk(self, chunk: Chunk, message: str) -> None:
-        reasons = dict.fromkeys(chunk.ids, message)
+    @staticmethod
+    def _listed(chunk: Chunk, failures: Sequence[FailureItem]) -> dict[str, str]:
+        """The rows of ``chunk`` a refusal's ``failureList`` names, with their reasons."""
+        mine = set(chunk.ids)
+        listed: dict[str, str] = {}
+        for failure in failures:
+            ident = failure.context_id
+            if ident is not None and ident not in mine:
+                ident = _echoed(ident, chunk.ids)
+            if ident is not None and ident in mine:
+                listed[ident] = failure.error_message or "no reason given"
+        return listed
+
+    async def _reject_chunk(
+        self,
+        chunk: Chunk,
+        message: str,
+        listed: dict[str, str] | None = None,
+        status: int | None = None,
+    ) -> None:
+        if listed is None:
+            reasons = dict.fromkeys(chunk.ids, message)
+        else:
+            reasons = {i: f"refused by the service (HTTP {status}): {r}" for i, r in listed.items()}
         rejects = self._reject_rows(chunk, reasons, STAGE_SERVER)
         await self.journal.commit(
             rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk.chunk_id)
@@ -342,6 +364,13 @@ class WriteAnswers:
         if not isinstance(err, (exc.ValidationError, exc.PayloadTooLargeError)):
             raise self._fatal(err) from err
         failures = err.failure_list if isinstance(err, exc.ValidationError) else None
+        listed = self._listed(chunk, failures) if failures else {}
+        if len(listed) == len(chunk.ids):
+            # Every row refused by name (STRICT's 400, a create that took none): each its
+            # own reject at once, not the chunk split in halves until each row is sent alone
+            # (about twice as many creates as rows, each refused again).
+            await self._reject_chunk(chunk, "", listed, err.status)
+            return True
         named = [f.error_message for f in failures or () if f.error_message]
         reason = named[0] if named else (err.service_message or "no reason given")
         proven = bool(named) or self.writes_taken > 0

@@ -17,9 +17,17 @@ from aiohttp import web
 
 from fashiontag_pipeline import TaggerClient
 from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import client_config, run_through
+from .helpers import (
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    run_through,
+    write_csv,
+)
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 
@@ -157,3 +165,46 @@ async def test_a_lost_create_looked_for_in_a_task_list_written_null(tmp_path: Pa
     summary, o = await run_through(tmp_path, 300, proxy, fail_after=60)
     assert proxy.dropped and proxy.rewritten
     assert summary.complete and len(o.results) == 300
+
+
+async def test_a_create_that_took_no_row_answered_without_a_task(tmp_path: Path) -> None:
+    """A service that creates no task for a create whose every row failed validation, and
+    answers 202 with its ``validation`` and ``failureList`` but no ``taskId`` (the spec shows
+    none for that case; the reference service makes an empty task): the rows are the
+    service's rejects, each once, and the run ends complete."""
+    creates: list[int] = []
+
+    async def create(request: web.Request) -> web.Response:
+        sent = (await request.json())["taggingRequest"]
+        creates.append(len(sent))
+        failures = [{"request": r, "errorMessage": "image URL could not be fetched"} for r in sent]
+        body = {"validation": {"accept": 0, "failure": len(sent)}, "failureList": failures}
+        return web.json_response(body, status=202)
+
+    async def tasks(request: web.Request) -> web.Response:
+        return web.json_response({"status": "success", "data": {"tasks": []}})
+
+    app = web.Application()
+    app.router.add_post(BULK, create)
+    app.router.add_get(BULK, tasks)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    manifest = write_csv(tmp_path / "m.csv", 30)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    try:
+        with anyio.fail_after(60):
+            summary = await run_pipeline(
+                [manifest],
+                client=client_config(f"http://127.0.0.1:{port}"),
+                out=out,
+                rejects=rej,
+                engine=TASKS_OF_1000,
+            )
+    finally:
+        await runner.cleanup()
+    o = assert_exactly_once(out, rej, ids_of(30))
+    assert summary.complete and len(o.rejects) == 30 and not o.results
+    assert sum(creates) == 30
