@@ -227,12 +227,15 @@ class FailureItem(msgspec.Struct, rename="camel", gc=False):
 
     @property
     def context_id(self) -> str | None:
-        """The echoed ``context.id``, when there is one and it is a string."""
+        """The echoed ``context.id``: a string, or an integer's decimal text (``"id": 17``:
+        such a refused row was taken as accepted, and sent again)."""
         context = self.request.get("context")
         if isinstance(context, dict):
             value = context.get("id")
             if isinstance(value, str):
                 return value
+            if type(value) is int:
+                return str(value)
         return None
 
 
@@ -249,12 +252,9 @@ else:
 if TYPE_CHECKING:
     WireFailures = list[FailureItem]
 else:
-    #: An array of a bulk answer as services write it: the spec's array, or ``null`` for an
-    #: empty one (a Go service's nil slice: encoding/json writes one never filled as
-    #: ``null``). ``__post_init__`` makes ``null`` the empty list, so the client only ever
-    #: sees the ``list`` the type checker is told about. Before, such an answer was "not the
-    #: expected JSON": an empty task list, looked in for a create whose answer was lost, was
-    #: asked again until the run gave up, and every resume the same.
+    #: An array of a bulk answer: the spec's, or ``null`` for an empty one (a Go service's
+    #: nil slice). ``__post_init__`` makes ``null`` the empty list the type checker is told
+    #: about (an empty task list so written was "not the expected JSON": the run gave up).
     WireFailures = list[FailureItem] | None
 
 

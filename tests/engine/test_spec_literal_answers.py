@@ -208,3 +208,47 @@ async def test_a_create_that_took_no_row_answered_without_a_task(tmp_path: Path)
     o = assert_exactly_once(out, rej, ids_of(30))
     assert summary.complete and len(o.rejects) == 30 and not o.results
     assert sum(creates) == 30
+
+
+class NumberEchoes(MisbehavingProxy):
+    """A write's ``failureList`` echoes a numeric-looking ``context.id`` as a JSON number (a
+    service that reads such ids as numbers, as its results pages may: ``"id": 17``)."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if request.method not in ("POST", "PUT") or not isinstance(answer, web.Response):
+            return answer
+        if answer.status >= 300 or not isinstance(answer.body, bytes):
+            return answer
+        data = json.loads(answer.body)
+        for failure in data.get("failureList") or []:
+            context = failure.get("request", {}).get("context", {})
+            if str(context.get("id", "")).isdigit():
+                context["id"] = int(context["id"])
+        return web.json_response(data, status=answer.status)
+
+
+async def test_a_refused_row_whose_id_is_echoed_as_a_number(tmp_path: Path) -> None:
+    """Row ``17`` refused by the service, its ``failureList`` entry echoing ``"id": 17``: the
+    row is the service's reject with the service's reason, not taken as accepted and sent
+    again until it is an ``unreturned`` reject."""
+    lines = ["id,url"] + [f"{i},https://img.example/{i}.jpg" for i in range(300)]
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = NumberEchoes("", Misbehaviour(always_refused={"17"}))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+    o = assert_exactly_once(out, rej, {str(i) for i in range(300)})
+    assert summary.complete and [r["id"] for r in o.rejects] == ["17"]
+    assert "could not be fetched" in o.rejects[0]["reason"], o.rejects[0]
+    assert summary.resent == 0
