@@ -13,7 +13,7 @@ import msgspec
 
 from . import _exceptions as exc
 from ._config import shown_url
-from ._models import FailureItem, Validation
+from ._models import FailureItem, Validation, says_success
 from ._times import http_date
 
 __all__ = [
@@ -226,7 +226,7 @@ def unreadable_write(
     page: exc.ServerError | None,
     *,
     create: bool = False,
-) -> exc.AmbiguousWriteError | exc.ValidationError:
+) -> exc.AmbiguousWriteError | exc.ValidationError | exc.ServerError:
     """The error of a write answered 2xx whose answer cannot be read (``err``): which task,
     which rows is unknown, and it is never sent again blindly. It was applied (the service
     answered it), unless its body is a front end's ``page`` (not JSON at all: a maintenance
@@ -238,8 +238,10 @@ def unreadable_write(
     its ``failureList`` (a service that makes no task of a create that took nothing: the spec
     does not say it makes one), is the refusal of those rows, as a 400 with them: before, its
     task was looked for until the give-up budget ran out, the run stopped, and every resume
-    the same."""
-    if create and (refused := _took_nothing(response, method, path)) is not None:
+    the same. So is the bulk paths' failure body under a 2xx (``{"status": "failure",
+    "error": ...}``, no task named): nothing applied, a fault of the service asked again as a
+    poll so answered is (before, taken for an applied write, the same)."""
+    if (refused := _took_nothing(response, method, path, create)) is not None:
         return refused
     return exc.AmbiguousWriteError(
         f"{page}; the write may or may not have been applied"
@@ -254,8 +256,9 @@ def unreadable_write(
 
 
 class _Untasked(msgspec.Struct, rename="camel", gc=False):
-    """A create's answer read for whether it took any row (``taskId`` of any type, or none)."""
+    """A write's answer read for whether it took any row (``taskId`` of any type, or none)."""
 
+    status: Any = None
     task_id: Any = None
     validation: Validation | None = None
     failure_list: list[FailureItem] | None = None
@@ -264,16 +267,32 @@ class _Untasked(msgspec.Struct, rename="camel", gc=False):
 _untasked_decoder = msgspec.json.Decoder(_Untasked, strict=False)
 
 
-def _took_nothing(response: Response, method: str, path: str) -> exc.ValidationError | None:
+def _took_nothing(
+    response: Response, method: str, path: str, create: bool
+) -> exc.ValidationError | exc.ServerError | None:
     """See :func:`unreadable_write`."""
     try:
         answer = _untasked_decoder.decode(response.body)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
     failures = answer.failure_list
-    if answer.task_id not in (None, "") or answer.validation is None or not failures:
+    if answer.task_id not in (None, ""):
         return None
-    if answer.validation.accept != 0:
+    refusal = isinstance(answer.status, str) and not says_success(answer.status)
+    if refusal and not failures:
+        code, message, _ = parse_error_body(response.body)
+        return exc.ServerError(
+            f"{method} {path}: service answered HTTP {response.status} with"
+            f" status={answer.status!r}: {message or 'no reason given'} (nothing applied)",
+            status=response.status,
+            code=code,
+            service_message=message,
+            method=method,
+            path=path,
+        )
+    if not (create or refusal) or not failures:
+        return None
+    if not refusal and (answer.validation is None or answer.validation.accept != 0):
         return None
     reason = next((f.error_message for f in failures if f.error_message), "no reason given")
     return exc.ValidationError(

@@ -252,3 +252,32 @@ async def test_a_refused_row_whose_id_is_echoed_as_a_number(tmp_path: Path) -> N
     assert summary.complete and [r["id"] for r in o.rejects] == ["17"]
     assert "could not be fetched" in o.rejects[0]["reason"], o.rejects[0]
     assert summary.resent == 0
+
+
+class FailureBodyWrites(MisbehavingProxy):
+    """The first ``count`` creates answered HTTP 200 with the bulk paths' failure body, not
+    forwarded (a service that refuses with a success status, as its polls may)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__("", Misbehaviour())
+        self.count = count
+        self.refused = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and self.refused < self.count:
+            self.refused += 1
+            await request.read()
+            body = {"status": "failure", "error": "service busy, try again later"}
+            return web.json_response(body, status=200)
+        return await super().handle(request)
+
+
+async def test_creates_answered_200_with_the_failure_body(tmp_path: Path) -> None:
+    """Creates answered HTTP 200 ``{"status": "failure", "error": ...}``: no task, nothing
+    applied (the spec's failure, under a success status). Asked again, as a poll so answered
+    is: before, each was taken for a create applied with an unreadable answer, its task
+    looked for until ``--give-up-after``, then the run stopped saying it was applied."""
+    proxy = FailureBodyWrites(2)
+    summary, o = await run_through(tmp_path, 300, proxy, fail_after=60)
+    assert proxy.refused == 2
+    assert summary.complete and len(o.results) == 300 and len(proxy.created) == 1
