@@ -18,7 +18,7 @@ import msgspec
 
 from .._callctx import GIVE_UP
 from .._client import TaggerClient
-from .._exceptions import ConfigError, RateLimitedError
+from .._exceptions import ConfigError, DecodeError, RateLimitedError
 from .._images import (
     DEFAULT_SINGLE_MAX_BYTES,
     ImageFileError,
@@ -148,6 +148,28 @@ async def tag_command(args: argparse.Namespace) -> int:
     return EXIT_ERROR
 
 
+class _Page(msgspec.Struct, gc=False):
+    """What ``tasks results`` reads of a results page, whose ``data`` it prints as the
+    service sent it (a tagging result the typed model does not take too: it was exit 1, "not
+    a results page", as ``tag`` was). Spec 4.6 shows no ``status``: it may be absent."""
+
+    status: Any = None
+    data: msgspec.Raw = msgspec.Raw(b"")  # (empty: none given)
+    error: Any = None
+
+
+def _page_data(body: bytes, task_id: str) -> msgspec.Raw:
+    try:
+        page = msgspec.json.decode(body, type=_Page)
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
+        raise DecodeError(f"task {task_id}: the answer is not a results page: {err}") from None
+    failed = isinstance(page.status, str) and not says_success(page.status)
+    if failed or bytes(page.data) in (b"", b"null"):
+        reason = " ".join(str(page.error or "no reason given").split())
+        raise DecodeError(f"task {task_id}: the answer holds no results page ({reason})")
+    return page.data
+
+
 def _newest_first(tasks: Sequence[Task]) -> list[Task]:
     """Tasks by creation time, newest first (a time given in no form read: last)."""
     oldest = datetime.min.replace(tzinfo=UTC)
@@ -214,8 +236,9 @@ async def tasks_command(args: argparse.Namespace) -> int:
             elif args.tasks_command == "status":
                 result = await client.task_status(args.task_id)
             else:
-                result = await client.task_results(
+                body = await client.task_results_raw(
                     args.task_id, offset=args.offset, size=args.size, language=args.language
                 )
+                result = _page_data(body, args.task_id)
     write_stdout(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
     return EXIT_OK

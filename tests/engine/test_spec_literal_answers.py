@@ -9,10 +9,12 @@ honest exit. The empty arrays of a Go service (``null``: a nil slice) are read h
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from aiohttp import web
 
 from fashiontag_pipeline import TaggerClient
@@ -21,6 +23,7 @@ from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
+    ENV,
     TASKS_OF_1000,
     assert_exactly_once,
     client_config,
@@ -28,7 +31,7 @@ from .helpers import (
     run_through,
     write_csv,
 )
-from .proxy import BULK, MisbehavingProxy, Misbehaviour
+from .proxy import BULK, MisbehavingProxy, Misbehaviour, misbehaving
 
 
 class LiteralProxy(MisbehavingProxy):
@@ -281,3 +284,33 @@ async def test_creates_answered_200_with_the_failure_body(tmp_path: Path) -> Non
     summary, o = await run_through(tmp_path, 300, proxy, fail_after=60)
     assert proxy.refused == 2
     assert summary.complete and len(o.results) == 300 and len(proxy.created) == 1
+
+
+async def test_fashiontag_tasks_results_prints_a_result_of_another_shape_as_it_came() -> None:
+    """A results page holding a tagging result the typed model does not take (a failure
+    whose ``error.code`` is a word; ``run`` writes it as it came): ``fashiontag tasks
+    results`` decoded the page into the model, exit 1 with "not a results page" and nothing
+    printed (as ``fashiontag tag`` did before it printed the answer as it came). It prints the
+    page, that result as the service sent it."""
+    worded = {
+        "status": "failure",
+        "error": {"code": "IMAGE_DOWNLOAD_FAILED", "message": "image could not be fetched"},
+    }
+    rules = Misbehaviour(results_given={"a": worded})
+    request = TaggingRequest(
+        image=Image(type=ImageType.URL, content="https://img.example/a.jpg"),
+        context=BulkContext(id="a"),
+    )
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        async with TaggerClient(config=client_config(proxy.url)) as client:
+            task = await client.create_task([request])
+            with anyio.fail_after(20):
+                while not (await client.task_status(task.task_id)).done:
+                    await anyio.sleep(0.02)
+        argv = ["tasks", "results", task.task_id, "--base-url", proxy.url, "--give-up-after", "2"]
+        done = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv], check=False, env=ENV
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    page = msgspec.json.decode(done.stdout)
+    assert [r["taggingResult"] for r in page["results"]] == [worded]
