@@ -241,7 +241,7 @@ class TaskWriter(TaskTargets):
         times before (kept in the chunk's body)."""
         ids, positions, requests = (list(column) for column in zip(*items, strict=True))
         keys = keyed(ids)  # (two ids of one key: written ahead whole, then split to send)
-        body, encoded = encode_body(positions, requests, sends)
+        body, encoded = encode_body(positions, requests, sends, ids)
         last = max(positions)
         one = one_source(positions, last)
         marks = [] if resent else job_marks(self.jobs, positions, last, one)

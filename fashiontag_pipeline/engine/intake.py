@@ -53,13 +53,15 @@ def _namespaced(items: list[Item], job: int, jobs: Jobs) -> list[Item]:
     """The rows with the ids they are sent with (``JOB/ID``: see :class:`~.jobs.IdSpace`).
 
     Each request was built for this row alone by the validator, so its context takes the
-    sent id in place (a new struct per row cost ~10% of the daemon's CPU)."""
+    sent id in place (a new struct per row cost ~10% of the daemon's CPU); a plain row's
+    request, its URL (:mod:`.plainbody`), is sent with the item's id."""
     sent = jobs.ids.sent
     out: list[Item] = []
     append = out.append
     for ident, pos, request in items:
         key = sent(job, ident)
-        request.context.id = key
+        if not isinstance(request, str):
+            request.context.id = key
         append((key, pos, request))
     return out
 

@@ -7,7 +7,8 @@ Python; the rows that break a rule go through the validator's general path (whic
 bad row's reject). Both give the same items: the tests compare them on every kind of bad line.
 
 * :func:`plain_block`: the ``id,url`` (or ``url,id``) manifest, checked with a few C-level
-  passes over the whole block.
+  passes over the whole block; each row's request is its URL (:mod:`.plainbody`: its chunk's
+  JSON is built around the ids and URLs, the bytes the structs would give).
 * :func:`context_block` (and :func:`parsed_block`, for rows the csv module parsed: a
   manifest with quoted fields): ``id``, ``url`` and context fields taken as text (``brand``,
   ``gender``, ``price``, ...; a fashion catalogue's usual columns), any order, other columns
@@ -83,11 +84,9 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
     if joined.split(None, 1) != [joined]:
         return None
     first = shifted | rows.first
+    # Each request is its URL (:mod:`.plainbody`: its chunk's JSON built around ids and URLs).
     return Measured(
-        [
-            (ident, pos, TaggingRequest(Image(_URL, url), BulkContext(ident)))
-            for pos, ident, url in zip(range(first, first + len(ids)), ids, urls, strict=True)
-        ],
+        zip(ids, range(first, first + len(ids)), urls, strict=True),
         len(body) + 1,  # (ids and URLs, a comma and a newline each)
     )
 

@@ -22,6 +22,7 @@ import msgspec
 
 from .._models import EncodedRequests, TaggingRequest
 from .config import EngineConfig
+from .plainbody import encode_requests
 
 __all__ = [
     "MAX_CHUNK_BYTES",
@@ -71,12 +72,16 @@ _ids_decoder = msgspec.json.Decoder(_SentBody)
 
 
 def encode_body(
-    positions: Sequence[int], requests: Sequence[TaggingRequest], sends: int = 0
+    positions: Sequence[int],
+    requests: Sequence[TaggingRequest | str],
+    sends: int = 0,
+    ids: Sequence[str] | None = None,
 ) -> tuple[bytes, EncodedRequests]:
     """A chunk as stored ahead of its write, ``{"p": [positions], "r": [requests]}`` (and
     ``"g": sends`` for rows sent ``sends`` times before), and its requests as the bulk write
-    sends them: each request is encoded once, for both."""
-    encoded = _body_encoder.encode(requests)
+    sends them: each request is encoded once, for both. ``ids``: the requests' ids, given
+    when some may be plain rows' URLs (:mod:`.plainbody`)."""
+    encoded = _body_encoder.encode(requests) if ids is None else encode_requests(ids, requests)
     tail = b',"g":%d}' % sends if sends else b"}"
     body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + tail
     return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
@@ -275,12 +280,13 @@ class Measured(list[Any]):
 
 def batch_size(items: Sequence[Any]) -> int:
     """At least the :func:`text_size` of ``items`` together: as measured (:class:`Measured`),
-    else the length of their JSON, encoded in C (~90 ns an item; every string at least as long
-    as its characters)."""
+    else the length of their requests' JSON, encoded in C (~90 ns an item; every string at
+    least as long as its characters), and of their ids (a plain row's request is its URL alone:
+    :mod:`.plainbody`)."""
     known: int | None = getattr(items, "size", None)
     if known is not None:
         return known
-    return len(_body_encoder.encode(list(map(_request, items))))
+    return len(_body_encoder.encode(list(map(_request, items)))) + sum(map(len, map(_id, items)))
 
 
 def text_size(request: TaggingRequest) -> int:
@@ -376,10 +382,20 @@ def chunk_cut(buffer: list[Any], size: int, max_bytes: int) -> int:
     make none yet."""
     total = 0
     for i, item in enumerate(buffer[:size]):
-        total += text_size(item[2])
+        total += item_size(item)
         if total > max_bytes:
             return max(i, 1)
     return size if len(buffer) >= size else 0
 
 
+def item_size(item: tuple[str, int, TaggingRequest | str]) -> int:
+    """The :func:`text_size` of an item's request (a plain row's: its URL and id)."""
+    request = item[2]
+    if type(request) is str:
+        return len(request) + len(item[0])
+    assert isinstance(request, TaggingRequest)
+    return text_size(request)
+
+
 _request = operator.itemgetter(2)
+_id = operator.itemgetter(0)

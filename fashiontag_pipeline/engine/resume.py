@@ -26,6 +26,7 @@ from .tracker import TaskEntry
 if TYPE_CHECKING:
     from .._models import Task
     from .engine import Engine
+    from .rules import Item
 
 __all__ = ["late_look", "reattach", "reattach_unless_stopped"]
 
@@ -224,7 +225,7 @@ async def _settle_taskless(run: Engine, chunk_id: int, body: bytes) -> None:
     written = await run.journal.run(
         run.journal.written_among, {jobs.original(r.context.id) for _, r in rows}
     )
-    missing = [
+    missing: list[Item] = [
         (r.context.id, pos, r) for pos, r in rows if jobs.original(r.context.id) not in written
     ]
     if missing:

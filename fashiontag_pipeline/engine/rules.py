@@ -70,8 +70,9 @@ class SingleRequest(msgspec.Struct, gc=False):
     source: str
 
 
-#: (id, position, request): a row that passed validation.
-Item = tuple[str, int, TaggingRequest]
+#: (id, position, request): a row that passed validation. The request of a row of an id and
+#: a URL alone may be its URL, a ``str`` (:mod:`.plainbody`: built as bytes when sent).
+Item = tuple[str, int, TaggingRequest | str]
 
 #: (id, position, request): a row routed to the single endpoint.
 SingleItem = tuple[str, int, SingleRequest]

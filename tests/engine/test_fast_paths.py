@@ -11,10 +11,12 @@ import csv
 import io
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fashiontag_pipeline.engine import manifest_bytes
+from fashiontag_pipeline.engine.plainbody import request_of
 from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
@@ -150,7 +152,7 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
     v = Validator(cwd=str(tmp_path))
     fast = v.route(plain) if route else (*v.validate(plain)[:1], [], v.validate(plain)[1])
     slow = v.general(general, route=route)
-    assert fast[0] == slow[0]  # accepted items
+    assert built(fast[0]) == slow[0]  # accepted items
     assert fast[1] == slow[1]  # single-mode items
 
     # Same rejects with the same reasons; only the field-count message names the header width.
@@ -161,7 +163,7 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
         (p, r.id, r.line, same(r.reason)) for p, r in slow[2]
     ]
     assert len(fast[2]) > 10
-    accepted = {item[2].image.content for item in v.validate(plain)[0]}
+    accepted = {item[2].image.content for item in built(v.validate(plain)[0])}
     assert accepted == {
         "https://img.example/a.jpg",
         "http://h",
@@ -172,6 +174,12 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
         "https://h/x",  # HTTPS://h/x: a scheme in capitals is sent lower-cased
         "http://h/x",  # Http://h/x
     }
+
+
+def built(items: list[Any]) -> list[Any]:
+    """``items`` with each request a struct: a plain row's URL (:mod:`.plainbody`, the fast
+    path's) as the request it stands for (its bytes: tests/engine/test_plain_bodies.py)."""
+    return [(ident, pos, request_of(ident, request)) for ident, pos, request in items]
 
 
 def _batches(path: Path | str, max_rows: int = 2000, source: int = 0) -> list[RowBatch]:
@@ -219,7 +227,7 @@ def test_plain_blocks_validate_like_row_by_row(tmp_path: Path, header: str, rout
         else:
             fi, fr = v.validate(b)
             si, _, sr = v.general(listed)
-        fast_items += fi
+        fast_items += built(fi)
         slow_items += si
         fast_rejects += fr
         slow_rejects += sr
@@ -281,7 +289,7 @@ def test_each_bad_line_fails_its_block(header: str) -> None:
         elif whole is None:  # left to the row-by-row path: a scheme in capitals, lower-cased
             assert "HTTPS://" in lines[2] or "Http://" in lines[2], lines
         else:
-            assert whole == items, lines
+            assert built(whole) == items, lines
             passed += 1
     assert passed > 10  # good URLs with odd but valid ids pass whole
 
@@ -313,6 +321,6 @@ def test_random_plain_blocks_pass_whole_exactly_when_every_row_does(header: str)
         elif whole is None:  # (or a NUL in a URL: the block leaves any NUL to the rows)
             assert any("HTTP://" in line or "\x00" in line for line in lines), lines
         else:
-            assert whole == items, lines
+            assert built(whole) == items, lines
             passed += 1
     assert passed > 100

@@ -29,12 +29,13 @@ from hypothesis import strategies as st
 
 from fashiontag_pipeline._exceptions import ManifestError
 from fashiontag_pipeline.engine import manifest_bytes
-from fashiontag_pipeline.engine.policy import text_size
+from fashiontag_pipeline.engine.plainbody import encode_requests
+from fashiontag_pipeline.engine.policy import item_size
 from fashiontag_pipeline.engine.rows import JsonLines, RowBatch
 from fashiontag_pipeline.engine.state import position
 from fashiontag_pipeline.engine.validate import Validator
 
-from .test_fast_paths import TRICKY_URLS, _batches, _csv_module_rows
+from .test_fast_paths import TRICKY_URLS, _batches, _csv_module_rows, built
 
 SOURCE = 3  # (positions carry the source's bits)
 CONTEXT = ["gender", "brand", "currency", "price", "keywords", "productContentName", "season"]
@@ -175,28 +176,29 @@ def _bounded(items: Any) -> None:
     """A measured batch's size is at least the text of its requests."""
     size = getattr(items, "size", None)
     if size is not None:
-        assert size >= sum(text_size(request) for *_, request in items)
+        assert size >= sum(map(item_size, items))
 
 
 def _check_batch(batch: RowBatch, cwd: str, skip_upto: int) -> None:
     fast, slow = Validator(cwd=cwd), Validator(cwd=cwd)
     listed = _listed(batch)
     routed = fast.route(batch)
-    assert routed == slow.general(listed, route=True)
+    assert (built(routed[0]), *routed[1:]) == slow.general(listed, route=True)
     _bounded(routed[0])
     checked = fast.validate(batch)
     general = slow.general(listed)
-    assert checked == (general[0], general[2])
+    assert (built(checked[0]), checked[1]) == (general[0], general[2])
     _bounded(checked[0])
     encode = msgspec.json.encode
-    assert encode([r for *_, r in routed[0]]) == encode([r for *_, r in general[0]])
+    sent = encode_requests([i for i, *_ in routed[0]], [r for *_, r in routed[0]])
+    assert sent == encode([r for *_, r in general[0]])
     # A resume from inside the batch: the rows past it, as the general path takes them.
     resumed = fast.route(batch, skip_upto=skip_upto)
-    assert resumed == slow.general(_listed(batch, skip_upto), route=True)
+    assert (built(resumed[0]), *resumed[1:]) == slow.general(_listed(batch, skip_upto), route=True)
     _bounded(resumed[0])
     items, rejects = fast.validate(batch, skip_upto=skip_upto)
     general = slow.general(_listed(batch, skip_upto))
-    assert (items, rejects) == (general[0], general[2])
+    assert (built(items), rejects) == (general[0], general[2])
 
 
 @settings(

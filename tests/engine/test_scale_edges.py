@@ -20,6 +20,7 @@ import pytest
 
 from fashiontag_pipeline import ManifestError
 from fashiontag_pipeline.engine import csvchunk, manifest_bytes
+from fashiontag_pipeline.engine.plainbody import request_of
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 
@@ -180,7 +181,7 @@ async def test_a_chunk_of_long_urls_is_cut_by_bytes_not_only_by_count(
         p,
         {f"p{i}" for i in range(n)},
         budget,
-        lambda items: sum(len(item[2].image.content) for item in items),
+        lambda items: sum(len(request_of(i, r).image.content) for i, _, r in items),
     )
     assert sum(sizes) >= n * 8000 and max(sizes) <= budget, sizes
 
@@ -219,7 +220,11 @@ async def test_a_chunk_of_long_ids_or_context_fields_is_cut_by_bytes(
     n = 300 if kind == "ids" else 150  # (chunks under 1 MB, aiohttp's large-body warning)
     ids = _rich_manifest(p, kind, n)
     sizes = await _chunk_sizes(
-        monkeypatch, p, ids, budget, lambda items: len(msgspec.json.encode([i[2] for i in items]))
+        monkeypatch,
+        p,
+        ids,
+        budget,
+        lambda items: len(msgspec.json.encode([request_of(i, r) for i, _, r in items])),
     )
     # (The budget counts the requests' strings; their JSON adds ~60 bytes a request.)
     assert sum(sizes) >= n * 1000 and max(sizes) <= 1.1 * budget, sizes

@@ -20,7 +20,14 @@ from hashlib import blake2b
 
 import msgspec
 
-from ..._models import CLOTHING_DETECTION, Detection, TaggingRequest
+from ..._models import (
+    CLOTHING_DETECTION,
+    BulkContext,
+    Detection,
+    Image,
+    ImageType,
+    TaggingRequest,
+)
 
 __all__ = ["FINGERPRINT_VERSION", "Fingerprinter"]
 
@@ -45,8 +52,12 @@ class Fingerprinter:
     def _canonical(detection: Sequence[Detection]) -> tuple[str, ...]:
         return tuple(sorted({str(d) for d in detection}))
 
-    def of(self, request: TaggingRequest) -> bytes:
-        """The 16-byte fingerprint of ``request``."""
+    def of(self, request: TaggingRequest | str) -> bytes:
+        """The 16-byte fingerprint of ``request`` (a ``str``: a plain row's URL, its request
+        that URL and an id alone: :mod:`~..plainbody`)."""
+        if type(request) is str:
+            request = TaggingRequest(Image(ImageType.URL, request), BulkContext(""))
+        assert isinstance(request, TaggingRequest)
         c = request.context
         if c.detection:
             key = tuple(c.detection)

@@ -185,7 +185,8 @@ class ReuseHook:
     def _plan(self, rows: Sequence[tuple[str, int, Any]]) -> IntakePlan:
         of = self.fingerprinter.of
         fps: list[bytes | None] = [
-            of(request) if type(request) is TaggingRequest else None for _, _, request in rows
+            of(request) if type(request) is TaggingRequest or type(request) is str else None
+            for _, _, request in rows
         ]
         wanted = [fp for fp in fps if fp is not None]
         hits = self.store.lookup(wanted, newer_than=self.clock() - self.max_age) if wanted else {}

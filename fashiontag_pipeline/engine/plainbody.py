@@ -1,0 +1,69 @@
+"""Requests of rows of an id and a URL alone, kept as their URL until their chunk is encoded.
+
+The validator's block of ``id,url`` lines (:func:`.plainblock.plain_block`) gives each row's
+request as its URL, a ``str`` (an :data:`~.rules.Item` ``(id, position, url)``): the request
+is ``{"image": {"type": "url", "content": url}, "context": {"id": id}}``, the id being the
+item's own (the id sent). Building the three structs of such a request cost ~150 ns a row
+and encoding them ~90; the chunk's JSON is built here around its ids and URLs instead
+(:func:`encode_requests`, ~140 ns a row), as the same bytes. Where a struct is needed, a
+plain row's is built by :func:`request_of`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from .._models import BulkContext, Image, ImageType, TaggingRequest
+
+__all__ = ["encode_requests", "request_of"]
+
+_encoder = msgspec.json.Encoder()
+_URL = ImageType.URL
+
+#: A plain request's JSON around its URL and id, as msgspec encodes the structs (field
+#: order, no spaces, defaults omitted).
+_HEAD = b'[{"image":{"type":"url","content":"'
+_MID = b'"},"context":{"id":"'
+_NEXT = b'"}},{"image":{"type":"url","content":"'
+_TAIL = b'"}}]'
+
+
+def request_of(ident: str, request: TaggingRequest | str) -> TaggingRequest:
+    """The request of an item (a plain row's built from its id and URL)."""
+    if type(request) is str:
+        return TaggingRequest(Image(_URL, request), BulkContext(ident))
+    assert isinstance(request, TaggingRequest)
+    return request
+
+
+def _strings(texts: Sequence[str]) -> list[bytes] | None:
+    """Each string of ``texts`` as msgspec encodes it, without its quotes; None when one
+    holds a quote. msgspec writes every quote inside a string as ``\\"``, so with as many
+    quotes in the encoded array as two a string, each ``","`` in it is a separator."""
+    encoded = _encoder.encode(texts)
+    if encoded.count(b'"') != 2 * len(texts):
+        return None
+    return encoded[2:-2].split(b'","')
+
+
+def encode_requests(ids: Sequence[str], requests: Sequence[TaggingRequest | str]) -> bytes:
+    """The requests of a chunk (``ids[i]`` the id of ``requests[i]``) as a JSON array: the
+    bytes msgspec gives for their structs. When every request is a plain row's URL and no id
+    or URL holds a quote, built from the ids and URLs each encoded by msgspec (escaped as the
+    structs' strings are: the same encoder), else from the structs."""
+    kinds = set(map(type, requests))
+    if str not in kinds:
+        return _encoder.encode(requests)
+    if len(kinds) == 1:
+        urls = _strings(requests)  # type: ignore[arg-type]  # (every one a str: just checked)
+        idents = _strings(ids) if urls is not None else None
+        if urls is not None and idents is not None:
+            out = [_NEXT, b"", _MID, b""] * len(urls)
+            out[0] = _HEAD
+            out[1::4] = urls
+            out[3::4] = idents
+            out.append(_TAIL)
+            return b"".join(out)
+    return _encoder.encode(list(map(request_of, ids, requests)))
