@@ -187,6 +187,11 @@ def built(
         urls = list(compress(urls, good))
         columns = [(name, list(compress(column, good))) for name, column in columns]
     size = sum(map(len, urls)) + sum(map(len, ids))
+    positions = at if kept is None else [at[k] for k in kept]
+    if not columns:
+        # An id and a URL alone (a JSONL block of ``{"id", "url"}`` objects, or CSV columns
+        # no rule reads besides): each request is its URL, as in :func:`plain_block`.
+        return Measured(zip(ids, positions, urls, strict=True), size), rest
     # The context's fields in the struct's order, positionally: a column per field named by
     # the header (an empty cell is no value), None for each one before the last it names.
     by_name: dict[str, Any] = {"id": ids}
@@ -197,5 +202,4 @@ def built(
     last = max(map(names.index, by_name))  # (the fields after it left to their default)
     contexts = map(BulkContext, *[by_name.get(name, repeat(None)) for name in names[: last + 1]])
     requests = map(TaggingRequest, map(Image, repeat(_URL), urls), contexts)
-    positions = at if kept is None else [at[k] for k in kept]
     return Measured(zip(ids, positions, requests, strict=True), size), rest

@@ -1,6 +1,7 @@
 """Requests of rows of an id and a URL alone, kept as their URL until their chunk is encoded.
 
-The validator's block of ``id,url`` lines (:func:`.plainblock.plain_block`) gives each row's
+The validator's blocks of rows with an id and a URL alone (:mod:`.plainblock`: CSV ``id,url``
+lines, JSONL ``{"id", "url"}`` objects, CSV columns no rule reads besides) give each row's
 request as its URL, a ``str`` (an :data:`~.rules.Item` ``(id, position, url)``): the request
 is ``{"image": {"type": "url", "content": url}, "context": {"id": id}}``, the id being the
 item's own (the id sent). Building the three structs of such a request cost ~150 ns a row

@@ -152,7 +152,7 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
     v = Validator(cwd=str(tmp_path))
     fast = v.route(plain) if route else (*v.validate(plain)[:1], [], v.validate(plain)[1])
     slow = v.general(general, route=route)
-    assert built(fast[0]) == slow[0]  # accepted items
+    assert as_structs(fast[0]) == slow[0]  # accepted items
     assert fast[1] == slow[1]  # single-mode items
 
     # Same rejects with the same reasons; only the field-count message names the header width.
@@ -163,7 +163,7 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
         (p, r.id, r.line, same(r.reason)) for p, r in slow[2]
     ]
     assert len(fast[2]) > 10
-    accepted = {item[2].image.content for item in built(v.validate(plain)[0])}
+    accepted = {item[2].image.content for item in as_structs(v.validate(plain)[0])}
     assert accepted == {
         "https://img.example/a.jpg",
         "http://h",
@@ -176,7 +176,12 @@ def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) 
     }
 
 
-def built(items: list[Any]) -> list[Any]:
+def answer(got: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A validator's answer (items first) with each item's request a struct."""
+    return (as_structs(got[0]), *got[1:])
+
+
+def as_structs(items: list[Any]) -> list[Any]:
     """``items`` with each request a struct: a plain row's URL (:mod:`.plainbody`, the fast
     path's) as the request it stands for (its bytes: tests/engine/test_plain_bodies.py)."""
     return [(ident, pos, request_of(ident, request)) for ident, pos, request in items]
@@ -227,7 +232,7 @@ def test_plain_blocks_validate_like_row_by_row(tmp_path: Path, header: str, rout
         else:
             fi, fr = v.validate(b)
             si, _, sr = v.general(listed)
-        fast_items += built(fi)
+        fast_items += as_structs(fi)
         slow_items += si
         fast_rejects += fr
         slow_rejects += sr
@@ -282,14 +287,15 @@ def test_each_bad_line_fails_its_block(header: str) -> None:
         plain = PlainRows(2, lines)
         listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
         items, _, rejects = v.general(listed)
-        assert v.validate(listed) == (items, rejects), lines  # (rows the csv module parsed)
+        parsed, parsed_rejects = v.validate(listed)  # (rows the csv module parsed)
+        assert (as_structs(parsed), parsed_rejects) == (items, rejects), lines
         whole = Validator._plain_block(plain, i_id, 0)
         if rejects:
             assert whole is None, lines
         elif whole is None:  # left to the row-by-row path: a scheme in capitals, lower-cased
             assert "HTTPS://" in lines[2] or "Http://" in lines[2], lines
         else:
-            assert built(whole) == items, lines
+            assert as_structs(whole) == items, lines
             passed += 1
     assert passed > 10  # good URLs with odd but valid ids pass whole
 
@@ -321,6 +327,6 @@ def test_random_plain_blocks_pass_whole_exactly_when_every_row_does(header: str)
         elif whole is None:  # (or a NUL in a URL: the block leaves any NUL to the rows)
             assert any("HTTP://" in line or "\x00" in line for line in lines), lines
         else:
-            assert built(whole) == items, lines
+            assert as_structs(whole) == items, lines
             passed += 1
     assert passed > 100

@@ -35,7 +35,7 @@ from fashiontag_pipeline.engine.rows import JsonLines, RowBatch
 from fashiontag_pipeline.engine.state import position
 from fashiontag_pipeline.engine.validate import Validator
 
-from .test_fast_paths import TRICKY_URLS, _batches, _csv_module_rows, built
+from .test_fast_paths import TRICKY_URLS, _batches, _csv_module_rows, as_structs
 
 SOURCE = 3  # (positions carry the source's bits)
 CONTEXT = ["gender", "brand", "currency", "price", "keywords", "productContentName", "season"]
@@ -183,22 +183,24 @@ def _check_batch(batch: RowBatch, cwd: str, skip_upto: int) -> None:
     fast, slow = Validator(cwd=cwd), Validator(cwd=cwd)
     listed = _listed(batch)
     routed = fast.route(batch)
-    assert (built(routed[0]), *routed[1:]) == slow.general(listed, route=True)
+    assert (as_structs(routed[0]), *routed[1:]) == slow.general(listed, route=True)
     _bounded(routed[0])
     checked = fast.validate(batch)
     general = slow.general(listed)
-    assert (built(checked[0]), checked[1]) == (general[0], general[2])
+    assert (as_structs(checked[0]), checked[1]) == (general[0], general[2])
     _bounded(checked[0])
     encode = msgspec.json.encode
     sent = encode_requests([i for i, *_ in routed[0]], [r for *_, r in routed[0]])
     assert sent == encode([r for *_, r in general[0]])
     # A resume from inside the batch: the rows past it, as the general path takes them.
     resumed = fast.route(batch, skip_upto=skip_upto)
-    assert (built(resumed[0]), *resumed[1:]) == slow.general(_listed(batch, skip_upto), route=True)
+    assert (as_structs(resumed[0]), *resumed[1:]) == slow.general(
+        _listed(batch, skip_upto), route=True
+    )
     _bounded(resumed[0])
     items, rejects = fast.validate(batch, skip_upto=skip_upto)
     general = slow.general(_listed(batch, skip_upto))
-    assert (built(items), rejects) == (general[0], general[2])
+    assert (as_structs(items), rejects) == (general[0], general[2])
 
 
 @settings(

@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from fashiontag_pipeline.engine.plainbody import request_of
 from fashiontag_pipeline.engine.source import open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -83,4 +84,5 @@ async def test_a_header_ending_with_a_delimiter_reads_every_row(
     finally:
         reader.close()
     assert not rejects and len(items) == 8
-    assert {request.context.brand for _, _, request in items} == {"acme" if width == 3 else None}
+    requests = [request_of(ident, request) for ident, _, request in items]
+    assert {request.context.brand for request in requests} == {"acme" if width == 3 else None}
