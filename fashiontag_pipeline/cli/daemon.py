@@ -26,6 +26,7 @@ from .._exceptions import ConfigError, FashiontagError, StateConflictError
 from .._postgres import is_postgres_url, redact_url
 from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
+from ..daemon.logwriter import queue_lines
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
 from ..engine.engine import RunControl
 from ..engine.run_checks import a_folder, not_a_folder, same_file
@@ -132,6 +133,7 @@ def daemon_command(args: argparse.Namespace) -> int:
         config = daemon_config_from_args(args)
         client = client_config_from_args(args, warn=warnings.append)
         engine = engine_config_from_args(args)
+        log_queue = queue_lines()
     except (ConfigError, ValueError) as err:
         print(f"fashiontag: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -196,6 +198,8 @@ def daemon_command(args: argparse.Namespace) -> int:
         level=level,
         secrets=[client.api_key, client.bulk_api_key],
         limit_retry_lines=args.verbose < 1,
+        background=True,
+        queue_lines=log_queue,
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     control = RunControl()
@@ -312,4 +316,6 @@ def _report(err: BaseException, log: logging.Logger) -> int:
         return EXIT_USAGE
     if isinstance(err, (FashiontagError, OSError, sqlite3.Error)):
         return EXIT_ERROR
+    for handler in logging.getLogger().handlers:
+        handler.flush()  # (the queued lines before the traceback)
     raise err

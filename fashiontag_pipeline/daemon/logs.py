@@ -37,6 +37,7 @@ import msgspec
 from .._config import Secret
 from .._models import format_time
 from .config import LogFormat
+from .logwriter import QUEUE_LINES, LineWriter
 
 __all__ = [
     "RETRY_LINES",
@@ -217,6 +218,8 @@ def configure_logging(
     stream: IO[str] | None = None,
     secrets: Iterable[str | Secret | None] = (),
     limit_retry_lines: bool = False,
+    background: bool = False,
+    queue_lines: int = QUEUE_LINES,
 ) -> logging.Handler:
     """Route every log record of the process (the package's loggers, aiohttp's, warnings) to
     one handler on ``stream`` (default stderr) in ``log_format``, redacting ``secrets``.
@@ -224,6 +227,9 @@ def configure_logging(
     Replaces the root logger's handlers (the daemon owns its process: a handler left writing
     to stdout would break "stdout stays empty"). Calling it again replaces the handler.
     ``limit_retry_lines``: the lines of requests retried pass :data:`RETRY_LINES`.
+    ``background``: the lines go through the bounded queue and writer thread of
+    :class:`~.logwriter.LineWriter` (the daemon: a stalled reader never blocks its event loop),
+    ``queue_lines`` of them queued at most.
     Returns the handler.
     """
     out = sys.stderr if stream is None else stream
@@ -234,7 +240,9 @@ def configure_logging(
     formatter: logging.Formatter = (
         TextFormatter(redactor) if log_format == "text" else JsonFormatter(redactor)
     )
-    handler = logging.StreamHandler(out)
+    handler: logging.Handler = (
+        LineWriter(out, capacity=queue_lines) if background else logging.StreamHandler(out)
+    )
     handler.setFormatter(formatter)
     if limit_retry_lines:
         handler.addFilter(RETRY_LINES)

@@ -8,6 +8,7 @@ Names and labels are a contract (dashboards and alerts rely on them)::
     fashiontag_request_duration_seconds{op}        histogram
     fashiontag_retries_total
     fashiontag_rate_limited_total
+    fashiontag_log_lines_dropped_total             stderr not read: see logwriter
     fashiontag_manifests_active                    gauges ...
     fashiontag_manifests_queued
     fashiontag_tasks_live
@@ -26,10 +27,15 @@ dict lookup and a locked add.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Final, Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from .logwriter import DROPPED_LINES
 
 __all__ = [
     "CONTENT_TYPE",
@@ -65,6 +71,17 @@ DURATION_BUCKETS: Final = (
 )
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 INF: Final = math.inf
+
+
+class _DroppedLogLines(Collector):
+    """``fashiontag_log_lines_dropped_total``: the writer's count, read at each scrape."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "fashiontag_log_lines_dropped",
+            "Log lines dropped because stderr was not read (the log says how many, later).",
+            value=DROPPED_LINES.total,
+        )
 
 
 class DaemonMetrics:
@@ -136,6 +153,7 @@ class DaemonMetrics:
             "Seconds until the earliest resultExpiredAt among done, unread tasks (+Inf when none).",
             registry=r,
         )
+        r.register(_DroppedLogLines())
         self._task_headroom.set(INF)
         self._result_headroom.set(INF)
         # Bound children: exported at 0 from start-up, and cheap to update.
