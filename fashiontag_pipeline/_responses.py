@@ -276,8 +276,8 @@ def _took_nothing(
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
     failures = answer.failure_list
-    if answer.task_id not in (None, ""):
-        return None
+    if answer.task_id not in (None, "") or (answer.validation and answer.validation.accept):
+        return None  # a task named, or rows taken (billed) whatever its status: applied
     refusal = isinstance(answer.status, str) and not says_success(answer.status)
     if refusal and not failures:
         code, message, _ = parse_error_body(response.body)

@@ -314,3 +314,52 @@ async def test_fashiontag_tasks_results_prints_a_result_of_another_shape_as_it_c
     assert done.returncode == 0, done.stderr.decode()
     page = msgspec.json.decode(done.stdout)
     assert [r["taggingResult"] for r in page["results"]] == [worded]
+
+
+class PartialFailureBodies(MisbehavingProxy):
+    """Writes answered 2xx with rows refused carry ``"status": "failure"`` and no task id (a
+    service that says failure when any row failed; an append's task is in its path): the
+    answer's ``validation.accept`` says the other rows were taken."""
+
+    def __init__(self) -> None:
+        super().__init__("", Misbehaviour(always_refused={"p150"}))
+        self.rewritten = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if request.method not in ("POST", "PUT") or not isinstance(answer, web.Response):
+            return answer
+        if answer.status >= 300 or not isinstance(answer.body, bytes):
+            return answer
+        data = json.loads(answer.body)
+        if not data.get("failureList"):
+            return answer
+        self.rewritten += 1
+        data.pop("taskId", None)
+        data["status"] = "failure"
+        return web.json_response(data, status=answer.status)
+
+
+async def test_a_failure_status_on_a_write_that_took_rows(tmp_path: Path) -> None:
+    """A write answered 2xx, no task named, ``"status": "failure"`` and one row in its
+    ``failureList``, but ``validation.accept`` saying the others were taken: those rows were
+    applied (billed). They must not be sent again as if nothing had been."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = PartialFailureBodies()
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=msgspec.structs.replace(TASKS_OF_1000, give_up_after=5.0),
+                )
+        billed = svc.store.image_count
+    assert proxy.rewritten
+    assert billed == 299, (billed, summary)
+    o = assert_exactly_once(out, rej, ids_of(300))
+    assert [r["id"] for r in o.rejects] == ["p150"], o.rejects
