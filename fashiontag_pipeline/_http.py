@@ -46,10 +46,11 @@ from ._connect import connect_failure, deadline, drop_sessions, session_pair, un
 from ._connect import tls_instead as tls_speaker
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
-from ._responses import Response, error_for, refused_in_success, retry_after
+from ._responses import Response, error_for, refused_in_success
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
 from ._scrub import mask_secrets, scrub_request_info, secret_forms
+from ._times import retry_after
 from ._tls import deferred_trust_store
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.

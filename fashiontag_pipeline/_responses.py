@@ -3,10 +3,7 @@ error body (either shape of the interface) to an exception, and reads ``Retry-Af
 
 from __future__ import annotations
 
-import contextlib
-import math
 import re
-import time
 from typing import Any
 
 import msgspec
@@ -14,7 +11,7 @@ import msgspec
 from . import _exceptions as exc
 from ._config import shown_url
 from ._models import FailureItem, Validation, says_success
-from ._times import http_date
+from ._times import retry_after
 
 __all__ = [
     "Response",
@@ -347,48 +344,6 @@ def _not_an_error_of_the_service(body: bytes) -> bool:
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):  # (b"" included)
         return True
     return "error" not in data and "status" not in data
-
-
-def retry_after(headers: Any, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
-
-    A date is turned into seconds against the response's own ``Date`` header when it has one
-    (so a client whose clock differs from the server's still waits the intended time), else
-    against the local clock; a date in the past means no wait. A number of seconds that is
-    negative or not finite is no delay (RFC 9110: a non-negative integer): ignored, as any
-    other text that is not one. A header a proxy merged from several (``5, 5``: field lines
-    joined with commas) is read as its longest wait, not as none (the run asked again after
-    its short backoffs, into the rate limit)."""
-    value = headers.get("Retry-After") if headers is not None else None
-    if value is None:
-        return None
-    wait = _one_retry_after(value, headers, now)
-    if wait is not None or "," not in value:
-        return wait
-    parts = value.split(",")
-    # (an HTTP date holds a comma of its own: "Wed, 21 Oct 2026 07:28:12 GMT")
-    pieces = parts + [",".join(parts[i : i + 2]) for i in range(len(parts) - 1)]
-    waits = [w for w in (_one_retry_after(p, headers, now) for p in pieces) if w is not None]
-    return max(waits, default=None)
-
-
-def _one_retry_after(value: str, headers: Any, now: float | None) -> float | None:
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        return seconds if 0.0 <= seconds < math.inf else None
-    try:
-        when = http_date(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    reference = now if now is not None else time.time()
-    server_date = headers.get("Date")
-    if server_date:
-        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
-            reference = http_date(server_date)
-    return max(0.0, when - reference)
 
 
 _HTML = re.compile(rb"<(?:!doctype|html|head|body|title)\b", re.IGNORECASE)

@@ -3,11 +3,14 @@ service writes them (RFC 3339 with milliseconds, ``2026-11-22T03:46:13.123Z``)."
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import math
+import time
 from datetime import UTC, datetime
+from typing import Any
 
-__all__ = ["WireTime", "format_time", "http_date", "parse_time", "time_or_none"]
+__all__ = ["WireTime", "format_time", "http_date", "parse_time", "retry_after", "time_or_none"]
 
 #: A time as a service writes it: text (:func:`parse_time`'s forms), or a JSON number of epoch
 #: seconds or milliseconds (a Java service's default); a number is not refused as not text.
@@ -100,3 +103,45 @@ def http_date(text: str) -> float:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.timestamp()
+
+
+def retry_after(headers: Any, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
+
+    A date is turned into seconds against the response's own ``Date`` header when it has one
+    (so a client whose clock differs from the server's still waits the intended time), else
+    against the local clock; a date in the past means no wait. A number of seconds that is
+    negative or not finite is no delay (RFC 9110: a non-negative integer): ignored, as any
+    other text that is not one. A header a proxy merged from several (``5, 5``: field lines
+    joined with commas) is read as its longest wait, not as none (the run asked again after
+    its short backoffs, into the rate limit)."""
+    value = headers.get("Retry-After") if headers is not None else None
+    if value is None:
+        return None
+    wait = _one_retry_after(value, headers, now)
+    if wait is not None or "," not in value:
+        return wait
+    parts = value.split(",")
+    # (an HTTP date holds a comma of its own: "Wed, 21 Oct 2026 07:28:12 GMT")
+    pieces = parts + [",".join(parts[i : i + 2]) for i in range(len(parts) - 1)]
+    waits = [w for w in (_one_retry_after(p, headers, now) for p in pieces) if w is not None]
+    return max(waits, default=None)
+
+
+def _one_retry_after(value: str, headers: Any, now: float | None) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return seconds if 0.0 <= seconds < math.inf else None
+    try:
+        when = http_date(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    reference = now if now is not None else time.time()
+    server_date = headers.get("Date")
+    if server_date:
+        with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+            reference = http_date(server_date)
+    return max(0.0, when - reference)
