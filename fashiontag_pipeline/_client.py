@@ -400,6 +400,7 @@ class TaggerClient:
     # ------------------------------------------------------------------ internals
 
     @staticmethod
+    @functools.lru_cache(maxsize=1024)  # (a task's pages and polls: quote() is ~1.5 us each)
     def _task_path(task_id: str) -> str:
         if not task_id:
             raise ValueError("task_id must not be empty")

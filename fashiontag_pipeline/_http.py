@@ -18,9 +18,10 @@ connections cannot make it of unknown fate. The proxy of ``HTTPS_PROXY`` / ``HTT
 answers a 407 itself: :meth:`HttpExchange.raise_for_status`).
 
 Cost: a request is the hot path of a run (one per 100 results read), so it does no work that
-does not depend on the request: URLs are built as text from a base URL parsed once and handed
-to aiohttp pre-encoded, and a request has one deadline (:attr:`Timeout.total`, else
-``connect + read``) rather than a per-read socket timer re-armed for every chunk received.
+does not depend on the request: URLs are built from a base URL split once (no parse a request:
+:mod:`._request_urls`) and handed to aiohttp pre-encoded, and a request has one deadline
+(:attr:`Timeout.total`, else ``connect + read``) rather than a per-read socket timer re-armed
+for every chunk received.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ._connect import connect_failure, deadline, drop_sessions, session_pair, un
 from ._connect import tls_instead as tls_speaker
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
+from ._request_urls import RequestUrls
 from ._responses import Response, error_for, refused_in_success
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
@@ -117,6 +119,7 @@ class HttpExchange:
         self._notes = FailureNotes(self.shown_url, retry.max_attempts - 1)
         # The base URL in its encoded form: request URLs are this text plus an encoded path.
         self._base_encoded = str(URL(self.base_url))
+        self._urls = RequestUrls(self._base_encoded)  # (built from parts, not parsed)
         #: Called after every exchange with (method, path, HTTP status or 0 when no answer
         #: came, seconds): the daemon's request metrics. None: nobody listens.
         self.observer: Callable[[str, str, int, float], None] | None = None
@@ -312,7 +315,7 @@ class HttpExchange:
         sent_at = time.time()
         sent = False
         try:
-            url = URL(self._base_encoded + path + query, encoded=True)
+            url = self._urls.url(path, query)
             # Redirects are not followed: aiohttp carries every header but Authorization and
             # cookies to another origin, so the x-api-key would go to whatever host an answer
             # names (in clear text if it says http://), and a 301/302 to a POST becomes a GET.

@@ -9,9 +9,11 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from fashiontag_pipeline import RetryPolicy, TaggerClient, Timeout
 from fashiontag_pipeline._exceptions import TimeoutError_
+from fashiontag_pipeline._request_urls import RequestUrls
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -132,3 +134,53 @@ async def test_a_service_that_refuses_list_paging_is_asked_without_it() -> None:
                 "t1",
             ]
             assert client.stats.requests == 3  # one refused paged call, then plain ones
+
+
+BASES = [
+    "http://127.0.0.1:8080",
+    "https://gw.example/tagging/v1",
+    "http://user:p%40ss@host.example:9000/api/",
+    "http://[::1]:8080",
+    "https://xn--bcher-kva.example",
+    "http://h.example/a%20b",
+]
+REQUESTS = [
+    ("/tagger/v2.12/bulk", ""),
+    ("/tagger/v2.12/bulk/a%2Fb%3F%23", "?offset=100&size=100"),
+    ("/tagger/v2.12/bulk/t1/status", ""),
+]
+
+
+def _seen(url: URL) -> tuple[object, ...]:
+    """What aiohttp reads of a request URL."""
+    return (
+        str(url),
+        url.scheme,
+        url.raw_authority,
+        url.raw_host,
+        url.host,
+        url.port,
+        url.raw_user,
+        url.raw_password,
+        url.raw_path,
+        url.raw_query_string,
+        url.raw_fragment,
+        url.raw_path_qs,
+        url.origin(),
+        url,
+    )
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_request_urls_built_from_parts_are_the_urls_parsed(base: str) -> None:
+    """A request's URL built from the base's parts (the fast path) is the URL its text parses
+    to, whatever the base (a path prefix, credentials, IPv6, punycode, a trailing slash), and
+    so is the parsed one (the fallback)."""
+    urls = RequestUrls(str(URL(base)))
+    assert urls.parts is not None
+    parsed = RequestUrls(urls.base)
+    parsed.parts = None
+    for path, query in REQUESTS:
+        expected = _seen(URL(urls.base + path + query, encoded=True))
+        assert _seen(urls.url(path, query)) == expected
+        assert _seen(parsed.url(path, query)) == expected
