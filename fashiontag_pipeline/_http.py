@@ -48,7 +48,7 @@ from ._connect import tls_instead as tls_speaker
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
 from ._request_urls import RequestUrls
-from ._responses import Response, error_for, refused_in_success
+from ._responses import Response, error_for, failure_in_success, not_the_shape, refused_in_success
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
 from ._scrub import mask_secrets, scrub_request_info, secret_forms
@@ -392,11 +392,7 @@ class HttpExchange:
         # (nested past msgspec's depth; bytes that are not UTF-8: msgspec says so with a
         # UnicodeDecodeError, no DecodeError)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:
-            raise exc.DecodeError(
-                f"{method} {path}: HTTP {response.status} body is not the expected JSON: {err}",
-                method=method,
-                path=path,
-            ) from err
+            raise not_the_shape(response, method, path, err) from err
 
     def check_bulk_status(
         self,
@@ -412,18 +408,7 @@ class HttpExchange:
             error = self.masked(error) if error else error  # (it may echo the key sent)
             if code is not None:  # (see _responses.REFUSING_CODES)
                 raise refused_in_success(response, code, error or "", path, self._key_hint(path))
-            # A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no
-            # request error of ours can be told from it, and asking again is harmless, so it
-            # is a transient fault of the service (retried under the run's give-up budget).
-            raise exc.ServerError(
-                f"{method} {path}: service answered HTTP {response.status} with"
-                f" status={status!r}: {error or 'no reason given'}",
-                status=response.status,
-                service_message=error or "",
-                method=method,
-                path=path,
-                task_id=task_id,
-            )
+            raise failure_in_success(response, status, error, method, path, task_id)
 
     def masked(self, text: str) -> str:
         """``text`` (words of an answer) with the keys sent masked (:func:`mask_secrets`)."""

@@ -16,11 +16,12 @@ from ._times import retry_after
 __all__ = [
     "Response",
     "error_for",
+    "failure_in_success",
     "front_end_answer",
     "no_tagging_result",
     "no_task_named",
+    "not_the_shape",
     "parse_error_body",
-    "retry_after",
     "unreadable_write",
 ]
 
@@ -151,6 +152,32 @@ def refused_in_success(
     if status == 405:  # (about no image: the run stops, as on a 405 answered so)
         return exc.RequestError(text, **common)
     return exc.ServerError(text, **common)
+
+
+def failure_in_success(
+    response: Response, status: str, error: str | None, method: str, path: str, task_id: str | None
+) -> exc.ServerError:
+    """A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no request
+    error of ours can be told from it, and asking again is harmless, so it is a transient
+    fault of the service (retried under the run's give-up budget)."""
+    return exc.ServerError(
+        f"{method} {path}: service answered HTTP {response.status} with"
+        f" status={status!r}: {error or 'no reason given'}",
+        status=response.status,
+        service_message=error or "",
+        method=method,
+        path=path,
+        task_id=task_id,
+    )
+
+
+def not_the_shape(response: Response, method: str, path: str, err: Exception) -> exc.DecodeError:
+    """An answer whose body is not the JSON its request expects (``err``: msgspec's words)."""
+    return exc.DecodeError(
+        f"{method} {path}: HTTP {response.status} body is not the expected JSON: {err}",
+        method=method,
+        path=path,
+    )
 
 
 def no_tagging_result(response: Response, path: str, err: ValueError) -> exc.FashiontagError:
