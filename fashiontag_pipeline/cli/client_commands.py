@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import base64
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -85,35 +85,29 @@ def _giving_up_after(seconds: float) -> Iterator[None]:
 
 
 def _image_from_argument(value: str) -> Image:
-    """An http(s) URL (its scheme in any case, sent lower-cased), a ``data:image/`` URI, or a
-    local file (a path, or a ``file:///absolute/path`` URL as ``run`` takes it) as base64, read
-    as ``run`` reads one (a regular file of at most 20 MiB, its type from its magic bytes)."""
-    for scheme in ("http://", "https://"):
-        if value[: len(scheme)].lower() == scheme:
-            return Image(type=ImageType.URL, content=scheme + value[len(scheme) :])
-    if value[:11].lower() == "data:image/":  # in any case (RFC 2397): sent lower-cased
-        head, sep, payload = value.partition(",")
-        return Image(type=ImageType.BASE64, content=spec_data_uri(head.lower() + sep + payload))
-    if value[:5].lower() == "data:":
-        raise ConfigError(
-            f"cannot read image {value[:40]!r}: a data: URI must be"
-            " data:image/<ext>;base64,<content>"
-        )
-    if value[:5].lower() == "file:":  # the rule of run's engine.rules.single_target
-        parts = urlsplit(value)
-        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ConfigError(
-                f"cannot read image {value!r}: a file URL must name an absolute local path"
-                " (file:///path)"
-            )
-        value = unquote(parts.path)
+    """The image ``value`` names, read by ``run``'s rules (:mod:`..engine.rules`): an http(s)
+    URL (its scheme in any case, sent lower-cased), a ``data:image/`` URI, or a local file (a
+    path, or a ``file:///absolute/path`` URL) as base64, read as ``run`` reads one (a regular
+    file of at most 20 MiB, its type from its magic bytes). A value ``run`` rejects (no host,
+    a space, another scheme, a mistyped one) is refused with ``run``'s reason, nothing sent."""
+    from ..engine.rules import SINGLE_DATA, NotHttp, RowError, http_url, single_target
+
     try:
-        data = read_image_file(value, DEFAULT_SINGLE_MAX_BYTES)
+        try:
+            return Image(type=ImageType.URL, content=http_url(value))
+        except NotHttp:
+            kind, content = single_target(value, True, os.getcwd())
+    except RowError as err:
+        raise ConfigError(f"cannot read image: {err}") from None
+    if kind == SINGLE_DATA:
+        return Image(type=ImageType.BASE64, content=spec_data_uri(content))
+    try:
+        data = read_image_file(content, DEFAULT_SINGLE_MAX_BYTES)
     except ImageFileError as err:
         raise ConfigError(f"cannot read image: {err}") from None
     encoded = base64.b64encode(data).decode("ascii")
     return Image(
-        type=ImageType.BASE64, content=f"data:image/{sniff_ext(data, value)};base64,{encoded}"
+        type=ImageType.BASE64, content=f"data:image/{sniff_ext(data, content)};base64,{encoded}"
     )
 
 

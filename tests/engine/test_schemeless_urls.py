@@ -5,6 +5,7 @@ is a reject; the reason must say what to write, not only that no such file exist
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,43 @@ async def test_a_url_with_its_scheme_mistyped_is_a_reject_saying_what_is_wrong(
         assert "local file" not in reasons[ident], reasons[ident]
         assert "scheme is mistyped" in reasons[ident] and "https://" in reasons[ident]
     assert reasons["d"] == "url has spaces around it (an http(s) URL holds none)"
+
+
+async def test_tag_refuses_an_image_run_rejects_with_run_s_reason(tmp_path: Path) -> None:
+    """``fashiontag tag`` read its argument by rules of its own: ``http://`` (no host) and a
+    URL holding a space were sent and printed as a tagging result, exit 0, where ``run``
+    rejects the same value; ``s3://bucket/k.jpg``, a mistyped ``http:/host/x.jpg``, a padded
+    `` https://...`` or ``C:\\img\\a.jpg`` was ``local file not found: s3://...``, as if the
+    value were taken for a path. Each is now exit 2 with one line giving ``run``'s reason,
+    nothing sent."""
+    values = {
+        "no-host": "http://",
+        "space": "https://img.example/Blue Shirt.jpg",
+        "s3": "s3://bucket/look.jpg",
+        "ftp": "ftp://img.example/look.jpg",
+        "mistyped": "http:/img.example/look.jpg",
+        "padded": " https://img.example/look.jpg",
+        "windows": "C:\\img\\look.jpg",
+        "bad-data": "data:image/png,abc",
+    }
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": i, "url": u}) + "\n" for i, u in values.items()))
+    out = tmp_path / "out.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV, cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr.decode()[-600:]
+        o = assert_exactly_once(out, out.with_suffix(".rej"), set(values))
+        reasons = {r["id"]: r["reason"] for r in o.rejects}
+        assert set(reasons) == set(values), o.results
+        for ident, value in values.items():
+            tagged = await anyio.run_process(
+                [sys.executable, "-m", "fashiontag_pipeline", "tag", value, "--base-url", svc.url],
+                check=False,
+                env=ENV,
+                cwd=tmp_path,
+            )
+            err = tagged.stderr.decode()
+            assert tagged.returncode == 2 and not tagged.stdout, (ident, tagged.stdout[:200], err)
+            assert len(err.strip().splitlines()) == 1 and reasons[ident] in err, (ident, err)
