@@ -27,7 +27,7 @@ from .._images import (
     spec_data_uri,
 )
 from .._models import Context, Image, ImageType, Task, says_success
-from .common import EXIT_ERROR, EXIT_OK, client_config_from_args
+from .common import EXIT_ERROR, EXIT_OK, client_config_from_args, one_line
 from .streams import write_stdout
 
 __all__ = ["ONE_SHOT_GIVE_UP", "add_give_up_argument", "tag_command", "tasks_command"]
@@ -132,10 +132,10 @@ async def tag_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     error = response.error
     if isinstance(error, dict) and ("code" in error or "message" in error):
-        message = " ".join(str(error.get("message") or "").split())
+        message = one_line(str(error.get("message") or ""))
         reason = f"code {error.get('code')}: {message}" if message else f"code {error.get('code')}"
     elif error is not None:
-        reason = " ".join(str(error).split())
+        reason = one_line(str(error))
     else:
         reason = f"status {response.status!r}, no error given"
     print(f"fashiontag: the service could not tag the image ({reason})", file=sys.stderr)
@@ -189,13 +189,13 @@ def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
     rows = [("TASK", "STATUS", "TOTAL", "DONE", "FAILED", "CREATED", "DESCRIPTION")]
     for t in shown:
         status = str(t.task_status).removeprefix("TASK_")
-        description = " ".join((t.description or "").split())
+        description = one_line(t.description or "")
         if len(description) > 40:
             description = description[:39] + "~"
         rows.append(
             (
-                t.task_id,
-                status,
+                one_line(t.task_id),
+                one_line(status),
                 f"{t.count.total:,}",
                 f"{t.count.done:,}",
                 f"{t.count.failure:,}",

@@ -34,6 +34,7 @@ from .common import (
     KEYS_HELP,
     SERVE_EXIT_CODES,
     add_client_arguments,
+    one_line,
     parse_detection,
 )
 from .startup import HELD, interrupt_on_term, release, resume_collections, take
@@ -327,10 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(anyio.run(handler, args))
         return int(handler(args))
     except ConfigError as err:
-        print(f"fashiontag: {err}", file=sys.stderr)
+        print(f"fashiontag: {one_line(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except FashiontagError as err:
-        print(f"fashiontag: {err}", file=sys.stderr)
+        print(f"fashiontag: {one_line(str(err))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("fashiontag: interrupted", file=sys.stderr)

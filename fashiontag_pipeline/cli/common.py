@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
     "client_config_from_args",
     "leave_if_hung",
     "nonempty",
+    "one_line",
     "parse_detection",
     "path_arg",
     "run_async",
@@ -149,6 +151,18 @@ _FLAG_WARNING = (
     "fashiontag: warning: {flag} is visible to other users of this machine (ps, /proc); "
     "prefer {var} or a --config file only you can read"
 )
+
+
+#: A control character left once white space is joined (ESC of a terminal sequence, BEL, DEL,
+#: the C1 controls).
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    """``text`` for a person's terminal, on one line: its runs of white space (line breaks,
+    tabs) as one space, any other control character shown escaped (``\\x1b``): a service's
+    message (a stack trace, a sequence that clears the screen) never reaches it as sent."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(text.split()))
 
 
 def parse_detection(value: str) -> list[Detection]:

@@ -1,0 +1,90 @@
+"""What a service writes, as ``tag`` and ``tasks`` print it for a person at a terminal: a
+message or a task description holding line breaks (a Java stack trace) or terminal control
+sequences (ESC ``[2J`` clears the screen) is shown on one line, its controls made visible."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from aiohttp import web
+
+#: A service's error message: a stack trace, then a sequence that clears the terminal.
+MESSAGE = (
+    "task lookup failed\n\tat com.shop.Tasks.get(Tasks.java:12)\r\n"
+    "\tat com.shop.Api.handle(Api.java:80)\n\x1b[2J\x1b[31mred\x07"
+)
+ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")},
+    "FASHIONTAG_API_KEY": "",
+    "FASHIONTAG_BULK_API_KEY": "",
+}
+
+
+@asynccontextmanager
+async def _service() -> AsyncIterator[str]:
+    """A service that fails every call with :data:`MESSAGE` and lists one task described by
+    it."""
+
+    async def tag(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"status": "failure", "error": {"code": 805, "message": MESSAGE}})
+
+    async def listing(request: web.Request) -> web.StreamResponse:
+        task = {
+            "taskId": "t-1",
+            "taskStatus": "TASK_DONE",
+            "description": MESSAGE,
+            "count": {"total": 1, "done": 1, "failure": 0},
+            "createDate": "2026-11-27T01:00:00.000Z",
+        }
+        return web.json_response({"status": "success", "data": {"tasks": [task]}})
+
+    async def missing(request: web.Request) -> web.StreamResponse:
+        body = {"status": "fail", "error": {"code": 404, "message": MESSAGE}}
+        return web.json_response(body, status=404)
+
+    app = web.Application()
+    app.router.add_post("/tagger/v2/tags", tag)
+    app.router.add_get("/tagger/v2.12/bulk", listing)
+    app.router.add_route("*", "/{tail:.*}", missing)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_service_s_words_are_printed_on_one_line_without_terminal_controls() -> None:
+    """``tasks status``'s one-line reason was the service's message as sent: four lines on
+    stderr, and its ESC sequences reached the terminal (the screen cleared, the text turned
+    red); ``tag``'s reason and ``tasks list``'s description column let them through too."""
+    async with _service() as url:
+        for command in (
+            ["tasks", "status", "t-1"],
+            ["tasks", "results", "t-1"],
+            ["tag", "https://img.example/a.jpg"],
+        ):
+            result = await anyio.run_process(
+                [sys.executable, "-m", "fashiontag_pipeline", *command, "--base-url", url],
+                check=False,
+                env=ENV,
+            )
+            err = result.stderr.decode()
+            assert result.returncode == 1 and "Traceback" not in err, (command, err)
+            assert len(err.splitlines()) == 1, (command, err)
+            assert "\x1b" not in err and "\x07" not in err and "\r" not in err, (command, err)
+            assert "Tasks.java:12" in err and "\\x1b[2J" in err, (command, err)
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", "tasks", "list", "--base-url", url],
+            check=False,
+            env=ENV,
+        )
+        out = result.stdout.decode()
+        assert result.returncode == 0, result.stderr.decode()
+        assert len(out.splitlines()) == 2 and "\x1b" not in out and "\x07" not in out, out
