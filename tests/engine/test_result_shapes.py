@@ -20,6 +20,7 @@ import anyio
 import msgspec
 import pytest
 
+from fashiontag_pipeline import BulkContext, Image, ImageType, TaggerClient, TaggingRequest
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
 from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -203,3 +204,38 @@ async def test_a_single_mode_refusal_in_the_bulk_paths_shape_is_no_result(tmp_pa
             [manifest], client=again, out=out, rejects=rej, state=state, engine=FAST
         )
     assert summary.complete and summary.tagged == 3 and summary.failed == 0
+
+
+async def test_tasks_results_prints_every_result_as_it_came() -> None:
+    """``fashiontag tasks results``, how a support engineer recovers a failed night's rows by
+    hand, decoded the page into the typed model: a page holding a result ``run`` writes as it
+    came (a failure whose ``error.code`` is a word) was exit 1, ``response is not a results
+    page``, none of its 100 results printed; a field the model lacks (``modelVersion``, a
+    fractional ``pairIndex``) was dropped from what it printed. It prints the page as sent."""
+    given = {"p1": WORDED_FAILURE, "p2": RICHER_SUCCESS, "p3": NO_STATUS}
+    rules = Misbehaviour(results_given=given)
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            requests = [
+                TaggingRequest(
+                    image=Image(type=ImageType.URL, content=f"https://img.example/{i}.jpg"),
+                    context=BulkContext(id=f"p{i}"),
+                )
+                for i in range(5)
+            ]
+            created = await client.create_task(requests, description="night")
+            with anyio.fail_after(10):
+                while not (await client.task_status(created.task_id)).done:
+                    await anyio.sleep(0.02)
+        argv = ["tasks", "results", created.task_id, "--base-url", proxy.url]
+        done = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv, "--give-up-after", "2"],
+            check=False,
+            env=ENV,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    page = msgspec.json.decode(done.stdout)
+    assert page["taskInfo"]["totalCount"] == 5
+    results = {r["id"]: r["taggingResult"] for r in page["results"]}
+    assert set(results) == {f"p{i}" for i in range(5)}
+    assert all(results[ident] == shape for ident, shape in given.items()), results
