@@ -27,7 +27,7 @@ from .._images import (
     spec_data_uri,
 )
 from .._models import Context, Image, ImageType, Task, says_success
-from .common import EXIT_ERROR, EXIT_OK, client_config_from_args, one_line
+from .common import EXIT_ERROR, EXIT_OK, client_config_from_args, not_utf8, one_line
 from .streams import write_stdout
 
 __all__ = ["ONE_SHOT_GIVE_UP", "add_give_up_argument", "tag_command", "tasks_command"]
@@ -94,12 +94,18 @@ def _image_from_argument(value: str) -> Image:
 
     try:
         try:
-            return Image(type=ImageType.URL, content=http_url(value))
+            url = http_url(value)
         except NotHttp:
             kind, content = single_target(value, True, os.getcwd())
+        else:
+            if (problem := not_utf8(url)) is not None:  # (a path may hold such bytes)
+                raise RowError(f"url: {problem}")
+            return Image(type=ImageType.URL, content=url)
     except RowError as err:
         raise ConfigError(f"cannot read image: {err}") from None
     if kind == SINGLE_DATA:
+        if (problem := not_utf8(content)) is not None:
+            raise ConfigError(f"cannot read image: data: URI: {problem}")
         return Image(type=ImageType.BASE64, content=spec_data_uri(content))
     try:
         data = read_image_file(content, DEFAULT_SINGLE_MAX_BYTES)

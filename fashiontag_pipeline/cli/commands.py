@@ -34,6 +34,7 @@ from .common import (
     KEYS_HELP,
     SERVE_EXIT_CODES,
     add_client_arguments,
+    not_utf8,
     one_line,
     parse_detection,
 )
@@ -67,6 +68,8 @@ def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
 def _task_id(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("a task id must not be empty")
+    if (problem := not_utf8(text)) is not None:  # (no request can carry it: a traceback)
+        raise argparse.ArgumentTypeError(f"a task id is UTF-8 text: {problem}")
     return text
 
 

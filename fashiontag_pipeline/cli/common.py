@@ -45,6 +45,7 @@ __all__ = [
     "client_config_from_args",
     "leave_if_hung",
     "nonempty",
+    "not_utf8",
     "one_line",
     "parse_detection",
     "path_arg",
@@ -163,6 +164,18 @@ def one_line(text: str) -> str:
     tabs) as one space, any other control character shown escaped (``\\x1b``): a service's
     message (a stack trace, a sequence that clears the screen) never reaches it as sent."""
     return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(text.split()))
+
+
+#: The lone surrogates Python holds an argument's bytes that are not UTF-8 as (PEP 383).
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def not_utf8(text: str) -> str | None:
+    """Why an argument ``text`` is no UTF-8 text (the first byte that is not), or None."""
+    found = _ESCAPED_BYTE.search(text)
+    if found is None:
+        return None
+    return f"byte 0x{ord(found.group()) - 0xDC00:02X} is not UTF-8 (typed in another encoding?)"
 
 
 def parse_detection(value: str) -> list[Detection]:
