@@ -27,6 +27,7 @@ from .._images import (
     spec_data_uri,
 )
 from .._models import Context, Image, ImageType, Task, says_success
+from .._surrogates import mend
 from .common import EXIT_ERROR, EXIT_OK, client_config_from_args, not_utf8, one_line
 from .streams import write_stdout
 
@@ -159,6 +160,9 @@ class _Page(msgspec.Struct, gc=False):
 
 
 def _page_data(body: bytes, task_id: str) -> msgspec.Raw:
+    # An id cut across an emoji by a UTF-16 service (``"\\ud83d"``): read as run's pages read
+    # it, the half as U+FFFD (printing the page as sent failed: the JSON is malformed).
+    body = mend(body) or body
     try:
         page = msgspec.json.decode(body, type=_Page)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:

@@ -4,6 +4,7 @@ sequences (ESC ``[2J`` clears the screen) is shown on one line, its controls mad
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -88,3 +89,39 @@ async def test_a_service_s_words_are_printed_on_one_line_without_terminal_contro
         out = result.stdout.decode()
         assert result.returncode == 0, result.stderr.decode()
         assert len(out.splitlines()) == 2 and "\x1b" not in out and "\x07" not in out, out
+
+
+async def test_tasks_results_reads_a_page_holding_half_a_surrogate_pair_as_run_does() -> None:
+    """A Java or .NET service that cuts an id across an emoji writes its first half alone,
+    ``"\\ud83d"``: ``run`` reads such a page (the half read as U+FFFD), but ``tasks results``
+    refused the whole page, exit 1 (``JSON is malformed``), so none of its results could be
+    recovered by hand. It prints the page, the half as ``\\ufffd``, as ``run`` writes it."""
+    page = (
+        b'{"status":"success","data":{"taskInfo":{"totalCount":2,"offset":0,"size":100},'
+        b'"results":[{"id":"sku-1 \\ud83d","taggingResult":{"status":"success","data":'
+        b'{"objects":[]}}},{"id":"sku-2","taggingResult":{"status":"success","data":'
+        b'{"objects":[]}}}]}}'
+    )
+
+    async def results(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=page, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/tagger/v2.12/bulk/{task}", results)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    argv = ["tasks", "results", "t-1", "--base-url", url, "--give-up-after", "1"]
+    try:
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv],
+            check=False,
+            env=ENV,
+        )
+    finally:
+        await runner.cleanup()
+    assert result.returncode == 0, result.stderr.decode()
+    printed = json.loads(result.stdout)
+    assert [r["id"] for r in printed["results"]] == ["sku-1 \ufffd", "sku-2"]
