@@ -52,6 +52,7 @@ from ._responses import Response, error_for, failure_in_success, not_the_shape, 
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
 from ._scrub import mask_secrets, scrub_request_info, secret_forms
+from ._surrogates import decode_mended
 from ._times import retry_after
 from ._tls import deferred_trust_store
 
@@ -388,7 +389,7 @@ class HttpExchange:
             # Error statuses are mapped before their body is taken as a success shape.
             self.raise_for_status(response, method, path, None)
         try:
-            return decoder.decode(response.body)
+            return decode_mended(decoder, response.body)
         # (nested past msgspec's depth; bytes that are not UTF-8: msgspec says so with a
         # UnicodeDecodeError, no DecodeError)
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as err:

@@ -14,8 +14,13 @@ only after a decode failed, so an answer without one costs nothing.
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
-__all__ = ["mend"]
+import msgspec
+
+__all__ = ["decode_mended", "mend"]
+
+T = TypeVar("T")
 
 #: An escaped backslash (so that ``\\\\ud800``, the text ``\\ud800``, is never read as an
 #: escape), a surrogate pair, or a lone surrogate, leftmost first.
@@ -38,3 +43,15 @@ def mend(body: bytes, replacement: bytes = _REPLACEMENT) -> bytes | None:
 
     mended = _ESCAPE.sub(replace, body)
     return None if mended == body else mended
+
+
+def decode_mended(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """``body`` decoded; when it is refused for a lone surrogate escape (an answer's
+    description or message cut across an emoji), the body :func:`mend` gives, decoded."""
+    try:
+        return decoder.decode(body)
+    except msgspec.DecodeError:
+        mended = mend(body)
+        if mended is None:
+            raise
+        return decoder.decode(mended)

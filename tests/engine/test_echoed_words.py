@@ -125,3 +125,46 @@ async def test_tasks_results_reads_a_page_holding_half_a_surrogate_pair_as_run_d
     assert result.returncode == 0, result.stderr.decode()
     printed = json.loads(result.stdout)
     assert [r["id"] for r in printed["results"]] == ["sku-1 \ufffd", "sku-2"]
+
+
+async def test_tasks_list_and_status_read_half_a_surrogate_pair_in_a_description() -> None:
+    """A service that cuts a description (another client's, on the same bulk key) to its
+    1,024 characters as UTF-16 code units keeps half an emoji, ``"\\ud83d"``: ``tasks list``
+    and ``tasks status`` refused the whole answer, exit 1 (``HTTP 200 body is not the expected
+    JSON``), so no task of the key could be listed while it lived. The half is read as
+    U+FFFD, as results pages are."""
+    task = (
+        b'{"taskId":"t-1","description":"night \\ud83d","taskStatus":"TASK_DONE",'
+        b'"count":{"total":1,"done":1,"failure":0},"createDate":"2026-11-27T01:00:00.000Z"}'
+    )
+
+    async def listing(request: web.Request) -> web.StreamResponse:
+        body = b'{"status":"success","data":{"tasks":[' + task + b"]}}"
+        return web.Response(body=body, content_type="application/json")
+
+    async def status(request: web.Request) -> web.StreamResponse:
+        body = b'{"status":"success","data":' + task + b"}"
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/tagger/v2.12/bulk", listing)
+    app.router.add_get("/tagger/v2.12/bulk/{task}/status", status)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    printed = []
+    try:
+        for action in (["list"], ["list", "--json"], ["status", "t-1"]):
+            argv = ["tasks", *action, "--base-url", url, "--give-up-after", "1"]
+            result = await anyio.run_process(
+                [sys.executable, "-m", "fashiontag_pipeline", *argv], check=False, env=ENV
+            )
+            assert result.returncode == 0, (action, result.stderr.decode())
+            printed.append(result.stdout.decode())
+    finally:
+        await runner.cleanup()
+    assert printed[0].splitlines()[1].endswith("night \ufffd"), printed[0]
+    assert json.loads(printed[1])[0]["description"] == "night \ufffd"
+    assert json.loads(printed[2])["description"] == "night \ufffd"
