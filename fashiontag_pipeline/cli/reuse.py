@@ -13,13 +13,15 @@ import argparse
 import contextlib
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import msgspec
 
 from .._exceptions import FashiontagError
 from .._models import format_time
-from .._postgres import foreign_url, redact_url
+from .._postgres import foreign_url, is_postgres_url, redact_url
 from ..engine.reuse import StoreStats, open_store, parse_duration
+from ..engine.run_checks import a_folder
 from .common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .streams import write_stdout
 
@@ -101,6 +103,11 @@ def reuse_command(args: argparse.Namespace) -> int:
             " give a file path or a postgresql:// URL (its scheme in lower case)",
             file=sys.stderr,
         )
+        return EXIT_USAGE
+    if not is_postgres_url(args.store) and (
+        problem := a_folder([("result store", Path(args.store))])
+    ):
+        print(f"fashiontag: {problem}", file=sys.stderr)  # (SQLite: "unable to open ...")
         return EXIT_USAGE
     try:
         store = open_store(args.store, create=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from fashiontag_pipeline.engine.reuse import (
     parse_duration,
 )
 from fashiontag_pipeline.engine.reuse.store import LOOKUP_BATCH
+
+from .helpers import ENV
 
 DAY = 86_400.0
 
@@ -226,3 +229,26 @@ def test_prune_by_a_bare_number_is_refused_not_read_as_seconds(tmp_path: Path) -
     assert "30d for 30 days" in done.stderr and "30s for 30 seconds" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert json.loads(_cli("stats", str(path), "--json").stdout)["rows"] == 2
+
+
+@pytest.mark.parametrize("action", [["stats"], ["prune", "--older-than", "30d"]])
+def test_reuse_of_a_folder_says_it_is_one(tmp_path: Path, action: list[str]) -> None:
+    """``fashiontag reuse stats /data/stores/`` (the folder, not the store in it) was exit 1,
+    ``unable to open database file (it is left untouched; move it away to start an empty
+    store, and every row will be tagged again)``: advice to move the folder away; a FIFO or
+    ``/dev/zero`` was called ``an empty file``. Each is now exit 2 saying what it is, as
+    ``run --reuse`` says it."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for store, said in ((tmp_path, "is a folder"), (fifo, "not a regular file")):
+        argv = ["reuse", action[0], str(store), *action[1:]]
+        done = subprocess.run(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+        assert "move it away" not in done.stderr and len(done.stderr.splitlines()) == 1
