@@ -29,6 +29,7 @@ from .._exceptions import FashiontagError
 from ..engine import EngineConfig, run_pipeline
 from ..service import ServiceConfig, running_service
 from .common import EXIT_ERROR, EXIT_USAGE, run_async
+from .streams import write_stdout
 from .summary_file import format_summary
 
 __all__ = ["add_demo_arguments", "demo_command", "make_catalogue", "run_demo"]
@@ -178,8 +179,7 @@ async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
             )
     finally:
         await runner.cleanup()
-    print(format_summary(summary))
-    print("\na few tagged results:")
+    said = [format_summary(summary), "\na few tagged results:"]
     shown = 0
     with out.open() as fh:
         for line in fh:
@@ -198,13 +198,15 @@ async def run_demo(*, images: int = 200, workdir: Path | None = None) -> int:
             ]
             if tags:
                 shown += 1
-                print(f"  {record['id']}: {result['status']} {json.dumps(tags)[:200]}")
-    print(
+                said.append(f"  {record['id']}: {result['status']} {json.dumps(tags)[:200]}")
+    said.append(
         f"\nfiles kept in {root}:\n"
         f"  {out.name} (results), {rejects.name} (rejects), {manifest.name} (manifest), "
         f"{catalogue.name}/ (the generated images)\n"
         + ("  (remove the folder when done, or pass --workdir DIR)" if workdir is None else "")
     )
+    # (a full disk or a closed reader: one line from demo_command, no traceback)
+    write_stdout("\n".join(said) + "\n")
     return 0 if summary.complete else 1
 
 

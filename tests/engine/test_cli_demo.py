@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -13,6 +15,8 @@ from fashiontag_pipeline.cli.demo import run_demo
 from fashiontag_pipeline.cli.engine_flags import engine_config_from_args
 from fashiontag_pipeline.cli.run import add_run_arguments, run_command
 from fashiontag_pipeline.engine import EngineConfig
+
+from .helpers import ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -137,3 +141,22 @@ def test_a_flag_argparse_refuses_still_replaces_the_summary(
         report = msgspec.json.decode(summary.read_bytes())
         assert report["complete"] is False and flags[0] in report["error"], report
         summary.write_text('{"complete": true, "error": null}')
+
+
+def test_demo_onto_a_full_disk_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """``fashiontag demo > demo.txt`` on a full disk (``/dev/full`` here): the demo ran, then
+    its summary's ``print`` ended in a traceback, ``OSError: [Errno 28]``, as ``tag`` and
+    ``tasks`` did before they were fixed. One line naming stdout now, exit 1."""
+    argv = ["demo", "--images", "3", "--workdir", str(tmp_path / "demo")]
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            timeout=120,
+            check=False,
+        )
+    err = done.stderr.decode()
+    assert done.returncode == 1 and "Traceback" not in err, err[-800:]
+    assert "fashiontag: cannot write to stdout: No space left on device" in err.splitlines()
