@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import base64
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -97,7 +96,7 @@ def _image_from_argument(value: str) -> Image:
         try:
             url = http_url(value)
         except NotHttp:
-            kind, content = single_target(value, True, os.getcwd())
+            kind, content = single_target(value, True, "")  # (a path as given: no getcwd)
         else:
             if (problem := not_utf8(url)) is not None:  # (a path may hold such bytes)
                 raise RowError(f"url: {problem}")

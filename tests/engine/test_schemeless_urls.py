@@ -134,3 +134,17 @@ async def test_tag_refuses_an_image_run_rejects_with_run_s_reason(tmp_path: Path
             err = tagged.stderr.decode()
             assert tagged.returncode == 2 and not tagged.stdout, (ident, tagged.stdout[:200], err)
             assert len(err.strip().splitlines()) == 1 and reasons[ident] in err, (ident, err)
+
+
+def test_tag_of_a_relative_path_from_a_removed_folder_says_it_is_not_found(tmp_path: Path) -> None:
+    """``tag x.png`` run from a folder removed meanwhile (a shell left in a cleaned-up build
+    folder): the path is read as given, ``local file not found: x.png``, exit 2, with no
+    ``FileNotFoundError`` traceback from asking for the current folder."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && exec {sys.executable} -m fashiontag_pipeline tag x.png"
+    result = subprocess.run(
+        ["sh", "-c", script], env=ENV, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == "fashiontag: cannot read image: local file not found: x.png"
