@@ -24,7 +24,7 @@ from ..engine.config import RunSummary
 from ..engine.run import summary_json
 from ..engine.run_checks import outputs_free
 from ..engine.state.sqlite import state_free
-from .common import EXIT_INTERRUPTED, EXIT_USAGE
+from .common import EXIT_INTERRUPTED, EXIT_USAGE, one_line
 
 __all__ = [
     "format_summary",
@@ -83,7 +83,8 @@ def format_summary(summary: RunSummary) -> str:
 
 
 def report_failure(args: argparse.Namespace, summary: RunSummary, reason: str, code: int) -> int:
-    print(f"fashiontag: {reason}", file=sys.stderr)
+    # (one_line: a service's words quoted in ``reason`` reach no terminal's controls as sent)
+    print(f"fashiontag: {one_line(reason)}", file=sys.stderr)
     if args.summary is not None:
         summary.error = reason
         if code == EXIT_INTERRUPTED:  # (while starting; a second signal's stop that hung)
@@ -101,7 +102,7 @@ def report_conflict(args: argparse.Namespace, failed: RunSummary, err: StateConf
     reason = " ".join(str(err).split())
     if not isinstance(err, StateInUseError) or args.summary is None:
         return report_failure(args, failed, reason, EXIT_USAGE)
-    print(f"fashiontag: {reason}", file=sys.stderr)
+    print(f"fashiontag: {one_line(reason)}", file=sys.stderr)
     if _under_way_on(args.summary, (failed.out, failed.rejects, failed.state), os.getpid()):
         error = (
             f"{UNDER_WAY}: another run is at work on these files (process {os.getpid()},"

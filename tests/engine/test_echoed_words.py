@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 from aiohttp import web
@@ -168,3 +169,25 @@ async def test_tasks_list_and_status_read_half_a_surrogate_pair_in_a_description
     assert printed[0].splitlines()[1].endswith("night \ufffd"), printed[0]
     assert json.loads(printed[1])[0]["description"] == "night \ufffd"
     assert json.loads(printed[2])["description"] == "night \ufffd"
+
+
+async def test_run_s_last_line_shows_a_service_s_controls_escaped(tmp_path: Path) -> None:
+    """``run``'s one-line reason quotes the service's message: its line breaks were made
+    spaces, but its ESC sequences reached the cron mail or the terminal as sent (the screen
+    cleared, the text turned red). They are shown escaped, as ``tag`` and ``tasks`` show
+    them."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\np1,https://img.example/a.jpg\n")
+    async with _service() as url:
+        argv = ["run", str(manifest), "--base-url", url, "--out", str(tmp_path / "o.jsonl")]
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", *argv, "--no-progress"],
+            check=False,
+            env=ENV,
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    assert last.startswith("fashiontag: ") and "Tasks.java:12" in last, err
+    assert "\x1b" not in err and "\x07" not in err and "\r" not in err, err
+    assert "\\x1b[2J" in last, last
