@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import base64
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -89,14 +90,21 @@ def _image_from_argument(value: str) -> Image:
     URL (its scheme in any case, sent lower-cased), a ``data:image/`` URI, or a local file (a
     path, or a ``file:///absolute/path`` URL) as base64, read as ``run`` reads one (a regular
     file of at most 20 MiB, its type from its magic bytes). A value ``run`` rejects (no host,
-    a space, another scheme, a mistyped one) is refused with ``run``'s reason, nothing sent."""
-    from ..engine.rules import SINGLE_DATA, NotHttp, RowError, http_url, single_target
+    a space, another scheme, a mistyped one) is refused with ``run``'s reason, nothing sent,
+    unless it names a file that is there (``C:\\img\\a.png`` on Linux, ``IMG:001.png``): the
+    argument is a path too (DESIGN 4.1: ``IMAGE_PATH_OR_URL``), which a manifest's cell is not."""
+    from ..engine.rules import SINGLE_DATA, SINGLE_FILE, NotHttp, RowError, http_url, single_target
 
     try:
         try:
             url = http_url(value)
         except NotHttp:
-            kind, content = single_target(value, True, "")  # (a path as given: no getcwd)
+            try:
+                kind, content = single_target(value, True, "")  # (a path as given: no getcwd)
+            except RowError:
+                if not os.path.lexists(value):
+                    raise
+                kind, content = SINGLE_FILE, value
         else:
             if (problem := not_utf8(url)) is not None:  # (a path may hold such bytes)
                 raise RowError(f"url: {problem}")

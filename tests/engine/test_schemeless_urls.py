@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import anyio
+from PIL import Image as PILImage
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -148,3 +149,29 @@ def test_tag_of_a_relative_path_from_a_removed_folder_says_it_is_not_found(tmp_p
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip() == "fashiontag: cannot read image: local file not found: x.png"
+
+
+async def test_tag_reads_a_file_that_exists_whatever_its_name(tmp_path: Path) -> None:
+    """``tag IMAGE_PATH_OR_URL`` (DESIGN 4.1) of a file that is there, named ``C:\\img\\a.png``
+    (a Windows-style name a copy from a share leaves on Linux), ``IMG:001.png`` (a camera's),
+    ``s3:look.png`` or ``cdn.example.com:8443``, tab-completed by the shell: each was tagged
+    until ``tag`` took ``run``'s rules for a manifest's URL cell, then exit 2, ``url is a
+    Windows path ..., no path on this machine`` or ``scheme 'IMG' is not supported``, though
+    the path names a file on this machine. A file that exists is read; one that does not
+    keeps ``run``'s reason (above)."""
+    picture = tmp_path / "look.png"
+    PILImage.new("RGB", (60, 80), (200, 20, 30)).save(picture)
+    names = ["C:\\img\\a.png", "IMG:001.png", "s3:look.png", "cdn.example.com:8443", "http:x.png"]
+    for name in names:
+        (tmp_path / name).write_bytes(picture.read_bytes())
+    async with running_service(ServiceConfig()) as svc:
+        for name in names:
+            tagged = await anyio.run_process(
+                [sys.executable, "-m", "fashiontag_pipeline", "tag", name, "--base-url", svc.url],
+                check=False,
+                env=ENV,
+                cwd=tmp_path,
+            )
+            err = tagged.stderr.decode()
+            assert tagged.returncode == 0 and not err, (name, err)
+            assert json.loads(tagged.stdout)["status"] == "success", name
