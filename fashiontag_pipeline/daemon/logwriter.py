@@ -152,8 +152,16 @@ class LineWriter(logging.Handler):
 
     def flush(self, timeout: float | None = None) -> None:
         """Until every line queued so far is written, or ``timeout`` (default
-        :data:`EXIT_DEADLINE`) seconds have passed."""
+        :data:`EXIT_DEADLINE`) seconds have passed; the lines dropped and not yet said are
+        said last (the queue's bound aside: at exit no idle moment comes to say them)."""
         end = time.monotonic() + (self._deadline if timeout is None else timeout)
+        self.acquire()  # (the lines dropped so far are said now: the process may end next)
+        try:
+            if self._unsaid:
+                lines, self._unsaid = self._unsaid, 0
+                self._put(self._said_dropped(lines))
+        finally:
+            self.release()
         with self._progress:
             target = self._queued
             while self._written < target and self._thread.is_alive():
@@ -195,8 +203,10 @@ class LineWriter(logging.Handler):
 
     def _say_drops_when_idle(self) -> None:
         """The lines dropped, said once nothing else is queued (else the next line logged
-        says them, in their place)."""
-        self.acquire()
+        says them, in their place). Not waited for: logging's shutdown holds the handler's
+        lock while it flushes, and the lines it waits for are this thread's to write."""
+        if not self._unsaid or self.lock is None or not self.lock.acquire(blocking=False):
+            return
         try:
             if not self._unsaid or self._queued != self._written:
                 return

@@ -150,3 +150,35 @@ def test_a_stderr_still_blocked_at_exit_holds_the_process_only_briefly() -> None
             proc.wait()
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+def test_lines_dropped_just_before_exit_are_still_counted_in_the_log() -> None:
+    """A reader stalled while a stopping daemon logged its last lines, back within the exit's
+    2 s: the queued lines were written, but the lines dropped meanwhile were said nowhere
+    (their warning waits for an idle writer, and the process ended first), so the log read
+    as whole with lines missing. The exit says how many, after the queued lines."""
+    script = (
+        "import logging\n"
+        "from fashiontag_pipeline.daemon.logs import configure_logging\n"
+        "configure_logging(log_format='json', background=True, queue_lines=50)\n"
+        "log = logging.getLogger('fashiontag_pipeline.daemon')\n"
+        "for n in range(3000):\n"
+        "    log.info('line', extra={'n': n, 'pad': 'x' * 200})\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.8)  # (the burst is logged and the pipe full; the exit's flush waits)
+        assert proc.stderr is not None
+        raw = proc.stderr.read()
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    docs = [json.loads(line) for line in raw.splitlines()]
+    written = [d["n"] for d in docs if d["event"] == "line"]
+    assert written == sorted(written) and len(written) < 3000
+    said = [d for d in docs if "dropped" in str(d["event"])]
+    assert said and sum(int(d["lines"]) for d in said) == 3000 - len(written), docs[-3:]
