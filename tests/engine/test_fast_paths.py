@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fashiontag_pipeline.engine import manifest_bytes
+from fashiontag_pipeline.engine import manifest_bytes, plainblock
 from fashiontag_pipeline.engine.plainbody import request_of
 from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
@@ -330,3 +330,28 @@ def test_random_plain_blocks_pass_whole_exactly_when_every_row_does(header: str)
             assert as_structs(whole) == items, lines
             passed += 1
     assert passed > 100
+
+
+def test_whitespace_fast_path_and_its_fallback_agree() -> None:
+    """The block's whitespace test: an ASCII block without any ASCII whitespace (a memchr pass
+    a character) has none in its URLs; any other block (an id with a space or a tab, non-ASCII
+    text) is decided by splitting its URLs. Each whitespace character, in an id or in a URL, in
+    an ASCII or a non-ASCII block: the fast path, its fallback and the row-by-row path agree."""
+    assert {chr(c) for c in range(128) if chr(c).isspace()} == {*plainblock._ASCII_SPACES, "\n"}
+    spaces = [c for c in map(chr, range(0x3001)) if c.isspace() and c != "\n"]
+    v = Validator()
+    for space in ["", *spaces]:
+        for ident, url in [(f"a{space}b", "https://h/x"), ("ab", f"https://h/x{space}y")]:
+            for other in ["g", "\u00e9"]:  # (an ASCII block or not)
+                lines = [f"{other},https://h/1", f"{ident},{url}", "z,https://h/2"]
+                body = "\n".join(lines)
+                urls = body.replace(",", "\n").split("\n")[1::2]
+                joined = "".join(urls)
+                assert plainblock._spaced(body, urls) == (joined.split(None, 1) != [joined])
+                plain = PlainRows(2, lines)
+                batch = RowBatch(0, "m.csv", "csv", ["id", "url"], list(plain))
+                items, _, rejects = v.general(batch)
+                whole = Validator._plain_block(plain, 0, 0)
+                assert (whole is None) == bool(rejects), (space, ident, url)
+                if whole is not None:
+                    assert as_structs(whole) == items
