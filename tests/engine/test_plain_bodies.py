@@ -101,6 +101,29 @@ def test_the_fast_path_is_taken_only_without_quotes(monkeypatch: pytest.MonkeyPa
     assert built == quoted * 2  # (and the fallback's structs)
 
 
+@pytest.mark.parametrize("odd", ODD)
+def test_unescaped_chunks_are_built_as_text(odd: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk whose ids and URLs msgspec writes unescaped is built as text (the JSON around
+    them, encoded once); one with a character msgspec escapes (a quote, a backslash, a
+    control character) from each string's encoding, or from the structs: the same bytes."""
+    taken: list[int] = []
+    real = plainbody._unescaped
+
+    def spied(ids: list[str], urls: list[str]) -> bytes:
+        taken.append(len(ids))
+        return real(ids, urls)
+
+    monkeypatch.setattr(plainbody, "_unescaped", spied)
+    for ids, urls in (
+        ([f"id-{odd}", "b"], ["https://h/a", "https://h/b"]),
+        (["a", "b"], [f"https://h/{odd}", "https://h/b"]),
+    ):
+        taken.clear()
+        _same_bytes(ids, list(urls))
+        escaped = b"\\" in msgspec.json.encode(odd)
+        assert taken == ([] if escaped else [2]), odd
+
+
 def test_mixed_chunks_take_the_structs() -> None:
     """Rows of other shapes (every context field kind) beside plain rows: the structs."""
     context = BulkContext(
