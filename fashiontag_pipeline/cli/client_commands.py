@@ -18,6 +18,7 @@ import msgspec
 
 from .._callctx import GIVE_UP
 from .._client import TaggerClient
+from .._config import ClientConfig
 from .._exceptions import ConfigError, DecodeError, RateLimitedError
 from .._images import (
     DEFAULT_SINGLE_MAX_BYTES,
@@ -85,6 +86,21 @@ def _giving_up_after(seconds: float) -> Iterator[None]:
         GIVE_UP.reset(token)
 
 
+def _within_give_up(config: ClientConfig, seconds: float) -> ClientConfig:
+    """``config`` with a request deadline no longer than the command's give-up: a service
+    that takes the connection and never answers held ``tag --give-up-after 3`` for the whole
+    request deadline (70 s at the defaults), past what the command promises."""
+    timeout = config.timeout
+    whole = timeout.total
+    if whole is None and timeout.connect is not None and timeout.read is not None:
+        whole = timeout.connect + timeout.read
+    if math.isinf(seconds) or (whole is not None and whole <= seconds):
+        return config
+    return msgspec.structs.replace(
+        config, timeout=msgspec.structs.replace(timeout, total=max(seconds, 0.001))
+    )
+
+
 def _image_from_argument(value: str) -> Image:
     """The image ``value`` names, read by ``run``'s rules (:mod:`..engine.rules`): an http(s)
     URL (its scheme in any case, sent lower-cased), a ``data:image/`` URI, or a local file (a
@@ -134,7 +150,7 @@ class _Answer(msgspec.Struct, gc=False):
 
 
 async def tag_command(args: argparse.Namespace) -> int:
-    config = client_config_from_args(args)
+    config = _within_give_up(client_config_from_args(args), args.give_up_after)
     image = _image_from_argument(args.image)
     context = Context(detection=args.detection) if args.detection else None
     with _giving_up_after(args.give_up_after):
@@ -233,7 +249,7 @@ def _task_table(tasks: Sequence[Task], limit: int | None) -> str:
 
 
 async def tasks_command(args: argparse.Namespace) -> int:
-    config = client_config_from_args(args)
+    config = _within_give_up(client_config_from_args(args), args.give_up_after)
     with _giving_up_after(args.give_up_after):
         async with TaggerClient(config=config) as client:
             result: Any

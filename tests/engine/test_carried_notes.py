@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -109,3 +110,45 @@ async def test_a_retry_after_merged_by_a_proxy_is_still_waited(tmp_path: Path, m
     assert done.returncode == 0, done.stderr.decode()[-600:]
     assert proxy.storm_answers <= 6, f"{proxy.storm_answers} requests answered 429 in 5 s"
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(3000)})
+
+
+@contextlib.asynccontextmanager
+async def taking_and_silent() -> AsyncIterator[str]:
+    """A service that takes every connection and never answers (a frozen process behind a
+    listening socket)."""
+    held: list[anyio.abc.SocketStream] = []
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        held.append(stream)
+        await anyio.sleep_forever()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hold)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("command", [["tag", "https://img.example/a.jpg"], ["tasks", "list"]])
+async def test_a_one_shot_command_gives_up_when_it_says_on_a_silent_service(
+    command: list[str],
+) -> None:
+    """``tag`` and ``tasks`` keep trying a failing service for ``--give-up-after`` seconds,
+    then exit 1 (README). A service that takes the connection and never answers held them
+    for the request deadline instead (70 s at the defaults, whatever ``--give-up-after 3``
+    said: a smoke test of the service in a health check hung past its own timeout). The
+    request's deadline is never longer than the command's give-up."""
+    async with taking_and_silent() as url:
+        started = time.monotonic()
+        argv = [*command, "--base-url", url, "--give-up-after", "3"]
+        with anyio.fail_after(60):
+            result = await anyio.run_process(
+                [sys.executable, "-m", "fashiontag_pipeline", *argv], check=False, env=ENV
+            )
+        took = time.monotonic() - started
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "Traceback" not in err, err
+    assert took < 15, (took, err)
