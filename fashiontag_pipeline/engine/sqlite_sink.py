@@ -236,8 +236,7 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
             return ("", None, None, None, None)
         # (No status, or not a string: "", as the pages read it; the column takes no NULL.)
         status = _word(loose.status) if isinstance(loose.status, str) else ""
-        code = loose.error.get("code") if isinstance(loose.error, dict) else None
-        return (status, None, None, None, code if isinstance(code, int | str) else None)
+        return (status, None, None, None, _code(loose.error))
     category = item = None
     confidence = None
     if typed.data is not None:
@@ -248,8 +247,22 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
                 if tag.item is not None:
                     item, confidence = tag.item.name, tag.item.confidence
                 break
-    code = typed.error.code if typed.error else None
-    return (_word(typed.status), category, item, confidence, code)
+    return (_word(typed.status), category, item, confidence, _code(typed.error))
+
+
+#: The integers an SQLite INTEGER holds (a signed 64-bit one).
+_INT64 = range(-(2**63), 2**63)
+
+
+def _code(error: Any) -> int | str | None:
+    """The ``error_code`` column of an ``error`` (typed or as it came): its code when it is a
+    word or an integer SQLite holds; NULL otherwise (a code past 64 bits, as a service that
+    numbers its errors with a hash writes, raised OverflowError at the insert and stopped the
+    run at every resume: ``result`` keeps it as it came)."""
+    code = error.get("code") if isinstance(error, dict) else getattr(error, "code", None)
+    if isinstance(code, str) or (type(code) is int and code in _INT64):
+        return code
+    return None
 
 
 def _word(status: str) -> str:

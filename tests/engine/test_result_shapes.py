@@ -2,7 +2,8 @@
 
 * A tagging result the typed model does not take (a failure whose ``error.code`` is a word)
   is written by the JSONL sink as it came; the SQLite sink decoded it into the model to fill
-  its columns and stopped the run, at every resume, so the run could never finish.
+  its columns and stopped the run, at every resume, so the run could never finish. A failure
+  code past 64 bits did the same at the SQLite insert (OverflowError).
 * A single endpoint answered 404 (a gateway that does not route ``/tagger/v2/tags``) made
   every local-file and ``data:`` row a ``server-validation`` reject, and the run ended
   complete: no row was ever tagged. A 404 is about no image; the run stops, its rows kept.
@@ -42,6 +43,12 @@ WORDED_FAILURE = {
 #: "", and the SQLite sink's status column takes no NULL.
 NO_STATUS = {"error": {"code": 3001, "message": "image could not be fetched"}}
 
+#: A failure whose code is past SQLite's 64-bit integers (a service that numbers its errors
+#: with a hash, or a UUID as a number): the SQLite sink raised OverflowError writing its page.
+HUGE_CODE = {"status": "failure", "error": {"code": 2**70 + 1, "message": "x"}}
+#: The same past int64 yet within uint64 (what the typed model takes).
+UINT64_CODE = {"status": "failure", "error": {"code": 2**64 - 1, "message": "x"}}
+
 
 @pytest.mark.parametrize(
     ("sink", "given", "columns"),
@@ -50,6 +57,9 @@ NO_STATUS = {"error": {"code": 3001, "message": "image could not be fetched"}}
         ("sqlite", WORDED_FAILURE, ("failure", None, "IMAGE_DOWNLOAD_FAILED")),
         ("jsonl", NO_STATUS, None),
         ("sqlite", NO_STATUS, ("", None, 3001)),
+        ("jsonl", HUGE_CODE, None),
+        ("sqlite", HUGE_CODE, ("failure", None, None)),
+        ("sqlite", UINT64_CODE, ("failure", None, None)),
     ],
 )
 async def test_a_result_of_another_shape_is_written_by_every_sink(
