@@ -32,6 +32,7 @@ __all__ = [
     "count_outcomes",
     "decode_page",
     "page_decoder",
+    "result_status",
     "screen",
     "success_flags",
 ]
@@ -285,6 +286,14 @@ def _status_of(raw: msgspec.Raw) -> bytes | None:
         return None
     except UnicodeDecodeError:  # a status not in UTF-8 (ISO-8859-1): no success, U+FFFD in it
         return _status_of(msgspec.Raw(bytes(raw).decode("utf-8", "replace").encode()))
+
+
+def result_status(raw: msgspec.Raw) -> str:
+    """The ``status`` of a tagging result as the pages count it ("" when it has none): its
+    first or last key with any spacing, else the decoded object's; a result whose status is
+    no string gives ""."""
+    status = _status_of(raw)
+    return "" if status is None else status.decode("utf-8", "replace")
 
 
 def success_flags(rows: list[PageRow]) -> list[bool]:

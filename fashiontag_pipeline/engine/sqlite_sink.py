@@ -16,7 +16,7 @@ from .._exceptions import StateError
 from .._models import STATUS_SUCCESS, TaggingResponse, says_success
 from .fileids import RESULT_STORE_ID
 from .outfiles import lock_output, removed_from
-from .pages import PageRow
+from .pages import PageRow, result_status
 
 if TYPE_CHECKING:
     from .sinks import ReusedLine
@@ -213,9 +213,8 @@ class SqliteResultSink:
 
 
 class _Loose(msgspec.Struct):
-    """A tagging result as far as it can be read when it is not the spec's shape."""
+    """A tagging result's error as far as it can be read when it is not the spec's shape."""
 
-    status: Any = None
     error: Any = None
 
 
@@ -227,15 +226,17 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
     the typed model does not take (a shape the spec leaves open, such as a failure whose code
     is a word, or no status at all) fills what it can and leaves the rest NULL (an empty
     status): its whole JSON is in ``result``, as the JSONL sink writes it."""
+    # The status as the pages read it, which the summary counted (no status, or not a string:
+    # "", the column takes no NULL): msgspec reads a repeated key's last value, and a result
+    # it refuses (a number past a float's range in a field of its error) had no status.
+    status = _word(result_status(raw))
     try:
         typed = _typed_decoder().decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError):  # (a ValidationError too; not UTF-8)
         try:
             loose = _loose_decoder.decode(raw)
         except (msgspec.DecodeError, UnicodeDecodeError):
-            return ("", None, None, None, None)
-        # (No status, or not a string: "", as the pages read it; the column takes no NULL.)
-        status = _word(loose.status) if isinstance(loose.status, str) else ""
+            return (status, None, None, None, None)
         return (status, None, None, None, _code(loose.error))
     category = item = None
     confidence = None
@@ -247,7 +248,7 @@ def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
                 if tag.item is not None:
                     item, confidence = tag.item.name, tag.item.confidence
                 break
-    return (_word(typed.status), category, item, confidence, _code(typed.error))
+    return (status, category, item, confidence, _code(typed.error))
 
 
 #: The integers an SQLite INTEGER holds (a signed 64-bit one).

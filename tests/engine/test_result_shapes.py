@@ -27,7 +27,7 @@ from fashiontag_pipeline.engine.flow import FatalRunError
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, client_config, read_outcomes, write_csv
-from .proxy import Misbehaviour, misbehaving
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
 from .test_single_mode import red_picture, write_csv_rows
 
 FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0)
@@ -88,6 +88,65 @@ async def test_a_result_of_another_shape_is_written_by_every_sink(
         ).fetchone()
     assert row[:3] == columns
     assert msgspec.json.decode(row[3]) == given
+
+
+class _Spliced(MisbehavingProxy):
+    """The misbehaving proxy whose answers have ``"zz": "SPLICE"`` (a placeholder field of a
+    result given) replaced by ``splice``: JSON no ``json.dumps`` writes."""
+
+    def __init__(self, rules: Misbehaviour, splice: bytes) -> None:
+        super().__init__("", rules)
+        self.splice = splice
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+        return out.replace(b'"zz": "SPLICE"', self.splice)
+
+
+#: A failure whose ``status`` is repeated, ``success`` the second time (msgspec reads the last).
+REPEATED_STATUS = {"status": "failure", "error": {"code": 803, "message": "x"}, "zz": "SPLICE"}
+#: A failure whose error code is a word and which holds a number past a float's range in its
+#: error: msgspec refuses the error, and the status with it.
+HUGE_FLOAT = {"status": "failure", "error": {"code": "E", "zz": "SPLICE"}}
+
+
+@pytest.mark.parametrize(
+    ("given", "splice", "columns"),
+    [
+        (REPEATED_STATUS, b'"status": "success"', ("failure", None, 803)),
+        (HUGE_FLOAT, b'"at": 1e400', ("failure", None, None)),
+    ],
+    ids=["repeated-status", "huge-float"],
+)
+async def test_the_sqlite_status_column_says_what_the_summary_counted(
+    tmp_path: Path, given: dict[str, object], splice: bytes, columns: tuple[object, ...]
+) -> None:
+    """A result msgspec reads otherwise than the pages do (a repeated key whose last value it
+    takes, a number it refuses): its status column said ``success`` (or ``""``) where the
+    summary counted it failed, so ``WHERE status = 'success'`` disagreed with ``tagged``."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out, rej = tmp_path / "out.db", tmp_path / "rej.jsonl"
+    proxy = _Spliced(Misbehaviour(results_given={"p3": given}), splice)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            summary = await run_pipeline(
+                [manifest],
+                client=client_config(proxy.url),
+                out=out,
+                rejects=rej,
+                engine=msgspec.structs.replace(FAST, sink="sqlite"),
+            )
+    assert summary.complete and summary.tagged + summary.failed == 20
+    with sqlite3.connect(out) as db:
+        (tagged,) = db.execute("SELECT count(*) FROM results WHERE status='success'").fetchone()
+        row = db.execute(
+            "SELECT status, category, error_code FROM results WHERE id='p3'"
+        ).fetchone()
+    assert tagged == summary.tagged
+    assert row == columns
 
 
 async def test_a_single_endpoint_that_is_not_there_stops_the_run_and_rejects_no_row(
