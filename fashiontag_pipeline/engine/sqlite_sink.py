@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from .._exceptions import StateError
-from .._models import STATUS_SUCCESS, TaggingResponse, says_success
 from .fileids import RESULT_STORE_ID
 from .outfiles import lock_output, removed_from
-from .pages import PageRow, result_status
+from .pages import PageRow
+from .sqlite_columns import columns
 
 if TYPE_CHECKING:
     from .sinks import ReusedLine
 
 __all__ = ["SqliteResultSink"]
-
-#: Built on first use (only for ``--sink sqlite``): the decoder of a tagging answer's nested
-#: types costs ~0.5 ms of every run's start-up.
-_typed_decoder = functools.cache(lambda: msgspec.json.Decoder(TaggingResponse))
-
 
 #: The page size of a new results file (SQLite's default is 4 KiB).
 _PAGE_SIZE = 16384
@@ -129,7 +123,7 @@ class SqliteResultSink:
         for ident, task_id, raw in rows:
             # (A byte that is not UTF-8, from a server writing ISO-8859-1, becomes U+FFFD.)
             text = bytes(raw).decode("utf-8", "replace")
-            values.append((ident, task_id, *_columns(raw), text, reused))
+            values.append((ident, task_id, *columns(raw), text, reused))
         try:
             self._db.execute("BEGIN")
             self._db.executemany(
@@ -210,67 +204,6 @@ class SqliteResultSink:
         if self._probe >= 0:
             os.close(self._probe)
             self._probe = -1
-
-
-class _Loose(msgspec.Struct):
-    """A tagging result's error as far as it can be read when it is not the spec's shape."""
-
-    error: Any = None
-
-
-_loose_decoder = msgspec.json.Decoder(_Loose)
-
-
-def _columns(raw: msgspec.Raw) -> tuple[Any, ...]:
-    """(status, category, item, item_confidence, error_code) of a tagging result. A result
-    the typed model does not take (a shape the spec leaves open, such as a failure whose code
-    is a word, or no status at all) fills what it can and leaves the rest NULL (an empty
-    status): its whole JSON is in ``result``, as the JSONL sink writes it."""
-    # The status as the pages read it, which the summary counted (no status, or not a string:
-    # "", the column takes no NULL): msgspec reads a repeated key's last value, and a result
-    # it refuses (a number past a float's range in a field of its error) had no status.
-    status = _word(result_status(raw))
-    try:
-        typed = _typed_decoder().decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError):  # (a ValidationError too; not UTF-8)
-        try:
-            loose = _loose_decoder.decode(raw)
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            return (status, None, None, None, None)
-        return (status, None, None, None, _code(loose.error))
-    category = item = None
-    confidence = None
-    if typed.data is not None:
-        for obj in typed.data.objects:
-            if obj.tags:
-                tag = obj.tags[0]
-                category = tag.category.name if tag.category else None
-                if tag.item is not None:
-                    item, confidence = tag.item.name, tag.item.confidence
-                break
-    return (status, category, item, confidence, _code(typed.error))
-
-
-#: The integers an SQLite INTEGER holds (a signed 64-bit one).
-_INT64 = range(-(2**63), 2**63)
-
-
-def _code(error: Any) -> int | str | None:
-    """The ``error_code`` column of an ``error`` (typed or as it came): its code when it is a
-    word or an integer SQLite holds; NULL otherwise (a code past 64 bits, as a service that
-    numbers its errors with a hash writes, raised OverflowError at the insert and stopped the
-    run at every resume: ``result`` keeps it as it came)."""
-    code = error.get("code") if isinstance(error, dict) else getattr(error, "code", None)
-    if isinstance(code, str) or (type(code) is int and code in _INT64):
-        return code
-    return None
-
-
-def _word(status: str) -> str:
-    """The ``status`` column: ``success`` for a success in any case (``SUCCESS``: counted
-    tagged, as the summary counts it, so that ``WHERE status = 'success'`` agrees with it);
-    any other word as the service wrote it (``result`` keeps the JSON as it came)."""
-    return STATUS_SUCCESS if says_success(status) else status
 
 
 def committed_row_id(path: Path, checkpoint: int) -> tuple[bool, str | None, str | None, bool]:

@@ -116,7 +116,7 @@ HUGE_FLOAT = {"status": "failure", "error": {"code": "E", "zz": "SPLICE"}}
     ("given", "splice", "columns"),
     [
         (REPEATED_STATUS, b'"status": "success"', ("failure", None, 803)),
-        (HUGE_FLOAT, b'"at": 1e400', ("failure", None, None)),
+        (HUGE_FLOAT, b'"at": 1e400', ("failure", None, "E")),
     ],
     ids=["repeated-status", "huge-float"],
 )
@@ -147,6 +147,54 @@ async def test_the_sqlite_status_column_says_what_the_summary_counted(
         ).fetchone()
     assert tagged == summary.tagged
     assert row == columns
+
+
+def _tagged(tag: dict[str, object], **data: object) -> dict[str, object]:
+    """A success whose one object has one tag, ``tag`` (and ``data``'s other fields)."""
+    return {"status": "success", "data": {"objects": [{"type": "CLOTHING", "tags": [tag]}], **data}}
+
+
+_TOPS = {"id": "1", "name": "Tops"}
+_TEE = {"id": "2", "name": "T-shirt", "confidence": 0.91}
+
+
+@pytest.mark.parametrize(
+    ("given", "columns"),
+    [
+        # A Go service's empty slices are null.
+        (_tagged({"category": _TOPS, "item": _TEE, "colors": None}, imageinfo=None), (0.91,)),
+        # An id as a number (a service numbering its categories).
+        (_tagged({"category": {"id": 1, "name": "Tops"}, "item": _TEE}), (0.91,)),
+        # A confidence as text: the names are still read.
+        (_tagged({"category": _TOPS, "item": {**_TEE, "confidence": "0.91"}}), (None,)),
+        # A field of its own of a type the model names otherwise.
+        (_tagged({"category": _TOPS, "item": _TEE, "pairIndex": "left"}), (0.91,)),
+    ],
+    ids=["null-arrays", "number-id", "text-confidence", "other-type"],
+)
+async def test_the_sqlite_category_and_item_are_read_from_a_result_of_another_shape(
+    tmp_path: Path, given: dict[str, object], columns: tuple[object, ...]
+) -> None:
+    """A success the typed model does not take in some field beside them (``null`` for an
+    empty array, an id as a number): its category and item columns were NULL though its JSON
+    names them, for every row of such a service (``GROUP BY category`` counted NULLs)."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    out, rej = tmp_path / "out.db", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(results_given={"p3": given})
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        summary = await run_pipeline(
+            [manifest],
+            client=client_config(proxy.url),
+            out=out,
+            rejects=rej,
+            engine=msgspec.structs.replace(FAST, sink="sqlite"),
+        )
+    assert summary.complete and summary.tagged == 5
+    with sqlite3.connect(out) as db:
+        row = db.execute(
+            "SELECT status, category, item, item_confidence FROM results WHERE id='p3'"
+        ).fetchone()
+    assert row == ("success", "Tops", "T-shirt", *columns)
 
 
 async def test_a_single_endpoint_that_is_not_there_stops_the_run_and_rejects_no_row(
