@@ -238,6 +238,7 @@ class PageFetcher:
         entry.readable = True
         rows, all_success = screen(decoded)
         if len(rows) < len(decoded):
+            _no_result(entry, decoded, rows)
             logger.warning(
                 "task %s: %d results at offset %d came without a tagging result object;"
                 " left out (their rows are sent again)",
@@ -312,3 +313,19 @@ class PageFetcher:
         if entry.refused_at is None:
             entry.refused_at = now
         return now - entry.refused_at < NOT_READY_GRACE
+
+
+#: How much of a result without a tagging result object a reject quotes.
+_QUOTED = 60
+
+
+def _no_result(entry: TaskEntry, decoded: list[PageRow], kept: list[PageRow]) -> None:
+    """Note in ``entry`` the rows :func:`screen` left out of ``decoded`` (kept: ``kept``),
+    each with the start of what came for it (see :attr:`TaskEntry.no_result`)."""
+    taken = {row.id for row in kept}
+    noted = entry.no_result if entry.no_result is not None else {}
+    for row in decoded:
+        if row.id not in taken:
+            text = bytes(row.tagging_result).decode("utf-8", "replace")
+            noted[row.id] = text[:_QUOTED] + ("..." if len(text) > _QUOTED else "")
+    entry.no_result = noted

@@ -226,8 +226,14 @@ class TaskSettler:
         their chunk is resolved."""
         jobs = self.jobs
         reason = f"sent to the service {sends} times and never returned by it"
+        came = entry.no_result or {}
         rejects = [
-            jobs.reject(pos, jobs.original(ident), reason, STAGE_UNRETURNED)
+            jobs.reject(
+                pos,
+                jobs.original(ident),
+                reason if ident not in came else _without_result(sends, came[ident]),
+                STAGE_UNRETURNED,
+            )
             for ident, pos, _ in items
         ]
         logger.warning(
@@ -241,3 +247,13 @@ class TaskSettler:
         await self.journal.commit(
             rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk_id)
         )
+
+
+def _without_result(sends: int, came: str) -> str:
+    """The reason of an ``unreturned`` reject whose result came, the last time it was sent,
+    without a tagging result object (``came``: the start of what came, "" for nothing)."""
+    what = f"taggingResult {came}" if came else "no taggingResult"
+    return (
+        f"sent to the service {sends} times and returned by it with no tagging result object"
+        f" the last time ({what})"
+    )

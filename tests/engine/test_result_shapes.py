@@ -197,6 +197,31 @@ async def test_the_sqlite_category_and_item_are_read_from_a_result_of_another_sh
     assert row == ("success", "Tops", "T-shirt", *columns)
 
 
+@pytest.mark.parametrize(
+    ("given", "shown"), [("tagged", '"tagged"'), ({"status": 1}, '{"status": 1}')]
+)
+async def test_a_row_whose_result_is_never_an_object_is_rejected_saying_so(
+    tmp_path: Path, given: object, shown: str
+) -> None:
+    """A row the service answers every time with a tagging result that is no object (or whose
+    status is no text): sent ``max_sends`` times, it was written as a reject saying it was
+    "never returned" by the service, which had returned it each time: whoever read the
+    rejects asked the service's owners about rows it lost. The reason says what came."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    rules = Misbehaviour(results_given={"p3": given})
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        with anyio.fail_after(120):
+            summary = await run_pipeline(
+                [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
+            )
+    assert summary.complete and summary.tagged == 19 and summary.rejected == 1
+    (reject,) = read_outcomes(out, rej).rejects
+    assert reject["id"] == "p3" and reject["stage"] == "unreturned"
+    assert "never returned" not in reject["reason"]
+    assert "no tagging result object" in reject["reason"] and shown in reject["reason"]
+
+
 async def test_a_single_endpoint_that_is_not_there_stops_the_run_and_rejects_no_row(
     tmp_path: Path,
 ) -> None:
