@@ -270,12 +270,20 @@ class PageFetcher:
             extra={"task_id": entry.task_id},
         )
         if self._empty_tasks >= EMPTY_TASKS and math.isfinite(self.config.give_up_after):
+            came = entry.no_result
+            why = (
+                "results under another key, a results API that changed?"
+                if not came
+                # (Results under the spec's key, none a tagging result: "another key" sent
+                # whoever read it looking for a renamed field.)
+                else f"its {len(came):,} results came with no tagging result object (no JSON"
+                f" object, or a status that is no text: {next(iter(came.values())) or 'none'})."
+            )
             raise FatalRunError(
                 f"the service has given no result yet: {self._empty_tasks} done tasks, their"
                 f" pages read to their end, gave none (last: task {entry.task_id}, {len(sent)} rows"
-                " written to it): results under another key, a results API that changed?"
-                " Stopped with the state saved rather than send their rows again: the same"
-                " command resumes, reading those pages again"
+                f" written to it): {why} Stopped with the state saved rather than send their"
+                " rows again: the same command resumes, reading those pages again"
             )
 
     @staticmethod

@@ -16,6 +16,8 @@ Found by a hunt, each failing before its fix:
   within a task), its count past the rows written: the task was read only as far as those
   rows, and one page past them; the rows the doubled block pushed further were sent (and
   billed) again.
+* **Done tasks whose every result is no tagging result** (a ``status`` as a number): the
+  stop said the results were perhaps under another key; it says what came.
 """
 
 from __future__ import annotations
@@ -157,6 +159,51 @@ async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path
     o = assert_exactly_once(out, rej, ids_of(2000))
     assert len(o.results) == 2000 and not o.rejects
     assert summary.submitted == taken  # (the whole run's)
+
+
+class NumberedStatuses(MisbehavingProxy):
+    """The misbehaving proxy whose results, every one, say their ``status`` as a number (200
+    for a success, 500 for a failure): results under the spec's key, none a tagging result."""
+
+    def __init__(self) -> None:
+        super().__init__("", Misbehaviour())
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        out = super()._rewrite(method, path, task_id, status, payload)
+        is_page = (
+            method == "GET"
+            and task_id is not None
+            and path.startswith(BULK + "/")
+            and not path.endswith("/status")
+        )
+        if status != 200 or not is_page:
+            return out
+        page = json.loads(out)
+        for row in page["data"]["results"]:
+            result = row["taggingResult"]
+            result["status"] = 200 if result["status"] == "success" else 500
+        return json.dumps(page).encode()
+
+
+async def test_done_tasks_whose_results_are_no_tagging_results_stop_the_run_saying_so(
+    tmp_path: Path,
+) -> None:
+    """Every result comes under the spec's key with a ``status`` that is a number: the run
+    stopped saying the results were perhaps "under another key", which sent whoever read it
+    looking for a renamed field; it says the results came with no tagging result object and
+    quotes one."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = NumberedStatuses()
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with pytest.raises(FatalRunError, match="no result") as stopped:
+                await _run(manifest, proxy.url, out, rej)
+    assert "no tagging result object" in str(stopped.value)
+    assert '"status": 200' in str(stopped.value)
 
 
 async def test_a_resume_goes_on_when_the_tasks_that_stopped_the_run_still_give_nothing(
