@@ -70,15 +70,19 @@ class SqliteResultSink:
                 f"{path} is {foreign}, not an SQLite results file: --sink sqlite writes a"
                 " database of its own; give it another --out (this file is left as it is)"
             )
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"
-            " status TEXT NOT NULL, category TEXT, item TEXT, item_confidence REAL,"
-            " error_code INTEGER, result TEXT NOT NULL, reused INTEGER NOT NULL DEFAULT 0)"
-        )
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
-        if "reused" not in columns:  # a results file written before --reuse
-            self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        try:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, task_id TEXT NOT NULL,"
+                " status TEXT NOT NULL, category TEXT, item TEXT, item_confidence REAL,"
+                " error_code INTEGER, result TEXT NOT NULL, reused INTEGER NOT NULL DEFAULT 0)"
+            )
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(results)")}
+            if "reused" not in columns:  # a results file written before --reuse
+                self._db.execute("ALTER TABLE results ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        except sqlite3.Error as err:  # (locked by another program's write: see truncate)
+            self._db.close()
+            raise self._failed(err) from None
         # An fd of its own on the file, to tell whether it is still at its path (removed()).
         self._probe = os.open(path, os.O_RDONLY)
         try:
@@ -136,8 +140,12 @@ class SqliteResultSink:
             if self._db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
-            raise OSError(errno.EIO, str(err), str(self.path)) from err
+            raise self._failed(err) from err
         self._last = self._last_rowid()
+
+    def _failed(self, err: sqlite3.Error) -> OSError:
+        """``err`` as an error that names the file."""
+        return OSError(errno.EIO, str(err), str(self.path))
 
     def _last_rowid(self) -> int:
         (last,) = self._db.execute("SELECT max(rowid) FROM results").fetchone()
@@ -179,9 +187,15 @@ class SqliteResultSink:
                 " removed, replaced or changed); start over with --restart (run) to write"
                 " it again"
             )
-        self._db.execute("DELETE FROM results WHERE rowid > ?", (checkpoint,))
-        self._last = self._last_rowid()
-        self._mark_rowids()
+        try:
+            self._db.execute("DELETE FROM results WHERE rowid > ?", (checkpoint,))
+            self._last = self._last_rowid()
+            self._mark_rowids()
+        except sqlite3.Error as err:
+            # Another program's write transaction on the file (a table of its own) past the
+            # 5 s wait: "OperationalError: database is locked" named no file, and the state
+            # beside it is an SQLite database too.
+            raise self._failed(err) from None
 
     def salvage(self) -> None:
         """Keep the rows the file holds now (rows are whole: nothing to cut)."""

@@ -1,6 +1,7 @@
 """Programs that read a run's outputs while the run writes them (found by a hunt; each test
 failed before its fix): a dashboard connected to the `--sink sqlite` results while the run
-ends, then the next cron step copying the results file."""
+ends, then the next cron step copying the results file; a program holding a write
+transaction on the results file as a run starts."""
 
 from __future__ import annotations
 
@@ -52,3 +53,35 @@ async def test_a_sqlite_results_file_is_whole_after_a_run_a_reader_was_connected
         tables = {r[0] for r in copy.execute("SELECT name FROM sqlite_master")}
         assert "results" in tables, "the results are in r.db-wal only"
         assert copy.execute("SELECT count(*) FROM results").fetchone() == (400,)
+
+
+async def test_a_sqlite_results_file_locked_by_another_program_as_a_run_starts_is_named(
+    tmp_path: Path,
+) -> None:
+    """Another program holding a write transaction on the results file (a dashboard adding a
+    table of its own) as the next night's run started: the run stopped saying
+    ``OperationalError: database is locked``, naming no file, while the state beside it is an
+    SQLite database too. It names the results file, as a write locked mid-run does."""
+    out = tmp_path / "r.db"
+    async with running_service(ServiceConfig()) as svc:
+        first = await anyio.run_process(
+            run_args(svc.url, out, str(write_csv(tmp_path / "m.csv", 50)), "--sink", "sqlite"),
+            env=ENV,
+            check=False,
+        )
+        assert first.returncode == 0, first.stderr.decode()[-400:]
+        holder = sqlite3.connect(out, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            holder.execute("CREATE TABLE mine (x)")
+            second = await anyio.run_process(
+                run_args(svc.url, out, str(write_csv(tmp_path / "n.csv", 60)), "--sink", "sqlite"),
+                env=ENV,
+                check=False,
+            )
+        finally:
+            holder.close()
+    err = second.stderr.decode()
+    assert second.returncode == 1, err[-400:]
+    assert "database is locked" in err and str(out) in err, err[-400:]
+    assert "Traceback" not in err
