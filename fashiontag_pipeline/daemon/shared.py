@@ -43,6 +43,7 @@ from ..engine.engine import RunControl
 from ..engine.run import RUN_JOB
 from ..engine.state.pgstore import PostgresStateDB
 from .attempts import Attempts
+from .contents import ContentTurns
 from .epochs import (
     claim_state_url,
     committed_file,
@@ -89,6 +90,7 @@ class SharedDaemon:
         self._ledger: PostgresClaimLedger | None = None
         self._outdated: exc.SchemaTooNewError | None = None  # (a newer daemon migrated)
         self._foreign = ForeignClaims()  # (claims begun on another service: left to others)
+        self._turns = ContentTurns()  # (equal content on this daemon: one after the other)
 
     async def run(self) -> None:
         daemon, config = self.daemon, self.config
@@ -244,6 +246,7 @@ class SharedDaemon:
         daemon = self.daemon
         claim: Claim | None = None
         outputs: ManifestOutputs | None = None
+        turn: str | None = None
         try:
             record = await anyio.to_thread.run_sync(ledger.claim_of, lease)
             if record is None:  # settled or replaced meanwhile
@@ -266,6 +269,8 @@ class SharedDaemon:
                     "claimed manifest vanished from .work", extra={"manifest": claim.name}
                 )
                 return
+            await self._turns.take(claim.sha256)  # (then an equal content is completed)
+            turn = claim.sha256
             outputs = await outbox.aoutputs(claim)
             earlier = await anyio.to_thread.run_sync(ledger.find_completed, claim.sha256)
             if earlier is not None:
@@ -325,6 +330,8 @@ class SharedDaemon:
                     )
                     self._attempts.forget(lease.claim_id)
         finally:
+            if turn is not None:
+                self._turns.release(turn)
             self.leased.pop((lease.claim_id, lease.epoch), None)
             self._wake.set()
 

@@ -1,0 +1,54 @@
+"""Equal content dropped twice under two names on a daemon with a PostgreSQL ``--state``
+(found by the daemon's kill fuzz, ``test_daemon_kill_fuzz``, seed 9)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
+
+
+async def test_a_copy_dropped_while_its_content_is_in_flight_is_a_duplicate(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """One daemon with a shared PostgreSQL state; ``m.csv`` is being tagged when ``copy.csv``,
+    the same bytes, is dropped. The copy was leased beside it and tagged as well: every row
+    billed twice, although docs/postgresql.md says that with one daemon the second waits for
+    the first (and is its duplicate), as with a SQLite state."""
+    ids = [f"d{i}" for i in range(1500)]
+    data = write_manifest(Path(), ids)
+    async with running_service(ServiceConfig(rate=1500.0)) as svc:
+        extra = ["--state", postgres_url, "--lease", "2"]
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "m.csv", data)
+            with anyio.fail_after(30):
+                while not (daemon.inbox / ".work" / "m.csv").exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.02)
+            drop_atomic(daemon.inbox, "copy.csv", data)
+            first = await daemon.wait_summary("m", timeout=60)
+            copy = await daemon.wait_summary("copy", timeout=60)
+            with anyio.fail_after(30):
+                while not (daemon.inbox / "done" / "copy.csv").exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+        billed = svc.store.image_count
+    assert first["status"] == "done"
+    assert sorted(r["id"] for r in read_lines(tmp_path / "outbox" / "m" / "results.jsonl")) == (
+        sorted(ids)
+    )
+    assert (copy["status"], copy["duplicate_of"]) == ("duplicate", "m.csv"), copy
+    assert billed == len(ids), f"{billed - len(ids)} rows billed twice"
