@@ -18,7 +18,14 @@ from .. import _exceptions as exc
 from ._files import fsync_dir
 from .outbox import ManifestOutputs
 
-__all__ = ["claim_state_url", "committed_file", "copy_prefix", "epoch_outputs", "publish_outputs"]
+__all__ = [
+    "claim_state_url",
+    "committed_file",
+    "copy_prefix",
+    "drop_epoch_files",
+    "epoch_outputs",
+    "publish_outputs",
+]
 
 
 def copy_prefix(src: Path, keep: int, dst: Path) -> None:
@@ -77,6 +84,12 @@ def publish_outputs(outputs: ManifestOutputs, epoch: int) -> None:
     for src, dst in ((results, outputs.results), (rejects, outputs.rejects)):
         if src.exists():
             os.replace(src, dst)
+    drop_epoch_files(outputs)
+
+
+def drop_epoch_files(outputs: ManifestOutputs) -> None:
+    """Every epoch's files deleted: those left once published, or by the leases of a claim
+    that ends a duplicate (a dead daemon's partial outputs, never published)."""
     for stale in outputs.folder.glob(".re*.e*.jsonl"):
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()

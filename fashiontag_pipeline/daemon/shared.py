@@ -48,6 +48,7 @@ from .epochs import (
     claim_state_url,
     committed_file,
     copy_prefix,
+    drop_epoch_files,
     epoch_outputs,
     publish_outputs,
 )
@@ -281,6 +282,7 @@ class SharedDaemon:
                         f"lost the lease of {claim.name!r}", manifest=claim.name
                     )
                 await still_held(lease, keeper, self._ledger)
+                await anyio.to_thread.run_sync(drop_epoch_files, outputs)
                 await daemon.duplicate(claim, outputs, inbox, earlier.name, lease=lease)
                 keeper.forget(lease)
                 return

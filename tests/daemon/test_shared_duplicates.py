@@ -52,3 +52,41 @@ async def test_a_copy_dropped_while_its_content_is_in_flight_is_a_duplicate(
     )
     assert (copy["status"], copy["duplicate_of"]) == ("duplicate", "m.csv"), copy
     assert billed == len(ids), f"{billed - len(ids)} rows billed twice"
+
+
+async def test_a_claim_resumed_as_a_duplicate_leaves_no_epoch_files(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A daemon with a shared PostgreSQL state is killed while ``m.csv`` is being tagged (its
+    rejects written to its lease's hidden ``.rejects.e1.jsonl``); its copy, dropped meanwhile,
+    is completed by the next daemon before the lease ends, so ``m.csv``, leased again, is its
+    duplicate. The hidden files of the dead lease stayed in ``OUTBOX/m`` for ever beside a
+    summary that says ``duplicate`` (a takeover that completes deletes them)."""
+    lines = ["id,url,brand"] + [f"d{i},https://img.example/{i}.jpg,acme" for i in range(300)]
+    lines += [f"bad{i},ftp://nope/{i}.jpg,acme" for i in range(20)]
+    data = ("\n".join(lines) + "\n").encode()
+    extra = ["--state", postgres_url, "--lease", "4"]
+    async with running_service(ServiceConfig(rate=200.0)) as svc:
+        a = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", data)
+            hidden = a.outbox / "m" / ".rejects.e1.jsonl"
+            with anyio.fail_after(30):
+                while not read_lines(hidden):
+                    a.check_alive()
+                    await anyio.sleep(0.01)
+            await a.kill()
+            drop_atomic(a.inbox, "copy.csv", data)
+            b = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+            copy = await b.wait_summary("copy", timeout=60)
+            first = await b.wait_summary("m", timeout=60)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert copy["status"] == "done"
+    assert (first["status"], first["duplicate_of"]) == ("duplicate", "copy.csv"), first
+    assert sorted(p.name for p in (tmp_path / "outbox" / "m").glob(".re*")) == []
