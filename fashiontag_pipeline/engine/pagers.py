@@ -238,8 +238,9 @@ class ResultPagers(PageFetcher, PageRows):
             for ids, body in chunks:
                 sent.update(decode_ids(ids) if ids is not None else body_ids(body or b""))
         refused: frozenset[str] = frozenset()
+        since = self.journal.refusal_marks(task_id)  # (taken for every task: forgotten)
         if db.may_have_refused(task_id):
-            refused = frozenset(self.journal.refused_ids(STAGE_SERVER, sent))
+            refused = frozenset(self.journal.refused_ids(STAGE_SERVER, sent, since))
         return sent, refused
 
     async def _written(self, entry: TaskEntry) -> set[str]:

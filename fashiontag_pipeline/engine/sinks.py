@@ -219,15 +219,16 @@ class _AppendFile:
             self._end += written
             view = view[written:]
 
-    def scan(self) -> Iterator[bytes]:
-        """Every complete line written so far (the file is flushed first)."""
+    def scan(self, start: int = 0) -> Iterator[bytes]:
+        """Every complete line written so far (the file is flushed first), from ``start`` (a
+        checkpoint: where a line begins) on."""
         self._fh.flush()
         end = self._end
         # Through the open descriptor, not the path: a file removed or renamed aside under
         # the job is still the one written (the job then fails; the engine goes on).
         fd = self._fh.fileno()
         rest = b""
-        at = 0
+        at = start
         while at < end:
             block = os.pread(fd, min(1 << 20, end - at), at)
             if not block:
@@ -316,10 +317,10 @@ class RejectSink(_AppendFile):
         if rejects:
             self.write(_encoder.encode_lines(rejects))
 
-    def ids_of_stage(self, stage: str) -> Iterator[str]:
-        """Ids of the rejects written at ``stage``, as the file is read (a scan of the file;
-        rare paths only)."""
-        return (r.id for r in self._where(b"stage", stage) if r.id is not None)
+    def ids_of_stage(self, stage: str, start: int = 0) -> Iterator[str]:
+        """Ids of the rejects written at ``stage`` from the checkpoint ``start`` on, as the
+        file is read (a scan of the file)."""
+        return (r.id for r in self._where(b"stage", stage, start) if r.id is not None)
 
     def lines_of(self, source: str) -> LineSet:
         """The lines of ``source`` with a reject: a scan of the file, for a resume of stdin
@@ -330,10 +331,10 @@ class RejectSink(_AppendFile):
                 lines.add(r.line)
         return lines
 
-    def _where(self, key: bytes, value: str) -> Iterator[Reject]:
+    def _where(self, key: bytes, value: str, start: int = 0) -> Iterator[Reject]:
         """The rejects whose line holds ``"key":value`` (only lines that do are decoded)."""
         needle = b'"' + key + b'":' + _encoder.encode(value)
-        for line in self.scan():
+        for line in self.scan(start):
             if needle in line:
                 yield _reject_decoder.decode(line)
 

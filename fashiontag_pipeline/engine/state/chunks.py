@@ -212,6 +212,11 @@ class ChunkTables(JobTables):
             return None
         return [(bytes(i), None) if i is not None else (None, bytes(body)) for i, body in rows]
 
+    def task_chunk_ids(self, task_id: str) -> list[int]:
+        """The ids of every chunk written to the task, whatever its state."""
+        rows = self.db.execute("SELECT chunk_id FROM chunks WHERE task_id=?", (task_id,))
+        return [int(chunk_id) for (chunk_id,) in rows]
+
     def may_have_refused(self, task_id: str) -> bool:
         """Whether a write to the task may have had rows refused by the service (a chunk of it
         accepted with fewer rows than it sent, or resolved: refused whole, or its rows gone

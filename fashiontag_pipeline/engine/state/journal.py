@@ -90,6 +90,10 @@ class Journal(Intake):
         self._thread = StateThread()
         self._last_fsync = time.monotonic()
         self._closed = False
+        #: Each chunk written ahead by this process: the open jobs' rejects checkpoints then.
+        #: The service's refusals of its rows are written after them, so a scan for them
+        #: starts there rather than at the start of the file (thread side).
+        self._reject_marks: dict[int, dict[int, int]] = {}
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the state thread. A SQLite error there is the state file's (a
@@ -341,20 +345,40 @@ class Journal(Intake):
             found |= job.results.ids_among(ids) | job.rejects.ids_among(ids)
         return found
 
-    def refused_ids(self, stage: str, among: Container[str] | None) -> set[str]:
+    def refused_ids(
+        self, stage: str, among: Container[str] | None, since: dict[int, int] | None = None
+    ) -> set[str]:
         """Ids (as sent) among ``among`` (a task's; None: every id) of the rejects written at
-        ``stage`` in every open job (thread side; a scan of the rejects: rare paths only).
-        Only those are kept: a run whose service refused most rows held them all, per task."""
+        ``stage`` in every open job (thread side; a scan of the rejects, from each job's
+        checkpoint in ``since`` when given: :meth:`refusal_marks`). Only those are kept: a
+        run whose service refused most rows held them all, per task."""
         out: set[str] = set()
         sent = self.jobs.ids.sent
         for job in self._open_jobs():
             key = job.id
+            start = since.get(key, 0) if since is not None else 0
             out.update(
                 ident
-                for ident in (sent(key, i) for i in job.rejects.ids_of_stage(stage))
+                for ident in (sent(key, i) for i in job.rejects.ids_of_stage(stage, start))
                 if among is None or ident in among
             )
         return out
+
+    def refusal_marks(self, task_id: str) -> dict[int, int] | None:
+        """Where in each job's rejects the service's refusals of the task's rows can begin
+        (thread side): the earliest checkpoints of its chunks' writes, taken (forgotten:
+        the task is read once); None when a chunk of it was written ahead by an earlier
+        process (its refusals may be anywhere). A service that refused rows of every task
+        made each task's read scan every reject of the run: tasks x rejects."""
+        marks = [self._reject_marks.pop(c, None) for c in self.db.task_chunk_ids(task_id)]
+        if not marks or any(m is None for m in marks):
+            return None
+        since: dict[int, int] = {}
+        for mark in marks:
+            assert mark is not None
+            for job, at in mark.items():
+                since[job] = min(at, since.get(job, at))
+        return since
 
     async def write_ahead(
         self,
@@ -375,6 +399,7 @@ class Journal(Intake):
             chunk_id = self.db.insert_chunk(
                 n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id, ids=ids
             )
+            self._reject_marks[chunk_id] = {j.id: j.rejects.checkpoint() for j in self._open_jobs()}
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
             return chunk_id
