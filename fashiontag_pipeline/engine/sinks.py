@@ -25,6 +25,7 @@ import msgspec
 from .._exceptions import StateError, StateInUseError
 from .outfiles import lock_output, removed_from
 from .pages import PageRow
+from .result_lines import page_lines
 from .sqlite_sink import SqliteResultSink
 
 __all__ = [
@@ -38,12 +39,6 @@ __all__ = [
     "committed_last_id",
     "open_result_sink",
 ]
-
-
-class _OutLine(msgspec.Struct, rename="camel", gc=False):
-    id: str
-    task_id: str | None  # None (JSON null): a result of the single endpoint
-    tagging_result: msgspec.Raw
 
 
 class ReusedLine(msgspec.Struct, rename="camel", gc=False):
@@ -292,7 +287,7 @@ class JsonlResultSink(_AppendFile):
     """Results JSONL: ``{"id", "taskId", "taggingResult"}`` per line, one write per page."""
 
     def write_page(self, task_id: str | None, rows: list[PageRow]) -> None:
-        self.write(_encoder.encode_lines([_OutLine(r.id, task_id, r.tagging_result) for r in rows]))
+        self.write(page_lines(task_id, rows))
 
     def write_reused(self, rows: list[ReusedLine]) -> None:
         """Lines of rows answered from the result store, ``"reused": true``."""
