@@ -144,16 +144,23 @@ class PageRows:
         assert seen is not None
         # (A comprehension: its attribute load is specialized for the struct's slot, where
         # ``map(operator.attrgetter("id"), rows)`` looked the name up for every row.)
-        ids = {r.id for r in rows}
+        listed = [r.id for r in rows]
+        # The usual page (every id sent, none read yet, none twice), told by a C call over
+        # the ids for each test, with no set built for the page: its ids are added to
+        # ``seen``, which grows by one for each row only when no id repeats in the page.
         if (
-            len(ids) == len(rows)
-            and seen.isdisjoint(ids)
-            and (sent is None or ids <= sent)
-            and (not refused or refused.isdisjoint(ids))
+            (sent is None or sent.issuperset(listed))
+            and (not refused or refused.isdisjoint(listed))
+            and seen.isdisjoint(listed)
         ):
-            seen |= ids
-            return rows
-        matches = await self._changed_ids(entry, ids - sent) if sent is not None else {}
+            before = len(seen)
+            seen.update(listed)
+            if len(seen) - before == len(rows):
+                return rows
+            # An id repeated in the page: none was in ``seen`` before, so the ids just added
+            # are these; taken out again for the rows to be read one by one below.
+            seen.difference_update(listed)
+        matches = await self._changed_ids(entry, set(listed) - sent) if sent is not None else {}
         out: list[PageRow] = []
         foreign = taken = changed = 0
         for r in rows:
