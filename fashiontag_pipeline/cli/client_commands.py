@@ -89,16 +89,16 @@ def _giving_up_after(seconds: float) -> Iterator[None]:
 def _within_give_up(config: ClientConfig, seconds: float) -> ClientConfig:
     """``config`` with a request deadline no longer than the command's give-up: a service
     that takes the connection and never answers held ``tag --give-up-after 3`` for the whole
-    request deadline (70 s at the defaults), past what the command promises."""
+    request deadline (70 s at the defaults), past what the command promises. ``0`` (no
+    retry: give up at the first failure) keeps the request's own deadline, which is how a
+    silent service's failure is told: cut to a millisecond, every answer timed out."""
     timeout = config.timeout
     whole = timeout.total
     if whole is None and timeout.connect is not None and timeout.read is not None:
         whole = timeout.connect + timeout.read
-    if math.isinf(seconds) or (whole is not None and whole <= seconds):
+    if not seconds or math.isinf(seconds) or (whole is not None and whole <= seconds):
         return config
-    return msgspec.structs.replace(
-        config, timeout=msgspec.structs.replace(timeout, total=max(seconds, 0.001))
-    )
+    return msgspec.structs.replace(config, timeout=msgspec.structs.replace(timeout, total=seconds))
 
 
 def _image_from_argument(value: str) -> Image:

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service.faults import FaultSpec
 
 from .helpers import ENV, assert_exactly_once, run_args, write_csv
 from .proxy import Misbehaviour, misbehaving
@@ -120,11 +121,12 @@ async def taking_and_silent() -> AsyncIterator[str]:
 
     async def hold(stream: anyio.abc.SocketStream) -> None:
         held.append(stream)
-        await anyio.sleep_forever()
+        async with stream:  # (closed when the test ends: no unclosed socket warning)
+            await anyio.sleep_forever()
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with anyio.create_task_group() as tg:
+    async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, hold)
         try:
             yield f"http://127.0.0.1:{port}"
@@ -152,3 +154,18 @@ async def test_a_one_shot_command_gives_up_when_it_says_on_a_silent_service(
     err = result.stderr.decode()
     assert result.returncode == 1 and "Traceback" not in err, err
     assert took < 15, (took, err)
+
+
+@pytest.mark.parametrize("command", [["tag", "https://img.example/a.jpg"], ["tasks", "list"]])
+async def test_give_up_after_zero_still_waits_for_a_healthy_answer(command: list[str]) -> None:
+    """``--give-up-after 0``: no retry of a failing service (README), not a request deadline
+    of a millisecond. Every request of a healthy service answered in 0.3 s timed out, exit 1."""
+    spec = FaultSpec(latency=1.0, latency_seconds=0.3)
+    async with running_service(ServiceConfig(rate=0, fetch=False, faults=spec)) as svc:
+        argv = [*command, "--base-url", svc.url, "--give-up-after", "0"]
+        with anyio.fail_after(60):
+            result = await anyio.run_process(
+                [sys.executable, "-m", "fashiontag_pipeline", *argv], check=False, env=ENV
+            )
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
