@@ -319,7 +319,9 @@ def _check(root: Path, case: Case, got: dict[str, Any], plain: dict[str, Any]) -
         )
         wrong = sorted(i for i in results if results[i] != presults.get(i))
         assert not wrong, f"{d.name}: {wrong[:5]} differ from the plain run"
-        assert summary["rows_read"] == sum(ids.values()), (d.name, summary)
+        # (rows_read counts this attempt, as run's does: a claim taken over once the killed
+        # daemon had read and settled every row reads none; a CI run met it on seed 118)
+        assert summary["rows_read"] in (0, sum(ids.values())), (d.name, summary)
         assert summary["rejected"] == len(rejects), (d.name, summary)
 
 

@@ -64,6 +64,13 @@ async def test_rows_appended_after_the_daemon_read_the_manifest_are_never_lost_i
         finally:
             daemon.ensure_dead()
     written = {r["id"] for r in read_lines(daemon.outbox / "catalogue" / "results.jsonl")}
+    if written == set(first + later):
+        # The reader had not met the file's end yet when the status said 20 rows (a loaded
+        # machine: a CI run beside other work): the next burst was read as rows of it, and
+        # tagged, once. Nothing to say then.
+        assert svc.store.image_count == len(first + later)
+        assert summary["status"] == "done", summary
+        return
     assert written == set(first)  # the rows read, tagged once
     assert svc.store.image_count == len(first)
     assert summary["status"] == "failed", summary
