@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from .._config import ENV_API_KEY, ENV_BULK_API_KEY, load_section
+from .._config import ENV_API_KEY, ENV_BULK_API_KEY, Secret, key_problem, load_section
 from .._exceptions import ConfigError
 from .app import running_service as _running_service
 from .config import (
@@ -177,15 +177,14 @@ def build_config(
 ) -> tuple[ServiceConfig, str, int]:
     """(config, host, port) from the file, the environment and the flags."""
     env = dict(os.environ) if environ is None else environ
-    file = load_section(getattr(args, "config", None), "service", ServiceConfigFile)
-    api_keys = list(file.api_keys)
-    bulk_keys = list(file.bulk_api_keys)
-    if env.get(ENV_API_KEY):
-        api_keys.append(env[ENV_API_KEY])
-    if env.get(ENV_BULK_API_KEY):
-        bulk_keys.append(env[ENV_BULK_API_KEY])
-    api_keys += args.api_key
-    bulk_keys += args.bulk_api_key
+    path = getattr(args, "config", None)
+    file = load_section(path, "service", ServiceConfigFile)
+    api_keys = _keys(file.api_keys, f"api_keys in [service] of {path}", env, ENV_API_KEY)
+    api_keys += _keys(args.api_key, "--api-key")
+    bulk_keys = _keys(
+        file.bulk_api_keys, f"bulk_api_keys in [service] of {path}", env, ENV_BULK_API_KEY
+    )
+    bulk_keys += _keys(args.bulk_api_key, "--bulk-api-key")
     for flag, var, given in (
         ("--api-key", ENV_API_KEY, args.api_key),
         ("--bulk-api-key", ENV_BULK_API_KEY, args.bulk_api_key),
@@ -241,6 +240,32 @@ def build_config(
         where = "--port" if args.port is not None else "port in [service]"
         raise ConfigError(f"invalid service configuration: {where} must be 0 to 65535, got {port}")
     return config, host, port
+
+
+def _keys(
+    given: list[str], where: str, env: dict[str, str] | None = None, var: str = ""
+) -> list[str]:
+    """The accepted keys from ``given`` (and the variable ``var`` of ``env`` when set), without
+    the spaces at their ends (a header's value is read without them). A key no ``x-api-key``
+    header can carry (empty, a control character such as the ``\\r`` a CRLF env file keeps)
+    would refuse every request: a :class:`ConfigError` naming where it came from, never the
+    key."""
+    pairs = [(key, where) for key in given]
+    if env is not None and env.get(var):
+        pairs.append((env[var], var))
+    keys = []
+    for value, source in pairs:
+        key = value.strip(" ")
+        problem = "is empty" if not key else None
+        if any(ord(char) < 0x20 or ord(char) == 0x7F for char in key):
+            problem = key_problem(Secret(key))  # (a UTF-8 key, which curl sends, is kept)
+        if problem is not None:
+            raise ConfigError(
+                f"invalid service configuration: the key from {source} {problem} (no request"
+                " could carry it)"
+            )
+        keys.append(key)
+    return keys
 
 
 async def _serve(
