@@ -16,6 +16,7 @@ Command-line flags (``--inbox``, ``--settle``...) override the file field by fie
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -122,6 +123,9 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ValueError(f"daemon.{name} must not be empty")
+            if value is not None and value.startswith("~"):  # (TOML expands nothing: a
+                # folder ``~`` was made in the daemon's working directory, `/` under systemd)
+                msgspec.structs.force_setattr(self, name, os.path.expanduser(value))
         # (``not x >= 0``, not ``x < 0``: nan passes every comparison's negation.)
         if not self.settle >= 0:
             raise ValueError(f"daemon.settle must be >= 0 seconds, got {self.settle}")

@@ -8,6 +8,7 @@ override it field by field.
 from __future__ import annotations
 
 import math
+import os
 from typing import Literal
 
 import msgspec
@@ -198,6 +199,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("engine.poll_min must be > 0 and <= poll_max, poll_max finite")
         if self.reuse is not None and not self.reuse.strip():  # (--reuse "" is refused too)
             raise ValueError("engine.reuse must not be empty: omit it for no result store")
+        if self.reuse is not None and self.reuse.startswith("~"):
+            # (TOML expands nothing: ``~/reuse.sqlite`` made a folder ``~`` in the directory
+            # the run began in, a new empty store from each directory, every row billed again.)
+            msgspec.structs.force_setattr(self, "reuse", os.path.expanduser(self.reuse))
         try:
             parse_duration(self.reuse_max_age)
         except ValueError as err:

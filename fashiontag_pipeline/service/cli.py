@@ -200,7 +200,8 @@ def build_config(
         faults = FaultSpec.parse(faults_text) if faults_text else None
     except ValueError as err:
         raise ConfigError(f"invalid --faults: {err}") from None
-    state = args.state if args.state is not None else (Path(file.state) if file.state else None)
+    file_state = Path(file.state).expanduser() if file.state else None  # (TOML expands no ~)
+    state = args.state if args.state is not None else file_state
 
     def pick(flag: float | None, value: float) -> float:
         return value if flag is None else flag
