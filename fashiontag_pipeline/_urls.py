@@ -6,6 +6,8 @@ message that names the service or a proxy.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 __all__ = ["base_url_problem", "clean_base_url", "shown_url"]
 
 
@@ -61,7 +63,9 @@ def base_url_problem(url: str) -> str | None:
 
     try:
         parsed = URL(url)
-        port = parsed.port  # a port that is no number, or out of range, fails here
+        # A port that is no number, or out of range, fails here; so does one with a space or
+        # a sign, which yarl's int() takes (the proxy look-up's urlsplit then failed on it).
+        port = urlsplit(url).port or parsed.port
     except (ValueError, TypeError) as err:
         reason = str(err).removeprefix("Invalid URL: ")
         if user and user in reason:  # (yarl's messages do not quote the URL; never show it)

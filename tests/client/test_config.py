@@ -239,3 +239,40 @@ def test_a_base_url_with_a_query_or_fragment_is_refused_without_showing_it(url: 
     with pytest.raises(ConfigError, match="base_url must not hold a query") as err:
         load_client_config(None, environ=env)
     assert "hunter2" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1: 8080",  # a space typed after the colon
+        "http://127.0.0.1:8080 /tagging",  # a space before the gateway's prefix
+        "http://127.0.0.1:+8080",
+    ],
+)
+def test_a_base_url_whose_port_is_not_digits_is_named_with_its_source(
+    tmp_path: Path, url: str
+) -> None:
+    """A port with a space or a sign in it: yarl's check took it (``int(" 8080")``), and the
+    proxy look-up then failed on it, so ``run``, ``tag``, ``tasks`` and the daemon said only
+    ``fashiontag: Port could not be cast to integer value as ' 8080'`` (``tag``: after a
+    traceback): no base_url, no file or variable, unlike every other bad base URL (docs: one
+    line naming where the value came from)."""
+    import os
+    import subprocess
+    import sys
+
+    config = write(tmp_path, f'[client]\nbase_url = "{url}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
+    for command in (["tag", "https://img.example/a.jpg"], ["tasks", "list"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "fashiontag_pipeline", *command, "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert done.returncode == 2, (command, done.stderr)
+        assert "Traceback" not in done.stderr, done.stderr
+        assert "base_url" in done.stderr and str(config) in done.stderr, done.stderr
+    with pytest.raises(ValueError, match="base_url"):
+        ClientConfig(base_url=url)
