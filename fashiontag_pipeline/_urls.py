@@ -76,4 +76,21 @@ def base_url_problem(url: str) -> str | None:
         return f"has no host: {shown_url(url)!r}"
     if " " in host or port == 0:
         return f"has no valid host and port: {shown_url(url)!r}"
+    if ":" not in host and host.replace(".", "").isdigit() and not _dotted_quad(host):
+        # (aiohttp refuses to connect to ``127.1``, ``2130706433``, an octet past 255 or with
+        # a leading zero, a trailing dot: taken for an outage, retried until the give-up.)
+        return (
+            "has a host that is no IPv4 address as written (four numbers 0-255, no leading"
+            f" zero, no trailing dot: 10.0.0.1): {shown_url(url)!r}"
+        )
     return None
+
+
+def _dotted_quad(host: str) -> bool:
+    """Whether ``host`` is an IPv4 address as aiohttp connects to one: four numbers 0-255,
+    none with a leading zero."""
+    parts = host.split(".")
+    return len(parts) == 4 and all(
+        part.isascii() and part.isdigit() and str(int(part)) == part and int(part) <= 255
+        for part in parts
+    )

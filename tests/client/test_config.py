@@ -276,3 +276,41 @@ def test_a_base_url_whose_port_is_not_digits_is_named_with_its_source(
         assert "base_url" in done.stderr and str(config) in done.stderr, done.stderr
     with pytest.raises(ValueError, match="base_url"):
         ClientConfig(base_url=url)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.1", "192.168.1.300", "192.168.001.010", "127.0.0.1.", "2130706433"],
+)
+def test_a_base_url_whose_host_is_no_ipv4_address_as_written_is_refused_at_once(
+    tmp_path: Path, host: str
+) -> None:
+    """A host of digits and dots that is no dotted quad (a shorthand ``127.1``, an octet past
+    255, zero-padded octets, a trailing dot): aiohttp refuses to connect to it, and the client
+    took that for an outage, retried it for the whole ``--give-up-after`` (120 s for ``run``,
+    its creates said to be of unknown fate), then stopped with ``service unreachable ...
+    failed: InvalidUrlClientError``, the reason never said. Exit 2 at once, one line naming
+    base_url and where it came from."""
+    import os
+    import subprocess
+    import sys
+
+    url = f"http://{host}:8080"
+    config = write(tmp_path, f'[client]\nbase_url = "{url}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "fashiontag_pipeline", "tag", "https://img.example/a.jpg"),
+            *("--config", str(config), "--give-up-after", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "base_url" in done.stderr and str(config) in done.stderr, done.stderr
+    assert "InvalidUrlClientError" not in done.stderr
+    with pytest.raises(ValueError, match="base_url"):
+        ClientConfig(base_url=url)
+    ClientConfig(base_url="http://10.0.0.1:8080")  # (a dotted quad is one)
