@@ -24,6 +24,7 @@ import msgspec
 
 from ._config import shown_url
 from ._exceptions import ConfigError
+from ._urls import no_ipv4_as_written
 
 __all__ = ["ProxyRoute", "proxy_for", "proxy_wants_credentials"]
 
@@ -138,7 +139,9 @@ def proxy_for(
     from yarl import URL
 
     try:  # (as aiohttp reads it at each request: "InvalidURL", taken for an outage)
-        URL(f"http://{hostport}")
+        host = URL(f"http://{hostport}").raw_host or ""
+        if no_ipv4_as_written(host):
+            raise ValueError(f"{host} is no IPv4 address as written: four numbers 0-255")
     except ValueError as err:
         raise ConfigError(
             f"{var}={shown_url(value)!r} is no proxy address ({err}): give it as http://HOST:PORT"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["base_url_problem", "clean_base_url", "shown_url"]
+__all__ = ["base_url_problem", "clean_base_url", "no_ipv4_as_written", "shown_url"]
 
 
 def shown_url(url: str) -> str:
@@ -76,7 +76,7 @@ def base_url_problem(url: str) -> str | None:
         return f"has no host: {shown_url(url)!r}"
     if " " in host or port == 0:
         return f"has no valid host and port: {shown_url(url)!r}"
-    if ":" not in host and host.replace(".", "").isdigit() and not _dotted_quad(host):
+    if no_ipv4_as_written(host):
         # (aiohttp refuses to connect to ``127.1``, ``2130706433``, an octet past 255 or with
         # a leading zero, a trailing dot: taken for an outage, retried until the give-up.)
         return (
@@ -86,11 +86,14 @@ def base_url_problem(url: str) -> str | None:
     return None
 
 
-def _dotted_quad(host: str) -> bool:
-    """Whether ``host`` is an IPv4 address as aiohttp connects to one: four numbers 0-255,
-    none with a leading zero."""
+def no_ipv4_as_written(host: str) -> bool:
+    """Whether ``host`` is digits and dots but no IPv4 address as aiohttp connects to one
+    (four numbers 0-255, none with a leading zero): ``127.1``, ``10.0.0.300``, ``10.0.0.010``,
+    ``2130706433``, a trailing dot. aiohttp refuses those at each request (InvalidURL)."""
+    if ":" in host or not host.replace(".", "").isdigit():
+        return False
     parts = host.split(".")
-    return len(parts) == 4 and all(
+    return len(parts) != 4 or not all(
         part.isascii() and part.isdigit() and str(int(part)) == part and int(part) <= 255
         for part in parts
     )

@@ -127,12 +127,16 @@ async def test_a_plain_http_service_through_a_proxy_that_wants_credentials(
         "http://team:pw-secret@proxy.corp:99999",
         "http://:3128",
         "http://[::1:3128",
+        "http://team:pw-secret@10.0.0.300:3128",
+        "http://127.1:3128",
+        "http://10.0.0.010:3128",
     ],
-    ids=["port-typo", "port-range", "no-host", "bracket"],
+    ids=["port-typo", "port-range", "no-host", "bracket", "octet", "short-ip", "zero-padded"],
 )
 async def test_a_malformed_proxy_variable_is_exit_2_naming_it(tmp_path: Path, value: str) -> None:
     """A proxy variable with a typo in its address (a port with a letter or past 65535, no
-    host, an unclosed IPv6 bracket): every request failed "InvalidURL", each create taken for
+    host, an unclosed IPv6 bracket; an IPv4 host as aiohttp connects to none, ``127.1``, an
+    octet past 255 or zero-padded): every request failed "InvalidURL", each create taken for
     a write that "may or may not have been applied" (never sent), and the run kept trying for
     ``--give-up-after``, then stopped saying the service was unreachable, never naming the
     variable. It is exit 2 at once, as for a proxy of another scheme (the password never
