@@ -372,8 +372,8 @@ def load_client_config(
 ) -> ClientConfig:
     """Client config from a file's ``[client]`` table, then the environment, then ``overrides``.
 
-    ``overrides`` holds flag values; ``None`` values are ignored so unset flags fall through.
-    """
+    ``overrides`` holds flag values; ``None`` values are ignored so unset flags fall through
+    (an empty one is not: ``--api-key "$UNSET"`` is refused, as an empty key is anywhere)."""
     env = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -397,13 +397,14 @@ def load_client_config(
     url = data.get("base_url")
     if isinstance(url, str):  # named by where it came from, as keys are
         data["base_url"] = url = clean_base_url(url)
-        problem = base_url_problem(url)
-        if problem is not None:
+        if (problem := base_url_problem(url)) is not None:
             where = sources["base_url"]
             raise ConfigError(f"invalid configuration: base_url {problem} (from {where})")
     for key in KEY_FIELDS:  # named by where it came from (the key itself never shown)
         value = data.get(key)
         problem = key_problem(Secret(value)) if isinstance(value, str) else None
+        if isinstance(value, str) and not value.strip():
+            problem = "is empty (a variable not set where the value was written?)"
         if problem is not None:
             raise ConfigError(f"the {key.replace('_', ' ')} from {sources.get(key)} {problem}")
     config = convert(data, ClientConfig, where="client")

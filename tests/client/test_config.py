@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 
@@ -314,3 +315,34 @@ def test_a_base_url_whose_host_is_no_ipv4_address_as_written_is_refused_at_once(
     with pytest.raises(ValueError, match="base_url"):
         ClientConfig(base_url=url)
     ClientConfig(base_url="http://10.0.0.1:8080")  # (a dotted quad is one)
+
+
+@pytest.mark.parametrize("where", ["flag", "file"])
+async def test_an_empty_key_is_refused_naming_where_it_came_from(
+    tmp_path: Path, where: str
+) -> None:
+    """``--bulk-api-key "$BULK_KEY"`` in a crontab where the variable is unset (or
+    ``bulk_api_key = ""`` left in a file): the empty key won over the good one in
+    ``FASHIONTAG_BULK_API_KEY`` (the file's over the development key), was sent, and the
+    service's 401 was reported as the key from --bulk-api-key being *refused*, as if its
+    value were wrong. Exit 2 before any request, saying it is empty and where it came from."""
+    import os
+    import sys
+
+    from fashiontag_pipeline._config import DEV_API_KEY, DEV_BULK_API_KEY
+    from fashiontag_pipeline.service import ServiceConfig, running_service
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
+    env |= {"FASHIONTAG_API_KEY": DEV_API_KEY, "FASHIONTAG_BULK_API_KEY": DEV_BULK_API_KEY}
+    extra = ["--bulk-api-key", ""]
+    named = "--bulk-api-key"
+    if where == "file":
+        config = write(tmp_path, '[client]\nbulk_api_key = ""\n')
+        extra, named = ["--config", str(config)], f"bulk_api_key in [client] of {config}"
+        del env["FASHIONTAG_BULK_API_KEY"]  # (which would win over the file's)
+    async with running_service(ServiceConfig()) as svc:
+        argv = [sys.executable, "-m", "fashiontag_pipeline", "tasks", "list"]
+        done = await anyio.run_process([*argv, "--base-url", svc.url, *extra], check=False, env=env)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert "empty" in err and named in err, err
