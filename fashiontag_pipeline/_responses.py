@@ -155,15 +155,26 @@ def refused_in_success(
 
 
 def failure_in_success(
-    response: Response, status: str, error: str | None, method: str, path: str, task_id: str | None
+    response: Response,
+    status: str,
+    error: str | None,
+    method: str,
+    path: str,
+    task_id: str | None,
+    *,
+    code: int | None = None,
+    write: bool = False,
 ) -> exc.ServerError:
     """A read (list, status) answered with the spec's failure body, yet HTTP 2xx: no request
     error of ours can be told from it, and asking again is harmless, so it is a transient
-    fault of the service (retried under the run's give-up budget)."""
+    fault of the service (retried under the run's give-up budget). A ``write`` so answered
+    that names no task and took no row (:func:`_took_nothing`) is one too: nothing applied."""
     return exc.ServerError(
         f"{method} {path}: service answered HTTP {response.status} with"
-        f" status={status!r}: {error or 'no reason given'}",
+        f" status={status!r}: {error or 'no reason given'}"
+        + (" (nothing applied)" if write else ""),
         status=response.status,
+        code=code,
         service_message=error or "",
         method=method,
         path=path,
@@ -305,14 +316,8 @@ def _took_nothing(
     refusal = isinstance(answer.status, str) and not says_success(answer.status)
     if refusal and not failures:
         code, message, _ = parse_error_body(response.body)
-        return exc.ServerError(
-            f"{method} {path}: service answered HTTP {response.status} with"
-            f" status={answer.status!r}: {message or 'no reason given'} (nothing applied)",
-            status=response.status,
-            code=code,
-            service_message=message,
-            method=method,
-            path=path,
+        return failure_in_success(
+            response, answer.status, message, method, path, None, code=code, write=True
         )
     if not (create or refusal) or not failures:
         return None
