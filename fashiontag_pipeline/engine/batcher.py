@@ -241,7 +241,8 @@ class TaskWriter(TaskTargets):
         times before (kept in the chunk's body)."""
         ids, positions, requests = (list(column) for column in zip(*items, strict=True))
         keys = keyed(ids)  # (two ids of one key: written ahead whole, then split to send)
-        body, encoded = encode_body(positions, requests, sends, ids)
+        ids_json = encode_ids(ids)  # (stored beside the body; its fast path reads it too)
+        body, encoded = encode_body(positions, requests, sends, ids, ids_json)
         last = max(positions)
         one = one_source(positions, last)
         marks = [] if resent else job_marks(self.jobs, positions, last, one)
@@ -269,7 +270,7 @@ class TaskWriter(TaskTargets):
                 marks,
                 token=task.token if task is not None and create else None,
                 task_id=chunk.task_id,
-                ids=encode_ids(ids),
+                ids=ids_json,
             )
         except BaseException:
             if task is not None:

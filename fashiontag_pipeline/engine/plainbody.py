@@ -68,19 +68,23 @@ def _strings(encoded: bytes, count: int) -> list[bytes] | None:
     return encoded[2:-2].split(b'","')
 
 
-def encode_requests(ids: Sequence[str], requests: Sequence[TaggingRequest | str]) -> bytes:
+def encode_requests(
+    ids: Sequence[str], requests: Sequence[TaggingRequest | str], ids_json: bytes | None = None
+) -> bytes:
     """The requests of a chunk (``ids[i]`` the id of ``requests[i]``) as a JSON array: the
     bytes msgspec gives for their structs. When every request is a plain row's URL, built
     around the ids and URLs: as text when msgspec escapes none of them (:func:`_unescaped`),
     else from each one's encoding by msgspec when none holds a quote; otherwise from the
-    structs."""
+    structs. ``ids_json``: the ids as msgspec encodes them, when the caller has it already
+    (the chunk's ids stored beside its body: not encoded twice)."""
     kinds = set(map(type, requests))
     if str not in kinds:
         return _encoder.encode(requests)
     if len(kinds) == 1:
         # Each list encoded by msgspec (a lone surrogate raises here as the structs would).
         urls_json = _encoder.encode(requests)
-        ids_json = _encoder.encode(ids)
+        if ids_json is None:
+            ids_json = _encoder.encode(ids)
         # Fast path: every escape msgspec writes starts with a backslash (a quote, a
         # backslash, a control character), so with none in either encoding (a memchr pass
         # each) every id and URL is written as its own UTF-8 bytes.

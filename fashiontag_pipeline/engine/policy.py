@@ -76,12 +76,17 @@ def encode_body(
     requests: Sequence[TaggingRequest | str],
     sends: int = 0,
     ids: Sequence[str] | None = None,
+    ids_json: bytes | None = None,
 ) -> tuple[bytes, EncodedRequests]:
     """A chunk as stored ahead of its write, ``{"p": [positions], "r": [requests]}`` (and
     ``"g": sends`` for rows sent ``sends`` times before), and its requests as the bulk write
     sends them: each request is encoded once, for both. ``ids``: the requests' ids, given
-    when some may be plain rows' URLs (:mod:`.plainbody`)."""
-    encoded = _body_encoder.encode(requests) if ids is None else encode_requests(ids, requests)
+    when some may be plain rows' URLs (:mod:`.plainbody`), with their encoding
+    (:func:`encode_ids`) when the caller has it."""
+    if ids is None:
+        encoded = _body_encoder.encode(requests)
+    else:
+        encoded = encode_requests(ids, requests, ids_json)
     tail = b',"g":%d}' % sends if sends else b"}"
     body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + tail
     return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
