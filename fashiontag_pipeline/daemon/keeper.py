@@ -28,8 +28,11 @@ class LeaseKeeper:
     is set). Every third of the lease, one statement renews all held leases. A lease is lost
     when the database says so, or when no renewal has succeeded for a whole lease length, as
     counted on this process's monotonic clock from the moment the last successful renewal was
-    *sent* (the database's expiry is later than that, so the daemon stops no later than the
-    database lets another take over). Writes are safe either way: they are fenced.
+    *sent*, its connection in hand (the database's expiry is later than that, so the daemon
+    stops no later than the database lets another take over; the wait for a connection of the
+    pool does not count: after a failover or with every connection busy, a lease counted from
+    before it came back past its deadline, lost at once). Writes are safe either way: they are
+    fenced.
     """
 
     def __init__(
@@ -105,10 +108,14 @@ class LeaseKeeper:
     async def acquire(self, limit: int = 1, skip: Collection[int] = ()) -> list[Lease]:
         """Lease up to ``limit`` manifests, none of ``skip`` (claim ids), and keep them
         (:meth:`PostgresClaimLedger.acquire`)."""
-        sent_at = self._clock()
-        leases = await anyio.to_thread.run_sync(lambda: self._ledger.acquire(limit, skip=skip))
+        sent_at = [self._clock()]  # (then when the pool gave the statement its connection)
+        leases = await anyio.to_thread.run_sync(
+            lambda: self._ledger.acquire(
+                limit, skip=skip, connected=lambda: sent_at.append(self._clock())
+            )
+        )
         for lease in leases:
-            self._hold(lease, sent_at)
+            self._hold(lease, sent_at[-1])
         return leases
 
     async def release(self, lease: Lease) -> None:
@@ -151,11 +158,15 @@ class LeaseKeeper:
             return True
         sent_at = self._clock()
         wait = min(self._deadline.values()) - sent_at
+        stamps = [sent_at]  # (then when the pool gave the statement its connection)
         renewed: dict[int, Lease] | None = None
         with anyio.move_on_after(max(wait, 0)):
             try:
                 renewed = await anyio.to_thread.run_sync(
-                    self._ledger.renew, sent, abandon_on_cancel=True
+                    lambda: self._ledger.renew(
+                        sent, connected=lambda: stamps.append(self._clock())
+                    ),
+                    abandon_on_cancel=True,
                 )
             except StateError:
                 renewed = None
@@ -170,7 +181,7 @@ class LeaseKeeper:
                 self._lose(lease.claim_id)
             else:
                 self._held[lease.claim_id] = fresh
-                self._deadline[lease.claim_id] = sent_at + self._ledger.lease
+                self._deadline[lease.claim_id] = stamps[-1] + self._ledger.lease
         return True
 
     async def run(

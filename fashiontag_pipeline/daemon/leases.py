@@ -16,7 +16,7 @@ import contextlib
 import os
 import secrets
 import socket
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -232,18 +232,24 @@ class PostgresClaimLedger:
         self._pool.close()
 
     @contextlib.contextmanager
-    def _transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+    def _transaction(
+        self, doing: str, connected: Callable[[], object] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on a connection of the pool. The tables gone (the database dropped
         and made again under the daemon) are made again before the error, which the caller
-        retries: every call of a daemon failed on them until it was restarted."""
+        retries: every call of a daemon failed on them until it was restarted. ``connected``
+        is called once the pool has given the connection, before any statement."""
         import psycopg
 
         from .._postgres import migrate, state_errors
 
         with state_errors(self._url, doing):
             try:
-                with self._pool.connection() as conn, conn.transaction():
-                    yield conn
+                with self._pool.connection() as conn:
+                    if connected is not None:
+                        connected()
+                    with conn.transaction():
+                        yield conn
             except psycopg.errors.UndefinedTable:
                 with self._pool.connection() as conn:
                     migrate(conn)
@@ -391,26 +397,36 @@ class PostgresClaimLedger:
         )
 
     def acquire(
-        self, limit: int = 1, *, lease: float | None = None, skip: Collection[int] = ()
+        self,
+        limit: int = 1,
+        *,
+        lease: float | None = None,
+        skip: Collection[int] = (),
+        connected: Callable[[], object] | None = None,
     ) -> list[Lease]:
         """Lease up to ``limit`` claims in flight that nobody holds (never leased, released,
         or expired), oldest first, none of ``skip`` (claim ids). Rows another daemon is leasing
         at this moment are skipped, not waited for, so concurrent callers get disjoint sets.
-        Each lease's epoch is one more than the claim's last."""
+        Each lease's epoch is one more than the claim's last. ``connected``: called when the
+        statement is about to go (a connection of the pool given), before the database's
+        clock starts the leases (see :class:`~.keeper.LeaseKeeper`)."""
         params = {
             "limit": limit,
             "owner": self.owner,
             "lease": lease or self.lease,
             "skip": sorted(skip),
         }
-        with self._transaction("acquire leases") as conn:
+        with self._transaction("acquire leases", connected) as conn:
             rows = conn.execute(_ACQUIRE_SQL, params).fetchall()
         return sorted(map(self._lease, rows), key=lambda held: held.claim_id)
 
-    def renew(self, leases: Sequence[Lease]) -> dict[int, Lease]:
+    def renew(
+        self, leases: Sequence[Lease], *, connected: Callable[[], object] | None = None
+    ) -> dict[int, Lease]:
         """Extend every lease that still holds by :attr:`lease` seconds from now (database
         time), in one statement. Returns the renewed ones by claim id: a lease missing from the
-        answer is lost (it expired, or another daemon took it over)."""
+        answer is lost (it expired, or another daemon took it over). ``connected``: as
+        :meth:`acquire`'s."""
         if not leases:
             return {}
         params = {
@@ -419,7 +435,7 @@ class PostgresClaimLedger:
             "ids": [held.claim_id for held in leases],
             "epochs": [held.epoch for held in leases],
         }
-        with self._transaction("renew leases") as conn:
+        with self._transaction("renew leases", connected) as conn:
             rows = conn.execute(_RENEW_SQL, params).fetchall()
         return {renewed.claim_id: renewed for renewed in map(self._lease, rows)}
 

@@ -276,6 +276,37 @@ async def test_a_keeper_holds_its_leases_past_their_length(
             tg.cancel_scope.cancel()
 
 
+async def test_a_lease_counts_from_its_statement_not_from_the_wait_for_a_connection(
+    postgres_url: str,
+) -> None:
+    """A lease was counted on this process's clock from before the wait for a connection of
+    the pool, and the database counts it from its statement: after a failover or a
+    ``pg_terminate_backend`` (the pool reconnecting, ~1 s here) or with every connection busy,
+    a lease came back already past its local deadline, declared lost at once, and the manifest
+    just leased was taken over by this same daemon, whose resume then waited up to 74 s for a
+    create the lost attempt might have sent. The wait for the connection no longer counts."""
+    ledger = PostgresClaimLedger(postgres_url, owner="daemon-a", lease=1.0, max_connections=1)
+    try:
+        claim(ledger, "busy.csv", "next.csv")
+        [busy] = ledger.acquire()
+        keeper = LeaseKeeper(ledger, retry_interval=0.1)
+        writing = threading.Event()
+
+        def write_slowly() -> None:  # a state write holding the pool's one connection
+            with ledger.fenced(busy) as conn:
+                writing.set()
+                conn.execute("SELECT pg_sleep(1.3)")
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, write_slowly)
+                await anyio.to_thread.run_sync(writing.wait)
+                [lease] = await keeper.acquire()
+        assert not keeper.overdue(lease), "lost as soon as it was leased"
+    finally:
+        ledger.close()
+
+
 async def test_a_paused_keeper_loses_its_lease_and_cannot_write(
     open_ledger: Callable[..., PostgresClaimLedger], postgres_url: str
 ) -> None:
