@@ -81,16 +81,19 @@ def check_reuse(location: str | None) -> None:
         store.close()
 
 
-async def queued(daemon: Daemon, ledger: PostgresClaimLedger) -> None:
+async def queued(daemon: Daemon, ledger: PostgresClaimLedger, *, leasing: bool = True) -> None:
     """The claims no daemon leases yet (``/status``'s queue, the gauge), asked at each turn
     of the lease loop; whether the state answers goes to ``/readyz`` (a daemon whose database
-    is gone leases nothing: it said ready all along)."""
+    is gone leases nothing: it said ready all along). ``leasing`` False: this turn's leases
+    could not be written, and a read that answers does not make the state writable (a
+    read-only database, a hot standby: /readyz said 200 between two failed leases)."""
     try:
         daemon.unleased = await anyio.to_thread.run_sync(ledger.unleased)
     except exc.StateError as err:
         daemon.health.mark_store_unwritable(str(err))
     else:
-        daemon.health.mark_store_writable()
+        if leasing:
+            daemon.health.mark_store_writable()
 
 
 def drop_settled(ledger: PostgresClaimLedger | None, url: str, idle_timeout: float) -> None:

@@ -226,7 +226,7 @@ class SharedDaemon:
                 for lease in leases:
                     self.leased[lease.claim_id, lease.epoch] = lease
                     tg.start_soon(self._manifest, lease, ledger, keeper, inbox, outbox, client)
-            await queued(self.daemon, ledger)
+            await queued(self.daemon, ledger, leasing=not self._acquire_failed)
             with anyio.move_on_after(period):
                 await self._wake.wait()
             self._wake = anyio.Event()

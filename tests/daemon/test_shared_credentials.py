@@ -185,3 +185,58 @@ async def test_readyz_says_when_the_shared_state_cannot_be_reached(
             admin.close()
             daemon.ensure_dead()
     assert reason.startswith("state store not writable: PostgreSQL state postgresql://"), reason
+
+
+async def test_readyz_says_when_the_shared_state_is_read_only(
+    tmp_path: Path, postgres_cluster: PostgresCluster
+) -> None:
+    """The state's database turned read-only under a shared daemon (a failover that left the
+    daemons' host name on a hot standby, ``default_transaction_read_only`` set): every lease
+    failed on ``cannot execute UPDATE in a read-only transaction`` and the daemon leased
+    nothing, yet ``/readyz`` said 200 all along (the queue's read that follows each failed
+    lease marked the state writable again), so no probe or alert saw it. It says 503 with the
+    reason while leases cannot be written, 200 again once they can; the manifest waits,
+    nothing sent, and is tagged after."""
+    state = postgres_cluster.create_database("state")
+    name = psycopg.conninfo.conninfo_to_dict(state)["dbname"]
+    ids = [f"ro{i}" for i in range(20)]
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--state", state, "--lease", "1"])
+        daemon.start()
+        admin = psycopg.connect(postgres_cluster.url(), autocommit=True)
+        try:
+            await _readiness(daemon, True)
+            admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            with anyio.fail_after(20):
+                while not any(
+                    line.get("event", "").startswith("cannot lease manifests")
+                    for line in daemon.logs()
+                ):
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            said = []
+            for _ in range(12):  # (over four turns of the lease loop)
+                said.append(await daemon.get("/readyz"))
+                await anyio.sleep(0.1)
+            sent_meanwhile = sum(len(record.ids) for record in svc.store.tasks.values())
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            summary = await daemon.wait_summary("m", timeout=30)
+            await _readiness(daemon, True)
+            assert await daemon.stop() == 0
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            admin.close()
+            daemon.ensure_dead()
+    assert [status for status, _ in said] == [503] * len(said), said
+    assert all("read-only" in body for _, body in said), said
+    assert sent_meanwhile == 0 and summary["status"] == "done", summary
+    assert sorted(r["id"] for r in read_lines(daemon.outbox / "m" / "results.jsonl")) == sorted(ids)
