@@ -14,6 +14,7 @@ import errno
 import itertools
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -85,7 +86,10 @@ class InboxSettling:
             error = msgspec.json.encode({"reason": f"{shown} {reason}", "sha256": ""})
             error_file = self.failed / f"{name}{ERROR_SUFFIX}"
             write_atomic(error_file, error + b"\n")
-            os.rename(path, self.failed / name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                move_file(path, self.failed / name)  # failed/ on another file system: a copy
+            else:
+                os.rename(path, self.failed / name)  # a link or a FIFO: never opened
             moved = True
             fsync_dir(self.failed)
             remove_marker(path.with_name(f"{path.name}{READY_SUFFIX}"))

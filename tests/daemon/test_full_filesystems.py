@@ -196,3 +196,33 @@ def test_a_state_file_on_a_read_only_mount_is_said_not_writable(tmp_path: Path) 
         subprocess.run(["umount", str(folder)], check=False)
     assert problem is not None and str(state) in problem and "read-only" in problem, problem
     assert state_file_problem(state) is None
+
+
+async def test_a_file_that_cannot_be_claimed_is_copied_to_failed_on_another_file_system(
+    tmp_path: Path,
+) -> None:
+    """``failed/`` a mount of its own (operators keep the failures on another volume; the
+    page promises such a folder "gets a copy"): a manifest whose name is not UTF-8 was to go
+    to ``failed/`` beside its reason at once, but its rename gave EXDEV, and it stayed in the
+    inbox untagged, its only word "cannot be moved to failed/: Invalid cross-device link". It
+    is copied there, beside its reason, and the manifest dropped after it is tagged."""
+    with _tmpfs(tmp_path / "inbox" / "failed") as failed:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            try:
+                await daemon.wait_ready_endpoint()
+                drop_atomic(daemon.inbox, os.fsdecode(b"caf\xe9.csv"), b"id,url\n1,x\n")
+                drop_atomic(daemon.inbox, "ok.csv", write_manifest(Path(), ["a", "b"]))
+                summary = await daemon.wait_summary("ok")
+                with anyio.fail_after(10):
+                    while not (failed / "caf\\xe9.csv").exists():
+                        await anyio.sleep(0.05)
+                assert await daemon.stop() == 0, daemon.tail()
+            finally:
+                daemon.ensure_dead()
+        assert summary["status"] == "done", summary
+        assert (failed / "caf\\xe9.csv").read_bytes() == b"id,url\n1,x\n"
+        reason = json.loads((failed / "caf\\xe9.csv.error.json").read_text())["reason"]
+        assert "not UTF-8" in reason, reason
+        assert not (daemon.inbox / os.fsdecode(b"caf\xe9.csv")).exists()
+        assert not [p for p in failed.iterdir() if p.name.endswith(".tmp")]
