@@ -27,6 +27,7 @@ from .._postgres import is_postgres_url, redact_url
 from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.logwriter import queue_lines
+from ..daemon.names import WORK_DIR
 from ..daemon.runner import DEFAULT_MAX_PENDING_ROWS, Daemon
 from ..engine.engine import RunControl
 from ..engine.run_checks import a_folder, not_a_folder, same_file
@@ -173,7 +174,7 @@ def daemon_command(args: argparse.Namespace) -> int:
             )
         print(f"fashiontag: outbox {outbox} is not a folder{where}", file=sys.stderr)
         return EXIT_USAGE
-    overlap = _overlap(inbox, outbox)
+    overlap = _overlap(inbox, outbox) or _work_elsewhere(inbox)
     if overlap is not None:
         print(f"fashiontag: {overlap}", file=sys.stderr)
         return EXIT_USAGE
@@ -297,6 +298,23 @@ def _overlap(inbox: Path, outbox: Path) -> str | None:
     return (
         f"--inbox {inbox} {how}: inbox and outbox must be separate folders, neither inside"
         " the other"
+    )
+
+
+def _work_elsewhere(inbox: Path) -> str | None:
+    """Why ``INBOX/.work`` cannot be used (None when it can, or is not made yet): on another
+    file system than the inbox (a mount there, a symlink to another disk), every claim's
+    rename into it gives EXDEV, and the daemon, ready, tagged nothing."""
+    work = inbox / WORK_DIR
+    try:
+        if os.stat(work).st_dev == os.stat(inbox).st_dev:
+            return None
+    except OSError:
+        return None  # not there yet (made at start), or said by the start's mkdir
+    return (
+        f"{work} is on another file system than the inbox {inbox} (a mount, or a symlink to"
+        f" another disk): a claim is a rename into it; make {WORK_DIR} a plain folder of the"
+        " inbox (done/ and failed/ may be elsewhere)"
     )
 
 

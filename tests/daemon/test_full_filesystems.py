@@ -21,7 +21,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
+from .helpers import DaemonProcess, daemon_once, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounting a tmpfs needs root"
@@ -226,3 +226,22 @@ async def test_a_file_that_cannot_be_claimed_is_copied_to_failed_on_another_file
         assert "not UTF-8" in reason, reason
         assert not (daemon.inbox / os.fsdecode(b"caf\xe9.csv")).exists()
         assert not [p for p in failed.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("how", ["mount", "symlink"])
+def test_a_work_folder_on_another_file_system_is_refused_at_start(tmp_path: Path, how: str) -> None:
+    """``INBOX/.work`` on a disk of its own (a mount there, or a symlink to a folder on a fast
+    disk): a claim is a rename into it, which gave EXDEV for every manifest. The daemon
+    started, ``/readyz`` said ready, and it tagged nothing, each manifest left in the inbox
+    "until it changes or the daemon restarts" (a restart did not help). It is refused at
+    start, exit 2, one line naming the folder."""
+    inbox = tmp_path / "IN"
+    inbox.mkdir()
+    with _tmpfs(tmp_path / ("IN/.work" if how == "mount" else "fast")) as elsewhere:
+        if how == "symlink":
+            (inbox / ".work").symlink_to(elsewhere)
+        proc, _ = daemon_once(tmp_path, "--base-url", "http://127.0.0.1:9")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"{inbox / '.work'}" in err and "another file system" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
