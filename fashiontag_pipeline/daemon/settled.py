@@ -142,10 +142,39 @@ class InboxSettling:
             moved = True
         else:
             target = self._settled_target(record)
-            moved = self._move_settled(self.work / name, target, gone_ok=gone_ok, once=gone_ok)
+            try:
+                self._write_reason(target, record)
+            except OSError as err:
+                moved = False
+                if self._first_failure(name, gone_ok):
+                    logger.error(
+                        "cannot move %s to %s (it stays in .work): its error file: %s",
+                        name,
+                        target,
+                        err.strerror or err,
+                    )
+            else:
+                moved = self._move_settled(self.work / name, target, gone_ok=gone_ok, once=gone_ok)
         if moved and name in self._unmoved:
             self._unmoved.discard(name)
             logger.info("manifest %s (settled) has left .work at last", name)
+
+    def _write_reason(self, target: Path, record: ClaimRecord) -> None:
+        """Before a failed manifest moves to ``target`` in ``failed/``: its error file, unless
+        it is there (one that could not be written when it failed, its folder full or not
+        writable, names its summary, which holds the reason): never found in ``failed/``
+        without one. OSError when it cannot be written (the manifest stays in ``.work``)."""
+        error = target.with_name(f"{target.name}{ERROR_SUFFIX}")
+        if record.status != "failed" or error.exists():
+            return
+        reason = (
+            "its error file could not be written when it failed (failed/ full or not"
+            " writable): the reason is in its summary.json in the outbox"
+        )
+        self._remake(target.parent)
+        write_atomic(
+            error, msgspec.json.encode({"reason": reason, "sha256": record.sha256}) + b"\n"
+        )
 
     def _moved_already(self, source: Path, record: ClaimRecord) -> bool:
         """Whether ``source`` is in place already, where its record says, but for its own
@@ -188,6 +217,7 @@ class InboxSettling:
             return True
         target = self._settled_target(record)
         try:
+            self._write_reason(target, record)
             self._remake(target.parent)
             move_file(self.work / name, target)
         except OSError as err:
@@ -258,9 +288,26 @@ class InboxSettling:
             self.failed, claim.name, claim.sha256, companion=ERROR_SUFFIX
         )
         error = {"reason": reason, "sha256": claim.sha256}
-        write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode(error) + b"\n")
-        self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
         target = self.failed / name
+        try:
+            write_atomic(self.failed / f"{name}{ERROR_SUFFIX}", msgspec.json.encode(error) + b"\n")
+        except OSError as err:
+            # failed/ full or not writable: never a reason to stop (raised, it stopped the
+            # daemon, which took this manifest up again at every start and stopped again).
+            # Settled all the same (its summary says why); it stays in .work until a start
+            # can move it, beside an error file then (see _write_reason).
+            self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
+            self._claimed.discard(claim.name)
+            logger.error(
+                "cannot write %s%s in failed/ (%s): %s stays in .work (its summary says why)"
+                " and moves to failed/ at a start once it can",
+                name,
+                ERROR_SUFFIX,
+                err.strerror or err,
+                claim.name,
+            )
+            return Path(claim.path)
+        self._settle(claim.name, "failed", f"{FAILED_DIR}/{name}", lease)
         self._move_settled(Path(claim.path), target)
         self._claimed.discard(claim.name)
         return target

@@ -245,3 +245,43 @@ def test_a_work_folder_on_another_file_system_is_refused_at_start(tmp_path: Path
     assert proc.returncode == 2, err
     assert f"{inbox / '.work'}" in err and "another file system" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+async def test_a_full_failed_folder_does_not_stop_the_daemon(tmp_path: Path) -> None:
+    """``failed/`` on a small volume of its own, full (or not writable) when a manifest fails:
+    its ``NAME.error.json`` could not be written, the daemon stopped (exit 1), and at every
+    start it took that manifest up again and stopped again, so a good manifest dropped beside
+    it was never tagged. A folder it cannot write is never a reason to stop: the failed one is
+    settled (its summary says why) and stays in ``.work`` until there is room, then moves to
+    ``failed/`` beside an error file; the good one is tagged meanwhile, each once."""
+    with _tmpfs(tmp_path / "inbox" / "failed", "1m") as failed:
+        async with running_service(ServiceConfig()) as svc:
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            try:
+                await daemon.wait_ready_endpoint()
+                filler = _fill(failed)
+                drop_atomic(daemon.inbox, "bad.csv", b"\x00\x01 no header\n")
+                bad = await daemon.wait_summary("bad")
+                drop_atomic(daemon.inbox, "ok.csv", write_manifest(Path(), ["a", "b"]))
+                ok = await daemon.wait_summary("ok")
+                assert (daemon.inbox / ".work" / "bad.csv").exists()
+                assert await daemon.stop() == 0, daemon.tail()
+                filler.unlink()
+                daemon.start()
+                with anyio.fail_after(20):
+                    while not (failed / "bad.csv").exists():
+                        daemon.check_alive()
+                        await anyio.sleep(0.05)
+                assert await daemon.stop() == 0, daemon.tail()
+            finally:
+                daemon.ensure_dead()
+            billed = svc.store.image_count
+        assert bad["status"] == "failed" and ok["status"] == "done", (bad, ok)
+        assert json.loads((daemon.outbox / "bad" / "summary.json").read_text()) == bad
+        assert json.loads((failed / "bad.csv.error.json").read_text())["sha256"] == bad["sha256"]
+        assert not list((daemon.inbox / ".work").iterdir())
+        assert sorted(r["id"] for r in read_lines(daemon.outbox / "ok" / "results.jsonl")) == [
+            "a",
+            "b",
+        ]
+        assert billed == 2
