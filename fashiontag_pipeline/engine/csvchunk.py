@@ -31,6 +31,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_HEADER_LINES",
     "MAX_RECORD_LINES",
+    "SQL_NULL",
     "CsvChunk",
     "csv_lines",
     "cut_unnamed",
@@ -52,6 +53,12 @@ MAX_HEADER_LINES = 50
 #: The most bytes read on for a header's quoted cell to close (then the header is its first
 #: line, and what follows is read as rows, a line with no end refused as too long).
 MAX_HEADER_BYTES = 4 << 20
+
+#: A cell that is exactly this is no value, as an empty one is: a SQL NULL as Snowflake's
+#: ``COPY INTO`` (its default ``NULL_IF``), PostgreSQL's and MySQL's text exports write it.
+#: Read as text it was an id (``\\N``, every later NULL id a duplicate of it), a ``detection``
+#: that refused its row, or a brand sent to the service.
+SQL_NULL = "\\N"
 
 #: The marker line's text: two Unicode noncharacters, which no manifest holds. If one did, its
 #: record would only be handed back until the input's last chunk (no marker) reads it.
@@ -122,8 +129,11 @@ def _holds_rows(names: list[str], width: int) -> bool:
 class CsvChunk:
     """The rows of one chunk of CSV text (complete lines), parsed lazily, a batch at a time."""
 
+    NULL = SQL_NULL
+
     def __init__(self, text: str, *, last: bool) -> None:
         self._lines = csv_lines(text)
+        self._nulls = SQL_NULL in text
         self._count = len(self._lines)
         self._last = last
         #: The line the reader started at (0, or the line after a refused record).
@@ -206,6 +216,8 @@ class CsvChunk:
                 reader = self._reader = self._read_from(start + 1)
                 continue
             if fields:
+                if self._nulls and SQL_NULL in fields:
+                    fields = ["" if f == SQL_NULL else f for f in fields]
                 append((base + start + 1, fields))
         return rows
 

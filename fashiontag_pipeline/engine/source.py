@@ -219,12 +219,12 @@ class ManifestReader(ManifestBytes):
         elif (
             '"' not in text
             and "\x00" not in text
+            and CsvChunk.NULL not in text  # (a cell read as no value: csvchunk.SQL_NULL)
             and len(text) <= csv.field_size_limit()
             and "\r" not in (plain := text.replace("\r\n", "\n") if "\r" in text else text)
         ):
-            # Without quotes, NULs or CRs but those of CRLF line ends (and no field past the csv
-            # module's limit) its rows are exactly the lines split at commas (blank lines give
-            # no row), at a fraction of its cost per row.
+            # Without quotes, NULs, \N or CRs but those of CRLF line ends (and no field past the
+            # csv module's limit) its rows are the lines split at commas (no blank line a row).
             lines = plain.split("\n")
             if lines and not lines[-1]:
                 lines.pop()
