@@ -80,6 +80,8 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
         return None
     if _BAD_HEADS[i_id].search(body if i_id == 0 else "\n" + body) is not None:
         return None
+    if body.count("://") != len(lines):  # (a URL holding another: rules._JOINED decides)
+        return None
     ids = cells[i_id::2]
     if not all(ids):  # (an empty id: a truth test a cell, cheaper than comparing each to "")
         return None
@@ -191,6 +193,8 @@ def built(
         passed = list(map(_URL_HEAD.match, urls))
     else:
         passed = list(map(PLAIN_URL.fullmatch, urls))
+    if joined.count("://") != len(urls):  # (a URL holding another: rules._JOINED decides)
+        passed = [None if u.count("://") != 1 else m for m, u in zip(passed, urls, strict=True)]
     if (
         None in passed
         or "" in ids

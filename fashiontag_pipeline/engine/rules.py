@@ -143,6 +143,12 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 #: the first / or ?), no whitespace anywhere (``\s`` is exactly what ``str.split()`` cuts at,
 #: checked over every code point).
 PLAIN_URL = re.compile(r"https?://[^/?\s]\S*")
+#: A second URL after a separator (``url1|url2``: a product export's gallery column) in what
+#: would pass as one URL. (An image proxy's URL holding another, ``.../fetch/https://...``,
+#: has a slash or ``=`` before it: one image.) Fast paths taking URLs by :data:`PLAIN_URL`
+#: send on only a block with one ``://`` a URL, the others checked here.
+_JOINED = re.compile(r"([|,;])[Hh][Tt][Tt][Pp][Ss]?://")
+_SEVERAL = "url holds several URLs ({}): give each image a row of its own"
 _BULK_ONLY = "url must be an http:// or https:// URL (bulk mode takes URLs only)"
 _BAD_SCHEME = (
     "url must be an http:// or https:// URL, a file:// URL, a data:image/<ext>;base64, URI"
@@ -166,6 +172,8 @@ def http_url(value: Any) -> str:
         if not url.startswith(("http://", "https://")):
             if _lower_scheme(url.strip()).startswith(("http://", "https://")):  # not a file
                 raise RowError("url has spaces around it (an http(s) URL holds none)")
+            if url.startswith("[") and "://" in url:  # (a gallery column: a JSON array)
+                raise RowError(_SEVERAL.format("a JSON array"))
             raise NotHttp(value)
     rest = url.split("://", 1)[1]
     host = rest.split("/", 1)[0].split("?", 1)[0]
@@ -177,6 +185,8 @@ def http_url(value: Any) -> str:
         if len(url.split()) == 1:  # (a padded cell: "https://x/a.jpg ")
             raise RowError("url has spaces around it (an http(s) URL holds none)")
         raise RowError("url holds whitespace (a space: write it as %20 in a URL)")
+    if "://" in rest and (joined := _JOINED.search(rest)):
+        raise RowError(_SEVERAL.format(f"separated by {joined[1]!r}"))
     return url
 
 

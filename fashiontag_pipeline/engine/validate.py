@@ -198,6 +198,7 @@ class Validator(JsonlRows):
                 if (
                     ident
                     and plain_url(url) is not None
+                    and url.count("://") == 1  # (a URL holding another: rules._JOINED)
                     and "\x00" not in ident
                     and len(ident) <= MAX_ID_SAFE_CHARS
                 ):

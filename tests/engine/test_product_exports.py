@@ -1,0 +1,78 @@
+"""Manifests made from a shop's product export (Shopify, Magento, a PIM), whose image column
+holds what such exports put there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args
+from .strict import StrictFront
+
+#: An image cell of several images (a product's gallery in one column), and URLs that hold
+#: another URL the way image proxies and CDNs write them (one image each).
+ROWS = [
+    ("pipe", "https://img.example/1.jpg|https://img.example/2.jpg"),
+    ("comma", "https://img.example/1.jpg,https://img.example/2.jpg"),
+    ("semicolon", "https://img.example/1.jpg;http://img.example/2.jpg"),
+    ("array", '["https://img.example/1.jpg", "https://img.example/2.jpg"]'),
+    (
+        "fetch",
+        "https://res.cloudinary.example/demo/image/fetch/w_300,h_300/https://img.example/3.jpg",
+    ),
+    ("proxied", "https://shop.imgix.example/https://img.example/4.jpg?w=300"),
+    ("query", "https://cdn.example/resize?src=https%3A%2F%2Fimg.example%2F5.jpg&w=300"),
+    ("plain", "https://img.example/6.jpg"),
+]
+SEVERAL = "url holds several URLs ({}): give each image a row of its own"
+REASONS = {
+    "pipe": SEVERAL.format("separated by '|'"),
+    "comma": SEVERAL.format("separated by ','"),
+    "semicolon": SEVERAL.format("separated by ';'"),
+    "array": SEVERAL.format("a JSON array"),
+}
+
+
+def _manifest(tmp_path: Path, kind: str) -> Path:
+    if kind == "jsonl":
+        path = tmp_path / "products.jsonl"
+        path.write_text("".join(json.dumps({"id": i, "url": u}) + "\n" for i, u in ROWS))
+        return path
+    path = tmp_path / "products.csv"
+    brand = ",brand" if kind == "csv+brand" else ""
+    lines = [f"id,url{brand}"]
+    for ident, url in ROWS:
+        cell = f'"{url.replace(chr(34), chr(34) * 2)}"' if ("," in url or '"' in url) else url
+        lines.append(f"{ident},{cell}{',acme' if brand else ''}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["csv", "csv+brand", "jsonl"])
+async def test_an_image_cell_of_several_urls_is_a_reject_saying_so(
+    tmp_path: Path, kind: str
+) -> None:
+    """A product export's gallery column (``images``: ``url1|url2``, a JSON array, Magento's
+    comma-separated ``additional_images``) given as the url: the two URLs were sent to the
+    service as one (billed, an image no host serves), or a JSON array was rejected as
+    ``local file not found: /cwd/["https://...``. Each is a reject saying the cell holds
+    several URLs; a URL that holds another the way image proxies write it is sent as it is."""
+    manifest = _manifest(tmp_path, kind)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc, StrictFront(svc.url).running() as front:
+        args = run_args(front.url, out, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), {i for i, _ in ROWS})
+    assert {r["id"]: r["reason"] for r in o.rejects} == REASONS
+    sent = {
+        r["context"]["id"]: r["image"]["content"]
+        for _, _, body in front.bodies
+        for r in body.get("taggingRequest", [])
+    }
+    assert sent == {i: u for i, u in ROWS if i not in REASONS}
