@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import re
 
-__all__ = ["urls_under_header", "what_else"]
+__all__ = ["missing_columns", "urls_under_header", "what_else"]
 
 _SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"
 #: The first bytes (as decoded with stray bytes kept) of archives a manifest may be sent as.
@@ -106,3 +106,24 @@ def urls_under_header(header: list[str], after: list[str]) -> str:
         f"is a list of URLs under a header line ({header[0].strip()}): remove that line to tag"
         " it as a URL list (each URL its own id), or add an id column (id,url)"
     )
+
+
+def missing_columns(missing: list[str], header: list[str], after: list[str]) -> str:
+    """Why a CSV whose header names no ``id`` or ``url`` (``missing``) is refused, naming the
+    columns whose first row holds URLs when ``url`` is missing: a product export given as it
+    is (Shopify's ``Image Src``, a PIM's ``image_src``) has its URLs under another name.
+    ``after``: the lines after the header (its first row may span several: a quoted cell of
+    HTML with line breaks)."""
+    why = "is neither JSONL nor a CSV with a header naming id and url"
+    why += f" (missing column: {', '.join(missing)}"
+    cells = next(csv.reader(after[:50]), [])
+    named = [
+        name.strip()
+        for name, cell in zip(header, cells, strict=False)
+        if _lower_head(cell).startswith(("http://", "https://")) and name.strip()
+    ]
+    if "url" not in missing or not named:
+        return why + ")"
+    if len(named) == 1:
+        return f"{why}; the column {named[0]} holds URLs: name it url)"
+    return f"{why}; the columns {', '.join(named)} hold URLs: name the one of the images url)"

@@ -41,7 +41,7 @@ except ImportError:  # (not on Windows)
 from .._exceptions import ManifestError
 from . import strays
 from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, cut_unnamed, header_record, unnamed_end
-from .foreign_heads import urls_under_header, what_else
+from .foreign_heads import missing_columns, urls_under_header, what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import JsonLines, JsonRows, PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
@@ -168,8 +168,7 @@ class ManifestReader(ManifestBytes):
                     + (
                         what_else(lines[skip])
                         or urls_under_header(header, lines[skip + span : skip + span + 1])
-                        or "is neither JSONL nor a CSV with a header naming id and url"
-                        f" (missing column: {', '.join(missing)})"
+                        or missing_columns(missing, header, lines[skip + span :])
                     )
                 )
             self._check_columns(names)

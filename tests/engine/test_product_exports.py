@@ -76,3 +76,42 @@ async def test_an_image_cell_of_several_urls_is_a_reject_saying_so(
         for r in body.get("taggingRequest", [])
     }
     assert sent == {i: u for i, u in ROWS if i not in REASONS}
+
+
+#: A Shopify product export (its columns as Shopify names them, one image a row; a variant's
+#: row with no image), and a PIM export naming its image column ``image_src``.
+SHOPIFY = (
+    "Handle,Title,Body (HTML),Vendor,Variant SKU,Image Src,Image Position,Variant Image\n"
+    'shirt,Shirt,"<p>Soft</p>\n<p><img src=""https://cdn.shop.example/x.gif""></p>",acme,S1,'
+    "https://cdn.shopify.example/s/files/1/a.jpg?v=1,1,\n"
+    "shirt,,,,S2,https://cdn.shopify.example/s/files/1/b.jpg?v=1,2,\n"
+)
+PIM = "sku,name,image_src\nS1,Shirt,https://img.example/1.jpg\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        (SHOPIFY, "missing column: id, url; the column Image Src holds URLs: name it url"),
+        (PIM, "missing column: id, url; the column image_src holds URLs: name it url"),
+        ("id,images\n1,https://img.example/1.jpg\n", "the column images holds URLs"),
+    ],
+)
+async def test_a_product_export_without_a_url_column_names_the_column_of_urls(
+    tmp_path: Path, text: str, hint: str
+) -> None:
+    """A product export given as it is (Shopify's ``Image Src``, a PIM's ``image_src``) was
+    refused as ``missing column: id, url``, which does not say that the URLs are there under
+    another name. The message names the column holding URLs and says to name it ``url``;
+    nothing is sent."""
+    manifest = tmp_path / "products_export_1.csv"
+    manifest.write_text(text)
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc, StrictFront(svc.url).running() as front:
+        args = run_args(front.url, out, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err[-600:]
+    assert hint in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not [b for b in front.bodies if b[0] in ("POST", "PUT")]
