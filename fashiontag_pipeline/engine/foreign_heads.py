@@ -6,10 +6,12 @@ what to do; read only when a manifest is refused.
 
 from __future__ import annotations
 
+import collections
 import csv
+import os
 import re
 
-__all__ = ["missing_columns", "urls_under_header", "what_else"]
+__all__ = ["empty_manifest", "folder_files", "missing_columns", "urls_under_header", "what_else"]
 
 _SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"
 #: The first bytes (as decoded with stray bytes kept) of archives a manifest may be sent as.
@@ -127,3 +129,38 @@ def missing_columns(missing: list[str], header: list[str], after: list[str]) -> 
     if len(named) == 1:
         return f"{why}; the column {named[0]} holds URLs: name it url)"
     return f"{why}; the columns {', '.join(named)} hold URLs: name the one of the images url)"
+
+
+def folder_files(folder: str) -> str:
+    """The pattern naming the manifests in ``folder`` (a Spark, Snowflake or BigQuery output:
+    its part files, ``part-*.csv.gz``, ``data_0_0_0.csv.gz``), by their most common suffix
+    (``.csv`` when it holds none): not its hidden files (``.crc``) or markers (``_SUCCESS``)."""
+    suffixes: collections.Counter[str] = collections.Counter()
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith((".", "_")) or not entry.is_file():
+                    continue
+                stem, dot, ext = name.rpartition(".")
+                if dot and ext.lower() == "gz":
+                    stem, dot, ext = stem.rpartition(".")
+                    ext += ".gz"
+                if dot and stem and len(ext) <= 12:
+                    suffixes[ext] += 1
+    except OSError:
+        pass
+    common = suffixes.most_common(1)
+    return f"{folder.rstrip('/')}/*.{common[0][0] if common else 'csv'}"
+
+
+def empty_manifest(name: str) -> str:
+    """Why the manifest ``name``, empty, is refused: a Spark (Hadoop) job's ``_SUCCESS``
+    marker (``fashiontag run out.csv/*``) is named as one, with the part files to give."""
+    if os.path.basename(name) != "_SUCCESS":
+        return f"manifest {name} is empty"
+    folder = os.path.dirname(name) or "."
+    return (
+        f"manifest {name} is empty: a Spark (Hadoop) job's _SUCCESS marker, no manifest;"
+        f" give the part files ({folder_files(folder)} ...)"
+    )

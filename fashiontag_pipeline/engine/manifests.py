@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from .._exceptions import ManifestError
+from .foreign_heads import folder_files
 
 __all__ = [
     "STDIN",
@@ -87,7 +88,7 @@ def check_readable_twice(path: str) -> None:
     if stat.S_ISDIR(mode):
         raise ManifestError(
             f"manifest {path} is a folder, not a file: give the manifests in it"
-            f" (fashiontag run {path.rstrip('/')}/*.csv ...)"
+            f" (fashiontag run {folder_files(path)} ...)"
         )
     if not stat.S_ISREG(mode):
         # A pipe (``<(cat m.csv)``, a FIFO) would be read to its end here and found empty by

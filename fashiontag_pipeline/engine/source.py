@@ -41,7 +41,7 @@ except ImportError:  # (not on Windows)
 from .._exceptions import ManifestError
 from . import strays
 from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, cut_unnamed, header_record, unnamed_end
-from .foreign_heads import missing_columns, urls_under_header, what_else
+from .foreign_heads import empty_manifest, missing_columns, urls_under_header, what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import JsonLines, JsonRows, PlainRows, RowBatch
 from .rules import CONTEXT_FIELDS
@@ -107,7 +107,7 @@ class ManifestReader(ManifestBytes):
         while True:
             data = self._next_records()
             if data is None:
-                raise ManifestError(f"manifest {self.name} is empty")
+                raise ManifestError(empty_manifest(self.name))
             text, dirty = strays.decode(data, "utf-8-sig" if self._line == 0 else "utf-8")
             if self._line == 0:  # (a BOM written twice: one kept as text, then saved with one)
                 text = text.lstrip("\ufeff")

@@ -70,3 +70,45 @@ async def test_a_sql_null_written_backslash_n_is_no_value(tmp_path: Path, given:
         "p2": {"id": "p2", "brand": "acme"},
         "p6": {"id": "p6", "detection": ["SHOES"]},
     }
+
+
+def _spark_folder(folder: Path, suffix: str) -> list[Path]:
+    """A Spark (Databricks) ``df.write.csv(folder, header=True)`` output: part files, the
+    ``_SUCCESS`` marker (empty) and a hidden ``.crc`` beside each."""
+    folder.mkdir()
+    parts = []
+    for n in range(2):
+        part = folder / f"part-0000{n}-3f2a9c1e-8d7b-4e2f-9a61-5c0d2b7e4f18-c000{suffix}"
+        data = f"id,url\np{n},https://img.example/{n}.jpg\n".encode()
+        if suffix == ".json":  # (df.write.json: JSON lines)
+            data = f'{{"id":"p{n}","url":"https://img.example/{n}.jpg"}}\n'.encode()
+        part.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+        (folder / f".{part.name}.crc").write_bytes(b"crc\x00\x00\x00\x01")
+        parts.append(part)
+    (folder / "_SUCCESS").write_bytes(b"")
+    (folder / "._SUCCESS.crc").write_bytes(b"crc\x00")
+    return parts
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".json"])
+async def test_a_spark_output_folder_is_refused_saying_which_files_to_give(
+    tmp_path: Path, suffix: str
+) -> None:
+    """``fashiontag run out.csv/`` (Spark's output folder): it said to give ``out.csv/*.csv``,
+    which names none of the files when the parts are ``.csv.gz`` (``compression=gzip``) or
+    ``.json`` (the shell passes the pattern on, a "No such file" error); and ``out.csv/*``
+    was refused as ``manifest out.csv/_SUCCESS is empty``, not saying that file is no
+    manifest. Both name the part files to give; nothing is sent."""
+    folder = tmp_path / "out.csv"
+    parts = _spark_folder(folder, suffix)
+    out = tmp_path / "results.jsonl"
+    pattern = f"{folder}/*{suffix}"
+    assert sorted(folder.glob(f"*{suffix}")) == parts  # (the pattern the message says)
+    for given in ([str(folder)], [*map(str, parts), str(folder / "_SUCCESS")]):
+        args = run_args("http://127.0.0.1:9", out, *given)
+        result = await anyio.run_process(args, check=False, env=ENV)
+        err = result.stderr.decode()
+        assert result.returncode == 1, err
+        assert pattern in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    assert "_SUCCESS" in err and "marker" in err, err
