@@ -76,6 +76,15 @@ REPEATED_HEADER = (
 )
 
 
+#: Why a row has more fields than the header when a field before a comma ends with a
+#: backslash: an unquoted value's comma escaped, as Snowflake's ``COPY INTO`` writes it
+#: without ``FIELD_OPTIONALLY_ENCLOSED_BY`` (a CSV reader splits the value there).
+ESCAPED_COMMA = (
+    " (a comma escaped as \\, in an unquoted field: Snowflake's ESCAPE_UNENCLOSED_FIELD; unload"
+    " with FIELD_OPTIONALLY_ENCLOSED_BY = '\"')"
+)
+
+
 def _repeats_header(fields: list[str], header: list[str]) -> bool:
     """Whether a row's fields are the header's names (in any case, a BOM or spaces around
     them): the header line of a part file that follows another in the same input."""
@@ -260,7 +269,11 @@ class Validator(JsonlRows):
             if len(fields) != width:
                 if len(fields) > i_id:
                     ident = fields[i_id] or None
-                raise RowError(f"row has {len(fields)} fields, the header has {width}")
+                escaped = len(fields) > width and any(f.endswith("\\") for f in fields[:-1])
+                raise RowError(
+                    f"row has {len(fields)} fields, the header has {width}"
+                    + (ESCAPED_COMMA if escaped else "")
+                )
             ident = fields[i_id]
             if not ident:
                 ident = None

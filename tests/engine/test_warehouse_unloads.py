@@ -112,3 +112,39 @@ async def test_a_spark_output_folder_is_refused_saying_which_files_to_give(
         assert pattern in err, err
         assert len(err.strip().splitlines()) == 1, err
     assert "_SUCCESS" in err and "marker" in err, err
+
+
+async def test_a_comma_escaped_with_a_backslash_is_a_reject_saying_how_to_unload(
+    tmp_path: Path,
+) -> None:
+    """A Snowflake unload without ``FIELD_OPTIONALLY_ENCLOSED_BY`` (its default) escapes a
+    comma in a value with a backslash (``ESCAPE_UNENCLOSED_FIELD``): a brand ``Dolce\\,
+    Gabbana``, a Cloudinary URL's ``w_300\\,h_300``. Each such row was a reject saying only
+    ``row has 4 fields, the header has 3``, which does not say why. The reason names the
+    escaped comma and how to unload the file instead; the other rows are tagged."""
+    manifest = tmp_path / "data_0_0_0.csv.gz"
+    manifest.write_bytes(
+        gzip.compress(
+            b"ID,URL,BRAND\n"
+            b"p1,https://res.cloudinary.example/image/upload/w_300\\,h_300/a.jpg,acme\n"
+            b"p2,https://img.example/2.jpg,Dolce\\, Gabbana\n"
+            b"p3,https://img.example/3.jpg,acme\n"
+            b"p4,https://img.example/4.jpg,acme,x\n"
+        )
+    )
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    assert [r["id"] for r in o.results] == ["p3"]
+    escaped = (
+        "row has 4 fields, the header has 3 (a comma escaped as \\, in an unquoted field:"
+        " Snowflake's ESCAPE_UNENCLOSED_FIELD; unload with FIELD_OPTIONALLY_ENCLOSED_BY = '\"')"
+    )
+    assert [(r["id"], r["reason"]) for r in o.rejects] == [
+        ("p1", escaped),
+        ("p2", escaped),
+        ("p4", "row has 4 fields, the header has 3"),
+    ]
