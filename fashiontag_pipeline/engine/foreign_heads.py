@@ -14,6 +14,15 @@ import re
 __all__ = ["empty_manifest", "folder_files", "missing_columns", "urls_under_header", "what_else"]
 
 _SAVE_AS_CSV = "save it as CSV UTF-8 (comma delimited)"
+#: What to do with a file separated by semicolons: Excel writes its region's list separator
+#: (``;`` where numbers take a decimal comma) in a "CSV UTF-8 (Comma delimited)" file, so
+#: saving it so again gives the same file. A command that converts it, quoted cells and all.
+_SEMICOLONS = (
+    "Excel writes the list separator of its region's settings (; where numbers take a decimal"
+    " comma) whatever the format's name; convert it, python3 -c \"import csv;"
+    " csv.writer(open(1, 'w', encoding='utf-8', newline='')).writerows(csv.reader(open(0,"
+    " encoding='utf-8-sig', newline=''), delimiter=';'))\" < IN.csv > OUT.csv"
+)
 #: The first bytes (as decoded with stray bytes kept) of archives a manifest may be sent as.
 _ARCHIVES = (
     (re.compile("PK\x03\x04"), "a ZIP archive (an .xlsx workbook, or a zipped export)"),
@@ -81,7 +90,7 @@ def what_else(line: str) -> str:
         )
     for sep, what in ((";", "separated by semicolons"), ("\t", "tab-separated")):
         if {"id", "url"} <= {c.strip().strip('"').lower() for c in text.split(sep)}:
-            return f"is {what}, not commas: {_SAVE_AS_CSV}"
+            return f"is {what}, not commas: {_SEMICOLONS if sep == ';' else _SAVE_AS_CSV}"
     if any(_lower_head(f).startswith(("http://", "https://")) for f in next(csv.reader([text]))):
         return (
             "has no header: its first line is a row (a URL in it); add a first line naming"
@@ -90,7 +99,8 @@ def what_else(line: str) -> str:
     for sep, what in (("\t", "tab-separated"), (";", "separated by semicolons")):
         if any(_lower_head(f).startswith(("http://", "https://")) for f in text.split(sep)):
             # (a database dump: MySQL's INTO OUTFILE, PostgreSQL's COPY in its text format)
-            return f"is {what}, with no header: {_SAVE_AS_CSV}, its first line naming the columns"
+            fix = _SEMICOLONS + ", and add" if sep == ";" else _SAVE_AS_CSV + ","
+            return f"is {what}, with no header: {fix} a first line naming the columns (id,url)"
     return ""
 
 

@@ -4,6 +4,7 @@ holds what such exports put there."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import anyio
@@ -115,3 +116,37 @@ async def test_a_product_export_without_a_url_column_names_the_column_of_urls(
     assert hint in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not [b for b in front.bodies if b[0] in ("POST", "PUT")]
+
+
+@pytest.mark.parametrize("header", [True, False])
+async def test_the_fix_said_for_a_semicolon_csv_gives_a_manifest(
+    tmp_path: Path, header: bool
+) -> None:
+    """Excel in a region whose numbers take a decimal comma (Germany, France, ...) writes
+    ``;`` between the cells of a "CSV UTF-8 (Comma delimited)" file. Refused, such a file was
+    told to be saved "as CSV UTF-8 (comma delimited)": what it already was, so the same
+    export gave the same file and the same error. The message says why Excel wrote
+    semicolons and gives a command that converts the file; that command, run as given, makes
+    a manifest whose rows are tagged, their ids as they were."""
+    rows = '00123;https://img.example/1.jpg;"Dolce; Gabbana"\r\n0042;https://img.example/2.jpg;\r\n'
+    manifest = tmp_path / "Katalog.csv"
+    manifest.write_bytes(b"\xef\xbb\xbf" + (("id;url;brand\r\n" if header else "") + rows).encode())
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV
+        )
+        err = result.stderr.decode()
+        assert result.returncode == 1, err
+        assert "region" in err, err
+        command = err.split("; convert it, ", 1)[1].split(" < ", 1)[0]
+        converted = tmp_path / "Katalog-commas.csv"
+        with manifest.open("rb") as src, converted.open("wb") as dst:
+            subprocess.run(command, shell=True, stdin=src, stdout=dst, check=True)
+        if not header:
+            converted.write_bytes(b"id,url,brand\n" + converted.read_bytes())
+        args = run_args(svc.url, out, str(converted))
+        result = await anyio.run_process(args, check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), {"00123", "0042"})
+    assert o.rejects == []
