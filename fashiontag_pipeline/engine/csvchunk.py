@@ -134,6 +134,7 @@ class CsvChunk:
     def __init__(self, text: str, *, last: bool) -> None:
         self._lines = csv_lines(text)
         self._nulls = SQL_NULL in text
+        self._escapes = '\\"' in text  # (maybe a quote escaped as Spark writes it: rows)
         self._count = len(self._lines)
         self._last = last
         #: The line the reader started at (0, or the line after a refused record).
@@ -215,11 +216,31 @@ class CsvChunk:
                 self.consumed = start + 1
                 reader = self._reader = self._read_from(start + 1)
                 continue
+            if (
+                self._escapes
+                and type(fields) is list
+                and _escaped_quote(self._lines[start:][:span])
+            ):
+                fields = ESCAPED_QUOTE
             if fields:
                 if self._nulls and SQL_NULL in fields:
                     fields = ["" if f == SQL_NULL else f for f in fields]
                 append((base + start + 1, fields))
         return rows
+
+
+#: The reject of a row whose quoted field holds a quote escaped with a backslash, which the
+#: csv module, lenient, reads as the field's end (``"Levi\\"s"`` read as ``Levi\\s"``).
+ESCAPED_QUOTE = (
+    'not a valid CSV row: a quote escaped with a backslash (\\") in a quoted field, as Spark'
+    ' writes CSV by default: write it with the option escape set to \'"\' (a quote doubled, "")'
+)
+
+
+def _escaped_quote(lines: list[str]) -> bool:
+    """Whether a record's ``lines`` hold a quote escaped with a backslash (``\\"``) that
+    breaks the quoting rules (a quoted field's end followed by more text): Spark's CSV."""
+    return any('\\"' in line for line in lines) and _misquoted(lines) > 0
 
 
 def _misquoted(lines: list[str]) -> int:

@@ -148,3 +148,38 @@ async def test_a_comma_escaped_with_a_backslash_is_a_reject_saying_how_to_unload
         ("p2", escaped),
         ("p4", "row has 4 fields, the header has 3"),
     ]
+
+
+async def test_a_quote_escaped_with_a_backslash_is_a_reject_not_a_changed_value(
+    tmp_path: Path,
+) -> None:
+    """Spark (Databricks) writes CSV with ``escape`` ``\\`` by default: a brand ``Levi"s`` is
+    ``"Levi\\"s"``, a keyword ``32" waist`` is ``"32\\" waist"``. The csv module, lenient,
+    read the first as ``Levi\\s"`` and sent that to the service (a silent wrong value), and a
+    value holding a comma after the quote split its row. Such a row is a reject naming the
+    escaped quote and how to write the file; the other rows are tagged."""
+    part = tmp_path / "part-00000-3f2a9c1e-8d7b-4e2f-9a61-5c0d2b7e4f18-c000.csv"
+    part.write_bytes(
+        b"id,url,brand,keywords\n"
+        b'p1,https://img.example/1.jpg,"Levi\\"s",denim\n'
+        b'p2,https://img.example/2.jpg,acme,"shirt, ""oxford"""\n'
+        b'p3,https://img.example/3.jpg,acme,"jeans, 32\\" waist"\n'
+        b'p4,https://img.example/4.jpg,acme,"C:\\\\"\n'
+    )
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc, StrictFront(svc.url).running() as front:
+        result = await anyio.run_process(run_args(front.url, out, str(part)), check=False, env=ENV)
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    o = read_outcomes(out, out.with_suffix(".rej"))
+    assert sorted(r["id"] for r in o.results) == ["p2", "p4"]
+    assert [(r["line"], r["reason"]) for r in o.rejects] == [(2, ESCAPED), (4, ESCAPED)]
+    assert _sent(front) == {
+        "p2": {"id": "p2", "brand": "acme", "keywords": 'shirt, "oxford"'},
+        "p4": {"id": "p4", "brand": "acme", "keywords": "C:\\\\"},
+    }
+
+
+ESCAPED = (
+    'not a valid CSV row: a quote escaped with a backslash (\\") in a quoted field, as Spark'
+    ' writes CSV by default: write it with the option escape set to \'"\' (a quote doubled, "")'
+)
