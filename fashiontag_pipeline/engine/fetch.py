@@ -277,7 +277,7 @@ class PageFetcher:
                 # (Results under the spec's key, none a tagging result: "another key" sent
                 # whoever read it looking for a renamed field.)
                 else f"its {len(came):,} results came with no tagging result object (no JSON"
-                f" object, or a status that is no text: {next(iter(came.values())) or 'none'})."
+                f" object: {next(iter(came.values())) or 'none'})."
             )
             raise FatalRunError(
                 f"the service has given no result yet: {self._empty_tasks} done tasks, their"

@@ -72,7 +72,8 @@ class NotAPage(ValueError):
 
 
 class _Status(msgspec.Struct, gc=False):
-    status: str = ""
+    #: Any JSON value: a status that is no text (``1``) is a failure's, not a result's absence.
+    status: Any = ""
 
 
 class _NumberedRow(msgspec.Struct, rename="camel", gc=False):
@@ -260,8 +261,9 @@ def screen(rows: list[PageRow]) -> tuple[list[PageRow], bool]:
     The usual page (every row a success) costs the one regex pass of :func:`count_outcomes`,
     whose work it saves (see :meth:`~.state.Journal.commit`'s ``all_success``); on any other
     page each row is classified as :func:`success_flags` does, and a row whose result is not an
-    object (``null``, a string, none at all, or a ``status`` that is not a string) is left
-    out."""
+    object (``null``, a string, none at all) is left out. An object whose ``status`` is no
+    string (``"status": 1``) is the service's answer for its image, a failure (DESIGN: any
+    status but ``success``): left out, its row was sent (and billed) again on every task."""
     raws = _raws(rows)
     if _all_success(raws) is not None:
         return rows, True
@@ -272,7 +274,8 @@ def screen(rows: list[PageRow]) -> tuple[list[PageRow], bool]:
 
 
 def _status_of(raw: msgspec.Raw) -> bytes | None:
-    """The ``status`` of a tagging result (b"" when it has none), None when it is not one."""
+    """The ``status`` of a tagging result (b"" when it has none or it is no string), None when
+    it is not one (no JSON object)."""
     found = _STATUS_FIRST.match(raw)
     if found is None:
         n = len(raw)
@@ -281,11 +284,12 @@ def _status_of(raw: msgspec.Raw) -> bytes | None:
         status: bytes = found.group(1)
         return status
     try:
-        return _status_decoder.decode(raw).status.encode()
-    except msgspec.DecodeError:  # not an object, or its status is not a string
+        status = _status_decoder.decode(raw).status
+    except msgspec.DecodeError:  # not an object
         return None
     except UnicodeDecodeError:  # a status not in UTF-8 (ISO-8859-1): no success, U+FFFD in it
         return _status_of(msgspec.Raw(bytes(raw).decode("utf-8", "replace").encode()))
+    return status.encode() if isinstance(status, str) else b""
 
 
 def result_status(raw: msgspec.Raw) -> str:

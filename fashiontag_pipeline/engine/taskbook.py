@@ -36,9 +36,9 @@ class TaskEntry:
     #: :attr:`sent` by the keys of ids a service changes (built when a result comes under an
     #: id never sent to the task).
     matcher: IdMatcher | None = None
-    #: Ids whose results came without a tagging result object (``null``, text, a status that
-    #: is no text), each with the start of what came (None: none such): the reject of such a
-    #: row, once sent ``max_sends`` times, says so rather than "never returned".
+    #: Ids whose results came without a tagging result object (``null``, text, a list), each
+    #: with the start of what came (None: none such): the reject of such a row, once sent
+    #: ``max_sends`` times, says so rather than "never returned".
     no_result: dict[str, str] | None = None
     #: Offsets of the pages that came short of new rows (read again when rows are missing).
     deficient: set[int] = field(default_factory=set)

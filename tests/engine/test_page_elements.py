@@ -16,8 +16,9 @@ Found by a hunt, each failing before its fix:
   within a task), its count past the rows written: the task was read only as far as those
   rows, and one page past them; the rows the doubled block pushed further were sent (and
   billed) again.
-* **Done tasks whose every result is no tagging result** (a ``status`` as a number): the
-  stop said the results were perhaps under another key; it says what came.
+* **Results whose ``status`` is a number** (``"status": 1``, every one): each was left out
+  as no result, task 1's rows were sent (and billed) again and the run stopped after two
+  tasks, every night alike; each is written as it came and counted failed.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .helpers import (
     assert_exactly_once,
     client_config,
     ids_of,
+    read_outcomes,
     run_args,
     run_through,
     write_csv,
@@ -162,11 +164,13 @@ async def test_done_tasks_whose_every_page_holds_no_result_stop_the_run(tmp_path
 
 
 class NumberedStatuses(MisbehavingProxy):
-    """The misbehaving proxy whose results, every one, say their ``status`` as a number (200
-    for a success, 500 for a failure): results under the spec's key, none a tagging result."""
+    """The misbehaving proxy whose results, every one, say their ``status`` as a number
+    (``success`` -> ``ok``, ``failure`` -> ``bad``): results under the spec's key, each a
+    tagging result object whose status is no text."""
 
-    def __init__(self) -> None:
+    def __init__(self, ok: int, bad: int) -> None:
         super().__init__("", Misbehaviour())
+        self.ok, self.bad = ok, bad
 
     def _rewrite(
         self, method: str, path: str, task_id: str | None, status: int, payload: bytes
@@ -183,27 +187,32 @@ class NumberedStatuses(MisbehavingProxy):
         page = json.loads(out)
         for row in page["data"]["results"]:
             result = row["taggingResult"]
-            result["status"] = 200 if result["status"] == "success" else 500
+            result["status"] = self.ok if result["status"] == "success" else self.bad
         return json.dumps(page).encode()
 
 
-async def test_done_tasks_whose_results_are_no_tagging_results_stop_the_run_saying_so(
-    tmp_path: Path,
+@pytest.mark.parametrize(("ok", "bad"), [(1, 0), (200, 500)])
+async def test_results_whose_status_is_a_number_are_written_as_failures_and_never_resent(
+    tmp_path: Path, ok: int, bad: int
 ) -> None:
-    """Every result comes under the spec's key with a ``status`` that is a number: the run
-    stopped saying the results were perhaps "under another key", which sent whoever read it
-    looking for a renamed field; it says the results came with no tagging result object and
-    quotes one."""
+    """Every result comes under the spec's key, a tagging result object whose ``status`` is a
+    number (``"status": 1``): each was left out as no result, so task 1's rows were sent (and
+    billed) again, and the run stopped after two tasks, every night alike. Each is the
+    service's answer for its image: written as it came, counted failed (DESIGN: any status
+    but ``success`` is a failure), and no row is sent twice."""
     manifest = write_csv(tmp_path / "m.csv", 2000)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
-    proxy = NumberedStatuses()
+    proxy = NumberedStatuses(ok, bad)
     async with running_service(ServiceConfig()) as svc:
         proxy.upstream = svc.url
         async with proxy.running():
-            with pytest.raises(FatalRunError, match="no result") as stopped:
-                await _run(manifest, proxy.url, out, rej)
-    assert "no tagging result object" in str(stopped.value)
-    assert '"status": 200' in str(stopped.value)
+            summary = await _run(manifest, proxy.url, out, rej)
+        assert svc.store.image_count == 2000  # none sent twice
+    assert summary.complete and summary.unsettled == 0 and summary.resent == 0
+    assert summary.failed == 2000 and summary.tagged == 0
+    o = read_outcomes(out, rej)  # (assert_exactly_once takes the spec's statuses only)
+    assert sorted(o.ids) == sorted(ids_of(2000)) and not o.rejects
+    assert {r["taggingResult"]["status"] for r in o.results} <= {ok, bad}
 
 
 async def test_a_resume_goes_on_when_the_tasks_that_stopped_the_run_still_give_nothing(

@@ -46,6 +46,9 @@ NO_STATUS = {"error": {"code": 3001, "message": "image could not be fetched"}}
 #: A failure whose code is past SQLite's 64-bit integers (a service that numbers its errors
 #: with a hash, or a UUID as a number): the SQLite sink raised OverflowError writing its page.
 HUGE_CODE = {"status": "failure", "error": {"code": 2**70 + 1, "message": "x"}}
+#: A result whose status is a number (a service that numbers its statuses): a failure, as any
+#: status but ``success`` (it was left out as no result, its row sent again every time).
+NUMBERED = {"status": 1, "data": {"objects": []}}
 #: The same past int64 yet within uint64 (what the typed model takes).
 UINT64_CODE = {"status": "failure", "error": {"code": 2**64 - 1, "message": "x"}}
 
@@ -60,6 +63,8 @@ UINT64_CODE = {"status": "failure", "error": {"code": 2**64 - 1, "message": "x"}
         ("jsonl", HUGE_CODE, None),
         ("sqlite", HUGE_CODE, ("failure", None, None)),
         ("sqlite", UINT64_CODE, ("failure", None, None)),
+        ("jsonl", NUMBERED, None),
+        ("sqlite", NUMBERED, ("", None, None)),
     ],
 )
 async def test_a_result_of_another_shape_is_written_by_every_sink(
@@ -197,16 +202,14 @@ async def test_the_sqlite_category_and_item_are_read_from_a_result_of_another_sh
     assert row == ("success", "Tops", "T-shirt", *columns)
 
 
-@pytest.mark.parametrize(
-    ("given", "shown"), [("tagged", '"tagged"'), ({"status": 1}, '{"status": 1}')]
-)
+@pytest.mark.parametrize(("given", "shown"), [("tagged", '"tagged"'), ([1], "[1]")])
 async def test_a_row_whose_result_is_never_an_object_is_rejected_saying_so(
     tmp_path: Path, given: object, shown: str
 ) -> None:
-    """A row the service answers every time with a tagging result that is no object (or whose
-    status is no text): sent ``max_sends`` times, it was written as a reject saying it was
-    "never returned" by the service, which had returned it each time: whoever read the
-    rejects asked the service's owners about rows it lost. The reason says what came."""
+    """A row the service answers every time with a tagging result that is no object: sent
+    ``max_sends`` times, it was written as a reject saying it was "never returned" by the
+    service, which had returned it each time: whoever read the rejects asked the service's
+    owners about rows it lost. The reason says what came."""
     manifest = write_csv(tmp_path / "m.csv", 20)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     rules = Misbehaviour(results_given={"p3": given})

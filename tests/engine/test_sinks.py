@@ -113,9 +113,9 @@ def test_a_page_escaping_half_a_surrogate_pair_is_read_with_the_replacement_char
 
 
 def test_rows_without_a_tagging_result_object_are_screened_out() -> None:
-    """``null``, a string, a number, a result with a non-string status and no result at all
-    are no outcome: :func:`screen` leaves them out (the pagers send their rows again), keeps
-    every object as it is, and says whether all it kept are successes."""
+    """``null``, a string, a number and no result at all are no outcome: :func:`screen` leaves
+    them out (the pagers send their rows again), keeps every object as it is (one whose status
+    is no string is a failure), and says whether all it kept are successes."""
     body = (
         b'{"status":"success","data":{"results":['
         b'{"id":"a","taggingResult":{"status":"success","data":{}}},'
@@ -129,9 +129,9 @@ def test_rows_without_a_tagging_result_object_are_screened_out() -> None:
     )
     rows = decode_page(body)
     kept, all_success = screen(rows)
-    assert [r.id for r in kept] == ["a", "g", "h"] and not all_success
+    assert [r.id for r in kept] == ["a", "e", "g", "h"] and not all_success
     assert success_flags(rows) == [True] + [False] * 7  # never raises, whatever a row holds
-    assert count_outcomes(kept) == (1, 2)
+    assert count_outcomes(kept) == (1, 3)
     good = [r for r in rows if r.id == "a"] * 3
     assert screen(good) == (good, True)
     assert screen([]) == ([], True)
