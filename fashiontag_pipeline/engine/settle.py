@@ -16,7 +16,9 @@ store until the task is drained:
 A row is sent at most ``max_sends`` times in all: each chunk's body counts the sends before it,
 and rows still without an outcome after the last become rejects of stage ``unreturned`` (a
 service that takes a row and never returns it would otherwise have it sent forever, and the run
-never end).
+never end). Rows the service answered, on their second send or later, with a tagging result
+that is no object (``"tagged"``, a list) are such rejects then: the service answered them the
+same way twice (one send again cures a page garbled once), and each send more was billed.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 
 STAGE_EXPIRED = "expired"
 STAGE_UNRETURNED = "unreturned"
+#: Sends after which rows the service answered with no tagging result object, every one of a
+#: chunk, are rejects (see the module docstring), however many ``max_sends`` allows.
+ANSWERED_SENDS = 2
 
 
 def done_change(entry: TaskEntry) -> changes.Change:
@@ -200,7 +205,7 @@ class TaskSettler:
                 for pos, r in rows
                 if r.context.id not in seen and r.context.id not in refused and is_open(pos)
             ]
-            if missing and sends >= self.max_sends:
+            if missing and (sends >= self.max_sends or _answered_so(entry, missing, sends)):
                 await self._unreturned(entry, missing, chunk_id, sends)
             elif missing:
                 await self._resend_unwritten(missing, chunk_id, sends)
@@ -237,7 +242,8 @@ class TaskSettler:
             for ident, pos, _ in items
         ]
         logger.warning(
-            "task %s: %d rows sent %d times were never returned; written as rejects (stage %s)",
+            "task %s: %d rows sent %d times were never returned (or with no tagging result"
+            " object); written as rejects (stage %s)",
             entry.task_id,
             len(rejects),
             sends,
@@ -247,6 +253,13 @@ class TaskSettler:
         await self.journal.commit(
             rejects=rejects, settle=True, ops=changes.chunk_resolved(chunk_id)
         )
+
+
+def _answered_so(entry: TaskEntry, missing: list[Item], sends: int) -> bool:
+    """Whether ``missing``, rows sent ``sends`` times, all came back from the task with a
+    tagging result that is no object, on their second send or later."""
+    came = entry.no_result
+    return sends >= ANSWERED_SENDS and came is not None and all(i in came for i, _, _ in missing)
 
 
 def _without_result(sends: int, came: str) -> str:

@@ -209,7 +209,9 @@ async def test_a_row_whose_result_is_never_an_object_is_rejected_saying_so(
     """A row the service answers every time with a tagging result that is no object: sent
     ``max_sends`` times, it was written as a reject saying it was "never returned" by the
     service, which had returned it each time: whoever read the rejects asked the service's
-    owners about rows it lost. The reason says what came."""
+    owners about rows it lost. The reason says what came. And it was sent (and billed) five
+    times for an answer that came the same each time: a row answered so on its second send
+    is rejected then (one send again cures a page garbled once)."""
     manifest = write_csv(tmp_path / "m.csv", 20)
     out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     rules = Misbehaviour(results_given={"p3": given})
@@ -218,8 +220,11 @@ async def test_a_row_whose_result_is_never_an_object_is_rejected_saying_so(
             summary = await run_pipeline(
                 [manifest], client=client_config(proxy.url), out=out, rejects=rej, engine=FAST
             )
+        assert svc.store.image_count == 21  # p3 sent twice, not max_sends (5) times
     assert summary.complete and summary.tagged == 19 and summary.rejected == 1
+    assert summary.resent == 1
     (reject,) = read_outcomes(out, rej).rejects
+    assert "sent to the service 2 times" in reject["reason"]
     assert reject["id"] == "p3" and reject["stage"] == "unreturned"
     assert "never returned" not in reject["reason"]
     assert "no tagging result object" in reject["reason"] and shown in reject["reason"]
