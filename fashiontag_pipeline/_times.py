@@ -17,6 +17,9 @@ __all__ = ["WireTime", "format_time", "http_date", "parse_time", "retry_after", 
 WireTime = str | int | float | None
 
 
+#: The time Go writes for a ``time.Time`` left unset (.NET's ``DateTime.MinValue`` too).
+_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+
 _TIME_FORMATS = (
     "%Y-%m-%dT%H:%M:%S.%f%z",
     "%Y-%m-%dT%H:%M:%S%z",
@@ -30,9 +33,9 @@ def parse_time(value: str | float | None) -> datetime | None:
     zone), an HTTP date (``Thu, 26 Nov 2026 05:00:00 GMT``) or epoch seconds (milliseconds
     when the number is too large to be seconds), in a string or a JSON number.
 
-    A time without a zone is taken as UTC. ``None``, the empty string and the number 0 (a
-    field left unset) give ``None``; any other unparseable text raises :class:`ValueError`
-    naming it.
+    A time without a zone is taken as UTC. ``None``, the empty string, the number 0 and the
+    zero time of Go and .NET (``0001-01-01T00:00:00Z``: a field left unset) give ``None``;
+    any other unparseable text raises :class:`ValueError` naming it.
     """
     if not value:
         return None
@@ -52,9 +55,10 @@ def parse_time(value: str | float | None) -> datetime | None:
                 continue
         else:
             parsed = _other_time(text, value)
-    if parsed.tzinfo is None:
-        return parsed.replace(tzinfo=UTC)
-    return parsed.astimezone(UTC)
+    parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    # (Read as a time, a result expiry in year 1 took a 403 to a page for the results' expiry:
+    # every row an ``expired`` reject, exit 0, although the key had been refused.)
+    return None if parsed == _ZERO_TIME else parsed
 
 
 def _other_time(text: str, value: str) -> datetime:

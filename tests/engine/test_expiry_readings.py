@@ -348,3 +348,38 @@ async def test_results_read_after_their_expiry_answered_403(tmp_path: Path) -> N
     expired = [r for r in run.outcomes.rejects if r["stage"] == "expired"]
     assert len(run.outcomes.results) == 100 and len(expired) == 200
     assert run.billed == 300 and run.summary["complete"]
+
+
+class ZeroExpiryForbidden(MisbehavingProxy):
+    """A service that writes a time it has not set as Go's zero time (``resultExpiredAt``
+    ``0001-01-01T00:00:00Z``, as ``time.Time{}`` marshals), and whose every results page is
+    answered 403: the bulk key refused for reads (revoked in the night)."""
+
+    def __init__(self) -> None:
+        super().__init__("", Misbehaviour())
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request_kind(request.method, request.path) == "results":
+            body = {"status": "failure", "error": "forbidden"}
+            return web.json_response(body, status=403, headers=self._headers())
+        answer = await super().handle(request)
+        if not isinstance(answer, web.Response) or not isinstance(answer.body, bytes):
+            return answer
+        if answer.status >= 300 or not answer.body:
+            return answer
+        data = json.loads(answer.body)
+        _times_in(data, lambda value: "0001-01-01T00:00:00Z")
+        return web.json_response(data, status=answer.status)
+
+
+async def test_a_go_zero_time_is_no_expiry_of_the_results(tmp_path: Path) -> None:
+    """``resultExpiredAt`` written as Go's zero time (a field the service leaves unset) was
+    read as results that expired in year 1: a 403 to every page (the key refused) was taken
+    as their expiry, every row an ``expired`` reject, exit 0, the rows billed and their
+    results never read. The zero time is no time, as an empty one: the 403 stops the run
+    saying the key was refused, exit 1, no row rejected, and the same command resumes."""
+    run = await run_file(tmp_path, ZeroExpiryForbidden(), ServiceConfig(), 300)
+    assert run.code == 1, run.stderr
+    assert "refused" in run.stderr
+    assert not run.outcomes.rejects and not run.outcomes.results
+    assert run.billed == 300
