@@ -55,7 +55,10 @@ def parse_time(value: str | float | None) -> datetime | None:
                 continue
         else:
             parsed = _other_time(text, value)
-    parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    try:
+        parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError:  # (9999-12-31T23:59:59-05:00: past the calendar's end in UTC)
+        raise ValueError(f"unrecognised time {value!r}: out of range in UTC") from None
     # (Read as a time, a result expiry in year 1 took a 403 to a page for the results' expiry:
     # every row an ``expired`` reject, exit 0, although the key had been refused.)
     return None if parsed == _ZERO_TIME else parsed

@@ -383,3 +383,22 @@ async def test_a_go_zero_time_is_no_expiry_of_the_results(tmp_path: Path) -> Non
     assert "refused" in run.stderr
     assert not run.outcomes.rejects and not run.outcomes.results
     assert run.billed == 300
+
+
+@pytest.mark.parametrize("written", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+01:00"])
+async def test_a_time_past_the_ends_of_the_calendar_in_utc(tmp_path: Path, written: str) -> None:
+    """Every time of the answers written at an end of the calendar in a zone that puts it
+    past that end in UTC (``9999-12-31T23:59:59-05:00``: "never expires" in a service's local
+    zone): the task list, status and writes ended on a traceback (OverflowError), exit 1,
+    nothing tagged, every night the same. Such a time is one the client cannot read: an
+    unknown expiry, as any other (the spec's is assumed)."""
+
+    def far(kind: str, data: Any) -> Any:
+        _times_in(data, lambda value: written)
+        return data
+
+    run = await run_file(tmp_path, Rewriting(far), ServiceConfig(), 300)
+    assert run.code == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    assert len(run.outcomes.results) == 300 and not run.outcomes.rejects
+    assert run.billed == 300
