@@ -215,15 +215,33 @@ class Validation(msgspec.Struct, gc=False):
     failure: int = 0
 
 
+if TYPE_CHECKING:
+    WireTaskId = str
+    WireObject = dict[str, Any]
+    WireText = str
+else:
+    #: A task id as services send it: the spec's string, or a JSON integer (services that
+    #: number their resources). ``__post_init__`` makes an integer its decimal text, the ``str``
+    #: the type checker is told about (``/bulk/42`` and ``"taskId": "42"``: the same task).
+    WireTaskId = str | int
+    #: A failure echo's field, or ``null`` (a Go nil map or pointer): ``FailureItem`` drops it.
+    WireObject = dict[str, Any] | None
+    WireText = str | None
+
+
 class FailureItem(msgspec.Struct, rename="camel", gc=False):
     """One request that failed validation, echoed back with the reason.
 
     The echo is kept as plain JSON values: it repeats what was sent, including what made it
-    invalid, so it cannot be held to the request's own types.
+    invalid, so it cannot be held to the request's own types (a ``null`` field: absent).
     """
 
-    request: dict[str, Any] = {}
-    error_message: str = ""
+    request: WireObject = {}
+    error_message: WireText = ""
+
+    def __post_init__(self) -> None:
+        self.request = self.request or {}
+        self.error_message = self.error_message or ""
 
     @property
     def context_id(self) -> str | None:
@@ -240,21 +258,10 @@ class FailureItem(msgspec.Struct, rename="camel", gc=False):
 
 
 if TYPE_CHECKING:
-    WireTaskId = str
-else:
-    #: A task id as services send it: the spec's string, or a JSON integer (services that
-    #: number their resources). msgspec decodes either; ``__post_init__`` makes an integer its
-    #: decimal text, so the rest of the client only ever sees the ``str`` the type checker is
-    #: told about (``/bulk/42`` and ``"taskId": "42"`` are then the same task).
-    WireTaskId = str | int
-
-
-if TYPE_CHECKING:
     WireFailures = list[FailureItem]
 else:
-    #: An array of a bulk answer: the spec's, or ``null`` for an empty one (a Go service's
-    #: nil slice). ``__post_init__`` makes ``null`` the empty list the type checker is told
-    #: about (an empty task list so written was "not the expected JSON": the run gave up).
+    #: A bulk answer's array, or ``null`` for an empty one (a Go nil slice): ``__post_init__``
+    #: makes it the empty list the type checker is told of (it was "not the expected JSON").
     WireFailures = list[FailureItem] | None
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import msgspec
+import pytest
 from aiohttp import web
 
 from fashiontag_pipeline import TaggerClient
@@ -363,3 +364,62 @@ async def test_a_failure_status_on_a_write_that_took_rows(tmp_path: Path) -> Non
     assert billed == 299, (billed, summary)
     o = assert_exactly_once(out, rej, ids_of(300))
     assert [r["id"] for r in o.rejects] == ["p150"], o.rejects
+
+
+class NulledFailures(MisbehavingProxy):
+    """A write's ``failureList`` entries with ``null`` in place of what the service did not
+    fill in (a Go service's nil pointer or map: ``field`` of each entry, or of its
+    ``request``, written ``null``)."""
+
+    def __init__(self, rules: Misbehaviour, nulled: tuple[str, ...]) -> None:
+        super().__init__("", rules)
+        self.nulled = nulled
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if request.method not in ("POST", "PUT") or not isinstance(answer, web.Response):
+            return answer
+        if answer.status >= 300 or not isinstance(answer.body, bytes):
+            return answer
+        data = json.loads(answer.body)
+        for failure in data.get("failureList") or []:
+            node = failure
+            *path, last = self.nulled
+            for key in path:
+                node = node[key]
+            node[last] = None
+        return web.json_response(data, status=answer.status)
+
+
+@pytest.mark.parametrize(
+    "nulled",
+    [("errorMessage",), ("request", "image"), ("request", "context", "brand")],
+    ids=["message", "image", "brand"],
+)
+async def test_a_refusal_with_null_fields_in_its_failure_list(
+    tmp_path: Path, nulled: tuple[str, ...]
+) -> None:
+    """Row ``p3`` refused, its ``failureList`` entry holding ``null`` where the service left a
+    field unset (its message, the echoed image or a context field): the whole write's answer
+    was unreadable, so each write holding a refused row was taken as of unknown fate, looked
+    for by its token in the task list and retried. The answer is read (a ``null`` message as
+    none given): ``p3`` is the service's reject, every other row tagged, none sent again."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = NulledFailures(Misbehaviour(always_refused={"p3"}), nulled)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+        billed = svc.store.image_count
+    o = assert_exactly_once(out, rej, ids_of(300))
+    assert summary.complete and [r["id"] for r in o.rejects] == ["p3"]
+    assert o.rejects[0]["stage"] == "server-validation"
+    assert summary.ambiguous_writes == 0 and summary.resent == 0 and billed == 299
