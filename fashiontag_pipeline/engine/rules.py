@@ -148,6 +148,9 @@ PLAIN_URL = re.compile(r"https?://[^/?\s]\S*")
 #: has a slash or ``=`` before it: one image.) Fast paths taking URLs by :data:`PLAIN_URL`
 #: send on only a block with one ``://`` a URL, the others checked here.
 _JOINED = re.compile(r"([|,;])[Hh][Tt][Tt][Pp][Ss]?://")
+#: The same spaced as exports write it (WooCommerce's ``url1, url2``, ``url1 | url2``, URLs
+#: separated by spaces alone): told to write its space as %20, such a cell was sent as one URL.
+_SPACED = re.compile(r"\s*([|,;])\s*[Hh][Tt][Tt][Pp][Ss]?://|\s+[Hh][Tt][Tt][Pp][Ss]?://")
 _SEVERAL = "url holds several URLs ({}): give each image a row of its own"
 _BULK_ONLY = "url must be an http:// or https:// URL (bulk mode takes URLs only)"
 _BAD_SCHEME = (
@@ -165,6 +168,8 @@ def http_url(value: Any) -> str:
     ``HTTPS://`` is sent as ``https://``); NotHttp for another kind of image (the caller may
     route it); RowError for a bad or missing URL."""
     if not isinstance(value, str) or not value:
+        if isinstance(value, list) and value:  # (a JSON export's list of images)
+            raise RowError(_SEVERAL.format("a JSON array"))
         raise RowError("url is missing")
     url: str = value
     if not url.startswith(("http://", "https://")):
@@ -184,6 +189,8 @@ def http_url(value: Any) -> str:
     if url.split() != [url]:  # (a file name with a space: Blue Shirt.jpg)
         if len(url.split()) == 1:  # (a padded cell: "https://x/a.jpg ")
             raise RowError("url has spaces around it (an http(s) URL holds none)")
+        if spaced := _SPACED.search(rest):
+            raise RowError(_SEVERAL.format(f"separated by {spaced[1] or ' '!r}"))
         raise RowError("url holds whitespace (a space: write it as %20 in a URL)")
     if "://" in rest and (joined := _JOINED.search(rest)):
         raise RowError(_SEVERAL.format(f"separated by {joined[1]!r}"))

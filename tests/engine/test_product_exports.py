@@ -150,3 +150,47 @@ async def test_the_fix_said_for_a_semicolon_csv_gives_a_manifest(
     assert result.returncode == 0, result.stderr.decode()[-600:]
     o = assert_exactly_once(out, out.with_suffix(".rej"), {"00123", "0042"})
     assert o.rejects == []
+
+
+#: Gallery cells as exports space them (WooCommerce's Images column: ``url1, url2``), and the
+#: image list of a JSON export (a JSONL url that is an array).
+SPACED = [
+    ("comma-space", "https://img.example/1.jpg, https://img.example/2.jpg", "','"),
+    ("pipe-spaced", "https://img.example/1.jpg | https://img.example/2.jpg", "'|'"),
+    ("spaces", "https://img.example/1.jpg https://img.example/2.jpg", "' '"),
+]
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+async def test_a_gallery_cell_spaced_as_exports_write_it_is_a_reject_saying_so(
+    tmp_path: Path, kind: str
+) -> None:
+    """WooCommerce's export writes a product's images as ``url1, url2``: such a cell was a
+    reject telling the user to write the space as %20, which made ``url1,%20https://...``,
+    sent to the service (billed) as one URL. It is a reject saying the cell holds several URLs,
+    as ``url1,url2`` is; the same for a JSONL url that is an array of URLs (``url is
+    missing``, before)."""
+    rows = [(i, u) for i, u, _ in SPACED] + [("plain", "https://img.example/6.jpg")]
+    if kind == "jsonl":
+        manifest = tmp_path / "products.jsonl"
+        listed = {"id": "list", "url": ["https://img.example/1.jpg", "https://img.example/2.jpg"]}
+        manifest.write_text(
+            "".join(json.dumps({"id": i, "url": u}) + "\n" for i, u in rows)
+            + json.dumps(listed)
+            + "\n"
+        )
+    else:
+        manifest = tmp_path / "products.csv"
+        manifest.write_text("id,url\n" + "".join(f'{i},"{u}"\n' for i, u in rows))
+    out = tmp_path / "results.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            run_args(svc.url, out, str(manifest)), check=False, env=ENV
+        )
+    assert result.returncode == 0, result.stderr.decode()[-600:]
+    ids = {i for i, _ in rows} | ({"list"} if kind == "jsonl" else set())
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids)
+    expected = {i: SEVERAL.format(f"separated by {sep}") for i, _, sep in SPACED}
+    if kind == "jsonl":
+        expected["list"] = SEVERAL.format("a JSON array")
+    assert {r["id"]: r["reason"] for r in o.rejects} == expected
