@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -307,7 +308,7 @@ def _work_elsewhere(inbox: Path) -> str | None:
     rename into it gives EXDEV, and the daemon, ready, tagged nothing."""
     work = inbox / WORK_DIR
     try:
-        if os.stat(work).st_dev == os.stat(inbox).st_dev:
+        if os.stat(work).st_dev == os.stat(inbox).st_dev and not _crosses_mounts(inbox, work):
             return None
     except OSError:
         return None  # not there yet (made at start), or said by the start's mkdir
@@ -316,6 +317,26 @@ def _work_elsewhere(inbox: Path) -> str | None:
         f" another disk): a claim is a rename into it; make {WORK_DIR} a plain folder of the"
         " inbox (done/ and failed/ may be elsewhere)"
     )
+
+
+def _crosses_mounts(inbox: Path, work: Path) -> bool:
+    """Whether a rename from ``inbox`` into ``work`` (one file system: the same st_dev) gives
+    EXDEV all the same: ``work`` a bind mount (a container's second volume of the same disk,
+    a Kubernetes volume mounted again by subPath), which no rename crosses. Tried with a
+    hidden file of the inbox's own (a scan takes no hidden name), removed at once; an inbox
+    that cannot be written is left to the start to say."""
+    probe = inbox / f".fashiontag-probe-{os.getpid()}.tmp"
+    try:
+        probe.touch(exist_ok=False)
+    except OSError:
+        return False
+    try:
+        os.rename(probe, work / probe.name)
+    except OSError as err:
+        probe.unlink(missing_ok=True)
+        return err.errno == errno.EXDEV
+    (work / probe.name).unlink(missing_ok=True)
+    return False
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -285,3 +285,41 @@ async def test_a_full_failed_folder_does_not_stop_the_daemon(tmp_path: Path) -> 
             "b",
         ]
         assert billed == 2
+
+
+@contextlib.contextmanager
+def _bound(source: Path, path: Path) -> Iterator[Path]:
+    """``source`` bind-mounted at ``path``: the same file system (the same st_dev) under
+    another mount, which no rename crosses (EXDEV)."""
+    source.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "--bind", str(source), str(path)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot bind-mount: {made.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_work_folder_bind_mounted_from_the_same_disk_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    """``INBOX/.work`` a bind mount of a folder of the inbox's own disk (a container's two
+    volumes from one host disk, a Kubernetes volume mounted twice by subPath): the same
+    st_dev, so the start's check let it by, yet a rename into another mount gives EXDEV:
+    ``/readyz`` said ready and every manifest stayed in the inbox, untagged. It is refused at
+    start, exit 2, one line naming the folder; the check leaves nothing behind."""
+    inbox = tmp_path / "IN"
+    inbox.mkdir()
+    with _bound(tmp_path / "volume", inbox / ".work"):
+        try:
+            proc, _ = daemon_once(tmp_path, "--base-url", "http://127.0.0.1:9")
+        except subprocess.TimeoutExpired:
+            pytest.fail("the daemon started on a .work no claim can be renamed into")
+        assert not list((inbox / ".work").iterdir())
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert f"{inbox / '.work'}" in err and "another" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in inbox.iterdir()) == [".work"]
