@@ -34,27 +34,15 @@ def parse_time(value: str | float | None) -> datetime | None:
     when the number is too large to be seconds), in a string or a JSON number.
 
     A time without a zone is taken as UTC. ``None``, the empty string, the number 0 and the
-    zero time of Go and .NET (``0001-01-01T00:00:00Z``: a field left unset) give ``None``;
-    any other unparseable text raises :class:`ValueError` naming it.
+    zero time of Go and .NET (``0001-01-01T00:00:00Z``, or its epoch seconds -62135596800: a
+    field left unset) give ``None``; any other unparseable text raises :class:`ValueError`
+    naming it.
     """
     if not value:
         return None
-    if isinstance(value, (int, float)):
-        return _epoch(value, str(value))
-    text = value.strip()
-    if text.endswith(("Z", "z")):
-        text = text[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        for fmt in _TIME_FORMATS:
-            try:
-                parsed = datetime.strptime(text, fmt)
-                break
-            except ValueError:
-                continue
-        else:
-            parsed = _other_time(text, value)
+    # (A number, too, is checked for the zero time below: Go's ``time.Time{}.Unix()``,
+    # -62135596800, was read as year 1, whatever the text of the same number gave.)
+    parsed = _text_time(value) if isinstance(value, str) else _epoch(value, str(value))
     try:
         parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
     except OverflowError:  # (9999-12-31T23:59:59-05:00: past the calendar's end in UTC)
@@ -62,6 +50,22 @@ def parse_time(value: str | float | None) -> datetime | None:
     # (Read as a time, a result expiry in year 1 took a 403 to a page for the results' expiry:
     # every row an ``expired`` reject, exit 0, although the key had been refused.)
     return None if parsed == _ZERO_TIME else parsed
+
+
+def _text_time(value: str) -> datetime:
+    """A time in text (see :func:`parse_time`), in its zone or none."""
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        for fmt in _TIME_FORMATS:
+            try:
+                return datetime.strptime(text, fmt)
+            except ValueError:
+                continue
+    return _other_time(text, value)
 
 
 def _other_time(text: str, value: str) -> datetime:

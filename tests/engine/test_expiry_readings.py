@@ -353,10 +353,12 @@ async def test_results_read_after_their_expiry_answered_403(tmp_path: Path) -> N
 class ZeroExpiryForbidden(MisbehavingProxy):
     """A service that writes a time it has not set as Go's zero time (``resultExpiredAt``
     ``0001-01-01T00:00:00Z``, as ``time.Time{}`` marshals), and whose every results page is
-    answered 403: the bulk key refused for reads (revoked in the night)."""
+    answered 403: the bulk key refused for reads (revoked in the night). ``zero``: how the
+    zero time is written (its text, or the epoch seconds ``time.Time{}.Unix()`` gives)."""
 
-    def __init__(self) -> None:
+    def __init__(self, zero: str | int = "0001-01-01T00:00:00Z") -> None:
         super().__init__("", Misbehaviour())
+        self.zero = zero
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request_kind(request.method, request.path) == "results":
@@ -368,17 +370,19 @@ class ZeroExpiryForbidden(MisbehavingProxy):
         if answer.status >= 300 or not answer.body:
             return answer
         data = json.loads(answer.body)
-        _times_in(data, lambda value: "0001-01-01T00:00:00Z")
+        _times_in(data, lambda value: self.zero)
         return web.json_response(data, status=answer.status)
 
 
-async def test_a_go_zero_time_is_no_expiry_of_the_results(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero", ["0001-01-01T00:00:00Z", -62135596800, "-62135596800"])
+async def test_a_go_zero_time_is_no_expiry_of_the_results(tmp_path: Path, zero: str | int) -> None:
     """``resultExpiredAt`` written as Go's zero time (a field the service leaves unset) was
     read as results that expired in year 1: a 403 to every page (the key refused) was taken
     as their expiry, every row an ``expired`` reject, exit 0, the rows billed and their
     results never read. The zero time is no time, as an empty one: the 403 stops the run
-    saying the key was refused, exit 1, no row rejected, and the same command resumes."""
-    run = await run_file(tmp_path, ZeroExpiryForbidden(), ServiceConfig(), 300)
+    saying the key was refused, exit 1, no row rejected, and the same command resumes. So
+    is its epoch seconds as a JSON number (``time.Time{}.Unix()``), which was still year 1."""
+    run = await run_file(tmp_path, ZeroExpiryForbidden(zero), ServiceConfig(), 300)
     assert run.code == 1, run.stderr
     assert "refused" in run.stderr
     assert not run.outcomes.rejects and not run.outcomes.results
