@@ -51,7 +51,7 @@ from ._request_urls import RequestUrls
 from ._responses import Response, error_for, failure_in_success, not_the_shape, refused_in_success
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
-from ._scrub import mask_secrets, scrub_request_info, secret_forms
+from ._scrub import mask_location, mask_secrets, scrub_request_info, secret_forms
 from ._surrogates import decode_mended
 from ._times import retry_after
 from ._tls import deferred_trust_store
@@ -338,9 +338,11 @@ class HttpExchange:
                 # page may echo the key sent; the JSON answer of a read (a results page) or a
                 # single-mode request (one a row) is the service's data: the hot paths.
                 bulk_write = method != "GET" and path != SINGLE_PATH
+                heads = resp.headers
                 if resp.status >= 300 or bulk_write or payload[:1] != b"{":
                     payload = mask_secrets(payload, self._secret_forms)
-                result = Response(resp.status, payload, resp.headers)
+                    heads = mask_location(heads, self._secret_forms)  # (a 3xx's, named)
+                result = Response(resp.status, payload, heads)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
         except (aiohttp.ClientConnectorError, aiohttp.ClientHttpProxyError) as err:
             scrub_request_info(err)  # (a proxy's refusal keeps the CONNECT's credentials)

@@ -3,7 +3,7 @@ header sent and the URL in its repr, which an error reporter records."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 # ``_tls.deferred_trust_store`` (its SSL contexts load their trust store on first use), and
 # this module is imported before that.
 
-__all__ = ["mask_secrets", "scrub_request_info", "secret_forms"]
+__all__ = ["mask_location", "mask_secrets", "scrub_request_info", "secret_forms"]
 
 _MASK = "********"
 #: Request headers that carry a secret: the API key, and the ``Authorization: Basic`` header
@@ -25,13 +25,17 @@ _SECRET_HEADERS = ("x-api-key", "Authorization", "Proxy-Authorization")
 def secret_forms(values: Iterable[str]) -> tuple[bytes, ...]:
     """The byte strings an answer may echo ``values`` (the keys sent) as: UTF-8, and as a JSON
     string holds them (escaped; ``/`` as ``\\/`` too, as PHP's ``json_encode`` writes it: a
-    base64 key holds some), longest first (a key that holds another is masked whole). A key
-    with white space around it (an env file's) is read by the service without it."""
+    base64 key holds some), as a URL's query holds them (percent-encoded: a redirect's
+    ``Location``), longest first (a key that holds another is masked whole). A key with white
+    space around it (an env file's) is read by the service without it."""
+    from urllib.parse import quote
+
     import msgspec
 
     keys = {k for v in values for k in (v, v.strip()) if k}
     escaped = {msgspec.json.encode(k)[1:-1] for k in keys}
     forms = {k.encode("utf-8", "replace") for k in keys} | escaped
+    forms |= {quote(k, safe=safe).encode() for k in keys for safe in ("", "/")}
     forms |= {form.replace(b"/", b"\\/") for form in escaped}
     return tuple(sorted(forms, key=len, reverse=True))
 
@@ -44,6 +48,24 @@ def mask_secrets(data: bytes, forms: Iterable[bytes]) -> bytes:
         if form in data:
             data = data.replace(form, _MASK.encode())
     return data
+
+
+def mask_location(headers: Any, forms: Iterable[bytes]) -> Any:
+    """An answer's ``headers`` with ``forms`` masked in its ``Location``: a redirect's target,
+    which the refusal names, may carry the key the request came with (a gateway sending it to
+    a login page: ``?api_key=sk-...``)."""
+    location = headers.get("Location")
+    if not location:
+        return headers
+    raw = location.encode("utf-8", "surrogateescape")
+    masked = mask_secrets(raw, forms)
+    if masked == raw:
+        return headers
+    from multidict import CIMultiDict  # (aiohttp's own dependency)
+
+    copy = CIMultiDict(headers)
+    copy["Location"] = masked.decode("utf-8", "surrogateescape")
+    return copy
 
 
 def scrub_request_info(err: BaseException) -> None:

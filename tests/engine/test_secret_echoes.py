@@ -194,3 +194,55 @@ async def test_a_key_quoted_in_a_written_rows_refusal_is_masked() -> None:
     reasons = [item.error_message for item in answer.failure_list]
     assert reasons and all("image p1 is not allowed" in r for r in reasons), reasons
     assert not any(FRAGMENT in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(("status", "key"), [(302, KEY), (307, SLASHED_KEY)])
+async def test_a_key_a_redirect_names_in_its_location_is_shown_nowhere(
+    tmp_path: Path, status: int, key: str
+) -> None:
+    """A gateway that sends a request without its session to a login page with the key it
+    came with in the query (``Location: https://sso.example/login?api_key=sk-...``): the
+    answer's body is masked, but the refusal names where the service redirects to, Location
+    whole, so the key was on stderr (and in ``--summary``) in clear. It is masked there too,
+    percent-encoded as a query holds a base64 key's ``/``, ``+`` and ``=``."""
+    from urllib.parse import quote
+
+    async def redirect(request: web.Request) -> web.Response:
+        sent = quote(request.headers.get("x-api-key", ""), safe="")
+        where = f"https://sso.example/login?api_key={sent}&next={request.path}"
+        return web.Response(status=status, headers={"Location": where}, text="Moved")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", redirect)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    summary = tmp_path / "summary.json"
+    env = {**os.environ, "FASHIONTAG_API_KEY": key, "FASHIONTAG_BULK_API_KEY": key + "-BULK"}
+    fashiontag = [sys.executable, "-m", "fashiontag_pipeline"]
+    runs = [
+        ["run", str(manifest), "--summary", str(summary), "--out", str(tmp_path / "o")],
+        ["run", str(manifest), "--out", str(tmp_path / "o2"), "--resume"],
+        ["tag", "https://img.example/1.jpg"],
+        ["tasks", "list"],
+    ]
+    try:
+        for args in runs:
+            argv = [*fashiontag, *args, "--base-url", url]
+            if args[0] == "run":
+                argv += ["--give-up-after", "3"]
+            with anyio.fail_after(60):
+                result = await anyio.run_process(argv, check=False, env=env, cwd=tmp_path)
+            err = result.stderr.decode()
+            assert result.returncode not in (0, None), err
+            assert "redirect" in err and "sso.example" in err, err  # (where it goes: named)
+            assert FRAGMENT not in err + result.stdout.decode(), err
+    finally:
+        await runner.cleanup()
+    assert json.loads(summary.read_text())  # (written)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert FRAGMENT.encode() not in path.read_bytes(), path.name
