@@ -51,7 +51,7 @@ from ._request_urls import RequestUrls
 from ._responses import Response, error_for, failure_in_success, not_the_shape, refused_in_success
 from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pause, retry_wait
 from ._retrying import wait_past_give_up as wait_out
-from ._scrub import mask_location, mask_secrets, scrub_request_info, secret_forms
+from ._scrub import credential_forms, mask_location, mask_secrets, scrub_request_info
 from ._surrogates import decode_mended
 from ._times import retry_after
 from ._tls import deferred_trust_store
@@ -103,8 +103,8 @@ class HttpExchange:
         #: The service's clock offset, from responses' ``Date`` (write deadlines use it).
         self.server_clock = ServerClock()
         self._key_hint = key_hint
-        #: The keys sent, as an error answer may echo them (masked there: ``mask_secrets``).
-        self._secret_forms = secret_forms(secrets)
+        self._secrets = tuple(secrets)  # (the keys sent: masked in answers, with basic auth's)
+        self._secret_forms = credential_forms(self._secrets, base_url)
         self._sleep = sleep or anyio.sleep
         self._random = random.Random()
         self._session: aiohttp.ClientSession | None = None
@@ -148,6 +148,7 @@ class HttpExchange:
             if self.proxy is not None:
                 self._proxy_url = self.proxy.url
                 self._proxy_headers = self.proxy.headers or None
+                self._secret_forms = credential_forms(self._secrets, self.base_url, self.proxy)
             self._session, self._write_session = session_pair(self.limits, self.timeout, USER_AGENT)
         return self._session
 

@@ -14,7 +14,13 @@ if TYPE_CHECKING:
 # ``_tls.deferred_trust_store`` (its SSL contexts load their trust store on first use), and
 # this module is imported before that.
 
-__all__ = ["mask_location", "mask_secrets", "scrub_request_info", "secret_forms"]
+__all__ = [
+    "credential_forms",
+    "mask_location",
+    "mask_secrets",
+    "scrub_request_info",
+    "secret_forms",
+]
 
 _MASK = "********"
 #: Request headers that carry a secret: the API key, and the ``Authorization: Basic`` header
@@ -38,6 +44,50 @@ def secret_forms(values: Iterable[str]) -> tuple[bytes, ...]:
     forms |= {quote(k, safe=safe).encode() for k in keys for safe in ("", "/")}
     forms |= {form.replace(b"/", b"\\/") for form in escaped}
     return tuple(sorted(forms, key=len, reverse=True))
+
+
+def basic_secrets(authorization: str) -> list[str]:
+    """The secrets of an ``Authorization: Basic`` header (a base URL's ``user:password@``, a
+    proxy's): its token, and the password in it (the user given alone: a token), which an
+    error page that quotes the request's headers would show. A password shorter than 4
+    characters is not masked (each of its letters would be, in every message)."""
+    import base64
+    import binascii
+
+    token = authorization.removeprefix("Basic ").strip()
+    try:
+        user, _, password = base64.b64decode(token).decode("latin-1").partition(":")
+    except (binascii.Error, ValueError):
+        return [token]
+    secret = password if password else user
+    return [token, secret] if len(secret.strip()) >= 4 else [token]
+
+
+def credential_forms(keys: Iterable[str], base_url: str, proxy: Any = None) -> tuple[bytes, ...]:
+    """:func:`secret_forms` of the keys sent, and of the basic auth of the base URL's
+    ``user:password@`` and of a :class:`~._proxies.ProxyRoute`'s credentials."""
+    return secret_forms([*keys, *url_secrets(base_url), *proxy_secrets(proxy)])
+
+
+def proxy_secrets(proxy: Any) -> list[str]:
+    """:func:`basic_secrets` of a :class:`~._proxies.ProxyRoute`'s credentials (none without)."""
+    authorization = proxy.headers.get("Proxy-Authorization") if proxy is not None else None
+    return basic_secrets(authorization) if authorization else []
+
+
+def url_secrets(url: str) -> list[str]:
+    """:func:`basic_secrets` of the ``Authorization`` aiohttp sends for ``url``'s
+    ``user:password@`` (none without one)."""
+    if "@" not in url:
+        return []
+    import aiohttp
+    from yarl import URL
+
+    try:
+        auth = aiohttp.BasicAuth.from_url(URL(url))
+        return [] if auth is None else basic_secrets(auth.encode())
+    except (ValueError, TypeError, UnicodeError):  # (a URL the client refuses anyway)
+        return []
 
 
 def mask_secrets(data: bytes, forms: Iterable[bytes]) -> bytes:

@@ -246,3 +246,70 @@ async def test_a_key_a_redirect_names_in_its_location_is_shown_nowhere(
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert FRAGMENT.encode() not in path.read_bytes(), path.name
+
+
+@pytest.mark.parametrize(
+    ("status", "via"), [(401, "base_url"), (500, "base_url"), (502, "HTTP_PROXY")]
+)
+async def test_a_debug_page_quoting_the_request_headers_shows_no_credential(
+    tmp_path: Path, status: int, via: str
+) -> None:
+    """A front end whose error page quotes the request it was sent, headers and all (a
+    framework's debug page, left on; a proxy's): the keys are masked in it, but the
+    ``Authorization`` of a base URL's ``user:password@`` (basic auth, as a gateway takes it)
+    and the ``Proxy-Authorization`` of HTTP_PROXY's were not: the token, and the password it
+    encodes, on stderr and in ``--summary``. Both are masked too."""
+    import base64
+    import html
+
+    password = "pwLEAK-5f3a9c"
+    token = base64.b64encode(f"tagger:{password}".encode()).decode()
+
+    async def debug_page(request: web.Request) -> web.Response:
+        lines = [f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in request.headers.items()]
+        auth = request.headers.get("Authorization" if via == "base_url" else "Proxy-Authorization")
+        auth = auth or ""
+        said = base64.b64decode(auth.removeprefix("Basic ")).decode() if auth else ""
+        body = f"<html><h1>Error</h1><p>user {said}</p><ul>{''.join(lines)}</ul></html>"
+        return web.Response(status=status, text=body, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", debug_page)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    url = f"http://tagger:{password}@127.0.0.1:{port}"
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    summary = tmp_path / "summary.json"
+    env = {**os.environ, "FASHIONTAG_API_KEY": KEY, "FASHIONTAG_BULK_API_KEY": BULK_KEY}
+    env["FASHIONTAG_BASE_URL"] = url
+    if via == "HTTP_PROXY":  # (the page is the proxy's: a service on loopback is never proxied)
+        env["FASHIONTAG_BASE_URL"] = "http://tagger.test"
+        env["HTTP_PROXY"] = f"http://tagger:{password}@127.0.0.1:{port}"
+    fashiontag = [sys.executable, "-m", "fashiontag_pipeline"]
+    runs = [
+        ["run", str(manifest), "--summary", str(summary), "--out", str(tmp_path / "o")],
+        ["tag", "https://img.example/1.jpg", "--give-up-after", "3"],
+        ["tasks", "list", "--give-up-after", "3"],
+    ]
+    try:
+        for args in runs:
+            argv = [*fashiontag, *args]
+            if args[0] == "run":
+                argv += ["--give-up-after", "3"]
+            with anyio.fail_after(60):
+                result = await anyio.run_process(argv, check=False, env=env, cwd=tmp_path)
+            err = result.stderr.decode()
+            assert result.returncode not in (0, None), err
+            said = err + result.stdout.decode()
+            assert str(status) in said, said
+            assert FRAGMENT not in said and token[:12] not in said, said
+    finally:
+        await runner.cleanup()
+    assert json.loads(summary.read_text())  # (written)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert FRAGMENT.encode() not in data and token[:12].encode() not in data, path.name
