@@ -24,7 +24,7 @@ import msgspec
 
 from ._config import shown_url
 from ._exceptions import ConfigError
-from ._urls import no_ipv4_as_written
+from ._urls import NAME_RULES, no_ipv4_as_written, not_a_host_name
 
 __all__ = ["ProxyRoute", "proxy_for", "proxy_wants_credentials"]
 
@@ -142,6 +142,8 @@ def proxy_for(
         host = URL(f"http://{hostport}").raw_host or ""
         if no_ipv4_as_written(host):
             raise ValueError(f"{host} is no IPv4 address as written: four numbers 0-255")
+        if not_a_host_name(host):
+            raise ValueError(f"{host} is no valid name: {NAME_RULES}")
     except ValueError as err:
         raise ConfigError(
             f"{var}={shown_url(value)!r} is no proxy address ({err}): give it as http://HOST:PORT"

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-__all__ = ["base_url_problem", "clean_base_url", "no_ipv4_as_written", "shown_url"]
+__all__ = [
+    "NAME_RULES",
+    "base_url_problem",
+    "clean_base_url",
+    "no_ipv4_as_written",
+    "not_a_host_name",
+    "shown_url",
+]
 
 
 def shown_url(url: str) -> str:
@@ -83,7 +90,27 @@ def base_url_problem(url: str) -> str | None:
             "has a host that is no IPv4 address as written (four numbers 0-255, no leading"
             f" zero, no trailing dot: 10.0.0.1): {shown_url(url)!r}"
         )
+    if not_a_host_name(host):
+        return f"has a host that is no valid name ({NAME_RULES}): {shown_url(url)!r}"
     return None
+
+
+#: What :func:`not_a_host_name` finds, said.
+NAME_RULES = "no empty label as '..' makes, none longer than 63 characters, xn-- as punycode"
+
+
+def not_a_host_name(host: str) -> bool:
+    """Whether the resolver's IDNA codec refuses ``host`` (yarl's ``raw_host``): an empty label
+    (``tagger..example.com``), one longer than 63 characters, ``xn--`` that is no punycode.
+    aiohttp meets it at the first request, as a ``UnicodeError`` no error of ours wraps: a
+    traceback."""
+    if ":" in host:  # (an IPv6 address)
+        return False
+    try:
+        host.encode("idna").decode("idna")
+    except UnicodeError:
+        return True
+    return False
 
 
 def no_ipv4_as_written(host: str) -> bool:

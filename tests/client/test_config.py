@@ -346,3 +346,49 @@ async def test_an_empty_key_is_refused_naming_where_it_came_from(
     err = done.stderr.decode()
     assert done.returncode == 2, err
     assert "empty" in err and named in err, err
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["tagger..example.com", "a" * 64 + ".example.com", "xn--zz.example.com"],
+    ids=["empty-label", "long-label", "bad-punycode"],
+)
+def test_a_base_url_whose_host_is_no_valid_name_is_refused_at_once(
+    tmp_path: Path, host: str
+) -> None:
+    """A host name no resolver takes (a double dot typed, a label longer than 63 characters,
+    ``xn--`` that is no punycode): the client met Python's IDNA codec at its first request,
+    and ``run``, ``tag`` and ``tasks`` ended in a 100-line traceback (``UnicodeError: encoding
+    with 'idna' codec failed``), the URL never named. Exit 2 at once, one line naming base_url
+    and where it came from (its password masked)."""
+    import os
+    import subprocess
+    import sys
+
+    url = f"https://team:pw-secret@{host}/v1"
+    config = write(tmp_path, f'[client]\nbase_url = "{url}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\np1,https://img.example/1.jpg\n")
+    for command in (
+        ("tag", "https://img.example/a.jpg"),
+        ("tasks", "list"),
+        ("run", str(manifest), "--out", str(tmp_path / "o.jsonl")),
+    ):
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "fashiontag_pipeline", *command),
+                *("--config", str(config), "--give-up-after", "2"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 2, (command, done.stderr[-1500:])
+        assert "Traceback" not in done.stderr, done.stderr[-1500:]
+        assert "base_url" in done.stderr and str(config) in done.stderr, done.stderr
+        assert "pw-secret" not in done.stderr, done.stderr
+    with pytest.raises(ValueError, match="base_url"):
+        ClientConfig(base_url=url)

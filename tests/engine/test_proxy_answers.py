@@ -130,8 +130,12 @@ async def test_a_plain_http_service_through_a_proxy_that_wants_credentials(
         "http://team:pw-secret@10.0.0.300:3128",
         "http://127.1:3128",
         "http://10.0.0.010:3128",
+        "http://team:pw-secret@proxy..corp:3128",
     ],
-    ids=["port-typo", "port-range", "no-host", "bracket", "octet", "short-ip", "zero-padded"],
+    ids=[
+        *("port-typo", "port-range", "no-host", "bracket", "octet", "short-ip", "zero-padded"),
+        "empty-label",
+    ],
 )
 async def test_a_malformed_proxy_variable_is_exit_2_naming_it(tmp_path: Path, value: str) -> None:
     """A proxy variable with a typo in its address (a port with a letter or past 65535, no
@@ -139,7 +143,8 @@ async def test_a_malformed_proxy_variable_is_exit_2_naming_it(tmp_path: Path, va
     octet past 255 or zero-padded): every request failed "InvalidURL", each create taken for
     a write that "may or may not have been applied" (never sent), and the run kept trying for
     ``--give-up-after``, then stopped saying the service was unreachable, never naming the
-    variable. It is exit 2 at once, as for a proxy of another scheme (the password never
+    variable; a name with a double dot was a traceback (``UnicodeError``, from the IDNA
+    codec). It is exit 2 at once, as for a proxy of another scheme (the password never
     shown)."""
     manifest = write_csv(tmp_path / "m.csv", 5)
     env = {**ENV, "HTTPS_PROXY": value}
