@@ -416,3 +416,39 @@ async def test_an_answer_to_a_full_disk_is_one_line_not_a_traceback(tmp_path: Pa
             assert result.returncode == 1, (command, err[-600:])
             assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (command, err)
             assert "cannot write to stdout: No space left on device" in err, (command, err)
+
+
+async def test_a_password_given_in_a_url_flag_is_warned_of_as_a_key_flag_is(
+    tmp_path: Path,
+) -> None:
+    """A key given as ``--api-key`` is warned of (every user of the machine reads it in
+    ``ps``), but a password in a URL flag was not: ``--base-url https://tagger:PW@gw/``,
+    ``--state`` / ``--reuse postgresql://u:PW@db/...`` (in a crontab line, every night) and
+    ``reuse stats postgresql://u:PW@...``. Each is warned of, with what to use instead
+    (``FASHIONTAG_BASE_URL`` or a config file; ``PGPASSWORD`` or ``~/.pgpass``, which libpq
+    reads), the password never shown; a URL without one is not."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\np1,https://img.example/1.jpg\n")
+    dead = dead_port()
+    pg = f"postgresql://tagger:pgLEAK-31337@127.0.0.1:{dead}/fashiontag"
+    code, _, raw = await fashiontag(
+        *("run", str(manifest), "--out", str(tmp_path / "o.jsonl")),
+        *("--base-url", f"http://tagger:webLEAK-4242@127.0.0.1:{dead}"),
+        *("--state", pg, "--reuse", pg, "--give-up-after", "1"),
+    )
+    err = raw.decode()
+    assert code != 0 and "LEAK" not in err, err
+    for flag, instead in (
+        ("--base-url", "FASHIONTAG_BASE_URL"),
+        ("--state", "PGPASSWORD"),
+        ("--reuse", "PGPASSWORD"),
+    ):
+        assert f"{flag} is visible to other users" in err and instead in err, (flag, err)
+    code, _, raw = await fashiontag("reuse", "stats", pg)
+    err = raw.decode()
+    assert code != 0 and "LEAK" not in err, err
+    assert "is visible to other users" in err and "PGPASSWORD" in err, err
+    code, _, raw = await fashiontag(
+        "tasks", "list", "--base-url", f"http://127.0.0.1:{dead}", "--give-up-after", "1"
+    )
+    assert code == 1 and "visible" not in raw.decode(), raw.decode()

@@ -37,6 +37,7 @@ from .common import (
     not_utf8,
     one_line,
     parse_detection,
+    visible_passwords,
 )
 from .startup import HELD, interrupt_on_term, release, resume_collections, take
 from .streams import guard_standard_streams
@@ -320,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary_of_refused_flags(arguments, _Parser.refusal)
         raise
     configure_logging(args.verbose)
+    if command != "daemon":  # (the daemon logs them: its stderr is JSON lines)
+        for warning in visible_passwords(args):
+            print(f"fashiontag: warning: {warning}", file=sys.stderr)
     resume_collections()  # the command's imports are done: its work has the usual collector
     handler: Callable[[argparse.Namespace], Any] = args.handler
     restore_term: Callable[[], None] = _nothing

@@ -24,6 +24,7 @@ from .._config import (
     ENV_BULK_API_KEY,
     ClientConfig,
     load_client_config,
+    shown_url,
     with_default_keys,
 )
 from .._models import LANGUAGES, Detection
@@ -50,6 +51,7 @@ __all__ = [
     "parse_detection",
     "path_arg",
     "run_async",
+    "visible_passwords",
 ]
 
 T = TypeVar("T")
@@ -152,6 +154,44 @@ _FLAG_WARNING = (
     "fashiontag: warning: {flag} is visible to other users of this machine (ps, /proc); "
     "prefer {var} or a --config file only you can read"
 )
+
+_PG_INSTEAD = (
+    "give the password in PGPASSWORD or a ~/.pgpass file only you can read (libpq reads them)"
+)
+#: Flags (args attribute, as shown) whose URL may hold a password, and where to give it instead.
+_URL_FLAGS = (
+    (
+        "base_url",
+        "--base-url",
+        "give the URL in FASHIONTAG_BASE_URL or a --config file only you can read",
+    ),
+    ("state", "--state", _PG_INSTEAD),
+    ("reuse", "--reuse", _PG_INSTEAD),
+    ("store", "STORE", _PG_INSTEAD),  # (``reuse stats|prune``)
+)
+
+
+def visible_passwords(args: argparse.Namespace) -> list[str]:
+    """The warnings for a password in a URL given on the command line (``--base-url
+    https://u:PW@gw``, ``--state postgresql://u:PW@db/...``), as for a key given as a flag:
+    every user of the machine reads it in ``ps``. The password is never shown."""
+    from .._postgres import is_postgres_url, redact_url
+
+    found = []
+    for attr, flag, instead in _URL_FLAGS:
+        value = getattr(args, attr, None)
+        if not isinstance(value, str) or "://" not in value:
+            continue
+        if attr == "base_url":
+            holds = shown_url(value.strip()) != value.strip()
+        else:
+            holds = is_postgres_url(value) and redact_url(value) != value
+        if holds:
+            found.append(
+                f"{flag} is visible to other users of this machine (ps, /proc), the password"
+                f" in its URL with it; {instead}"
+            )
+    return found
 
 
 #: A control character left once white space is joined (ESC of a terminal sequence, BEL, DEL,

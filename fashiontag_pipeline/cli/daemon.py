@@ -41,6 +41,7 @@ from .common import (
     client_config_from_args,
     leave_if_hung,
     run_async,
+    visible_passwords,
 )
 from .engine_flags import add_engine_arguments, engine_config_from_args
 from .startup import take
@@ -134,6 +135,7 @@ def daemon_command(args: argparse.Namespace) -> int:
     try:
         config = daemon_config_from_args(args)
         client = client_config_from_args(args, warn=warnings.append)
+        warnings += visible_passwords(args)
         engine = engine_config_from_args(args)
         log_queue = queue_lines()
     except (ConfigError, ValueError) as err:
