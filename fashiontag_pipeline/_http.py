@@ -346,11 +346,11 @@ class HttpExchange:
                 result = Response(resp.status, payload, heads)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
         except (aiohttp.ClientConnectorError, aiohttp.ClientHttpProxyError) as err:
-            scrub_request_info(err)  # (a proxy's refusal keeps the CONNECT's credentials)
+            scrub_request_info(err, self._secret_forms)  # (a proxy's refusal: the CONNECT's)
             self.stats.transport_errors += 1
             raise connect_failure(err, method, path, self.shown_url, self.proxy) from err
         except (TimeoutError, aiohttp.ClientError) as err:
-            scrub_request_info(err)
+            scrub_request_info(err, self._secret_forms)
             self.stats.transport_errors += 1
             if not sent and self._proxy_url is None:
                 args = (method, path, self.base_url, self.shown_url, self._tls_probes)

@@ -118,18 +118,22 @@ def mask_location(headers: Any, forms: Iterable[bytes]) -> Any:
     return copy
 
 
-def scrub_request_info(err: BaseException) -> None:
+def scrub_request_info(err: BaseException, forms: Iterable[bytes] = ()) -> None:
     """Mask the secrets in the request aiohttp keeps on an error it raises after sending
     (``ClientResponseError.request_info``, a proxy's refusal of the CONNECT included, whose
     request holds ``Proxy-Authorization``: its repr shows every header, ``x-api-key`` and the
     ``Authorization`` of a base URL's password too, and the URL), on ``err`` and the errors it
-    chains, since ours chain it (``raise ... from err``)."""
+    chains, since ours chain it (``raise ... from err``); and ``forms`` (:func:`secret_forms`)
+    in their words: the parser's quote the line of an answer it could not read, which may
+    echo the key (``Bad status line: b'HTTP/1.1 4O1 key sk-...'``)."""
     import aiohttp
 
     seen: set[int] = set()
     item: BaseException | None = err
     while item is not None and id(item) not in seen:
         seen.add(id(item))
+        if forms:
+            _mask_words(item, forms)
         info = getattr(item, "request_info", None)
         if isinstance(info, aiohttp.RequestInfo):
             headers = info.headers.copy()  # (a CIMultiDict, aiohttp's own dependency)
@@ -146,6 +150,22 @@ def scrub_request_info(err: BaseException) -> None:
             if isinstance(item, aiohttp.ClientResponseError):
                 item.args = (masked, item.history)
         item = item.__cause__ or item.__context__
+
+
+def _mask_words(err: BaseException, forms: Iterable[bytes]) -> None:
+    """``forms`` masked in the text ``err`` holds: its args and attributes (``message``,
+    ``line``)."""
+
+    def masked(value: object) -> object:
+        if isinstance(value, str):
+            raw = value.encode("utf-8", "surrogateescape")
+            return mask_secrets(raw, forms).decode("utf-8", "surrogateescape")
+        return mask_secrets(value, forms) if isinstance(value, bytes) else value
+
+    err.args = tuple(masked(arg) for arg in err.args)
+    for name, value in list(vars(err).items()):
+        if isinstance(value, (str, bytes)):
+            setattr(err, name, masked(value))
 
 
 def _without_password(url: URL) -> URL:

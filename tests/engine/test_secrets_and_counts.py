@@ -234,3 +234,58 @@ async def test_a_results_page_refused_200_quoting_the_key_leaks_it_nowhere(
     texts += [p.read_bytes().decode("utf-8", "replace") for p in tmp_path.rglob("*") if p.is_file()]
     leaked = [t for t in texts if DEV_BULK_API_KEY in t]
     assert not leaked, leaked[0][:2000]
+
+
+#: Answers whose HTTP head is none, each quoting the key it was sent where aiohttp's parser
+#: stops (a broken gateway, a server of another protocol that echoes what it reads).
+UNREADABLE_HEADS = {
+    "status-code": b"HTTP/1.1 4O1 key %s\r\nContent-Length: 2\r\n\r\n{}",
+    "version": b"HTTX/1.1 401 key %s\r\nContent-Length: 2\r\n\r\n{}",
+    "header-line": b"HTTP/1.1 401 Unauthorized\r\nbad key %s\r\nContent-Length: 2\r\n\r\n{}",
+    "chunk-size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%s\r\n{}\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("head", sorted(UNREADABLE_HEADS))
+async def test_a_key_quoted_in_an_unreadable_http_head_is_masked(head: str) -> None:
+    """An answer whose HTTP head aiohttp's parser cannot read, the key it was sent on the
+    line where the parser stops: its message quotes that line (``Bad status line: b'HTTP/1.1
+    4O1 key sk-...'``), and it went whole into the error (``answered an unreadable HTTP head
+    (...)``: stderr, the logs, ``--summary``) and into the aiohttp errors it chains. The
+    keys sent are masked there too."""
+    import asyncio
+
+    from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await reader.read(1) == b"\x16":  # (the client's probe for TLS: not a server of it)
+            writer.close()
+            return
+        request = await reader.readuntil(b"\r\n\r\n")
+        sent = [
+            line.partition(b":")[2].strip()
+            for line in request.split(b"\r\n")
+            if line.lower().startswith(b"x-api-key:")
+        ]
+        writer.write(UNREADABLE_HEADS[head] % (sent[0] if sent else b""))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = ClientConfig(
+        base_url=f"http://127.0.0.1:{port}",
+        api_key=Secret(KEY),
+        bulk_api_key=Secret(BULK_KEY),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    try:
+        async with TaggerClient(config=config) as client:
+            with anyio.fail_after(30), pytest.raises(Exception) as caught:
+                await client.list_tasks()
+    finally:
+        server.close()
+    assert "unreadable HTTP head" in str(caught.value), caught.value
+    for item in _chain(caught.value):
+        text = f"{item!r} {item} {vars(item)}"
+        assert BULK_KEY not in text, f"{type(item).__name__} shows the key: {text}"
