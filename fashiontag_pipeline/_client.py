@@ -240,14 +240,14 @@ class TaggerClient:
             self._http.raise_for_status(response, "POST", SINGLE_PATH, None)
         try:
             return tagging_result(response.body)
-        except Refusal as refused:
-            # The bulk paths' error body: a service fault (ServerError); a refusing code: its error.
-            self._http.check_bulk_status(
-                refused.status, refused.error, response, "POST", SINGLE_PATH, None, refused.code
-            )
-            raise  # (not reached: the status is no success)
+        except Refusal as refusal:  # (the bulk paths' error body: its words, unmasked, unchained)
+            refused = refusal
         except ValueError as err:
             raise no_tagging_result(response, SINGLE_PATH, err) from None
+        self._http.check_bulk_status(  # (a service fault: ServerError; a refusing code: its error)
+            refused.status, refused.error, response, "POST", SINGLE_PATH, None, refused.code
+        )
+        raise refused  # (not reached: the status is no success)
 
     async def _tag(self, image: Image, context: Context | None, language: str | None) -> Response:
         body = _encoder.encode(SingleTagRequest(image=image, context=context))

@@ -409,7 +409,8 @@ class HttpExchange:
         code: int | None = None,
     ) -> None:
         if not says_success(status):
-            error = self.masked(error) if error else error  # (it may echo the key sent)
+            error = self.masked(error) if error else error  # (both may echo the key sent)
+            status = self.masked(status)
             if code is not None:  # (see _responses.REFUSING_CODES)
                 raise refused_in_success(response, code, error or "", path, self._key_hint(path))
             raise failure_in_success(response, status, error, method, path, task_id)

@@ -313,3 +313,48 @@ async def test_a_debug_page_quoting_the_request_headers_shows_no_credential(
         if path.is_file():
             data = path.read_bytes()
             assert FRAGMENT.encode() not in data and token[:12].encode() not in data, path.name
+
+
+async def test_a_key_in_the_status_of_a_200_failure_body_is_masked() -> None:
+    """A gateway answering HTTP 200 with the spec's failure body, the key it came with in
+    ``status`` as well as in ``error`` (``{"status": "denied for sk-...", "error": "..."}``):
+    ``error`` was masked, but the message quotes ``status`` too (``service answered HTTP 200
+    with status='denied for sk-...'``), so ``tasks list``, ``tasks status`` and ``tag`` put
+    the key on stderr. Both are masked."""
+    from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
+    from fashiontag_pipeline._models import Image, ImageType
+
+    from .test_contracts_cli import _chain
+
+    async def deny(request: web.Request) -> web.Response:
+        sent = request.headers.get("x-api-key", "")
+        body = {"status": f"denied for {sent}", "error": f"key {sent} is not allowed"}
+        return web.json_response(body, status=200)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", deny)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    config = ClientConfig(
+        base_url=f"http://127.0.0.1:{runner.addresses[0][1]}",
+        api_key=Secret(KEY),
+        bulk_api_key=Secret(BULK_KEY),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    image = Image(type=ImageType("url"), content="https://img.example/1.jpg")
+    caught = []
+    try:
+        async with TaggerClient(config=config) as client:
+            for call in (client.list_tasks(), client.task_status("t1"), client.tag_raw(image)):
+                with anyio.fail_after(30), pytest.raises(Exception) as raised:
+                    await call
+                caught.append(raised.value)
+    finally:
+        await runner.cleanup()
+    for err in caught:
+        assert "denied for" in str(err), err
+        for item in _chain(err):
+            text = f"{item!r} {item} {vars(item)}"
+            assert FRAGMENT not in text, f"{type(item).__name__} shows the key: {text}"
