@@ -156,10 +156,16 @@ async def tag_command(args: argparse.Namespace) -> int:
     with _giving_up_after(args.give_up_after):
         async with TaggerClient(config=config) as client:
             answer = await client.tag_raw(image, context, language=args.language)
-    write_stdout(msgspec.json.format(answer, indent=2) + b"\n")
     response = msgspec.json.decode(answer, type=_Answer)
     if says_success(response.status):
+        write_stdout(msgspec.json.format(answer, indent=2) + b"\n")
         return EXIT_OK
+    # A failure's words may quote the key sent: masked, in the answer and the reason.
+    answer = client.masked(answer.decode("utf-8", "surrogateescape")).encode(
+        "utf-8", "surrogateescape"
+    )
+    write_stdout(msgspec.json.format(answer, indent=2) + b"\n")
+    response = msgspec.json.decode(answer, type=_Answer)
     error = response.error
     if isinstance(error, dict) and ("code" in error or "message" in error):
         message = one_line(str(error.get("message") or ""))
@@ -182,7 +188,7 @@ class _Page(msgspec.Struct, gc=False):
     error: Any = None
 
 
-def _page_data(body: bytes, task_id: str) -> msgspec.Raw:
+def _page_data(body: bytes, task_id: str, masked: Callable[[str], str]) -> msgspec.Raw:
     # An id cut across an emoji by a UTF-16 service (``"\\ud83d"``): read as run's pages read
     # it, the half as U+FFFD (printing the page as sent failed: the JSON is malformed).
     body = mend(body) or body
@@ -192,7 +198,7 @@ def _page_data(body: bytes, task_id: str) -> msgspec.Raw:
         raise DecodeError(f"task {task_id}: the answer is not a results page: {err}") from None
     failed = isinstance(page.status, str) and not says_success(page.status)
     if failed or bytes(page.data) in (b"", b"null"):
-        reason = " ".join(str(page.error or "no reason given").split())
+        reason = masked(" ".join(str(page.error or "no reason given").split()))  # (the key?)
         raise DecodeError(f"task {task_id}: the answer holds no results page ({reason})")
     return page.data
 
@@ -266,6 +272,6 @@ async def tasks_command(args: argparse.Namespace) -> int:
                 body = await client.task_results_raw(
                     args.task_id, offset=args.offset, size=args.size, language=args.language
                 )
-                result = _page_data(body, args.task_id)
+                result = _page_data(body, args.task_id, client.masked)
     write_stdout(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
     return EXIT_OK

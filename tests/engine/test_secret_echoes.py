@@ -358,3 +358,37 @@ async def test_a_key_in_the_status_of_a_200_failure_body_is_masked() -> None:
         for item in _chain(err):
             text = f"{item!r} {item} {vars(item)}"
             assert FRAGMENT not in text, f"{type(item).__name__} shows the key: {text}"
+
+
+async def test_tag_and_tasks_results_mask_a_key_their_answer_quotes(tmp_path: Path) -> None:
+    """``tag`` prints the service's answer and says why it failed; ``tasks results`` says why
+    a page is none: both in the words of an answer taken as the service's data, never
+    masked, so a gateway's 200 that quoted the key (``{"message": "key sk-... is unknown"}``,
+    a failure whose error names it) put it on stdout and stderr, in clear. Masked there."""
+
+    async def deny(request: web.Request) -> web.Response:
+        sent = request.headers.get("x-api-key", "")
+        if request.path.endswith("/tags"):
+            error = {"code": 805, "message": f"image refused for key {sent}"}
+            return web.json_response({"status": "failure", "error": error}, status=200)
+        return web.json_response({"status": "failure", "error": f"key {sent} is unknown"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", deny)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    env = {**os.environ, "FASHIONTAG_API_KEY": KEY, "FASHIONTAG_BULK_API_KEY": BULK_KEY}
+    try:
+        for args in (["tag", "https://img.example/1.jpg"], ["tasks", "results", "t1"]):
+            argv = [sys.executable, "-m", "fashiontag_pipeline", *args, "--base-url", url]
+            with anyio.fail_after(60):
+                result = await anyio.run_process(argv, check=False, env=env, cwd=tmp_path)
+            said = result.stdout.decode() + result.stderr.decode()
+            assert result.returncode == 1, said
+            assert "refused for key" in said or "is unknown" in said, said
+            assert FRAGMENT not in said, said
+    finally:
+        await runner.cleanup()
