@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._exceptions import LeaseLostError
+from .lease_sql import ACQUIRE_SQL, FENCE_SQL, FREE, RELEASE_SQL, RENEW_SQL
 from .ledger import ClaimRecord, ClaimStatus, SettledStatus
 
 if TYPE_CHECKING:
@@ -59,56 +60,6 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: float
 
 
-_LEASE_COLUMNS = (
-    "c.id, c.name, c.sha256, c.owner, c.epoch, extract(epoch FROM c.lease_expires_at)::float8"
-)
-
-# The database's clock decides every lease: statement_timestamp() is its time when the statement
-# began (now() would be the transaction's start, early in a long transaction).
-#: Claims in flight that no daemon holds: never leased, released, or their lease ended.
-_FREE = "status = 'claimed' AND (owner IS NULL OR lease_expires_at <= statement_timestamp())"
-
-_ACQUIRE_SQL = f"""
-WITH free AS (
-    SELECT id FROM claims
-    WHERE {_FREE} AND NOT id = ANY(%(skip)s::bigint[])
-    ORDER BY id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE claims AS c
-SET owner = %(owner)s, epoch = c.epoch + 1,
-    lease_expires_at = statement_timestamp() + make_interval(secs => %(lease)s)
-FROM free WHERE c.id = free.id
-RETURNING {_LEASE_COLUMNS}
-"""
-
-_RENEW_SQL = f"""
-UPDATE claims AS c
-SET lease_expires_at = statement_timestamp() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(epochs)s::bigint[]) AS held(id, epoch)
-WHERE c.id = held.id AND c.epoch = held.epoch AND c.owner = %(owner)s
-  AND c.status = 'claimed' AND c.lease_expires_at > statement_timestamp()
-RETURNING {_LEASE_COLUMNS}
-"""
-
-_RELEASE_SQL = """
-UPDATE claims SET owner = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND owner = %(owner)s AND epoch = %(epoch)s AND status = 'claimed'
-"""
-
-# FOR KEY SHARE conflicts with FOR UPDATE only: the takeover's explicit FOR UPDATE (SKIP
-# LOCKED) passes over a fenced transaction in progress, while renewals (UPDATEs of non-key
-# columns, FOR NO KEY UPDATE) go on beside it. FOR SHARE would make every renewal wait for the
-# fenced transactions, and back-to-back commits could starve the renewals until the lease ended.
-_FENCE_SQL = """
-SELECT 1 FROM claims
-WHERE id = %(id)s AND owner = %(owner)s AND epoch = %(epoch)s AND status = 'claimed'
-  AND lease_expires_at > statement_timestamp()
-FOR KEY SHARE
-"""
-
-
 def _lease_params(lease: Lease) -> dict[str, object]:
     return {"id": lease.claim_id, "owner": lease.owner, "epoch": lease.epoch}
 
@@ -131,13 +82,13 @@ def fence(conn: psycopg.Connection[Any], lease: Lease) -> None:
     the check and the commit; the taker sees this transaction's writes, or this one is refused.
     Renewals of the lease are not held up by it.
     """
-    if conn.execute(_FENCE_SQL, _lease_params(lease)).fetchone() is None:
+    if conn.execute(FENCE_SQL, _lease_params(lease)).fetchone() is None:
         raise _lease_lost(lease)
 
 
 async def afence(conn: psycopg.AsyncConnection[Any], lease: Lease) -> None:
     """:func:`fence` for a transaction on an async connection."""
-    cursor = await conn.execute(_FENCE_SQL, _lease_params(lease))
+    cursor = await conn.execute(FENCE_SQL, _lease_params(lease))
     if await cursor.fetchone() is None:
         raise _lease_lost(lease)
 
@@ -368,7 +319,7 @@ class PostgresClaimLedger:
         :meth:`acquire` would take): what ``/status`` shows as queued."""
         with self._transaction("list the queued claims") as conn:
             rows = conn.execute(
-                f"SELECT {self._COLUMNS} FROM claims WHERE {_FREE} ORDER BY id LIMIT %s",
+                f"SELECT {self._COLUMNS} FROM claims WHERE {FREE} ORDER BY id LIMIT %s",
                 (limit,),
             ).fetchall()
         return [r for r in map(self._record, rows) if r is not None]
@@ -407,9 +358,8 @@ class PostgresClaimLedger:
         """Lease up to ``limit`` claims in flight that nobody holds (never leased, released,
         or expired), oldest first, none of ``skip`` (claim ids). Rows another daemon is leasing
         at this moment are skipped, not waited for, so concurrent callers get disjoint sets.
-        Each lease's epoch is one more than the claim's last. ``connected``: called when the
-        statement is about to go (a connection of the pool given), before the database's
-        clock starts the leases (see :class:`~.keeper.LeaseKeeper`)."""
+        Each lease's epoch is one more than the claim's last. ``connected``: called once the
+        pool gave the statement its connection, before the database starts the leases."""
         params = {
             "limit": limit,
             "owner": self.owner,
@@ -417,7 +367,7 @@ class PostgresClaimLedger:
             "skip": sorted(skip),
         }
         with self._transaction("acquire leases", connected) as conn:
-            rows = conn.execute(_ACQUIRE_SQL, params).fetchall()
+            rows = conn.execute(ACQUIRE_SQL, params).fetchall()
         return sorted(map(self._lease, rows), key=lambda held: held.claim_id)
 
     def renew(
@@ -425,8 +375,7 @@ class PostgresClaimLedger:
     ) -> dict[int, Lease]:
         """Extend every lease that still holds by :attr:`lease` seconds from now (database
         time), in one statement. Returns the renewed ones by claim id: a lease missing from the
-        answer is lost (it expired, or another daemon took it over). ``connected``: as
-        :meth:`acquire`'s."""
+        answer is lost (it expired, or another daemon took it over). ``connected``: see acquire."""
         if not leases:
             return {}
         params = {
@@ -436,11 +385,11 @@ class PostgresClaimLedger:
             "epochs": [held.epoch for held in leases],
         }
         with self._transaction("renew leases", connected) as conn:
-            rows = conn.execute(_RENEW_SQL, params).fetchall()
+            rows = conn.execute(RENEW_SQL, params).fetchall()
         return {renewed.claim_id: renewed for renewed in map(self._lease, rows)}
 
     def release(self, lease: Lease) -> bool:
         """Give the lease up (a daemon draining): another daemon may acquire the manifest at
         once. False if it was already lost."""
         with self._transaction(f"release {lease.name!r}") as conn:
-            return conn.execute(_RELEASE_SQL, _lease_params(lease)).rowcount == 1
+            return conn.execute(RELEASE_SQL, _lease_params(lease)).rowcount == 1
