@@ -24,6 +24,7 @@ state, connections to the service) ran out: it exited on EMFILE.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -312,7 +313,10 @@ class MonitoringServer:
         except OSError as err:  # (a second daemon on the machine, the default address)
             await runner.cleanup()
             where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            why = os.strerror(err.errno).lower() if err.errno else str(err)
+            if isinstance(err, socket.gaierror):  # (a typo, a name /etc/hosts lacks)
+                why = f"{host} does not resolve ({err.strerror or err})"
+            else:
+                why = os.strerror(err.errno).lower() if err.errno else str(err)
             raise OSError(
                 f"cannot listen on {where} (--listen, the monitoring endpoints): {why}: give"
                 " another --listen HOST:PORT, or --listen '' for none"
