@@ -1,10 +1,10 @@
 """systemd's notify protocol, without the systemd library.
 
 With ``NOTIFY_SOCKET`` set (a path, or ``@name`` for an abstract socket), the daemon sends
-``READY=1`` once it scans, ``WATCHDOG=1`` every half ``WATCHDOG_USEC``, and ``STOPPING=1`` when
-it drains. Every send is one datagram on a non-blocking socket: when the receiver's queue is
-full (systemd busy or stopped), the datagram is dropped and the daemon goes on. A watchdog
-ping that is lost is retried at the next interval, which is half the timeout.
+``READY=1`` once its endpoints listen, ``WATCHDOG=1`` every half ``WATCHDOG_USEC``, and
+``STOPPING=1`` when it drains. Every send is one datagram on a non-blocking socket: when the
+receiver's queue is full (systemd busy or stopped), the datagram is dropped and the daemon goes
+on. A watchdog ping that is lost is retried at the next interval, which is half the timeout.
 
 Without ``NOTIFY_SOCKET`` every method does nothing, so the daemon calls them unconditionally.
 """
@@ -75,7 +75,7 @@ class SystemdNotifier:
         return True
 
     def ready(self, status: str = "") -> bool:
-        """``READY=1`` (the daemon is scanning), with an optional human status line."""
+        """``READY=1`` (the daemon listens; it scans once resumed), with an optional status line."""
         return self.notify("READY=1" + (f"\nSTATUS={status}" if status else ""))
 
     def stopping(self) -> bool:

@@ -156,30 +156,22 @@ class Daemon(DaemonMonitor):
                     reuse=reuse,
                 )
                 self._engine = engine
+                # Ready for systemd once listening, before the engine resumes the manifests in
+                # flight: that waits for the service to find their tasks, as long as it is
+                # down (TimeoutStartSec stopped such a start, and again at every restart).
                 async with (
                     MonitoringServer(
                         self.config.listen, metrics=self.metrics, health=self.health, status=self
                     ) as server,
-                    engine,
+                    anyio.create_task_group() as life,
                 ):
                     self.url = server.url
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self.report, client)
-                        tg.start_soon(self.probe, client)
-                        tg.start_soon(watch_state_file, self.health, Path(state_path))
-                        tg.start_soon(self.notifier.run_watchdog)
-                        tg.start_soon(self._drain_watch, engine)
-                        self.notifier.ready(f"watching {inbox_dir}")
-                        self.started.set()
-                        logger.info(
-                            "daemon started",
-                            extra={
-                                "inbox": str(inbox_dir),
-                                "outbox": str(outbox_dir),
-                                "listen": self.url,
-                            },
-                        )
-                        await self._claim_loop(tg, inbox, outbox, engine)
+                    life.start_soon(self.notifier.run_watchdog)
+                    self.notifier.ready(f"watching {inbox_dir}")
+                    try:
+                        await self._work(client, engine, inbox, outbox, Path(state_path))
+                    finally:
+                        life.cancel_scope.cancel()
         finally:
             self._engine = None
             with anyio.CancelScope(shield=True):
@@ -190,6 +182,20 @@ class Daemon(DaemonMonitor):
                 if reuse is not None:
                     await anyio.to_thread.run_sync(reuse.close_store)
         logger.info("daemon stopped")
+
+    async def _work(
+        self, client: TaggerClient, engine: Engine, inbox: Inbox, outbox: Outbox, state: Path
+    ) -> None:
+        """The daemon's work, once its endpoints listen: the engine (resumed), then claims."""
+        async with engine, anyio.create_task_group() as tg:
+            tg.start_soon(self.report, client)
+            tg.start_soon(self.probe, client)
+            tg.start_soon(watch_state_file, self.health, state)
+            tg.start_soon(self._drain_watch, engine)
+            self.started.set()
+            where = {"inbox": str(self.inbox_path), "outbox": str(self.outbox_path)}
+            logger.info("daemon started", extra={**where, "listen": self.url})
+            await self._claim_loop(tg, inbox, outbox, engine)
 
     def _open_reuse(self, db: StateDB, state_path: str | Path) -> ReuseHook | None:
         """``--reuse``: the result store every manifest shares (None without one). The state

@@ -33,9 +33,9 @@ __all__ = ["late_look", "reattach", "reattach_unless_stopped"]
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
 #: At most this long (seconds) besides ``list_lag`` for a long-lived engine's look (the SQLite
-#: daemon's, whose start, and systemd's READY=1, waits for it): past ``TimeoutStartSec`` (60 s
-#: in the unit we ship, 90 s by default) systemd kills the daemon and starts it again, over
-#: and over, each start waiting as long.
+#: daemon's, whose claims wait for it; it sent systemd's READY=1 only after it too, and past
+#: ``TimeoutStartSec`` (60 s in the unit we ship, 90 s by default) systemd killed the daemon
+#: and started it again, over and over, each start waiting as long).
 START_LOOK_CAP = 30.0
 
 
