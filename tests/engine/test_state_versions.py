@@ -151,3 +151,45 @@ async def test_an_orphan_counted_by_an_older_build_is_not_counted_again(tmp_path
     assert len(read_outcomes(out, out.with_suffix(".rej")).results) == n
     figures = msgspec.json.decode(summary.read_bytes())
     assert (figures["submitted"], billed) == (n, n)
+
+
+async def test_a_state_file_of_the_first_builds_with_jobs_is_resumed(tmp_path: Path) -> None:
+    """Builds of 2026-11-23 03:56 to 04:46 (the first with the ``jobs`` table: the first
+    ``fashiontag daemon``) wrote it without ``pages`` and ``tasks``. A run (or a daemon)
+    killed under such a build and resumed by this one stopped at once on
+    ``OperationalError: ... no such column: pages`` (``the same command resumes once this is
+    fixed``: it never did), its rows' results never read; the daemon stopped with its
+    manifests in ``.work``. The columns are added as the file is opened."""
+    n = 3000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "s.db"
+    extra = ["--state", str(state)]
+    async with running_service(ServiceConfig()) as svc:
+        proc: anyio.abc.Process | None = None
+
+        def kill_at_first_page(method: str, path: str) -> None:
+            page = method == "GET" and path.startswith(f"{BULK}/") and not path.endswith("/status")
+            if page and proc is not None and proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+
+        async with misbehaving(svc.url, Misbehaviour(on_request=kill_at_first_page)) as proxy:
+            proc = await anyio.open_process(
+                run_args(proxy.url, out, str(manifest), *extra), env=ENV
+            )
+            with anyio.fail_after(30):
+                await proc.wait()
+            await proc.aclose()
+        assert proc.returncode == -signal.SIGKILL
+        with sqlite3.connect(state) as db:  # the jobs table as those builds made it
+            db.execute("ALTER TABLE jobs DROP COLUMN pages")
+            db.execute("ALTER TABLE jobs DROP COLUMN tasks")
+            db.execute("PRAGMA user_version = 0")
+        final = await anyio.run_process(
+            run_args(svc.url, out, str(manifest), *extra), check=False, env=ENV
+        )
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    outcomes = read_outcomes(out, out.with_suffix(".rej"))
+    assert sorted(r["id"] for r in outcomes.results) == sorted(f"p{i}" for i in range(n))
+    assert billed == n

@@ -155,6 +155,9 @@ class StateDB(DeferredIds, StateStore):
         columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
         if "reused" not in columns:  # state files written before --reuse
             db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
+        if "pages" not in columns:  # the first builds with jobs (2026-11-23 03:56-04:46)
+            db.execute("ALTER TABLE jobs ADD COLUMN pages INTEGER NOT NULL DEFAULT 0")
+            db.execute("ALTER TABLE jobs ADD COLUMN tasks INTEGER NOT NULL DEFAULT 0")
         if "failure" not in columns:  # state files written before a job kept its failure
             db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
             db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
