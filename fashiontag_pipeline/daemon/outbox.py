@@ -244,6 +244,12 @@ class Outbox:
         # folders, not "another outbox").
         self.root = Path(os.path.abspath(root))
 
+    @staticmethod
+    def folder_of(results: str) -> Path:
+        """The folder of a job's results file as recorded (one an older build recorded
+        relative: from the working directory, as the engine takes it)."""
+        return Path(os.path.abspath(results)).parent
+
     def prepare(self) -> None:
         """Create the outbox folder if needed."""
         self.root.mkdir(parents=True, exist_ok=True)

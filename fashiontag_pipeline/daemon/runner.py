@@ -275,7 +275,7 @@ class Daemon(DaemonMonitor):
                 earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
                 key = _job_key(claim)
                 job = engine.job_of_key(key)  # a resumed claim: where it writes
-                recorded = Path(job.row.results).parent if job is not None else None
+                recorded = outbox.folder_of(job.row.results) if job is not None else None
                 if recorded is not None and recorded.parent != outbox.root:
                     logger.warning(
                         "manifest resumed into its folder in another outbox (the daemon was"
@@ -283,7 +283,9 @@ class Daemon(DaemonMonitor):
                         extra={"manifest": claim.name, "folder": str(recorded)},
                     )
                 # Folders of other jobs in flight are theirs even when removed under them.
-                taken = {Path(j.row.results).parent for j in engine.active_jobs() if j is not job}
+                taken = {
+                    outbox.folder_of(j.row.results) for j in engine.active_jobs() if j is not job
+                }
                 outputs = await outbox.aoutputs(claim, recorded, taken)
                 if earlier is not None:
                     await self.duplicate(claim, outputs, inbox, earlier.name)

@@ -97,6 +97,8 @@ class DaemonProcess:
     #: The port asked for (0: one the system picks, read from the "daemon started" line:
     #: a port chosen here and bound later could be taken meanwhile by another test worker).
     port: int = 0
+    #: The daemon's working directory (None: the test's), for a relative ``--outbox``.
+    cwd: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -160,7 +162,7 @@ class DaemonProcess:
         self.stderr_path = self.root / f"daemon-{time.monotonic_ns()}.err"
         self.stdout_path = self.stderr_path.with_suffix(".out")
         with self.stderr_path.open("wb") as err, self.stdout_path.open("wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
+            self.proc = subprocess.Popen(args, stdout=out, stderr=err, env=env, cwd=self.cwd)
         return self
 
     def tail(self, lines: int = 40) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import textwrap
 from pathlib import Path
 
@@ -89,6 +90,43 @@ async def test_a_restart_with_another_outbox_ends_the_manifest_where_it_was_writ
     rows = read_lines(tmp_path / "outbox" / "big" / "results.jsonl")
     assert sorted(r["id"] for r in rows) == sorted(ids)
     assert not (moved / "big").exists()
+
+
+async def test_a_manifest_an_older_build_recorded_under_a_relative_outbox_is_not_another(
+    tmp_path: Path,
+) -> None:
+    """Builds before 2026-11-27 14:55 recorded a manifest's outputs as given: under a relative
+    ``--outbox`` (a daemon started in its folder), a relative path. Killed under such a build
+    and restarted by this one with the same command line, every manifest it resumed was
+    logged ``manifest resumed into its folder in another outbox (the daemon was restarted with
+    another --outbox)``, a warning of a change nobody made (an operator hunting for the other
+    outbox). The recorded folder is taken as the engine takes it, from the working directory."""
+    ids = [f"p{i}" for i in range(12_000)]
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "big.csv", ids)
+            await until_results(daemon, "big", 1000)
+            await daemon.kill()
+            state = daemon.inbox / ".fashiontag-daemon.sqlite"
+            with sqlite3.connect(state) as db:  # the job as such a build recorded it
+                db.execute(
+                    "UPDATE jobs SET results = 'outbox/big/results.jsonl',"
+                    " rejects = 'outbox/big/rejects.jsonl'"
+                )
+            daemon = DaemonProcess(
+                tmp_path, svc.url, port=daemon.port, cwd=tmp_path, extra=["--outbox", "outbox"]
+            ).start()
+            summary = await daemon.wait_summary("big", timeout=90)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert summary["status"] == "done"
+    rows = read_lines(tmp_path / "outbox" / "big" / "results.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    warned = [e for e in daemon.logs() if "another outbox" in str(e.get("event"))]
+    assert warned == []
 
 
 async def test_a_manifest_removed_from_work_or_an_unwritable_done_stop_nothing(
