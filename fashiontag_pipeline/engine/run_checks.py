@@ -150,6 +150,10 @@ def check_sink(where: str, job: JobRow | None, sink: str) -> None:
     or for one that is not a database, and said to start over or give another ``--out``."""
     if job is None or job.sink == sink or job.results_ckpt <= 0:
         return  # (no result committed yet: nothing to read back in the old format)
+    if not job.results:
+        # A run of a build before jobs, which recorded neither its outputs nor its sink (its
+        # job says jsonl): the sink given now is taken; each refuses a file of the other's.
+        return
     raise exc.StateConflictError(
         f"{where} holds an unfinished run begun with --sink {job.sink}, whose results so far"
         f" are in {job.results} in that format; this command gives --sink {sink}: resume it"

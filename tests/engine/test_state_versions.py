@@ -193,3 +193,65 @@ async def test_a_state_file_of_the_first_builds_with_jobs_is_resumed(tmp_path: P
     outcomes = read_outcomes(out, out.with_suffix(".rej"))
     assert sorted(r["id"] for r in outcomes.results) == sorted(f"p{i}" for i in range(n))
     assert billed == n
+
+
+def _committed(state: Path) -> int:
+    """The results the run's state counts written (0 while it cannot be read)."""
+    try:
+        with sqlite3.connect(state) as db:
+            row = db.execute("SELECT results_ckpt FROM jobs").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(row[0]) if row else 0
+
+
+def _as_before_jobs(state: Path) -> None:
+    """The state of ``run`` as builds before the ``jobs`` table (2026-11-23, before 03:56)
+    kept it: the run's watermarks, checkpoints and counters in ``meta``, its manifests' names
+    there, its output paths and its sink nowhere."""
+    with sqlite3.connect(state) as db:
+        names, *marks = db.execute(
+            "SELECT sources, validated, chunked, results_ckpt, rejects_ckpt FROM jobs"
+        ).fetchone()
+        keys = ("validated", "chunked", "results_ckpt", "rejects_ckpt")
+        rows = list(zip(keys, marks, strict=True))
+        rows.append(("manifests", msgspec.json.encode([n for _, n in msgspec.json.decode(names)])))
+        db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows)
+        db.execute("DELETE FROM jobs")
+        db.execute("DELETE FROM job_tasks")
+        db.execute("PRAGMA user_version = 0")
+
+
+async def test_a_sqlite_sink_run_of_a_build_before_jobs_is_resumed_with_its_sink(
+    tmp_path: Path,
+) -> None:
+    """A ``--sink sqlite`` run killed under a build before the ``jobs`` table, which did not
+    record its sink, and resumed by this one with the same command, was refused (exit 2:
+    ``begun with --sink jsonl, whose results so far are in  in that format ... resume it
+    with --sink jsonl``); with --sink jsonl it was refused again (exit 1, the SQLite file
+    ``does not end ... with a line of this run``): only --restart, every row billed again.
+    Such a job's sink is unknown: the one given now is taken (the sinks refuse a file of
+    the other kind)."""
+    n = 6000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.db"
+    state = tmp_path / "s.db"
+    extra = ["--state", str(state), "--sink", "sqlite"]
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        proc = await anyio.open_process(run_args(svc.url, out, str(manifest), *extra), env=ENV)
+        with anyio.fail_after(30):  # killed once some results are committed
+            while _committed(state) == 0:
+                await anyio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        _as_before_jobs(state)
+        final = await anyio.run_process(
+            run_args(svc.url, out, str(manifest), *extra), check=False, env=ENV
+        )
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    with sqlite3.connect(out) as db:
+        ids = [i for (i,) in db.execute("SELECT id FROM results")]
+    assert sorted(ids) == sorted(f"p{i}" for i in range(n))
+    assert billed == n
