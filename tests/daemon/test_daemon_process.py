@@ -284,8 +284,9 @@ async def test_a_small_manifest_dropped_behind_a_big_one_is_done_first(tmp_path:
     The big one had 8,700 to 16,000 lines when the small one was done (idle machine, or three
     copies at once), and once 25,700 in a full suite of 4 workers on 2 cores, where the service
     (its rate a wall-clock one) went on while the daemon waited for a core: at 3,000 images/s
-    that was past the bound below. The bound stays; at 2,000 images/s it is 12.5 s of wall
-    time after the big one's first result rather than 8.3."""
+    that was past the bound below. At 2,000 images/s it met 25,700 again beside helpers (twice
+    in two such runs). The bound is 28,000: the small one queued behind the big one's rows
+    (the unfair order) would end with ~29,000 or more written: its task comes after theirs."""
     big_ids, small_ids = _ids("b", 30_000), _ids("s", 300)
     async with running_service(ServiceConfig(rate=2000.0)) as svc:
         daemon = DaemonProcess(tmp_path, svc.url, extra=["--max-pending-rows", "3000"]).start()
@@ -304,7 +305,7 @@ async def test_a_small_manifest_dropped_behind_a_big_one_is_done_first(tmp_path:
             assert await daemon.stop() == 0
         finally:
             daemon.ensure_dead()
-    assert not big_done_first and big_lines < 25_000, big_lines
+    assert not big_done_first and big_lines < 28_000, big_lines
     _assert_once(daemon.outbox / "small", small_ids)
     _assert_once(daemon.outbox / "big", big_ids)
 

@@ -333,7 +333,9 @@ async def test_a_row_the_service_never_returns_ends_as_a_reject(tmp_path: Path) 
 
 async def test_server_clock_ahead_and_a_paused_producer(tmp_path: Path) -> None:
     """The server's clock runs 3 s ahead, tasks live 4 s, the producer pauses 5 s between two
-    rows: no write reaches an expired task, and the skew is measured."""
+    rows: no write reaches an expired task, and the skew is measured. The pause counts from
+    the first task's create (a run that took 2 s to start on a loaded machine created it late
+    enough for the second row to fit into it, rightly)."""
     out = tmp_path / "out.jsonl"
     summary_file = tmp_path / "summary.json"
     ahead = 3.0
@@ -349,6 +351,9 @@ async def test_server_clock_ahead_and_a_paused_producer(tmp_path: Path) -> None:
         ) as proc:
             assert proc.stdin is not None
             await proc.stdin.send(b"id,url\nc0,https://img.example/0.jpg\n")
+            with anyio.fail_after(30):
+                while not svc.store.tasks:
+                    await anyio.sleep(0.02)
             await anyio.sleep(5.0)
             await proc.stdin.send(b"c1,https://img.example/1.jpg\n")
             await proc.stdin.aclose()
