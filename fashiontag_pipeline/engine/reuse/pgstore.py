@@ -284,7 +284,13 @@ class PostgresResultStore(StoreConnections):
     @_again
     def prune(self, older_than: float, *, now: Any = None) -> int:
         """Delete results stored more than ``older_than`` seconds ago, in bounded
-        transactions; returns how many."""
+        transactions; returns how many.
+
+        ``stored_at`` is tested again on the row deleted, not only in the batch's choice: a
+        run storing that fingerprint's result again meanwhile (its old result was past the
+        run's ``--reuse-max-age``, so it re-tagged the row) holds the row until it commits,
+        and the delete then reads the row as committed. Chosen by its old age alone, the
+        result paid for that night was deleted and the row billed again the next."""
         import time
 
         cutoff = (now or time.time)() - older_than
@@ -293,11 +299,11 @@ class PostgresResultStore(StoreConnections):
             while True:
                 cur = self._writer.execute(
                     "DELETE FROM reuse_results WHERE fp IN (SELECT fp FROM reuse_results"
-                    " WHERE stored_at < %s ORDER BY stored_at LIMIT %s)",
-                    (cutoff, _PRUNE_BATCH),
+                    " WHERE stored_at < %s ORDER BY stored_at LIMIT %s) AND stored_at < %s",
+                    (cutoff, _PRUNE_BATCH, cutoff),
                 )
                 deleted += cur.rowcount
-                if cur.rowcount < _PRUNE_BATCH:
+                if cur.rowcount == 0:  # (a batch may delete fewer: rows stored again)
                     break
         return deleted
 
