@@ -290,18 +290,31 @@ class PostgresResultStore(StoreConnections):
         run storing that fingerprint's result again meanwhile (its old result was past the
         run's ``--reuse-max-age``, so it re-tagged the row) holds the row until it commits,
         and the delete then reads the row as committed. Chosen by its old age alone, the
-        result paid for that night was deleted and the row billed again the next."""
+        result paid for that night was deleted and the row billed again the next. A batch
+        aborted by a deadlock with such a run (it locks rows in fingerprint order, the prune
+        in ``stored_at`` order) is tried again, as the run's :meth:`put` is: a cron job's
+        prune no longer fails on it."""
         import time
+
+        import psycopg
 
         cutoff = (now or time.time)() - older_than
         deleted = 0
+        deadlocks = 0
         with self._errors():
             while True:
-                cur = self._writer.execute(
-                    "DELETE FROM reuse_results WHERE fp IN (SELECT fp FROM reuse_results"
-                    " WHERE stored_at < %s ORDER BY stored_at LIMIT %s) AND stored_at < %s",
-                    (cutoff, _PRUNE_BATCH, cutoff),
-                )
+                try:
+                    cur = self._writer.execute(
+                        "DELETE FROM reuse_results WHERE fp IN (SELECT fp FROM reuse_results"
+                        " WHERE stored_at < %s ORDER BY stored_at LIMIT %s) AND stored_at < %s",
+                        (cutoff, _PRUNE_BATCH, cutoff),
+                    )
+                except psycopg.errors.DeadlockDetected:
+                    deadlocks += 1
+                    if deadlocks > _DEADLOCK_RETRIES:
+                        raise
+                    continue
+                deadlocks = 0  # (counted per batch: a long prune may meet several)
                 deleted += cur.rowcount
                 if cur.rowcount == 0:  # (a batch may delete fewer: rows stored again)
                     break
