@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ._exceptions import ConfigError
+from ._fieldtypes import check_field_types
 from ._models import LANGUAGES
 from ._urls import base_url_problem, clean_base_url, shown_url
 
@@ -129,9 +130,9 @@ class Timeout(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     total: float | None = None
 
     def __post_init__(self) -> None:
-        # aiohttp reads 0, a negative number or nan as "no limit" (a frozen service would hold
-        # a run for ever) and fails on inf mid-run (an OverflowError). TOML has no None: inf is
-        # "no limit" here.
+        check_field_types(self, "timeout.")
+        # aiohttp reads 0, < 0 or nan as "no limit" (a frozen service would hold a run for
+        # ever), fails on inf mid-run (an OverflowError). TOML has no None: inf is no limit.
         for name in ("connect", "read", "total"):
             value = getattr(self, name)
             if value == math.inf:
@@ -156,6 +157,7 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
 
     def __post_init__(self) -> None:
+        check_field_types(self, "retry.")
         if self.max_attempts < 1:
             raise ValueError("retry.max_attempts must be at least 1")
         for name in ("backoff_base", "backoff_max", "max_retry_after"):
@@ -177,6 +179,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
 
     def __post_init__(self) -> None:
+        check_field_types(self, "limits.")
         if self.max_connections < 1 or self.max_answer_bytes < 1:
             raise ValueError("limits.max_connections and max_answer_bytes must be at least 1")
         if not 0 <= self.keepalive_expiry < math.inf:  # nan: idle connections kept for ever
@@ -198,8 +201,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     limits: Limits = Limits()
 
     def __post_init__(self) -> None:
-        # A key given as a plain string (``ClientConfig(api_key="...")``) is wrapped here, so
-        # that it is masked like any other key and the client can rely on a Secret.
+        # A key given as a str (``ClientConfig(api_key="...")``) is wrapped: masked, a Secret.
         for name in ("api_key", "bulk_api_key"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -212,6 +214,7 @@ class ClientConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             problem = key_problem(secret) if secret is not None else None
             if problem is not None:
                 raise ValueError(f"{name} {problem}")
+        check_field_types(self, "")  # (keys given as str are Secrets by now)
         base_url = clean_base_url(self.base_url)
         if base_url != self.base_url:
             msgspec.structs.force_setattr(self, "base_url", base_url)

@@ -13,6 +13,7 @@ from typing import Literal
 
 import msgspec
 
+from .._fieldtypes import check_field_types
 from .._images import DEFAULT_SINGLE_MAX_BYTES
 from .._models import MAX_REQUESTS_PER_WRITE, Detection
 from .._postgres import foreign_url, is_postgres_url, redact_url
@@ -155,6 +156,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         return f"EngineConfig({fields})"
 
     def __post_init__(self) -> None:
+        check_field_types(self, "engine.")
         if not 1 <= self.chunk_size <= MAX_REQUESTS_PER_WRITE:
             raise ValueError(f"engine.chunk_size must be between 1 and {MAX_REQUESTS_PER_WRITE}")
         # (``not x > 0``, not ``x <= 0``: a nan passes every comparison's negation, and was
