@@ -39,7 +39,7 @@ from .reuse.setup import open_reuse
 from .run_checks import (
     ASKED,
     PATHS_BASE,
-    absolute,
+    absolute_outputs,
     asked_text,
     check_asked,
     check_sink,
@@ -118,8 +118,7 @@ async def run_pipeline(
     run cannot go on (state saved).
     """
     started = time.monotonic()
-    # Recorded absolute: a resume from another working directory names the same files.
-    out, rejects = absolute(out), absolute(rejects)
+    out, rejects = absolute_outputs(client, engine, state, out, rejects)  # (or a TypeError)
     readers: list[ManifestReader] = []
 
     def close_readers() -> None:

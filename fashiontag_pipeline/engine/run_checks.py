@@ -17,13 +17,17 @@ from typing import Any
 import msgspec
 
 from .. import _exceptions as exc
+from .._client import TaggerClient
+from .._config import ClientConfig
+from .config import EngineConfig
 from .outfiles import lock_output
-from .state import JobRow
+from .state import JobRow, StateStore
 
 __all__ = [
     "ASKED",
     "a_folder",
     "absolute",
+    "absolute_outputs",
     "asked_text",
     "check_asked",
     "check_sink",
@@ -197,6 +201,33 @@ def same_file(named: Sequence[tuple[str, Path | str]]) -> str | None:
             return f"{first} and {what} are the same file ({path}): give each its own path"
         seen[key] = (what, path)
     return None
+
+
+def absolute_outputs(
+    client: object, engine: object, state: object, out: object, rejects: object
+) -> tuple[Path, Path]:
+    """``run_pipeline``'s outputs made absolute (recorded so: a resume from another working
+    directory names the same files), once each argument is of its kind: else a TypeError
+    naming the parameter, before anything is made (``client="http://..."`` was an
+    AttributeError from deep inside, after the state file was made)."""
+    path = (str, os.PathLike)
+    kinds: list[tuple[str, object, tuple[type, ...], str]] = [
+        (
+            "client",
+            client,
+            (ClientConfig, TaggerClient),
+            "a ClientConfig(base_url=...) or a TaggerClient",
+        ),
+        ("engine", engine, (EngineConfig,), "an EngineConfig"),
+        ("out", out, path, "a path (str or Path)"),
+        ("rejects", rejects, path, "a path (str or Path)"),
+        ("state", state, (*path, StateStore, type(None)), "a path, a postgresql:// URL or None"),
+    ]
+    for name, value, types, what in kinds:
+        if not isinstance(value, types):
+            raise TypeError(f"{name}: {what}, not {type(value).__name__}")
+    assert isinstance(out, str | os.PathLike) and isinstance(rejects, str | os.PathLike)
+    return absolute(Path(out)), absolute(Path(rejects))
 
 
 def absolute(path: Path) -> Path:

@@ -77,3 +77,43 @@ async def test_a_setting_of_the_wrong_type_is_refused_naming_its_field(
     assert summary.complete
     assert_exactly_once(out, rej, ids_of(1500))
     assert svc.store.image_count == 1500
+
+
+#: Arguments of the wrong kind to ``run_pipeline``, and the parameter the error must name. Each
+#: was an AttributeError (``'str' object has no attribute 'language'``, ``'dict' object has no
+#: attribute 'reuse'``) or a TypeError of ``os.fspath``, the client's made after the state file
+#: was (a run of the manifests recorded).
+ARGUMENTS: list[tuple[str, Any]] = [
+    ("client", "URL"),  # the service's URL, not ClientConfig(base_url=...)
+    ("client", {"base_url": "URL"}),
+    ("engine", {"chunk_size": 100}),
+    ("state", 5),
+    ("out", None),
+    ("rejects", None),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), ARGUMENTS, ids=[f"{n}-{v!r}" for n, v in ARGUMENTS])
+async def test_an_argument_of_the_wrong_kind_is_refused_naming_it(
+    tmp_path: Path, name: str, value: Any
+) -> None:
+    """``run_pipeline(["m.csv"], client="http://...", ...)`` (a notebook's first try): a
+    TypeError that names the parameter and what it takes, before anything is made."""
+    manifest = write_csv(tmp_path / "m.csv", 100)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        given: dict[str, Any] = {
+            "client": client_config(svc.url),
+            "out": out,
+            "rejects": rej,
+            "engine": EngineConfig(**FAST),
+        }
+        if value == "URL":
+            value = svc.url
+        elif isinstance(value, dict) and value.get("base_url") == "URL":
+            value = {"base_url": svc.url}
+        given[name] = value
+        with pytest.raises(TypeError, match=rf"^{name}: "), anyio.fail_after(30):
+            await run_pipeline([manifest], **given)
+        assert svc.store.image_count == 0
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]  # nothing made
