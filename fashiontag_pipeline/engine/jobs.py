@@ -38,6 +38,11 @@ __all__ = ["IdSpace", "Job", "JobEnd", "JobSpec", "Jobs", "lost_outputs"]
 _LINE_MASK = (1 << POS_SHIFT) - 1
 
 
+#: The kinds of results sink a job may have: ``SinkKind``'s (not imported from ``.config``,
+#: which imports the result store, as the state package, importing this module, may not).
+SINK_KINDS = ("jsonl", "sqlite")
+
+
 class JobSpec(msgspec.Struct, frozen=True):
     """What a caller hands the engine: ``key`` names the job in the state (the same key
     again resumes it, on the same manifest content), ``manifests`` are read in order, outcomes
@@ -62,6 +67,8 @@ class JobSpec(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         # One path is that one manifest (not one a character); each a str.
         force_setattr(self, "manifests", manifest_names(self.manifests))
+        if self.sink not in SINK_KINDS:  # ("SQLite": JSONL written into the file meant for it)
+            raise ValueError(f"sink must be one of {', '.join(SINK_KINDS)}, got {self.sink!r}")
         for name in ("results", "rejects"):
             force_setattr(self, name, Path(os.path.abspath(getattr(self, name))))
 

@@ -7,6 +7,7 @@ number where a ``Timeout`` goes) was taken as it was. Found by a hunt; failed be
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,11 @@ import anyio
 import pytest
 
 from fashiontag_pipeline import ClientConfig, Timeout
+from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.jobs import JobSpec
+from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, ids_of, write_csv
@@ -117,3 +122,36 @@ async def test_an_argument_of_the_wrong_kind_is_refused_naming_it(
             await run_pipeline([manifest], **given)
         assert svc.store.image_count == 0
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]  # nothing made
+
+
+async def test_a_job_of_a_sink_of_no_kind_is_refused(tmp_path: Path) -> None:
+    """``JobSpec(..., sink="SQLite")`` (or ``"sqllite"``): the job was taken, its results
+    written as JSONL into the file the program meant as a SQLite database (its reader failing
+    on it next), the misspelt kind recorded in the state. Refused where it is made, a
+    ValueError naming ``sink`` and its kinds; the job of a kind then runs."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    results, rejects = tmp_path / "results.sqlite", tmp_path / "rejects.jsonl"
+    for sink in ("SQLite", "sqllite", "csv"):
+        with pytest.raises(ValueError, match=r"sink.*jsonl.*sqlite"):
+            JobSpec(key="k", manifests=[str(manifest)], results=results, rejects=rejects, sink=sink)
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=EngineConfig(**FAST)
+            )
+            with anyio.fail_after(30):
+                async with engine:
+                    spec = JobSpec(
+                        key="k",
+                        manifests=[str(manifest)],
+                        results=results,
+                        rejects=rejects,
+                        sink="sqlite",
+                    )
+                    job = await engine.submit(spec)
+                    engine.close()
+                    await engine.outcome(job)
+    with sqlite3.connect(results) as db_file:  # a SQLite file, every row in it
+        (rows,) = db_file.execute("SELECT count(*) FROM results").fetchone()
+    assert rows == 300
