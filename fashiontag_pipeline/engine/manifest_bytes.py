@@ -79,10 +79,14 @@ class ReadEnd:
     reached its end: a few ints a run keeps until it ends, when :meth:`changed` looks at the
     path once more (the reader is closed and dropped by then)."""
 
-    __slots__ = ("name", "opened", "opened_mtime_ns", "reached", "read_print")
+    __slots__ = ("name", "opened", "opened_mtime_ns", "path", "reached", "read_print")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        #: Where it is looked at again: a relative name from the directory it was opened in (a
+        #: program's ``os.chdir`` mid-run, where a file of the same name is, took that file for
+        #: the one read, and a complete run for one whose manifest was replaced).
+        self.path = _absolute(name)
         #: (st_dev, st_ino, st_size) of a regular file opened by path; None for stdin.
         self.opened: tuple[int, int, int] | None = None
         #: Its modification time then: one written since, its size unchanged, is hashed.
@@ -103,7 +107,7 @@ class ReadEnd:
         if self.opened is None or not self.reached:
             return None
         try:
-            now = os.stat(self.name)
+            now = os.stat(self.path)
         except OSError:
             return None
         dev, ino, size = self.opened
@@ -145,10 +149,17 @@ class ReadEnd:
         if read is None or read.sha256 is None or read.size is None or read.size < 0:
             return False
         try:
-            now = fingerprint(self.name)
+            now = fingerprint(self.path)
         except ManifestError:  # a folder or a pipe at the path now
             return False
         return (now.size, now.sha256) == (read.size, read.sha256)
+
+
+def _absolute(name: str) -> str:
+    try:
+        return name if name == "-" else os.path.abspath(name)
+    except OSError:  # (the working directory removed: the name as it is)
+        return name
 
 
 class ManifestBytes:

@@ -16,13 +16,21 @@ import pytest
 
 from fashiontag_pipeline import ConfigError, ManifestError, StateConflictError
 from fashiontag_pipeline._client import TaggerClient
-from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+from fashiontag_pipeline.engine import EngineConfig, RunSummary, run_pipeline
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import assert_exactly_once, client_config, dead_port, ids_of, job_spec, write_csv
+from .helpers import (
+    assert_exactly_once,
+    client_config,
+    dead_port,
+    ids_of,
+    job_spec,
+    taken_in,
+    write_csv,
+)
 
 #: A run that went on against the dead service gives up within a second.
 FAST = EngineConfig(
@@ -345,3 +353,49 @@ async def test_a_state_that_is_empty_or_a_folder_is_refused_plainly(
         )
     assert ("empty" if state == "" else "is a folder") in str(caught.value)
     assert not out.exists() and not list(tmp_path.glob("*.state*"))
+
+
+async def test_a_relative_manifest_is_looked_at_again_where_it_was_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_pipeline(["catalogue.csv"], ...)`` in a program that changes its working directory
+    while the run goes on (a notebook's ``%cd`` into the next day's folder, a task that
+    ``os.chdir``-s into each feed's folder), where a file of the same name is: the run's look
+    at its manifests once every row had its outcome took the other folder's file for the one
+    read, "manifest catalogue.csv names another file than the one the run read", and the run,
+    every row tagged once, was reported incomplete with that error (exit 3 in a CLI, a retry
+    by the scheduler). The manifest is looked at again where it was read."""
+    n = 2000
+    day1, day2 = tmp_path / "day1", tmp_path / "day2"
+    day1.mkdir()
+    day2.mkdir()
+    write_csv(day1 / "catalogue.csv", n)
+    write_csv(day2 / "catalogue.csv", 500, start=50_000)  # the next day's, in its folder
+    out, rej = day1 / "out.jsonl", day1 / "rej.jsonl"
+    monkeypatch.chdir(day1)
+    async with running_service(ServiceConfig(rate=2000)) as svc:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                ended: list[RunSummary] = []
+
+                async def run() -> None:
+                    ended.append(
+                        await run_pipeline(
+                            ["catalogue.csv"],
+                            client=client_config(svc.url),
+                            out=Path("out.jsonl"),
+                            rejects=Path("rej.jsonl"),
+                            engine=FAST,
+                        )
+                    )
+
+                tg.start_soon(run)
+                while taken_in(day1 / "out.jsonl.state")[0] < n:  # read to its end
+                    await anyio.sleep(0.01)
+                assert not ended
+                os.chdir(day2)
+    summary = ended[0]
+    assert summary.error is None
+    assert summary.complete
+    assert_exactly_once(out, rej, ids_of(n))
+    assert svc.store.image_count == n
