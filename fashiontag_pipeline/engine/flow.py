@@ -3,6 +3,7 @@ that stops an engine from outside."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -315,15 +316,44 @@ class RunControl:
 
     :meth:`stop` stops reading, lets in-flight writes finish, saves state and ends the engine
     (a later one with the same state resumes); :meth:`abort` ends it at once (state is
-    consistent at every commit, so this is safe too)."""
+    consistent at every commit, so this is safe too).
+
+    One control serves a run in each event loop (a nightly script's ``asyncio.run`` per night,
+    as its client does): its events are made for the loop that looks at them (an asyncio event
+    is bound to the first loop that waits on it, and the second night's run failed on "is
+    bound to a different event loop"); a stop, once made, holds in each."""
 
     def __init__(self) -> None:
-        self.stopping = anyio.Event()
-        self.aborting = anyio.Event()
+        self._stopped = self._aborted = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: tuple[anyio.Event, anyio.Event] | None = None
+
+    def _current(self) -> tuple[anyio.Event, anyio.Event]:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # (not in a loop: an event that binds to the first that waits)
+            loop = None
+        if self._events is None or (loop is not None and loop is not self._loop):
+            self._loop, self._events = loop, (anyio.Event(), anyio.Event())
+            if self._stopped:
+                self._events[0].set()
+            if self._aborted:
+                self._events[1].set()
+        return self._events
+
+    @property
+    def stopping(self) -> anyio.Event:
+        return self._current()[0]
+
+    @property
+    def aborting(self) -> anyio.Event:
+        return self._current()[1]
 
     def stop(self) -> None:
+        self._stopped = True
         self.stopping.set()
 
     def abort(self) -> None:
+        self._stopped = self._aborted = True
         self.stopping.set()
         self.aborting.set()

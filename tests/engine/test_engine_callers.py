@@ -18,7 +18,13 @@ import pytest
 
 from fashiontag_pipeline import ConfigError, ManifestError
 from fashiontag_pipeline._client import TaggerClient
-from fashiontag_pipeline.engine import EngineConfig, FatalRunError, RunSummary, run_pipeline
+from fashiontag_pipeline.engine import (
+    EngineConfig,
+    FatalRunError,
+    RunControl,
+    RunSummary,
+    run_pipeline,
+)
 from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.jobs import Job
 from fashiontag_pipeline.engine.state import StateDB
@@ -322,3 +328,76 @@ async def test_a_run_cancelled_while_it_resumes_leaves_no_stream_unclosed(tmp_pa
     assert summary.complete and summary.opened == "resumed"
     assert_exactly_once(out, rej, ids_of(n))
     assert svc.store.image_count == n
+
+
+def test_a_run_control_of_the_caller_serves_a_run_in_each_new_event_loop(tmp_path: Path) -> None:
+    """A nightly script that makes its ``RunControl`` once (its SIGTERM handler calls
+    ``control.stop()``) and runs each night's ``run_pipeline`` with ``asyncio.run``, as it does
+    its ``TaggerClient``: the second night's run failed as it started, nothing tagged, on
+    asyncio's ``RuntimeError: <asyncio.locks.Event ...> is bound to a different event loop`` (the
+    control's events belonged to the first night's loop), and every night after it. A control
+    serves a run in each loop; its stop still stops the run it is given to, which resumes."""
+    started = threading.Event()
+    stop = threading.Event()
+    url: list[str] = []
+
+    async def serve() -> None:
+        async with running_service(ServiceConfig(rate=3000)) as svc:
+            url.append(svc.url)
+            started.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    server = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    server.start()
+    try:
+        assert started.wait(10)
+        control = RunControl()
+        for night in range(2):
+            manifest = write_csv(tmp_path / f"night{night}.csv", 300, start=1000 * night)
+            out, rej = tmp_path / f"out{night}.jsonl", tmp_path / f"rej{night}.jsonl"
+            run = run_pipeline(
+                [manifest],
+                client=client_config(url[0]),
+                out=out,
+                rejects=rej,
+                engine=FAST,
+                control=control,
+            )
+            summary = asyncio.run(asyncio.wait_for(run, 30))
+            assert summary.complete
+            first = 1000 * night
+            assert_exactly_once(out, rej, {f"p{i}" for i in range(first, first + 300)})
+
+        n = 6000
+        manifest = write_csv(tmp_path / "night2.csv", n, start=10_000)
+        out, rej = tmp_path / "out2.jsonl", tmp_path / "rej2.jsonl"
+
+        async def stopped_night() -> RunSummary:
+            async def stop_once_taken_in() -> None:
+                while taken_in(tmp_path / "out2.jsonl.state")[0] == 0:
+                    await asyncio.sleep(0.01)
+                control.stop()  # (the night's SIGTERM)
+
+            stopper = asyncio.ensure_future(stop_once_taken_in())
+            try:
+                return await run_pipeline(
+                    [manifest],
+                    client=client_config(url[0]),
+                    out=out,
+                    rejects=rej,
+                    engine=FAST,
+                    control=control,
+                )
+            finally:
+                stopper.cancel()
+
+        summary = asyncio.run(asyncio.wait_for(stopped_night(), 30))
+        assert summary.interrupted and not summary.complete
+        resumed = run_pipeline([manifest], client=client_config(url[0]), out=out, rejects=rej)
+        summary = asyncio.run(asyncio.wait_for(resumed, 60))
+        assert summary.complete and summary.opened == "resumed"
+        assert_exactly_once(out, rej, {f"p{i}" for i in range(10_000, 10_000 + n)})
+    finally:
+        stop.set()
+        server.join(10)
