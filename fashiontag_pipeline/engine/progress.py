@@ -155,7 +155,7 @@ async def show_progress(
         return
     try:
         is_terminal = terminal if terminal is not None else out.isatty()
-    except (OSError, ValueError):  # (closed)
+    except (OSError, ValueError, AttributeError):  # (closed; a host's stand-in, write only)
         is_terminal = False
     line = ProgressLine(clock=clock)
     if not is_terminal:
@@ -214,7 +214,10 @@ def _print(text: str, out: TextIO) -> bool:
     """Write one progress line; False once nobody reads them (a broken pipe, a full disk, a
     closed file). A write that would block (a slow reader) drops that line only."""
     try:
-        print(text, file=out, flush=True)
+        out.write(text + "\n")
+        flush = getattr(out, "flush", None)  # (a host's stand-in may only write)
+        if flush is not None:
+            flush()
     except BlockingIOError:
         return True
     except (OSError, ValueError):

@@ -89,3 +89,45 @@ async def test_a_run_with_progress_goes_on_when_nobody_reads_its_hosts_stderr(
                 gone.close()
     assert summary.complete
     assert_exactly_once(tmp_path / "out.jsonl", tmp_path / "rej.jsonl", ids_of(2000))
+
+
+class _WriteOnly:
+    """A host's stand-in for stderr that has ``write`` and nothing else (a tee to its logger,
+    ``contextlib.redirect_stderr`` to an object of its own)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.lines.append(text)
+        return len(text)
+
+
+async def test_a_run_with_progress_writes_to_a_stderr_that_can_only_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_pipeline(..., progress=True)`` in a host whose ``sys.stderr`` is an object of its
+    own with only ``write``: the run stopped as it began, on a bare
+    ``AttributeError: '...' object has no attribute 'isatty'`` (and, past that, ``flush``).
+    Such a stream is not a terminal: the run writes its progress lines to it and ends as it
+    would."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    stream = _WriteOnly()
+    monkeypatch.setattr(sys, "stderr", stream)
+    engine = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, progress_seconds=0.01)
+    try:
+        async with running_service(ServiceConfig(rate=2000)) as svc:
+            with anyio.fail_after(30):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(svc.url),
+                    out=tmp_path / "out.jsonl",
+                    rejects=tmp_path / "rej.jsonl",
+                    engine=engine,
+                    progress=True,
+                )
+    finally:
+        monkeypatch.undo()
+    assert summary.complete
+    assert_exactly_once(tmp_path / "out.jsonl", tmp_path / "rej.jsonl", ids_of(2000))
+    assert any(line.startswith("fashiontag: ") for line in stream.lines)
