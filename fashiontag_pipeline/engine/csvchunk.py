@@ -133,8 +133,9 @@ class CsvChunk:
 
     def __init__(self, text: str, *, last: bool) -> None:
         self._lines = csv_lines(text)
-        self._nulls = SQL_NULL in text
-        self._escapes = '\\"' in text  # (maybe a quote escaped as Spark writes it: rows)
+        backslash = "\\" in text  # (one memchr: a two-character search is ~70x slower)
+        self._nulls = backslash and SQL_NULL in text
+        self._escapes = backslash and '\\"' in text  # (maybe Spark's escaped quote: rows)
         self._count = len(self._lines)
         self._last = last
         #: The line the reader started at (0, or the line after a refused record).

@@ -80,7 +80,9 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
         return None
     if _BAD_HEADS[i_id].search(body if i_id == 0 else "\n" + body) is not None:
         return None
-    if body.count("://") != len(lines):  # (a URL holding another: rules._JOINED decides)
+    # A URL holding another (rules._JOINED decides) after a "|" or ";": a comma would have
+    # split it into cells. The two single-character scans are ~40x cheaper than the count.
+    if ("|" in body or ";" in body) and body.count("://") != len(lines):
         return None
     ids = cells[i_id::2]
     if not all(ids):  # (an empty id: a truth test a cell, cheaper than comparing each to "")
@@ -193,7 +195,9 @@ def built(
         passed = list(map(_URL_HEAD.match, urls))
     else:
         passed = list(map(PLAIN_URL.fullmatch, urls))
-    if joined.count("://") != len(urls):  # (a URL holding another: rules._JOINED decides)
+    if (  # (a URL holding another after "|", "," or ";": rules._JOINED decides)
+        ("|" in joined or "," in joined or ";" in joined) and joined.count("://") != len(urls)
+    ):
         passed = [None if u.count("://") != 1 else m for m, u in zip(passed, urls, strict=True)]
     if (
         None in passed

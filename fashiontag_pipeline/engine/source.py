@@ -218,7 +218,8 @@ class ManifestReader(ManifestBytes):
         elif (
             '"' not in text
             and "\x00" not in text
-            and CsvChunk.NULL not in text  # (a cell read as no value: csvchunk.SQL_NULL)
+            # (a cell read as no value: csvchunk.SQL_NULL; a backslash first: one memchr)
+            and ("\\" not in text or CsvChunk.NULL not in text)
             and len(text) <= csv.field_size_limit()
             and "\r" not in (plain := text.replace("\r\n", "\n") if "\r" in text else text)
         ):
