@@ -106,8 +106,13 @@ def not_a_host_name(host: str) -> bool:
     traceback."""
     if ":" in host:  # (an IPv6 address)
         return False
+    from yarl import URL  # (aiohttp's own; imported here, when a URL is checked)
+
     try:
-        host.encode("idna").decode("idna")
+        host.encode("idna")  # (as the resolver asks: an empty label, one too long)
+        # As aiohttp reads it: yarl decodes ``xn--`` by IDNA 2008 first (``straße``, which
+        # IDNA 2003's round trip refuses), by the codec if not.
+        URL.build(scheme="http", host=host, encoded=True).host  # noqa: B018
     except UnicodeError:
         return True
     return False

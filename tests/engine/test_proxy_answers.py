@@ -226,3 +226,24 @@ async def test_an_ssl_cert_file_that_holds_no_ca_is_named_for_what_it_is(
     line = one_line(err)
     assert "not trusted" in line and f"SSL_CERT_FILE={cert_file!r}" in line, line
     assert expected in line, line
+
+
+@pytest.mark.parametrize("host", ["straße.test", "xn--strae-oqa.test"], ids=["idn", "punycode"])
+async def test_a_service_whose_name_is_idna_2008_is_reached(tmp_path: Path, host: str) -> None:
+    """A service (or proxy) on a host name valid under IDNA 2008 but not IDNA 2003 (``ß``,
+    ``ς``, a joiner: ``straße.test`` is ``xn--strae-oqa.test``, not ``strasse.test``), as
+    aiohttp and yarl reach it: the check for names no resolver takes refused it, exit 2 "no
+    valid name", before any request. The run is made (here through an ``HTTP_PROXY``)."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    out = tmp_path / "out.jsonl"
+    async with (
+        running_service(ServiceConfig()) as svc,
+        PrefixGateway(svc.url, "/v1").running() as gw,
+    ):
+        port = int(gw.url.rsplit(":", 1)[1])
+        routes = {"xn--strae-oqa.test:80": ("127.0.0.1", port)}
+        async with ForwardProxy(routes).running() as proxy:
+            env = {**ENV, "HTTP_PROXY": f"http://127.0.0.1:{proxy.port}"}
+            code, err, _ = await run(run_cmd(out, str(manifest), base_url=f"http://{host}/v1"), env)
+    assert code == 0, err[-1500:]
+    assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(50)})
