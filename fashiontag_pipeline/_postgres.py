@@ -40,6 +40,7 @@ __all__ = [
     "Migration",
     "check_url",
     "foreign_url",
+    "holds_password",
     "is_postgres_url",
     "migrate",
     "redact_url",
@@ -159,6 +160,19 @@ def foreign_url(text: str) -> bool:
     """Whether a ``--state`` or ``--reuse`` value is a URL of another kind than PostgreSQL's
     (``mysql://``, SQLAlchemy's ``postgresql+psycopg://``): refused, never taken for a path."""
     return re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) is not None and not is_postgres_url(text)
+
+
+def holds_password(url: str) -> bool:
+    """Whether ``url`` holds a password (in the authority or a ``password=`` parameter), as
+    :func:`redact_url` masks it. Not ``redact_url(url) != url``: that re-encodes the query
+    (``application_name=a%20b``, ``options=-c%20...``) and so differs with no password."""
+    if shown_url(url) != url:
+        return True
+    try:
+        pairs = parse_qsl(urlsplit(url).query, keep_blank_values=True)
+    except ValueError:  # (redact_url masks all of it)
+        return True
+    return any(k == "password" for k, _ in pairs)
 
 
 def redact_url(url: str) -> str:

@@ -452,3 +452,28 @@ async def test_a_password_given_in_a_url_flag_is_warned_of_as_a_key_flag_is(
         "tasks", "list", "--base-url", f"http://127.0.0.1:{dead}", "--give-up-after", "1"
     )
     assert code == 1 and "visible" not in raw.decode(), raw.decode()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "application_name=nightly%20tags",
+        "options=-c%20statement_timeout%3D5000",
+        "passfile=%2Fsecrets%2Fpgpass",
+    ],
+    ids=["app-name", "options", "passfile"],
+)
+async def test_a_postgresql_url_without_a_password_is_not_warned_of(query: str) -> None:
+    """A ``--state``/``--reuse``/``reuse stats`` URL with no password but an encoded query
+    (``application_name=nightly%20tags``, libpq's ``options=-c%20...``, the ``passfile``
+    holding the password): it was warned of as holding a password ("the password in its URL
+    with it"), since the check compared the URL with its masked form, which re-encodes the
+    query."""
+    dead = dead_port()
+    for url in (
+        f"postgresql://tagger@127.0.0.1:{dead}/fashiontag?{query}",
+        f"postgresql:///fashiontag?host=%2Ftmp&port={dead}&{query}",
+    ):
+        code, _, raw = await fashiontag("reuse", "stats", url)
+        err = raw.decode()
+        assert code != 0 and "visible to other users" not in err, (url, err)

@@ -175,7 +175,7 @@ def visible_passwords(args: argparse.Namespace) -> list[str]:
     """The warnings for a password in a URL given on the command line (``--base-url
     https://u:PW@gw``, ``--state postgresql://u:PW@db/...``), as for a key given as a flag:
     every user of the machine reads it in ``ps``. The password is never shown."""
-    from .._postgres import is_postgres_url, redact_url
+    from .._postgres import holds_password, is_postgres_url
 
     found = []
     for attr, flag, instead in _URL_FLAGS:
@@ -185,7 +185,7 @@ def visible_passwords(args: argparse.Namespace) -> list[str]:
         if attr == "base_url":
             holds = shown_url(value.strip()) != value.strip()
         else:
-            holds = is_postgres_url(value) and redact_url(value) != value
+            holds = is_postgres_url(value) and holds_password(value)
         if holds:
             found.append(
                 f"{flag} is visible to other users of this machine (ps, /proc), the password"
