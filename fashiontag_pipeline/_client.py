@@ -51,7 +51,8 @@ from ._models import (
     TaskResultsResponse,
     TaskStatusResponse,
 )
-from ._responses import front_end_answer, no_tagging_result, no_task_named, unreadable_write
+from ._responses import front_end_answer, no_tagging_result
+from ._write_answer import read_write_answer
 
 __all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
 
@@ -63,10 +64,8 @@ _encoder = msgspec.json.Encoder()
 #: Tasks asked for per list page (the reference service's maximum).
 LIST_PAGE_SIZE = 1000
 
-# The bulk answers' counts (``count``, ``validation``, ``taskInfo``) are read as integers
-# whether the service writes ``1000`` or ``"1000"`` (a JSON writer that quotes 64-bit integers)
-# or ``1000.0``: ``strict=False``. No text field takes a number for text that way.
-_bulk_response_decoder = msgspec.json.Decoder(BulkTaskResponse, strict=False)
+# Counts are read as integers whether written ``1000``, ``"1000"`` or ``1000.0``: see
+# ``_write_answer``.
 _list_decoder = msgspec.json.Decoder(TaskListResponse, strict=False)
 _status_decoder = msgspec.json.Decoder(TaskStatusResponse, strict=False)
 
@@ -414,16 +413,7 @@ class TaggerClient:
         )
         if not 200 <= response.status < 300:
             self._http.raise_for_status(response, method, path, task_id)
-        try:
-            answer = self._http.decode(_bulk_response_decoder, response, method, path)
-            if task_id is None and not answer.task_id:  # a create's: see no_task_named
-                raise no_task_named(response, method, path)
-            return answer
-        except exc.DecodeError as err:
-            page = front_end_answer(response, method, path, task_id)
-            error = unreadable_write(response, method, path, err, page, create=task_id is None)
-            self.stats.ambiguous_writes += isinstance(error, exc.AmbiguousWriteError)
-            raise error from err
+        return read_write_answer(self._http, response, method, path, task_id)
 
 
 def _as_secret(value: str | Secret) -> Secret:

@@ -335,12 +335,10 @@ class HttpExchange:
                 payload = await resp.read()
                 if payload.startswith(_BOM):  # a byte order mark, which JSON readers may skip
                     payload = payload[3:]
-                # An error answer, a bulk write's (its refused rows' reasons) or a front end's
-                # page may echo the key sent; the JSON answer of a read (a results page) or a
-                # single-mode request (one a row) is the service's data: the hot paths.
-                bulk_write = method != "GET" and path != SINGLE_PATH
+                # An error answer or a front end's page may echo the key sent; a 2xx JSON
+                # answer is the service's data (a page; a write's ids: see _write_answer).
                 heads = resp.headers
-                if resp.status >= 300 or bulk_write or payload[:1] != b"{":
+                if resp.status >= 300 or payload[:1] != b"{":
                     payload = mask_secrets(payload, self._secret_forms)
                     heads = mask_location(heads, self._secret_forms)  # (a 3xx's, named)
                 result = Response(resp.status, payload, heads)
@@ -414,6 +412,10 @@ class HttpExchange:
             if code is not None:  # (see _responses.REFUSING_CODES)
                 raise refused_in_success(response, code, error or "", path, self._key_hint(path))
             raise failure_in_success(response, status, error, method, path, task_id)
+
+    def masked_body(self, body: bytes) -> bytes:
+        """``body`` (an answer) with the keys sent masked (:func:`mask_secrets`)."""
+        return mask_secrets(body, self._secret_forms)
 
     def masked(self, text: str) -> str:
         """``text`` (words of an answer) with the keys sent masked (:func:`mask_secrets`)."""

@@ -148,7 +148,7 @@ async def test_a_key_quoted_in_a_written_rows_refusal_is_masked() -> None:
     """A service whose answer to a write (202) refuses a row quoting the key it came with
     (``failureList: [{"errorMessage": "refused for API key sk-...: ..."}]``): only answers of
     HTTP 300 and up were masked, so the row's reason, key and all, went into the rejects
-    file. A write's answer is masked whatever its status (a write is one request per chunk of
+    file. A write's refusals' words are masked whatever its status (one request per chunk of
     rows: no cost of note), as is a front end's page that is not JSON."""
     from fashiontag_pipeline import ClientConfig, RetryPolicy, Secret, TaggerClient
 

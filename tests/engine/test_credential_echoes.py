@@ -1,0 +1,45 @@
+"""A base URL's basic-auth password masked in a write's answer (an echo may quote it) where the
+answer is data the engine reads: a refused row's echoed id. Every server is real, on loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.engine import run_pipeline
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import TASKS_OF_1000, assert_exactly_once, client_config
+from .proxy import MisbehavingProxy, Misbehaviour
+
+
+async def test_a_row_refused_whose_id_holds_the_base_url_password_is_rejected(
+    tmp_path: Path,
+) -> None:
+    """A gateway behind basic auth (``http://shop:fashion@gw``) and ids that hold the password
+    (``fashion-7``): the service refused that row, echoing its id in ``failureList``, and the
+    answer had the password masked (``********-7``), so the refusal named no row of the
+    write, the row counted as taken and was sent again (the task came up a row short). It
+    is a reject at its first refusal; every other row is tagged."""
+    n = 300
+    manifest = tmp_path / "m.csv"
+    rows = [f"fashion-{i},https://img.example/{i}.jpg" for i in range(n)]
+    manifest.write_text("id,url\n" + "\n".join(rows) + "\n")
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = MisbehavingProxy("", Misbehaviour(always_refused={"fashion-7"}))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            url = proxy.url.replace("http://", "http://shop:fashion@")
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+    o = assert_exactly_once(out, rej, {f"fashion-{i}" for i in range(n)})
+    assert [r["id"] for r in o.rejects] == ["fashion-7"], o.rejects
+    assert summary.complete and summary.resent == 0
