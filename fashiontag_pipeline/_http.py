@@ -336,9 +336,9 @@ class HttpExchange:
                 if payload.startswith(_BOM):  # a byte order mark, which JSON readers may skip
                     payload = payload[3:]
                 # An error answer or a front end's page may echo the key sent; a 2xx JSON
-                # answer is the service's data (a page; a write's ids: see _write_answer).
+                # answer (spaces before it too) is data: a page, a write's ids (_write_answer).
                 heads = resp.headers
-                if resp.status >= 300 or payload[:1] != b"{":
+                if resp.status >= 300 or (payload[:1] != b"{" and payload.lstrip()[:1] != b"{"):
                     payload = mask_secrets(payload, self._secret_forms)
                     heads = mask_location(heads, self._secret_forms)  # (a 3xx's, named)
                 result = Response(resp.status, payload, heads)

@@ -162,6 +162,8 @@ class Misbehaviour:
     refuse_every_create: int | None = None
     #: Every JSON answer starts with a UTF-8 byte order mark (which JSON parsers may ignore).
     bom: bool = False
+    #: Every JSON answer starts with a newline and spaces (a pretty-printer's; JSON allows it).
+    leading_space: bool = False
     #: The first create is applied by the service and its answer held back for ever (the
     #: client is killed while it waits: the task exists, the client never learnt its id).
     hold_first_create: bool = False
@@ -580,6 +582,8 @@ class MisbehavingProxy:
             out = self._http_dates(out)
         if self.rules.bom:
             out = b"\xef\xbb\xbf" + out
+        if self.rules.leading_space and out[:1] in (b"{", b"["):
+            out = b"\n  " + out
         if request_kind(request.method, path) in self.rules.latin1_ops and status < 300:
             text = json.dumps(json.loads(out), ensure_ascii=False)
             out = text.encode("latin-1", "replace")

@@ -43,3 +43,36 @@ async def test_a_row_refused_whose_id_holds_the_base_url_password_is_rejected(
     o = assert_exactly_once(out, rej, {f"fashion-{i}" for i in range(n)})
     assert [r["id"] for r in o.rejects] == ["fashion-7"], o.rejects
     assert summary.complete and summary.resent == 0
+
+
+async def test_pages_spaced_before_their_json_keep_ids_that_hold_the_base_url_password(
+    tmp_path: Path,
+) -> None:
+    """The same gateway (``http://shop:fashion@gw``) before a service whose every answer
+    starts with a newline and spaces (a pretty-printer's, which JSON allows): a 2xx answer
+    not starting with ``{`` was masked as a front end's page might be, so every results line
+    of ``fashion-*`` came back as ``********-*``, ids no row was sent under: every row was
+    sent, and billed, again and the run stopped. A 2xx JSON answer is the service's data
+    whatever whitespace comes first; every row is tagged once."""
+    n = 300
+    manifest = tmp_path / "m.csv"
+    rows = [f"fashion-{i},https://img.example/{i}.jpg" for i in range(n)]
+    manifest.write_text("id,url\n" + "\n".join(rows) + "\n")
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = MisbehavingProxy("", Misbehaviour(leading_space=True))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            url = proxy.url.replace("http://", "http://shop:fashion@")
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+        sent = sum(len(record.ids) for record in svc.store.tasks.values())
+    o = assert_exactly_once(out, rej, {f"fashion-{i}" for i in range(n)})
+    assert o.rejects == [] and summary.complete and summary.resent == 0, summary
+    assert sent == n
