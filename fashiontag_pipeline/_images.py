@@ -8,13 +8,17 @@ for ever, and no more than ``max_bytes + 1`` bytes are ever read, whatever the f
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import stat
+from urllib.parse import unquote
 
 __all__ = [
     "DEFAULT_SINGLE_MAX_BYTES",
     "ImageFileError",
+    "data_uri_image",
     "read_image_file",
     "sniff_ext",
     "spec_data_uri",
@@ -44,6 +48,41 @@ def spec_data_uri(uri: str) -> str:
     if lowered.startswith("data:image/") and lowered.endswith(";base64") and head.count(";") > 1:
         ext = head[len("data:image/") :].split(";", 1)[0]
         return f"data:image/{ext};base64{sep}{payload}"
+    return uri
+
+
+#: What an exporter writes into base64 that the spec's alphabet has not: line breaks and
+#: spaces (MIME's lines of 76, ``base64 FILE``), and the URL-safe alphabet's ``-`` and ``_``.
+_WRAPPING = str.maketrans({" ": None, "\t": None, "\r": None, "\n": None, "-": "+", "_": "/"})
+
+
+def data_uri_image(uri: str, max_bytes: int) -> str:
+    """The spec's ``data:image/<ext>;base64,<content>`` of a ``data:image/`` URI (its head
+    lower-cased already), its image at most ``max_bytes``: base64 wrapped in lines, spaced,
+    URL-safe, unpadded or percent-encoded (RFC 2397: the URI is a URL) is the same image, sent
+    in the standard alphabet, padded. Raises :class:`ImageFileError` saying why when the
+    content does not decode or its image is larger than ``max_bytes``."""
+    uri = spec_data_uri(uri)
+    head, _, payload = uri.partition(",")
+    # Refused before it is decoded (a copy of its size) when its base64 characters alone say
+    # so: a line break, a space or a percent escape's two digits is no image byte.
+    chars = len(payload) - sum(payload.count(c) for c in " \t\r\n") - 2 * payload.count("%")
+    if chars > (max_bytes + 2) // 3 * 4:
+        raise ImageFileError(f"data: URI image is larger than {max_bytes} bytes")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        try:
+            if "%" in payload:
+                payload = unquote(payload, errors="strict")
+            payload = payload.translate(_WRAPPING)
+            payload += "=" * (-len(payload) % 4)
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise ImageFileError("data: URI base64 content does not decode") from None
+        uri = f"{head},{payload}"
+    if len(data) > max_bytes:
+        raise ImageFileError(f"data: URI image is larger than {max_bytes} bytes ({len(data)})")
     return uri
 
 

@@ -23,9 +23,9 @@ from .._exceptions import ConfigError, DecodeError, RateLimitedError
 from .._images import (
     DEFAULT_SINGLE_MAX_BYTES,
     ImageFileError,
+    data_uri_image,
     read_image_file,
     sniff_ext,
-    spec_data_uri,
 )
 from .._models import Context, Image, ImageType, Task, says_success
 from .._surrogates import mend
@@ -130,7 +130,12 @@ def _image_from_argument(value: str) -> Image:
     if kind == SINGLE_DATA:
         if (problem := not_utf8(content)) is not None:
             raise ConfigError(f"cannot read image: data: URI: {problem}")
-        return Image(type=ImageType.BASE64, content=spec_data_uri(content))
+        try:
+            return Image(
+                type=ImageType.BASE64, content=data_uri_image(content, DEFAULT_SINGLE_MAX_BYTES)
+            )
+        except ImageFileError as err:
+            raise ConfigError(f"cannot read image: {err}") from None
     try:
         data = read_image_file(content, DEFAULT_SINGLE_MAX_BYTES)
     except ImageFileError as err:

@@ -51,7 +51,6 @@ endpoint (``POST /tagger/v2/tags``) as base64, a bounded number at a time.
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,7 +61,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
-from .._images import ImageFileError, read_image_file, sniff_ext, spec_data_uri
+from .._images import ImageFileError, data_uri_image, read_image_file, sniff_ext
 from .._models import Image, ImageType
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
@@ -135,14 +134,10 @@ def load_image(request: SingleRequest, max_bytes: int) -> str:
     """The ``data:image/<ext>;base64,...`` content of a routed row (blocking: run in a
     thread). Raises :class:`SingleRejected` with the reason when there is nothing to send."""
     if request.kind == SINGLE_DATA:
-        payload = request.content.partition(",")[2]
-        if len(payload) > (max_bytes + 2) // 3 * 4 + 4:
-            raise SingleRejected(f"data: URI image is larger than {max_bytes} bytes")
         try:
-            base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise SingleRejected("data: URI base64 content does not decode") from None
-        return spec_data_uri(request.content)
+            return data_uri_image(request.content, max_bytes)
+        except ImageFileError as err:
+            raise SingleRejected(str(err)) from None
     path = request.content
     try:
         data = read_image_file(path, max_bytes)
