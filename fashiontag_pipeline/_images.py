@@ -135,6 +135,8 @@ def _check(info: os.stat_result, path: str, max_bytes: int) -> None:
 def read_image_file(path: str, max_bytes: int) -> bytes:
     """The bytes of the image file at ``path`` (blocking). Raises :class:`ImageFileError`
     when it is missing, unreadable, not a regular file, empty or larger than ``max_bytes``."""
+    if "\x00" in path:  # (os.stat's ValueError, no OSError: a row written ahead before)
+        raise ImageFileError(f"local path contains a NUL character: {path!r}")
     try:
         _check(os.stat(path), path, max_bytes)  # a device is never opened
         # Without blocking: a path made a FIFO since the stat opens at once, and its fstat

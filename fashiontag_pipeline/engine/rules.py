@@ -347,6 +347,8 @@ def single_target(value: str, route: bool, cwd: str) -> tuple[str, str]:
         path = unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
             raise RowError("file URL must name an absolute local path (file:///path)")
+        if "\x00" in path:  # (%00: no file's name holds one)
+            raise RowError("file URL's path contains a NUL character (%00)")
         return SINGLE_FILE, path
     scheme = _SCHEME.match(value)
     if scheme is not None:
