@@ -177,7 +177,7 @@ async def run_pipeline(
         if run.resumed:
             check_asked(where, db.meta(ASKED), asked)
             if not isinstance(state_path, StateStore):  # (the daemon fails the manifest)
-                check_sink(where, recorded, engine.sink)
+                check_sink(where, recorded, engine.sink, out)
         own_state = not isinstance(state_path, StateStore)  # (the daemon's always resumes)
         service = service_text(clean_base_url(client.base_url))
         confirmed = True  # (the service given and its key are the run's: recorded)

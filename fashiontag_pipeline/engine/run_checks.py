@@ -148,21 +148,45 @@ def check_asked(where: str, before: str | None, asked: str) -> None:
     )
 
 
-def check_sink(where: str, job: JobRow | None, sink: str) -> None:
+def check_sink(where: str, job: JobRow | None, sink: str, out: Path) -> None:
     """A resumed run writes its results in the format its committed lines are in: the other
     sink took the file for another run's (its checkpoint, rows or bytes, read the other way)
     or for one that is not a database, and said to start over or give another ``--out``."""
-    if job is None or job.sink == sink or job.results_ckpt <= 0:
+    if job is None or job.results_ckpt <= 0:
         return  # (no result committed yet: nothing to read back in the old format)
     if not job.results:
         # A run of a build before jobs, which recorded neither its outputs nor its sink (its
-        # job says jsonl): the sink given now is taken; each refuses a file of the other's.
+        # job says jsonl): the format of its results file (``out``) tells, before anything
+        # is recorded (a refused attempt recorded the wrong sink as the run's for good).
+        found = _sink_of(out)
+        if found is None or found == sink:
+            return  # (none there yet, or unreadable: the sinks say so)
+        raise exc.StateConflictError(
+            f"{where} holds an unfinished run begun with --sink {found}, whose results so far"
+            f" are in {out} in that format; this command gives --sink {sink}: resume it with"
+            f" --sink {found}, and change the sink once the run is complete"
+        )
+    if job.sink == sink:
         return
     raise exc.StateConflictError(
         f"{where} holds an unfinished run begun with --sink {job.sink}, whose results so far"
         f" are in {job.results} in that format; this command gives --sink {sink}: resume it"
         f" with --sink {job.sink}, and change the sink once the run is complete"
     )
+
+
+def _sink_of(path: Path) -> str | None:
+    """The sink that wrote ``path``: ``sqlite`` for a database's header, ``jsonl`` for any
+    other start, None for a file not there, empty (a database's pages still in its WAL) or
+    unreadable."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(16)
+    except OSError:
+        return None
+    if not head:
+        return None
+    return "sqlite" if head == b"SQLite format 3\x00" else "jsonl"
 
 
 def outputs_free(*paths: Path) -> None:
