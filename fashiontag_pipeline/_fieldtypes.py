@@ -10,7 +10,9 @@ settings are built.
 
 from __future__ import annotations
 
+import enum
 import re
+import typing
 from typing import Any
 
 import msgspec
@@ -32,10 +34,30 @@ def check_field_types(struct: msgspec.Struct, prefix: str) -> None:
         value = getattr(struct, field.name)
         try:
             msgspec.convert(value, field.type, strict=True, dec_hook=_as_is)
-        except msgspec.ValidationError:
+        except msgspec.ValidationError as err:
+            # A value of the right type that is none of the allowed ones (``["top"]``, the
+            # service's detections being upper-case): named, or "got list" read as a list
+            # refused. (An enum's or a Literal's value is never a key.)
+            reason = str(err)
+            if reason.startswith("Invalid enum value "):
+                named = reason.removeprefix("Invalid enum value ").split(" - at ", 1)[0]
+                raise TypeError(
+                    f"{prefix}{field.name} must be {_shown(field.type)}: {named} is none of"
+                    f" {_allowed(field.type)}"
+                ) from None
             raise TypeError(
                 f"{prefix}{field.name} must be {_shown(field.type)}, got {type(value).__name__}"
             ) from None
+
+
+def _allowed(type_: Any) -> str:
+    """The values an enum or a Literal inside ``type_`` allows, said."""
+    if isinstance(type_, type) and issubclass(type_, enum.Enum):
+        return ", ".join(str(member.value) for member in type_)
+    if typing.get_origin(type_) is typing.Literal:
+        return ", ".join(str(arg) for arg in typing.get_args(type_))
+    found = [_allowed(arg) for arg in typing.get_args(type_)]
+    return ", ".join(text for text in found if text)
 
 
 def _shown(type_: Any) -> str:

@@ -155,3 +155,23 @@ async def test_a_job_of_a_sink_of_no_kind_is_refused(tmp_path: Path) -> None:
     with sqlite3.connect(results) as db_file:  # a SQLite file, every row in it
         (rows,) = db_file.execute("SELECT count(*) FROM results").fetchone()
     assert rows == 300
+
+
+@pytest.mark.parametrize(
+    ("wrong", "said"),
+    [
+        ({"default_detection": ["top"]}, "'top'"),
+        ({"default_detection": ["TOP", "shoes"]}, "'shoes'"),
+        ({"sink": "SQLite"}, "'SQLite'"),
+    ],
+    ids=["lower-case", "second", "sink"],
+)
+def test_a_setting_of_the_right_type_but_no_allowed_value_says_which(
+    wrong: dict[str, Any], said: str
+) -> None:
+    """``EngineConfig(default_detection=["top"])`` (the service's values are upper-case) was
+    refused as ``must be list[Detection] | None, got list``: a list refused for not being one.
+    The error names the value that is none of the allowed ones (the TOML file's error does)."""
+    with pytest.raises(TypeError) as caught:
+        EngineConfig(**wrong)
+    assert said in str(caught.value), caught.value
