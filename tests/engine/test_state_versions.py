@@ -289,3 +289,34 @@ async def test_a_jsonl_run_of_a_build_before_jobs_given_the_wrong_sink_is_resume
     outcomes = read_outcomes(out, out.with_suffix(".rej"))
     assert sorted(r["id"] for r in outcomes.results) == sorted(f"p{i}" for i in range(n))
     assert billed == n
+
+
+async def test_a_sqlite_run_of_a_build_before_jobs_given_no_sink_is_resumed_with_its_own(
+    tmp_path: Path,
+) -> None:
+    """A ``--sink sqlite`` run killed under a build before ``jobs``, resumed by mistake
+    without ``--sink`` (jsonl): refused, and the command with ``--sink sqlite`` then resumes
+    it (the refused attempt must not record jsonl and its path as the run's)."""
+    n = 6000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.db"
+    state = tmp_path / "s.db"
+    async with running_service(ServiceConfig(rate=3000.0)) as svc:
+        args = run_args(svc.url, out, str(manifest), "--state", str(state))
+        proc = await anyio.open_process([*args, "--sink", "sqlite"], env=ENV)
+        with anyio.fail_after(30):  # killed once some results are committed
+            while _committed(state) == 0:
+                await anyio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        _as_before_jobs(state)
+        wrong = await anyio.run_process(args, check=False, env=ENV)
+        assert wrong.returncode != 0
+        final = await anyio.run_process([*args, "--sink", "sqlite"], check=False, env=ENV)
+        billed = svc.store.image_count
+    assert final.returncode == 0, final.stderr.decode()
+    with sqlite3.connect(out) as db:
+        ids = [i for (i,) in db.execute("SELECT id FROM results")]
+    assert sorted(ids) == sorted(f"p{i}" for i in range(n))
+    assert billed == n
