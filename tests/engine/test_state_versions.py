@@ -153,13 +153,18 @@ async def test_an_orphan_counted_by_an_older_build_is_not_counted_again(tmp_path
     assert (figures["submitted"], billed) == (n, n)
 
 
-async def test_a_state_file_of_the_first_builds_with_jobs_is_resumed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dropped", [("pages", "tasks"), ("tasks",)], ids=["both", "half"])
+async def test_a_state_file_of_the_first_builds_with_jobs_is_resumed(
+    tmp_path: Path, dropped: tuple[str, ...]
+) -> None:
     """Builds of 2026-11-23 03:56 to 04:46 (the first with the ``jobs`` table: the first
     ``fashiontag daemon``) wrote it without ``pages`` and ``tasks``. A run (or a daemon)
     killed under such a build and resumed by this one stopped at once on
     ``OperationalError: ... no such column: pages`` (``the same command resumes once this is
     fixed``: it never did), its rows' results never read; the daemon stopped with its
-    manifests in ``.work``. The columns are added as the file is opened."""
+    manifests in ``.work``. The columns are added as the file is opened, each one that is
+    missing (``half``: a crash or a full disk between the two ALTERs, each its own commit,
+    left ``pages`` without ``tasks``, and every open failed on it)."""
     n = 3000
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"
@@ -182,8 +187,8 @@ async def test_a_state_file_of_the_first_builds_with_jobs_is_resumed(tmp_path: P
             await proc.aclose()
         assert proc.returncode == -signal.SIGKILL
         with sqlite3.connect(state) as db:  # the jobs table as those builds made it
-            db.execute("ALTER TABLE jobs DROP COLUMN pages")
-            db.execute("ALTER TABLE jobs DROP COLUMN tasks")
+            for column in dropped:
+                db.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
             db.execute("PRAGMA user_version = 0")
         final = await anyio.run_process(
             run_args(svc.url, out, str(manifest), *extra), check=False, env=ENV

@@ -30,6 +30,14 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 #: cache would not help at scale either: 10M random catalogue ids make a ~400 MB B-tree that no
 #: cache holds (the OS page cache serves it), and sequential ids only touch its right edge.
 STATE_CACHE_KIB = 4096
+_COUNTER = "INTEGER NOT NULL DEFAULT 0"
+_JOB_COLUMNS_ADDED = (
+    ("reused", _COUNTER),
+    ("pages", _COUNTER),
+    ("tasks", _COUNTER),
+    ("failure", "TEXT"),
+    ("rows_read", _COUNTER),
+)
 
 #: WAL pages before SQLite copies them into the state file (its default is 1,000).
 WAL_CHECKPOINT_PAGES = 4000
@@ -153,14 +161,12 @@ class StateDB(DeferredIds, StateStore):
         if "ids" not in columns:  # state files written before a chunk's ids were kept apart
             db.execute("ALTER TABLE chunk_bodies ADD COLUMN ids BLOB")
         columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
-        if "reused" not in columns:  # state files written before --reuse
-            db.execute("ALTER TABLE jobs ADD COLUMN reused INTEGER NOT NULL DEFAULT 0")
-        if "pages" not in columns:  # the first builds with jobs (2026-11-23 03:56-04:46)
-            db.execute("ALTER TABLE jobs ADD COLUMN pages INTEGER NOT NULL DEFAULT 0")
-            db.execute("ALTER TABLE jobs ADD COLUMN tasks INTEGER NOT NULL DEFAULT 0")
-        if "failure" not in columns:  # state files written before a job kept its failure
-            db.execute("ALTER TABLE jobs ADD COLUMN failure TEXT")
-            db.execute("ALTER TABLE jobs ADD COLUMN rows_read INTEGER NOT NULL DEFAULT 0")
+        # Columns of jobs that older builds lacked: reused (before --reuse), pages and tasks
+        # (the first builds with jobs, 2026-11-23 03:56-04:46), failure and rows_read (before
+        # a job kept its failure). Each checked alone: each ALTER is its own commit.
+        for column, kind in _JOB_COLUMNS_ADDED:
+            if column not in columns:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         if version < STATE_FILE_BASE:  # new, or of a build before the version was kept
             db.execute(f"PRAGMA user_version={STATE_FILE_BASE}")
         return db
