@@ -234,6 +234,7 @@ class Engine:
                 task_status.started()
                 started = True
         finally:
+            self._tg = None  # (a submit under way registers its job unwatched: it stays open)
             self.ended.set()
         if not started:  # stopped while the stages started
             task_status.started()

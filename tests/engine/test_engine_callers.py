@@ -401,3 +401,48 @@ def test_a_run_control_of_the_caller_serves_a_run_in_each_new_event_loop(tmp_pat
     finally:
         stop.set()
         server.join(10)
+
+
+async def test_a_submit_under_way_when_the_engine_is_stopped_ends_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop (the daemon's SIGTERM) that ends the engine while a submit is recording its job:
+    the job's completion watch was started on the engine's task group, already finished, and
+    ``RuntimeError: This task group is not active`` left the caller (the daemon exited 1 on a
+    traceback; the widened daemon fuzz met it once, seed 74). The job stays open in the state,
+    unwatched, and the next engine finishes it exactly once. (The interleaving is forced: the
+    stop lands as the job's outputs are opened.)"""
+    from fashiontag_pipeline.engine import engine as engine_module
+
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    real_open_job = engine_module.open_job
+    async with (
+        running_service(ServiceConfig()) as svc,
+        TaggerClient(config=client_config(svc.url)) as client,
+    ):
+        control = RunControl()
+        db = StateDB(tmp_path / "state")
+        engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST, control=control)
+
+        async def open_job_as_the_engine_stops(*args: Any, **kwargs: Any) -> Job:
+            job = await real_open_job(*args, **kwargs)
+            control.stop()
+            with anyio.fail_after(10):
+                await engine.ended.wait()
+            return job
+
+        monkeypatch.setattr(engine_module, "open_job", open_job_as_the_engine_stops)
+        with anyio.fail_after(30):
+            async with engine:
+                await engine.submit(job_spec("a", manifest, tmp_path / "a"))
+                await anyio.sleep_forever()
+        monkeypatch.setattr(engine_module, "open_job", real_open_job)
+        db = StateDB(tmp_path / "state")
+        with anyio.fail_after(30):
+            async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
+                job = await e.submit(job_spec("a", manifest, tmp_path / "a"))
+                await e.outcome(job)
+    assert job.row.state == "complete"
+    assert_exactly_once(
+        tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(300)
+    )
