@@ -28,13 +28,14 @@ import anyio
 from . import _exceptions as exc
 from ._config import Limits, Timeout
 from ._proxies import ProxyRoute, proxy_wants_credentials
-from ._tls import deferred_trust_store
+from ._tls import certificate_problem, deferred_trust_store
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
 with deferred_trust_store():
     import aiohttp
 
 __all__ = [
+    "NOT_MADE",
     "STALL_SLACK",
     "WRITE_IDLE_MAX",
     "AnswerTooLargeError",
@@ -61,12 +62,14 @@ STALL_SLACK = 2.0
 #: (8,190 bytes) refuses a gateway's long Content-Security-Policy or cookie, every answer then
 #: unreadable; curl takes 100 KiB.
 MAX_HEADER_BYTES = 64 << 10
+#: aiohttp's errors of a connection to the service (or its proxy) not made: nothing was sent.
+NOT_MADE = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ClientHttpProxyError,
+    aiohttp.ConnectionTimeoutError,  # (none made within timeout.connect)
+)
 #: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
-#: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
-_UNTRUSTED_ISSUER = frozenset({2, 18, 19, 20, 21})
-#: ... and of a certificate for another host name (62) or address (64).
-_NAME_MISMATCH = frozenset({62, 64})
 
 
 def new_session(
@@ -212,16 +215,31 @@ def _bounded_response(max_bytes: int) -> type[aiohttp.ClientResponse]:
 
 
 def connect_failure(
-    err: aiohttp.ClientConnectorError | aiohttp.ClientHttpProxyError,
+    err: aiohttp.ClientConnectorError
+    | aiohttp.ClientHttpProxyError
+    | aiohttp.ConnectionTimeoutError,
     method: str,
     path: str,
     shown_url: str,
     proxy: ProxyRoute | None,
+    connect_timeout: float | None = None,
 ) -> exc.FashiontagError:
     """The error to raise for a connection to the service (or its proxy) not made."""
+    if isinstance(err, aiohttp.ConnectionTimeoutError):
+        # Not made within timeout.connect (a firewall dropping the packets, an accept queue
+        # full, a TLS handshake never answered): nothing was sent, a write neither. It was
+        # "timed out; the write may or may not have been applied", of unknown fate.
+        where = shown_url if proxy is None else f"{shown_url} through the proxy {proxy.shown}"
+        within = f" within {connect_timeout:g} s" if connect_timeout is not None else ""
+        return exc.ConnectError(
+            f"{method} {path}: cannot connect to {where}: no connection made{within}"
+            " (timeout.connect, [client.timeout]); nothing was sent",
+            method=method,
+            path=path,
+        )
     if isinstance(err, aiohttp.ClientConnectorCertificateError):
         return exc.TLSError(
-            f"{method} {path or '/'}: {_certificate_problem(err.certificate_error, shown_url)};"
+            f"{method} {path or '/'}: {certificate_problem(err.certificate_error, shown_url)};"
             " nothing was sent",
             method=method,
             path=path,
@@ -308,54 +326,10 @@ async def _speaks_tls(host: str, port: int) -> bool:
     return True
 
 
-def _ca_advice() -> str:
-    """What to do about a certificate whose issuer is not trusted, as ``SSL_CERT_FILE`` is
-    set: OpenSSL loads nothing, and says nothing, from a file that is not there (a typo, a
-    path relative to another directory than a cron job's) or holds no PEM certificate (a CA
-    exported in DER form)."""
-    import os
-
-    path = os.environ.get("SSL_CERT_FILE")
-    if not path:
-        return (
-            "if it comes from a private CA, give that CA's certificates in SSL_CERT_FILE"
-            " (a PEM file)"
-        )
-    given = f"SSL_CERT_FILE={path!r}"
-    try:
-        with open(path, "rb") as file:
-            head = file.read(1 << 20)
-    except OSError as err:
-        if not os.path.isfile(path):
-            where = "" if os.path.isabs(path) else f" (a relative path, from {os.getcwd()})"
-            return f"{given} names no file{where}: give the path of the CA's certificates (PEM)"
-        return f"{given} cannot be read ({err.strerror or err})"
-    if b"-----BEGIN CERTIFICATE-----" not in head:
-        return (
-            f"{given} holds no PEM certificate (a DER file? convert it: openssl x509 -inform"
-            " der -in FILE -out ca.pem)"
-        )
-    return f"{given} holds no CA that signed it: add that CA's certificates to it (PEM)"
-
-
 def _host(url: str) -> str | None:
     from yarl import URL  # (aiohttp's own)
 
     return URL(url).host
-
-
-def _certificate_problem(cert: BaseException, shown_url: str) -> str:
-    """What is wrong with the service's certificate, and what to do about it."""
-    code = getattr(cert, "verify_code", None)
-    reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
-    if code in _NAME_MISMATCH:
-        return (
-            f"the TLS certificate of {shown_url} is for another name ({reason}): give the base"
-            " URL with a host name the certificate holds"
-        )
-    if code in _UNTRUSTED_ISSUER:
-        return f"the TLS certificate of {shown_url} is not trusted ({reason}): {_ca_advice()}"
-    return f"the TLS certificate of {shown_url} is refused ({reason})"
 
 
 def unanswered(

@@ -43,7 +43,7 @@ from . import _exceptions as exc
 from ._callctx import GIVE_UP, WRITE_AGAIN, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
-from ._connect import connect_failure, deadline, drop_sessions, session_pair, unanswered
+from ._connect import NOT_MADE, connect_failure, deadline, drop_sessions, session_pair, unanswered
 from ._connect import tls_instead as tls_speaker
 from ._models import says_success
 from ._proxies import ProxyRoute, proxy_for, proxy_wants_credentials
@@ -343,10 +343,11 @@ class HttpExchange:
                     heads = mask_location(heads, self._secret_forms)  # (a 3xx's, named)
                 result = Response(resp.status, payload, heads)
                 self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
-        except (aiohttp.ClientConnectorError, aiohttp.ClientHttpProxyError) as err:
+        except NOT_MADE as err:  # (a connection not made: nothing was sent)
             scrub_request_info(err, self._secret_forms)  # (a proxy's refusal: the CONNECT's)
             self.stats.transport_errors += 1
-            raise connect_failure(err, method, path, self.shown_url, self.proxy) from err
+            where = (self.shown_url, self.proxy, self.timeout.connect)
+            raise connect_failure(err, method, path, *where) from err
         except (TimeoutError, aiohttp.ClientError) as err:
             scrub_request_info(err, self._secret_forms)
             self.stats.transport_errors += 1

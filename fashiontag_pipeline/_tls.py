@@ -8,6 +8,8 @@ under :func:`deferred_trust_store`, a context's "load the default trust store" c
 and replayed, under a lock, just before that context first wraps a connection or is asked
 what it trusts. Verification is unchanged: the same certificates are trusted, with the same
 verify mode and hostname checks, from the first handshake on.
+
+:func:`certificate_problem` says what is wrong with a certificate refused, and what to do.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["deferred_trust_store", "trust_pending"]
+__all__ = ["certificate_problem", "deferred_trust_store", "trust_pending"]
 
 #: The methods that load the default trust store (deferred), and those that need it loaded.
 _LOADERS = ("load_default_certs", "set_default_verify_paths")
@@ -100,3 +102,53 @@ def deferred_trust_store() -> Iterator[None]:
                 delattr(cls, name)
             else:
                 setattr(cls, name, method)
+
+
+#: OpenSSL's verify codes of a certificate whose issuer is not in the trust store.
+_UNTRUSTED_ISSUER = frozenset({2, 18, 19, 20, 21})
+#: ... and of a certificate for another host name (62) or address (64).
+_NAME_MISMATCH = frozenset({62, 64})
+
+
+def certificate_problem(cert: BaseException, shown_url: str) -> str:
+    """What is wrong with the service's certificate, and what to do about it."""
+    code = getattr(cert, "verify_code", None)
+    reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None) or str(cert)
+    if code in _NAME_MISMATCH:
+        return (
+            f"the TLS certificate of {shown_url} is for another name ({reason}): give the base"
+            " URL with a host name the certificate holds"
+        )
+    if code in _UNTRUSTED_ISSUER:
+        return f"the TLS certificate of {shown_url} is not trusted ({reason}): {_ca_advice()}"
+    return f"the TLS certificate of {shown_url} is refused ({reason})"
+
+
+def _ca_advice() -> str:
+    """What to do about a certificate whose issuer is not trusted, as ``SSL_CERT_FILE`` is
+    set: OpenSSL loads nothing, and says nothing, from a file that is not there (a typo, a
+    path relative to another directory than a cron job's) or holds no PEM certificate (a CA
+    exported in DER form)."""
+    import os
+
+    path = os.environ.get("SSL_CERT_FILE")
+    if not path:
+        return (
+            "if it comes from a private CA, give that CA's certificates in SSL_CERT_FILE"
+            " (a PEM file)"
+        )
+    given = f"SSL_CERT_FILE={path!r}"
+    try:
+        with open(path, "rb") as file:
+            head = file.read(1 << 20)
+    except OSError as err:
+        if not os.path.isfile(path):
+            where = "" if os.path.isabs(path) else f" (a relative path, from {os.getcwd()})"
+            return f"{given} names no file{where}: give the path of the CA's certificates (PEM)"
+        return f"{given} cannot be read ({err.strerror or err})"
+    if b"-----BEGIN CERTIFICATE-----" not in head:
+        return (
+            f"{given} holds no PEM certificate (a DER file? convert it: openssl x509 -inform"
+            " der -in FILE -out ca.pem)"
+        )
+    return f"{given} holds no CA that signed it: add that CA's certificates to it (PEM)"

@@ -1,0 +1,75 @@
+"""A connection to the service that is never made within ``timeout.connect``: a firewall that
+drops the packets of a host's address, a server whose accept queue is full, an ``https://``
+address that takes the TCP connection and never answers the TLS handshake. Nothing was sent.
+Found by a hunt; failed before its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import msgspec
+import pytest
+
+from fashiontag_pipeline import ConnectError, RetryPolicy, TaggerClient, Timeout
+from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+from fashiontag_pipeline.engine import run_pipeline
+
+from .gateways import _tcp_serving
+from .helpers import TASKS_OF_1000, client_config, write_csv
+
+
+def rows_of(n: int) -> list[TaggingRequest]:
+    return [
+        TaggingRequest(
+            image=Image(type=ImageType.URL, content=f"https://img.example/{i}.jpg"),
+            context=BulkContext(id=f"r{i}"),
+        )
+        for i in range(n)
+    ]
+
+
+async def _hold(stream: anyio.abc.SocketStream) -> None:
+    """A server that takes the connection and never sends a byte (no TLS handshake)."""
+    async with stream:
+        await anyio.sleep_forever()
+
+
+async def test_a_write_whose_connection_was_never_made_is_not_of_unknown_fate() -> None:
+    """The create was "timed out; the write may or may not have been applied": an ambiguous
+    write, counted so, its task looked for in a task list that cannot be reached either,
+    though not a byte of it left the machine. It is a connection not made, named so (and,
+    as any, retried: nothing reached the service)."""
+    async with _tcp_serving(_hold) as port:
+        retry = RetryPolicy(max_attempts=2, backoff_base=0.01, backoff_max=0.01)
+        timeout = Timeout(connect=0.5, total=20.0)
+        url = f"https://127.0.0.1:{port}"
+        key = "a-bulk-key"
+        async with TaggerClient(url, bulk_api_key=key, retry=retry, timeout=timeout) as c:
+            with anyio.fail_after(15), pytest.raises(ConnectError) as caught:
+                await c.create_task(rows_of(3), description="x")
+            stats = c.stats
+    message = str(caught.value)
+    assert f"cannot connect to {url}" in message, message
+    assert "may or may not" not in message and "timeout.connect" in message, message
+    assert stats.ambiguous_writes == 0 and stats.retries == 1, stats
+
+
+async def test_a_run_whose_connections_are_never_made_says_so(tmp_path: Path) -> None:
+    """The run stopped with "service unreachable: POST ... timed out; the write may or may
+    not have been applied". It says it cannot connect, and what bounds the wait."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    async with _tcp_serving(_hold) as port:
+        with anyio.fail_after(30), pytest.raises(Exception) as caught:
+            await run_pipeline(
+                [manifest],
+                client=client_config(
+                    f"https://127.0.0.1:{port}", timeout=Timeout(connect=0.5, total=20.0)
+                ),
+                out=tmp_path / "out.jsonl",
+                rejects=tmp_path / "rej.jsonl",
+                engine=msgspec.structs.replace(TASKS_OF_1000, give_up_after=2.0),
+            )
+    message = str(caught.value)
+    assert "cannot connect" in message and "may or may not" not in message, message
