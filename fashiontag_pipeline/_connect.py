@@ -68,6 +68,11 @@ NOT_MADE = (
     aiohttp.ClientHttpProxyError,
     aiohttp.ConnectionTimeoutError,  # (none made within timeout.connect)
 )
+#: What a connection ended by the server in its TLS handshake may mean.
+_HANDSHAKE_ENDED = (
+    "ended by the server in the TLS handshake (does it want another TLS version, or a client"
+    " certificate, which this client does not send? a firewall refusing the name?)"
+)
 #: The reasons of an SSL error that says the address does not speak TLS (retrying cannot help).
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE")
 
@@ -272,6 +277,9 @@ def connect_failure(
         where = f"the proxy {proxy.shown} for {shown_url}"
     else:
         where = shown_url
+        if isinstance(err.os_error, ConnectionResetError) and shown_url.startswith("https:"):
+            # (Its connection made: ended in the handshake, it said "ClientConnectorError".)
+            reason = f"the connection was {_HANDSHAKE_ENDED}"
     return exc.ConnectError(
         f"{method} {path}: cannot connect to {where}: {reason}", method=method, path=path
     )
