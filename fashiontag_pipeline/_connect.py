@@ -14,21 +14,20 @@ to set); a proxy that wants credentials is a configuration error; anything else 
 :class:`~._exceptions.ConnectError`, retried like an outage (nothing reached the service).
 :func:`unanswered` maps a request sent and never answered (a timeout, a dropped connection);
 :func:`tls_instead` makes one an ``http://`` address dropped a :class:`~._exceptions.TLSError`
-when that address speaks only TLS.
+when that address speaks only TLS, and an ``https://`` one dropped when it wants a client
+certificate (:mod:`._tls_probes`).
 """
 
 from __future__ import annotations
 
 import functools
-import ssl
 import zlib
-
-import anyio
 
 from . import _exceptions as exc
 from ._config import Limits, Timeout
 from ._proxies import ProxyRoute, proxy_wants_credentials
 from ._tls import certificate_problem, deferred_trust_store
+from ._tls_probes import speaks_tls, wants_client_certificate
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
 with deferred_trust_store():
@@ -295,18 +294,34 @@ async def tls_instead(
 ) -> exc.TLSError | None:
     """For a request to an ``http://`` service dropped unanswered (or answered with bytes that
     start no HTTP head): the error to raise instead when the address speaks TLS (a TLS server
-    drops a plain HTTP request; retrying cannot help), else None. The address is asked once
-    (``probes``, by host and port)."""
-    if not isinstance(err, aiohttp.ServerDisconnectedError | aiohttp.ClientResponseError):
+    drops a plain HTTP request; retrying cannot help), else None; for an ``https://`` one
+    dropped, when it wants a client certificate. The address is asked once (``probes``, by
+    host and port)."""
+    dropped = aiohttp.ServerDisconnectedError | aiohttp.ClientOSError  # (a reset: an OSError)
+    if not isinstance(err, dropped | aiohttp.ClientResponseError):
         return None
     from yarl import URL
 
     url = URL(base_url)
-    if url.scheme != "http" or not url.host:
+    if url.scheme == "https" and url.host and isinstance(err, dropped):
+        # (A TLS 1.3 server that wants a client certificate: its alert, a reset, every
+        # request "failed: ClientOSError", retried for --give-up-after, then "unreachable".)
+        where = (url.raw_host or url.host, url.port or 443)  # (a name as DNS has it)
+        if where not in probes:
+            probes[where] = await wants_client_certificate(*where)
+        if not probes[where]:
+            return None
+        return exc.TLSError(
+            f"{method} {path or '/'}: {shown_url} wants a TLS client certificate (mutual TLS),"
+            " which this client does not send; nothing reached the service",
+            method=method,
+            path=path,
+        )
+    if url.scheme != "http" or not url.host or isinstance(err, aiohttp.ClientOSError):
         return None
     where = (url.host, url.port or 80)
     if where not in probes:
-        probes[where] = await _speaks_tls(*where)
+        probes[where] = await speaks_tls(*where)
     if not probes[where]:
         return None
     https = "https://" + shown_url.partition("://")[2]
@@ -317,21 +332,6 @@ async def tls_instead(
         method=method,
         path=path,
     )
-
-
-async def _speaks_tls(host: str, port: int) -> bool:
-    """Whether ``host:port`` completes a TLS handshake (its certificate not looked at)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    try:
-        with anyio.fail_after(5):
-            stream = await anyio.connect_tcp(host, port, ssl_context=context)
-    except Exception:  # (refused, reset, a handshake error, a timeout: no TLS service)
-        return False
-    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-        await stream.aclose()
-    return True
 
 
 def _host(url: str) -> str | None:

@@ -4,9 +4,12 @@ connections to names it blocks. Found by a hunt; failed before its fix."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import ssl
 import struct
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -16,8 +19,9 @@ import pytest
 
 from fashiontag_pipeline.engine import run_pipeline
 
-from .gateways import _tcp_serving
-from .helpers import TASKS_OF_1000, client_config, write_csv
+from .gateways import Pki, _tcp_serving, make_pki
+from .helpers import ENV, TASKS_OF_1000, client_config, write_csv
+from .test_deployments import one_line, run, run_cmd
 
 
 def ends_at_hello(reset: bool) -> Callable[[anyio.abc.SocketStream], Awaitable[None]]:
@@ -59,3 +63,56 @@ async def test_a_tls_handshake_ended_by_the_server_is_named(tmp_path: Path, rese
     assert "ClientConnectorError" not in message, message
     assert "in the TLS handshake" in message, message
     assert "client certificate" in message and "TLS version" in message, message
+
+
+@contextlib.contextmanager
+def mutual_tls_server(pki: Pki) -> Iterator[str]:
+    """An OpenSSL server (Python's ``ssl``, blocking, as nginx's is) that wants a client
+    certificate its CA signed: it refuses every handshake without one, with the TLS 1.3
+    alert, then closes the connection. Yields its ``https://`` URL."""
+    context = pki.server_context()
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(pki.ca)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)  # (never reached: no client certificate)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+async def test_a_service_that_wants_a_client_certificate_stops_the_run_saying_so(
+    tmp_path: Path,
+) -> None:
+    """A gateway that wants a client certificate (mutual TLS), over TLS 1.3: it says so after
+    the client's handshake is over, in an alert, and resets the connection. Every request
+    "failed: ClientOSError", each create of unknown fate and looked for, retried for the
+    whole ``--give-up-after``, then "service unreachable ... the same command resumes once the
+    service answers": it never will. The run stops at once, saying what the service wants."""
+    pki = make_pki(tmp_path / "pki")
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    env = {**ENV, "SSL_CERT_FILE": str(pki.ca)}
+    with mutual_tls_server(pki) as url:
+        out = tmp_path / "a.jsonl"
+        args = run_cmd(out, str(manifest), base_url=url, extra=("--give-up-after", "30"))
+        code, err, took = await run(args, env)
+    assert code == 1 and took < 20, (took, err[-1500:])
+    line = one_line(err)
+    assert f"{url} wants a TLS client certificate" in line, line
+    assert "unreachable" not in line and "ClientOSError" not in line, line
