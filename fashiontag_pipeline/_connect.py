@@ -28,6 +28,7 @@ from ._config import Limits, Timeout
 from ._proxies import ProxyRoute, proxy_wants_credentials
 from ._tls import certificate_problem, deferred_trust_store
 from ._tls_probes import speaks_tls, wants_client_certificate
+from ._tunnels import connection_marks
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
 with deferred_trust_store():
@@ -82,9 +83,10 @@ def new_session(
     connect: float | None,
     keepalive: float,
     user_agent: str,
+    marked: bool = False,
 ) -> aiohttp.ClientSession:
     """A pool of connections to the service: one deadline per request (``total``), redirects
-    and error statuses left to the caller."""
+    and error statuses left to the caller; ``marked``: with :func:`~._tunnels.connection_marks`."""
     connector = aiohttp.TCPConnector(
         limit=limits.max_connections,
         limit_per_host=limits.max_connections,
@@ -100,17 +102,20 @@ def new_session(
         max_line_size=MAX_HEADER_BYTES,
         max_field_size=MAX_HEADER_BYTES,
         response_class=_bounded_response(limits.max_answer_bytes),
+        trace_configs=[connection_marks()] if marked else None,
     )
 
 
 def session_pair(
-    limits: Limits, timeout: Timeout, user_agent: str
+    limits: Limits, timeout: Timeout, user_agent: str, tunnelled: bool = False
 ) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
-    """The pool of reads and the pool of writes (see :data:`WRITE_IDLE_MAX`)."""
-    total = deadline(timeout)
-    reads = new_session(limits, total, timeout.connect, limits.keepalive_expiry, user_agent)
+    """The pool of reads and the pool of writes (see :data:`WRITE_IDLE_MAX`); ``tunnelled``
+    (an ``https://`` service through a proxy): their connections marked
+    (:func:`~._tunnels.connection_marks`)."""
+    total, connect, marked = deadline(timeout), timeout.connect, tunnelled
+    reads = new_session(limits, total, connect, limits.keepalive_expiry, user_agent, marked)
     keepalive = min(limits.keepalive_expiry, WRITE_IDLE_MAX)
-    writes = new_session(limits, total, timeout.connect, keepalive, user_agent)
+    writes = new_session(limits, total, connect, keepalive, user_agent, marked)
     # aiohttp sends a PUT again, silently, when a reused connection drops before the answer
     # (HTTP calls PUT idempotent). An append is not: its rows may be in the task already, and
     # only the exchange can say "the write may have been applied" (AmbiguousWriteError), so

@@ -40,6 +40,7 @@ import msgspec
 from yarl import URL
 
 from . import _exceptions as exc
+from . import _retrying, _tunnels
 from ._callctx import GIVE_UP, WRITE_AGAIN, WRITE_GUARD, WRITES_STOPPED
 from ._clock import ServerClock
 from ._config import Limits, RetryPolicy, Secret, Timeout, shown_url
@@ -116,6 +117,7 @@ class HttpExchange:
         self._proxy_headers: dict[str, str] | None = None
         self._closed = False
         self._tls_probes: dict[tuple[str, int], bool] = {}  # (http:// addresses speaking TLS)
+        self._tunnel: ProxyRoute | None = None  # (the proxy of an https:// service: CONNECTs)
         self._longest = deadline(timeout) or math.inf  # (an answer seen later: a freeze)
         self._notes = FailureNotes(self.shown_url, retry.max_attempts - 1)
         # The base URL in its encoded form: request URLs are this text plus an encoded path.
@@ -149,7 +151,9 @@ class HttpExchange:
                 self._proxy_url = self.proxy.url
                 self._proxy_headers = self.proxy.headers or None
                 self._secret_forms = credential_forms(self._secrets, self.base_url, self.proxy)
-            self._session, self._write_session = session_pair(self.limits, self.timeout, USER_AGENT)
+            self._tunnel = self.proxy if self._base_encoded.startswith("https:") else None
+            pair = session_pair(self.limits, self.timeout, USER_AGENT, self._tunnel is not None)
+            self._session, self._write_session = pair
         return self._session
 
     def _leave_loop(self) -> None:
@@ -316,6 +320,7 @@ class HttpExchange:
         started = time.perf_counter()
         sent_at = time.time()
         sent = False
+        connected = [False]  # (a connection had: its tunnel made; see connection_marks)
         try:
             url = self._urls.url(path, query)
             # Redirects are not followed: aiohttp carries every header but Authorization and
@@ -330,6 +335,7 @@ class HttpExchange:
                 allow_redirects=False,
                 proxy=self._proxy_url,
                 proxy_headers=self._proxy_headers,
+                trace_request_ctx=connected,
             ) as resp:
                 sent = True
                 payload = await resp.read()
@@ -351,6 +357,9 @@ class HttpExchange:
         except (TimeoutError, aiohttp.ClientError) as err:
             scrub_request_info(err, self._secret_forms)
             self.stats.transport_errors += 1
+            if self._tunnel is not None and not connected[0]:  # (no tunnel: nothing sent)
+                where = (self.shown_url, self._tunnel, deadline(self.timeout))
+                raise _tunnels.tunnel_not_made(err, method, path, *where) from err
             if not sent and self._proxy_url is None:
                 args = (method, path, self.base_url, self.shown_url, self._tls_probes)
                 if (tls := await tls_speaker(err, *args)) is not None:
@@ -369,19 +378,9 @@ class HttpExchange:
                 status=resp.status if sent else None,
             ) from err
         finally:
-            observer = self.observer
-            if observer is not None:
-                status = resp.status if sent else 0
-                observer(method, path, status, time.perf_counter() - started)
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug(
-                    "%s %s%s -> %s in %.1f ms",
-                    method,
-                    path,
-                    query,
-                    "sent" if sent else "no response",
-                    (time.perf_counter() - started) * 1000,
-                )
+            if (observer := self.observer) is not None:
+                observer(method, path, resp.status if sent else 0, time.perf_counter() - started)
+            _retrying.log_exchange(method, path, query, sent, started)
         return result
 
     def decode(

@@ -19,6 +19,7 @@ __all__ = [
     "ClientStats",
     "FailureNotes",
     "failed_what",
+    "log_exchange",
     "pause",
     "retry_wait",
     "wait_past_give_up",
@@ -151,3 +152,11 @@ def retry_wait(wait: float | None, backoff: float, cap: float) -> float:
     less than ``backoff`` (a ``Retry-After: 0`` under a sustained limit must not make every
     retry go out at once)."""
     return max(min(wait, cap), backoff) if wait is not None else backoff
+
+
+def log_exchange(method: str, path: str, query: str, sent: bool, started: float) -> None:
+    """The DEBUG line of one exchange (``started``: its ``perf_counter``)."""
+    if logger.isEnabledFor(logging.DEBUG):
+        took = (time.perf_counter() - started) * 1000
+        answer = "sent" if sent else "no response"
+        logger.debug("%s %s%s -> %s in %.1f ms", method, path, query, answer, took)

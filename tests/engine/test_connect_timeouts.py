@@ -5,6 +5,7 @@ Found by a hunt; failed before its fix."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anyio
@@ -17,7 +18,8 @@ from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRe
 from fashiontag_pipeline.engine import run_pipeline
 
 from .gateways import _tcp_serving
-from .helpers import TASKS_OF_1000, client_config, write_csv
+from .helpers import ENV, TASKS_OF_1000, client_config, short_deadline, write_csv
+from .test_deployments import one_line, run, run_cmd, summary_of
 
 
 def rows_of(n: int) -> list[TaggingRequest]:
@@ -73,3 +75,27 @@ async def test_a_run_whose_connections_are_never_made_says_so(tmp_path: Path) ->
             )
     message = str(caught.value)
     assert "cannot connect" in message and "may or may not" not in message, message
+
+
+async def test_a_proxy_that_never_answers_the_connect_is_named_and_bills_nothing(
+    tmp_path: Path,
+) -> None:
+    """``HTTPS_PROXY`` names a proxy that takes the connection and never answers its
+    ``CONNECT`` (hung, or a firewall's black hole behind a port forward): each request ran to
+    its deadline and the run stopped with "service not answering within the request
+    deadline", the proxy never named, each create "may or may not have been applied" (an
+    ambiguous write, looked for), though no byte reached the service. The proxy is named, and
+    the create is a connection not made."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    async with _tcp_serving(_hold) as port:
+        proxy = f"http://127.0.0.1:{port}"
+        env = {**ENV, "HTTPS_PROXY": proxy}
+        out = tmp_path / "a.jsonl"
+        extra = ("--give-up-after", "3", *short_deadline(tmp_path, 2.0))
+        args = run_cmd(out, str(manifest), base_url="https://tagger.test/v1", extra=extra)
+        code, err, took = await run(args, env)
+    assert code == 1 and took < 20, (took, err[-1500:])
+    line = one_line(err)
+    assert f"the proxy {proxy} (from HTTPS_PROXY)" in line, line
+    assert "may or may not" not in err and "not answering" not in line, err[-1500:]
+    assert json.loads(summary_of(out).read_text())["ambiguous_writes"] == 0
