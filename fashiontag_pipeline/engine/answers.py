@@ -9,6 +9,7 @@ per-job counts a chunk's rows add to.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -134,11 +135,13 @@ class WriteAnswers:
         both chunks went to one task. An id being checked is held in :attr:`_checking` until
         its caller attaches it (with no await between)."""
         checking = self._checking
-        known = task_id in self.tasks or task_id in checking
+        known = task_id in self.tasks or task_id in checking or task_id in self.book.entries
         if not known:
             checking.add(task_id)
             try:
                 known = await self.journal.run(self.journal.db.task_known, task_id)
+                if known and await self._purged(task_id):
+                    known = False
             finally:
                 checking.discard(task_id)
         if known:
@@ -152,6 +155,22 @@ class WriteAnswers:
                 " read exactly once; stopped with the state saved (the same command"
                 " resumes once the service gives each task its own id)"
             )
+
+    async def _purged(self, task_id: str) -> bool:
+        """Whether a task id given again names a task of this run that is finished with and
+        whose results have expired (the service purged it and gave its id to a new task, as
+        the spec allows): the new task takes its place (its record replaces the old one in
+        the commit that opens it: ``_opened_ops``). Before, the run stopped as for an id
+        handed out twice, and so did every resume."""
+        now = time.time() + self.client.server_clock.correction
+        if not await self.journal.run(self.journal.db.task_purged, task_id, now):
+            return False
+        logger.info(
+            "task id %s, of a task of this run whose results have expired, names a new task",
+            task_id,
+            extra={"task_id": task_id},
+        )
+        return True
 
     def _expiry(self, response_expiry: datetime | None) -> float:
         # The service's expiry is in the service's clock (see ServerClock).

@@ -260,7 +260,8 @@ class TaskWrites(WriteMoves):
         task.expires = self._expiry(expiry)
         self.tasks[task_id] = task
         stamp = expiry.timestamp() if expiry else None
-        return changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)
+        purged = changes.task_purged(task_id)  # (a purged task's, its id given again: _purged)
+        return [purged, *changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)]
 
     async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
         await self.journal.commit(

@@ -39,6 +39,7 @@ __all__ = [
     "task_drained",
     "task_expiry",
     "task_opened",
+    "task_purged",
     "task_read_upto",
     "task_state",
     "validated_upto",
@@ -88,6 +89,12 @@ def task_opened(
             (str(task_seq),),
         ),
     ]
+
+
+def task_purged(task_id: str) -> Change:
+    """A finished task whose results expired, its id given by the service to a new task:
+    its record goes (the new task's takes its place)."""
+    return ("DELETE FROM tasks WHERE task_id=? AND state IN ('drained', 'expired')", (task_id,))
 
 
 def task_state(task_id: str, state: TaskState) -> Change:

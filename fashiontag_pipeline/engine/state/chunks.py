@@ -122,6 +122,21 @@ class ChunkTables(JobTables):
             is not None
         )
 
+    def task_purged(self, task_id: str, now: float) -> bool:
+        """Whether the recorded task of this id is finished with (drained, or its results
+        expired unread), no chunk is left on it, and its results expired by ``now`` (the
+        service's clock, epoch seconds): the service may have purged it and given its id to
+        a new task."""
+        return (
+            self.db.execute(
+                "SELECT 1 FROM tasks t WHERE t.task_id = ? AND t.state IN ('drained', 'expired')"
+                " AND t.results_expire_at IS NOT NULL AND t.results_expire_at <= ?"
+                " AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.task_id = t.task_id)",
+                (task_id, now),
+            ).fetchone()
+            is not None
+        )
+
     def resume_tasks(self) -> list[tuple[Any, ...]]:
         """Tasks an interrupted run still has work on: (task_id, seq, token, state,
         expires_at, results_expire_at, total, next_offset); lost tasks whose chunks were not
