@@ -45,12 +45,13 @@ from ..engine.state import StateDB
 from .claims import changed_since_read
 from .config import DaemonConfig
 from .http import MonitoringServer
-from .inbox import Claim, Inbox, lock_inbox
+from .inbox import Claim, Inbox
 from .ledger import SQLiteClaimLedger
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
 from .room import watch_state_file
+from .statemark import check_state_moved, lock_watched
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -111,10 +112,11 @@ class Daemon(DaemonMonitor):
         if is_postgres_url(state_path):  # several daemons, one PostgreSQL
             from .shared import SharedDaemon
 
+            await anyio.to_thread.run_sync(check_state_moved, inbox_dir, state_path)
             await SharedDaemon(self, state_path).run()
             return
         await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
-        inbox_lock = await anyio.to_thread.run_sync(lock_inbox, inbox_dir)
+        inbox_lock = await anyio.to_thread.run_sync(lock_watched, inbox_dir, state_path)
         try:
             await self._run_alone(inbox_dir, outbox_dir, state_path)
         finally:

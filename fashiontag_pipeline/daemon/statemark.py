@@ -1,0 +1,90 @@
+"""Which state store the manifests in ``INBOX/.work`` are in flight in.
+
+A daemon with a SQLite state writes its state file's path to ``INBOX/.fashiontag-daemon.state``
+at each start. A daemon restarted with another ``--state`` (a SQLite file elsewhere, or a
+PostgreSQL URL) knows no claim of the files in ``.work``: it took them for the claims of a lost
+ledger and tagged every row again, although the rows had been sent (and billed) from the first
+state, whose tasks the service was still tagging. Such a start is refused (exit 2) while that
+first state still holds one of them in flight, naming it; started with it, the daemon finishes
+them, and ``--state`` can be changed once nothing is in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import urllib.parse
+from pathlib import Path
+
+from .._exceptions import StateConflictError
+from .._postgres import is_postgres_url
+from ._files import write_atomic
+from .inbox import lock_inbox
+
+__all__ = ["STATE_MARK", "check_state_moved", "lock_watched"]
+
+STATE_MARK = ".fashiontag-daemon.state"
+_WORK = ".work"
+
+
+def _in_flight_in(state: Path, work: Path) -> list[str]:
+    """The files in ``work`` the SQLite state ``state`` holds in flight (same name and size);
+    none when it cannot be read (gone, not a state): nothing to protect then."""
+    uri = f"file:{urllib.parse.quote(os.fspath(state))}?mode=ro"
+    try:
+        db = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error:
+        return []
+    try:
+        rows = db.execute("SELECT name, size FROM claims WHERE status = 'claimed'").fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        db.close()
+    names = []
+    for name, size in rows:
+        try:
+            if (work / name).stat().st_size == size:
+                names.append(str(name))
+        except (OSError, ValueError):
+            continue
+    return sorted(set(names))
+
+
+def check_state_moved(inbox: Path, state: str | Path) -> None:
+    """Refuse a start on ``state`` while the state the inbox was last watched with holds one
+    of the files in ``.work`` in flight (see the module docstring)."""
+    try:
+        before = os.fsdecode((inbox / STATE_MARK).read_bytes()).strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not before or (
+        not is_postgres_url(str(state)) and os.path.abspath(state) == os.path.abspath(before)
+    ):
+        return
+    names = _in_flight_in(Path(before), inbox / _WORK)
+    if not names:
+        return
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise StateConflictError(
+        f"{inbox / _WORK} holds manifests in flight in the state file {before} ({shown}):"
+        f" their rows were sent from it, and another --state would send (and bill) them"
+        f" again; start the daemon with --state {before} to finish them, then change --state"
+        " (or move them back into the inbox to tag every row again)"
+    )
+
+
+def lock_watched(inbox: Path, state: str | Path) -> int:
+    """:func:`~.inbox.lock_inbox` for a daemon with the SQLite ``state``, refused if the files
+    in ``.work`` are in flight in another state; the state is noted for the next start (best
+    effort: it only guards that start)."""
+    fd = lock_inbox(inbox)
+    try:
+        check_state_moved(inbox, state)
+    except BaseException:
+        os.close(fd)
+        raise
+    with contextlib.suppress(OSError):
+        write_atomic(inbox / STATE_MARK, os.fsencode(os.path.abspath(state)))
+    return fd
