@@ -50,6 +50,7 @@ from .ledger import SQLiteClaimLedger
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
+from .published import forget, noted_or, publish
 from .room import watch_state_file
 from .statemark import check_state_moved, lock_watched
 
@@ -422,13 +423,14 @@ class Daemon(DaemonMonitor):
         """``summary.json`` (any written before a crash), its record, the move to ``done/`` or
         ``failed/``: shielded from a drain (which left a complete manifest in ``.work``)."""
         with anyio.CancelScope(shield=lease is None):
-            summary = await outputs.aearlier_or(summary)
+            summary = await anyio.to_thread.run_sync(noted_or, inbox.work, outputs, summary)
             # Counted before the summary appears: whoever sees summary.json sees it counted.
             self.metrics.count_manifest(summary.status)
             self.recent.append(summary)
-            await outputs.awrite_summary(summary)
+            await anyio.to_thread.run_sync(publish, inbox.work, outputs, summary)
             if summary.status == "failed":
                 await inbox.afail(outputs.claim, summary.reason or "", lease)
             else:
                 await inbox.afinish(outputs.claim, summary.status, lease)
+            await anyio.to_thread.run_sync(forget, inbox.work, outputs.claim)
         return summary

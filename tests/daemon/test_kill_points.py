@@ -264,6 +264,46 @@ async def test_a_kill_after_the_summary_leaves_the_summary_as_written(
     assert [r for r in json.loads(body)["recent"] if r["manifest"] == name] == [written]
 
 
+async def test_a_kill_after_the_summary_whose_folder_the_consumer_took_is_done(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL right after ``summary.json`` was written, before the manifest was recorded
+    settled; the consumer takes the folder (complete: its summary exists) before the restart.
+    The restarted daemon found the outputs gone, made ``OUTBOX/m/`` again with a second
+    summary, ``failed`` (``its outputs were removed ...: its rows must be tagged again``),
+    and moved the manifest to ``failed/``: the consumer got two answers for one manifest, and
+    the operator dropping it again as told billed every row twice. It is ``done``, as the
+    summary the consumer took says, and no folder is made again."""
+    ids = [f"t{i}" for i in range(300)]
+    async with running_service(ServiceConfig()) as svc:
+        b: DaemonProcess | None = None
+        env = _hooked(tmp_path, HOOK_KILL_AFTER_SUMMARY="1")
+        a = DaemonProcess(tmp_path, svc.url, env=env).start()
+        try:
+            await a.wait_ready_endpoint()
+            drop_atomic(a.inbox, "m.csv", write_manifest(Path(), ids))
+            assert await a.wait_exit(timeout=30) == -9  # killed after the summary
+            taken = tmp_path / "consumed"
+            os.rename(a.outbox / "m", taken)  # the consumer's hand-off
+            b = DaemonProcess(tmp_path, svc.url, port=a.port).start()
+            with anyio.fail_after(30):
+                while (b.inbox / ".work" / "m.csv").exists():
+                    b.check_alive()
+                    await anyio.sleep(0.05)
+            assert await b.stop() == 0
+        finally:
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+        assert svc.store.image_count == len(ids)
+    assert (b.inbox / "done" / "m.csv").exists(), b.tail()
+    assert not (b.inbox / "failed").exists() or not list((b.inbox / "failed").iterdir())
+    assert not (b.outbox / "m").exists(), list((b.outbox / "m").iterdir())
+    summary = json.loads((taken / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["tagged"] == len(ids)
+    assert sorted(line["id"] for line in read_lines(taken / "results.jsonl")) == sorted(ids)
+
+
 async def test_sigterm_while_the_summary_is_written_moves_the_manifest_to_done(
     tmp_path: Path,
 ) -> None:
