@@ -22,7 +22,7 @@ from .._postgres import is_postgres_url
 from ._files import write_atomic
 from .inbox import lock_inbox
 
-__all__ = ["STATE_MARK", "check_state_moved", "lock_watched"]
+__all__ = ["STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
 
 STATE_MARK = ".fashiontag-daemon.state"
 _WORK = ".work"
@@ -71,7 +71,8 @@ def check_state_moved(inbox: Path, state: str | Path) -> None:
         f"{inbox / _WORK} holds manifests in flight in the state file {before} ({shown}):"
         f" their rows were sent from it, and another --state would send (and bill) them"
         f" again; start the daemon with --state {before} to finish them, then change --state"
-        " (or move them back into the inbox to tag every row again)"
+        " (only if their tasks are gone for good, move them back into the inbox: every row is"
+        " tagged again)"
     )
 
 
@@ -88,3 +89,12 @@ def lock_watched(inbox: Path, state: str | Path) -> int:
     with contextlib.suppress(OSError):
         write_atomic(inbox / STATE_MARK, os.fsencode(os.path.abspath(state)))
     return fd
+
+
+def watched_shared(inbox: Path, state: str) -> None:
+    """:func:`check_state_moved` for a daemon on the PostgreSQL ``state``; passed, the note of
+    the SQLite state goes (the files this daemon claims into ``.work`` are not that state's,
+    even under a name it once held in flight)."""
+    check_state_moved(inbox, state)
+    with contextlib.suppress(OSError):
+        (inbox / STATE_MARK).unlink(missing_ok=True)

@@ -93,7 +93,10 @@ def record_service(db: StateStore, client: ClientConfig | TaggerClient, given: s
 
 #: How a run starts over, as the refusal names it (the daemon's is another state).
 RESTART = "--restart starts over: every row is tagged again"
-NEW_STATE = "a daemon on a new --state starts over: the manifests in flight are tagged again"
+NEW_STATE = (
+    "move the manifests in flight from INBOX/.work back into the inbox and start the daemon"
+    " on a new --state: they are tagged again"
+)
 
 
 async def check_service(

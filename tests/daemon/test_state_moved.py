@@ -16,7 +16,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from fashiontag_pipeline._exceptions import StateConflictError
 from fashiontag_pipeline.daemon.config import DEFAULT_STATE_NAME
+from fashiontag_pipeline.daemon.ledger import ClaimRecord, SQLiteClaimLedger
+from fashiontag_pipeline.daemon.statemark import STATE_MARK, lock_watched, watched_shared
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
@@ -80,3 +83,26 @@ async def test_a_new_state_after_every_manifest_ended_starts(tmp_path: Path) -> 
         finally:
             daemon.ensure_dead()
     assert summary["status"] == "done" and summary["tagged"] == 1
+
+
+def test_manifests_moved_back_into_the_inbox_are_a_new_states_to_claim(tmp_path: Path) -> None:
+    """Their tasks gone for good, the operator moves the files in flight back into the inbox
+    (as the refusal says) and starts on the new state, which claims them again: a later start
+    on that state is not refused for the old state's claims of those names (with PostgreSQL,
+    which notes no state of its own, the old note goes)."""
+    inbox, old = tmp_path / "in", tmp_path / "old.sqlite"
+    (inbox / ".work").mkdir(parents=True)
+    (inbox / ".work" / "m.csv").write_bytes(b"id,url\n1,https://img.example/1.jpg\n")
+    ledger = SQLiteClaimLedger(old)
+    ledger.record_claim(ClaimRecord(name="m.csv", sha256="0" * 64, size=35, claimed_at=1.0))
+    ledger.close()
+    os.close(lock_watched(inbox, old))
+    for state in (str(tmp_path / "new.sqlite"), "postgresql://db.example/fleet"):
+        with pytest.raises(StateConflictError, match=f"--state {old} to finish them"):
+            (watched_shared if state.startswith("postgresql") else lock_watched)(inbox, state)
+    os.rename(inbox / ".work" / "m.csv", inbox / "m.csv")  # moved back
+    watched_shared(inbox, "postgresql://db.example/fleet")
+    assert not (inbox / STATE_MARK).exists()
+    os.rename(inbox / "m.csv", inbox / ".work" / "m.csv")  # claimed again by the fleet
+    watched_shared(inbox, "postgresql://db.example/fleet")
+    os.close(lock_watched(inbox, tmp_path / "new.sqlite"))
