@@ -11,10 +11,8 @@ of its own. For each claim, at most ``max_active`` at a time, in arrival order:
    row has its outcome the summary is written last and the manifest moves to ``done/``; a
    manifest that cannot be read moves to ``failed/`` with its reason.
 
-Metrics count rows as they are written and, when a manifest completes, top its counts up to
-exactly its rows with an outcome (a manifest resumed after a restart counts all of its rows in
-the new process). SIGTERM (``control.stop()``) stops claiming and reading, lets writes in flight
-finish, flushes outputs and state, and returns; manifests in flight resume on the next start.
+Metrics count rows as written, topped up to a manifest's rows when it completes. SIGTERM stops
+claiming and reading, lets writes finish, flushes, returns; manifests in flight resume later.
 """
 
 from __future__ import annotations
