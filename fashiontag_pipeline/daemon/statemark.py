@@ -52,6 +52,17 @@ def _in_flight_in(state: Path, work: Path) -> list[str]:
     return sorted(set(names))
 
 
+def _same_file(state: str | Path, before: str) -> bool:
+    """Whether ``state`` is the state file noted as ``before``: the same path, or the same
+    file through a symlink or another mount of its folder."""
+    if os.path.abspath(state) == os.path.abspath(before):
+        return True
+    try:
+        return os.path.samefile(state, before)
+    except (OSError, ValueError):  # (either not there: another file, or none yet)
+        return False
+
+
 def check_state_moved(inbox: Path, state: str | Path) -> None:
     """Refuse a start on ``state`` while the state the inbox was last watched with holds one
     of the files in ``.work`` in flight (see the module docstring)."""
@@ -59,9 +70,7 @@ def check_state_moved(inbox: Path, state: str | Path) -> None:
         before = os.fsdecode((inbox / STATE_MARK).read_bytes()).strip()
     except (FileNotFoundError, NotADirectoryError):
         return
-    if not before or (
-        not is_postgres_url(str(state)) and os.path.abspath(state) == os.path.abspath(before)
-    ):
+    if not before or (not is_postgres_url(str(state)) and _same_file(state, before)):
         return
     names = _in_flight_in(Path(before), inbox / _WORK)
     if not names:

@@ -106,3 +106,22 @@ def test_manifests_moved_back_into_the_inbox_are_a_new_states_to_claim(tmp_path:
     os.rename(inbox / "m.csv", inbox / ".work" / "m.csv")  # claimed again by the fleet
     watched_shared(inbox, "postgresql://db.example/fleet")
     os.close(lock_watched(inbox, tmp_path / "new.sqlite"))
+
+
+def test_the_same_state_through_another_path_is_not_another_state(tmp_path: Path) -> None:
+    """The state given through a symlink (or another mount of its folder) after a start with
+    its own path, a manifest in flight: the same file, whose claims the daemon finishes; it
+    was refused as another state (exit 2, "start the daemon with --state" the very file)."""
+    inbox, real = tmp_path / "in", tmp_path / "disk" / "state.sqlite"
+    (inbox / ".work").mkdir(parents=True)
+    real.parent.mkdir()
+    (inbox / ".work" / "m.csv").write_bytes(b"id,url\n1,https://img.example/1.jpg\n")
+    ledger = SQLiteClaimLedger(real)
+    ledger.record_claim(ClaimRecord(name="m.csv", sha256="0" * 64, size=35, claimed_at=1.0))
+    ledger.close()
+    os.close(lock_watched(inbox, real))
+    (tmp_path / "link").symlink_to(real.parent, target_is_directory=True)
+    os.close(lock_watched(inbox, tmp_path / "link" / "state.sqlite"))  # the same file
+    os.close(lock_watched(inbox, real))  # ... and back
+    with pytest.raises(StateConflictError):  # another file still refused
+        lock_watched(inbox, tmp_path / "other.sqlite")
