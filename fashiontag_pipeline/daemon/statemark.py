@@ -6,7 +6,9 @@ PostgreSQL URL) knows no claim of the files in ``.work``: it took them for the c
 ledger and tagged every row again, although the rows had been sent (and billed) from the first
 state, whose tasks the service was still tagging. Such a start is refused (exit 2) while that
 first state still holds one of them in flight, naming it; started with it, the daemon finishes
-them, and ``--state`` can be changed once nothing is in flight.
+them, and ``--state`` can be changed once nothing is in flight. A daemon with a PostgreSQL state
+notes only that (:data:`_POSTGRES`: its URL may hold a password): a SQLite daemon started
+after it, while ``.work`` holds files its own state does not, is refused the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ __all__ = ["STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
 
 STATE_MARK = ".fashiontag-daemon.state"
 _WORK = ".work"
+#: The note of a PostgreSQL state (not its URL, which may hold a password).
+_POSTGRES = "postgresql"
 
 
 def _in_flight_in(state: Path, work: Path) -> list[str]:
@@ -72,16 +76,45 @@ def check_state_moved(inbox: Path, state: str | Path) -> None:
         return
     if not before or (not is_postgres_url(str(state)) and _same_file(state, before)):
         return
+    if before == _POSTGRES:
+        if not is_postgres_url(str(state)):
+            _refuse_after_postgres(inbox, Path(state))
+        return
     names = _in_flight_in(Path(before), inbox / _WORK)
     if not names:
         return
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    shown = _shown(names)
     raise StateConflictError(
         f"{inbox / _WORK} holds manifests in flight in the state file {before} ({shown}):"
         f" their rows were sent from it, and another --state would send (and bill) them"
         f" again; start the daemon with --state {before} to finish them, then change --state"
         " (only if their tasks are gone for good, move them back into the inbox: every row is"
         " tagged again)"
+    )
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _refuse_after_postgres(inbox: Path, state: Path) -> None:
+    """Refuse a start on the SQLite ``state`` after a daemon on a PostgreSQL state while
+    ``.work`` holds files ``state`` does not hold in flight: that state's, whose rows it sent."""
+    work = inbox / _WORK
+    try:
+        with os.scandir(work) as entries:
+            files = {e.name for e in entries if e.is_file() and not e.name.startswith(".")}
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    names = sorted(files - set(_in_flight_in(state, work)))
+    if not names:
+        return
+    raise StateConflictError(
+        f"{work} holds manifests in flight in the PostgreSQL state the daemon was last started"
+        f" with ({_shown(names)}): their rows were sent from it, and the SQLite state {state}"
+        " would send (and bill) them again; start the daemon with that --state to finish them,"
+        " then change --state (only if their tasks are gone for good, move them back into the"
+        " inbox: every row is tagged again)"
     )
 
 
@@ -102,8 +135,9 @@ def lock_watched(inbox: Path, state: str | Path) -> int:
 
 def watched_shared(inbox: Path, state: str) -> None:
     """:func:`check_state_moved` for a daemon on the PostgreSQL ``state``; passed, the note of
-    the SQLite state goes (the files this daemon claims into ``.work`` are not that state's,
-    even under a name it once held in flight)."""
+    the SQLite state is replaced by :data:`_POSTGRES` (the files this daemon claims into
+    ``.work`` are not that state's, even under a name it once held in flight; a SQLite daemon
+    started after it must not take them for its own)."""
     check_state_moved(inbox, state)
     with contextlib.suppress(OSError):
-        (inbox / STATE_MARK).unlink(missing_ok=True)
+        write_atomic(inbox / STATE_MARK, _POSTGRES.encode())

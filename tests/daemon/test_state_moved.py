@@ -101,10 +101,14 @@ def test_manifests_moved_back_into_the_inbox_are_a_new_states_to_claim(tmp_path:
         with pytest.raises(StateConflictError, match=f"--state {old} to finish them"):
             (watched_shared if state.startswith("postgresql") else lock_watched)(inbox, state)
     os.rename(inbox / ".work" / "m.csv", inbox / "m.csv")  # moved back
-    watched_shared(inbox, "postgresql://db.example/fleet")
-    assert not (inbox / STATE_MARK).exists()
+    watched_shared(inbox, "postgresql://u:hunter2@db.example/fleet")
+    assert "hunter2" not in (inbox / STATE_MARK).read_text()  # (no URL)
     os.rename(inbox / "m.csv", inbox / ".work" / "m.csv")  # claimed again by the fleet
     watched_shared(inbox, "postgresql://db.example/fleet")
+    with pytest.raises(StateConflictError, match="in the PostgreSQL state") as refused:
+        lock_watched(inbox, tmp_path / "new.sqlite")  # (the fleet's claim, not old.sqlite's)
+    assert str(old) not in str(refused.value)
+    os.rename(inbox / ".work" / "m.csv", inbox / "m.csv")  # settled by the fleet
     os.close(lock_watched(inbox, tmp_path / "new.sqlite"))
 
 
@@ -125,3 +129,42 @@ def test_the_same_state_through_another_path_is_not_another_state(tmp_path: Path
     os.close(lock_watched(inbox, real))  # ... and back
     with pytest.raises(StateConflictError):  # another file still refused
         lock_watched(inbox, tmp_path / "other.sqlite")
+
+
+async def test_a_restart_on_sqlite_after_postgresql_bills_no_row_in_flight_again(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """The other way round: a daemon of a PostgreSQL state stopped with a manifest in flight,
+    started again on a SQLite state (the default file, ``--state`` left out of the unit).
+    The PostgreSQL daemon dropped the note, so the SQLite one took the file in ``.work`` for
+    the claim of a lost ledger and sent (and billed) every row again. Refused now (exit 2,
+    no URL, which may hold a password, written or shown); on the same state, finished once."""
+    ids = [f"p{i}" for i in range(N)]
+    on_postgres = ["--state", postgres_url, "--lease", "2", "--drain-timeout", "2"]
+    async with running_service(ServiceConfig(rate=300.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=on_postgres).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            with anyio.move_on_after(30):
+                while svc.store.image_count < N:
+                    daemon.check_alive()
+                    await anyio.sleep(0.02)
+            assert svc.store.image_count == N, (svc.store.image_count, daemon.tail()[-4000:])
+            assert await daemon.stop() == 0
+            assert (daemon.inbox / ".work" / "m.csv").exists()  # in flight
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            code = await daemon.wait_exit(timeout=30)
+            log = daemon.tail()
+            assert code == 2, log
+            assert "PostgreSQL" in log and "m.csv" in log, log
+            assert svc.store.image_count == N  # nothing sent again
+            mark = (daemon.inbox / STATE_MARK).read_text()
+            assert "postgresql" in mark and postgres_url not in mark
+            daemon = DaemonProcess(tmp_path, svc.url, extra=on_postgres).start()
+            summary = await daemon.wait_summary("m", timeout=60)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+        assert summary["status"] == "done" and summary["tagged"] == N, summary
+        assert svc.store.image_count == N
