@@ -201,8 +201,9 @@ async def test_two_creates_answered_with_one_new_id_at_the_same_moment_stop_the_
         async def commit(self, **kwargs: object) -> None:
             commits.append(kwargs)
 
-    writer = object.__new__(TaskWriter)  # only what the check uses: its tasks and journal
+    writer = object.__new__(TaskWriter)  # only what the check uses: its tasks, book, journal
     writer.tasks = {}
+    writer.book = SimpleNamespace(entries={})  # type: ignore[assignment]
     writer._checking = set()
     writer.journal = SlowJournal()  # type: ignore[assignment]
 
