@@ -223,25 +223,31 @@ class PostgresResultStore(StoreConnections):
             [latest[fp][0] for fp in fps],
             [latest[fp][1] for fp in fps],
         )
+        with self._errors():
+            self._deadlock_retried(
+                "INSERT INTO reuse_results (fp, task_id, stored_at, result)"
+                " SELECT fp, task_id, %s, result FROM unnest(%s::bytea[], %s::text[],"
+                " %s::bytea[]) WITH ORDINALITY AS r(fp, task_id, result, n) ORDER BY n"
+                " ON CONFLICT (fp) DO UPDATE SET task_id = excluded.task_id,"
+                " stored_at = excluded.stored_at, result = excluded.result",
+                params,
+            )
+        return len(latest)
+
+    def _deadlock_retried(self, sql: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
+        """``sql`` run on the writer (autocommit: one transaction), run again when PostgreSQL
+        aborts it on a deadlock with another writer, up to :data:`_DEADLOCK_RETRIES` times
+        (each statement so run is idempotent: :meth:`put`'s upsert, a batch of :meth:`prune`)."""
         import psycopg
 
-        with self._errors():
-            for retries_left in range(_DEADLOCK_RETRIES, -1, -1):
-                try:
-                    self._writer.execute(
-                        "INSERT INTO reuse_results (fp, task_id, stored_at, result)"
-                        " SELECT fp, task_id, %s, result FROM unnest(%s::bytea[], %s::text[],"
-                        " %s::bytea[]) WITH ORDINALITY AS r(fp, task_id, result, n) ORDER BY n"
-                        " ON CONFLICT (fp) DO UPDATE SET task_id = excluded.task_id,"
-                        " stored_at = excluded.stored_at, result = excluded.result",
-                        params,
-                    )
-                except psycopg.errors.DeadlockDetected:
-                    if not retries_left:
-                        raise
-                else:
-                    break
-        return len(latest)
+        retries = 0
+        while True:
+            try:
+                return self._writer.execute(sql, params)
+            except psycopg.errors.DeadlockDetected:
+                retries += 1
+                if retries > _DEADLOCK_RETRIES:
+                    raise
 
     @_again
     def record_run(
@@ -296,25 +302,15 @@ class PostgresResultStore(StoreConnections):
         prune no longer fails on it."""
         import time
 
-        import psycopg
-
         cutoff = (now or time.time)() - older_than
         deleted = 0
-        deadlocks = 0
         with self._errors():
             while True:
-                try:
-                    cur = self._writer.execute(
-                        "DELETE FROM reuse_results WHERE fp IN (SELECT fp FROM reuse_results"
-                        " WHERE stored_at < %s ORDER BY stored_at LIMIT %s) AND stored_at < %s",
-                        (cutoff, _PRUNE_BATCH, cutoff),
-                    )
-                except psycopg.errors.DeadlockDetected:
-                    deadlocks += 1
-                    if deadlocks > _DEADLOCK_RETRIES:
-                        raise
-                    continue
-                deadlocks = 0  # (counted per batch: a long prune may meet several)
+                cur = self._deadlock_retried(  # (retries counted per batch)
+                    "DELETE FROM reuse_results WHERE fp IN (SELECT fp FROM reuse_results"
+                    " WHERE stored_at < %s ORDER BY stored_at LIMIT %s) AND stored_at < %s",
+                    (cutoff, _PRUNE_BATCH, cutoff),
+                )
                 deleted += cur.rowcount
                 if cur.rowcount == 0:  # (a batch may delete fewer: rows stored again)
                     break
