@@ -29,16 +29,9 @@ def fsync_dir(path: Path) -> None:
 
 
 def _temp_beside(path: Path) -> Path:
-    """A hidden temp name beside ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    if len(tmp.name.encode()) > 255:  # a name near NAME_MAX: a short temp name of its own
-        tmp = path.with_name(f".{hashlib.sha256(path.name.encode()).hexdigest()[:16]}.tmp")
-    return tmp
-
-
-def _copy_temp_beside(path: Path) -> Path:
-    """A hidden temp name beside ``path`` that no other copy uses (several daemons may move
-    the same settled file at once): ``.NAME.<pid>-<random>.tmp``."""
+    """A hidden temp name beside ``path`` that no other writer uses (several daemons of a
+    shared state may move the same settled file, or write the same summary, at once: with one
+    temp name, the first rename took the other's file away): ``.NAME.<pid>-<random>.tmp``."""
     unique = f"{os.getpid()}-{secrets.token_hex(4)}"
     tmp = path.with_name(f".{path.name}.{unique}.tmp")
     if len(tmp.name.encode()) > 255:
@@ -77,7 +70,7 @@ def move_file(path: Path, target: Path) -> None:
     else:
         fsync_dir(target.parent)
         return
-    tmp = _copy_temp_beside(target)
+    tmp = _temp_beside(target)
     try:
         with path.open("rb") as src, tmp.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
@@ -95,8 +88,9 @@ def move_file(path: Path, target: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` so that it is either absent or whole: a hidden temp file beside it,
-    fsync, rename, fsync the folder (a crash never leaves half a file under the real name)."""
+    """Write ``path`` so that it is either absent or whole: a hidden temp file of this write's
+    own beside it, fsync, rename, fsync the folder (a crash never leaves half a file under the
+    real name; two daemons writing one file at once each rename a whole one)."""
     tmp = _temp_beside(path)
     try:
         with tmp.open("wb") as fh:

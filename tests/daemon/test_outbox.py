@@ -93,7 +93,9 @@ def test_summary_is_written_last_and_whole(tmp_path: Path, monkeypatch: pytest.M
     assert not outputs.is_complete()
     outputs.write_summary(summary)
     monkeypatch.undo()
-    assert renames == [(".summary.json.tmp", "summary.json")]
+    [(temp, final)] = renames
+    assert final == "summary.json"
+    assert re.fullmatch(rf"\.summary\.json\.{os.getpid()}-[0-9a-f]{{8}}\.tmp", temp), temp
     assert outputs.is_complete()
     assert outputs.rejects.read_bytes() == b""  # created, empty: all three files exist
     data = json.loads(outputs.summary.read_text())
@@ -270,3 +272,32 @@ def test_yesterdays_folder_collected_while_a_new_claim_of_its_name_is_marked(
         yesterday.claim.sha256
     )
     assert (archive / "cat" / "results.jsonl").read_bytes() == b'{"id":"1"}\n'
+
+
+def test_two_daemons_writing_one_summary_at_once_both_succeed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two daemons of a shared state settle one manifest at one moment (the one paused past
+    its lease and the one that took it over), each writing the same summary.json: both wrote
+    one temp name, the first rename took the other's temp file away, and the second daemon
+    stopped on an error (exit 1: "No such file or directory: '.summary.json.tmp' ->
+    'summary.json'"; the wide daemon fuzz, seed 277, under load). Each write has its own temp
+    file now, and the file is whole whichever rename comes last."""
+    from fashiontag_pipeline.daemon import _files
+
+    target = tmp_path / "summary.json"
+    real_fsync = os.fsync
+    nested: list[bool] = []
+
+    def fsync_then_another_writer(fd: int) -> None:
+        real_fsync(fd)
+        if not nested:  # the other daemon writes the file whole between our fsync and rename
+            nested.append(True)
+            _files.write_atomic(target, b'{"by":"b"}\n')
+
+    monkeypatch.setattr(_files.os, "fsync", fsync_then_another_writer)
+    _files.write_atomic(target, b'{"by":"a"}\n')
+    monkeypatch.undo()
+    assert nested
+    assert target.read_bytes() == b'{"by":"a"}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left
