@@ -208,6 +208,13 @@ class Journal:
         self._update_task(task)
         self._db.execute("COMMIT")
 
+    def forget(self, task_ids: Iterable[str]) -> None:
+        self._db.execute("BEGIN")
+        for task_id in task_ids:
+            self._db.execute("DELETE FROM images WHERE task_id=?", (task_id,))
+            self._db.execute("DELETE FROM tasks WHERE task_id=?", (task_id,))
+        self._db.execute("COMMIT")
+
     def load_tasks(self) -> Iterator[TaskRecord]:
         cursor = self._db.execute(
             "SELECT task_id, seq, owner, album_name, description, created, expire_at, done_at,"

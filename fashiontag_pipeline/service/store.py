@@ -214,17 +214,38 @@ class TaskStore:
     def sweep(self) -> None:
         """Free what expiry made unreachable: duplicate sets of tasks that can no longer be
         appended to, and the images of tasks whose results expired (their header stays so
-        that reads answer 410, not 404)."""
+        that reads answer 410, not 404), then, one result TTL later, the task itself (a
+        long-lived service would otherwise keep every task it was ever given)."""
         now = self.clock()
+        forgotten: list[TaskRecord] = []
         for task in self.tasks.values():
             if task.id_set is not None and now >= task.expire_at:
                 task.id_set = None
-            if (
-                not task.purged
-                and task.result_expire_at is not None
-                and now >= task.result_expire_at
-            ):
+            if task.result_expire_at is None or now < task.result_expire_at:
+                continue
+            if not task.purged:
                 self._purge(task)
+            if now >= task.expire_at and now >= task.result_expire_at + self.result_ttl:
+                forgotten.append(task)
+        if forgotten:
+            self._forget(forgotten)
+
+    def _forget(self, tasks: list[TaskRecord]) -> None:
+        """Drop tasks entirely. The owners' lists are replaced, never changed in place: a list
+        answer being written (it yields between slices) keeps the list it started with."""
+        gone = {task.task_id for task in tasks}
+        for task_id in gone:
+            del self.tasks[task_id]
+        owners = {task.owner for task in tasks}
+        for index in (self.by_owner, self._live):
+            for owner in owners:
+                kept = [t for t in index.get(owner, ()) if t.task_id not in gone]
+                if kept:
+                    index[owner] = kept
+                else:
+                    index.pop(owner, None)
+        if self._journal is not None:
+            self._journal.forget(gone)
 
     def _purge(self, task: TaskRecord) -> None:
         task.purged = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,11 @@ from fashiontag_pipeline._exceptions import (
     TaskExpiredError,
 )
 from fashiontag_pipeline._models import Image, ImageType, parse_time
-from fashiontag_pipeline.service import RunningService, ServiceConfig
+from fashiontag_pipeline.service import RunningService, ServiceConfig, running_service
 
 from .conftest import BULK_KEY, KEY, StartService, requests
 from .test_bulk import BULK, raw
+from .test_spec_conformance import _elements
 
 
 async def test_missing_and_unknown_keys(service: RunningService) -> None:
@@ -130,3 +132,42 @@ async def test_sweep_drops_duplicate_sets_of_closed_tasks(
     service.store.sweep()
     assert record.id_set is None
     assert len((await client.task_results(created.task_id)).results) == 3
+
+
+async def test_a_long_lived_service_forgets_tasks_long_past_their_results(
+    tmp_path: Path, clock: Any
+) -> None:
+    """A service left running (the benchmarks' target, a daemon's service for weeks) kept every
+    task a client ever created after its results expired, in memory and in its ``--state``
+    file: the key's list grew with every task it ever made (an engine resolving a lost create
+    pages through all of it), and the sweep walked all of them every second. A task is now
+    forgotten one result TTL after its results expired (and once closed to writes): 410 until
+    then, 404 after, gone from the list, and not brought back by a restart."""
+    config = ServiceConfig(
+        state_path=tmp_path / "state.sqlite",
+        clock=clock,
+        task_ttl=60.0,
+        result_ttl=60.0,
+        api_keys=(KEY,),
+        bulk_api_keys=(BULK_KEY,),
+    )
+    async with running_service(config) as svc:
+        task_ids = []
+        for n in range(50):
+            _, created, _ = await raw(svc, "POST", BULK, {"taggingRequest": _elements(2, f"t{n}")})
+            task_ids.append(created["taskId"])
+        clock.advance(61)
+        svc.store.sweep()
+        status, body, _ = await raw(svc, "GET", f"{BULK}/{task_ids[0]}")
+        assert status == 410, body
+        _, listed, _ = await raw(svc, "GET", BULK)
+        assert listed["data"]["taskInfo"]["totalCount"] == 50
+        clock.advance(60)
+        svc.store.sweep()
+        status, body, _ = await raw(svc, "GET", f"{BULK}/{task_ids[0]}/status")
+        assert status == 404, body
+        _, listed, _ = await raw(svc, "GET", BULK)
+        assert listed["data"]["taskInfo"]["totalCount"] == 0, listed["data"]["taskInfo"]
+        assert not svc.store.tasks and not any(svc.store.by_owner.values())
+    async with running_service(config) as svc:
+        assert not svc.store.tasks
