@@ -137,7 +137,12 @@ class ImageFetcher:
 
     async def download(self, url: str) -> bytes:
         session = self._open()
-        target = URL(url)
+        try:
+            # (yarl refuses a port out of range, a broken IPv6 bracket: a URL that cannot be
+            # fetched, not a failure of the service.)
+            target = URL(url)
+        except ValueError as err:
+            raise ImageRejected(CODE_FETCH_FAILED, f"image URL is not a valid URL: {err}") from None
         try:
             with anyio.fail_after(self._timeout):
                 for _ in range(MAX_REDIRECTS + 1):

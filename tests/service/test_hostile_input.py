@@ -301,3 +301,38 @@ async def test_slow_body_gets_408(start_service: StartService) -> None:
 
 def test_base64_helper_round_trip() -> None:
     assert base64.b64decode(data_url(b"ab").split(",", 1)[1]) == b"ab"
+
+
+MALFORMED_URLS = ["http://[bad/a.jpg", "http://cdn.test:99999/a.jpg", "https://cdn.test:port/a.jpg"]
+
+
+async def test_a_malformed_image_url_in_fetch_mode_is_803_not_a_500(
+    start_service: StartService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fetch mode, an image URL with a port out of range or a broken IPv6 bracket (it passes
+    the ``http(s)://`` check): single mode answered 500 "internal error" (a 5xx, which clients
+    retry as transient, for a URL that can never be fetched) and bulk gave each such image a
+    500 failure, each with a traceback in the service log. Now 803, as any URL that cannot be
+    fetched, and nothing logged past INFO."""
+    service = await start_service(fetch=True)
+    with caplog.at_level(logging.INFO, logger="fashiontag_pipeline.service"):
+        for url in MALFORMED_URLS:
+            status, body, _ = await raw(
+                service, "POST", SINGLE, {"image": {"type": "url", "content": url}}, key=KEY
+            )
+            assert (status, body["error"]["code"]) == (200, 803), (url, status, body)
+        elements = [
+            {"image": {"type": "url", "content": url}, "context": {"id": str(n)}}
+            for n, url in enumerate(MALFORMED_URLS)
+        ]
+        _, created, _ = await raw(service, "POST", BULK, {"taggingRequest": elements})
+        path = f"{BULK}/{created['taskId']}"
+        with anyio.fail_after(10):
+            while (await raw(service, "GET", f"{path}/status"))[1]["data"]["taskStatus"] != (
+                "TASK_DONE"
+            ):
+                await anyio.sleep(0.02)
+        _, page, _ = await raw(service, "GET", path)
+        codes = [r["taggingResult"]["error"]["code"] for r in page["data"]["results"]]
+        assert codes == [803] * len(MALFORMED_URLS), page
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
