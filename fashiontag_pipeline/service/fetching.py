@@ -4,8 +4,9 @@ Every download of the reference analyzer (and of any subclass: a plugged-in mode
 guards) goes through an :class:`ImageFetcher`; the service gives it the ``serve`` options and
 decodes in its :class:`~.decoding.DecodePool`.
 
-* At most ``per_host`` connections to one host (aiohttp ``limit_per_host``), so requests to a
-  slow host queue behind each other instead of filling the pool for every host.
+* At most ``per_host`` downloads from one host at once, so requests to a slow host queue
+  behind each other instead of filling the pool for every host; a download's timeout starts
+  when it leaves that queue (aiohttp's ``limit_per_host`` also bounds redirect targets).
 * Loopback, private, link-local and other non-global addresses are refused, whether the URL
   names them or its host name resolves to them (checked at connection time, on every redirect),
   unless ``allow_private`` (tests serve images from 127.0.0.1). A refused URL fails with 803
@@ -16,8 +17,10 @@ decodes in its :class:`~.decoding.DecodePool`.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
+from collections.abc import AsyncIterator
 
 import aiohttp
 import anyio
@@ -91,6 +94,32 @@ class PublicOnlyResolver(AbstractResolver):
         await self._inner.close()
 
 
+class _HostSlots:
+    """At most ``per_host`` downloads per host (``host:port`` of the image URL) at once,
+    waited for before a download's timeout starts: a download queued behind a slow host's
+    others is not timed out before it is even asked for. Hosts nobody waits for are dropped
+    (a long-lived service meets any number of hosts)."""
+
+    def __init__(self, per_host: int) -> None:
+        self._per_host = per_host
+        self._slots: dict[str, tuple[anyio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, url: URL) -> AsyncIterator[None]:
+        host = f"{(url.host or '').lower()}:{url.port}"
+        semaphore, users = self._slots.get(host) or (anyio.Semaphore(self._per_host), 0)
+        self._slots[host] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._slots[host]
+            if users == 1:
+                del self._slots[host]
+            else:
+                self._slots[host] = (semaphore, users - 1)
+
+
 class ImageFetcher:
     """Downloads image bytes (see the module docstring); :class:`ImageRejected` on failure."""
 
@@ -107,6 +136,7 @@ class ImageFetcher:
         self._timeout = timeout
         self._max_bytes = max_bytes
         self._session: aiohttp.ClientSession | None = None
+        self._hosts = _HostSlots(per_host)
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -143,16 +173,18 @@ class ImageFetcher:
             target = URL(url)
         except ValueError as err:
             raise ImageRejected(CODE_FETCH_FAILED, f"image URL is not a valid URL: {err}") from None
+        self._check(target)
         try:
-            with anyio.fail_after(self._timeout):
-                for _ in range(MAX_REDIRECTS + 1):
-                    self._check(target)
-                    async with session.get(target, allow_redirects=False) as resp:
-                        location = resp.headers.get("Location")
-                        if resp.status in _REDIRECTS and location:
-                            target = resp.url.join(URL(location))
-                            continue
-                        return await self._body(resp)
+            async with self._hosts.hold(target):
+                with anyio.fail_after(self._timeout):
+                    for _ in range(MAX_REDIRECTS + 1):
+                        self._check(target)
+                        async with session.get(target, allow_redirects=False) as resp:
+                            location = resp.headers.get("Location")
+                            if resp.status in _REDIRECTS and location:
+                                target = resp.url.join(URL(location))
+                                continue
+                            return await self._body(resp)
         except ImageRejected:
             raise
         except TimeoutError:

@@ -12,7 +12,8 @@ import anyio
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline.service import RunningService
+from fashiontag_pipeline.service import ReferenceAnalyzer, RunningService
+from fashiontag_pipeline.service.fetching import ImageFetcher
 
 from .conftest import BULK_KEY, KEY, OTHER_BULK_KEY, StartService
 from .test_bulk import raw
@@ -316,3 +317,38 @@ def test_serve_warns_that_keys_given_as_flags_are_visible(
     assert "--api-key is visible to other users" in err and "hunter2" not in err
     build_config(parser.parse_args([]), environ={"FASHIONTAG_API_KEY": "hunter2-key"})
     assert capsys.readouterr().err == ""
+
+
+async def test_images_queued_for_a_busy_host_are_not_timed_out_before_they_start(
+    start_service: StartService,
+) -> None:
+    """Fetch mode, one image host that takes a while per image: the per-host connection limit
+    queues the other downloads, and the download timeout ran from the queueing, not from the
+    download's start. Images the host would have served in time failed with 803 "image URL
+    timed out" without ever being asked for (rows in the rejects that a slower pace would have
+    tagged). The timeout now starts when the download does."""
+    pace = 0.3
+    seen = 0
+
+    async def paced_png(request: web.Request) -> web.Response:
+        nonlocal seen
+        seen += 1
+        await anyio.sleep(pace)
+        return web.Response(body=product_png((20, 200, 30)), content_type="image/png")
+
+    app = web.Application()
+    app.router.add_get("/{name}", paced_png)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        fetcher = ImageFetcher(per_host=1, allow_private=True, timeout=1.0)
+        service = await start_service(fetch=True, analyzer=ReferenceAnalyzer(fetcher=fetcher))
+        images = [element(f"{host}/{i}.png", str(i)) for i in range(8)]
+        _, created, _ = await raw(service, "POST", BULK, {"taggingRequest": images})
+        assert await wait_done(service, created["taskId"], BULK_KEY, 10)
+        _, status, _ = await raw(service, "GET", f"{BULK}/{created['taskId']}/status")
+        assert status["data"]["count"]["failure"] == 0, (status["data"]["count"], seen)
+    finally:
+        await runner.cleanup()
