@@ -13,6 +13,7 @@ the lease has ended or another daemon has taken it over (epoch + 1), the write i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import socket
@@ -313,6 +314,20 @@ class PostgresClaimLedger:
                 f"SELECT {self._COLUMNS} FROM claims WHERE status = 'claimed' ORDER BY id"
             ).fetchall()
         return [r for r in map(self._record, rows) if r is not None]
+
+    def identity(self) -> tuple[str, str]:
+        """Which state this is, kept by a failover, a dump and restore or another spelling of
+        the URL: a digest of the database's and schema's names and the moment the schema was
+        first made (``schema_version``'s first row), and those names to show (no host, no
+        password). Another database, or a schema made again, is another state."""
+        with self._transaction("read which state this is") as conn:
+            row = conn.execute(
+                "SELECT current_database(), current_schema(),"
+                " (SELECT applied_at FROM schema_version ORDER BY version LIMIT 1)::text"
+            ).fetchone()
+        database, schema, made = (str(v) for v in row) if row is not None else ("", "", "")
+        digest = hashlib.sha256(f"{database}\0{schema}\0{made}".encode()).hexdigest()[:24]
+        return digest, f"database {database}, schema {schema}"
 
     def unleased(self, limit: int = 100) -> list[ClaimRecord]:
         """Claims in flight that no daemon holds (the cluster's queue, oldest first, the ones

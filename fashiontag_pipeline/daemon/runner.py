@@ -50,7 +50,7 @@ from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
 from .published import forget, noted_or, publish
 from .room import watch_state_file
-from .statemark import lock_watched, watched_shared
+from .statemark import lock_watched
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -111,7 +111,6 @@ class Daemon(DaemonMonitor):
         if is_postgres_url(state_path):  # several daemons, one PostgreSQL
             from .shared import SharedDaemon
 
-            await anyio.to_thread.run_sync(watched_shared, inbox_dir, state_path)
             await SharedDaemon(self, state_path).run()
             return
         await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))

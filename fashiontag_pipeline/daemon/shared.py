@@ -58,6 +58,7 @@ from .keeper import ForeignClaims, LeaseKeeper
 from .leased import check_reuse, drop_done, drop_settled, hand_back, queued, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
+from .statemark import watched_shared
 
 if TYPE_CHECKING:
     from .runner import Daemon
@@ -111,6 +112,10 @@ class SharedDaemon:
         )
         outbox = Outbox(outbox_dir)
         try:
+            held = lambda: {r.name for r in ledger.in_flight()}  # noqa: E731
+            await anyio.to_thread.run_sync(
+                lambda: watched_shared(inbox_dir, self.url, ledger.identity(), held)
+            )
             await anyio.to_thread.run_sync(check_reuse, self.engine_config.reuse)
             await anyio.to_thread.run_sync(inbox.prepare)
             await anyio.to_thread.run_sync(drop_settled, ledger, self.url, self.config.lease)

@@ -7,8 +7,10 @@ ledger and tagged every row again, although the rows had been sent (and billed) 
 state, whose tasks the service was still tagging. Such a start is refused (exit 2) while that
 first state still holds one of them in flight, naming it; started with it, the daemon finishes
 them, and ``--state`` can be changed once nothing is in flight. A daemon with a PostgreSQL state
-notes only that (:data:`_POSTGRES`: its URL may hold a password): a SQLite daemon started
-after it, while ``.work`` holds files its own state does not, is refused the same way.
+notes that (:data:`_POSTGRES`), and which state it is (never its URL, which may hold a
+password: a digest kept by a failover or another spelling of the URL, and the database's and
+schema's names): a SQLite daemon, or one of another PostgreSQL state, started after it while
+``.work`` holds files its own state does not hold in flight, is refused the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import os
 import sqlite3
 import urllib.parse
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from .._exceptions import StateConflictError
@@ -28,8 +31,18 @@ __all__ = ["STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
 
 STATE_MARK = ".fashiontag-daemon.state"
 _WORK = ".work"
-#: The note of a PostgreSQL state (not its URL, which may hold a password).
+#: The note of a PostgreSQL state (not its URL, which may hold a password): its first line;
+#: then the state's digest and its names to show (builds before 2026-11-28 wrote this alone).
 _POSTGRES = "postgresql"
+
+
+def _postgres_note(before: str) -> tuple[str, str] | None:
+    """A PostgreSQL state's note read: (digest, names shown), empty when an older build wrote
+    it; None for a SQLite state's."""
+    lines = before.splitlines()
+    if not lines or lines[0] != _POSTGRES:
+        return None
+    return (lines[1], lines[2]) if len(lines) >= 3 else ("", "")
 
 
 def _in_flight_in(state: Path, work: Path) -> list[str]:
@@ -76,7 +89,7 @@ def check_state_moved(inbox: Path, state: str | Path) -> None:
         return
     if not before or (not is_postgres_url(str(state)) and _same_file(state, before)):
         return
-    if before == _POSTGRES:
+    if _postgres_note(before) is not None:
         if not is_postgres_url(str(state)):
             _refuse_after_postgres(inbox, Path(state))
         return
@@ -101,12 +114,7 @@ def _refuse_after_postgres(inbox: Path, state: Path) -> None:
     """Refuse a start on the SQLite ``state`` after a daemon on a PostgreSQL state while
     ``.work`` holds files ``state`` does not hold in flight: that state's, whose rows it sent."""
     work = inbox / _WORK
-    try:
-        with os.scandir(work) as entries:
-            files = {e.name for e in entries if e.is_file() and not e.name.startswith(".")}
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    names = sorted(files - set(_in_flight_in(state, work)))
+    names = sorted(_visible(work) - set(_in_flight_in(state, work)))
     if not names:
         return
     raise StateConflictError(
@@ -116,6 +124,15 @@ def _refuse_after_postgres(inbox: Path, state: Path) -> None:
         " then change --state (only if their tasks are gone for good, move them back into the"
         " inbox: every row is tagged again)"
     )
+
+
+def _visible(work: Path) -> set[str]:
+    """The manifests in ``work`` (none when it is not there)."""
+    try:
+        with os.scandir(work) as entries:
+            return {e.name for e in entries if e.is_file() and not e.name.startswith(".")}
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
 
 
 def lock_watched(inbox: Path, state: str | Path) -> int:
@@ -133,11 +150,38 @@ def lock_watched(inbox: Path, state: str | Path) -> int:
     return fd
 
 
-def watched_shared(inbox: Path, state: str) -> None:
-    """:func:`check_state_moved` for a daemon on the PostgreSQL ``state``; passed, the note of
-    the SQLite state is replaced by :data:`_POSTGRES` (the files this daemon claims into
-    ``.work`` are not that state's, even under a name it once held in flight; a SQLite daemon
-    started after it must not take them for its own)."""
+def watched_shared(
+    inbox: Path,
+    state: str,
+    identity: tuple[str, str] | None = None,
+    held: Callable[[], Collection[str]] = frozenset,
+) -> None:
+    """:func:`check_state_moved` for a daemon on the PostgreSQL ``state`` (``identity``: its
+    digest and names, :meth:`~.leases.PostgresClaimLedger.identity`; ``held``: the names it
+    holds in flight); passed, the note is replaced by this state's (the files this daemon
+    claims into ``.work`` are not another state's, even under a name that one once held in
+    flight: a daemon started after it on another state must not take them for its own).
+
+    After a daemon of another PostgreSQL state (another database, a schema made again), the
+    files in ``.work`` this one does not hold in flight were sent from that one: refused, as
+    after a SQLite state. A note without a digest (an older build's) guards nothing here."""
     check_state_moved(inbox, state)
+    try:
+        before = (inbox / STATE_MARK).read_text(errors="replace").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        before = ""
+    noted = _postgres_note(before)
+    if identity is not None and noted is not None and noted[0] and noted[0] != identity[0]:
+        names = sorted(_visible(inbox / _WORK) - set(held()))
+        if names:
+            raise StateConflictError(
+                f"{inbox / _WORK} holds manifests in flight in another PostgreSQL state than"
+                f" --state ({noted[1]}; this one: {identity[1]}), the one the daemon was last"
+                f" started with ({_shown(names)}): their rows were sent from it, and this state"
+                " would send (and bill) them again; start the daemon with that --state to"
+                " finish them, then change --state (only if their tasks are gone for good,"
+                " move them back into the inbox: every row is tagged again)"
+            )
+    note = _POSTGRES if identity is None else f"{_POSTGRES}\n{identity[0]}\n{identity[1]}"
     with contextlib.suppress(OSError):
-        write_atomic(inbox / STATE_MARK, _POSTGRES.encode())
+        write_atomic(inbox / STATE_MARK, note.encode() + b"\n")

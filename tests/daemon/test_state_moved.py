@@ -22,6 +22,7 @@ from fashiontag_pipeline.daemon.ledger import ClaimRecord, SQLiteClaimLedger
 from fashiontag_pipeline.daemon.statemark import STATE_MARK, lock_watched, watched_shared
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..postgres import PostgresCluster
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
@@ -162,6 +163,49 @@ async def test_a_restart_on_sqlite_after_postgresql_bills_no_row_in_flight_again
             mark = (daemon.inbox / STATE_MARK).read_text()
             assert "postgresql" in mark and postgres_url not in mark
             daemon = DaemonProcess(tmp_path, svc.url, extra=on_postgres).start()
+            summary = await daemon.wait_summary("m", timeout=60)
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+        assert summary["status"] == "done" and summary["tagged"] == N, summary
+        assert svc.store.image_count == N
+
+
+async def test_a_restart_on_another_postgresql_state_bills_no_row_in_flight_again(
+    tmp_path: Path, postgres_cluster: PostgresCluster, postgres_url: str
+) -> None:
+    """A shared daemon's unit file edited to another PostgreSQL database (or schema) while a
+    manifest was in flight: the note said only ``postgresql``, so the new state took the file
+    in ``.work`` for a claim of its own not yet recorded, and every row, sent (and billed)
+    from the first database, was sent and billed again. Refused now (exit 2, naming the
+    database and schema, never the URL); the same state through another spelling of its URL
+    (a parameter added) is the same state; on it, the manifest is finished once."""
+    ids = [f"p{i}" for i in range(N)]
+    on_first = ["--state", postgres_url, "--lease", "2", "--drain-timeout", "2"]
+    other = postgres_cluster.create_schema("other")
+    async with running_service(ServiceConfig(rate=300.0)) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=on_first).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            with anyio.move_on_after(30):
+                while svc.store.image_count < N:
+                    daemon.check_alive()
+                    await anyio.sleep(0.02)
+            assert svc.store.image_count == N, (svc.store.image_count, daemon.tail()[-4000:])
+            assert await daemon.stop() == 0
+            assert (daemon.inbox / ".work" / "m.csv").exists()  # in flight
+            moved = ["--state", other, "--lease", "2", "--drain-timeout", "2"]
+            daemon = DaemonProcess(tmp_path, svc.url, extra=moved).start()
+            code = await daemon.wait_exit(timeout=30)
+            log = daemon.tail()
+            assert code == 2, log
+            assert "another PostgreSQL state" in log and "m.csv" in log, log
+            schema = postgres_url.rpartition("%3D")[2]
+            assert schema in log and postgres_url not in log, log
+            assert svc.store.image_count == N  # nothing sent again
+            respelled = ["--state", f"{postgres_url}&application_name=ft", *on_first[2:]]
+            daemon = DaemonProcess(tmp_path, svc.url, extra=respelled).start()
             summary = await daemon.wait_summary("m", timeout=60)
             assert await daemon.stop() == 0
         finally:
