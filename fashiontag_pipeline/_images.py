@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import os
 import re
 import stat
@@ -18,6 +19,7 @@ from urllib.parse import unquote
 __all__ = [
     "DEFAULT_SINGLE_MAX_BYTES",
     "ImageFileError",
+    "ImageFileShortage",
     "data_uri_image",
     "read_image_file",
     "sniff_ext",
@@ -36,6 +38,15 @@ _HOST = re.compile(r"(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}(?::[0-9]{1,5})?")
 
 class ImageFileError(Exception):
     """A local path that holds no image to send; the message says why and names the path."""
+
+
+class ImageFileShortage(ImageFileError):
+    """A local file not read for the process's lack of a resource (its limit of open files,
+    the system's file table, memory): nothing is known of the file; a later read may succeed."""
+
+
+#: ``errno`` values of an ``open`` or a read that fail for such a lack, not for the file.
+_SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 def spec_data_uri(uri: str) -> str:
@@ -148,7 +159,8 @@ def read_image_file(path: str, max_bytes: int) -> bytes:
     except FileNotFoundError:
         raise ImageFileError(_missing(path)) from None
     except OSError as err:
-        raise ImageFileError(f"local file unreadable ({err.strerror}): {path}") from None
+        kind = ImageFileShortage if err.errno in _SHORTAGES else ImageFileError
+        raise kind(f"local file unreadable ({err.strerror}): {path}") from None
     if not data:
         raise ImageFileError(f"local file is empty: {path}")
     if len(data) > max_bytes:  # grew since its stat

@@ -17,6 +17,7 @@ from .. import _exceptions as exc
 from .._config import DEFAULT_MAX_RETRY_AFTER
 from .._connect import unreadable_answer
 from .._exceptions import FashiontagError
+from .._images import ImageFileShortage
 from .._retrying import wait_past_give_up
 
 __all__ = [
@@ -42,9 +43,15 @@ TRANSIENT = (exc.TransportError, exc.RateLimitedError, exc.ServerError)
 REFUSED = (exc.AuthenticationError, exc.PermissionDeniedError)
 
 
+#: What :func:`_trouble` says of a lack of the process's own (no state of the service's).
+_SHORT = "short"
+
+
 def _trouble(err: BaseException) -> tuple[str, str]:
     """(what the first warning says, what the final error says the service was) of a failure
     the budget retries."""
+    if isinstance(err, ImageFileShortage):
+        return "this process is short of open files or memory", _SHORT
     if isinstance(err, exc.DecodeError):
         return "the service answers JSON that is not the spec's shape", "answering malformed JSON"
     if isinstance(err, exc.RateLimitedError):
@@ -223,6 +230,13 @@ class RetryBudget:
     def _gave_up(self, what: str, state: str, reason: str) -> str:
         """The fatal error of a run out of budget: what failed, and what to do (the last line
         on stderr, all a cron mail's subject or a monitor keeps)."""
+        if state == _SHORT:
+            return (
+                f"{what}: this process was short of open files or memory for"
+                f" {self.give_up_after:.0f}s: {reason}; stopped with the state saved: raise its"
+                " limit (ulimit -n, LimitNOFILE=) or lower its concurrency, then the same"
+                " command resumes"
+            )
         return (
             f"{what}: service {state} for {self.give_up_after:.0f}s: {reason}; stopped with"
             " the state saved: the same command resumes once the service answers"

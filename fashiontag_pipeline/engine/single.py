@@ -61,7 +61,13 @@ import msgspec
 from .. import _exceptions as exc
 from .._callctx import WRITES_STOPPED
 from .._client import TaggerClient
-from .._images import ImageFileError, data_uri_image, read_image_file, sniff_ext
+from .._images import (
+    ImageFileError,
+    ImageFileShortage,
+    data_uri_image,
+    read_image_file,
+    sniff_ext,
+)
 from .._models import Image, ImageType
 from .config import EngineConfig
 from .flow import FatalRunError, RetryBudget
@@ -141,6 +147,8 @@ def load_image(request: SingleRequest, max_bytes: int) -> str:
     path = request.content
     try:
         data = read_image_file(path, max_bytes)
+    except ImageFileShortage:
+        raise  # (the process's lack, not the image's: read again, see SingleRouter._tag)
     except ImageFileError as err:
         raise SingleRejected(str(err)) from None
     ext = sniff_ext(data, path)
@@ -291,13 +299,22 @@ class SingleRouter:
 
     async def _tag(self, item: SingleItem) -> None:
         ident, pos, request = item
-        try:
-            content = await anyio.to_thread.run_sync(
-                load_image, request, self.config.single_max_bytes
-            )
-        except SingleRejected as err:
-            await self._reject(item, str(err), STAGE_CLIENT)
-            return
+        # A drain ends the run's wait before a retry too (a Retry-After of a minute).
+        stopped = WRITES_STOPPED.get()
+        while True:
+            if self._stop_scope.cancel_called or (stopped is not None and stopped.is_set()):
+                return  # a drain: refused (not tagged), the row waits in the state
+            try:
+                content = await anyio.to_thread.run_sync(
+                    load_image, request, self.config.single_max_bytes
+                )
+            except SingleRejected as err:
+                await self._reject(item, str(err), STAGE_CLIENT)
+                return
+            except ImageFileShortage as err:  # (EMFILE: the requests in flight hold them)
+                await self.budget.failed(err, "single-mode image read", until=stopped)
+                continue
+            break
         image = Image(type=ImageType.BASE64, content=content)
         del content
         context = request.context
@@ -313,8 +330,6 @@ class SingleRouter:
         # run, an outage of the endpoint as the last image is on its way looks the same).
         earlier = alone > 0
         tagged = self.tagged
-        # A drain ends the run's wait before a retry too (a Retry-After of a minute).
-        stopped = WRITES_STOPPED.get()
         while True:
             if self._stop_scope.cancel_called or (stopped is not None and stopped.is_set()):
                 return  # a drain: refused (not tagged), the row waits in the state
