@@ -38,6 +38,7 @@ from .common import (
     one_line,
     parse_detection,
     visible_passwords,
+    working_folder_gone,
 )
 from .startup import HELD, interrupt_on_term, release, resume_collections, take
 from .streams import guard_standard_streams
@@ -321,6 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary_of_refused_flags(arguments, _Parser.refusal)
         raise
     configure_logging(args.verbose)
+    if command in ("run", "daemon") and (gone := working_folder_gone()) is not None:
+        print(f"fashiontag: {gone}", file=sys.stderr)  # (before a path is made absolute)
+        if command == "run":
+            from .summary_file import summary_of_refused_flags
+
+            summary_of_refused_flags(arguments, gone)
+        return EXIT_USAGE
     if command != "daemon":  # (the daemon logs them: its stderr is JSON lines)
         for warning in visible_passwords(args):
             print(f"fashiontag: warning: {warning}", file=sys.stderr)

@@ -52,6 +52,7 @@ __all__ = [
     "path_arg",
     "run_async",
     "visible_passwords",
+    "working_folder_gone",
 ]
 
 T = TypeVar("T")
@@ -204,6 +205,23 @@ def one_line(text: str) -> str:
     tabs) as one space, any other control character shown escaped (``\\x1b``): a service's
     message (a stack trace, a sequence that clears the screen) never reaches it as sent."""
     return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(text.split()))
+
+
+def working_folder_gone() -> str | None:
+    """Why the current directory cannot be used (None when it can): removed since the shell
+    or job entered it (a release folder a deploy pruned, a scratch folder cleaned), every
+    relative path (a manifest, an output, an image path in a manifest) names nothing, and
+    each path made absolute raised FileNotFoundError (a traceback, or a bare "No such file
+    or directory" once the state was made)."""
+    try:
+        os.getcwd()
+    except OSError as err:
+        why = "was removed" if isinstance(err, FileNotFoundError) else f"fails: {err.strerror}"
+        return (
+            f"the current directory {why}: relative paths (manifests, outputs, image paths in"
+            " a manifest) name nothing there; cd to a folder that exists and run it again"
+        )
+    return None
 
 
 #: The lone surrogates Python holds an argument's bytes that are not UTF-8 as (PEP 383).

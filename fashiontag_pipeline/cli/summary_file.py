@@ -186,7 +186,11 @@ def write_summary(path: Path, summary: RunSummary) -> bool:
     an empty file under its name: the data is synced before the rename, the folder after
     it); False, said on stderr, when it cannot be written (no temp file left). A symlink is
     followed: the file it names (the one a loader watches) is replaced, the link kept."""
-    real = Path(os.path.realpath(path))
+    try:
+        real = Path(os.path.realpath(path))
+    except OSError as err:  # (a relative path in a current directory removed)
+        print(f"fashiontag: cannot write --summary {path}: {err.strerror or err}", file=sys.stderr)
+        return False
     with contextlib.suppress(OSError):
         if not stat.S_ISREG(os.stat(real).st_mode):  # /dev/null: the device is not replaced
             print(f"fashiontag: cannot write --summary {path}: not a regular file", file=sys.stderr)
