@@ -18,6 +18,7 @@ from .._client import TaggerClient
 from .._connect import unreadable_answer
 from .._models import BulkTaskResponse, FailureItem
 from .flow import FatalRunError, refused
+from .idmatch import IdMatcher
 from .jobs import Jobs
 from .policy import Chunk, OpenTask, encode_ids, halves
 from .state import POS_SHIFT, JobReject, Journal, changes
@@ -55,6 +56,17 @@ def _echoed(echo: str, ids: list[str]) -> str | None:
         return None
     found = [i for i in ids if i.startswith(stem) and len(i) > len(stem)]
     return found[0] if len(found) == 1 else None
+
+
+def _named(failure: FailureItem, mine: set[str], ids: list[str]) -> str | None:
+    """The chunk's id a ``failureList`` entry names: as sent, shortened (:func:`_echoed`), or
+    changed as the results pages' ids are (``"id": 17`` for ``"017"``, case, spacing:
+    :class:`~.idmatch.IdMatcher`); None when none (or several) match. Before, a refused
+    ``017`` echoed as 17 was taken as accepted and sent again until ``max_sends``."""
+    ident = failure.context_id
+    if ident is None or ident in mine:
+        return ident
+    return _echoed(ident, ids) or IdMatcher(mine).match(ident)
 
 
 def one_source(positions: Sequence[int], last: int) -> bool:
@@ -207,10 +219,8 @@ class WriteAnswers:
         for failure in failures:
             if failure.error_message.startswith(DUPLICATE_PREFIX):
                 return False
-            ident = failure.context_id
-            if ident is not None and ident not in mine:
-                ident = _echoed(ident, chunk.ids)
-            if ident is not None and ident in mine:
+            ident = _named(failure, mine, chunk.ids)
+            if ident is not None:
                 refused.add(ident)
         return len(refused) == len(mine)
 
@@ -259,10 +269,8 @@ class WriteAnswers:
         # The chunk's ids as a set only when the service listed failures (rarely).
         mine = set(chunk.ids) if response.failure_list else set()
         for failure in response.failure_list:
-            ident = failure.context_id
-            if ident is not None and ident not in mine:
-                ident = _echoed(ident, chunk.ids)
-            if ident is None or ident not in mine:
+            ident = _named(failure, mine, chunk.ids)
+            if ident is None:
                 continue
             if failure.error_message.startswith(DUPLICATE_PREFIX):
                 continue  # a retried write: this id is already in the task
@@ -312,10 +320,8 @@ class WriteAnswers:
         mine = set(chunk.ids)
         listed: dict[str, str] = {}
         for failure in failures:
-            ident = failure.context_id
-            if ident is not None and ident not in mine:
-                ident = _echoed(ident, chunk.ids)
-            if ident is not None and ident in mine:
+            ident = _named(failure, mine, chunk.ids)
+            if ident is not None:
                 listed[ident] = failure.error_message or "no reason given"
         return listed
 

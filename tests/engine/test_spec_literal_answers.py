@@ -258,6 +258,38 @@ async def test_a_refused_row_whose_id_is_echoed_as_a_number(tmp_path: Path) -> N
     assert summary.resent == 0
 
 
+@pytest.mark.parametrize("refused", ["017", "000"])
+async def test_a_refused_row_whose_id_is_echoed_as_a_number_without_its_zeros(
+    tmp_path: Path, refused: str
+) -> None:
+    """Row ``017`` refused by a service that reads numeric-looking ids as numbers, its
+    ``failureList`` entry echoing ``"id": 17``: the row is the service's reject with the
+    service's reason (its results pages are read so already, ``"id": 17`` for ``"017"``).
+    Before, the echo matched no row of the write, the row was taken as accepted, sent again
+    in task after task until ``max_sends``, then rejected as never returned."""
+    ids = [f"{i:03d}" for i in range(300)]
+    lines = ["id,url"] + [f"{i},https://img.example/{i}.jpg" for i in ids]
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = NumberEchoes("", Misbehaviour(always_refused={refused}))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+    o = assert_exactly_once(out, rej, set(ids))
+    assert summary.complete and [r["id"] for r in o.rejects] == [refused]
+    assert "could not be fetched" in o.rejects[0]["reason"], o.rejects[0]
+    assert summary.resent == 0
+
+
 class FailureBodyWrites(MisbehavingProxy):
     """The first ``count`` creates answered HTTP 200 with the bulk paths' failure body, not
     forwarded (a service that refuses with a success status, as its polls may)."""
