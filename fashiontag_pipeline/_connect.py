@@ -354,9 +354,12 @@ def unanswered(
     waited: float,
     limit: float | None,
     status: int | None = None,
+    via: ProxyRoute | None = None,
 ) -> exc.TransportError:
     """The error of a request sent and not answered (``err``: aiohttp's error or a timeout)
-    after ``waited`` seconds, with a deadline of ``limit``: a write's is an
+    after ``waited`` seconds, with a deadline of ``limit``, ``via`` the proxy of an ``http://``
+    service it was sent to (named: a hung proxy in ``HTTP_PROXY`` was "service not answering",
+    never named); a write's is an
     :class:`~._exceptions.AmbiguousWriteError` (it may have been applied; it was, when its
     answer's head said ``status`` 2xx and its body could not be read: refused as too long, cut
     by a dropped connection, timed out). A timeout that
@@ -376,6 +379,8 @@ def unanswered(
             if err.message.startswith("Got more than")
             else f"answered an unreadable HTTP head ({err.message[:100]})"
         )
+    if via is not None:
+        what += f" (sent through the proxy {via.shown})"
     error: exc.TransportError
     if write and status is not None and 200 <= status < 300:
         # Applied (its head said 2xx), its body unread (too long, cut by a dropped connection,

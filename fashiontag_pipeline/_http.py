@@ -366,16 +366,15 @@ class HttpExchange:
                     raise tls from err
             if not is_read:
                 self.stats.ambiguous_writes += 1
-            waited = time.perf_counter() - started
-            limit = deadline(self.timeout)
             raise unanswered(
                 err,
                 method,
                 path,
                 write=not is_read,
-                waited=waited,
-                limit=limit,
+                waited=time.perf_counter() - started,
+                limit=deadline(self.timeout),
                 status=resp.status if sent else None,
+                via=self.proxy if self._tunnel is None else None,
             ) from err
         finally:
             if (observer := self.observer) is not None:

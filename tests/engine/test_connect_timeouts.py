@@ -99,3 +99,24 @@ async def test_a_proxy_that_never_answers_the_connect_is_named_and_bills_nothing
     assert f"the proxy {proxy} (from HTTPS_PROXY)" in line, line
     assert "may or may not" not in err and "not answering" not in line, err[-1500:]
     assert json.loads(summary_of(out).read_text())["ambiguous_writes"] == 0
+
+
+async def test_a_proxy_of_a_plain_http_service_that_never_answers_is_named(
+    tmp_path: Path,
+) -> None:
+    """``HTTP_PROXY`` names a proxy that takes each request and never answers (hung, its
+    upstream black-holed) for an ``http://`` service: the run stopped after
+    ``--give-up-after`` with "service not answering within the request deadline", the proxy
+    the user's environment sent every request through never named. It is named (the writes
+    stay of unknown fate: the proxy had them whole and may have passed them on)."""
+    manifest = write_csv(tmp_path / "m.csv", 50)
+    async with _tcp_serving(_hold) as port:
+        proxy = f"http://127.0.0.1:{port}"
+        env = {**ENV, "HTTP_PROXY": proxy}
+        out = tmp_path / "a.jsonl"
+        extra = ("--give-up-after", "3", *short_deadline(tmp_path, 2.0))
+        args = run_cmd(out, str(manifest), base_url="http://tagger.test/v1", extra=extra)
+        code, err, took = await run(args, env)
+    assert code == 1 and took < 20, (took, err[-1500:])
+    line = one_line(err)
+    assert f"the proxy {proxy} (from HTTP_PROXY)" in line, line
