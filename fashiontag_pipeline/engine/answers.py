@@ -18,7 +18,7 @@ from .._client import TaggerClient
 from .._connect import unreadable_answer
 from .._models import BulkTaskResponse, FailureItem
 from .flow import FatalRunError, refused
-from .idmatch import IdMatcher
+from .idmatch import EchoedIds
 from .jobs import Jobs
 from .policy import Chunk, OpenTask, encode_ids, halves
 from .state import POS_SHIFT, JobReject, Journal, changes
@@ -45,28 +45,6 @@ def task_description(token: str) -> str:
     """The description a create carries: its token, by which the run finds the task of a
     create whose answer it never got."""
     return f"fashiontag run {token}"
-
-
-def _echoed(echo: str, ids: list[str]) -> str | None:
-    """The chunk's id a shortened echo stands for (a service may cut a long id in its
-    ``failureList``, ending it with an ellipsis); None when none or several match. Without
-    this, the refused row counted as accepted and was sent again for ever."""
-    stem = echo.rstrip("…").rstrip(".")
-    if not stem or stem == echo:
-        return None
-    found = [i for i in ids if i.startswith(stem) and len(i) > len(stem)]
-    return found[0] if len(found) == 1 else None
-
-
-def _named(failure: FailureItem, mine: set[str], ids: list[str]) -> str | None:
-    """The chunk's id a ``failureList`` entry names: as sent, shortened (:func:`_echoed`), or
-    changed as the results pages' ids are (``"id": 17`` for ``"017"``, case, spacing:
-    :class:`~.idmatch.IdMatcher`); None when none (or several) match. Before, a refused
-    ``017`` echoed as 17 was taken as accepted and sent again until ``max_sends``."""
-    ident = failure.context_id
-    if ident is None or ident in mine:
-        return ident
-    return _echoed(ident, ids) or IdMatcher(mine).match(ident)
 
 
 def one_source(positions: Sequence[int], last: int) -> bool:
@@ -214,15 +192,15 @@ class WriteAnswers:
         failures = response.failure_list
         if len(failures) < len(chunk.ids) or chunk.fate_unknown:
             return False
-        mine = set(chunk.ids)
+        named = EchoedIds(chunk.ids)
         refused: set[str] = set()
         for failure in failures:
             if failure.error_message.startswith(DUPLICATE_PREFIX):
                 return False
-            ident = _named(failure, mine, chunk.ids)
+            ident = named(failure.context_id)
             if ident is not None:
                 refused.add(ident)
-        return len(refused) == len(mine)
+        return len(refused) == len(named.mine)
 
     async def _give_back(self, task: OpenTask, chunk: Chunk) -> None:
         """A write to ``task`` refused, not applied: the task takes no more writes, and the
@@ -266,10 +244,9 @@ class WriteAnswers:
         transaction)."""
         assert task.task_id is not None
         reasons: dict[str, str] = {}
-        # The chunk's ids as a set only when the service listed failures (rarely).
-        mine = set(chunk.ids) if response.failure_list else set()
+        named = EchoedIds(chunk.ids)  # (its set of ids built only when the service listed any)
         for failure in response.failure_list:
-            ident = _named(failure, mine, chunk.ids)
+            ident = named(failure.context_id)
             if ident is None:
                 continue
             if failure.error_message.startswith(DUPLICATE_PREFIX):
@@ -317,10 +294,10 @@ class WriteAnswers:
     @staticmethod
     def _listed(chunk: Chunk, failures: Sequence[FailureItem]) -> dict[str, str]:
         """The rows of ``chunk`` a refusal's ``failureList`` names, with their reasons."""
-        mine = set(chunk.ids)
+        named = EchoedIds(chunk.ids)
         listed: dict[str, str] = {}
         for failure in failures:
-            ident = _named(failure, mine, chunk.ids)
+            ident = named(failure.context_id)
             if ident is not None:
                 listed[ident] = failure.error_message or "no reason given"
         return listed

@@ -24,7 +24,7 @@ import bisect
 import re
 import unicodedata
 
-__all__ = ["CUT_PAIR", "MIN_PREFIX", "IdMatcher", "id_key"]
+__all__ = ["CUT_PAIR", "MIN_PREFIX", "EchoedIds", "IdMatcher", "id_key"]
 
 #: The shortest key taken as an id cut short: a service that cuts ids does so at a length
 #: meant for ids (tens of characters), and a short prefix shared by one id is a coincidence.
@@ -90,3 +90,42 @@ class IdMatcher:
         if i + 1 < len(keys) and keys[i + 1].startswith(key):
             return None, False
         return self._by_key[keys[i]], True
+
+
+def _echoed(echo: str, ids: list[str]) -> str | None:
+    """The id a shortened echo stands for (a service may cut a long id in its ``failureList``,
+    ending it with an ellipsis); None when none or several match. Without this, the refused
+    row counted as accepted and was sent again for ever."""
+    stem = echo.rstrip("…").rstrip(".")
+    if not stem or stem == echo:
+        return None
+    found = [i for i in ids if i.startswith(stem) and len(i) > len(stem)]
+    return found[0] if len(found) == 1 else None
+
+
+class EchoedIds:
+    """The id of a write's rows that an id echoed in its answer's ``failureList`` names: as
+    sent, shortened (:func:`_echoed`), or changed as the results pages' ids are (``"id": 17``
+    for ``"017"``: :class:`IdMatcher`); None when none (or several) match. Before, a refused
+    ``017`` echoed as 17 was taken as accepted and sent again until ``max_sends``. Its set
+    and matcher are built when an echo needs them (a write's answer seldom lists any)."""
+
+    def __init__(self, ids: list[str]) -> None:
+        self.ids = ids
+        self._mine: set[str] | None = None
+        self._matcher: IdMatcher | None = None
+
+    @property
+    def mine(self) -> set[str]:
+        if self._mine is None:
+            self._mine = set(self.ids)
+        return self._mine
+
+    def __call__(self, ident: str | None) -> str | None:
+        if ident is None or ident in self.mine:
+            return ident
+        if (cut := _echoed(ident, self.ids)) is not None:
+            return cut
+        if self._matcher is None:
+            self._matcher = IdMatcher(self.mine)
+        return self._matcher.match(ident)
