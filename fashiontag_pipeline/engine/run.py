@@ -50,6 +50,7 @@ from .run_checks import (
     outputs_free,
     outputs_without_state,
     paths_base,
+    rewritten_since,
     same_file,
 )
 from .service_check import (
@@ -157,6 +158,7 @@ async def run_pipeline(
         recorded = db.find_job(RUN_JOB) if run.opened in ("complete", "resumed") else None
         moved, elsewhere = outputs_elsewhere(recorded, out, rejects)
         if run.opened == "complete":
+            moved = moved or rewritten_since(db, recorded, out, rejects)  # (still its own?)
             db.close()
             close_readers()
             summary = already_complete(run, out, rejects, db.location, started)

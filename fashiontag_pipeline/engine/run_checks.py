@@ -21,6 +21,7 @@ from .._client import TaggerClient
 from .._config import ClientConfig
 from .config import EngineConfig
 from .outfiles import lock_output
+from .sinks import committed_last_id
 from .state import JobRow, StateStore
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "outputs_elsewhere",
     "outputs_free",
     "outputs_without_state",
+    "rewritten_since",
     "same_file",
     "same_tail",
 ]
@@ -83,6 +85,36 @@ def outputs_elsewhere(job: JobRow | None, out: Path, rejects: Path) -> tuple[str
             state = "is missing" if size < 0 else "holds fewer lines than were committed"
             problems.append(f"its {what} file {given} {state}")
     return "; ".join(problems), elsewhere
+
+
+def rewritten_since(db: StateStore, job: JobRow | None, out: Path, rejects: Path) -> str:
+    """What of a complete run's JSONL outputs, at the paths it wrote, is another run's now
+    ("" when nothing is). A complete run's file ends at its checkpoint with a line of one of
+    its tasks; another run given the same path (a state copied back from a backup, a state
+    per weekday beside one results file) rewrote it otherwise. A line answered from the
+    result store names an earlier run's task: only its place is checked."""
+    if job is None:
+        return ""
+    problems: list[str] = []
+    files = (
+        ("results", out, job.results, job.results_ckpt, job.sink != "sqlite"),
+        ("rejects", rejects, job.rejects, job.rejects_ckpt, True),
+    )
+    for what, given, written, ckpt, jsonl in files:
+        if not jsonl or ckpt <= 0 or os.path.realpath(given) != os.path.realpath(written):
+            continue  # (nothing committed to it; or the file elsewhere: outputs_elsewhere)
+        size = file_size(given)
+        if size < ckpt:
+            continue  # (lines lost: outputs_elsewhere says so)
+        fits, line = committed_last_id(given, ckpt) if size == ckpt else (False, None)
+        if fits and line is not None and line.task_id is not None and not line.reused:
+            fits = what != "results" or db.task_known(line.task_id)
+        if not fits:
+            problems.append(
+                f"its {what} file {given} was written by another run since (it does not end"
+                f" with this run's {ckpt:,} bytes)"
+            )
+    return "; ".join(problems)
 
 
 def same_tail(given: Path, written: str, end: int, span: int = 4096) -> bool:
