@@ -319,11 +319,14 @@ class PostgresClaimLedger:
         """Which state this is, kept by a failover, a dump and restore or another spelling of
         the URL: a digest of the database's and schema's names and the moment the schema was
         first made (``schema_version``'s first row), and those names to show (no host, no
-        password). Another database, or a schema made again, is another state."""
+        password). Another database, or a schema made again, is another state. The moment is
+        written in UTC by a fixed pattern: as ``::text`` it followed the session's time zone and
+        date style, and a daemon of one state under another ``PGTZ`` was refused as another."""
         with self._transaction("read which state this is") as conn:
             row = conn.execute(
                 "SELECT current_database(), current_schema(),"
-                " (SELECT applied_at FROM schema_version ORDER BY version LIMIT 1)::text"
+                " (SELECT to_char(applied_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US')"
+                " FROM schema_version ORDER BY version LIMIT 1)"
             ).fetchone()
         database, schema, made = (str(v) for v in row) if row is not None else ("", "", "")
         digest = hashlib.sha256(f"{database}\0{schema}\0{made}".encode()).hexdigest()[:24]

@@ -212,3 +212,32 @@ async def test_a_restart_on_another_postgresql_state_bills_no_row_in_flight_agai
             daemon.ensure_dead()
         assert summary["status"] == "done" and summary["tagged"] == N, summary
         assert svc.store.image_count == N
+
+
+def test_one_postgresql_state_read_under_another_time_zone_is_the_same_state(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two daemons of one shared state whose sessions have another time zone or date style
+    (``PGTZ`` on one host, a promoted standby's own ``timezone`` in its postgresql.conf, a
+    role's ``SET timezone``): the state's digest was made of the first migration's time as
+    text, which those settings change, so a start while the other daemon had a manifest
+    linked into ``.work`` and not yet recorded (or settled, its move not finished) was
+    refused (exit 2) as "another PostgreSQL state" -- the very one."""
+    from fashiontag_pipeline.daemon.leases import PostgresClaimLedger
+
+    inbox = tmp_path / "in"
+    (inbox / ".work").mkdir(parents=True)
+    (inbox / ".work" / "m.csv").write_bytes(b"id,url\n1,https://img.example/1.jpg\n")
+    first = PostgresClaimLedger(postgres_url, owner="a")
+    try:
+        watched_shared(inbox, postgres_url, first.identity(), frozenset)
+    finally:
+        first.close()
+    monkeypatch.setenv("PGTZ", "Pacific/Chatham")
+    monkeypatch.setenv("PGDATESTYLE", "SQL, DMY")
+    second = PostgresClaimLedger(postgres_url, owner="b")
+    try:
+        # The file linked into .work by daemon a, not yet recorded: held by neither.
+        watched_shared(inbox, postgres_url, second.identity(), frozenset)
+    finally:
+        second.close()
