@@ -139,7 +139,10 @@ class PageFetcher:
             except exc.ResultsExpiredError:
                 return None
             except exc.TaskNotFoundError:
-                return LOST
+                # Past resultExpiredAt, a service that forgets such tasks (the reference one,
+                # a result TTL later) says 404: the results are gone, as after a 410. Taken as
+                # a task forgotten untagged, every unread row was sent (and billed) again.
+                return None if self._expired(entry) else LOST
             except exc.RateLimitedError as err:
                 self.slots.throttled()
                 await self.budget.failed(err, what)
@@ -305,7 +308,8 @@ class PageFetcher:
     def _expired(self, entry: TaskEntry) -> bool:
         """Whether the task's ``resultExpiredAt`` has gone by, in the service's clock: a
         refusal of its pages then says the results are gone (the spec shows no status for a
-        read after it: a 403 as well as a 410), not that the key is refused."""
+        read after it: a 403 as well as a 410, or a 404 once the task is forgotten), not that
+        the key is refused or the task forgotten before its rows were tagged."""
         expiry = entry.results_expire_at
         now = time.time() + self.client.server_clock.correction
         return expiry is not None and expiry.timestamp() <= now

@@ -320,11 +320,20 @@ class ForbiddenOnceExpired(MisbehavingProxy):
     def __init__(self, clock: _Clock, ttl: float) -> None:
         super().__init__("", Misbehaviour())
         self.clock, self.ttl = clock, ttl
+        #: Images sent in creates and appends (billed): the service's own count drops when it
+        #: forgets a task, one result TTL past its results' expiry, which the clock passes.
+        self.images = 0
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def _counted(self, request: web.Request) -> str:
         kind = request_kind(request.method, request.path)
+        if kind in ("create", "append"):
+            self.images += len(json.loads(await request.read()).get("taggingRequest") or [])
         if kind == "results" and request.query.get("offset", "0") != "0":
             self.clock.offset = self.rules.clock_ahead = self.ttl * 10
+        return kind
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        kind = await self._counted(request)
         answer = await super().handle(request)
         if kind == "results" and answer.status == 410:
             body = {"status": "failure", "error": "forbidden"}
@@ -347,7 +356,39 @@ async def test_results_read_after_their_expiry_answered_403(tmp_path: Path) -> N
     assert set(lines) == ids_of(300) and len(lines) == 300
     expired = [r for r in run.outcomes.rejects if r["stage"] == "expired"]
     assert len(run.outcomes.results) == 100 and len(expired) == 200
-    assert run.billed == 300 and run.summary["complete"]
+    assert proxy.images == 300 and run.summary["complete"]
+
+
+class ForgottenOnceExpired(ForbiddenOnceExpired):
+    """The reference service as it is since it forgets a task one result TTL after its
+    results expired: once the clock has moved past that (a resume days later, or a reading
+    that long), the task's status and pages are answered 404, not 410."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        kind = await self._counted(request)
+        answer = await MisbehavingProxy.handle(self, request)
+        if kind in ("results", "status") and answer.status == 410:
+            body = {"status": "failure", "error": "task not found"}
+            return web.json_response(body, status=404, headers=self._headers())
+        return answer
+
+
+async def test_results_whose_task_was_forgotten_after_they_expired(tmp_path: Path) -> None:
+    """Results whose task the service forgot after they expired (404 for its pages, as the
+    reference service now answers one result TTL past their expiry): the rows without a line
+    are ``expired`` rejects, as after a 410 or a 403 past ``resultExpiredAt``, each row billed
+    once. Before, the 404 was taken as a task forgotten before its rows were tagged, and every
+    row whose result had expired was sent (and billed) again in a new task."""
+    clock = _Clock()
+    proxy = ForgottenOnceExpired(clock, 60.0)
+    config = ServiceConfig(result_ttl=60.0, clock=clock)
+    run = await run_file(tmp_path, proxy, config, 300, "--page-concurrency", "1")
+    assert run.code == 0, run.stderr
+    lines = [r["id"] for r in run.outcomes.results + run.outcomes.rejects]
+    assert set(lines) == ids_of(300) and len(lines) == 300
+    expired = [r for r in run.outcomes.rejects if r["stage"] == "expired"]
+    assert len(run.outcomes.results) == 100 and len(expired) == 200, run.stderr[-2000:]
+    assert proxy.images == 300 and run.summary["complete"]
 
 
 class ZeroExpiryForbidden(MisbehavingProxy):
