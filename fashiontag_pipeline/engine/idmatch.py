@@ -105,10 +105,11 @@ def _echoed(echo: str, ids: list[str]) -> str | None:
 
 class EchoedIds:
     """The id of a write's rows that an id echoed in its answer's ``failureList`` names: as
-    sent, shortened (:func:`_echoed`), or changed as the results pages' ids are (``"id": 17``
-    for ``"017"``: :class:`IdMatcher`); None when none (or several) match. Before, a refused
-    ``017`` echoed as 17 was taken as accepted and sent again until ``max_sends``. Its set
-    and matcher are built when an echo needs them (a write's answer seldom lists any)."""
+    sent, changed as the results pages' ids are (``"id": 17`` for ``"017"``, case:
+    :class:`IdMatcher`), or shortened (:func:`_echoed`, or cut), in that order; None when none
+    (or several) match. Before, a refused ``017`` echoed as 17 was taken as accepted and sent
+    again until ``max_sends``. Its set and matcher are built when an echo needs them (a
+    write's answer seldom lists any)."""
 
     def __init__(self, ids: list[str]) -> None:
         self.ids = ids
@@ -124,8 +125,13 @@ class EchoedIds:
     def __call__(self, ident: str | None) -> str | None:
         if ident is None or ident in self.mine:
             return ident
-        if (cut := _echoed(ident, self.ids)) is not None:
-            return cut
         if self._matcher is None:
             self._matcher = IdMatcher(self.mine)
-        return self._matcher.match(ident)
+        found, is_cut = self._matcher.find(ident)
+        if found is not None and not is_cut:
+            # An id of the write changed (case, spacing, zeros) before an id cut short: the
+            # echo ``SKU...`` of ``sku...`` was taken for ``SKU-12`` cut, the wrong row.
+            return found
+        if (cut := _echoed(ident, self.ids)) is not None:
+            return cut
+        return found

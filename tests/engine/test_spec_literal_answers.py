@@ -455,3 +455,50 @@ async def test_a_refusal_with_null_fields_in_its_failure_list(
     assert summary.complete and [r["id"] for r in o.rejects] == ["p3"]
     assert o.rejects[0]["stage"] == "server-validation"
     assert summary.ambiguous_writes == 0 and summary.resent == 0 and billed == 299
+
+
+class UpperCaseEchoes(MisbehavingProxy):
+    """A write's ``failureList`` echoes each ``context.id`` in upper case (a service that
+    changes the case of the ids it echoes, as its results pages may)."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if request.method not in ("POST", "PUT") or not isinstance(answer, web.Response):
+            return answer
+        if answer.status >= 300 or not isinstance(answer.body, bytes):
+            return answer
+        data = json.loads(answer.body)
+        for failure in data.get("failureList") or []:
+            context = failure.get("request", {}).get("context", {})
+            if isinstance(context.get("id"), str):
+                context["id"] = context["id"].upper()
+        return web.json_response(data, status=answer.status)
+
+
+async def test_a_refused_id_ending_in_dots_echoed_in_another_case(tmp_path: Path) -> None:
+    """Row ``sku...`` (an id that ends in dots) refused by a service that echoes ids in upper
+    case, beside row ``SKU-12`` in the same write: the echo ``SKU...`` is ``sku...`` changed,
+    not ``SKU-12`` cut short. It was read as a cut id first: ``SKU-12``, accepted and tagged,
+    was rejected with the other row's reason, and ``sku...`` was sent again until it was an
+    ``unreturned`` reject."""
+    ids = [str(i) for i in range(50)] + ["sku...", "SKU-12"]
+    lines = ["id,url"] + [f"{i},https://img.example/{n}.jpg" for n, i in enumerate(ids)]
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("\n".join(lines) + "\n")
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    proxy = UpperCaseEchoes("", Misbehaviour(always_refused={"sku..."}))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    engine=TASKS_OF_1000,
+                )
+    o = assert_exactly_once(out, rej, set(ids))
+    assert summary.complete and [r["id"] for r in o.rejects] == ["sku..."], o.rejects
+    assert "could not be fetched" in o.rejects[0]["reason"], o.rejects[0]
+    assert summary.resent == 0
