@@ -11,6 +11,12 @@ notes that (:data:`_POSTGRES`), and which state it is (never its URL, which may 
 password: a digest kept by a failover or another spelling of the URL, and the database's and
 schema's names): a SQLite daemon, or one of another PostgreSQL state, started after it while
 ``.work`` holds files its own state does not hold in flight, is refused the same way.
+
+The note itself stays as builds before 2026-11-28 read it (``postgresql`` alone): a package
+rolled back to one of them reads it whole, and a note with more lines was taken for the path of
+a state file that is not there, nothing in flight, every row sent (and billed) again. The
+digest and names are in :data:`PG_MARK` beside it, read only while the note is this build's
+(``postgresql`` and a newline; an older build writes it without one).
 """
 
 from __future__ import annotations
@@ -27,22 +33,32 @@ from .._postgres import is_postgres_url
 from ._files import write_atomic
 from .inbox import lock_inbox
 
-__all__ = ["STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
+__all__ = ["PG_MARK", "STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
 
 STATE_MARK = ".fashiontag-daemon.state"
+#: Which PostgreSQL state the note's ``postgresql`` is: its digest and names to show, a line each.
+PG_MARK = ".fashiontag-daemon.pgstate"
 _WORK = ".work"
-#: The note of a PostgreSQL state (not its URL, which may hold a password): its first line;
-#: then the state's digest and its names to show (builds before 2026-11-28 wrote this alone).
+#: The note of a PostgreSQL state (not its URL, which may hold a password); this build ends it
+#: with a newline (older ones wrote it alone; one build of 2026-11-28, the digest and names too).
 _POSTGRES = "postgresql"
 
 
-def _postgres_note(before: str) -> tuple[str, str] | None:
-    """A PostgreSQL state's note read: (digest, names shown), empty when an older build wrote
-    it; None for a SQLite state's."""
+def _postgres_note(inbox: Path, before: str) -> tuple[str, str] | None:
+    """A PostgreSQL state's note read (``before``: the note as written): (digest, names shown),
+    empty when an older build wrote it; None for a SQLite state's."""
     lines = before.splitlines()
-    if not lines or lines[0] != _POSTGRES:
+    if not lines or lines[0].strip() != _POSTGRES:
         return None
-    return (lines[1], lines[2]) if len(lines) >= 3 else ("", "")
+    if len(lines) >= 3:
+        return lines[1], lines[2]
+    if before != f"{_POSTGRES}\n":
+        return "", ""
+    try:
+        beside = (inbox / PG_MARK).read_text(errors="replace").splitlines()
+    except (FileNotFoundError, NotADirectoryError):
+        return "", ""
+    return (beside[0], beside[1]) if len(beside) >= 2 else ("", "")
 
 
 def _in_flight_in(state: Path, work: Path) -> list[str]:
@@ -89,7 +105,7 @@ def check_state_moved(inbox: Path, state: str | Path) -> None:
         return
     if not before or (not is_postgres_url(str(state)) and _same_file(state, before)):
         return
-    if _postgres_note(before) is not None:
+    if _postgres_note(inbox, before) is not None:
         if not is_postgres_url(str(state)):
             _refuse_after_postgres(inbox, Path(state))
         return
@@ -167,10 +183,10 @@ def watched_shared(
     after a SQLite state. A note without a digest (an older build's) guards nothing here."""
     check_state_moved(inbox, state)
     try:
-        before = (inbox / STATE_MARK).read_text(errors="replace").strip()
+        before = (inbox / STATE_MARK).read_text(errors="replace")
     except (FileNotFoundError, NotADirectoryError):
         before = ""
-    noted = _postgres_note(before)
+    noted = _postgres_note(inbox, before)
     if identity is not None and noted is not None and noted[0] and noted[0] != identity[0]:
         names = sorted(_visible(inbox / _WORK) - set(held()))
         if names:
@@ -182,6 +198,7 @@ def watched_shared(
                 " finish them, then change --state (only if their tasks are gone for good,"
                 " move them back into the inbox: every row is tagged again)"
             )
-    note = _POSTGRES if identity is None else f"{_POSTGRES}\n{identity[0]}\n{identity[1]}"
-    with contextlib.suppress(OSError):
-        write_atomic(inbox / STATE_MARK, note.encode() + b"\n")
+    with contextlib.suppress(OSError):  # (no identity: the note with no digest, as before)
+        if identity is not None:
+            write_atomic(inbox / PG_MARK, f"{identity[0]}\n{identity[1]}\n".encode())
+        write_atomic(inbox / STATE_MARK, _POSTGRES.encode() + b"\n" * (identity is not None))

@@ -241,3 +241,27 @@ def test_one_postgresql_state_read_under_another_time_zone_is_the_same_state(
         watched_shared(inbox, postgres_url, second.identity(), frozenset)
     finally:
         second.close()
+def test_a_rollback_after_a_shared_daemon_still_refuses_a_sqlite_state(tmp_path: Path) -> None:
+    """A shared daemon of this build stopped with a manifest in flight, the package rolled back
+    to a build of 2026-11-27 (a bad upgrade), the daemon started on its SQLite state: those
+    builds read the note whole, stripped, as ``postgresql`` or else a state file's path. The
+    note held the digest and names on two more lines, so the older build took it for the path
+    of a state file that is not there, found no claim in it, and sent (and billed) every row
+    of the manifest in ``.work`` again. The note older builds read is as they wrote it; the
+    digest is kept beside it, and is forgotten once an older build writes the note again."""
+    inbox = tmp_path / "in"
+    (inbox / ".work").mkdir(parents=True)
+    (inbox / ".work" / "m.csv").write_bytes(b"id,url\n1,https://img.example/1.jpg\n")
+    fleet = ("a" * 24, "database fleet, schema public")
+    watched_shared(inbox, "postgresql://db.example/fleet", fleet)
+    # (fashiontag_pipeline 87de1c4 and before: check_state_moved, its reading of the note)
+    assert os.fsdecode((inbox / STATE_MARK).read_bytes()).strip() == "postgresql"
+    with pytest.raises(StateConflictError, match="in the PostgreSQL state"):
+        lock_watched(inbox, tmp_path / "new.sqlite")
+    other = ("b" * 24, "database other, schema public")
+    with pytest.raises(StateConflictError, match="database fleet, schema public"):
+        watched_shared(inbox, "postgresql://db.example/other", other)
+    (inbox / STATE_MARK).write_bytes(b"postgresql")  # an older build's daemon (which state?)
+    watched_shared(inbox, "postgresql://db.example/other", other)  # (not fleet's, surely)
+    with pytest.raises(StateConflictError, match="database other, schema public"):
+        watched_shared(inbox, "postgresql://db.example/fleet", fleet)
