@@ -241,6 +241,8 @@ def test_one_postgresql_state_read_under_another_time_zone_is_the_same_state(
         watched_shared(inbox, postgres_url, second.identity(), frozenset)
     finally:
         second.close()
+
+
 def test_a_rollback_after_a_shared_daemon_still_refuses_a_sqlite_state(tmp_path: Path) -> None:
     """A shared daemon of this build stopped with a manifest in flight, the package rolled back
     to a build of 2026-11-27 (a bad upgrade), the daemon started on its SQLite state: those
