@@ -138,6 +138,8 @@ class Inbox(SharedInbox):
         #: Names claimed by this process and not yet settled: a file of that name in the
         #: inbox (one moved back out of .work by hand) waits for the claim to end.
         self._claimed: set[str] = set()
+        #: Files ready besides those claimed (a burst): more manifests to come, soon.
+        self.ready_left = 0
         #: Files whose claim could not move them (see _leave): left alone while they stay
         #: as they were then.
         self._immovable: dict[str, tuple[tuple[int, ...], int | None]] = {}
@@ -422,7 +424,9 @@ class Inbox(SharedInbox):
                 await anyio.sleep(self.scan_interval)
                 continue
             ready = await self.ascan()
+            self.ready_left = len(ready)
             claimed = await self.aclaim(ready[0]) if ready else None
+            self.ready_left = len(ready) - 1 if claimed is not None else 0
             if claimed is not None:
                 yield claimed
             else:

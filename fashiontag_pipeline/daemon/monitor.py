@@ -127,6 +127,8 @@ class DaemonMonitor:
         #: names of the files ready in it while every ``max_active`` slot is taken.
         self._inbox: Inbox | None = None
         self._waiting: list[str] = []
+        #: The claim loop waits for a slot (no manifest is read until one ends).
+        self._slot_wait = False
         #: Shared mode: claims in flight no daemon leases yet (the cluster's queue).
         self.unleased: Sequence[ClaimRecord] = ()
         self.recent: deque[ManifestSummary] = deque(maxlen=RECENT)
@@ -162,13 +164,25 @@ class DaemonMonitor:
         if slots.value > 0:
             await slots.acquire()
             return
+        self._slot_wait = True
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_ready, inbox, interval)
                 await slots.acquire()
                 tg.cancel_scope.cancel()
         finally:
-            self._waiting = []
+            self._waiting, self._slot_wait = [], False
+
+    def more_claims(self) -> bool:
+        """Whether another manifest is about to be read (the engine then holds its open task
+        for its rows): more are ready in the inbox, and a slot is free or about to be (a
+        manifest whose rows all have their outcome is being finished)."""
+        if self._inbox is None or self._inbox.ready_left == 0:
+            return False
+        return not self._slot_wait or any(
+            a.job is not None and a.job.read_all and a.job.pending() <= 0
+            for a in self.active.values()
+        )
 
     async def _watch_ready(self, inbox: Inbox, interval: float) -> None:
         while True:

@@ -156,6 +156,7 @@ class Daemon(DaemonMonitor):
                     reuse=reuse,
                 )
                 self._engine = engine
+                engine.writer.more_input = self.more_claims  # (a burst shares its tasks)
                 # Ready for systemd once listening, before the engine resumes the manifests in
                 # flight: that waits for the service to find their tasks, as long as it is
                 # down (TimeoutStartSec stopped such a start, and again at every restart).

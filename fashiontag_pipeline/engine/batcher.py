@@ -92,6 +92,11 @@ class TaskWriter(TaskTargets):
         #: sealed once its writes are answered, as at the end of the input, for no input will
         #: come to seal it.
         self.input_idle = False
+        #: Whether more input is about to come when there is none (a daemon claiming the next
+        #: manifest of a burst; None: never held), and the open task whose sealing on IDLE
+        #: waits for it, at most until ``linger_seconds`` old (:meth:`_seal_when_idle`).
+        self.more_input: Callable[[], bool] | None = None
+        self._held: OpenTask | None = None
         self.active = 0
         self._stop_scope = anyio.CancelScope()
         self.idle = anyio.Event()
@@ -197,6 +202,7 @@ class TaskWriter(TaskTargets):
             due = min(
                 self.policy.flush_at(len(buffer), since, self.current),
                 self.policy.close_at(self.current, len(buffer)),
+                self._held_until(),
             )
             timeout = max(0.0, due - now) if due != float("inf") else None
             batch: list[Item] | None = None
@@ -209,6 +215,7 @@ class TaskWriter(TaskTargets):
             if batch is not None:
                 self.input_idle = idle
             if batch:
+                self._held = None  # rows keep coming: the task rotates as usual
                 if not buffer:
                     since = self.clock()
                 buffer.extend(batch)
@@ -224,9 +231,31 @@ class TaskWriter(TaskTargets):
                 buffer = []
                 cutter.emptied()
             cur = self.current
-            if cur is not None and (idle or now >= self.policy.close_at(cur, len(buffer))):
-                # Nothing more to read for now (idle): seal, so the rows sent get results.
+            if cur is not None and now >= self.policy.close_at(cur, len(buffer)):
                 await self._close(cur)
+            elif cur is not None and (idle or cur is self._held):
+                await self._seal_when_idle(cur, now)
+
+    async def _seal_when_idle(self, task: OpenTask, now: float) -> None:
+        """Nothing more to read for now (IDLE): seal the open task, so the rows sent get
+        results; while more input is about to come (:attr:`more_input`), once the task is
+        ``linger_seconds`` old. Before, it was sealed at once: a daemon given a burst of
+        small manifests (one export per category) opened a task for each, and a service that
+        caps the live tasks of a key (a task is live until its expiry, 10 minutes) refused the
+        creates, every manifest waiting for tasks to expire. Now a burst shares tasks."""
+        more = self.more_input is not None and self.more_input()
+        if not more or now >= task.opened + self.policy.linger:
+            self._held = None
+            await self._close(task)
+        else:
+            self._held = task
+
+    def _held_until(self) -> float:
+        """When the task held open on IDLE is to be sealed (inf: none is held)."""
+        held = self._held
+        if held is None or held is not self.current or held.closing:
+            return float("inf")
+        return held.opened + self.policy.linger
 
     async def dispatch(
         self,
@@ -337,7 +366,7 @@ class TaskWriter(TaskTargets):
                     done = await self._append(task, chunk)
             finally:
                 task.inflight -= 1
-                quiet = self.intake_done or self.input_idle
+                quiet = self.intake_done or (self.input_idle and task is not self._held)
                 if quiet and self.current is task and task.inflight == 0:
                     task.closing = True
                     self.current = None
