@@ -11,12 +11,13 @@ which nobody reads.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 
 from .. import _exceptions as exc
 from ._files import fsync_dir
-from .outbox import ManifestOutputs
+from .outbox import CLAIM_FILE, ManifestOutputs, Outbox
 
 __all__ = [
     "claim_state_url",
@@ -24,8 +25,11 @@ __all__ = [
     "copy_prefix",
     "drop_epoch_files",
     "epoch_outputs",
+    "follow_recorded",
     "publish_outputs",
 ]
+
+logger = logging.getLogger("fashiontag_pipeline.daemon")
 
 
 def copy_prefix(src: Path, keep: int, dst: Path) -> None:
@@ -68,6 +72,33 @@ def committed_file(outputs: ManifestOutputs, recorded: str, final: Path) -> Path
     if not own.exists() and final.exists():
         return final
     return own
+
+
+def follow_recorded(outbox: Outbox, outputs: ManifestOutputs, recorded: str) -> None:
+    """A manifest taken over from a daemon of the fleet started with another ``--outbox``:
+    when this daemon sees the folder the state records (``recorded``: the earlier epoch's
+    results file), marked as this claim's, and its committed lines are not in ``outputs``
+    here, the manifest ends there, beside its rows (as one daemon restarted with another
+    ``--outbox`` does); ``outputs`` is pointed there, the folder made here for it removed.
+    The taker found none of the rows here: each attempt stopped, and the manifest went to
+    ``failed/``, its committed rows hidden in the other outbox (dropped again: billed again).
+    """
+    folder = Outbox.folder_of(recorded)
+    here = outputs.folder
+    if folder == here or (here / Path(recorded).name).exists() or outputs.results.exists():
+        return  # (the same folder, or the share mounted elsewhere: found by name here)
+    if not folder.is_dir() or outbox.outputs(outputs.claim, folder).folder != folder:
+        return
+    with contextlib.suppress(OSError):
+        if os.listdir(here) == [CLAIM_FILE]:  # (made for it now: nothing but the mark)
+            (here / CLAIM_FILE).unlink()
+            here.rmdir()
+    outputs.folder = folder
+    logger.warning(
+        "manifest taken over into its folder in another outbox (the daemon that began it has"
+        " another --outbox): it ends there",
+        extra={"manifest": outputs.claim.name, "folder": str(folder)},
+    )
 
 
 def epoch_outputs(outputs: ManifestOutputs, epoch: int) -> tuple[Path, Path]:

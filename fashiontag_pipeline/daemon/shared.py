@@ -50,6 +50,7 @@ from .epochs import (
     copy_prefix,
     drop_epoch_files,
     epoch_outputs,
+    follow_recorded,
     publish_outputs,
 )
 from .http import MonitoringServer
@@ -58,6 +59,7 @@ from .keeper import ForeignClaims, LeaseKeeper
 from .leased import check_reuse, drop_done, drop_settled, hand_back, queued, run_leased, still_held
 from .leases import Lease, PostgresClaimLedger, fence
 from .outbox import ManifestOutputs, Outbox
+from .sharedloops import claim_loop, repair_loop
 from .statemark import watched_shared
 
 if TYPE_CHECKING:
@@ -132,8 +134,11 @@ class SharedDaemon:
                     tg.start_soon(daemon.report, client)
                     tg.start_soon(daemon.probe, client)
                     tg.start_soon(daemon.notifier.run_watchdog)
-                    tg.start_soon(self._claim, inbox)
-                    tg.start_soon(self._repair, inbox)
+                    wake = lambda: self._wake.set()  # noqa: E731 (replaced at each turn)
+                    tg.start_soon(
+                        claim_loop, inbox, daemon.control.stopping, config.scan_interval, wake
+                    )
+                    tg.start_soon(repair_loop, inbox, ledger, self.url, config.lease, wake)
                     tg.start_soon(self._drain_watch)
                     daemon.notifier.ready(f"watching {inbox_dir} (shared)")
                     daemon.started.set()
@@ -164,41 +169,6 @@ class SharedDaemon:
         if self.leased:
             logger.warning("drain timeout: stopping with writes in flight (they resume)")
             control.abort()
-
-    async def _repair(self, inbox: Inbox) -> None:
-        """Every lease length: claims a daemon renamed but never recorded (it died, or lost
-        the database, in between) are recorded, so no manifest waits in ``.work`` for a
-        restart; states of settled claims left behind are dropped."""
-        while True:
-            await anyio.sleep(self.config.lease)
-            try:
-                await anyio.to_thread.run_sync(inbox.repair_shared)
-                await anyio.to_thread.run_sync(
-                    drop_settled, self._ledger, self.url, self.config.lease
-                )
-            except exc.StateError as err:
-                logger.warning("cannot repair the claims: %s; retrying", err)
-            else:
-                self._wake.set()
-
-    async def _claim(self, inbox: Inbox) -> None:
-        """Claim every ready manifest (the rename), and wake the lease loop for each."""
-        control = self.daemon.control
-        claims = inbox.claims(control.stopping)
-        try:
-            while not control.stopping.is_set():
-                try:
-                    await claims.__anext__()
-                except exc.StateError as err:
-                    logger.warning("cannot record a claim: %s; retrying", err)
-                    await anyio.sleep(self.config.scan_interval)
-                    claims = inbox.claims(control.stopping)
-                    continue
-                self._wake.set()
-        finally:
-            aclose = getattr(claims, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
     async def _lease_loop(
         self,
@@ -292,7 +262,7 @@ class SharedDaemon:
                 keeper.forget(lease)
                 return
             with keeper.lost_if_overdue(lease):
-                settled = await self._tag(claim, outputs, inbox, lease, keeper, client)
+                settled = await self._tag(claim, (outbox, outputs), inbox, lease, keeper, client)
             if settled:
                 keeper.forget(lease)
                 self._attempts.forget(lease.claim_id)
@@ -301,7 +271,7 @@ class SharedDaemon:
                         drop_done, self.url, lease.claim_id, self.config.lease
                     )
                 except exc.StateError as err:
-                    # Settled all the same: the state is dropped later (_repair, any daemon).
+                    # Settled all the same: the state is dropped later (repair_loop, any daemon).
                     logger.warning(
                         "cannot drop a settled manifest's state now: %s",
                         err,
@@ -345,7 +315,7 @@ class SharedDaemon:
     async def _tag(
         self,
         claim: Claim,
-        outputs: ManifestOutputs,
+        where: tuple[Outbox, ManifestOutputs],
         inbox: Inbox,
         lease: Lease,
         keeper: LeaseKeeper,
@@ -353,7 +323,7 @@ class SharedDaemon:
     ) -> bool:
         """Tag one leased manifest to the end; True when it is settled (summary written,
         claim final), False when it stopped before (a drain: its lease is released)."""
-        daemon = self.daemon
+        daemon, (outbox, outputs) = self.daemon, where
         lost = keeper.lost_event(lease)
         own = RunControl()
 
@@ -371,8 +341,10 @@ class SharedDaemon:
         )
         active = daemon.begin_manifest(claim)
         try:
-            results, rejects = epoch_outputs(outputs, lease.epoch)
             row = await anyio.to_thread.run_sync(db.find_job, RUN_JOB)
+            if row is not None:  # (begun by a daemon of another --outbox: it ends there)
+                await anyio.to_thread.run_sync(follow_recorded, outbox, outputs, row.results)
+            results, rejects = epoch_outputs(outputs, lease.epoch)
             failed = self._attempts.begun(lease.claim_id, row)
             if failed is not None:  # attempts in a row, and nothing committed since
                 await still_held(lease, keeper, self._ledger)
