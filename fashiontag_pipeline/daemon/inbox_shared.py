@@ -17,7 +17,7 @@ from typing import cast
 from ._files import fsync_dir
 from .claims import Claim, as_moved, same_file
 from .ledger import ClaimRecord, SharedLedger
-from .names import READY_SUFFIX, hash_file
+from .names import READY_SUFFIX, STATE_MARK, hash_file
 from .settled import InboxSettling, remove_marker
 
 __all__ = ["SharedInbox"]
@@ -49,6 +49,29 @@ class SharedInbox(InboxSettling):
     #: Files left in the inbox by a claim that could not move them (see _leave): what they
     #: were known by then (:func:`_left_as`), and their ctime (None: not compared).
     _immovable: dict[str, tuple[tuple[int, ...], int | None]]
+    _unseen_said = False
+
+    def looks_shared(self) -> bool:
+        """Whether this daemon sees the shared inbox: the state note every daemon writes into
+        it at start is there. A mount gone (NFS, autofs) shows the empty folder under it: the
+        files in flight look gone there, and the daemon abandoned their claims (also those
+        other daemons were tagging), which were claimed again once the mount came back, every
+        row tagged (and billed) again. Said once while it lasts, and when it ends."""
+        seen = (self.root / STATE_MARK).is_file()
+        if seen == self._unseen_said:
+            self._unseen_said = not seen
+            if seen:
+                logger.warning(
+                    "the inbox %s is back: claims in flight are looked at again", self.root
+                )
+            else:
+                logger.error(
+                    "the inbox %s is not the shared inbox now (no %s in it: a mount gone?): no "
+                    "claim is taken over or abandoned until it is back",
+                    self.root,
+                    STATE_MARK,
+                )
+        return seen
 
     def _left_alone(self, name: str, st: os.stat_result, marked: int) -> bool:
         """Whether a file in the inbox is as it was when its claim could not move it."""
@@ -125,6 +148,8 @@ class SharedInbox(InboxSettling):
                 ClaimRecord(name=entry.name, sha256=sha256, size=size, claimed_at=now)
             )
         in_work = {e.name for e in files}
+        if not self.looks_shared():
+            return  # (a mount gone: every file in flight looks gone)
         for record in self.ledger.in_flight():
             if record.name not in in_work and not (self.work / record.name).is_file():
                 self.ledger.record_abandoned(record.name)

@@ -24,6 +24,7 @@ __all__ = [
     "MANIFEST_SUFFIXES",
     "NAME_MAX",
     "READY_SUFFIX",
+    "STATE_MARK",
     "WORK_DIR",
     "candidate_names",
     "fit",
@@ -38,6 +39,9 @@ __all__ = [
 MANIFEST_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 GZIP_SUFFIX = ".gz"
 READY_SUFFIX = ".ready"
+#: The inbox's note of the state its claims are in, written by every daemon at start
+#: (:mod:`.statemark`).
+STATE_MARK = ".fashiontag-daemon.state"
 IGNORED_SUFFIXES = (".part", ".tmp", READY_SUFFIX)
 WORK_DIR = ".work"
 DONE_DIR = "done"

@@ -185,7 +185,7 @@ class SharedDaemon:
         period = min(self.config.scan_interval, self.config.lease / 3)
         while not control.stopping.is_set():
             free = self.config.max_active - len(self.leased)
-            if free > 0:
+            if free > 0 and await anyio.to_thread.run_sync(inbox.looks_shared):
                 try:
                     leases = await keeper.acquire(free, skip=self._foreign.current())
                 except exc.StateError as err:
@@ -237,6 +237,10 @@ class SharedDaemon:
                 resumed=lease.epoch > 1,
             )
             if not await anyio.to_thread.run_sync(Path(claim.path).is_file):
+                if not await anyio.to_thread.run_sync(inbox.looks_shared):  # (a mount gone)
+                    with contextlib.suppress(exc.StateError):
+                        await keeper.release(lease)
+                    return
                 await anyio.to_thread.run_sync(
                     lambda: ledger.record_abandoned(claim.name, lease=lease)
                 )

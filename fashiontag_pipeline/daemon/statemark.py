@@ -32,10 +32,10 @@ from .._exceptions import StateConflictError
 from .._postgres import is_postgres_url
 from ._files import write_atomic
 from .inbox import lock_inbox
+from .names import STATE_MARK
 
 __all__ = ["PG_MARK", "STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
 
-STATE_MARK = ".fashiontag-daemon.state"
 #: Which PostgreSQL state the note's ``postgresql`` is: its digest and names to show, a line each.
 PG_MARK = ".fashiontag-daemon.pgstate"
 _WORK = ".work"
