@@ -26,6 +26,7 @@ from .state import JobRow, StateStore
 
 __all__ = [
     "ASKED",
+    "COMPRESSED_SUFFIXES",
     "a_folder",
     "absolute",
     "absolute_outputs",
@@ -308,14 +309,29 @@ def not_utf8(named: Sequence[tuple[str, Path | str]]) -> str | None:
     return None
 
 
+#: The names of compressed files (``results.jsonl.gz``): an output so named is refused.
+COMPRESSED_SUFFIXES = frozenset(
+    (".gz", ".gzip", ".tgz", ".z", ".bz2", ".xz", ".lzma", ".zst", ".zstd", ".lz4", ".zip", ".br")
+)
+
+
 def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
     """Why an output cannot be used (None when each can): one that exists and is not a
     regular file (``/dev/null``, ``/dev/stdout``, a pipe, a folder). A run cuts its outputs
     back to their last checkpoint to resume and fsyncs them, which only a file allows: on
-    /dev/null the run tagged every row and then failed at its end, every night."""
+    /dev/null the run tagged every row and then failed at its end, every night. Nor one named
+    as a compressed file (``--out results.jsonl.gz``): the run wrote plain JSONL into it, exit
+    0, and every loader that goes by the name (zcat, DuckDB, pandas, Spark) failed on it."""
     for what, path in named:
         if blocked := folder_blocked(what, path):
             return blocked
+        if path.suffix.lower() in COMPRESSED_SUFFIXES:
+            return (
+                f"{what} {path} is named as a compressed file ({path.suffix}), but a run"
+                " writes its outcomes uncompressed (it appends to them, and cuts them back to"
+                " their last checkpoint to resume): a program reading it by its name would"
+                f" fail; give a name without {path.suffix} and compress the file after the run"
+            )
         try:
             mode = os.stat(path).st_mode
         except OSError:
@@ -376,6 +392,13 @@ def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
     for what, path in named:
         if blocked := folder_blocked(what, path):
             return blocked
+        if path.suffix.lower() in COMPRESSED_SUFFIXES:
+            return (
+                f"{what} {path} is named as a compressed file ({path.suffix}), but a run"
+                " writes its outcomes uncompressed (it appends to them, and cuts them back to"
+                " their last checkpoint to resume): a program reading it by its name would"
+                f" fail; give a name without {path.suffix} and compress the file after the run"
+            )
         try:
             mode = os.stat(path).st_mode
         except OSError:

@@ -1,6 +1,6 @@
 """The output files as the programs downstream load them: a strict JSON reader of each
 results line (Python ``json`` over UTF-8 text, jq, DuckDB ``read_json``, Spark), whatever the
-service answered."""
+service answered, and by the name it is given."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 import anyio
+import pytest
 
 from fashiontag_pipeline._bodies import tagging_result
+from fashiontag_pipeline._exceptions import ConfigError
 from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import TASKS_OF_1000, client_config, write_csv
+from .helpers import ENV, TASKS_OF_1000, client_config, run_args, write_csv
 from .proxy import MisbehavingProxy, Misbehaviour
 
 
@@ -58,3 +60,43 @@ def test_a_single_mode_answer_in_latin_1_is_a_utf_8_line() -> None:
     a byte that is not UTF-8 in it is U+FFFD there too."""
     line = tagging_result(b'{"status":"success","tags":[{"name":"caf\xe9"}]}')
     assert json.loads(line.decode("utf-8"))["tags"][0]["name"] == "caf\ufffd"
+
+
+@pytest.mark.parametrize(
+    ("flag", "name"),
+    [("--out", "results.jsonl.gz"), ("--rejects", "rejects.jsonl.gz"), ("--out", "r.JSONL.ZST")],
+)
+async def test_an_output_named_as_a_compressed_file_is_refused_before_anything_is_sent(
+    tmp_path: Path, flag: str, name: str
+) -> None:
+    """``--out results.jsonl.gz`` (the manifest was ``.csv.gz``, so the results were asked for
+    so too): the run wrote plain JSONL into a file named ``.gz`` and exited 0, and every loader
+    that reads a file by its name (``zcat``, DuckDB ``read_json``, pandas, Spark) failed on it,
+    "not in gzip format": the night's results unreadable where they were looked for. Refused
+    now, exit 2 in one line naming the flag and what to give, before anything is sent."""
+    manifest = write_csv(tmp_path / "m.csv", 20)
+    out = tmp_path / "r.jsonl"
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, out, str(manifest))
+        args[args.index(flag) + 1] = str(tmp_path / name)
+        with anyio.fail_after(60):
+            result = await anyio.run_process(args, check=False, env=ENV)
+        assert svc.store.image_count == 0
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-400:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{flag} {tmp_path / name}" in err and "compressed" in err, err
+    assert not (tmp_path / name).exists()
+
+
+async def test_the_library_refuses_an_output_named_as_a_compressed_file(tmp_path: Path) -> None:
+    async with running_service(ServiceConfig()) as svc:
+        with anyio.fail_after(60), pytest.raises(ConfigError, match="compressed"):
+            await run_pipeline(
+                [write_csv(tmp_path / "m.csv", 5)],
+                client=client_config(svc.url),
+                out=tmp_path / "r.jsonl.gz",
+                rejects=tmp_path / "rej.jsonl",
+            )
+        assert svc.store.image_count == 0
+    assert not (tmp_path / "r.jsonl.gz").exists()
