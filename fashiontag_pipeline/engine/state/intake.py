@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
+from ..._surrogates import utf8
 from ..sinks import Reject, ReusedLine
 from .changes import Change, validated_upto
 from .store import StateStore
@@ -148,7 +149,8 @@ class Intake:
             reused = (
                 job,
                 [
-                    ReusedLine(original(keyed[i][0]), hit.task_id, msgspec.Raw(hit.result))
+                    # (a result stored as it came by an earlier build: not UTF-8, U+FFFD)
+                    ReusedLine(original(keyed[i][0]), hit.task_id, msgspec.Raw(utf8(hit.result)))
                     for i, hit in hits
                 ],
             )
