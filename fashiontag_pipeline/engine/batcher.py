@@ -300,6 +300,7 @@ class TaskWriter(TaskTargets):
                 token=task.token if task is not None and create else None,
                 task_id=chunk.task_id,
                 ids=ids_json,
+                sent=ids,
             )
         except BaseException:
             if task is not None:

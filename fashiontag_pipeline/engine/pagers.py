@@ -9,8 +9,9 @@ Every page's rows are checked against the ids written to the task (a result unde
 engine never sent it, as from a service that normalizes ids, is no row's outcome: it is left
 out, and the row it stood for is sent again) and against the ids already written for the task
 (a server that repeats an id writes it once); a row whose tagging result is not a JSON object
-is left out too (:func:`~.pages.screen`), and sent again. The ids written are read back from
-the task's chunks in the state store when its draining starts (exact, after a resume too).
+is left out too (:func:`~.pages.screen`), and sent again. The ids written are those of the
+task's chunks, taken when its draining starts (the lists kept from their write-ahead, or read
+back from the state store: exact, after a resume too).
 When the last page is in, the rows written are counted against the rows the service accepted
 into the task (``chunks.n_ok``); the usual task drains in the commit of its last page. Any
 other end (a short count, orphan chunks, expired results, a task the service forgot) goes to
@@ -225,20 +226,28 @@ class ResultPagers(PageFetcher, PageRows):
     def _sent_ids(self, task_id: str) -> tuple[set[str] | None, frozenset[str]]:
         """(the ids written to the task, the ids the service refused) (thread side).
 
-        The ids written come from the task's chunks' id lists (or bodies, in older state
-        files); None when a chunk of it has neither left, so no id can be called foreign. The
+        The ids written come from the lists this process kept when it wrote the task's chunks
+        ahead (:mod:`.state.sent_ids`), else (a chunk written by an earlier process, or split)
+        from the task's chunks' id lists in the state (or bodies, in older state files); None
+        when a chunk of it has neither left, so no id can be called foreign. The
         refused ids each have a reject already, so a result under one must not be written too
         (a service may list a row as refused and still take it); they are read from the
         rejects, only when a chunk of the task had rows refused (rarely)."""
         db = self.journal.db
-        chunks = db.sent_chunks(task_id)
+        written = db.task_chunks(task_id)
+        kept = self.journal.sent_ids.take(written)  # (this process's chunks: their lists)
         sent: set[str] | None = None
-        if chunks is not None:
+        if kept is not None:
+            sent = set()
+            for listed in kept:
+                sent.update(listed)
+        elif (chunks := db.sent_chunks(task_id)) is not None:
             sent = set()
             for ids, body in chunks:
                 sent.update(decode_ids(ids) if ids is not None else body_ids(body or b""))
         refused: frozenset[str] = frozenset()
-        since = self.journal.refusal_marks(task_id)  # (taken for every task: forgotten)
+        # (taken for every task: forgotten)
+        since = self.journal.refusal_marks(task_id, [c for c, _ in written])
         if db.may_have_refused(task_id):
             refused = frozenset(self.journal.refused_ids(STAGE_SERVER, sent, since))
         return sent, refused

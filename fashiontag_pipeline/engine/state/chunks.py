@@ -232,6 +232,18 @@ class ChunkTables(JobTables):
         rows = self.db.execute("SELECT chunk_id FROM chunks WHERE task_id=?", (task_id,))
         return [int(chunk_id) for (chunk_id,) in rows]
 
+    def task_chunks(self, task_id: str) -> list[tuple[int, str]]:
+        """(chunk id, state) of every chunk written to the task."""
+        rows = self.db.execute("SELECT chunk_id, state FROM chunks WHERE task_id=?", (task_id,))
+        return [(int(chunk_id), str(state)) for chunk_id, state in rows]
+
+    def live_chunks(self, since: int) -> list[int]:
+        """The ids of the chunks from ``since`` on that are not resolved (any task or none)."""
+        rows = self.db.execute(
+            "SELECT chunk_id FROM chunks WHERE chunk_id >= ? AND state != 'resolved'", (since,)
+        )
+        return [int(chunk_id) for (chunk_id,) in rows]
+
     def may_have_refused(self, task_id: str) -> bool:
         """Whether a write to the task may have had rows refused by the service (a chunk of it
         accepted with fewer rows than it sent, or resolved: refused whole, or its rows gone

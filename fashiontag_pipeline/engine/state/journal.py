@@ -20,6 +20,7 @@ from ..sinks import Reject, ReusedLine
 from .changes import Change
 from .intake import Intake, JobReject
 from .schema import COUNTERS, JOB_COUNTERS
+from .sent_ids import SentIds
 from .store import StateStore
 from .worker import StateThread
 
@@ -94,6 +95,9 @@ class Journal(Intake):
         #: The service's refusals of its rows are written after them, so a scan for them
         #: starts there rather than at the start of the file (thread side).
         self._reject_marks: dict[int, dict[int, int]] = {}
+        #: The ids each chunk written ahead by this process sends, until its task's draining
+        #: reads them (:mod:`.sent_ids`: not read back from the state; thread side).
+        self.sent_ids = SentIds(db.live_chunks)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the state thread. A SQLite error there is the state file's (a
@@ -364,13 +368,18 @@ class Journal(Intake):
             )
         return out
 
-    def refusal_marks(self, task_id: str) -> dict[int, int] | None:
+    def refusal_marks(
+        self, task_id: str, chunk_ids: Sequence[int] | None = None
+    ) -> dict[int, int] | None:
         """Where in each job's rejects the service's refusals of the task's rows can begin
         (thread side): the earliest checkpoints of its chunks' writes, taken (forgotten:
         the task is read once); None when a chunk of it was written ahead by an earlier
         process (its refusals may be anywhere). A service that refused rows of every task
-        made each task's read scan every reject of the run: tasks x rejects."""
-        marks = [self._reject_marks.pop(c, None) for c in self.db.task_chunk_ids(task_id)]
+        made each task's read scan every reject of the run: tasks x rejects. ``chunk_ids``:
+        the task's chunks, when the caller has read them."""
+        if chunk_ids is None:
+            chunk_ids = self.db.task_chunk_ids(task_id)
+        marks = [self._reject_marks.pop(c, None) for c in chunk_ids]
         if not marks or any(m is None for m in marks):
             return None
         since: dict[int, int] = {}
@@ -392,14 +401,18 @@ class Journal(Intake):
         token: str | None = None,
         task_id: str | None = None,
         ids: bytes | None = None,
+        sent: Sequence[str] | None = None,
     ) -> int:
-        """Write a chunk ahead of its request (see :meth:`StateStore.insert_chunk`)."""
+        """Write a chunk ahead of its request (see :meth:`StateStore.insert_chunk`); ``sent``:
+        its ids (those ``ids`` encodes), kept for its task's draining (:attr:`sent_ids`)."""
 
         def insert() -> int:
             chunk_id = self.db.insert_chunk(
                 n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id, ids=ids
             )
             self._reject_marks[chunk_id] = {j.id: j.rejects.checkpoint() for j in self._open_jobs()}
+            if sent is not None:
+                self.sent_ids.keep(chunk_id, sent, replaces)
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
             return chunk_id
