@@ -48,6 +48,13 @@ DONE_DIR = "done"
 FAILED_DIR = "failed"
 ERROR_SUFFIX = ".error.json"
 HASH_BLOCK = 1 << 20
+SUMMARY_NOTE_PREFIX = ".summary-"
+
+
+def summary_note(work: Path, name: str) -> Path:
+    """The note of the summary of the claim of ``name`` in ``work`` (``.work``): hidden (the
+    scans of ``.work`` skip it), not ``.tmp`` (no temp clean-up takes it), any length."""
+    return work / f"{SUMMARY_NOTE_PREFIX}{hashlib.sha256(name.encode()).hexdigest()[:20]}.json"
 
 
 def is_ignored_name(name: str) -> bool:

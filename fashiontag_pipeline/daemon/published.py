@@ -15,7 +15,6 @@ is removed).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import msgspec
 
 from ._files import write_atomic
 from .inbox import Claim
+from .names import summary_note
 from .outbox import CLAIM_FILE, ManifestOutputs, ManifestSummary, rfc3339
 
 __all__ = ["forget", "noted_or", "publish"]
@@ -38,8 +38,7 @@ _decoder = msgspec.json.Decoder(_Note)
 
 
 def _path(work: Path, claim: Claim) -> Path:
-    # Hidden (the scans of .work skip it), not .tmp (no temp clean-up takes it), any length.
-    return work / f".summary-{hashlib.sha256(claim.name.encode()).hexdigest()[:20]}.json"
+    return summary_note(work, claim.name)
 
 
 def _read(work: Path, claim: Claim) -> _Note | None:

@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -30,9 +31,11 @@ from .names import (
     FAILED_DIR,
     NAME_MAX,
     READY_SUFFIX,
+    SUMMARY_NOTE_PREFIX,
     candidate_names,
     free_name,
     hash_file,
+    summary_note,
 )
 
 if TYPE_CHECKING:
@@ -155,6 +158,8 @@ class InboxSettling:
                     )
             else:
                 moved = self._move_settled(self.work / name, target, gone_ok=gone_ok, once=gone_ok)
+        if moved:  # (settled: its summary's note, if a crash left it, is of no more use)
+            summary_note(self.work, name).unlink(missing_ok=True)
         if moved and name in self._unmoved:
             self._unmoved.discard(name)
             logger.info("manifest %s (settled) has left .work at last", name)
@@ -200,9 +205,22 @@ class InboxSettling:
 
     def _remove_stale_temps(self, older_than: float) -> None:
         """The hidden temp files a copy or write killed midway left in ``done/`` and
-        ``failed/`` (none is being written by this process at start-up)."""
+        ``failed/`` (none is being written by this process at start-up), and the summary
+        notes in ``.work`` a kill after the settling left (their manifest gone from
+        ``.work``; a note is written once its manifest is there, and removed once it left)."""
         for folder in (self.done, self.failed):
             remove_stale_temps(folder, older_than)
+        now = time.time()
+        try:
+            with os.scandir(self.work) as entries:
+                notes = [e for e in entries if e.name.startswith(SUMMARY_NOTE_PREFIX)]
+            with os.scandir(self.work) as entries:  # (after the notes: a claim since keeps its)
+                kept = {summary_note(self.work, e.name).name for e in entries}
+            for note in notes:
+                if note.name not in kept and now - note.stat().st_mtime >= older_than:
+                    os.unlink(note.path)
+        except OSError:
+            return  # (.work gone: made again by a claim; a note's clean-up is no reason to stop)
 
     def _clear_leftover(self, name: str) -> bool:
         """Whether ``.work/NAME`` is out of the way of a new file of that name: it is not in
