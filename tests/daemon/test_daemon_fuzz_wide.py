@@ -178,7 +178,7 @@ async def _run_wide(
     codes: list[int] = []
 
     def start(name: str) -> None:
-        d = DaemonProcess(root, proxy.url, extra=extra).start()
+        d = DaemonProcess(root, proxy.url, extra=extra, settle=base.SETTLE).start()
         all_daemons.append(d)
         live[name] = d
 

@@ -21,12 +21,14 @@ import json
 import os
 import random
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -161,12 +163,26 @@ async def _drop(inbox: Path, d: Drop) -> None:
         (inbox / d.name).write_bytes(d.data)
         (inbox / f"{d.name}.ready").write_bytes(b"")
     else:  # copied in parts, left to settle
-        half = len(d.data) // 2
-        with (inbox / d.name).open("wb") as f:
-            f.write(d.data[:half])
-            f.flush()
-            await anyio.sleep(0.1)
-            f.write(d.data[half:])
+        await anyio.to_thread.run_sync(_copy_in_parts, inbox / d.name, d.data)
+
+
+#: The daemons' ``--settle``: a copy's pause between its parts (0.1 s) must stay well below
+#: it. With 0.4 s (the helpers' default), a loaded 2-core machine (load 30: the wide fuzz on
+#: three workers beside other tests) stalled a pause past it now and then: the daemon claimed
+#: half a copy, found it grown after its read and failed it, in the undisturbed run or the
+#: disturbed one (the wide fuzz's seeds 76 and 93 in 150), while the other had it done.
+SETTLE = 1.5
+
+
+def _copy_in_parts(path: Path, data: bytes) -> None:
+    """Half, a pause, the rest: in a thread of its own (the test's event loop, serving the
+    service and the proxy, may stall longer than a pause)."""
+    half = len(data) // 2
+    with path.open("wb") as f:
+        f.write(data[:half])
+        f.flush()
+        time.sleep(0.1)
+        f.write(data[half:])
 
 
 def _outputs(outbox: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
@@ -235,7 +251,7 @@ async def _run(
     codes: list[int] = []
 
     def start() -> DaemonProcess:
-        d = DaemonProcess(root, url, extra=extra).start()
+        d = DaemonProcess(root, url, extra=extra, settle=SETTLE).start()
         daemons.append(d)
         return d
 
