@@ -224,7 +224,8 @@ class SharedDaemon:
         outputs: ManifestOutputs | None = None
         turn: str | None = None
         try:
-            record = await anyio.to_thread.run_sync(ledger.claim_of, lease)
+            with keeper.lost_if_overdue(lease):  # (woken past the lease: its errors are the loss's)
+                record = await anyio.to_thread.run_sync(ledger.claim_of, lease)
             if record is None:  # settled or replaced meanwhile
                 keeper.forget(lease)
                 return
@@ -252,7 +253,8 @@ class SharedDaemon:
             await self._turns.take(claim.sha256)  # (then an equal content is completed)
             turn = claim.sha256
             outputs = await outbox.aoutputs(claim)
-            earlier = await anyio.to_thread.run_sync(ledger.find_completed, claim.sha256)
+            with keeper.lost_if_overdue(lease):  # (a connection closed during a pause, too)
+                earlier = await anyio.to_thread.run_sync(ledger.find_completed, claim.sha256)
             if earlier is not None:
                 if (earlier.name, earlier.claimed_at) == (record.name, record.claimed_at):
                     # This very claim, completed: by the daemon that took it over while this

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals and unix soc
 
 #: Loaded by a daemon at start (``sitecustomize``): ``HOOK_STOP=before|after`` stops the
 #: process (SIGSTOP) once, before or after its first look for an earlier completion of a
-#: manifest's content (``find_completed``), a moment between leasing a manifest and tagging it;
+#: manifest's content (``find_completed``), a moment between leasing a manifest and tagging it
+#: (``before-broken``: woken, the look fails as on a connection the server closed meanwhile);
 #: ``HOOK_STOP=opened`` once it has opened the manifest's state, before it reads it.
 HOOK = textwrap.dedent(
     """
@@ -51,9 +52,13 @@ HOOK = textwrap.dedent(
         _find = cls.find_completed
         done = []
         def find_completed(self, sha256):
-            if where == "before" and not done:
+            if where.startswith("before") and not done:
                 done.append(1)
                 os.kill(os.getpid(), signal.SIGSTOP)
+                if where == "before-broken":  # its connection closed by the server meanwhile
+                    import psycopg
+                    with self._transaction("look up a completed manifest"):
+                        raise psycopg.OperationalError("server closed the connection")
             found = _find(self, sha256)
             if where == "after" and not done:
                 done.append(1)
@@ -197,6 +202,18 @@ async def test_a_daemon_woken_past_its_lease_does_not_call_the_manifest_its_own_
     tmp_path: Path, postgres_url: str
 ) -> None:
     folder = await _paused_then_woken(tmp_path, postgres_url, "before")
+    summary = (folder / "summary.json").read_text()
+    assert '"status":"done"' in summary, summary
+
+
+async def test_a_daemon_woken_past_its_lease_to_a_closed_connection_says_the_lease_lost(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    # Paused past its lease (its connections' transactions ended by the server meanwhile), A
+    # is woken to a connection the server closed: its look for an earlier completion failed
+    # before its keeper noticed the loss, and A said the manifest stopped on an error, an
+    # attempt counted (under load, the test above now and then).
+    folder = await _paused_then_woken(tmp_path, postgres_url, "before-broken")
     summary = (folder / "summary.json").read_text()
     assert '"status":"done"' in summary, summary
 
