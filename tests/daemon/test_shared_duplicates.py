@@ -65,7 +65,10 @@ async def test_a_claim_resumed_as_a_duplicate_leaves_no_epoch_files(
     lines = ["id,url,brand"] + [f"d{i},https://img.example/{i}.jpg,acme" for i in range(300)]
     lines += [f"bad{i},ftp://nope/{i}.jpg,acme" for i in range(20)]
     data = ("\n".join(lines) + "\n").encode()
-    extra = ["--state", postgres_url, "--lease", "4"]
+    # The copy must be done before m.csv's lease ends: b's start and 320 rows at 200/s took
+    # over 4 s (the lease this had) on a loaded machine now and then, m.csv was taken over
+    # first and the copy was its duplicate. (m.csv waits out the lease: 10 s more at most.)
+    extra = ["--state", postgres_url, "--lease", "10"]
     async with running_service(ServiceConfig(rate=200.0)) as svc:
         a = DaemonProcess(tmp_path, svc.url, extra=extra).start()
         b: DaemonProcess | None = None
