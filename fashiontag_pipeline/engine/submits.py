@@ -10,7 +10,8 @@ One that cannot be honoured is refused, and records nothing:
 * a key whose job was begun or completed on other manifest content: rows resume by their
   positions, so other content would be skipped up to the job's watermarks;
 * a job the state holds open (opened with the engine, at its outputs) named with other
-  outputs: the state would count its lines in files it does not write;
+  outputs: the state would count its lines in files it does not write; so too a complete
+  job named with other outputs while its own are still where it wrote them;
 * a job whose outputs cannot be opened, or are locked by another job: a job recorded just now
   is forgotten again, so no later start resumes it;
 * a job whose results or rejects path is one of its manifests, the state file or its other
@@ -126,6 +127,8 @@ class Submits:
             if found is not None:  # checked before open_job records anything of this submit
                 self._check_content(found, await self.journal.run(db.job_prints, found.job), prints)
                 self._check_outputs(found, spec)
+                if found.state != "open":  # (before its outputs are recorded as the given)
+                    await anyio.to_thread.run_sync(self._check_completed, found, spec)
             row = await self.journal.run(
                 db.open_job,
                 spec.key,
@@ -216,6 +219,24 @@ class Submits:
             f"job {row.key!r} was {done} on {describe(before)}; the same key now names"
             f" {describe(prints)}: a key resumes its job on the same content, so give new"
             " content a new key"
+        )
+
+    @staticmethod
+    def _check_completed(row: JobRow, spec: JobSpec) -> None:
+        """A complete job named with other outputs while its own are still where it wrote
+        them: answered at the paths given, its outputs were recorded as those (empty files
+        made there) and reported lost. Files moved there by the program are its. Blocking."""
+        recorded = (os.path.abspath(row.results), os.path.abspath(row.rejects), row.sink)
+        if recorded == (str(spec.results), str(spec.rejects), spec.sink):
+            return
+        if not any(os.path.lexists(path) for path in recorded[:2]):
+            return  # (moved since: looked for at the paths given)
+        kind = "" if row.sink == spec.sink else f" (sink {row.sink})"
+        raise exc.StateConflictError(
+            f"job {row.key!r} was completed at {row.completed_at}: its outcomes are in"
+            f" {row.results} and {row.rejects}{kind}, not in the outputs given; read them"
+            " there (submitted with those outputs, it is answered from the state) or move"
+            " them to the outputs given first (nothing was recorded)"
         )
 
     def _check_outputs(self, row: JobRow, spec: JobSpec) -> None:

@@ -1,0 +1,74 @@
+"""A job the state records complete, submitted again to a long-lived ``Engine`` (a program's
+nightly loop, an Airflow task retried after it had finished): it is answered from the state,
+at the outputs its outcomes are in. Found by a hunt; failed before its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline import StateConflictError
+from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import assert_exactly_once, client_config, ids_of, job_spec, write_csv
+
+FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.05, fsync_seconds=10.0)
+
+
+@pytest.mark.parametrize("fail_fast", [True, False], ids=["run-like", "daemon-like"])
+async def test_a_completed_job_submitted_with_other_outputs_is_refused_naming_its_own(
+    tmp_path: Path, fail_fast: bool
+) -> None:
+    """Job ``a`` complete in ``night1/``, submitted again under the same key with
+    ``night2/`` as its outputs: the state's record of its outputs was moved to ``night2/``
+    (empty files made there), and the submit raised a StateError saying committed lines were
+    "lost by the machine" and to "start over with --restart"; with ``fail_fast=False`` the job
+    came back failed, "outputs lost", its outcomes whole in ``night1/``. Refused now
+    (StateConflictError naming ``night1/``'s files), nothing made or recorded: the engine goes
+    on, and the job at its own outputs (or at files moved there) is answered from the state."""
+    manifest = write_csv(tmp_path / "a.csv", 400)
+    other = write_csv(tmp_path / "b.csv", 300, start=5000)
+    first, second = tmp_path / "night1", tmp_path / "night2"
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=FAST,
+                namespaced=True,
+                fail_fast=fail_fast,
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    submit = engine.submit
+                    done = await engine.outcome(await submit(job_spec("a", manifest, first)))
+                    images = svc.store.image_count
+                    with pytest.raises(StateConflictError) as refused:
+                        await engine.submit(job_spec("a", manifest, second))
+                    assert str(first / "results.jsonl") in str(refused.value)
+                    assert not second.exists()  # nothing made there
+                    again = await engine.outcome(await submit(job_spec("a", manifest, first)))
+                    assert again.failure is None
+                    assert again.counters["settled"] == again.counters["accepted"] == 400
+                    # Its files moved by the program once it was complete: answered there.
+                    moved = tmp_path / "archive"
+                    first.rename(moved)
+                    there = await engine.outcome(await submit(job_spec("a", manifest, moved)))
+                    assert there.failure is None and there.results.path == moved / "results.jsonl"
+                    b = await engine.outcome(await submit(job_spec("b", other, second)))
+                    engine.close()
+    assert done.failure is None and b.failure is None
+    assert svc.store.image_count == images + 300  # job a's rows never sent again
+    assert_exactly_once(moved / "results.jsonl", moved / "rejects.jsonl", ids_of(400))
+    assert_exactly_once(
+        second / "results.jsonl", second / "rejects.jsonl", {f"p{i}" for i in range(5000, 5300)}
+    )
