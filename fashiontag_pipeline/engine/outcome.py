@@ -119,8 +119,10 @@ def open_sinks(
     *,
     keep_lost: bool = False,
     foreign: Collection[Path] = (),
+    complete: bool = False,
 ) -> tuple[ResultSink, RejectSink, str | None]:
-    """A job's outputs, cut back to the state's checkpoints (a resume). Blocking.
+    """A job's outputs, cut back to the state's checkpoints (a resume); a ``complete`` job's
+    only looked at (:func:`_looked_at`), never cut. Blocking.
 
     An output that lost committed lines (removed, replaced or cut short since the state
     counted them), or whose path is in ``foreign`` (:func:`not_ours`: another run's file now),
@@ -148,17 +150,39 @@ def open_sinks(
             try:
                 if Path(target.path) in foreign:
                     raise exc.StateError(_not_ours(target.path, checkpoint, sink, target))
-                target.truncate(checkpoint, results_committed=committed)
+                if complete:
+                    _looked_at(target, checkpoint, sink)
+                else:
+                    target.truncate(checkpoint, results_committed=committed)
             except exc.StateError:
                 if not keep_lost:
                     raise
-                target.salvage()
+                if not complete:
+                    target.salvage()
                 lost.append(str(target.path))
     except BaseException:
         result_sink.close()
         reject_sink.close()
         raise
     return result_sink, reject_sink, lost_outputs(lost) if lost else None
+
+
+def _looked_at(target: ResultSink | RejectSink, checkpoint: int, sink: str) -> None:
+    """A complete job's output: its lines ended at ``checkpoint`` when it completed, so what
+    follows is another job's or run's, written since at the same path (cut back, a job given
+    the folder since lost its lines). Raises :class:`StateError` when the job's committed part
+    is not there, the file left as it is. Blocking."""
+    rows = sink == "sqlite" and not isinstance(target, RejectSink)
+    if target.checkpoint() < checkpoint:
+        raise exc.StateError(
+            f"{target.path} holds less than the {checkpoint:,} {'rows' if rows else 'bytes'}"
+            " the job had written when it completed: its lines are not there (the file was"
+            " removed, replaced or cut since); the file is left as it is"
+        )
+    if not rows:
+        fits, _ = committed_last_id(Path(target.path), checkpoint)
+        if not fits:
+            raise exc.StateError(_not_ours(target.path, checkpoint, sink, target))
 
 
 async def open_job(journal: Journal, row: JobRow, ids: IdSpace) -> Job:
@@ -191,7 +215,9 @@ async def open_job(journal: Journal, row: JobRow, ids: IdSpace) -> Job:
 
 
 def _closed_outputs(row: JobRow, keep_lost: bool) -> tuple[ResultSink, RejectSink, str | None]:
-    opened = open_sinks(Path(row.results), Path(row.rejects), row.sink, row, keep_lost=keep_lost)
+    opened = open_sinks(
+        Path(row.results), Path(row.rejects), row.sink, row, keep_lost=keep_lost, complete=True
+    )
     opened[0].close()
     opened[1].close()
     return opened

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fashiontag_pipeline import StateConflictError
+from fashiontag_pipeline import StateConflictError, StateError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.engine import Engine
@@ -71,4 +71,51 @@ async def test_a_completed_job_submitted_with_other_outputs_is_refused_naming_it
     assert_exactly_once(moved / "results.jsonl", moved / "rejects.jsonl", ids_of(400))
     assert_exactly_once(
         second / "results.jsonl", second / "rejects.jsonl", {f"p{i}" for i in range(5000, 5300)}
+    )
+
+
+@pytest.mark.parametrize("fail_fast", [True, False], ids=["run-like", "daemon-like"])
+async def test_a_completed_job_submitted_again_never_cuts_what_another_job_wrote_since(
+    tmp_path: Path, fail_fast: bool
+) -> None:
+    """Job ``a`` (300 rows) complete in ``out/``, then job ``b`` (500 rows) given the same
+    outputs (one folder a program writes each job to), then ``a`` submitted again (a retried
+    task): answered from the state, its outputs were cut back to its own checkpoints, so
+    ``b``'s results file was cut mid-line at ``a``'s byte count, most of ``b``'s rows gone
+    and ``a`` reported complete. A complete job's outputs are only looked at: ``b``'s files
+    are left whole, and ``a`` says its lines are not there (a StateError; with
+    ``fail_fast=False`` the job's failure)."""
+    a = write_csv(tmp_path / "a.csv", 300)
+    b = write_csv(tmp_path / "b.csv", 500, start=5000)
+    out = tmp_path / "out"
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(
+                client=client,
+                db=db,
+                state=db.open_engine(),
+                config=FAST,
+                namespaced=True,
+                fail_fast=fail_fast,
+            )
+            with anyio.fail_after(60):
+                async with engine:
+                    submit = engine.submit
+                    await engine.outcome(await submit(job_spec("a", a, out)))
+                    done_b = await engine.outcome(await submit(job_spec("b", b, out)))
+                    written = (out / "results.jsonl").read_bytes()
+                    images = svc.store.image_count
+                    if fail_fast:
+                        with pytest.raises(StateError, match=r"results\.jsonl"):
+                            await submit(job_spec("a", a, out))
+                    else:
+                        again = await engine.outcome(await submit(job_spec("a", a, out)))
+                        assert again.failure is not None and "results.jsonl" in again.failure
+                    engine.close()
+    assert done_b.failure is None
+    assert svc.store.image_count == images  # nothing sent again
+    assert (out / "results.jsonl").read_bytes() == written
+    assert_exactly_once(
+        out / "results.jsonl", out / "rejects.jsonl", {f"p{i}" for i in range(5000, 5500)}
     )
