@@ -58,7 +58,7 @@ from .single import SingleRouter
 from .source import ManifestReader
 from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
-from .submits import NOT_STARTED, Submits
+from .submits import NOT_STARTED, RUNS_ONCE, Submits
 from .tracker import TaskBook, Tracker
 from .validate import Item, SingleItem, Validator
 
@@ -186,13 +186,16 @@ class Engine:
         self._stack: AsyncExitStack | None = None
         self._outer: anyio.abc.TaskGroup | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._entered = False
+        self._entered = self._began = False
         #: Every stage has ended (see :mod:`.ending`).
         self.ended = anyio.Event()
 
     # -------------------------------------------------------------- life
 
     async def __aenter__(self) -> Engine:
+        if self._began:  # (its state is closed as it ends: "the state is closed" said less)
+            raise RuntimeError(RUNS_ONCE)
+        self._began = True
         stack = AsyncExitStack()
         await stack.__aenter__()
         # Every stage's requests start no retry past the run's give-up point, nor of a write

@@ -43,13 +43,19 @@ from .source import ManifestReader, open_manifests
 from .state import Journal
 from .state.store import JobRow
 
-__all__ = ["NOT_STARTED", "Submits"]
+__all__ = ["NOT_STARTED", "RUNS_ONCE", "Submits"]
 
 #: A file as a check names it: (what it is to the job, its path).
 Named = tuple[str, Path | str]
 
 #: An engine made but not entered: nothing reads or sends, so a job would wait for ever.
 NOT_STARTED = "the engine is not started: use it inside `async with Engine(...) as engine:`"
+
+#: An engine entered again after its ``async with`` block: it closed its state as it ended.
+RUNS_ONCE = (
+    "this Engine has run (its `async with` block ended, its state closed): an Engine runs"
+    " once; make a new Engine, on the state opened again (StateDB(path)), for the next jobs"
+)
 
 
 class Submits:

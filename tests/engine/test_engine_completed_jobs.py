@@ -119,3 +119,35 @@ async def test_a_completed_job_submitted_again_never_cuts_what_another_job_wrote
     assert_exactly_once(
         out / "results.jsonl", out / "rejects.jsonl", {f"p{i}" for i in range(5000, 5500)}
     )
+
+
+async def test_an_engine_entered_again_after_it_ended_says_it_runs_once(tmp_path: Path) -> None:
+    """A nightly loop that made its ``Engine`` once and entered ``async with engine:`` each
+    night: the second night stopped on a bare ``StateError: the state is closed`` (the engine
+    closes its state as it ends), naming neither the engine nor what to do. It is a
+    RuntimeError saying an Engine runs once and to make a new one on the state opened again,
+    nothing read or sent; that engine runs the night, every row once."""
+    a = write_csv(tmp_path / "a.csv", 200)
+    b = write_csv(tmp_path / "b.csv", 200, start=1000)
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            engine = Engine(client=client, db=db, state=db.open_engine(), config=FAST)
+            with anyio.fail_after(30):
+                async with engine:
+                    await engine.outcome(await engine.submit(job_spec("a", a, tmp_path / "a")))
+                    engine.close()
+                images = svc.store.image_count
+                with pytest.raises(RuntimeError, match=r"runs once.*new Engine"):
+                    async with engine:
+                        await engine.submit(job_spec("b", b, tmp_path / "b"))
+                assert svc.store.image_count == images
+                assert not (tmp_path / "b").exists()
+                db = StateDB(tmp_path / "state")
+                async with Engine(client=client, db=db, state=db.open_engine(), config=FAST) as e:
+                    await e.outcome(await e.submit(job_spec("b", b, tmp_path / "b")))
+    assert_exactly_once(
+        tmp_path / "b" / "results.jsonl",
+        tmp_path / "b" / "rejects.jsonl",
+        {f"p{i}" for i in range(1000, 1200)},
+    )
