@@ -304,7 +304,7 @@ def run_command(args: argparse.Namespace) -> int:
     if reuse is not None and not is_postgres_url(reuse):
         named.append(("--reuse", reuse))
     files = [(what, p) for what, p in named if what in ("--state", "--summary", "--reuse")]
-    problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)])
+    problem = not_utf8(named) or not_a_file([("--out", out), ("--rejects", rejects)], state)
     problem = problem or a_folder([(what, Path(p)) for what, p in files])
     if str(out) == "-" or str(rejects) == "-":
         which = "--out" if str(out) == "-" else "--rejects"

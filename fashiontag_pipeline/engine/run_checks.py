@@ -21,6 +21,7 @@ from .._client import TaggerClient
 from .._config import ClientConfig
 from .config import EngineConfig
 from .outfiles import lock_output
+from .outnames import COMPRESSED_SUFFIXES, compressed_name, finish_older
 from .sinks import committed_last_id
 from .state import JobRow, StateStore
 
@@ -309,29 +310,19 @@ def not_utf8(named: Sequence[tuple[str, Path | str]]) -> str | None:
     return None
 
 
-#: The names of compressed files (``results.jsonl.gz``): an output so named is refused.
-COMPRESSED_SUFFIXES = frozenset(
-    (".gz", ".gzip", ".tgz", ".z", ".bz2", ".xz", ".lzma", ".zst", ".zstd", ".lz4", ".zip", ".br")
-)
-
-
-def not_a_file(named: Sequence[tuple[str, Path]]) -> str | None:
+def not_a_file(named: Sequence[tuple[str, Path]], state: Path | str | None = None) -> str | None:
     """Why an output cannot be used (None when each can): one that exists and is not a
     regular file (``/dev/null``, ``/dev/stdout``, a pipe, a folder). A run cuts its outputs
     back to their last checkpoint to resume and fsyncs them, which only a file allows: on
     /dev/null the run tagged every row and then failed at its end, every night. Nor one named
     as a compressed file (``--out results.jsonl.gz``): the run wrote plain JSONL into it, exit
-    0, and every loader that goes by the name (zcat, DuckDB, pandas, Spark) failed on it."""
+    0, and every loader that goes by the name (zcat, DuckDB, pandas, Spark) failed on it; a
+    state file at ``state`` then holds a run of an older build: what finishes it is said."""
     for what, path in named:
         if blocked := folder_blocked(what, path):
             return blocked
-        if path.suffix.lower() in COMPRESSED_SUFFIXES:
-            return (
-                f"{what} {path} is named as a compressed file ({path.suffix}), but a run"
-                " writes its outcomes uncompressed (it appends to them, and cuts them back to"
-                " their last checkpoint to resume): a program reading it by its name would"
-                f" fail; give a name without {path.suffix} and compress the file after the run"
-            )
+        if compressed := compressed_name(what, path):
+            return compressed + finish_older(named, state)
         try:
             mode = os.stat(path).st_mode
         except OSError:
@@ -392,13 +383,8 @@ def a_folder(named: Sequence[tuple[str, Path]]) -> str | None:
     for what, path in named:
         if blocked := folder_blocked(what, path):
             return blocked
-        if path.suffix.lower() in COMPRESSED_SUFFIXES:
-            return (
-                f"{what} {path} is named as a compressed file ({path.suffix}), but a run"
-                " writes its outcomes uncompressed (it appends to them, and cuts them back to"
-                " their last checkpoint to resume): a program reading it by its name would"
-                f" fail; give a name without {path.suffix} and compress the file after the run"
-            )
+        if compressed := compressed_name(what, path):
+            return compressed
         try:
             mode = os.stat(path).st_mode
         except OSError:

@@ -135,3 +135,56 @@ async def test_a_result_stored_in_latin_1_before_is_a_utf_8_line_when_reused(
 
 
 _LATIN_1 = b'{"status":"success","n":"caf\xe9"}'
+
+
+#: An older build, which took an output named as a compressed file (see the test below).
+OLDER_BUILD = """
+import fashiontag_pipeline.engine.outnames as outnames
+outnames.COMPRESSED_SUFFIXES = frozenset()
+"""
+
+
+async def test_a_run_of_an_older_build_into_a_gz_name_is_finished_as_the_refusal_says(
+    tmp_path: Path,
+) -> None:
+    """A run of the build before 17ad803, ``--out results.jsonl.gz``, was killed; the same
+    command of this build is refused (exit 2), saying to give a name without ``.gz``. Done so
+    (``mv``, ``--out results.jsonl``), the run found no state beside the new name
+    (``results.jsonl.state``), started over and tagged (and billed) every row again; its
+    state, ``results.jsonl.gz.state``, was never named. The refusal names it now, and the
+    flags that finish that run: followed, every row is tagged once."""
+    import os
+
+    from .helpers import assert_exactly_once, ids_of, job_marks, kill_when
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(OLDER_BUILD)
+    older = {**ENV, "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")])}
+    n = 4000
+    manifest = write_csv(tmp_path / "m.csv", n)
+    gz = tmp_path / "results.jsonl.gz"
+    state = tmp_path / "results.jsonl.gz.state"
+    async with running_service(ServiceConfig(rate=3000)) as svc:
+        args = run_args(svc.url, gz, str(manifest), "--rotate-min-images", "500")
+        del args[args.index("--rejects") : args.index("--rejects") + 2]  # (the default's)
+        proc = await anyio.open_process(args, env=older)
+        await kill_when(proc, lambda: job_marks(state)[1] > 0)
+        with anyio.fail_after(60):
+            refused = await anyio.run_process(args, check=False, env=ENV)
+        err = refused.stderr.decode()
+        assert refused.returncode == 2 and "compressed" in err, err[-600:]
+        assert f"--state {state}" in err, err
+        # As it says: the file renamed, the flags it names.
+        hint = err[err.index("mv ") :].split(";")[0].split(", then ")
+        _, source, target = hint[0].split()
+        os.rename(source, target)
+        flags = hint[1].split()[hint[1].split().index("--out") :]
+        again = run_args(svc.url, Path(target), str(manifest))
+        del again[again.index("--out") : again.index("--out") + 4]
+        with anyio.fail_after(60):
+            resumed = await anyio.run_process([*again, *flags], check=False, env=ENV)
+        assert resumed.returncode == 0, resumed.stderr.decode()[-600:]
+        billed = svc.store.image_count
+    assert_exactly_once(Path(target), tmp_path / "results.jsonl.rejects.jsonl", ids_of(n))
+    assert billed == n, f"{billed - n} images billed twice"
