@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from ._files import fsync_dir
+from ._files import fsync_dir, write_atomic
 from .claims import Claim, as_moved, same_file
 from .ledger import ClaimRecord, SharedLedger
 from .names import READY_SUFFIX, STATE_MARK, hash_file
@@ -50,14 +50,31 @@ class SharedInbox(InboxSettling):
     #: were known by then (:func:`_left_as`), and their ctime (None: not compared).
     _immovable: dict[str, tuple[tuple[int, ...], int | None]]
     _unseen_said = False
+    #: The inbox folder (device, inode) and its state note, as last seen with the note in it.
+    _noted: tuple[tuple[int, int], bytes] | None = None
 
     def looks_shared(self) -> bool:
         """Whether this daemon sees the shared inbox: the state note every daemon writes into
         it at start is there. A mount gone (NFS, autofs) shows the empty folder under it: the
         files in flight look gone there, and the daemon abandoned their claims (also those
         other daemons were tagging), which were claimed again once the mount came back, every
-        row tagged (and billed) again. Said once while it lasts, and when it ends."""
-        seen = (self.root / STATE_MARK).is_file()
+        row tagged (and billed) again. Said once while it lasts, and when it ends. A note gone
+        from the very folder it was seen in (removed by hand, a sync with ``--delete``) is
+        written again: each daemon, taking it for its mount gone, leased nothing more."""
+        folder: tuple[int, int] | None = None
+        note: bytes | None = None
+        with contextlib.suppress(OSError):
+            st = os.stat(self.root)
+            folder = (st.st_dev, st.st_ino)
+            note = (self.root / STATE_MARK).read_bytes()
+        if note is not None and folder is not None:
+            self._noted = (folder, note)
+        elif folder is not None and self._noted is not None and self._noted[0] == folder:
+            with contextlib.suppress(OSError):
+                write_atomic(self.root / STATE_MARK, self._noted[1])
+                logger.warning("the inbox's state note %s was removed: written again", STATE_MARK)
+                note = self._noted[1]
+        seen = note is not None
         if seen == self._unseen_said:
             self._unseen_said = not seen
             if seen:

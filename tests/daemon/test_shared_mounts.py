@@ -82,3 +82,35 @@ async def test_an_inbox_mount_gone_for_a_moment_on_one_daemon_abandons_no_claim(
         got = [r["id"] for r in read_lines(share / "outbox" / f"m{n}" / "results.jsonl")]
         assert sorted(got) == sorted(ids[n])
     assert sorted(p.name for p in (share / "outbox").iterdir()) == ["m0", "m1", "m2"]
+
+
+async def test_a_state_note_removed_by_hand_stops_no_daemon_from_leasing(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """An operator tidying the inbox removes its hidden state note (``rm
+    INBOX/.fashiontag-daemon.state``; a sync of the producer's folder with ``--delete``): the
+    daemons of the fleet, each taking a missing note for its inbox mount gone, leased nothing
+    more, for as long as they ran: every manifest dropped after it was claimed into ``.work``
+    and waited there, the only word an error at the first. The inbox folder is still the one
+    the daemon started on (a mount gone shows another folder): the note is written again."""
+    share = tmp_path / "share"
+    (share / "inbox").mkdir(parents=True)
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(share, svc.url, extra=_common(postgres_url, tmp_path)).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            _drop(daemon.inbox, "m0.csv", ["a0", "a1"])
+            await daemon.wait_summary("m0")
+            (daemon.inbox / ".fashiontag-daemon.state").unlink()
+            _drop(daemon.inbox, "m1.csv", ["b0", "b1"])
+            with anyio.move_on_after(20):
+                while not (daemon.outbox / "m1" / "summary.json").exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.1)
+            assert (daemon.outbox / "m1" / "summary.json").exists(), daemon.tail(8)
+            summary = await daemon.wait_summary("m1")
+            assert (daemon.inbox / ".fashiontag-daemon.state").read_text() == "postgresql\n"
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    assert summary["status"] == "done" and summary["tagged"] == 2
