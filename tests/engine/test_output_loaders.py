@@ -4,13 +4,10 @@ service answered, and by the name it is given."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 from pathlib import Path
 
 import anyio
-import msgspec
 import pytest
 
 from fashiontag_pipeline._bodies import tagging_result
@@ -103,38 +100,6 @@ async def test_the_library_refuses_an_output_named_as_a_compressed_file(tmp_path
             )
         assert svc.store.image_count == 0
     assert not (tmp_path / "r.jsonl.gz").exists()
-
-
-async def test_a_result_stored_in_latin_1_before_is_a_utf_8_line_when_reused(
-    tmp_path: Path,
-) -> None:
-    """A result store filled by an earlier build from a service writing ISO-8859-1 holds
-    results with the byte E9 as they came: each night's reused lines wrote it again, a line
-    that is not UTF-8 for every loader. A reused line holds U+FFFD for it, as a tagged one."""
-    store = tmp_path / "reuse.db"
-    manifest = write_csv(tmp_path / "m.csv", 20)
-    engine = msgspec.structs.replace(TASKS_OF_1000, reuse=str(store))
-    async with running_service(ServiceConfig()) as svc:
-        for night in (1, 2):
-            if night == 2:
-                with contextlib.closing(sqlite3.connect(store)) as db, db:
-                    db.execute("UPDATE results SET result = ?", (_LATIN_1,))
-            out = tmp_path / f"out{night}.jsonl"
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(svc.url),
-                    out=out,
-                    rejects=tmp_path / f"rej{night}.jsonl",
-                    engine=engine,
-                )
-            assert summary.complete
-    assert summary.reused == 20
-    lines = [json.loads(line) for line in out.read_bytes().decode("utf-8").splitlines()]
-    assert {line["taggingResult"]["n"] for line in lines} == {"caf\ufffd"}
-
-
-_LATIN_1 = b'{"status":"success","n":"caf\xe9"}'
 
 
 #: An older build, which took an output named as a compressed file (see the test below).

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
-from ..._surrogates import utf8
 from ..sinks import Reject, ReusedLine
 from .changes import Change, validated_upto
 from .store import StateStore
@@ -149,8 +148,7 @@ class Intake:
             reused = (
                 job,
                 [
-                    # (a result stored as it came by an earlier build: not UTF-8, U+FFFD)
-                    ReusedLine(original(keyed[i][0]), hit.task_id, msgspec.Raw(utf8(hit.result)))
+                    ReusedLine(original(keyed[i][0]), hit.task_id, msgspec.Raw(hit.result))
                     for i, hit in hits
                 ],
             )
