@@ -26,7 +26,7 @@ from ._models import (
     says_success,
 )
 from ._responses import REFUSING_CODES
-from ._surrogates import mend, utf8
+from ._surrogates import mend
 
 __all__ = ["Refusal", "bulk_body", "tagging_result"]
 
@@ -80,7 +80,6 @@ def tagging_result(body: bytes) -> bytes:
     code = _refusing_code(shape.error) if shape.error is not None else None
     if code is not None and not says_success(shape.status):
         raise Refusal(shape.status, str(shape.error.get("message") or ""), code)
-    body = utf8(body)  # (a byte that is not UTF-8, from ISO-8859-1, as U+FFFD)
     # JSON text holds a line break only as whitespace between its tokens.
     if b"\n" in body or b"\r" in body:
         return body.replace(b"\r", b" ").replace(b"\n", b" ")

@@ -9,10 +9,6 @@ page unreadable, the page was taken as empty, and its 100 rows were sent (and bi
 :func:`mend` gives the answer with each such escape replaced by ``\\ufffd`` (the replacement
 character, as a lenient reader decodes it), pairs and every other byte as they were; it runs
 only after a decode failed, so an answer without one costs nothing.
-
-:func:`utf8` gives a tagging result kept as raw JSON (msgspec reads no string inside it) with
-every byte that is not UTF-8 (a server writing ISO-8859-1: ``café`` as the byte E9) as U+FFFD,
-as a lenient reader decodes it: the results JSONL is UTF-8 text whatever the service sent.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import TypeVar
 
 import msgspec
 
-__all__ = ["decode_mended", "mend", "utf8"]
+__all__ = ["decode_mended", "mend"]
 
 T = TypeVar("T")
 
@@ -59,15 +55,3 @@ def decode_mended(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
         if mended is None:
             raise
         return decoder.decode(mended)
-
-
-def utf8(raw: bytes) -> bytes:
-    """``raw`` with each byte that is not UTF-8 replaced by U+FFFD (``raw`` itself when it is
-    all UTF-8: an ASCII one costs one C-level pass)."""
-    if raw.isascii():
-        return raw
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "replace").encode("utf-8")
-    return raw

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from .._models import STATUS_SUCCESS, says_success
-from .._surrogates import mend, utf8
+from .._surrogates import mend
 
 __all__ = [
     "NO_ID",
@@ -132,10 +132,8 @@ def decode_page(body: bytes) -> list[PageRow]:
     sends line breaks inside them, and the results JSONL must hold one line per result: in a
     valid JSON value a CR or LF byte can only be whitespace between tokens (never inside a
     string), so each becomes a space. A page with none (one ``memchr`` over the body) is
-    taken as it is. A byte that is not UTF-8 inside a tagging result (a server writing
-    ISO-8859-1: msgspec reads no string of it) becomes U+FFFD (:func:`.._surrogates.utf8`), so
-    a strict reader of the JSONL takes every line. JSON nested deeper than msgspec reads (its
-    recursion limit), or an id that is not UTF-8, is no page either: a DecodeError, never
+    taken as it is. JSON nested deeper than msgspec reads (its recursion limit), or a string
+    that is not UTF-8 (a server writing ISO-8859-1), is no page either: a DecodeError, never
     a RecursionError or UnicodeDecodeError. A page that escapes half of a surrogate
     pair (an id cut by UTF-16 code units across an emoji) is read with ``\ufffd`` in its place
     (:mod:`.._surrogates`; an id cut so is matched by :mod:`.idmatch`)."""
@@ -166,8 +164,6 @@ def decode_page(body: bytes) -> list[PageRow]:
     rows = (page.data.results if page.data is not None else None) or []
     if b"\n" in body or b"\r" in body:
         rows = [_one_line(row) for row in rows]
-    if utf8(body) is not body:  # (a byte that is not UTF-8 can only be in a tagging result)
-        rows = [_utf8_row(row) for row in rows]
     return rows
 
 
@@ -209,12 +205,6 @@ def _one_line(row: PageRow) -> PageRow:
     if b"\n" not in raw and b"\r" not in raw:
         return row
     return PageRow(row.id, msgspec.Raw(raw.replace(b"\r", b" ").replace(b"\n", b" ")))
-
-
-def _utf8_row(row: PageRow) -> PageRow:
-    raw = bytes(row.tagging_result)
-    mended = utf8(raw)
-    return row if mended is raw else PageRow(row.id, msgspec.Raw(mended))
 
 
 def count_outcomes(rows: list[PageRow]) -> tuple[int, int]:

@@ -1,65 +1,18 @@
-"""The output files as the programs downstream load them: a strict JSON reader of each
-results line (Python ``json`` over UTF-8 text, jq, DuckDB ``read_json``, Spark), whatever the
-service answered, and by the name it is given."""
+"""The output files as the programs downstream load them, by the name they are given (a
+name that says compressed is refused: the outputs are plain JSONL)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fashiontag_pipeline._bodies import tagging_result
 from fashiontag_pipeline._exceptions import ConfigError
 from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, TASKS_OF_1000, client_config, run_args, write_csv
-from .proxy import MisbehavingProxy, Misbehaviour
-
-
-async def test_a_result_written_in_latin_1_is_a_utf_8_line_in_the_results_jsonl(
-    tmp_path: Path,
-) -> None:
-    """A service writes its pages in ISO-8859-1 (``café`` as the byte E9: a Java servlet that
-    never set its charset); the ids are ASCII, so the pages read. The results JSONL kept each
-    result's bytes as they came: a line that is not UTF-8, which a loader reading the file as
-    UTF-8 text (Python's ``open``, DuckDB, Spark, jq) stops at, the whole file with it, while
-    the SQLite sink wrote U+FFFD for it. Each such byte is now U+FFFD in the JSONL too: every
-    line is strict UTF-8 JSON, and the outcome counts are the same."""
-    given = {
-        "p3": {"status": "success", "tags": [{"name": "caf\u00e9", "confidence": 0.9}]},
-        "p7": {"error": {"code": 803, "message": "image"}, "status": "\u00e9chec", "tags": []},
-    }
-    rules = Misbehaviour(results_given=given, latin1_ops={"results"})
-    out = tmp_path / "out.jsonl"
-    manifest = write_csv(tmp_path / "m.csv", 1000)
-    async with running_service(ServiceConfig()) as svc:
-        proxy = MisbehavingProxy(svc.url, rules)
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=tmp_path / "rej.jsonl",
-                    engine=TASKS_OF_1000,
-                )
-    assert summary.complete and (summary.tagged, summary.failed) == (999, 1)
-    text = out.read_bytes().decode("utf-8")  # strict: no byte that is not UTF-8
-    lines = [json.loads(line) for line in text.split("\n")[:-1]]
-    assert sorted(line["id"] for line in lines) == sorted(f"p{i}" for i in range(1000))
-    by_id = {line["id"]: line["taggingResult"] for line in lines}
-    assert by_id["p3"]["tags"][0]["name"] == "caf\ufffd"
-    assert by_id["p7"]["status"] == "\ufffdchec"
-
-
-def test_a_single_mode_answer_in_latin_1_is_a_utf_8_line() -> None:
-    """The single endpoint's answer is written as it came, on one line, like a bulk result:
-    a byte that is not UTF-8 in it is U+FFFD there too."""
-    line = tagging_result(b'{"status":"success","tags":[{"name":"caf\xe9"}]}')
-    assert json.loads(line.decode("utf-8"))["tags"][0]["name"] == "caf\ufffd"
+from .helpers import ENV, client_config, run_args, write_csv
 
 
 @pytest.mark.parametrize(
