@@ -162,8 +162,13 @@ def foreign_url(text: str) -> bool:
     return re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) is not None and not is_postgres_url(text)
 
 
+#: The query parameters of a URL libpq reads a secret from: the password, and the passphrase
+#: of an encrypted client key (``sslpassword``), masked in every message as the password is.
+SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
 def holds_password(url: str) -> bool:
-    """Whether ``url`` holds a password (in the authority or a ``password=`` parameter), as
+    """Whether ``url`` holds a password (in the authority or a :data:`SECRET_PARAMS`), as
     :func:`redact_url` masks it. Not ``redact_url(url) != url``: that re-encodes the query
     (``application_name=a%20b``, ``options=-c%20...``) and so differs with no password."""
     if shown_url(url) != url:
@@ -172,11 +177,11 @@ def holds_password(url: str) -> bool:
         pairs = parse_qsl(urlsplit(url).query, keep_blank_values=True)
     except ValueError:  # (redact_url masks all of it)
         return True
-    return any(k == "password" for k, _ in pairs)
+    return any(k in SECRET_PARAMS for k, _ in pairs)
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password (in the authority or as a ``password=`` parameter).
+    """The URL without its password (in the authority or as a :data:`SECRET_PARAMS` one).
 
     Everything between ``://`` and the last ``@`` of the authority is the user's part: a
     password with an unencoded ``/``, ``#`` or ``?`` in it is still masked (a URL parser would
@@ -187,9 +192,9 @@ def redact_url(url: str) -> str:
     try:
         parts = urlsplit(f"{scheme}://{rest}")
         pairs = parse_qsl(parts.query)
-        query = urlencode([(k, "***" if k == "password" else v) for k, v in pairs], safe="/")
+        query = urlencode([(k, "***" if k in SECRET_PARAMS else v) for k, v in pairs], safe="/")
         # A fragment after a password parameter may be the password's tail (an unencoded #).
-        hidden = parts.fragment and any(k == "password" for k, _ in pairs)
+        hidden = parts.fragment and any(k in SECRET_PARAMS for k, _ in pairs)
         fragment = "***" if hidden else parts.fragment
         # (The scheme as written: urlsplit lower-cases it, and a message about a URL written
         # PostgreSQL:// must show it so.)
@@ -233,7 +238,7 @@ def _secrets_of(url: str) -> list[str]:
     if ":" in head:
         found.append(head.partition(":")[2])
     with contextlib.suppress(ValueError):
-        found += [v for k, v in parse_qsl(urlsplit(url).query) if k == "password"]
+        found += [v for k, v in parse_qsl(urlsplit(url).query) if k in SECRET_PARAMS]
     out: list[str] = []
     for secret in found:
         if secret:

@@ -1,0 +1,46 @@
+"""Secrets a user gives in less common places: never shown in what a run writes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import write_csv
+
+SSL_PASSWORD = "sslLEAKpass-7731"
+
+
+async def _fashiontag(*args: str) -> tuple[int, str]:
+    argv = [sys.executable, "-m", "fashiontag_pipeline", *args]
+    result = await anyio.run_process(argv, check=False, env={**os.environ})
+    return result.returncode, (result.stdout + result.stderr).decode()
+
+
+async def test_a_client_key_passphrase_in_a_postgresql_url_is_shown_nowhere(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """libpq's ``sslpassword=`` (the passphrase of an encrypted client key, as a team with
+    certificate auth writes it in the URL) was shown as written: in the result store's line
+    at start, the run's last line, its ``--summary`` (``state``) and ``reuse stats``, where
+    ``password=`` is masked; and the URL flag holding it was not warned of. It is masked as
+    a password is, and warned of."""
+    url = f"{postgres_url}{'&' if '?' in postgres_url else '?'}sslpassword={SSL_PASSWORD}"
+    summary = tmp_path / "summary.json"
+    async with running_service(ServiceConfig()) as svc:
+        code, out = await _fashiontag(
+            *("-vv", "run", str(write_csv(tmp_path / "m.csv", 5))),
+            *("--out", str(tmp_path / "o.jsonl"), "--summary", str(summary)),
+            *("--state", url, "--reuse", url, "--base-url", svc.url, "--no-progress"),
+        )
+    assert code == 0, out
+    stats_code, stats = await _fashiontag("reuse", "stats", url)
+    assert stats_code == 0, stats
+    for text in (out, summary.read_text(), stats):
+        assert SSL_PASSWORD not in text and "LEAKpass" not in text, text
+    assert "sslpassword=%2A%2A%2A" in summary.read_text()  # (as password= is shown)
+    assert "--state is visible to other users" in out, out
