@@ -125,7 +125,14 @@ def proxy_for(
             f"{var}={shown_url(value)!r}: only http:// proxies are supported (the service's"
             " TLS goes through them: CONNECT); or name the service's host in NO_PROXY"
         )
-    authority = rest.partition("/")[0]
+    authority, _, path = rest.partition("/")
+    if "@" in path:
+        # A token or password holding an unencoded ``/``: its head would be read as the
+        # proxy's host (looked up, tried, named in every message). Shown masked whole.
+        raise ConfigError(
+            f"{var}={shown_url(value)!r}: the user or password in it holds an unencoded '/':"
+            " write it as %2F (percent-encode the password)"
+        )
     userinfo, at, hostport = authority.rpartition("@")
     headers: dict[str, str] = {}
     if at:

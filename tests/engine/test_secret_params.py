@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import write_csv
+from .helpers import ENV, write_csv
+from .test_deployments import one_line, run, run_cmd
 
 SSL_PASSWORD = "sslLEAKpass-7731"
 
@@ -44,3 +46,34 @@ async def test_a_client_key_passphrase_in_a_postgresql_url_is_shown_nowhere(
         assert SSL_PASSWORD not in text and "LEAKpass" not in text, text
     assert "sslpassword=%2A%2A%2A" in summary.read_text()  # (as password= is shown)
     assert "--state is visible to other users" in out, out
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["http://Hunter2pw/x9@proxy.corp:3128", "http://tagger:31337/Hunter2pw@proxy.corp:3128"],
+    ids=["token", "password"],
+)
+async def test_a_proxy_credential_holding_an_unencoded_slash_is_refused_unshown(
+    tmp_path: Path, value: str
+) -> None:
+    """``HTTPS_PROXY`` whose token or password holds an unencoded ``/`` (pasted as
+    generated): the variable's authority was read up to the ``/``, so the credential's head
+    was taken for the proxy's host (and port): the run looked it up in DNS, tried it until
+    ``--give-up-after`` and named it in every line, its summary and its last error ("cannot
+    connect to the proxy http://Hunter2pw"). It is exit 2 at once, naming the variable and
+    saying to write ``/`` as ``%2F``, no piece of the credential shown."""
+    summary = tmp_path / "summary.json"
+    code, err, took = await run(
+        run_cmd(
+            tmp_path / "o.jsonl",
+            str(write_csv(tmp_path / "m.csv", 5)),
+            base_url="https://tagger.test",
+            extra=("--give-up-after", "3", "--summary", str(summary)),
+        ),
+        {**ENV, "HTTPS_PROXY": value},
+    )
+    assert code == 2 and took < 20, err[-1500:]
+    line = one_line(err)
+    assert "HTTPS_PROXY" in line and "%2F" in line, line
+    for text in (err, summary.read_text() if summary.exists() else ""):
+        assert "Hunter2pw" not in text and "31337" not in text, text
