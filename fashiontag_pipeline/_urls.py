@@ -56,6 +56,14 @@ def base_url_problem(url: str) -> str | None:
             "must not hold a query (?...) or fragment (#...), nor a password with an unencoded"
             f" '#' or '?' (percent-encode them: %23, %3F): {shown_url(url)!r}"
         )
+    if "/" in user:
+        # A token or password holding an unencoded ``/``: the host is read up to it, so its
+        # head was the host requests went to (looked up in DNS), shown as the host after it.
+        # (Or an ``@`` in the path, which messages took for the end of a user part.)
+        return (
+            "has an '@' after a '/': a user or password holding an unencoded '/' (percent-"
+            f"encode it: %2F), or an '@' in the path (write it as %40): {shown_url(url)!r}"
+        )
     if "?" in url or "#" in url:
         # Request URLs are this text and a path: a query would come before the path (every
         # request a 404), and a key put there would show in every retry line. Not echoed.

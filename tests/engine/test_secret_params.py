@@ -77,3 +77,32 @@ async def test_a_proxy_credential_holding_an_unencoded_slash_is_refused_unshown(
     assert "HTTPS_PROXY" in line and "%2F" in line, line
     for text in (err, summary.read_text() if summary.exists() else ""):
         assert "Hunter2pw" not in text and "31337" not in text, text
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://Hunter2pw/x9@tagger.test", "https://tagger:31337/Hunter2pw@tagger.test/v1"],
+    ids=["token", "password"],
+)
+async def test_a_base_url_credential_holding_an_unencoded_slash_is_refused(
+    tmp_path: Path, url: str
+) -> None:
+    """``FASHIONTAG_BASE_URL=https://TOKEN@gw`` whose token (or password) holds an unencoded
+    ``/``: messages masked it (all up to the last ``@`` is the user's part), but requests
+    went to its head taken for the host (``Hunter2pw``, ``tagger:31337``): looked up in
+    DNS, the secret sent in clear to the resolver, and the run said for ``--give-up-after``
+    "cannot connect to https://***@tagger.test", a host that answers. It is exit 2 at once,
+    saying to write ``/`` as ``%2F``, as for an unencoded ``#`` or ``?``."""
+    code, err, took = await run(
+        run_cmd(
+            tmp_path / "o.jsonl",
+            str(write_csv(tmp_path / "m.csv", 5)),
+            base_url=url,
+            extra=("--give-up-after", "30"),
+        ),
+        ENV,
+    )
+    assert code == 2 and took < 20, err[-1500:]
+    line = one_line(err)
+    assert "base_url" in line and "%2F" in line, line
+    assert "Hunter2pw" not in err and "31337" not in err, err
