@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import anyio
@@ -241,7 +242,7 @@ class PageFetcher:
         entry.readable = True
         rows, all_success = screen(decoded)
         if len(rows) < len(decoded):
-            _no_result(entry, decoded, rows)
+            _no_result(entry, decoded, rows, self.client.masked)
             logger.warning(
                 "task %s: %d results at offset %d came without a tagging result object;"
                 " left out (their rows are sent again)",
@@ -331,13 +332,17 @@ class PageFetcher:
 _QUOTED = 60
 
 
-def _no_result(entry: TaskEntry, decoded: list[PageRow], kept: list[PageRow]) -> None:
+def _no_result(
+    entry: TaskEntry, decoded: list[PageRow], kept: list[PageRow], masked: Callable[[str], str]
+) -> None:
     """Note in ``entry`` the rows :func:`screen` left out of ``decoded`` (kept: ``kept``),
-    each with the start of what came for it (see :attr:`TaskEntry.no_result`)."""
+    each with the start of what came for it (see :attr:`TaskEntry.no_result`), the keys sent
+    ``masked`` in it (the service's words: a gateway's refusal may quote the key) before it
+    is cut."""
     taken = {row.id for row in kept}
     noted = entry.no_result if entry.no_result is not None else {}
     for row in decoded:
         if row.id not in taken:
-            text = bytes(row.tagging_result).decode("utf-8", "replace")
+            text = masked(bytes(row.tagging_result).decode("utf-8", "replace"))
             noted[row.id] = text[:_QUOTED] + ("..." if len(text) > _QUOTED else "")
     entry.no_result = noted

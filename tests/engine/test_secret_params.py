@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -106,3 +107,44 @@ async def test_a_base_url_credential_holding_an_unencoded_slash_is_refused(
     line = one_line(err)
     assert "base_url" in line and "%2F" in line, line
     assert "Hunter2pw" not in err and "31337" not in err, err
+
+
+async def test_a_key_quoted_where_a_tagging_result_should_be_is_masked(tmp_path: Path) -> None:
+    """A results page whose row came with a string where its tagging result object should be
+    (a gateway's words: ``"taggingResult": "bulk key sk-... not entitled to this model"``):
+    the reject's reason (and the warning) quote the start of what came, and quoted the key
+    sent in clear into the rejects file. Those words are the service's: the keys are masked,
+    before the quote is cut (a key cut short is not shown either)."""
+    from fashiontag_pipeline import Secret
+    from fashiontag_pipeline.engine import EngineConfig, run_pipeline
+
+    from .helpers import client_config, read_outcomes
+    from .proxy import Misbehaviour, misbehaving
+
+    key, bulk = "sk-LEAK-single-5521", "sk-LEAK-bulk-key-77310"
+    manifest = write_csv(tmp_path / "m.csv", 10)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    given = {
+        "p3": f"bulk key {bulk} is not entitled to this model",
+        "p4": f"{'x' * 45} bulk key {bulk}",  # (cut at 60 characters: in the key)
+        "p5": f"single key {key} expired",
+    }
+    service = ServiceConfig(api_keys=(key,), bulk_api_keys=(bulk,))
+    async with (
+        running_service(service) as svc,
+        misbehaving(svc.url, Misbehaviour(results_given=given)) as proxy,
+    ):
+        client = msgspec.structs.replace(
+            client_config(proxy.url), api_key=Secret(key), bulk_api_key=Secret(bulk)
+        )
+        engine = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2)
+        with anyio.fail_after(120):
+            summary = await run_pipeline(
+                [manifest], client=client, out=out, rejects=rej, engine=engine
+            )
+    assert summary.complete and summary.rejected == 3, summary
+    reasons = {r["id"]: r["reason"] for r in read_outcomes(out, rej).rejects}
+    assert "not entitled" in reasons["p3"] and "expired" in reasons["p5"], reasons
+    text = rej.read_text()
+    for secret in (key, bulk, "sk-LEAK", "LEAK-bulk", "LEAK-single"):
+        assert secret not in text, text
