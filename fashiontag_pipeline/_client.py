@@ -49,6 +49,7 @@ from ._models import (
     TaskListResponse,
     TaskResultsData,
     TaskResultsResponse,
+    TaskStatus,
     TaskStatusResponse,
 )
 from ._responses import front_end_answer, no_tagging_result
@@ -330,7 +331,15 @@ class TaggerClient:
         self._http.check_bulk_status(
             decoded.status, decoded.error, response, "GET", BULK_PATH, None
         )
-        return decoded.data if decoded.data is not None else TaskListData()
+        data = decoded.data if decoded.data is not None else TaskListData()
+        self._mask_statuses(data.tasks)
+        return data
+
+    def _mask_statuses(self, tasks: list[Task]) -> None:
+        """A status the spec does not name is the service's words: the keys sent masked."""
+        for task in tasks:
+            if not isinstance(task.task_status, TaskStatus):
+                task.task_status = self._http.masked(task.task_status)
 
     async def task_status(self, task_id: str) -> Task:
         """One task's status and counts (``GET /tagger/v2.12/bulk/{task}/status``)."""
@@ -342,6 +351,7 @@ class TaggerClient:
         self._http.check_bulk_status(decoded.status, decoded.error, response, "GET", path, task_id)
         if decoded.data is None:
             raise exc.DecodeError(f"status of task {task_id} has no data", method="GET", path=path)
+        self._mask_statuses([decoded.data])
         return decoded.data
 
     async def task_results(

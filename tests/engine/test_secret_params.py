@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -148,3 +149,64 @@ async def test_a_key_quoted_where_a_tagging_result_should_be_is_masked(tmp_path:
     text = rej.read_text()
     for secret in (key, bulk, "sk-LEAK", "LEAK-bulk", "LEAK-single"):
         assert secret not in text, text
+
+
+async def test_a_key_quoted_in_a_tasks_status_word_is_masked(tmp_path: Path) -> None:
+    """A task list or status answer whose ``taskStatus`` is none the spec names and quotes
+    the key (a gateway's ``"taskStatus": "HELD_FOR_KEY sk-..."``): the run's warning ("the
+    service says it is ...") and ``tasks list`` / ``tasks status`` printed it as it came, key
+    and all. The words of a task's status are the service's: the keys sent are masked."""
+    import re
+
+    import aiohttp
+    from aiohttp import web
+
+    key = "sk-LEAK-status-key-8842"
+    odd = f"HELD_FOR_KEY {key}".encode()
+    rewrites = [3]  # (the first answers holding a task's status)
+
+    async with running_service(ServiceConfig(api_keys=(key,), bulk_api_keys=(key,))) as svc:
+        session = aiohttp.ClientSession()
+
+        async def forward(request: web.Request) -> web.Response:
+            headers = {k: v for k, v in request.headers.items() if k.lower() == "x-api-key"}
+            headers["Content-Type"] = "application/json"
+            async with session.request(
+                request.method,
+                svc.url + request.path_qs,
+                data=await request.read(),
+                headers=headers,
+            ) as answer:
+                body, status = await answer.read(), answer.status
+            if request.method == "GET" and b'"taskStatus"' in body and rewrites[0] > 0:
+                rewrites[0] -= 1
+                body = re.sub(rb'"taskStatus":\s*"[^"]*"', b'"taskStatus":"' + odd + b'"', body)
+            return web.Response(body=body, status=status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}"
+        env = {**ENV, "FASHIONTAG_API_KEY": key, "FASHIONTAG_BULK_API_KEY": key}
+        try:
+            code, err, _ = await run(
+                run_cmd(tmp_path / "o.jsonl", str(write_csv(tmp_path / "m.csv", 5)), base_url=url),
+                env,
+            )
+            assert code == 0, err[-1500:]
+            assert "HELD_FOR_KEY" in err and key not in err, err[-1500:]
+            task_id = json.loads((tmp_path / "o.jsonl").read_text().splitlines()[0])["taskId"]
+            for command in (["list"], ["status", task_id]):
+                rewrites[0] = 1
+                argv = [sys.executable, "-m", "fashiontag_pipeline", "tasks", *command]
+                shown = await anyio.run_process([*argv, "--base-url", url], env=env, check=False)
+                out = (shown.stdout + shown.stderr).decode()
+                assert shown.returncode == 0 and "HELD_FOR_KEY" in out, out
+                assert key not in out and "LEAK-status" not in out, out
+        finally:
+            await runner.cleanup()
+            await session.close()
