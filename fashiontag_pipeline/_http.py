@@ -424,8 +424,11 @@ class HttpExchange:
     def raise_for_status(
         self, response: Response, method: str, path: str, task_id: str | None
     ) -> None:
-        """Map an error response to the exception tree. Never returns."""
+        """Map an error response to the exception tree. Never returns. The keys sent are masked
+        in its words as read too: a JSON encoder may have escaped them (``\\u002B``)."""
         if response.status == 407 and self.proxy is not None:
             raise proxy_wants_credentials(method, path, self.proxy)
         endpoint = self.shown_url + path if path in (BULK_PATH, SINGLE_PATH) else None
-        raise error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)
+        err = error_for(response, method, path, task_id, self._key_hint(path), endpoint=endpoint)
+        scrub_request_info(err, self._secret_forms)
+        raise err

@@ -210,3 +210,50 @@ async def test_a_key_quoted_in_a_tasks_status_word_is_masked(tmp_path: Path) -> 
         finally:
             await runner.cleanup()
             await session.close()
+
+
+#: A key as many are issued: base64, with a ``+`` and a ``/`` in it.
+PLUS_KEY = "LEAKpl+ab/Cd9+xyZ0=="
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_key_echoed_as_dotnet_json_escapes_it_is_masked(
+    tmp_path: Path, status: int
+) -> None:
+    """A gateway of ASP.NET Core echoes the key in its refusal: its JSON encoder (the default
+    of System.Text.Json) writes ``+`` as ``\\u002B`` (and ``<``, ``>``, ``&``, ``'``, a
+    backquote so too), so a base64 key ``LEAKpl+ab/...`` came as ``LEAKpl\\u002Bab/...``: none
+    of the forms masked, its message held the key's pieces in clear: on stderr and in
+    ``--summary``. That form is masked too (and the lower-case ``\\u002b`` others write)."""
+    from aiohttp import web
+
+    async def refuse(request: web.Request) -> web.Response:
+        sent = request.headers.get("x-api-key", "").replace("+", "\\u002B")
+        body = '{"error":{"code":609,"message":"invalid api key ' + sent + '"}}'
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    env = {**ENV, "FASHIONTAG_API_KEY": PLUS_KEY, "FASHIONTAG_BULK_API_KEY": PLUS_KEY}
+    out = tmp_path / "o.jsonl"
+    try:
+        code, err, _ = await run(
+            run_cmd(
+                out,
+                str(write_csv(tmp_path / "m.csv", 5)),
+                base_url=f"http://127.0.0.1:{port}",
+                extra=("--give-up-after", "2"),
+            ),
+            env,
+        )
+    finally:
+        await runner.cleanup()
+    summary = out.with_suffix(".summary").read_text()
+    assert code != 0 and "invalid api key" in err, err[-1500:]
+    for text in (err, summary):
+        assert "LEAKpl" not in text and "ab/Cd9" not in text and "xyZ0" not in text, text
