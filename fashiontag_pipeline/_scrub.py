@@ -40,10 +40,27 @@ def secret_forms(values: Iterable[str]) -> tuple[bytes, ...]:
 
     keys = {k for v in values for k in (v, v.strip()) if k}
     escaped = {msgspec.json.encode(k)[1:-1] for k in keys}
+    escaped |= {form.replace(b"/", b"\\/") for form in escaped}
+    escaped |= {_u_escaped(form, *way) for form in escaped for way in _U_ESCAPES}
     forms = {k.encode("utf-8", "replace") for k in keys} | escaped
     forms |= {quote(k, safe=safe).encode() for k in keys for safe in ("", "/")}
-    forms |= {form.replace(b"/", b"\\/") for form in escaped}
     return tuple(sorted(forms, key=len, reverse=True))
+
+
+#: How JSON encoders write characters as ``\\u00XX`` that msgspec writes as they are: (those
+#: characters, the digits' case, whether every non-ASCII one too). System.Text.Json's default
+#: (ASP.NET Core: ``+`` as ``\\u002B``, a base64 key's), Go's (``<``, ``>``, ``&``), Python's
+#: and PHP's (non-ASCII).
+_U_ESCAPES = (("+`<>&'\"", "%04X", True), ("<>&", "%04x", False), ("", "%04x", True))
+
+
+def _u_escaped(form: bytes, chars: str, digits: str, non_ascii: bool) -> bytes:
+    text = form.decode("utf-8", "surrogateescape").replace('\\"', '"')
+    out = [
+        "\\u" + digits % ord(c) if c in chars or (non_ascii and 0x7F < ord(c) < 0x10000) else c
+        for c in text
+    ]
+    return "".join(out).replace('"', '\\"').encode("utf-8", "surrogateescape")
 
 
 def basic_secrets(authorization: str) -> list[str]:

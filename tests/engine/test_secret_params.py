@@ -257,3 +257,67 @@ async def test_a_key_echoed_as_dotnet_json_escapes_it_is_masked(
     assert code != 0 and "invalid api key" in err, err[-1500:]
     for text in (err, summary):
         assert "LEAKpl" not in text and "ab/Cd9" not in text and "xyZ0" not in text, text
+
+
+async def test_a_key_json_escaped_where_a_tagging_result_should_be_is_masked(
+    tmp_path: Path,
+) -> None:
+    """As above, the words where a row's tagging result object should be written by a JSON
+    encoder that escapes ``+`` (System.Text.Json: ``\\u002B``): the reject quotes them as
+    they came (JSON), and that form of the key was not masked: both its halves in clear in
+    the rejects file. Every ``\\u`` form such encoders write of a key is masked."""
+    import aiohttp
+    from aiohttp import web
+
+    from .helpers import read_outcomes
+
+    odd = PLUS_KEY.replace("+", "\\u002B").encode()
+    async with running_service(
+        ServiceConfig(api_keys=(PLUS_KEY,), bulk_api_keys=(PLUS_KEY,))
+    ) as svc:
+        session = aiohttp.ClientSession()
+
+        async def forward(request: web.Request) -> web.Response:
+            headers = {k: v for k, v in request.headers.items() if k.lower() == "x-api-key"}
+            headers["Content-Type"] = "application/json"
+            async with session.request(
+                request.method,
+                svc.url + request.path_qs,
+                data=await request.read(),
+                headers=headers,
+            ) as answer:
+                body, status = await answer.read(), answer.status
+            if request.method == "GET" and b'"taggingResult"' in body:
+                page = json.loads(body)
+                for row in page["data"]["results"]:
+                    if row["id"] == "p3":
+                        row["taggingResult"] = "__ODD__"
+                body = (
+                    json.dumps(page).encode().replace(b'"__ODD__"', b'"key ' + odd + b' refused"')
+                )
+            return web.Response(body=body, status=status, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        env = {**ENV, "FASHIONTAG_API_KEY": PLUS_KEY, "FASHIONTAG_BULK_API_KEY": PLUS_KEY}
+        out = tmp_path / "o.jsonl"
+        try:
+            code, err, _ = await run(
+                run_cmd(
+                    out, str(write_csv(tmp_path / "m.csv", 6)), base_url=f"http://127.0.0.1:{port}"
+                ),
+                env,
+            )
+        finally:
+            await runner.cleanup()
+            await session.close()
+    assert code == 0, err[-1500:]
+    (reject,) = read_outcomes(out, out.with_suffix(".rej")).rejects
+    assert reject["id"] == "p3" and "refused" in reject["reason"], reject
+    for text in (err, out.with_suffix(".rej").read_text()):
+        assert "LEAKpl" not in text and "ab/Cd9" not in text and "xyZ0" not in text, text
