@@ -382,7 +382,7 @@ class WriteAnswers:
                 (len(part.ids), max(part.positions), body, encode_ids(part.ids))
                 for part, body in parts
             ]
-            new_ids = await self.journal.run(self.journal.db.split_chunk, chunk.chunk_id, stored)
+            new_ids = await self.journal.run(self.journal.split_chunk, chunk.chunk_id, stored)
             for (part, _), new_id in zip(parts, new_ids, strict=True):
                 part.chunk_id = new_id
             logger.info(

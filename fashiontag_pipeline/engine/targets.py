@@ -75,7 +75,7 @@ class TaskTargets(TaskWrites):
         if len(keys) == len(chunk.ids) or chunk.fate_unknown:
             return await self._target(len(chunk.ids), keys)
         parts = key_parts(chunk)
-        new_ids = await self.journal.run(self.journal.db.split_chunk, chunk.chunk_id, stored(parts))
+        new_ids = await self.journal.run(self.journal.split_chunk, chunk.chunk_id, stored(parts))
         for (part, _), new_id in zip(parts, new_ids, strict=True):
             part.chunk_id = new_id
         logger.debug("a chunk of %d rows split in %d: ids of one key", len(chunk.ids), len(parts))

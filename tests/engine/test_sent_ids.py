@@ -7,15 +7,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+import msgspec
 import pytest
 
+from fashiontag_pipeline._client import TaggerClient
+from fashiontag_pipeline.engine import EngineConfig
+from fashiontag_pipeline.engine.engine import Engine
 from fashiontag_pipeline.engine.pagers import ResultPagers
 from fashiontag_pipeline.engine.policy import body_ids, decode_ids, encode_ids
 from fashiontag_pipeline.engine.state import StateDB, changes, sent_ids
 from fashiontag_pipeline.engine.state.sent_ids import SentIds
+from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import run_misbehaving
+from .helpers import (
+    Outcomes,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    job_spec,
+    run_misbehaving,
+    write_csv,
+)
 from .proxy import Misbehaviour
+from .test_expiry_readings import ExpiredTaskGone
+from .test_long_lived_jobs import FAST
 
 
 def _from_state(db: StateDB, task_id: str) -> set[str] | None:
@@ -138,3 +154,71 @@ def test_no_more_than_so_many_ids_are_kept(tmp_path: Path) -> None:
     assert kept.take(db.task_chunks("t4")) == [["f", "g"]]
     assert kept.take(db.task_chunks("t3")) == [["e"]]
     db.close()
+
+
+async def _after_a_task_gone(
+    tmp_path: Path, first: int, second: list[str], config: EngineConfig = FAST
+) -> tuple[int, Outcomes, Outcomes]:
+    """A long-lived engine (the daemon's) behind a service that answers its first task 410
+    (gone) before it is done: job m0 of ``first`` rows (that task's: ``expired`` rejects, its
+    chunks deleted from the state with their lists never taken), then job m1 of the ids
+    ``second``. (images billed, m0's outcomes, m1's outcomes)."""
+    proxy = ExpiredTaskGone()
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            db = StateDB(tmp_path / "state")
+            async with TaggerClient(config=client_config(proxy.url)) as client:
+                engine = Engine(
+                    client=client,
+                    db=db,
+                    state=db.open_engine(),
+                    config=config,
+                    namespaced=True,
+                    fail_fast=False,
+                )
+                async with engine:
+                    m1 = tmp_path / "m1.csv"
+                    rows = [f"{i},https://img.example/{n}.jpg" for n, i in enumerate(second)]
+                    m1.write_text("\n".join(["id,url", *rows]) + "\n")
+                    for i, manifest in enumerate((write_csv(tmp_path / "m0.csv", first), m1)):
+                        job = await engine.submit(job_spec(f"m{i}", manifest, tmp_path / f"o{i}"))
+                        with anyio.fail_after(20):
+                            await engine.outcome(job)
+                    engine.close()
+        billed = svc.store.image_count
+    assert proxy.gone_answers >= 1
+    gone = assert_exactly_once(
+        tmp_path / "o0" / "results.jsonl", tmp_path / "o0" / "rejects.jsonl", ids_of(first)
+    )
+    assert len(gone.rejects) == first
+    o = assert_exactly_once(
+        tmp_path / "o1" / "results.jsonl", tmp_path / "o1" / "rejects.jsonl", set(second)
+    )
+    return billed, gone, o
+
+
+async def test_a_chunk_id_given_again_is_not_taken_for_the_list_of_the_one_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """m0's task answered 410 (gone) before it was done: its chunks leave the state, their
+    lists kept, and SQLite gives their ids to the next chunks written (m1's), which the lists
+    kept, full (a cap of 4 ids standing for the 50,000: a big catalogue in flight), do not
+    take. m1's task's ids must be m1's, not m0's list kept under the same chunk id: before,
+    every m1 result was taken for an id never sent, left out, and its row sent (and billed)
+    again."""
+    monkeypatch.setattr(sent_ids, "KEEP_IDS", 4)
+    billed, _, o = await _after_a_task_gone(tmp_path, 4, sorted(ids_of(4)))
+    assert not o.rejects and len(o.results) == 4
+    assert billed == 8  # (each row of the two jobs sent once)
+
+
+async def test_a_splits_halves_are_not_taken_for_the_lists_of_chunks_gone(tmp_path: Path) -> None:
+    """As above, with the cap as it is: m0's task of three chunks of two rows is gone (410),
+    then m1's one chunk holds two ids of one key (``x1``, ``X1``): written ahead whole (its
+    list kept under the first id freed), then split, its halves written under the next two
+    ids freed, not kept. Each half's task must read its own ids, not m0's lists."""
+    two = msgspec.structs.replace(FAST, chunk_size=2)
+    billed, _, o = await _after_a_task_gone(tmp_path, 6, ["x1", "X1"], two)
+    assert not o.rejects and len(o.results) == 2
+    assert billed == 8

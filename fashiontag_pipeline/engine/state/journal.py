@@ -411,10 +411,18 @@ class Journal(Intake):
                 n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id, ids=ids
             )
             self._reject_marks[chunk_id] = {j.id: j.rejects.checkpoint() for j in self._open_jobs()}
-            if sent is not None:
-                self.sent_ids.keep(chunk_id, sent, replaces)
+            self.sent_ids.keep(chunk_id, sent, replaces)
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
             return chunk_id
 
         return await self.run(insert)
+
+    def split_chunk(
+        self, chunk_id: int, parts: Sequence[tuple[int, int, bytes, bytes]]
+    ) -> list[int]:
+        """:meth:`StateStore.split_chunk` (thread side); the new chunks' ids are not kept."""
+        new = self.db.split_chunk(chunk_id, parts)
+        for part in new:
+            self.sent_ids.keep(part, None)
+        return new

@@ -14,7 +14,10 @@ task it went to, so a chunk moved to another task, detached, split or resolved i
 state says. A chunk's ids never change once written ahead (a split writes new chunks), and the
 list kept is the one encoded into the chunk's id list (and body), so both read the same ids. A
 task with any chunk not kept (written by an earlier process: a resume; a split's halves) reads
-them all from the state, as before.
+them all from the state, as before. A chunk deleted from the state with its list never taken
+(its task drained unread: gone before it was done) leaves its id free, and SQLite gives it to
+the next chunk written: every chunk written by this process replaces or drops the list under
+its id (:meth:`SentIds.keep`), so a list is only ever its own chunk's.
 
 Memory: a list is dropped when its task's ids are taken (the usual end), when its chunk is
 replaced by a resend, and otherwise by a sweep that keeps only the chunks the state still
@@ -55,12 +58,18 @@ class SentIds:
     def __len__(self) -> int:
         return len(self._by_chunk)
 
-    def keep(self, chunk_id: int, ids: Sequence[str], replaces: int | None = None) -> None:
-        """Keep the ids of a chunk just written ahead (``replaces``: the chunk it resolved)."""
+    def keep(self, chunk_id: int, ids: Sequence[str] | None, replaces: int | None = None) -> None:
+        """Keep the ids of a chunk just written ahead (``replaces``: the chunk it resolved;
+        ``ids`` None: not kept, as a split's halves are not)."""
         by_chunk = self._by_chunk
         if replaces is not None and (gone := by_chunk.pop(replaces, None)) is not None:
             self._ids -= len(gone)
-        if self._ids + len(ids) > self.cap:
+        # A list under this chunk id is a chunk's that is gone from the state (its task
+        # drained unread: answered 410 before it was done), the id given again by SQLite:
+        # never this chunk's ids.
+        if (stale := by_chunk.pop(chunk_id, None)) is not None:
+            self._ids -= len(stale)
+        if ids is None or self._ids + len(ids) > self.cap:
             return  # (its task reads its ids from the state)
         by_chunk[chunk_id] = ids
         self._ids += len(ids)
