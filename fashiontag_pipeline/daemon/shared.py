@@ -198,7 +198,14 @@ class SharedDaemon:
                     if self._acquire_failed:
                         logger.info("the PostgreSQL state answers again")
                     self._acquire_failed = False
+                handed = set(self._foreign.current())
                 for lease in leases:
+                    if lease.claim_id in handed:
+                        # Handed back (begun on another service) while this acquire, asked
+                        # with the list from before, waited: given back again at once.
+                        with contextlib.suppress(exc.StateError):
+                            await keeper.release(lease)
+                        continue
                     self.leased[lease.claim_id, lease.epoch] = lease
                     tg.start_soon(self._manifest, lease, ledger, keeper, inbox, outbox, client)
             await queued(self.daemon, ledger, leasing=not self._acquire_failed)
