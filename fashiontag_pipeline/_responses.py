@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 
 from . import _exceptions as exc
-from ._config import shown_url
 from ._models import FailureItem, Validation, says_success
 from ._times import retry_after
+from ._urls import api_path_in_base, shown_url
 
 __all__ = [
     "Response",
@@ -71,7 +71,8 @@ def error_for(
     if message:
         text += f": {message}"
     if endpoint is not None and status in (404, 405):
-        text += f" (no such endpoint at {endpoint}: is the base URL right?)"
+        hint = api_path_in_base(endpoint[: -len(path)])
+        text += f" (no such endpoint at {endpoint}: is the base URL right?{hint})"
     if 300 <= status < 400:
         location = response.headers.get("Location") if response.headers is not None else None
         moved = _moved_base(location, path)

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "NAME_RULES",
+    "api_path_in_base",
     "base_url_problem",
     "clean_base_url",
     "no_ipv4_as_written",
@@ -28,6 +29,23 @@ def shown_url(url: str) -> str:
     if sep and at and ":" not in head and scheme.lower() in ("http", "https"):
         return f"{scheme}://***@{tail}"
     return f"{scheme}://{head.partition(':')[0]}:***@{tail}" if sep and at and ":" in head else url
+
+
+#: The API's own paths, which the client puts after the base URL (the longest first).
+_API_PATHS = ("/tagger/v2.12/bulk", "/tagger/v2.12", "/tagger/v2/tags", "/tagger/v2", "/tagger")
+
+
+def api_path_in_base(base: str) -> str:
+    """The words added to an endpoint's 404 when ``base`` (shown) ends with a path the client
+    adds itself (the endpoint's URL copied from the spec as the base URL): which base to give.
+    Empty otherwise (a gateway's prefix left out or mistyped)."""
+    stem = base.rstrip("/")
+    for path in _API_PATHS:
+        if stem.lower().endswith(path) and (given := stem[: -len(path)]).count("/") >= 2:
+            return (
+                f" It ends with {path}, which the client adds itself: give {given} as the base URL"
+            )
+    return ""
 
 
 def clean_base_url(url: str) -> str:

@@ -1,0 +1,53 @@
+"""A new user's first hour: the service's address as it is first written (the endpoint's URL
+copied from the spec, a value kept in quotes by an env file), answered with the fix."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
+
+
+async def fashiontag(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    result = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", *args], check=False, env=env or ENV
+    )
+    return result.returncode, result.stderr.decode()
+
+
+def last_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-2000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("fashiontag: ")]
+    assert lines, stderr[-1000:]
+    return lines[-1]
+
+
+@pytest.mark.parametrize("suffix", ["/tagger/v2.12/bulk", "/tagger/v2.12/", "/tagger/v2/tags"])
+async def test_a_base_url_ending_in_the_apis_own_path_names_the_base_url_to_give(
+    tmp_path: Path, suffix: str
+) -> None:
+    """The endpoint's URL copied from the spec as the base URL (``.../tagger/v2.12/bulk``):
+    every request went to ``/tagger/v2.12/bulk/tagger/v2.12/bulk``, a 404 whose line asked only
+    "is the base URL right?". It says now that the client adds that path itself, and which
+    base URL to give; for ``run``, ``tag`` and ``tasks`` alike."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\na,https://img.example/a.jpg\n")
+    async with running_service(ServiceConfig()) as svc:
+        base = svc.url + suffix
+        commands = [
+            ("run", str(manifest), "--out", str(tmp_path / "r.jsonl"), "--no-progress"),
+            ("tag", "https://img.example/a.jpg", "--give-up-after", "0"),
+            ("tasks", "list", "--give-up-after", "0"),
+        ]
+        for command in commands:
+            code, err = await fashiontag(*command, "--base-url", base)
+            assert code == 1, (command, err)
+            line = last_line(err)
+            assert "the client adds" in line and f"give {svc.url} " in line + " ", (command, line)
