@@ -65,7 +65,10 @@ def base_url_problem(url: str) -> str | None:
     gateway's ``https://gw.example/tagging/v1``) is fine; the URL is shown with its password
     masked, a query never (it may hold a key)."""
     if not url.startswith(("http://", "https://")):
-        return f"must start with http:// or https://, got {shown_url(url)!r}"
+        quoted = len(url) > 1 and url[0] == url[-1] and url[0] in "'\""
+        # (``VAR="http://..."`` in a Docker ``--env-file``, which keeps the quotes)
+        why = " (it starts and ends with a quote, part of the value: remove them)" if quoted else ""
+        return f"must start with http:// or https://, got {shown_url(url)!r}{why}"
     user = url.partition("://")[2].rpartition("@")[0]
     if "?" in user or "#" in user:
         # A password holding an unencoded ``#`` or ``?`` (pasted as generated): cut there

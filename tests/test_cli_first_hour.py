@@ -51,3 +51,14 @@ async def test_a_base_url_ending_in_the_apis_own_path_names_the_base_url_to_give
             assert code == 1, (command, err)
             line = last_line(err)
             assert "the client adds" in line and f"give {svc.url} " in line + " ", (command, line)
+
+
+async def test_a_base_url_in_quotes_says_to_remove_them(tmp_path: Path) -> None:
+    """``FASHIONTAG_BASE_URL="http://..."`` in a Docker ``--env-file`` keeps its quotes: the
+    line said only that the URL must start with http://, the value shown in other quotes. It
+    says now that the value starts and ends with a quote, to be removed (as for a key)."""
+    for quoted in ('"http://127.0.0.1:8080"', "'https://tagger.example/'"):
+        code, err = await fashiontag("tasks", "list", env={**ENV, "FASHIONTAG_BASE_URL": quoted})
+        assert code == 2, err
+        line = last_line(err)
+        assert "starts and ends with a quote" in line and "FASHIONTAG_BASE_URL" in line, line
