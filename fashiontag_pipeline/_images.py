@@ -21,6 +21,7 @@ __all__ = [
     "ImageFileError",
     "ImageFileShortage",
     "data_uri_image",
+    "manifest_kind",
     "read_image_file",
     "sniff_ext",
     "spec_data_uri",
@@ -115,6 +116,29 @@ def sniff_ext(data: bytes, path: str) -> str:
     if suffix.isalnum():
         return _SUFFIXES.get(suffix, suffix)
     return "octet-stream"
+
+
+#: The first bytes of the images :func:`sniff_ext` knows (a file starting so is an image).
+_IMAGE_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"II*\x00", b"MM\x00*", b"BM")
+
+
+def manifest_kind(data: bytes) -> str | None:
+    """What ``data`` (a file given to ``tag``) is when it is no image but a manifest, a list
+    of images for ``run`` (``fashiontag tag catalogue.csv``): a CSV whose header names a url
+    column, JSON Lines, a list of URLs, or gzip-compressed. None otherwise (an image, or a
+    file of no such shape: sent, the service says whether it is an image)."""
+    if data.startswith(_IMAGE_MAGIC):
+        return None
+    if data.startswith(b"\x1f\x8b"):
+        return "gzip-compressed (a manifest?)"
+    first = data[:4096].removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].strip().lower()
+    if first.startswith((b"http://", b"https://")):
+        return "a list of image URLs"
+    if first.startswith(b"{") and first.endswith(b"}"):
+        return "JSON Lines"
+    if b"url" in first and any(sep in first for sep in (b",", b";", b"\t")):
+        return "a CSV of images"
+    return None
 
 
 def _missing(path: str) -> str:

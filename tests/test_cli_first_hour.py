@@ -3,6 +3,7 @@ copied from the spec, a value kept in quotes by an env file), answered with the 
 
 from __future__ import annotations
 
+import gzip
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import anyio
 import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .engine.helpers import dead_port
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("FASHIONTAG_")}
 
@@ -62,3 +65,31 @@ async def test_a_base_url_in_quotes_says_to_remove_them(tmp_path: Path) -> None:
         assert code == 2, err
         line = last_line(err)
         assert "starts and ends with a quote" in line and "FASHIONTAG_BASE_URL" in line, line
+
+
+async def test_a_manifest_given_to_tag_says_to_run_it(tmp_path: Path) -> None:
+    """``fashiontag tag catalogue.csv`` (``tag`` taken for ``run``): the manifest's bytes were
+    sent as one image (a request the service may bill) and the answer was a failure to decode
+    it, exit 1. A file that is no image and reads as a manifest (a CSV naming a url column,
+    JSONL, a URL list, gzip) is refused now, exit 2, nothing sent, naming ``fashiontag run``."""
+    csv_file = tmp_path / "catalogue.csv"
+    csv_file.write_bytes(b"\xef\xbb\xbfID,URL\r\nsku-1,https://img.example/1.jpg\r\n")
+    jsonl = tmp_path / "catalogue.jsonl"
+    jsonl.write_text('{"id": "sku-1", "url": "https://img.example/1.jpg"}\n')
+    urls = tmp_path / "urls.txt"
+    urls.write_text("https://img.example/1.jpg\nhttps://img.example/2.jpg\n")
+    gz = tmp_path / "dump.csv.gz"
+    gz.write_bytes(gzip.compress(csv_file.read_bytes()))
+    for manifest in (csv_file, jsonl, urls, gz):
+        # (a port nobody listens on: a request sent would be exit 1, cannot connect)
+        code, err = await fashiontag(
+            "tag",
+            str(manifest),
+            "--base-url",
+            f"http://127.0.0.1:{dead_port()}",
+            "--give-up-after",
+            "0",
+        )
+        assert code == 2, (manifest.name, err)
+        line = last_line(err)
+        assert f"fashiontag run {manifest}" in line and "not an image" in line, line

@@ -24,6 +24,7 @@ from .._images import (
     DEFAULT_SINGLE_MAX_BYTES,
     ImageFileError,
     data_uri_image,
+    manifest_kind,
     read_image_file,
     sniff_ext,
 )
@@ -140,6 +141,11 @@ def _image_from_argument(value: str) -> Image:
         data = read_image_file(content, DEFAULT_SINGLE_MAX_BYTES)
     except ImageFileError as err:
         raise ConfigError(f"cannot read image: {err}") from None
+    if (listing := manifest_kind(data)) is not None:
+        raise ConfigError(
+            f"cannot read image: {content} is {listing}, not an image: to tag every image it"
+            f" lists, give it to fashiontag run {content}"
+        )
     encoded = base64.b64encode(data).decode("ascii")
     return Image(
         type=ImageType.BASE64, content=f"data:image/{sniff_ext(data, content)};base64,{encoded}"
