@@ -93,3 +93,35 @@ async def test_a_manifest_given_to_tag_says_to_run_it(tmp_path: Path) -> None:
         assert code == 2, (manifest.name, err)
         line = last_line(err)
         assert f"fashiontag run {manifest}" in line and "not an image" in line, line
+
+
+@pytest.mark.parametrize(
+    ("command", "typo", "meant"),
+    [
+        (("run", "m.csv", "--out", "r.jsonl"), "--rejets", "--rejects"),
+        (("tasks", "list"), "--jsn", "--json"),
+        (("reuse", "stats", "store.db"), "--jsonn", "--json"),
+        (("daemon", "--inbox", "in", "--outbox", "out"), "--setle", "--settle"),
+    ],
+)
+async def test_a_misspelt_flag_is_named_by_its_command_with_the_flag_meant(
+    tmp_path: Path, command: tuple[str, ...], typo: str, meant: str
+) -> None:
+    """``fashiontag run m.csv --rejets r.jsonl``: exit 2 under the usage of ``fashiontag``
+    itself (``[-h] [-v] COMMAND ...``, as if the command were wrong), nothing on the flag
+    meant. It is the command's usage and line now, naming the flag meant."""
+    result = await anyio.run_process(
+        [sys.executable, "-m", "fashiontag_pipeline", *command, typo, "x"],
+        check=False,
+        env=ENV,
+        cwd=tmp_path,
+    )
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "Traceback" not in err and "COMMAND ..." not in err, err
+    prog = "fashiontag " + " ".join(
+        command[:2] if command[0] in ("tasks", "reuse") else command[:1]
+    )
+    line = err.splitlines()[-1]
+    assert line.startswith(f"{prog}: error: unrecognized arguments: {typo}"), line
+    assert f"did you mean {meant}?" in line, line

@@ -13,6 +13,7 @@ an outcome (or a manifest that grew after it was read), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import re
 import sys
@@ -305,6 +306,26 @@ def _nothing() -> None:
     pass
 
 
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The parser of the command (and action: ``tasks list``) ``args`` were parsed for."""
+    while subs := [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]:
+        if (name := getattr(args, subs[0].dest, None)) not in subs[0].choices:
+            break
+        parser = subs[0].choices[name]
+    return parser
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """argparse's words for ``extras``, with the flag of ``parser`` a misspelt one meant."""
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    flags = [f for f in parser._option_string_actions if f.startswith("--")]
+    for word in extras:
+        flag = word.partition("=")[0]
+        if flag.startswith("--") and (close := difflib.get_close_matches(flag, flags, 1)):
+            return f"{message} (did you mean {close[0]}? {parser.prog} --help lists them)"
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``fashiontag`` command line (:func:`fashiontag_pipeline.cli.main` is its entry point)."""
     guard_standard_streams()
@@ -313,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser(command)
     try:
         _Parser.arguments = arguments
-        args = parser.parse_args(arguments)
+        args, extras = parser.parse_known_args(arguments)
+        if extras:  # (said by the command's own parser: its usage, the flag meant)
+            _innermost(parser, args).error(_unrecognized(_innermost(parser, args), extras))
     except SystemExit as stop:
         if stop.code == EXIT_USAGE and command == "run" and _Parser.refusal is not None:
             # A crontab's typo: --summary still says the run failed, not last night's report.
