@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +127,45 @@ async def test_a_misspelt_flag_is_named_by_its_command_with_the_flag_meant(
     line = err.splitlines()[-1]
     assert line.startswith(f"{prog}: error: unrecognized arguments: {typo}"), line
     assert f"did you mean {meant}?" in line, line
+
+
+def _flags(text: str) -> set[str]:
+    """The long flags ``text`` names (``--no-fetch`` is ``--fetch``'s other half)."""
+    return {f.replace("--no-", "--") for f in re.findall(r"--[a-z][a-z-]*", text)} - {"--help"}
+
+
+def _help_flags(*command: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "fashiontag_pipeline", *command, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=ENV,
+    )
+    options = result.stdout.split("options:", 1)[1].split("\n\n", 1)[0]
+    return _flags(options) - {"--verbose"}
+
+
+def test_the_readmes_commands_name_every_flag_each_command_takes() -> None:
+    """The README's list of commands is where a new user looks for a flag: `tag` took
+    `--base-url`, `--config` and the keys of the other commands, none of them listed there."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme.split("## Commands\n", 1)[1].split("```", 2)[1]
+    synopsis: dict[str, str] = {}
+    name = ""
+    for line in block.strip().splitlines():
+        if line.startswith("fashiontag "):
+            name = line.split()[1]
+        synopsis[name] = synopsis.get(name, "") + line
+    for name in ("serve", "run", "tag", "demo"):
+        missing = _help_flags(name) - _flags(synopsis[name])
+        assert not missing, (name, sorted(missing))
+    for action in ("list", "status", "results"):
+        missing = _help_flags("tasks", action) - _flags(synopsis["tasks"])
+        assert not missing, ("tasks", action, sorted(missing))
+    for action in ("stats", "prune"):
+        missing = _help_flags("reuse", action) - _flags(synopsis["reuse"])
+        assert not missing, ("reuse", action, sorted(missing))
+    # (the daemon's line ends: "the client and engine options of run")
+    missing = _help_flags("daemon") - _flags(synopsis["daemon"]) - _help_flags("run")
+    assert not missing, ("daemon", sorted(missing))
