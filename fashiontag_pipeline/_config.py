@@ -31,6 +31,7 @@ import msgspec
 from ._exceptions import ConfigError
 from ._fieldtypes import check_field_types
 from ._models import LANGUAGES
+from ._tomlfile import read_toml
 from ._urls import base_url_problem, clean_base_url, shown_url
 
 __all__ = [
@@ -51,8 +52,6 @@ __all__ = [
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
-#: The tables a config file may hold (each read by the commands it concerns).
-CONFIG_TABLES = frozenset({"client", "engine", "daemon", "service"})
 
 #: Development keys: what ``fashiontag serve`` accepts and ``run``/``tag``/``tasks`` send when no
 #: key is configured anywhere, so the embedded default works on one machine with no setup.
@@ -309,42 +308,6 @@ def to_builtins(value: Any) -> Any:
 
 T = TypeVar("T")
 KEY_FIELDS = ("api_key", "bulk_api_key")
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file, turning every failure into a :class:`ConfigError` naming the file.
-
-    ``tomllib`` is imported here: a run without ``--config`` never pays for it (~2 ms)."""
-    import tomllib
-
-    p = Path(path)
-    try:
-        # (a byte order mark, as Notepad saves UTF-8, is read past, as in manifests)
-        data = tomllib.loads(p.read_bytes().decode("utf-8-sig"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {p}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"config file {p} is not UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset"
-            f" {exc.start}, as a Latin-1 editor writes an accent): save it as UTF-8"
-        ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
-    unknown = sorted(set(data) - CONFIG_TABLES)
-    if unknown:  # a misspelt table would be ignored, and its settings with it
-        tables = ", ".join(f"[{t}]" for t in sorted(CONFIG_TABLES))
-        if not isinstance(data[unknown[0]], dict):  # (a key above the first table's line)
-            raise ConfigError(
-                f"config file {p} has the key {unknown[0]} outside any table (above the first"
-                f" table's line): put it under its table, one of {tables}"
-            )
-        raise ConfigError(
-            f"config file {p} has [{unknown[0]}], which no command reads: the tables are"
-            f" {tables} (a misspelling?)"
-        )
-    return data
 
 
 def convert(data: Mapping[str, Any], type_: type[T], *, where: str) -> T:

@@ -169,3 +169,15 @@ def test_the_readmes_commands_name_every_flag_each_command_takes() -> None:
     # (the daemon's line ends: "the client and engine options of run")
     missing = _help_flags("daemon") - _flags(synopsis["daemon"]) - _help_flags("run")
     assert not missing, ("daemon", sorted(missing))
+
+
+async def test_a_config_file_saved_as_utf16_is_said_to_be(tmp_path: Path) -> None:
+    """A config file Notepad saved as "Unicode" (UTF-16, its byte order mark first): exit 2
+    said "byte 0xff at offset 0, as a Latin-1 editor writes an accent", a cause the user had
+    not met. The line names UTF-16 now, with the fix."""
+    config = tmp_path / "fashiontag.toml"
+    config.write_text("[engine]\nrotate_images = 5000\n", encoding="utf-16")
+    code, err = await fashiontag("tasks", "list", "--config", str(config))
+    assert code == 2, err
+    line = last_line(err)
+    assert "a UTF-16 file" in line and "save it as UTF-8" in line, line
