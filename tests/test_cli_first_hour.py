@@ -181,3 +181,36 @@ async def test_a_config_file_saved_as_utf16_is_said_to_be(tmp_path: Path) -> Non
     assert code == 2, err
     line = last_line(err)
     assert "a UTF-16 file" in line and "save it as UTF-8" in line, line
+
+
+@pytest.mark.parametrize(
+    ("flag", "url"),
+    [
+        ("--out", "s3://bucket/nightly/results.jsonl"),
+        ("--rejects", "gs://bucket/rejects.jsonl"),
+        ("--summary", "s3://bucket/summary.json"),
+    ],
+)
+async def test_an_output_given_as_an_object_store_url_is_refused(
+    tmp_path: Path, flag: str, url: str
+) -> None:
+    """``--out s3://bucket/nightly/results.jsonl`` (object storage is not written): the run
+    wrote a local folder ``s3:/bucket/...`` under the current one and ended exit 0, a cron job
+    reporting results uploaded that never left the machine. Exit 2 now, nothing sent, saying
+    outputs are local files."""
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("id,url\na,https://img.example/a.jpg\n")
+    async with running_service(ServiceConfig()) as svc:
+        args = ["run", str(manifest), "--base-url", svc.url, "--no-progress"]
+        if flag != "--out":
+            args += ["--out", str(tmp_path / "r.jsonl")]
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", *args, flag, url],
+            check=False,
+            env=ENV,
+            cwd=tmp_path,
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert "Traceback" not in err and "local file" in err.splitlines()[-1], err
+    assert not (tmp_path / (url.split(":")[0] + ":")).exists()

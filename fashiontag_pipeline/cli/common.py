@@ -98,6 +98,12 @@ def file_arg(text: str) -> Path:
     ``--out exports/`` means a folder, and the path's parsing drops the slash (the results
     went to a file named ``exports``). (A folder that exists, ``/`` or ``exports/``, is
     refused by the run's own check, which says what it is.)"""
+    if (scheme := re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", text)) is not None:
+        # (``--out s3://bucket/r.jsonl``: a local folder ``s3:`` was written, exit 0)
+        raise argparse.ArgumentTypeError(
+            f"is a URL ({scheme[1]}://...): outputs are local files; give a path, and copy the"
+            " file where it goes once the run is complete (aws s3 cp, gsutil cp, ...)"
+        )
     if text.endswith(("/", os.sep)) and not os.path.isdir(text):
         raise argparse.ArgumentTypeError(
             f"{text} ends in / (a folder): give the path of a file (in it, if you like)"

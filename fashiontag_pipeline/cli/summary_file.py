@@ -128,8 +128,8 @@ def summary_of_refused_flags(arguments: Sequence[str], reason: str) -> None:
             path = value
         elif i + 1 < len(arguments):
             path = arguments[i + 1]
-    if not path or path.endswith(("/", os.sep)):
-        return  # (none, or a folder's: refused as such, see file_arg)
+    if not path or path.endswith(("/", os.sep)) or "://" in path:
+        return  # (none, a folder's or a URL: refused as such, see file_arg)
     summary = RunSummary(error=" ".join(reason.split()))
     with contextlib.suppress(OSError):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
