@@ -214,3 +214,23 @@ async def test_an_output_given_as_an_object_store_url_is_refused(
     assert result.returncode == 2, err
     assert "Traceback" not in err and "local file" in err.splitlines()[-1], err
     assert not (tmp_path / (url.split(":")[0] + ":")).exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["https://shop.example/exports/catalogue.csv", "s3://bucket/catalogue.csv.gz"]
+)
+async def test_a_manifest_given_as_a_url_says_how_to_read_it(tmp_path: Path, url: str) -> None:
+    """``fashiontag run https://shop.example/exports/catalogue.csv`` (manifests are not
+    downloaded): "cannot read manifest URL: No such file or directory", as if a file were
+    missing. The line says now that it is a URL and how to give it (downloaded, or piped)."""
+    async with running_service(ServiceConfig()) as svc:
+        result = await anyio.run_process(
+            [sys.executable, "-m", "fashiontag_pipeline", "run", url, "--base-url", svc.url],
+            check=False,
+            env=ENV,
+            cwd=tmp_path,
+        )
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    line = last_line(err)
+    assert "a URL" in line and "| fashiontag run -" in line, line

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from .._exceptions import ManifestError
+from .._urls import shown_url
 from .manifests import ManifestPrint, fingerprint, fingerprint_open
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
@@ -162,6 +163,13 @@ def _absolute(name: str) -> str:
         return name
 
 
+#: What a manifest named by a URL is told: manifests are files (or stdin), not downloaded.
+_A_URL = (
+    "a URL: a manifest is a local file or stdin; download it, or pipe it in:"
+    " curl -fsS URL | fashiontag run -, aws s3 cp URL - | fashiontag run -"
+)
+
+
 class ManifestBytes:
     """The bytes of one manifest (blocking; see the module). ``kind`` and ``header`` are the
     records half's: what is known of the format decides where a chunk without a line feed
@@ -192,7 +200,11 @@ class ManifestBytes:
             except OSError as err:
                 if err.errno in RESOURCE_ERRNOS:
                     raise  # the process is short of descriptors or memory, not the file
-                raise ManifestError(f"cannot read manifest {path}: {err.strerror}") from None
+                url = "://" in str(path) and not os.path.lexists(path)  # (never downloaded)
+                raise ManifestError(
+                    f"cannot read manifest {shown_url(path) if url else path}: {err.strerror}"
+                    + (f" ({_A_URL})" if url and err.errno == errno.ENOENT else "")
+                ) from None
             self._owns = True
         #: Bytes read from the file (compressed ones for gzip) and its size when it is a
         #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
