@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 
 import anyio
+from aiohttp import web
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, run_args, write_csv
-from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
+from .proxy import MisbehavingProxy, Misbehaviour, misbehaving, request_kind
 from .test_single_mode import red_picture, write_csv_rows
 
 
@@ -207,10 +208,24 @@ async def test_sigint_while_a_503_storm_holds_a_create_look_up_exits_130_at_once
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(1000)})
 
 
+class PagesStormedFirst(MisbehavingProxy):
+    """The misbehaving proxy whose storm window counts from the first results page asked
+    for, not from the proxy's start: on a loaded machine the run's start took seconds, and
+    its pages came after a window counted from the proxy's start (no 429 at all) or at its
+    very end (a Retry-After that ran past the service's tagging, every request answered)."""
+
+    async def _stormed(self, request: web.Request) -> web.Response | None:
+        if self.paged is None and request_kind(request.method, request.path) == "results":
+            self.paged = self._started = time.monotonic()
+        return await super()._stormed(request)
+
+    paged: float | None = None
+
+
 async def test_a_retry_after_past_the_give_up_point_on_one_endpoint_is_waited_out(
     tmp_path: Path,
 ) -> None:
-    """Results pages answered 429 with Retry-After: 4 for the first 6 s (a quota of reads),
+    """Results pages answered 429 with Retry-After: 4 for their first 2 s (a quota of reads),
     --give-up-after 2.5, while the service answers every other request (polls, creates):
     the page waited to the give-up point, then to it again in the run's budget, and the run
     stopped, exit 1, "rate limiting this key for 2s", though nothing had failed for 2.5 s
@@ -219,17 +234,29 @@ async def test_a_retry_after_past_the_give_up_point_on_one_endpoint_is_waited_ou
     manifest = write_csv(tmp_path / "m.csv", 4000)
     out = tmp_path / "out.jsonl"
     rules = Misbehaviour(
-        storm=429, storm_ops={"results"}, storm_retry_after="4", storm_window=(0.0, 6.0)
+        storm=429, storm_ops={"results"}, storm_retry_after="4", storm_window=(0.0, 2.0)
     )
-    async with (
-        running_service(ServiceConfig(rate=500)) as svc,
-        misbehaving(svc.url, rules) as proxy,
-    ):
-        args = run_args(
-            proxy.url, out, str(manifest), "--give-up-after", "2.5", "--rotate-images", "1000"
-        )
-        with anyio.fail_after(60):
-            done = await anyio.run_process(args, check=False, env=ENV)
+    # Polls at least every 0.5 s while the service tags (8 s for 4,000 rows at 500/s): the
+    # requests answered meanwhile are the run's own, not a backed-off poll that, on a loaded
+    # machine, came more than 2.5 s after the one before.
+    config = tmp_path / "c.toml"
+    config.write_text("[engine]\npoll_max = 0.5\n")
+    async with running_service(ServiceConfig(rate=500)) as svc:
+        proxy = PagesStormedFirst(svc.url, rules)
+        async with proxy.running():
+            args = run_args(
+                proxy.url,
+                out,
+                str(manifest),
+                "--give-up-after",
+                "2.5",
+                "--rotate-images",
+                "1000",
+                "--config",
+                str(config),
+            )
+            with anyio.fail_after(60):
+                done = await anyio.run_process(args, check=False, env=ENV)
     assert proxy.storm_answers >= 1
     assert done.returncode == 0, done.stderr.decode()[-600:]
     assert_exactly_once(out, out.with_suffix(".rej"), {f"p{i}" for i in range(4000)})
