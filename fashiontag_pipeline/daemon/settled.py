@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import stat
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -210,14 +209,16 @@ class InboxSettling:
         ``.work``; a note is written once its manifest is there, and removed once it left)."""
         for folder in (self.done, self.failed):
             remove_stale_temps(folder, older_than)
-        now = time.time()
+        # A note of any age: it is written while its manifest is in .work (and read only
+        # then), so one whose manifest left is no daemon's to use; waiting ``older_than``
+        # (a lease) left a note a kill orphaned just before a restart until the next repair.
         try:
             with os.scandir(self.work) as entries:
                 notes = [e for e in entries if e.name.startswith(SUMMARY_NOTE_PREFIX)]
             with os.scandir(self.work) as entries:  # (after the notes: a claim since keeps its)
                 kept = {summary_note(self.work, e.name).name for e in entries}
             for note in notes:
-                if note.name not in kept and now - note.stat().st_mtime >= older_than:
+                if note.name not in kept:
                     os.unlink(note.path)
         except OSError:
             return  # (.work gone: made again by a claim; a note's clean-up is no reason to stop)
