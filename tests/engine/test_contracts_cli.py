@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -141,8 +142,10 @@ async def test_no_exception_repr_carries_the_key_when_the_answer_is_not_http() -
     ``repr(err.__cause__)`` (what an error reporter records) showed the key."""
 
     async def garbage(reader: anyio.abc.ByteStream) -> None:
+        # (A connection the client opens and closes unused, on a loaded machine, ends here:
+        # the fresh-clone CI at bf9f028 failed so, EndOfStream in this handler.)
         async with reader:
-            with anyio.move_on_after(5):
+            with anyio.move_on_after(5), contextlib.suppress(anyio.EndOfStream):
                 data = b""
                 while b"\r\n\r\n" not in data:
                     data += await reader.receive()
