@@ -402,10 +402,10 @@ def _run_and_report(
     except FashiontagError as err:
         reason = " ".join(str(err).split())
         return report_failure(args, summary_of(err) or failed, reason, EXIT_ERROR)
-    except (OSError, sqlite3.Error) as err:  # a disk or file failure mid-run: one line
-        reason = (
-            f"{type(err).__name__}: {err} (what was committed is kept: the same command"
-            " resumes once this is fixed)"
+    except (OSError, sqlite3.Error, MemoryError) as err:  # a disk, file or memory failure
+        reason = (  # (MemoryError: a limit such as ulimit -v; one line, not a traceback)
+            f"{type(err).__name__}: {str(err) or 'out of memory'} (what was committed is kept: the"
+            " same command resumes once this is fixed)"
         )
         return report_failure(args, summary_of(err) or failed, reason, EXIT_ERROR)
     if summary.opened == "complete":
