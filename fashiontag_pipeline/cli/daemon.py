@@ -352,11 +352,20 @@ def _report(err: BaseException, log: logging.Logger) -> int:
     if isinstance(err, KeyboardInterrupt):
         return EXIT_OK
     message = " ".join(str(err).split())
-    log.error("daemon stopped on an error", extra={"error": f"{type(err).__name__}: {message}"})
+    said = (FashiontagError, OSError, sqlite3.Error)
+    # An error with no words of its own (a bug; MemoryError under a ulimit -v): its traceback
+    # goes in the line's ``exc`` field (redacted), not on stderr after it, where a log shipper
+    # reading one JSON object a line met ~170 lines of text.
+    exc_info = None if isinstance(err, said) else err
+    log.error(
+        "daemon stopped on an error",
+        exc_info=exc_info,
+        extra={"error": f"{type(err).__name__}: {message}"},
+    )
     if isinstance(err, StateConflictError):
         return EXIT_USAGE
-    if isinstance(err, (FashiontagError, OSError, sqlite3.Error)):
+    if isinstance(err, Exception):
         return EXIT_ERROR
     for handler in logging.getLogger().handlers:
-        handler.flush()  # (the queued lines before the traceback)
+        handler.flush()  # (the queued lines before it)
     raise err
