@@ -321,7 +321,7 @@ class Inbox(SharedInbox):
         try:
             name.encode()
         except UnicodeEncodeError:
-            self._refuse(path, "its name is not UTF-8: rename it and drop it again")
+            self._refuse_name(path)
             return None
         try:
             before = path.stat()

@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -73,6 +74,26 @@ class InboxSettling:
     #: Settled files a repair beside other daemons cannot move out of .work, said once (see
     #: _move_settled).
     _unmoved: set[str]
+
+    def _refuse_name(self, path: Path) -> None:
+        """A manifest whose name is not UTF-8 (:meth:`_refuse`), unless it is and this process
+        reads names in another encoding (a C locale with Python's UTF-8 mode off:
+        ``PYTHONUTF8=0``), where every name that is not ASCII looks so: the file is fine,
+        the process is not (its reason's name, written in ASCII, stopped it at every start).
+        Such a file is left in the inbox, said once, for a start in a UTF-8 locale."""
+        try:
+            shown = os.fsencode(path.name).decode("utf-8")
+        except UnicodeDecodeError:
+            self._refuse(path, "its name is not UTF-8: rename it and drop it again")
+            return
+        self._stuck.add(path.name)  # (until it leaves the inbox, or the next start)
+        logger.error(
+            "manifest %s is left in the inbox: its name is UTF-8, and this daemon reads file"
+            " names as %s (a C locale with Python's UTF-8 mode off, PYTHONUTF8=0): start it"
+            " with LANG=C.UTF-8 and without PYTHONUTF8=0 to tag it",
+            shown,
+            sys.getfilesystemencoding(),
+        )
 
     def _refuse(self, path: Path, reason: str) -> None:
         """A file that cannot even be claimed goes to ``failed/`` beside its reason (no claim
