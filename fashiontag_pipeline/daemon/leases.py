@@ -146,6 +146,11 @@ class PostgresClaimLedger:
             max_size=max_connections,
             open=False,
             timeout=connect_timeout,
+            # A connection the pool failed to make is tried again after 1, 2, 4... s, up to
+            # this long, and then given up: the next call makes a new one at once. Left at
+            # its 5 minutes, an outage of N s (a failover) was followed by up to N s more
+            # with the database back and no attempt made: nothing leased.
+            reconnect_timeout=connect_timeout,
             check=psycopg_pool.ConnectionPool.check_connection,
             configure=self._configure,
             kwargs={"connect_timeout": timeout, "autocommit": False},

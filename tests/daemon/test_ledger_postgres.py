@@ -23,7 +23,7 @@ import anyio
 import psycopg
 import pytest
 
-from fashiontag_pipeline import LeaseLostError
+from fashiontag_pipeline import LeaseLostError, StateError
 from fashiontag_pipeline.daemon.keeper import LeaseKeeper
 from fashiontag_pipeline.daemon.leases import (
     Lease,
@@ -368,6 +368,41 @@ async def test_a_keeper_that_cannot_reach_the_database_declares_its_leases_lost(
                 tg.cancel_scope.cancel()
     finally:
         postgres_cluster.start()
+
+
+def test_the_ledger_connects_again_soon_after_a_long_outage_ends(
+    postgres_cluster: PostgresCluster, postgres_url: str
+) -> None:
+    """The database down for a while (a failover, a restart that took a minute): the pool's
+    reconnection backed off 1, 2, 4, 8... seconds up to five minutes and made no attempt in
+    between, so after an outage of N seconds the daemons leased nothing for up to N more
+    (after 40 s, 24 s idle with the database back; /readyz 503). The wait between attempts is
+    now bounded by the connect timeout: here 1 s, so an 8 s outage backed off to 7 s."""
+    ledger = PostgresClaimLedger(postgres_url, owner="daemon-a", connect_timeout=1.0)
+    try:
+        claim(ledger, "cat.csv")
+        postgres_cluster.stop()
+        try:
+            down = time.monotonic()
+            while time.monotonic() - down < 8.0:  # the daemon's calls go on failing
+                with pytest.raises(StateError):
+                    ledger.in_flight()
+                time.sleep(0.2)
+        finally:
+            postgres_cluster.start()
+        back = time.monotonic()
+        while True:
+            try:
+                names = [r.name for r in ledger.in_flight()]
+                break
+            except StateError:
+                assert time.monotonic() - back < 30.0
+                time.sleep(0.1)
+        waited = time.monotonic() - back
+        assert names == ["cat.csv"]
+        assert waited < 3.5, f"the database was back {waited:.1f} s before the ledger used it"
+    finally:
+        ledger.close()
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
