@@ -39,9 +39,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "check_url",
+    "foreign_advice",
     "foreign_url",
     "holds_password",
     "is_postgres_url",
+    "keyword_conninfo",
     "migrate",
     "redact_url",
     "schema_version",
@@ -156,10 +158,37 @@ def is_postgres_url(text: str) -> bool:
     return text.startswith(URL_SCHEMES)
 
 
+#: libpq's keyword/value form (``host=db dbname=tags user=tagger``), by its first keyword.
+_KEYWORD = (
+    r"(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
+    r"|connect_timeout|application_name|target_session_attrs)\s*="
+)
+_KEYWORDS = re.compile(rf"\s*{_KEYWORD}")
+
+
+def keyword_conninfo(text: str) -> bool:
+    """Whether a ``--state`` or ``--reuse`` value is a libpq keyword/value string, not a
+    file's path: only ``postgresql://`` URLs are read as databases."""
+    return _KEYWORDS.match(text) is not None
+
+
 def foreign_url(text: str) -> bool:
     """Whether a ``--state`` or ``--reuse`` value is a URL of another kind than PostgreSQL's
-    (``mysql://``, SQLAlchemy's ``postgresql+psycopg://``): refused, never taken for a path."""
+    (``mysql://``, SQLAlchemy's ``postgresql+psycopg://``) or libpq's keyword/value form:
+    refused, never taken for a path."""
+    if keyword_conninfo(text):
+        return True
     return re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) is not None and not is_postgres_url(text)
+
+
+def foreign_advice(text: str) -> str:
+    """What to give instead of a :func:`foreign_url` value (the end of its refusal)."""
+    if keyword_conninfo(text):
+        return (
+            "a libpq keyword=value string is not read: write it as a URL,"
+            " postgresql://USER@HOST:PORT/DBNAME (?host=/socket/folder for a socket)"
+        )
+    return "give a file path or a postgresql:// URL (its scheme in lower case)"
 
 
 #: The query parameters of a URL libpq reads a secret from: the password, and the passphrase
@@ -186,8 +215,9 @@ def redact_url(url: str) -> str:
     Everything between ``://`` and the last ``@`` of the authority is the user's part: a
     password with an unencoded ``/``, ``#`` or ``?`` in it is still masked (a URL parser would
     end the authority early and show the rest)."""
-    if "://" not in url:
-        return "postgresql://***"
+    if "://" not in url:  # (a keyword/value string: its keywords, not a value, shown)
+        found = re.findall(rf"(?:^|\s){_KEYWORD}", url) if keyword_conninfo(url) else ()
+        return " ".join(f"{k}=..." for k in found) or "postgresql://***"
     scheme, _, rest = shown_url(url).partition("://")  # (the authority's password masked)
     try:
         parts = urlsplit(f"{scheme}://{rest}")

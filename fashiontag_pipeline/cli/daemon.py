@@ -24,7 +24,7 @@ import anyio
 import msgspec
 
 from .._exceptions import ConfigError, FashiontagError, StateConflictError
-from .._postgres import is_postgres_url, redact_url
+from .._postgres import foreign_advice, foreign_url, is_postgres_url, redact_url
 from ..daemon.config import DaemonConfig, load_daemon_config
 from ..daemon.logs import configure_logging
 from ..daemon.logwriter import queue_lines
@@ -145,10 +145,10 @@ def daemon_command(args: argparse.Namespace) -> int:
         print("fashiontag: --max-pending-rows must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     location = config.state_location()
-    if "://" in location and not is_postgres_url(location):
+    if ("://" in location or foreign_url(location)) and not is_postgres_url(location):
         print(
             f"fashiontag: --state {redact_url(location)}: not a state this fashiontag can use: "
-            "give a file path or a postgresql:// URL (its scheme in lower case)",
+            + foreign_advice(location),
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -19,7 +19,7 @@ import msgspec
 
 from .._exceptions import FashiontagError
 from .._models import format_time
-from .._postgres import foreign_url, is_postgres_url, redact_url
+from .._postgres import foreign_advice, foreign_url, is_postgres_url, redact_url
 from ..engine.reuse import StoreStats, open_store, parse_duration
 from ..engine.run_checks import a_folder
 from .common import EXIT_ERROR, EXIT_OK, EXIT_USAGE
@@ -99,8 +99,8 @@ def reuse_command(args: argparse.Namespace) -> int:
             return EXIT_USAGE
     if foreign_url(args.store):
         print(
-            f"fashiontag: {redact_url(args.store)}: not a result store this fashiontag can use:"
-            " give a file path or a postgresql:// URL (its scheme in lower case)",
+            f"fashiontag: {redact_url(args.store)}: not a result store this fashiontag can use: "
+            + foreign_advice(args.store),
             file=sys.stderr,
         )
         return EXIT_USAGE

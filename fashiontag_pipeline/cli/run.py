@@ -26,7 +26,7 @@ import anyio
 
 from .._exceptions import ConfigError, FashiontagError, ManifestError, StateConflictError
 from .._http import FIRST_FAILURE
-from .._postgres import is_postgres_url, redact_url
+from .._postgres import foreign_advice, is_postgres_url, keyword_conninfo, redact_url
 from ..engine.config import RunSummary
 from ..engine.run import (
     RunControl,
@@ -251,7 +251,8 @@ def _shown(path: Path) -> str:
 def _state_location(text: str) -> Path | str:
     """``--state``: a URL (``scheme://...``) stays text, anything else is a file path."""
     nonempty(text)
-    return text if re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) else file_arg(text)
+    url = re.match(r"[A-Za-z][A-Za-z0-9+.-]+:/", text) or keyword_conninfo(text)
+    return text if url else file_arg(text)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -292,8 +293,8 @@ def run_command(args: argparse.Namespace) -> int:
     reuse = engine.reuse
     if isinstance(state, str) and not is_postgres_url(state):
         return refuse(
-            f"--state {redact_url(state)}: not a state this fashiontag can use: give "
-            "a file path or a postgresql:// URL (its scheme in lower case)"
+            f"--state {redact_url(state)}: not a state this fashiontag can use: "
+            + foreign_advice(state)
         )
     named: list[tuple[str, Path | str]] = [("--out", out), ("--rejects", rejects)]
     named += [("manifest", m) for m in args.manifests if m != "-"]

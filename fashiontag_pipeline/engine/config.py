@@ -16,7 +16,7 @@ import msgspec
 from .._fieldtypes import check_field_types
 from .._images import DEFAULT_SINGLE_MAX_BYTES
 from .._models import MAX_REQUESTS_PER_WRITE, Detection
-from .._postgres import foreign_url, is_postgres_url, redact_url
+from .._postgres import foreign_advice, foreign_url, is_postgres_url, redact_url
 from .reuse.durations import parse_duration
 
 __all__ = ["EngineConfig", "RunSummary", "SinkKind"]
@@ -214,8 +214,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"engine.reuse_max_age: {err}") from None
         if self.reuse is not None and foreign_url(self.reuse):
             raise ValueError(
-                f"--reuse {redact_url(self.reuse)}: not a result store this fashiontag can use:"
-                " give a file path or a postgresql:// URL (its scheme in lower case)"
+                f"--reuse {redact_url(self.reuse)}: not a result store this fashiontag can use: "
+                + foreign_advice(self.reuse)
             )
 
 

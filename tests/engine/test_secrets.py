@@ -162,6 +162,35 @@ async def test_a_misspelt_key_flag_is_refused_without_its_key(
     assert not _leaks(summary.read_bytes()), summary.read_text()
 
 
+async def test_a_libpq_keyword_string_is_refused_not_taken_for_a_file(tmp_path: Path) -> None:
+    """``--state "host=db dbname=tags user=tagger password=..."`` (libpq's keyword/value form,
+    pasted from a ``psql`` line or a Django setting) was taken for a file path: the run made
+    the folders ``host=db dbname=...`` (a host of ``/var/run/postgresql``: its parents too), a
+    SQLite state named after the password beside them, tagged on it (exit 0, the shared state
+    never used) and printed its path, password and all, on its last line. It is refused as a
+    URL of another kind is (exit 2), saying to write a ``postgresql://`` URL, nothing made."""
+    manifest = write_csv(tmp_path / "m.csv", 5)
+    text = "host=/var/run/postgresql dbname=tags user=tagger password=sk-LEAK-CANARY-pw"
+    fashiontag = [sys.executable, "-m", "fashiontag_pipeline"]
+    dead = f"http://127.0.0.1:{dead_port()}"
+    runs = [
+        ["run", str(manifest), "--state", text, "--base-url", dead],
+        ["run", str(manifest), "--reuse", f"  {text}", "--base-url", dead],
+        ["daemon", "--inbox", str(tmp_path), "--outbox", str(tmp_path / "o"), "--state", text],
+        ["daemon", "--inbox", str(tmp_path), "--outbox", str(tmp_path / "o"), "--reuse", text],
+        ["reuse", "stats", "service=tags"],
+        ["reuse", "prune", text, "--older-than", "30d"],
+    ]
+    for args in runs:
+        with anyio.fail_after(30):
+            result = await anyio.run_process([*fashiontag, *args], check=False, cwd=tmp_path)
+        err = result.stderr.decode()
+        assert result.returncode == 2, (args, err)
+        assert "keyword=value" in err and "postgresql://" in err, err
+        assert not _leaks(result.stdout + result.stderr), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+
+
 async def test_a_reuse_url_of_another_kind_is_refused_without_its_password(
     tmp_path: Path,
 ) -> None:
