@@ -140,8 +140,9 @@ class StateError(FashiontagError):
 
 class StateUnavailable(StateError):
     """A PostgreSQL state could not be connected to (connections refused, the server's or the
-    role's connection limit reached, the server down): no fault of the manifest whose state it
-    is. A shared daemon counts no attempt of a manifest for it; the manifest waits."""
+    role's connection limit reached, the server down), or its connection was lost (the server
+    ended the session, the connection broke): no fault of the manifest whose state it is. A
+    shared daemon counts no attempt of a manifest for it; the manifest waits."""
 
 
 class SchemaTooNewError(StateError):

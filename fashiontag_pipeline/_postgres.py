@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, LiteralString, NamedTuple
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ._config import shown_url
-from ._exceptions import SchemaTooNewError, StateError
+from ._exceptions import SchemaTooNewError, StateError, StateUnavailable
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,6 +39,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "check_url",
+    "connection_lost",
     "foreign_advice",
     "foreign_url",
     "holds_password",
@@ -298,8 +299,26 @@ def state_errors(url: str, doing: str, kind: type[StateError] = StateError) -> I
         yield
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if kind is StateError and connection_lost(exc):
+            kind = StateUnavailable  # (no fault of what was being written: see the class)
         # The driver's own error is not chained: libpq's messages may quote the URL.
         raise kind(f"PostgreSQL state {redact_url(url)}: {doing}: {scrub(reason, url)}") from None
+
+
+#: SQLSTATEs of a session the server ended: an administrator (``pg_terminate_backend``, a
+#: fast shutdown), a crash of another backend, a server starting or stopping.
+_ENDED = frozenset({"57P01", "57P02", "57P03"})
+
+
+def connection_lost(err: BaseException) -> bool:
+    """Whether ``err`` is the loss of the connection (the server ended the session, or the
+    connection broke: libpq's own errors carry no SQLSTATE), not an error of a statement."""
+    import psycopg
+
+    if not isinstance(err, psycopg.OperationalError):
+        return False
+    state = err.sqlstate
+    return state is None or state.startswith("08") or state in _ENDED
 
 
 def schema_version(conn: psycopg.Connection[tuple[object, ...]]) -> int:

@@ -48,7 +48,7 @@ class Attempts:
         be reached (an outage of its database) is no attempt of the manifest's: not counted,
         or an outage of a few lease lengths sent every manifest in flight to failed/. Nor is
         a state that cannot be connected to (the database at its connection limit while the
-        daemon's pool still holds its own connections)."""
+        daemon's pool still holds its own connections) or whose connection was lost."""
         if isinstance(error, exc.ResultStoreUnavailable | exc.StateUnavailable):
             return self._failed.get(claim, 0)
         count = self._failed[claim] = self._failed.get(claim, 0) + 1

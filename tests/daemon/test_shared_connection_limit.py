@@ -6,6 +6,7 @@ one), or it is dropped and made again, empty."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import anyio
@@ -106,5 +107,53 @@ async def test_a_database_dropped_and_made_again_under_an_idle_daemon_takes_mani
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+    assert summary["status"] == "done", summary
+    assert sorted(r["id"] for r in read_lines(daemon.outbox / "m" / "results.jsonl")) == sorted(ids)
+
+
+async def test_a_state_whose_connections_the_server_ends_fails_no_manifest(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """The server ended a manifest's state connection at each attempt (a failover or restart
+    after another, a DBA's `pg_terminate_backend`, a pooler restarted): each stop was counted
+    as the manifest's failure, and the fifth in a row moved a good manifest to ``failed/``
+    ("terminating connection due to administrator command (5 attempts)"), its rows billed
+    again when dropped again. A connection lost is no fault of the manifest's, as for the
+    result store: not counted; the manifest is tagged once its connections hold."""
+    ids = [f"t{i}" for i in range(40)]
+    stop = threading.Event()
+
+    def end_sessions() -> None:  # every statement of the daemon's, at work or in a transaction
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            while not stop.wait(0.02):
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND backend_type = 'client backend' AND state <> 'idle'"
+                )
+
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--state", postgres_url, "--lease", "0.5"])
+        daemon.start()
+        ender = threading.Thread(target=end_sessions)
+        try:
+            await daemon.wait_ready_endpoint()
+            ender.start()
+            drop_atomic(daemon.inbox, "m.csv", write_manifest(Path(), ids))
+            failed = daemon.inbox / "failed" / "m.csv"
+            with anyio.fail_after(60):  # more attempts than a manifest is given
+                while len(_stopped(daemon)) < 8 and not failed.exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.05)
+            stop.set()
+            ender.join()
+            assert not failed.exists(), daemon.tail(3)
+            summary = await daemon.wait_summary("m", timeout=30)
+            assert await daemon.stop() == 0
+        finally:
+            stop.set()
+            if ender.is_alive():
+                ender.join()
+            daemon.ensure_dead()
     assert summary["status"] == "done", summary
     assert sorted(r["id"] for r in read_lines(daemon.outbox / "m" / "results.jsonl")) == sorted(ids)
