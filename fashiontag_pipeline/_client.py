@@ -383,9 +383,11 @@ class TaggerClient:
         size: int = MAX_PAGE_SIZE,
         language: str | None = None,
     ) -> bytes:
-        """The raw JSON body of a results page answered HTTP 200, for callers that decode it
+        """The raw JSON body of a results page answered HTTP 2xx, for callers that decode it
         straight into their own shape (the engine's pagers, whose decode also checks the
-        body's ``status``: a 200 with ``"status":"failure"`` is no page)."""
+        body's ``status``: a 200 with ``"status":"failure"`` is no page). Any success status
+        is a page's, as for every other read (a 203 of a transforming proxy, a 202 of a
+        service that answers its bulk family so: refused, every row was billed and none read)."""
         if offset < 0:
             raise ValueError("offset must be >= 0")
         if not 1 <= size <= MAX_PAGE_SIZE:
@@ -400,7 +402,7 @@ class TaggerClient:
             retry_all=True,
             task_id=task_id,
         )
-        if response.status != 200:
+        if not 200 <= response.status < 300:
             self._http.raise_for_status(response, "GET", path, task_id)
         if (front_end := front_end_answer(response, "GET", path, task_id)) is not None:
             raise front_end
