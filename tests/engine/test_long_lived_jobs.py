@@ -25,6 +25,7 @@ from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.reuse import hook as hook_module
 from fashiontag_pipeline.engine.reuse import open_reuse
 from fashiontag_pipeline.engine.state import StateDB
+from fashiontag_pipeline.engine.state import journal as journal_module
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config, ids_of, write_csv
@@ -213,3 +214,52 @@ async def test_memory_the_reuse_hook_keeps_does_not_grow_with_every_job(tmp_path
                 tracemalloc.stop()
                 reuse.close_store()
     assert sizes[-1] - sizes[0] < 2048, f"held by the reuse hook after each 20 jobs: {sizes}"
+
+
+async def test_memory_the_journal_keeps_does_not_grow_with_every_refused_write(
+    tmp_path: Path,
+) -> None:
+    """The journal keeps, for each chunk written ahead, where each open job's rejects stood
+    then (so that a task's read looks for the service's refusals from there), and forgot it
+    only when the chunk's task was read. A chunk the service refused whole is split and never
+    read (its halves are), a chunk sent again after its task was lost is read no more: a
+    daemon whose manifests each carried a row the service refuses whole grew by a mark
+    (a dict per open job) with every one, for its whole life. What the journal's code holds
+    once every job is complete is the same after 8 such jobs as after 24."""
+    rules = Misbehaviour(refuse_whole_with={"p3"})
+    manifests = [write_csv(tmp_path / f"m{i}.csv", 5) for i in range(24)]
+    files = [tracemalloc.Filter(True, str(Path(journal_module.__file__).parent / "*.py"))]
+
+    def held() -> int:
+        gc.collect()
+        snap = tracemalloc.take_snapshot().filter_traces(files)
+        return sum(stat.size for stat in snap.statistics("filename"))
+
+    async with running_service(ServiceConfig()) as svc, misbehaving(svc.url, rules) as proxy:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(proxy.url)) as client:
+            engine = Engine(
+                client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+            )
+            tracemalloc.start(1)
+            try:
+                async with engine:
+                    sizes = []
+                    for first in range(0, 24, 8):
+                        jobs = [
+                            await engine.submit(_spec(tmp_path, f"m{i}", manifests[i]))
+                            for i in range(first, first + 8)
+                        ]
+                        with anyio.fail_after(30):
+                            for job in jobs:
+                                await engine.outcome(job)
+                        sizes.append(held())
+                    engine.close()
+            finally:
+                tracemalloc.stop()
+    for i in range(24):
+        o = assert_exactly_once(
+            tmp_path / f"m{i}" / "results.jsonl", tmp_path / f"m{i}" / "rejects.jsonl", ids_of(5)
+        )
+        assert [(r["id"], r["stage"]) for r in o.rejects] == [("p3", "server-validation")]
+    assert sizes[-1] - sizes[0] < 2048, f"held by the journal after each 8 jobs: {sizes}"

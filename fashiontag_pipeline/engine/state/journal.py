@@ -19,6 +19,7 @@ from ..pages import PageRow, count_outcomes
 from ..sinks import Reject, ReusedLine
 from .changes import Change
 from .intake import Intake, JobReject
+from .refusal_marks import RefusalMarks
 from .schema import COUNTERS, JOB_COUNTERS
 from .sent_ids import SentIds
 from .store import StateStore
@@ -93,8 +94,8 @@ class Journal(Intake):
         self._closed = False
         #: Each chunk written ahead by this process: the open jobs' rejects checkpoints then.
         #: The service's refusals of its rows are written after them, so a scan for them
-        #: starts there rather than at the start of the file (thread side).
-        self._reject_marks: dict[int, dict[int, int]] = {}
+        #: starts there rather than at the start of the file (thread side; :mod:`.refusal_marks`).
+        self.reject_marks = RefusalMarks(db.live_chunks)
         #: The ids each chunk written ahead by this process sends, until its task's draining
         #: reads them (:mod:`.sent_ids`: not read back from the state; thread side).
         self.sent_ids = SentIds(db.live_chunks)
@@ -379,15 +380,7 @@ class Journal(Intake):
         the task's chunks, when the caller has read them."""
         if chunk_ids is None:
             chunk_ids = self.db.task_chunk_ids(task_id)
-        marks = [self._reject_marks.pop(c, None) for c in chunk_ids]
-        if not marks or any(m is None for m in marks):
-            return None
-        since: dict[int, int] = {}
-        for mark in marks:
-            assert mark is not None
-            for job, at in mark.items():
-                since[job] = min(at, since.get(job, at))
-        return since
+        return self.reject_marks.take(chunk_ids)
 
     async def write_ahead(
         self,
@@ -410,7 +403,8 @@ class Journal(Intake):
             chunk_id = self.db.insert_chunk(
                 n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id, ids=ids
             )
-            self._reject_marks[chunk_id] = {j.id: j.rejects.checkpoint() for j in self._open_jobs()}
+            mark = {j.id: j.rejects.checkpoint() for j in self._open_jobs()}
+            self.reject_marks.keep(chunk_id, mark, replaces)
             self.sent_ids.keep(chunk_id, sent, replaces)
             if resent:
                 self.counters["resent"] = self.counters.get("resent", 0) + resent
@@ -421,8 +415,12 @@ class Journal(Intake):
     def split_chunk(
         self, chunk_id: int, parts: Sequence[tuple[int, int, bytes, bytes]]
     ) -> list[int]:
-        """:meth:`StateStore.split_chunk` (thread side); the new chunks' ids are not kept."""
+        """:meth:`StateStore.split_chunk` (thread side); the new chunks' ids are not kept, and
+        what was kept of the chunk split goes (it is read no more: its halves are)."""
         new = self.db.split_chunk(chunk_id, parts)
+        self.reject_marks.drop(chunk_id)
+        self.sent_ids.drop(chunk_id)
         for part in new:
             self.sent_ids.keep(part, None)
+            self.reject_marks.drop(part)  # (a stale one: the id of a chunk gone, given again)
         return new

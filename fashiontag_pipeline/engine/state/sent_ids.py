@@ -20,7 +20,7 @@ the next chunk written: every chunk written by this process replaces or drops th
 its id (:meth:`SentIds.keep`), so a list is only ever its own chunk's.
 
 Memory: a list is dropped when its task's ids are taken (the usual end), when its chunk is
-replaced by a resend, and otherwise by a sweep that keeps only the chunks the state still
+replaced by a resend or split, and otherwise by a sweep that keeps only the chunks the state still
 holds unresolved (run when the lists kept double). And at most :data:`KEEP_IDS` ids are kept
 at a time: ``fashiontag run`` does not bound the rows in flight (a slow service, a big
 catalogue: every row may be sent before the first task is done), and peak memory must not
@@ -75,6 +75,11 @@ class SentIds:
         self._ids += len(ids)
         if len(by_chunk) >= self._sweep_at:
             self.sweep()
+
+    def drop(self, chunk_id: int) -> None:
+        """Forget a chunk's list (it was split: its halves, not kept, carry its ids)."""
+        if (gone := self._by_chunk.pop(chunk_id, None)) is not None:
+            self._ids -= len(gone)
 
     def take(self, chunks: Sequence[tuple[int, str]]) -> list[Sequence[str]] | None:
         """The id lists of a task's unresolved chunks, given every chunk of the task as
