@@ -48,6 +48,20 @@ def _ours(entry: TaskEntry, task: Task) -> bool:
     return not (entry.description and task.description) or task.description == entry.description
 
 
+def _drop_contradicted(listed: dict[str, Task], tasks: list[Task]) -> int:
+    """Leave out of ``listed`` each task the list gives more than once with copies that
+    differ (a list merged from replicas or shards, one of them behind): which copy is
+    current cannot be told, so the poll reads that task's own status. (The last copy was
+    taken: one as the task was when new held every task processing, at every poll, for
+    ever.) Returns how many were left out."""
+    dropped = 0
+    for task in tasks:
+        if listed.get(task.task_id, task) != task:
+            del listed[task.task_id]
+            dropped += 1
+    return dropped
+
+
 LIST_FACTOR = 8
 LIST_RECHECK = 20
 
@@ -89,6 +103,8 @@ class Tracker:
         self._odd_statuses: set[str] = set()
         #: The last task list asked for was not given (said once per streak).
         self._list_failing = False
+        #: A task list gave a task twice, its copies differing (said once).
+        self._twice = False
         #: The tracker's own requests that needed a retry (other stages' retries are not an
         #: outage of the polls).
         self.retried = 0
@@ -180,7 +196,14 @@ class Tracker:
         self._list_failing = False
         self.budget.ok()
         self.polls += 1
-        return {t.task_id: t for t in tasks}
+        listed = {t.task_id: t for t in tasks}
+        if len(listed) < len(tasks) and _drop_contradicted(listed, tasks) and not self._twice:
+            self._twice = True
+            logger.warning(
+                "the task list gives some tasks twice, saying different things: their statuses"
+                " are read instead"
+            )
+        return listed
 
     def _prefer_status(self, watched: int) -> bool:
         return (

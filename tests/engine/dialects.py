@@ -44,6 +44,9 @@ class Dialect:
     encoding: str | None = None
     #: ``Connection: close`` on every answer, and the connection closed after it.
     close: bool = False
+    #: The connection closed after every Nth answer on it, without ``Connection: close`` (a
+    #: server whose per-connection request limit it does not announce); 0: never.
+    silent_close_every: int = 0
     #: Interim answers sent before each final one, e.g. ``(100, "Continue")``.
     interim: tuple[tuple[int, str], ...] = ()
     #: Seconds after which an idle connection is closed by the server (None: never).
@@ -57,6 +60,8 @@ class Dialect:
     #: How JSON answers are written (see :func:`dumps`); None: the upstream's bytes when no
     #: rewrite, else ``json.dumps``.
     writer: Callable[[Any], bytes] | None = None
+    #: The ``Content-Type`` of every answer (None: the upstream's; "" : none at all).
+    content_type: str | None = None
     #: Status codes replaced: upstream status -> status sent (e.g. 202 -> 200).
     statuses: dict[int, int] = field(default_factory=dict)
 
@@ -148,6 +153,7 @@ class DialectFront:
         self.requests: list[tuple[str, str]] = []
         self.answers = 0
         self.idle_closed = 0
+        self.silent_closes = 0
         self._session: aiohttp.ClientSession | None = None
         self._random = random.Random(7)
 
@@ -269,6 +275,7 @@ class DialectFront:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         assert self._session is not None
         d = self.dialect
+        served = 0
         try:
             while True:
                 request = await self._read_request(reader)
@@ -291,11 +298,17 @@ class DialectFront:
                     if d.rewrite is not None:
                         data = d.rewrite(method, path, status, data)
                     payload = (d.writer or (lambda v: json.dumps(v).encode()))(data)
+                if d.content_type is not None:
+                    ctype = d.content_type
                 new_status = d.statuses.get(status)
                 if new_status is not None:
                     status, reason = new_status, {200: "OK", 202: "Accepted"}.get(new_status, "X")
                 self.answers += 1
+                served += 1
                 if await self._answer(writer, status, reason, ctype, payload):
+                    return
+                if d.silent_close_every and served % d.silent_close_every == 0:
+                    self.silent_closes += 1
                     return
         except (ConnectionError, asyncio.CancelledError):
             pass

@@ -5,7 +5,9 @@ and ``fashiontag run`` through it: every row once, none billed twice, an honest 
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -107,3 +109,27 @@ async def test_results_pages_answered_in_another_success_status(
     assert done.returncode == 0, done.stderr.decode()[-600:]
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(300))
     assert billed == 300
+
+
+def _listed_twice(method: str, path: str, status: int, data: Any) -> Any:
+    """Every task of the task list listed twice: as it is, then as it was when it was new
+    (processing, nothing done): a list merged from replicas or shards, one of them behind."""
+    if method == "GET" and path == "/tagger/v2.12/bulk" and status == 200:
+        tasks = []
+        for task in data["data"]["tasks"]:
+            stale = copy.deepcopy(task)
+            stale["count"].update(done=0, failure=0, processing=task["count"]["total"])
+            stale.update(taskStatus="TASK_PROCESSING", resultExpiredAt=None)
+            tasks += [task, stale]
+        data["data"]["tasks"] = tasks
+    return data
+
+
+async def test_a_task_list_that_lists_each_task_twice_one_copy_behind(tmp_path: Path) -> None:
+    """The task list gives every task twice, the second copy as it was when new (the spec's
+    list has no rule against it; a list merged from replicas, one behind). The later copy was
+    taken and every task read as processing, at every poll for ever: the run never ended (the
+    status of each task, which says done, was never asked). A task listed twice, its copies
+    saying different things, is read by its own status."""
+    _, billed = await _run(tmp_path, 2500, Dialect(rewrite=_listed_twice))
+    assert billed == 2500
