@@ -5,9 +5,11 @@ that follows the spec to the letter, written by someone else.
 its answers itself) that passes each request to the reference service and writes the answer
 back in the :class:`Dialect` asked for: chunked at odd byte boundaries (inside a multibyte
 character, inside a number), compressed, HTTP/1.0 with the body ended by the close,
-``Connection: close`` on every answer, interim ``1xx`` answers first, idle connections closed
-after a second, and its JSON rewritten (keys in another order, unknown keys at every level,
-integers as ``1.0`` or ``1e3``, pretty-printed, a BOM, trailing white space, keys given twice).
+``Connection: close`` on every answer (or a connection closed unannounced after some
+answers), interim ``1xx`` answers first, idle connections closed after a second, a body over
+its limit refused 413 unread, other status codes and ``Content-Type``, and its JSON rewritten
+(keys in another order, unknown keys at every level, integers as ``1.0`` or ``1e3``,
+pretty-printed, a BOM, trailing white space, keys given twice).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class Dialect:
     #: The connection closed after every Nth answer on it, without ``Connection: close`` (a
     #: server whose per-connection request limit it does not announce); 0: never.
     silent_close_every: int = 0
+    #: Writes whose Content-Length is over this are answered 413 as soon as their head has
+    #: come, their body left unread, and the connection closed (a server with a body limit
+    #: that does not drain what it refused: the kernel may reset the connection).
+    early_413_over: int | None = None
     #: Interim answers sent before each final one, e.g. ``(100, "Continue")``.
     interim: tuple[tuple[int, str], ...] = ()
     #: Seconds after which an idle connection is closed by the server (None: never).
@@ -154,6 +160,7 @@ class DialectFront:
         self.answers = 0
         self.idle_closed = 0
         self.silent_closes = 0
+        self.early_refusals = 0
         self._session: aiohttp.ClientSession | None = None
         self._random = random.Random(7)
 
@@ -172,7 +179,9 @@ class DialectFront:
 
     async def _read_request(
         self, reader: asyncio.StreamReader
-    ) -> tuple[str, str, dict[str, str], bytes] | None:
+    ) -> tuple[str, str, dict[str, str], bytes | None] | None:
+        """(method, target, headers, body) of the next request (body None: refused unread,
+        ``early_413_over``); None when the connection ends or idles out."""
         d = self.dialect
         try:
             if d.idle is not None:
@@ -192,6 +201,9 @@ class DialectFront:
                 name, value = line.split(":", 1)
                 headers[name.strip().lower()] = value.strip()
         body = b""
+        limit = d.early_413_over
+        if limit is not None and int(headers.get("content-length", "0")) > limit:
+            return method, target, headers, None
         if headers.get("transfer-encoding", "").lower() == "chunked":
             parts = []
             while True:
@@ -282,6 +294,12 @@ class DialectFront:
                 if request is None:
                     return
                 method, target, headers, body = request
+                if body is None:  # (early_413_over)
+                    self.early_refusals += 1
+                    await self._answer(
+                        writer, 413, "Payload Too Large", "text/html", b"<html>413</html>"
+                    )
+                    return
                 self.requests.append((method, target.split("?")[0]))
                 sent = {k: v for k, v in headers.items() if k in ("x-api-key", "content-type")}
                 if "accept-language" in headers:

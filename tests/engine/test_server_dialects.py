@@ -58,6 +58,10 @@ DIALECTS = {
     ),
     "idle-connections-closed-after-0.3s": Dialect(idle=0.3),
     "asctime-dates-writes-201": Dialect(date="asctime", statuses={202: 201}),
+    "closed-unannounced-after-2-answers-no-content-type": Dialect(
+        silent_close_every=2, content_type=""
+    ),
+    "writes-over-64KiB-refused-413-unread": Dialect(early_413_over=64 << 10),
     "json-of-another-writer": Dialect(
         writer=lambda data: (
             b"\xef\xbb\xbf"
