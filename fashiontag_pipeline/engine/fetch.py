@@ -5,6 +5,9 @@ under the run's retry budget; a refusal or a body that is not the spec's JSON is
 ``PAGE_ATTEMPTS`` times in all, then taken as a page with no result (its rows are sent again),
 and ``UNREADABLE_PAGES`` such pages in a row stop a run that may give up. A page holding fewer
 results than asked, short of the task's end, is followed by a request for the rest of its range.
+A page longer than ``max_answer_bytes`` (a service that answers many tags an image) is asked
+again with half as many results, down to one, and later pages are asked that size (doubled
+back once a page of it is a quarter of the limit or less).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import msgspec
 
 from .. import _exceptions as exc
 from .._client import TaggerClient
+from .._connect import unreadable_answer
 from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget, redirect_fault
@@ -98,6 +102,9 @@ class PageFetcher:
     slots: AIMDLimiter
     _unreadable: int
     _empty_tasks: int | None
+    #: Results a page is asked for at most: fewer than the spec's 100 once a page of them was
+    #: longer than ``max_answer_bytes`` (an instance attribute from then on).
+    _page_rows: int = MAX_PAGE_SIZE
 
     async def _fetch(self, entry: TaskEntry, offset: int) -> Fetched:
         """The page at ``offset`` (see :meth:`_fetch_range`), read to the end of its range.
@@ -134,6 +141,7 @@ class PageFetcher:
         what = f"results of task {entry.task_id}"
         unusable = 0
         while True:
+            size = min(size, self._page_rows)
             problem: Exception
             try:
                 raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
@@ -159,6 +167,9 @@ class PageFetcher:
             except (exc.ResultsNotReadyError, exc.TransportError, exc.ServerError) as err:
                 if entry.ended is not None and isinstance(err, exc.ResultsNotReadyError):
                     return self._ended_unread(entry, offset, err)
+                if size > 1 and unreadable_answer(err) == "answering more than max_answer_bytes":
+                    self._fewer_rows(entry, size, err)  # (asked again at once, half as many)
+                    continue
                 await self.budget.failed(err, what)
                 continue
             except exc.ServiceError as err:  # any other refusal (400 past a task's end, ...)
@@ -191,8 +202,15 @@ class PageFetcher:
                 problem = err
             else:
                 self.slots.success()
-                if len(raw) * self.slots.limit > PAGE_BYTES:
-                    self.slots.window = float(max(1, PAGE_BYTES // len(raw)))
+                # (a page read in parts is held whole, its parts together, until its commit)
+                held = len(raw) * -(-MAX_PAGE_SIZE // size) if size < MAX_PAGE_SIZE else len(raw)
+                if held * self.slots.limit > PAGE_BYTES:
+                    self.slots.window = float(max(1, PAGE_BYTES // held))
+                if (
+                    size == self._page_rows < MAX_PAGE_SIZE
+                    and 4 * len(raw) <= self.client.limits.max_answer_bytes
+                ):
+                    self._page_rows = min(MAX_PAGE_SIZE, 2 * size)
                 try:
                     decoded = decode_page(raw)
                 except NotAPage as err:  # (a refusal with 200, whose words may quote the key)
@@ -252,6 +270,30 @@ class PageFetcher:
                 extra={"task_id": entry.task_id},
             )
         return FetchedRows(rows, all_success, len(decoded))
+
+    def _fewer_rows(self, entry: TaskEntry, size: int, err: Exception) -> None:
+        """A page of ``size`` results was longer than ``max_answer_bytes``: pages are asked
+        with half as many from now on (every reader that asked ``size`` halves it once). It
+        stopped the run after ``--give-up-after`` instead, every run again: a catalogue whose
+        results are that long never completed, and a daemon asked for the same pages for ever."""
+        fewer = max(1, size // 2)
+        if fewer >= self._page_rows:
+            return
+        first = self._page_rows == MAX_PAGE_SIZE
+        self._page_rows = fewer
+        # A page's range (read in parts) holds that much at least: as few read at once as
+        # PAGE_BYTES holds, before one of them is read.
+        most = float(max(1, PAGE_BYTES // self.client.limits.max_answer_bytes))
+        self.slots.window = min(self.slots.window, most)
+        (logger.warning if first else logger.info)(
+            "task %s: a results page of %d was longer than max_answer_bytes (%s): asking %d"
+            " results a page",
+            entry.task_id,
+            size,
+            " ".join(str(err).split()),
+            fewer,
+            extra={"task_id": entry.task_id},
+        )
 
     def _read_nothing(self, entry: TaskEntry) -> None:
         """A done task whose pages are all in (and read again) has rows without a line: when

@@ -241,6 +241,9 @@ class Misbehaviour:
     huge_count: int | None = 1
     #: Bytes of whitespace after the JSON; None: the body never ends.
     huge_bytes: int | None = 256 << 20
+    #: Characters of tags added to every result's ``taggingResult`` (a ``"pad"`` field): a
+    #: service that answers many tags an image, whose pages of 100 grow past max_answer_bytes.
+    fat_results: int = 0
     #: The huge answers gzip-compressed (``Content-Encoding: gzip``): a few hundred KiB on the
     #: wire, inflated by the client (a decompression bomb).
     huge_gzip: bool = False
@@ -775,6 +778,11 @@ class MisbehavingProxy:
             results = data["data"]["results"]
             if offset == 0 and results:
                 self.first_rows[task_id] = results[0]
+            if rules.fat_results:
+                for r in results:
+                    if isinstance(r.get("taggingResult"), dict):
+                        r["taggingResult"]["pad"] = "t" * rules.fat_results
+                return json.dumps(data).encode()
             if self._reshape_page(task_id, offset, data):
                 return json.dumps(data).encode()
             if rules.stray_in_place_of and self._stray(results):

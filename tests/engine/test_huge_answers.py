@@ -121,6 +121,28 @@ async def test_every_answer_too_big_stops_the_run_naming_the_limit(tmp_path: Pat
     assert "unreachable" not in stderr
 
 
+async def test_results_rows_too_long_for_a_page_of_100_are_read_in_smaller_pages(
+    tmp_path: Path,
+) -> None:
+    """A service that answers many tags an image (~12 KB a result: pages of 100 of ~1.2 MB)
+    and ``max_answer_bytes`` of 256 KiB: every page was refused as too long, asked again until
+    ``--give-up-after``, then the run stopped (exit 1) saying "the same command resumes once the
+    service answers", and every later run again: such a catalogue never completed (a daemon
+    asked the same pages for ever). The spec lets a page hold 1 to 100 results: pages are asked
+    smaller until they fit, and the run completes, every row once, none sent twice."""
+    config = CONFIG.replace("give_up_after = 20.0", "give_up_after = 3.0")
+    config += "[client.limits]\nmax_answer_bytes = 262144\n"
+    code, peak, stderr, _ = await _run(tmp_path, Misbehaviour(fat_results=10_000), config)
+    assert code == 0, stderr[-3000:]
+    assert peak < PEAK_MIB
+    out = tmp_path / "out.jsonl"
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(ROWS) | ids_of(SINGLES, "s"))
+    assert not o.rejects
+    fat = [r for r in o.results if len(r["taggingResult"].get("pad", "")) == 10_000]
+    assert len(fat) == ROWS
+    assert "rows sent again" not in stderr, stderr[-2000:]
+
+
 @pytest.mark.parametrize("kind", ["results", "list", "create", "single"])
 async def test_an_answer_nested_too_deep_is_unreadable_not_a_crash(
     tmp_path: Path, kind: str
