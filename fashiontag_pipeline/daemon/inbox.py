@@ -314,9 +314,10 @@ class Inbox(SharedInbox):
 
     # -- claiming ------------------------------------------------------------------------
 
-    def claim(self, path: Path) -> Claim | None:
+    def claim(self, path: Path, stop: anyio.Event | None = None) -> Claim | None:
         """Claim one ready manifest (blocking: see :meth:`aclaim`). None when it changed while
-        being hashed, vanished, or its name is in flight: it is looked at again next scan."""
+        being hashed, vanished, or its name is in flight: it is looked at again next scan;
+        or when ``stop`` was set while it was hashed (a drain: it stays in the inbox)."""
         name = path.name
         try:
             name.encode()
@@ -325,9 +326,9 @@ class Inbox(SharedInbox):
             return None
         try:
             before = path.stat()
-            sha256, size = hash_file(path)
+            sha256, size = hash_file(path, None if stop is None else stop.is_set)
             after = path.stat()
-        except FileNotFoundError:
+        except (FileNotFoundError, InterruptedError):
             self._seen.pop(name, None)
             return None
         except OSError as err:  # unreadable (another account's file, an I/O error)
@@ -403,9 +404,9 @@ class Inbox(SharedInbox):
         """:meth:`scan` in a worker thread."""
         return await anyio.to_thread.run_sync(self.scan)
 
-    async def aclaim(self, path: Path) -> Claim | None:
+    async def aclaim(self, path: Path, stop: anyio.Event | None = None) -> Claim | None:
         """:meth:`claim` in a worker thread (hashing a large manifest takes seconds)."""
-        return await anyio.to_thread.run_sync(self.claim, path)
+        return await anyio.to_thread.run_sync(self.claim, path, stop)
 
     async def claims(self, stopping: anyio.Event | None = None) -> AsyncIterator[Claim]:
         """Every claim, forever: those in flight at start-up first, then each ready manifest
@@ -425,7 +426,7 @@ class Inbox(SharedInbox):
                 continue
             ready = await self.ascan()
             self.ready_left = len(ready)
-            claimed = await self.aclaim(ready[0]) if ready else None
+            claimed = await self.aclaim(ready[0], stopping) if ready else None
             self.ready_left = len(ready) - 1 if claimed is not None else 0
             if claimed is not None:
                 yield claimed

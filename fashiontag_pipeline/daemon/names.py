@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = [
@@ -86,11 +86,16 @@ def suffix_of(name: str) -> str:
     return name[len(manifest_stem(name)) :]
 
 
-def hash_file(path: Path) -> tuple[str, int]:
+def hash_file(path: Path, stop: Callable[[], bool] | None = None) -> tuple[str, int]:
+    """The file's SHA-256 (hex) and size. ``stop``: looked at between two blocks, and once it
+    is true, InterruptedError (a claim's hash when the daemon drains: the hash of a manifest
+    of tens of GB, or on a slow share, held the stop past ``--drain-timeout``)."""
     digest = hashlib.sha256()
     size = 0
     with path.open("rb") as fh:
         while block := fh.read(HASH_BLOCK):
+            if stop is not None and stop():
+                raise InterruptedError(f"{path}: hash given up (the daemon stops)")
             digest.update(block)
             size += len(block)
     return digest.hexdigest(), size

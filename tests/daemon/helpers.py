@@ -19,6 +19,7 @@ import anyio
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
+    "BootedDaemon",
     "DaemonProcess",
     "drop_atomic",
     "metric_samples",
@@ -236,3 +237,33 @@ class DaemonProcess:
             return self.proc.returncode if self.proc else 0
         self.signal(signal.SIGTERM)
         return await self.wait_exit()
+
+
+@dataclass
+class BootedDaemon(DaemonProcess):
+    """The daemon started through the Python script ``boot`` (same arguments): a fault or a
+    slowness set in the real process before ``fashiontag_pipeline.cli.main`` runs. The script
+    puts the working directory first on ``sys.path`` (as ``-m`` does: the checkout under
+    test), then calls ``main(sys.argv[1:])``."""
+
+    boot: str = ""
+
+    def start(self) -> BootedDaemon:
+        script = self.root / "boot.py"
+        script.write_text(
+            "import os, sys\nsys.path.insert(0, os.getcwd())\n"
+            + self.boot
+            + "\nfrom fashiontag_pipeline.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
+        )
+        real = subprocess.Popen
+
+        def popen(args: list[str], *a: Any, **k: Any) -> subprocess.Popen[bytes]:
+            at = args.index("-m")
+            return real([*args[:at], str(script), *args[at + 2 :]], *a, **k)
+
+        subprocess.Popen = popen  # type: ignore[assignment, misc]
+        try:
+            super().start()
+        finally:
+            subprocess.Popen = real  # type: ignore[misc]
+        return self

@@ -14,20 +14,17 @@ The error is raised, once, in the real process through a small bootstrap, where 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import DaemonProcess, drop_atomic, write_manifest
+from .helpers import BootedDaemon, drop_atomic, write_manifest
 
 _BOOT = r"""
-import os, sys
 from pathlib import Path
 
-sys.path.insert(0, os.getcwd())  # (as ``-m`` would: the package of the checkout under test)
 FLAG = Path(os.environ["FT_FLAG"])
 ERROR = {"MemoryError": MemoryError, "RuntimeError": RuntimeError}[os.environ["FT_ERROR"]]
 
@@ -44,31 +41,7 @@ def hash_file(path, *args, **kwargs):
 
 
 inbox.hash_file = hash_file
-
-from fashiontag_pipeline.cli import main
-
-raise SystemExit(main(sys.argv[1:]))
 """
-
-
-class BootedDaemon(DaemonProcess):
-    """The daemon started through ``_BOOT`` (same arguments)."""
-
-    def start(self) -> BootedDaemon:
-        boot = self.root / "boot.py"
-        boot.write_text(_BOOT)
-        real = subprocess.Popen
-
-        def popen(args: list[str], *a: object, **k: object) -> subprocess.Popen[bytes]:
-            at = args.index("-m")
-            return real([*args[:at], str(boot), *args[at + 2 :]], *a, **k)  # type: ignore[call-overload, no-any-return]
-
-        subprocess.Popen = popen  # type: ignore[assignment, misc]
-        try:
-            super().start()
-        finally:
-            subprocess.Popen = real  # type: ignore[misc]
-        return self
 
 
 @pytest.mark.parametrize("error", ["MemoryError", "RuntimeError"])
@@ -78,7 +51,7 @@ async def test_a_crash_is_one_json_line_with_its_traceback(tmp_path: Path, error
     ids = [f"c{i}" for i in range(50)]
     async with running_service(ServiceConfig()) as svc:
         env = {"FT_FLAG": str(flag), "FT_ERROR": error}
-        daemon = BootedDaemon(tmp_path, svc.url, env=env).start()
+        daemon = BootedDaemon(tmp_path, svc.url, env=env, boot=_BOOT).start()
         try:
             await daemon.wait_ready_endpoint()
             drop_atomic(daemon.inbox, "cat.csv", write_manifest(Path("cat.csv"), ids))

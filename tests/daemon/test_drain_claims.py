@@ -1,11 +1,12 @@
-"""A manifest dropped while the daemon drains (SIGTERM with writes in flight) is not claimed:
-"stop claiming and reading" (docs/daemon.md). It stays in the inbox, untouched, and the next
-start claims and tags it."""
+"""A manifest dropped while the daemon drains (SIGTERM with writes in flight), or being hashed
+for its claim when the signal comes, is not claimed: "stop claiming and reading"
+(docs/daemon.md). It stays in the inbox, untouched, and the next start claims and tags it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import anyio
@@ -13,7 +14,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, faults, running_service
 
-from .helpers import DaemonProcess, drop_atomic, write_manifest
+from .helpers import BootedDaemon, DaemonProcess, drop_atomic, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
@@ -53,6 +54,75 @@ async def test_a_manifest_dropped_while_draining_stays_in_the_inbox(
             daemon = DaemonProcess(tmp_path, svc.url).start()
             summary = await daemon.wait_summary("b", timeout=30)
             assert summary["status"] == "done" and summary["tagged"] == 1, summary
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+
+
+#: A slow share under the inbox: the claim's hash reads 4 KiB blocks, 50 ms each (~80 KiB/s),
+#: and says when it has begun. ``FT_SLOW`` unset: as it is.
+_SLOW_HASH = r"""
+from pathlib import Path
+
+from fashiontag_pipeline.daemon import names
+
+if os.environ.get("FT_SLOW"):
+    import hashlib, time
+
+    BEGUN = Path(os.environ["FT_SLOW"])
+
+    class _SlowSha256:
+        def __init__(self):
+            self._digest = hashlib.sha256()
+
+        def update(self, block):
+            BEGUN.touch()
+            time.sleep(0.05)
+            self._digest.update(block)
+
+        def hexdigest(self):
+            return self._digest.hexdigest()
+
+    class _Hashlib:
+        sha256 = _SlowSha256
+
+    names.hashlib = _Hashlib
+    names.HASH_BLOCK = 4096
+"""
+
+
+async def test_sigterm_while_a_claim_hashes_a_large_manifest_stops_within_the_drain_timeout(
+    tmp_path: Path,
+) -> None:
+    """Before, the drain waited for the hash to end, however long (the signal came: "draining:
+    no more claims"), then claimed the manifest anyway: a 2.2 GB manifest took 7.8 s with
+    ``--drain-timeout 1``, and one of tens of GB on a slow share outlasted systemd's
+    ``TimeoutStopSec`` (SIGKILL). Here the hash would take ~8 s."""
+    ids = [f"h{i:05d}" for i in range(16000)]  # ~620 KiB: ~150 blocks of 4 KiB
+    begun = tmp_path / "hash-begun"
+    async with running_service(ServiceConfig()) as svc:
+        env = {"FT_SLOW": str(begun)}
+        extra = ("--drain-timeout", "1")
+        daemon = BootedDaemon(tmp_path, svc.url, env=env, extra=extra, boot=_SLOW_HASH).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            drop_atomic(daemon.inbox, "big.csv", write_manifest(Path(), ids))
+            with anyio.fail_after(20):
+                while not begun.exists():
+                    daemon.check_alive()
+                    await anyio.sleep(0.01)
+            daemon.signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            assert await daemon.wait_exit(timeout=30) == 0, daemon.tail()
+            took = time.monotonic() - signalled
+            assert took < 4.0, f"exited {took:.1f} s after SIGTERM: {daemon.tail(5)}"
+            assert not any(e["event"] == "manifest claimed" for e in daemon.logs()), daemon.tail()
+            assert (daemon.inbox / "big.csv").exists(), "the manifest left the inbox"
+            assert not (daemon.inbox / ".work" / "big.csv").exists()
+            daemon = DaemonProcess(tmp_path, svc.url).start()
+            summary = await daemon.wait_summary("big", timeout=60)
+            assert summary["status"] == "done" and summary["tagged"] == len(ids), summary
+            assert svc.store.image_count == len(ids)
             assert await daemon.stop() == 0
         finally:
             daemon.ensure_dead()

@@ -219,7 +219,7 @@ def test_a_file_that_changes_while_hashed_is_not_claimed(
     path.write_bytes(CSV)
     real_hash = inbox_module.hash_file
 
-    def hash_while_producer_appends(p: Path) -> tuple[str, int]:
+    def hash_while_producer_appends(p: Path, stop: object = None) -> tuple[str, int]:
         result = real_hash(p)
         with p.open("ab") as fh:
             fh.write(b"3,http://127.0.0.1/c.jpg\n")
@@ -250,7 +250,7 @@ def test_a_file_renamed_over_the_name_while_it_is_hashed_is_not_claimed_under_th
     stamp = path.stat().st_mtime_ns
     real_hash = inbox_module.hash_file
 
-    def hash_then_replace(p: Path) -> tuple[str, int]:
+    def hash_then_replace(p: Path, stop: object = None) -> tuple[str, int]:
         got = real_hash(p)
         incoming = root / ".incoming"
         incoming.write_bytes(other)
@@ -617,7 +617,7 @@ def test_a_file_that_cannot_be_claimed_goes_to_failed_and_the_others_on(
     (root / "ok.csv").write_bytes(CSV)
     real_hash = inbox_module.hash_file
 
-    def hash_file(path: Path) -> tuple[str, int]:
+    def hash_file(path: Path, stop: object = None) -> tuple[str, int]:
         if path.name == "locked.csv":
             raise PermissionError(13, "Permission denied", str(path))
         return real_hash(path)
