@@ -377,7 +377,7 @@ def _run_and_report(
     job reading it never finds the last night's report."""
     try:
         summary = run()
-    except _StoppedWhileStarting:
+    except (_StoppedWhileStarting, InterruptedError):  # (a manifest's fingerprint given up)
         reason = "interrupted while starting: nothing was read or sent (run it again to start)"
         return report_failure(args, failed, reason, EXIT_INTERRUPTED)
     except StateConflictError as err:

@@ -20,6 +20,7 @@ import os
 import stat
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -237,11 +238,12 @@ class ManifestBytes:
         if self._owns:
             self._fh.close()
 
-    def fingerprint(self) -> ManifestPrint:
+    def fingerprint(self, stop: Callable[[], bool] | None = None) -> ManifestPrint:
         """Size and SHA-256 of the file this reader has open (blocking): the bytes it reads,
-        whatever the path names by now. None of either for stdin or a pipe."""
+        whatever the path names by now. None of either for stdin or a pipe. InterruptedError
+        once ``stop()`` is true (a stop while the run starts)."""
         fd = self._fh.fileno() if self._owns and self.size is not None else None
-        self.read_end.read_print = fingerprint_open(self.name, fd)
+        self.read_end.read_print = fingerprint_open(self.name, fd, stop)
         return self.read_end.read_print
 
     def changed_since_read(self) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -100,19 +100,23 @@ def check_readable_twice(path: str) -> None:
         )
 
 
-def _hash_fd(name: str, fd: int) -> ManifestPrint:
+def _hash_fd(name: str, fd: int, stop: Callable[[], bool] | None = None) -> ManifestPrint:
     """Size and SHA-256 of the file open as ``fd``, read with ``pread`` from its start (the
-    descriptor's position, which its reader uses, is left as it is)."""
+    descriptor's position, which its reader uses, is left as it is). ``stop``: looked at
+    between two blocks, and once it is true, InterruptedError (a stop while the run starts:
+    the hash of a manifest of tens of GB held Ctrl-C or SIGTERM for as long)."""
     digest = hashlib.sha256()
     size = 0
     buf = bytearray(_READ)
     view = memoryview(buf)
     try:
-        while n := os.preadv(fd, [buf], size):
+        while (stop is None or not stop()) and (n := os.preadv(fd, [buf], size)):
             digest.update(view[:n])
             size += n
     except OSError:
         return ManifestPrint(name=name, size=-1, sha256="")
+    if stop is not None and stop():
+        raise InterruptedError(f"manifest {name}: its fingerprint given up (the run stops)")
     return ManifestPrint(name=name, size=size, sha256=digest.hexdigest())
 
 
@@ -135,14 +139,16 @@ def fingerprint(path: str) -> ManifestPrint:
         os.close(fd)
 
 
-def fingerprint_open(name: str, fd: int | None) -> ManifestPrint:
+def fingerprint_open(
+    name: str, fd: int | None, stop: Callable[[], bool] | None = None
+) -> ManifestPrint:
     """The fingerprint of the manifest ``name`` as open in its reader (``fd``; None, or
     ``name`` ``-``, for stdin or a pipe: no fingerprint). The bytes hashed are the very bytes
     the reader reads, even when the exporter renames tonight's dump over the path, or rewrites
     it, while the run starts (the reader's end-of-input check catches a change after this)."""
     if name == STDIN or fd is None:
         return ManifestPrint(name=name)
-    return _hash_fd(name, fd)
+    return _hash_fd(name, fd, stop)
 
 
 def job_prints(paths: Sequence[str]) -> list[ManifestPrint]:

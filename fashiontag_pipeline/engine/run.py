@@ -131,7 +131,8 @@ async def run_pipeline(
         # The fingerprints of the files the readers have open: hashing the paths first, an
         # exporter's rename landing meanwhile made the run read one dump under another's
         # fingerprint (resumed by line numbers, or tagged again by the same command).
-        prints = [await anyio.to_thread.run_sync(reader.fingerprint) for reader in readers]
+        stop = None if control is None else control.stopping.is_set  # (Ctrl-C meanwhile)
+        prints = [await anyio.to_thread.run_sync(r.fingerprint, stop) for r in readers]
         db = state_path if isinstance(state_path, StateStore) else open_state(state_path)
     except BaseException:
         close_readers()
