@@ -61,6 +61,7 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
             tmp_path,
             svc.url,
             env={"NOTIFY_SOCKET": str(notify), "WATCHDOG_USEC": "400000"},
+            settle=1.5,  # (see slow.csv below)
         ).start()
         try:
             await daemon.wait_ready_endpoint()
@@ -70,10 +71,12 @@ async def test_every_kind_of_drop_is_tagged_once_with_its_own_ids(tmp_path: Path
             (inbox / "marked.csv.ready").write_bytes(b"")
             (inbox / "copied.csv").write_bytes(write_manifest(Path(), ids, url_tag="c"))
             (inbox / "broken.csv").write_bytes(b"\x00\x01 not,a manifest\n\x02")
-            # Written slowly: pauses shorter than --settle, for longer than it in all.
+            # Written slowly: pauses shorter than --settle, for longer than it in all. (With the
+            # helper's 0.4 s, a 0.2 s pause took longer on a loaded machine: the daemon took the
+            # file half-written, status failed, 4 runs of 5.)
             slow = write_manifest(Path(), ids, url_tag="s")
             with (inbox / "slow.csv").open("wb") as fh:
-                step = len(slow) // 6 + 1
+                step = len(slow) // 12 + 1
                 for start in range(0, len(slow), step):
                     fh.write(slow[start : start + step])
                     fh.flush()
