@@ -18,7 +18,11 @@ install: $(STAMP)
 # (pytest-xdist) finish the suite in about a third of the time, even on two cores.
 TEST_WORKERS ?= 4
 
+# The package is byte-compiled first: with PYTHONDONTWRITEBYTECODE set (CI images, this
+# machine), each of the hundreds of `fashiontag` subprocesses the suite starts compiled it
+# again from source (~0.35 s of CPU a start), load that made start-up limits tight.
 test: $(STAMP)
+	$(PY) -m compileall -q fashiontag_pipeline
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 lint: $(STAMP)
