@@ -36,6 +36,7 @@ __all__ = [
     "csv_lines",
     "cut_unnamed",
     "header_record",
+    "top_lines",
     "unnamed_end",
 ]
 
@@ -70,6 +71,28 @@ def csv_lines(text: str) -> list[str]:
     only, not at the other characters ``str.splitlines`` ends a line at (NEL, U+2028, a
     vertical tab, a form feed, ``\\x1c``), which are text in a field."""
     return io.StringIO(text, newline="").readlines()
+
+
+#: How much of a manifest's first text :func:`top_lines` splits into lines (up to the line end
+#: after it) when the header and the lines read after it lie within.
+HEAD_PEEK = 16 << 10
+
+
+def top_lines(text: str) -> list[str]:
+    """The first :func:`csv_lines` of ``text``: enough to read its header record from and the
+    lines after it that :func:`header_record` and the errors that name them read (at least
+    ``2 * MAX_HEADER_LINES + 2`` after the blank lines it starts with), else all of them.
+    A first read holds up to a MiB of rows (~17,000): splitting them into lines only to join
+    them again cost ~1,000 instructions a row of it."""
+    cut = text.find("\n", HEAD_PEEK) + 1  # (after a LF: no CRLF cut in two)
+    if cut:
+        lines = csv_lines(text[:cut])
+        skip = 0
+        while skip < len(lines) and not lines[skip].strip():
+            skip += 1
+        if len(lines) - skip > 2 * MAX_HEADER_LINES + 1:
+            return lines
+    return csv_lines(text)
 
 
 def header_record(lines: list[str], *, last: bool) -> tuple[list[str], int] | None:

@@ -40,7 +40,7 @@ except ImportError:  # (not on Windows)
 
 from .._exceptions import ManifestError
 from . import strays
-from .csvchunk import MAX_HEADER_BYTES, CsvChunk, csv_lines, cut_unnamed, header_record, unnamed_end
+from .csvchunk import MAX_HEADER_BYTES, CsvChunk, cut_unnamed, header_record, top_lines, unnamed_end
 from .foreign_heads import empty_manifest, missing_columns, urls_under_header, what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
 from .rows import JsonLines, JsonRows, PlainRows, RowBatch
@@ -137,7 +137,7 @@ class ManifestReader(ManifestBytes):
                 self._head = text
                 return
             self.kind = "csv"
-            lines = csv_lines(text)  # (where the csv module ends them)
+            lines = top_lines(text)  # (where the csv module ends them; enough for the header)
             # The header is the first record after blank lines (it may span several lines).
             skip = 0
             while not lines[skip].strip():
@@ -173,7 +173,7 @@ class ManifestReader(ManifestBytes):
                 )
             self._check_columns(names)
             self.header = names
-            self._head = "".join(lines[skip + span :])
+            self._head = text[sum(map(len, lines[: skip + span])) :]
             return
 
     def _check_line_ends(self, text: str, next_row: str) -> None:
