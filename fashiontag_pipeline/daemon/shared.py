@@ -404,9 +404,11 @@ class SharedDaemon:
                 await still_held(lease, keeper, self._ledger)
                 await daemon.failed(claim, outputs, inbox, str(err), lease=lease)
                 return True
+            except InterruptedError:  # (stopped while it fingerprinted the manifest: no row read)
+                summary = None
             if lost.is_set():
                 raise exc.LeaseLostError(f"lost the lease of {claim.name!r}", manifest=claim.name)
-            if not summary.complete:
+            if summary is None or not summary.complete:
                 with contextlib.suppress(exc.StateError):
                     await keeper.release(lease)
                 logger.info(
