@@ -14,6 +14,7 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, faults, running_service
 
+from ..slow_share import slow_hash
 from .helpers import BootedDaemon, DaemonProcess, drop_atomic, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
@@ -61,34 +62,7 @@ async def test_a_manifest_dropped_while_draining_stays_in_the_inbox(
 
 #: A slow share under the inbox: the claim's hash reads 4 KiB blocks, 200 ms each (~20 KiB/s),
 #: and says when it has begun. ``FT_SLOW`` unset: as it is.
-_SLOW_HASH = r"""
-from pathlib import Path
-
-from fashiontag_pipeline.daemon import names
-
-if os.environ.get("FT_SLOW"):
-    import hashlib, time
-
-    BEGUN = Path(os.environ["FT_SLOW"])
-
-    class _SlowSha256:
-        def __init__(self):
-            self._digest = hashlib.sha256()
-
-        def update(self, block):
-            BEGUN.touch()
-            time.sleep(0.2)
-            self._digest.update(block)
-
-        def hexdigest(self):
-            return self._digest.hexdigest()
-
-    class _Hashlib:
-        sha256 = _SlowSha256
-
-    names.hashlib = _Hashlib
-    names.HASH_BLOCK = 4096
-"""
+_SLOW_HASH = slow_hash("daemon.names", "HASH_BLOCK", 0.2)
 
 
 async def test_sigterm_while_a_claim_hashes_a_large_manifest_stops_within_the_drain_timeout(

@@ -16,40 +16,14 @@ import pytest
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..slow_share import slow_hash
 from .helpers import BootedDaemon, DaemonProcess, drop_atomic, write_manifest
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="signals")
 
 #: A slow share: the engine's fingerprint reads 4 KiB blocks, 50 ms each, and says when it has
 #: begun (the claim's own hash, in ``daemon.names``, is left as it is).
-_SLOW_FINGERPRINT = r"""
-from pathlib import Path
-
-from fashiontag_pipeline.engine import manifests
-
-if os.environ.get("FT_SLOW"):
-    import hashlib, time
-
-    BEGUN = Path(os.environ["FT_SLOW"])
-
-    class _SlowSha256:
-        def __init__(self):
-            self._digest = hashlib.sha256()
-
-        def update(self, block):
-            BEGUN.touch()
-            time.sleep(0.05)
-            self._digest.update(block)
-
-        def hexdigest(self):
-            return self._digest.hexdigest()
-
-    class _Hashlib:
-        sha256 = _SlowSha256
-
-    manifests.hashlib = _Hashlib
-    manifests._READ = 4096
-"""
+_SLOW_FINGERPRINT = slow_hash("engine.manifests", "_READ", 0.05)
 
 
 async def test_sigterm_while_a_leased_manifest_is_fingerprinted_hands_it_back(

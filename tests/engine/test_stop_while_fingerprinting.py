@@ -23,43 +23,15 @@ import anyio
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
+from ..slow_share import slow_hash
 from .helpers import ENV, assert_exactly_once, run_args, write_csv
 
-_BOOT = r"""
-import os, sys
-from pathlib import Path
-
-sys.path.insert(0, os.getcwd())  # (as ``-m`` would: the package of the checkout under test)
-
-if os.environ.get("FT_SLOW"):
-    import hashlib, time
-
-    from fashiontag_pipeline.engine import manifests
-
-    BEGUN = Path(os.environ["FT_SLOW"])
-
-    class _SlowSha256:
-        def __init__(self):
-            self._digest = hashlib.sha256()
-
-        def update(self, block):
-            BEGUN.touch()
-            time.sleep(0.2)
-            self._digest.update(block)
-
-        def hexdigest(self):
-            return self._digest.hexdigest()
-
-    class _Hashlib:
-        sha256 = _SlowSha256
-
-    manifests.hashlib = _Hashlib
-    manifests._READ = 4096
-
-from fashiontag_pipeline.cli import main
-
-raise SystemExit(main(sys.argv[1:]))
-"""
+_BOOT = (
+    "import os, sys\n"
+    "sys.path.insert(0, os.getcwd())  # (as -m would: the package of the checkout under test)\n"
+    + slow_hash("engine.manifests", "_READ", 0.2)
+    + "\nfrom fashiontag_pipeline.cli import main\nraise SystemExit(main(sys.argv[1:]))\n"
+)
 
 
 async def test_a_stop_while_a_large_manifest_is_fingerprinted_ends_the_run_at_once(
