@@ -50,7 +50,6 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from ..engine.outfiles import lock_exclusively
 from ..engine.source import RESOURCE_ERRNOS
 from ._files import fsync_dir
 from .claims import Claim, as_moved, same_file
@@ -68,27 +67,9 @@ from .names import (
 )
 from .settled import remove_marker
 
-__all__ = ["Claim", "Inbox", "lock_inbox"]
+__all__ = ["Claim", "Inbox"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
-
-
-def lock_inbox(inbox: Path) -> int:
-    """An exclusive lock on ``INBOX/.fashiontag-daemon.lock`` while a daemon with a SQLite
-    state watches the inbox: two of them (each given its own ``--state``) would both resume
-    the manifests in flight and tag them twice. Several daemons share an inbox only with a
-    shared PostgreSQL state."""
-    fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        lock_exclusively(
-            fd,
-            f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
-            ".lock): several daemons share an inbox only with a PostgreSQL --state",
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 @dataclass(slots=True)
@@ -138,8 +119,9 @@ class Inbox(SharedInbox):
         #: Names claimed by this process and not yet settled: a file of that name in the
         #: inbox (one moved back out of .work by hand) waits for the claim to end.
         self._claimed: set[str] = set()
-        #: Files ready besides those claimed (a burst): more manifests to come, soon.
-        self.ready_left = 0
+        #: Files ready besides those claimed, and files seen still settling (a burst): more
+        #: manifests to come, soon (the engine holds its open task for their rows).
+        self.ready_left = self.settling = 0
         #: Files whose claim could not move them (see _leave): left alone while they stay
         #: as they were then.
         self._immovable: dict[str, tuple[tuple[int, ...], int | None]] = {}
@@ -276,6 +258,7 @@ class Inbox(SharedInbox):
         for gone in self._immovable.keys() - names.keys():
             del self._immovable[gone]
         ready: list[tuple[float, str]] = []
+        settling = 0
         for name, st in names.items():
             if name in self._stuck:
                 continue
@@ -302,13 +285,16 @@ class Inbox(SharedInbox):
                         READY_SUFFIX,
                     )
                 continue
-            if marked or now - seen.since >= self.settle:
-                if name in self._claimed or (
-                    (self.work / name).exists()
-                    and (self.shared_after is not None or not self._clear_leftover(name))
-                ):
-                    continue  # an earlier file of this name is in flight
-                ready.append((seen.since, name))
+            if not marked and now - seen.since < self.settle:
+                settling += 1
+                continue
+            if name in self._claimed or (
+                (self.work / name).exists()
+                and (self.shared_after is not None or not self._clear_leftover(name))
+            ):
+                continue  # an earlier file of this name is in flight
+            ready.append((seen.since, name))
+        self.settling = settling
         ready.sort()
         return [self.root / name for _, name in ready]
 

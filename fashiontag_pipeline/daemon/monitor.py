@@ -174,10 +174,21 @@ class DaemonMonitor:
             self._waiting, self._slot_wait = [], False
 
     def more_claims(self) -> bool:
-        """Whether another manifest is about to be read (the engine then holds its open task
-        for its rows): more are ready in the inbox, and a slot is free or about to be (a
-        manifest whose rows all have their outcome is being finished)."""
-        if self._inbox is None or self._inbox.ready_left == 0:
+        """Whether another manifest's rows are about to come (the engine then holds its open
+        task for them, until ``linger_seconds`` after its last rows): a manifest claimed is
+        not read to the end yet (claimed, its rows come a moment later), or more files are
+        ready or settling in the inbox (the next of a burst, or its next wave) and a slot is
+        free or about to be (a manifest whose rows all have their outcome is being finished).
+        Not a manifest that waits for equal content in flight (it waits for its outcome)."""
+        inbox = self._inbox
+        if inbox is None:
+            return False
+        waiting = {c.name for c in (*self.queued, *inbox.resumed)}
+        for name in inbox.claimed_names() - waiting:
+            active = self.active.get(name)
+            if active is None or active.job is None or not active.job.read_all:
+                return True
+        if inbox.ready_left == 0 and inbox.settling == 0:
             return False
         return not self._slot_wait or any(
             a.job is not None and a.job.read_all and a.job.pending() <= 0

@@ -75,6 +75,10 @@ class InboxSettling:
     #: _move_settled).
     _unmoved: set[str]
 
+    def claimed_names(self) -> frozenset[str]:
+        """The names this process claimed and has not settled yet (in flight)."""
+        return frozenset(self._claimed)
+
     def _refuse_name(self, path: Path) -> None:
         """A manifest whose name is not UTF-8 (:meth:`_refuse`), unless it is and this process
         reads names in another encoding (a C locale with Python's UTF-8 mode off:

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from .._exceptions import StateConflictError
 from .._postgres import is_postgres_url
+from ..engine.outfiles import lock_exclusively
 from ._files import write_atomic
-from .inbox import lock_inbox
 from .names import STATE_MARK
 
 __all__ = ["PG_MARK", "STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
@@ -151,8 +151,26 @@ def _visible(work: Path) -> set[str]:
         return set()
 
 
+def lock_inbox(inbox: Path) -> int:
+    """An exclusive lock on ``INBOX/.fashiontag-daemon.lock`` while a daemon with a SQLite
+    state watches the inbox: two of them (each given its own ``--state``) would both resume
+    the manifests in flight and tag them twice. Several daemons share an inbox only with a
+    shared PostgreSQL state."""
+    fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        lock_exclusively(
+            fd,
+            f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
+            ".lock): several daemons share an inbox only with a PostgreSQL --state",
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def lock_watched(inbox: Path, state: str | Path) -> int:
-    """:func:`~.inbox.lock_inbox` for a daemon with the SQLite ``state``, refused if the files
+    """:func:`lock_inbox` for a daemon with the SQLite ``state``, refused if the files
     in ``.work`` are in flight in another state; the state is noted for the next start (best
     effort: it only guards that start)."""
     fd = lock_inbox(inbox)

@@ -54,6 +54,12 @@ from .writes import STAGE_SERVER, job_marks
 __all__ = ["STAGE_SERVER", "TaskWriter"]
 
 
+def _queued(items: anyio.abc.ObjectReceiveStream[list[Item]]) -> bool:
+    """Whether batches wait in ``items`` (an IDLE before them is stale: read since)."""
+    statistics = getattr(items, "statistics", None)
+    return statistics is not None and statistics().current_buffer_used > 0
+
+
 class TaskWriter(TaskTargets):
     """Turns validated items into task writes. See the module docstring."""
 
@@ -92,11 +98,11 @@ class TaskWriter(TaskTargets):
         #: sealed once its writes are answered, as at the end of the input, for no input will
         #: come to seal it.
         self.input_idle = False
-        #: Whether more input is about to come when there is none (a daemon claiming the next
-        #: manifest of a burst; None: never held), and the open task whose sealing on IDLE
-        #: waits for it, at most until ``linger_seconds`` old (:meth:`_seal_when_idle`).
+        #: Whether more input is about to come when there is none (a daemon's next manifest;
+        #: None: never held), the open task held for it on IDLE, and when rows last came.
         self.more_input: Callable[[], bool] | None = None
         self._held: OpenTask | None = None
+        self._rows_at = 0.0
         self.active = 0
         self._stop_scope = anyio.CancelScope()
         self.idle = anyio.Event()
@@ -211,13 +217,13 @@ class TaskWriter(TaskTargets):
                     batch = await items.receive()
                 except anyio.EndOfStream:
                     eof = True
-            idle = batch is not None and not batch
-            if batch is not None:
-                self.input_idle = idle
+            idle = batch is not None and not batch and not _queued(items)
             if batch:
+                self.input_idle = False
                 self._held = None  # rows keep coming: the task rotates as usual
+                self._rows_at = self.clock()
                 if not buffer:
-                    since = self.clock()
+                    since = self._rows_at
                 buffer.extend(batch)
                 cutter.added(batch)
             while cut := cutter.cut(buffer):
@@ -230,6 +236,9 @@ class TaskWriter(TaskTargets):
                 await self.dispatch(buffer)
                 buffer = []
                 cutter.emptied()
+            if idle:  # (noted once they are sent, if no rows came meanwhile: else the create
+                # they waited for took its task for quiet, and the rows after made another)
+                idle = self.input_idle = not _queued(items)
             cur = self.current
             if cur is not None and now >= self.policy.close_at(cur, len(buffer)):
                 await self._close(cur)
@@ -238,13 +247,11 @@ class TaskWriter(TaskTargets):
 
     async def _seal_when_idle(self, task: OpenTask, now: float) -> None:
         """Nothing more to read for now (IDLE): seal the open task, so the rows sent get
-        results; while more input is about to come (:attr:`more_input`), once the task is
-        ``linger_seconds`` old. Before, it was sealed at once: a daemon given a burst of
-        small manifests (one export per category) opened a task for each, and a service that
-        caps the live tasks of a key (a task is live until its expiry, 10 minutes) refused the
-        creates, every manifest waiting for tasks to expire. Now a burst shares tasks."""
+        results; while more input is about to come (:attr:`more_input`: a daemon's burst of
+        manifests), once no rows came for ``linger_seconds`` (or it is full, rotated, near
+        its expiry), so that a burst shares tasks (a service caps a key's live tasks)."""
         more = self.more_input is not None and self.more_input()
-        if not more or now >= task.opened + self.policy.linger:
+        if not more or now >= self._held_deadline(task):
             self._held = None
             await self._close(task)
         else:
@@ -255,7 +262,11 @@ class TaskWriter(TaskTargets):
         held = self._held
         if held is None or held is not self.current or held.closing:
             return float("inf")
-        return held.opened + self.policy.linger
+        return self._held_deadline(held)
+
+    def _held_deadline(self, task: OpenTask) -> float:
+        """``linger_seconds`` after the last rows came (or the task opened)."""
+        return max(task.opened, self._rows_at) + self.policy.linger
 
     async def dispatch(
         self,

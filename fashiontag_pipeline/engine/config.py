@@ -71,9 +71,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         (600 s) minus ``expiry_margin``.
     * ``expiry_margin``: no write is started later than ``taskExpiredAt - expiry_margin``.
     * ``linger_seconds``: a partial chunk waits at most this long for more rows; a daemon
-      about to read the next manifest of a burst holds its open task at most until this
-      old for its rows, so that the burst's small manifests share tasks (a service caps
-      the live tasks of a key).
+      about to read the next manifest of a burst holds its open task for its rows until
+      this long after the last rows came, so that the burst's small manifests share tasks
+      (a service caps the live tasks of a key).
     * ``max_write_concurrency`` / ``max_page_concurrency``: caps of the adaptive (AIMD)
       concurrency of writes and result pages.
     * ``poll_min`` / ``poll_max``: bounds of the tracker's poll interval: the next poll is

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from fashiontag_pipeline.service import ServiceConfig, running_service
+from fashiontag_pipeline.service import ServiceConfig, faults, running_service
 from fashiontag_pipeline.service.context import STATE
 
 from .helpers import DaemonProcess, drop_atomic, read_lines, write_manifest
@@ -64,3 +64,79 @@ async def test_a_burst_of_small_manifests_shares_tasks_under_a_live_task_cap(
         assert summaries[n]["status"] == "done" and summaries[n]["tagged"] == size
         ids = [line["id"] for line in read_lines(daemon.outbox / f"cat{n}" / "results.jsonl")]
         assert sorted(ids) == sorted(f"r{i}" for i in range(size)), n
+
+
+async def test_a_burst_dropped_in_waves_shares_one_task_under_a_cap_of_one(
+    tmp_path: Path,
+) -> None:
+    """Before, the open task was sealed whenever no file was ready at that instant: between
+    two waves of one drop (the next files seen, still settling), and after the last claim of
+    a wave while that manifest's rows were not read yet (they came a moment later, into a
+    task of their own). A burst of 20 took 5 tasks; under a cap of live tasks a create was
+    refused (429) and waited out Retry-After (30 s), then the tasks' expiry. Now the open
+    task waits while a claimed manifest is not read to the end or more files are ready or
+    settling, until ``--linger`` seconds after its last rows: the waves share one task."""
+    waves = [range(start, start + 5) for start in (0, 5, 10)]
+    config = ServiceConfig(max_live_tasks=1, task_ttl=120.0)
+    async with running_service(config) as svc:
+        extra = ["--linger", "1", "--rotate-seconds", "30", "--max-active", "32"]
+        extra += ["--state", str(tmp_path / "st.db")]
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            for wave in waves:  # (each wave settles 0.25 s after the one before)
+                for n in wave:
+                    data = write_manifest(
+                        Path(), [f"r{i}" for i in range(1 + n % 7)], url_tag=f"{n}-"
+                    )
+                    drop_atomic(daemon.inbox, f"w{n}.csv", data)
+                await anyio.sleep(0.25)
+            names = [f"w{n}" for wave in waves for n in wave]
+            with anyio.fail_after(15):
+                while not all((daemon.outbox / n / "summary.json").exists() for n in names):
+                    daemon.check_alive()
+                    refused = "HTTP 429" in daemon.stderr_path.read_text()
+                    assert not refused, f"a second task was asked for: {daemon.tail(6)}"
+                    await anyio.sleep(0.05)
+            assert len(svc.app[STATE].store.tasks) == 1
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    for n in (n for wave in waves for n in wave):
+        summary = await daemon.wait_summary(f"w{n}")
+        assert summary["status"] == "done" and summary["tagged"] == 1 + n % 7, n
+
+
+async def test_a_burst_read_while_its_task_is_created_shares_it(tmp_path: Path) -> None:
+    """Before, rows read while the open task's create was unanswered waited for it with the
+    intake's IDLE already noted: the create's answer sealed that task as quiet (no input to
+    come) and the rows created another: under a cap of one live task, refused (429) and
+    waiting out Retry-After (30 s), then the first task's expiry. Now the IDLE is noted
+    once the rows read before it are sent: they go to the task being created."""
+    # (Every request 0.3 s slow: the manifests after the first are read during its create.)
+    config = ServiceConfig(
+        max_live_tasks=1, task_ttl=120.0, faults=faults.FaultSpec.parse("latency=1:0.3s")
+    )
+    async with running_service(config) as svc:
+        extra = ["--linger", "1", "--rotate-seconds", "30", "--max-active", "32"]
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            for n in range(6):
+                data = write_manifest(Path(), [f"r{i}" for i in range(1 + n)], url_tag=f"{n}-")
+                drop_atomic(daemon.inbox, f"s{n}.csv", data)
+            with anyio.fail_after(15):
+                while not all(
+                    (daemon.outbox / f"s{n}" / "summary.json").exists() for n in range(6)
+                ):
+                    daemon.check_alive()
+                    refused = "HTTP 429" in daemon.stderr_path.read_text()
+                    assert not refused, f"a second task was asked for: {daemon.tail(6)}"
+                    await anyio.sleep(0.05)
+            assert len(svc.app[STATE].store.tasks) == 1
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    for n in range(6):
+        summary = await daemon.wait_summary(f"s{n}")
+        assert summary["status"] == "done" and summary["tagged"] == 1 + n, n
