@@ -11,7 +11,7 @@ import msgspec
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, run_args, short_deadline, write_csv
 
 
 async def test_stdin_trickle_slower_than_task_ttl(tmp_path: Path) -> None:
@@ -47,15 +47,26 @@ async def test_kill_9_at_several_points_then_resume_exactly_once(tmp_path: Path)
     async with running_service(ServiceConfig(rate=4000.0)) as svc:
         args = run_args(svc.url, out, str(manifest), "--state", str(state))
         args += ["--rotate-images", "1500", "--write-concurrency", "2"]
+        # A kill that catches a create written ahead and not yet applied has the resume look
+        # for its task until the request deadline and list_lag have gone by since it was
+        # written (75 s by default: past the 60 s below, which a loaded machine met): 10.5 s.
+        args += short_deadline(tmp_path, 10.0)
         killed = []
         seen = 0
-        for _ in range(3):
-            proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        for attempt in range(3):
+            # Its stderr to a file, not a pipe never read (a run that wrote 64 KB would block).
+            err = tmp_path / f"attempt-{attempt}.err"
+            with err.open("wb") as stderr:
+                proc = await anyio.open_process(args, stderr=stderr, env=ENV)
             # Killed once it wrote results past the last kill (kills 0.8-1.3 s after the start
             # came before any on a loaded machine: three kills of a run that did nothing).
-            with anyio.fail_after(60):
+            with anyio.move_on_after(60) as waited:
                 while proc.returncode is None and (not out.exists() or out.stat().st_size <= seen):
                     await anyio.sleep(0.02)
+            if waited.cancelled_caught:
+                proc.kill()
+                await proc.aclose()
+                raise AssertionError(f"attempt {attempt}: no new result in 60 s\n{err.read_text()}")
             seen = out.stat().st_size
             if proc.returncode is None:
                 proc.send_signal(signal.SIGKILL)
