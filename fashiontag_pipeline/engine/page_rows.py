@@ -22,6 +22,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
+from .flow import AIMDLimiter
 from .idmatch import CUT_PAIR, IdMatcher
 from .pages import NotAPage, PageRow, decode_page, screen
 from .returned import ReturnedRows
@@ -47,6 +48,7 @@ class PageRows:
     client: TaggerClient
     journal: Journal
     returned: ReturnedRows
+    slots: AIMDLimiter
     pages: int
     _warned_changed: bool
 
@@ -77,31 +79,35 @@ class PageRows:
         every_page = range(0, entry.total, MAX_PAGE_SIZE)
         while missing > 0:
             found = 0
-            for offset in offsets:
-                end = min(offset + MAX_PAGE_SIZE, entry.total)
-                # A page shorter than asked is read on to its range's end: a service whose
-                # pages hold fewer rows than asked answers each range in parts.
-                while offset < end and missing - found > 0:
-                    try:
-                        raw = await self.client.task_results_raw(
-                            entry.task_id, offset=offset, size=end - offset
+            await self.slots.acquire()  # (a pass reads pages in a slot; a pause holds none)
+            try:
+                for offset in offsets:
+                    end = min(offset + MAX_PAGE_SIZE, entry.total)
+                    # A page shorter than asked is read on to its range's end: a service whose
+                    # pages hold fewer rows than asked answers each range in parts.
+                    while offset < end and missing - found > 0:
+                        try:
+                            raw = await self.client.task_results_raw(
+                                entry.task_id, offset=offset, size=end - offset
+                            )
+                            given = decode_page(raw)
+                            page, all_success = screen(given)
+                        except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
+                            return
+                        offset = offset + len(given) if given else end
+                        rows = await self._first_of_each_id(entry, page, again=True)
+                        if not rows:
+                            continue
+                        found += len(rows)
+                        await self.returned.commit(
+                            entry,
+                            page=(entry.task_id, rows),
+                            counters={"pages": 1},
+                            all_success=all_success,
                         )
-                        given = decode_page(raw)
-                        page, all_success = screen(given)
-                    except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
-                        return
-                    offset = offset + len(given) if given else end
-                    rows = await self._first_of_each_id(entry, page, again=True)
-                    if not rows:
-                        continue
-                    found += len(rows)
-                    await self.returned.commit(
-                        entry,
-                        page=(entry.task_id, rows),
-                        counters={"pages": 1},
-                        all_success=all_success,
-                    )
-                    self.pages += 1
+                        self.pages += 1
+            finally:
+                self.slots.release()
             missing -= found
             if found:
                 logger.info(

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import msgspec
 
@@ -100,6 +101,9 @@ class ResultPagers(PageFetcher, PageRows):
         self._empty_tasks: int | None = 0
         #: Results under an id the service changed were said once (then at info level).
         self._warned_changed = False
+        #: The task group of the page readers (set by :meth:`run`): the ends of tasks with
+        #: rows missing (:meth:`_finish`) run there too, holding no reader's slot.
+        self._finishers: anyio.abc.TaskGroup
 
     def result_headroom(self) -> float | None:
         """Seconds until the results of the first done, unread task expire (None: none
@@ -128,6 +132,7 @@ class ResultPagers(PageFetcher, PageRows):
         # on its ``None`` once the pages before it are read, as at the stream's end.
         pages: asyncio.Queue[tuple[TaskEntry, int] | None] = asyncio.Queue()
         async with anyio.create_task_group() as tg:
+            self._finishers = tg
             for _ in range(self.slots.cap):
                 tg.start_soon(self._reader, pages)
             try:
@@ -190,12 +195,9 @@ class ResultPagers(PageFetcher, PageRows):
                 # Read to its count (a resume after a kill between its last page and the
                 # page past its count): that page is asked for first, as _page does.
                 if entry.total > 0:
-                    await self._past_end(entry)
-                    if not entry.seen:  # (a run stopped by _read_nothing: read them again)
-                        entry.deficient = set(range(0, entry.total, MAX_PAGE_SIZE))
-                        await self._read_again(entry)
-                    self._read_nothing(entry)
-                await self.settler.finish(entry)
+                    self._finishers.start_soon(self._finish, entry, True)
+                else:
+                    await self.settler.finish(entry)
                 continue
             for offset in range(entry.next_offset, entry.total, MAX_PAGE_SIZE):
                 await self.slots.acquire()
@@ -354,12 +356,31 @@ class ResultPagers(PageFetcher, PageRows):
                 entry.state = "finishing"
             entry.advance(end)
             if drained and not quick:
-                await self._past_end(entry)
-                await self._read_again(entry)
-                self._read_nothing(entry)
-                await self.settler.finish(entry)
+                # (Apart: the rows missing may be read again for a while, which must not hold
+                # this reader's slot and the other tasks' pages with it.)
+                self._finishers.start_soon(self._finish, entry, False)
         finally:
             self._committing.discard(task_id)
+
+    async def _finish(self, entry: TaskEntry, resumed: bool) -> None:
+        """The end of a task whose pages are all in and that has rows without a line (or, a
+        resume, a task read to its count): pages past its count, then its pages that came
+        short read again (:meth:`_read_again`, waiting up to ``read_again_window`` after the
+        task was seen done for a results store that lags the status), then the settler. A
+        task of its own in the pagers' task group: page reads take a slot, and a wait holds
+        none, so the other tasks' pages flow meanwhile."""
+        await self.slots.acquire()
+        try:
+            await self._past_end(entry)
+        finally:
+            self.slots.release()
+        if resumed and not entry.seen:  # (a run stopped by _read_nothing: read them again)
+            entry.deficient = set(range(0, entry.total, MAX_PAGE_SIZE))
+            await self._read_again(entry)
+        elif not resumed:
+            await self._read_again(entry)
+        self._read_nothing(entry)
+        await self.settler.finish(entry)
 
     async def _past_end(self, entry: TaskEntry) -> None:
         """Rows written to a task still without a line once its last page is in: pages past
