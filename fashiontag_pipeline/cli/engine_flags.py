@@ -103,6 +103,14 @@ def add_engine_arguments(
             f"them processing) before it stops with its state saved (default {_D.stall_timeout:g})",
         )
     parser.add_argument(
+        "--read-again-window",
+        type=float,
+        metavar="S",
+        help="seconds after a task is done during which its pages short of rows are read "
+        "again before those rows are sent (and billed) again: a results store that lags the "
+        f"task status (default {_D.read_again_window:g}; 0: sent again at once)",
+    )
+    parser.add_argument(
         "--reuse",
         type=nonempty,
         metavar="PATH|URL",
@@ -142,6 +150,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "max_page_concurrency": getattr(args, "page_concurrency", None),
         "give_up_after": getattr(args, "give_up_after", None),
         "stall_timeout": getattr(args, "stall_timeout", None),
+        "read_again_window": getattr(args, "read_again_window", None),
         "single_concurrency": getattr(args, "single_concurrency", None),
         "progress_seconds": getattr(args, "progress_interval", None),
         "reuse": getattr(args, "reuse", None),

@@ -22,6 +22,7 @@ import msgspec
 from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
+from .config import EngineConfig
 from .flow import AIMDLimiter
 from .idmatch import CUT_PAIR, IdMatcher
 from .pages import NotAPage, PageRow, decode_page, screen
@@ -29,14 +30,14 @@ from .returned import ReturnedRows
 from .state import Journal
 from .tracker import TaskEntry
 
-__all__ = ["READ_AGAIN_PAUSE", "READ_AGAIN_WINDOW", "REREAD_PASSES", "PageRows"]
+__all__ = ["READ_AGAIN_PAUSE", "REREAD_PASSES", "PageRows"]
 
 #: Passes at most over the pages of a task that came short of new rows, each finding rows,
 #: before the task's rows still without a line are sent again (:meth:`ResultPagers._read_again`).
 REREAD_PASSES = 3
-#: Seconds after a task was seen done during which passes that find nothing are tried again,
-#: after a pause (``READ_AGAIN_PAUSE`` doubled each time): a results store that lags the status.
-READ_AGAIN_WINDOW = 3.0
+#: The first pause before a pass that found nothing is tried again (doubled each time), within
+#: ``EngineConfig.read_again_window`` after the task was seen done: a results store that lags
+#: the status.
 READ_AGAIN_PAUSE = 0.25
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
@@ -46,6 +47,7 @@ class PageRows:
     """The page-rows half of :class:`~.pagers.ResultPagers` (mixed into it)."""
 
     client: TaggerClient
+    config: EngineConfig
     journal: Journal
     returned: ReturnedRows
     slots: AIMDLimiter
@@ -61,8 +63,10 @@ class PageRows:
         before it, or whose results store lags its status (pages short for a moment after
         "done"), returns them on another read. Passes go on while they find rows (at most
         ``REREAD_PASSES`` of them) and, while none does, with growing pauses until
-        ``READ_AGAIN_WINDOW`` seconds after the task was seen done; a row the service never
-        returns costs those page reads, not a send. Any answer but a page ends the reading.
+        ``read_again_window`` seconds after the task was seen done (30 by default: a resend
+        bills again, a wait costs only time); a row the service never returns costs those
+        page reads, not a send, and is sent again after the window. A pass takes a page slot,
+        a pause holds none. Any answer but a page ends the reading.
 
         The rows missing need not be on a page that came short: a stale page served in place
         of the one before it gives that page's rows, new ones, so the page that comes short is
@@ -126,7 +130,7 @@ class PageRows:
                     return
                 continue
             left = (
-                entry.done_at + READ_AGAIN_WINDOW - time.monotonic()
+                entry.done_at + self.config.read_again_window - time.monotonic()
                 if entry.done_at is not None
                 else 0.0
             )

@@ -184,6 +184,9 @@ def _config(case: Case, folder: Path) -> Path:
         "[client.timeout]\ntotal = 5.0\n\n[engine]\npoll_min = 0.02\npoll_max = 0.2\n"
         f"linger_seconds = 0.2\nrotate_images = {case.rotate}\n"
         f"rotate_min_images = {case.rotate}\nlist_lag = {case.list_lag}\ngive_up_after = 10.0\n"
+        # (rows never returned, a null in a page, are sent again 3 s after their task is
+        # done, not 30: a results store that lags the status is no case here)
+        "read_again_window = 3.0\n"
     )
     return path
 

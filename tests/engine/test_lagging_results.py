@@ -12,6 +12,7 @@ Found so (each failing before its fix):
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -19,47 +20,139 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline.engine import page_rows
+from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import TASKS_OF_1000, run_through
+from .helpers import (
+    ENV,
+    TASKS_OF_1000,
+    BilledProxy,
+    assert_exactly_once,
+    ids_of,
+    run_args,
+    run_through,
+    write_csv,
+)
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
+
+#: Tasks of 1,000 rows for ``fashiontag run`` and the daemon.
+TASKS_OF_1000_FLAGS = ("--rotate-images", "1000", "--rotate-min-images", "1000")
 
 
 class PageClock(MisbehavingProxy):
-    """The misbehaving proxy that notes when each task's first results page was asked for."""
+    """The misbehaving proxy that notes when each task's first and last results pages were
+    asked for."""
 
     def __init__(self, rules: Misbehaviour) -> None:
         super().__init__("", rules)
         self.first_page_at: dict[str, float] = {}
+        self.last_page_at: dict[str, float] = {}
 
     def _rewrite(
         self, method: str, path: str, task_id: str | None, status: int, payload: bytes
     ) -> bytes:
         if method == "GET" and task_id is not None and path != BULK and "/status" not in path:
             self.first_page_at.setdefault(task_id, time.monotonic())
+            self.last_page_at[task_id] = time.monotonic()
         return super()._rewrite(method, path, task_id, status, payload)
 
 
-async def test_a_task_waiting_for_missing_rows_holds_no_page_slot(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_task_waiting_for_missing_rows_holds_no_page_slot(tmp_path: Path) -> None:
     """Three tasks of 1,000 rows, done at once, each with one row the service never returns,
-    read with one page slot: each task's missing row is read again for the window (4 s here)
+    read with one page slot: each task's missing row is read again for the window (5 s here)
     after it was seen done, and meanwhile the other tasks' pages are read. Before, the wait
-    held the slot of the reader that read the task's last page: the second task's first page
-    was asked for 4 s after it was done, the third's 8 s."""
-    monkeypatch.setattr(page_rows, "READ_AGAIN_WINDOW", 4.0)
+    held the slot of the reader that read the task's last page: the other tasks' first pages
+    were asked for 4.2 and 4.5 s after they were done (with a 4 s window), once the first
+    task's window was over."""
     proxy = PageClock(Misbehaviour(never_returned={"p7", "p1007", "p2007"}))
-    engine = msgspec.structs.replace(TASKS_OF_1000, max_page_concurrency=1, max_sends=1)
+    engine = msgspec.structs.replace(
+        TASKS_OF_1000, max_page_concurrency=1, max_sends=1, read_again_window=5.0
+    )
     with anyio.fail_after(60):
         summary, o = await run_through(tmp_path, 3000, proxy, engine, fail_after=None)
     assert summary.complete and summary.tagged == 2997
     assert sorted(r["id"] for r in o.rejects) == ["p1007", "p2007", "p7"]
     assert {r["stage"] for r in o.rejects} == {"unreturned"}
     assert len(proxy.created) == 3 and set(proxy.first_page_at) >= set(proxy.created)
-    late = {
-        t: round(proxy.first_page_at[t] - proxy.done_seen[t], 2)
-        for t in proxy.created
-        if proxy.first_page_at[t] - proxy.done_seen[t] > 2.0
+    # Each task's pages are read again until its window (5 s) is over: every task's first
+    # page comes before then, not after another task's window (its slot held meanwhile).
+    after = {
+        (a[:6], b[:6]): round(proxy.first_page_at[b] - proxy.last_page_at[a], 2)
+        for a in proxy.created
+        for b in proxy.created
+        if a != b and proxy.first_page_at[b] >= proxy.last_page_at[a]
     }
-    assert not late, f"first page asked for this long after the task was done: {late}"
+    assert not after, f"a task's first page asked for after another's last: {after}"
+
+
+async def test_fashiontag_run_against_a_results_store_5_s_behind_its_status(
+    tmp_path: Path,
+) -> None:
+    """For 5 s after each task is shown done its pages hold only its first half (a results
+    store that lags the status, as a service with a replica or a search index behind its
+    status does): ``fashiontag run`` with its defaults reads the rest when it comes and bills
+    every image once. Before, the pages were read again for 3 s only: the second half of every
+    task was sent (and billed) again, to a new task whose pages lagged as well."""
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out = tmp_path / "out.jsonl"
+    proxy = BilledProxy(Misbehaviour(lagging_results=5.0))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, *TASKS_OF_1000_FLAGS, str(manifest)),
+                    check=False,
+                    env=ENV,
+                )
+            billed = svc.store.image_count
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(2000))
+    assert len(o.results) == 2000 and not o.rejects
+    twice = sum(1 for n in proxy.written.values() if n > 1)
+    assert (billed, len(proxy.written), twice) == (2000, 2000, 0), "rows billed again"
+
+
+async def test_a_row_never_returned_is_sent_again_after_the_window_given(tmp_path: Path) -> None:
+    """``--read-again-window 0.5`` (and ``max_sends`` 2 in the config file): the row the
+    service never returns is read again for half a second after each task is done, sent
+    again, then an ``unreturned`` reject, in seconds; every other row is billed once."""
+    manifest = write_csv(tmp_path / "m.csv", 300)
+    config = tmp_path / "c.toml"
+    config.write_text("[engine]\nmax_sends = 2\n")
+    out = tmp_path / "out.jsonl"
+    proxy = BilledProxy(Misbehaviour(never_returned={"p7"}))
+    flags = ("--read-again-window", "0.5", "--config", str(config), str(manifest))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            began = time.monotonic()
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, *flags), check=False, env=ENV
+                )
+            took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(300))
+    assert [(r["id"], r["stage"]) for r in o.rejects] == [("p7", "unreturned")]
+    assert proxy.written["p7"] == 2 and max(proxy.written.values()) == 2
+    assert sum(proxy.written.values()) == 301
+    assert took < 20, f"{took:.1f} s"  # (the default window, 30 s, would take over 30 s)
+
+
+@pytest.mark.parametrize("value", ["-1", "inf", "nan", "soon"])
+def test_a_read_again_window_that_is_no_finite_number_of_seconds_is_exit_2(
+    tmp_path: Path, value: str
+) -> None:
+    manifest = write_csv(tmp_path / "m.csv", 3)
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        run_args("http://127.0.0.1:9", out, f"--read-again-window={value}", str(manifest)),
+        capture_output=True,
+        env=ENV,
+        timeout=60,
+    )
+    err = done.stderr.decode()
+    last = err.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert "read-again-window" in last or "read_again_window" in last, err
+    assert not out.exists()

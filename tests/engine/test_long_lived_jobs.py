@@ -37,6 +37,7 @@ FAST = EngineConfig(
     fsync_seconds=10.0,
     rotate_seconds=1.0,
     max_sends=2,
+    read_again_window=3.0,  # (a row never returned is sent again 3 s after, not 30)
 )
 
 
