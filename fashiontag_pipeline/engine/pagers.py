@@ -195,7 +195,7 @@ class ResultPagers(PageFetcher, PageRows):
                 # Read to its count (a resume after a kill between its last page and the
                 # page past its count): that page is asked for first, as _page does.
                 if entry.total > 0:
-                    self._finishers.start_soon(self._finish, entry, True)
+                    self._finishers.start_soon(self._finish, entry)
                 else:
                     await self.settler.finish(entry)
                 continue
@@ -358,11 +358,11 @@ class ResultPagers(PageFetcher, PageRows):
             if drained and not quick:
                 # (Apart: the rows missing may be read again for a while, which must not hold
                 # this reader's slot and the other tasks' pages with it.)
-                self._finishers.start_soon(self._finish, entry, False)
+                self._finishers.start_soon(self._finish, entry)
         finally:
             self._committing.discard(task_id)
 
-    async def _finish(self, entry: TaskEntry, resumed: bool) -> None:
+    async def _finish(self, entry: TaskEntry) -> None:
         """The end of a task whose pages are all in and that has rows without a line (or, a
         resume, a task read to its count): pages past its count, then its pages that came
         short read again (:meth:`_read_again`, waiting up to ``read_again_window`` after the
@@ -374,11 +374,9 @@ class ResultPagers(PageFetcher, PageRows):
             await self._past_end(entry)
         finally:
             self.slots.release()
-        if resumed and not entry.seen:  # (a run stopped by _read_nothing: read them again)
-            entry.deficient = set(range(0, entry.total, MAX_PAGE_SIZE))
-            await self._read_again(entry)
-        elif not resumed:
-            await self._read_again(entry)
+        # (After a restart, the pages an earlier process read count as short: a kill or a
+        # drain while their missing rows were awaited, a run stopped by _read_nothing.)
+        await self._read_again(entry)
         self._read_nothing(entry)
         await self.settler.finish(entry)
 

@@ -19,6 +19,7 @@ import anyio.abc
 
 from .._config import Timeout
 from .._connect import deadline
+from .._models import MAX_PAGE_SIZE
 from .policy import Chunk, chunk_of, decode_chunk
 from .state import changes
 from .tracker import TaskEntry
@@ -176,6 +177,10 @@ async def reattach(run: Engine) -> list[Chunk]:
         elif state == "sealed":
             run.book.watch(task_id, run.writer.description(token))
         elif state in ("done", "lost"):
+            # The pages an earlier process read may have come short of rows (a results store
+            # that lags the status, the process killed while it waited for them): they are
+            # read again if rows are missing once the rest is in, for ``read_again_window``
+            # from now (this process sees the task done now).
             entry = TaskEntry(
                 task_id,
                 state=state,
@@ -184,6 +189,8 @@ async def reattach(run: Engine) -> list[Chunk]:
                 results_expire_at=datetime.fromtimestamp(results_at, UTC) if results_at else None,
                 orphans=run.book.take_orphans(task_id),
                 description=run.writer.description(token),
+                deficient=set(range(0, min(offset, total), MAX_PAGE_SIZE)),
+                done_at=time.monotonic() if state == "done" else None,
             )
             run.book.add(entry)
             await run.pagers.add(entry)

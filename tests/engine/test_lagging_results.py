@@ -7,7 +7,12 @@ Found so (each failing before its fix):
 
 * a task whose pages came short waited out the window inside the page reader that read its
   last page, holding that reader's slot: with ``--page-concurrency 1`` no other task's page
-  was read until the window had gone by (every task's reading serialized behind the wait).
+  was read until the window had gone by (every task's reading serialized behind the wait);
+* a store 5 s behind its status had the second half of every task sent (and billed) again,
+  read again for 3 s only: 1,876 of 2,000 rows billed twice, 64 ended ``unreturned``, exit 0
+  (``fashiontag run`` and the daemon, ``tests/daemon/test_lagging_results.py``);
+* a run killed while it waited for a task's lagging rows, resumed once the lag was over, sent
+  them again at once: which pages had come short was known only to the killed process.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .helpers import (
     BilledProxy,
     assert_exactly_once,
     ids_of,
+    kill_when,
     run_args,
     run_through,
     write_csv,
@@ -156,3 +162,38 @@ def test_a_read_again_window_that_is_no_finite_number_of_seconds_is_exit_2(
     assert done.returncode == 2 and "Traceback" not in err, err
     assert "read-again-window" in last or "read_again_window" in last, err
     assert not out.exists()
+
+
+async def test_killed_while_it_waits_for_lagging_rows_then_resumed_bills_them_once(
+    tmp_path: Path,
+) -> None:
+    """``fashiontag run`` killed (SIGKILL) while it waits for the second half of a task whose
+    results store lags its status (4 s), its first half written; the same command once the
+    lag is over reads the task's pages again and finds the rest: every image billed once.
+    Before, the resume read the task on from where the killed run had committed (its last
+    page, full by then) and sent the rows without a line again at once, as the pages that had
+    come short were known only to the killed process: 400 billed twice."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out, state = tmp_path / "out.jsonl", tmp_path / "state.sqlite"
+    proxy = BilledProxy(Misbehaviour(lagging_results=4.0))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, "--state", str(state), str(manifest))
+
+            def half_written() -> bool:
+                return out.exists() and out.read_bytes().count(b"\n") >= 500
+
+            proc = await anyio.open_process(args, env=ENV)
+            await kill_when(proc, half_written)
+            assert proxy.done_seen
+            (done_at,) = proxy.done_seen.values()
+            await anyio.sleep(max(0.0, done_at + 4.5 - time.monotonic()))  # the lag is over
+            with anyio.fail_after(60):
+                done = await anyio.run_process(args, check=False, env=ENV)
+            billed = svc.store.image_count
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
+    assert len(o.results) == 1000 and not o.rejects
+    twice = sum(1 for n in proxy.written.values() if n > 1)
+    assert (billed, len(proxy.written), twice) == (1000, 1000, 0), done.stderr.decode()[-3000:]
