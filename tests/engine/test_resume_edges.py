@@ -173,7 +173,11 @@ async def test_kill_9_in_a_tasks_final_settle_leaves_no_row_without_an_outcome(
     config = tmp_path / "c.toml"
     # (Killed right after a create was written ahead: the resume looks for its task for as
     # long as a request may go unanswered, here 3 s.)
-    config.write_text("[client.timeout]\ntotal = 3.0\n\n[engine]\nchunk_size = 2\nmax_sends = 2\n")
+    # (p1 and p3 are never returned: sent again 3 s after their task is done, not 30.)
+    config.write_text(
+        "[client.timeout]\ntotal = 3.0\n\n[engine]\nchunk_size = 2\nmax_sends = 2\n"
+        "read_again_window = 3.0\n"
+    )
     n = 4
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"
