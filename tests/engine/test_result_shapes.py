@@ -30,7 +30,10 @@ from .helpers import ENV, client_config, read_outcomes, write_csv
 from .proxy import MisbehavingProxy, Misbehaviour, misbehaving
 from .test_single_mode import red_picture, write_csv_rows
 
-FAST = EngineConfig(poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0)
+#: (A row without a tagging result object is sent again 3 s after its task is done, not 30.)
+FAST = EngineConfig(
+    poll_min=0.02, poll_max=0.2, linger_seconds=0.2, fsync_seconds=10.0, read_again_window=3.0
+)
 
 #: A per-image failure that names its cause in words (the spec's codes are numbers).
 WORDED_FAILURE = {

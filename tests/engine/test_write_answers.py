@@ -46,6 +46,7 @@ LONG_TASKS = EngineConfig(
     fsync_seconds=10.0,
     rotate_images=5000,
     rotate_min_images=5000,
+    read_again_window=3.0,  # (a row refused in a write of unknown fate: sent again 3 s after)
 )
 
 
