@@ -230,7 +230,7 @@ def _config(case: Case, folder: Path) -> Path:
         f"[client.timeout]\ntotal = {total}\n\n[engine]\npoll_min = 0.02\npoll_max = 0.2\n"
         f"linger_seconds = 0.2\nrotate_images = {case.rotate}\n"
         f"rotate_min_images = {case.rotate}\nlist_lag = 1.0\ngive_up_after = {give_up}\n"
-        f"single_concurrency = 1\nchunk_size = {case.chunk}\n"
+        f"single_concurrency = 1\nchunk_size = {case.chunk}\nread_again_window = 3.0\n"
     )
     return path
 

@@ -37,6 +37,7 @@ FAST = EngineConfig(
     fsync_seconds=10.0,
     rotate_images=1000,
     rotate_min_images=1000,
+    read_again_window=3.0,  # (a row a repeated id stood in for: sent again 3 s after, not 30)
 )
 
 
