@@ -8,11 +8,13 @@ The flush threshold is lowered here (``flush_ids``) so that a few dozen ids cros
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import subprocess
 import sys
 import time
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import pytest
 from fashiontag_pipeline import StateError
 from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
 from fashiontag_pipeline.engine.state import StateDB
-from fashiontag_pipeline.engine.state.idset import _bounds
+from fashiontag_pipeline.engine.state.idruns import batch_bounds
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import assert_exactly_once, client_config
@@ -58,6 +60,27 @@ def _tree(path: Path) -> dict[str, int]:
         return dict(raw.execute("SELECT id, pos FROM ids"))
 
 
+def _runs(path: Path) -> list[dict[str, int]]:
+    """Each row of ``id_runs`` ({id: pos}, in order), checked against its columns."""
+    runs = []
+    with sqlite3.connect(path) as raw:
+        for high, low, n, ids, positions in raw.execute("SELECT * FROM id_runs ORDER BY high"):
+            keys = json.loads(ids)
+            at = array("q", positions)
+            assert keys == sorted(keys) and (low, high, n) == (keys[0], keys[-1], len(keys))
+            runs.append(dict(zip(keys, at, strict=True)))
+    return runs
+
+
+def _held(path: Path) -> dict[str, int]:
+    """The ids of the tree and of the runs (each in one of them only)."""
+    held = _tree(path)
+    for run in _runs(path):
+        assert held.keys().isdisjoint(run)
+        held.update(run)
+    return held
+
+
 @pytest.mark.usefixtures("small_flush")
 def test_shuffled_ids_keep_their_first_position_across_flushes(state: StateDB) -> None:
     rng = random.Random(7)
@@ -84,10 +107,10 @@ def test_shuffled_ids_keep_their_first_position_across_flushes(state: StateDB) -
 
 
 @pytest.mark.usefixtures("small_flush")
-def test_sorted_ids_go_into_the_tree_at_once_and_others_wait(state: StateDB) -> None:
+def test_sorted_ids_go_into_a_run_at_once_and_others_wait(state: StateDB) -> None:
     with state.transaction():
         assert state.dedupe([("a1", 1), ("a2", 2), ("a3", 3)]) is None
-    assert _tree(state.path) == {"a1": 1, "a2": 2, "a3": 3}
+    assert _runs(state.path) == [{"a1": 1, "a2": 2, "a3": 3}] and _tree(state.path) == {}
     with state.transaction():  # before the tree's last id: waits in ids_log
         assert state.dedupe([("a0", 4), ("a2", 5)]) == [4, 2]
     assert "a0" not in _tree(state.path) and _log_rows(state.path) == 1
@@ -108,7 +131,7 @@ def test_a_batchs_bounds_are_its_min_and_max_sorted_or_not() -> None:
         new = {key: i for i, key in enumerate(ids)}
         tree_max = rng.choice([None, *SHUFFLED[:20]])
         after = tree_max is None or min(ids) > tree_max
-        assert _bounds(new, tree_max) == (min(ids), max(ids) if after else None)
+        assert batch_bounds(new, tree_max) == (min(ids), sorted(ids) if after else None)
 
 
 def test_ids_after_the_tree_in_any_order_go_in_at_once(state: StateDB) -> None:
@@ -141,7 +164,7 @@ def test_a_batch_whose_range_the_tree_holds_no_id_of_goes_in_at_once(state: Stat
     with state.transaction():
         assert state.dedupe([("10/c", 7)]) is None
     assert _log_rows(state.path) == 0
-    assert _tree(state.path) == {
+    assert _held(state.path) == {
         "9/a": 1,
         "9/b": 2,
         "10/a": 3,

@@ -10,28 +10,33 @@ checkpoint copies it again): a page per id. Measured with 2,000-id batches, rand
 sorted ones: 200k ids 4.0 vs 0.53 us CPU an id (491 vs 7 MB of WAL), 1M ids 9.7 vs 0.54 us an
 id (6.4 GB vs 60 MB of WAL); it grows with the tree.
 
-So a batch's ids go one of two ways (:meth:`DeferredIds.dedupe`):
+So a batch's ids go one of three ways (:meth:`DeferredIds.dedupe`):
 
-* **to the tree**, when the tree holds no id between the batch's lowest and highest (one
-  look-up; none when they all sort after its last id): a sorted catalogue, the first batch, a
-  daemon's jobs taking turns (``JOB/ID``: each job's sorted ids fill a range of their own).
-  The tree takes them where that range is, a few pages a batch;
+* **to a run**, when they all sort after every id held (no look-up): a sorted catalogue, the
+  first batch, a daemon's job whose ids sort last. The batch is one row of ``id_runs`` (its
+  ids in order and their positions: :mod:`.idruns`), not a B-tree row an id;
+* **to the tree**, when neither the tree nor a run holds an id between the batch's lowest and
+  highest (two look-ups): a daemon's jobs taking turns (``JOB/ID``: each job's sorted ids fill
+  a range of their own). The tree takes them where that range is, a few pages a batch;
 * **to the pending ids** otherwise: the ones the tree does not hold (looked up, read-only)
   are written as one row of ``ids_log`` (a JSON object, appended: a few pages a batch) and
   kept in memory. Once they are :data:`FLUSH_IDS` (or :data:`FLUSH_CHARS` characters) they go
   into the tree in key order in one transaction, which writes each page of the tree it touches
-  once for all of them, and ``ids_log`` is emptied.
+  once for all of them, and ``ids_log`` is emptied. Runs that the batch's range meets are
+  dissolved into the tree first (:func:`.idruns.dissolve`), so such a batch is looked up in
+  the tree alone.
 
-Lookups read both (the pending ids first: a dict; an id's start, as a service that cuts ids
+Lookups read all three (the pending ids first: a dict; an id's start, as a service that cuts ids
 sends it back, in the pending ids sorted once, not in each of them). The memory is bounded by
 the flush thresholds, whatever the manifest's size. ``ids_log`` rows left by a run that
 stopped (kill -9 included) are read back when the state is opened again (nothing written then:
 a run refused at its start leaves the state as it was); the close of a process that took ids
 in puts the pending ids into the tree.
 
-The pending ids and the tree's last id are state of this process that must follow the
-database's transactions: each change registers how to undo it, run in reverse when the
-transaction rolls back (or its COMMIT fails) and dropped when it commits.
+The pending ids, the last id held, the number of runs and the file's version are state of
+this process that must follow the database's transactions: each change registers how to undo
+it, run in reverse when the transaction rolls back (or its COMMIT fails) and dropped when it
+commits.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ from typing import Any
 
 import msgspec
 
+from . import idruns
+from .idruns import any_overlapping, batch_bounds, run_ids_starting, run_positions, store_run
+from .schema import LONG_IDS_VERSION, STATE_FILE_BASE, STATE_FILE_VERSION
 from .store import first_rows, stored_positions
 
 __all__ = ["FLUSH_CHARS", "FLUSH_IDS", "IDS_LOG_DDL", "DeferredIds"]
@@ -52,6 +60,9 @@ __all__ = ["FLUSH_CHARS", "FLUSH_IDS", "IDS_LOG_DDL", "DeferredIds"]
 #: 100,000 random ids and a tree of 1M, about a page per 12 ids instead of a page per id.
 FLUSH_IDS = 100_000
 FLUSH_CHARS = 4 << 20
+#: A batch whose range meets ids held makes a run of its ids after them when the others are
+#: at most one in this many (:meth:`DeferredIds._held_of`).
+_FEW = 8
 
 IDS_LOG_DDL = "CREATE TABLE IF NOT EXISTS ids_log (seq INTEGER PRIMARY KEY, batch BLOB NOT NULL);"
 
@@ -77,7 +88,15 @@ class DeferredIds:
 
     _pending: dict[str, int]
     _pending_chars: int
-    _tree_max: str | None
+    #: The last id of the tree and the runs (not of the pending ids).
+    _held_max: str | None
+    #: How many rows ``id_runs`` holds, and the file's ``user_version`` as this process
+    #: wrote it (or read it when it opened the file).
+    _runs: int
+    _version: int
+    #: A reject of a long id was marked (:meth:`long_ids_mark`): its statement sets the
+    #: version below the runs' own, so each commit while runs are held checks it.
+    _long_ids_marked: bool = False
     _undo: list[Callable[[], None]]
     #: The pending ids in order (built by the first :meth:`ids_starting` that needs them;
     #: None once the pending ids changed otherwise than by ``_sorted_added``, ids taken in
@@ -95,7 +114,9 @@ class DeferredIds:
         self._pending, self._pending_chars, self._undo = {}, 0, []
         self._sorted, self._sorted_added = None, []
         self._ids_added = False
-        (self._tree_max,) = self.db.execute("SELECT max(id) FROM ids").fetchone()
+        self._held_max = idruns.last_held(self.db)
+        self._runs = idruns.count_runs(self.db)
+        (self._version,) = self.db.execute("PRAGMA user_version").fetchone()
         pending: dict[str, int] = {}
         for seq, blob in self.db.execute("SELECT seq, batch FROM ids_log ORDER BY seq"):
             try:
@@ -115,6 +136,23 @@ class DeferredIds:
             with self.transaction():
                 self._flush()
 
+    def _ids_before_commit(self) -> None:
+        """Raise the version a long id's mark lowered while runs are held (in the
+        transaction, before its COMMIT)."""
+        if self._runs and self._long_ids_marked:
+            (version,) = self.db.execute("PRAGMA user_version").fetchone()
+            if version < STATE_FILE_VERSION:
+                self._set_version(STATE_FILE_VERSION)
+
+    def long_ids_mark(self) -> tuple[str, tuple[()]]:
+        self._long_ids_marked = True  # (before the statement runs: the commit checks it)
+        return (f"PRAGMA user_version={LONG_IDS_VERSION}", ())
+
+    def _complete_version(self) -> None:
+        """The version of a completed run's file: its long ids' mark off, its runs' kept
+        (``reclaim`` deletes them later, only once no job is open)."""
+        self._set_version(STATE_FILE_VERSION if self._runs else STATE_FILE_BASE)
+
     def _ids_committed(self) -> None:
         self._undo.clear()
 
@@ -124,9 +162,10 @@ class DeferredIds:
             step()
 
     def ids_taken(self) -> int:
-        """How many ids the run took in (the tree's and the pending ones)."""
+        """How many ids the run took in (the tree's, the runs' and the pending ones)."""
         (n,) = self.db.execute("SELECT count(*) FROM ids").fetchone()
-        return int(n) + len(self._pending)
+        in_runs = idruns.ids_in_runs(self.db) if self._runs else 0
+        return int(n) + in_runs + len(self._pending)
 
     # ------------------------------------------------------------------ dedupe
 
@@ -143,14 +182,14 @@ class DeferredIds:
             known = {key: pending[key] for key in first if key in pending}
             new = {key: pos for key, pos in first.items() if key not in known}
         if new:
-            low, high = _bounds(new, self._tree_max)
-            if high is not None or self._range_free(low, max(new)):
+            low, ordered = batch_bounds(new, self._held_max)
+            if ordered is not None:
+                self._to_run(new, ordered)
+            elif self._range_free(low, high := max(new)):
                 known.update(self._to_tree(new, high))
             else:
-                found = self._tree_positions(list(new))
-                if found:
-                    known.update(found)
-                    new = {key: pos for key, pos in new.items() if key not in found}
+                found, new = self._held_of(new, low, high)
+                known.update(found)
                 if new:
                     self._to_pending(new)
         if not known:
@@ -164,7 +203,7 @@ class DeferredIds:
         found = {key: pending[key] for key in ids if key in pending}
         rest = [key for key in ids if key not in found] if found else list(ids)
         if rest:
-            found.update(self._tree_positions(rest))
+            found.update(self._held_positions(rest))
         return found
 
     def ids_starting(self, prefix: str, limit: int) -> list[str]:
@@ -176,6 +215,10 @@ class DeferredIds:
                 (prefix, prefix + "\U0010ffff", limit),
             )
         ]
+        if self._runs:
+            in_runs = run_ids_starting(self.db, prefix, limit)
+            if in_runs:
+                stored = sorted(stored + in_runs)[:limit]
         if not self._pending:
             return stored
         keys = self._sorted_pending()
@@ -203,22 +246,87 @@ class DeferredIds:
         """Delete the ids of ``job`` (``JOB/ID``: a long-lived engine's complete job)."""
         if self._pending:
             self._flush()
+        if self._runs:
+            idruns.forget_range(self.db, f"{job}/", f"{job}0")
+            self._runs_left(idruns.count_runs(self.db))
         self.db.execute("DELETE FROM ids WHERE id >= ? AND id < ?", (f"{job}/", f"{job}0"))
-        self._set_tree_max(self.db.execute("SELECT max(id) FROM ids").fetchone()[0])
+        self._set("_held_max", idruns.last_held(self.db))
 
     def _ids_reset(self) -> None:
         """Every id deleted (a wipe, a completed run's reclaim), in the open transaction."""
         self.db.execute("DELETE FROM ids")
         self.db.execute("DELETE FROM ids_log")
+        self.db.execute("DELETE FROM id_runs")
         self._replace_pending({}, 0)
-        self._set_tree_max(None)
+        self._set("_held_max", None)
+        if self._runs:
+            self._set("_runs", 0)
+            if self._version == STATE_FILE_VERSION:  # (a new run, or a completed one's)
+                self._set_version(STATE_FILE_BASE)
 
-    # ------------------------------------------------------------------ the two levels
+    # ------------------------------------------------------------------ the three levels
 
     def _range_free(self, low: str, high: str) -> bool:
-        """Whether the tree holds no id from ``low`` to ``high`` (one look-up)."""
+        """Whether neither the tree nor a run holds an id from ``low`` to ``high`` (a look-up
+        each)."""
         found = self.db.execute("SELECT 1 FROM ids WHERE id >= ? AND id <= ? LIMIT 1", (low, high))
-        return found.fetchone() is None
+        if found.fetchone() is not None:
+            return False
+        return not (self._runs and any_overlapping(self.db, low, high))
+
+    def _held_of(
+        self, new: dict[str, int], low: str, high: str
+    ) -> tuple[dict[str, int], dict[str, int]]:
+        """(the positions held for ids of ``new``, a batch whose range meets ids held; the
+        others). When all but a few of its ids sort after every id held (a sorted catalogue's
+        batch with a repeat of an earlier row), those make a run and the few are looked up in
+        the tree and the runs; otherwise the runs the batch meets are dissolved, and it is
+        looked up in the tree alone (a shuffled batch: no look-up of each id in the runs)."""
+        last = self._held_max
+        if last is not None and high > last:
+            below = [key for key in new if key <= last]
+            if len(below) * _FEW <= len(new):
+                above = {key: pos for key, pos in new.items() if key > last}
+                self._to_run(above, sorted(above))
+                found = self._held_positions(below)
+                return found, {key: new[key] for key in below if key not in found}
+        if self._runs:
+            self._dissolve(low, high)
+        found = self._tree_positions(list(new))
+        if found:
+            new = {key: pos for key, pos in new.items() if key not in found}
+        return found, new
+
+    def _held_positions(self, ids: list[str]) -> dict[str, int]:
+        """The positions the tree and the runs hold for ``ids`` (read-only)."""
+        found = self._tree_positions(ids)
+        if self._runs and len(found) < len(ids):
+            found.update(run_positions(self.db, [key for key in ids if key not in found]))
+        return found
+
+    def _to_run(self, new: dict[str, int], ordered: list[str]) -> None:
+        """Store ``new`` (ids that all sort after every id held; ``ordered``: them sorted) as
+        one run; a file holding runs gets their version in the same transaction."""
+        positions = new.values() if ordered == list(new) else map(new.__getitem__, ordered)
+        store_run(self.db, ordered, positions)
+        self._set("_runs", self._runs + 1)
+        self._set("_held_max", ordered[-1])
+        if self._version < STATE_FILE_VERSION:
+            self._set_version(STATE_FILE_VERSION)
+
+    def _dissolve(self, low: str, high: str) -> None:
+        """The runs that meet ``low`` to ``high`` into the tree (a batch in no order is
+        looked up in the tree alone)."""
+        highs = [run_high for run_high, _ in idruns.overlapping(self.db, low, high)]
+        if highs:
+            self._runs_left(self._runs - idruns.dissolve(self.db, highs))
+
+    def _runs_left(self, runs: int) -> None:
+        """``runs`` remain: a file that holds none any more takes the version below theirs
+        (not :data:`STATE_FILE_BASE`: it may hold a long id's reject)."""
+        self._set("_runs", runs)
+        if not runs and self._version == STATE_FILE_VERSION:
+            self._set_version(LONG_IDS_VERSION)
 
     def _to_tree(self, new: dict[str, int], high: str | None = None) -> dict[str, int]:
         """Insert ``new`` (ids in a range of the tree that holds none; ``high``: the largest,
@@ -234,8 +342,8 @@ class DeferredIds:
         inserted = db.total_changes - before
         if high is None:
             high = max(new)
-        if self._tree_max is None or high > self._tree_max:
-            self._set_tree_max(high)
+        if self._held_max is None or high > self._held_max:
+            self._set("_held_max", high)
         if inserted == len(new):
             return {}
         stored = self._tree_positions(list(new))
@@ -276,8 +384,8 @@ class DeferredIds:
         self.db.execute("DELETE FROM ids_log")
         if ordered:
             last = next(reversed(ordered))
-            if self._tree_max is None or last > self._tree_max:
-                self._set_tree_max(last)
+            if self._held_max is None or last > self._held_max:
+                self._set("_held_max", last)
         self._replace_pending({}, 0)
 
     def _tree_positions(self, ids: list[str]) -> dict[str, int]:
@@ -306,28 +414,13 @@ class DeferredIds:
         self._pending, self._pending_chars = pending, chars
         self._sorted = None
 
-    def _set_tree_max(self, value: str | None) -> None:
-        old = self._tree_max
+    def _set(self, name: str, value: object) -> None:
+        """Set the attribute ``name`` (``_held_max``, ``_runs``), undone by a rollback."""
+        old = getattr(self, name)
+        self._undo.append(lambda: setattr(self, name, old))
+        setattr(self, name, value)
 
-        def undo() -> None:
-            self._tree_max = old
-
-        self._undo.append(undo)
-        self._tree_max = value
-
-
-def _bounds(new: dict[str, int], tree_max: str | None) -> tuple[str, str | None]:
-    """(the lowest of ``new``, the highest when they all sort after ``tree_max``, else None).
-
-    ``min`` and ``max`` compare every id in Python's generic way, ~260 instructions an id each
-    under valgrind; ``sorted`` compares str with its own C routine and finds ids in order (a
-    sorted catalogue) with one comparison each: ~130 for both ends. Ids in no order would cost
-    ~850 sorted, so they are sorted only when the first of them sorts after the tree (its
-    last id, which a shuffled batch's first is once the tree holds a few batches, seldom
-    beats); the others take ``min`` (and the caller ``max`` if it needs it)."""
-    keys = list(new)
-    if tree_max is None or keys[0] > tree_max:
-        ordered = sorted(keys)
-        low = ordered[0]
-        return low, (ordered[-1] if tree_max is None or low > tree_max else None)
-    return min(keys), None
+    def _set_version(self, version: int) -> None:
+        """``PRAGMA user_version`` (in the open transaction: a rollback undoes it)."""
+        self.db.execute(f"PRAGMA user_version={version}")
+        self._set("_version", version)

@@ -49,6 +49,13 @@ Schema::
     ids_log(seq, batch)        (SQLite) ids taken in but not in ``ids`` yet: a JSON object
                                {id: pos} per intake batch whose ids did not sort after the
                                last of ``ids``; moved into it 100,000 at a time (:mod:`.idset`)
+    id_runs(high, low, n, ids, positions)
+                               (SQLite) ids taken in a batch to a row: an intake batch whose ids
+                               all sorted after every id held, its ``n`` ids in order (a JSON
+                               list, ``low`` the first, ``high`` the last: the key) and their
+                               first rows' positions (int64, little-endian); runs never overlap,
+                               and an id is in one of ``ids``, ``ids_log`` and ``id_runs`` only
+                               (:mod:`.idruns`)
     singles(pos, state, body)  rows routed to the single endpoint (local files, data: URIs):
                                pending (body: the request) | done (outcome written, body NULL)
 
@@ -83,6 +90,7 @@ __all__ = [
     "BODY_SQL",
     "COUNTERS",
     "JOB_COUNTERS",
+    "LONG_IDS_VERSION",
     "POS_SHIFT",
     "SCHEMA",
     "STATE_FILE_BASE",
@@ -105,9 +113,15 @@ POS_SHIFT = 40
 #: run's line, or took the row in again and sent it. A file is marked 3 only with such a
 #: reject's commit (:meth:`~.store.StateStore.long_ids_mark`), and back to
 #: :data:`STATE_FILE_BASE` when its run completes: the others stay 2, which a build put back
-#: after a bad deploy still reads.
-STATE_FILE_VERSION = 3
-#: The version of a state file holding no such reject (see :data:`STATE_FILE_VERSION`).
+#: after a bad deploy still reads. 4: the file holds ids in ``id_runs`` (:mod:`.idruns`),
+#: which a build of version 3 would not see: marked with the commit that makes the first run,
+#: kept by a long id's mark and by a completed run that still holds runs (a job left open),
+#: and lowered when none remain (to 3 when the file may hold a long id's reject, to
+#: :data:`STATE_FILE_BASE` once emptied: a completed run's ``reclaim``, a new run).
+STATE_FILE_VERSION = 4
+#: The version of a state file holding a long id's reject and no run.
+LONG_IDS_VERSION = 3
+#: The version of a state file holding neither (see :data:`STATE_FILE_VERSION`).
 STATE_FILE_BASE = 2
 
 COUNTERS = (
@@ -153,6 +167,8 @@ CREATE TABLE IF NOT EXISTS chunk_bodies (
     chunk_id INTEGER PRIMARY KEY, ids BLOB, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ids (id TEXT PRIMARY KEY, pos INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS ids_log (seq INTEGER PRIMARY KEY, batch BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS id_runs (high TEXT PRIMARY KEY, low TEXT NOT NULL,
+    n INTEGER NOT NULL, ids BLOB NOT NULL, positions BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS singles (pos INTEGER PRIMARY KEY, state TEXT NOT NULL, body BLOB);
 CREATE TABLE IF NOT EXISTS jobs (
     job INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, name TEXT NOT NULL,

@@ -17,7 +17,7 @@ from pathlib import Path
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID
 from .idset import DeferredIds
-from .schema import SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
+from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
 
 __all__ = ["RECLAIM_MIN_BYTES", "STATE_CACHE_KIB", "WAL_CHECKPOINT_PAGES", "StateDB"]
@@ -88,7 +88,7 @@ class StateDB(DeferredIds, StateStore):
     """The SQLite state file (WAL), locked while open; its run-wide dedupe is
     :class:`~.idset.DeferredIds`'s."""
 
-    LONG_IDS_MARK = f"PRAGMA user_version={STATE_FILE_VERSION}"
+    LONG_IDS_MARK = f"PRAGMA user_version={LONG_IDS_VERSION}"
     LONG_IDS_CLEAR = f"PRAGMA user_version={STATE_FILE_BASE}"
 
     def __init__(self, path: Path, *, cache_kib: int = STATE_CACHE_KIB) -> None:
@@ -172,7 +172,11 @@ class StateDB(DeferredIds, StateStore):
         return db
 
     def mark_complete(self, when: str) -> None:
-        super().mark_complete(when)
+        """As :meth:`StateStore.mark_complete`, the file's version that of what it holds
+        then (a completed run's runs stay until :meth:`reclaim` deletes them)."""
+        with self.transaction():
+            self.set_meta("completed_at", when)
+            self._complete_version()
         self.reclaim()
 
     def reclaim(self) -> None:
@@ -228,6 +232,7 @@ class StateDB(DeferredIds, StateStore):
 
     def commit(self) -> None:
         try:
+            self._ids_before_commit()
             self.db.execute("COMMIT")
         except BaseException:
             self._ids_rolled_back()  # (the caller rolls the transaction back)
