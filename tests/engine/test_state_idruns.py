@@ -144,6 +144,15 @@ def test_a_batch_after_the_runs_but_for_a_repeat_is_a_run_and_the_repeat_its_dup
     }
 
 
+def test_a_shuffled_batch_after_every_id_held_goes_to_the_tree(state: StateDB) -> None:
+    """A shuffled catalogue's first batch sorts after every id held (none), in no order: as a
+    run, the next batch would move it into the tree again (a cost today's path never paid)."""
+    with state.transaction():
+        assert state.dedupe(_batch(["f3", "f1", "f2"], 1)) is None
+    assert _runs(state.path) == [] and _tree(state.path) == {"f1": 2, "f2": 3, "f3": 1}
+    assert _version(state.path) == STATE_FILE_BASE
+
+
 def test_a_rolled_back_run_takes_no_id_in_and_leaves_the_version(state: StateDB) -> None:
     with state.transaction():
         state.dedupe(_batch(["m1", "m2"], 1))

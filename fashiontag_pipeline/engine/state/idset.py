@@ -12,9 +12,11 @@ id (6.4 GB vs 60 MB of WAL); it grows with the tree.
 
 So a batch's ids go one of three ways (:meth:`DeferredIds.dedupe`):
 
-* **to a run**, when they all sort after every id held (no look-up): a sorted catalogue, the
-  first batch, a daemon's job whose ids sort last. The batch is one row of ``id_runs`` (its
-  ids in order and their positions: :mod:`.idruns`), not a B-tree row an id;
+* **to a run**, when they come in order and all sort after every id held (no look-up): a
+  sorted catalogue, a daemon's job whose ids sort last. The batch is one row of ``id_runs``
+  (its ids and their positions: :mod:`.idruns`), not a B-tree row an id (after every id held
+  but in no order, a shuffled catalogue's first batch, it goes to the tree at once: as a run,
+  the next batch would dissolve it);
 * **to the tree**, when neither the tree nor a run holds an id between the batch's lowest and
   highest (two look-ups): a daemon's jobs taking turns (``JOB/ID``: each job's sorted ids fill
   a range of their own). The tree takes them where that range is, a few pages a batch;
@@ -183,8 +185,11 @@ class DeferredIds:
             new = {key: pos for key, pos in first.items() if key not in known}
         if new:
             low, ordered = batch_bounds(new, self._held_max)
-            if ordered is not None:
-                self._to_run(new, ordered)
+            if ordered is not None:  # (after every id held: nothing to look up)
+                if ordered == list(new):
+                    self._to_run(new, ordered)
+                else:  # (a shuffled catalogue's first batch: a run would be dissolved)
+                    known.update(self._to_tree(new, ordered[-1]))
             elif self._range_free(low, high := max(new)):
                 known.update(self._to_tree(new, high))
             else:
@@ -278,18 +283,20 @@ class DeferredIds:
         self, new: dict[str, int], low: str, high: str
     ) -> tuple[dict[str, int], dict[str, int]]:
         """(the positions held for ids of ``new``, a batch whose range meets ids held; the
-        others). When all but a few of its ids sort after every id held (a sorted catalogue's
-        batch with a repeat of an earlier row), those make a run and the few are looked up in
-        the tree and the runs; otherwise the runs the batch meets are dissolved, and it is
-        looked up in the tree alone (a shuffled batch: no look-up of each id in the runs)."""
+        others). When all but a few of its ids sort after every id held, in order (a sorted
+        catalogue's batch with a repeat of an earlier row), those make a run and the few are
+        looked up in the tree and the runs; otherwise the runs the batch meets are dissolved,
+        and it is looked up in the tree alone (a shuffled batch: no look-up of each id in the
+        runs)."""
         last = self._held_max
         if last is not None and high > last:
             below = [key for key in new if key <= last]
             if len(below) * _FEW <= len(new):
                 above = {key: pos for key, pos in new.items() if key > last}
-                self._to_run(above, sorted(above))
-                found = self._held_positions(below)
-                return found, {key: new[key] for key in below if key not in found}
+                if (ordered := sorted(above)) == list(above):
+                    self._to_run(above, ordered)
+                    found = self._held_positions(below)
+                    return found, {key: new[key] for key in below if key not in found}
         if self._runs:
             self._dissolve(low, high)
         found = self._tree_positions(list(new))
@@ -305,10 +312,9 @@ class DeferredIds:
         return found
 
     def _to_run(self, new: dict[str, int], ordered: list[str]) -> None:
-        """Store ``new`` (ids that all sort after every id held; ``ordered``: them sorted) as
-        one run; a file holding runs gets their version in the same transaction."""
-        positions = new.values() if ordered == list(new) else map(new.__getitem__, ordered)
-        store_run(self.db, ordered, positions)
+        """Store ``new`` (ids in order that all sort after every id held; ``ordered``: them)
+        as one run; a file holding runs gets their version in the same transaction."""
+        store_run(self.db, ordered, new.values())
         self._set("_runs", self._runs + 1)
         self._set("_held_max", ordered[-1])
         if self._version < STATE_FILE_VERSION:
