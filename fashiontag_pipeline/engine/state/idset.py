@@ -289,8 +289,11 @@ class DeferredIds:
         and it is looked up in the tree alone (a shuffled batch: no look-up of each id in the
         runs)."""
         last = self._held_max
-        if last is not None and high > last:
-            below = [key for key in new if key <= last]
+        keys = list(new)
+        # (A shuffled batch's middle and last ids seldom both sort after them: it is not read
+        # through for the few.)
+        if last is not None and keys[-1] > last and keys[len(keys) // 2] > last:
+            below = [key for key in keys if key <= last]
             if len(below) * _FEW <= len(new):
                 above = {key: pos for key, pos in new.items() if key > last}
                 if (ordered := sorted(above)) == list(above):
@@ -299,7 +302,7 @@ class DeferredIds:
                     return found, {key: new[key] for key in below if key not in found}
         if self._runs:
             self._dissolve(low, high)
-        found = self._tree_positions(list(new))
+        found = self._tree_positions(keys)
         if found:
             new = {key: pos for key, pos in new.items() if key not in found}
         return found, new
