@@ -179,9 +179,11 @@ class DaemonMonitor:
         not read to the end yet (claimed, its rows come a moment later), or more files are
         ready or settling in the inbox (the next of a burst, or its next wave) and a slot is
         free or about to be (a manifest whose rows all have their outcome is being finished).
-        Not a manifest that waits for equal content in flight (it waits for its outcome)."""
-        inbox = self._inbox
-        if inbox is None:
+        Not a manifest that waits for equal content in flight (it waits for its outcome), nor
+        while reading waits for the rows in flight (``--max-pending-rows``): none comes before
+        the open task's results."""
+        inbox, engine = self._inbox, self._engine
+        if inbox is None or (engine is not None and engine.source.gated):
             return False
         waiting = {c.name for c in (*self.queued, *inbox.resumed)}
         for name in inbox.claimed_names() - waiting:

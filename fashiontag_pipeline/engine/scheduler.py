@@ -59,6 +59,9 @@ class JobSource:
         self.adding = 0
         #: The stage has ended.
         self.done = False
+        #: Reading waits for rows in flight to get their outcome (``max_pending_rows``): no
+        #: row comes before the open task is sealed and read (a daemon holds it for none).
+        self.gated = False
         self._reading: deque[Job] = deque()
         #: Readers of jobs still being read (a long-lived engine forgets finished ones: a
         #: reader keeps its last block of rows), and the bytes of those it forgot.
@@ -156,14 +159,19 @@ class JobSource:
         cap = self.max_pending_rows
         if cap is None or self.pending() < cap:
             return False
-        if not idle_sent:
-            await send.send(IDLE)  # seal what is open: those rows get their results
-        # Rows taken in but not yet written ahead (a resume re-reads them: they are only sent
-        # once read again) cannot leave the count while nothing is in flight: then read on.
-        await anyio.lowlevel.checkpoint()
-        while self.pending() >= cap and self.in_flight():
-            with anyio.move_on_after(0.5):
-                await self.book.changed.wait()
+        self.gated = True  # (before the IDLE: the writer asks when it takes it)
+        try:
+            if not idle_sent:
+                await send.send(IDLE)  # seal what is open: those rows get their results
+            # Rows taken in but not yet written ahead (a resume re-reads them: they are only
+            # sent once read again) cannot leave the count while nothing is in flight: then
+            # read on.
+            await anyio.lowlevel.checkpoint()
+            while self.pending() >= cap and self.in_flight():
+                with anyio.move_on_after(0.5):
+                    await self.book.changed.wait()
+        finally:
+            self.gated = False
         return True
 
     async def _read(self, job: Job) -> RowBatch | None:
