@@ -32,8 +32,8 @@ from .tracker import TaskEntry
 
 __all__ = ["READ_AGAIN_PAUSE", "REREAD_PASSES", "PageRows"]
 
-#: Passes at most over the pages of a task that came short of new rows, each finding rows,
-#: before the task's rows still without a line are sent again (:meth:`ResultPagers._read_again`).
+#: Passes over the pages of a task that came short of new rows, each finding rows, made one
+#: after another (:meth:`ResultPagers._read_again`); passes after them wait a pause first.
 REREAD_PASSES = 3
 #: The first pause before a pass that found nothing is tried again (doubled each time), within
 #: ``EngineConfig.read_again_window`` after the task was seen done: a results store that lags
@@ -61,8 +61,8 @@ class PageRows:
         billed again). A service whose offset paging runs over an order that changes between
         reads (a row on two pages and another on none), that answers a page with the one
         before it, or whose results store lags its status (pages short for a moment after
-        "done"), returns them on another read. Passes go on while they find rows (at most
-        ``REREAD_PASSES`` of them) and, while none does, with growing pauses until
+        "done"), returns them on another read. Passes go on while they find rows (the first
+        ``REREAD_PASSES`` of them at once) and otherwise with growing pauses until
         ``read_again_window`` seconds after the task was seen done (30 by default: a resend
         bills again, a wait costs only time); a row the service never returns costs those
         page reads, not a send, and is sent again after the window. A pass takes a page slot,
@@ -125,10 +125,10 @@ class PageRows:
             if missing > 0 and offsets is not every_page:
                 offsets = every_page  # (no pause: these pages were not read again yet)
                 continue
-            if found:
-                if passes >= REREAD_PASSES:
-                    return
+            if found and passes < REREAD_PASSES:
                 continue
+            # (None found, or rows still coming after that many passes: a store that catches
+            # up row by row; read again after a pause while the window lasts.)
             left = (
                 entry.done_at + self.config.read_again_window - time.monotonic()
                 if entry.done_at is not None

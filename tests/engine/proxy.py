@@ -211,6 +211,9 @@ class Misbehaviour:
     #: For this many seconds after a task is first shown done, its pages hold only its first
     #: half's rows (a results store that lags the status).
     lagging_results: float = 0.0
+    #: With ``lagging_results``: the store catches up row by row over that time, its pages
+    #: holding a share of the task's second half that grows with the time since "done".
+    catching_up: bool = False
     #: Each results page past the first is answered, the first time it is asked for, with the
     #: page before it (a cache that serves a stale page).
     repeat_previous_page_once: bool = False
@@ -904,6 +907,9 @@ class MisbehavingProxy:
             seen is None or time.monotonic() - seen < rules.lagging_results
         ):
             half = (real or 0) // 2
+            if rules.catching_up and seen is not None:
+                elapsed = (time.monotonic() - seen) / rules.lagging_results
+                half += int(((real or 0) - half) * elapsed)
             results[:] = results[: max(0, half - offset)]
             changed = True
         if rules.repeat_previous_page_once:
