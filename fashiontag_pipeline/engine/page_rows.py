@@ -23,7 +23,7 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import MAX_PAGE_SIZE
 from .config import EngineConfig
-from .flow import AIMDLimiter
+from .flow import TRANSIENT, AIMDLimiter, RetryBudget
 from .idmatch import CUT_PAIR, IdMatcher
 from .pages import NotAPage, PageRow, decode_page, screen
 from .returned import ReturnedRows
@@ -51,6 +51,7 @@ class PageRows:
     journal: Journal
     returned: ReturnedRows
     slots: AIMDLimiter
+    budget: RetryBudget
     pages: int
     _warned_changed: bool
 
@@ -66,7 +67,8 @@ class PageRows:
         ``read_again_window`` seconds after the task was seen done (30 by default: a resend
         bills again, a wait costs only time); a row the service never returns costs those
         page reads, not a send, and is sent again after the window. A pass takes a page slot,
-        a pause holds none. Any answer but a page ends the reading.
+        a pause holds none. An outage (a 5xx, a 429, no answer) has the pass made again under the
+        run's retry budget; any other answer but a page ends the reading.
 
         The rows missing need not be on a page that came short: a stale page served in place
         of the one before it gives that page's rows, new ones, so the page that comes short is
@@ -80,22 +82,27 @@ class PageRows:
         missing = len(sent - seen - (entry.refused or frozenset()))
         passes = 0
         pause = READ_AGAIN_PAUSE
+        outage = False
         every_page = range(0, entry.total, MAX_PAGE_SIZE)
         while missing > 0:
             found = 0
+            failed: Exception | None = None
             await self.slots.acquire()  # (a pass reads pages in a slot; a pause holds none)
             try:
                 for offset in offsets:
                     end = min(offset + MAX_PAGE_SIZE, entry.total)
                     # A page shorter than asked is read on to its range's end: a service whose
                     # pages hold fewer rows than asked answers each range in parts.
-                    while offset < end and missing - found > 0:
+                    while offset < end and missing - found > 0 and failed is None:
                         try:
                             raw = await self.client.task_results_raw(
                                 entry.task_id, offset=offset, size=end - offset
                             )
                             given = decode_page(raw)
                             page, all_success = screen(given)
+                        except TRANSIENT as err:
+                            failed = err  # (an outage: the pass is made again, below)
+                            break
                         except (exc.FashiontagError, msgspec.DecodeError, NotAPage):
                             return
                         offset = offset + len(given) if given else end
@@ -113,6 +120,17 @@ class PageRows:
             finally:
                 self.slots.release()
             missing -= found
+            if failed is not None:
+                # A 5xx, a 429, no answer, past the client's own retries: the pass is made
+                # again under the run's retry budget (``--give-up-after`` stops the run, state
+                # saved), as a page's first read is, not taken for rows the task lacks (they
+                # were sent and billed again, the store merely down for a few seconds).
+                await self.budget.failed(failed, f"results of task {entry.task_id}")
+                outage = True
+                continue
+            if outage:
+                outage = False
+                self.budget.ok()
             if found:
                 logger.info(
                     "task %s: its pages read again gave %d rows more (%d still missing)",

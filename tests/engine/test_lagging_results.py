@@ -14,7 +14,9 @@ Found so (each failing before its fix):
 * a run killed while it waited for a task's lagging rows, resumed once the lag was over, sent
   them again at once: which pages had come short was known only to the killed process;
 * a store that catches up row by row (each pass finding a few rows more) had its reading ended
-  by three passes that found rows, at once: 1,595 billed for 1,000 images, 8 ``unreturned``.
+  by three passes that found rows, at once: 1,595 billed for 1,000 images, 8 ``unreturned``;
+* a read again that met a 5 s outage (past the client's own retries) ended the reading: the
+  500 rows still missing were sent (and billed) again.
 """
 
 from __future__ import annotations
@@ -228,3 +230,43 @@ async def test_a_results_store_that_catches_up_row_by_row_is_read_to_its_end(
     twice = sum(1 for n in proxy.written.values() if n > 1)
     stages = sorted({r["stage"] for r in o.rejects})
     assert (billed, twice, len(o.rejects), stages) == (1000, 0, 0, []), "rows billed again"
+
+
+async def test_a_short_outage_while_lagging_rows_are_awaited_bills_them_once(
+    tmp_path: Path,
+) -> None:
+    """The results pages answer 503 (Retry-After: 1) for 7 s from 1 s after a task whose store lags
+    4 s is done (its first half written): the reads again of its pages meet the outage, and
+    the rest is read once it is over, well inside the window; every image billed once. Before,
+    a read again that failed past the client's own retries (6 attempts, 5 s) ended the reading
+    and the 500 rows still missing were sent (and billed) again, though the main page reads
+    ride out such an outage (``--give-up-after``)."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out = tmp_path / "out.jsonl"
+    proxy = BilledProxy(Misbehaviour(lagging_results=4.0, storm_retry_after="1"))
+    proxy.rules.storm_ops = {"results"}
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, *TASKS_OF_1000_FLAGS, str(manifest))
+            log = (tmp_path / "stderr").open("wb")
+            async with await anyio.open_process(args, env=ENV, stderr=log) as proc:
+                with anyio.fail_after(60):
+                    while not (out.exists() and out.read_bytes().count(b"\n") >= 500):
+                        assert proc.returncode is None
+                        await anyio.sleep(0.005)
+                    # (its pages all read, short: it is read again, pauses 0.25 s, doubled)
+                    (done_at,) = proxy.done_seen.values()
+                    await anyio.sleep(max(0.0, done_at + 1.0 - time.monotonic()))
+                    proxy.rules.storm = 503
+                    await anyio.sleep(7.0)
+                    proxy.rules.storm = None
+                    await proc.wait()
+            log.close()
+            err = (tmp_path / "stderr").read_bytes()
+            billed = svc.store.image_count
+    assert proc.returncode == 0, err.decode()[-2000:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
+    twice = sum(1 for n in proxy.written.values() if n > 1)
+    assert (billed, twice, len(o.rejects)) == (1000, 0, 0), "rows billed again"
+    assert proxy.storm_answers >= 6, err.decode()[-3000:]
