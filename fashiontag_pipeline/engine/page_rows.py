@@ -74,7 +74,12 @@ class PageRows:
         of the one before it gives that page's rows, new ones, so the page that comes short is
         another. A pass over the pages that came short that leaves rows missing is followed by
         passes over every page of the task."""
-        offsets: Sequence[int] = sorted(entry.deficient)
+        every_page = range(0, entry.total, MAX_PAGE_SIZE)
+        # (Every page came short, or a restart counts every page read before as short: one
+        # pass over them is the pass over every page, not followed by the same pages again.)
+        offsets: Sequence[int] = (
+            every_page if entry.deficient.issuperset(every_page) else sorted(entry.deficient)
+        )
         entry.deficient = set()
         sent, seen = entry.sent, entry.seen
         if not offsets or sent is None or seen is None:
@@ -83,7 +88,6 @@ class PageRows:
         passes = 0
         pause = READ_AGAIN_PAUSE
         outage = False
-        every_page = range(0, entry.total, MAX_PAGE_SIZE)
         while missing > 0:
             found = 0
             failed: Exception | None = None

@@ -16,7 +16,8 @@ Found so (each failing before its fix):
 * a store that catches up row by row (each pass finding a few rows more) had its reading ended
   by three passes that found rows, at once: 1,595 billed for 1,000 images, 8 ``unreturned``;
 * a read again that met a 5 s outage (past the client's own retries) ended the reading: the
-  500 rows still missing were sent (and billed) again.
+  500 rows still missing were sent (and billed) again;
+* a restart read every page of a task with rows missing twice in a row (23 reads, not 12).
 """
 
 from __future__ import annotations
@@ -270,3 +271,53 @@ async def test_a_short_outage_while_lagging_rows_are_awaited_bills_them_once(
     twice = sum(1 for n in proxy.written.values() if n > 1)
     assert (billed, twice, len(o.rejects)) == (1000, 0, 0), "rows billed again"
     assert proxy.storm_answers >= 6, err.decode()[-3000:]
+
+
+class PageCount(BilledProxy):
+    """The billing proxy that counts the results pages asked for."""
+
+    def __init__(self, rules: Misbehaviour) -> None:
+        super().__init__(rules)
+        self.pages_asked = 0
+
+    def _rewrite(
+        self, method: str, path: str, task_id: str | None, status: int, payload: bytes
+    ) -> bytes:
+        if method == "GET" and task_id is not None and path != BULK and "/status" not in path:
+            self.pages_asked += 1
+        return super()._rewrite(method, path, task_id, status, payload)
+
+
+async def test_a_resume_reads_the_pages_of_a_task_with_a_row_missing_once_a_pass(
+    tmp_path: Path,
+) -> None:
+    """Killed while it waited for the one row of a 1,000-row task the service never returns,
+    then run again with ``--read-again-window 0``: the resume reads the task's 10 pages once
+    (the short one read on to its range's end, and the page past its count: 12 reads), then
+    the row ends ``unreturned`` (``max_sends`` 1). Before, the pages an earlier process had
+    read, counted as short, were read, then every page of the task again at once (the same
+    pages): 23 reads, the task twice, on each restart."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    config = tmp_path / "c.toml"
+    config.write_text("[engine]\nmax_sends = 1\n")
+    out, state = tmp_path / "out.jsonl", tmp_path / "state.sqlite"
+    proxy = PageCount(Misbehaviour(never_returned={"p7"}))
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, "--state", str(state), "--config", str(config))
+
+            def all_but_one() -> bool:
+                return out.exists() and out.read_bytes().count(b"\n") >= 999
+
+            proc = await anyio.open_process([*args, str(manifest)], env=ENV)
+            await kill_when(proc, all_but_one)
+            proxy.pages_asked = 0
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    [*args, "--read-again-window", "0", str(manifest)], check=False, env=ENV
+                )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    o = assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
+    assert [(r["id"], r["stage"]) for r in o.rejects] == [("p7", "unreturned")]
+    assert proxy.pages_asked == 12, proxy.pages_asked
