@@ -52,6 +52,9 @@ def _config(folder: Path) -> str:
     path.write_text(
         "[engine]\npoll_min = 0.02\npoll_max = 0.2\nlinger_seconds = 0.2\n"
         "rotate_images = 3000\nrotate_min_images = 3000\n"
+        # rows whose results come back under another id are never returned: each send's
+        # pages are read again for this long (30 s by default) before the next send
+        "read_again_window = 1.0\n"
     )
     return str(path)
 
