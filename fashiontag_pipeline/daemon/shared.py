@@ -90,6 +90,7 @@ class SharedDaemon:
         self.leased: dict[tuple[int, int], Lease] = {}
         self._wake = anyio.Event()
         self._acquire_failed = False
+        self._acquire_said: str | None = None  # (the reason last said: said again if it changes)
         self._attempts = Attempts(MAX_ATTEMPTS)
         self._ledger: PostgresClaimLedger | None = None
         self._outdated: exc.SchemaTooNewError | None = None  # (a newer daemon migrated)
@@ -189,8 +190,11 @@ class SharedDaemon:
                 try:
                     leases = await keeper.acquire(free, skip=self._foreign.current())
                 except exc.StateError as err:
-                    if not self._acquire_failed:
+                    # Said once a reason, again when it changes (a connection a failover
+                    # ended, then a standby that is read-only: the lasting cause is said).
+                    if str(err) != self._acquire_said:
                         logger.warning("cannot lease manifests: %s; retrying", err)
+                        self._acquire_said = str(err)
                     self._acquire_failed = True
                     self.daemon.health.mark_store_unwritable(str(err))  # (/readyz)
                     leases = []
@@ -198,6 +202,7 @@ class SharedDaemon:
                     if self._acquire_failed:
                         logger.info("the PostgreSQL state answers again")
                     self._acquire_failed = False
+                    self._acquire_said = None
                 handed = set(self._foreign.current())
                 for lease in leases:
                     if lease.claim_id in handed:
