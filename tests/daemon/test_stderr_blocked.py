@@ -106,7 +106,9 @@ async def test_a_stderr_nobody_reads_stops_neither_the_work_nor_the_endpoints(
                 daemon.proc.stderr.close()
     docs = [json.loads(line) for line in daemon.head + rest]  # every line whole
     said = [d for d in docs if "dropped" in str(d["event"])]
-    assert said and sum(int(d["lines"]) for d in said) == dropped
+    # (at least the count read from /metrics: a line logged between that read and the
+    # reader's start was dropped too, and is said with the others: 412 against 411 once)
+    assert said and sum(int(d["lines"]) for d in said) >= dropped
     assert docs[-1]["event"] == "daemon stopped"
 
 
