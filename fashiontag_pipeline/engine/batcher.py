@@ -248,10 +248,11 @@ class TaskWriter(TaskTargets):
     async def _seal_when_idle(self, task: OpenTask, now: float) -> None:
         """Nothing more to read for now (IDLE): seal the open task, so the rows sent get
         results; while more input is about to come (:attr:`more_input`: a daemon's burst of
-        manifests), once no rows came for ``linger_seconds`` (or it is full, rotated, near
-        its expiry), so that a burst shares tasks (a service caps a key's live tasks)."""
+        manifests), once no rows came for ``linger_seconds`` or at most 3 of them past its first
+        rows (:meth:`~.policy.WritePolicy.held_until`; or once full, rotated, near its expiry),
+        so that a burst shares tasks (a service caps a key's live tasks)."""
         more = self.more_input is not None and self.more_input()
-        if not more or now >= self._held_deadline(task):
+        if not more or now >= self.policy.held_until(task, self._rows_at):
             self._held = None
             await self._close(task)
         else:
@@ -262,11 +263,7 @@ class TaskWriter(TaskTargets):
         held = self._held
         if held is None or held is not self.current or held.closing:
             return float("inf")
-        return self._held_deadline(held)
-
-    def _held_deadline(self, task: OpenTask) -> float:
-        """``linger_seconds`` after the last rows came (or the task opened)."""
-        return max(task.opened, self._rows_at) + self.policy.linger
+        return self.policy.held_until(held, self._rows_at)
 
     async def dispatch(
         self,

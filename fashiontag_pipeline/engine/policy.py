@@ -25,6 +25,7 @@ from .config import EngineConfig
 from .plainbody import encode_requests
 
 __all__ = [
+    "HOLD_LINGERS",
     "MAX_CHUNK_BYTES",
     "Chunk",
     "OpenTask",
@@ -151,6 +152,11 @@ def halves(chunk: Chunk) -> list[tuple[Chunk, bytes]]:
     return out
 
 
+#: A task held open for more of a daemon's burst is sealed at most this many ``linger_seconds``
+#: past its first rows, however closely the burst's manifests keep coming.
+HOLD_LINGERS = 3
+
+
 class OpenTask(msgspec.Struct, eq=False):
     """A task the writer may still write to (or is sealing)."""
 
@@ -256,6 +262,14 @@ class WritePolicy:
         if buffered == 0:
             return min(age, self.write_deadline(task))
         return age
+
+    def held_until(self, task: OpenTask, rows_at: float) -> float:
+        """When a task held open for more of a daemon's burst (rows last came at ``rows_at``)
+        is sealed: ``linger`` after its last rows, and at most :data:`HOLD_LINGERS` ``linger``
+        past its first (a trickle of manifests closer than ``linger`` held it until rotated,
+        30 s, and the first manifest's results waited as long)."""
+        linger = self.linger
+        return min(max(task.opened, rows_at) + linger, task.opened + HOLD_LINGERS * linger)
 
     def split(self, buffered: int) -> list[int]:
         """Sizes of the full chunks to cut from ``buffered`` rows."""

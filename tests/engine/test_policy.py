@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from fashiontag_pipeline._models import BulkContext, Image, TaggingRequest
 from fashiontag_pipeline.engine import EngineConfig, policy
-from fashiontag_pipeline.engine.policy import ChunkCutter, OpenTask, WritePolicy, chunk_cut
+from fashiontag_pipeline.engine.policy import (
+    HOLD_LINGERS,
+    ChunkCutter,
+    OpenTask,
+    WritePolicy,
+    chunk_cut,
+)
 
 configs = st.builds(
     EngineConfig,
@@ -135,6 +141,24 @@ def test_partial_chunk_is_flushed_before_the_open_task_expires(
     # once, which a margin of the whole TTL makes too late): partial is below the policy's.
     if buffered < policy.chunk_size:
         assert policy.flush_at(buffered, opened, task) < policy.write_deadline(task)
+
+
+@given(configs, st.floats(0.0, 1000.0), st.lists(st.floats(0.0, 10.0), max_size=40))
+def test_a_task_held_for_a_burst_is_sealed_within_a_few_lingers_of_its_first_rows(
+    config: EngineConfig, opened: float, gaps: list[float]
+) -> None:
+    """Held ``linger`` after its last rows while rows keep coming, but never past
+    ``HOLD_LINGERS`` ``linger`` after its first (a trickle held it until rotated)."""
+    policy = WritePolicy(config)
+    task = OpenTask(seq=0, token="t", opened=opened, expires=opened + 600.0, task_id="x")
+    linger, rows_at = config.linger_seconds, opened
+    for gap in gaps:
+        until = policy.held_until(task, rows_at)
+        assert opened + linger <= until <= opened + HOLD_LINGERS * linger
+        if rows_at + gap >= until:
+            break  # sealed before these rows came
+        rows_at += gap
+        assert policy.held_until(task, rows_at) >= until
 
 
 @settings(max_examples=200, deadline=None)
