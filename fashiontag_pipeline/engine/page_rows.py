@@ -151,6 +151,8 @@ class PageRows:
                 continue
             # (None found, or rows still coming after that many passes: a store that catches
             # up row by row; read again after a pause while the window lasts.)
+            if entry.ended_unknown:
+                await self._ask_ended(entry)
             left = (
                 entry.done_at + self.config.read_again_window - time.monotonic()
                 if entry.done_at is not None
@@ -160,6 +162,28 @@ class PageRows:
                 return
             await anyio.sleep(min(pause, left))
             pause *= 2
+
+    async def _ask_ended(self, entry: TaskEntry) -> None:
+        """A task seen done before this process (a resume) with rows still missing once its
+        pages are read again: whether the service ended it (failed, cancelled) is not in the
+        state, so its status is asked for once before the read-again window is waited for. An
+        ended task's missing rows were never processed (no results store lags them): they are
+        sent again at once, as the process that saw it end would have. Before, a resume waited
+        the whole window (30 s) for them. Any failure to tell keeps the window."""
+        entry.ended_unknown = False
+        try:
+            task = await self.client.task_status(entry.task_id)
+        except (exc.FashiontagError, msgspec.DecodeError):
+            return
+        ours = not (entry.description and task.description)
+        if task.ended and (ours or task.description == entry.description):
+            entry.ended, entry.done_at = str(task.task_status), None
+            logger.info(
+                "task %s: the service says it is %s: its rows without a result are sent again",
+                entry.task_id,
+                task.task_status,
+                extra={"task_id": entry.task_id},
+            )
 
     async def _first_of_each_id(
         self, entry: TaskEntry, rows: list[PageRow], *, again: bool = False

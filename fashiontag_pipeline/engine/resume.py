@@ -180,7 +180,8 @@ async def reattach(run: Engine) -> list[Chunk]:
             # The pages an earlier process read may have come short of rows (a results store
             # that lags the status, the process killed while it waited for them): they are
             # read again if rows are missing once the rest is in, for ``read_again_window``
-            # from now (this process sees the task done now).
+            # from now (this process sees the task done now), unless its status says the
+            # service ended it (failed, cancelled: not stored, asked for then).
             entry = TaskEntry(
                 task_id,
                 state=state,
@@ -191,6 +192,7 @@ async def reattach(run: Engine) -> list[Chunk]:
                 description=run.writer.description(token),
                 deficient=set(range(0, min(offset, total), MAX_PAGE_SIZE)),
                 done_at=time.monotonic() if state == "done" else None,
+                ended_unknown=state == "done",
             )
             run.book.add(entry)
             await run.pagers.add(entry)

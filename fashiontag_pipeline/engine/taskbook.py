@@ -64,6 +64,9 @@ class TaskEntry:
     #: ``CANCELLED``): its pages are read like a done task's, any refusal of one ends the
     #: reading, and the rows without a result are sent again.
     ended: str | None = None
+    #: Seen done before this process (a resume): whether the service ended it is asked for
+    #: only if its read-again window would be waited for (:meth:`PageRows._ask_ended`).
+    ended_unknown: bool = False
     #: When this process sealed the task it created (monotonic seconds; None: a task of an
     #: interrupted run): a service may not know a task for a moment after its create was
     #: answered (an eventually consistent store), so a 404 within ``list_lag`` of it is no
