@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .._exceptions import StateConflictError
 from .._postgres import is_postgres_url
-from ..engine.outfiles import lock_exclusively
+from ..engine.outfiles import lock_exclusively, lock_file
 from ._files import write_atomic
 from .names import STATE_MARK
 
@@ -156,17 +156,11 @@ def lock_inbox(inbox: Path) -> int:
     state watches the inbox: two of them (each given its own ``--state``) would both resume
     the manifests in flight and tag them twice. Several daemons share an inbox only with a
     shared PostgreSQL state."""
-    fd = os.open(inbox / ".fashiontag-daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        lock_exclusively(
-            fd,
-            f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
-            ".lock): several daemons share an inbox only with a PostgreSQL --state",
-        )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    refusal = (
+        f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
+        ".lock): several daemons share an inbox only with a PostgreSQL --state"
+    )
+    return lock_file(inbox / ".fashiontag-daemon.lock", lambda fd: lock_exclusively(fd, refusal))
 
 
 def lock_watched(inbox: Path, state: str | Path) -> int:

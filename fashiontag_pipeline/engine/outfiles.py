@@ -3,6 +3,8 @@
 * :func:`lock_output`: an exclusive ``flock`` for as long as the output is open, so two runs
   given the same ``--out`` (each with its own ``--state``) cannot cut back and append over
   each other's lines; the second is refused.
+* :func:`lock_file`: an exclusive ``flock`` on a lock file of its own (a state's, an inbox's),
+  which holds a line so that a cleanup of empty files leaves it while it is held.
 * :func:`removed_from`: whether the file open as a descriptor is no longer at its path
   (removed, renamed, replaced, cut short, its folder removed), so lines written before are not
   lost in silence (see :meth:`~.jobs.Job.check_outputs`).
@@ -14,11 +16,18 @@ import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .._exceptions import StateInUseError
 
-__all__ = ["lock_exclusively", "lock_output", "removed_from"]
+__all__ = ["LOCK_NOTE", "lock_exclusively", "lock_file", "lock_output", "removed_from"]
+
+#: What a lock file holds: a line, so that a cleanup of empty files (``find DIR -empty
+#: -delete``, as a nightly job tidies a data folder) leaves it while a process holds it.
+LOCK_NOTE = b"fashiontag: locked while a run or daemon is at work; keep this file\n"
+#: Opens of a lock file before one is found still at its path once locked.
+_LOCK_TRIES = 5
 
 
 def lock_exclusively(fd: int, refusal: str) -> None:
@@ -31,6 +40,36 @@ def lock_exclusively(fd: int, refusal: str) -> None:
         raise StateInUseError(refusal) from None
     except OSError:
         pass
+
+
+def lock_file(path: Path, lock: Callable[[int], None]) -> int:
+    """A descriptor of the lock file ``path`` (made when missing) locked by ``lock`` (which
+    raises when another process holds it), held until it is closed.
+
+    A lock file left empty was removed by a nightly ``find DIR -empty -delete`` while a run
+    held it: the cron line fired again locked a new file at that path and worked on the same
+    state beside the first (6,000 of 10,000 rows sent twice). It is given :data:`LOCK_NOTE`
+    when locked empty, and checked once locked to be the file at its path (one removed between
+    the open and the lock, and perhaps made again by another process, is opened again)."""
+    for _ in range(_LOCK_TRIES):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            lock(fd)
+            held = os.fstat(fd)
+            try:
+                here = os.stat(path)
+            except FileNotFoundError:
+                here = None
+            if here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+                if held.st_size == 0:
+                    with contextlib.suppress(OSError):  # (a full disk: locked all the same)
+                        os.pwrite(fd, LOCK_NOTE, 0)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise OSError(f"{path} was removed each time it was locked")
 
 
 def lock_output(fd: int, path: Path) -> None:

@@ -16,7 +16,8 @@ from fashiontag_pipeline.cli.summary_file import write_summary
 from fashiontag_pipeline.engine.config import RunSummary
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, dead_port, run_args, write_csv
+from .helpers import ENV, assert_exactly_once, dead_port, run_args, taken_in, write_csv
+from .proxy import Misbehaviour, misbehaving
 
 
 @pytest.mark.parametrize("held", ["outputs", "state"])
@@ -217,3 +218,41 @@ def test_two_summaries_written_at_once_leave_one_whole_document(tmp_path: Path) 
         thread.join()
     assert not failures, failures[:3]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(tmp_path: Path) -> None:
+    """A nightly cleanup of empty files (``find /data -empty -delete``) while a run waited for
+    its tasks (every row sent, no line written yet), then the cron line fired again: the state's
+    lock file (``STATE.lock``, 0 bytes) was gone with the empty outputs, so the second run
+    locked a new file at that path and worked on the same state beside the first. Against the
+    reference service (10,000 rows, tasks slow to finish) 6,000 rows were sent again (16,000
+    billed), the first run stopped with exit 1 telling to ``--restart`` (every row billed once
+    more), the second ended exit 3. The lock file now holds a line (no cleanup of empty files
+    takes it) and is checked, once locked, to be the file at its path: the second is refused."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "out.jsonl.state"
+    args = run_args("", out, str(manifest), "--stall-timeout", "5", "--give-up-after", "5")
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
+    ):
+        args[args.index("--base-url") + 1] = proxy.url
+        first = await anyio.open_process(args, env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while taken_in(state)[0] < 3000:
+                    await anyio.sleep(0.05)
+            for path in tmp_path.iterdir():  # (find -empty -delete)
+                if path.is_file() and path.stat().st_size == 0:
+                    path.unlink()
+            with anyio.fail_after(30):
+                second = await anyio.run_process(args, check=False, env=ENV)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                first.kill()
+            await first.wait()
+            await first.aclose()
+        assert second.returncode == 2, second.stderr.decode()[-600:]
+        assert b"in use by another run" in second.stderr
+        assert proxy.writes == 3

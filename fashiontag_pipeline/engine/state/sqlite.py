@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID
+from ..outfiles import lock_file
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
@@ -50,14 +51,16 @@ RECLAIM_MIN_BYTES = 256 << 10
 def _lock_exclusively(path: Path) -> int:
     """An exclusive lock on ``PATH.lock`` for as long as the state is open: two runs on one
     state file would both resume it and write the same outputs. Released by :meth:`close`, or
-    by the kernel when the process dies (kill -9 leaves no stale lock)."""
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise _in_use(path) from None
-    return fd
+    by the kernel when the process dies (kill -9 leaves no stale lock); the lock file holds a
+    line and is the one at its path (:func:`~..outfiles.lock_file`)."""
+
+    def lock(fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _in_use(path) from None
+
+    return lock_file(path.with_name(path.name + ".lock"), lock)
 
 
 def _in_use(path: Path) -> exc.StateInUseError:
