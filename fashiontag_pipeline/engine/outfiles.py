@@ -48,9 +48,11 @@ def lock_file(path: Path, lock: Callable[[int], None]) -> int:
 
     A lock file left empty was removed by a nightly ``find DIR -empty -delete`` while a run
     held it: the cron line fired again locked a new file at that path and worked on the same
-    state beside the first (6,000 of 10,000 rows sent twice). It is given :data:`LOCK_NOTE`
-    when locked empty, and checked once locked to be the file at its path (one removed between
-    the open and the lock, and perhaps made again by another process, is opened again)."""
+    state beside the first (6,000 of 10,000 rows sent twice); so did ``find DIR -mtime +30
+    -delete`` with one a run made last month (left in place, unchanged since). It is given
+    :data:`LOCK_NOTE` when locked empty, touched, and checked once locked to be the file at its
+    path (one removed between the open and the lock, and perhaps made again by another
+    process, is opened again)."""
     for _ in range(_LOCK_TRIES):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -61,9 +63,10 @@ def lock_file(path: Path, lock: Callable[[int], None]) -> int:
             except FileNotFoundError:
                 here = None
             if here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
-                if held.st_size == 0:
-                    with contextlib.suppress(OSError):  # (a full disk: locked all the same)
+                with contextlib.suppress(OSError):  # (a full disk: locked all the same)
+                    if held.st_size == 0:
                         os.pwrite(fd, LOCK_NOTE, 0)
+                    os.utime(fd)  # (a cleanup by age takes no lock of a run at work)
                 return fd
         except BaseException:
             os.close(fd)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
+import time
 from pathlib import Path
 
 import anyio
@@ -220,7 +222,10 @@ def test_two_summaries_written_at_once_leave_one_whole_document(tmp_path: Path) 
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cleanup", ["empty", "old"])
+async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(
+    tmp_path: Path, cleanup: str
+) -> None:
     """A nightly cleanup of empty files (``find /data -empty -delete``) while a run waited for
     its tasks (every row sent, no line written yet), then the cron line fired again: the state's
     lock file (``STATE.lock``, 0 bytes) was gone with the empty outputs, so the second run
@@ -228,11 +233,20 @@ async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(tmp_path: Path) 
     reference service (10,000 rows, tasks slow to finish) 6,000 rows were sent again (16,000
     billed), the first run stopped with exit 1 telling to ``--restart`` (every row billed once
     more), the second ended exit 3. The lock file now holds a line (no cleanup of empty files
-    takes it) and is checked, once locked, to be the file at its path: the second is refused."""
+    takes it) and is checked, once locked, to be the file at its path: the second is refused.
+    So with a cleanup by age (``find /data -mtime +30 -delete``) of a lock file a run of last
+    month made (left in place after each run, no run changed it), then another cron line on
+    that state (outputs of its own): the lock file is now touched when locked."""
     manifest = write_csv(tmp_path / "m.csv", 3000)
     out = tmp_path / "out.jsonl"
     state = tmp_path / "out.jsonl.state"
-    args = run_args("", out, str(manifest), "--stall-timeout", "5", "--give-up-after", "5")
+    limits = ("--stall-timeout", "5", "--give-up-after", "5")
+    args = run_args("", out, str(manifest), "--state", str(state), *limits)
+    lock = tmp_path / "out.jsonl.state.lock"
+    month_ago = time.time() - 40 * 86400
+    if cleanup == "old":  # (the lock file of a run last month, left in place after it)
+        lock.write_bytes(b"a line\n")
+        os.utime(lock, (month_ago, month_ago))
     async with (
         running_service(ServiceConfig()) as svc,
         misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
@@ -243,11 +257,18 @@ async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(tmp_path: Path) 
             with anyio.fail_after(30):
                 while taken_in(state)[0] < 3000:
                     await anyio.sleep(0.05)
-            for path in tmp_path.iterdir():  # (find -empty -delete)
-                if path.is_file() and path.stat().st_size == 0:
+            for path in tmp_path.iterdir():  # (find -empty -delete, find -mtime +30 -delete)
+                found = path.stat()
+                if path.is_file() and (
+                    found.st_size == 0 if cleanup == "empty" else found.st_mtime < month_ago + 60
+                ):
                     path.unlink()
+            again = list(args)
+            if cleanup == "old":  # (another cron line on that state: its outputs are fresh)
+                again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
+                again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
             with anyio.fail_after(30):
-                second = await anyio.run_process(args, check=False, env=ENV)
+                second = await anyio.run_process(again, check=False, env=ENV)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 first.kill()
