@@ -1,15 +1,17 @@
 """Outputs named as compressed files (``--out results.jsonl.gz``): refused, since a run writes
 its outcomes uncompressed; and what a run of an older build, which took such a name, is to
-be given to be finished rather than started over."""
+be given to be finished rather than started over. Paths whose name this process cannot read
+as text: why, in words that name the real cause."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["COMPRESSED_SUFFIXES", "compressed_name", "finish_older"]
+__all__ = ["COMPRESSED_SUFFIXES", "compressed_name", "finish_older", "undecodable_path"]
 
 #: The names of compressed files (``results.jsonl.gz``): an output so named is refused.
 COMPRESSED_SUFFIXES = frozenset(
@@ -54,4 +56,27 @@ def finish_older(outputs: Sequence[tuple[str, Path]], state: Path | str | None) 
     return (
         f"; the state {state} holds a run into it (of a build that took the name): to finish"
         f" that run without tagging its rows again, {then}run with {' '.join(flags)}"
+    )
+
+
+def undecodable_path(what: str, text: str) -> str:
+    """Why the path ``text`` given as ``what`` (its name's bytes not text here: PEP 383's lone
+    surrogates) cannot be used. A name that is UTF-8 read by a process that reads file names
+    in another encoding (a C locale with Python's UTF-8 mode off: ``LC_ALL=C PYTHONUTF8=0``,
+    where every name that is not ASCII looks so) was said to be "not UTF-8 (a name written in
+    another encoding)", shown as Latin-1 (``kat\\xe4log.csv``): the file was fine, the
+    process was not. Such a name is now shown as the bytes it is, and the locale is named."""
+    raw = os.fsencode(text)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = raw.decode("utf-8", "backslashreplace")
+        return (
+            f"{what} {shown}: its path is not UTF-8 (a name written in another encoding):"
+            " rename the file or folder, or give another path"
+        )
+    return (
+        f"{what} {raw.decode('ascii', 'backslashreplace')}: its path is UTF-8, and this process"
+        f" reads file names as {sys.getfilesystemencoding()} (a C locale with Python's UTF-8"
+        " mode off, PYTHONUTF8=0): run it with LANG=C.UTF-8 and without PYTHONUTF8=0"
     )

@@ -21,7 +21,7 @@ from .._client import TaggerClient
 from .._config import ClientConfig
 from .config import EngineConfig
 from .outfiles import lock_output
-from .outnames import COMPRESSED_SUFFIXES, compressed_name, finish_older
+from .outnames import COMPRESSED_SUFFIXES, compressed_name, finish_older, undecodable_path
 from .sinks import committed_last_id
 from .state import JobRow, StateStore
 
@@ -302,11 +302,7 @@ def not_utf8(named: Sequence[tuple[str, Path | str]]) -> str | None:
         try:
             text.encode()
         except UnicodeEncodeError:
-            shown = os.fsencode(text).decode("utf-8", "backslashreplace")
-            return (
-                f"{what} {shown}: its path is not UTF-8 (a name written in another encoding):"
-                " rename the file or folder, or give another path"
-            )
+            return undecodable_path(what, text)
     return None
 
 

@@ -54,6 +54,29 @@ async def test_a_utf8_path_still_runs(tmp_path: Path) -> None:
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(20))
 
 
+@pytest.mark.parametrize("where", ["manifest", "out"])
+async def test_a_utf8_path_in_a_c_locale_without_utf8_mode_blames_the_locale(
+    tmp_path: Path, where: str
+) -> None:
+    """A cron line run with ``LC_ALL=C PYTHONUTF8=0`` (Python then reads every file name as
+    ASCII) on ``kat\u00e4log.csv`` (or an output folder so named), both UTF-8 on disk: exit 2
+    saying the path is not UTF-8 ("a name written in another encoding"), shown as
+    ``kat\\xe4log.csv`` as if it were Latin-1: a user renamed a good file, or looked for an
+    encoding it never had. It names the locale now, and how to run (as the daemon does)."""
+    folder = tmp_path / ("sortie\u00e9" if where == "out" else "o")
+    folder.mkdir()
+    manifest = write_csv(tmp_path / ("kat\u00e4log.csv" if where == "manifest" else "m.csv"), 20)
+    env = {**ENV, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0"}
+    async with running_service(ServiceConfig()) as svc:
+        args = run_args(svc.url, folder / "r.jsonl", str(manifest))
+        result = await anyio.run_process(args, check=False, env=env)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-300:]
+    assert "not UTF-8" not in err, err
+    assert "PYTHONUTF8=0" in err and "LANG=C.UTF-8" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == [], "it left files behind"
+
+
 @pytest.mark.parametrize("target", ["out", "rejects", "state", "manifest"])
 async def test_summary_on_one_of_the_runs_files_is_refused(tmp_path: Path, target: str) -> None:
     """``--summary`` naming the results file (a slip in a cron line: ``--summary $OUT``): the
