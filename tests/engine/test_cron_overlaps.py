@@ -277,3 +277,42 @@ async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(
         assert second.returncode == 2, second.stderr.decode()[-600:]
         assert b"in use by another run" in second.stderr
         assert proxy.writes == 3
+
+
+async def test_a_state_named_through_a_symlink_is_locked_as_the_file_it_names(
+    tmp_path: Path,
+) -> None:
+    """A state kept as ``current.state``, a symlink to the dated file (or the real name in one
+    cron line and the link in another): the lock was taken beside the name given
+    (``current.state.lock``), so a run given the link and a run given the file both locked and
+    worked on one state at once. Against the reference service both ended exit 3, "the state
+    cannot be trusted ... (--restart starts over)", their lines split over two results files.
+    The lock is now taken beside the file the name leads to: the second run is refused."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    real = tmp_path / "2026-11.state"
+    link = tmp_path / "current.state"
+    link.symlink_to(real.name)
+    limits = ("--stall-timeout", "5", "--give-up-after", "5")
+    first_args = run_args("", tmp_path / "a.jsonl", str(manifest), "--state", str(real), *limits)
+    again = run_args("", tmp_path / "b.jsonl", str(manifest), "--state", str(link), *limits)
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
+    ):
+        for args in (first_args, again):
+            args[args.index("--base-url") + 1] = proxy.url
+        first = await anyio.open_process(first_args, env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while taken_in(real)[0] < 3000:
+                    await anyio.sleep(0.05)
+            with anyio.fail_after(30):
+                second = await anyio.run_process(again, check=False, env=ENV)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                first.kill()
+            await first.wait()
+            await first.aclose()
+        assert second.returncode == 2, second.stderr.decode()[-600:]
+        assert b"in use by another run" in second.stderr
+        assert proxy.writes == 3

@@ -60,12 +60,20 @@ def _lock_exclusively(path: Path) -> int:
         except BlockingIOError:
             raise _in_use(path) from None
 
-    return lock_file(path.with_name(path.name + ".lock"), lock)
+    return lock_file(lock_path(path), lock)
+
+
+def lock_path(path: Path) -> Path:
+    """``PATH.lock`` beside the file ``path`` leads to: a state named through a symlink
+    (``current.state`` -> the dated file, the link in one cron line and the file in another)
+    had a lock beside each name, and two runs worked on one state at once."""
+    real = Path(os.path.realpath(path))
+    return real.with_name(real.name + ".lock")
 
 
 def _in_use(path: Path) -> exc.StateInUseError:
     return exc.StateInUseError(
-        f"state file {path} is in use by another run (its lock {path.name}.lock is held); "
+        f"state file {path} is in use by another run (its lock {lock_path(path)} is held); "
         "wait for that run to end, or give this one another --state (and outputs of its own)"
     )
 
@@ -74,7 +82,7 @@ def state_free(path: Path) -> None:
     """StateConflictError when another process holds the lock of the state file ``path``;
     nothing made (a lock file not there, or unreadable, is no run at work)."""
     try:
-        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDONLY)
+        fd = os.open(lock_path(path), os.O_RDONLY)
     except OSError:
         return
     try:
