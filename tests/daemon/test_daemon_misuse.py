@@ -43,15 +43,22 @@ async def test_a_sighup_is_ignored_not_a_silent_death(tmp_path: Path) -> None:
     assert any("SIGHUP" in line.get("event", "") for line in daemon.logs())
 
 
-async def test_a_second_daemon_on_the_same_inbox_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cleanup", [False, True])
+async def test_a_second_daemon_on_the_same_inbox_is_refused(tmp_path: Path, cleanup: bool) -> None:
     """Each given its own --state, two daemons on one inbox both resumed the manifests in
-    flight and tagged them twice: the second is refused at start, naming the way to share."""
+    flight and tagged them twice: the second is refused at start, naming the way to share.
+    So after a cleanup of empty files in the inbox (``find INBOX -type f -empty -delete``),
+    which took the inbox's lock file while it was empty (it holds a line now)."""
     async with running_service(ServiceConfig()) as svc:
         first = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "a.db")])
         first.start()
         second = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "b.db")])
         try:
             await first.wait_ready_endpoint()
+            if cleanup:
+                for path in first.inbox.rglob("*"):
+                    if path.is_file() and path.stat().st_size == 0:
+                        path.unlink()
             second.start()
             code = await second.wait_exit(timeout=30)
             first.check_alive()
