@@ -52,8 +52,9 @@ def lock_file(path: Path, lock: Callable[[int], None]) -> int:
     -delete`` with one a run made last month (left in place, unchanged since). It is given
     :data:`LOCK_NOTE` when locked empty, touched, and checked once locked to be the file at its
     path (one removed between the open and the lock, and perhaps made again by another
-    process, is opened again)."""
-    for _ in range(_LOCK_TRIES):
+    process, is opened again; after a few tries, the lock held is kept: a file system whose
+    inode numbers are not stable must not refuse every run)."""
+    for tries_left in range(_LOCK_TRIES - 1, -1, -1):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             lock(fd)
@@ -62,7 +63,9 @@ def lock_file(path: Path, lock: Callable[[int], None]) -> int:
                 here = os.stat(path)
             except FileNotFoundError:
                 here = None
-            if here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+            if tries_left == 0 or (
+                here is not None and (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+            ):
                 with contextlib.suppress(OSError):  # (a full disk: locked all the same)
                     if held.st_size == 0:
                         os.pwrite(fd, LOCK_NOTE, 0)
@@ -72,7 +75,7 @@ def lock_file(path: Path, lock: Callable[[int], None]) -> int:
             os.close(fd)
             raise
         os.close(fd)
-    raise OSError(f"{path} was removed each time it was locked")
+    raise AssertionError("unreachable")  # (the last try returns)
 
 
 def lock_output(fd: int, path: Path) -> None:
