@@ -153,6 +153,7 @@ class Engine:
             budget=self.budget,
             on_done=self.pagers.add,
             finished=self.finished,
+            polled=lambda: self.journal.run(self.jobs.made_again),
         )
         self.single = SingleRouter(
             client=client,

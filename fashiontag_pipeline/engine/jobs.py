@@ -197,6 +197,13 @@ class Jobs:
         for src, _ in job.row.sources:
             self._by_source.pop(src, None)
 
+    def made_again(self) -> None:
+        """Each job's outputs removed before their first line made again at their paths
+        (:meth:`~.sinks._AppendFile.made_again`; in the state thread)."""
+        for job in list(self.by_id.values()):
+            job.results.made_again()
+            job.rejects.made_again()
+
     def of_key(self, key: str) -> Job | None:
         """The job in flight of ``key``, None when there is none."""
         return next((job for job in self.by_id.values() if job.row.key == key), None)

@@ -200,6 +200,15 @@ class _AppendFile:
         self._fh, self._end = fh, fh.seek(0, os.SEEK_END)
         return self._end == 0
 
+    def made_again(self) -> None:
+        """The file made again at its path (and locked) if it was removed before its first
+        line (a cleanup of empty files). Made again at its first line only, an output stayed
+        gone while its run waited for results (hours, for a slow service), and another run
+        given the same ``--out`` with a state of its own found no file to be refused by: every
+        row was tagged (and billed) again. Called at each poll of the tasks."""
+        if not self._end and not self._fh.closed and removed_from(self.path, self._fh.fileno(), 0):
+            self._made_again()
+
     def write(self, data: bytes) -> None:
         if not self._end and removed_from(self.path, self._fh.fileno(), 0):
             self._made_again()  # (its first line: the file may have been deleted empty)
@@ -277,6 +286,8 @@ class ResultSink(Protocol):
     def salvage(self) -> None: ...
 
     def removed(self) -> bool: ...
+
+    def made_again(self) -> None: ...
 
     def flush(self, fsync: bool) -> None: ...
 

@@ -205,6 +205,9 @@ class SqliteResultSink:
         """Whether the file was removed or replaced at its path since it was opened."""
         return removed_from(self.path, self._probe, 0)
 
+    def made_again(self) -> None:
+        return None  # (never empty: a cleanup of empty files leaves it)
+
     def flush(self, fsync: bool) -> None:
         return None
 

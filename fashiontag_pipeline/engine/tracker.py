@@ -80,8 +80,11 @@ class Tracker:
         on_done: Callable[[TaskEntry], Awaitable[None]],
         finished: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
+        polled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
+        #: Called after each poll (outputs removed empty made again: see Jobs.made_again).
+        self.polled = polled
         self.journal = journal
         self.book = book
         self.config = config
@@ -124,6 +127,8 @@ class Tracker:
             added = self.book.added
             retried = self.retried
             progressed = await self.poll(sealed)
+            if self.polled is not None:
+                await self.polled()
             self._check_stall(progressed, sealed, retried)
             await self._sleep(started, self.forecast.next_interval(progressed), added)
 

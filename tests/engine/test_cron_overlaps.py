@@ -227,9 +227,11 @@ async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(
     tmp_path: Path, cleanup: str
 ) -> None:
     """A nightly cleanup of empty files (``find /data -empty -delete``) while a run waited for
-    its tasks (every row sent, no line written yet), then the cron line fired again: the state's
-    lock file (``STATE.lock``, 0 bytes) was gone with the empty outputs, so the second run
-    locked a new file at that path and worked on the same state beside the first. Against the
+    its tasks (every row sent, no line written yet), then the cron line fired again (or another
+    line on that state, with outputs of its own, as here: the outputs, made again since, are
+    locked too): the state's lock file (``STATE.lock``, 0 bytes) was gone with the empty
+    outputs, so the second run locked a new file at that path and worked on the same state
+    beside the first. Against the
     reference service (10,000 rows, tasks slow to finish) 6,000 rows were sent again (16,000
     billed), the first run stopped with exit 1 telling to ``--restart`` (every row billed once
     more), the second ended exit 3. The lock file now holds a line (no cleanup of empty files
@@ -263,10 +265,9 @@ async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(
                     found.st_size == 0 if cleanup == "empty" else found.st_mtime < month_ago + 60
                 ):
                     path.unlink()
-            again = list(args)
-            if cleanup == "old":  # (another cron line on that state: its outputs are fresh)
-                again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
-                again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
+            again = list(args)  # (another cron line on that state: outputs of its own)
+            again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
+            again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
             with anyio.fail_after(30):
                 second = await anyio.run_process(again, check=False, env=ENV)
         finally:
@@ -315,4 +316,48 @@ async def test_a_state_named_through_a_symlink_is_locked_as_the_file_it_names(
             await first.aclose()
         assert second.returncode == 2, second.stderr.decode()[-600:]
         assert b"in use by another run" in second.stderr
+        assert proxy.writes == 3
+
+
+async def test_outputs_removed_empty_while_a_run_waits_are_made_again_and_held(
+    tmp_path: Path,
+) -> None:
+    """A cleanup of empty files while a run waited for its first results (tasks slow to
+    finish: hours, on a large night) took its empty outputs; an output so removed was made
+    again only at its first line. Meanwhile another cron line given the same ``--out`` with
+    its own ``--state`` found neither the file nor its lock, and tagged every row again (3,000
+    rows, 6,000 billed). An output removed empty is now made again (and locked) at the next
+    poll of the tasks: the other line is refused, as it is when the file is there."""
+    manifest = write_csv(tmp_path / "m.csv", 3000)
+    out = tmp_path / "out.jsonl"
+    state = tmp_path / "a.state"
+    limits = ("--stall-timeout", "30", "--give-up-after", "5")
+    args = run_args("", out, str(manifest), "--state", str(state), *limits)
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
+    ):
+        args[args.index("--base-url") + 1] = proxy.url
+        first = await anyio.open_process(args, env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while taken_in(state)[0] < 3000:
+                    await anyio.sleep(0.05)
+            for path in (out, out.with_suffix(".rej")):  # (find -empty -delete)
+                assert path.stat().st_size == 0
+                path.unlink()
+            with anyio.fail_after(20):
+                while not out.exists():
+                    await anyio.sleep(0.05)
+            again = list(args)
+            again[again.index("--state") + 1] = str(tmp_path / "b.state")
+            with anyio.fail_after(30):
+                second = await anyio.run_process(again, check=False, env=ENV)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                first.kill()
+            await first.wait()
+            await first.aclose()
+        assert second.returncode == 2, second.stderr.decode()[-600:]
+        assert b"being written by another run" in second.stderr
         assert proxy.writes == 3
