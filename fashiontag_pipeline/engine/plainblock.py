@@ -65,24 +65,37 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
     :data:`~.rules.PLAIN_URL` takes it, separated by one comma. The block is checked with
     C-level passes, none of them a Python step per row: as many commas as lines and a comma in
     every line (so exactly one in each: the cells split at commas and newlines alternate id and
-    URL), no NUL, a URL head after each separator (:data:`_BAD_HEADS`), no empty id, and no
+    URL; a block the source gives as its cells, :class:`~.rows.PlainChunk`, was found so
+    there), no NUL, a URL head after each separator (:data:`_BAD_HEADS`), no empty id, and no
     whitespace in any URL."""
-    lines = rows.lines
-    if not lines:
-        return None
-    body = "\n".join(lines)
+    cells = rows.cells
+    if cells is not None:
+        # Lines of two cells each (the source's split, rows.PlainChunk): ``body`` their text,
+        # a newline after each line.
+        body = rows.body
+        n = len(cells) >> 1
+        heads = body if i_id == 0 else "\n" + body[:-1]
+        size = len(body)  # (ids and URLs, a comma and a newline each)
+    else:
+        lines = rows.lines
+        n = len(lines)
+        if not lines:
+            return None
+        body = "\n".join(lines)
+        cells = body.replace(",", "\n").split("\n")  # id/url of each line
+        # As many cells as two a line: as many commas as lines (the lines' n - 1 newlines and
+        # the commas each start a cell), counted by the split the cells need anyway.
+        if len(cells) != 2 * n or not all(map(contains, lines, repeat(","))):
+            return None
+        heads = body if i_id == 0 else "\n" + body
+        size = len(body) + 1
     if "\x00" in body:  # an id holding a NUL is refused row by row (see Validator._csv_row)
         return None
-    cells = body.replace(",", "\n").split("\n")  # id/url of each line
-    # As many cells as two a line: as many commas as lines (the lines' n - 1 newlines and
-    # the commas each start a cell), counted by the split the cells need anyway.
-    if len(cells) != 2 * len(lines) or not all(map(contains, lines, repeat(","))):
-        return None
-    if _BAD_HEADS[i_id].search(body if i_id == 0 else "\n" + body) is not None:
+    if _BAD_HEADS[i_id].search(heads) is not None:
         return None
     # A URL holding another (rules._JOINED decides) after a "|" or ";": a comma would have
     # split it into cells. The two single-character scans are ~40x cheaper than the count.
-    if ("|" in body or ";" in body) and body.count("://") != len(lines):
+    if ("|" in body or ";" in body) and body.count("://") != n:
         return None
     ids = cells[i_id::2]
     if not all(ids):  # (an empty id: a truth test a cell, cheaper than comparing each to "")
@@ -96,7 +109,7 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
     # Each request is its URL (:mod:`.plainbody`: its chunk's JSON built around ids and URLs).
     return Measured(
         zip(ids, range(first, first + len(ids)), urls, strict=True),
-        len(body) + 1,  # (ids and URLs, a comma and a newline each)
+        size,
     )
 
 

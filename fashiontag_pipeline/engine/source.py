@@ -43,7 +43,7 @@ from . import strays
 from .csvchunk import MAX_HEADER_BYTES, CsvChunk, cut_unnamed, header_record, top_lines, unnamed_end
 from .foreign_heads import empty_manifest, missing_columns, urls_under_header, what_else
 from .manifest_bytes import MAX_LINE_BYTES, RESOURCE_ERRNOS, ManifestBytes
-from .rows import JsonLines, JsonRows, PlainRows, RowBatch
+from .rows import JsonLines, JsonRows, PlainChunk, RowBatch
 from .rules import CONTEXT_FIELDS
 
 __all__ = [
@@ -96,7 +96,7 @@ class ManifestReader(ManifestBytes):
         self._lines: list[str] | None = None
         # A CSV chunk with no quote, CR or NUL: its lines, split at commas without the csv
         # module (the same fields; see _start).
-        self._plain: list[str] | None = None
+        self._plain: PlainChunk | None = None
         self._base = 0
         self._done = 0
 
@@ -225,13 +225,9 @@ class ManifestReader(ManifestBytes):
         ):
             # Without quotes, NULs, \N or CRs but those of CRLF line ends (and no field past the
             # csv module's limit) its rows are the lines split at commas (no blank line a row).
-            lines = plain.split("\n")
-            if lines and not lines[-1]:
-                lines.pop()
-            self._plain = lines
-            # Whole records end with a newline: then the lines are as many as the newlines.
-            newlines = len(lines) if text.endswith("\n") else text.count("\n")
-            self._line = self._base + newlines
+            pairs = len(self.header) == 2 and not self._unnamed and not self._dirty
+            self._plain = PlainChunk(plain, pairs)
+            self._line = self._base + self._plain.newlines
         else:
             # The input's last chunk (read to its end, nothing pending) has no record after it.
             self._csv = CsvChunk(text, last=self._eof and not self._pending)
@@ -294,17 +290,12 @@ class ManifestReader(ManifestBytes):
                 self._lines = None
             return JsonLines(rows, texts) if texts else rows
         if self._plain is not None:
-            start = self._done
-            block = self._plain[start : start + limit]
-            self._done = start + len(block)
-            if self._done >= len(self._plain):
+            plain = self._plain
+            taken = plain.take(base + 1, limit)
+            if not plain.left:
+                self._line = base + plain.newlines  # (fewer than said if not all pairs)
                 self._plain = None
-            first = base + start + 1
-            if "" not in block:
-                return PlainRows(first, block)
-            return [
-                (first + k, text_line.split(",")) for k, text_line in enumerate(block) if text_line
-            ]
+            return taken
         chunk = self._csv
         assert chunk is not None
         parsed = chunk.rows(limit, base)

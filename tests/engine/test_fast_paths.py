@@ -17,7 +17,7 @@ import pytest
 
 from fashiontag_pipeline.engine import manifest_bytes, plainblock
 from fashiontag_pipeline.engine.plainbody import request_of
-from fashiontag_pipeline.engine.rows import PlainRows, RowBatch
+from fashiontag_pipeline.engine.rows import PlainChunk, PlainRows, RowBatch
 from fashiontag_pipeline.engine.source import iter_rows_sync, open_manifest
 from fashiontag_pipeline.engine.validate import Validator
 
@@ -129,6 +129,37 @@ def test_chunks_with_quotes_or_crs_still_use_the_csv_module(tmp_path: Path) -> N
     assert _rows(p) == [(2, ["a", "https://x/a,b.jpg"]), (3, ["b", "https://x/b.jpg"])]
 
 
+@pytest.mark.parametrize("read_size", [256, 4096, 1 << 20])
+def test_two_column_chunks_split_at_once_then_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_size: int
+) -> None:
+    """A chunk of a two-column manifest is split at commas and newlines at once, a block taken
+    as its cells when they make its lines two by two. Lines of one field and of four
+    (cells that add up to two a line, so that the chunk's split alone cannot tell), a blank
+    line or a line of three fields end that in the block they are in (past blocks that were
+    pairs): the rest of the chunk is read line by line, with the same rows and line numbers
+    as the csv module's, in this chunk and the next ones."""
+    monkeypatch.setattr(manifest_bytes, "READ_SIZE", read_size)
+    good = [f"p{i},https://x/{i}.jpg" for i in range(120)]
+    odd = [["c", "a,https://x/a.jpg,b"], ["a,b,c,d", "e", "f"], ["", "x,https://x/x.jpg,y"]]
+    odd += [["a,b,c", "d,https://x/d.jpg,f"]]  # (cells for more lines than there are)
+    odd += [["b,https://x/b.jpg,extra"], [""]]  # (cells in odd number: a chunk of lines)
+    for lines in odd:
+        text = "id,url\n" + "\n".join(good[:45] + lines + good[45:]) + "\n"
+        p = tmp_path / "m.csv"
+        p.write_text(text)
+        assert _rows(p) == _csv_module_rows(text), lines
+        batches = _batches(p, max_rows=10)
+        rows = [row for b in batches for row in b.rows]
+        assert rows == _csv_module_rows(text), lines
+        cells = [getattr(b.rows, "cells", None) is not None for b in batches]
+        assert any(cells) or len(lines) == 1, lines
+        assert Validator().route(batches[-1])[2] == []  # (the last rows are good)
+    # A chunk without its last line end (the input's last) is read line by line.
+    p.write_text("id,url\n" + "\n".join(good))
+    assert _rows(p) == _csv_module_rows("id,url\n" + "\n".join(good))
+
+
 @pytest.mark.parametrize("route", [False, True])
 def test_plain_rows_validate_like_the_general_path(tmp_path: Path, route: bool) -> None:
     ids = ["", "x"] + [f"id{i}" for i in range(len(TRICKY_URLS))]
@@ -185,6 +216,18 @@ def as_structs(items: list[Any]) -> list[Any]:
     """``items`` with each request a struct: a plain row's URL (:mod:`.plainbody`, the fast
     path's) as the request it stands for (its bytes: tests/engine/test_plain_bodies.py)."""
     return [(ident, pos, request_of(ident, request)) for ident, pos, request in items]
+
+
+def _blocks(lines: list[str]) -> list[PlainRows]:
+    """The block of ``lines`` as the validator gets it: as its lines, and, when each line is
+    two cells, as the source's split of a two-column manifest's chunk (its cells and text)."""
+    blocks = [PlainRows(2, lines)]
+    taken = PlainChunk("".join(line + "\n" for line in lines), True).take(2, len(lines))
+    if isinstance(taken, PlainRows) and taken.cells is not None:
+        assert list(taken) == list(blocks[0]) and len(taken) == len(lines)
+        assert taken[-1] == blocks[0][-1] and taken.lines == lines
+        blocks.append(taken)
+    return blocks
 
 
 def _batches(path: Path | str, max_rows: int = 2000, source: int = 0) -> list[RowBatch]:
@@ -283,21 +326,26 @@ def test_each_bad_line_fails_its_block(header: str) -> None:
     blocks = [[*good[:2], o, *good[2:]] for o in odd] + [[*good, *p] for p in pairs]
     v = Validator()
     passed = 0
+    cells = 0
     for lines in blocks:
-        plain = PlainRows(2, lines)
-        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
+        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(PlainRows(2, lines)))
         items, _, rejects = v.general(listed)
         parsed, parsed_rejects = v.validate(listed)  # (rows the csv module parsed)
         assert (as_structs(parsed), parsed_rejects) == (items, rejects), lines
-        whole = Validator._plain_block(plain, i_id, 0)
-        if rejects:
-            assert whole is None, lines
-        elif whole is None:  # left to the row-by-row path: a scheme in capitals, lower-cased
-            assert "HTTPS://" in lines[2] or "Http://" in lines[2], lines
-        else:
-            assert as_structs(whole) == items, lines
-            passed += 1
-    assert passed > 10  # good URLs with odd but valid ids pass whole
+        sizes = set()
+        for plain in _blocks(lines):  # (as lines, and as the source's cells)
+            cells += plain.cells is not None
+            whole = Validator._plain_block(plain, i_id, 0)
+            if rejects:
+                assert whole is None, lines
+            elif whole is None:  # left to the row-by-row path: a scheme in capitals
+                assert "HTTPS://" in lines[2] or "Http://" in lines[2], lines
+            else:
+                assert as_structs(whole) == items, lines
+                sizes.add(whole.size)
+                passed += 1
+        assert len(sizes) <= 1, lines  # (the same size: the same chunks)
+    assert passed > 20 and cells > 50  # good URLs with odd but valid ids pass whole
 
 
 @pytest.mark.parametrize("header", ["id,url", "url,id"])
@@ -319,19 +367,19 @@ def test_random_plain_blocks_pass_whole_exactly_when_every_row_does(header: str)
             cells = ["".join(rng.choices(parts, k=rng.randint(0, 3))) for _ in range(3)]
             lines.insert(rng.randint(0, len(lines)), ",".join(cells[: rng.randint(1, 3)]))
         lines = [line for line in lines if line]  # (a plain block has no blank line)
-        plain = PlainRows(2, lines)
-        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(plain))
+        listed = RowBatch(0, "m.csv", "csv", header.split(","), list(PlainRows(2, lines)))
         items, _, rejects = v.general(listed)
-        whole = Validator._plain_block(plain, i_id, 0)
-        if rejects:
-            assert whole is None, lines
-        elif whole is None:  # (or a NUL, or a line holding two URLs: left to the rows)
-            odd = ("HTTP://" in line or "\x00" in line or line.count("://") > 1 for line in lines)
-            assert any(odd), lines
-        else:
-            assert as_structs(whole) == items, lines
-            passed += 1
-    assert passed > 100
+        for plain in _blocks(lines):  # (as lines, and as the source's cells)
+            whole = Validator._plain_block(plain, i_id, 0)
+            if rejects:
+                assert whole is None, lines
+            elif whole is None:  # (or a NUL, or a line holding two URLs: left to the rows)
+                odd = ("HTTP://" in s or "\x00" in s or s.count("://") > 1 for s in lines)
+                assert any(odd), lines
+            else:
+                assert as_structs(whole) == items, lines
+                passed += 1
+    assert passed > 200
 
 
 def test_whitespace_fast_path_and_its_fallback_agree() -> None:
@@ -350,10 +398,10 @@ def test_whitespace_fast_path_and_its_fallback_agree() -> None:
                 urls = body.replace(",", "\n").split("\n")[1::2]
                 joined = "".join(urls)
                 assert plainblock._spaced(body, urls) == (joined.split(None, 1) != [joined])
-                plain = PlainRows(2, lines)
-                batch = RowBatch(0, "m.csv", "csv", ["id", "url"], list(plain))
+                batch = RowBatch(0, "m.csv", "csv", ["id", "url"], list(PlainRows(2, lines)))
                 items, _, rejects = v.general(batch)
-                whole = Validator._plain_block(plain, 0, 0)
-                assert (whole is None) == bool(rejects), (space, ident, url)
-                if whole is not None:
-                    assert as_structs(whole) == items
+                for plain in _blocks(lines):  # (as lines, and as the source's cells)
+                    whole = Validator._plain_block(plain, 0, 0)
+                    assert (whole is None) == bool(rejects), (space, ident, url)
+                    if whole is not None:
+                        assert as_structs(whole) == items
