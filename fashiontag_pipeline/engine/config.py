@@ -74,8 +74,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     * ``linger_seconds``: a partial chunk waits at most this long for more rows; a daemon
       about to read the next manifest of a burst holds its open task for its rows until
       this long after the last rows came, at most 3 times this long after its first rows
-      (a trickle does not hold its first results), so that the burst's small manifests
-      share tasks (a service caps the live tasks of a key).
+      or its create's answer (a trickle does not hold its first results), so that the
+      burst's small manifests share tasks (a service caps the live tasks of a key).
     * ``max_write_concurrency`` / ``max_page_concurrency``: caps of the adaptive (AIMD)
       concurrency of writes and result pages.
     * ``poll_min`` / ``poll_max``: bounds of the tracker's poll interval: the next poll is

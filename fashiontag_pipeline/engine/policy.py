@@ -153,7 +153,8 @@ def halves(chunk: Chunk) -> list[tuple[Chunk, bytes]]:
 
 
 #: A task held open for more of a daemon's burst is sealed at most this many ``linger_seconds``
-#: past its first rows, however closely the burst's manifests keep coming.
+#: past its first rows (or its create's answer, if later), however closely the burst's
+#: manifests keep coming.
 HOLD_LINGERS = 3
 
 
@@ -165,6 +166,8 @@ class OpenTask(msgspec.Struct, eq=False):
     opened: float
     expires: float
     task_id: str | None = None
+    #: When its create was answered (None: not yet, or not created by this writer).
+    answered: float | None = None
     images: int = 0
     inflight: int = 0
     closing: bool = False
@@ -267,9 +270,15 @@ class WritePolicy:
         """When a task held open for more of a daemon's burst (rows last came at ``rows_at``)
         is sealed: ``linger`` after its last rows, and at most :data:`HOLD_LINGERS` ``linger``
         past its first (a trickle of manifests closer than ``linger`` held it until rotated,
-        30 s, and the first manifest's results waited as long)."""
+        30 s, and the first manifest's results waited as long) or past its create's answer:
+        while the create is unanswered (a 429 of a live-task cap waited out) no result can
+        come sooner for the hold, and a bound spent meanwhile gave the burst's next rows a
+        second task, a create the cap refused until the first task expired."""
         linger = self.linger
-        return min(max(task.opened, rows_at) + linger, task.opened + HOLD_LINGERS * linger)
+        quiet = max(task.opened, rows_at) + linger
+        if task.answered is None:
+            return quiet
+        return min(quiet, max(task.opened, task.answered) + HOLD_LINGERS * linger)
 
     def split(self, buffered: int) -> list[int]:
         """Sizes of the full chunks to cut from ``buffered`` rows."""

@@ -257,6 +257,7 @@ class TaskWrites(WriteMoves):
         """Attach a created task; the rows recording it (committed before any other write
         goes to the task: :attr:`OpenTask.created` is set after)."""
         task.task_id = task_id
+        task.answered = self.clock()
         task.expires = self._expiry(expiry)
         self.tasks[task_id] = task
         stamp = expiry.timestamp() if expiry else None

@@ -143,18 +143,27 @@ def test_partial_chunk_is_flushed_before_the_open_task_expires(
         assert policy.flush_at(buffered, opened, task) < policy.write_deadline(task)
 
 
-@given(configs, st.floats(0.0, 1000.0), st.lists(st.floats(0.0, 10.0), max_size=40))
+@given(
+    configs,
+    st.floats(0.0, 1000.0),
+    st.floats(0.0, 60.0),
+    st.lists(st.floats(0.0, 10.0), max_size=40),
+)
 def test_a_task_held_for_a_burst_is_sealed_within_a_few_lingers_of_its_first_rows(
-    config: EngineConfig, opened: float, gaps: list[float]
+    config: EngineConfig, opened: float, create_wait: float, gaps: list[float]
 ) -> None:
     """Held ``linger`` after its last rows while rows keep coming, but never past
-    ``HOLD_LINGERS`` ``linger`` after its first (a trickle held it until rotated)."""
+    ``HOLD_LINGERS`` ``linger`` after its first (a trickle held it until rotated) or its
+    create's answer (a create waiting out a 429 spent the bound: a second task for the
+    burst); while the create is unanswered, only ``linger`` after its last rows."""
     policy = WritePolicy(config)
     task = OpenTask(seq=0, token="t", opened=opened, expires=opened + 600.0, task_id="x")
     linger, rows_at = config.linger_seconds, opened
+    assert policy.held_until(task, opened + 100 * linger) == opened + 100 * linger + linger
+    task.answered = opened + create_wait
     for gap in gaps:
         until = policy.held_until(task, rows_at)
-        assert opened + linger <= until <= opened + HOLD_LINGERS * linger
+        assert opened + linger <= until <= opened + create_wait + HOLD_LINGERS * linger
         if rows_at + gap >= until:
             break  # sealed before these rows came
         rows_at += gap
