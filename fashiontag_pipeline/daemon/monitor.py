@@ -173,29 +173,33 @@ class DaemonMonitor:
         finally:
             self._waiting, self._slot_wait = [], False
 
-    def more_claims(self) -> bool:
+    def more_claims(self) -> str | None:
         """Whether another manifest's rows are about to come (the engine then holds its open
-        task for them, until ``linger_seconds`` after its last rows): a manifest claimed is
-        not read to the end yet (claimed, its rows come a moment later), or more files are
-        ready or settling in the inbox (the next of a burst, or its next wave) and a slot is
-        free or about to be (a manifest whose rows all have their outcome is being finished).
-        Not a manifest that waits for equal content in flight (it waits for its outcome), nor
-        while reading waits for the rows in flight (``--max-pending-rows``): none comes before
-        the open task's results."""
+        task for them, until ``linger_seconds`` after its last rows): "ready" when a manifest
+        claimed is not read to the end yet (claimed, its rows come a moment later) or more
+        files are ready in the inbox (the rest of a burst), "settling" when files are only
+        still settling (a burst's next wave, or a trickle: the hold is then bounded, see
+        :meth:`~..engine.policy.WritePolicy.held_until`), and a slot is free or about to be (a
+        manifest whose rows all have their outcome is being finished). None: no more; not a
+        manifest that waits for equal content in flight (it waits for its outcome), nor while
+        reading waits for the rows in flight (``--max-pending-rows``): none comes before the
+        open task's results."""
         inbox, engine = self._inbox, self._engine
         if inbox is None or (engine is not None and engine.source.gated):
-            return False
+            return None
         waiting = {c.name for c in (*self.queued, *inbox.resumed)}
         for name in inbox.claimed_names() - waiting:
             active = self.active.get(name)
             if active is None or active.job is None or not active.job.read_all:
-                return True
+                return "ready"
         if inbox.ready_left == 0 and inbox.settling == 0:
-            return False
-        return not self._slot_wait or any(
+            return None
+        if self._slot_wait and not any(
             a.job is not None and a.job.read_all and a.job.pending() <= 0
             for a in self.active.values()
-        )
+        ):
+            return None
+        return "ready" if inbox.ready_left else "settling"
 
     async def _watch_ready(self, inbox: Inbox, interval: float) -> None:
         while True:

@@ -100,8 +100,9 @@ class TaskWriter(TaskTargets):
         self.input_idle = False
         #: Whether more input is about to come when there is none (a daemon's next manifest;
         #: None: never held), the open task held for it on IDLE, and when rows last came.
-        self.more_input: Callable[[], bool] | None = None
+        self.more_input: Callable[[], str | None] | None = None
         self._held: OpenTask | None = None
+        self._held_bounded = True  # (held for "settling" files only: see held_until)
         self._rows_at = 0.0
         self.active = 0
         self._stop_scope = anyio.CancelScope()
@@ -248,11 +249,13 @@ class TaskWriter(TaskTargets):
     async def _seal_when_idle(self, task: OpenTask, now: float) -> None:
         """Nothing more to read for now (IDLE): seal the open task, so the rows sent get
         results; while more input is about to come (:attr:`more_input`: a daemon's burst of
-        manifests), once no rows came for ``linger_seconds`` or at most 3 of them past its first
-        rows (:meth:`~.policy.WritePolicy.held_until`; or once full, rotated, near its expiry),
-        so that a burst shares tasks (a service caps a key's live tasks)."""
-        more = self.more_input is not None and self.more_input()
-        if not more or now >= self.policy.held_until(task, self._rows_at):
+        manifests), once no rows came for ``linger_seconds`` or, with no manifest's rows in
+        hand (files only settling: a trickle), at most 3 of them past its first rows
+        (:meth:`~.policy.WritePolicy.held_until`; or once full, rotated, near its expiry), so
+        that a burst shares tasks (a service caps a key's live tasks)."""
+        more = self.more_input() if self.more_input is not None else None
+        self._held_bounded = more != "ready"  # (rows in hand: a burst, not a trickle)
+        if not more or now >= self.policy.held_until(task, self._rows_at, self._held_bounded):
             self._held = None
             await self._close(task)
         else:
@@ -263,7 +266,7 @@ class TaskWriter(TaskTargets):
         held = self._held
         if held is None or held is not self.current or held.closing:
             return float("inf")
-        return self.policy.held_until(held, self._rows_at)
+        return self.policy.held_until(held, self._rows_at, self._held_bounded)
 
     async def dispatch(
         self,

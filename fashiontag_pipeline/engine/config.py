@@ -73,9 +73,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     * ``expiry_margin``: no write is started later than ``taskExpiredAt - expiry_margin``.
     * ``linger_seconds``: a partial chunk waits at most this long for more rows; a daemon
       about to read the next manifest of a burst holds its open task for its rows until
-      this long after the last rows came, at most 3 times this long after its first rows
-      or its create's answer (a trickle does not hold its first results), so that the
-      burst's small manifests share tasks (a service caps the live tasks of a key).
+      this long after the last rows came, while files are only settling at most 3 times
+      this long after its first rows or its create's answer (a trickle does not hold its
+      first results), so that the burst's small manifests share tasks (a service caps the
+      live tasks of a key).
     * ``max_write_concurrency`` / ``max_page_concurrency``: caps of the adaptive (AIMD)
       concurrency of writes and result pages.
     * ``poll_min`` / ``poll_max``: bounds of the tracker's poll interval: the next poll is

@@ -266,17 +266,19 @@ class WritePolicy:
             return min(age, self.write_deadline(task))
         return age
 
-    def held_until(self, task: OpenTask, rows_at: float) -> float:
+    def held_until(self, task: OpenTask, rows_at: float, bounded: bool = True) -> float:
         """When a task held open for more of a daemon's burst (rows last came at ``rows_at``)
         is sealed: ``linger`` after its last rows, and at most :data:`HOLD_LINGERS` ``linger``
         past its first (a trickle of manifests closer than ``linger`` held it until rotated,
         30 s, and the first manifest's results waited as long) or past its create's answer:
         while the create is unanswered (a 429 of a live-task cap waited out) no result can
         come sooner for the hold, and a bound spent meanwhile gave the burst's next rows a
-        second task, a create the cap refused until the first task expired."""
+        second task, a create the cap refused until the first task expired. Not ``bounded``
+        (a manifest's rows in hand: a burst dropped at once, read longer than the bound), as
+        long as rows keep coming: the rest of the burst in a second task met the same cap."""
         linger = self.linger
         quiet = max(task.opened, rows_at) + linger
-        if task.answered is None:
+        if task.answered is None or not bounded:
             return quiet
         return min(quiet, max(task.opened, task.answered) + HOLD_LINGERS * linger)
 

@@ -58,3 +58,35 @@ async def test_a_trickle_of_manifests_does_not_hold_the_first_ones_results(
         f"the first manifest's results after {first_after} s of a {lasting:g} s trickle"
     )
     assert tasks <= n // 3, f"{tasks} tasks for {n} manifests"
+
+
+async def test_a_burst_read_longer_than_the_bound_still_shares_one_task(tmp_path: Path) -> None:
+    """150 manifests of 5 rows dropped at once under a cap of one live task, at ``--linger
+    0.5``: reading them takes longer than the trickle's bound (1.5 s). Before, the task was
+    sealed at the bound though the burst's files were ready and claimed (rows in hand): the
+    rest of the burst asked for a second task, refused (429) until the first expired (2
+    minutes here, 10 on the reference service): ~50 of 150 done after 20 s. Now the bound
+    holds only while files are merely settling (a trickle): the burst shares one task."""
+    async with running_service(ServiceConfig(max_live_tasks=1, task_ttl=120.0)) as svc:
+        extra = ["--linger", "0.5", "--rotate-seconds", "30", "--max-active", "200"]
+        daemon = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        try:
+            await daemon.wait_ready_endpoint()
+            names = [f"p{n}" for n in range(150)]
+            for n, name in enumerate(names):
+                data = write_manifest(Path(), [f"r{i}" for i in range(5)], url_tag=f"{n}-")
+                drop_atomic(daemon.inbox, f"{name}.csv", data)
+            with anyio.move_on_after(20):
+                while not all((daemon.outbox / k / "summary.json").exists() for k in names):
+                    daemon.check_alive()
+                    await anyio.sleep(0.1)
+            done = sum((daemon.outbox / k / "summary.json").exists() for k in names)
+            tasks = len(svc.app[STATE].store.tasks)
+            assert done == len(names), f"{done} of {len(names)} done, {tasks} tasks"
+            assert tasks == 1
+            assert await daemon.stop() == 0
+        finally:
+            daemon.ensure_dead()
+    for name in names:
+        summary = await daemon.wait_summary(name)
+        assert summary["status"] == "done" and summary["tagged"] == 5, name
