@@ -29,6 +29,11 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     claimed_at: float
     resumed: bool = False
 
+    @property
+    def job_key(self) -> str:
+        """The engine job of the claim (the same claim resumed after a restart finds it again)."""
+        return f"{self.name}@{self.sha256}@{self.claimed_at!r}"
+
 
 def same_file(a: os.stat_result, b: os.stat_result) -> bool:
     """Whether two stats are of one file unchanged: the inode, and its size and modification

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 
 from .http import Health
+from .lockkeep import KeptLocks
 
 __all__ = ["MIN_FREE_BYTES", "WATCH_INTERVAL", "state_file_problem", "watch_state_file"]
 
@@ -48,12 +49,21 @@ def state_file_problem(path: Path) -> str | None:
     return None
 
 
-async def watch_state_file(health: Health, path: Path) -> None:
-    """Tell ``health`` whether the state file can be written, every :data:`WATCH_INTERVAL`."""
+async def watch_state_file(health: Health, path: Path, locks: KeptLocks | None = None) -> None:
+    """Tell ``health`` whether the state file can be written, every :data:`WATCH_INTERVAL`;
+    the daemon's lock files are kept at each look (``locks``, see :mod:`.lockkeep`)."""
+
+    def look() -> str | None:
+        if locks is not None:
+            locks.keep()
+        return state_file_problem(path)
+
     while True:
-        problem = await anyio.to_thread.run_sync(state_file_problem, path)
+        problem = await anyio.to_thread.run_sync(look)
         if problem is None:
             health.mark_store_writable()
         else:
             health.mark_store_unwritable(problem)
+        if locks is not None:
+            locks.react()
         await anyio.sleep(WATCH_INTERVAL)

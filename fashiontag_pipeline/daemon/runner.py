@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -45,12 +44,13 @@ from .config import DaemonConfig
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .ledger import SQLiteClaimLedger
+from .lockkeep import KeptLocks
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
 from .published import forget, noted_or, publish
 from .room import watch_state_file
-from .statemark import lock_watched
+from .statemark import held_inbox, lock_watched
 
 if TYPE_CHECKING:
     from .leases import Lease
@@ -66,11 +66,6 @@ DEFAULT_MAX_PENDING_ROWS = 20_000
 RESOURCE_RETRY_SECONDS = 1.0
 #: The counts a summary.json carries (besides rows_read and elapsed_s).
 _COUNTED = ("submitted", "tagged", "failed", "rejected", "reused", "single", "tasks", "pages")
-
-
-def _job_key(claim: Claim) -> str:
-    """The engine job of a claim (the same claim resumed after a restart finds it again)."""
-    return f"{claim.name}@{claim.sha256}@{claim.claimed_at!r}"
 
 
 class Daemon(DaemonMonitor):
@@ -115,14 +110,16 @@ class Daemon(DaemonMonitor):
             return
         await anyio.to_thread.run_sync(lambda: outbox_dir.mkdir(parents=True, exist_ok=True))
         inbox_lock = await anyio.to_thread.run_sync(lock_watched, inbox_dir, state_path)
+        self.locks = KeptLocks(self.stop, held := held_inbox(inbox_dir, inbox_lock))
         try:
             await self._run_alone(inbox_dir, outbox_dir, state_path)
         finally:
-            os.close(inbox_lock)
+            held.close()
 
     async def _run_alone(self, inbox_dir: Path, outbox_dir: Path, state_path: str | Path) -> None:
         """:meth:`run` with a SQLite state: the only daemon on this inbox."""
         db = await anyio.to_thread.run_sync(StateDB, Path(state_path))
+        self.locks.held.append(db)  # (kept at each look of the health loop)
         try:
             ledger = SQLiteClaimLedger(state_path)
         except BaseException:
@@ -191,7 +188,7 @@ class Daemon(DaemonMonitor):
         async with engine, anyio.create_task_group() as tg:
             tg.start_soon(self.report, client)
             tg.start_soon(self.probe, client)
-            tg.start_soon(watch_state_file, self.health, state)
+            tg.start_soon(watch_state_file, self.health, state, self.locks)
             tg.start_soon(self._drain_watch, engine)
             self.started.set()
             where = {"inbox": str(self.inbox_path), "outbox": str(self.outbox_path)}
@@ -274,7 +271,7 @@ class Daemon(DaemonMonitor):
             done = self._in_flight_sha[claim.sha256] = anyio.Event()
             try:
                 earlier = await anyio.to_thread.run_sync(inbox.ledger.find_completed, claim.sha256)
-                key = _job_key(claim)
+                key = claim.job_key
                 job = engine.job_of_key(key)  # a resumed claim: where it writes
                 recorded = outbox.folder_of(job.row.results) if job is not None else None
                 if recorded is not None and recorded.parent != outbox.root:
@@ -322,7 +319,7 @@ class Daemon(DaemonMonitor):
         self.active[claim.name] = active
         try:
             spec = JobSpec(
-                key=_job_key(claim),
+                key=claim.job_key,
                 name=claim.name,
                 manifests=[claim.path],
                 results=outputs.results,

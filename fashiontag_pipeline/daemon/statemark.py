@@ -32,13 +32,22 @@ from .._exceptions import StateConflictError
 from .._postgres import is_postgres_url
 from ..engine.outfiles import lock_exclusively, lock_file
 from ._files import write_atomic
+from .lockkeep import HeldLock
 from .names import STATE_MARK
 
-__all__ = ["PG_MARK", "STATE_MARK", "check_state_moved", "lock_watched", "watched_shared"]
+__all__ = [
+    "PG_MARK",
+    "STATE_MARK",
+    "check_state_moved",
+    "held_inbox",
+    "lock_watched",
+    "watched_shared",
+]
 
 #: Which PostgreSQL state the note's ``postgresql`` is: its digest and names to show, a line each.
 PG_MARK = ".fashiontag-daemon.pgstate"
 _WORK = ".work"
+_INBOX_LOCK = ".fashiontag-daemon.lock"
 #: The note of a PostgreSQL state (not its URL, which may hold a password); this build ends it
 #: with a newline (older ones wrote it alone; one build of 2026-11-28, the digest and names too).
 _POSTGRES = "postgresql"
@@ -156,11 +165,20 @@ def lock_inbox(inbox: Path) -> int:
     state watches the inbox: two of them (each given its own ``--state``) would both resume
     the manifests in flight and tag them twice. Several daemons share an inbox only with a
     shared PostgreSQL state."""
+    return lock_file(inbox / _INBOX_LOCK, _inbox_locker(inbox))
+
+
+def _inbox_locker(inbox: Path) -> Callable[[int], None]:
     refusal = (
-        f"inbox {inbox} is watched by another daemon (it holds {inbox}/.fashiontag-daemon"
-        ".lock): several daemons share an inbox only with a PostgreSQL --state"
+        f"inbox {inbox} is watched by another daemon (it holds {inbox}/{_INBOX_LOCK}):"
+        " several daemons share an inbox only with a PostgreSQL --state"
     )
-    return lock_file(inbox / ".fashiontag-daemon.lock", lambda fd: lock_exclusively(fd, refusal))
+    return lambda fd: lock_exclusively(fd, refusal)
+
+
+def held_inbox(inbox: Path, fd: int) -> HeldLock:
+    """The inbox's lock ``fd`` (:func:`lock_watched`'s), to keep while the daemon runs."""
+    return HeldLock(inbox / _INBOX_LOCK, fd, _inbox_locker(inbox))
 
 
 def lock_watched(inbox: Path, state: str | Path) -> int:

@@ -4,7 +4,8 @@
   given the same ``--out`` (each with its own ``--state``) cannot cut back and append over
   each other's lines; the second is refused.
 * :func:`lock_file`: an exclusive ``flock`` on a lock file of its own (a state's, an inbox's),
-  which holds a line so that a cleanup of empty files leaves it while it is held.
+  which holds a line so that a cleanup of empty files leaves it while it is held;
+  :func:`keep_lock_file` keeps one a process holds for weeks (the daemon).
 * :func:`removed_from`: whether the file open as a descriptor is no longer at its path
   (removed, renamed, replaced, cut short, its folder removed), so lines written before are not
   lost in silence (see :meth:`~.jobs.Job.check_outputs`).
@@ -21,13 +22,24 @@ from pathlib import Path
 
 from .._exceptions import StateInUseError
 
-__all__ = ["LOCK_NOTE", "lock_exclusively", "lock_file", "lock_output", "removed_from"]
+__all__ = [
+    "LOCK_NOTE",
+    "TOUCH_AFTER",
+    "keep_lock_file",
+    "lock_exclusively",
+    "lock_file",
+    "lock_output",
+    "removed_from",
+]
 
 #: What a lock file holds: a line, so that a cleanup of empty files (``find DIR -empty
 #: -delete``, as a nightly job tidies a data folder) leaves it while a process holds it.
 LOCK_NOTE = b"fashiontag: locked while a run or daemon is at work; keep this file\n"
 #: Opens of a lock file before one is found still at its path once locked.
 _LOCK_TRIES = 5
+#: Seconds a held lock file's time may age before :func:`keep_lock_file` touches it (a cleanup
+#: by age counts days; a touch at each look would write its inode every few seconds).
+TOUCH_AFTER = 3600.0
 
 
 def lock_exclusively(fd: int, refusal: str) -> None:
@@ -76,6 +88,39 @@ def lock_file(path: Path, lock: Callable[[int], None]) -> int:
             raise
         os.close(fd)
     raise AssertionError("unreachable")  # (the last try returns)
+
+
+def keep_lock_file(fd: int, path: Path, lock: Callable[[int], None]) -> int:
+    """The descriptor to hold from now on for ``fd``, a lock file locked at ``path`` by
+    :func:`lock_file` in a process that holds it for weeks (the daemon).
+
+    Touched when locked, a daemon's lock files were left unchanged for its whole uptime: after
+    a month a retention cleanup (``find /data -mtime +30 -delete``) took them, as did a cleanup
+    that removes them outright, and a second daemon on the same inbox or state started beside
+    it (rows billed twice). So ``fd`` is touched once its time is :data:`TOUCH_AFTER` old (and
+    given its line again if it was emptied), and when its file is no longer at ``path``
+    (removed: no name left, or none there), a new one is made there and locked (``fd`` closed;
+    :class:`StateInUseError` from ``lock``, ``fd`` still held, when another process holds it).
+    A file at ``path`` that is not ``fd``'s while ``fd``'s keeps a name is left alone: on a
+    file system whose inode numbers are not stable it is the same file, which a second lock
+    from this process would release (``flock`` emulated by ``fcntl`` locks, as on NFS)."""
+    held = os.fstat(fd)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        gone = True
+    else:
+        gone = held.st_nlink == 0
+    if gone:
+        kept = lock_file(path, lock)
+        os.close(fd)
+        return kept
+    with contextlib.suppress(OSError):  # (a full disk, a read-only mount: looked at again)
+        if held.st_size == 0:
+            os.pwrite(fd, LOCK_NOTE, 0)
+        if time.time() - held.st_mtime > TOUCH_AFTER:
+            os.utime(fd)
+    return fd
 
 
 def lock_output(fd: int, path: Path) -> None:

@@ -3,16 +3,21 @@ daemon started on the same inbox by mistake, a restart with another ``--outbox``
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
 import sqlite3
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
+from fashiontag_pipeline.daemon.lockkeep import TAKEN_LOOKS
+from fashiontag_pipeline.daemon.room import WATCH_INTERVAL
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, read_lines, until_results, write_manifest
@@ -271,3 +276,102 @@ async def test_a_second_signal_while_the_drained_daemon_exits_keeps_exit_0(
     assert summary["status"] == "done" and summary["tagged"] == 3
     assert points[0] == "daemon stopped" and points[-1] == "exit", points
     assert "Traceback" not in daemon.stderr_path.read_text()
+
+
+#: A cleanup's ages: a month and a day.
+_MONTH = 31 * 86400
+
+
+def _lock_files(tmp_path: Path, inbox: Path) -> list[Path]:
+    return [inbox / ".fashiontag-daemon.lock", tmp_path / "a.db.lock"]
+
+
+async def _until(done: Callable[[], bool], timeout: float) -> None:
+    """Until ``done`` (or ``timeout`` seconds: the assertions after say what did not come)."""
+    with anyio.move_on_after(timeout):
+        while not done():
+            await anyio.sleep(0.05)
+
+
+def _recent(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    return st.st_size > 0 and time.time() - st.st_mtime < 3600
+
+
+@pytest.mark.parametrize("cleanup", ["by-age", "removed"])
+@pytest.mark.parametrize("shared", ["inbox", "state"])
+async def test_a_daemon_keeps_its_locks_for_weeks(
+    tmp_path: Path, cleanup: str, shared: str
+) -> None:
+    """A daemon touched its locks (the inbox's and its state's) only when it started: after a
+    month of uptime a retention cleanup (``find /data -mtime +30 -delete``) took them, or
+    another cleanup removed them outright, and a second daemon on the same inbox or state (a
+    cron ``@reboot`` line, a unit started twice) started beside it: rows billed twice. The
+    daemon keeps them (touched, made again when removed): the second is refused as when they
+    are in place."""
+    async with running_service(ServiceConfig()) as svc:
+        first = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "a.db")])
+        first.start()
+        if shared == "inbox":
+            second = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "b.db")])
+        else:
+            (tmp_path / "other").mkdir()
+            second = DaemonProcess(
+                tmp_path / "other", svc.url, extra=["--state", str(tmp_path / "a.db")]
+            )
+        try:
+            await first.wait_ready_endpoint()
+            locks = _lock_files(tmp_path, first.inbox)
+            assert all(_recent(path) for path in locks)
+            if cleanup == "by-age":  # a month of uptime, then find -mtime +30 -delete
+                month_ago = time.time() - _MONTH
+                for path in locks:
+                    os.utime(path, (month_ago, month_ago))
+                await _until(lambda: all(_recent(path) for path in locks), 3 * WATCH_INTERVAL + 2)
+                for path in locks:
+                    if time.time() - path.stat().st_mtime > 30 * 86400:
+                        path.unlink()
+            else:
+                for path in locks:
+                    path.unlink()
+                await _until(lambda: all(_recent(path) for path in locks), 3 * WATCH_INTERVAL + 2)
+            second.start()
+            code = await second.wait_exit(timeout=30)
+            first.check_alive()
+            assert await first.stop() == 0
+        finally:
+            first.ensure_dead()
+            second.ensure_dead()
+    assert code == 2
+    err = second.stderr_path.read_text()
+    if shared == "inbox":
+        assert "watched by another daemon" in err and "PostgreSQL" in err
+    else:
+        assert "is in use by another run" in err and "a.db.lock" in err
+
+
+async def test_a_daemon_whose_lock_another_process_took_drains(tmp_path: Path) -> None:
+    """The inbox's lock file replaced by one another process holds (it came between a cleanup
+    and the daemon's next look): the daemon says so as an error and drains, leaving the inbox
+    to the other, rather than claiming beside it."""
+    async with running_service(ServiceConfig()) as svc:
+        daemon = DaemonProcess(tmp_path, svc.url, extra=["--state", str(tmp_path / "a.db")])
+        daemon.start()
+        theirs = -1
+        try:
+            await daemon.wait_ready_endpoint()
+            aside = daemon.inbox / ".theirs.lock"
+            theirs = os.open(aside, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(theirs, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(aside, daemon.inbox / ".fashiontag-daemon.lock")
+            code = await daemon.wait_exit(timeout=(TAKEN_LOOKS + 3) * WATCH_INTERVAL + 10)
+        finally:
+            daemon.ensure_dead()
+            if theirs >= 0:
+                os.close(theirs)
+    assert code == 0
+    said = [line for line in daemon.logs() if line.get("level") == "error"]
+    assert any("another process now holds" in line.get("event", "") for line in said), said

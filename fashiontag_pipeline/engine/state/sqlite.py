@@ -12,11 +12,12 @@ import fcntl
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID
-from ..outfiles import lock_file
+from ..outfiles import keep_lock_file, lock_file
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
@@ -53,6 +54,11 @@ def _lock_exclusively(path: Path) -> int:
     state file would both resume it and write the same outputs. Released by :meth:`close`, or
     by the kernel when the process dies (kill -9 leaves no stale lock); the lock file holds a
     line and is the one at its path (:func:`~..outfiles.lock_file`)."""
+    return lock_file(lock_path(path), _locker(path))
+
+
+def _locker(path: Path) -> Callable[[int], None]:
+    """The lock of the state file ``path``'s lock file: refused when another run holds it."""
 
     def lock(fd: int) -> None:
         try:
@@ -60,7 +66,7 @@ def _lock_exclusively(path: Path) -> int:
         except BlockingIOError:
             raise _in_use(path) from None
 
-    return lock_file(lock_path(path), lock)
+    return lock
 
 
 def lock_path(path: Path) -> Path:
@@ -220,6 +226,13 @@ class StateDB(DeferredIds, StateStore):
     @property
     def closed(self) -> bool:
         return self._lock < 0
+
+    def keep_lock(self) -> None:
+        """Keep the lock file of a state held for weeks (the daemon's, at each look of its
+        health loop; not thread-safe with :meth:`close`): :func:`~..outfiles.keep_lock_file`,
+        which raises StateInUseError when another run holds the one made again."""
+        if self._lock >= 0:
+            self._lock = keep_lock_file(self._lock, lock_path(self.path), _locker(self.path))
 
     def close(self) -> None:
         """Close the file and release its lock (idempotent). The ids waiting in ``ids_log``
