@@ -12,6 +12,7 @@ import pytest
 
 from fashiontag_pipeline._exceptions import StateInUseError
 from fashiontag_pipeline.engine.outfiles import LOCK_NOTE, TOUCH_AFTER, keep_lock_file, lock_file
+from fashiontag_pipeline.engine.state import StateDB
 
 
 def _lock(fd: int) -> None:
@@ -75,3 +76,23 @@ def test_a_lock_renamed_aside_is_left_alone(tmp_path: Path) -> None:
         assert keep_lock_file(fd, path, _lock) == fd
     finally:
         os.close(fd)
+
+
+def test_a_state_named_through_a_symlink_keeps_the_lock_of_the_file_it_opened(
+    tmp_path: Path,
+) -> None:
+    """``current.state`` re-pointed to the next dated file while the daemon holds the first:
+    the kept lock stays beside the file open (one beside the new file left the first
+    unlocked, and a run on it was let in)."""
+    first, link = tmp_path / "2026-10.state", tmp_path / "current.state"
+    link.symlink_to(first.name)
+    db = StateDB(link)
+    try:
+        link.unlink()
+        link.symlink_to("2026-11.state")
+        db.keep_lock()
+        with pytest.raises(StateInUseError):
+            StateDB(first).close()
+        assert not (tmp_path / "2026-11.state.lock").exists()
+    finally:
+        db.close()

@@ -49,12 +49,13 @@ WAL_CHECKPOINT_PAGES = 4000
 RECLAIM_MIN_BYTES = 256 << 10
 
 
-def _lock_exclusively(path: Path) -> int:
+def _lock_exclusively(path: Path, at: Path) -> int:
     """An exclusive lock on ``PATH.lock`` for as long as the state is open: two runs on one
     state file would both resume it and write the same outputs. Released by :meth:`close`, or
     by the kernel when the process dies (kill -9 leaves no stale lock); the lock file holds a
-    line and is the one at its path (:func:`~..outfiles.lock_file`)."""
-    return lock_file(lock_path(path), _locker(path))
+    line and is the one at its path (:func:`~..outfiles.lock_file`); ``at``: its
+    :func:`lock_path`, kept while the state is open (:meth:`StateDB.keep_lock`)."""
+    return lock_file(at, _locker(path))
 
 
 def _locker(path: Path) -> Callable[[int], None]:
@@ -114,7 +115,8 @@ class StateDB(DeferredIds, StateStore):
         self.location = str(path.absolute())  # (summaries name it absolute, as the outputs)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock = _lock_exclusively(path)
+            self._lock_at = lock_path(path)
+            self._lock = _lock_exclusively(path, self._lock_at)
         except OSError as err:
             raise exc.StateError(f"cannot use state file {path}: {err.strerror or err}") from None
         try:
@@ -230,9 +232,11 @@ class StateDB(DeferredIds, StateStore):
     def keep_lock(self) -> None:
         """Keep the lock file of a state held for weeks (the daemon's, at each look of its
         health loop; not thread-safe with :meth:`close`): :func:`~..outfiles.keep_lock_file`,
-        which raises StateInUseError when another run holds the one made again."""
+        which raises StateInUseError when another run holds the one made again. The lock
+        stays beside the file locked at the open, even if a symlink named as the state now
+        leads elsewhere (a lock beside the new file would leave the old one unlocked)."""
         if self._lock >= 0:
-            self._lock = keep_lock_file(self._lock, lock_path(self.path), _locker(self.path))
+            self._lock = keep_lock_file(self._lock, self._lock_at, _locker(self.path))
 
     def close(self) -> None:
         """Close the file and release its lock (idempotent). The ids waiting in ``ids_log``
