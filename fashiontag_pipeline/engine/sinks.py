@@ -205,7 +205,7 @@ class _AppendFile:
         line (a cleanup of empty files). Made again at its first line only, an output stayed
         gone while its run waited for results (hours, for a slow service), and another run
         given the same ``--out`` with a state of its own found no file to be refused by: every
-        row was tagged (and billed) again. Called at each poll of the tasks."""
+        row was tagged (and billed) again. Called after a poll of the tasks, once a second."""
         if not self._end and not self._fh.closed and removed_from(self.path, self._fh.fileno(), 0):
             self._made_again()
 

@@ -41,6 +41,9 @@ __all__ = ["TaskBook", "TaskEntry", "Tracker"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
+#: Seconds between two calls of a tracker's ``polled`` (see :attr:`Tracker.polled`).
+POLLED_EVERY = 1.0
+
 
 def _ours(entry: TaskEntry, task: Task) -> bool:
     """False when the service shows, under the task's id, a task with another description
@@ -83,8 +86,11 @@ class Tracker:
         polled: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.client = client
-        #: Called after each poll (outputs removed empty made again: see Jobs.made_again).
+        #: Called after a poll, once a :data:`POLLED_EVERY` at most (outputs removed empty
+        #: made again: see Jobs.made_again; at each poll, 20 a second, it cost each job's
+        #: empty outputs an fstat and a stat in the state thread, which writes the results).
         self.polled = polled
+        self._polled_at = -POLLED_EVERY
         self.journal = journal
         self.book = book
         self.config = config
@@ -127,7 +133,8 @@ class Tracker:
             added = self.book.added
             retried = self.retried
             progressed = await self.poll(sealed)
-            if self.polled is not None:
+            if self.polled is not None and started - self._polled_at >= POLLED_EVERY:
+                self._polled_at = started
                 await self.polled()
             self._check_stall(progressed, sealed, retried)
             await self._sleep(started, self.forecast.next_interval(progressed), added)

@@ -12,13 +12,25 @@ import time
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from fashiontag_pipeline.cli.summary_file import write_summary
+from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.engine.config import RunSummary
+from fashiontag_pipeline.engine.jobs import Jobs
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, dead_port, run_args, taken_in, write_csv
+from .helpers import (
+    ENV,
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    dead_port,
+    run_args,
+    taken_in,
+    write_csv,
+)
 from .proxy import Misbehaviour, misbehaving
 
 
@@ -361,3 +373,35 @@ async def test_outputs_removed_empty_while_a_run_waits_are_made_again_and_held(
         assert second.returncode == 2, second.stderr.decode()[-600:]
         assert b"being written by another run" in second.stderr
         assert proxy.writes == 3
+
+
+async def test_outputs_removed_empty_are_looked_for_once_a_second_not_at_each_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outputs removed empty were looked for (an fstat and a stat for each empty output of
+    each job, in the state thread that writes the results) at each poll of the tasks: every
+    ``poll_min`` (0.05 s) while tasks progress, so 20 times a second for an engine with many
+    jobs. Once a second is as good against another cron line (made again "within seconds")."""
+    calls: list[float] = []
+    made_again = Jobs.made_again
+
+    def counted(self: Jobs) -> None:
+        calls.append(time.monotonic())
+        made_again(self)
+
+    monkeypatch.setattr(Jobs, "made_again", counted)
+    manifest = write_csv(tmp_path / "m.csv", 400)
+    config = msgspec.structs.replace(TASKS_OF_1000, rotate_images=50, rotate_min_images=50)
+    async with running_service(ServiceConfig(rate=200.0)) as svc:
+        with anyio.fail_after(60):
+            started = time.monotonic()
+            await run_pipeline(
+                [manifest],
+                client=client_config(svc.url),
+                out=tmp_path / "out.jsonl",
+                rejects=tmp_path / "rej.jsonl",
+                engine=config,
+            )
+            took = time.monotonic() - started
+    assert took > 1.5, f"the tasks took {took:.1f} s: too quick to tell"
+    assert calls and len(calls) <= took + 2, f"{len(calls)} in {took:.1f} s"
