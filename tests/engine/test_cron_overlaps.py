@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,10 +17,12 @@ import anyio
 import msgspec
 import pytest
 
+from fashiontag_pipeline import StateInUseError
 from fashiontag_pipeline.cli.summary_file import write_summary
 from fashiontag_pipeline.engine import run_pipeline
 from fashiontag_pipeline.engine.config import RunSummary
 from fashiontag_pipeline.engine.jobs import Jobs
+from fashiontag_pipeline.engine.state.sqlite import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
@@ -405,3 +409,43 @@ async def test_outputs_removed_empty_are_looked_for_once_a_second_not_at_each_po
             took = time.monotonic() - started
     assert took > 1.5, f"the tasks took {took:.1f} s: too quick to tell"
     assert calls and len(calls) <= took + 2, f"{len(calls)} in {took:.1f} s"
+
+
+#: What builds before the lock beside the file a symlink names did: hold ``ARGV[1]``.
+_OLDER_BUILDS_LOCK = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_a_symlinked_state_an_older_build_holds_through_the_link_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Builds before the lock was taken beside the file a symlink names locked
+    ``current.state.lock``. A run of such a build on the link still at work when fashiontag
+    was upgraded, and a run of the new build given the link (another cron line, outputs of its
+    own) locked ``2026-11.state.lock``: both worked on one state. The lock an older build
+    takes beside the link is looked at too (the new build's run is refused)."""
+    real = tmp_path / "2026-11.state"
+    link = tmp_path / "current.state"
+    link.symlink_to(real.name)
+    older = subprocess.Popen(
+        [sys.executable, "-c", _OLDER_BUILDS_LOCK, str(tmp_path / "current.state.lock")],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert older.stdout is not None and older.stdout.readline() == b"locked\n"
+        with pytest.raises(StateInUseError) as caught:
+            StateDB(link).close()
+    finally:
+        older.kill()
+        older.wait()
+    assert "current.state.lock" in str(caught.value), caught.value
+    StateDB(link).close()  # (that run gone, the link is used again)
+    folder = tmp_path / "2026-12"
+    folder.mkdir()
+    (tmp_path / "this-month").symlink_to(folder.name)
+    StateDB(tmp_path / "this-month" / "s.state").close()  # (one lock, named two ways)

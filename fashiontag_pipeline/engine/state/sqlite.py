@@ -55,7 +55,13 @@ def _lock_exclusively(path: Path, at: Path) -> int:
     by the kernel when the process dies (kill -9 leaves no stale lock); the lock file holds a
     line and is the one at its path (:func:`~..outfiles.lock_file`); ``at``: its
     :func:`lock_path`, kept while the state is open (:meth:`StateDB.keep_lock`)."""
-    return lock_file(at, _locker(path))
+    fd = lock_file(at, _locker(path))
+    try:
+        _older_build_free(path, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _locker(path: Path) -> Callable[[int], None]:
@@ -68,6 +74,36 @@ def _locker(path: Path) -> Callable[[int], None]:
             raise _in_use(path) from None
 
     return lock
+
+
+def _older_build_free(path: Path, held: int) -> None:
+    """StateInUseError when a run of an older build holds the state named through the
+    symlink ``path``: those builds locked ``PATH.lock`` beside the name given, and one such
+    run still at work when fashiontag was upgraded and a new build's run on the same link
+    (outputs of its own) both worked on one state. Looked at, not held: builds started later
+    take the lock beside the file (``held``: the same file when a folder above is the link)."""
+    given = path.with_name(path.name + ".lock")
+    if given == lock_path(path):
+        return
+    try:
+        fd = os.open(given, os.O_RDONLY)
+    except OSError:
+        return  # (none there: no older build's run on this name)
+    try:
+        ours, there = os.fstat(held), os.fstat(fd)
+        if (ours.st_dev, ours.st_ino) == (there.st_dev, there.st_ino):
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise exc.StateInUseError(
+            f"state file {path} is in use by another run (its lock {given}, beside the"
+            " symlink, is held by a run of an earlier fashiontag); wait for that run to end,"
+            " or give this one another --state (and outputs of its own)"
+        ) from None
+    except OSError:
+        pass  # (a file system without locks)
+    finally:
+        os.close(fd)
 
 
 def lock_path(path: Path) -> Path:
