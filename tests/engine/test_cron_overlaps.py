@@ -432,17 +432,17 @@ def test_a_symlinked_state_an_older_build_holds_through_the_link_is_refused(
     real = tmp_path / "2026-11.state"
     link = tmp_path / "current.state"
     link.symlink_to(real.name)
-    older = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _OLDER_BUILDS_LOCK, str(tmp_path / "current.state.lock")],
         stdout=subprocess.PIPE,
-    )
-    try:
-        assert older.stdout is not None and older.stdout.readline() == b"locked\n"
-        with pytest.raises(StateInUseError) as caught:
-            StateDB(link).close()
-    finally:
-        older.kill()
-        older.wait()
+    ) as older:  # (the with closes its pipe: an unclosed one is a ResourceWarning, an error)
+        try:
+            assert older.stdout is not None and older.stdout.readline() == b"locked\n"
+            with pytest.raises(StateInUseError) as caught:
+                StateDB(link).close()
+        finally:
+            older.kill()
+            older.wait()
     assert "current.state.lock" in str(caught.value), caught.value
     StateDB(link).close()  # (that run gone, the link is used again)
     folder = tmp_path / "2026-12"
