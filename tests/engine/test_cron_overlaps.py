@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -238,6 +240,34 @@ def test_two_summaries_written_at_once_leave_one_whole_document(tmp_path: Path) 
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@contextlib.asynccontextmanager
+async def _first_line_waiting(args: list[str], state: Path) -> AsyncIterator[Any]:
+    """The first cron line's run (``args``, its ``--base-url`` set here): its 3,000 rows taken
+    in and sent, its tasks held processing (the service's proxy is given); killed on exit."""
+    async with (
+        running_service(ServiceConfig()) as svc,
+        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
+    ):
+        args[args.index("--base-url") + 1] = proxy.url
+        first = await anyio.open_process(args, env=ENV)
+        try:
+            with anyio.fail_after(30):
+                while taken_in(state)[0] < 3000:
+                    await anyio.sleep(0.05)
+            yield proxy
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                first.kill()
+            await first.wait()
+            await first.aclose()
+
+
+async def _second_line(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """Another cron line's run beside the first (at most 30 s)."""
+    with anyio.fail_after(30):
+        return await anyio.run_process(args, check=False, env=ENV)
+
+
 @pytest.mark.parametrize("cleanup", ["empty", "old"])
 async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(
     tmp_path: Path, cleanup: str
@@ -265,32 +295,17 @@ async def test_a_cleanup_of_empty_files_leaves_a_live_runs_lock(
     if cleanup == "old":  # (the lock file of a run last month, left in place after it)
         lock.write_bytes(b"a line\n")
         os.utime(lock, (month_ago, month_ago))
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
-    ):
-        args[args.index("--base-url") + 1] = proxy.url
-        first = await anyio.open_process(args, env=ENV)
-        try:
-            with anyio.fail_after(30):
-                while taken_in(state)[0] < 3000:
-                    await anyio.sleep(0.05)
-            for path in tmp_path.iterdir():  # (find -empty -delete, find -mtime +30 -delete)
-                found = path.stat()
-                if path.is_file() and (
-                    found.st_size == 0 if cleanup == "empty" else found.st_mtime < month_ago + 60
-                ):
-                    path.unlink()
-            again = list(args)  # (another cron line on that state: outputs of its own)
-            again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
-            again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
-            with anyio.fail_after(30):
-                second = await anyio.run_process(again, check=False, env=ENV)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                first.kill()
-            await first.wait()
-            await first.aclose()
+    async with _first_line_waiting(args, state) as proxy:
+        for path in tmp_path.iterdir():  # (find -empty -delete, find -mtime +30 -delete)
+            found = path.stat()
+            if path.is_file() and (
+                found.st_size == 0 if cleanup == "empty" else found.st_mtime < month_ago + 60
+            ):
+                path.unlink()
+        again = list(args)  # (another cron line on that state: outputs of its own)
+        again[again.index("--out") + 1] = str(tmp_path / "other.jsonl")
+        again[again.index("--rejects") + 1] = str(tmp_path / "other.rej")
+        second = await _second_line(again)
         assert second.returncode == 2, second.stderr.decode()[-600:]
         assert b"in use by another run" in second.stderr
         assert proxy.writes == 3
@@ -312,24 +327,9 @@ async def test_a_state_named_through_a_symlink_is_locked_as_the_file_it_names(
     limits = ("--stall-timeout", "5", "--give-up-after", "5")
     first_args = run_args("", tmp_path / "a.jsonl", str(manifest), "--state", str(real), *limits)
     again = run_args("", tmp_path / "b.jsonl", str(manifest), "--state", str(link), *limits)
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
-    ):
-        for args in (first_args, again):
-            args[args.index("--base-url") + 1] = proxy.url
-        first = await anyio.open_process(first_args, env=ENV)
-        try:
-            with anyio.fail_after(30):
-                while taken_in(real)[0] < 3000:
-                    await anyio.sleep(0.05)
-            with anyio.fail_after(30):
-                second = await anyio.run_process(again, check=False, env=ENV)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                first.kill()
-            await first.wait()
-            await first.aclose()
+    async with _first_line_waiting(first_args, real) as proxy:
+        again[again.index("--base-url") + 1] = proxy.url
+        second = await _second_line(again)
         assert second.returncode == 2, second.stderr.decode()[-600:]
         assert b"in use by another run" in second.stderr
         assert proxy.writes == 3
@@ -349,31 +349,16 @@ async def test_outputs_removed_empty_while_a_run_waits_are_made_again_and_held(
     state = tmp_path / "a.state"
     limits = ("--stall-timeout", "30", "--give-up-after", "5")
     args = run_args("", out, str(manifest), "--state", str(state), *limits)
-    async with (
-        running_service(ServiceConfig()) as svc,
-        misbehaving(svc.url, Misbehaviour(hold_processing={1, 2, 3})) as proxy,
-    ):
-        args[args.index("--base-url") + 1] = proxy.url
-        first = await anyio.open_process(args, env=ENV)
-        try:
-            with anyio.fail_after(30):
-                while taken_in(state)[0] < 3000:
-                    await anyio.sleep(0.05)
-            for path in (out, out.with_suffix(".rej")):  # (find -empty -delete)
-                assert path.stat().st_size == 0
-                path.unlink()
-            with anyio.fail_after(20):
-                while not out.exists():
-                    await anyio.sleep(0.05)
-            again = list(args)
-            again[again.index("--state") + 1] = str(tmp_path / "b.state")
-            with anyio.fail_after(30):
-                second = await anyio.run_process(again, check=False, env=ENV)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                first.kill()
-            await first.wait()
-            await first.aclose()
+    async with _first_line_waiting(args, state) as proxy:
+        for path in (out, out.with_suffix(".rej")):  # (find -empty -delete)
+            assert path.stat().st_size == 0
+            path.unlink()
+        with anyio.fail_after(20):
+            while not out.exists():
+                await anyio.sleep(0.05)
+        again = list(args)
+        again[again.index("--state") + 1] = str(tmp_path / "b.state")
+        second = await _second_line(again)
         assert second.returncode == 2, second.stderr.decode()[-600:]
         assert b"being written by another run" in second.stderr
         assert proxy.writes == 3
