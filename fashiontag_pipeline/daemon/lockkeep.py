@@ -6,7 +6,10 @@ Touched only when it started, a daemon's locks (``INBOX/.fashiontag-daemon.lock`
 +30 -delete``), or removed outright by another cleanup, and a second daemon on the same inbox
 or state (a cron ``@reboot`` line, a unit started twice, a start by hand) started beside it:
 rows billed twice. Each look now touches them when old and makes again (and locks) one that
-was removed (:func:`~..engine.outfiles.keep_lock_file`): the second daemon is refused.
+was removed (:func:`~..engine.outfiles.keep_lock_file`): the second daemon is refused. An idle
+daemon's state file (its ``-wal``, ``-shm``) and the inbox's ``.fashiontag-daemon.state`` aged
+the same way (the daemon went on on the removed state, and began an empty one at its next
+start, done manifests forgotten): each look touches them too once they are old.
 
 A lock made again that another process holds (it came between the removal and the next look,
 or only looks, as ``fashiontag run`` does at a state it is told to leave) is looked at again;
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .._exceptions import StateInUseError
-from ..engine.outfiles import keep_lock_file
+from ..engine.outfiles import keep_fresh, keep_lock_file
 
 __all__ = ["TAKEN_LOOKS", "HeldLock", "KeptLocks"]
 
@@ -39,14 +42,18 @@ class Kept(Protocol):
 
 
 class HeldLock:
-    """A lock file held at ``path`` as ``fd`` (locked by ``lock``), kept by :meth:`keep_lock`;
-    :meth:`close` releases the descriptor held then."""
+    """A lock file held at ``path`` as ``fd`` (locked by ``lock``), kept by :meth:`keep_lock`
+    with the files ``beside`` it the daemon reads at its next start (kept from a cleanup by
+    age: :func:`~..engine.outfiles.keep_fresh`); :meth:`close` releases the descriptor."""
 
-    def __init__(self, path: Path, fd: int, lock: Callable[[int], None]) -> None:
-        self.path, self.fd, self._lock = path, fd, lock
+    def __init__(
+        self, path: Path, fd: int, lock: Callable[[int], None], beside: tuple[Path, ...] = ()
+    ) -> None:
+        self.path, self.fd, self._lock, self.beside = path, fd, lock, beside
 
     def keep_lock(self) -> None:
         self.fd = keep_lock_file(self.fd, self.path, self._lock)
+        keep_fresh(*self.beside)
 
     def close(self) -> None:
         os.close(self.fd)

@@ -177,8 +177,9 @@ def _inbox_locker(inbox: Path) -> Callable[[int], None]:
 
 
 def held_inbox(inbox: Path, fd: int) -> HeldLock:
-    """The inbox's lock ``fd`` (:func:`lock_watched`'s), to keep while the daemon runs."""
-    return HeldLock(inbox / _INBOX_LOCK, fd, _inbox_locker(inbox))
+    """The inbox's lock ``fd`` (:func:`lock_watched`'s), to keep while the daemon runs (with
+    the note of its state, kept from a cleanup by age)."""
+    return HeldLock(inbox / _INBOX_LOCK, fd, _inbox_locker(inbox), (inbox / STATE_MARK,))
 
 
 def lock_watched(inbox: Path, state: str | Path) -> int:

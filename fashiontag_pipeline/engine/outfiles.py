@@ -5,7 +5,8 @@
   each other's lines; the second is refused.
 * :func:`lock_file`: an exclusive ``flock`` on a lock file of its own (a state's, an inbox's),
   which holds a line so that a cleanup of empty files leaves it while it is held;
-  :func:`keep_lock_file` keeps one a process holds for weeks (the daemon).
+  :func:`keep_lock_file` keeps one a process holds for weeks (the daemon), and
+  :func:`keep_fresh` the files it keeps open or reads for weeks (its state file).
 * :func:`removed_from`: whether the file open as a descriptor is no longer at its path
   (removed, renamed, replaced, cut short, its folder removed), so lines written before are not
   lost in silence (see :meth:`~.jobs.Job.check_outputs`).
@@ -25,6 +26,7 @@ from .._exceptions import StateInUseError
 __all__ = [
     "LOCK_NOTE",
     "TOUCH_AFTER",
+    "keep_fresh",
     "keep_lock_file",
     "lock_exclusively",
     "lock_file",
@@ -121,6 +123,20 @@ def keep_lock_file(fd: int, path: Path, lock: Callable[[int], None]) -> int:
         if time.time() - held.st_mtime > TOUCH_AFTER:
             os.utime(fd)
     return fd
+
+
+def keep_fresh(*paths: Path) -> None:
+    """Touch each of ``paths`` (the files a daemon keeps open for weeks without writing them:
+    an idle daemon's SQLite state, its ``-wal`` and ``-shm``) once its time is
+    :data:`TOUCH_AFTER` old. Left alone after weeks of uptime, a retention cleanup (``find
+    /data -mtime +30 -delete``) took them under the daemon, which went on on the removed file
+    and began an empty state at its next start. One not there, or not the daemon's to touch,
+    is left as it is (looked at again)."""
+    now = time.time()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if now - os.stat(path).st_mtime > TOUCH_AFTER:
+                os.utime(path)
 
 
 def lock_output(fd: int, path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID
-from ..outfiles import keep_lock_file, lock_file
+from ..outfiles import keep_fresh, keep_lock_file, lock_file
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
@@ -270,9 +270,13 @@ class StateDB(DeferredIds, StateStore):
         health loop; not thread-safe with :meth:`close`): :func:`~..outfiles.keep_lock_file`,
         which raises StateInUseError when another run holds the one made again. The lock
         stays beside the file locked at the open, even if a symlink named as the state now
-        leads elsewhere (a lock beside the new file would leave the old one unlocked)."""
+        leads elsewhere (a lock beside the new file would leave the old one unlocked). The
+        state file, its ``-wal`` and ``-shm`` are kept from a cleanup by age too
+        (:func:`~..outfiles.keep_fresh`: an idle daemon writes none of them for weeks)."""
         if self._lock >= 0:
             self._lock = keep_lock_file(self._lock, self._lock_at, _locker(self.path))
+            real = self._lock_at.with_suffix("")  # (the file the lock is beside)
+            keep_fresh(real, *(real.with_name(real.name + end) for end in ("-wal", "-shm")))
 
     def close(self) -> None:
         """Close the file and release its lock (idempotent). The ids waiting in ``ids_log``
