@@ -84,3 +84,51 @@ async def test_an_idle_daemon_keeps_its_state_from_a_cleanup_by_age(tmp_path: Pa
         "m1.csv",
         3,
     ), f"taken by the cleanup: {taken}; {summary}"
+
+
+def _empty_files_deleted(root: Path) -> list[str]:
+    """``find ROOT -type f -empty -delete``: the names it took."""
+    taken = []
+    for path in sorted(root.rglob("*")):
+        if path.name.startswith("daemon-"):  # (the test's logs of the daemons)
+            continue
+        if path.is_file() and not path.is_symlink() and path.stat().st_size == 0:
+            path.unlink()
+            taken.append(path.name)
+    return taken
+
+
+async def test_a_cleanup_of_empty_files_leaves_an_idle_daemons_state_whole(
+    tmp_path: Path,
+) -> None:
+    """Restarted, a daemon that commits nothing (idle) holds its state with an empty ``-wal``
+    (SQLite makes it at the first read): a nightly ``find /data -empty -delete`` took it, the
+    daemon's commits went on into the removed file, and a kill -9 (a crash, an OOM kill) lost
+    them all: restarted, the manifest done meanwhile was forgotten, its content dropped again
+    tagged (and billed) again."""
+    state = tmp_path / "a.db"
+    async with running_service(ServiceConfig()) as svc:
+        store = svc.app[STATE].store
+        daemons = [DaemonProcess(tmp_path, svc.url, extra=["--state", str(state)]) for _ in "abc"]
+        try:
+            await daemons[0].start().wait_ready_endpoint()  # (the state made, then idle)
+            assert await daemons[0].stop() == 0
+            second = daemons[1].start()
+            await second.wait_ready_endpoint()
+            taken = _empty_files_deleted(tmp_path)
+            drop_atomic(second.inbox, "m1.csv", write_manifest(Path(), ["a", "b", "c"]))
+            assert (await second.wait_summary("m1"))["status"] == "done"
+            await second.kill()
+            third = daemons[2].start()
+            await third.wait_ready_endpoint()
+            drop_atomic(third.inbox, "again.csv", write_manifest(Path(), ["a", "b", "c"]))
+            summary = await third.wait_summary("again")
+            assert await third.stop() == 0
+        finally:
+            for daemon in daemons:
+                daemon.ensure_dead()
+        billed = sum(len(task.ids) for task in store.tasks.values())
+    # Before: a.db-wal taken, "again" done (not a duplicate), 6 rows billed.
+    assert (summary["status"], summary["duplicate_of"], billed) == ("duplicate", "m1.csv", 3), (
+        f"taken by the cleanup: {taken}; {summary}"
+    )

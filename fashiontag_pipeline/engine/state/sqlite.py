@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ... import _exceptions as exc
-from ..fileids import RESULT_STORE_ID
+from ..fileids import RESULT_STORE_ID, wal_begun
 from ..outfiles import keep_fresh, keep_lock_file, lock_file
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
@@ -224,6 +224,7 @@ class StateDB(DeferredIds, StateStore):
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         if version < STATE_FILE_BASE:  # new, or of a build before the version was kept
             db.execute(f"PRAGMA user_version={STATE_FILE_BASE}")
+        wal_begun(db)  # (a cleanup of empty files leaves it while the state is open)
         return db
 
     def mark_complete(self, when: str) -> None:
