@@ -46,7 +46,7 @@ import msgspec
 
 from ... import _exceptions as exc
 from ..._postgres import is_postgres_url
-from ..fileids import RESULT_STORE_ID
+from ..fileids import RESULT_STORE_ID, wal_begun
 from .durations import DAY
 from .failures import store_error
 
@@ -279,6 +279,7 @@ class ResultStore(StoreConnections):
                     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                     db.execute("COMMIT")
                     db.execute("PRAGMA journal_mode=WAL")
+                    wal_begun(db)
                     return True
                 db.execute("ROLLBACK")  # created meanwhile by another run: check it below
             except BaseException:
@@ -301,6 +302,8 @@ class ResultStore(StoreConnections):
         # Reads the schema and the first pages: a damaged header fails here, not mid-run.
         db.execute("SELECT count(*) FROM runs").fetchone()
         db.execute("SELECT fp FROM results ORDER BY stored_at DESC LIMIT 1").fetchone()
+        # Never an empty -wal under the runs and daemons that hold the store (see wal_begun).
+        wal_begun(db)
         return created
 
     @staticmethod
@@ -398,7 +401,9 @@ class ResultStore(StoreConnections):
     def prune(self, older_than: float, *, now: Clock = time.time) -> int:
         """Delete results stored more than ``older_than`` seconds ago; returns how many.
         Deletes in bounded transactions (a long prune never holds the write lock for long),
-        then checkpoints the WAL so the space is reusable."""
+        then checkpoints the WAL so the space is reusable, and gives it a first frame: left
+        empty, a ``find /data -empty -delete`` took it from under a daemon holding the store,
+        every other opener failed ("disk I/O error") and a kill -9 lost its results since."""
         cutoff = now() - older_than
         db = self._writer
         deleted = 0
@@ -413,6 +418,7 @@ class ResultStore(StoreConnections):
                 if cur.rowcount < 10000:
                     break
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            wal_begun(db)  # (0 bytes now: a cleanup of empty files took it under its holders)
         except sqlite3.Error as err:
             raise self._error(self.path, err) from None
         return deleted
