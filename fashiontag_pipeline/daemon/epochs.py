@@ -23,6 +23,7 @@ __all__ = [
     "claim_state_url",
     "committed_file",
     "copy_prefix",
+    "drop_empty_epoch",
     "drop_epoch_files",
     "epoch_outputs",
     "follow_recorded",
@@ -125,6 +126,18 @@ def drop_epoch_files(outputs: ManifestOutputs) -> None:
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
     fsync_dir(outputs.folder)
+
+
+def drop_empty_epoch(outputs: ManifestOutputs, epoch: int) -> None:
+    """A lost lease's own files deleted when they are empty (its engine stopped). Paused past
+    its lease before its first line, a daemon woke after the daemon that took the manifest
+    over had finished it (and deleted every epoch's files): at its next poll it made its empty
+    files again (as outputs a cleanup of empty files removed), and left them in the finished
+    folder. Lines in them are left: the state may count them (the taker's prefix)."""
+    for path in epoch_outputs(outputs, epoch):
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
 
 
 def claim_state_url(url: str, claim_id: int) -> str:

@@ -48,6 +48,7 @@ from .epochs import (
     claim_state_url,
     committed_file,
     copy_prefix,
+    drop_empty_epoch,
     drop_epoch_files,
     epoch_outputs,
     follow_recorded,
@@ -303,6 +304,8 @@ class SharedDaemon:
             await hand_back(lease, keeper, daemon, err)
         except exc.LeaseLostError:
             keeper.forget(lease)
+            if outputs is not None:  # (empty: made again after the taker published, see there)
+                await anyio.to_thread.run_sync(drop_empty_epoch, outputs, lease.epoch)
             logger.warning(
                 "lease lost: another daemon finishes the manifest",
                 extra={"manifest": lease.name, "epoch": lease.epoch},

@@ -423,3 +423,46 @@ async def test_claims_no_daemon_leases_yet_are_queued_in_status(
             assert await daemon.stop() == 0
         finally:
             daemon.ensure_dead()
+
+
+async def test_a_paused_daemon_leaves_no_file_in_the_folder_the_taker_finished(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Paused (SIGSTOP) past its lease before its task's first line, a daemon woke after the
+    daemon that took the manifest over had finished it (its epoch files deleted at the
+    publish): at its next poll it made its own empty files again (``.results.e1.jsonl``,
+    ``.rejects.e1.jsonl``, as for outputs a cleanup of empty files removed), then found its
+    lease lost, and left them in the finished folder for good."""
+    ids = _ids("w", 40)
+    folder = tmp_path / "outbox" / "big"
+    async with running_service(ServiceConfig(rate=10.0)) as svc:  # (4 s: no line before)
+        a = _daemon(tmp_path, svc.url, postgres_url).start()
+        b: DaemonProcess | None = None
+        try:
+            await a.wait_ready_endpoint()
+            _drop(a.inbox, "big.csv", ids)
+            with anyio.fail_after(30):
+                while not svc.store.tasks:
+                    a.check_alive()
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
+            a.signal(signal.SIGSTOP)
+            b = _daemon(tmp_path, svc.url, postgres_url).start()
+            summary = await b.wait_summary("big", timeout=90)
+            a.signal(signal.SIGCONT)
+            with anyio.fail_after(30):
+                while not _logged(a, "lease lost: another daemon finishes the manifest"):
+                    a.check_alive()
+                    await anyio.sleep(0.05)
+            left = sorted(p.name for p in folder.iterdir())
+            assert await a.stop() == 0
+            assert await b.stop() == 0
+        finally:
+            a.signal(signal.SIGCONT) if a.proc and a.proc.poll() is None else None
+            a.ensure_dead()
+            if b is not None:
+                b.ensure_dead()
+    assert summary["status"] == "done"
+    # Before: .rejects.e1.jsonl and .results.e1.jsonl (empty) left beside them.
+    assert left == [".claim", "rejects.jsonl", "results.jsonl", "summary.json"]
+    _assert_once(folder, ids)
