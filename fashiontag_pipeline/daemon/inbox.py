@@ -149,7 +149,8 @@ class Inbox(SharedInbox):
         * ``.work/NAME`` recorded in flight: resumed. Not recorded at all (a claim from a
           ledger that was lost): hashed and recorded now. Recorded as settled (a crash between
           recording and moving): moved where the record says.
-        * A claim in flight whose file is in neither ``.work`` nor the inbox: abandoned.
+        * A claim in flight whose file is in neither ``.work`` nor the inbox: abandoned, said
+          in a warning (a retention cleanup took a file dropped with its export's old time).
         """
         self.prepare()
         if self.shared_after is not None:
@@ -196,6 +197,13 @@ class Inbox(SharedInbox):
         for record in self.ledger.in_flight():
             if record.name not in in_work and not (self.root / record.name).is_file():
                 self.ledger.record_abandoned(record.name)
+                # (dropped with an old time, then taken by a retention cleanup: said, not silent)
+                logger.warning(
+                    "claimed manifest %s is no longer in .work (removed: a cleanup job?):"
+                    " abandoned, without a summary; any of its rows already sent were billed;"
+                    " drop it again to tag it",
+                    record.name,
+                )
         claims.sort(key=lambda c: (c.claimed_at, c.name))
         self._claimed.update(c.name for c in claims)
         return claims

@@ -132,3 +132,36 @@ async def test_a_cleanup_of_empty_files_leaves_an_idle_daemons_state_whole(
     assert (summary["status"], summary["duplicate_of"], billed) == ("duplicate", "m1.csv", 3), (
         f"taken by the cleanup: {taken}; {summary}"
     )
+
+
+async def test_a_restart_says_so_of_a_manifest_a_cleanup_took_from_work(tmp_path: Path) -> None:
+    """A manifest dropped with the time of its export weeks ago (``mv``, ``rsync -a``, ``cp
+    -p`` keep it) keeps it in ``.work``: a retention cleanup took it there while in flight,
+    and the daemon restarted meanwhile (an upgrade) dropped the claim without a word: its rows
+    sent (and billed), no summary, nothing in the log to say why."""
+    state = tmp_path / "a.db"
+    async with running_service(ServiceConfig(rate=10.0)) as svc:  # (4 s a task of 40)
+        first = DaemonProcess(tmp_path, svc.url, extra=["--state", str(state)]).start()
+        second = DaemonProcess(tmp_path, svc.url, extra=["--state", str(state)])
+        try:
+            await first.wait_ready_endpoint()
+            part = first.inbox / ".m.part"
+            part.write_bytes(write_manifest(Path(), [f"r{i}" for i in range(40)]))
+            os.utime(part, (time.time() - _MONTH, time.time() - _MONTH))
+            os.rename(part, first.inbox / "m.csv")
+            claimed = first.inbox / ".work" / "m.csv"
+            await _until(lambda: bool(svc.store.tasks), 20)
+            assert _old(claimed)
+            claimed.unlink()  # find /data -mtime +30 -delete
+            assert await first.stop() == 0
+            second.start()
+            await second.wait_ready_endpoint()
+            await _until(lambda: any("m.csv" in str(line) for line in second.logs()), 3)
+            said = [line for line in second.logs() if "m.csv" in str(line)]
+            assert await second.stop() == 0
+        finally:
+            first.ensure_dead()
+            second.ensure_dead()
+    # Before: nothing said of m.csv at the restart.
+    assert [line["level"] for line in said] == ["warning"], said
+    assert "no longer in .work" in said[0]["event"] and "billed" in said[0]["event"], said
