@@ -244,9 +244,10 @@ class ServiceError(FashiontagError):
 
     Attributes: ``status`` (HTTP status), ``code`` (service error code when the body has one),
     ``service_message`` (the service's message), ``method``/``path`` of the request,
-    ``task_id`` when the request named a task, and ``foreign``: a 400 or 422 whose body is
-    none of the service's error bodies (a front end's page: nginx's ``400 The plain HTTP
-    request was sent to HTTPS port``), which may be about no element of the request.
+    ``task_id`` when the request named a task, and ``foreign``: a 400, 410 or 422 whose body
+    is none of the service's error bodies (a front end's page: nginx's ``400 The plain HTTP
+    request was sent to HTTPS port``), which may be about no element of the request (a 410:
+    no expiry of the task's).
     """
 
     def __init__(

@@ -116,6 +116,8 @@ def error_for(
     if status == 409:
         return exc.ResultsNotReadyError(text, **common)
     if status == 410:
+        # (a front end's page, not the service's JSON: no word of the service's on the task)
+        common["foreign"] = _not_an_error_of_the_service(response.body)
         if method == "PUT":
             return exc.TaskExpiredError(text, **common)
         return exc.ResultsExpiredError(text, **common)

@@ -145,8 +145,16 @@ class PageFetcher:
             problem: Exception
             try:
                 raw = await self.client.task_results_raw(entry.task_id, offset=offset, size=size)
-            except exc.ResultsExpiredError:
-                return None
+            except exc.ResultsExpiredError as err:
+                if not err.foreign or entry.results_expire_at is None or self._expired(entry):
+                    return None
+                # A front end's 410 page (a route switched, an API version retired) before
+                # the results' stated expiry: no word of the service's. Taken as the expiry,
+                # the task's unread rows were `expired` rejects and the run exit 0.
+                await self.budget.failed(
+                    exc.ServerError(f"{err} (not the service's answer)", **err.answer()), what
+                )
+                continue
             except exc.TaskNotFoundError:
                 # Past resultExpiredAt, a service that forgets such tasks (the reference one,
                 # a result TTL later) says 404: the results are gone, as after a 410. Taken as

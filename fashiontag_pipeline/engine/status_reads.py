@@ -78,6 +78,11 @@ class StatusReads:
                 except exc.TaskNotFoundError:
                     task = None
                 except exc.ResultsExpiredError as err:
+                    if err.foreign:  # (a front end's 410 page: no word of the service's)
+                        failed[task_id] = exc.ServerError(
+                            f"{err} (not the service's answer)", **err.answer()
+                        )
+                        return
                     # Gone (410): the task expired, and its results cannot be read any more.
                     self.gone[task_id] = err.service_message or str(err)
                     task = None

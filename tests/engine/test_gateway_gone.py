@@ -1,0 +1,83 @@
+"""A front end (an API gateway, a CDN) that answers a few reads ``410 Gone`` with a page of its
+own while the service behind it still holds every task and its results: a route being
+switched, an API version being retired, a cached answer of another request. The service's
+410 (its JSON failure body) says a task's results have expired; a page that is not the
+service's says nothing about the task, and ``fashiontag run`` must neither write its rows as
+``expired`` rejects (rows tagged, billed, and their results never delivered) nor exit 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, read_outcomes, run_args, write_csv
+from .proxy import BULK, MisbehavingProxy, Misbehaviour
+
+#: A gateway's own page for a route it says is gone (HTML, as nginx's ``return 410`` writes).
+GONE_PAGE = (
+    b"<html>\r\n<head><title>410 Gone</title></head>\r\n<body>\r\n<center><h1>410 Gone</h1>"
+    b"</center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
+
+
+class GoneBlip(MisbehavingProxy):
+    """The proxy with a front end that answers the first ``times`` requests of one kind
+    (``page``: a results read; ``status``: a status poll) ``410 Gone`` with its own page,
+    not forwarded."""
+
+    def __init__(self, kind: str, times: int, rules: Misbehaviour) -> None:
+        super().__init__("", rules)
+        self.kind = kind
+        self.times = times
+        self.gone = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        kind = (
+            "status"
+            if path.endswith("/status")
+            else "page"
+            if request.method == "GET" and path.startswith(BULK + "/")
+            else None
+        )
+        if kind == self.kind and self.gone < self.times:
+            self.gone += 1
+            return web.Response(status=410, body=GONE_PAGE, content_type="text/html")
+        return await super().handle(request)
+
+
+@pytest.mark.parametrize("kind", ["page", "status"])
+async def test_a_front_ends_410_page_is_no_expiry_of_the_results(tmp_path: Path, kind: str) -> None:
+    """Three reads answered ``410 Gone`` by a front end's HTML page, the service never asked.
+    A results page so answered was taken for the results' expiry (hours before the
+    ``resultExpiredAt`` the service gave): the task's 1,000 unread rows were written as
+    ``expired`` rejects, tagged and billed, their results never read, and the run said
+    complete (exit 0); a status poll so answered (the task list not given) the same. A 410
+    that is not the service's answer is retried like a 5xx, under ``--give-up-after``."""
+    manifest = write_csv(tmp_path / "m.csv", 2500)
+    out = tmp_path / "out.jsonl"
+    # (status polls: the task list is not given, so each task's status is read)
+    rules = Misbehaviour(unreadable_list=kind == "status", poll_answer=503)
+    proxy = GoneBlip(kind, 3, rules)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, "--give-up-after", "20", str(manifest)),
+                    check=False,
+                    env=ENV,
+                )
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    assert proxy.gone == 3
+    assert done.returncode == 0, done.stderr.decode()[-800:]
+    outcomes = read_outcomes(out, out.with_suffix(".rej"))
+    assert not outcomes.rejects, outcomes.rejects[:2]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(2500))
+    assert billed == 2500
