@@ -53,6 +53,7 @@ from ._models import (
     TaskStatusResponse,
 )
 from ._responses import front_end_answer, no_tagging_result
+from ._times import answer_age
 from ._write_answer import read_write_answer
 
 __all__ = ["LIST_PAGE_SIZE", "ClientStats", "TaggerClient"]
@@ -133,6 +134,8 @@ class TaggerClient:
 
     #: Set once the service refuses the list's paging parameters (see :meth:`_task_page`).
     _list_unpaged = False
+    #: How old the oldest page of the last task list was (``Age``: a cache's copy), seconds.
+    list_age = 0.0
 
     def set_observer(self, observer: Callable[[str, str, int, float], None] | None) -> None:
         """Call ``observer(method, path, HTTP status or 0 when no answer came, seconds)`` after
@@ -332,6 +335,7 @@ class TaggerClient:
             decoded.status, decoded.error, response, "GET", BULK_PATH, None
         )
         data = decoded.data if decoded.data is not None else TaskListData()
+        self.list_age = max(self.list_age if offset else 0.0, answer_age(response.headers))
         self._mask_statuses(data.tasks)
         return data
 

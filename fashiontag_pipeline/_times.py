@@ -116,6 +116,17 @@ def http_date(text: str) -> float:
     return when.timestamp()
 
 
+def answer_age(headers: Any) -> float:
+    """Seconds old an answer was when it came (``Age``, RFC 9111: a cache's copy, made that
+    long ago, not the service's answer to this request); 0 without one or for one unreadable."""
+    value = headers.get("Age") if headers is not None else None
+    try:
+        age = float(value.split(",")[0]) if value else 0.0
+    except ValueError:
+        return 0.0
+    return age if 0.0 < age < math.inf else 0.0
+
+
 def retry_after(headers: Any, *, now: float | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date (RFC 9110).
 

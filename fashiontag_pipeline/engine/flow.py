@@ -92,6 +92,17 @@ def redirect_fault(err: exc.ServiceError) -> exc.ServerError | None:
     return None
 
 
+def stale_list(age: float, give_up_after: float) -> FatalRunError:
+    """The stop of a look for a write's task in a task list that a cache answers, ``age``
+    seconds old (``Age``), past ``give_up_after``: such a copy cannot show the task."""
+    return FatalRunError(
+        f"the task list is answered from a cache's copy {age:.0f} s old (Age) for more than"
+        f" {give_up_after:.0f} s (give_up_after, --give-up-after): a write's task cannot be"
+        " looked for in it; stopped with the state saved, its rows not sent again (they would"
+        " be billed twice): the same command resumes once the list is the service's own"
+    )
+
+
 def refused(err: exc.FashiontagError) -> FatalRunError:
     """The fatal error for a key the service refuses."""
     return FatalRunError(f"the service refused the run: {err}")

@@ -30,7 +30,7 @@ from .answers import (
     task_description,
 )
 from .config import EngineConfig
-from .flow import STILL_FAILING_EVERY, AIMDLimiter, FatalRunError, RetryBudget
+from .flow import STILL_FAILING_EVERY, AIMDLimiter, FatalRunError, RetryBudget, stale_list
 from .jobs import Jobs
 from .moves import MOVED, WriteMoves
 from .policy import Chunk, OpenTask, WritePolicy
@@ -322,9 +322,11 @@ class TaskWrites(WriteMoves):
             now = time.monotonic()
             if deadline is None:  # from the first answer: retries of the list do not count
                 deadline = now + self.config.list_lag + lag
-            if now >= deadline:
+            if now - self.client.list_age >= deadline:  # (a cache's copy: the list as it was)
                 return found
-            await anyio.sleep(min(pause, deadline - now))
+            if now - deadline > self.budget.give_up_after:
+                raise stale_list(self.client.list_age, self.budget.give_up_after)
+            await anyio.sleep(min(pause, deadline - now) if now < deadline else pause)
             pause = min(pause * 2, 5.0)  # (a look of a minute: listed again every 5 s)
 
     async def _append(self, task: OpenTask, chunk: Chunk) -> bool:

@@ -1,0 +1,84 @@
+"""A caching proxy in front of the service (Varnish as it comes: it caches a ``200`` to a GET
+for its default TTL when the answer says nothing of caching, and an ``x-api-key`` is no
+``Authorization`` that would make it pass the request on): the task list is answered from its
+copy, ``Age`` seconds old, while the service holds tasks that copy does not show. A create of
+unknown fate (applied, its answer lost) is looked for in that list: a copy made before the
+create cannot show its task, and taking it for "not created" bills the rows twice.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import aiohttp
+import anyio
+from aiohttp import web
+
+from fashiontag_pipeline._config import DEV_BULK_API_KEY
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .proxy import BULK, MisbehavingProxy, Misbehaviour
+
+
+class CachingProxy(MisbehavingProxy):
+    """The proxy behind a cache that keeps each ``200`` to a GET of the task list ``ttl``
+    seconds and answers it from its copy meanwhile, with ``Age`` as RFC 9111 has it."""
+
+    def __init__(self, rules: Misbehaviour, ttl: float) -> None:
+        super().__init__("", rules)
+        self.ttl = ttl
+        self.copies: dict[str, tuple[float, bytes]] = {}
+        self.hits = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "GET" or request.path != BULK:
+            return await super().handle(request)
+        key = request.path_qs
+        copy = self.copies.get(key)
+        now = time.monotonic()
+        if copy is not None and now - copy[0] < self.ttl:
+            self.hits += 1
+            age = str(int(now - copy[0]))
+            headers = {"Age": age, "X-Varnish": "32770 3", "Via": "1.1 varnish (Varnish/7.4)"}
+            return web.Response(body=copy[1], content_type="application/json", headers=headers)
+        answer = await super().handle(request)
+        if answer.status == 200 and isinstance(answer, web.Response) and answer.body is not None:
+            self.copies[key] = (now, bytes(answer.body))  # type: ignore[arg-type]
+            answer.headers["Age"] = "0"
+        return answer
+
+
+async def test_a_create_of_unknown_fate_is_not_sent_again_on_a_cached_task_list(
+    tmp_path: Path,
+) -> None:
+    """The cache holds a copy of the task list made a moment before the run (a monitor's
+    poll, the night's other run) for 10 s. The run's create is applied and its connection
+    reset before the answer: the run looked for its task in the list for ``list_lag`` (5 s),
+    was given the cache's copy every time (``Age: 0`` to ``4``), never saw the task, and
+    created it again: its 1,000 rows billed twice, the first task never read, exit 0. A list
+    answered ``Age`` seconds old shows the service as it was then: the look goes on until a
+    list as new as the look's end is given (here the cache's next copy)."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out = tmp_path / "out.jsonl"
+    proxy = CachingProxy(Misbehaviour(lose_first_create_answer=True), ttl=10.0)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            async with aiohttp.ClientSession() as monitor:  # (the copy the run is given)
+                list_url = f"{proxy.url}{BULK}?offset=0&size=1000"
+                headers = {"x-api-key": DEV_BULK_API_KEY}
+                async with monitor.get(list_url, headers=headers) as seen:
+                    assert seen.status == 200
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, "--give-up-after", "30", str(manifest)),
+                    check=False,
+                    env=ENV,
+                )
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    assert proxy.lost_answers == ["create"] and proxy.hits >= 1
+    assert done.returncode == 0, done.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
+    assert billed == 1000, f"{billed} rows billed in {len(svc.store.tasks)} tasks"
