@@ -252,3 +252,21 @@ def test_reuse_of_a_folder_says_it_is_one(tmp_path: Path, action: list[str]) -> 
         )
         assert done.returncode == 2 and said in done.stderr, done.stderr
         assert "move it away" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_cli_stats_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    """``reuse stats`` (a monitoring check, hourly) wrote the store it looks at: a first frame
+    in its ``-wal`` at each open (meant for the runs and daemons that hold the store), copied
+    into the file at the close, so its header changed and its time was now: a backup that
+    copies what changed (``rsync``, an incremental snapshot) copied the whole store again after
+    every look. A look writes nothing."""
+    path = tmp_path / "store.db"
+    with ResultStore.open(path) as store:
+        store.put([(b"a" * 16, "t", b"{}")], stored_at=0.0)
+    os.utime(path, (1e9, 1e9))
+    before = path.read_bytes()
+    for args in (("stats", str(path)), ("stats", str(path), "--json")):
+        done = _cli(*args)
+        assert done.returncode == 0, done.stderr
+    # Before: bytes 28 and 96 (the change counter, its version-valid-for) moved, time now.
+    assert (path.stat().st_mtime, path.read_bytes() == before) == (1e9, True)

@@ -228,6 +228,8 @@ class ResultStore(StoreConnections):
                 path.parent.mkdir(parents=True, exist_ok=True)
             writer = cls._connect(path)
             created = cls._prepare(path, writer, created)
+            if create:  # (a run's, a daemon's: never an empty -wal under them, see wal_begun)
+                wal_begun(writer)  # (not `reuse stats`: a look wrote the store, its time now)
             reader = cls._connect(path)
         except (sqlite3.Error, OSError) as err:
             if writer is not None:
@@ -279,7 +281,6 @@ class ResultStore(StoreConnections):
                     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                     db.execute("COMMIT")
                     db.execute("PRAGMA journal_mode=WAL")
-                    wal_begun(db)
                     return True
                 db.execute("ROLLBACK")  # created meanwhile by another run: check it below
             except BaseException:
@@ -302,8 +303,6 @@ class ResultStore(StoreConnections):
         # Reads the schema and the first pages: a damaged header fails here, not mid-run.
         db.execute("SELECT count(*) FROM runs").fetchone()
         db.execute("SELECT fp FROM results ORDER BY stored_at DESC LIMIT 1").fetchone()
-        # Never an empty -wal under the runs and daemons that hold the store (see wal_begun).
-        wal_begun(db)
         return created
 
     @staticmethod
