@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Protocol
 
 from .._exceptions import StateInUseError
+from .._postgres import is_postgres_url
 from ..engine.outfiles import keep_fresh, keep_lock_file
 
-__all__ = ["TAKEN_LOOKS", "HeldLock", "KeptLocks"]
+__all__ = ["TAKEN_LOOKS", "HeldLock", "KeptLocks", "kept_store"]
 
 logger = logging.getLogger("fashiontag_pipeline.daemon")
 
@@ -57,6 +58,30 @@ class HeldLock:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class KeptFresh:
+    """A SQLite file a daemon holds for weeks with no lock of its own (its ``--reuse`` store),
+    its ``-wal`` and ``-shm`` beside the file it leads to: touched at each look once old
+    (:func:`~..engine.outfiles.keep_fresh`). An idle daemon, or one storing a few results a
+    day (the WAL is copied into the file every 4 MiB), wrote none of them for weeks: a
+    retention cleanup took the store, and the next start made an empty one (every image
+    tagged, and billed, again)."""
+
+    def __init__(self, path: Path) -> None:
+        real = Path(os.path.realpath(path))
+        self.path = path
+        self.files = (real, *(real.with_name(real.name + end) for end in ("-wal", "-shm")))
+
+    def keep_lock(self) -> None:
+        keep_fresh(*self.files)
+
+
+def kept_store(location: str | Path | None) -> list[Kept]:
+    """What keeps the ``--reuse`` store at ``location`` from a cleanup by age (a file's)."""
+    if location is None or is_postgres_url(str(location)):
+        return []
+    return [KeptFresh(Path(location))]
 
 
 class KeptLocks:

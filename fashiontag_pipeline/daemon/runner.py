@@ -44,7 +44,7 @@ from .config import DaemonConfig
 from .http import MonitoringServer
 from .inbox import Claim, Inbox
 from .ledger import SQLiteClaimLedger
-from .lockkeep import KeptLocks
+from .lockkeep import KeptLocks, kept_store
 from .monitor import ActiveManifest, DaemonMonitor
 from .notify import SystemdNotifier
 from .outbox import ManifestOutputs, ManifestSummary, Outbox
@@ -138,6 +138,7 @@ class Daemon(DaemonMonitor):
             await anyio.to_thread.run_sync(inbox.prepare)
             state = await anyio.to_thread.run_sync(db.open_engine)
             reuse = await anyio.to_thread.run_sync(self._open_reuse, db, state_path)
+            self.locks.held += kept_store(self.engine_config.reuse if reuse else None)
             async with TaggerClient(config=self.client_config) as client:
                 client.set_observer(self.observe)
                 await confirm_service(f"state file {state_path}", db, client)

@@ -7,10 +7,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import anyio
 import pytest
 
+from fashiontag_pipeline.daemon.room import WATCH_INTERVAL
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import DaemonProcess, drop_atomic, write_manifest
@@ -63,3 +66,51 @@ async def test_a_cleanup_of_empty_files_after_a_prune_leaves_the_store_whole(
         f"beside the daemon: {beside.stdout}{beside.stderr[-300:]}; after the kill:"
         f" {after.stdout}{after.stderr[-300:]}"
     )
+
+
+def _old(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > 30 * 86400
+    except FileNotFoundError:
+        return False
+
+
+async def test_an_idle_daemon_keeps_its_store_from_a_cleanup_by_age(tmp_path: Path) -> None:
+    """A daemon idle for a month (or storing a few results a day: its WAL is copied into the
+    file only every 4 MiB) wrote no file of its ``--reuse`` store: a retention cleanup
+    (``find /data -mtime +30 -delete``) took the store, its ``-wal`` and ``-shm`` from under
+    it, while the daemon's state beside it was kept. Restarted, the daemon made an empty store:
+    every image it had tagged was tagged, and billed, again."""
+    store = tmp_path / "reuse.db"
+    extra = ["--state", str(tmp_path / "a.db"), "--reuse", str(store)]
+    async with running_service(ServiceConfig()) as svc:
+        first = DaemonProcess(tmp_path, svc.url, extra=extra).start()
+        second = DaemonProcess(tmp_path, svc.url, extra=extra)
+        try:
+            await first.wait_ready_endpoint()
+            drop_atomic(first.inbox, "m1.csv", write_manifest(Path(), ["a", "b", "c"]))
+            assert (await first.wait_summary("m1"))["status"] == "done"
+            kept = [store, Path(f"{store}-wal"), Path(f"{store}-shm")]
+            assert all(path.exists() for path in kept), [p.name for p in kept if not p.exists()]
+            month_ago = time.time() - 31 * 86400
+            for path in kept:
+                os.utime(path, (month_ago, month_ago))
+            with anyio.move_on_after(3 * WATCH_INTERVAL + 2):
+                while any(_old(path) for path in kept):
+                    await anyio.sleep(0.05)
+            taken = [path.name for path in kept if _old(path)]
+            for path in kept:  # find -mtime +30 -delete
+                if _old(path):
+                    path.unlink()
+            assert await first.stop() == 0
+            second.start()
+            await second.wait_ready_endpoint()
+            drop_atomic(second.inbox, "m2.csv", write_manifest(Path(), ["a", "b", "c", "d"]))
+            assert (await second.wait_summary("m2"))["status"] == "done"
+            assert await second.stop() == 0
+        finally:
+            first.ensure_dead()
+            second.ensure_dead()
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    # Before: all three taken, and m2's a, b, c tagged again: 7 rows billed, not 4.
+    assert (taken, billed) == ([], 4), f"taken by the cleanup: {taken}"
