@@ -19,10 +19,11 @@ build before them refuses it instead of missing their ids)."""
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -46,11 +47,11 @@ _ids_decoder = msgspec.json.Decoder(list[str])
 _BIG = sys.byteorder == "big"
 
 
-def _packed(positions: Iterable[int]) -> bytes:
-    packed = array("q", positions)
-    if _BIG:
-        packed.byteswap()
-    return packed.tobytes()
+def _packed(positions: Collection[int]) -> bytes:
+    """``positions`` as little-endian int64s, packed in one C call: ``array("q", ...)`` took
+    ~530 instructions a position from an iterable (each one converted twice, through the
+    generic argument parser), ``struct.pack`` ~170 (a third of the time; the same bytes)."""
+    return struct.pack(f"<{len(positions)}q", *positions)
 
 
 def _unpacked(blob: bytes) -> array[int]:
@@ -61,7 +62,7 @@ def _unpacked(blob: bytes) -> array[int]:
     return positions
 
 
-def store_run(db: Any, keys: list[str], positions: Iterable[int]) -> None:
+def store_run(db: Any, keys: list[str], positions: Collection[int]) -> None:
     """One run of ``keys`` (in order, all after every id held) and their positions."""
     db.execute(
         "INSERT INTO id_runs VALUES (?, ?, ?, ?, ?)",
