@@ -89,7 +89,8 @@ def encode_body(
     else:
         encoded = encode_requests(ids, requests, ids_json)
     tail = b',"g":%d}' % sends if sends else b"}"
-    body = b'{"p":' + _body_encoder.encode(positions) + b',"r":' + encoded + tail
+    # One join: each ``+`` copied everything before it again (the requests twice).
+    body = b"".join((b'{"p":', _body_encoder.encode(positions), b',"r":', encoded, tail))
     return body, EncodedRequests(msgspec.Raw(encoded), len(requests))
 
 
