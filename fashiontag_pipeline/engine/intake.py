@@ -19,6 +19,7 @@ transaction and hands back only the rows to send.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,7 +31,7 @@ from .rows import RowBatch
 from .rules import LONG_ID, id_error, unkeyable
 from .single import merge_routes, pending_ops, split_routes
 from .sinks import LineSet
-from .state import POS_SHIFT, JobReject, Journal, split_position
+from .state import POS_SHIFT, JobReject, Journal, KeyedColumns, split_position
 from .stdin_replay import StdinDigest, check_replayed
 from .taken_before import refused_since, rejected_before
 from .validate import STAGE_CLIENT, Item, SingleItem, Validator
@@ -208,7 +209,12 @@ async def intake(
                 ) -> list[tuple[str, Any]]:
                     return pending_ops(split_routes(rows, keep, validated)[1])
 
-            keyed = [(ident, pos) for ident, pos, _ in rows]
+            columns = getattr(rows, "columns", None)  # (a block's: policy.Measured)
+            keyed: Sequence[tuple[str, int]] = (
+                KeyedColumns(*columns)
+                if columns is not None
+                else [(ident, pos) for ident, pos, _ in rows]
+            )
             if namespaced and singles:
                 # Routed rows keep their own ids (no task holds them); their dedupe key is
                 # namespaced like the bulk rows'.

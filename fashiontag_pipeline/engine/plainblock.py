@@ -106,11 +106,9 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
     if _spaced(body, urls):
         return None
     first = shifted | rows.first
+    positions = range(first, first + len(ids))
     # Each request is its URL (:mod:`.plainbody`: its chunk's JSON built around ids and URLs).
-    return Measured(
-        zip(ids, range(first, first + len(ids)), urls, strict=True),
-        size,
-    )
+    return Measured(zip(ids, positions, urls, strict=True), size, (ids, positions))
 
 
 def _spaced(body: str, urls: list[str]) -> bool:
@@ -233,7 +231,7 @@ def built(
     if not columns:
         # An id and a URL alone (a JSONL block of ``{"id", "url"}`` objects, or CSV columns
         # no rule reads besides): each request is its URL, as in :func:`plain_block`.
-        return Measured(zip(ids, positions, urls, strict=True), size), rest
+        return Measured(zip(ids, positions, urls, strict=True), size, (ids, positions)), rest
     # The context's fields in the struct's order, positionally: a column per field named by
     # the header (an empty cell is no value), None for each one before the last it names.
     by_name: dict[str, Any] = {"id": ids}
@@ -244,4 +242,4 @@ def built(
     last = max(map(names.index, by_name))  # (the fields after it left to their default)
     contexts = map(BulkContext, *[by_name.get(name, repeat(None)) for name in names[: last + 1]])
     requests = map(TaggingRequest, map(Image, repeat(_URL), urls), contexts)
-    return Measured(zip(ids, positions, requests, strict=True), size), rest
+    return Measured(zip(ids, positions, requests, strict=True), size, (ids, positions)), rest

@@ -300,13 +300,15 @@ MAX_CHUNK_BYTES = 512 << 10
 
 class Measured(list[Any]):
     """Items whose requests are known to hold at most ``size`` characters (:func:`text_size`),
-    measured where it cost nothing (the validator's block of plain lines has their text)."""
+    measured where it cost nothing (the validator's block of plain lines has their text);
+    ``columns``: their ids and positions, when the block built the items from them."""
 
-    __slots__ = ("size",)
+    __slots__ = ("columns", "size")
 
-    def __init__(self, items: Iterable[Any], size: int) -> None:
+    def __init__(self, items: Iterable[Any], size: int, columns: Any = None) -> None:
         super().__init__(items)
         self.size = size
+        self.columns: tuple[Sequence[str], Sequence[int]] | None = columns
 
 
 def batch_size(items: Sequence[Any]) -> int:

@@ -29,7 +29,7 @@ from .schema import (
     split_position,
 )
 from .sqlite import StateDB
-from .store import JobRow, Reconciliation, RunState, StateStore
+from .store import JobRow, KeyedColumns, Reconciliation, RunState, StateStore
 
 
 def open_state(location: str | Path) -> StateStore:
@@ -52,6 +52,7 @@ __all__ = [
     "JobReject",
     "JobRow",
     "Journal",
+    "KeyedColumns",
     "Reconciliation",
     "RunState",
     "StateDB",
