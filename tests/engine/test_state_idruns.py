@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import sys
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,14 @@ import anyio
 import pytest
 
 from fashiontag_pipeline.engine import EngineConfig, RunControl, run_pipeline
-from fashiontag_pipeline.engine.state import STATE_FILE_BASE, STATE_FILE_VERSION, StateDB
+from fashiontag_pipeline.engine.state import (
+    POS_SHIFT,
+    STATE_FILE_BASE,
+    STATE_FILE_VERSION,
+    KeyedColumns,
+    StateDB,
+    idruns,
+)
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, client_config, dead_port, run_args
@@ -317,3 +325,35 @@ async def test_a_state_of_the_build_before_runs_is_resumed_exactly_once(tmp_path
         resumed = await anyio.run_process(args, check=False, env=ENV)
     assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
     assert_exactly_once(out, out.with_suffix(".rej"), ids, duplicates=repeats)
+
+
+def test_a_runs_positions_are_little_endian_int64s_as_array_packed_them() -> None:
+    """The packing (``struct.pack`` since round 12) writes the bytes ``array("q")`` wrote,
+    so that files of either build read the same positions: small, past 32 bits (a later
+    manifest's: ``source << POS_SHIFT``) and the largest."""
+    positions = {"a": 0, "b": 7, "c": (3 << POS_SHIFT) | 12345, "d": (1 << 63) - 1}
+    packed = idruns._packed(positions.values())
+    expected = array("q", positions.values())
+    if sys.byteorder == "big":
+        expected.byteswap()
+    assert packed == expected.tobytes()
+    assert list(idruns._unpacked(packed)) == list(positions.values())
+
+
+def test_a_block_keyed_as_columns_dedupes_as_its_pairs(tmp_path: Path) -> None:
+    """A validator block's ids and positions handed over as columns (``KeyedColumns``) are
+    the same rows as the list of pairs: the same first positions, repeats and duplicates."""
+    ids = ["k-3", "k-1", "k-3", "k-2", "k-1"]
+    positions = range(10, 15)
+    pairs = list(zip(ids, positions, strict=True))
+    columns = KeyedColumns(ids, positions)
+    assert list(columns) == pairs and len(columns) == 5
+    assert columns[2] == pairs[2] and columns[-1] == pairs[-1] and columns[1:3] == pairs[1:3]
+    results = []
+    for n, keyed in enumerate((pairs, columns)):
+        db = StateDB(tmp_path / f"state-{n}")
+        try:
+            results.append((db.dedupe(keyed), db.dedupe(_batch(["k-2", "k-9"], 20))))
+        finally:
+            db.close()
+    assert results[0] == results[1] == ([10, 11, 10, 13, 11], [13, 21])
