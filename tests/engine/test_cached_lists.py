@@ -15,11 +15,13 @@ import aiohttp
 import anyio
 from aiohttp import web
 
-from fashiontag_pipeline._config import DEV_BULK_API_KEY
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
+
+#: The run's task list (its first page), as the client asks for it.
+LISTED = f"{BULK}?offset=0&size=1000"
 
 
 class CachingProxy(MisbehavingProxy):
@@ -31,8 +33,12 @@ class CachingProxy(MisbehavingProxy):
         self.ttl = ttl
         self.copies: dict[str, tuple[float, bytes]] = {}
         self.hits = 0
+        self.primed = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.primed:
+            self.primed = True
+            await self._copy_list(request.headers["x-api-key"])  # (a moment before the create)
         if request.method != "GET" or request.path != BULK:
             return await super().handle(request)
         key = request.path_qs
@@ -49,31 +55,37 @@ class CachingProxy(MisbehavingProxy):
             answer.headers["Age"] = "0"
         return answer
 
+    async def _copy_list(self, key: str) -> None:
+        """The cache's copy of the run's task list made now (a monitor's poll, the night's other
+        run, a moment before the create): it cannot show the create's task."""
+        url, headers = f"{self.upstream}{LISTED}", {"x-api-key": key}
+        async with aiohttp.ClientSession() as monitor, monitor.get(url, headers=headers) as seen:
+            assert seen.status == 200
+            self.copies[LISTED] = (time.monotonic(), await seen.read())
+
 
 async def test_a_create_of_unknown_fate_is_not_sent_again_on_a_cached_task_list(
     tmp_path: Path,
 ) -> None:
-    """The cache holds a copy of the task list made a moment before the run (a monitor's
-    poll, the night's other run) for 10 s. The run's create is applied and its connection
-    reset before the answer: the run looked for its task in the list for ``list_lag`` (5 s),
-    was given the cache's copy every time (``Age: 0`` to ``4``), never saw the task, and
-    created it again: its 1,000 rows billed twice, the first task never read, exit 0. A list
-    answered ``Age`` seconds old shows the service as it was then: the look goes on until a
-    list as new as the look's end is given (here the cache's next copy)."""
+    """The cache holds a copy of the task list made a moment before the create (a monitor's
+    poll, the night's other run) for 3 s (``list_lag`` 1 s here). The run's create is applied
+    and its connection reset before the answer: the run looked for its task in the list for
+    ``list_lag``, was given the cache's copy every time (``Age: 0`` to ``2``), never saw the
+    task, and created it again: its 1,000 rows billed twice, the first task never read, exit 0.
+    A list answered ``Age`` seconds old shows the service as it was then: the look goes on
+    until a list as new as the look's end is given (here the cache's next copy)."""
     manifest = write_csv(tmp_path / "m.csv", 1000)
     out = tmp_path / "out.jsonl"
-    proxy = CachingProxy(Misbehaviour(lose_first_create_answer=True), ttl=10.0)
+    config = tmp_path / "lag.toml"
+    config.write_text("[engine]\nlist_lag = 1.0\n")
+    proxy = CachingProxy(Misbehaviour(lose_first_create_answer=True), ttl=3.0)
     async with running_service(ServiceConfig()) as svc:
         proxy.upstream = svc.url
         async with proxy.running():
-            async with aiohttp.ClientSession() as monitor:  # (the copy the run is given)
-                list_url = f"{proxy.url}{BULK}?offset=0&size=1000"
-                headers = {"x-api-key": DEV_BULK_API_KEY}
-                async with monitor.get(list_url, headers=headers) as seen:
-                    assert seen.status == 200
+            extra = ("--give-up-after", "30", "--config", str(config), str(manifest))
             with anyio.fail_after(60):
                 done = await anyio.run_process(
-                    run_args(proxy.url, out, "--give-up-after", "30", str(manifest)),
+                    run_args(proxy.url, out, *extra),
                     check=False,
                     env=ENV,
                 )
