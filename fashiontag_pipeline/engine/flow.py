@@ -196,6 +196,11 @@ class RetryBudget:
         self._last_ok = time.monotonic()
         self._streak = 0
 
+    @property
+    def answered_at(self) -> float:
+        """When the service last answered (``time.monotonic()``; the budget's start before)."""
+        return self._last_ok
+
     def time_left(self, started: float) -> float:
         """Seconds before a call that began at ``started`` (``time.monotonic()``) and has not
         succeeded yet is past the give-up point (below 0: past it), when the failures, counted

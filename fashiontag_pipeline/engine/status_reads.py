@@ -78,7 +78,8 @@ class StatusReads:
                 except exc.TaskNotFoundError:
                     task = None
                 except exc.ResultsExpiredError as err:
-                    if err.foreign:  # (a front end's 410 page: no word of the service's)
+                    if err.foreign and not self._gone_behind_a_front_end(task_id):
+                        # (a front end's 410 page: no word of the service's, for now)
                         failed[task_id] = exc.ServerError(
                             f"{err} (not the service's answer)", **err.answer()
                         )
@@ -131,7 +132,7 @@ class StatusReads:
                     reason,
                     extra={"task_id": task_id},
                 )
-            elif now - since > self.budget.give_up_after:
+            elif now - since > self.budget.give_up_after and not self._page_to_give_up(err, since):
                 given = "rate limited its status (HTTP 429)" if limited else "not given its status"
                 raise FatalRunError(
                     f"task {task_id}: the service has {given} for"
@@ -141,6 +142,33 @@ class StatusReads:
         if not answered:
             task_id, err = next(iter(failed.items()))
             await self.budget.failed(err, f"status of task {task_id}")
+
+    def _gone_behind_a_front_end(self, task_id: str) -> bool:
+        """Whether a front end's 410 page to ``task_id``'s status is the task gone: such pages
+        for ``give_up_after`` while the service answered other requests (a front end that
+        rewrites every 410, nginx's ``proxy_intercept_errors``, over a task the service
+        dropped). Before, the run stopped (exit 1) and so did every resume: its rows never
+        had an outcome; the daemon asked forever."""
+        since = self.unread_since.get(task_id)
+        if since is None or self.clock() - since <= self.budget.give_up_after:
+            return False
+        gone = self.budget.answered_at > since
+        if gone:
+            logger.warning(
+                "task %s: its status has been a front end's 410 page, not the service's"
+                " answer, for %.0f s (give_up_after, --give-up-after) while the service"
+                " answered the rest: taken as gone",
+                task_id,
+                self.clock() - since,
+                extra={"task_id": task_id},
+            )
+        return gone
+
+    def _page_to_give_up(self, err: exc.FashiontagError, since: float) -> bool:
+        """Whether ``err``, a task's status unread since ``since``, is a front end's 410 page
+        that :meth:`_gone_behind_a_front_end` takes as the task gone at the next poll."""
+        foreign = isinstance(err, exc.ServiceError) and err.status == 410 and err.foreign
+        return foreign and self.budget.answered_at > since
 
     def keep_only(self, unread: set[str]) -> None:
         """The tasks unread at this poll: the others' clocks end (read, listed, no longer

@@ -8,6 +8,7 @@ service's says nothing about the task, and ``fashiontag run`` must neither write
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import anyio
@@ -81,3 +82,64 @@ async def test_a_front_ends_410_page_is_no_expiry_of_the_results(tmp_path: Path,
     assert not outcomes.rejects, outcomes.rejects[:2]
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(2500))
     assert billed == 2500
+
+
+class ExpiredBehindFrontEnd(MisbehavingProxy):
+    """A service that has dropped the run's first task (expired before it was done: it is
+    gone from the list, its status answered 410) behind a front end that answers every 410
+    with its own page (nginx's ``proxy_intercept_errors`` with an ``error_page`` for 410): the
+    service's own 410 never reaches the run, while every other request is answered."""
+
+    def __init__(self, rules: Misbehaviour) -> None:
+        super().__init__("", rules)
+        self.expired: str | None = None
+        self.gone = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if self.expired is not None and path.startswith(f"{BULK}/{self.expired}"):
+            self.gone += 1
+            return web.Response(status=410, body=GONE_PAGE, content_type="text/html")
+        answer = await super().handle(request)
+        if request.method not in ("GET", "POST") or path != BULK:
+            return answer
+        if not isinstance(answer, web.Response) or answer.status >= 300 or not answer.body:
+            return answer
+        body = json.loads(bytes(answer.body))  # type: ignore[arg-type]
+        if request.method == "POST":
+            self.expired = self.expired or body["taskId"]
+            return answer
+        tasks = body["data"]["tasks"]
+        body["data"]["tasks"] = [task for task in tasks if task["taskId"] != self.expired]
+        return web.json_response(body)
+
+
+async def test_a_task_gone_behind_a_front_end_that_rewrites_its_410_is_given_up(
+    tmp_path: Path,
+) -> None:
+    """A task the service has dropped (gone from its list, its status 410) behind a front end
+    that rewrites every 410 into its own page, while the service answers every other request:
+    its status, retried as a front end's fault, was not given for ``--give-up-after`` and the
+    run stopped (exit 1), and so did every resume: the task's rows never had an outcome. Once
+    its status has been such a page for ``--give-up-after`` while the service answered other
+    requests, the task is taken as gone: its rows are ``expired`` rejects, the others read."""
+    manifest = write_csv(tmp_path / "m.csv", 2500)
+    out = tmp_path / "out.jsonl"
+    proxy = ExpiredBehindFrontEnd(Misbehaviour())
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, "--give-up-after", "3", str(manifest)),
+                    check=False,
+                    env=ENV,
+                )
+        assert proxy.expired is not None
+        expired = set(svc.store.tasks[proxy.expired].ids)
+    assert proxy.gone >= 2 and 0 < len(expired) < 2500, len(expired)
+    assert done.returncode == 0, done.stderr.decode()[-800:]
+    outcomes = read_outcomes(out, out.with_suffix(".rej"))
+    assert {row["id"] for row in outcomes.rejects} == expired
+    assert {row["stage"] for row in outcomes.rejects} == {"expired"}
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(2500))
