@@ -118,13 +118,13 @@ def http_date(text: str) -> float:
 
 def answer_age(headers: Any) -> float:
     """Seconds old an answer was when it came (``Age``, RFC 9111: a cache's copy, made that
-    long ago, not the service's answer to this request); 0 without one or for one unreadable."""
+    long ago, not the service's answer to this request); 0 without one or for one unreadable
+    (delta-seconds are digits only: ``1e9``, ``1_000``, ``+60``, ``12.5`` are no age)."""
     value = headers.get("Age") if headers is not None else None
-    try:
-        age = float(value.split(",")[0]) if value else 0.0
-    except ValueError:
+    text = value.split(",")[0].strip() if value else ""
+    if not (text.isascii() and text.isdigit()):
         return 0.0
-    return age if 0.0 < age < math.inf else 0.0
+    return min(float(text), 2147483648.0)  # (RFC 9111: a larger one is taken as 2^31)
 
 
 def retry_after(headers: Any, *, now: float | None = None) -> float | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import anyio
+import pytest
 from aiohttp import web
 
 from fashiontag_pipeline.service import ServiceConfig, running_service
@@ -94,3 +95,53 @@ async def test_a_create_of_unknown_fate_is_not_sent_again_on_a_cached_task_list(
     assert done.returncode == 0, done.stderr.decode()[-800:]
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
     assert billed == 1000, f"{billed} rows billed in {len(svc.store.tasks)} tasks"
+
+
+class AgedPassThrough(MisbehavingProxy):
+    """A front end that passes every request on (no cache) but puts ``Age: {age}`` on every
+    answer, and drops the first create unapplied (its connection closed before the service
+    was asked): the look for its task cannot find it, and the list's ``Age`` decides how long
+    it goes on."""
+
+    def __init__(self, age: str) -> None:
+        super().__init__("", Misbehaviour())
+        self.age = age
+        self.dropped = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "POST" and request.path == BULK and not self.dropped:
+            self.dropped = True
+            await request.read()
+            assert request.transport is not None
+            request.transport.abort()  # not applied: the client gets no answer
+            raise ConnectionResetError("create dropped on purpose")
+        answer = await super().handle(request)
+        answer.headers["Age"] = self.age
+        return answer
+
+
+@pytest.mark.parametrize("age", ["1e9", "+60"])
+async def test_an_age_that_is_no_delta_seconds_is_unreadable(tmp_path: Path, age: str) -> None:
+    """``Age`` is a number of whole seconds, digits only (RFC 9111, delta-seconds). One that
+    is not (a front end's ``1e9``, ``1_000``, ``+60`` or ``12.5`` on every answer) was read as
+    a number anyway: the look for a create whose answer was lost (here never applied) took
+    every fresh list for a copy that old and went on until ``--give-up-after``, then stopped
+    the run (exit 1). Unreadable, it is no age: the rows are created again after ``list_lag``."""
+    manifest = write_csv(tmp_path / "m.csv", 1000)
+    out = tmp_path / "out.jsonl"
+    config = tmp_path / "lag.toml"
+    config.write_text("[engine]\nlist_lag = 0.5\n")
+    proxy = AgedPassThrough(age)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            extra = ("--give-up-after", "3", "--config", str(config), str(manifest))
+            with anyio.fail_after(60):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, *extra), check=False, env=ENV
+                )
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    assert proxy.dropped
+    assert done.returncode == 0, done.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
+    assert billed == 1000
