@@ -17,6 +17,7 @@ failing: the budget's backoff and give-up rule apply, as to any outage.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -33,6 +34,12 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 
 #: Status requests in flight at a time.
 STATUS_MAX = 16
+
+#: Seconds of a front end's 410 pages to a task's status (the service answering the rest)
+#: after which the task is taken as gone when ``give_up_after`` is infinite (the daemon never
+#: gives up, and would otherwise ask forever: the manifest never finished); ``run``'s default
+#: ``--give-up-after``.
+FRONT_END_GONE_AFTER = 120.0
 
 
 def poll_fault(err: exc.ResultsNotReadyError) -> exc.ServerError:
@@ -148,18 +155,23 @@ class StatusReads:
         for ``give_up_after`` while the service answered other requests (a front end that
         rewrites every 410, nginx's ``proxy_intercept_errors``, over a task the service
         dropped). Before, the run stopped (exit 1) and so did every resume: its rows never
-        had an outcome; the daemon asked forever."""
+        had an outcome; the daemon asked forever (``FRONT_END_GONE_AFTER`` bounds it)."""
         since = self.unread_since.get(task_id)
-        if since is None or self.clock() - since <= self.budget.give_up_after:
+        limit = self.budget.give_up_after
+        if math.isinf(limit):
+            limit = FRONT_END_GONE_AFTER
+        if since is None or self.clock() - since <= limit:
             return False
         gone = self.budget.answered_at > since
         if gone:
             logger.warning(
                 "task %s: its status has been a front end's 410 page, not the service's"
-                " answer, for %.0f s (give_up_after, --give-up-after) while the service"
-                " answered the rest: taken as gone",
+                " answer, for %.0f s (past %.0f s: %s) while the service answered the rest:"
+                " taken as gone",
                 task_id,
                 self.clock() - since,
+                limit,
+                "--give-up-after" if limit == self.budget.give_up_after else "the daemon's bound",
                 extra={"task_id": task_id},
             )
         return gone

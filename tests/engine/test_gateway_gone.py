@@ -9,15 +9,27 @@ service's says nothing about the task, and ``fashiontag run`` must neither write
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 from aiohttp import web
 
+from fashiontag_pipeline.engine import run_pipeline, status_reads
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
-from .helpers import ENV, assert_exactly_once, ids_of, read_outcomes, run_args, write_csv
+from .helpers import (
+    ENV,
+    TASKS_OF_1000,
+    assert_exactly_once,
+    client_config,
+    ids_of,
+    read_outcomes,
+    run_args,
+    write_csv,
+)
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 #: A gateway's own page for a route it says is gone (HTML, as nginx's ``return 410`` writes).
@@ -143,3 +155,39 @@ async def test_a_task_gone_behind_a_front_end_that_rewrites_its_410_is_given_up(
     assert {row["id"] for row in outcomes.rejects} == expired
     assert {row["stage"] for row in outcomes.rejects} == {"expired"}
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(2500))
+
+
+async def test_the_daemons_task_gone_behind_a_front_end_is_given_up_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same dropped task under the daemon's engine, which never gives up
+    (``give_up_after`` infinite): its status, such a page at every poll, was asked for
+    forever, and the manifest never finished (its other rows read, its summary never
+    written). With no ``give_up_after``, the task is taken as gone after
+    ``FRONT_END_GONE_AFTER`` (120 s; 3 here) of such pages while the service answered the
+    rest."""
+    monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 3.0)
+    manifest = write_csv(tmp_path / "m.csv", 2500)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(TASKS_OF_1000, give_up_after=math.inf)
+    proxy = ExpiredBehindFrontEnd(Misbehaviour())
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=tmp_path / "run.state",
+                    engine=engine,
+                )
+        assert proxy.expired is not None
+        expired = set(svc.store.tasks[proxy.expired].ids)
+    assert proxy.gone >= 2 and 0 < len(expired) < 2500, len(expired)
+    assert summary.complete
+    outcomes = read_outcomes(out, rej)
+    assert {row["id"] for row in outcomes.rejects} == expired
+    assert {row["stage"] for row in outcomes.rejects} == {"expired"}
+    assert_exactly_once(out, rej, ids_of(2500))
