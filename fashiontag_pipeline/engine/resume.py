@@ -71,8 +71,10 @@ async def reattach(run: Engine) -> list[Chunk]:
     db = run.journal.db
     tasks = await run.journal.run(db.resume_tasks)
     chunks = await run.journal.run(db.resume_chunks)
-    if not run.client.server_clock.known and any(t[3] == "open" for t in tasks):
-        # Open tasks' expiry times are in the service's clock: learn its offset first.
+    tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
+    if not run.client.server_clock.known and (tokens or any(t[3] == "open" for t in tasks)):
+        # Open tasks' expiry times are in the service's clock, and so is the age of a create
+        # of unknown fate once our clock was stepped (:func:`late_look`): learn its offset.
         await run.budget.call("list tasks", run.client.list_tasks)
     now_wall = time.time() + run.client.server_clock.correction
     pending: list[Chunk] = []
@@ -86,7 +88,6 @@ async def reattach(run: Engine) -> list[Chunk]:
     # on its way when the run died, and a service may apply it as late as a request may go
     # unanswered: looked for until then besides (:func:`late_look`; a stop ends it).
     run.writer.tokens_taken(c[3] for c in chunks if c[3] is not None)
-    tokens = {c[3] for c in chunks if c[2] is None and c[3] is not None}
     found_by_token: dict[str, Task] = {}
     if tokens:
         late = late_look(run, chunks, time.time())
@@ -207,8 +208,14 @@ def late_look(run: Engine, chunks: Sequence[tuple[Any, ...]], now: float) -> flo
     sent again) and never answered: a create sent then may be applied until then, and listed
     ``list_lag`` later. Negative (down to ``-list_lag``) when every such create was sent long
     enough ago (one look at the list). A chunk's time unknown (a state of an earlier version):
-    the whole deadline. 0 for a token of an applied create (``list_lag``, as before)."""
+    the whole deadline. 0 for a token of an applied create (``list_lag``, as before).
+
+    A create's age is the lesser of our clock's and the service's (``now`` corrected by the
+    offset its ``Date`` shows): our clock stepped forward between the kill and the resume (an
+    NTP step, a VM resumed) made a create sent a second before look an hour old, and a lagging
+    list given one look missed it (its rows created again, billed twice)."""
     window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
+    aged = now + min(0.0, run.client.server_clock.correction)
     late: float | None = None
     for _, state, task_id, token, _, written_at in chunks:
         if task_id is not None or token is None:
@@ -218,7 +225,7 @@ def late_look(run: Engine, chunks: Sequence[tuple[Any, ...]], now: float) -> flo
         elif written_at is None or written_at > now:  # (unknown, or the clock set back)
             need = window
         else:
-            need = max(-run.config.list_lag, min(window, written_at + window - now))
+            need = max(-run.config.list_lag, min(window, written_at + window - aged))
         late = need if late is None else max(late, need)
     if late is not None and run.jobs.ids.namespaced:  # (a daemon: its start waits for it)
         late = min(late, START_LOOK_CAP)

@@ -19,6 +19,7 @@ from typing import Any, cast
 import anyio
 from aiohttp import web
 
+from fashiontag_pipeline._clock import ServerClock
 from fashiontag_pipeline._config import Timeout
 from fashiontag_pipeline.engine.resume import START_LOOK_CAP, late_look
 from fashiontag_pipeline.engine.state import open_state
@@ -285,7 +286,7 @@ def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent
         return cast(
             Any,
             SimpleNamespace(
-                client=SimpleNamespace(timeout=Timeout(total=total)),
+                client=SimpleNamespace(timeout=Timeout(total=total), server_clock=ServerClock()),
                 config=SimpleNamespace(list_lag=5.0),
                 jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=daemon)),
             ),

@@ -1,0 +1,75 @@
+"""The client machine's wall clock stepped (an NTP step, a VM resumed after a pause or a live
+migration) between a kill and the resume: the resume's look for a create of unknown fate
+still lasts as long as the create may take to be listed, its rows are not created again."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
+from .proxy import MisbehavingProxy, Misbehaviour
+from .test_kill_points import KILL_HOOK
+
+#: ``time.time()`` of the process, moved by the seconds written in ``FAKE_CLOCK_FILE`` (a
+#: step of the wall clock; the monotonic clock goes on as it was).
+STEPPED_CLOCK = """
+import os, time
+_file = os.environ.get("FAKE_CLOCK_FILE")
+if _file:
+    _real = time.time
+    _step = float(open(_file).read() or 0)
+    time.time = lambda: _real() + _step
+"""
+
+
+async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: Path) -> None:
+    """Killed (SIGKILL) with a create applied and its answer not recorded; our clock then an
+    hour ahead (the service's is not); the service's task list lags its creates by 2 s. The
+    resume took the create for an hour old and gave the list one look, which missed it: its
+    500 rows were created again (billed twice, exit 0). Its age is now also read in the
+    service's clock, whose offset the resume learns first: the look waits for the list."""
+    n = 2500
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_HOOK + STEPPED_CLOCK)
+    clock = tmp_path / "step"
+    clock.write_text("0")
+    env = {
+        **ENV,
+        "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")]),
+        "FAKE_CLOCK_FILE": str(clock),
+    }
+    config = tmp_path / "c.toml"  # (a create's answer may take 3 s; the list lags 2 s)
+    config.write_text(
+        "[client.timeout]\ntotal = 3.0\n\n"
+        "[engine]\nlist_lag = 2.0\nchunk_size = 500\nmax_page_concurrency = 1\n"
+    )
+    proxy = MisbehavingProxy("", Misbehaviour(list_lag=2.0))
+    async with running_service(ServiceConfig(rate=5000.0)) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, str(manifest), "--config", str(config))
+            args += ["--state", str(tmp_path / "s.state"), "--linger", "0.2"]
+            args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
+            with anyio.fail_after(60):
+                killed = await anyio.run_process(
+                    args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
+                )
+            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
+            clock.write_text("3600")
+            with anyio.fail_after(60):
+                resumed = await anyio.run_process(args, check=False, env=env)
+        billed = svc.store.image_count
+        held = [i for t in svc.store.tasks.values() for i in t.ids]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
+    assert billed == n
