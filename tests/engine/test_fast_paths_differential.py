@@ -32,7 +32,7 @@ from fashiontag_pipeline.engine import manifest_bytes
 from fashiontag_pipeline.engine.plainbody import encode_requests
 from fashiontag_pipeline.engine.policy import item_size
 from fashiontag_pipeline.engine.rows import JsonLines, RowBatch
-from fashiontag_pipeline.engine.state import position
+from fashiontag_pipeline.engine.state import KeyedColumns, position
 from fashiontag_pipeline.engine.validate import Validator
 
 from .test_fast_paths import TRICKY_URLS, _batches, _csv_module_rows, as_structs
@@ -179,10 +179,23 @@ def _bounded(items: Any) -> None:
         assert size >= sum(map(item_size, items))
 
 
+def _keyed_as_pairs(items: Any) -> None:
+    """A block's columns (what the intake hands the dedupe, :class:`~.state.KeyedColumns`)
+    are its items' (id, position) pairs, as the list built row by row was."""
+    columns = getattr(items, "columns", None)
+    if columns is not None:
+        keyed = KeyedColumns(*columns)
+        pairs = [(ident, pos) for ident, pos, _ in items]
+        assert list(keyed) == pairs and len(keyed) == len(pairs)
+        assert [keyed[i] for i in range(len(pairs))] == pairs
+
+
 def _check_batch(batch: RowBatch, cwd: str, skip_upto: int) -> None:
     fast, slow = Validator(cwd=cwd), Validator(cwd=cwd)
     listed = _listed(batch)
     routed = fast.route(batch)
+    _keyed_as_pairs(routed[0])
+    _keyed_as_pairs(fast.route(listed)[0])  # (the csv module's rows: the parsed block)
     assert (as_structs(routed[0]), *routed[1:]) == slow.general(listed, route=True)
     _bounded(routed[0])
     checked = fast.validate(batch)
@@ -194,11 +207,13 @@ def _check_batch(batch: RowBatch, cwd: str, skip_upto: int) -> None:
     assert sent == encode([r for *_, r in general[0]])
     # A resume from inside the batch: the rows past it, as the general path takes them.
     resumed = fast.route(batch, skip_upto=skip_upto)
+    _keyed_as_pairs(resumed[0])
     assert (as_structs(resumed[0]), *resumed[1:]) == slow.general(
         _listed(batch, skip_upto), route=True
     )
     _bounded(resumed[0])
     items, rejects = fast.validate(batch, skip_upto=skip_upto)
+    _keyed_as_pairs(items)
     general = slow.general(_listed(batch, skip_upto))
     assert (as_structs(items), rejects) == (general[0], general[2])
 
