@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import gc
 import random
+import signal
 import struct
+import subprocess
 import sys
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
@@ -26,6 +29,9 @@ from fashiontag_pipeline.engine.plainblock import context_block, plain_block
 from fashiontag_pipeline.engine.policy import _body_encoder, encode_body
 from fashiontag_pipeline.engine.rows import PlainRows
 from fashiontag_pipeline.engine.state import POS_SHIFT, KeyedColumns, idruns, open_state
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import ENV, assert_exactly_once, run_args
 
 StateAt = Callable[[str], "Path | str"]
 
@@ -232,3 +238,79 @@ def test_a_blocks_columns_hold_only_what_its_items_hold() -> None:
         assert isinstance(positions, range) or all(
             a is b for a, (_, b, _) in zip(positions, block, strict=True)
         )
+
+
+def _manifests(folder: Path) -> tuple[list[Path], set[str], dict[tuple[str, int], str]]:
+    """Three manifests of one run whose blocks all take the columns: ``id,url`` lines (the
+    plain block), quoted CSV with a context column (the csv module's rows: the parsed block)
+    and JSONL with integer ids (the JSONL block); ids repeated inside blocks, across blocks
+    and across manifests. Returns (the manifests, the ids, each later row's (manifest, line)
+    -> the "first seen at" its duplicate reject names)."""
+    first: dict[str, tuple[str, int]] = {}
+    dups: dict[tuple[str, int], str] = {}
+    paths = []
+
+    def row(name: str, line: int, ident: str) -> None:
+        if ident in first:
+            seen, at = first[ident]
+            dups[(name, line)] = f"first seen at {seen} line {at})"
+        else:
+            first[ident] = (name, line)
+
+    plain = ["id,url"]
+    for k in range(4000):
+        ident = f"p{k - 37 if k % 53 == 52 else k}"  # (a repeat every 53 rows)
+        plain.append(f"{ident},https://img.example/p/{k}.jpg")
+        row("a.csv", len(plain), ident)
+    quoted = ["id,url,brand"]
+    for k in range(1500):
+        ident = f"p{k * 2}" if k % 10 == 0 else f"q{k}"  # (a.csv's ids again)
+        quoted.append(f'{ident},https://img.example/q/{k}.jpg,"acme, inc {k % 4}"')
+        row("b.csv", len(quoted), ident)
+    objects = []
+    for k in range(1500):
+        ident: Any = k if k % 3 else f"q{k}"  # (7 and "7": one id)
+        objects.append(msgspec.json.encode({"id": ident, "url": f"https://i.example/{k}"}).decode())
+        row("c.jsonl", len(objects), str(ident))
+    objects += [
+        msgspec.json.encode({"id": k, "url": "https://i.example/x"}).decode() for k in (1, 2)
+    ]
+    row("c.jsonl", len(objects) - 1, "1")
+    row("c.jsonl", len(objects), "2")
+    for name, lines in (("a.csv", plain), ("b.csv", quoted), ("c.jsonl", objects)):
+        path = folder / name
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths, set(first), dups
+
+
+async def test_a_run_of_blocks_killed_and_resumed_names_each_duplicates_first_row(
+    tmp_path: Path, state_location: StateAt
+) -> None:
+    """End to end, a kill -9 mid-run then the same command: every id once, and each later row
+    of an id (inside a block, across blocks and manifests) a duplicate naming the manifest and
+    line of its first row, as the pairs built row by row named it."""
+    manifests, ids, dups = _manifests(tmp_path)
+    out = tmp_path / "out.jsonl"
+    state = str(state_location("blocks"))
+    async with running_service(ServiceConfig(rate=4000.0)) as svc:
+        args = run_args(svc.url, out, "--state", state)
+        args += [str(path) for path in manifests]
+        args += ["--summary", str(tmp_path / "summary.json")]
+        proc = await anyio.open_process(args, stderr=subprocess.PIPE, env=ENV)
+        with anyio.fail_after(60):
+            while not out.exists() or out.stat().st_size == 0:
+                await anyio.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await proc.aclose()
+        final = await anyio.run_process(args, check=False, env=ENV)
+    assert final.returncode == 0, final.stderr.decode()[-3000:]
+    assert msgspec.json.decode((tmp_path / "summary.json").read_bytes())["opened"] == "resumed"
+    outcomes = assert_exactly_once(out, out.with_suffix(".rej"), ids, duplicates=len(dups))
+    named = sorted(
+        r["reason"].rsplit(" (", 1)[1].replace(str(tmp_path) + "/", "")
+        for r in outcomes.rejects
+        if r["reason"].startswith("duplicate id")
+    )
+    assert named == sorted(dups.values())
