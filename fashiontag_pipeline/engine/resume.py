@@ -213,9 +213,10 @@ def late_look(run: Engine, chunks: Sequence[tuple[Any, ...]], now: float) -> flo
     A create's age is the lesser of our clock's and the service's (``now`` corrected by the
     offset its ``Date`` shows): our clock stepped forward between the kill and the resume (an
     NTP step, a VM resumed) made a create sent a second before look an hour old, and a lagging
-    list given one look missed it (its rows created again, billed twice)."""
+    list given one look missed it (its rows created again, billed twice). The offset's lower
+    bound, not the write deadlines' upper one (``Date`` has whole seconds: up to 1 s older)."""
     window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
-    aged = now + min(0.0, run.client.server_clock.correction)
+    aged = now + min(0.0, run.client.server_clock.low or 0.0)
     late: float | None = None
     for _, state, task_id, token, _, written_at in chunks:
         if task_id is not None or token is None:

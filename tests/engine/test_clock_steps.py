@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import os
 import signal
+from datetime import UTC, datetime
+from email.utils import format_datetime
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 
+from fashiontag_pipeline._clock import ServerClock
+from fashiontag_pipeline._config import Timeout
+from fashiontag_pipeline.engine.resume import late_look
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
@@ -73,3 +80,22 @@ async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: P
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
     assert billed == n
+
+
+def test_the_age_in_the_services_clock_is_its_least_the_date_allows() -> None:
+    """Our clock an hour ahead of the service's after the kill; the create sent a moment
+    before it (the two clocks then agreed). The one ``Date`` seen (whole seconds: the
+    service's time 1,000,000.0 to 1,000,000.999) bounds the offset to [-3600.01, -3599.0]:
+    the look took the bound that makes the create oldest (the write deadlines' bound, -3599),
+    1 s off at worst, and ended up to 1 s before a create applied in its deadline's last
+    second was listed (its rows created again, billed twice). The lesser bound counts."""
+    clock = ServerClock()
+    now = 1_003_600.01  # (our clock, stepped an hour ahead)
+    clock.observe(format_datetime(datetime.fromtimestamp(1_000_000, UTC), usegmt=True), now, now)
+    run = SimpleNamespace(
+        client=SimpleNamespace(timeout=Timeout(total=3.0), server_clock=clock),
+        config=SimpleNamespace(list_lag=2.0),
+        jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=False)),
+    )
+    sent = 1_000_000.0  # (written ahead by our clock before the step: the service's then)
+    assert late_look(cast(Any, run), [(1, "pending", None, "r-t1", b"", sent)], now) >= 2.99
