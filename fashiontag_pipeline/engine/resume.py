@@ -90,7 +90,7 @@ async def reattach(run: Engine) -> list[Chunk]:
     run.writer.tokens_taken(c[3] for c in chunks if c[3] is not None)
     found_by_token: dict[str, Task] = {}
     if tokens:
-        late = late_look(run, chunks, time.time())
+        late = late_look(run, chunks, db.wall(), shared=db.shared_clock)
         if late > 0:
             # A wait a user would take for a hang is said at warning level (the default).
             (logger.warning if run.config.list_lag + late >= 10 else logger.info)(
@@ -200,7 +200,9 @@ async def reattach(run: Engine) -> list[Chunk]:
     return pending
 
 
-def late_look(run: Engine, chunks: Sequence[tuple[Any, ...]], now: float) -> float:
+def late_look(
+    run: Engine, chunks: Sequence[tuple[Any, ...]], now: float, *, shared: bool = False
+) -> float:
     """Seconds the resume's look for creates of unknown fate (``chunks`` as
     :meth:`~.state.StateStore.resume_chunks` gives them) lasts besides ``list_lag``: at most
     the client's request deadline (``total``, else ``connect + read``; 30 s at most in a
@@ -214,9 +216,12 @@ def late_look(run: Engine, chunks: Sequence[tuple[Any, ...]], now: float) -> flo
     offset its ``Date`` shows): our clock stepped forward between the kill and the resume (an
     NTP step, a VM resumed) made a create sent a second before look an hour old, and a lagging
     list given one look missed it (its rows created again, billed twice). The offset's lower
-    bound, not the write deadlines' upper one (``Date`` has whole seconds: up to 1 s older)."""
+    bound, not the write deadlines' upper one (``Date`` has whole seconds: up to 1 s older).
+    ``shared``: ``now`` and the chunks' times are a clock every machine of the state reads
+    alike (the database's: :meth:`~.state.StateStore.wall`), which no step of ours moves:
+    the age is read in it alone (our clock and another host's may differ by hours)."""
     window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
-    aged = now + min(0.0, run.client.server_clock.low or 0.0)
+    aged = now if shared else now + min(0.0, run.client.server_clock.low or 0.0)
     late: float | None = None
     for _, state, task_id, token, _, written_at in chunks:
         if task_id is not None or token is None:

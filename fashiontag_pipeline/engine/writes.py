@@ -99,7 +99,8 @@ class TaskWrites(WriteMoves):
         ``token_written``: the chunk's write-ahead recorded the task's token already."""
         recorded = token_written  # (the state holds this create's token for the chunk)
         if not token_written and not self._stopped():
-            await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token)])
+            now = self.journal.db.wall()  # (the state's clock, as every chunk time)
+            await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token, now)])
             recorded = True
         retry, unknown = False, 0.0  # (unknown: when the last send of unknown fate left)
         while True:
@@ -111,14 +112,14 @@ class TaskWrites(WriteMoves):
                 if self.current is task:
                     self.current = None
                 return True
-            sent = time.time()  # (a resume looks for it as long as it may be applied after)
+            sent = self.journal.db.wall()  # (a resume looks for it that long: see late_look)
             if retry:
                 await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
             retry = True
 
             async def again() -> None:  # (the client sends it again itself: after a 429)
                 nonlocal sent
-                sent = time.time()
+                sent = self.journal.db.wall()
                 await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
 
             hook = WRITE_AGAIN.set(again)

@@ -99,3 +99,55 @@ def test_the_age_in_the_services_clock_is_its_least_the_date_allows() -> None:
     )
     sent = 1_000_000.0  # (written ahead by our clock before the step: the service's then)
     assert late_look(cast(Any, run), [(1, "pending", None, "r-t1", b"", sent)], now) >= 2.99
+
+
+async def test_a_postgresql_state_resumed_on_a_host_whose_clock_is_ahead(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Two hosts sharing a PostgreSQL state (``fashiontag run`` resumed on another machine, a
+    daemon's manifest taken over): the first host's clock an hour behind the other's (a VM
+    without NTP), the service's and the database's agreeing with the second. Killed (SIGKILL)
+    with a create applied and its answer not recorded, resumed on the second host at once:
+    the resume judged the age of the create the first host wrote by its own clock, took it for
+    an hour old and gave the task list (lagging its creates by 2 s) one look, which missed it:
+    its 500 rows were created again (billed twice, exit 0). ``written_at`` is now the
+    database's time, and so is the resume's now: one clock for both hosts."""
+    n = 2500
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_HOOK + STEPPED_CLOCK)
+    clock = tmp_path / "step"
+    clock.write_text("-3600")  # (the first host: an hour behind)
+    env = {
+        **ENV,
+        "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")]),
+        "FAKE_CLOCK_FILE": str(clock),
+    }
+    config = tmp_path / "c.toml"  # (a create's answer may take 3 s; the list lags 2 s)
+    config.write_text(
+        "[client.timeout]\ntotal = 3.0\n\n"
+        "[engine]\nlist_lag = 2.0\nchunk_size = 500\nmax_page_concurrency = 1\n"
+    )
+    proxy = MisbehavingProxy("", Misbehaviour(list_lag=2.0))
+    async with running_service(ServiceConfig(rate=5000.0)) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, str(manifest), "--config", str(config))
+            args += ["--state", f"{postgres_url}#skew", "--linger", "0.2"]
+            args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
+            with anyio.fail_after(60):
+                killed = await anyio.run_process(
+                    args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
+                )
+            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
+            clock.write_text("0")  # (the second host, whose clock is right)
+            with anyio.fail_after(60):
+                resumed = await anyio.run_process(args, check=False, env=env)
+        billed = svc.store.image_count
+        held = [i for t in svc.store.tasks.values() for i in t.ids]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
+    assert billed == n

@@ -15,7 +15,6 @@ longer writable) | ``resolved`` (settled some other way: rejected, or re-sent in
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 __all__ = [
@@ -137,19 +136,20 @@ def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
     ]
 
 
-def chunk_token(chunk_id: int, token: str) -> Change:
-    """The chunk is about to create the task whose description carries ``token`` (now: see
-    :func:`chunk_sending`)."""
+def chunk_token(chunk_id: int, token: str, at: float) -> Change:
+    """The chunk is about to create the task whose description carries ``token`` (``at``: now,
+    in the state's clock, see :func:`chunk_sending`)."""
     return (
         "UPDATE chunks SET task_id=NULL, token=?, written_at=? WHERE chunk_id=?",
-        (token, time.time(), chunk_id),
+        (token, at, chunk_id),
     )
 
 
 def chunk_sending(chunk_id: int, at: float) -> Change:
-    """The chunk's create was sent (again) at ``at`` (wall clock), or its last send of unknown
-    fate was then: a resume looks for its task as long as it may be applied after that
-    (``chunks.written_at``; 0: no send of unknown fate, one look at the task list)."""
+    """The chunk's create was sent (again) at ``at`` (the state's clock: its ``wall()``), or its
+    last send of unknown fate was then: a resume looks for its task as long as it may be
+    applied after that (``chunks.written_at``; 0: no send of unknown fate, one look at the
+    task list)."""
     return ("UPDATE chunks SET written_at=? WHERE chunk_id=?", (at, chunk_id))
 
 

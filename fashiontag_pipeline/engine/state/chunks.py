@@ -29,6 +29,17 @@ class ChunkTables(JobTables):
     #: tables are versioned and have no such column: its bodies are read instead.
     chunk_ids: bool = True
 
+    #: Whether :meth:`wall` is a clock every process of the state reads alike (the database's),
+    #: not this machine's wall clock.
+    shared_clock: bool = False
+
+    def wall(self) -> float:
+        """Now in the state's clock (Unix seconds), the one ``chunks.written_at`` is written and
+        judged in: this machine's wall clock for a state file. A backend that other machines
+        share gives a clock they share (hosts' clocks differ: a time one writes, another
+        judging it by its own clock would read it off by as much). Thread-safe."""
+        return time.time()
+
     def split_chunk(
         self, chunk_id: int, parts: Sequence[tuple[int, int, bytes, bytes]]
     ) -> list[int]:
@@ -78,7 +89,7 @@ class ChunkTables(JobTables):
             (chunk_id,) = db.execute(
                 "INSERT INTO chunks (state, n, last_pos, token, task_id, written_at)"
                 " VALUES ('pending', ?, ?, ?, ?, ?) RETURNING chunk_id",
-                (n, last_pos, token, task_id, time.time()),
+                (n, last_pos, token, task_id, self.wall()),
             ).fetchone()
             self._insert_body(chunk_id, body, ids)
             if replaces is not None:

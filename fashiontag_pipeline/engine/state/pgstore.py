@@ -61,6 +61,9 @@ _NAME = re.compile(r"[a-z0-9_]{1,40}")
 #: Seconds a state's lock held by another session is tried again before the state is called in
 #: use (the session of a run that has just ended, or been killed, whose backend is ending).
 LOCK_GRACE = 2.0
+#: Seconds after which a write transaction reads the database's clock again (:meth:`wall`): a
+#: machine without NTP has a monotonic clock that drifts too (0.1 s an hour at 30 ppm).
+WALL_READ_AGAIN = 60.0
 #: A constant: the advisory lock (with the state's schema) that serializes creating a state.
 _CREATE_LOCK = 0x66747374  # "ftst"
 #: The meta key of the run holding the state alone (a token of its own, written as it opens):
@@ -193,6 +196,7 @@ class PostgresStateDB(StateStore):
                         (f"{max(1, round(idle_timeout * 1000))}ms",),
                     )
                 migrate(conn)
+                self._wall_at, self._wall_read = _database_time(conn), time.monotonic()
                 row = conn.execute("SELECT current_schema()").fetchone()
                 if row is None or row[0] is None:
                     raise exc.StateError(
@@ -212,6 +216,16 @@ class PostgresStateDB(StateStore):
 
     def __repr__(self) -> str:
         return f"PostgresStateDB({self.where!r})"
+
+    #: The database's clock: machines sharing the state (a run resumed on another, a daemon's
+    #: manifest taken over) have wall clocks seconds to hours apart (a VM without NTP).
+    shared_clock = True
+
+    def wall(self) -> float:
+        """The database's time now, Unix seconds: read at open, gone on by this process's
+        monotonic clock (a step of our wall clock meanwhile does not move it; up to the
+        round trip of that read ahead: a create taken for younger, looked for that longer)."""
+        return self._wall_at + time.monotonic()
 
     def _lock_alone(self, conn: psycopg.Connection[Any]) -> None:
         deadline = time.monotonic() + LOCK_GRACE
@@ -279,6 +293,12 @@ class PostgresStateDB(StateStore):
 
     def begin(self) -> None:
         self.db.execute("BEGIN")
+        if time.monotonic() - self._wall_read >= WALL_READ_AGAIN:
+            try:
+                self._wall_at, self._wall_read = _database_time(self.db), time.monotonic()
+            except BaseException:
+                self.rollback()
+                raise
         if self._fence is not None:
             try:
                 with state_errors(self._url, "check the lease"):
@@ -358,6 +378,14 @@ class PostgresStateDB(StateStore):
                 (list(first), list(first.values())),
             )
         return int(cur.rowcount)
+
+
+def _database_time(conn: psycopg.Connection[Any] | _Connection) -> float:
+    """The database's clock less our monotonic clock from before it was read (seconds)."""
+    began = time.monotonic()
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0]) - began
 
 
 def _add_written_at(conn: psycopg.Connection[Any], schema: str) -> None:

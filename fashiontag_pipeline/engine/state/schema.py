@@ -30,7 +30,8 @@ Schema::
                                n_ok: rows of the chunk the service accepted (an orphan:
                                its rows counted as submitted so far, NULL for none); an
                                accepted chunk is deleted when its task is drained or expired;
-                               written_at: wall-clock time (Unix seconds) the chunk was
+                               written_at: wall-clock time (Unix seconds; a PostgreSQL
+                               state's: the database's) the chunk was
                                written ahead, or its create last sent (a retry), after which
                                a create may have been on its way (NULL: unknown, in files of
                                earlier versions: a resume looks for its task the longest; 0:
