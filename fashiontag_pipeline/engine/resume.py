@@ -218,10 +218,16 @@ def late_look(
     list given one look missed it (its rows created again, billed twice). The offset's lower
     bound, not the write deadlines' upper one (``Date`` has whole seconds: up to 1 s older).
     ``shared``: ``now`` and the chunks' times are a clock every machine of the state reads
-    alike (the database's: :meth:`~.state.StateStore.wall`), which no step of ours moves:
-    the age is read in it alone (our clock and another host's may differ by hours)."""
+    alike (the database's: :meth:`~.state.StateStore.wall`), which no step of ours moves (our
+    clock and another host's may differ by hours). The age is still the lesser of that and
+    the service's: an older build wrote its host's clock there, which a database's clock an
+    hour ahead would have taken for an hour old (its rows created again, billed twice)."""
     window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
-    aged = now if shared else now + min(0.0, run.client.server_clock.low or 0.0)
+    low = run.client.server_clock.low  # (the service's clock less ours, its lower bound)
+    if not shared:
+        aged = now + min(0.0, low or 0.0)
+    else:  # (the service's clock itself: ours behind it would make every look the longest)
+        aged = now if low is None else min(now, time.time() + low)
     late: float | None = None
     for _, state, task_id, token, _, written_at in chunks:
         if task_id is not None or token is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ import anyio
 from fashiontag_pipeline._clock import ServerClock
 from fashiontag_pipeline._config import Timeout
 from fashiontag_pipeline.engine.resume import late_look
+from fashiontag_pipeline.engine.state.pgstore import state_schema
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
@@ -151,3 +153,88 @@ async def test_a_postgresql_state_resumed_on_a_host_whose_clock_is_ahead(
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
     assert billed == n
+
+
+async def test_an_older_builds_postgresql_state_whose_database_clock_is_ahead(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A PostgreSQL state written by an older build (``written_at`` in its host's clock) and
+    resumed by this one, the database's clock an hour ahead of the hosts' and the service's
+    (both agree). Killed (SIGKILL) with a create applied and its answer not recorded: the
+    resume judged the create's age by the database's clock alone, took it for an hour old and
+    gave the task list (lagging 2 s) one look, which missed it: its 500 rows were created again
+    (billed twice, exit 0). The age is now the lesser of the database's and the service's."""
+    import psycopg
+
+    n = 2500
+    manifest = write_csv(tmp_path / "m.csv", n)
+    out = tmp_path / "out.jsonl"
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_HOOK + STEPPED_CLOCK)
+    clock = tmp_path / "step"
+    clock.write_text("-3600")  # (the hosts and the service: an hour behind the database)
+    env = {
+        **ENV,
+        "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")]),
+        "FAKE_CLOCK_FILE": str(clock),
+    }
+    config = tmp_path / "c.toml"  # (a create's answer may take 3 s; the list lags 2 s)
+    config.write_text(
+        "[client.timeout]\ntotal = 3.0\n\n"
+        "[engine]\nlist_lag = 2.0\nchunk_size = 500\nmax_page_concurrency = 1\n"
+    )
+    # (the service's clock, its Date, an hour behind the database's as the hosts' are)
+    proxy = MisbehavingProxy("", Misbehaviour(list_lag=2.0, clock_ahead=-3600.0))
+    behind = ServiceConfig(rate=5000.0, clock=lambda: time.time() - 3600)
+    async with running_service(behind) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = run_args(proxy.url, out, str(manifest), "--config", str(config))
+            args += ["--state", f"{postgres_url}#older", "--linger", "0.2"]
+            args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
+            with anyio.fail_after(60):
+                killed = await anyio.run_process(
+                    args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
+                )
+            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
+            # What an older build wrote: its host's clock (an hour behind the database's).
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                base = conn.execute("SELECT current_schema()").fetchone()
+                assert base is not None
+                conn.execute(f"SET search_path = {state_schema(base[0], 'older')}")
+                changed = conn.execute(
+                    "UPDATE chunks SET written_at = written_at - 3600"
+                    " WHERE written_at > 0 AND task_id IS NULL AND token IS NOT NULL"
+                ).rowcount
+            assert changed >= 1
+            with anyio.fail_after(60):
+                resumed = await anyio.run_process(args, check=False, env=env)
+        billed = svc.store.image_count
+        held = [i for t in svc.store.tasks.values() for i in t.ids]
+    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
+    assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
+    assert billed == n
+
+
+def test_a_shared_clock_resumed_on_a_host_behind_the_service_looks_once() -> None:
+    """A PostgreSQL state (chunk times in the database's clock, which agrees with the
+    service's) resumed on a host whose clock is an hour behind both: a create sent a minute
+    before was given one look, not the whole deadline (the service's clock is read as it is,
+    not only when ours is ahead of it); one sent a second before is looked for."""
+    clock = ServerClock()
+    ours = time.time()
+    service = ours + 3600.0
+    when = datetime.fromtimestamp(int(service), UTC)
+    clock.observe(format_datetime(when, usegmt=True), ours, ours)
+    run = SimpleNamespace(
+        client=SimpleNamespace(timeout=Timeout(total=3.0), server_clock=clock),
+        config=SimpleNamespace(list_lag=2.0),
+        jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=False)),
+    )
+    db_now = service
+    old = [(1, "pending", None, "r-t1", b"", db_now - 60.0)]
+    assert late_look(cast(Any, run), old, db_now, shared=True) == -2.0
+    young = [(1, "pending", None, "r-t1", b"", db_now - 1.0)]
+    assert late_look(cast(Any, run), young, db_now, shared=True) >= 1.9
