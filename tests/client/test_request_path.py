@@ -3,6 +3,7 @@ request (not a per-read socket timer)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -184,3 +185,72 @@ def test_request_urls_built_from_parts_are_the_urls_parsed(base: str) -> None:
         expected = _seen(URL(urls.base + path + query, encoded=True))
         assert _seen(urls.url(path, query)) == expected
         assert _seen(parsed.url(path, query)) == expected
+
+
+async def test_request_heads_as_sent() -> None:
+    """Each operation's request line and headers on the wire, in order (the keys, the
+    language, a JSON body's type, the session's User-Agent, aiohttp's own), and a cookie a
+    front end sets on a read's answer sent back on every later read (the pool of writes has a
+    jar of its own: none set on a write's answer here)."""
+    from fashiontag_pipeline._exceptions import FashiontagError
+    from fashiontag_pipeline._models import BulkContext, Image, ImageType, TaggingRequest
+
+    seen: list[list[tuple[str, str]]] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        head = [(k.decode(), v.decode()) for k, v in request.raw_headers]
+        seen.append([(request.method, request.raw_path), *head])
+        if request.path.endswith("/tags"):
+            return web.json_response({"status": "success", "data": {"tags": []}})
+        if request.method != "GET":
+            answer = {"status": "success", "taskId": "t1", "validation": {"accept": 1}}
+            return web.json_response(answer, status=202)
+        if request.path.endswith("/status"):
+            task = {"taskId": "t1", "count": {"total": 1}, "taskStatus": "TASK_DONE"}
+            return web.json_response({"status": "success", "data": task})
+        response = web.json_response({"status": "success", "data": {"results": []}})
+        if request.path == "/":
+            response.set_cookie("lb", "node-2")
+        return response
+
+    request = TaggingRequest(Image(ImageType.URL, "https://x/1.jpg"), BulkContext("1"))
+    image = Image(ImageType.URL, "https://x/2.jpg")
+    async with serving(handler) as url:
+        url = url.replace("127.0.0.1", "localhost")  # (a cookie of an IP address is not kept)
+        async with TaggerClient(url, api_key="single", bulk_api_key="bulk") as client:
+            assert await client.probe() == 200
+            await client.task_results_raw("t1", offset=100, size=100)
+            await client.task_results_raw("t1", language="ko")
+            await client.task_status("t1")
+            with contextlib.suppress(FashiontagError):  # (the answers' shapes: not the point)
+                await client.create_task([request], description="d")
+            with contextlib.suppress(FashiontagError):
+                await client.append_to_task("t1", [request])
+            with contextlib.suppress(FashiontagError):
+                await client.tag_raw(image)
+            await client.task_results_raw("t1", offset=0, size=1)
+        host = url.removeprefix("http://")
+    plain = [("Accept", "*/*"), ("Accept-Encoding", "gzip, deflate")]
+    ua = ("User-Agent", "fashiontag_pipeline/0.1")
+    cookie = ("Cookie", "lb=node-2")
+    json_body = ("Content-Type", "application/json")
+
+    def read(line: tuple[str, str], *head: tuple[str, str]) -> list[tuple[str, str]]:
+        return [line, ("Host", host), ua, *head, *plain, cookie]
+
+    def write(line: tuple[str, str], key: str, n: int) -> list[tuple[str, str]]:
+        head = [("accept-language", "en"), ("x-api-key", key), json_body]
+        return [line, ("Host", host), ua, *head, *plain, ("Content-Length", str(n))]
+
+    bulk = [("accept-language", "en"), ("x-api-key", "bulk")]
+    assert seen[0] == [("GET", "/"), ("Host", host), ua, ("accept-language", "en"), *plain]
+    assert seen[1] == read(("GET", "/tagger/v2.12/bulk/t1?offset=100&size=100"), *bulk)
+    ko = [("accept-language", "ko"), ("x-api-key", "bulk")]
+    assert seen[2] == read(("GET", "/tagger/v2.12/bulk/t1?offset=0&size=100"), *ko)
+    assert seen[3] == read(("GET", "/tagger/v2.12/bulk/t1/status"), *bulk)
+    lengths = [int(dict(s)["Content-Length"]) for s in seen[4:7]]
+    assert seen[4] == write(("POST", "/tagger/v2.12/bulk"), "bulk", lengths[0])
+    assert seen[5] == write(("PUT", "/tagger/v2.12/bulk/t1"), "bulk", lengths[1])
+    assert seen[6] == write(("POST", "/tagger/v2/tags"), "single", lengths[2])
+    assert seen[7] == read(("GET", "/tagger/v2.12/bulk/t1?offset=0&size=1"), *bulk)
+    assert len(seen) == 8
