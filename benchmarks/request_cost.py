@@ -181,9 +181,10 @@ async def _child(args: argparse.Namespace) -> dict[str, list[float]]:
 
     from fashiontag_pipeline import TaggerClient
     from fashiontag_pipeline._bodies import bulk_body
-    from fashiontag_pipeline._client import _bulk_response_decoder, _status_decoder
+    from fashiontag_pipeline._client import _status_decoder
     from fashiontag_pipeline._config import DEV_BULK_API_KEY
     from fashiontag_pipeline._models import EncodedRequests
+    from fashiontag_pipeline._write_answer import _bulk_response_decoder
     from fashiontag_pipeline.engine.gcpolicy import tune_gc
 
     base, task = args.base_url, args.task

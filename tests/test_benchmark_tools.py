@@ -88,3 +88,25 @@ def test_context_manifest_is_validated_whole_and_the_script_sends_the_same_conte
     sent = msgspec.json.decode(msgspec.json.encode(body["taggingRequest"]))
     assert sent == msgspec.json.decode(msgspec.json.encode([r for *_, r in block]))
     assert sum(b'"season"' not in msgspec.json.encode(r) for *_, r in block) == 72  # 1 in 7
+
+
+def test_request_cost_child_imports_exist() -> None:
+    """``benchmarks.request_cost``'s child imports the package's names inside its function (so
+    that a mode's child loads only what it needs): each must still exist where it imports it
+    from, or every child fails at its start and the benchmark measures nothing."""
+    import ast
+    import importlib
+
+    import benchmarks.request_cost as request_cost
+
+    tree = ast.parse(Path(request_cost.__file__).read_text())
+    child = next(n for n in ast.walk(tree) if getattr(n, "name", None) == "_child")
+    imported = [
+        (node.module, alias.name)
+        for node in ast.walk(child)
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    ]
+    assert imported
+    for module, name in imported:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
