@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
@@ -37,12 +38,20 @@ if _file:
 """
 
 
-async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: Path) -> None:
-    """Killed (SIGKILL) with a create applied and its answer not recorded; our clock then an
-    hour ahead (the service's is not); the service's task list lags its creates by 2 s. The
-    resume took the create for an hour old and gave the list one look, which missed it: its
-    500 rows were created again (billed twice, exit 0). Its age is now also read in the
-    service's clock, whose offset the resume learns first: the look waits for the list."""
+async def killed_then_resumed(
+    tmp_path: Path,
+    state: str,
+    steps: tuple[str, str],
+    *,
+    service: ServiceConfig | None = None,
+    rules: Misbehaviour | None = None,
+    between: Callable[[], None] | None = None,
+) -> None:
+    """``fashiontag run`` of 2,500 rows killed (SIGKILL) with a create applied and its answer
+    not recorded, then ``between()`` and the same command again at once, with the service's
+    task list lagging its creates by 2 s; the process's ``time.time()`` moved by ``steps[0]``
+    seconds in the first run and ``steps[1]`` in the resume. Asserts every row once, none
+    created (billed) twice, exit 0."""
     n = 2500
     manifest = write_csv(tmp_path / "m.csv", n)
     out = tmp_path / "out.jsonl"
@@ -50,7 +59,7 @@ async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: P
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(KILL_HOOK + STEPPED_CLOCK)
     clock = tmp_path / "step"
-    clock.write_text("0")
+    clock.write_text(steps[0])
     env = {
         **ENV,
         "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")]),
@@ -61,19 +70,21 @@ async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: P
         "[client.timeout]\ntotal = 3.0\n\n"
         "[engine]\nlist_lag = 2.0\nchunk_size = 500\nmax_page_concurrency = 1\n"
     )
-    proxy = MisbehavingProxy("", Misbehaviour(list_lag=2.0))
-    async with running_service(ServiceConfig(rate=5000.0)) as svc:
+    proxy = MisbehavingProxy("", rules or Misbehaviour(list_lag=2.0))
+    async with running_service(service or ServiceConfig(rate=5000.0)) as svc:
         proxy.upstream = svc.url
         async with proxy.running():
             args = run_args(proxy.url, out, str(manifest), "--config", str(config))
-            args += ["--state", str(tmp_path / "s.state"), "--linger", "0.2"]
+            args += ["--state", state, "--linger", "0.2"]
             args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
             with anyio.fail_after(60):
                 killed = await anyio.run_process(
                     args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
                 )
             assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
-            clock.write_text("3600")
+            clock.write_text(steps[1])
+            if between is not None:
+                between()
             with anyio.fail_after(60):
                 resumed = await anyio.run_process(args, check=False, env=env)
         billed = svc.store.image_count
@@ -82,6 +93,15 @@ async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: P
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
     assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
     assert billed == n
+
+
+async def test_a_clock_stepped_forward_between_a_kill_and_the_resume(tmp_path: Path) -> None:
+    """Killed (SIGKILL) with a create applied and its answer not recorded; our clock then an
+    hour ahead (the service's is not); the service's task list lags its creates by 2 s. The
+    resume took the create for an hour old and gave the list one look, which missed it: its
+    500 rows were created again (billed twice, exit 0). Its age is now also read in the
+    service's clock, whose offset the resume learns first: the look waits for the list."""
+    await killed_then_resumed(tmp_path, str(tmp_path / "s.state"), ("0", "3600"))
 
 
 def test_the_age_in_the_services_clock_is_its_least_the_date_allows() -> None:
@@ -114,45 +134,8 @@ async def test_a_postgresql_state_resumed_on_a_host_whose_clock_is_ahead(
     an hour old and gave the task list (lagging its creates by 2 s) one look, which missed it:
     its 500 rows were created again (billed twice, exit 0). ``written_at`` is now the
     database's time, and so is the resume's now: one clock for both hosts."""
-    n = 2500
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out = tmp_path / "out.jsonl"
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(KILL_HOOK + STEPPED_CLOCK)
-    clock = tmp_path / "step"
-    clock.write_text("-3600")  # (the first host: an hour behind)
-    env = {
-        **ENV,
-        "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")]),
-        "FAKE_CLOCK_FILE": str(clock),
-    }
-    config = tmp_path / "c.toml"  # (a create's answer may take 3 s; the list lags 2 s)
-    config.write_text(
-        "[client.timeout]\ntotal = 3.0\n\n"
-        "[engine]\nlist_lag = 2.0\nchunk_size = 500\nmax_page_concurrency = 1\n"
-    )
-    proxy = MisbehavingProxy("", Misbehaviour(list_lag=2.0))
-    async with running_service(ServiceConfig(rate=5000.0)) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            args = run_args(proxy.url, out, str(manifest), "--config", str(config))
-            args += ["--state", f"{postgres_url}#skew", "--linger", "0.2"]
-            args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
-            with anyio.fail_after(60):
-                killed = await anyio.run_process(
-                    args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
-                )
-            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
-            clock.write_text("0")  # (the second host, whose clock is right)
-            with anyio.fail_after(60):
-                resumed = await anyio.run_process(args, check=False, env=env)
-        billed = svc.store.image_count
-        held = [i for t in svc.store.tasks.values() for i in t.ids]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
-    assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
-    assert billed == n
+    # (the first host an hour behind; the second, whose clock is right)
+    await killed_then_resumed(tmp_path, f"{postgres_url}#skew", ("-3600", "0"))
 
 
 async def test_an_older_builds_postgresql_state_whose_database_clock_is_ahead(
@@ -166,56 +149,27 @@ async def test_an_older_builds_postgresql_state_whose_database_clock_is_ahead(
     (billed twice, exit 0). The age is now the lesser of the database's and the service's."""
     import psycopg
 
-    n = 2500
-    manifest = write_csv(tmp_path / "m.csv", n)
-    out = tmp_path / "out.jsonl"
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(KILL_HOOK + STEPPED_CLOCK)
-    clock = tmp_path / "step"
-    clock.write_text("-3600")  # (the hosts and the service: an hour behind the database)
-    env = {
-        **ENV,
-        "PYTHONPATH": os.pathsep.join([str(hook), ENV.get("PYTHONPATH", "")]),
-        "FAKE_CLOCK_FILE": str(clock),
-    }
-    config = tmp_path / "c.toml"  # (a create's answer may take 3 s; the list lags 2 s)
-    config.write_text(
-        "[client.timeout]\ntotal = 3.0\n\n"
-        "[engine]\nlist_lag = 2.0\nchunk_size = 500\nmax_page_concurrency = 1\n"
+    def as_an_older_build_wrote() -> None:
+        """What an older build wrote: its host's clock (an hour behind the database's)."""
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            base = conn.execute("SELECT current_schema()").fetchone()
+            assert base is not None
+            conn.execute(f"SET search_path = {state_schema(base[0], 'older')}")
+            changed = conn.execute(
+                "UPDATE chunks SET written_at = written_at - 3600"
+                " WHERE written_at > 0 AND task_id IS NULL AND token IS NOT NULL"
+            ).rowcount
+        assert changed >= 1
+
+    # (the hosts and the service, its Date too, an hour behind the database)
+    await killed_then_resumed(
+        tmp_path,
+        f"{postgres_url}#older",
+        ("-3600", "-3600"),
+        service=ServiceConfig(rate=5000.0, clock=lambda: time.time() - 3600),
+        rules=Misbehaviour(list_lag=2.0, clock_ahead=-3600.0),
+        between=as_an_older_build_wrote,
     )
-    # (the service's clock, its Date, an hour behind the database's as the hosts' are)
-    proxy = MisbehavingProxy("", Misbehaviour(list_lag=2.0, clock_ahead=-3600.0))
-    behind = ServiceConfig(rate=5000.0, clock=lambda: time.time() - 3600)
-    async with running_service(behind) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            args = run_args(proxy.url, out, str(manifest), "--config", str(config))
-            args += ["--state", f"{postgres_url}#older", "--linger", "0.2"]
-            args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
-            with anyio.fail_after(60):
-                killed = await anyio.run_process(
-                    args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
-                )
-            assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
-            # What an older build wrote: its host's clock (an hour behind the database's).
-            with psycopg.connect(postgres_url, autocommit=True) as conn:
-                base = conn.execute("SELECT current_schema()").fetchone()
-                assert base is not None
-                conn.execute(f"SET search_path = {state_schema(base[0], 'older')}")
-                changed = conn.execute(
-                    "UPDATE chunks SET written_at = written_at - 3600"
-                    " WHERE written_at > 0 AND task_id IS NULL AND token IS NOT NULL"
-                ).rowcount
-            assert changed >= 1
-            with anyio.fail_after(60):
-                resumed = await anyio.run_process(args, check=False, env=env)
-        billed = svc.store.image_count
-        held = [i for t in svc.store.tasks.values() for i in t.ids]
-    assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
-    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(n))
-    assert len(held) == len(set(held)) == n, f"{len(held)} rows held for {n}"
-    assert billed == n
 
 
 def test_a_shared_clock_resumed_on_a_host_behind_the_service_looks_once() -> None:
