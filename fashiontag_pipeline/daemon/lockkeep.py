@@ -28,7 +28,7 @@ from typing import Protocol
 
 from .._exceptions import StateInUseError
 from .._postgres import is_postgres_url
-from ..engine.outfiles import keep_fresh, keep_lock_file
+from ..engine.outfiles import keep_fresh, keep_lock_file, sqlite_files
 
 __all__ = ["TAKEN_LOOKS", "HeldLock", "KeptLocks", "kept_store"]
 
@@ -69,9 +69,8 @@ class KeptFresh:
     tagged, and billed, again)."""
 
     def __init__(self, path: Path) -> None:
-        real = Path(os.path.realpath(path))
         self.path = path
-        self.files = (real, *(real.with_name(real.name + end) for end in ("-wal", "-shm")))
+        self.files = sqlite_files(Path(os.path.realpath(path)))
 
     def keep_lock(self) -> None:
         keep_fresh(*self.files)

@@ -32,6 +32,7 @@ __all__ = [
     "lock_file",
     "lock_output",
     "removed_from",
+    "sqlite_files",
 ]
 
 #: What a lock file holds: a line, so that a cleanup of empty files (``find DIR -empty
@@ -137,6 +138,12 @@ def keep_fresh(*paths: Path) -> None:
         with contextlib.suppress(OSError):
             if now - os.stat(path).st_mtime > TOUCH_AFTER:
                 os.utime(path)
+
+
+def sqlite_files(path: Path) -> tuple[Path, Path, Path]:
+    """The SQLite file at ``path`` and the ``-wal`` and ``-shm`` beside it (what
+    :func:`keep_fresh` keeps of a state or a result store a daemon holds)."""
+    return (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm"))
 
 
 def lock_output(fd: int, path: Path) -> None:

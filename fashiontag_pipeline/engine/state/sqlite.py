@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID, wal_begun
-from ..outfiles import keep_fresh, keep_lock_file, lock_file
+from ..outfiles import keep_fresh, keep_lock_file, lock_file, sqlite_files
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
@@ -276,8 +276,7 @@ class StateDB(DeferredIds, StateStore):
         (:func:`~..outfiles.keep_fresh`: an idle daemon writes none of them for weeks)."""
         if self._lock >= 0:
             self._lock = keep_lock_file(self._lock, self._lock_at, _locker(self.path))
-            real = self._lock_at.with_suffix("")  # (the file the lock is beside)
-            keep_fresh(real, *(real.with_name(real.name + end) for end in ("-wal", "-shm")))
+            keep_fresh(*sqlite_files(self._lock_at.with_suffix("")))  # (the file it is beside)
 
     def close(self) -> None:
         """Close the file and release its lock (idempotent). The ids waiting in ``ids_log``
