@@ -126,6 +126,19 @@ class ExpiredBehindFrontEnd(MisbehavingProxy):
         return web.json_response(body)
 
 
+def assert_dropped_task_expired(
+    proxy: ExpiredBehindFrontEnd, expired: set[str], out: Path, rejects: Path
+) -> None:
+    """The dropped task's status was asked for through its 410 pages, then the task taken as
+    gone: its rows (``expired``, some but not all of the 2,500) are ``expired`` rejects, every
+    other row read, each row once."""
+    assert proxy.gone >= 2 and 0 < len(expired) < 2500, len(expired)
+    outcomes = read_outcomes(out, rejects)
+    assert {row["id"] for row in outcomes.rejects} == expired
+    assert {row["stage"] for row in outcomes.rejects} == {"expired"}
+    assert_exactly_once(out, rejects, ids_of(2500))
+
+
 async def test_a_task_gone_behind_a_front_end_that_rewrites_its_410_is_given_up(
     tmp_path: Path,
 ) -> None:
@@ -149,12 +162,8 @@ async def test_a_task_gone_behind_a_front_end_that_rewrites_its_410_is_given_up(
                 )
         assert proxy.expired is not None
         expired = set(svc.store.tasks[proxy.expired].ids)
-    assert proxy.gone >= 2 and 0 < len(expired) < 2500, len(expired)
     assert done.returncode == 0, done.stderr.decode()[-800:]
-    outcomes = read_outcomes(out, out.with_suffix(".rej"))
-    assert {row["id"] for row in outcomes.rejects} == expired
-    assert {row["stage"] for row in outcomes.rejects} == {"expired"}
-    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(2500))
+    assert_dropped_task_expired(proxy, expired, out, out.with_suffix(".rej"))
 
 
 async def test_the_daemons_task_gone_behind_a_front_end_is_given_up_too(
@@ -185,9 +194,5 @@ async def test_the_daemons_task_gone_behind_a_front_end_is_given_up_too(
                 )
         assert proxy.expired is not None
         expired = set(svc.store.tasks[proxy.expired].ids)
-    assert proxy.gone >= 2 and 0 < len(expired) < 2500, len(expired)
     assert summary.complete
-    outcomes = read_outcomes(out, rej)
-    assert {row["id"] for row in outcomes.rejects} == expired
-    assert {row["stage"] for row in outcomes.rejects} == {"expired"}
-    assert_exactly_once(out, rej, ids_of(2500))
+    assert_dropped_task_expired(proxy, expired, out, rej)
