@@ -10,9 +10,9 @@ Every pair of ids :func:`~.idmatch.id_key` makes one shares a coarse key (the co
 id is that of its ``id_key``); the key is coarser (all whitespace dropped, a negative integer
 one with its positive), which only costs a row going to another task. It also undoes changes
 :func:`~.idmatch.id_key` does not (NFKC: full-width digits, ligatures; invisible characters
-dropped; percent escapes and ``+`` URL-decoded): a result under such a changed id is no row's,
-and its row is sent again, but one that was another id of the same task exactly would be taken
-for that row's.
+dropped; ``+`` URL-decoded): a result under such a changed id is no row's, and its row is sent
+again, but one that was another id of the same task exactly would be taken for that row's
+(percent escapes, which both decode, likewise).
 
 The keys are made for a chunk at once, by string operations in C over its ids joined by NUL
 (an id never holds one: the client refuses it), not one id at a time.

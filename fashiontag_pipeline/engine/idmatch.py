@@ -2,10 +2,11 @@
 
 The spec has the service return each result under the ``context.id`` it was sent, but services
 normalise the ids they echo: they strip or collapse whitespace, normalise Unicode (NFC), change
-letter case, write a numeric-looking id as a JSON number (``"id": 7`` for ``"007"``), or cut
-ids longer than some length. A result under an id never sent to its task is then no row's
-outcome as it stands, and every row of such a service would be sent (and billed) again
-``max_sends`` times, then rejected, although the service answered each one.
+letter case, write a numeric-looking id as a JSON number (``"id": 7`` for ``"007"``), cut
+ids longer than some length, or percent-encode (or decode) an id that is a URL. A result under
+an id never sent to its task is then no row's outcome as it stands, and every row of such a
+service would be sent (and billed) again ``max_sends`` times, then rejected, although the
+service answered each one.
 
 :func:`id_key` reduces an id to what those changes leave of it; :class:`IdMatcher` finds, among
 the ids sent to one task, the one a changed id stands for: the single sent id with the same key,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import bisect
 import re
 import unicodedata
+from urllib.parse import unquote
 
 __all__ = ["CUT_PAIR", "MIN_PREFIX", "EchoedIds", "IdMatcher", "id_key"]
 
@@ -38,12 +40,15 @@ _INTEGER = re.compile(r"([+-]?)0*([0-9]+)")
 
 
 def id_key(ident: str | int) -> str:
-    """``ident`` without what services change in ids they echo: surrounding and repeated
-    whitespace, Unicode form, letter case, and the leading zeros and plus sign of an integer
-    (``" 007 "``, ``"7"``, ``7`` and ``"+7"`` have one key)."""
+    """``ident`` without what services change in ids they echo: percent escapes, surrounding
+    and repeated whitespace, Unicode form, letter case, and the leading zeros and plus sign of
+    an integer (``" 007 "``, ``"7"``, ``7`` and ``"+7"`` have one key; ``"a%20b"`` and
+    ``"a b"`` too)."""
     if isinstance(ident, int):
         text = str(ident)
     else:
+        while "%" in ident and (decoded := unquote(ident)) != ident:
+            ident = decoded  # (as the coarse key: "%2541" is "%41", then "A")
         text = " ".join(unicodedata.normalize("NFC", ident).split())
         text = unicodedata.normalize("NFC", text.casefold())
     number = _INTEGER.fullmatch(text)

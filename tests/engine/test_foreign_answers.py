@@ -4,12 +4,12 @@ Each test runs the reference service behind the misbehaving proxy (:mod:`.proxy`
 every row ends once, none is billed again without need, and the run ends as it should. Found
 by a hunt, each failing before its fix:
 
-* **Ids changed on the way back** (whitespace stripped, Unicode NFC-normalised, case changed,
-  ids cut to 64 characters): every result came under an id never sent to its task, was left
-  out, and every row was sent (and billed) ``max_sends`` = 5 times, then written as an
-  ``unreturned`` reject: 1,500 rows billed 7,500 times, no result, exit 0. A numeric-looking id
-  echoed as a JSON number (``"id": 7`` for ``"7"`` or ``"007"``) made every page unreadable:
-  the run stopped with exit 1 after ten pages, and every resume did the same.
+* **Ids changed on the way back** (whitespace stripped, Unicode NFC-normalised, case changed, ids
+  cut to 64 characters, URLs percent-encoded or decoded): every result came under an id never sent
+  to its task, was left out, and every row was sent (and billed) ``max_sends`` = 5 times, then
+  written as an ``unreturned`` reject: 1,500 rows billed 7,500 times, no result, exit 0. A
+  numeric-looking id echoed as a JSON number (``"id": 7`` for ``"7"`` or ``"007"``) made every page
+  unreadable: the run stopped with exit 1 after ten pages, and every resume did the same.
 * **A task state the spec does not name** (``task_done``, ``TASK_FAILED``, ``CANCELLED``),
   even on another team's task in the key's list, made the whole list unreadable: the run
   stopped with exit 1 after ``give_up_after`` and could never finish; the daemon polled for
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +108,8 @@ def _cut_utf16(ident: str) -> str:
     return units.decode("utf-16-le", "surrogatepass")
 
 
+ROBE = "robe \u00e9t\u00e9 "
+
 #: name -> (the manifest's ids, what the service makes of each id it echoes)
 CHANGES: dict[str, tuple[list[str], Callable[[str], Any]]] = {
     "stripped": ([f"  sku {i}\t" for i in range(1500)], str.strip),
@@ -117,6 +120,16 @@ CHANGES: dict[str, tuple[list[str], Callable[[str], Any]]] = {
     "cut-in-an-emoji": (
         [f"{i:06d}-" + "x" * 56 + "\U0001f600" * 4 for i in range(1500)],
         _cut_utf16,
+    ),
+    # Ids that are the images' URLs, echoed as a service that keeps them as URLs writes them:
+    # spaces and accents percent-encoded (half of them hold none: those come back as sent).
+    "percent-encoded": (
+        [f"https://shop.example/p/{ROBE * (i % 2)}{i}.jpg" for i in range(1500)],
+        lambda s: urllib.parse.quote(s, safe=":/"),
+    ),
+    "percent-decoded": (
+        [f"https://shop.example/p/{'robe%20' * (i % 2)}{i}.jpg" for i in range(1500)],
+        urllib.parse.unquote,
     ),
     "a-number": ([str(i) for i in range(1500)], _number),
     "zeros-dropped": ([f"{i:08d}" for i in range(1500)], _number),
