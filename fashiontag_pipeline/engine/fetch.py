@@ -68,10 +68,12 @@ Fetched = FetchedRows | None | LostPage
 PAGE_ATTEMPTS = 4
 #: The pause before the first of those attempts again (doubled for each next one).
 PAGE_RETRY_DELAY = 0.1
-#: Seconds a task's pages are asked for again, past ``PAGE_ATTEMPTS``, while none of them has
-#: been read: a service whose status says done a moment before its results can be read
-#: refuses them meanwhile (a 400 "not ready": the spec shows no status code for it). Taken as
-#: empty at once, their rows were sent (and billed) again, and ten such pages stopped the run.
+#: Seconds from a task's first page refused past ``PAGE_ATTEMPTS`` during which its refused
+#: pages are asked for again: a service whose status says done a moment before its results can
+#: be read refuses them meanwhile (a 400 "not ready": the spec shows no status code for it),
+#: its first page or its later ones (a store readable part by part, a task back to processing
+#: for a moment). Taken as empty at once, their rows were sent (and billed) again, and ten such
+#: pages stopped the run.
 NOT_READY_GRACE = 10.0
 #: The longest pause between two of those attempts.
 NOT_READY_PAUSE = 1.0
@@ -231,7 +233,7 @@ class PageFetcher:
             reason = " ".join(str(problem).split())
             if unusable >= PAGE_ATTEMPTS and self._not_ready_yet(entry):
                 logger.info(
-                    "%s at offset %d: %s; no page of the task read yet: asking again",
+                    "%s at offset %d: %s; the task's pages may not be readable yet: asking again",
                     what,
                     offset,
                     reason,
@@ -265,7 +267,6 @@ class PageFetcher:
             await anyio.sleep(min(NOT_READY_PAUSE, PAGE_RETRY_DELAY * 2 ** (unusable - 1)))
         self.budget.ok()
         self._unreadable = 0
-        entry.readable = True
         rows, all_success = screen(decoded)
         if len(rows) < len(decoded):
             _no_result(entry, decoded, rows, self.client.masked)
@@ -367,10 +368,12 @@ class PageFetcher:
 
     @staticmethod
     def _not_ready_yet(entry: TaskEntry) -> bool:
-        """Whether a refused page of ``entry`` is asked for again past ``PAGE_ATTEMPTS``: no
-        page of the task has been read, and its first refusal is under ``NOT_READY_GRACE``
-        seconds old."""
-        if entry.readable or entry.ended is not None:
+        """Whether a refused page of ``entry`` is asked for again past ``PAGE_ATTEMPTS``: the
+        task's first such refusal is under ``NOT_READY_GRACE`` seconds old, whether or not
+        another page of it was read (only while none was, before: a service that answered its
+        first page and refused the others with 400 for 2 s, the task back to processing, had
+        up to 1,400 rows of 2,000 billed twice)."""
+        if entry.ended is not None:
             return False
         now = time.monotonic()
         if entry.refused_at is None:

@@ -88,6 +88,10 @@ class Misbehaviour:
     refuse_page: dict[int, int] = field(default_factory=dict)
     #: Every results page of every task refused with 400 (a service whose paging API changed).
     refuse_all_pages: bool = False
+    #: For this many seconds after a task's first results page is served, every other page of
+    #: it is refused with 400 and the spec's failure body (a store readable part by part, a
+    #: task back to processing for a moment: the spec shows no status code for "not ready").
+    refuse_after_first_page: float = 0.0
     #: Task ordinals forgotten at their first PUT (answered 404, like every later request).
     forget_at_first_put: set[int] = field(default_factory=set)
     #: Seconds the proxy's ``Date`` header runs ahead of real time.
@@ -292,6 +296,8 @@ class MisbehavingProxy:
         #: Status polls answered 404 under ``status_lag``.
         self.status_lagged = 0
         self.pages_served: dict[str, int] = {}
+        #: When each task's first results page was served (monotonic seconds).
+        self.first_page_at: dict[str, float] = {}
         self.puts_refused = 0
         self.left_out = 0
         self.real_totals: dict[str, int] = {}
@@ -490,6 +496,12 @@ class MisbehavingProxy:
             or (self.rules.refuse_past_end and real is not None and offset >= real)
             or (refused is not None and offset == refused and not path.endswith("/status"))
             or (self.rules.refuse_all_pages and task_id and not path.endswith("/status"))
+            or (
+                task_id in self.first_page_at
+                and not path.endswith("/status")
+                and time.monotonic() - self.first_page_at[task_id or ""]
+                < self.rules.refuse_after_first_page
+            )
         ):
             self.refused_pages += 1
             return web.json_response(
@@ -773,6 +785,7 @@ class MisbehavingProxy:
             n = self.ordinal(task_id)
             served = self.pages_served.get(task_id, 0) + 1
             self.pages_served[task_id] = served
+            self.first_page_at.setdefault(task_id, time.monotonic())
             limit = rules.forget_after_pages.get(n or 0)
             if limit is not None and served >= limit:
                 self.forgotten.add(task_id)
