@@ -26,9 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .._exceptions import StateInUseError
+from .._exceptions import ResultStoreError, StateError, StateInUseError
 from .._postgres import is_postgres_url
-from ..engine.outfiles import keep_fresh, keep_lock_file, sqlite_files
+from ..engine.outfiles import first_gone, identities, keep_fresh, keep_lock_file, sqlite_files
 
 __all__ = ["TAKEN_LOOKS", "HeldLock", "KeptLocks", "kept_store"]
 
@@ -71,9 +71,17 @@ class KeptFresh:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.files = sqlite_files(Path(os.path.realpath(path)))
+        self._held = identities(*self.files)  # (as opened: one removed stops the daemon)
 
     def keep_lock(self) -> None:
         keep_fresh(*self.files)
+        gone = first_gone(self._held)
+        if gone is not None:
+            raise ResultStoreError(
+                f"result store {self.path}: {gone} was removed (or replaced) while the store"
+                " was open; stopping before more results are stored into the removed file"
+            )
+        self._held.update(identities(*(at for at in self.files if at not in self._held)))
 
 
 def kept_store(location: str | Path | None) -> list[Kept]:
@@ -95,6 +103,8 @@ class KeptLocks:
         self._drained = False
         #: Why the daemon drains: a lock made again held by another process for a few looks.
         self.taken: str | None = None
+        #: Why the daemon stops (exit 1): its state file or result store removed under it.
+        self.gone: StateError | ResultStoreError | None = None
 
     def keep(self) -> None:
         taken = trouble = None
@@ -103,6 +113,8 @@ class KeptLocks:
                 held.keep_lock()
             except StateInUseError as err:
                 taken = str(err)
+            except (StateError, ResultStoreError) as err:  # (a file removed under it)
+                self.gone = self.gone or err
             except OSError as err:  # (the folder removed, a read-only mount: said once)
                 trouble = f"{getattr(held, 'path', 'the state')}: {err.strerror or err}"
         if trouble is not None and trouble != self._said:

@@ -51,7 +51,8 @@ def state_file_problem(path: Path) -> str | None:
 
 async def watch_state_file(health: Health, path: Path, locks: KeptLocks | None = None) -> None:
     """Tell ``health`` whether the state file can be written, every :data:`WATCH_INTERVAL`;
-    the daemon's lock files are kept at each look (``locks``, see :mod:`.lockkeep`)."""
+    the daemon's lock files are kept at each look (``locks``, see :mod:`.lockkeep`), and its
+    state file or result store found removed under it stops it (raised)."""
 
     def look() -> str | None:
         if locks is not None:
@@ -64,6 +65,10 @@ async def watch_state_file(health: Health, path: Path, locks: KeptLocks | None =
             health.mark_store_writable()
         else:
             health.mark_store_unwritable(problem)
+        if locks is not None and locks.gone is not None:
+            # (/readyz first; the error stops the daemon: exit 1, the supervisor restarts it)
+            health.mark_store_unwritable(str(locks.gone))
+            raise locks.gone
         if locks is not None:
             locks.react()
         await anyio.sleep(WATCH_INTERVAL)

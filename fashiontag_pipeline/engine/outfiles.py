@@ -26,6 +26,8 @@ from .._exceptions import StateInUseError
 __all__ = [
     "LOCK_NOTE",
     "TOUCH_AFTER",
+    "first_gone",
+    "identities",
     "keep_fresh",
     "keep_lock_file",
     "lock_exclusively",
@@ -138,6 +140,35 @@ def keep_fresh(*paths: Path) -> None:
         with contextlib.suppress(OSError):
             if now - os.stat(path).st_mtime > TOUCH_AFTER:
                 os.utime(path)
+
+
+def identities(*paths: Path) -> dict[Path, tuple[int, int]]:
+    """Which file each of ``paths`` there now is (``st_dev``, ``st_ino``; one not there is
+    left out): the files a process holds open for weeks, looked at by :func:`first_gone`."""
+    found = {}
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            found[path] = (st.st_dev, st.st_ino)
+    return found
+
+
+def first_gone(held: dict[Path, tuple[int, int]]) -> Path | None:
+    """The first of the files ``held`` (:func:`identities` of the files open) no longer at its
+    path: removed (``rm state.db``, a cleanup by name), or another file there (moved over
+    it). A daemon went on committing into its removed state file, saying nothing, and its next
+    start began an empty state. A path that cannot be looked at (permissions, an I/O error)
+    is not called gone."""
+    for path, ids in held.items():
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return path
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) != ids:
+            return path
+    return None
 
 
 def sqlite_files(path: Path) -> tuple[Path, Path, Path]:

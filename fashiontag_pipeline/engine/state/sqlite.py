@@ -8,6 +8,7 @@ and write volume, and inserts a batch's new ids in one statement.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID, wal_begun
-from ..outfiles import keep_fresh, keep_lock_file, lock_file, sqlite_files
+from ..outfiles import first_gone, identities, keep_fresh, keep_lock_file, lock_file, sqlite_files
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
@@ -171,6 +172,9 @@ class StateDB(DeferredIds, StateStore):
             if isinstance(err, sqlite3.Error):
                 raise exc.StateError(f"cannot use state file {path}: {err}") from None
             raise
+        #: The state file, its -wal and -shm as opened (:meth:`keep_lock`); one removed.
+        self._held = identities(*self._files())
+        self._gone: Path | None = None
 
     @staticmethod
     def _connect(path: Path, cache_kib: int) -> sqlite3.Connection:
@@ -274,9 +278,54 @@ class StateDB(DeferredIds, StateStore):
         leads elsewhere (a lock beside the new file would leave the old one unlocked). The
         state file, its ``-wal`` and ``-shm`` are kept from a cleanup by age too
         (:func:`~..outfiles.keep_fresh`: an idle daemon writes none of them for weeks)."""
-        if self._lock >= 0:
-            self._lock = keep_lock_file(self._lock, self._lock_at, _locker(self.path))
-            keep_fresh(*sqlite_files(self._lock_at.with_suffix("")))  # (the file it is beside)
+        if self._lock < 0:
+            return
+        self._lock = keep_lock_file(self._lock, self._lock_at, _locker(self.path))
+        files = self._files()
+        keep_fresh(*files)
+        gone = first_gone(self._held)
+        if gone is not None:
+            self._gone = gone
+            raise exc.StateError(
+                f"state file {self.path}: {gone} was removed (or replaced) while the state was"
+                " open; stopping before more is committed into the removed file (what it"
+                " holds is written back at the stop when nothing is at its path)"
+            )
+        self._held.update(identities(*(at for at in files if at not in self._held)))
+
+    def _files(self) -> tuple[Path, Path, Path]:
+        """The state file (the one its lock is beside), its ``-wal`` and ``-shm``."""
+        return sqlite_files(self._lock_at.with_suffix(""))
+
+    def _copy_back(self) -> Path | None:
+        """The state file removed under this process (:meth:`keep_lock`) copied, beside its
+        path, from the connection that still holds it (committed, the removed ``-wal``'s
+        commits too), put at its path once closed (:meth:`close`); None when another file was
+        put there, or its ``-wal`` alone was removed (the close's checkpoint copies it into
+        the file: nothing lost)."""
+        path = self._files()[0]
+        if self._gone != path or os.path.lexists(path):
+            return None
+        copy_at = path.with_name(f".{path.name}.{os.getpid()}.back")
+        try:
+            with contextlib.closing(sqlite3.connect(copy_at)) as copy:
+                self.db.backup(copy)
+        except (OSError, sqlite3.Error) as err:
+            logger.error("%s: removed while open, and not written back: %s", self.where, err)
+            return None
+        return copy_at
+
+    def _put_back(self, copy_at: Path) -> None:
+        """The copy of :meth:`_copy_back` at the state file's path (once the connection to the
+        removed file is closed: its close removes the ``-wal`` and ``-shm`` at the path)."""
+        path = self._files()[0]
+        try:
+            os.link(copy_at, path)  # (never over a file put there meanwhile)
+            os.unlink(copy_at)
+        except OSError as err:
+            logger.error("%s: removed while open; its copy is %s (%s)", self.where, copy_at, err)
+        else:
+            logger.warning("%s: removed while open; written back from the open state", self.where)
 
     def close(self) -> None:
         """Close the file and release its lock (idempotent). The ids waiting in ``ids_log``
@@ -287,11 +336,14 @@ class StateDB(DeferredIds, StateStore):
             self._ids_close()
         except sqlite3.Error as err:
             logger.warning("%s: ids left in ids_log for the next start: %s", self.where, err)
+        copy_at = self._copy_back() if self._gone is not None else None
         lock, self._lock = self._lock, -1
         try:
             self.db.close()
         finally:
             os.close(lock)
+        if copy_at is not None:
+            self._put_back(copy_at)
 
     def begin(self) -> None:
         # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
