@@ -152,6 +152,7 @@ class Daemon(DaemonMonitor):
                     fail_fast=False,
                     max_pending_rows=self.max_pending_rows,
                     reuse=reuse,
+                    keep_state=False,  # (kept at each look of the health loop)
                 )
                 self._engine = engine
                 engine.writer.more_input = self.more_claims  # (a burst shares its tasks)

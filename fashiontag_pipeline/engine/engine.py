@@ -58,6 +58,7 @@ from .single import SingleRouter
 from .source import ManifestReader
 from .state import Journal, Reconciliation, RunState, StateStore
 from .state.store import JobRow
+from .statekeep import keep_state
 from .submits import NOT_STARTED, RUNS_ONCE, Submits
 from .tracker import TaskBook, Tracker
 from .validate import Item, SingleItem, Validator
@@ -85,7 +86,8 @@ class Engine:
     the engine (``run``); otherwise only its job fails (the daemon). ``max_pending_rows``:
     the source waits while more rows than this are taken in without an outcome, so a job
     submitted later reaches the service within seconds (None: no bound). ``reuse``: the result
-    store of ``--reuse`` (:class:`~.reuse.ReuseHook`; None: every row is sent)."""
+    store of ``--reuse`` (:class:`~.reuse.ReuseHook`; None: every row is sent); ``keep_state``:
+    keep the state's lock file while it runs (:mod:`.statekeep`; the daemon keeps its own)."""
 
     def __init__(
         self,
@@ -99,13 +101,14 @@ class Engine:
         fail_fast: bool = True,
         max_pending_rows: int | None = None,
         reuse: ReuseHook | None = None,
+        keep_state: bool = True,
     ) -> None:
         self.client = client
         self.config = config
         self.state = state
         self.control = control or RunControl()
         self.jobs = Jobs(IdSpace(namespaced))
-        self.reuse = reuse
+        self.reuse, self.keep_state = reuse, keep_state
         self.journal = Journal(
             db,
             self.jobs,
@@ -297,6 +300,8 @@ class Engine:
         item_send, item_recv = anyio.create_memory_object_stream[list[Item]](q)
         single_send, single_recv = anyio.create_memory_object_stream[list[SingleItem]](q)
         tg.start_soon(watch_control, self, tg)
+        if self.keep_state:
+            tg.start_soon(keep_state, self.journal.db)
         self.writer.active += 1  # held until the resumed chunks are dispatched
         tg.start_soon(self.writer.run, item_recv)
         try:
