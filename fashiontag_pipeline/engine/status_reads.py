@@ -67,6 +67,9 @@ class StatusReads:
         #: Task id -> the service's words, for the tasks whose status was answered 410 (gone:
         #: the task expired, its results with it), until the tracker takes them.
         self.gone: dict[str, str] = {}
+        #: The tasks of :attr:`gone` taken so on a front end's 410 pages alone, which the
+        #: tracker takes as gone only when the task list does not hold them.
+        self.paged: set[str] = set()
 
     async def read(
         self, task_ids: list[str], *, answered: bool
@@ -93,6 +96,8 @@ class StatusReads:
                         return
                     # Gone (410): the task expired, and its results cannot be read any more.
                     self.gone[task_id] = err.service_message or str(err)
+                    if err.foreign:
+                        self.paged.add(task_id)
                     task = None
                 except exc.ResultsNotReadyError as err:
                     failed[task_id] = poll_fault(err)

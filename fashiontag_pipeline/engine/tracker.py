@@ -252,6 +252,33 @@ class Tracker:
             self.retried += 1
         return found, unread
 
+    async def _gone_unless_listed(self, listed: dict[str, Task]) -> dict[str, Task]:
+        """``listed`` with the tasks taken as gone on a front end's 410 pages alone
+        (:attr:`StatusReads.paged`) that the whole task list holds (read page by page): a
+        task the service lists is not gone. Before, a task behind a route switched for
+        minutes (its status the front end's page, the service answering the rest) was taken
+        as gone after ``FRONT_END_GONE_AFTER`` and its rows written ``expired`` (tagged,
+        billed, never read). A list not given leaves them gone (the bound stays finite)."""
+        paged, self.reads.paged = self.reads.paged, set()
+        try:
+            every = {t.task_id: t for t in await self.client.all_tasks(page_size=LIST_PAGE_SIZE)}
+        except REFUSED as err:
+            raise refused(err) from err
+        except exc.FashiontagError:
+            return listed
+        for task_id in paged:
+            task = every.get(task_id)
+            if task is not None and self.reads.gone.pop(task_id, None) is not None:
+                logger.warning(
+                    "task %s: its status is a front end's 410 page, but the service lists it"
+                    " (%s): not gone; its status is asked again",
+                    task_id,
+                    task.task_status,
+                    extra={"task_id": task_id},
+                )
+                listed = {**listed, task_id: task}
+        return listed
+
     def _note_status(self, task: Task) -> None:
         """Say once per word that a task's status is none the spec names (``TASK_QUEUED``):
         it is taken as processing, under ``stall_timeout`` like any task that does not
@@ -289,6 +316,8 @@ class Tracker:
         if missing:
             found, unread_too = await self._status_of(missing, answered=True)
             listed, unread = {**listed, **found}, unread | unread_too
+        if self.reads.paged:
+            listed = await self._gone_unless_listed(listed)
         self.reads.keep_only(unread)
         now = self.clock()
         done: set[str] = set()

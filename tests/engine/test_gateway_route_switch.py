@@ -1,0 +1,110 @@
+"""A front end switching a route (minutes: a deploy, a blue/green switch) answers one task's
+status with its own ``410 Gone`` page while the service behind it still has the task, and
+lists it. The daemon (no ``give_up_after``) took such a task as gone after
+``FRONT_END_GONE_AFTER`` (120 s) of pages while the service answered the rest: its rows were
+written ``expired`` (tagged, billed, their results never read). A task the service lists is
+not gone: the list is read again before one is taken as gone."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+from aiohttp import web
+
+from fashiontag_pipeline.engine import run_pipeline, status_reads, tracker
+from fashiontag_pipeline.service import ServiceConfig, running_service
+
+from .helpers import TASKS_OF_1000, assert_exactly_once, client_config, ids_of, write_csv
+from .proxy import BULK, MisbehavingProxy, Misbehaviour
+from .test_gateway_gone import GONE_PAGE
+
+#: Other tasks of the key (another team's, newer than the run's): the list's first page.
+_OTHERS = [
+    {
+        "taskId": f"other-{n}",
+        "count": {"total": 5, "done": 5, "processing": 0, "failure": 0},
+        "description": "another team's catalogue",
+        "taskStatus": "DONE",
+        "createDate": "2026-01-01T00:00:00.000Z",
+    }
+    for n in range(40)
+]
+
+
+class RouteSwitch(MisbehavingProxy):
+    """The first task's status answered with the front end's 410 page for ``seconds`` from
+    the first such answer; the key's list paged with :data:`_OTHERS` before the run's tasks
+    (newer: the run's tasks are past the first page); the rest forwarded."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__("", Misbehaviour())
+        self.seconds = seconds
+        self.first: str | None = None
+        self.since: float | None = None
+        self.pages = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if self.first is not None and path == f"{BULK}/{self.first}/status":
+            self.since = self.since or time.monotonic()
+            if time.monotonic() - self.since < self.seconds:
+                self.pages += 1
+                return web.Response(status=410, body=GONE_PAGE, content_type="text/html")
+        if request.method == "GET" and path == BULK:
+            return await self._listed(request)
+        answer = await super().handle(request)
+        created = request.method == "POST" and path == BULK
+        if created and isinstance(answer, web.Response) and answer.status < 300 and answer.body:
+            body = bytes(answer.body)  # type: ignore[arg-type]
+            self.first = self.first or json.loads(body)["taskId"]
+        return answer
+
+    async def _listed(self, request: web.Request) -> web.Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
+        async with self._session.get(self.upstream + BULK, headers=headers) as upstream:
+            body = await upstream.json()
+        tasks = _OTHERS + body["data"]["tasks"]
+        offset = int(request.query.get("offset", "0"))
+        size = int(request.query.get("size", str(len(tasks))))
+        info = {"totalCount": len(tasks), "offset": offset, "size": size}
+        page = tasks[offset : offset + size]
+        return web.json_response({"status": "success", "data": {"taskInfo": info, "tasks": page}})
+
+
+async def test_a_task_the_service_lists_is_not_taken_as_gone_behind_a_route_switch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's engine (``give_up_after`` infinite), its bound 1 s here for 120 s, the
+    route switched for 3 s (for 3 minutes), the run's tasks past the list's first page (a key
+    with more newer tasks than a page: read by their statuses)."""
+    monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
+    monkeypatch.setattr(tracker, "LIST_PAGE_SIZE", 10)  # (the list's first page: others')
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(TASKS_OF_1000, give_up_after=math.inf)
+    proxy = RouteSwitch(3.0)
+    async with running_service(ServiceConfig(rate=400.0)) as svc:  # (5 s for the 2,000)
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(60):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=tmp_path / "run.state",
+                    engine=engine,
+                )
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    assert summary.complete and proxy.pages >= 2, proxy.pages
+    # Before: the first task's 1,000 rows were `expired` rejects, tagged and billed.
+    rejected = rej.read_text().splitlines() if rej.exists() else []
+    assert not rejected, rejected[:1]
+    assert_exactly_once(out, rej, ids_of(2000))
+    assert billed == 2000
