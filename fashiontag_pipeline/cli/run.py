@@ -239,7 +239,7 @@ def _same_file(
         named.append(("--state", state))
     if reuse is not None and not is_postgres_url(reuse):
         named.append(("--reuse", Path(reuse)))
-    named += [("manifest", Path(m)) for m in manifests if m != "-"]
+    named += [("manifest", Path(m)) for m in manifests]  # (-: the file stdin is, if any)
     return same_file(named)
 
 

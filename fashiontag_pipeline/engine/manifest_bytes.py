@@ -76,6 +76,16 @@ def csv_head(data: bytes) -> bool:
 _NOT_THE_FILE_TAGGED = "the file at the path is no longer the one tagged"
 
 
+def stdin_file() -> os.stat_result | None:
+    """The regular file stdin is (``run - < products.jsonl``), None when it is none (a pipe,
+    closed): a run's outputs are checked against it, as against a manifest named."""
+    try:
+        info = os.fstat(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):  # (None, closed, a stand-in)
+        return None
+    return info if stat.S_ISREG(info.st_mode) else None
+
+
 class ReadEnd:
     """A manifest file as its reader found it (device, inode, size) and whether the reader
     reached its end: a few ints a run keeps until it ends, when :meth:`changed` looks at the

@@ -316,12 +316,13 @@ async def _open_inputs(
     state_path = state if state is not None else default_state_path(out)
     named: list[tuple[str, Path | str]] = [("results", out), ("rejects", rejects)]
     named += [("manifest", name) for name in names if name != STDIN]
+    read: list[tuple[str, Path | str]] = [("manifest", STDIN)] if STDIN in names else []
     if isinstance(state_path, Path) or (isinstance(state_path, str) and "://" not in state_path):
         named.append(("state", state_path))
     problem = not_state_file(named) or not_utf8(named)
     problem = problem or not_a_file([("results", out), ("rejects", rejects)])
     # An output on a manifest or the state destroys it (the sinks cut it to 0 bytes).
-    problem = problem or same_file(_own_files(out, rejects, named, engine.reuse))
+    problem = problem or same_file(_own_files(out, rejects, named, engine.reuse) + read)
     if problem is not None:  # refused before anything is made
         raise exc.ConfigError(problem)
     # Another run writing an output refuses this one before its state is made, so that the

@@ -20,6 +20,7 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._config import ClientConfig
 from .config import EngineConfig
+from .manifest_bytes import stdin_file
 from .outfiles import lock_output
 from .outnames import COMPRESSED_SUFFIXES, compressed_name, finish_older, undecodable_path
 from .sinks import committed_last_id
@@ -246,12 +247,16 @@ def same_file(named: Sequence[tuple[str, Path | str]]) -> str | None:
     for what, path in named:
         # An existing file is known by its inode, so a hard link is the same file too.
         try:
-            info = os.stat(path)
-            key: object = (info.st_dev, info.st_ino)
+            info = stdin_file() if what == "manifest" and str(path) == "-" else os.stat(path)
+            key: object = (info.st_dev, info.st_ino) if info else None
         except OSError:
             key = os.path.realpath(path)
+        if key is None:
+            continue  # stdin that is no file (a pipe, closed): no output can be it
         if key in seen:
             first, at = seen[key]
+            if str(path) == "-" and what == "manifest":
+                return f"{first} {at} is the file stdin reads (< {at}): give each its own file"
             if first == what == "manifest":  # (which two, else: "manifest and manifest")
                 if os.path.abspath(at) == os.path.abspath(path):
                     return f"manifest {at} is given twice: give it once"

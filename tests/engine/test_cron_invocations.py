@@ -336,3 +336,36 @@ async def test_a_folder_given_as_the_summary_or_state_is_refused_before_any_requ
     assert f"{which} {folder} is a folder" in err, err
     assert tasks == 0, "rows were tagged for a run that cannot say what it did"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "reports"]
+
+
+@pytest.mark.parametrize("target", ["--out", "--rejects", "--summary"])
+async def test_an_output_on_the_file_stdin_reads_is_refused(tmp_path: Path, target: str) -> None:
+    """``fashiontag run - --out products.jsonl < products.jsonl`` (the catalogue redirected to
+    stdin, its own name given as an output by a slip): a manifest named so is refused, but
+    stdin's file was not checked. ``--out`` or ``--rejects`` cut the catalogue to 0 bytes
+    before its rows were read (exit 1, "changed while it was read"); ``--summary`` replaced it
+    with the run's JSON and the run exited 0, "run complete": the catalogue gone either way.
+    The file on stdin is now checked as a manifest is (exit 2, nothing sent, nothing cut)."""
+    catalogue = tmp_path / "products.jsonl"
+    catalogue.write_text(
+        "".join(
+            json.dumps({"id": i, "url": f"https://img.example/{i}.jpg"}) + "\n" for i in ids_of(20)
+        )
+    )
+    before = catalogue.read_bytes()
+    out = tmp_path / "results.jsonl"
+    args = run_args("x", out, "-", "--state", str(tmp_path / "s.state"))
+    if target == "--summary":
+        args += [target, str(catalogue)]
+    else:
+        args[args.index(target) + 1] = str(catalogue)
+    async with running_service(ServiceConfig()) as svc:
+        args[args.index("--base-url") + 1] = svc.url
+        with catalogue.open("rb") as stdin:
+            result = await anyio.run_process(args, stdin=stdin, check=False, env=ENV)
+        tasks = len(svc.store.tasks)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err[-400:]
+    assert "stdin" in err and target in err, err
+    assert catalogue.read_bytes() == before, "the catalogue on stdin was overwritten"
+    assert tasks == 0
