@@ -15,6 +15,11 @@ nothing). Write deadlines use the upper bound (the service as far ahead as the e
 allows), so an uncertain estimate only makes the engine stop writing to a task earlier. While
 the bounds still contain 0 the evidence agrees with our clock (``Date`` has whole seconds only)
 and no correction is made: the engine's ``expiry_margin`` covers that last second.
+
+The state records each create's time in the service's clock too (:meth:`ServerClock.stamp`),
+carried from the last ``Date`` by our monotonic clock: a step of our wall clock after it (an
+NTP step, an operator's fix) does not move it, and a resume judges the create's age in the
+same clock whatever ours did meanwhile.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ from datetime import datetime
 
 from ._times import http_date
 
-__all__ = ["ServerClock"]
+__all__ = ["NO_DATE", "ServerClock"]
+
+#: :meth:`ServerClock.stamp` before any ``Date`` was seen (a time no service gives).
+NO_DATE = -1.0
 
 
 class ServerClock:
@@ -35,6 +43,8 @@ class ServerClock:
         self.high: float | None = None
         self._last_header = ""
         self._last_date = 0.0
+        #: Our wall clock less our monotonic clock when the bounds last moved.
+        self._skew = 0.0
 
     def observe(self, header: str | None, sent: float, received: float) -> None:
         """Take one response's ``Date`` (``sent``/``received``: our wall clock, seconds)."""
@@ -49,11 +59,24 @@ class ServerClock:
                 return
             self._last_header, self._last_date = header, date
         low, high = date - received, date + 1.0 - sent
+        self._skew = time.time() - time.monotonic()
         if self.low is None or self.high is None or low > self.high or high < self.low:
             self.low, self.high = low, high
             return
         self.low = max(self.low, low)
         self.high = min(self.high, high)
+
+    def ahead_of_monotonic(self, *, latest: bool = True) -> float | None:
+        """The service's clock less our monotonic clock (None before any ``Date``): ``latest``
+        its upper bound (a time stamped then is as late as the evidence allows), else its lower
+        one (now as early as it allows: a create judged younger, looked for longer)."""
+        bound = self.high if latest else self.low
+        return None if bound is None else bound + self._skew
+
+    def stamp(self) -> float:
+        """Now in the service's clock, its latest bound (:data:`NO_DATE` before any ``Date``)."""
+        ahead = self.ahead_of_monotonic()
+        return NO_DATE if ahead is None else time.monotonic() + ahead
 
     @property
     def known(self) -> bool:

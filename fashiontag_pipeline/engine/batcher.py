@@ -289,8 +289,7 @@ class TaskWriter(TaskTargets):
         assert self._tg is not None, "TaskWriter.run is not running"
         # The task is chosen before the chunk is written ahead, so the write-ahead records it
         # too (the token of the task it creates, or the task it is appended to): one state
-        # transaction where there were two. Still in dispatch order (chunked watermarks only
-        # grow) and committed before the request is sent.
+        # transaction. In dispatch order (watermarks only grow), committed before it is sent.
         await self.slots.acquire()
         self.active += 1
         task: OpenTask | None = None
@@ -312,6 +311,7 @@ class TaskWriter(TaskTargets):
                 task_id=chunk.task_id,
                 ids=ids_json,
                 sent=ids,
+                service=self.client.server_clock.ahead_of_monotonic(),
             )
         except BaseException:
             if task is not None:

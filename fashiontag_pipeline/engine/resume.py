@@ -122,7 +122,7 @@ async def reattach(run: Engine) -> list[Chunk]:
         k: t for k, t in found_by_token.items() if t.task_id not in held or held[t.task_id] == k
     }
     adopted: set[str] = set()
-    for chunk_id, state, task_id, token, body, _ in chunks:
+    for chunk_id, state, task_id, token, body, _, _ in chunks:
         if state == "pending" and task_id in lost:
             continue  # settled with its lost task (re-sent once, by the pagers)
         if task_id is None and token is not None:
@@ -221,19 +221,34 @@ def late_look(
     alike (the database's: :meth:`~.state.StateStore.wall`), which no step of ours moves (our
     clock and another host's may differ by hours). The age is still the lesser of that and
     the service's: an older build wrote its host's clock there, which a database's clock an
-    hour ahead would have taken for an hour old (its rows created again, billed twice)."""
+    hour ahead would have taken for an hour old (its rows created again, billed twice).
+
+    Those rules are for a chunk of an older build. This one's ``service_at`` is its time in
+    the service's clock, judged by the service's clock now (its lower bound, carried by our
+    monotonic clock: :meth:`~.._clock.ServerClock.ahead_of_monotonic`): our clock behind the
+    service's when the create was written ahead, then corrected before the resume (an NTP
+    step at boot after a crash), made it look as old as the step by our clock and the
+    service's alike (they agreed by then): one look, its rows created again, billed twice.
+    ``service_at`` -1 (no ``Date`` seen before it was written): the whole deadline; either
+    clock unknown now (a service with no ``Date``): the rules above."""
     window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
-    low = run.client.server_clock.low  # (the service's clock less ours, its lower bound)
+    clock = run.client.server_clock
+    low = clock.low  # (the service's clock less ours, its lower bound)
     if not shared:
         aged = now + min(0.0, low or 0.0)
     else:  # (the service's clock itself: ours behind it would make every look the longest)
         aged = now if low is None else min(now, time.time() + low)
+    ahead = clock.ahead_of_monotonic(latest=False)
+    service_now = None if ahead is None else time.monotonic() + ahead
     late: float | None = None
-    for _, state, task_id, token, _, written_at in chunks:
+    for _, state, task_id, token, _, written_at, service_at in chunks:
         if task_id is not None or token is None:
             continue
         if state != "pending":
             need = 0.0
+        elif service_at is not None and service_now is not None:  # (one clock: the service's)
+            need = window if service_at < 0 else service_at + window - service_now
+            need = max(-run.config.list_lag, min(window, need))
         elif written_at is None or written_at > now:  # (unknown, or the clock set back)
             need = window
         else:

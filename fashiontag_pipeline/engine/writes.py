@@ -1,10 +1,9 @@
 """The task writer's requests: create (POST), append (PUT), adopt a task after an ambiguous
 create (found in the task list by its token).
 
-:class:`TaskWrites` is the sending half of :class:`~.batcher.TaskWriter` (the other half packs
-chunks and chooses their task); it holds no state of its own. What an answer changes (a chunk
-accepted, its refused rows as rejects, a chunk of unknown fate orphaned, a write refused whole
-split) is :mod:`.answers`.
+:class:`TaskWrites` is the sending half of :class:`~.batcher.TaskWriter` (the other packs
+chunks and chooses their task); it holds no state. What an answer changes (a chunk accepted,
+refused rows as rejects, an orphan, a write refused whole split) is :mod:`.answers`.
 """
 
 from __future__ import annotations
@@ -79,11 +78,13 @@ class TaskWrites(WriteMoves):
             raise ValueError(f"not a task token: {token!r}")
         return int(seq)
 
+    def _now(self) -> changes.Stamp:
+        return self.journal.db.wall(), self.client.server_clock.stamp()
+
     @staticmethod
     def _stopped() -> bool:
-        """Whether the run starts no new write (a drain, see
-        :data:`~.._callctx.WRITES_STOPPED`): a write refused (not applied), or not sent yet,
-        is left to the resume, which finds it written ahead."""
+        """Whether the run starts no new write (a drain, :data:`~.._callctx.WRITES_STOPPED`): a
+        write refused (not applied), or not sent yet, is left to the resume (written ahead)."""
         stopped = WRITES_STOPPED.get()
         return stopped is not None and stopped.is_set()
 
@@ -99,27 +100,27 @@ class TaskWrites(WriteMoves):
         ``token_written``: the chunk's write-ahead recorded the task's token already."""
         recorded = token_written  # (the state holds this create's token for the chunk)
         if not token_written and not self._stopped():
-            now = self.journal.db.wall()  # (the state's clock, as every chunk time)
+            now = self._now()  # (the state's clock and the service's, as every chunk time)
             await self.journal.commit(ops=[changes.chunk_token(chunk.chunk_id, task.token, now)])
             recorded = True
-        retry, unknown = False, 0.0  # (unknown: when the last send of unknown fate left)
+        retry, unknown = False, changes.NEVER  # (unknown: when the last unknown send left)
         while True:
             if self._stopped():  # not created: a chunk waiting for the task goes on
                 if recorded and not retry:  # (never sent: a resume need not wait for it)
-                    await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, 0.0)])
+                    await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, unknown)])
                 task.failed = True
                 task.created.set()
                 if self.current is task:
                     self.current = None
                 return True
-            sent = self.journal.db.wall()  # (a resume looks for it that long: see late_look)
+            sent = self._now()  # (a resume looks for it that long: see late_look)
             if retry:
                 await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
             retry = True
 
             async def again() -> None:  # (the client sends it again itself: after a 429)
                 nonlocal sent
-                sent = self.journal.db.wall()
+                sent = self._now()
                 await self.journal.commit(ops=[changes.chunk_sending(chunk.chunk_id, sent)])
 
             hook = WRITE_AGAIN.set(again)
@@ -266,9 +267,8 @@ class TaskWrites(WriteMoves):
         return [purged, *changes.task_opened(task_id, task.seq, task.token, stamp, self._seq)]
 
     async def _opened(self, task: OpenTask, task_id: str, expiry: datetime | None) -> None:
-        await self.journal.commit(
-            ops=self._opened_ops(task, task_id, expiry), counters={"tasks": 1}
-        )
+        ops = self._opened_ops(task, task_id, expiry)
+        await self.journal.commit(ops=ops, counters={"tasks": 1})
         task.created.set()
 
     async def _find_unless_stopped(self, task: OpenTask, late: float) -> Task | None:

@@ -7,7 +7,7 @@ from email.utils import formatdate
 
 import pytest
 
-from fashiontag_pipeline._clock import ServerClock
+from fashiontag_pipeline._clock import NO_DATE, ServerClock
 
 
 def _date(t: float) -> str:
@@ -78,3 +78,20 @@ def test_a_date_without_its_zone_is_read_as_gmt_on_a_host_in_another_zone(
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_a_stamp_in_the_services_clock_is_not_moved_by_a_step_of_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The time a create is written ahead at, in the service's clock: our clock an hour behind
+    the service's when a ``Date`` came, then corrected (an NTP step) before the next one. The
+    stamp goes on by our monotonic clock, not by our wall clock plus the offset learnt before
+    the step (which would put it an hour late). Before any ``Date``: NO_DATE."""
+    clock = ServerClock()
+    assert clock.stamp() == NO_DATE
+    ours = time.time()
+    clock.observe(_date(ours + 3600.0), ours, ours)
+    before = clock.stamp()
+    assert ours + 3599.0 <= before <= ours + 3601.1
+    monkeypatch.setattr(time, "time", lambda: ours + 3600.0)  # (corrected: the service's)
+    assert before <= clock.stamp() <= before + 1.0

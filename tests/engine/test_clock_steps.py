@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
+import pytest
 
 from fashiontag_pipeline._clock import ServerClock
 from fashiontag_pipeline._config import Timeout
@@ -35,6 +36,18 @@ if _file:
     _real = time.time
     _step = float(open(_file).read() or 0)
     time.time = lambda: _real() + _step
+if os.environ.get("HOOK_KILL_AT") == "after-second-create":
+    import signal
+    from fashiontag_pipeline import _client
+    _first_creates = _client.TaggerClient.create_task
+    _creates = [0]
+    async def _second_create_kills(self, *args, **kwargs):
+        answer = await _first_creates(self, *args, **kwargs)
+        _creates[0] += 1
+        if _creates[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return answer
+    _client.TaggerClient.create_task = _second_create_kills
 """
 
 
@@ -46,6 +59,7 @@ async def killed_then_resumed(
     service: ServiceConfig | None = None,
     rules: Misbehaviour | None = None,
     between: Callable[[], None] | None = None,
+    kill_at: str = "after-create",
 ) -> None:
     """``fashiontag run`` of 2,500 rows killed (SIGKILL) with a create applied and its answer
     not recorded, then ``between()`` and the same command again at once, with the service's
@@ -79,7 +93,7 @@ async def killed_then_resumed(
             args += ["--rotate-images", "1500", "--rotate-min-images", "1500"]
             with anyio.fail_after(60):
                 killed = await anyio.run_process(
-                    args, check=False, env={**env, "HOOK_KILL_AT": "after-create"}
+                    args, check=False, env={**env, "HOOK_KILL_AT": kill_at}
                 )
             assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-800:]
             clock.write_text(steps[1])
@@ -120,7 +134,7 @@ def test_the_age_in_the_services_clock_is_its_least_the_date_allows() -> None:
         jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=False)),
     )
     sent = 1_000_000.0  # (written ahead by our clock before the step: the service's then)
-    assert late_look(cast(Any, run), [(1, "pending", None, "r-t1", b"", sent)], now) >= 2.99
+    assert late_look(cast(Any, run), [(1, "pending", None, "r-t1", b"", sent, None)], now) >= 2.99
 
 
 async def test_a_postgresql_state_resumed_on_a_host_whose_clock_is_ahead(
@@ -156,7 +170,7 @@ async def test_an_older_builds_postgresql_state_whose_database_clock_is_ahead(
             assert base is not None
             conn.execute(f"SET search_path = {state_schema(base[0], 'older')}")
             changed = conn.execute(
-                "UPDATE chunks SET written_at = written_at - 3600"
+                "UPDATE chunks SET written_at = written_at - 3600, service_at = NULL"
                 " WHERE written_at > 0 AND task_id IS NULL AND token IS NOT NULL"
             ).rowcount
         assert changed >= 1
@@ -188,7 +202,58 @@ def test_a_shared_clock_resumed_on_a_host_behind_the_service_looks_once() -> Non
         jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=False)),
     )
     db_now = service
-    old = [(1, "pending", None, "r-t1", b"", db_now - 60.0)]
+    old = [(1, "pending", None, "r-t1", b"", db_now - 60.0, None)]
     assert late_look(cast(Any, run), old, db_now, shared=True) == -2.0
-    young = [(1, "pending", None, "r-t1", b"", db_now - 1.0)]
+    young = [(1, "pending", None, "r-t1", b"", db_now - 1.0, None)]
     assert late_look(cast(Any, run), young, db_now, shared=True) >= 1.9
+
+
+@pytest.mark.parametrize("kill_at", ["after-create", "after-second-create"])
+async def test_a_clock_behind_the_services_corrected_between_a_kill_and_the_resume(
+    tmp_path: Path, kill_at: str
+) -> None:
+    """A state file on a host whose clock was an hour behind the service's (a VM without NTP)
+    when it wrote a create ahead; killed (SIGKILL) with the create applied and its answer not
+    recorded; the clock then corrected (an NTP step at boot after the crash) and the run
+    resumed at once, the service's task list lagging its creates by 2 s. The resume judged the
+    create's age by the corrected clock, took it for an hour old and gave the list one look,
+    which missed it: its 500 rows were created again (billed twice, exit 0). Our clock and the
+    service's agreed by then, so their lesser age was no help. Each chunk's time is now also
+    recorded in the service's clock and judged in it: the second create (written after a
+    ``Date`` was seen) by its age there; the first (none seen yet) for the whole deadline."""
+    state = str(tmp_path / "s.state")
+    await killed_then_resumed(tmp_path, state, ("-3600", "0"), kill_at=kill_at)
+
+
+def test_a_create_is_judged_in_the_services_clock_when_its_row_has_that_time() -> None:
+    """:func:`late_look` over rows of this build (``service_at``: the service's time): our
+    clock now an hour ahead of what it was when the rows were written (written_at an hour
+    old by it), the service's clock showing them 1 s and a minute old. The service's age
+    counts (a deadline of 3 s, list_lag 2 s); -1 (no ``Date`` seen before the write): the
+    whole deadline; no ``Date`` now (a service without it): our clock's age, as before."""
+    ours = time.time()
+    service = ours + 600.0  # (the service's clock, ten minutes ahead of ours)
+
+    def run(clock: ServerClock) -> Any:
+        return cast(
+            Any,
+            SimpleNamespace(
+                client=SimpleNamespace(timeout=Timeout(total=3.0), server_clock=clock),
+                config=SimpleNamespace(list_lag=2.0),
+                jobs=SimpleNamespace(ids=SimpleNamespace(namespaced=False)),
+            ),
+        )
+
+    clock = ServerClock()
+    clock.observe(
+        format_datetime(datetime.fromtimestamp(int(service), UTC), usegmt=True), ours, ours
+    )
+
+    def row(service_at: float | None) -> list[tuple[Any, ...]]:
+        return [(1, "pending", None, "r-t1", b"", ours - 3600.0, service_at)]
+
+    assert late_look(run(clock), row(service - 1.0), ours) >= 1.9  # (young: looked for)
+    assert late_look(run(clock), row(service - 60.0), ours) == -2.0  # (old: one look)
+    assert late_look(run(clock), row(-1.0), ours) == 3.0  # (its time unknown: the deadline)
+    assert late_look(run(clock), row(None), ours) == -2.0  # (an older build's row: as before)
+    assert late_look(run(ServerClock()), row(service - 1.0), ours) == -2.0  # (no Date now)

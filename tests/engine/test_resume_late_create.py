@@ -186,8 +186,10 @@ async def test_a_resume_long_after_a_kill_does_not_wait_for_the_create_it_sent(
     """Each chunk's state row says when it was written ahead (its create sent): a resume looks
     for a create of unknown fate until the client's request deadline has gone by since then
     (and list_lag), not for the whole deadline again. Here the kill came an hour before the
-    resume (the next night's cron; the state's times moved back an hour): with a deadline of
-    60 s, the resume does not wait a minute for a create that cannot be applied any more."""
+    resume (the next night's cron; the state's times moved back an hour, in the service's clock
+    too, as a create written once the run had seen a ``Date`` records it: this run's first
+    create records none, and would be looked for the whole deadline): with a deadline of 60 s,
+    the resume does not wait a minute for a create that cannot be applied any more."""
     proxy = SlowCreate("", 3600.0)
     out = tmp_path / "out.jsonl"
     state = state_location("late")
@@ -198,7 +200,10 @@ async def test_a_resume_long_after_a_kill_does_not_wait_for_the_create_it_sent(
             assert proxy.late is not None
             proxy.late.cancel()  # (never applied)
             proxy.applied.set()
-            _in_state(state, "UPDATE chunks SET written_at = written_at - 3600")
+            _in_state(
+                state,
+                "UPDATE chunks SET written_at = written_at - 3600, service_at = written_at - 3600",
+            )
             resumed, took = await timed_run(args, 20)
         tasks = [list(t.ids) for t in svc.store.tasks.values()]
     assert_rows_once(resumed, out, tasks, one_task=True)
@@ -280,7 +285,8 @@ async def test_a_create_the_client_sent_again_after_a_429_is_looked_for_from_tha
 
 def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent() -> None:
     """:func:`late_look` (seconds besides list_lag; a deadline of 10 s, list_lag 5 s) over
-    chunks as the state gives them: (chunk_id, state, task_id, token, body, written_at)."""
+    chunks as the state gives them: (chunk_id, state, task_id, token, body, written_at,
+    service_at), of an older build here (service_at None)."""
 
     def run(daemon: bool = False, total: float = 10.0) -> Any:
         return cast(
@@ -295,7 +301,7 @@ def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent
     now = 1_000_000.0
 
     def pending(written_at: float | None) -> tuple[Any, ...]:
-        return (1, "pending", None, "r-t1", b"", written_at)
+        return (1, "pending", None, "r-t1", b"", written_at, None)
 
     assert late_look(run(), [pending(None)], now) == 10.0  # (unknown: the whole deadline)
     assert late_look(run(), [pending(now - 3)], now) == 7.0
@@ -304,10 +310,10 @@ def test_the_look_lasts_until_the_deadline_has_gone_by_since_the_create_was_sent
     assert late_look(run(), [pending(now + 60)], now) == 10.0  # (the clock set back)
     assert late_look(run(), [pending(now - 3600), pending(now - 1)], now) == 9.0
     # A token of an applied create (an orphan, its task unknown): list_lag, as before.
-    orphan = (2, "orphan", None, "r-t2", b"", now - 3600)
+    orphan = (2, "orphan", None, "r-t2", b"", now - 3600, None)
     assert late_look(run(), [pending(now - 3600), orphan], now) == 0.0
     # Appends (a task id) and chunks with no token are not looked for.
-    assert late_look(run(), [(3, "pending", "task-1", None, b"", now)], now) == 0.0
+    assert late_look(run(), [(3, "pending", "task-1", None, b"", now, None)], now) == 0.0
     assert late_look(run(daemon=True, total=300.0), [pending(None)], now) == START_LOOK_CAP
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 __all__ = [
+    "NEVER",
     "STDIN_DIGEST",
     "Change",
+    "Stamp",
     "chunk_accepted",
     "chunk_counted",
     "chunk_detached",
@@ -136,21 +138,27 @@ def task_drained(task_id: str, state: TaskState = "drained") -> list[Change]:
     ]
 
 
-def chunk_token(chunk_id: int, token: str, at: float) -> Change:
+#: A moment as a chunk's row records it: (the state's clock: its ``wall()``; the service's
+#: clock: :meth:`~..._clock.ServerClock.stamp`, -1 before any ``Date``). (0, 0): never.
+Stamp = tuple[float, float]
+NEVER: Stamp = (0.0, 0.0)
+
+
+def chunk_token(chunk_id: int, token: str, at: Stamp) -> Change:
     """The chunk is about to create the task whose description carries ``token`` (``at``: now,
-    in the state's clock, see :func:`chunk_sending`)."""
+    see :func:`chunk_sending`)."""
     return (
-        "UPDATE chunks SET task_id=NULL, token=?, written_at=? WHERE chunk_id=?",
-        (token, at, chunk_id),
+        "UPDATE chunks SET task_id=NULL, token=?, written_at=?, service_at=? WHERE chunk_id=?",
+        (token, *at, chunk_id),
     )
 
 
-def chunk_sending(chunk_id: int, at: float) -> Change:
-    """The chunk's create was sent (again) at ``at`` (the state's clock: its ``wall()``), or its
-    last send of unknown fate was then: a resume looks for its task as long as it may be
-    applied after that (``chunks.written_at``; 0: no send of unknown fate, one look at the
-    task list)."""
-    return ("UPDATE chunks SET written_at=? WHERE chunk_id=?", (at, chunk_id))
+def chunk_sending(chunk_id: int, at: Stamp) -> Change:
+    """The chunk's create was sent (again) at ``at``, or its last send of unknown fate was
+    then: a resume looks for its task as long as it may be applied after that
+    (``chunks.written_at`` and ``service_at``; :data:`NEVER`: no send of unknown fate, one
+    look at the task list)."""
+    return ("UPDATE chunks SET written_at=?, service_at=? WHERE chunk_id=?", (*at, chunk_id))
 
 
 def chunk_task(chunk_id: int, task_id: str) -> Change:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..._clock import NO_DATE
 from .changes import SINGLE_FAILS, SINGLE_TAGGED
 from .jobtables import JobTables
 from .schema import BODY_SQL
@@ -73,10 +74,13 @@ class ChunkTables(JobTables):
         token: str | None = None,
         task_id: str | None = None,
         ids: bytes | None = None,
+        service: float | None = None,
     ) -> int:
         """Write a chunk ahead of its request; returns its id. One transaction: the chunk
         (with the ``token`` of the task its request creates, or the ``task_id`` it is appended
-        to; ``ids``, the JSON list of the ids it sends, is kept beside its body), and either
+        to; ``ids``, the JSON list of the ids it sends, is kept beside its body; its time in
+        the state's clock and in the service's: ``service`` is the service's clock less our
+        monotonic clock, :meth:`~..._clock.ServerClock.ahead_of_monotonic`), and either
         the chunked watermarks (W) of the jobs whose new rows it carries (``marks``: (job,
         last position)), or, for rows sent again, the ``resent`` counter and the chunk
         ``replaces`` whose unsettled rows it carries (resolved, so they can never be sent
@@ -86,10 +90,11 @@ class ChunkTables(JobTables):
             # The body goes to its own table: the chunk's row is updated several times (token,
             # task, state) and SQLite rewrites a whole row, overflow pages included, on update.
             # (written_at: a create may be on its way from now on, see resume_chunks.)
+            at = NO_DATE if service is None else time.monotonic() + service
             (chunk_id,) = db.execute(
-                "INSERT INTO chunks (state, n, last_pos, token, task_id, written_at)"
-                " VALUES ('pending', ?, ?, ?, ?, ?) RETURNING chunk_id",
-                (n, last_pos, token, task_id, self.wall()),
+                "INSERT INTO chunks (state, n, last_pos, token, task_id, written_at, service_at)"
+                " VALUES ('pending', ?, ?, ?, ?, ?, ?) RETURNING chunk_id",
+                (n, last_pos, token, task_id, self.wall(), at),
             ).fetchone()
             self._insert_body(chunk_id, body, ids)
             if replaces is not None:
@@ -177,18 +182,21 @@ class ChunkTables(JobTables):
         (``written_at`` 0), not for the request deadline after they were sent."""
         with self.transaction():
             self.db.execute(
-                "UPDATE chunks SET written_at = 0"
+                "UPDATE chunks SET written_at = 0, service_at = 0"
                 " WHERE state = 'pending' AND task_id IS NULL AND token IS NOT NULL"
             )
 
     def resume_chunks(self) -> list[tuple[Any, ...]]:
-        """Chunks of unknown fate: (chunk_id, state, task_id, token, body, written_at).
-        ``written_at``: when the chunk was written ahead, or its create last sent, in Unix
-        seconds (None: unknown, a chunk of an earlier version): a create may have been on its
-        way since, and applied as late as a request may go unanswered after it."""
+        """Chunks of unknown fate: (chunk_id, state, task_id, token, body, written_at,
+        service_at). ``written_at``: when the chunk was written ahead, or its create last sent,
+        in Unix seconds (None: unknown, a chunk of an earlier version): a create may have been
+        on its way since, and applied as late as a request may go unanswered after it;
+        ``service_at``: the same moment in the service's clock (None: a chunk of an earlier
+        version; -1: no ``Date`` seen by then)."""
         return list(
             self.db.execute(
-                f"SELECT chunk_id, state, task_id, token, {BODY_SQL}, written_at FROM chunks"
+                f"SELECT chunk_id, state, task_id, token, {BODY_SQL}, written_at, service_at"
+                " FROM chunks"
                 " WHERE state IN ('pending', 'orphan') ORDER BY chunk_id"
             )
         )

@@ -395,13 +395,23 @@ class Journal(Intake):
         task_id: str | None = None,
         ids: bytes | None = None,
         sent: Sequence[str] | None = None,
+        service: float | None = None,
     ) -> int:
         """Write a chunk ahead of its request (see :meth:`StateStore.insert_chunk`); ``sent``:
         its ids (those ``ids`` encodes), kept for its task's draining (:attr:`sent_ids`)."""
 
         def insert() -> int:
             chunk_id = self.db.insert_chunk(
-                n, last_pos, body, replaces, resent, marks, token=token, task_id=task_id, ids=ids
+                n,
+                last_pos,
+                body,
+                replaces,
+                resent,
+                marks,
+                token=token,
+                task_id=task_id,
+                ids=ids,
+                service=service,
             )
             mark = {j.id: j.rejects.checkpoint() for j in self._open_jobs()}
             self.reject_marks.keep(chunk_id, mark, replaces)

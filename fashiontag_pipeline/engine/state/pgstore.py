@@ -389,17 +389,19 @@ def _database_time(conn: psycopg.Connection[Any] | _Connection) -> float:
 
 
 def _add_written_at(conn: psycopg.Connection[Any], schema: str) -> None:
-    """``chunks.written_at`` in a state made before it (NULL: unknown). Nullable, and left
-    unset by older builds: not a new version of the tables (which they would refuse)."""
+    """``chunks.written_at`` and ``service_at`` in a state made before them (NULL: unknown).
+    Nullable, and left unset by older builds: not a new version of the tables (which they
+    would refuse)."""
     from psycopg import sql
 
-    if not conn.execute(
-        "SELECT 1 FROM information_schema.columns WHERE table_schema = %s"
-        " AND table_name = 'chunks' AND column_name = 'written_at'",
-        (schema,),
-    ).fetchone():
-        alter = "ALTER TABLE {}.chunks ADD COLUMN IF NOT EXISTS written_at double precision"
-        conn.execute(sql.SQL(alter).format(sql.Identifier(schema)))
+    for column in ("written_at", "service_at"):
+        if not conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = %s"
+            " AND table_name = 'chunks' AND column_name = %s",
+            (schema, column),
+        ).fetchone():
+            alter = "ALTER TABLE {}.chunks ADD COLUMN IF NOT EXISTS {} double precision"
+            conn.execute(sql.SQL(alter).format(sql.Identifier(schema), sql.Identifier(column)))
 
 
 def drop_state(url: str, *, idle_timeout: float | None = None) -> None:

@@ -24,7 +24,7 @@ Schema::
                                (sealed: only in files of earlier versions)
                                (lost: the service forgot it; its chunks are settled by sending
                                their unwritten rows again, each chunk then ``resolved``)
-    chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok, written_at)
+    chunks(chunk_id, state, task_id, token, n, last_pos, body, n_ok, written_at, service_at)
                                state: pending (written ahead, fate unknown) | accepted |
                                orphan (fate unknown, task no longer writable) | resolved;
                                n_ok: rows of the chunk the service accepted (an orphan:
@@ -35,7 +35,11 @@ Schema::
                                written ahead, or its create last sent (a retry), after which
                                a create may have been on its way (NULL: unknown, in files of
                                earlier versions: a resume looks for its task the longest; 0:
-                               a stop kept its create from being sent)
+                               a stop kept its create from being sent); service_at: the same
+                               moment in the service's clock (its ``Date``, carried by the
+                               writer's monotonic clock), which a resume judges the create's
+                               age in (NULL: a row of an earlier version, judged by
+                               written_at; -1: no ``Date`` seen yet; 0 with written_at 0)
     chunk_bodies(chunk_id, ids, body)
                                a chunk's rows ({"p": [positions], "r": [requests]}), written
                                once with the chunk and deleted when its task is drained; apart

@@ -214,8 +214,9 @@ class StateDB(DeferredIds, StateStore):
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
         if "n_ok" not in columns:  # state files written before n_ok
             db.execute("ALTER TABLE chunks ADD COLUMN n_ok INTEGER")
-        if "written_at" not in columns:  # state files written before it (NULL: unknown)
-            db.execute("ALTER TABLE chunks ADD COLUMN written_at REAL")
+        for column in ("written_at", "service_at"):  # (files written before: NULL, unknown)
+            if column not in columns:
+                db.execute(f"ALTER TABLE chunks ADD COLUMN {column} REAL")
         columns = {row[1] for row in db.execute("PRAGMA table_info(chunk_bodies)")}
         if "ids" not in columns:  # state files written before a chunk's ids were kept apart
             db.execute("ALTER TABLE chunk_bodies ADD COLUMN ids BLOB")
