@@ -55,9 +55,10 @@ class TaskEntry:
     #: id that says otherwise is not ours (a service that restarted and reused the id).
     description: str | None = None
     advanced: anyio.Event = field(default_factory=anyio.Event)
-    #: When a results page of the task was first refused past its attempts (monotonic
-    #: seconds): a service whose status says done a moment before its pages can be read
-    #: refuses them meanwhile (see ``fetch.NOT_READY_GRACE``).
+    #: A results page of the task was read (by this process), and when one was first refused
+    #: past its attempts (monotonic seconds): a service whose status says done a moment
+    #: before its pages can be read refuses them meanwhile (see ``fetch.NOT_READY_GRACE``).
+    readable: bool = False
     refused_at: float | None = None
     #: The state of a task the service ended without making it done (``TASK_FAILED``,
     #: ``CANCELLED``): its pages are read like a done task's, any refusal of one ends the

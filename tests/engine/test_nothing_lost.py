@@ -253,6 +253,26 @@ async def test_a_results_page_the_service_always_refuses(
     assert {r["taskId"] for r in o.results if r["id"] == moved} != {proxy.created[0]}
 
 
+async def test_a_page_of_every_task_refused_for_good_is_waited_for_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page at offset 100 of each of ten tasks of 200 rows is always answered 400, their
+    first pages read (a service that refuses a page for good: rows lost, an invalid page):
+    once one such page was still refused ``NOT_READY_GRACE`` (3 s here) on, the others are
+    taken as empty after ``PAGE_ATTEMPTS`` answers, and the run ends complete, each row once.
+    Before, each was asked for again for the whole grace, its task's later pages holding the
+    page slots meanwhile: 10 s of stalled reading per task (44 s against 4 s for these ten
+    tasks; in a daemon, hours for 10,000), and never ten in a row to stop a run."""
+    monkeypatch.setattr(fetch, "NOT_READY_GRACE", 3.0)
+    engine = msgspec.structs.replace(FAST, rotate_images=200, rotate_min_images=200)
+    rules = Misbehaviour(refuse_page=dict.fromkeys(range(1, 11), 100))
+    with anyio.fail_after(60):
+        summary, proxy, _ = await run_misbehaving(tmp_path, 2000, rules, engine)
+    assert summary.complete and summary.resent == 1000
+    # (one grace: 3 answers more for a page, for the few pages refused at once as it began)
+    assert proxy.refused_pages <= 10 * PAGE_ATTEMPTS + 12
+
+
 async def test_a_service_that_refuses_every_results_page_stops_the_run_before_resending(
     tmp_path: Path,
 ) -> None:
