@@ -101,7 +101,9 @@ def plain_block(rows: PlainRows, i_id: int, shifted: int) -> Measured | None:
     if not all(ids):  # (an empty id: a truth test a cell, cheaper than comparing each to "")
         return None
     urls = cells[1 - i_id :: 2]
-    if max(map(len, ids)) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)):
+    # (The longest id's length: ``max`` keyed by ``len`` compares the lengths as ``map``
+    # would give them, without its iterator: ~50 fewer instructions a row.)
+    if len(max(ids, key=len)) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)):
         return None  # (an id no store keys is refused row by row)
     if _spaced(body, urls):
         return None
@@ -214,7 +216,7 @@ def built(
         None in passed
         or "" in ids
         or "\x00" in "".join(ids)
-        or (max(map(len, ids), default=0) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)))
+        or (len(max(ids, key=len, default="")) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids)))
     ):
         good = [
             match is not None and ident != "" and not unkeyable(ident)
