@@ -31,7 +31,7 @@ from anyio.abc import TaskGroup
 
 from .._client import TaggerClient
 from .._models import Task
-from .answers import one_source
+from .answers import last_and_one
 from .config import EngineConfig
 from .flow import AIMDLimiter, FatalRunError, RetryBudget
 from .idkeys import keyed
@@ -283,8 +283,7 @@ class TaskWriter(TaskTargets):
         keys = keyed(ids)  # (two ids of one key: written ahead whole, then split to send)
         ids_json = encode_ids(ids)  # (stored beside the body; its fast path reads it too)
         body, encoded = encode_body(positions, requests, sends, ids, ids_json)
-        last = max(positions)
-        one = one_source(positions, last)
+        last, one = last_and_one(positions)
         marks = [] if resent else job_marks(self.jobs, positions, last, one)
         assert self._tg is not None, "TaskWriter.run is not running"
         # The task is chosen before the chunk is written ahead, so the write-ahead records it

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import msgspec
 
-from fashiontag_pipeline.engine.answers import one_source
+from fashiontag_pipeline.engine.answers import last_and_one, one_source
 from fashiontag_pipeline.engine.jobs import IdSpace, Job, Jobs
 from fashiontag_pipeline.engine.pages import PageRow
 from fashiontag_pipeline.engine.state import POS_SHIFT
@@ -59,6 +59,24 @@ def test_per_job_figures_of_a_chunk_equal_the_general_ones() -> None:
         assert count_by_job(jobs, taken, one) == jobs.count_by_job(taken)
     assert count_by_job(jobs, []) == {} and job_marks(jobs, [], 0) == []
     assert count_by_job(jobs, [], True) == {} and not one_source([], 0)
+
+
+def test_a_chunks_last_position_and_one_manifest_flag_as_max_and_min_gave_them() -> None:
+    """The task writer's (largest position, one manifest) of a chunk, from one sorted copy,
+    equal the old ``max`` and ``min`` on ordered chunks (as the intake cuts them), chunks out
+    of order (rows sent again), chunks across manifests and one-row chunks."""
+    rnd = random.Random(11)
+    cases: list[list[int]] = [[5], [(3 << POS_SHIFT) | 1], [1, 1 << POS_SHIFT]]
+    for _ in range(300):
+        sources = rnd.sample(range(4), rnd.randint(1, 3))
+        first = rnd.randrange(0, 1 << 35)
+        run = [(rnd.choice(sources) << POS_SHIFT) | (first + i) for i in range(rnd.randint(1, 50))]
+        cases += [sorted(run), run, run[::-1], rnd.sample(run, len(run))]
+    for positions in cases:
+        before = list(positions)
+        last = max(positions)
+        assert last_and_one(positions) == (last, one_source(positions, last))
+        assert positions == before  # (a sorted copy: the chunk's order kept)
 
 
 def test_a_page_committed_after_its_job_closed_is_routed_nowhere() -> None:
