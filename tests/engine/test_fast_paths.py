@@ -405,3 +405,27 @@ def test_whitespace_fast_path_and_its_fallback_agree() -> None:
                     assert (whole is None) == bool(rejects), (space, ident, url)
                     if whole is not None:
                         assert as_structs(whole) == items
+
+
+@pytest.mark.parametrize("where", [0, 3, 6])
+def test_a_block_with_an_id_no_store_keys_is_left_to_row_checks(where: int) -> None:
+    """The block check's longest-id test (``len(max(ids, key=len))``) takes a block whose ids
+    a store keys, however long, and leaves one holding an id none does (over MAX_ID_BYTES in
+    UTF-8) to the row-by-row check, wherever the id is in the block and in either form of
+    it: the same as the ``max(map(len, ids))`` it replaced, inlined here."""
+    from fashiontag_pipeline.engine.rules import MAX_ID_SAFE_CHARS, unkeyable
+
+    for long_id in (
+        "a" * MAX_ID_SAFE_CHARS,
+        "b" * (MAX_ID_SAFE_CHARS + 1),  # (longer than safe, keyable: taken)
+        "c" * 2048,
+        "d" * 2049,
+        "\U0001f600" * 600,  # 600 characters, 2,400 bytes
+    ):
+        ids = [f"i{i}" for i in range(7)]
+        ids[where] = long_id
+        lines = [f"{ident},https://x.example/{i}.jpg" for i, ident in enumerate(ids)]
+        old = max(map(len, ids)) > MAX_ID_SAFE_CHARS and any(map(unkeyable, ids))
+        for block in _blocks(lines):
+            got = plainblock.plain_block(block, 0, 0)
+            assert (got is None) == old == unkeyable(long_id)
