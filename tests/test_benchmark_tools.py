@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from benchmarks.baselines.async_script import CONTEXT_COLUMNS, request_body
+from benchmarks.callers import callers
 from benchmarks.harness import manifest
 from benchmarks.instructions import function_table, parse_annotated
 from fashiontag_pipeline.engine.plainblock import context_block
@@ -32,6 +33,25 @@ def test_parse_annotated_names_functions_and_sums_recursion_levels() -> None:
         "_core.so:json_skip": 181_437_871,
         "ceval.c:_PyEval_EvalFrameDefault": 174_394_357,
         "libcrypto.so.3:0x000000000029ad80": 33_153_648,
+    }
+
+
+def test_callers_reads_each_functions_cost_and_its_callers() -> None:
+    text = (
+        "Ir  file:function\n\n"
+        "  1,200 ( 0.1%)  < /x/bltinmodule.c:builtin_max (3x) [/lib]\n"
+        "    300 ( 0.0%)  < /x/ceval.c:_PyEval_EvalFrameDefault'2 (1x) [/lib]\n"
+        "  1,500 ( 0.1%)  *  /x/bltinmodule.c:min_max [/lib]\n"
+        "\n"
+        "     40 ( 0.0%)  < /x/bltinmodule.c:min_max (2x) [/lib]\n"
+        "     40 ( 0.0%)  *  /x/object.c:PyObject_RichCompare [/lib]\n"
+    )
+    assert callers(text) == {
+        "/x/bltinmodule.c:min_max": (
+            1500,
+            {"/x/bltinmodule.c:builtin_max": 1200, "/x/ceval.c:_PyEval_EvalFrameDefault'2": 300},
+        ),
+        "/x/object.c:PyObject_RichCompare": (40, {"/x/bltinmodule.c:min_max": 40}),
     }
 
 
