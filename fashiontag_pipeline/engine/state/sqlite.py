@@ -318,7 +318,9 @@ class StateDB(DeferredIds, StateStore):
 
     def _put_back(self, copy_at: Path) -> None:
         """The copy of :meth:`_copy_back` at the state file's path (once the connection to the
-        removed file is closed: its close removes the ``-wal`` and ``-shm`` at the path)."""
+        removed file is closed: its close removes the ``-wal`` and ``-shm`` at the path), the
+        lock still held: put there after its release, a second run started meanwhile found no
+        file and began an empty state at the path, the copy left aside."""
         path = self._files()[0]
         try:
             os.link(copy_at, path)  # (never over a file put there meanwhile)
@@ -341,10 +343,10 @@ class StateDB(DeferredIds, StateStore):
         lock, self._lock = self._lock, -1
         try:
             self.db.close()
+            if copy_at is not None:  # (the lock still held: no second run begins there first)
+                self._put_back(copy_at)
         finally:
             os.close(lock)
-        if copy_at is not None:
-            self._put_back(copy_at)
 
     def begin(self) -> None:
         # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
