@@ -68,8 +68,10 @@ class StatusReads:
         #: the task expired, its results with it), until the tracker takes them.
         self.gone: dict[str, str] = {}
         #: The tasks of :attr:`gone` taken so on a front end's 410 pages alone, which the
-        #: tracker takes as gone only when the task list does not hold them.
-        self.paged: set[str] = set()
+        #: tracker takes as gone only when the task list does not hold them: task id -> since
+        #: when its status has been such a page (a cache's copy of the list older than that
+        #: cannot show the task as it is now).
+        self.paged: dict[str, float] = {}
 
     async def read(
         self, task_ids: list[str], *, answered: bool
@@ -97,7 +99,7 @@ class StatusReads:
                     # Gone (410): the task expired, and its results cannot be read any more.
                     self.gone[task_id] = err.service_message or str(err)
                     if err.foreign:
-                        self.paged.add(task_id)
+                        self.paged[task_id] = self.unread_since.get(task_id, self.clock())
                     task = None
                 except exc.ResultsNotReadyError as err:
                     failed[task_id] = poll_fault(err)

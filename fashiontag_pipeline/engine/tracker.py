@@ -258,16 +258,21 @@ class Tracker:
         task the service lists is not gone. Before, a task behind a route switched for
         minutes (its status the front end's page, the service answering the rest) was taken
         as gone after ``FRONT_END_GONE_AFTER`` and its rows written ``expired`` (tagged,
-        billed, never read). A list not given leaves them gone (the bound stays finite)."""
-        paged, self.reads.paged = self.reads.paged, set()
+        billed, never read). A list not given leaves them gone (the bound stays finite), as
+        does a cache's copy of it (``Age``) made before a task's pages began: the service as
+        it was then (a task dropped since was "listed" at every read, for as long as the
+        cache kept its copy, and the engine never ended)."""
+        paged, self.reads.paged = self.reads.paged, {}
         try:
             every = {t.task_id: t for t in await self.client.all_tasks(page_size=LIST_PAGE_SIZE)}
         except REFUSED as err:
             raise refused(err) from err
         except exc.FashiontagError:
             return listed
-        for task_id in paged:
-            task = every.get(task_id)
+        age = self.client.list_age
+        made = self.reads.clock() - (age + 1.0 if age > 0 else 0.0)  # (Age: whole seconds)
+        for task_id, since in paged.items():
+            task = every.get(task_id) if made > since else None
             if task is not None and self.reads.gone.pop(task_id, None) is not None:
                 logger.warning(
                     "task %s: its status is a front end's 410 page, but the service lists it"

@@ -108,3 +108,80 @@ async def test_a_task_the_service_lists_is_not_taken_as_gone_behind_a_route_swit
     assert not rejected, rejected[:1]
     assert_exactly_once(out, rej, ids_of(2000))
     assert billed == 2000
+
+
+class DroppedBehindCachedList(RouteSwitch):
+    """The run's first task dropped by the service (expired before it was done) behind a front
+    end that rewrites every 410 into its own page, and the key's list answered by a cache from
+    its copy made a moment after the create (``Age`` as RFC 9111 has it; kept for the run's
+    length: a long TTL, ``stale-if-error``): the copy shows the task as it was then,
+    processing."""
+
+    def __init__(self) -> None:
+        super().__init__(math.inf)
+        self.copy: tuple[float, list[dict[str, object]]] | None = None
+        self.stale = 0
+
+    async def _listed(self, request: web.Request) -> web.Response:
+        if self.first is None:
+            return await super()._listed(request)
+        if self.copy is None:
+            self.copy = (time.monotonic(), _OTHERS + await self._all_of_the_run(request))
+        made, tasks = self.copy
+        for task in tasks:
+            if task["taskId"] == self.first:  # (as it was: processing, nothing done)
+                task["taskStatus"] = "TASK_PROCESSING"
+                task["count"] = {**task["count"], "done": 0}  # type: ignore[dict-item]
+        offset = int(request.query.get("offset", "0"))
+        size = int(request.query.get("size", str(len(tasks))))
+        info = {"totalCount": len(tasks), "offset": offset, "size": size}
+        self.stale += 1
+        body = {
+            "status": "success",
+            "data": {"taskInfo": info, "tasks": tasks[offset : offset + size]},
+        }
+        age = {"Age": str(int(time.monotonic() - made))}
+        return web.json_response(body, headers=age)
+
+    async def _all_of_the_run(self, request: web.Request) -> list[dict[str, object]]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host",)}
+        async with self._session.get(self.upstream + BULK, headers=headers) as upstream:
+            body = await upstream.json()
+        return list(body["data"]["tasks"])
+
+
+async def test_a_cached_list_older_than_the_pages_does_not_keep_a_dropped_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache's copy of the list (``Age``), made before the task's status became the front
+    end's page, shows the service as it was then: it cannot say the task is there now. Taken
+    for the service's word, the dropped task was "listed" at each whole-list read and asked
+    for again, for as long as the cache kept its copy: the daemon's engine (no
+    ``give_up_after``) never ended, its manifest never finished. Such a copy leaves the task
+    gone (its rows ``expired``), as a list not given does."""
+    monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
+    monkeypatch.setattr(tracker, "LIST_PAGE_SIZE", 10)  # (the list's first page: others')
+    manifest = write_csv(tmp_path / "m.csv", 2000)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(TASKS_OF_1000, give_up_after=math.inf)
+    proxy = DroppedBehindCachedList()
+    async with running_service(ServiceConfig(rate=400.0)) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            # Before: still asking for the first task's status after 30 s (for ever).
+            with anyio.fail_after(30):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=tmp_path / "run.state",
+                    engine=engine,
+                )
+        assert proxy.first is not None
+        dropped = set(svc.store.tasks[proxy.first].ids)
+    assert summary.complete and proxy.stale >= 2, proxy.stale
+    rejected = [json.loads(line) for line in rej.read_text().splitlines()]
+    assert {r["id"] for r in rejected} == dropped and len(dropped) == 1000
+    assert {r["stage"] for r in rejected} == {"expired"}
+    assert_exactly_once(out, rej, ids_of(2000))
