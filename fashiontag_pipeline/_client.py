@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import quote
@@ -279,10 +279,8 @@ class TaggerClient:
         default_detection: Sequence[Detection] | None = None,
         strict: bool = False,
     ) -> BulkTaskResponse:
-        """Append up to 1,000 requests to a task (``PUT /tagger/v2.12/bulk/{task}``).
-
-        Raises :class:`TaskExpiredError` when the task is past its expiry.
-        """
+        """Append up to 1,000 requests to a task (``PUT /tagger/v2.12/bulk/{task}``); raises
+        :class:`TaskExpiredError` when the task is past its expiry."""
         body = bulk_body(requests, None, None, default_detection, strict)
         return await self._write("PUT", self._task_path(task_id), body, task_id=task_id)
 
@@ -292,12 +290,15 @@ class TaggerClient:
         service gives it). See :meth:`all_tasks`."""
         return (await self._task_page(offset, size)).tasks
 
-    async def all_tasks(self, *, page_size: int = LIST_PAGE_SIZE) -> list[Task]:
+    async def all_tasks(
+        self, *, page_size: int = LIST_PAGE_SIZE, looked_for: Collection[str] = ()
+    ) -> list[Task]:
         """Every task of the bulk key, newest first where the service pages its list: pages
-        until its ``totalCount`` is reached (no count: every task was in the first answer).
-        A page shorter than asked is no end (a service may cap its pages below ``page_size``:
-        a lost create's task past the first was missed, its rows billed again); an empty
-        page, or one with no task not seen before, is."""
+        until its ``totalCount`` is reached (no count: every task was in the first answer),
+        or every id ``looked_for`` was seen (100,000 tasks: 1,000 pages). A page shorter than
+        asked is no end (a service may cap its pages below ``page_size``: a lost create's task
+        past the first was missed, its rows billed again); an empty page, or one with no task
+        not seen before, is."""
         seen: dict[str, Task] = {}
         offset = 0
         while True:
@@ -307,9 +308,8 @@ class TaggerClient:
                 seen[task.task_id] = task
             info = page.task_info
             offset += len(page.tasks)
-            if info is None or info.total_count is None or not fresh:
-                break
-            if offset >= info.total_count:
+            ended = info is None or info.total_count is None or offset >= info.total_count
+            if ended or not fresh or (looked_for and all(t in seen for t in looked_for)):
                 break
         return list(seen.values())
 

@@ -254,17 +254,18 @@ class Tracker:
 
     async def _gone_unless_listed(self, listed: dict[str, Task]) -> dict[str, Task]:
         """``listed`` with the tasks taken as gone on a front end's 410 pages alone
-        (:attr:`StatusReads.paged`) that the whole task list holds (read page by page): a
-        task the service lists is not gone. Before, a task behind a route switched for
-        minutes (its status the front end's page, the service answering the rest) was taken
-        as gone after ``FRONT_END_GONE_AFTER`` and its rows written ``expired`` (tagged,
-        billed, never read). A list not given leaves them gone (the bound stays finite), as
-        does a cache's copy of it (``Age``) made before a task's pages began: the service as
-        it was then (a task dropped since was "listed" at every read, for as long as the
-        cache kept its copy, and the engine never ended)."""
+        (:attr:`StatusReads.paged`) that the whole task list holds (read page by page, up to
+        the one by which all were seen): a task the service lists is not gone. Before, a task
+        behind a route switched for minutes (its status the front end's page, the service
+        answering the rest) was taken as gone after ``FRONT_END_GONE_AFTER`` and its rows
+        written ``expired`` (tagged, billed, never read). A list not given leaves them gone
+        (the bound stays finite), as does a cache's copy of it (``Age``) made before a task's
+        pages began: the service as it was then (a task dropped since was "listed" at every
+        read, for as long as the cache kept its copy, and the engine never ended)."""
         paged, self.reads.paged = self.reads.paged, {}
         try:
-            every = {t.task_id: t for t in await self.client.all_tasks(page_size=LIST_PAGE_SIZE)}
+            tasks = await self.client.all_tasks(page_size=LIST_PAGE_SIZE, looked_for=paged)
+            every = {t.task_id: t for t in tasks}  # (read as far as the tasks looked for)
         except REFUSED as err:
             raise refused(err) from err
         except exc.FashiontagError:
