@@ -7,6 +7,9 @@ left aside as ``.state.PID.back``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,32 @@ def test_a_removed_state_is_put_back_before_its_lock_is_released(
         assert again.meta("kept") == "yes"
     finally:
         again.close()
+
+
+def test_a_state_put_over_the_open_one_is_opened_as_it_was_put(tmp_path: Path) -> None:
+    """A state file put over the one a process holds (a backup restored by ``mv`` or
+    ``rsync``, a new state moved in on purpose): the process stops on it and leaves it. Its
+    own ``-wal`` and ``-shm`` were left beside that file (SQLite keeps the ``-wal`` of a
+    database moved under it), and the next open read the restored file through them: the
+    state opened was the one the process had left, not the one put there."""
+    state = tmp_path / "a.db"
+    db = StateDB(state)
+    with db.transaction():
+        db.set_meta("which", "the backup's")
+    with contextlib.closing(sqlite3.connect(tmp_path / "backup.db")) as backup:
+        db.db.backup(backup)  # (the operator's backup: the state as it was then)
+    for n in range(50):
+        with db.transaction():
+            db.set_meta("which", f"the run's, commit {n}")
+            db.set_meta(f"k{n}", "x" * 3000)
+    os.replace(tmp_path / "backup.db", state)  # (the backup restored over it)
+    with pytest.raises(StateError, match="removed"):
+        db.keep_lock()
+    db.close()
+    again = StateDB(state)
+    try:
+        which = again.meta("which")
+    finally:
+        again.close()
+    # Before: "the run's, commit 49" (the run's -wal read over the file put there).
+    assert which == "the backup's"

@@ -343,10 +343,25 @@ class StateDB(DeferredIds, StateStore):
         lock, self._lock = self._lock, -1
         try:
             self.db.close()
+            if self._gone is not None and self._gone == self._files()[0]:
+                self._drop_own_sidecars()
             if copy_at is not None:  # (the lock still held: no second run begins there first)
                 self._put_back(copy_at)
         finally:
             os.close(lock)
+
+    def _drop_own_sidecars(self) -> None:
+        """This process's ``-wal`` and ``-shm`` removed from beside the path of its state file
+        removed or replaced under it (SQLite keeps the ``-wal`` of a database moved under it,
+        unmerged): left there, the next open read the file put at the path (a backup
+        restored by ``mv``), or the copy written back, through them, and had this process's
+        state, not the one put there. One put there with the file is not this process's."""
+        _, wal, shm = self._files()
+        there = identities(wal, shm)
+        for at in (wal, shm):
+            if at in there and there[at] == self._held.get(at):
+                with contextlib.suppress(OSError):
+                    os.unlink(at)
 
     def begin(self) -> None:
         # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
