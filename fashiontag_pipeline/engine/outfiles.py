@@ -26,6 +26,7 @@ from .._exceptions import StateInUseError
 __all__ = [
     "LOCK_NOTE",
     "TOUCH_AFTER",
+    "drop_sidecars",
     "first_gone",
     "identities",
     "keep_fresh",
@@ -169,6 +170,22 @@ def first_gone(held: dict[Path, tuple[int, int]]) -> Path | None:
         if (st.st_dev, st.st_ino) != ids:
             return path
     return None
+
+
+def drop_sidecars(held: dict[Path, tuple[int, int]], db: Path) -> None:
+    """Once a process closed its SQLite file ``db`` (its files ``held`` as opened,
+    :func:`identities`): when another file is at ``db``'s path, or none, the ``-wal`` and
+    ``-shm`` beside it that are still the process's are removed. SQLite keeps the ``-wal`` of
+    a database moved under it, and the next open read the file put there (a backup restored
+    by ``mv``, or a copy written back) through it: the removed file's content, not the one
+    put there. One put there with the file is not the process's, and is left."""
+    if first_gone({db: held[db]} if db in held else {}) is None:
+        return
+    there = identities(*sqlite_files(db)[1:])
+    for at, ids in there.items():
+        if held.get(at) == ids:
+            with contextlib.suppress(OSError):
+                os.unlink(at)
 
 
 def sqlite_files(path: Path) -> tuple[Path, Path, Path]:

@@ -270,3 +270,24 @@ def test_cli_stats_leaves_the_store_as_it_was(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
     # Before: bytes 28 and 96 (the change counter, its version-valid-for) moved, time now.
     assert (path.stat().st_mtime, path.read_bytes() == before) == (1e9, True)
+
+
+def test_a_store_put_over_the_open_one_is_opened_as_it_was_put(tmp_path: Path) -> None:
+    """A store file put over the one a process holds (a backup restored by ``mv`` or
+    ``rsync``; the daemon stops on it): the process's ``-wal`` and ``-shm`` were left beside
+    it at the close (SQLite keeps the ``-wal`` of a database moved under it), and the next
+    open read the file put there through them: the store it opened held the results the
+    process had stored, not the backup's."""
+    path = tmp_path / "store.db"
+    fps = [i.to_bytes(16, "little") for i in range(200)]
+    with ResultStore.open(path) as store:
+        store.put([(fp, "task-1", b'{"status":"success"}') for fp in fps[:10]], stored_at=1000)
+        with sqlite3.connect(tmp_path / "backup.db") as backup:
+            store._writer.backup(backup)  # (the operator's backup: the store as it was)
+        backup.close()
+        store.put([(fp, "task-2", b'{"status":"success"}') for fp in fps[10:]], stored_at=2000)
+        os.replace(tmp_path / "backup.db", path)  # (the backup restored over it)
+    with ResultStore.open(path) as again:
+        rows = again.stats().rows
+    # Before: 200 (the process's -wal read over the backup put there).
+    assert rows == 10

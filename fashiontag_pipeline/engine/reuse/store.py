@@ -47,6 +47,7 @@ import msgspec
 from ... import _exceptions as exc
 from ..._postgres import is_postgres_url
 from ..fileids import RESULT_STORE_ID, wal_begun
+from ..outfiles import drop_sidecars, identities, sqlite_files
 from .durations import DAY
 from .failures import store_error
 
@@ -204,6 +205,16 @@ class ResultStore(StoreConnections):
         #: True when :meth:`open` created the file (it did not exist, or was empty).
         self.created = created
         self._closed = False
+        self._real = Path(os.path.realpath(path))
+        self._held = identities(*sqlite_files(self._real))
+
+    def close(self) -> None:
+        """As :meth:`StoreConnections.close`; a store file moved under it (a backup restored
+        by ``mv``) is then opened as it was put (:func:`~..outfiles.drop_sidecars`)."""
+        closed = self._closed
+        super().close()
+        if not closed:
+            drop_sidecars(self._held, self._real)
 
     # -------------------------------------------------------------- opening
 

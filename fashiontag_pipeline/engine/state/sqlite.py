@@ -18,7 +18,15 @@ from pathlib import Path
 
 from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID, wal_begun
-from ..outfiles import first_gone, identities, keep_fresh, keep_lock_file, lock_file, sqlite_files
+from ..outfiles import (
+    drop_sidecars,
+    first_gone,
+    identities,
+    keep_fresh,
+    keep_lock_file,
+    lock_file,
+    sqlite_files,
+)
 from .idset import DeferredIds
 from .schema import LONG_IDS_VERSION, SCHEMA, STATE_FILE_BASE, STATE_FILE_VERSION, TABLES
 from .store import StateStore
@@ -318,9 +326,10 @@ class StateDB(DeferredIds, StateStore):
 
     def _put_back(self, copy_at: Path) -> None:
         """The copy of :meth:`_copy_back` at the state file's path (once the connection to the
-        removed file is closed: its close removes the ``-wal`` and ``-shm`` at the path), the
-        lock still held: put there after its release, a second run started meanwhile found no
-        file and began an empty state at the path, the copy left aside."""
+        removed file is closed, and its ``-wal`` and ``-shm`` removed from beside the path:
+        :func:`~..outfiles.drop_sidecars`), the lock still held: put there after its release,
+        a second run started meanwhile found no file and began an empty state at the path,
+        the copy left aside."""
         path = self._files()[0]
         try:
             os.link(copy_at, path)  # (never over a file put there meanwhile)
@@ -343,25 +352,11 @@ class StateDB(DeferredIds, StateStore):
         lock, self._lock = self._lock, -1
         try:
             self.db.close()
-            if self._gone is not None and self._gone == self._files()[0]:
-                self._drop_own_sidecars()
+            drop_sidecars(self._held, self._files()[0])  # (its state file moved under it)
             if copy_at is not None:  # (the lock still held: no second run begins there first)
                 self._put_back(copy_at)
         finally:
             os.close(lock)
-
-    def _drop_own_sidecars(self) -> None:
-        """This process's ``-wal`` and ``-shm`` removed from beside the path of its state file
-        removed or replaced under it (SQLite keeps the ``-wal`` of a database moved under it,
-        unmerged): left there, the next open read the file put at the path (a backup
-        restored by ``mv``), or the copy written back, through them, and had this process's
-        state, not the one put there. One put there with the file is not this process's."""
-        _, wal, shm = self._files()
-        there = identities(wal, shm)
-        for at in (wal, shm):
-            if at in there and there[at] == self._held.get(at):
-                with contextlib.suppress(OSError):
-                    os.unlink(at)
 
     def begin(self) -> None:
         # IMMEDIATE: the write lock at once, so a transaction never fails half way for a lock.
