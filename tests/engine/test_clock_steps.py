@@ -257,3 +257,37 @@ def test_a_create_is_judged_in_the_services_clock_when_its_row_has_that_time() -
     assert late_look(run(clock), row(-1.0), ours) == 3.0  # (its time unknown: the deadline)
     assert late_look(run(clock), row(None), ours) == -2.0  # (an older build's row: as before)
     assert late_look(run(ServerClock()), row(service - 1.0), ours) == -2.0  # (no Date now)
+    # An older build sent it again just now (written_at moved, service_at left an hour old):
+    # the longer of the two clocks' looks.
+    mixed = [(1, "pending", None, "r-t1", b"", ours - 1.0, service - 3600.0)]
+    assert late_look(run(clock), mixed, ours) >= 1.9
+
+
+async def test_a_create_an_older_build_sent_again_on_a_row_of_this_one(tmp_path: Path) -> None:
+    """Mixed builds (a rollback, a rolling upgrade of daemons sharing a state): a chunk this
+    build wrote ahead an hour ago (``service_at`` an hour old) whose create an older build
+    sent again just now, updating ``written_at`` (as its ``chunk_token`` or ``chunk_sending``
+    does) and not ``service_at``, which it does not know; killed (SIGKILL) with that create
+    applied and its answer not recorded, then resumed by this build, the task list lagging
+    its creates by 2 s. The resume judged the create by the stale ``service_at`` alone, took
+    it for an hour old and gave the list one look, which missed it: its 500 rows were created
+    again (billed twice, exit 0). The look now lasts the longer of what each clock asks."""
+    state = tmp_path / "s.state"
+
+    def as_an_older_build_sent_it_again() -> None:
+        import sqlite3
+
+        with sqlite3.connect(state) as db:
+            changed = db.execute(
+                "UPDATE chunks SET service_at = service_at - 3600"
+                " WHERE service_at > 0 AND task_id IS NULL AND token IS NOT NULL"
+            ).rowcount
+        assert changed >= 1
+
+    await killed_then_resumed(
+        tmp_path,
+        str(state),
+        ("0", "0"),
+        between=as_an_older_build_sent_it_again,
+        kill_at="after-second-create",
+    )
