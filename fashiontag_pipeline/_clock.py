@@ -6,7 +6,9 @@ so. Every response carries ``Date`` (whole seconds), and the response was produc
 between the moment the request was sent (``t0``) and the moment the answer arrived (``t1``),
 so each one bounds the offset (service time minus ours)::
 
-    Date - t1  <=  offset  <=  Date + 1 - t0
+    Date - t1  <=  offset  <=  Date + 1 + Age - t0
+
+(``Age``: a cache's copy, made that long before; its ``Date`` the service's then.)
 
 :class:`ServerClock` keeps the intersection of those bounds over the responses seen (a sample
 that does not fit the current bounds means one of the clocks was stepped: the bounds restart
@@ -46,8 +48,10 @@ class ServerClock:
         #: Our wall clock less our monotonic clock when the bounds last moved.
         self._skew = 0.0
 
-    def observe(self, header: str | None, sent: float, received: float) -> None:
-        """Take one response's ``Date`` (``sent``/``received``: our wall clock, seconds)."""
+    def observe(self, header: str | None, sent: float, received: float, age: float = 0.0) -> None:
+        """Take one response's ``Date`` (``sent``/``received``: our wall clock, seconds).
+        ``age``: its ``Age`` (a cache's copy, whose ``Date`` is the service's when the copy was
+        made, that long before: the service's clock is up to ``age`` later than it shows)."""
         if not header or received < sent:  # our clock stepped back meanwhile: no bound
             return
         if header == self._last_header:
@@ -58,7 +62,7 @@ class ServerClock:
             except (TypeError, ValueError, IndexError, OverflowError):
                 return
             self._last_header, self._last_date = header, date
-        low, high = date - received, date + 1.0 - sent
+        low, high = date - received, date + 1.0 + age - sent
         self._skew = time.time() - time.monotonic()
         if self.low is None or self.high is None or low > self.high or high < self.low:
             self.low, self.high = low, high

@@ -54,7 +54,7 @@ from ._retrying import FIRST_FAILURE, ClientStats, FailureNotes, failed_what, pa
 from ._retrying import wait_past_give_up as wait_out
 from ._scrub import credential_forms, mask_location, mask_secrets, scrub_request_info
 from ._surrogates import decode_mended
-from ._times import retry_after
+from ._times import answer_age, retry_after
 from ._tls import deferred_trust_store
 
 # aiohttp's default SSL contexts load the CA bundle when they are first used, not at import.
@@ -348,7 +348,8 @@ class HttpExchange:
                     payload = mask_secrets(payload, self._secret_forms)
                     heads = mask_location(heads, self._secret_forms)  # (a 3xx's, named)
                 result = Response(resp.status, payload, heads)
-                self.server_clock.observe(resp.headers.get("Date"), sent_at, time.time())
+                date = resp.headers.get("Date")
+                self.server_clock.observe(date, sent_at, time.time(), answer_age(resp.headers))
         except NOT_MADE as err:  # (a connection not made: nothing was sent)
             scrub_request_info(err, self._secret_forms)  # (a proxy's refusal: the CONNECT's)
             self.stats.transport_errors += 1

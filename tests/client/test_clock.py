@@ -95,3 +95,18 @@ def test_a_stamp_in_the_services_clock_is_not_moved_by_a_step_of_ours(
     assert ours + 3599.0 <= before <= ours + 3601.1
     monkeypatch.setattr(time, "time", lambda: ours + 3600.0)  # (corrected: the service's)
     assert before <= clock.stamp() <= before + 1.0
+
+
+def test_a_cached_copys_date_is_up_to_its_age_behind() -> None:
+    """Answers of a cache only (``Age``: its copy made that long before, the service's
+    ``Date`` of then): the service's clock is between that ``Date`` and ``Date + Age`` (+1 s),
+    not at the ``Date``. Seven minutes ahead of ours, copies 5 s old: bounded so, deadlines
+    still use the upper bound; copies 120 s old of a service in agreement: no correction."""
+    ahead = 7 * 60.0
+    clock = ServerClock()
+    clock.observe(_date(1000.5 + ahead - 5), 1000.49, 1000.51, 5.0)
+    assert clock.low is not None and clock.high is not None
+    assert clock.low <= ahead <= clock.high and clock.correction == clock.high >= ahead
+    clock = ServerClock()
+    clock.observe(_date(1000.5 - 120), 1000.49, 1000.51, 120.0)
+    assert clock.known and clock.correction == 0.0

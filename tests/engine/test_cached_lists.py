@@ -9,6 +9,7 @@ create cannot show its task, and taking it for "not created" bills the rows twic
 from __future__ import annotations
 
 import time
+from email.utils import formatdate
 from pathlib import Path
 
 import aiohttp
@@ -16,6 +17,7 @@ import anyio
 import pytest
 from aiohttp import web
 
+from fashiontag_pipeline import TaggerClient
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import ENV, assert_exactly_once, ids_of, run_args, write_csv
@@ -23,6 +25,8 @@ from .proxy import BULK, MisbehavingProxy, Misbehaviour
 
 #: The run's task list (its first page), as the client asks for it.
 LISTED = f"{BULK}?offset=0&size=1000"
+#: The reference service's bulk key.
+BULK_KEY = "dev-bulk-api-key"
 
 
 class CachingProxy(MisbehavingProxy):
@@ -145,3 +149,41 @@ async def test_an_age_that_is_no_delta_seconds_is_unreadable(tmp_path: Path, age
     assert done.returncode == 0, done.stderr.decode()[-800:]
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(1000))
     assert billed == 1000
+
+
+class StaleCopies(MisbehavingProxy):
+    """A cache in front of the service, once ``stale`` is set: each answer to a GET is its
+    copy made ``age`` seconds ago, with the origin's ``Date`` of then and ``Age`` (RFC 9111:
+    a cache passes the stored ``Date`` on)."""
+
+    def __init__(self, age: int) -> None:
+        super().__init__("", Misbehaviour())
+        self.age = age
+        self.stale = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().handle(request)
+        if self.stale and request.method == "GET":
+            answer.headers["Date"] = formatdate(time.time() - self.age, usegmt=True)
+            answer.headers["Age"] = str(self.age)
+        return answer
+
+
+async def test_a_cached_answers_date_is_not_the_services_clock_now() -> None:
+    """A task list answered from a cache's copy made 120 s before (Varnish's default TTL)
+    carries the ``Date`` the service gave it then. Taken for the service's clock now, it moved
+    the offset 2 minutes back (the bounds restarted from it): write deadlines read every
+    task's expiry 2 minutes late, and each create written ahead after it recorded a time in
+    the service's clock (``chunks.service_at``) 2 minutes early, a resume's look for it that
+    much shorter. A copy's ``Date`` is now up to its ``Age`` behind the service's clock: the
+    fresh answers' bounds (here in agreement with ours) stand."""
+    proxy = StaleCopies(120)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running(), TaggerClient(proxy.url, bulk_api_key=BULK_KEY) as client:
+            await client.list_tasks()  # (fresh: the service's clock, ours)
+            proxy.stale = True
+            await client.list_tasks()  # (the cache's copy, 120 s old)
+            clock = client.server_clock
+            assert clock.known and clock.correction == 0.0
+            assert abs(clock.stamp() - time.time()) < 2.0
