@@ -229,12 +229,14 @@ def late_look(
     service's when the create was written ahead, then corrected before the resume (an NTP
     step at boot after a crash), made it look as old as the step by our clock and the
     service's alike (they agreed by then): one look, its rows created again, billed twice.
-    ``service_at`` -1 (no ``Date`` seen before it was written): the whole deadline; either
-    clock unknown now (a service with no ``Date``): the rules above. The look is the longer
-    of the service's clock's and the rules above: an older build that sent the create again
-    (mixed builds on a state: a rollback, a rolling upgrade) moved ``written_at`` and left
-    ``service_at`` an hour old, judged by which alone the create was one look old (its rows
-    created again, billed twice); a step of either clock only lengthens it."""
+    ``service_at`` -1 (no ``Date`` seen before it was written): the whole deadline, but for
+    a ``shared`` clock (the database's, which no step of a host moves: its ``written_at``
+    judged as above); either clock unknown now (a service with no ``Date``): the rules above.
+    The look is the longer of the service's clock's and the rules above: an older build that
+    sent the create again (mixed builds on a state: a rollback, a rolling upgrade) moved
+    ``written_at`` and left ``service_at`` an hour old, judged by which alone the create was
+    one look old (its rows created again, billed twice); a step of either clock only
+    lengthens it."""
     window = deadline(run.client.timeout) or deadline(Timeout()) or 0.0  # (none: default)
     clock = run.client.server_clock
     low = clock.low  # (the service's clock less ours, its lower bound)
@@ -255,11 +257,14 @@ def late_look(
         else:
             need = max(-run.config.list_lag, min(window, written_at + window - aged))
         if state == "pending" and service_at is not None and service_now is not None:
-            # The longer of the two clocks' looks: a time an older build left stale (its
-            # create sent again, written_at moved and not service_at) or a step of either
-            # clock can only lengthen it.
-            age = window if service_at < 0 else service_at + window - service_now
-            need = max(need, -run.config.list_lag, min(window, age))
+            if service_at >= 0:
+                # The longer of the two clocks' looks: a time an older build left stale (its
+                # create sent again, written_at moved and not service_at) or a step of either
+                # clock can only lengthen it.
+                age = service_at + window - service_now
+                need = max(need, -run.config.list_lag, min(window, age))
+            elif not shared:  # (no Date before it; a shared clock's written_at no host moves)
+                need = window
         late = need if late is None else max(late, need)
     if late is not None and run.jobs.ids.namespaced:  # (a daemon: its start waits for it)
         late = min(late, START_LOOK_CAP)

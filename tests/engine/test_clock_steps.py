@@ -261,6 +261,8 @@ def test_a_create_is_judged_in_the_services_clock_when_its_row_has_that_time() -
     # the longer of the two clocks' looks.
     mixed = [(1, "pending", None, "r-t1", b"", ours - 1.0, service - 3600.0)]
     assert late_look(run(clock), mixed, ours) >= 1.9
+    # No Date before it, on a shared clock (the database's): its written_at judges it.
+    assert late_look(run(clock), row(-1.0), ours, shared=True) == -2.0
 
 
 async def test_a_create_an_older_build_sent_again_on_a_row_of_this_one(tmp_path: Path) -> None:
@@ -291,3 +293,36 @@ async def test_a_create_an_older_build_sent_again_on_a_row_of_this_one(tmp_path:
         between=as_an_older_build_sent_it_again,
         kill_at="after-second-create",
     )
+
+
+async def test_a_first_create_in_a_postgresql_state_resumed_long_after(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """A run of one chunk on a PostgreSQL state killed (SIGKILL) while its first create was on
+    its way (never applied), before the process saw any ``Date`` (``service_at`` -1), resumed
+    an hour later (the state's times moved back an hour: ``written_at`` is the database's
+    clock, which no step of a host's moves). The resume looked for the create the whole
+    request deadline (60 s here; 70 s by default, 30 s in a daemon's start) where it used to
+    give the list one look: ``written_at`` alone judges such a row's age on a shared clock."""
+    from .test_resume_late_create import (
+        SlowCreate,
+        _in_state,
+        assert_rows_once,
+        killed_after_a_create,
+        timed_run,
+    )
+
+    proxy = SlowCreate("", 3600.0)
+    state = f"{postgres_url}#first"
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            args = await killed_after_a_create(tmp_path, proxy, 60.0, state)
+            assert proxy.late is not None
+            proxy.late.cancel()  # (never applied)
+            proxy.applied.set()
+            _in_state(state, "UPDATE chunks SET written_at = written_at - 3600")
+            resumed, took = await timed_run(args, 90)
+        tasks = [list(t.ids) for t in svc.store.tasks.values()]
+    assert_rows_once(resumed, tmp_path / "out.jsonl", tasks, one_task=True)
+    assert took < 15, f"the resume took {took:.0f} s"
