@@ -183,9 +183,7 @@ class Submits:
             if job.row.key == key:
                 continue
             whose = f"of job {job.row.key!r} (in flight)"
-            manifests: list[Named] = [
-                (f"a manifest {whose}", name) for _, name in job.row.sources if name != STDIN
-            ]
+            manifests: list[Named] = [(f"a manifest {whose}", name) for _, name in job.row.sources]
             outputs: list[Named] = [
                 (f"the results {whose}", job.results.path),
                 (f"the rejects {whose}", job.rejects.path),
@@ -206,8 +204,14 @@ class Submits:
         location = self.journal.db.location
         if location and "://" not in location:
             files.append(("state", location))
-        clash = same_file(files + manifests)
+        # The file stdin is, if any (``tag.py < products.csv``), this job's or one in flight's.
+        stdin = STDIN in spec.manifests or any(
+            m == STDIN for theirs, _ in others for _, m in theirs
+        )
+        read: list[Named] = [("manifest", STDIN)] if stdin else []
+        clash = same_file(files + manifests + read)
         for theirs, written in others:
+            theirs = [(what, m) for what, m in theirs if m != STDIN]  # (in ``read``)
             clash = clash or same_file(theirs + outputs) or same_file(written + manifests)
         return clash
 

@@ -13,10 +13,11 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline import StateConflictError, StateError
+from fashiontag_pipeline import ConfigError, StateConflictError, StateError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.engine import Engine
+from fashiontag_pipeline.engine.jobs import JobSpec
 from fashiontag_pipeline.engine.state import StateDB
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
@@ -471,3 +472,35 @@ async def test_a_submit_to_an_engine_not_started_is_refused(tmp_path: Path) -> N
     assert_exactly_once(
         tmp_path / "a" / "results.jsonl", tmp_path / "a" / "rejects.jsonl", ids_of(200)
     )
+
+
+@pytest.mark.parametrize("output", ["results", "rejects"])
+async def test_a_submit_whose_output_is_the_file_stdin_reads_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """A program run as ``python tag.py < products.csv`` that submits ``JobSpec(manifests=["-"],
+    results=Path("products.csv"), ...)`` (its own name given as an output by a slip): ``run``
+    and ``run_pipeline`` refuse it, but ``Engine.submit`` left stdin out of its same-file check.
+    The sink cut the catalogue to 0 bytes as it opened the outputs, before its rows were read:
+    the catalogue lost. The submit is refused now (ConfigError naming stdin), nothing cut."""
+    catalogue = write_csv(tmp_path / "products.csv", 300)
+    before = catalogue.read_bytes()
+    outputs = {"results": tmp_path / "results.jsonl", "rejects": tmp_path / "rejects.jsonl"}
+    outputs[output] = catalogue
+    spec = JobSpec(key="a", manifests=["-"], results=outputs["results"], rejects=outputs["rejects"])
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            with catalogue.open() as stdin:
+                monkeypatch.setattr("sys.stdin", stdin)
+                with anyio.fail_after(30):
+                    async with Engine(
+                        client=client, db=db, state=db.open_engine(), config=FAST
+                    ) as engine:
+                        with pytest.raises(ConfigError, match="stdin"):
+                            await engine.submit(spec)
+                        assert engine.job_of_key("a") is None  # (nothing recorded)
+                        engine.close()
+        tasks = len(svc.store.tasks)
+    assert catalogue.read_bytes() == before, "the catalogue on stdin was cut"
+    assert tasks == 0
