@@ -17,7 +17,8 @@ One that cannot be honoured is refused, and records nothing:
 * a job whose results or rejects path is one of its manifests, the state file or its other
   output (:class:`~fashiontag_pipeline.ConfigError`): its sink would cut that file to 0 bytes;
   so too one whose output is a manifest of another job in flight, or whose manifest is the
-  output of one (its lines would be read as rows while they are written).
+  output of one (its lines would be read as rows while they are written);
+* a job of stdin (``-``) while another job reads it: it would take that job's rows.
 
 A submit under way when the engine is closed still has its job read: the source waits for it
 (:attr:`JobSource.adding`).
@@ -79,6 +80,8 @@ class Submits:
         self.under_way: set[str] = set()
         #: The engine's stages run (its ``async with`` block was entered).
         self.running = False
+        #: The key of the submit under way that reads stdin, if any.
+        self.stdin_under_way: str | None = None
 
     async def submit(self, spec: JobSpec, readers: list[ManifestReader] | None) -> Job:
         if self.source.closing:
@@ -86,13 +89,33 @@ class Submits:
         if not self.running:
             raise RuntimeError(NOT_STARTED)
         self._check_key(spec.key)
+        stdin = STDIN in spec.manifests
+        if stdin:
+            self._check_stdin(spec.key)
+            self.stdin_under_way = spec.key
         self.under_way.add(spec.key)
         self.source.adding += 1
         try:
             return await self._submit(spec, readers)
         finally:
             self.under_way.discard(spec.key)
+            if stdin:
+                self.stdin_under_way = None
             self.source.add_done()
+
+    def _check_stdin(self, key: str) -> None:
+        """One job reads stdin at a time: another one's submit would read the start of what is
+        left of the stream (to learn its format) and take those rows from the first."""
+        reading = self.stdin_under_way
+        for job in self.jobs.by_id.values():
+            if job.submitted and any(name == STDIN for _, name in job.row.sources):
+                reading = reading or job.row.key
+        if reading is not None and reading != key:
+            raise exc.StateConflictError(
+                f"stdin (-) is read by job {reading!r} (in flight): one job at a time reads"
+                " stdin, and a second would take rows from it; wait for its outcome, or give"
+                " this job's rows as a file"
+            )
 
     def _check_key(self, key: str) -> None:
         in_flight = self.jobs.of_key(key)

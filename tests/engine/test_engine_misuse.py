@@ -7,6 +7,9 @@ refused with an error and records nothing.
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
+import threading
 from pathlib import Path
 
 import anyio
@@ -504,3 +507,51 @@ async def test_a_submit_whose_output_is_the_file_stdin_reads_is_refused(
         tasks = len(svc.store.tasks)
     assert catalogue.read_bytes() == before, "the catalogue on stdin was cut"
     assert tasks == 0
+
+
+async def test_a_second_job_of_stdin_while_one_reads_it_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program fed a catalogue on a pipe (``export | python tag.py``) that submits a job of
+    stdin (``-``) while another job of stdin is in flight (a second key for the same input, a
+    loop that submits ``-`` per argument): the second submit read the start of what was left
+    of the stream to learn its format, then failed (not a CSV with a header), and those bytes
+    were gone from the first job, which completed with a thousand rows fewer and no word of
+    them (no reject, ``outcome`` returned). One job reads stdin at a time: the second submit is
+    refused before it reads a byte (StateConflictError naming the job that reads it)."""
+    n = 20000
+    data = write_csv(tmp_path / "catalogue.csv", n).read_bytes()
+    read_end, write_end = os.pipe()
+    feeder = threading.Thread(target=_feed, args=(write_end, data), daemon=True)
+    feeder.start()
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            with open(read_end) as stdin:
+                monkeypatch.setattr("sys.stdin", stdin)
+                with anyio.fail_after(60):
+                    async with Engine(
+                        client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+                    ) as engine:
+                        first = await engine.submit(_stdin_job(tmp_path, "x"))
+                        with pytest.raises(StateConflictError, match=r"stdin .* job 'x'"):
+                            await engine.submit(_stdin_job(tmp_path, "y"))
+                        assert engine.job_of_key("y") is None  # (nothing recorded)
+                        engine.close()
+                        await engine.outcome(first)
+    feeder.join()
+    assert_exactly_once(
+        tmp_path / "x" / "results.jsonl", tmp_path / "x" / "rejects.jsonl", ids_of(n)
+    )
+
+
+def _feed(fd: int, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError), open(fd, "wb") as pipe:
+        pipe.write(data)
+
+
+def _stdin_job(tmp_path: Path, key: str) -> JobSpec:
+    out = tmp_path / key
+    return JobSpec(
+        key=key, manifests=["-"], results=out / "results.jsonl", rejects=out / "rejects.jsonl"
+    )
