@@ -72,6 +72,8 @@ class StatusReads:
         #: when its status has been such a page (a cache's copy of the list older than that
         #: cannot show the task as it is now).
         self.paged: dict[str, float] = {}
+        #: The unread tasks whose status was a front end's 410 page at their last read.
+        self.paging: set[str] = set()
 
     async def read(
         self, task_ids: list[str], *, answered: bool
@@ -135,6 +137,10 @@ class StatusReads:
             since = self.unread_since.setdefault(task_id, now)
             reason = " ".join(str(err).split())
             limited = isinstance(err, exc.RateLimitedError)
+            if _front_end_gone(err):
+                self.paging.add(task_id)
+            else:
+                self.paging.discard(task_id)
             if since == now:
                 logger.warning(
                     "task %s: the service %s (%s); asked again at the next poll, the other"
@@ -186,11 +192,16 @@ class StatusReads:
     def _page_to_give_up(self, err: exc.FashiontagError, since: float) -> bool:
         """Whether ``err``, a task's status unread since ``since``, is a front end's 410 page
         that :meth:`_gone_behind_a_front_end` takes as the task gone at the next poll."""
-        foreign = isinstance(err, exc.ServiceError) and err.status == 410 and err.foreign
-        return foreign and self.budget.answered_at > since
+        return _front_end_gone(err) and self.budget.answered_at > since
 
     def keep_only(self, unread: set[str]) -> None:
         """The tasks unread at this poll: the others' clocks end (read, listed, no longer
         watched), so that a task unread again later starts a new one."""
         for task_id in set(self.unread_since) - unread:
             del self.unread_since[task_id]
+        self.paging &= unread
+
+
+def _front_end_gone(err: exc.FashiontagError) -> bool:
+    """Whether ``err`` is a front end's 410 page (not the service's answer)."""
+    return isinstance(err, exc.ServiceError) and err.status == 410 and err.foreign

@@ -114,6 +114,9 @@ class Tracker:
         self._list_failing = False
         #: A task list gave a task twice, its copies differing (said once).
         self._twice = False
+        #: Task id -> the task as the whole task list last showed it, for the tasks whose status
+        #: is a front end's 410 page (:meth:`_gone_unless_listed`): their status is known.
+        self._listed_behind: dict[str, Task] = {}
         #: The tracker's own requests that needed a retry (other stages' retries are not an
         #: outage of the polls).
         self.retried = 0
@@ -238,6 +241,7 @@ class Tracker:
             return await self._status_of(ids, answered=False)
         found, unread = await self._status_of(ids[:1], answered=False)
         if unread:
+            self.retried += len(ids) > 1  # (the others not asked: unknown)
             return found, set(ids)
         more, unread = await self._status_of(ids[1:], answered=True)
         return {**found, **more}, unread
@@ -246,9 +250,12 @@ class Tracker:
         self, task_ids: list[str], *, answered: bool
     ) -> tuple[dict[str, Task], set[str]]:
         """The status of each task (:class:`StatusReads`); a poll with a task unread counts
-        as retried: an unknown status is no stall."""
+        as retried: an unknown status is no stall. A task whose status is a front end's 410
+        page and which the whole task list showed is no unknown status: held processing, it
+        is under ``stall_timeout`` as any task is (counted as retried, it restarted the stall
+        clock at every poll and ``run`` never ended)."""
         found, unread = await self.reads.read(task_ids, answered=answered)
-        if unread:
+        if unread - (self.reads.paging & self._listed_behind.keys()):
             self.retried += 1
         return found, unread
 
@@ -283,6 +290,7 @@ class Tracker:
                     extra={"task_id": task_id},
                 )
                 listed = {**listed, task_id: task}
+                self._listed_behind[task_id] = task
         return listed
 
     def _note_status(self, task: Task) -> None:
@@ -322,6 +330,7 @@ class Tracker:
         if missing:
             found, unread_too = await self._status_of(missing, answered=True)
             listed, unread = {**listed, **found}, unread | unread_too
+        self._listed_behind = {t: k for t, k in self._listed_behind.items() if t in unread}
         if self.reads.paged:
             listed = await self._gone_unless_listed(listed)
         self.reads.keep_only(unread)
@@ -331,6 +340,11 @@ class Tracker:
         counts: dict[str, tuple[int, int]] = {}
         for entry in sealed:
             if entry.task_id in unread:
+                if known := self._listed_behind.get(entry.task_id):  # (as the list showed it)
+                    counts[entry.task_id] = (
+                        known.count.done + known.count.failure,
+                        known.count.total,
+                    )
                 continue  # its status not given this time: asked again at the next poll
             task = listed.get(entry.task_id)
             if task is not None and not _ours(entry, task):
