@@ -326,7 +326,14 @@ class Tracker:
             self._since_list = 0
         # A task missing from the list is asked for by its status (a list is a page of the
         # newest tasks, and services may drop tasks from it); only a 404 there means lost.
-        missing = [e.task_id for e in sealed if e.task_id not in listed and e.task_id not in unread]
+        # (Not one its status just said is gone: asked again, it was unread at this poll and
+        # the whole list's word of it, even done, never taken.)
+        said_gone = self.reads.gone
+        missing = [
+            e.task_id
+            for e in sealed
+            if e.task_id not in listed and e.task_id not in unread and e.task_id not in said_gone
+        ]
         if missing:
             found, unread_too = await self._status_of(missing, answered=True)
             listed, unread = {**listed, **found}, unread | unread_too

@@ -14,14 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from aiohttp import web
 
+from fashiontag_pipeline.engine import run_pipeline, status_reads
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
     ENV,
+    TASKS_OF_1000,
     assert_exactly_once,
+    client_config,
     ids_of,
     run_args,
     write_csv,
@@ -117,4 +121,42 @@ async def test_a_task_held_behind_a_status_route_broken_for_good_stops_the_run(
         billed = sum(len(task.ids) for task in svc.store.tasks.values())
     assert resumed.returncode == 0, resumed.stderr.decode()[-800:]
     assert_exactly_once(out, out.with_suffix(".rej"), ids_of(600))
+    assert billed == 600
+
+
+async def test_the_daemons_task_held_behind_a_broken_route_is_read_once_the_service_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's engine (no ``give_up_after``, no ``stall_timeout``: it waits for a held
+    task as for any) waits for the tasks while the service holds them (3 s here) and reads
+    the first once the whole task list, read every ``FRONT_END_GONE_AFTER`` (1 s here) while
+    its status stays the front end's page, shows it done: the manifest ends, every row read
+    once, none ``expired``."""
+    monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
+    manifest = write_csv(tmp_path / "m.csv", 600)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    engine = msgspec.structs.replace(
+        TASKS_OF_1000,
+        rotate_images=300,
+        rotate_min_images=300,
+        give_up_after=math.inf,
+        stall_timeout=math.inf,
+    )
+    proxy = HeldBehindBrokenRoute(held=3.0)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(30):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=tmp_path / "run.state",
+                    engine=engine,
+                )
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    assert summary.complete and proxy.lists >= 3, proxy.lists
+    assert not (rej.read_text().splitlines() if rej.exists() else [])
+    assert_exactly_once(out, rej, ids_of(600))
     assert billed == 600
