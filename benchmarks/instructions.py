@@ -10,6 +10,12 @@ archive`` and byte-compiled, like :mod:`benchmarks.ab`) runs ``fashiontag run`` 
 --no-fetch``, at each ``--rows`` size. Printed: total instructions per run, and the marginal
 instructions per image between the smallest and the largest size (start-up cancels out).
 
+``--hash-seed`` (default ``0``) sets ``PYTHONHASHSEED`` for every child (the service, the
+engine, the script), and the output names it: without it each child drew its own, so the
+layouts of its dicts and sets of ids (their probes and resizes) differed from run to run.
+``--hash-seed 0,1,2`` counts every client at each seed and prints the median of their
+marginals too (one seed's layout could favour one side); ``random`` leaves it unset.
+
 What it does not see: time in the kernel (system calls, page faults), cache misses, waits for
 the GIL or for another thread; and instructions are not all equal (a large ``memcpy`` is one
 ``rep movsb`` counted once per byte; interpreted bytecode runs at a lower rate than C
@@ -33,6 +39,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,6 +139,34 @@ def function_table(
     ]
 
 
+def hash_seeds(text: str) -> list[str | None]:
+    """``--hash-seed``'s value: comma-separated seeds (0 to 4294967295), or ``random`` (no
+    ``PYTHONHASHSEED``: each child draws its own, as before the option)."""
+    seeds: list[str | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "random":
+            seeds.append(None)
+        elif part.isdigit() and int(part) <= 4_294_967_295:
+            seeds.append(str(int(part)))
+        else:
+            raise argparse.ArgumentTypeError(f"not a hash seed: {part!r}")
+    return seeds
+
+
+def seeded(seed: str | None) -> None:
+    """Set (or, for ``random``, unset) ``PYTHONHASHSEED`` in this process's environment, which
+    every child inherits: the service, the engine and the script under valgrind."""
+    if seed is None:
+        os.environ.pop("PYTHONHASHSEED", None)
+    else:
+        os.environ["PYTHONHASHSEED"] = seed
+
+
+def _seed_name(seed: str | None) -> str:
+    return "random" if seed is None else seed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__)
     p.add_argument("revisions", nargs="+")
@@ -145,6 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="with --async-script: the N functions the first revision spends most more on",
     )
+    p.add_argument(
+        "--hash-seed",
+        type=hash_seeds,
+        default=["0"],
+        metavar="SEEDS",
+        help="PYTHONHASHSEED of every child (the service, the engine, the script): one seed, "
+        "several comma-separated (each counted, then the median of their marginals), or "
+        "random (unset; default 0)",
+    )
     p.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / "results" / "tmp")
     args = p.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -153,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.functions and not args.async_script:
         p.error("--functions compares with the async script: add --async-script")
     sizes = sorted(int(r) for r in args.rows.split(","))
+    seeds: list[str | None] = args.hash_seed
     work: Path = args.work_dir.resolve()
     snaps = Path(tempfile.gettempdir()) / "fashiontag-bench-snapshots"
     clients: list[tuple[str, Path | None]] = []
@@ -165,47 +210,92 @@ def main(argv: list[str] | None = None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
     neutral = Path(tempfile.mkdtemp(prefix="fashiontag-instr-"))
     os.chdir(neutral)  # `-m fashiontag_pipeline` must import the export, never the checkout
-    counted: dict[str, dict[int, int]] = {name: {} for name, _ in clients}
+    counted: dict[tuple[str, int], dict[int, int]] = {}
     functions: dict[str, dict[int, dict[str, int]]] = {name: {} for name, _ in clients}
-    for rows in sizes:
-        m = manifest(work, rows, args.ids, args.context, args.jsonl)
-        for name, path in clients:
-            for f in runs.glob("run.*"):
-                f.unlink()
-            out = runs / "run.out.jsonl"
-            with running_service(runs) as svc:
-                if path is None:
-                    cmd = [PY, str(ASYNC_SCRIPT), str(m), "--base-url", svc.url, "--out", str(out)]
-                    env = None
-                else:
-                    cmd = [PY, "-m", "fashiontag_pipeline", "run", str(m), "--base-url", svc.url]
-                    cmd += ["--out", str(out), "--rejects", str(runs / "run.rejects.jsonl")]
-                    cmd += ["--state", str(runs / "run.state.sqlite"), "--no-progress"]
-                    env = {"PYTHONPATH": str(path)}
+    print("PYTHONHASHSEED " + ", ".join(map(_seed_name, seeds)), flush=True)
+    for i, seed in enumerate(seeds):
+        seeded(seed)
+        for rows in sizes:
+            m = manifest(work, rows, args.ids, args.context, args.jsonl)
+            for name, path in clients:
                 keep = None
-                if args.functions:
+                if args.functions and i == 0:
                     keep = runs / f"callgrind.{name.replace(' ', '-')}.{rows}.out"
-                n = count(cmd, env, runs, keep)
+                n = _count_one(runs, m, path, keep)
                 if keep is not None:
                     functions[name][rows] = by_function(keep)
-            counted[name][rows] = n
-            print(f"  {rows:,} {name}: {n / 1e9:.3f} G instructions", flush=True)
+                counted.setdefault((name, i), {})[rows] = n
+                label = f"{name}, seed {_seed_name(seed)}"
+                print(f"  {rows:,} {label}: {n / 1e9:.3f} G instructions", flush=True)
     shutil.rmtree(neutral, ignore_errors=True)
-    small, large = sizes[0], sizes[-1]
-    print("\n| client | " + " | ".join(f"{r:,} rows (G instr)" for r in sizes), end="")
-    print(f" | marginal instr/image ({small:,}->{large:,}) |" if len(sizes) > 1 else " |")
-    print("|---" * (len(sizes) + 1 + (len(sizes) > 1)) + "|")
-    for name, got in counted.items():
-        cells = " | ".join(f"{got[r] / 1e9:.3f}" for r in sizes)
-        per_image = (got[large] - got[small]) / (large - small) if len(sizes) > 1 else None
-        marginal = f" | {per_image:,.0f}" if per_image is not None else ""
-        print(f"| {name} | {cells}{marginal} |")
+    print()
+    print("\n".join(totals_table(counted, [name for name, _ in clients], seeds, sizes)))
     if args.functions and len(sizes) > 1:
         first = clients[0][0]
-        print(f"\nWhere {first} and the async script differ (marginal instructions per image):\n")
-        table = function_table(functions, first, "async script", (small, large), args.functions)
+        seed_name = _seed_name(seeds[0])
+        print(f"\nWhere {first} and the async script differ (marginal instructions per image,")
+        print(f"PYTHONHASHSEED {seed_name}):\n")
+        table = function_table(
+            functions, first, "async script", (sizes[0], sizes[-1]), args.functions
+        )
         print("\n".join(table))
     return 0
+
+
+def _count_one(runs: Path, m: Path, path: Path | None, keep: Path | None) -> int:
+    """One client's run on manifest ``m`` against a fresh service: the engine exported at
+    ``path``, or the async script (``None``)."""
+    for f in runs.glob("run.*"):
+        f.unlink()
+    out = runs / "run.out.jsonl"
+    with running_service(runs) as svc:
+        if path is None:
+            cmd = [PY, str(ASYNC_SCRIPT), str(m), "--base-url", svc.url, "--out", str(out)]
+            env = None
+        else:
+            cmd = [PY, "-m", "fashiontag_pipeline", "run", str(m), "--base-url", svc.url]
+            cmd += ["--out", str(out), "--rejects", str(runs / "run.rejects.jsonl")]
+            cmd += ["--state", str(runs / "run.state.sqlite"), "--no-progress"]
+            env = {"PYTHONPATH": str(path)}
+        return count(cmd, env, runs, keep)
+
+
+def totals_table(
+    counted: dict[tuple[str, int], dict[int, int]],
+    names: list[str],
+    seeds: list[str | None],
+    sizes: list[int],
+) -> list[str]:
+    """Markdown rows: each client's total at each size and hash seed, its marginal
+    instructions per image (smallest -> largest size), then with several seeds the median of
+    the marginals; last, with an engine and the script, each engine's ratio to the script."""
+    small, large = sizes[0], sizes[-1]
+    both = len(sizes) > 1
+    head = f"| client | seed | {' | '.join(f'{r:,} rows (G instr)' for r in sizes)} |"
+    head += f" marginal instr/image ({small:,}->{large:,}) |" if both else ""
+    lines = [head, "|---" * (len(sizes) + 2 + both) + "|"]
+    marginal: dict[str, float] = {}
+    for name in names:
+        per_seed = []
+        for i, seed in enumerate(seeds):
+            got = counted[(name, i)]
+            cells = " | ".join(f"{got[r] / 1e9:.3f}" for r in sizes)
+            line = f"| {name} | {_seed_name(seed)} | {cells} |"
+            if both:
+                per_seed.append((got[large] - got[small]) / (large - small))
+                line += f" {per_seed[-1]:,.0f} |"
+            lines.append(line)
+        if both:
+            marginal[name] = statistics.median(per_seed)
+            if len(seeds) > 1:
+                blank = " |" * len(sizes)
+                lines.append(f"| {name} | median |{blank} {marginal[name]:,.0f} |")
+    script = marginal.get("async script")
+    if script:
+        lines.append("")
+        for name in names[:-1]:
+            lines.append(f"{name} / async script: {marginal[name] / script:.3f}x")
+    return lines
 
 
 if __name__ == "__main__":

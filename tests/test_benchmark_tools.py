@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 
+from benchmarks import harness, instructions
 from benchmarks.baselines.async_script import CONTEXT_COLUMNS, request_body
 from benchmarks.callers import callers
 from benchmarks.harness import manifest
@@ -130,3 +135,67 @@ def test_request_cost_child_imports_exist() -> None:
     assert imported
     for module, name in imported:
         assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+
+
+FAKE_VALGRIND = """#!/bin/sh
+# Records the hash seed each counted child would start with; totals grow with the seed.
+for a in "$@"; do case $a in --callgrind-out-file=*) out=${a#*=};; esac; done
+case "$*" in *async_script*) who=script;; *) who=engine;; esac
+rows=$(grep -c . "$(echo "$*" | grep -o '[^ ]*manifest-[0-9]*\\.csv')")
+echo "$who ${PYTHONHASHSEED-unset}" >> "$SEEDS_LOG"
+echo "totals: $(( rows * (100 + ${PYTHONHASHSEED:-0}) ))" > "$out"
+"""
+
+
+def test_instructions_gives_every_child_the_hash_seed_and_the_median_of_several(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a fixed PYTHONHASHSEED each child laid out its dicts and sets of ids its own
+    way, and three runs of one build moved by ~600 instructions an image (round 13)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "valgrind"
+    fake.write_text(FAKE_VALGRIND)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SEEDS_LOG", str(tmp_path / "seeds.log"))
+    monkeypatch.setenv("PYTHONHASHSEED", "random")  # the caller's own: never what runs
+    monkeypatch.chdir(tmp_path)
+    services: list[str] = []
+
+    @contextmanager
+    def service(work: Path) -> Iterator[SimpleNamespace]:
+        services.append(harness._child_env().get("PYTHONHASHSEED", "unset"))  # what serve gets
+        yield SimpleNamespace(url="http://127.0.0.1:9")
+
+    monkeypatch.setattr(instructions, "running_service", service)
+    work = ["--rows", "10,20", "--async-script", "--work-dir", str(tmp_path / "w")]
+
+    assert instructions.main(["HEAD", *work]) == 0
+    out = capsys.readouterr().out
+    assert "PYTHONHASHSEED 0\n" in out
+    assert (tmp_path / "seeds.log").read_text().split("\n")[:-1] == [
+        "engine 0",
+        "script 0",
+    ] * 2  # both children at both sizes
+    assert services == ["0"] * 4
+
+    (tmp_path / "seeds.log").unlink()
+    assert instructions.main(["HEAD", *work, "--hash-seed", "3,1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "PYTHONHASHSEED 3, 1, 2\n" in out
+    seen = (tmp_path / "seeds.log").read_text().split()
+    assert seen[1::2] == ["3"] * 4 + ["1"] * 4 + ["2"] * 4
+    assert services[4:] == ["3"] * 4 + ["1"] * 4 + ["2"] * 4
+    # (header + 20 rows) * (100 + seed) - (header + 10 rows) * (100 + seed): 10 * (100 + seed)
+    assert "| async script | 1 | 0.000 | 0.000 | 101 |" in out
+    assert "| async script | median | | | 102 |" in out
+    assert "/ async script: 1.000x" in out
+
+    (tmp_path / "seeds.log").unlink()
+    assert instructions.main(["HEAD", *work, "--hash-seed", "random"]) == 0
+    assert "PYTHONHASHSEED random\n" in capsys.readouterr().out
+    assert set((tmp_path / "seeds.log").read_text().split()[1::2]) == {"unset"}
+    assert set(services[16:]) == {"unset"}
+    with pytest.raises(SystemExit):
+        instructions.main(["HEAD", *work, "--hash-seed", "-1"])
