@@ -27,8 +27,9 @@ from .. import _exceptions as exc
 from .._client import TaggerClient
 from .._models import Task
 from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, redirect_fault, refused
+from .taskbook import TaskEntry
 
-__all__ = ["StatusReads", "poll_fault"]
+__all__ = ["StatusReads", "drop_contradicted", "ours", "poll_fault"]
 
 logger = logging.getLogger("fashiontag_pipeline.engine")
 
@@ -205,3 +206,23 @@ class StatusReads:
 def _front_end_gone(err: exc.FashiontagError) -> bool:
     """Whether ``err`` is a front end's 410 page (not the service's answer)."""
     return isinstance(err, exc.ServiceError) and err.status == 410 and err.foreign
+
+
+def ours(entry: TaskEntry, task: Task) -> bool:
+    """False when the service shows, under the task's id, a task with another description
+    (a service that forgot ours and gave its id to another). No description: no evidence."""
+    return not (entry.description and task.description) or task.description == entry.description
+
+
+def drop_contradicted(listed: dict[str, Task], tasks: list[Task]) -> int:
+    """Leave out of ``listed`` each task the list gives more than once with copies that
+    differ (a list merged from replicas or shards, one of them behind): which copy is
+    current cannot be told, so the poll reads that task's own status. (The last copy was
+    taken: one as the task was when new held every task processing, at every poll, for
+    ever.) Returns how many were left out."""
+    dropped = 0
+    for task in tasks:
+        if listed.get(task.task_id, task) != task:
+            del listed[task.task_id]
+            dropped += 1
+    return dropped

@@ -34,7 +34,7 @@ from .config import EngineConfig
 from .flow import REFUSED, TRANSIENT, FatalRunError, RetryBudget, redirect_fault, refused
 from .forecast import CompletionForecast
 from .state import Journal, changes
-from .status_reads import STATUS_MAX, StatusReads
+from .status_reads import STATUS_MAX, StatusReads, drop_contradicted, ours
 from .taskbook import TaskBook, TaskEntry
 
 __all__ = ["TaskBook", "TaskEntry", "Tracker"]
@@ -43,26 +43,6 @@ logger = logging.getLogger("fashiontag_pipeline.engine")
 
 #: Seconds between two calls of a tracker's ``polled`` (see :attr:`Tracker.polled`).
 POLLED_EVERY = 1.0
-
-
-def _ours(entry: TaskEntry, task: Task) -> bool:
-    """False when the service shows, under the task's id, a task with another description
-    (a service that forgot ours and gave its id to another). No description: no evidence."""
-    return not (entry.description and task.description) or task.description == entry.description
-
-
-def _drop_contradicted(listed: dict[str, Task], tasks: list[Task]) -> int:
-    """Leave out of ``listed`` each task the list gives more than once with copies that
-    differ (a list merged from replicas or shards, one of them behind): which copy is
-    current cannot be told, so the poll reads that task's own status. (The last copy was
-    taken: one as the task was when new held every task processing, at every poll, for
-    ever.) Returns how many were left out."""
-    dropped = 0
-    for task in tasks:
-        if listed.get(task.task_id, task) != task:
-            del listed[task.task_id]
-            dropped += 1
-    return dropped
 
 
 LIST_FACTOR = 8
@@ -117,6 +97,9 @@ class Tracker:
         #: Task id -> the task as the whole task list last showed it, for the tasks whose status
         #: is a front end's 410 page (:meth:`_gone_unless_listed`): their status is known.
         self._listed_behind: dict[str, Task] = {}
+        #: Task id of :attr:`_listed_behind` -> when the list gave it (read again every half
+        #: ``stall_timeout``: a task progressing between two reads is no stall).
+        self._listed_at: dict[str, float] = {}
         #: The tracker's own requests that needed a retry (other stages' retries are not an
         #: outage of the polls).
         self.retried = 0
@@ -212,7 +195,7 @@ class Tracker:
         self.budget.ok()
         self.polls += 1
         listed = {t.task_id: t for t in tasks}
-        if len(listed) < len(tasks) and _drop_contradicted(listed, tasks) and not self._twice:
+        if len(listed) < len(tasks) and drop_contradicted(listed, tasks) and not self._twice:
             self._twice = True
             logger.warning(
                 "the task list gives some tasks twice, saying different things: their statuses"
@@ -259,7 +242,9 @@ class Tracker:
             self.retried += 1
         return found, unread
 
-    async def _gone_unless_listed(self, listed: dict[str, Task]) -> dict[str, Task]:
+    async def _gone_unless_listed(
+        self, listed: dict[str, Task], stale: set[str]
+    ) -> dict[str, Task]:
         """``listed`` with the tasks taken as gone on a front end's 410 pages alone
         (:attr:`StatusReads.paged`) that the whole task list holds (read page by page, up to
         the one by which all were seen): a task the service lists is not gone. Before, a task
@@ -268,17 +253,23 @@ class Tracker:
         written ``expired`` (tagged, billed, never read). A list not given leaves them gone
         (the bound stays finite), as does a cache's copy of it (``Age``) made before a task's
         pages began: the service as it was then (a task dropped since was "listed" at every
-        read, for as long as the cache kept its copy, and the engine never ended)."""
+        read, for as long as the cache kept its copy, and the engine never ended). ``stale``:
+        tasks of :attr:`_listed_behind` whose list word is read again (their counts)."""
         paged, self.reads.paged = self.reads.paged, {}
         try:
-            tasks = await self.client.all_tasks(page_size=LIST_PAGE_SIZE, looked_for=paged)
+            tasks = await self.client.all_tasks(
+                page_size=LIST_PAGE_SIZE, looked_for={*paged, *stale}
+            )
             every = {t.task_id: t for t in tasks}  # (read as far as the tasks looked for)
         except REFUSED as err:
             raise refused(err) from err
         except exc.FashiontagError:
+            self._listed_at.update(dict.fromkeys(stale, self.clock()))  # (not every poll)
             return listed
         age = self.client.list_age
         made = self.reads.clock() - (age + 1.0 if age > 0 else 0.0)  # (Age: whole seconds)
+        for task_id in stale & every.keys():
+            self._listed_behind[task_id], self._listed_at[task_id] = every[task_id], self.clock()
         for task_id, since in paged.items():
             task = every.get(task_id) if made > since else None
             if task is not None and self.reads.gone.pop(task_id, None) is not None:
@@ -290,7 +281,7 @@ class Tracker:
                     extra={"task_id": task_id},
                 )
                 listed = {**listed, task_id: task}
-                self._listed_behind[task_id] = task
+                self._listed_behind[task_id], self._listed_at[task_id] = task, self.clock()
         return listed
 
     def _note_status(self, task: Task) -> None:
@@ -338,8 +329,13 @@ class Tracker:
             found, unread_too = await self._status_of(missing, answered=True)
             listed, unread = {**listed, **found}, unread | unread_too
         self._listed_behind = {t: k for t, k in self._listed_behind.items() if t in unread}
-        if self.reads.paged:
-            listed = await self._gone_unless_listed(listed)
+        self._listed_at = {t: self._listed_at[t] for t in self._listed_behind}
+        half = self.config.stall_timeout / 2  # (a progressing task is no stall: Before, its
+        # list word was read again only once taken as gone, give_up_after apart, and a task
+        # progressing all along was stopped as a stall when stall_timeout was shorter)
+        stale = {t for t in self._listed_behind if self.clock() - self._listed_at[t] >= half}
+        if self.reads.paged or stale:
+            listed = await self._gone_unless_listed(listed, stale)
         self.reads.keep_only(unread)
         now = self.clock()
         done: set[str] = set()
@@ -354,7 +350,7 @@ class Tracker:
                     )
                 continue  # its status not given this time: asked again at the next poll
             task = listed.get(entry.task_id)
-            if task is not None and not _ours(entry, task):
+            if task is not None and not ours(entry, task):
                 logger.warning(
                     "task %s now describes itself as %r, not as this run's task: treated as"
                     " forgotten",

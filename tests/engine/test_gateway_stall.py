@@ -160,3 +160,41 @@ async def test_the_daemons_task_held_behind_a_broken_route_is_read_once_the_serv
     assert not (rej.read_text().splitlines() if rej.exists() else [])
     assert_exactly_once(out, rej, ids_of(600))
     assert billed == 600
+
+
+class ProgressingBehindBrokenRoute(HeldBehindBrokenRoute):
+    """As :class:`HeldBehindBrokenRoute`, but the list shows the first task progressing (its
+    done count moving every moment) while the service holds it."""
+
+    def _held(self, task: dict[str, Any]) -> dict[str, Any]:
+        held = super()._held(task)
+        if held is task or self.ordinal(task["taskId"]) != 1 or self.since is None:
+            return held
+        count = held["count"]
+        done = min(count["total"] - 1, int((time.monotonic() - self.since) * 30))
+        return {**held, "count": {**count, "done": done, "processing": count["total"] - done}}
+
+
+async def test_a_task_progressing_behind_a_broken_route_is_no_stall(tmp_path: Path) -> None:
+    """``--give-up-after 3``, ``--stall-timeout 2``: the whole task list shows the first task
+    progressing all along (held 8 s); the run is not stopped as a stall and ends once the
+    service is done, every row read once. Before: its list word was read again only once its
+    status had been the front end's page for ``--give-up-after``, so for 3 s at a time it
+    seemed still and the run stopped (exit 1, "processed nothing") as the task progressed."""
+    manifest = write_csv(tmp_path / "m.csv", 600)
+    out = tmp_path / "out.jsonl"
+    limits = ("--give-up-after", "3", "--stall-timeout", "2", *_settings(tmp_path))
+    proxy = ProgressingBehindBrokenRoute(held=8.0)
+    async with running_service(ServiceConfig()) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(40):
+                done = await anyio.run_process(
+                    run_args(proxy.url, out, *limits, str(manifest)), check=False, env=ENV
+                )
+        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    stderr = done.stderr.decode()
+    assert proxy.pages >= 2 and proxy.lists >= 2, (proxy.pages, proxy.lists, stderr)
+    assert done.returncode == 0, stderr[-800:]
+    assert_exactly_once(out, out.with_suffix(".rej"), ids_of(600))
+    assert billed == 600
