@@ -18,11 +18,43 @@ import pytest
 from aiohttp import web
 
 from fashiontag_pipeline.engine import run_pipeline, status_reads, tracker
+from fashiontag_pipeline.engine.config import EngineConfig, RunSummary
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import TASKS_OF_1000, assert_exactly_once, client_config, ids_of, write_csv
 from .proxy import BULK, MisbehavingProxy, Misbehaviour
 from .test_gateway_gone import GONE_PAGE
+
+
+async def run_behind(
+    proxy: MisbehavingProxy,
+    tmp_path: Path,
+    engine: EngineConfig,
+    *,
+    rows: int = 2000,
+    service: ServiceConfig | None = None,
+    limit: float = 60.0,
+) -> tuple[RunSummary, Path, Path, dict[str, set[str]]]:
+    """``rows`` tagged by ``run_pipeline`` through ``proxy`` in front of a reference service
+    (``limit`` s at most): the summary, the results and rejects files, and each task the
+    service made with the ids it was sent (what it billed)."""
+    manifest = write_csv(tmp_path / "m.csv", rows)
+    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
+    async with running_service(service or ServiceConfig(rate=400.0)) as svc:
+        proxy.upstream = svc.url
+        async with proxy.running():
+            with anyio.fail_after(limit):
+                summary = await run_pipeline(
+                    [manifest],
+                    client=client_config(proxy.url),
+                    out=out,
+                    rejects=rej,
+                    state=tmp_path / "run.state",
+                    engine=engine,
+                )
+        tasks = {task_id: set(task.ids) for task_id, task in svc.store.tasks.items()}
+    return summary, out, rej, tasks
+
 
 #: Other tasks of the key (another team's, newer than the run's): the list's first page.
 _OTHERS = [
@@ -85,23 +117,10 @@ async def test_a_task_the_service_lists_is_not_taken_as_gone_behind_a_route_swit
     with more newer tasks than a page: read by their statuses)."""
     monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
     monkeypatch.setattr(tracker, "LIST_PAGE_SIZE", 10)  # (the list's first page: others')
-    manifest = write_csv(tmp_path / "m.csv", 2000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(TASKS_OF_1000, give_up_after=math.inf)
     proxy = RouteSwitch(3.0)
-    async with running_service(ServiceConfig(rate=400.0)) as svc:  # (5 s for the 2,000)
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    state=tmp_path / "run.state",
-                    engine=engine,
-                )
-        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    summary, out, rej, tasks = await run_behind(proxy, tmp_path, engine)  # (5 s at 400/s)
+    billed = sum(len(ids) for ids in tasks.values())
     assert summary.complete and proxy.pages >= 2, proxy.pages
     # Before: the first task's 1,000 rows were `expired` rejects, tagged and billed.
     rejected = rej.read_text().splitlines() if rej.exists() else []
@@ -161,25 +180,12 @@ async def test_a_cached_list_older_than_the_pages_does_not_keep_a_dropped_task(
     gone (its rows ``expired``), as a list not given does."""
     monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
     monkeypatch.setattr(tracker, "LIST_PAGE_SIZE", 10)  # (the list's first page: others')
-    manifest = write_csv(tmp_path / "m.csv", 2000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(TASKS_OF_1000, give_up_after=math.inf)
     proxy = DroppedBehindCachedList()
-    async with running_service(ServiceConfig(rate=400.0)) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            # Before: still asking for the first task's status after 30 s (for ever).
-            with anyio.fail_after(30):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    state=tmp_path / "run.state",
-                    engine=engine,
-                )
-        assert proxy.first is not None
-        dropped = set(svc.store.tasks[proxy.first].ids)
+    # Before: still asking for the first task's status after 30 s (for ever).
+    summary, out, rej, tasks = await run_behind(proxy, tmp_path, engine, limit=30)
+    assert proxy.first is not None
+    dropped = tasks[proxy.first]
     assert summary.complete and proxy.stale >= 2, proxy.stale
     rejected = [json.loads(line) for line in rej.read_text().splitlines()]
     assert {r["id"] for r in rejected} == dropped and len(dropped) == 1000
@@ -222,22 +228,9 @@ async def test_the_whole_list_is_read_only_as_far_as_the_tasks_looked_for(
     task waiting meanwhile. It stops at the page that shows the tasks looked for."""
     monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
     monkeypatch.setattr(tracker, "LIST_PAGE_SIZE", 10)
-    manifest = write_csv(tmp_path / "m.csv", 2000)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(TASKS_OF_1000, give_up_after=math.inf)
     proxy = RouteSwitchOverAKeyOfMany(3.0)
-    async with running_service(ServiceConfig(rate=400.0)) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(60):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    state=tmp_path / "run.state",
-                    engine=engine,
-                )
+    summary, out, rej, _ = await run_behind(proxy, tmp_path, engine)
     assert summary.complete and proxy.pages >= 2, proxy.pages
     assert not (rej.read_text().splitlines() if rej.exists() else [])
     assert_exactly_once(out, rej, ids_of(2000))

@@ -18,20 +18,19 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from fashiontag_pipeline.engine import run_pipeline, status_reads
+from fashiontag_pipeline.engine import status_reads
 from fashiontag_pipeline.service import ServiceConfig, running_service
 
 from .helpers import (
     ENV,
     TASKS_OF_1000,
     assert_exactly_once,
-    client_config,
     ids_of,
     run_args,
     write_csv,
 )
 from .proxy import BULK, Misbehaviour
-from .test_gateway_route_switch import RouteSwitch
+from .test_gateway_route_switch import RouteSwitch, run_behind
 
 #: Newer tasks of the key (another team's): the list's whole first page (1,000 tasks).
 _NEWER = [
@@ -133,8 +132,6 @@ async def test_the_daemons_task_held_behind_a_broken_route_is_read_once_the_serv
     its status stays the front end's page, shows it done: the manifest ends, every row read
     once, none ``expired``."""
     monkeypatch.setattr(status_reads, "FRONT_END_GONE_AFTER", 1.0)
-    manifest = write_csv(tmp_path / "m.csv", 600)
-    out, rej = tmp_path / "out.jsonl", tmp_path / "rej.jsonl"
     engine = msgspec.structs.replace(
         TASKS_OF_1000,
         rotate_images=300,
@@ -143,19 +140,10 @@ async def test_the_daemons_task_held_behind_a_broken_route_is_read_once_the_serv
         stall_timeout=math.inf,
     )
     proxy = HeldBehindBrokenRoute(held=3.0)
-    async with running_service(ServiceConfig()) as svc:
-        proxy.upstream = svc.url
-        async with proxy.running():
-            with anyio.fail_after(30):
-                summary = await run_pipeline(
-                    [manifest],
-                    client=client_config(proxy.url),
-                    out=out,
-                    rejects=rej,
-                    state=tmp_path / "run.state",
-                    engine=engine,
-                )
-        billed = sum(len(task.ids) for task in svc.store.tasks.values())
+    summary, out, rej, tasks = await run_behind(
+        proxy, tmp_path, engine, rows=600, service=ServiceConfig(), limit=30
+    )
+    billed = sum(len(ids) for ids in tasks.values())
     assert summary.complete and proxy.lists >= 3, proxy.lists
     assert not (rej.read_text().splitlines() if rej.exists() else [])
     assert_exactly_once(out, rej, ids_of(600))
