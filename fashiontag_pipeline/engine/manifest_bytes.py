@@ -76,6 +76,12 @@ def csv_head(data: bytes) -> bool:
 _NOT_THE_FILE_TAGGED = "the file at the path is no longer the one tagged"
 
 
+#: Bytes of stdin a reader read and handed on to no one (a submit refused after it had read
+#: stdin's first chunk to learn its format), as (the stream, its bytes): the next reader of
+#: that stream reads them first, so that a retry reads stdin from its start.
+_stdin_unread: list[tuple[object, bytes]] = []
+
+
 def stdin_file() -> os.stat_result | None:
     """The regular file stdin is (``run - < products.jsonl``), None when it is none (a pipe,
     closed): a run's outputs are checked against it, as against a manifest named."""
@@ -220,6 +226,8 @@ class ManifestBytes:
         #: Bytes read from the file (compressed ones for gzip) and its size when it is a
         #: regular file (None for stdin or a pipe): the progress line's estimate of the total.
         self.bytes_read = 0
+        #: Stdin's bytes read so far, until a batch of its rows is read (see :meth:`close`).
+        self._kept: list[bytes] | None = None if self._owns else []
         self.size: int | None = None
         #: Where reading starts (stdin redirected from a file another command read part of).
         self._offset0 = 0
@@ -245,8 +253,17 @@ class ManifestBytes:
         self._line = 0
 
     def close(self) -> None:
+        """Close the file; stdin stays open, and the bytes read from it before any row was
+        handed on (its format learnt, then its job refused) are read first by the next reader."""
         if self._owns:
             self._fh.close()
+        elif self._kept:
+            _stdin_unread[:] = [(self._fh, b"".join(self._kept))]
+        self._kept = None
+
+    def handing_on(self) -> None:
+        """Rows of it are handed on (a batch read): the bytes read are no longer given back."""
+        self._kept = None
 
     def fingerprint(self, stop: Callable[[], bool] | None = None) -> ManifestPrint:
         """Size and SHA-256 of the file this reader has open (blocking): the bytes it reads,
@@ -261,10 +278,18 @@ class ManifestBytes:
         return self.read_end.changed()
 
     def _read_raw(self) -> bytes:
-        read1 = getattr(self._fh, "read1", None)
-        data = (
-            bytes(read1(READ_SIZE)) if read1 is not None else os.read(self._fh.fileno(), READ_SIZE)
-        )
+        if _stdin_unread and _stdin_unread[0][0] is self._fh:  # (a refused reader's: see close)
+            data = _stdin_unread.pop()[1]
+            self._offset0 -= len(data) if self.size is not None else 0  # (read before it)
+        else:
+            read1 = getattr(self._fh, "read1", None)
+            data = (
+                bytes(read1(READ_SIZE))
+                if read1 is not None
+                else os.read(self._fh.fileno(), READ_SIZE)
+            )
+        if self._kept is not None:
+            self._kept.append(data)
         self.bytes_read += len(data)
         return data
 

@@ -308,6 +308,7 @@ class ManifestReader(ManifestBytes):
 
     def read_batch(self) -> RowBatch | None:
         """The next rows (at most ``max_rows``), or None at end of input."""
+        self.handing_on()
         while self._csv is None and self._lines is None and self._plain is None:
             if self._head is not None:
                 text, self._head = self._head, None

@@ -20,6 +20,10 @@ One that cannot be honoured is refused, and records nothing:
   output of one (its lines would be read as rows while they are written);
 * a job of stdin (``-``) while another job reads it: it would take that job's rows.
 
+A refused submit of stdin may have read its first bytes (to learn its format): its reader
+gives them back as it is closed, and the next reader of stdin reads them first (a retry reads
+the stream from its start; see :meth:`~.manifest_bytes.ManifestBytes.close`).
+
 A submit under way when the engine is closed still has its job read: the source waits for it
 (:attr:`JobSource.adding`).
 """

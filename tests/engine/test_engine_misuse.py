@@ -16,7 +16,7 @@ import anyio
 import msgspec
 import pytest
 
-from fashiontag_pipeline import ConfigError, StateConflictError, StateError
+from fashiontag_pipeline import ConfigError, StateConflictError, StateError, StateInUseError
 from fashiontag_pipeline._client import TaggerClient
 from fashiontag_pipeline.engine import EngineConfig
 from fashiontag_pipeline.engine.engine import Engine
@@ -554,4 +554,58 @@ def _stdin_job(tmp_path: Path, key: str) -> JobSpec:
     out = tmp_path / key
     return JobSpec(
         key=key, manifests=["-"], results=out / "results.jsonl", rejects=out / "rejects.jsonl"
+    )
+
+
+@pytest.mark.parametrize("given", ["pipe", "file"])
+async def test_a_stdin_submit_refused_after_its_first_read_leaves_stdin_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """A program's submit of stdin refused after it had read stdin's first chunk to learn
+    its format (its outputs locked by a job in flight): that chunk was gone, and the
+    program's retry (other outputs) read the stream from where the refused one stopped: a
+    CSV's header and first rows lost, the rest read as rows of no known columns (on a file
+    redirected in, shorter than a read, the retry found stdin empty). The bytes a refused
+    submit read are given first to the next reader of stdin: every row is tagged."""
+    n = 20000
+    other = write_csv(tmp_path / "other.csv", 50)
+    catalogue = write_csv(tmp_path / "catalogue.csv", n)
+    stdin_fd: int | Path = catalogue
+    feeder = None
+    if given == "pipe":
+        stdin_fd, write_end = os.pipe()
+        feeder = threading.Thread(target=_feed, args=(write_end, catalogue.read_bytes()))
+        feeder.start()
+    async with running_service(ServiceConfig()) as svc:
+        db = StateDB(tmp_path / "state")
+        async with TaggerClient(config=client_config(svc.url)) as client:
+            with open(stdin_fd) as stdin:
+                monkeypatch.setattr("sys.stdin", stdin)
+                with anyio.fail_after(60):
+                    async with Engine(
+                        client=client, db=db, state=db.open_engine(), config=FAST, namespaced=True
+                    ) as engine:
+                        busy = _stdin_job(tmp_path, "a")
+                        first = await engine.submit(
+                            JobSpec(
+                                key="a",
+                                manifests=[str(other)],
+                                results=busy.results,
+                                rejects=busy.rejects,
+                            )
+                        )
+                        locked = JobSpec(
+                            key="b", manifests=["-"], results=busy.results, rejects=busy.rejects
+                        )
+                        with pytest.raises(StateInUseError):
+                            await engine.submit(locked)
+                        assert engine.job_of_key("b") is None  # (nothing recorded)
+                        second = await engine.submit(_stdin_job(tmp_path, "b"))
+                        engine.close()
+                        await engine.outcome(first)
+                        await engine.outcome(second)
+    if feeder is not None:
+        feeder.join()
+    assert_exactly_once(
+        tmp_path / "b" / "results.jsonl", tmp_path / "b" / "rejects.jsonl", ids_of(n)
     )
