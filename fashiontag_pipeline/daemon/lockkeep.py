@@ -28,7 +28,7 @@ from typing import Protocol
 
 from .._exceptions import ResultStoreError, StateError, StateInUseError
 from .._postgres import is_postgres_url
-from ..engine.outfiles import first_gone, identities, keep_fresh, keep_lock_file, sqlite_files
+from ..engine.outfiles import identities, keep_fresh, keep_held, keep_lock_file, sqlite_files
 
 __all__ = ["TAKEN_LOOKS", "HeldLock", "KeptLocks", "kept_store"]
 
@@ -74,14 +74,12 @@ class KeptFresh:
         self._held = identities(*self.files)  # (as opened: one removed stops the daemon)
 
     def keep_lock(self) -> None:
-        keep_fresh(*self.files)
-        gone = first_gone(self._held)
+        gone = keep_held(self._held, self.files)
         if gone is not None:
             raise ResultStoreError(
                 f"result store {self.path}: {gone} was removed (or replaced) while the store"
                 " was open; stopping before more results are stored into the removed file"
             )
-        self._held.update(identities(*(at for at in self.files if at not in self._held)))
 
 
 def kept_store(location: str | Path | None) -> list[Kept]:

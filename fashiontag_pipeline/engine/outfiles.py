@@ -30,6 +30,7 @@ __all__ = [
     "first_gone",
     "identities",
     "keep_fresh",
+    "keep_held",
     "keep_lock_file",
     "lock_exclusively",
     "lock_file",
@@ -170,6 +171,18 @@ def first_gone(held: dict[Path, tuple[int, int]]) -> Path | None:
         if (st.st_dev, st.st_ino) != ids:
             return path
     return None
+
+
+def keep_held(held: dict[Path, tuple[int, int]], files: tuple[Path, ...]) -> Path | None:
+    """One look of a health loop at the SQLite ``files`` a process holds (``held``,
+    :func:`identities` as opened): kept from a cleanup by age (:func:`keep_fresh`), the first
+    removed or replaced (:func:`first_gone`: the caller stops on it), else those made since
+    (a ``-shm`` missing at open) added to ``held``."""
+    keep_fresh(*files)
+    gone = first_gone(held)
+    if gone is None:
+        held.update(identities(*(at for at in files if at not in held)))
+    return gone
 
 
 def drop_sidecars(held: dict[Path, tuple[int, int]], db: Path) -> None:

@@ -20,9 +20,8 @@ from ... import _exceptions as exc
 from ..fileids import RESULT_STORE_ID, wal_begun
 from ..outfiles import (
     drop_sidecars,
-    first_gone,
     identities,
-    keep_fresh,
+    keep_held,
     keep_lock_file,
     lock_file,
     sqlite_files,
@@ -290,9 +289,7 @@ class StateDB(DeferredIds, StateStore):
         if self._lock < 0:
             return
         self._lock = keep_lock_file(self._lock, self._lock_at, _locker(self.path))
-        files = self._files()
-        keep_fresh(*files)
-        gone = first_gone(self._held)
+        gone = keep_held(self._held, self._files())
         if gone is not None:
             self._gone = gone
             raise exc.StateError(
@@ -300,7 +297,6 @@ class StateDB(DeferredIds, StateStore):
                 " open; stopping before more is committed into the removed file (what it"
                 " holds is written back at the stop when nothing is at its path)"
             )
-        self._held.update(identities(*(at for at in files if at not in self._held)))
 
     def _files(self) -> tuple[Path, Path, Path]:
         """The state file (the one its lock is beside), its ``-wal`` and ``-shm``."""
